@@ -1,0 +1,101 @@
+"""Shared option sets (decorator factories) and the library-error -> exit-code edge."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError
+
+PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28", "vllmcpp")
+DEFAULT_PROFILE = "vllm-0.28"
+KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
+
+# flag name (snake_case, as in --facts FACTS.json) -> click option
+_FACT_OPTIONS = [
+    click.option("--model-config", "model_config", type=click.Path(dir_okay=False),
+                 help="Hugging Face model config.json to read facts from (kv kind, kv heads, dtype, page bytes)."),
+    click.option("--kv-kind", type=click.Choice(KV_KINDS), help="Attention kind of the model that wrote the cache."),
+    click.option("--total-kv-heads", type=click.IntRange(min=1), help="Total KV heads of the model (G2: tp must divide it)."),
+    click.option("--model-dtype", help="Model dtype that resolves \"auto\" for targets >= vllm-0.27 (e.g. bfloat16)."),
+    click.option("--cache-dtype", help="Raw --kv-cache-dtype of the writer, for targets <= vllm-0.26 from a resolved source."),
+    click.option("--runner", type=click.Choice(["v1", "v2"]), help="vLLM model runner of the writer (assumed v1)."),
+    click.option("--executor", help="The inference engine's distributed executor: mp, ray, uni (assumed mp)."),
+    click.option("--nnodes", type=click.IntRange(min=1), help="Nodes per data-parallel replica (assumed 1)."),
+    click.option("--per-token-head-quant/--no-per-token-head-quant", default=None,
+                 help="Per-token-head KV quantization (assumed off)."),
+    click.option("--page-bytes", type=click.IntRange(min=1), help="Bytes of one tensor's page for one GPU block on one rank."),
+    click.option("--tensors-per-layer", type=click.IntRange(min=1), help="Full attention: 2 when K and V are separate tensors."),
+    click.option("--family", type=click.Choice(["vllm", "llmd", "vllmcpp"]), help="Force the writer family (S1 trees can be ambiguous)."),
+    click.option("--facts", "facts_file", type=click.Path(dir_okay=False),
+                 help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\"."),
+]
+FACT_NAMES = ("model_config", "kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor",
+              "nnodes", "per_token_head_quant", "page_bytes", "tensors_per_layer", "family")
+
+
+def facts_options(fn: Callable) -> Callable:
+    """Deployment-fact flags plus --target; the command receives them as kwargs."""
+    for opt in reversed(_FACT_OPTIONS):
+        fn = opt(fn)
+    fn = click.option("--target", "target", type=click.Choice(PROFILES), default=DEFAULT_PROFILE, show_default=True,
+                      help="Engine profile whose namespaces to compute (vllmcpp sources always target vllmcpp).")(fn)
+    return fn
+
+
+def pop_fact_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Remove the fact flags from a command's kwargs; return those that were given."""
+    flags = {name: kwargs.pop(name, None) for name in FACT_NAMES}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def output_options(fn: Callable) -> Callable:
+    fn = click.option("-v", "--verbose", count=True, help="More log lines on stderr.")(fn)
+    fn = click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="One JSON summary object on stdout.")(fn)
+    return fn
+
+
+def walk_options(fn: Callable) -> Callable:
+    fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
+                      show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
+    fn = click.option("--threads", type=click.IntRange(min=1), default=None, help="Worker threads (default: 2 x cores).")(fn)
+    fn = click.option("--shard", default=None, metavar="K/N", help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
+    return fn
+
+
+def parse_shard(value: str | None) -> tuple[int, int]:
+    if value is None:
+        return 0, 1
+    try:
+        k, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected K/N, got {value!r}", param_hint="--shard") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise click.BadParameter(f"need 0 <= K < N, got {value!r}", param_hint="--shard")
+    return k, n
+
+
+def print_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Map typed library errors to interface.md §4 exit codes, with a one-line message."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KvMigrateError as exc:
+            click.echo(f"kvmigrate: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except (KeyboardInterrupt, click.Abort):
+            click.echo("kvmigrate: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper

@@ -1,0 +1,1 @@
+"""Per-family block-file formats (only vllm.cpp has a header)."""

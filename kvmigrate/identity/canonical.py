@@ -1,0 +1,63 @@
+"""Canonical identity JSON, digests and config.json bytes, byte-exact per writer family.
+
+vLLM and llm-d hash `json.dumps(sort_keys, (",", ":"))` with Python's default
+`ensure_ascii=True`; vllm.cpp (nlohmann::json::dump) writes raw UTF-8, which Python
+reproduces with `ensure_ascii=False` (control characters become lowercase `\\u00xx`
+in both). The two recipes differ only for non-ASCII strings, and that is enough to
+change a folder name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+VLLM_FAMILIES = ("vllm", "llmd", "ambiguous")
+D12_LEN = 12
+
+
+def _ensure_ascii(family: str) -> bool:
+    if family == "vllmcpp":
+        return False
+    if family in VLLM_FAMILIES:
+        return True
+    raise ValueError(f"unknown family {family!r}")
+
+
+def canonical_bytes(fields: dict[str, Any], family: str) -> bytes:
+    """The exact bytes the writer hashes to name the namespace folder."""
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=_ensure_ascii(family))
+    return text.encode("utf-8")
+
+
+def full_digest(fields: dict[str, Any], family: str) -> str:
+    """Lowercase hex SHA-256 of the canonical identity (vllm.cpp stores it raw in headers)."""
+    return hashlib.sha256(canonical_bytes(fields, family)).hexdigest()
+
+
+def d12(fields: dict[str, Any], family: str) -> str:
+    """The 12-hex suffix of the namespace folder name."""
+    return full_digest(fields, family)[:D12_LEN]
+
+
+def config_json_bytes(fields: dict[str, Any], family: str) -> bytes:
+    """The config.json the writer puts in the base folder (no trailing newline).
+
+    vllm/llmd: `json.dump(fields, indent=2, sort_keys=True)`; vllmcpp: the canonical bytes.
+    """
+    if family == "vllmcpp":
+        return canonical_bytes(fields, family)
+    _ensure_ascii(family)
+    return json.dumps(fields, indent=2, sort_keys=True).encode("utf-8")
+
+
+def fields_from_config_bytes(data: bytes) -> dict[str, Any]:
+    """Parse a config.json. Raises ValueError for anything that is not a JSON object."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,153 @@
+"""The Parquet manifest: one row per source file seen (interface.md §2).
+
+Column names and types are the contract that `report`, `migrate --manifest` and outside
+checks rely on. Run-level facts (tool version, command line, facts and their source, each
+namespace's config.json and gate decision) live in the Parquet key-value metadata, like
+the header of an fclones report, so later steps can re-derive the settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+SCHEMA = pa.schema([
+    ("relpath", pa.string()),
+    ("family", _DICT),
+    ("scheme", _DICT),
+    ("model_name", _DICT),
+    ("source_d12", _DICT),
+    ("source_base", _DICT),
+    ("deployment", _DICT),
+    ("target_profile", _DICT),
+    ("target_d12", _DICT),
+    ("target_base", _DICT),
+    ("rank", pa.int32()),
+    ("group", pa.int32()),
+    ("block_hash", pa.binary()),
+    ("size", pa.int64()),
+    ("mtime_ns", pa.int64()),
+    ("inode", pa.uint64()),
+    ("dev", pa.uint64()),
+    ("nlink", pa.uint32()),
+    ("content_xxh3_128", pa.binary(16)),
+    ("payload_xxh3_128", pa.binary(16)),
+    ("status", _DICT),
+    ("action", _DICT),
+    ("reason", _DICT),
+    ("target_relpath", pa.string()),
+])
+COLUMNS = tuple(SCHEMA.names)
+
+META_KEY = b"kvmigrate"  # JSON: {"tool_version", "command", "root", "target_profile", "facts", "namespaces": {...}}
+
+
+def columns_to_table(cols: dict[str, list[Any]]) -> pa.Table:
+    """Build one Arrow batch from column lists (missing columns become nulls)."""
+    n = len(next(iter(cols.values()))) if cols else 0
+    arrays = []
+    for field in SCHEMA:
+        values = cols.get(field.name)
+        if values is None:
+            arrays.append(pa.nulls(n, field.type))
+        elif pa.types.is_dictionary(field.type):
+            arrays.append(pa.array(values, pa.string()).dictionary_encode())
+        else:
+            arrays.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+class ManifestWriter:
+    """Batched Parquet writer; metadata is set up front (the footer holds it).
+
+    Writes to `<path>.kvmigrate-<pid>.tmp` and renames on close, so an interrupted scan
+    never leaves a truncated manifest at the requested path.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], metadata: dict[str, Any]):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f"{self.path.name}.kvmigrate-{os.getpid()}.tmp")
+        schema = SCHEMA.with_metadata({META_KEY: json.dumps(metadata, sort_keys=True).encode()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self._schema = schema
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._writer.write_table(table.cast(self._schema) if table.schema != self._schema else table)
+            self.rows += table.num_rows
+
+    def write_columns(self, cols: dict[str, list[Any]]) -> None:
+        self.write(columns_to_table(cols))
+
+    def close(self) -> None:
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ManifestWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _parquet_files(path: str | os.PathLike[str]) -> list[Path]:
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.suffix == ".parquet" and x.is_file())
+        if not files:
+            raise FileNotFoundError(f"{p}: no .parquet files in this manifest directory")
+        return files
+    return [p]
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Run metadata of a manifest file, or the merge of a dataset directory's parts
+    (namespaces united; the first part's other keys)."""
+    merged: dict[str, Any] = {}
+    for f in _parquet_files(path):
+        md = pq.read_schema(f).metadata or {}
+        raw = md.get(META_KEY)
+        if raw is None:
+            continue
+        meta = json.loads(raw)
+        if not merged:
+            merged = meta
+            merged.setdefault("namespaces", {})
+        else:
+            merged["namespaces"].update(meta.get("namespaces", {}))
+    return merged
+
+
+def read_table(path: str | os.PathLike[str], columns: Iterable[str] | None = None) -> pa.Table:
+    """The rows of a manifest file or dataset directory, with the contract schema."""
+    cols = list(columns) if columns is not None else None
+    tables = [pq.read_table(f, columns=cols) for f in _parquet_files(path)]
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+
+
+def iter_batches(path: str | os.PathLike[str], columns: Iterable[str] | None = None,
+                 batch_size: int = 65536):
+    """Stream record batches (bounded memory for million-row manifests)."""
+    cols = list(columns) if columns is not None else None
+    for f in _parquet_files(path):
+        yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=cols)
