@@ -1,0 +1,239 @@
+"""Deployment facts: what config.json does not say but the gates need (identity.md §4).
+
+Facts come from three places, most specific first: a `--facts FACTS.json` entry keyed
+by the base folder name, then by `model_name`, then `"*"`; then the command-line flags.
+Explicit values beat values derived from a Hugging Face model config (`model_config`,
+itself taken from the most specific place that names one). Every resolved fact records
+where it came from, so reports can say which claim a migration trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields as dc_fields
+from typing import Any
+
+from kvmigrate.errors import UsageError
+from kvmigrate.identity import hfconfig
+
+KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
+FAMILIES = ("vllm", "llmd", "vllmcpp")
+RUNNERS = ("v1", "v2")
+
+# fact -> command-line flag naming it (for messages)
+FLAGS = {
+    "kv_kind": "--kv-kind",
+    "total_kv_heads": "--total-kv-heads",
+    "model_dtype": "--model-dtype",
+    "cache_dtype": "--cache-dtype",
+    "runner": "--runner",
+    "executor": "--executor",
+    "nnodes": "--nnodes",
+    "per_token_head_quant": "--per-token-head-quant",
+    "page_bytes": "--page-bytes",
+    "tensors_per_layer": "--tensors-per-layer",
+    "family": "--family",
+    "model_config": "--model-config",
+}
+
+
+@dataclass
+class Facts:
+    """Resolved facts of one namespace; None = unknown."""
+
+    kv_kind: str | None = None  # full | mla | sliding | hybrid | mamba
+    total_kv_heads: int | None = None
+    model_dtype: str | None = None
+    cache_dtype: str | None = None
+    runner: str | None = None  # v1 | v2
+    executor: str | None = None  # mp | ray | uni ...
+    nnodes: int | None = None
+    per_token_head_quant: bool | None = None
+    page_bytes: int | None = None
+    tensors_per_layer: int | None = None
+    family: str | None = None  # vllm | llmd | vllmcpp (forced)
+    sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("sources")
+        return d
+
+
+FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name != "sources")
+_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer")
+
+
+def check_fact(name: str, value: Any, where: str) -> Any:
+    """Validate one fact value; returns the normalized value or raises UsageError."""
+
+    def bad(expected: str) -> UsageError:
+        return UsageError(f"{where}: fact '{name}' must be {expected}, got {value!r}",
+                          hint=f"fix the value (flag {FLAGS.get(name, name)})")
+
+    if name == "kv_kind":
+        if value not in KV_KINDS:
+            raise bad("one of " + ", ".join(KV_KINDS))
+        return value
+    if name == "family":
+        if value not in FAMILIES:
+            raise bad("one of " + ", ".join(FAMILIES))
+        return value
+    if name == "runner":
+        if value not in RUNNERS:
+            raise bad("v1 or v2")
+        return value
+    if name in _INT_FACTS:
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise bad("a positive integer")
+        return value
+    if name == "per_token_head_quant":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if name in ("model_dtype", "cache_dtype", "executor"):
+        if not (isinstance(value, str) and value.strip()):
+            raise bad("a non-empty string")
+        return hfconfig.normalize_dtype(value) if name == "model_dtype" else value.strip()
+    raise UsageError(f"{where}: unknown fact '{name}'",
+                     hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
+
+
+def load_json_object(path: str, what: str) -> dict[str, Any]:
+    """Read a JSON object from `path`; any problem is a UsageError naming the path."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {what}: {exc.strerror or exc}", path=path,
+                         hint=f"check the path of the {what}") from None
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc}", path=path,
+                         hint=f"fix or replace the {what}") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{what} must hold a JSON object, got {type(obj).__name__}", path=path,
+                         hint=f"fix or replace the {what}")
+    return obj
+
+
+@dataclass
+class _Layer:
+    """One place facts come from: a FACTS.json entry or the flags."""
+
+    source: str  # "facts:<key>" or "flag"
+    values: dict[str, Any]
+    model_config: str | None  # resolved path
+
+
+class FactsResolver:
+    """Resolve the facts of each namespace from flags and an optional FACTS.json."""
+
+    def __init__(self, flags: dict[str, Any] | None = None, facts_file: str | None = None):
+        self.flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        self.facts_file = facts_file
+        self._hf_cache: dict[str, dict[str, Any]] = {}
+        flag_values = {}
+        for name, value in self.flags.items():
+            if name == "model_config":
+                continue
+            flag_values[name] = check_fact(name, value, "command line")
+        flag_cfg = self.flags.get("model_config")
+        self._flags = _Layer("flag", flag_values, os.path.abspath(flag_cfg) if flag_cfg else None)
+        self._entries: dict[str, _Layer] = {}
+        if facts_file is not None:
+            self._entries = self._load_facts_file(facts_file)
+        for layer in [self._flags, *self._entries.values()]:
+            if layer.model_config:
+                self._hf_facts(layer.model_config)  # fail early on a broken model config
+
+    def _load_facts_file(self, path: str) -> dict[str, _Layer]:
+        obj = load_json_object(path, "facts file")
+        folder = os.path.dirname(os.path.abspath(path))
+        entries: dict[str, _Layer] = {}
+        for key, values in obj.items():
+            where = f"{path}: entry {key!r}"
+            if not isinstance(values, dict):
+                raise UsageError(f"{where} must be an object of facts, got {type(values).__name__}", path=path,
+                                 hint='write {"<model_name>|<base folder>|*": {"kv_kind": "full", ...}}')
+            checked = {}
+            model_config = None
+            for name, value in values.items():
+                if name == "model_config":
+                    if not (isinstance(value, str) and value):
+                        raise UsageError(f"{where}: 'model_config' must be a path string", path=path)
+                    model_config = os.path.normpath(os.path.join(folder, os.path.expanduser(value)))
+                    continue
+                if value is None:
+                    continue
+                checked[name] = check_fact(name, value, where)
+            entries[key] = _Layer(f"facts:{key}", checked, model_config)
+        return entries
+
+    def _hf_facts(self, path: str) -> dict[str, Any]:
+        if path not in self._hf_cache:
+            cfg = load_json_object(path, "model config")
+            self._hf_cache[path] = hfconfig.facts_from_hf_config(cfg)
+        return self._hf_cache[path]
+
+    def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
+        """Places facts come from for one namespace, most specific first."""
+        layers = [self._entries[k] for k in (base_name, model_name, "*") if k in self._entries]
+        # a FACTS.json key may name both the base folder and the model (same string): once
+        unique: list[_Layer] = []
+        for layer in layers:
+            if not any(layer is u for u in unique):
+                unique.append(layer)
+        return [*unique, self._flags]
+
+    def for_namespace(self, model_name: str, base_name: str, source_fields: dict | None = None) -> Facts:
+        layers = self.layers_for(model_name, base_name)
+        facts = Facts()
+        for name in FACT_NAMES:
+            for layer in layers:
+                if name in layer.values:
+                    setattr(facts, name, layer.values[name])
+                    facts.sources[name] = layer.source
+                    break
+        cfg_path = next((layer.model_config for layer in layers if layer.model_config), None)
+        if cfg_path is None:
+            return facts
+        hf = self._hf_facts(cfg_path)
+        origin = f"model_config:{cfg_path}"
+        for name in ("kv_kind", "total_kv_heads", "model_dtype"):
+            if getattr(facts, name) is None and name in hf:
+                setattr(facts, name, hf[name])
+                facts.sources[name] = origin
+        if facts.page_bytes is None and facts.kv_kind == "mla" and source_fields:
+            page = _mla_page_bytes(hf, source_fields, facts)
+            if page is not None:
+                facts.page_bytes = page
+                facts.sources["page_bytes"] = origin
+        return facts
+
+
+def _mla_page_bytes(hf: dict[str, Any], fields: dict[str, Any], facts: Facts) -> int | None:
+    """block tokens x (kv_lora_rank + qk_rope_head_dim) x dtype bytes, for a vLLM/llm-d source."""
+    rank, rope = hf.get("kv_lora_rank"), hf.get("qk_rope_head_dim")
+    groups = fields.get("kv_cache_groups")
+    if not (rank and rope and isinstance(groups, list) and groups and isinstance(groups[0], dict)):
+        return None
+    group = groups[0]
+    if "block_size" in group:  # S1: the per-rank GPU block size
+        tokens = group["block_size"]
+    else:  # S2+: tokens_per_block = block size x dcp
+        dcp = fields.get("dcp_size") or 1
+        tpb = group.get("tokens_per_block")
+        if not isinstance(tpb, int) or not isinstance(dcp, int) or dcp <= 0 or tpb % dcp:
+            return None
+        tokens = tpb // dcp
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0:
+        return None
+    dtype = fields.get("dtype")
+    if dtype == "auto":
+        dtype = facts.model_dtype
+    if not isinstance(dtype, str):
+        return None
+    return hfconfig.mla_page_bytes(tokens, rank, rope, dtype)

@@ -1,0 +1,169 @@
+"""Deployment facts read from a Hugging Face model `config.json`, by value (identity.md §4).
+
+Only what the gates and transforms need: the attention kind, the total KV heads, the
+model dtype (resolves `"auto"` for vLLM >= 0.27) and the MLA latent geometry (page bytes).
+Keys are read by *value*, never by presence alone: Qwen2.5 ships `sliding_window: 32768`
+with `use_sliding_window: false`, which vLLM serves as full attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# dtype spellings -> the name vLLM writes (`str(torch.dtype).removeprefix("torch.")`)
+_DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "float32": "float32",
+}
+# bytes per element of a (cache) dtype, for page-size arithmetic
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# vLLM's sparse-MLA fp8 cache packs 512 fp8 latent + 4 fp32 scales + 64 bf16 rope per token
+FP8_DS_MLA_TOKEN_BYTES = 656
+
+_SLIDING_TYPES = ("sliding",)
+_STATE_TYPES = ("mamba", "linear", "ssm", "conv", "recurrent", "deltanet")
+_PURE_STATE_MODEL_TYPES = ("mamba", "mamba2", "falcon_mamba")
+
+
+def normalize_dtype(value: Any) -> str | None:
+    """`torch.bfloat16`, `bf16`, `bfloat16` -> `bfloat16`; unknown strings pass through."""
+    if not isinstance(value, str) or not value:
+        return None
+    name = value.strip().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(name.lower(), name)
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of a cache dtype value (None when unknown, e.g. `auto`)."""
+    if dtype is None:
+        return None
+    name = normalize_dtype(dtype) or ""
+    if name in _DTYPE_BYTES:
+        return _DTYPE_BYTES[name]
+    if name.startswith("fp8") or name in ("int8", "uint8"):
+        return 1
+    return None
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal configs nest the language model under `text_config`; its values win."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, dict):
+        return {**cfg, **inner}
+    return cfg
+
+
+def _set(v: Any) -> bool:
+    return v is not None and v is not False
+
+
+def _layer_type_class(entry: Any) -> str:
+    text = str(entry).lower()
+    if any(t in text for t in _STATE_TYPES):
+        return "state"
+    if any(t in text for t in _SLIDING_TYPES):
+        return "sliding"
+    return "full"
+
+
+def kv_kind_of(cfg: dict[str, Any]) -> tuple[str, str]:
+    """(kv kind, the config value that decided it), following identity.md §4 in order."""
+    c = _text_config(cfg)
+    if _set(c.get("kv_lora_rank")):
+        for key in ("index_topk", "index_n_heads"):
+            if _set(c.get(key)):
+                return "hybrid", f"kv_lora_rank={c['kv_lora_rank']} with indexer {key}={c[key]} (sparse MLA)"
+        return "mla", f"kv_lora_rank={c['kv_lora_rank']}"
+    layer_types = c.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        classes = {_layer_type_class(t) for t in layer_types}
+        if "state" in classes:
+            return ("mamba" if classes == {"state"} else "hybrid"), "layer_types contains mamba/linear layers"
+        if classes == {"sliding"}:
+            return "sliding", "layer_types all sliding_attention"
+        if classes == {"sliding", "full"}:
+            return "hybrid", "layer_types mixes full and sliding attention"
+        return "full", "layer_types all full attention"
+    pattern = c.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        if "M" in pattern:
+            return ("hybrid" if "*" in pattern else "mamba"), f"hybrid_override_pattern {pattern!r} has mamba layers"
+    blocks = c.get("layers_block_type")
+    if isinstance(blocks, list) and blocks:
+        classes = {_layer_type_class(t) for t in blocks}
+        if "state" in classes:
+            return ("mamba" if classes == {"state"} else "hybrid"), "layers_block_type contains mamba layers"
+    if _set(c.get("attn_layer_period")):
+        return "hybrid", f"attn_layer_period={c['attn_layer_period']} (attention interleaved with mamba)"
+    if c.get("model_type") in _PURE_STATE_MODEL_TYPES:
+        return "mamba", f"model_type {c['model_type']!r} is a state-space model"
+    swp = c.get("sliding_window_pattern")
+    if isinstance(swp, int) and not isinstance(swp, bool) and swp > 1 and _set(c.get("sliding_window")):
+        return "hybrid", f"sliding_window_pattern={swp} interleaves sliding and full attention"
+    if c.get("model_type") == "gemma2" and _set(c.get("sliding_window")):
+        return "hybrid", "gemma2 alternates sliding and full attention layers"
+    if _set(c.get("attention_chunk_size")):
+        return "hybrid", f"attention_chunk_size={c['attention_chunk_size']} (chunked local attention layers)"
+    use_sw = c.get("use_sliding_window")
+    if use_sw is True:
+        return "sliding", "use_sliding_window is true"
+    if use_sw is False:
+        return "full", "use_sliding_window is false (a sliding_window value alone is unused)"
+    sw = c.get("sliding_window")
+    if isinstance(sw, int) and not isinstance(sw, bool) and sw > 0:
+        return "sliding", f"sliding_window={sw} (no use_sliding_window switch: the engine applies it)"
+    return "full", "no MLA, sliding-window or state-space settings"
+
+
+def _first_int(c: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        v = c.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def facts_from_hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Facts a Hugging Face `config.json` proves, as a dict with the snake_case fact names.
+
+    Keys (only those the config determines): `kv_kind`, `total_kv_heads`, `model_dtype`,
+    and for MLA models `kv_lora_rank`, `qk_rope_head_dim` (to derive `page_bytes`).
+    `kv_kind_evidence` says which value decided the kind.
+    """
+    if not isinstance(cfg, dict):
+        raise ValueError("a Hugging Face config must be a JSON object")
+    c = _text_config(cfg)
+    facts: dict[str, Any] = {}
+    facts["kv_kind"], facts["kv_kind_evidence"] = kv_kind_of(cfg)
+    heads = _first_int(c, ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"))
+    if heads is None:
+        heads = _first_int(c, ("num_attention_heads", "n_head"))
+    if heads is not None:
+        facts["total_kv_heads"] = heads
+    dtype = normalize_dtype(c.get("torch_dtype")) or normalize_dtype(c.get("dtype"))
+    if dtype is None:
+        dtype = normalize_dtype(cfg.get("torch_dtype")) or normalize_dtype(cfg.get("dtype"))
+    if dtype is not None:
+        facts["model_dtype"] = dtype
+    if _set(c.get("kv_lora_rank")):
+        for key in ("kv_lora_rank", "qk_rope_head_dim"):
+            v = _first_int(c, (key,))
+            if v is not None:
+                facts[key] = v
+    return facts
+
+
+def mla_page_bytes(block_tokens: int, kv_lora_rank: int, qk_rope_head_dim: int, cache_dtype: str) -> int | None:
+    """Bytes of one MLA layer's page for one GPU block on one rank (None: dtype unknown)."""
+    if normalize_dtype(cache_dtype) == "fp8_ds_mla":
+        return block_tokens * FP8_DS_MLA_TOKEN_BYTES
+    size = dtype_bytes(cache_dtype)
+    if size is None:
+        return None
+    return block_tokens * (kv_lora_rank + qk_rope_head_dim) * size
