@@ -1,0 +1,74 @@
+"""`kvmigrate synth DIR`: write a synthetic, deterministic KV-cache tree."""
+
+from __future__ import annotations
+
+import click
+
+from kvmigrate.cli.common import handle_errors, print_json
+
+
+def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(d.strip() for d in value.split(",") if d.strip())
+
+
+@click.command("synth")
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--family", type=click.Choice(["vllm", "llmd", "vllmcpp"]), default="vllm", show_default=True,
+              help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp.")
+@click.option("--scheme", type=click.Choice(["S1", "S2", "S3"]), default="S1", show_default=True,
+              help="vLLM identity era (llm-d is always S1; vllm.cpp ignores it).")
+@click.option("--model", "model_name", default="meta-llama/Llama-3.1-8B-Instruct", show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="llm-d: one base folder per pipeline stage.")
+@click.option("--dcp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--kv-kind", type=click.Choice(["full", "mla"]), default="full", show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=4, show_default=True, help="Layers per KV cache group.")
+@click.option("--tensors-per-layer", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Full attention: 2 for separate K and V tensors (MLA: always 1).")
+@click.option("--blocks", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Block keys per rank folder and group.")
+@click.option("--block-bytes", "page_bytes", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Bytes of one tensor's page for one GPU block on one rank.")
+@click.option("--blocks-per-file", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--groups", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--hash-len", type=click.Choice(["64", "32"]), default="64", show_default=True,
+              help="Hex chars of a block name (64: sha256 family, 32: xxhash family).")
+@click.option("--dtype", default="auto", show_default=True,
+              help="Cache dtype; S3 writes \"auto\" resolved to bfloat16.")
+@click.option("--replicated", "replicated_layout", is_flag=True,
+              help="vLLM S3 MLA tp>1: the replicated_layout namespace (rows hold one cell).")
+@click.option("--agnostic", is_flag=True, help="vLLM: the collapsed parallel-agnostic namespace.")
+@click.option("--canonical-format", default=None, help="vLLM S3: canonical rows, e.g. v1-nhd.")
+@click.option("--defects", callback=_defect_list, default=None, metavar="A,B,...",
+              help="Defects to inject (see kvmigrate.synth.defects), e.g. missing_rank,tmp_vllm.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the SynthResult as JSON.")
+@handle_errors
+def command(directory: str, as_json: bool, hash_len: str, **options: object) -> None:
+    """Generate a synthetic cache tree under DIR (for tests, the demo and benchmarks).
+
+    Deterministic for a given seed. Run it several times on one DIR to put several
+    namespaces side by side.
+    """
+    from kvmigrate.errors import UsageError
+    from kvmigrate.synth import SynthSpec, build
+
+    try:
+        result = build(directory, SynthSpec(hash_len=int(hash_len), **options))  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise UsageError(str(exc), path=directory) from None
+    if as_json:
+        print_json(result.to_dict())
+        return
+    for ns in result.namespaces:
+        ranks = ",".join(str(r) for r in ns["ranks"])
+        click.echo(f"{ns['base_name']}  {ns['family']} {ns['scheme']} tp={ns['tp']} {ns['kv_kind']} "
+                   f"ranks={ranks} file={ns['file_size']}B")
+    files = len(result.block_files())
+    click.echo(f"{files} block files under {result.root}")
+    for d in result.defects:
+        click.echo(f"defect {d['name']}: {d['relpath']} -> {d['status']}")

@@ -1,0 +1,83 @@
+"""Write a SynthSpec's namespaces, block files and defects under a root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvmigrate import layout
+from kvmigrate.formats.vllmcpp import encode_header, make_key
+from kvmigrate.synth import pages
+from kvmigrate.synth.identities import Namespace, namespace_dict, plan_namespaces
+from kvmigrate.synth.spec import SynthResult, SynthSpec, check_spec
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Create or replace a file (and its parent folders)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        path.unlink()
+    elif path.exists():
+        os.chmod(path, 0o644)  # a rebuild over an `unreadable` defect
+    path.write_bytes(data)
+
+
+def block_file_bytes(spec: SynthSpec, ns: Namespace, hex_hash: str, group: int, rank: int) -> bytes:
+    """The bytes the writer of `ns` stores for (block, group) on `rank`."""
+    geom = pages.geometry(spec)
+    if ns.family == "vllm":
+        return pages.vllm_row_bytes(geom, hex_hash=hex_hash, group=group, tensors=ns.tensors,
+                                    blocks_per_file=spec.blocks_per_file, cells=ns.cells, canonical=ns.canonical)
+    if ns.family == "llmd":
+        return pages.llmd_file_bytes(geom, hex_hash=hex_hash, group=group, rank=rank, tensors=ns.tensors,
+                                     blocks_per_file=spec.blocks_per_file)
+    payload = pages.vllmcpp_payload(geom, hex_hash=hex_hash, group=group, rank=rank, tensors=ns.tensors)
+    header = encode_header(bytes.fromhex(ns.digest), make_key(bytes.fromhex(hex_hash), group),
+                           ns.fields["page_size_bytes"])
+    return header + payload
+
+
+def effective_spec(spec: SynthSpec) -> SynthSpec:
+    """The `pp_stage` defect is an llm-d tree with two pipeline stages."""
+    if "pp_stage" in spec.defects and spec.pp == 1:
+        return spec.replace(pp=2)
+    return spec
+
+
+def build(root: str | Path, spec: SynthSpec) -> SynthResult:
+    """Write the namespaces of `spec` under `root` (created if needed) and inject its
+    defects. May be called several times on one root to put several namespaces in it."""
+    spec = effective_spec(spec)
+    check_spec(spec)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    namespaces = plan_namespaces(spec)
+    for ns in namespaces:
+        write_file(root / ns.base_name / layout.CONFIG_NAME, ns.config_bytes)
+        for rank in ns.ranks:
+            (root / ns.rank_dir(rank)).mkdir(exist_ok=True)
+
+    blocks = []
+    for group in range(spec.groups):
+        for index in range(spec.blocks):
+            hex_hash = pages.block_hash_hex(spec.seed, index, spec.hash_len)
+            files: dict[int, str | None] = {}
+            shared: bytes | None = None  # vLLM rows and MLA replicas are rank-independent
+            for ns in namespaces:
+                for rank in ns.ranks:
+                    if shared is not None and ns.family != "vllmcpp" and len(namespaces) == 1:
+                        data = shared
+                    else:
+                        data = block_file_bytes(spec, ns, hex_hash, group, rank)
+                        if spec.kv_kind == "mla" or ns.family == "vllm":
+                            shared = data
+                    relpath = layout.block_relpath(ns.base_name, rank, hex_hash, group)
+                    write_file(root / relpath, data)
+                    files[rank] = relpath
+            blocks.append({"hex": hex_hash, "group": group, "index": index, "files": files, "defect": None})
+
+    result = SynthResult(root=root.resolve(), namespaces=[namespace_dict(spec, ns) for ns in namespaces],
+                         blocks=blocks)
+    if spec.defects:
+        raise ValueError("synth: defects are not available in this build yet")
+    return result

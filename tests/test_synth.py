@@ -1,0 +1,420 @@
+"""Synthetic trees have the documented on-disk shape of each writer family and era."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvmigrate import layout
+from kvmigrate.cli import cli
+from kvmigrate.formats import vllmcpp
+from kvmigrate.identity.canonical import canonical_bytes, config_json_bytes, d12, fields_from_config_bytes
+from kvmigrate.identity.schemes import scheme_of
+from kvmigrate.synth import (
+    SynthSpec,
+    block_hash_hex,
+    build,
+    build_demo_root,
+    full_page,
+    page_bytes_for,
+)
+
+SMALL = dict(layers=2, page_bytes=64, blocks=3)
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    """relpath -> bytes of every regular file (symlinks and FIFOs as markers)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = b"symlink->" + os.readlink(path).encode()
+            elif path.is_fifo():
+                out[rel] = b"fifo"
+            elif path.is_file():
+                out[rel] = path.read_bytes()
+    return out
+
+
+def config_proves_digest(root: Path, ns: dict, family: str) -> None:
+    data = (root / ns["config_relpath"]).read_bytes()
+    fields = fields_from_config_bytes(data)
+    assert fields == ns["fields"]
+    parsed = layout.parse_folder(ns["base_name"])
+    assert parsed is not None and parsed.rank is None
+    assert d12(fields, family) == parsed.d12 == ns["d12"]
+    assert data == config_json_bytes(fields, family)
+    for rank_dir in ns["rank_dirs"]:
+        folder = layout.parse_folder(rank_dir)
+        assert folder is not None and folder.base == ns["base_name"]
+
+
+def block_paths_parse(result) -> None:
+    for block in result.blocks:
+        for rank, rel in block["files"].items():
+            rank_dir, bucket, fanout, name = rel.split("/")
+            parsed = layout.parse_block(bucket, fanout, name)
+            assert parsed is not None and not parsed.misfiled
+            assert parsed.hex_hash == block["hex"] and parsed.group == block["group"]
+            assert layout.parse_folder(rank_dir).rank == rank
+
+
+# --- vLLM: rows under _r0 only -------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["S1", "S2", "S3"])
+def test_vllm_full_attention_rows_per_era(tmp_path, scheme):
+    spec = SynthSpec(family="vllm", scheme=scheme, tp=2, **SMALL)
+    result = build(tmp_path, spec)
+    (ns,) = result.namespaces
+    config_proves_digest(tmp_path, ns, "vllm")
+    assert ns["scheme"] == scheme_of(ns["fields"]) == scheme
+    assert ns["rank_dirs"] == [ns["base_name"] + "_r0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ns["base_name"], ns["base_name"] + "_r0"])
+    block_paths_parse(result)
+    cell = 2 * 2 * 64  # T (2 layers x K,V) x B x P
+    for block in result.blocks:
+        data = (tmp_path / block["files"][0]).read_bytes()
+        assert len(data) == 4096 and len(data) % 4096 == 0
+        # [W0 cell][W1 cell] + zero pad: each cell holds that rank's head shard, tensor-major.
+        for w in range(2):
+            for t in range(4):
+                page = page_bytes_for(spec, hex_hash=block["hex"], group=0, rank=w, tensor=t, gpu_block=0)
+                assert data[w * cell + t * 64:w * cell + (t + 1) * 64] == page
+        assert data[2 * cell:] == bytes(4096 - 2 * cell)
+    expected_dtype = "bfloat16" if scheme == "S3" else "auto"
+    assert ns["fields"]["dtype"] == expected_dtype
+    assert ("parallel_agnostic" in ns["fields"]) == (scheme == "S3")
+
+
+def test_vllm_s1_is_ambiguous_and_s2_s3_are_vllm(tmp_path):
+    s1 = build(tmp_path, SynthSpec(family="vllm", scheme="S1", **SMALL)).namespaces[0]
+    s2 = build(tmp_path, SynthSpec(family="vllm", scheme="S2", **SMALL)).namespaces[0]
+    assert s1["expected_family"] == "ambiguous"
+    assert s2["expected_family"] == "vllm"
+    assert "hash_block_size" in s1["fields"] and "tokens_per_hash" in s2["fields"]
+
+
+def test_vllm_mla_direct_rows_hold_n_identical_cells(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S2", tp=4, kv_kind="mla", **SMALL)
+    result = build(tmp_path, spec)
+    (ns,) = result.namespaces
+    assert ns["cells"] == 4 and ns["fields"]["tp_size"] == 4
+    cell = 2 * 64  # T = 2 MLA layers, one tensor each
+    for block in result.blocks:
+        data = (tmp_path / block["files"][0]).read_bytes()
+        assert len(data) % 4096 == 0
+        cells = [data[i * cell:(i + 1) * cell] for i in range(4)]
+        assert len(set(cells)) == 1
+        assert cells[0][:64] == full_page(spec, hex_hash=block["hex"], group=0, tensor=0, gpu_block=0)
+        assert not any(data[4 * cell:])
+
+
+def test_vllm_replicated_layout_rows_hold_one_cell(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, **SMALL)
+    result = build(tmp_path, spec)
+    (ns,) = result.namespaces
+    fields = ns["fields"]
+    assert fields["replicated_layout"] is True and fields["tp_size"] == 1 and "parallel_agnostic" not in fields
+    assert ns["cells"] == 1
+    for block in result.blocks:
+        data = (tmp_path / block["files"][0]).read_bytes()
+        assert len(data) == 4096
+        assert data[:128] == b"".join(page_bytes_for(spec, hex_hash=block["hex"], group=0, rank=0, tensor=t,
+                                                     gpu_block=0) for t in range(2))
+        assert not any(data[128:])
+
+
+def test_vllm_agnostic_folds_tp_but_keeps_world_size_cells(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S3", tp=2, agnostic=True, **SMALL)
+    (ns,) = build(tmp_path, spec).namespaces
+    assert ns["fields"]["tp_size"] == 1 and "parallel_agnostic" not in ns["fields"]
+    assert ns["scheme"] == "S2"  # an agnostic S3 identity is the S2 identity
+    assert ns["cells"] == 2
+
+
+def test_vllm_canonical_rows_hold_full_pages_once(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S3", tp=2, canonical_format="v1-nhd", agnostic=True, **SMALL)
+    result = build(tmp_path, spec)
+    (ns,) = result.namespaces
+    assert ns["fields"]["canonical_format"] == "v1-nhd" and ns["cells"] == 1
+    block = result.blocks[0]
+    data = (tmp_path / block["files"][0]).read_bytes()
+    for t in range(4):
+        assert data[t * 128:(t + 1) * 128] == full_page(spec, hex_hash=block["hex"], group=0, tensor=t, gpu_block=0)
+    assert not any(data[4 * 128:])
+
+
+def test_vllm_blocks_per_file_rows_are_tensor_major(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S1", blocks_per_file=3, **SMALL)
+    result = build(tmp_path, spec)
+    block = result.blocks[0]
+    data = (tmp_path / block["files"][0]).read_bytes()
+    offset = 0
+    for t in range(4):
+        for b in range(3):
+            assert data[offset:offset + 64] == page_bytes_for(spec, hex_hash=block["hex"], group=0, rank=0,
+                                                              tensor=t, gpu_block=b)
+            offset += 64
+    assert result.namespaces[0]["fields"]["gpu_blocks_per_file"] == 3
+
+
+def test_vllm_rows_multiple_of_4096_for_large_cells(tmp_path):
+    spec = SynthSpec(family="vllm", scheme="S2", tp=2, layers=3, page_bytes=500, blocks=2)
+    result = build(tmp_path, spec)
+    size = 2 * 6 * 500
+    for block in result.blocks:
+        data = (tmp_path / block["files"][0]).read_bytes()
+        assert len(data) == 8192 == result.namespaces[0]["file_size"]
+        assert len(data) >= size and not any(data[size:])
+
+
+# --- llm-d: per-rank block-major shards ------------------------------------------------
+
+def test_llmd_full_attention_shards_differ_per_rank(tmp_path):
+    spec = SynthSpec(family="llmd", tp=2, **SMALL)
+    result = build(tmp_path, spec)
+    (ns,) = result.namespaces
+    config_proves_digest(tmp_path, ns, "llmd")
+    assert ns["expected_family"] == "llmd" and ns["fields"]["tp_size"] == 2
+    assert ns["rank_dirs"] == [ns["base_name"] + "_r0", ns["base_name"] + "_r1"]
+    block_paths_parse(result)
+    for block in result.blocks:
+        r0 = (tmp_path / block["files"][0]).read_bytes()
+        r1 = (tmp_path / block["files"][1]).read_bytes()
+        assert len(r0) == len(r1) == 4 * 64 == ns["file_size"]
+        assert r0 != r1
+        # the two shards of each page concatenate to the TP-independent full page
+        for t in range(4):
+            full = full_page(spec, hex_hash=block["hex"], group=0, tensor=t, gpu_block=0)
+            assert r0[t * 64:(t + 1) * 64] + r1[t * 64:(t + 1) * 64] == full
+
+
+def test_llmd_mla_replicas_are_identical(tmp_path):
+    result = build(tmp_path, SynthSpec(family="llmd", tp=4, kv_kind="mla", **SMALL))
+    for block in result.blocks:
+        datas = {(tmp_path / rel).read_bytes() for rel in block["files"].values()}
+        assert len(datas) == 1 and len(next(iter(datas))) == 2 * 64
+
+
+def test_llmd_files_are_block_major(tmp_path):
+    spec = SynthSpec(family="llmd", tp=1, blocks_per_file=2, **SMALL)
+    result = build(tmp_path, spec)
+    block = result.blocks[0]
+    data = (tmp_path / block["files"][0]).read_bytes()
+    assert len(data) == 2 * 4 * 64
+    offset = 0
+    for b in range(2):
+        for t in range(4):
+            assert data[offset:offset + 64] == page_bytes_for(spec, hex_hash=block["hex"], group=0, rank=0,
+                                                              tensor=t, gpu_block=b)
+            offset += 64
+
+
+def test_llmd_tp1_with_4096_sizes_is_ambiguous(tmp_path):
+    (ns,) = build(tmp_path, SynthSpec(family="llmd", tp=1, layers=4, page_bytes=512, blocks=2)).namespaces
+    assert ns["file_size"] == 4096 and ns["expected_family"] == "ambiguous"
+    (ns,) = build(tmp_path / "b", SynthSpec(family="llmd", tp=1, **SMALL)).namespaces
+    assert ns["expected_family"] == "llmd"
+
+
+def test_llmd_known_digest_of_the_worked_example(tmp_path):
+    """identity.md §2: llm-d TP=2, gpu_blocks_per_file 16, 32 layers -> 3f1b68c1da90."""
+    spec = SynthSpec(family="llmd", tp=2, layers=32, blocks_per_file=16, page_bytes=8, blocks=1)
+    (ns,) = build(tmp_path, spec).namespaces
+    assert ns["base_name"] == "meta-llama_Llama-3.1-8B-Instruct_3f1b68c1da90"
+
+
+def test_llmd_pipeline_stages_get_one_base_folder_each(tmp_path):
+    spec = SynthSpec(family="llmd", tp=2, pp=2, layers=4, page_bytes=64, blocks=2)
+    result = build(tmp_path, spec)
+    assert len(result.namespaces) == 2
+    stage0, stage1 = result.namespaces
+    assert stage0["ranks"] == [0, 1] and stage1["ranks"] == [2, 3]
+    assert stage0["d12"] != stage1["d12"]
+    names0 = stage0["fields"]["kv_cache_groups"][0]["layer_names"]
+    names1 = stage1["fields"]["kv_cache_groups"][0]["layer_names"]
+    assert len(names0) == len(names1) == 2 and not set(names0) & set(names1)
+    assert stage0["tensors"] == [0, 1, 2, 3] and stage1["tensors"] == [4, 5, 6, 7]
+    for ns in result.namespaces:
+        config_proves_digest(tmp_path, ns, "llmd")
+
+
+# --- vllm.cpp: header files, one base folder per rank ---------------------------------
+
+def test_vllmcpp_headers_verify_and_payloads_shard(tmp_path):
+    spec = SynthSpec(family="vllmcpp", tp=2, **SMALL)
+    result = build(tmp_path, spec)
+    assert len(result.namespaces) == 2
+    for rank, ns in enumerate(result.namespaces):
+        config = (tmp_path / ns["config_relpath"]).read_bytes()
+        assert hashlib.sha256(config).hexdigest() == ns["digest"]
+        assert config == canonical_bytes(ns["fields"], "vllmcpp")
+        assert vllmcpp.validate_identity(ns["fields"]) == []
+        assert ns["fields"]["rank"] == rank and ns["ranks"] == [rank]
+        assert ns["rank_dirs"] == [f"{ns['base_name']}_r{rank}"]
+        assert ns["deployment"] == result.namespaces[0]["digest"]
+    assert len({json.dumps(ns["fields"]) for ns in result.namespaces}) == 2
+    block_paths_parse(result)
+    for block in result.blocks:
+        payloads = []
+        for rank, rel in block["files"].items():
+            ns = result.namespaces[rank]
+            data = (tmp_path / rel).read_bytes()
+            assert len(data) == 128 + ns["fields"]["page_size_bytes"] == 128 + 4 * 64
+            key = vllmcpp.make_key(bytes.fromhex(block["hex"]), block["group"])
+            assert vllmcpp.verify_header(data, digest=bytes.fromhex(ns["digest"]),
+                                         payload_size=ns["fields"]["page_size_bytes"], key=key) is None
+            payloads.append(data[128:])
+        assert payloads[0] != payloads[1]
+
+
+def test_vllmcpp_mla_payloads_equal_across_ranks(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllmcpp", tp=2, kv_kind="mla", **SMALL))
+    ident = result.namespaces[0]["fields"]
+    assert (ident["kv_cache_spec_kind"], ident["num_kv_heads"], ident["head_size"], ident["head_size_v"]) == \
+        ("mla", 1, 576, 0)
+    for block in result.blocks:
+        datas = [(tmp_path / rel).read_bytes() for rel in block["files"].values()]
+        assert datas[0][128:] == datas[1][128:]
+        assert datas[0][:128] != datas[1][:128]  # the digest includes the rank
+
+
+def test_vllmcpp_key_carries_group_big_endian(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllmcpp", groups=2, **SMALL))
+    block = [b for b in result.blocks if b["group"] == 1][0]
+    header = vllmcpp.decode_header((tmp_path / block["files"][0]).read_bytes())
+    assert header.key_size == 36 and header.key == bytes.fromhex(block["hex"]) + b"\0\0\0\1"
+
+
+# --- pages, keys, options ---------------------------------------------------------------
+
+def test_mla_pages_do_not_depend_on_tp_scheme_or_family():
+    kwargs = dict(hex_hash=block_hash_hex(0, 0), group=0, tensor=1, gpu_block=0)
+    a = SynthSpec(family="llmd", tp=2, kv_kind="mla")
+    b = SynthSpec(family="vllm", scheme="S3", tp=4, kv_kind="mla", replicated_layout=True)
+    assert page_bytes_for(a, rank=1, **kwargs) == page_bytes_for(b, rank=3, **kwargs) == page_bytes_for(a, rank=0,
+                                                                                                       **kwargs)
+
+
+def test_full_attention_page_concatenation_is_tp_independent():
+    kwargs = dict(hex_hash=block_hash_hex(0, 0), group=0, tensor=0, gpu_block=0)
+    tp1 = SynthSpec(tp=1, page_bytes=512)
+    tp4 = SynthSpec(tp=4, page_bytes=128)
+    shards = b"".join(page_bytes_for(tp4, rank=r, **kwargs) for r in range(4))
+    assert shards == page_bytes_for(tp1, rank=0, **kwargs)
+    assert len({page_bytes_for(tp4, rank=r, **kwargs) for r in range(4)}) == 4
+
+
+def test_every_page_is_distinct():
+    spec = SynthSpec(page_bytes=32)
+    pages = {page_bytes_for(spec, hex_hash=block_hash_hex(0, i), group=g, rank=0, tensor=t, gpu_block=b)
+             for i in range(3) for g in range(2) for t in range(3) for b in range(2)}
+    assert len(pages) == 3 * 2 * 3 * 2
+
+
+def test_page_bytes_for_accepts_a_result_namespace(tmp_path):
+    spec = SynthSpec(family="llmd", tp=2, **SMALL)
+    result = build(tmp_path, spec)
+    ns, block = result.namespaces[0], result.blocks[0]
+    kwargs = dict(hex_hash=block["hex"], group=0, rank=1, tensor=2, gpu_block=0)
+    assert page_bytes_for(ns, **kwargs) == page_bytes_for(spec, **kwargs)
+
+
+def test_same_seed_same_keys_in_every_namespace(tmp_path):
+    a = build(tmp_path, SynthSpec(family="vllm", seed=7, **SMALL))
+    b = build(tmp_path, SynthSpec(family="vllmcpp", seed=7, **SMALL))
+    c = build(tmp_path, SynthSpec(family="vllm", scheme="S2", seed=8, **SMALL))
+    assert [x["hex"] for x in a.blocks] == [x["hex"] for x in b.blocks]
+    assert not {x["hex"] for x in a.blocks} & {x["hex"] for x in c.blocks}
+
+
+def test_hash_len_32_names(tmp_path):
+    result = build(tmp_path, SynthSpec(hash_len=32, **SMALL))
+    assert all(len(b["hex"]) == 32 for b in result.blocks)
+    block_paths_parse(result)
+
+
+def test_groups_have_their_own_files_and_layers(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllm", scheme="S3", groups=2, **SMALL))
+    assert len(result.blocks) == 2 * 3
+    groups = result.namespaces[0]["fields"]["kv_cache_groups"]
+    assert [g["layer_names"] for g in groups] == [
+        ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+        ["model.layers.2.self_attn.attn", "model.layers.3.self_attn.attn"]]
+    g0 = [(tmp_path / b["files"][0]).read_bytes() for b in result.blocks if b["group"] == 0]
+    g1 = [(tmp_path / b["files"][0]).read_bytes() for b in result.blocks if b["group"] == 1]
+    assert not set(g0) & set(g1)
+
+
+def test_extra_fields_land_in_the_identity(tmp_path):
+    (ns,) = build(tmp_path, SynthSpec(extra_fields={"future_key": "x"}, **SMALL)).namespaces
+    assert ns["fields"]["future_key"] == "x"
+    config_proves_digest(tmp_path, ns, "vllm")
+
+
+def test_explicit_dtype_is_kept_in_s3(tmp_path):
+    (ns,) = build(tmp_path, SynthSpec(scheme="S3", dtype="fp8", **SMALL)).namespaces
+    assert ns["fields"]["dtype"] == "fp8"
+
+
+@pytest.mark.parametrize("bad", [
+    dict(family="llmd", replicated_layout=True),
+    dict(family="vllm", scheme="S2", kv_kind="mla", tp=2, replicated_layout=True),
+    dict(family="vllm", scheme="S3", kv_kind="full", tp=2, replicated_layout=True),
+    dict(family="vllmcpp", hash_len=32),
+    dict(family="vllm", pp=2),
+    dict(family="llmd", pp=3, layers=4),
+    dict(family="vllm", defects=("padded_legacy",)),
+    dict(family="vllm", defects=("nonsense",)),
+    dict(family="vllm", blocks=0),
+])
+def test_impossible_specs_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="synth:"):
+        build(tmp_path, SynthSpec(**bad))
+
+
+# --- determinism, demo, CLI -------------------------------------------------------------
+
+def test_same_spec_builds_identical_trees(tmp_path):
+    spec = SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL)
+    build(tmp_path / "a", spec)
+    build(tmp_path / "b", spec)
+    a, b = tree_files(tmp_path / "a"), tree_files(tmp_path / "b")
+    assert a and a == b
+
+
+def test_demo_root_is_small_and_has_every_family(tmp_path):
+    results = build_demo_root(tmp_path, with_defects=False)
+    families = {ns["family"] for r in results for ns in r.namespaces}
+    schemes = {ns["scheme"] for r in results for ns in r.namespaces}
+    assert families == {"vllm", "llmd", "vllmcpp"}
+    assert {"S1", "S2", "S3", "vllmcpp-v1"} <= schemes
+    assert any(ns["replicated_layout"] for r in results for ns in r.namespaces)
+    files = [f for f in tree_files(tmp_path) if (tmp_path / f).is_file()]
+    assert 10 <= len(files) <= 80
+
+
+def test_cli_synth_writes_tree_and_json(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(cli, ["synth", str(tmp_path), "--family", "llmd", "--tp", "2", "--kv-kind", "mla",
+                              "--blocks", "2", "--block-bytes", "64", "--layers", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["namespaces"][0]["family"] == "llmd"
+    assert len(data["blocks"]) == 2
+    for block in data["blocks"]:
+        for rel in block["files"].values():
+            assert (tmp_path / rel).stat().st_size == 2 * 64
+
+
+def test_cli_synth_refuses_bad_combination_with_exit_2(tmp_path):
+    out = CliRunner().invoke(cli, ["synth", str(tmp_path), "--family", "llmd", "--replicated"])
+    assert out.exit_code == 2
+    assert "vllm options" in out.output and "Traceback" not in out.output
