@@ -101,6 +101,9 @@ def kv_kind_of(cfg: dict[str, Any]) -> tuple[str, str]:
             return ("mamba" if classes == {"state"} else "hybrid"), "layers_block_type contains mamba layers"
     if _set(c.get("attn_layer_period")):
         return "hybrid", f"attn_layer_period={c['attn_layer_period']} (attention interleaved with mamba)"
+    interval = c.get("full_attention_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > 1:
+        return "hybrid", f"full_attention_interval={interval} (linear-attention layers between full attention)"
     if c.get("model_type") in _PURE_STATE_MODEL_TYPES:
         return "mamba", f"model_type {c['model_type']!r} is a state-space model"
     swp = c.get("sliding_window_pattern")
