@@ -391,7 +391,7 @@ def test_same_spec_builds_identical_trees(tmp_path):
 
 
 def test_demo_root_is_small_and_has_every_family(tmp_path):
-    results = build_demo_root(tmp_path, with_defects=False)
+    results = build_demo_root(tmp_path)
     families = {ns["family"] for r in results for ns in r.namespaces}
     schemes = {ns["scheme"] for r in results for ns in r.namespaces}
     assert families == {"vllm", "llmd", "vllmcpp"}
@@ -418,3 +418,340 @@ def test_cli_synth_refuses_bad_combination_with_exit_2(tmp_path):
     out = CliRunner().invoke(cli, ["synth", str(tmp_path), "--family", "llmd", "--replicated"])
     assert out.exit_code == 2
     assert "vllm options" in out.output and "Traceback" not in out.output
+
+
+# --- defects: each one does what its record says -----------------------------------------
+
+MLA2 = dict(tp=2, kv_kind="mla", **SMALL)
+
+
+def only(result, name):
+    (rec,) = [d for d in result.defects if d["name"] == name]
+    return rec
+
+
+def healthy_sizes(tmp_path, result, rec):
+    """Sizes of the block files of the victim's namespace that no defect touched."""
+    return {(tmp_path / rel).stat().st_size for b in result.blocks if b["defect"] is None
+            for rel in b["files"].values() if rel and rel.startswith(rec["base_name"])}
+
+
+@pytest.mark.parametrize("family", ["llmd", "vllmcpp"])
+def test_defect_missing_rank(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("missing_rank",), **MLA2))
+    rec = only(result, "missing_rank")
+    assert rec["status"] == "incomplete" and rec["rank"] == 1
+    assert not (tmp_path / rec["relpath"]).exists()
+    assert rec["rows"] and all((tmp_path / rel).is_file() for rel in rec["rows"])
+    victim = [b for b in result.blocks if b["defect"] == "missing_rank"]
+    assert len(victim) == 1 and victim[0]["files"][1] is None and victim[0]["hex"] == rec["block"]
+    for block in result.blocks:
+        if block["defect"] is None:
+            assert all((tmp_path / rel).is_file() for rel in block["files"].values())
+
+
+@pytest.mark.parametrize("family", ["llmd", "vllmcpp"])
+def test_defect_replica_differs(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("replica_differs",), **MLA2))
+    rec = only(result, "replica_differs")
+    assert rec["status"] == "replica_mismatch" and len(rec["rows"]) == 2
+    skip = 128 if family == "vllmcpp" else 0
+    a, b = [(tmp_path / rel).read_bytes() for rel in rec["rows"]]
+    assert len(a) == len(b) and a[skip:] != b[skip:]
+    for block in result.blocks:
+        if block["defect"] is None:
+            payloads = {(tmp_path / rel).read_bytes()[skip:] for rel in block["files"].values()}
+            assert len(payloads) == 1
+
+
+def test_defect_replica_differs_needs_mla(tmp_path):
+    with pytest.raises(ValueError, match="MLA replicas"):
+        build(tmp_path, SynthSpec(family="llmd", tp=2, defects=("replica_differs",), **SMALL))
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp"])
+def test_defect_size_mismatch(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("size_mismatch",), **SMALL))
+    rec = only(result, "size_mismatch")
+    size = (tmp_path / rec["relpath"]).stat().st_size
+    assert rec["status"] == "size_mismatch" and size == rec["size"] != rec["expected_size"]
+    assert healthy_sizes(tmp_path, result, rec) == {result.namespaces[0]["file_size"]}
+    assert size > (128 if family == "vllmcpp" else 0)
+    if family == "vllm":
+        assert size % 4096
+    if family == "vllmcpp":
+        data = (tmp_path / rec["relpath"]).read_bytes()
+        ns = result.namespaces[0]
+        assert vllmcpp.verify_header(data, digest=bytes.fromhex(ns["digest"]),
+                                     payload_size=ns["fields"]["page_size_bytes"],
+                                     key=vllmcpp.make_key(bytes.fromhex(rec["block"]), 0)) is None
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp"])
+def test_defect_short(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("short",), **SMALL))
+    rec = only(result, "short")
+    data = (tmp_path / rec["relpath"]).read_bytes()
+    assert rec["status"] == "short"
+    if family == "vllmcpp":
+        assert 0 < len(data) < 128 and rec["reason"] == "header"
+        assert vllmcpp.verify_header(data, digest=b"\0" * 32, payload_size=1, key=b"") == "short"
+    else:
+        assert data == b"" and rec["reason"] == "empty"
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp"])
+def test_defect_zero_filled(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("zero_filled",), **SMALL))
+    rec = only(result, "zero_filled")
+    data = (tmp_path / rec["relpath"]).read_bytes()
+    assert rec["status"] == "zero_filled"
+    assert len(data) == result.namespaces[0]["file_size"] and not any(data)
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp"])
+def test_defect_misfiled(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("misfiled",), **MLA2))
+    rec = only(result, "misfiled")
+    assert rec["status"] == "misfiled"
+    assert len(rec["rows"]) == (1 if family == "vllm" else 2)  # every rank's file of the block moves
+    for rel in rec["rows"]:
+        _, bucket, fanout, name = rel.split("/")
+        parsed = layout.parse_block(bucket, fanout, name)
+        assert parsed.misfiled and parsed.hex_hash == rec["block"]
+        proper = layout.block_relpath_in_rank(rec["block"], 0)
+        assert not (tmp_path / rel.split("/")[0] / proper).exists()
+
+
+def test_defect_unreadable(tmp_path):
+    result = build(tmp_path, SynthSpec(family="llmd", defects=("unreadable",), **SMALL))
+    rec = only(result, "unreadable")
+    assert rec["status"] == "unreadable"
+    assert (tmp_path / rec["relpath"]).stat().st_mode & 0o777 == 0
+    assert rec["effective"] == (os.geteuid() != 0)
+
+
+def test_defect_padded_legacy(tmp_path):
+    spec = SynthSpec(family="llmd", defects=("padded_legacy",), **MLA2)
+    result = build(tmp_path, spec)
+    rec = only(result, "padded_legacy")
+    assert rec["status"] == "padded_legacy" and len(rec["rows"]) == 2
+    datas = [(tmp_path / rel).read_bytes() for rel in rec["rows"]]
+    healthy = result.namespaces[0]["file_size"]
+    assert rec["data_size"] == healthy
+    for data in datas:
+        assert len(data) == 16 * 1024 * 1024
+        assert data[:healthy] == pages_of_llmd(spec, rec["block"])
+        assert any(data[healthy:healthy + 4096])  # stale, not zero
+    assert datas[0] == datas[1]  # MLA replicas stay equal: only the padding is the finding
+
+
+def pages_of_llmd(spec, hex_hash):
+    from kvmigrate.synth import llmd_file_bytes
+
+    return llmd_file_bytes(spec, hex_hash=hex_hash, group=0, rank=0, tensors=range(spec.layers), blocks_per_file=1)
+
+
+@pytest.mark.parametrize("name,check", [
+    ("header_magic", "magic"), ("header_key_size", "key_size"), ("header_version", "format_version"),
+    ("header_digest", "digest"), ("header_payload_size", "payload_size"), ("header_key", "key")])
+def test_defect_vllmcpp_header(tmp_path, name, check):
+    result = build(tmp_path, SynthSpec(family="vllmcpp", defects=(name,), **SMALL))
+    rec = only(result, name)
+    ns = result.namespaces[0]
+    data = (tmp_path / rec["relpath"]).read_bytes()
+    assert rec["status"] == "header_invalid" and rec["reason"] == check
+    assert len(data) == ns["file_size"]
+    got = vllmcpp.verify_header(data, digest=bytes.fromhex(ns["digest"]), payload_size=ns["fields"]["page_size_bytes"],
+                                key=vllmcpp.make_key(bytes.fromhex(rec["block"]), 0))
+    assert got == check
+
+
+@pytest.mark.parametrize("name,kind,where", [
+    ("tmp_vllm", "vllm-block", "fanout"), ("tmp_cpp_block", "vllmcpp-block", "fanout"),
+    ("tmp_cpp_config", "vllmcpp-config", "base"), ("tmp_probe", "vllm-probe", "base")])
+def test_defect_temp_leftovers(tmp_path, name, kind, where):
+    result = build(tmp_path, SynthSpec(family="vllmcpp" if "cpp" in name else "vllm", defects=(name,), **SMALL))
+    rec = only(result, name)
+    ns = result.namespaces[0]
+    parts = rec["relpath"].split("/")
+    assert rec["status"] == "tmp_leftover" and (tmp_path / rec["relpath"]).is_file()
+    assert layout.temp_kind(parts[-1]) == kind
+    if where == "base":
+        assert parts[0] == ns["base_name"] and len(parts) == 2
+    else:
+        assert parts[0] == ns["rank_dirs"][0] and len(parts) == 4
+        assert layout.parse_block(parts[1], parts[2], parts[3]) is None
+        assert parts[3].split(".bin")[0] not in {b["hex"] for b in result.blocks}
+
+
+def test_defect_tmp_vllm_digits_follow_the_writer(tmp_path):
+    llmd = only(build(tmp_path / "a", SynthSpec(family="llmd", defects=("tmp_vllm",), **SMALL)), "tmp_vllm")
+    digits = int(llmd["relpath"].rsplit("_", 1)[1].split(".")[0])
+    assert digits < 2**32  # llm-d: std::random_device u32
+
+
+def test_defect_foreign(tmp_path):
+    result = build(tmp_path, SynthSpec(family="llmd", tp=2, defects=("foreign",), **SMALL))
+    rec = only(result, "foreign")
+    name = rec["relpath"].split("/")[-1]
+    assert rec["status"] == "foreign" and (tmp_path / rec["relpath"]).is_file()
+    assert layout.temp_kind(name) is None and not layout.BLOCK_RE.match(name)
+
+
+def test_defect_symlink_points_outside_the_root(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllm", defects=("symlink",), **SMALL))
+    rec = only(result, "symlink")
+    path = tmp_path / rec["relpath"]
+    assert rec["status"] == "foreign" and path.is_symlink()
+    target = Path(os.readlink(path))
+    assert target.is_absolute() and tmp_path not in target.parents
+    _, bucket, fanout, name = rec["relpath"].split("/")
+    assert layout.parse_block(bucket, fanout, name) is not None  # named like a block: must still be foreign
+
+
+def test_defect_fifo(tmp_path):
+    import stat
+
+    result = build(tmp_path, SynthSpec(family="llmd", defects=("fifo",), **SMALL))
+    rec = only(result, "fifo")
+    assert rec["status"] == "foreign"
+    assert stat.S_ISFIFO(os.lstat(tmp_path / rec["relpath"]).st_mode)
+
+
+def test_defect_config_missing(tmp_path):
+    result = build(tmp_path, SynthSpec(family="llmd", tp=2, defects=("config_missing",), **SMALL))
+    rec = only(result, "config_missing")
+    ns = result.namespaces[0]
+    assert rec["status"] == rec["namespace_status"] == "orphan_namespace"
+    assert (tmp_path / ns["base_name"]).is_dir() and not (tmp_path / ns["config_relpath"]).exists()
+    assert sorted(rec["rows"]) == sorted(result.block_files())
+
+
+def test_defect_config_unparsable(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllm", defects=("config_unparsable",), **SMALL))
+    rec = only(result, "config_unparsable")
+    assert rec["status"] == "config_invalid" and rec["rows"] == [result.namespaces[0]["config_relpath"]]
+    with pytest.raises(ValueError):
+        fields_from_config_bytes((tmp_path / rec["relpath"]).read_bytes())
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp"])
+def test_defect_digest_mismatch(tmp_path, family):
+    result = build(tmp_path, SynthSpec(family=family, defects=("digest_mismatch",), **SMALL))
+    rec = only(result, "digest_mismatch")
+    ns = result.namespaces[0]
+    fields = fields_from_config_bytes((tmp_path / rec["relpath"]).read_bytes())
+    canon = "vllmcpp" if family == "vllmcpp" else "vllm"
+    assert rec["status"] == "digest_mismatch"
+    assert fields != ns["fields"] and d12(fields, canon) != ns["d12"]
+    assert set(fields) == set(ns["fields"])  # still a well-formed identity
+
+
+def test_defect_deep_layout(tmp_path):
+    spec = SynthSpec(family="llmd", defects=("deep_layout",), **SMALL)
+    result = build(tmp_path, spec)
+    rec = only(result, "deep_layout")
+    assert rec["status"] == "unsupported_layout" and rec["relpath"] == "meta-llama"
+    assert layout.parse_folder(rec["relpath"]) is None
+    assert len(rec["rows"]) == 2
+    for rel in rec["rows"]:
+        parts = rel.split("/")
+        assert parts[:7] == ["meta-llama", "Llama-3.1-8B-Instruct", "block_size_16_blocks_per_file_1",
+                             "tp_1_pp_size_1_pcp_size_1", "rank_0", "auto", parts[6]]
+        assert parts[7].endswith("_g0") and (tmp_path / rel).stat().st_size == 4 * 64
+
+
+def test_defect_pp_stage(tmp_path):
+    result = build(tmp_path, SynthSpec(family="llmd", tp=2, defects=("pp_stage",), **SMALL))
+    recs = [d for d in result.defects if d["name"] == "pp_stage"]
+    assert len(recs) == 2 == len(result.namespaces)
+    assert {r["relpath"] for r in recs} == {ns["base_name"] for ns in result.namespaces}
+    for rec in recs:
+        assert rec["status"] == "unsupported_layout" and rec["reason"] == "pipeline stage"
+        assert len(rec["rows"]) == 2 * 3  # 2 ranks x 3 blocks of that stage
+    assert sorted(r for rec in recs for r in rec["rows"]) == sorted(result.block_files())
+
+
+def test_defect_orphan_rank(tmp_path):
+    result = build(tmp_path, SynthSpec(family="vllmcpp", defects=("orphan_rank",), **SMALL))
+    rec = only(result, "orphan_rank")
+    folder = layout.parse_folder(rec["relpath"])
+    assert rec["status"] == "orphan_namespace" and folder.rank == 0
+    assert not (tmp_path / folder.base).exists()
+    assert folder.base not in {ns["base_name"] for ns in result.namespaces}
+    assert len(rec["rows"]) == 2 and all((tmp_path / r).is_file() for r in rec["rows"])
+
+
+FAMILY_DEFECTS = {
+    "vllm": ["size_mismatch", "short", "zero_filled", "misfiled", "unreadable", "tmp_vllm", "tmp_probe",
+             "foreign", "symlink", "fifo", "digest_mismatch", "deep_layout", "orphan_rank"],
+    "llmd": ["missing_rank", "replica_differs", "size_mismatch", "short", "zero_filled", "misfiled", "unreadable",
+             "padded_legacy", "tmp_vllm", "foreign", "symlink", "fifo", "config_missing", "deep_layout",
+             "orphan_rank"],
+    "vllmcpp": ["missing_rank", "replica_differs", "size_mismatch", "short", "zero_filled", "misfiled",
+                "header_magic", "header_key_size", "header_version", "header_digest", "header_payload_size",
+                "header_key", "tmp_cpp_block", "tmp_cpp_config", "foreign", "symlink", "fifo",
+                "config_unparsable", "orphan_rank"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_DEFECTS))
+def test_defects_together_leave_every_other_file_untouched(tmp_path, family):
+    """All of a family's defects at once hit distinct victims, and every file outside the
+    defect records is byte-identical to the healthy tree."""
+    base = dict(family=family, tp=2, kv_kind="mla", layers=2, page_bytes=64, blocks=24)
+    if family == "vllm":
+        base.update(tp=1)
+    healthy = tree_files(build(tmp_path / "healthy", SynthSpec(**base)).root)
+    result = build(tmp_path / "sick", SynthSpec(defects=tuple(FAMILY_DEFECTS[family]), **base))
+    sick = tree_files(result.root)
+    assert {d["name"] for d in result.defects} == set(FAMILY_DEFECTS[family])
+    victims = [d["block"] for d in result.defects if d["block"]]
+    assert len(victims) == len(set(victims))
+    touched = {d["relpath"] for d in result.defects}
+    touched |= {r for d in result.defects if d["namespace_status"] is None for r in d["rows"]}
+    victim_blocks = {b["hex"] for b in result.blocks if b["defect"]}
+    checked = 0
+    for rel, data in healthy.items():
+        if rel in touched or any(h in rel for h in victim_blocks):
+            continue
+        assert sick.get(rel) == data, rel
+        checked += 1
+    assert checked >= 10
+
+
+def test_block_defects_need_enough_blocks(tmp_path):
+    with pytest.raises(ValueError, match="blocks >= 3"):
+        build(tmp_path, SynthSpec(blocks=2, defects=("short", "zero_filled")))
+
+
+def test_config_defects_are_exclusive(tmp_path):
+    with pytest.raises(ValueError, match="pick one"):
+        build(tmp_path, SynthSpec(defects=("config_missing", "digest_mismatch"), **SMALL))
+
+
+def test_defective_trees_are_deterministic(tmp_path):
+    spec = SynthSpec(family="llmd", defects=("missing_rank", "tmp_vllm", "symlink", "fifo", "orphan_rank"), **MLA2)
+    a = build(tmp_path / "a", spec)
+    b = build(tmp_path / "b", spec)
+    assert tree_files(tmp_path / "a") == tree_files(tmp_path / "b")
+    assert json.dumps(a.to_dict()["defects"]).replace(str(a.root), "") == \
+        json.dumps(b.to_dict()["defects"]).replace(str(b.root), "")
+
+
+def test_rebuilding_over_a_defective_tree_works(tmp_path):
+    spec = SynthSpec(family="vllm", defects=("unreadable", "symlink", "fifo", "misfiled"), blocks=5, layers=2,
+                     page_bytes=64)
+    build(tmp_path, spec)
+    first = tree_files(tmp_path)
+    build(tmp_path, spec)
+    assert tree_files(tmp_path) == first
+
+
+def test_cli_synth_defects_flag(tmp_path):
+    out = CliRunner().invoke(cli, ["synth", str(tmp_path), "--family", "vllmcpp", "--blocks", "3",
+                                   "--defects", "header_digest,tmp_cpp_config"])
+    assert out.exit_code == 0, out.output
+    assert "header_digest" in out.output and "header_invalid" in out.output
+    assert "tmp_cpp_config" in out.output

@@ -78,6 +78,8 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
 
     result = SynthResult(root=root.resolve(), namespaces=[namespace_dict(spec, ns) for ns in namespaces],
                          blocks=blocks)
-    if spec.defects:
-        raise ValueError("synth: defects are not available in this build yet")
+    if spec.defects or spec.pp > 1:
+        from kvmigrate.synth.defects import inject  # defects import this module
+
+        inject(root, spec, namespaces, result)
     return result
