@@ -129,20 +129,18 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
         per_file = src["blocks_per_file"]
     layer_names = [g["layer_names"] for g in groups]
 
+    # Block keys are hashes over `granularity` tokens: S1 hashed at the cache block size,
+    # S2+ at the gcd of the groups' tokens_per_block. Where the two differ, no key matches.
+    group_gcd = math.gcd(*tokens_per_block) if tokens_per_block else granularity
+    if (scheme == "S1") != (target_scheme == "S1") and group_gcd != granularity:
+        unreachable.append(HASH_GRANULARITY_CHANGED)
     scheme_args: dict[str, Any] = {}
     if target_scheme == "S1":
         target_groups = [{"block_size": b, "layer_names": n} for b, n in zip(block_sizes, layer_names)]
-        # S1 hashed at the cache block size
-        target_granularity = granularity if scheme == "S1" else (min(block_sizes) if block_sizes else granularity)
-        scheme_args.update(hash_block_size=target_granularity, gpu_blocks_per_file=per_file)
+        scheme_args.update(hash_block_size=granularity, gpu_blocks_per_file=per_file)
     else:
         target_groups = [{"tokens_per_block": t, "layer_names": n} for t, n in zip(tokens_per_block, layer_names)]
-        # S2+ hash at the gcd of the groups' tokens_per_block
-        target_granularity = granularity if scheme != "S1" else (math.gcd(*tokens_per_block) if tokens_per_block
-                                                                  else granularity)
-        scheme_args.update(tokens_per_hash=target_granularity, blocks_per_file=per_file)
-    if target_granularity != granularity:
-        unreachable.append(HASH_GRANULARITY_CHANGED)
+        scheme_args.update(tokens_per_hash=group_gcd if scheme == "S1" else granularity, blocks_per_file=per_file)
 
     dtype = _target_dtype(src, scheme, target_scheme, facts)
 
