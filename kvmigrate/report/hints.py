@@ -1,0 +1,289 @@
+"""Findings and "what to do next" hints, derived from a summary (no I/O).
+
+Like restic's check output, every finding ends in the exact command that deals with it:
+listing the affected files, re-running with the missing deployment fact, hashing the
+replicas, or applying the migration. kvmigrate never deletes cache data itself, so the
+hints for leftovers print a command the operator runs once no engine writes the root.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+DEFAULT_TARGET = "vllm-0.28"
+DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
+
+# status -> (what it is, what follows, how to act: "list" | "identity" | "delete" | "rerun")
+STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
+    "incomplete": ("blocks with a rank file missing",
+                   "never migrated; llm-d silently serves stale KV for the missing rank, so remove the "
+                   "remaining rank files of these blocks while no engine runs", "list"),
+    "replica_mismatch": ("replicas that must be equal differ", "never migrated; inspect the listed files", "list"),
+    "size_mismatch": ("files whose size differs from their (namespace, group) or the proven geometry",
+                      "never migrated; inspect the listed files", "list"),
+    "padded_legacy": ("llm-d files longer than their proven data (pre-2026-06-04 16 MiB floor)",
+                      "inspect the listed files", "list"),
+    "short": ("empty files or files shorter than a header (crash residue)",
+              "never migrated; the engine deletes them on read", "list"),
+    "zero_filled": ("all-zero files (crash residue)", "never migrated; the engine would serve zeros", "list"),
+    "misfiled": ("files whose fan-out folders do not match their name", "never migrated", "list"),
+    "header_invalid": ("vllm.cpp files whose header check fails", "never migrated; vllm.cpp deletes them on load",
+                       "list"),
+    "unreadable": ("files that could not be read (I/O or permission error)",
+                   "fix the permissions or the disk, then audit again", "list"),
+    "tmp_leftover": ("temp files of interrupted engine writes",
+                     "never reused; remove them only when no engine writes to the root", "delete"),
+    "foreign": ("files that are not part of the cache (incl. symlinks, FIFOs, devices)",
+                "kvmigrate ignores them", "list"),
+    "orphan_namespace": ("rank folders without their base folder or config.json",
+                         "never migrated: restore the base folder's config.json or remove the rank folder", "list"),
+    "digest_mismatch": ("config.json does not hash to its folder name", "never migrated; see why with", "identity"),
+    "config_invalid": ("config.json unreadable, not JSON, or of wrong types", "never migrated; see why with",
+                       "identity"),
+    "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
+                           "kvmigrate does not migrate it", "list"),
+}
+
+# Placeholder values for a fact flag the user must supply.
+FLAG_VALUES = {
+    "--model-dtype": "<bfloat16|float16>",
+    "--cache-dtype": "<raw --kv-cache-dtype, e.g. auto>",
+    "--kv-kind": "<full|mla|sliding|hybrid|mamba>",
+    "--total-kv-heads": "<N>",
+    "--page-bytes": "<bytes>",
+    "--tensors-per-layer": "<2>",
+    "--family": "<vllm|llmd>",
+    "--model-config": "<HF config.json>",
+    "--runner": "<v1|v2>",
+    "--executor": "<mp|ray|uni>",
+    "--nnodes": "<N>",
+}
+NEEDS_FLAGS = {
+    "needs_slice": ("--page-bytes",),
+    "needs_concat": ("--page-bytes",),
+    "needs_relayout": ("--page-bytes", "--tensors-per-layer"),
+}
+# Actions that take one rank's file for all ranks: they need the replicas proven equal.
+REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
+SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
+_FACT_RE = re.compile(r"missing deployment fact '(\w+)'")
+_FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
+
+
+def severity_of(bits: int) -> str:
+    if bits & 8:
+        return "operational"
+    if bits & 4:
+        return "integrity"
+    if bits & 1:
+        return "finding"
+    return "note"
+
+
+class _Commands:
+    """Builds the exact commands a hint prints, re-using the scan's root, target and facts."""
+
+    def __init__(self, summary: dict[str, Any], verb: str):
+        self.root = summary.get("root") or "ROOT"
+        self.manifest = summary.get("manifest")
+        self.verb = verb
+        facts = summary.get("facts") or {}
+        args: list[str] = []
+        target = summary.get("target_profile")
+        if target and target != DEFAULT_TARGET:
+            args += ["--target", target]
+        for name, value in sorted((facts.get("flags") or {}).items()):
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            elif value is not None:
+                args += [flag, str(value)]
+        if facts.get("facts_file"):
+            args += ["--facts", str(facts["facts_file"])]
+        self.fact_args = args
+        self.verify = summary.get("verify")
+
+    def _join(self, *parts: str) -> str:
+        return " ".join(p for p in parts if p)
+
+    def q(self, *words: str) -> str:
+        return " ".join(shlex.quote(w) for w in words)
+
+    def rerun(self, *extra: str, replace_flags: tuple[str, ...] = ()) -> str:
+        """The scan (or audit) again, with the same settings plus `extra` flags."""
+        args = list(self.fact_args)
+        for flag in replace_flags:  # drop a flag the hint sets again
+            while flag in args:
+                i = args.index(flag)
+                del args[i:i + 2]
+        if self.verify == "hash" and "--verify" not in extra:
+            args += ["--verify", "hash"]
+        tail = " ".join(extra)
+        out = ["-o", self.manifest] if (self.verb == "scan" and self.manifest) else []
+        return self._join(f"kvmigrate {self.verb}", self.q(self.root, *args), tail, self.q(*out))
+
+    def list_files(self, status: str) -> str:
+        if self.manifest:
+            return self._join("kvmigrate report", self.q(self.manifest), f"--list {status}")
+        return self._join("kvmigrate scan", self.q(self.root, *self.fact_args), f"-o {DEFAULT_MANIFEST}",
+                          f"&& kvmigrate report {DEFAULT_MANIFEST} --list {status}")
+
+    def migrate(self, *extra: str) -> str:
+        if self.manifest:
+            return self._join("kvmigrate migrate --manifest", self.q(self.manifest), *extra)
+        return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), *extra)
+
+    def identity(self, base: str) -> str:
+        return self._join("kvmigrate identity", self.q(f"{self.root.rstrip('/')}/{base}/config.json"))
+
+
+def _finding(code: str, bits: int, namespace: str | None, message: str, **extra: Any) -> dict[str, Any]:
+    f = {"code": code, "severity": severity_of(bits), "bits": bits, "namespace": namespace, "message": message,
+         "files": None, "bytes": None, "blocks": None, "example": None, "example_reason": None}
+    f.update(extra)
+    return f
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
+def _flag_of(target_error: str, family: str | None) -> str | None:
+    m = _FACT_RE.search(target_error)
+    if m:
+        return "--" + m.group(1).replace("_", "-")
+    for flag in _FLAG_RE.findall(target_error):
+        if flag != "--facts":
+            return flag
+    if family == "ambiguous":
+        return "--family"
+    return None
+
+
+def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
+                       examples: dict[tuple, tuple[str, str | None]] | None = None
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Typed findings (one per namespace and problem) and de-duplicated hints."""
+    from kvmigrate.report.summary import STATUS_BITS
+
+    examples = examples or {}
+    cmd = _Commands(summary, verb)
+    findings: list[dict[str, Any]] = []
+    hints: dict[str, dict[str, Any]] = {}
+
+    def hint(command: str, why: str, code: str, namespace: str | None, rank: int) -> None:
+        h = hints.setdefault(command, {"command": command, "why": why, "codes": [], "namespaces": [], "_rank": rank})
+        if code not in h["codes"]:
+            h["codes"].append(code)
+        if namespace is not None and namespace not in h["namespaces"]:
+            h["namespaces"].append(namespace)
+
+    entries = [(n["source_base"], n["by_status"]) for n in summary["namespaces"]]
+    if summary.get("outside_namespaces"):
+        entries.append((None, summary["outside_namespaces"]["by_status"]))
+    for base, by_status in entries:
+        for status, counts in by_status.items():
+            if status in ("ok", "own_artifact"):
+                continue
+            what, then, how = STATUS_ADVICE.get(status, ("files in an unknown state", "inspect them", "list"))
+            bits = STATUS_BITS.get(status, 1)
+            ex = examples.get((base, status), (None, None))
+            findings.append(_finding(status, bits, base, f"{_files(counts['files'])}: {what}; {then}",
+                                     status=status, files=counts["files"], bytes=counts["bytes"],
+                                     example=ex[0], example_reason=ex[1]))
+            rank = 0 if bits & 12 else 1
+            if how == "identity" and base is not None:
+                hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
+            elif how == "delete":
+                hint(cmd.list_files(status) + " | xargs -d '\\n' rm -f --",
+                     f"{what}: remove them, only when no engine writes to {cmd.root}", status, base, 3)
+            else:
+                hint(cmd.list_files(status), f"{what}: list them ({then})", status, base, rank)
+            if status == "unreadable":
+                hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
+
+    deployments: dict[str, int] = {}
+    for n in summary["namespaces"]:
+        if n.get("deployment"):
+            deployments[n["deployment"]] = deployments.get(n["deployment"], 0) + 1
+    for n in summary["namespaces"]:
+        base = n["source_base"]
+        if n["namespace_status"] not in (None, "ok") and n["namespace_status"] not in n["by_status"]:
+            status = n["namespace_status"]
+            what, then, how = STATUS_ADVICE.get(status, ("a namespace in an unknown state", "inspect it", "list"))
+            findings.append(_finding(status, STATUS_BITS.get(status, 1), base, f"namespace: {what}; {then}",
+                                     status=status, example_reason=n.get("config_error")))
+            if how == "identity":
+                hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, 0)
+        if n["target_error"]:
+            flag = _flag_of(n["target_error"], n["family"])
+            first_line = n["target_error"].splitlines()[0]
+            findings.append(_finding("target_refused", 1, base, f"no target namespace: {first_line}",
+                                     blocks=n["blocks"], bytes=n["block_bytes"], flag=flag))
+            if flag:
+                hint(cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)),
+                     f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)",
+                     "target_refused", base, 2)
+        if n["family"] == "ambiguous" and not n["target_error"]:
+            findings.append(_finding("family_ambiguous", 0, base,
+                                     "S1 folder could be vllm or llm-d; both readings give the same bytes here, "
+                                     "so the ambiguity changes no decision",
+                                     evidence=n["family_evidence"]))
+        for action in ("needs_slice", "needs_concat", "needs_relayout"):
+            count = n["by_action"].get(action)
+            if not count:
+                continue
+            reasons = [r for r, _ in n["top_reasons"].get(action, [])]
+            flags = [f for f in NEEDS_FLAGS[action] if not reasons or any(f[2:].replace("-", "_") in r
+                                                                          or f[2:] in r for r in reasons)]
+            flags = flags or list(NEEDS_FLAGS[action])
+            findings.append(_finding(action, 0, base,
+                                     f"{count['blocks']} blocks need a transform whose numbers are not proven"
+                                     + (f" ({reasons[0]})" if reasons else ""),
+                                     blocks=count["blocks"], bytes=count["bytes"]))
+            extra: list[str] = []
+            for f in flags:
+                extra += [f, FLAG_VALUES[f]]
+            hint(cmd.rerun(*extra, replace_flags=tuple(flags)),
+                 f"give the page geometry so {action.removeprefix('needs_')} can be planned", action, base, 2)
+        if n.get("aliases_source_blocks"):
+            findings.append(_finding("aliases_source", 0, base,
+                                     f"{n['aliases_source_blocks']} blocks: the target path equals a source path "
+                                     "holding other bytes", blocks=n["aliases_source_blocks"]))
+            hint(cmd.migrate("--dest", "<DIR>", "--apply"),
+                 "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
+        multi_rank = len(n["ranks"]) > 1 or deployments.get(n["deployment"], 0) > 1
+        relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
+        if multi_rank and summary.get("verify") != "hash" and relies:
+            findings.append(_finding("replicas_unverified", 0, base,
+                                     f"{relies} blocks would be taken from rank 0 of replicas compared by size "
+                                     f"only (verify={summary.get('verify')}): differing replicas are not "
+                                     "detected until hashed", blocks=relies))
+            hint(cmd.rerun("--verify", "hash"), "hash every replica so mismatches are found before migrating",
+                 "replicas_unverified", base, 3)
+        if len(n["hash_bytes"]) > 1:
+            findings.append(_finding("hash_lengths", 0, base,
+                                     "several block-hash lengths in one namespace: "
+                                     + ", ".join(f"{b * 2} hex" for b in n["hash_bytes"])))
+        for claim in n["claims"]:
+            findings.append(_finding("claim", 0, base, claim))
+        if n["assumed_facts"]:
+            facts = ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))
+            findings.append(_finding("assumed_facts", 0, base, f"assumed (not given): {facts}",
+                                     assumed=n["assumed_facts"]))
+
+    pending = summary["totals"]["pending"]
+    if pending["blocks"]:
+        findings.append(_finding("migration_pending", 0, None,
+                                 f"{pending['blocks']} reusable blocks are not yet in their target namespaces",
+                                 blocks=pending["blocks"], bytes=pending["bytes"]))
+        hint(cmd.migrate("--apply"), "migrate the reusable blocks (without --apply it prints the plan only)",
+             "migration_pending", None, 5)
+
+    ordered = sorted(hints.values(), key=lambda h: h["_rank"])
+    for h in ordered:
+        del h["_rank"]
+    findings.sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
+    return findings, ordered

@@ -1,0 +1,420 @@
+"""One summary model computed from a manifest: what every report format and `--json` print.
+
+The manifest can hold millions of rows, so it is never turned into Python objects per
+row: batches are streamed with only the needed columns, each batch is grouped with Arrow
+(`Table.group_by`) into a few hundred aggregate rows (namespace x status x action x
+reason x shared x hash length), and those small aggregates are merged in Python.
+
+Blocks are counted with the rank-row rule (migration.md §1): a block that has an action
+carries it on one row, its other rank files say "replica of rank 0" or "part of <action>
+from rank 0". So blocks = rows with an action + the distinct `(group, block_hash)` keys
+of the remaining (`none`) rows of multi-rank namespaces, whose rank files are not told
+apart; only those keys are kept (compact Arrow tables, de-duplicated as they grow).
+Bytes of "part of <action>" rows count for that action (a concat reads every shard);
+bytes of "replica of rank 0" rows are reported as `replica_bytes`: copies of a block that
+is taken from rank 0.
+
+`summarize(path)` returns a JSON-able dict with stable keys (documented in the README of
+`interface.md` §1 plus the per-namespace fields of §3); renderers only format it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvmigrate import manifest as mf
+
+SUMMARY_VERSION = 1
+
+# interface.md §2: states and the exit-code bits they set.
+STATUS_BITS: dict[str, int] = {
+    "ok": 0,
+    "incomplete": 1,
+    "replica_mismatch": 1 | 4,
+    "size_mismatch": 1 | 4,
+    "padded_legacy": 1,
+    "short": 1 | 4,
+    "zero_filled": 1 | 4,
+    "misfiled": 1 | 4,
+    "header_invalid": 1 | 4,
+    "unreadable": 1 | 8,
+    "tmp_leftover": 1,
+    "own_artifact": 0,
+    "foreign": 1,
+    "orphan_namespace": 1,
+    "digest_mismatch": 1 | 4,
+    "config_invalid": 1 | 4,
+    "unsupported_layout": 1,
+}
+STATUS_ORDER = tuple(STATUS_BITS)
+
+# migration.md §1, in preference order; `none` last.
+ACTION_ORDER = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout",
+                "needs_slice", "needs_concat", "needs_relayout", "none")
+REUSABLE_ACTIONS = ACTION_ORDER[:7]
+PENDING_ACTIONS = ACTION_ORDER[1:7]  # reusable and not yet at the target
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
+
+# Rows that are files in the tree but never blocks, even when their name carries a hash.
+NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
+
+# Reasons of a multi-rank block's other rank rows (migration.md §1 rank-row rule).
+_PART_OF_RE = re.compile(r"^part of (\w+) from rank \d+")
+_REPLICA_RE = re.compile(r"^replica of rank \d+")
+_SECONDARY_RE = re.compile(r"^(?:part of \w+ from rank|replica of rank) \d+")
+_SECONDARY_PATTERN = r"^(part of [a-z_]+ from rank|replica of rank) [0-9]+"
+
+_COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group"]
+_REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
+_KEY_COMPACT_ROWS = 1 << 21  # de-duplicate the multi-rank block keys past this many rows
+
+OUTSIDE = None  # source_base of rows outside any namespace (top-level foreign files...)
+
+
+def _as_str(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Dictionary-encoded strings -> plain strings (some kernels take only the latter)."""
+    if pa.types.is_dictionary(col.type):
+        return pc.cast(col, pa.string())
+    return col
+
+
+class _Totals:
+    """Aggregates merged across batches: small dicts keyed by group, never by row."""
+
+    def __init__(self, single_rank: set[str]):
+        # (ns, status, action, reason, shared, hash_len) -> [files, bytes]
+        self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        self.reasons_seen: dict[tuple, set] = defaultdict(set)
+        # (ns, status) -> (relpath, reason) of the first row seen
+        self.examples: dict[tuple, tuple[str, str | None]] = {}
+        self.single_rank = single_rank  # namespaces known to hold one row per block
+        self._keys: list[pa.Table] = []
+        self._key_rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        t = pa.Table.from_batches([batch])
+        nlink = t["nlink"]
+        shared = pc.fill_null(pc.greater(nlink, pa.scalar(1, nlink.type)), False)
+        hash_len = pc.binary_length(t["block_hash"])
+        size = pc.fill_null(t["size"], 0)
+        work = pa.table({
+            "ns": _as_str(t["source_base"]),
+            "status": _as_str(t["status"]),
+            "action": _as_str(t["action"]),
+            "reason": _as_str(t["reason"]),
+            "shared": shared,
+            "hash_len": hash_len,
+            "size": size,
+        })
+        agg = work.group_by(["ns", "status", "action", "reason", "shared", "hash_len"]).aggregate(
+            [("size", "sum"), ([], "count_all")])
+        for ns, status, action, reason, sh, hl, nbytes, nfiles in zip(*(agg[c].to_pylist() for c in (
+                "ns", "status", "action", "reason", "shared", "hash_len", "size_sum", "count_all"))):
+            seen = self.reasons_seen[(ns, status, action)]
+            if reason not in seen:
+                if len(seen) >= _REASONS_KEPT and not (reason and _SECONDARY_RE.match(reason)):
+                    reason = "(other reasons)"
+                seen.add(reason)
+            g = self.groups[(ns, status, action, reason, bool(sh), hl)]
+            g[0] += nfiles
+            g[1] += nbytes or 0
+        self._add_examples(work, t["relpath"])
+        self._add_block_keys(work, t)
+
+    def _add_examples(self, work: pa.Table, relpath: pa.ChunkedArray) -> None:
+        mask = pc.invert(pc.is_in(work["status"], value_set=pa.array(["ok", "own_artifact"])))
+        mask = pc.fill_null(mask, True)
+        rows = pa.table({"ns": work["ns"], "status": work["status"], "relpath": relpath,
+                         "reason": work["reason"]}).filter(mask)
+        if not rows.num_rows:
+            return
+        first = rows.group_by(["ns", "status"], use_threads=False).aggregate(
+            [("relpath", "first"), ("reason", "first")])
+        for ns, status, rel, reason in zip(*(first[c].to_pylist() for c in (
+                "ns", "status", "relpath_first", "reason_first"))):
+            self.examples.setdefault((ns, status), (rel, reason))
+
+    def _add_block_keys(self, work: pa.Table, t: pa.Table) -> None:
+        """Distinct (namespace, group, hash) of the `none` block rows of multi-rank namespaces
+        (rows with an action are one per block already; replica rows belong to a lead)."""
+        not_block = pc.is_in(work["status"], value_set=pa.array(sorted(NOT_BLOCK_STATUSES)))
+        action_none = pc.fill_null(pc.equal(work["action"], "none"), True)
+        secondary = pc.fill_null(pc.match_substring_regex(work["reason"], _SECONDARY_PATTERN), False)
+        mask = pc.and_(pc.is_valid(t["block_hash"]), pc.invert(pc.fill_null(not_block, False)))
+        mask = pc.and_(mask, pc.and_(action_none, pc.invert(secondary)))
+        mask = pc.and_(mask, pc.is_valid(work["ns"]))
+        if self.single_rank:
+            single = pc.is_in(work["ns"], value_set=pa.array(sorted(self.single_rank), pa.string()))
+            mask = pc.and_(mask, pc.invert(pc.fill_null(single, False)))
+        keys = pa.table({"ns": work["ns"], "group": t["group"], "block_hash": t["block_hash"]}).filter(mask)
+        if not keys.num_rows:
+            return
+        self._keys.append(keys.group_by(["ns", "group", "block_hash"]).aggregate([]))
+        self._key_rows += self._keys[-1].num_rows
+        if self._key_rows > _KEY_COMPACT_ROWS:
+            self._compact()
+
+    def _compact(self) -> None:
+        merged = pa.concat_tables(self._keys).combine_chunks()
+        merged = merged.group_by(["ns", "group", "block_hash"]).aggregate([])
+        self._keys = [merged]
+        self._key_rows = merged.num_rows
+
+    def distinct_blocks(self) -> dict[str | None, int]:
+        if not self._keys:
+            return {}
+        self._compact()
+        counts = self._keys[0].group_by(["ns"]).aggregate([([], "count_all")])
+        return dict(zip(counts["ns"].to_pylist(), counts["count_all"].to_pylist()))
+
+
+def _empty_counts(keys: tuple[str, ...], a: str, b: str) -> dict[str, dict[str, int]]:
+    return {k: {a: 0, b: 0} for k in keys}
+
+
+def _ordered(d: dict[str, dict[str, int]], order: tuple[str, ...], count_key: str) -> dict[str, dict[str, int]]:
+    """Known keys in spec order, unknown ones after (sorted); zero entries dropped."""
+    out = {k: d[k] for k in order if k in d and (d[k][count_key] or d[k]["bytes"])}
+    out.update({k: d[k] for k in sorted(d) if k not in out and (d[k][count_key] or d[k]["bytes"])})
+    return out
+
+
+def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str, Any]]:
+    """Fold the merged groups into per-namespace counters."""
+    per_ns: dict[Any, dict[str, Any]] = {}
+    for (ns, status, action, reason, shared, hash_len), (files, nbytes) in groups.items():
+        a = per_ns.get(ns)
+        if a is None:
+            a = per_ns[ns] = {
+                "files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0,
+                "bytes_alone": 0, "bytes_shared": 0,
+                "by_status": defaultdict(lambda: {"files": 0, "bytes": 0}),
+                "lead_blocks": defaultdict(int), "action_bytes": defaultdict(int),
+                "none_rows": 0, "replica_files": 0, "replica_bytes": 0,
+                "reasons": defaultdict(lambda: defaultdict(int)), "hash_bytes": set(),
+                "aliases_source": 0,
+            }
+        a["files"] += files
+        a["bytes"] += nbytes
+        a["bytes_shared" if shared else "bytes_alone"] += nbytes
+        st = a["by_status"][status or "unknown"]
+        st["files"] += files
+        st["bytes"] += nbytes
+        if hash_len is None or status in NOT_BLOCK_STATUSES:
+            continue
+        a["block_rows"] += files
+        a["block_bytes"] += nbytes
+        a["hash_bytes"].add(hash_len)
+        action = action or "none"
+        part_of = _PART_OF_RE.match(reason or "") if action == "none" else None
+        if action == "none" and _REPLICA_RE.match(reason or ""):
+            a["replica_files"] += files
+            a["replica_bytes"] += nbytes
+        else:
+            a["action_bytes"][part_of.group(1) if part_of else action] += nbytes
+        if action != "none":
+            a["lead_blocks"][action] += files
+        elif not part_of:
+            a["none_rows"] += files
+        if (action == "none" or action in NEEDS_ACTIONS) and not (reason and _SECONDARY_RE.match(reason)):
+            a["reasons"][action][reason or "(no reason)"] += files
+            if reason and "aliases_source" in reason:
+                a["aliases_source"] += files
+    return per_ns
+
+
+def _gate(target: dict[str, Any] | None) -> dict[str, Any]:
+    if not target:
+        return {"parallel_agnostic": None, "replicated_layout": None, "reasons": []}
+    return {"parallel_agnostic": target.get("parallel_agnostic"),
+            "replicated_layout": target.get("replicated_layout"),
+            "reasons": list(target.get("reasons") or [])}
+
+
+def _claims(meta: dict[str, Any]) -> list[str]:
+    """identity.md §4: re-keying "auto" dtype or an S2 TP=1 folder trusts the operator."""
+    target = meta.get("target") or {}
+    if not target:
+        return []
+    source = meta.get("config_json") or {}
+    tfields = target.get("fields") or {}
+    sources = meta.get("facts_source") or {}
+    assumed = meta.get("assumed_facts") or {}
+    claims = []
+    if source.get("dtype") == "auto" and tfields.get("dtype") not in (None, "auto"):
+        how = sources.get("model_dtype", "--model-dtype")
+        claims.append(
+            f're-keying dtype "auto" as {tfields["dtype"]} trusts the model dtype claim ({how}): '
+            'a folder with dtype "auto" may mix fp16 and bf16 pages written by different engines (vLLM #49438)')
+    if meta.get("scheme") == "S2" and source.get("tp_size") == 1 and target.get("d12") != meta.get("source_d12"):
+        runner = (meta.get("facts") or {}).get("runner") or assumed.get("runner") or "v1"
+        how = "assumed" if "runner" in assumed else sources.get("runner", "--runner")
+        claims.append(
+            f"re-keying a TP=1 S2 folder trusts that every page was written by the {runner} model runner "
+            f"({how}): such folders may mix V1 and V2 runner pages (vLLM #49440)")
+    return claims
+
+
+_NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_alone": 0, "bytes_shared": 0,
+            "by_status": {}, "lead_blocks": {}, "action_bytes": {}, "reasons": {}, "hash_bytes": set(),
+            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0}
+
+
+def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
+                     distinct: dict[Any, int], single_rank: set[str]) -> dict[str, Any]:
+    agg = agg or _NO_ROWS
+    target = meta.get("target") or None
+    none_blocks = agg["none_rows"] if base in single_rank else distinct.get(base, 0)
+    by_action = {a: {"blocks": agg["lead_blocks"].get(a, 0), "bytes": agg["action_bytes"].get(a, 0)}
+                 for a in set(agg["lead_blocks"]) | set(agg["action_bytes"]) if a != "none"}
+    by_action["none"] = {"blocks": none_blocks, "bytes": agg["action_bytes"].get("none", 0)}
+    blocks = sum(v["blocks"] for v in by_action.values())
+    by_action = _ordered(by_action, ACTION_ORDER, "blocks")
+    reusable = _sum_actions(by_action, REUSABLE_ACTIONS)
+    pending = _sum_actions(by_action, PENDING_ACTIONS)
+    reasons = {a: sorted(([r, n] for r, n in rs.items()), key=lambda x: (-x[1], x[0]))[:5]
+               for a, rs in agg["reasons"].items()}
+    return {
+        "source_base": base,
+        "family": meta.get("family"),
+        "family_evidence": list(meta.get("family_evidence") or []),
+        "scheme": meta.get("scheme"),
+        "model_name": meta.get("model_name"),
+        "ranks": list(meta.get("ranks") or []),
+        "deployment": meta.get("deployment"),
+        "namespace_status": meta.get("status"),
+        "digest_ok": meta.get("digest_ok"),
+        "config_error": meta.get("config_error"),
+        "unknown_keys": list(meta.get("unknown_keys") or []),
+        "hash_bytes": sorted(agg["hash_bytes"]),
+        "target_profile": (target or {}).get("profile"),
+        "target_family": (target or {}).get("family"),
+        "target_base": (target or {}).get("base_name"),
+        "target_rank_dir": (target or {}).get("rank_dir"),
+        "target_d12": (target or {}).get("d12"),
+        "target_error": meta.get("target_error"),
+        "gate": _gate(target),
+        "facts": dict(meta.get("facts") or {}),
+        "facts_source": dict(meta.get("facts_source") or {}),
+        "assumed_facts": dict(meta.get("assumed_facts") or {}),
+        "claims": _claims(meta),
+        "files": agg["files"],
+        "bytes": agg["bytes"],
+        "blocks": blocks,
+        "block_bytes": agg["block_bytes"],
+        "bytes_alone": agg["bytes_alone"],
+        "bytes_shared": agg["bytes_shared"],
+        "by_status": _ordered({k: dict(v) for k, v in agg["by_status"].items()}, STATUS_ORDER, "files"),
+        "by_action": by_action,
+        "reusable": reusable,
+        "pending": pending,
+        "not_reusable": {"blocks": blocks - reusable["blocks"],
+                         "bytes": agg["block_bytes"] - reusable["bytes"] - agg["replica_bytes"]},
+        "replicas": {"files": agg["replica_files"], "bytes": agg["replica_bytes"]},
+        "top_reasons": reasons,
+        "aliases_source_blocks": agg["aliases_source"],
+    }
+
+
+def _sum_actions(by_action: dict[str, dict[str, int]], actions: tuple[str, ...]) -> dict[str, int]:
+    return {"blocks": sum(by_action.get(a, {}).get("blocks", 0) for a in actions),
+            "bytes": sum(by_action.get(a, {}).get("bytes", 0) for a in actions)}
+
+
+def _merge_counts(items: list[dict[str, dict[str, int]]], order: tuple[str, ...], count_key: str) -> dict:
+    out: dict[str, dict[str, int]] = {}
+    for d in items:
+        for k, v in d.items():
+            o = out.setdefault(k, {count_key: 0, "bytes": 0})
+            o[count_key] += v[count_key]
+            o["bytes"] += v["bytes"]
+    return _ordered(out, order, count_key)
+
+
+def exit_code_of(statuses: list[str] | set[str] | dict, *, target_errors: bool = False) -> int:
+    """OR of the interface.md §2 bits of the states present (+1 when a target is refused)."""
+    code = 0
+    for s in statuses:
+        code |= STATUS_BITS.get(s, 1)
+    if target_errors:
+        code |= 1
+    return code
+
+
+def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
+              verb: str = "scan") -> dict[str, Any]:
+    """The summary of a manifest file or dataset directory.
+
+    `manifest` is the manifest path that hints may tell the user to reuse (True: `path`
+    itself; None: it will not survive, e.g. audit's temporary manifest). `verb` is the
+    command a hint re-runs with a missing fact (`scan` or `audit`).
+    """
+    from kvmigrate.report.hints import findings_and_hints
+
+    meta = mf.read_metadata(path)
+    ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
+    # one row per block where the metadata lists a single rank folder; others need distinct keys
+    single_rank = {b for b, m in ns_meta.items() if len(m.get("ranks") or []) == 1}
+    totals = _Totals(single_rank)
+    for batch in mf.iter_batches(path, columns=_COLUMNS):
+        totals.add(batch)
+    per_ns = _namespace_aggregates(totals.groups)
+    distinct = totals.distinct_blocks()
+    namespaces = [
+        _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), distinct, single_rank)
+        for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
+    ]
+    outside = per_ns.get(OUTSIDE)
+    outside_entry = None
+    if outside:
+        outside_entry = {
+            "files": outside["files"], "bytes": outside["bytes"],
+            "by_status": _ordered({k: dict(v) for k, v in outside["by_status"].items()}, STATUS_ORDER, "files"),
+        }
+    every = namespaces + ([outside_entry] if outside_entry else [])
+    totals_entry = {
+        "files": sum(n["files"] for n in every),
+        "bytes": sum(n["bytes"] for n in every),
+        "blocks": sum(n["blocks"] for n in namespaces),
+        "block_bytes": sum(n["block_bytes"] for n in namespaces),
+        "replicas": {"files": sum(n["replicas"]["files"] for n in namespaces),
+                     "bytes": sum(n["replicas"]["bytes"] for n in namespaces)},
+        "bytes_alone": sum(n["bytes_alone"] for n in namespaces) + (outside["bytes_alone"] if outside else 0),
+        "bytes_shared": sum(n["bytes_shared"] for n in namespaces) + (outside["bytes_shared"] if outside else 0),
+        "by_status": _merge_counts([n["by_status"] for n in every], STATUS_ORDER, "files"),
+        "by_action": _merge_counts([n["by_action"] for n in namespaces], ACTION_ORDER, "blocks"),
+        "namespaces": len(namespaces),
+    }
+    totals_entry["reusable"] = _sum_actions(totals_entry["by_action"], REUSABLE_ACTIONS)
+    totals_entry["pending"] = _sum_actions(totals_entry["by_action"], PENDING_ACTIONS)
+    totals_entry["not_reusable"] = {"blocks": totals_entry["blocks"] - totals_entry["reusable"]["blocks"],
+                                    "bytes": totals_entry["block_bytes"] - totals_entry["reusable"]["bytes"]
+                                    - totals_entry["replicas"]["bytes"]}
+    statuses = set(totals_entry["by_status"]) | {n["namespace_status"] for n in namespaces
+                                                 if n["namespace_status"] not in (None, "ok")}
+    summary: dict[str, Any] = {
+        "summary_version": SUMMARY_VERSION,
+        "tool_version": meta.get("tool_version"),
+        "command": meta.get("command"),
+        "root": meta.get("root"),
+        "target_profile": meta.get("target_profile"),
+        "verify": meta.get("verify"),
+        "shard": meta.get("shard"),
+        "facts": meta.get("facts") or {},
+        "manifest": str(Path(path).resolve()) if manifest is True else (manifest or None),
+        "totals": totals_entry,
+        "namespaces": namespaces,
+        "outside_namespaces": outside_entry,
+        "exit_code": exit_code_of(statuses, target_errors=any(n["target_error"] for n in namespaces)),
+    }
+    findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)
+    summary["findings"] = findings
+    summary["hints"] = hints
+    return summary

@@ -1,0 +1,238 @@
+"""The cells every human renderer prints, computed once from a summary.
+
+Text, Markdown and HTML differ only in layout: they all take their tables from here, so
+the same summary can never show different numbers in two formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmigrate.report.units import human_bytes, human_count, percent
+
+EXIT_BITS = ((1, "findings"), (4, "integrity"), (8, "operational"))
+
+
+@dataclass
+class Table:
+    """Headers, string cells, and which columns are numbers (right-aligned)."""
+
+    key: str
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    numeric: set[int] = field(default_factory=set)
+
+
+def ranks_label(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
+def gate_label(n: dict[str, Any]) -> str:
+    if not n.get("target_base"):
+        return "no target"
+    gate = n["gate"]
+    if gate.get("replicated_layout"):
+        return "replicated"
+    if gate.get("parallel_agnostic"):
+        return "agnostic"
+    return "specific"
+
+
+def exit_label(code: int) -> str:
+    names = [name for bit, name in EXIT_BITS if code & bit]
+    return f"{code} ({' + '.join(names)})" if names else "0 (clean)"
+
+
+def or_dash(value: Any) -> str:
+    return "-" if value in (None, "") else str(value)
+
+
+def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
+    t = s["totals"]
+    return [
+        ("namespaces", str(t["namespaces"])),
+        ("files", human_count(t["files"])),
+        ("bytes", human_bytes(t["bytes"])),
+        ("blocks", human_count(t["blocks"])),
+        ("reusable blocks", human_count(t["reusable"]["blocks"])),
+        ("reusable bytes", f"{human_bytes(t['reusable']['bytes'])} ({percent(t['reusable']['bytes'], t['block_bytes'])})"),
+        ("pending blocks", human_count(t["pending"]["blocks"])),
+        ("pending bytes", human_bytes(t["pending"]["bytes"])),
+        ("not reusable blocks", human_count(t["not_reusable"]["blocks"])),
+        ("not reusable bytes", human_bytes(t["not_reusable"]["bytes"])),
+        ("replica copies", f"{human_count(t['replicas']['files'])} files, {human_bytes(t['replicas']['bytes'])} "
+                           "(other ranks of blocks taken from rank 0)"),
+        ("held alone", human_bytes(t["bytes_alone"])),
+        ("shared (hard links)", human_bytes(t["bytes_shared"])),
+        ("exit code", exit_label(s["exit_code"])),
+    ]
+
+
+def namespace_table(s: dict[str, Any]) -> Table:
+    t = Table("namespaces", "Namespaces",
+              ["Namespace", "Family", "Scheme", "Ranks", "Files", "Blocks", "Bytes", "Held alone", "Shared"],
+              numeric={4, 5, 6, 7, 8})
+    for n in s["namespaces"]:
+        t.rows.append([n["source_base"], or_dash(n["family"]), or_dash(n["scheme"]), ranks_label(n["ranks"]),
+                       human_count(n["files"]), human_count(n["blocks"]), human_bytes(n["bytes"]),
+                       human_bytes(n["bytes_alone"]), human_bytes(n["bytes_shared"])])
+    o = s.get("outside_namespaces")
+    if o:
+        t.rows.append(["(outside namespaces)", "-", "-", "-", human_count(o["files"]), "-", human_bytes(o["bytes"]),
+                       "-", "-"])
+    return t
+
+
+def reuse_table(s: dict[str, Any]) -> Table:
+    t = Table("reuse", "Reuse",
+              ["Namespace", "Reusable blocks", "Reusable bytes", "Pending blocks", "Not reusable blocks",
+               "Not reusable bytes", "Gate", "Target"],
+              numeric={1, 2, 3, 4, 5})
+    for n in s["namespaces"]:
+        t.rows.append([n["source_base"], human_count(n["reusable"]["blocks"]), human_bytes(n["reusable"]["bytes"]),
+                       human_count(n["pending"]["blocks"]), human_count(n["not_reusable"]["blocks"]),
+                       human_bytes(n["not_reusable"]["bytes"]), gate_label(n), or_dash(n["target_base"])])
+    return t
+
+
+def status_table(by_status: dict[str, dict[str, int]], key: str = "status", title: str = "Files by status") -> Table:
+    from kvmigrate.report.summary import STATUS_BITS
+
+    t = Table(key, title, ["Status", "Files", "Bytes", "Exit bits"], numeric={1, 2, 3})
+    for status, c in by_status.items():
+        t.rows.append([status, human_count(c["files"]), human_bytes(c["bytes"]), str(STATUS_BITS.get(status, 1))])
+    return t
+
+
+def action_table(by_action: dict[str, dict[str, int]], key: str = "actions",
+                 title: str = "Blocks by action") -> Table:
+    t = Table(key, title, ["Action", "Blocks", "Bytes"], numeric={1, 2})
+    for action, c in by_action.items():
+        t.rows.append([action, human_count(c["blocks"]), human_bytes(c["bytes"])])
+    return t
+
+
+def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
+    """Key/value lines of one namespace (model, evidence, target, gate, facts, warnings)."""
+    pairs = [
+        ("model", or_dash(n["model_name"])),
+        ("family", or_dash(n["family"]) + (f" (evidence: {'; '.join(n['family_evidence'])})"
+                                           if n["family_evidence"] else "")),
+        ("scheme", or_dash(n["scheme"])),
+        ("ranks", ranks_label(n["ranks"])),
+    ]
+    if n["namespace_status"] not in (None, "ok"):
+        pairs.append(("namespace status", n["namespace_status"]
+                      + (f": {n['config_error']}" if n.get("config_error") else "")))
+    if n["digest_ok"] is False:
+        pairs.append(("digest", "config.json does not hash to the folder name"))
+    if n["hash_bytes"]:
+        pairs.append(("block hash", ", ".join(f"{b * 2} hex" for b in n["hash_bytes"])))
+    if n["target_base"]:
+        pairs.append(("target", f"{n['target_base']} ({or_dash(n['target_rank_dir'])}, "
+                                f"{or_dash(n['target_profile'])})"))
+    if n["target_error"]:
+        pairs.append(("target refused", n["target_error"].splitlines()[0]))
+    gate = n["gate"]
+    if n["target_base"]:
+        pairs.append(("gate", f"{gate_label(n)}: parallel_agnostic={_yes_no(gate['parallel_agnostic'])}, "
+                              f"replicated_layout={_yes_no(gate['replicated_layout'])}"))
+    for reason in gate["reasons"]:
+        pairs.append(("gate reason", reason))
+    if n["replicas"]["files"]:
+        pairs.append(("replica copies", f"{human_count(n['replicas']['files'])} files, "
+                                        f"{human_bytes(n['replicas']['bytes'])}"))
+    pairs.append(("held alone", human_bytes(n["bytes_alone"])))
+    pairs.append(("shared (hard links)", human_bytes(n["bytes_shared"])))
+    if n["facts"]:
+        pairs.append(("facts", ", ".join(f"{k}={v}" for k, v in sorted(n["facts"].items()))))
+    if n["assumed_facts"]:
+        pairs.append(("assumed", ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))))
+    for claim in n["claims"]:
+        pairs.append(("warning", claim))
+    for action, reasons in n["top_reasons"].items():
+        for reason, count in reasons:
+            pairs.append((f"{action} reason", f"{human_count(count)} {'file' if count == 1 else 'files'}: {reason}"))
+    return pairs
+
+
+def _yes_no(v: Any) -> str:
+    return "-" if v is None else ("yes" if v else "no")
+
+
+def findings_table(s: dict[str, Any]) -> Table:
+    t = Table("findings", "Findings", ["Severity", "Code", "Namespace", "Files", "Bytes", "Finding"],
+              numeric={3, 4})
+    for f in s["findings"]:
+        t.rows.append([f["severity"], f["code"], or_dash(f["namespace"]),
+                       "-" if f["files"] is None else human_count(f["files"]),
+                       "-" if f["bytes"] is None else human_bytes(f["bytes"]),
+                       f["message"] + (f" (e.g. {f['example']})" if f.get("example") else "")])
+    return t
+
+
+def header_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        ("target profile", or_dash(s["target_profile"])),
+        ("verify", or_dash(s["verify"])),
+        ("scanned by", or_dash(s["command"])),
+        ("manifest", or_dash(s["manifest"])),
+    ]
+
+
+# --- diff -----------------------------------------------------------------------------
+
+def _signed_count(n: int) -> str:
+    return ("+" if n > 0 else "") + human_count(n)
+
+
+def _signed_bytes(n: int) -> str:
+    return ("+" if n > 0 else "") + human_bytes(n)
+
+
+def diff_tables(d: dict[str, Any]) -> list[Table]:
+    changes = Table("diff_namespaces", "Namespaces",
+                    ["Namespace", "Change", "Files", "Files Δ", "Bytes", "Bytes Δ", "Blocks Δ", "Reusable blocks Δ"],
+                    numeric={2, 3, 4, 5, 6, 7})
+    for n in d["namespaces"]:
+        changes.rows.append([n["source_base"], n["change"], human_count(n["new"]["files"]),
+                             _signed_count(n["delta"]["files"]), human_bytes(n["new"]["bytes"]),
+                             _signed_bytes(n["delta"]["bytes"]), _signed_count(n["delta"]["blocks"]),
+                             _signed_count(n["delta"]["reusable_blocks"])])
+    findings = Table("diff_findings", "New or grown findings",
+                     ["Namespace", "Status", "Files before", "Files now", "Files Δ", "Bytes Δ"],
+                     numeric={2, 3, 4, 5})
+    for f in d["new_findings"]:
+        findings.rows.append([or_dash(f["namespace"]), f["status"], human_count(f["old_files"]),
+                              human_count(f["new_files"]), _signed_count(f["new_files"] - f["old_files"]),
+                              _signed_bytes(f["new_bytes"] - f["old_bytes"])])
+    gone = Table("diff_resolved", "Resolved or shrunk findings",
+                 ["Namespace", "Status", "Files before", "Files now"], numeric={2, 3})
+    for f in d["resolved_findings"]:
+        gone.rows.append([or_dash(f["namespace"]), f["status"], human_count(f["old_files"]),
+                          human_count(f["new_files"])])
+    return [changes, findings, gone]
+
+
+def diff_totals_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+    o, n = d["old"]["totals"], d["new"]["totals"]
+    return [
+        ("old", f"{or_dash(d['old']['manifest'])} ({or_dash(d['old']['root'])})"),
+        ("new", f"{or_dash(d['new']['manifest'])} ({or_dash(d['new']['root'])})"),
+        ("files", f"{human_count(o['files'])} -> {human_count(n['files'])} ({_signed_count(n['files'] - o['files'])})"),
+        ("bytes", f"{human_bytes(o['bytes'])} -> {human_bytes(n['bytes'])} ({_signed_bytes(n['bytes'] - o['bytes'])})"),
+        ("blocks", f"{human_count(o['blocks'])} -> {human_count(n['blocks'])} "
+                   f"({_signed_count(n['blocks'] - o['blocks'])})"),
+        ("reusable blocks", f"{human_count(o['reusable_blocks'])} -> {human_count(n['reusable_blocks'])} "
+                            f"({_signed_count(n['reusable_blocks'] - o['reusable_blocks'])})"),
+        ("new namespaces", str(len(d["new_namespaces"]))),
+        ("vanished namespaces", str(len(d["vanished_namespaces"]))),
+        ("exit code", f"{exit_label(d['old']['exit_code'])} -> {exit_label(d['new']['exit_code'])}"),
+    ]
