@@ -244,6 +244,9 @@ def test_llmd_pipeline_stages_get_one_base_folder_each(tmp_path):
     assert stage0["tensors"] == [0, 1, 2, 3] and stage1["tensors"] == [4, 5, 6, 7]
     for ns in result.namespaces:
         config_proves_digest(tmp_path, ns, "llmd")
+    # pp > 1 is out of scope whether or not the pp_stage defect was asked for
+    assert [d["relpath"] for d in result.defects if d["name"] == "pp_stage"] == [stage0["base_name"],
+                                                                                 stage1["base_name"]]
 
 
 # --- vllm.cpp: header files, one base folder per rank ---------------------------------
@@ -755,3 +758,23 @@ def test_cli_synth_defects_flag(tmp_path):
     assert out.exit_code == 0, out.output
     assert "header_digest" in out.output and "header_invalid" in out.output
     assert "tmp_cpp_config" in out.output
+
+
+def test_demo_llmd_mla_tree_lands_in_the_demo_replicated_namespace(tmp_path):
+    """The demo's llm-d TP=2 MLA tree and its vLLM S3 replicated tree are one model's cache:
+    the identity engine maps the first onto the second, and a padded rank-0 replica equals
+    the replicated row byte for byte (so a migration finds those blocks already present)."""
+    from kvmigrate.identity.facts import Facts
+    from kvmigrate.identity.target import compute_target
+    from kvmigrate.synth import pad_row
+
+    results = build_demo_root(tmp_path, with_defects=False)
+    llmd, replicated = results[0], results[3]
+    target = compute_target(llmd.namespaces[0]["fields"], "llmd", Facts(kv_kind="mla", model_dtype="bfloat16"),
+                            "vllm-0.28")
+    assert target.replicated_layout and target.base_name == replicated.namespaces[0]["base_name"]
+    rows = {b["hex"]: (tmp_path / b["files"][0]).read_bytes() for b in replicated.blocks}
+    shared = [b for b in llmd.blocks if b["hex"] in rows]
+    assert len(shared) == len(rows) == 3
+    for block in shared:
+        assert pad_row((tmp_path / block["files"][0]).read_bytes()) == rows[block["hex"]]

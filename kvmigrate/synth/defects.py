@@ -101,7 +101,7 @@ class Injector:
         index = self.spec.blocks - self.taken
         if index < 1:
             n = sum(1 for d in self.spec.defects if d in BLOCK_DEFECTS)
-            raise _bad(f"{n} block defects need blocks >= {n + 1} (block 0 stays healthy as the size reference)")
+            raise _bad(f"{n} block defect(s) need blocks >= {n + 1} (block 0 stays healthy as the size reference)")
         block = next(b for b in self.result.blocks if b["group"] == 0 and b["index"] == index)
         block["defect"] = name
         return block

@@ -22,6 +22,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 ROW_ALIGN = 4096
@@ -87,11 +88,19 @@ def geometry(spec_or_namespace: Any) -> PageGeometry:
     return PageGeometry(get("model_name"), int(get("seed")), get("kv_kind"), int(get("tp")), int(get("page_bytes")))
 
 
+@lru_cache(maxsize=64)
+def _model_stream(model_name: str, seed: int) -> Any:
+    """SHAKE-256 state after absorbing (model, seed); copied per page (saves re-hashing)."""
+    prefix = json.dumps([_DOMAIN, "page", model_name, seed]) + "\n"
+    return hashlib.shake_256(prefix.encode("utf-8", "surrogatepass"))
+
+
 def full_page(spec_or_namespace: Any, *, hex_hash: str, group: int, tensor: int, gpu_block: int) -> bytes:
     """The page with all heads (the concatenation of every rank's shard, in rank order)."""
     g = geometry(spec_or_namespace)
-    key = json.dumps([_DOMAIN, "page", g.model_name, g.seed, hex_hash, group, tensor, gpu_block])
-    return hashlib.shake_256(key.encode("utf-8", "surrogatepass")).digest(g.full_page_bytes)
+    stream = _model_stream(g.model_name, g.seed).copy()
+    stream.update(f"{hex_hash}|{group}|{tensor}|{gpu_block}".encode())
+    return stream.digest(g.full_page_bytes)
 
 
 def page_bytes_for(spec_or_namespace: Any, *, hex_hash: str, group: int, rank: int, tensor: int,

@@ -57,6 +57,21 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
         for rank in ns.ranks:
             (root / ns.rank_dir(rank)).mkdir(exist_ok=True)
 
+    made: set[str] = set()
+
+    def put(relpath: str, data: bytes) -> None:
+        """write_file without re-checking folders this build already made (hot path)."""
+        path = os.path.join(root, relpath)
+        parent = os.path.dirname(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError:
+            write_file(Path(path), data)  # a rebuild over a defect (no permission, not a file)
+
     blocks = []
     for group in range(spec.groups):
         for index in range(spec.blocks):
@@ -72,7 +87,7 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
                         if spec.kv_kind == "mla" or ns.family == "vllm":
                             shared = data
                     relpath = layout.block_relpath(ns.base_name, rank, hex_hash, group)
-                    write_file(root / relpath, data)
+                    put(relpath, data)
                     files[rank] = relpath
             blocks.append({"hex": hex_hash, "group": group, "index": index, "files": files, "defect": None})
 
