@@ -1,0 +1,1542 @@
+"""Walk a cache root and write the manifest: one row per file, an action per block.
+
+Phases (each a function below):
+
+1. `list_root`: the top level of ROOT: base folders, rank folders (siblings), kvmigrate's
+   own files, old llm-d deep layouts, anything else (foreign).
+2. `resolve_namespaces`: per base folder read config.json, prove its digest against the
+   folder name, detect the family (with evidence), resolve facts, compute the target.
+   A missing fact fails that namespace only (`target_error`), never the scan.
+3. `build_units`: what the walker visits side by side: a vLLM / llm-d namespace with its
+   rank folders, or a vllm.cpp deployment (one namespace per rank).
+4. The walk, one `<hhh>` bucket of one unit per task (memory bounded by a bucket; tasks
+   run in a thread pool and their results are written in a fixed order): scandir the
+   bucket in every rank folder, `lstat` each file (DirEntry, no symlink follow), read
+   vllm.cpp headers, hash with XXH3-128 when asked, and classify (`kvmigrate.classify`).
+5. Sizes that must be equal within a (namespace, rank, group) are only known at the end:
+   rows are staged, then copied into the manifest with the few odd-size blocks
+   re-classified (`_finalize`).
+
+Files that vanish between listing and reading (a live engine's evictor, temp + rename)
+are dropped: they are not there. Permission and I/O errors are findings (`unreadable`,
+with errno and path). Nothing under ROOT is ever opened for writing.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shlex
+import stat as stat_mod
+import sys
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from kvmigrate import __version__, classify, layout, manifest
+from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
+from kvmigrate.errors import KvMigrateError, MissingFactError, OperationalError, UsageError
+from kvmigrate.formats import vllmcpp
+from kvmigrate.identity import canonical, schemes
+from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
+from kvmigrate.identity.target import compute_target
+
+READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
+SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
+DEEP_RE_PREFIXES = ("block_size_",)
+BATCH_ROWS = 50_000
+_O_NOATIME = getattr(os, "O_NOATIME", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+# Staging columns (dropped from the manifest): the file-level status before block rules,
+# so odd-size blocks can be re-classified at the end.
+_STAGE_EXTRA = [("_istatus", pa.string()), ("_ireason", pa.string())]
+STAGE_SCHEMA = pa.schema(list(manifest.SCHEMA) + [pa.field(n, t) for n, t in _STAGE_EXTRA])
+NS_COLUMNS = ("family", "scheme", "model_name", "source_d12", "source_base", "deployment",
+              "target_profile", "target_d12", "target_base")
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class ScanResult:
+    """What `scan()` returns: the manifest path, the summary, and the exit code."""
+
+    root: str
+    output: str
+    summary: dict[str, Any]
+    exit_code: int
+    rows: int
+    files: int
+    bytes: int
+    seconds: float
+    walk_errors: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading files
+
+
+_tls = threading.local()
+
+
+def _buffer() -> bytearray:
+    buf = getattr(_tls, "buf", None)
+    if buf is None:
+        buf = _tls.buf = bytearray(READ_CHUNK)
+    return buf
+
+
+_ZEROS = bytes(READ_CHUNK)
+
+
+class Vanished(Exception):
+    """The file disappeared (or was replaced by a non-file) between listing and reading."""
+
+
+def open_noatime(path: str) -> int:
+    """Open read-only without following symlinks and, where permitted, without updating
+    atime (evictors judge age by atime). O_NOATIME needs file ownership: fall back."""
+    flags = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if _O_NOATIME:
+        try:
+            return os.open(path, flags | _O_NOATIME)
+        except PermissionError as exc:
+            if exc.errno != errno.EPERM:
+                raise
+    return os.open(path, flags)
+
+
+@dataclass(slots=True)
+class ReadResult:
+    content: bytes | None  # XXH3-128 digest of the whole file
+    payload: bytes | None  # XXH3-128 after the first `header_len` bytes
+    header: bytes | None  # first `header_len` bytes
+    all_zero: bool
+    st: os.stat_result  # fstat of the opened file (the truth if it was replaced meanwhile)
+
+
+def read_file(path: str, *, want_hash: bool, header_len: int = 0, keep: int = 0) -> ReadResult:
+    """Read a regular file once: its header, whole-file and payload XXH3-128, and whether
+    every byte is zero. Raises Vanished, or OSError for real I/O problems."""
+    try:
+        fd = open_noatime(path)
+    except FileNotFoundError:
+        raise Vanished(path) from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):
+            raise Vanished(path) from None  # replaced by a symlink / FIFO meanwhile
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise Vanished(path)
+        header = None
+        if header_len:
+            header = os.pread(fd, header_len, 0)
+        if not want_hash:
+            return ReadResult(None, None, header, False, st)
+        buf = _buffer()
+        mv = memoryview(buf)
+        whole = xxhash.xxh3_128()
+        payload = xxhash.xxh3_128() if header_len else None
+        all_zero = True
+        offset = 0
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as fh:
+            while True:
+                n = fh.readinto(mv)
+                if not n:
+                    break
+                chunk = mv[:n]
+                whole.update(chunk)
+                if payload is not None:
+                    if offset >= header_len:
+                        payload.update(chunk)
+                    elif offset + n > header_len:
+                        payload.update(chunk[header_len - offset:])
+                if all_zero:
+                    all_zero = buf[:n] == _ZEROS[:n] if n < READ_CHUNK else buf == _ZEROS
+                offset += n
+        return ReadResult(whole.digest(), payload.digest() if payload else None, header,
+                          all_zero and offset > 0, st)
+    finally:
+        os.close(fd)
+
+
+def read_all(path: str, limit: int) -> bytes | None:
+    """Whole file content (for slice-candidate search), or None if too large / gone."""
+    try:
+        fd = open_noatime(path)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks = []
+        while True:
+            b = os.read(fd, READ_CHUNK)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def expected_output_digest(action: str, src: str, *, new_digest: bytes | None = None) -> bytes | None:
+    """XXH3-128 of the file an action would write from `src` (to recognise a target that
+    already holds it): link = the source bytes, copy_pad = + zero pad to 4096,
+    rewrite_header = the new header + the payload."""
+    try:
+        if action == "link":
+            return read_file(src, want_hash=True).content
+        data = read_all(src, 1 << 32)
+    except (Vanished, OSError):
+        return None
+    if data is None:
+        return None
+    if action == "copy_pad":
+        return xxhash.xxh3_128_digest(data + bytes(-len(data) % classify.PAGE))
+    if action == "rewrite_header" and new_digest is not None and len(data) >= vllmcpp.HEADER_SIZE:
+        return xxhash.xxh3_128_digest(vllmcpp.rewrite_header(data, new_digest) + data[vllmcpp.HEADER_SIZE:])
+    return None
+
+
+def errno_reason(exc: OSError, what: str, relpath: str) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"{what} {relpath}: [{name}] {exc.strerror or exc}"
+
+
+# ---------------------------------------------------------------------------------------
+# Root listing and namespaces
+
+
+@dataclass
+class Namespace:
+    """One namespace (base folder and/or rank folders) with what scan proved about it."""
+
+    source_base: str
+    safe_model: str
+    d12: str
+    has_base: bool
+    rank_dirs: dict[int, str] = field(default_factory=dict)  # rank -> top-level folder name
+    config_relpath: str | None = None
+    fields: dict[str, Any] | None = None
+    config_raw: bytes | None = None
+    family: str | None = None
+    family_evidence: list[str] = field(default_factory=list)
+    scheme: str | None = None
+    model_name: str | None = None
+    digest_ok: bool | None = None
+    digest: bytes | None = None  # full identity digest (raw), vllm.cpp header check
+    config_error: str | None = None
+    unknown_keys: list[str] = field(default_factory=list)
+    deployment: str | None = None
+    facts: Facts | None = None
+    target: Any = None  # kvmigrate.identity.target.Target
+    target_error: str | None = None
+    target_error_flag: str | None = None
+    status: str = "ok"
+    status_reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    sampled_sizes: list[int] = field(default_factory=list)
+
+    def columns(self) -> tuple:
+        t = self.target
+        return (self.family, self.scheme, self.model_name, self.d12, self.source_base,
+                self.deployment or self.source_base,
+                t.profile if t is not None else None,
+                t.d12 if t is not None else None,
+                t.base_name if t is not None else None)
+
+    def metadata(self) -> dict[str, Any]:
+        t = self.target
+        facts = self.facts
+        return {
+            "family": self.family, "family_evidence": self.family_evidence, "scheme": self.scheme,
+            "model_name": self.model_name, "source_d12": self.d12, "digest_ok": self.digest_ok,
+            "config_json": self.fields, "config_error": self.config_error, "unknown_keys": self.unknown_keys,
+            "ranks": sorted(self.rank_dirs), "rank_dirs": [self.rank_dirs[r] for r in sorted(self.rank_dirs)],
+            "deployment": self.deployment or self.source_base,
+            "facts": facts.to_dict() if facts is not None else {},
+            "facts_source": dict(facts.sources) if facts is not None else {},
+            "assumed_facts": dict(t.assumed_facts) if t is not None else {},
+            "target": None if t is None else {
+                "profile": t.profile, "family": t.family, "fields": t.fields, "d12": t.d12,
+                "base_name": t.base_name, "rank_dir": t.rank_dir, "parallel_agnostic": t.parallel_agnostic,
+                "replicated_layout": t.replicated_layout, "reasons": list(t.reasons),
+                "unreachable": t.unreachable},
+            "target_error": self.target_error, "target_error_flag": self.target_error_flag,
+            "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
+        }
+
+
+@dataclass
+class RootListing:
+    """The top level of ROOT, sorted into what each entry is."""
+
+    bases: dict[str, os.DirEntry] = field(default_factory=dict)
+    rank_folders: dict[str, dict[int, str]] = field(default_factory=dict)  # base -> rank -> dirname
+    own_dirs: list[str] = field(default_factory=list)
+    deep_dirs: list[str] = field(default_factory=list)
+    foreign_dirs: list[str] = field(default_factory=list)
+    files: list[os.DirEntry] = field(default_factory=list)  # top-level non-directories
+    names: set[str] = field(default_factory=set)
+
+
+def _looks_deep(path: str, depth: int = 3) -> bool:
+    """Old llm-d deep layout: `<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*/...`
+    (the model name is verbatim, so `org/model` nests one more level)."""
+    try:
+        with os.scandir(path) as it:
+            subdirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for e in subdirs:
+        if e.name.startswith(DEEP_RE_PREFIXES):
+            return True
+    if depth > 1:
+        return any(_looks_deep(e.path, depth - 1) for e in subdirs[:64])
+    return False
+
+
+def list_root(root: str) -> RootListing:
+    listing = RootListing()
+    with os.scandir(root) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        listing.names.add(e.name)
+        if not e.is_dir(follow_symlinks=False):
+            listing.files.append(e)
+            continue
+        if e.name == layout.OWN_DIR:
+            listing.own_dirs.append(e.name)
+            continue
+        parsed = layout.parse_folder(e.name)
+        if parsed is not None and parsed.rank is not None:
+            listing.rank_folders.setdefault(parsed.base, {})[parsed.rank] = e.name
+        elif parsed is not None:
+            listing.bases[e.name] = e
+        elif _looks_deep(e.path):
+            listing.deep_dirs.append(e.name)
+        else:
+            listing.foreign_dirs.append(e.name)
+    return listing
+
+
+def _read_config(root: str, ns: Namespace) -> None:
+    """Read, parse and validate config.json; prove the digest against the folder name."""
+    rel = f"{ns.source_base}/{layout.CONFIG_NAME}"
+    path = os.path.join(root, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        ns.status, ns.status_reason = "orphan_namespace", f"{rel} is missing"
+        ns.config_error = "config.json missing"
+        return
+    except OSError as exc:
+        ns.status, ns.status_reason = "config_invalid", errno_reason(exc, "cannot stat", rel)
+        ns.config_error = ns.status_reason
+        return
+    ns.config_relpath = rel
+    if not stat_mod.S_ISREG(st.st_mode):
+        ns.status, ns.status_reason = "orphan_namespace", f"{rel} is not a regular file (never followed)"
+        ns.config_error = "config.json is not a regular file"
+        ns.config_relpath = None
+        return
+    try:
+        fd = open_noatime(path)
+        try:
+            chunks = []
+            while True:
+                b = os.read(fd, READ_CHUNK)
+                if not b:
+                    break
+                chunks.append(b)
+            raw = b"".join(chunks)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        ns.status, ns.status_reason = "config_invalid", errno_reason(exc, "cannot read", rel)
+        ns.config_error = ns.status_reason
+        return
+    ns.config_raw = raw
+    try:
+        fields = canonical.fields_from_config_bytes(raw)
+    except ValueError as exc:
+        ns.status, ns.status_reason = "config_invalid", f"{rel}: {exc}"
+        ns.config_error = str(exc)
+        return
+    is_cpp = all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
+    problems = vllmcpp.validate_identity(fields) if is_cpp else schemes.validate_fields(fields)
+    if problems:
+        ns.status = "config_invalid"
+        ns.status_reason = f"{rel}: " + "; ".join(problems[:5])
+        ns.config_error = "; ".join(problems)
+        ns.fields = fields
+        return
+    ns.fields = fields
+    ns.model_name = fields["model_name"]
+    if is_cpp:
+        ns.scheme = "vllmcpp-v1"
+        digest_hex = canonical.full_digest(fields, "vllmcpp")
+        ns.digest = bytes.fromhex(digest_hex)
+        ns.unknown_keys = sorted(k for k in fields if k not in vllmcpp.IDENTITY_KEYS
+                                 and k not in vllmcpp.OPTIONAL_KEYS)
+        if hashlib.sha256(raw).hexdigest() != digest_hex:
+            ns.notes.append("config.json is not byte-canonical (vllm.cpp compares it field by field)")
+        rank0 = dict(fields, rank=0)
+        ns.deployment = canonical.full_digest(rank0, "vllmcpp")
+    else:
+        ns.scheme = schemes.scheme_of(fields)
+        digest_hex = canonical.full_digest(fields, "vllm")
+        ns.unknown_keys = schemes.unknown_keys(fields)
+        ns.deployment = ns.source_base
+    expected_base = layout.base_name(ns.model_name, digest_hex[:12])
+    ns.digest_ok = expected_base == ns.source_base
+    if not ns.digest_ok:
+        ns.status = "digest_mismatch"
+        if digest_hex[:12] != ns.d12:
+            ns.status_reason = (f"{rel} hashes to {digest_hex[:12]}, the folder name says {ns.d12}: "
+                                "never migrated")
+        else:
+            ns.status_reason = (f"{rel} names model {ns.model_name!r}, the folder name says "
+                                f"{ns.safe_model!r}: never migrated")
+
+
+def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[int]:
+    """Sizes of the first block files of a rank folder (sorted buckets): family evidence."""
+    sizes: list[int] = []
+    base = os.path.join(root, rank_dir)
+    try:
+        buckets = sorted(e.name for e in os.scandir(base)
+                         if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name))
+    except OSError:
+        return sizes
+    for b in buckets:
+        try:
+            fanouts = sorted(e.name for e in os.scandir(os.path.join(base, b))
+                             if e.is_dir(follow_symlinks=False) and layout.FANOUT_RE.match(e.name))
+        except OSError:
+            continue
+        for f in fanouts:
+            try:
+                with os.scandir(os.path.join(base, b, f)) as it:
+                    for e in it:
+                        if e.is_file(follow_symlinks=False) and layout.BLOCK_RE.match(e.name):
+                            try:
+                                sizes.append(e.stat(follow_symlinks=False).st_size)
+                            except OSError:
+                                continue
+                            if len(sizes) >= limit:
+                                return sizes
+            except OSError:
+                continue
+    return sizes
+
+
+def _modal_sizes(sizes: list[int]) -> list[int]:
+    """The most common block size(s) of a sample: one damaged file is not evidence."""
+    if not sizes:
+        return []
+    counts = Counter(sizes).most_common()
+    top = counts[0][1]
+    return [s for s, n in counts if n == top and s > 0]
+
+
+def resolve_namespaces(root: str, listing: RootListing, resolver: FactsResolver, profile: str) -> list[Namespace]:
+    """Every namespace of the root with config, digest, family, facts and target resolved."""
+    namespaces: list[Namespace] = []
+    names = sorted(set(listing.bases) | set(listing.rank_folders))
+    for base in names:
+        parsed = layout.parse_folder(base)
+        ns = Namespace(base, parsed.safe_model, parsed.d12, has_base=base in listing.bases,
+                       rank_dirs=dict(sorted(listing.rank_folders.get(base, {}).items())))
+        if ns.has_base:
+            _read_config(root, ns)
+        else:
+            ns.status = "orphan_namespace"
+            ns.status_reason = f"rank folder without its base folder {base}/"
+        if ns.has_base and not ns.rank_dirs and ns.status == "ok":
+            ns.notes.append("no rank folder: the namespace holds no blocks")
+        if ns.fields is not None and ns.status in ("ok", "digest_mismatch"):
+            _resolve_identity(root, ns, resolver, profile)
+        namespaces.append(ns)
+    return namespaces
+
+
+def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile: str) -> None:
+    fields = ns.fields
+    assert fields is not None
+    facts = resolver.for_namespace(ns.model_name or "", ns.source_base, fields)
+    ns.facts = facts
+    if ns.scheme == "S1" and 0 in ns.rank_dirs:
+        ns.sampled_sizes = _sample_sizes(root, ns.rank_dirs[0])
+    family, evidence = detect_family(fields, rank_numbers=list(ns.rank_dirs),
+                                     block_sizes=_modal_sizes(ns.sampled_sizes), forced=facts.family)
+    ns.family, ns.family_evidence = family, list(evidence)
+    if family == "ambiguous":
+        note = harmless_ambiguity_note(fields, _modal_sizes(ns.sampled_sizes))
+        if note:
+            ns.family_evidence.append(note)
+        else:
+            ns.family_evidence.append("the ambiguity changes decisions here (tp, pp, pcp or blocks per file > 1): "
+                                      "blocks stay `none` until --family is given")
+    if family == "unknown":
+        ns.status, ns.status_reason = "config_invalid", "config.json matches no known writer scheme"
+        return
+    if family == "llmd" and fields.get("pp_size", 1) > 1:
+        ns.status = "unsupported_layout"
+        ns.status_reason = (f"pipeline stage: llm-d with pp={fields['pp_size']} writes one base folder per stage "
+                            "(out of scope)")
+    if ns.status != "ok":
+        return
+    target_profile = "vllmcpp" if family == "vllmcpp" else profile
+    try:
+        ns.target = compute_target(fields, family, facts, target_profile)
+    except MissingFactError as exc:
+        ns.target_error_flag = exc.flag
+        ns.target_error = (f"missing deployment fact '{exc.fact}': pass {exc.flag} "
+                           f"(or '{exc.fact}' for this namespace in --facts)")
+    except UsageError as exc:
+        ns.target_error = str(exc).split("\n")[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Walk units
+
+
+@dataclass
+class Member:
+    """One rank folder of a unit."""
+
+    rank: int
+    dirname: str
+    ns: Namespace
+    columns: tuple  # namespace column values for its rows
+    foreign_reason: str | None = None  # rank folder outside the deployment: its files are foreign
+    buckets: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Unit:
+    index: int
+    plan: UnitPlan
+    members: list[Member]
+    key: str  # source_base or deployment
+
+    def bucket_names(self) -> list[str]:
+        names: set[str] = set()
+        for m in self.members:
+            names |= m.buckets
+        return sorted(names)
+
+
+def _kv_kind(ns: Namespace) -> str | None:
+    if ns.family == "vllmcpp" and ns.fields:
+        kind = ns.fields.get("kv_cache_spec_kind")
+        return {"mla": "mla", "full_attention": "full", "sliding_window": "sliding"}.get(kind, "hybrid")
+    return ns.facts.kv_kind if ns.facts else None
+
+
+def _target_info(ns: Namespace) -> TargetInfo | None:
+    t = ns.target
+    if t is None:
+        return None
+    digest = None
+    if t.family == "vllmcpp" and t.fields is not None:
+        digest = bytes.fromhex(canonical.full_digest(t.fields, "vllmcpp"))
+    unreachable = t.unreachable
+    if unreachable == "aliases_source":
+        unreachable = (f"aliases_source: target {t.base_name} is this source folder name, which holds other "
+                       "bytes than the target engine writes; use --dest DIR")
+    return TargetInfo(profile=t.profile, base=t.base_name, d12=t.d12, rank_dir=t.rank_dir,
+                      replicated_layout=bool(t.replicated_layout), parallel_agnostic=bool(t.parallel_agnostic),
+                      digest=digest, unreachable=unreachable)
+
+
+def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
+    """The classification context of a unit (its first namespace speaks for all: a vllm.cpp
+    deployment's namespaces are equal except the rank)."""
+    ns = nss[0]
+    fields = ns.fields or {}
+    family = ns.family or "unknown"
+    plan = UnitPlan(family=family, hashed=hashed)
+    if ns.status != "ok":
+        plan.block_status, plan.block_reason = ns.status, ns.status_reason
+        return plan
+    tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
+    plan.world = tp * pp * pcp
+    if family == "vllmcpp":
+        plan.expected_ranks = tuple(range(plan.world))
+        plan.vllmcpp_payload = fields.get("page_size_bytes")
+        plan.blocks_per_file = 1
+    elif family == "llmd":
+        plan.expected_ranks = tuple(range(tp * pcp))
+    else:
+        plan.expected_ranks = (0,)
+    plan.kv_kind = _kv_kind(ns)
+    plan.blocks_per_file = fields.get("gpu_blocks_per_file", fields.get("blocks_per_file", plan.blocks_per_file))
+    groups = fields.get("kv_cache_groups") or []
+    plan.layers = {g: len(grp.get("layer_names", [])) for g, grp in enumerate(groups) if isinstance(grp, dict)}
+    if ns.facts is not None:
+        plan.page_bytes = ns.facts.page_bytes
+        plan.tensors_per_layer = ns.facts.tensors_per_layer
+    plan.source_replicated = fields.get("replicated_layout") is True
+    plan.source_canonical = "canonical_format" in fields
+    plan.target = _target_info(ns)
+    if family == "ambiguous":
+        plan.ambiguity_harmless = ambiguity_is_harmless(fields, _modal_sizes(ns.sampled_sizes))
+    if ns.target_error:
+        plan.none_reason = ns.target_error
+    for n in nss:
+        for rank, d in n.rank_dirs.items():
+            plan.rank_dirs[rank] = d
+    return plan
+
+
+def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: str) -> list[Unit]:
+    units: list[Unit] = []
+    by_deployment: dict[str, list[Namespace]] = defaultdict(list)
+    singles: list[list[Namespace]] = []
+    for ns in namespaces:
+        if ns.family == "vllmcpp" and ns.status == "ok":
+            by_deployment[ns.deployment or ns.source_base].append(ns)
+        else:
+            singles.append([ns])
+    groups = singles + [sorted(v, key=lambda n: (n.fields or {}).get("rank", 0)) for v in by_deployment.values()]
+    groups.sort(key=lambda g: g[0].deployment or g[0].source_base)
+    for nss in groups:
+        plan = make_plan(nss, hashed)
+        members = []
+        for ns in nss:
+            cols = ns.columns()
+            own_rank = (ns.fields or {}).get("rank") if ns.family == "vllmcpp" and ns.status == "ok" else None
+            for rank, dirname in ns.rank_dirs.items():
+                m = Member(rank, dirname, ns, cols)
+                if own_rank is not None and rank != own_rank:
+                    m.foreign_reason = (f"rank folder _r{rank} does not match the identity's rank {own_rank} "
+                                        "(the engine never reads it)")
+                elif ns.status == "ok" and plan.expected_ranks and rank not in plan.expected_ranks:
+                    m.foreign_reason = (f"rank folder _r{rank} is outside the writer's ranks "
+                                        f"{list(plan.expected_ranks)}")
+                members.append(m)
+        members.sort(key=lambda m: (m.rank, m.dirname))
+        units.append(Unit(len(units), plan, members, nss[0].deployment or nss[0].source_base))
+    return units
+
+
+# ---------------------------------------------------------------------------------------
+# Per-bucket work
+
+
+class Rows:
+    """Column lists of manifest rows (plus the staging columns), appended per file."""
+
+    NAMES = manifest.COLUMNS + tuple(n for n, _ in _STAGE_EXTRA)
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {n: [] for n in self.NAMES}
+
+    def __len__(self) -> int:
+        return len(self.cols["relpath"])
+
+    def add(self, rec: FileRecord, ns_cols: tuple | None, istatus: str, ireason: str) -> None:
+        c = self.cols
+        c["relpath"].append(rec.relpath)
+        nc = ns_cols or (None,) * len(NS_COLUMNS)
+        for name, value in zip(NS_COLUMNS, nc):
+            c[name].append(value)
+        c["rank"].append(rec.rank)
+        c["group"].append(rec.group)
+        c["block_hash"].append(bytes.fromhex(rec.hex) if rec.hex else None)
+        c["size"].append(rec.size)
+        c["mtime_ns"].append(rec.mtime_ns)
+        c["inode"].append(rec.inode)
+        c["dev"].append(rec.dev)
+        c["nlink"].append(rec.nlink)
+        c["content_xxh3_128"].append(rec.content)
+        c["payload_xxh3_128"].append(rec.payload)
+        c["status"].append(rec.status)
+        c["action"].append(rec.action)
+        c["reason"].append(rec.reason)
+        c["target_relpath"].append(rec.target_relpath)
+        c["_istatus"].append(istatus)
+        c["_ireason"].append(ireason)
+
+    def extend(self, other: "Rows") -> None:
+        for n in self.NAMES:
+            self.cols[n].extend(other.cols[n])
+
+    def table(self) -> pa.Table:
+        arrays = []
+        for f in STAGE_SCHEMA:
+            values = self.cols[f.name]
+            if f.name in ("relpath", "target_relpath", "reason", "_ireason", "source_base", "model_name"):
+                values = _utf8_safe(values)
+            typ = pa.string() if pa.types.is_dictionary(f.type) else f.type
+            arrays.append(pa.array(values, typ))
+        return pa.Table.from_arrays(arrays, schema=pa.schema([
+            pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in STAGE_SCHEMA]))
+
+
+def _utf8_safe(values: list[Any]) -> list[Any]:
+    """Undecodable file names (surrogate escapes) shown with backslash escapes: Arrow
+    strings are UTF-8, and a foreign file's odd name must not crash the scan."""
+    try:
+        pa.array(values, pa.string())
+        return values
+    except (UnicodeEncodeError, pa.ArrowException):
+        return [v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                if isinstance(v, str) else v for v in values]
+
+
+@dataclass
+class BucketResult:
+    rows: Rows
+    sizes: dict[tuple[str, int, int], Counter]
+    files: int = 0
+    bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _kind_of(mode: int) -> str:
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    if stat_mod.S_ISFIFO(mode):
+        return "FIFO"
+    if stat_mod.S_ISSOCK(mode):
+        return "socket"
+    if stat_mod.S_ISCHR(mode) or stat_mod.S_ISBLK(mode):
+        return "device"
+    if stat_mod.S_ISDIR(mode):
+        return "directory"
+    return "special file"
+
+
+def _record(relpath: str, st: os.stat_result, rank: int | None = None, group: int | None = None,
+            hex_hash: str | None = None) -> FileRecord:
+    return FileRecord(relpath, rank, group, hex_hash, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev,
+                      st.st_nlink)
+
+
+class Walker:
+    """The walk of one scan: options, shared caches and the per-bucket worker."""
+
+    def __init__(self, root: str, *, verify: str, listing: RootListing, units: list[Unit]):
+        self.root = root
+        self.verify = verify
+        self.hashed = verify == "hash"
+        self.listing = listing
+        self.units = units
+        self._slice_cache: dict[tuple[int, int, int], list[int]] = {}
+
+    # -- generic file rows -------------------------------------------------------------
+
+    def _lstat(self, path: str, rel: str, out: BucketResult) -> os.stat_result | None:
+        try:
+            return os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            out.errors.append(errno_reason(exc, "cannot stat", rel))
+            return None
+
+    def entry_record(self, entry: os.DirEntry, rel: str, out: BucketResult) -> FileRecord | None:
+        """lstat through the DirEntry (one syscall, no symlink follow); None if it vanished."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            rec = FileRecord(rel, None, None, None, 0, 0, 0, 0, 0)
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot stat", rel)
+            return rec
+        return _record(rel, st)
+
+    def hash_plain(self, rec: FileRecord, path: str) -> bool:
+        """Hash a non-block regular file in --verify hash mode; False if it vanished."""
+        if not self.hashed:
+            return True
+        try:
+            r = read_file(path, want_hash=True)
+        except Vanished:
+            return False
+        except OSError as exc:
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot read", rec.relpath)
+            return True
+        rec.content = r.content
+        return True
+
+    def other_file(self, entry: os.DirEntry, rel: str, out: BucketResult, *, where: str,
+                   status: str | None = None, reason: str | None = None,
+                   ns_cols: tuple | None = None) -> None:
+        """A file that is not a block: temp leftovers, own artifacts, foreign files."""
+        rec = self.entry_record(entry, rel, out)
+        if rec is None:
+            return
+        if rec.status == "ok":
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                return
+            if not stat_mod.S_ISREG(mode):
+                kind = _kind_of(mode)
+                rec.status = "foreign"
+                if kind == "symlink":
+                    try:
+                        dest = os.readlink(entry.path)
+                    except OSError:
+                        dest = "?"
+                    rec.reason = f"symlink to {dest!r} (never followed)"
+                else:
+                    rec.reason = f"{kind} (never opened)"
+                rec.reason = f"{rec.reason}: not part of the cache"
+            elif status is not None:
+                rec.status, rec.reason = status, reason or status
+                if not self.hash_plain(rec, entry.path):
+                    return
+            else:
+                kind = layout.temp_kind(entry.name)
+                if kind == "own":
+                    rec.status, rec.reason = "own_artifact", "kvmigrate temp file"
+                elif entry.name == layout.LOCK_NAME:
+                    rec.status, rec.reason = "own_artifact", "kvmigrate lock file"
+                elif kind is not None:
+                    rec.status, rec.reason = "tmp_leftover", f"temp leftover of an interrupted write ({kind})"
+                else:
+                    rec.status, rec.reason = "foreign", f"unexpected file in {where}: not part of the cache"
+                if not self.hash_plain(rec, entry.path):
+                    return
+        rec.action = "none"
+        self._emit(out, rec, ns_cols, rec.status, rec.reason)
+
+    def _emit(self, out: BucketResult, rec: FileRecord, ns_cols: tuple | None, istatus: str, ireason: str) -> None:
+        out.rows.add(rec, ns_cols, istatus, ireason)
+        out.files += 1
+        out.bytes += rec.size
+
+    def dir_rows(self, path: str, rel: str, out: BucketResult, *, status: str | None, reason: str | None,
+                 ns_cols: tuple | None, where: str, shard: tuple[int, int] | None = None,
+                 bucket: str | None = None) -> None:
+        """Every file under a directory (no symlink follow) as non-block rows. With `shard`,
+        only files whose innermost `<hhh>` ancestor belongs to this part (none: part 0)."""
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if shard is None or _part(bucket, shard[1]) == shard[0]:
+                st = self._lstat(path, rel, out)
+                if st is not None:
+                    rec = _record(rel, st)
+                    rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
+                    self._emit(out, rec, ns_cols, rec.status, rec.reason)
+            return
+        for e in entries:
+            child = f"{rel}/{e.name}"
+            if e.is_dir(follow_symlinks=False):
+                inner = e.name if layout.BUCKET_RE.match(e.name) else bucket
+                self.dir_rows(e.path, child, out, status=status, reason=reason, ns_cols=ns_cols, where=where,
+                              shard=shard, bucket=inner)
+            elif shard is None or _part(bucket, shard[1]) == shard[0]:
+                self.other_file(e, child, out, where=where, status=status, reason=reason, ns_cols=ns_cols)
+
+    # -- blocks --------------------------------------------------------------------------
+
+    def bucket(self, unit: Unit, hhh: str) -> BucketResult:
+        """Walk bucket `hhh` of every rank folder of a unit, classify, return rows."""
+        out = BucketResult(Rows(), defaultdict(Counter))
+        plan = unit.plan
+        blocks: dict[tuple[int, str], list[FileRecord]] = {}
+        misc: list[tuple[FileRecord, Member]] = []
+        for mi, m in enumerate(unit.members):
+            if hhh not in m.buckets:
+                continue
+            bpath = os.path.join(self.root, m.dirname, hhh)
+            brel = f"{m.dirname}/{hhh}"
+            if m.foreign_reason:
+                self.dir_rows(bpath, brel, out, status="foreign", reason=m.foreign_reason, ns_cols=m.columns,
+                              where="rank folder")
+                continue
+            try:
+                with os.scandir(bpath) as it:
+                    fanouts = sorted(it, key=lambda e: e.name)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                st = self._lstat(bpath, brel, out)
+                if st is not None:
+                    rec = _record(brel, st)
+                    rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", brel)
+                    self._emit(out, rec, m.columns, rec.status, rec.reason)
+                continue
+            for fe in fanouts:
+                frel = f"{brel}/{fe.name}"
+                if not fe.is_dir(follow_symlinks=False):
+                    self.other_file(fe, frel, out, where="bucket folder", ns_cols=m.columns)
+                    continue
+                if not layout.FANOUT_RE.match(fe.name):
+                    self.dir_rows(fe.path, frel, out, status=None, reason=None, ns_cols=m.columns,
+                                  where="bucket folder")
+                    continue
+                try:
+                    with os.scandir(fe.path) as it:
+                        files = sorted(it, key=lambda e: e.name)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    st = self._lstat(fe.path, frel, out)
+                    if st is not None:
+                        rec = _record(frel, st)
+                        rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", frel)
+                        self._emit(out, rec, m.columns, rec.status, rec.reason)
+                    continue
+                for e in files:
+                    rel = f"{frel}/{e.name}"
+                    if e.is_dir(follow_symlinks=False):
+                        self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
+                                      where="fan-out folder")
+                        continue
+                    name = layout.parse_block(hhh, fe.name, e.name)
+                    if name is None or not e.is_file(follow_symlinks=False):
+                        self.other_file(e, rel, out, where="fan-out folder", ns_cols=m.columns)
+                        continue
+                    rec = self.entry_record(e, rel, out)
+                    if rec is None:
+                        continue
+                    rec.rank, rec.group, rec.hex, rec.member = m.rank, name.group, name.hex_hash, mi
+                    if rec.status == "ok" and name.misfiled:
+                        rec.status = "misfiled"
+                        rec.reason = (f"file name {name.hex_hash[:5]}... belongs in {name.hex_hash[:3]}/"
+                                      f"{name.hex_hash[3:5]}_g{name.group}, found in {hhh}/{fe.name}: never reused")
+                    if not self._inspect(plan, m, rec, e.path):
+                        continue  # vanished
+                    if rec.status == "misfiled":
+                        misc.append((rec, m))
+                    else:
+                        blocks.setdefault((name.group, name.hex_hash), []).append(rec)
+        for rec, m in misc:
+            rec.action = "none"
+            self._emit(out, rec, m.columns, rec.status, rec.reason)
+        for (group, hex_hash), recs in sorted(blocks.items()):
+            istat = [(r.status, r.reason) for r in recs]
+            self.finish_block(unit, recs, group, hex_hash)
+            for r, (s, why) in zip(recs, istat):
+                m = unit.members[r.member]
+                self._emit(out, r, m.columns, s, why)
+                if s == "ok" and plan.block_status is None and plan.family in ("vllm", "llmd", "ambiguous"):
+                    out.sizes[(m.ns.source_base, r.rank, group)][r.size] += 1
+        return out
+
+    def _inspect(self, plan: UnitPlan, m: Member, rec: FileRecord, path: str) -> bool:
+        """File-level checks of one block file: read (header, hashes), then size rules.
+        False when the file vanished meanwhile."""
+        if rec.status != "ok":
+            if rec.status == "misfiled" and self.hashed:
+                return self.hash_plain(rec, path)
+            return True
+        is_cpp = plan.family == "vllmcpp" and plan.block_status is None
+        header_len = vllmcpp.HEADER_SIZE if is_cpp and self.verify != "none" else 0
+        if self.hashed or header_len:
+            try:
+                r = read_file(path, want_hash=self.hashed, header_len=header_len if is_cpp else 0)
+            except Vanished:
+                return False
+            except OSError as exc:
+                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot read", rec.relpath)
+                return True
+            st = r.st
+            if st.st_ino != rec.inode or st.st_size != rec.size:
+                # replaced (temp + rename) between listing and reading: report what is there now
+                rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink = (st.st_size, st.st_mtime_ns, st.st_ino,
+                                                                         st.st_dev, st.st_nlink)
+            rec.content = r.content
+            if is_cpp:
+                rec.payload = r.payload
+            if self.verify == "none":
+                return True
+            if rec.size == 0:
+                rec.status, rec.reason = "short", "empty file"
+                return True
+            if r.all_zero:
+                rec.status, rec.reason = "zero_filled", f"all {rec.size} bytes are zero (crash residue)"
+                return True
+            if is_cpp:
+                if rec.size < vllmcpp.HEADER_SIZE:
+                    rec.status, rec.reason = "short", (f"{rec.size} bytes, shorter than the "
+                                                       f"{vllmcpp.HEADER_SIZE}-byte header")
+                    return True
+                check = vllmcpp.verify_header(
+                    r.header or b"", digest=m.ns.digest or b"", payload_size=plan.vllmcpp_payload or 0,
+                    key=vllmcpp.make_key(bytes.fromhex(rec.hex or ""), rec.group or 0))
+                if check is not None:
+                    rec.status = "header_invalid"
+                    rec.reason = f"header check '{check}' failed: the vllm.cpp reader deletes this file"
+                    return True
+        if self.verify == "none" or plan.block_status is not None:
+            return True
+        bad = classify.size_status(plan, rec.group or 0, rec.size)
+        if bad is not None:
+            rec.status, rec.reason = bad
+        return True
+
+    def finish_block(self, unit: Unit, recs: list[FileRecord], group: int, hex_hash: str) -> None:
+        """Block rules (classify) plus the two answers that need I/O: does the target
+        path already hold these bytes, and which cell sizes does a row admit."""
+        plan = unit.plan
+        classify.classify_block(plan, recs, group, hex_hash)
+        first = next((r for r in recs if r.target_relpath), None)
+        if first is None:
+            return
+        if first.action == "needs_slice" and self.hashed and not plan.page_bytes:
+            key = (unit.index, group, first.size)
+            cands = self._slice_cache.get(key)
+            if cands is None:
+                data = read_all(os.path.join(self.root, first.relpath), 1 << 30)
+                cands = classify.slice_candidates(data, plan.world) if data is not None else []
+                self._slice_cache[key] = cands
+            first.reason = classify.slice_reason_with_candidates(plan, first.size, cands)
+        target_dir = first.target_relpath.split("/", 1)[0]
+        if target_dir not in self.listing.names or first.target_relpath == first.relpath:
+            return
+        self._check_existing_target(plan, first)
+
+    def _check_existing_target(self, plan: UnitPlan, rec: FileRecord) -> None:
+        tpath = os.path.join(self.root, rec.target_relpath or "")
+        try:
+            tst = os.lstat(tpath)
+        except OSError:
+            return
+        action = rec.action
+        if not stat_mod.S_ISREG(tst.st_mode):
+            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} exists and is a "
+                                              f"{_kind_of(tst.st_mode)}; use --dest DIR")
+            rec.target_relpath = None
+            return
+        if (tst.st_dev, tst.st_ino) == (rec.dev, rec.inode):
+            rec.action, rec.reason = "already_present", "the target path is a hard link of this file"
+            return
+        if action.startswith("needs_"):
+            rec.reason += "; the target path already exists (compared when the transform runs)"
+            return
+        src = os.path.join(self.root, rec.relpath)
+        expected_size = rec.size
+        if action == "copy_pad":
+            expected_size = classify.pad_to_page(rec.size)
+        same = False
+        if tst.st_size == expected_size:
+            new_digest = plan.target.digest if plan.target else None
+            want = rec.content if action == "link" and rec.content else expected_output_digest(
+                action, src, new_digest=new_digest)
+            try:
+                got = read_file(tpath, want_hash=True).content
+            except (Vanished, OSError):
+                got = None
+            same = want is not None and want == got
+        if same:
+            rec.action, rec.reason = "already_present", f"the target path already holds the bytes {action} would write"
+        else:
+            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} already exists "
+                                              f"with other bytes than {action} would write; never overwritten "
+                                              "(use --dest DIR)")
+            rec.target_relpath = None
+
+
+def _part(bucket: str | None, n: int) -> int:
+    """Shard part of a bucket: int(hhh, 16) % N; files outside buckets belong to part 0."""
+    if bucket is None or n <= 1:
+        return 0
+    return int(bucket, 16) % n
+
+
+# ---------------------------------------------------------------------------------------
+# Top-level rows (part 0)
+
+
+def _non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Namespace],
+                     units: list[Unit], shard: tuple[int, int]) -> BucketResult:
+    """Rows of files outside buckets: top-level files, .kvmigrate/, base folders
+    (config.json, probe and config temp files), rank-folder top level, deep layouts and
+    foreign folders. Everything here is part 0 (except bucket files of deep layouts)."""
+    out = BucketResult(Rows(), defaultdict(Counter))
+    root = walker.root
+    part0 = shard[0] == 0
+    if part0:
+        for e in listing.files:
+            walker.other_file(e, e.name, out, where="the cache root")
+        for d in listing.own_dirs:
+            walker.dir_rows(os.path.join(root, d), d, out, status="own_artifact",
+                            reason="kvmigrate journal folder", ns_cols=None, where="kvmigrate folder")
+        for d in listing.foreign_dirs:
+            walker.dir_rows(os.path.join(root, d), d, out, status="foreign",
+                            reason="folder that is not a cache namespace: not part of the cache", ns_cols=None,
+                            where="the cache root")
+    for d in listing.deep_dirs:
+        walker.dir_rows(os.path.join(root, d), d, out, status="unsupported_layout",
+                        reason="old llm-d deep layout (<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*): "
+                               "out of scope", ns_cols=None, where="deep layout", shard=shard)
+    if not part0:
+        return out
+    cols_of = {ns.source_base: ns.columns() for ns in namespaces}
+    for ns in namespaces:
+        if not ns.has_base:
+            continue
+        base_path = os.path.join(root, ns.source_base)
+        try:
+            with os.scandir(base_path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            st = walker._lstat(base_path, ns.source_base, out)
+            if st is not None:
+                rec = _record(ns.source_base, st)
+                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", ns.source_base)
+                walker._emit(out, rec, cols_of[ns.source_base], rec.status, rec.reason)
+            continue
+        for e in entries:
+            rel = f"{ns.source_base}/{e.name}"
+            if e.is_dir(follow_symlinks=False):
+                walker.dir_rows(e.path, rel, out, status="foreign", reason="unexpected folder in a base folder",
+                                ns_cols=cols_of[ns.source_base], where="base folder")
+            elif e.name == layout.CONFIG_NAME and ns.config_relpath == rel:
+                _config_row(walker, ns, e, rel, out, cols_of[ns.source_base])
+            else:
+                walker.other_file(e, rel, out, where="base folder", ns_cols=cols_of[ns.source_base])
+    for unit in units:
+        for m in unit.members:
+            _rank_top_level(walker, unit, m, out)
+    return out
+
+
+def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out: BucketResult,
+                ns_cols: tuple) -> None:
+    rec = walker.entry_record(entry, rel, out)
+    if rec is None:
+        return
+    if ns.status in ("config_invalid", "digest_mismatch"):
+        rec.status, rec.reason = ns.status, ns.status_reason
+    elif ns.status == "unsupported_layout":
+        rec.status, rec.reason = ns.status, ns.status_reason
+    else:
+        parts = [f"identity of {ns.source_base} ({ns.family}, {ns.scheme}); digest proved"]
+        if ns.target_error:
+            parts.append(ns.target_error)
+        parts.extend(ns.notes)
+        rec.reason = "; ".join(parts)
+    if walker.hashed and ns.config_raw is not None:
+        rec.content = xxhash.xxh3_128_digest(ns.config_raw)
+    walker._emit(out, rec, ns_cols, rec.status, rec.reason)
+
+
+def _rank_top_level(walker: Walker, unit: Unit, m: Member, out: BucketResult) -> None:
+    """List a rank folder's top level: bucket names for the walk, anything else as rows."""
+    path = os.path.join(walker.root, m.dirname)
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        st = walker._lstat(path, m.dirname, out)
+        if st is not None:
+            rec = _record(m.dirname, st)
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", m.dirname)
+            walker._emit(out, rec, m.columns, rec.status, rec.reason)
+        return
+    for e in entries:
+        rel = f"{m.dirname}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            if layout.BUCKET_RE.match(e.name):
+                continue
+            walker.dir_rows(e.path, rel, out, status="foreign", reason="unexpected folder in a rank folder",
+                            ns_cols=m.columns, where="rank folder")
+        else:
+            walker.other_file(e, rel, out, where="rank folder", ns_cols=m.columns)
+
+
+def _list_buckets(root: str, units: list[Unit]) -> None:
+    for unit in units:
+        for m in unit.members:
+            try:
+                with os.scandir(os.path.join(root, m.dirname)) as it:
+                    m.buckets = {e.name for e in it
+                                 if layout.BUCKET_RE.match(e.name) and e.is_dir(follow_symlinks=False)}
+            except OSError:
+                m.buckets = set()
+
+
+# ---------------------------------------------------------------------------------------
+# Progress
+
+
+class Progress:
+    """tqdm on stderr (files, bytes, rate); silent when stderr is not a TTY or -q."""
+
+    def __init__(self, enabled: bool):
+        self.bar = None
+        self.bytes = 0
+        self.t0 = time.monotonic()
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(unit=" files", file=sys.stderr, desc="scan", dynamic_ncols=True, leave=True)
+
+    def update(self, files: int, nbytes: int) -> None:
+        self.bytes += nbytes
+        if self.bar is not None:
+            self.bar.update(files)
+            dt = max(time.monotonic() - self.t0, 1e-6)
+            self.bar.set_postfix_str(f"{_human(self.bytes)}, {_human(self.bytes / dt)}/s", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# ---------------------------------------------------------------------------------------
+# The scan
+
+
+def _check_root(root: str) -> str:
+    path = os.path.abspath(root)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise OperationalError("cache root does not exist", path=path,
+                               hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)")
+    except OSError as exc:
+        raise OperationalError(f"cannot access the cache root: {exc.strerror}", path=path,
+                               hint="check the path and your permissions") from None
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise OperationalError("cache root is not a directory", path=path,
+                               hint="pass the engine's cache root_dir, not a file inside it")
+    try:
+        with os.scandir(path):
+            pass
+    except OSError as exc:
+        raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
+                               hint="run as a user that can read the cache") from None
+    return path
+
+
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
+         target: str = "vllm-0.28", facts_resolver: FactsResolver | None = None, verify: str = "size",
+         threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
+         command: str | None = None) -> ScanResult:
+    """Scan ROOT and write the manifest at `output`; returns the summary and exit code.
+
+    `shard=(k, n)` takes buckets with int(hhh, 16) % n == k (files outside buckets: k=0).
+    """
+    if verify not in ("none", "size", "hash"):
+        raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
+    k, n = shard
+    if not (n >= 1 and 0 <= k < n):
+        raise UsageError(f"--shard needs 0 <= K < N, got {k}/{n}")
+    t0 = time.monotonic()
+    root_path = _check_root(str(root))
+    resolver = facts_resolver or FactsResolver({}, None)
+    threads = threads or 2 * (os.cpu_count() or 1)
+    output = os.path.abspath(output)
+    if os.path.isdir(output):
+        raise UsageError("the manifest path is a directory", path=output,
+                         hint="pass -o FILE.parquet (a dataset directory is written by --run-on ray)")
+
+    try:
+        listing = list_root(root_path)
+    except OSError as exc:
+        raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
+    namespaces = resolve_namespaces(root_path, listing, resolver, target)
+    units = build_units(root_path, namespaces, verify == "hash", target)
+    walker = Walker(root_path, verify=verify, listing=listing, units=units)
+
+    meta = {
+        "tool_version": __version__,
+        "command": command or "kvmigrate scan " + shlex.quote(str(root)),
+        "root": root_path,
+        "target_profile": target,
+        "verify": verify,
+        "shard": f"{k}/{n}",
+        "facts": {"flags": _jsonable(resolver.flags), "facts_file": resolver.facts_file},
+        "namespaces": {ns.source_base: ns.metadata() for ns in namespaces},
+    }
+    stage_path = f"{output}.stage.kvmigrate-{os.getpid()}.tmp"
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    bar = Progress(progress)
+    sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
+    errors: list[str] = []
+    files = nbytes = 0
+    writer = pq.ParquetWriter(stage_path, Rows().table().schema, compression="zstd")
+    try:
+        pending = Rows()
+
+        def take(res: BucketResult) -> None:
+            nonlocal files, nbytes, pending
+            pending.extend(res.rows)
+            for key, cnt in res.sizes.items():
+                sizes[key].update(cnt)
+            errors.extend(res.errors)
+            files += res.files
+            nbytes += res.bytes
+            bar.update(res.files, res.bytes)
+            if len(pending) >= BATCH_ROWS:
+                writer.write_table(pending.table(), row_group_size=len(pending))
+                pending = Rows()
+
+        take(_non_bucket_rows(walker, listing, namespaces, units, shard))
+        _list_buckets(root_path, units)
+        tasks = ((u, b) for u in units for b in u.bucket_names() if _part(b, n) == k)
+        for res in _run_ordered(walker, tasks, threads):
+            take(res)
+        if len(pending):
+            writer.write_table(pending.table(), row_group_size=len(pending))
+        writer.close()
+        writer = None
+        bar.close()
+        meta["walk_errors"] = errors[:1000]
+        meta["walk_failed"] = bool(errors)
+        _finalize(stage_path, output, meta, walker, units, sizes)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        bar.close()
+        raise
+    finally:
+        try:
+            os.unlink(stage_path)
+        except FileNotFoundError:
+            pass
+    summary = summarize_manifest(output)
+    return ScanResult(root_path, output, summary, summary["exit_code"], summary["totals"]["files"],
+                      files, nbytes, time.monotonic() - t0, errors)
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _run_ordered(walker: Walker, tasks: Iterator[tuple[Unit, str]], threads: int) -> Iterator[BucketResult]:
+    """Run bucket tasks in a thread pool; yield results in task order, with a bounded
+    number in flight (memory: a few buckets, not the tree)."""
+    if threads <= 1:
+        for u, b in tasks:
+            yield walker.bucket(u, b)
+        return
+    window = threads * 2
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvmigrate-scan") as pool:
+        inflight: deque = deque()
+        try:
+            for u, b in tasks:
+                inflight.append(pool.submit(walker.bucket, u, b))
+                if len(inflight) >= window:
+                    yield inflight.popleft().result()
+            while inflight:
+                yield inflight.popleft().result()
+        finally:
+            for f in inflight:
+                f.cancel()
+
+
+def _finalize(stage_path: str, output: str, meta: dict[str, Any], walker: Walker, units: list[Unit],
+              sizes: dict[tuple[str, int, int], Counter]) -> None:
+    """Copy staged rows into the manifest; blocks with an odd size for their (namespace,
+    rank, group) get `size_mismatch` and are classified again."""
+    outliers: dict[tuple[str, int, int], tuple[set[int], str]] = {}
+    if walker.verify != "none":
+        for key, cnt in sizes.items():
+            if len(cnt) > 1:
+                outliers[key] = classify.majority_size(cnt)
+    unit_of: dict[str, tuple[Unit, int]] = {}
+    for u in units:
+        for i, m in enumerate(u.members):
+            unit_of.setdefault(m.ns.source_base, (u, i))
+    member_of = {(u.index, m.rank, m.ns.source_base): i for u in units for i, m in enumerate(u.members)}
+    pf = pq.ParquetFile(stage_path)
+    with manifest.ManifestWriter(output, meta) as out:
+        for i in range(pf.num_row_groups):
+            t = pf.read_row_group(i)
+            if outliers:
+                t = _fix_sizes(t, outliers, walker, unit_of, member_of)
+            out.write(t.select(list(manifest.COLUMNS)).cast(
+                pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
+                           for f in manifest.SCHEMA])).cast(manifest.SCHEMA))
+
+
+def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, member_of: dict) -> pa.Table:
+    bases = pa.array(sorted({k[0] for k in outliers}), pa.string())
+    hit = pc.fill_null(pc.is_in(t["source_base"], value_set=bases), False)
+    if not pc.any(hit).as_py():
+        return t
+    sb = t["source_base"].to_pylist()
+    rk = t["rank"].to_pylist()
+    gr = t["group"].to_pylist()
+    sz = t["size"].to_pylist()
+    bh = t["block_hash"].to_pylist()
+    ist = t["_istatus"].to_pylist()
+    affected: set[tuple[str, int, bytes]] = set()
+    for i in range(t.num_rows):
+        if bh[i] is None or ist[i] != "ok":
+            continue
+        o = outliers.get((sb[i], rk[i], gr[i]))
+        if o is not None and sz[i] in o[0]:
+            affected.add((unit_of[sb[i]][0].index, gr[i], bh[i]))
+    if not affected:
+        return t
+    idx_by_block: dict[tuple, list[int]] = defaultdict(list)
+    for i in range(t.num_rows):
+        if bh[i] is not None and sb[i] in unit_of:
+            key = (unit_of[sb[i]][0].index, gr[i], bh[i])
+            if key in affected:
+                idx_by_block[key].append(i)
+    cols = {n: t[n].to_pylist() for n in ("status", "action", "reason", "target_relpath", "relpath",
+                                          "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
+                                          "payload_xxh3_128", "_ireason")}
+    units_by_index = {u.index: u for u in {v[0] for v in unit_of.values()}}
+    for (uidx, group, bhash), rows in idx_by_block.items():
+        unit = units_by_index[uidx]
+        recs = []
+        for i in rows:
+            r = FileRecord(cols["relpath"][i], rk[i], group, bhash.hex(), sz[i], cols["mtime_ns"][i],
+                           cols["inode"][i], cols["dev"][i], cols["nlink"][i],
+                           member=member_of.get((uidx, rk[i], sb[i]), 0),
+                           content=cols["content_xxh3_128"][i], payload=cols["payload_xxh3_128"][i],
+                           status=ist[i], reason=cols["_ireason"][i] or "")
+            o = outliers.get((sb[i], rk[i], group))
+            if r.status == "ok" and o is not None and r.size in o[0]:
+                r.status = "size_mismatch"
+                r.reason = f"{r.size} bytes differs from its (namespace, rank, group): {o[1]}"
+            recs.append(r)
+        walker.finish_block(unit, recs, group, bhash.hex())
+        for i, r in zip(rows, recs):
+            cols["status"][i], cols["action"][i] = r.status, r.action
+            cols["reason"][i], cols["target_relpath"][i] = r.reason, r.target_relpath
+    for name in ("status", "action", "reason", "target_relpath"):
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(cols[name], pa.string()))
+    return t
+
+
+# ---------------------------------------------------------------------------------------
+# Summary (until kvmigrate.report.summary exists: one function, swappable)
+
+
+def _ns_counts(t: pa.Table, key: str) -> dict[str, dict[str, dict[str, int]]]:
+    out: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    if t.num_rows == 0:
+        return out
+    g = t.group_by(["source_base", key]).aggregate([("size", "count"), ("size", "sum")])
+    for base, k, cnt, total in zip(g["source_base"].to_pylist(), g[key].to_pylist(),
+                                   g["size_count"].to_pylist(), g["size_sum"].to_pylist()):
+        out[base][k] = {"files": cnt, "bytes": total or 0}
+    return out
+
+
+def _block_actions(t: pa.Table) -> pa.Table:
+    """One row per block: its action (the non-`none` action of its rows, else none) and
+    the bytes of all its files."""
+    blocks = t.filter(pc.is_valid(t["block_hash"]))
+    codes = {a: i for i, a in enumerate(classify.ACTIONS)}
+    none_code = codes["none"]
+    action_code = pc.fill_null(pc.index_in(blocks["action"], value_set=pa.array(classify.ACTIONS)), none_code)
+    # none sorts lowest so that max() picks the block's action
+    ranked = pc.if_else(pc.equal(action_code, none_code), -1, action_code)
+    keyed = pa.table({"deployment": blocks["deployment"], "source_base": blocks["source_base"],
+                      "group": blocks["group"], "block_hash": blocks["block_hash"], "code": ranked,
+                      "size": blocks["size"]})
+    keyed = keyed.set_column(0, "deployment", pc.fill_null(keyed["deployment"], ""))
+    g = keyed.group_by(["deployment", "group", "block_hash"]).aggregate(
+        [("code", "max"), ("size", "sum"), ("source_base", "min")])
+    names = pa.array(classify.ACTIONS)
+    code = pc.if_else(pc.less(g["code_max"], 0), none_code, g["code_max"])
+    return pa.table({"source_base": g["source_base_min"], "action": pc.take(names, code),
+                     "bytes": g["size_sum"]})
+
+
+def summarize_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `--json` summary of a manifest (interface.md §1), computed with Arrow."""
+    meta = manifest.read_metadata(path)
+    t = manifest.read_table(path, columns=["relpath", "source_base", "deployment", "group", "block_hash",
+                                           "size", "status", "action"])
+    t = t.set_column(t.schema.get_field_index("source_base"), "source_base",
+                     pc.cast(t["source_base"], pa.string()))
+    for name in ("deployment", "status", "action"):
+        t = t.set_column(t.schema.get_field_index(name), name, pc.cast(t[name], pa.string()))
+    t = t.set_column(t.schema.get_field_index("source_base"), "source_base", pc.fill_null(t["source_base"], ""))
+    by_status: dict[str, dict[str, int]] = {}
+    if t.num_rows:
+        g = t.group_by("status").aggregate([("size", "count"), ("size", "sum")])
+        for s, c, b in zip(g["status"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist()):
+            by_status[s] = {"files": c, "bytes": b or 0}
+    ns_status = _ns_counts(t, "status")
+    blocks = _block_actions(t) if t.num_rows else pa.table({"source_base": [], "action": [], "bytes": []})
+    by_action: dict[str, dict[str, int]] = {}
+    ns_action: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    if blocks.num_rows:
+        g = blocks.group_by("action").aggregate([("bytes", "count"), ("bytes", "sum")])
+        for a, c, b in zip(g["action"].to_pylist(), g["bytes_count"].to_pylist(), g["bytes_sum"].to_pylist()):
+            by_action[a] = {"blocks": c, "bytes": b or 0}
+        g = blocks.group_by(["source_base", "action"]).aggregate([("bytes", "count"), ("bytes", "sum")])
+        for base, a, c, b in zip(g["source_base"].to_pylist(), g["action"].to_pylist(),
+                                 g["bytes_count"].to_pylist(), g["bytes_sum"].to_pylist()):
+            ns_action[base][a] = {"blocks": c, "bytes": b or 0}
+    exit_code = classify.exit_bits(by_status)
+    namespaces = []
+    missing_flags = []
+    for base, nm in sorted(meta.get("namespaces", {}).items()):
+        target = nm.get("target") or {}
+        if nm.get("target_error"):
+            exit_code |= 1
+            missing_flags.append({"namespace": base, "flag": nm.get("target_error_flag"),
+                                  "error": nm.get("target_error")})
+        namespaces.append({
+            "source_base": base, "family": nm.get("family"), "scheme": nm.get("scheme"),
+            "model_name": nm.get("model_name"), "ranks": nm.get("ranks", []),
+            "status": nm.get("status"), "status_reason": nm.get("status_reason"),
+            "digest_ok": nm.get("digest_ok"), "family_evidence": nm.get("family_evidence", []),
+            "target_base": target.get("base_name"),
+            "gate": {"parallel_agnostic": target.get("parallel_agnostic"),
+                     "replicated_layout": target.get("replicated_layout"),
+                     "reasons": target.get("reasons", [])},
+            "target_error": nm.get("target_error"),
+            "assumed_facts": nm.get("assumed_facts", {}),
+            "by_status": ns_status.get(base, {}),
+            "by_action": ns_action.get(base, {}),
+        })
+    if meta.get("walk_failed"):
+        exit_code |= 8
+    return {
+        "root": meta.get("root"),
+        "manifest": os.path.abspath(path),
+        "target_profile": meta.get("target_profile"),
+        "verify": meta.get("verify"),
+        "shard": meta.get("shard"),
+        "totals": {"files": t.num_rows, "bytes": int(pc.sum(t["size"]).as_py() or 0),
+                   "by_status": by_status, "by_action": by_action},
+        "namespaces": namespaces,
+        "missing_facts": missing_flags,
+        "walk_errors": meta.get("walk_errors", []),
+        "exit_code": exit_code,
+    }
