@@ -305,26 +305,24 @@ def foreign(inj: Injector, name: str) -> None:
     inj.record(name, relpath, "foreign", "unexpected", [relpath], ns=ns, rank=rank)
 
 
-def symlink(inj: Injector, name: str) -> None:
+def _intruder(inj: Injector, name: str, reason: str, make: Callable[[Path], None], **extra: Any) -> None:
+    """A non-regular file named like a block (a fresh key) in rank 0's fan-out."""
     ns, rank, hex_hash = inj.primary[0], inj.ranks[0], inj.fresh_key()
     relpath = inj.fanout_path(ns, rank, hex_hash, f"{hex_hash}.bin")
     path = inj.path(relpath)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.exists():
+    if path.is_symlink() or path.exists():  # a rebuild over the same tree
         path.unlink()
-    os.symlink(SYMLINK_TARGET, path)
-    inj.record(name, relpath, "foreign", "symlink", [relpath], ns=ns, rank=rank, target=SYMLINK_TARGET)
+    make(path)
+    inj.record(name, relpath, "foreign", reason, [relpath], ns=ns, rank=rank, **extra)
+
+
+def symlink(inj: Injector, name: str) -> None:
+    _intruder(inj, name, "symlink", lambda path: os.symlink(SYMLINK_TARGET, path), target=SYMLINK_TARGET)
 
 
 def fifo(inj: Injector, name: str) -> None:
-    ns, rank, hex_hash = inj.primary[0], inj.ranks[0], inj.fresh_key()
-    relpath = inj.fanout_path(ns, rank, hex_hash, f"{hex_hash}.bin")
-    path = inj.path(relpath)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    os.mkfifo(path)
-    inj.record(name, relpath, "foreign", "fifo", [relpath], ns=ns, rank=rank)
+    _intruder(inj, name, "fifo", os.mkfifo)
 
 
 def deep_layout(inj: Injector, name: str) -> None:

@@ -16,7 +16,7 @@ from kvmigrate import layout
 from kvmigrate.identity.canonical import config_json_bytes, full_digest
 from kvmigrate.identity.schemes import filemapper, scheme_of
 from kvmigrate.synth.spec import SynthSpec
-from kvmigrate.synth.pages import ROW_ALIGN
+from kvmigrate.synth.pages import ROW_ALIGN, geometry
 
 # The default NONE_HASH chain seed of vllm.cpp (vllmcpp-format.md §2.4 C).
 VLLMCPP_NONE_HASH = "950bc4c76b023aa9f8388d6705b601adfc50516140dd1f2b8fc90bed037b2070"
@@ -221,7 +221,7 @@ def plan_namespaces(spec: SynthSpec) -> list[Namespace]:
 def file_size(spec: SynthSpec, ns: Namespace) -> int:
     """Size of every healthy block file of the namespace (the same for every group)."""
     if ns.family == "vllm":
-        page = spec.page_bytes * (spec.tp if ns.canonical and spec.kv_kind != "mla" else 1)
+        page = geometry(spec).full_page_bytes if ns.canonical else spec.page_bytes
         data = ns.cells * len(ns.tensors) * spec.blocks_per_file * page
         return data + (-data % ROW_ALIGN)
     if ns.family == "llmd":

@@ -72,20 +72,18 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
         except OSError:
             write_file(Path(path), data)  # a rebuild over a defect (no permission, not a file)
 
+    # llm-d MLA replicas are identical files (vLLM has one rank; vllm.cpp headers differ per rank)
+    same_bytes_on_every_rank = {ns.base_name: ns.family == "llmd" and spec.kv_kind == "mla" for ns in namespaces}
     blocks = []
     for group in range(spec.groups):
         for index in range(spec.blocks):
             hex_hash = pages.block_hash_hex(spec.seed, index, spec.hash_len)
             files: dict[int, str | None] = {}
-            shared: bytes | None = None  # vLLM rows and MLA replicas are rank-independent
             for ns in namespaces:
+                data = None
                 for rank in ns.ranks:
-                    if shared is not None and ns.family != "vllmcpp" and len(namespaces) == 1:
-                        data = shared
-                    else:
+                    if data is None or not same_bytes_on_every_rank[ns.base_name]:
                         data = block_file_bytes(spec, ns, hex_hash, group, rank)
-                        if spec.kv_kind == "mla" or ns.family == "vllm":
-                            shared = data
                     relpath = layout.block_relpath(ns.base_name, rank, hex_hash, group)
                     put(relpath, data)
                     files[rank] = relpath
