@@ -60,11 +60,7 @@ FLAG_VALUES = {
     "--executor": "<mp|ray|uni>",
     "--nnodes": "<N>",
 }
-NEEDS_FLAGS = {
-    "needs_slice": ("--page-bytes",),
-    "needs_concat": ("--page-bytes",),
-    "needs_relayout": ("--page-bytes", "--tensors-per-layer"),
-}
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 # Actions that take one rank's file for all ranks: they need the replicas proven equal.
 REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
@@ -124,11 +120,11 @@ class _Commands:
         out = ["-o", self.manifest] if (self.verb == "scan" and self.manifest) else []
         return self._join(f"kvmigrate {self.verb}", self.q(self.root, *args), tail, self.q(*out))
 
-    def list_files(self, status: str) -> str:
+    def list_files(self, status: str, *extra: str) -> str:
         if self.manifest:
-            return self._join("kvmigrate report", self.q(self.manifest), f"--list {status}")
+            return self._join("kvmigrate report", self.q(self.manifest), f"--list {status}", *extra)
         return self._join("kvmigrate scan", self.q(self.root, *self.fact_args), f"-o {DEFAULT_MANIFEST}",
-                          f"&& kvmigrate report {DEFAULT_MANIFEST} --list {status}")
+                          f"&& kvmigrate report {DEFAULT_MANIFEST} --list {status}", *extra)
 
     def migrate(self, *extra: str) -> str:
         if self.manifest:
@@ -197,7 +193,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if how == "identity" and base is not None:
                 hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
             elif how == "delete":
-                hint(cmd.list_files(status) + " | xargs -d '\\n' rm -f --",
+                hint(cmd.list_files(status, "-0") + " | xargs -0 rm -f --",
                      f"{what}: remove them, only when no engine writes to {cmd.root}", status, base, 3)
             else:
                 hint(cmd.list_files(status), f"{what}: list them ({then})", status, base, rank)
@@ -210,15 +206,15 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             deployments[n["deployment"]] = deployments.get(n["deployment"], 0) + 1
     for n in summary["namespaces"]:
         base = n["source_base"]
-        if n["namespace_status"] not in (None, "ok") and n["namespace_status"] not in n["by_status"]:
-            status = n["namespace_status"]
+        if n["status"] not in (None, "ok") and n["status"] not in n["by_status"]:
+            status = n["status"]
             what, then, how = STATUS_ADVICE.get(status, ("a namespace in an unknown state", "inspect it", "list"))
             findings.append(_finding(status, STATUS_BITS.get(status, 1), base, f"namespace: {what}; {then}",
-                                     status=status, example_reason=n.get("config_error")))
+                                     status=status, example_reason=n.get("status_reason") or n.get("config_error")))
             if how == "identity":
                 hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, 0)
         if n["target_error"]:
-            flag = _flag_of(n["target_error"], n["family"])
+            flag = n.get("target_error_flag") or _flag_of(n["target_error"], n["family"])
             first_line = n["target_error"].splitlines()[0]
             findings.append(_finding("target_refused", 1, base, f"no target namespace: {first_line}",
                                      blocks=n["blocks"], bytes=n["block_bytes"], flag=flag))
@@ -226,28 +222,42 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                 hint(cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)),
                      f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)",
                      "target_refused", base, 2)
-        if n["family"] == "ambiguous" and not n["target_error"]:
+        asked = n.get("flags_asked") or {}
+        family_asked = sum(f.get("--family", 0) for f in asked.values())
+        if n["family"] == "ambiguous" and not family_asked and not n["target_error"]:
             findings.append(_finding("family_ambiguous", 0, base,
                                      "S1 folder could be vllm or llm-d; both readings give the same bytes here, "
-                                     "so the ambiguity changes no decision",
-                                     evidence=n["family_evidence"]))
-        for action in ("needs_slice", "needs_concat", "needs_relayout"):
+                                     "so the ambiguity changes no decision", evidence=n["family_evidence"]))
+        for action in NEEDS_ACTIONS:
             count = n["by_action"].get(action)
             if not count:
                 continue
             reasons = [r for r, _ in n["top_reasons"].get(action, [])]
-            flags = [f for f in NEEDS_FLAGS[action] if not reasons or any(f[2:].replace("-", "_") in r
-                                                                          or f[2:] in r for r in reasons)]
-            flags = flags or list(NEEDS_FLAGS[action])
-            findings.append(_finding(action, 0, base,
-                                     f"{count['blocks']} blocks need a transform whose numbers are not proven"
-                                     + (f" ({reasons[0]})" if reasons else ""),
-                                     blocks=count["blocks"], bytes=count["bytes"]))
+            waits = not asked.get(action)
+            findings.append(_finding(
+                action, 0, base,
+                f"{count['blocks']} blocks need the {action.removeprefix('needs_')} transform"
+                + (" (not available in this version: migrate --apply skips them)" if waits else
+                   f" and the facts {', '.join(sorted(asked[action]))}")
+                + (f"; e.g. {reasons[0]}" if reasons else ""),
+                blocks=count["blocks"], bytes=count["bytes"]))
+        for action, flags in sorted(asked.items()):
+            blocks = max(flags.values())
+            if action == "none" and "--family" in flags:
+                findings.append(_finding("family_ambiguous", 1, base,
+                                         "S1 folder could be vllm or llm-d and the two readings give different bytes: "
+                                         f"{blocks} files stay unmigrated until the family is given",
+                                         evidence=n["family_evidence"], files=blocks))
+            elif action == "none" and set(flags) != {n.get("target_error_flag")}:
+                findings.append(_finding("fact_needed", 0, base,
+                                         f"{blocks} files need {', '.join(sorted(flags))} to be planned"))
             extra: list[str] = []
-            for f in flags:
-                extra += [f, FLAG_VALUES[f]]
-            hint(cmd.rerun(*extra, replace_flags=tuple(flags)),
-                 f"give the page geometry so {action.removeprefix('needs_')} can be planned", action, base, 2)
+            for flag in sorted(flags):
+                extra += [flag, FLAG_VALUES.get(flag, "<value>")]
+            why = ("say which engine wrote it (--family; or per namespace in --facts FACTS.json)" if "--family" in flags
+                   else f"state {', '.join(sorted(flags))} so {action} can be planned")
+            hint(cmd.rerun(*extra, replace_flags=tuple(sorted(flags))), why,
+                 "family_ambiguous" if "--family" in flags else action, base, 2)
         if n.get("aliases_source_blocks"):
             findings.append(_finding("aliases_source", 0, base,
                                      f"{n['aliases_source_blocks']} blocks: the target path equals a source path "
@@ -267,12 +277,24 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             findings.append(_finding("hash_lengths", 0, base,
                                      "several block-hash lengths in one namespace: "
                                      + ", ".join(f"{b * 2} hex" for b in n["hash_bytes"])))
+        for note in n.get("notes") or []:
+            findings.append(_finding("note", 0, base, note))
+        if n.get("target_unreachable"):
+            findings.append(_finding("unreachable", 0, base,
+                                     f"no block can be reused: {n['target_unreachable']}"))
         for claim in n["claims"]:
             findings.append(_finding("claim", 0, base, claim))
         if n["assumed_facts"]:
             facts = ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))
             findings.append(_finding("assumed_facts", 0, base, f"assumed (not given): {facts}",
                                      assumed=n["assumed_facts"]))
+
+    if summary.get("walk_failed") or summary.get("walk_errors"):
+        errors = summary.get("walk_errors") or []
+        findings.append(_finding("walk_errors", 8, None,
+                                 f"the walk could not read {len(errors)} path(s)"
+                                 + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
+        hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 
     pending = summary["totals"]["pending"]
     if pending["blocks"]:

@@ -69,6 +69,9 @@ NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 _PART_OF_RE = re.compile(r"^part of (\w+) from rank \d+")
 _REPLICA_RE = re.compile(r"^replica of rank \d+")
 _SECONDARY_RE = re.compile(r"^(?:part of \w+ from rank|replica of rank) \d+")
+# "... (pass --page-bytes and --tensors-per-layer)": the facts a block's reason asks for
+_PASS_RE = re.compile(r"\bpass ([^();]*)")
+_FLAG_RE = re.compile(r"--[a-z][a-z0-9-]*")
 _SECONDARY_PATTERN = r"^(part of [a-z_]+ from rank|replica of rank) [0-9]+"
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group"]
@@ -199,7 +202,7 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
                 "lead_blocks": defaultdict(int), "action_bytes": defaultdict(int),
                 "none_rows": 0, "replica_files": 0, "replica_bytes": 0,
                 "reasons": defaultdict(lambda: defaultdict(int)), "hash_bytes": set(),
-                "aliases_source": 0,
+                "aliases_source": 0, "flags_asked": defaultdict(lambda: defaultdict(int)),
             }
         a["files"] += files
         a["bytes"] += nbytes
@@ -227,6 +230,10 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
             a["reasons"][action][reason or "(no reason)"] += files
             if reason and "aliases_source" in reason:
                 a["aliases_source"] += files
+            asked = _PASS_RE.search(reason or "")
+            if asked:
+                for flag in _FLAG_RE.findall(asked.group(1)):
+                    a["flags_asked"][action][flag] += files
     return per_ns
 
 
@@ -264,7 +271,7 @@ def _claims(meta: dict[str, Any]) -> list[str]:
 
 _NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_alone": 0, "bytes_shared": 0,
             "by_status": {}, "lead_blocks": {}, "action_bytes": {}, "reasons": {}, "hash_bytes": set(),
-            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0}
+            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0, "flags_asked": {}}
 
 
 def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
@@ -289,7 +296,9 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "model_name": meta.get("model_name"),
         "ranks": list(meta.get("ranks") or []),
         "deployment": meta.get("deployment"),
-        "namespace_status": meta.get("status"),
+        "status": meta.get("status"),
+        "status_reason": meta.get("status_reason") or None,
+        "notes": list(meta.get("notes") or []),
         "digest_ok": meta.get("digest_ok"),
         "config_error": meta.get("config_error"),
         "unknown_keys": list(meta.get("unknown_keys") or []),
@@ -300,6 +309,8 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "target_rank_dir": (target or {}).get("rank_dir"),
         "target_d12": (target or {}).get("d12"),
         "target_error": meta.get("target_error"),
+        "target_error_flag": meta.get("target_error_flag"),
+        "target_unreachable": (target or {}).get("unreachable"),
         "gate": _gate(target),
         "facts": dict(meta.get("facts") or {}),
         "facts_source": dict(meta.get("facts_source") or {}),
@@ -320,6 +331,7 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "replicas": {"files": agg["replica_files"], "bytes": agg["replica_bytes"]},
         "top_reasons": reasons,
         "aliases_source_blocks": agg["aliases_source"],
+        "flags_asked": {a: dict(sorted(f.items())) for a, f in sorted(agg["flags_asked"].items())},
     }
 
 
@@ -397,8 +409,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     totals_entry["not_reusable"] = {"blocks": totals_entry["blocks"] - totals_entry["reusable"]["blocks"],
                                     "bytes": totals_entry["block_bytes"] - totals_entry["reusable"]["bytes"]
                                     - totals_entry["replicas"]["bytes"]}
-    statuses = set(totals_entry["by_status"]) | {n["namespace_status"] for n in namespaces
-                                                 if n["namespace_status"] not in (None, "ok")}
+    statuses = set(totals_entry["by_status"]) | {n["status"] for n in namespaces if n["status"] not in (None, "ok")}
+    walk_errors = list(meta.get("walk_errors") or [])
     summary: dict[str, Any] = {
         "summary_version": SUMMARY_VERSION,
         "tool_version": meta.get("tool_version"),
@@ -412,7 +424,12 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "totals": totals_entry,
         "namespaces": namespaces,
         "outside_namespaces": outside_entry,
-        "exit_code": exit_code_of(statuses, target_errors=any(n["target_error"] for n in namespaces)),
+        "walk_errors": walk_errors,
+        "walk_failed": bool(meta.get("walk_failed")),
+        "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
+                          for n in namespaces if n["target_error"]],
+        "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] for n in namespaces))
+                      | (8 if meta.get("walk_failed") else 0)),
     }
     findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)
     summary["findings"] = findings

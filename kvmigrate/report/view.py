@@ -23,6 +23,7 @@ class Table:
     headers: list[str]
     rows: list[list[str]] = field(default_factory=list)
     numeric: set[int] = field(default_factory=set)
+    names: set[int] = field(default_factory=set)  # identifier columns (code spans in Markdown)
 
 
 def ranks_label(ranks: list[int]) -> str:
@@ -78,7 +79,7 @@ def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
 def namespace_table(s: dict[str, Any]) -> Table:
     t = Table("namespaces", "Namespaces",
               ["Namespace", "Family", "Scheme", "Ranks", "Files", "Blocks", "Bytes", "Held alone", "Shared"],
-              numeric={4, 5, 6, 7, 8})
+              numeric={4, 5, 6, 7, 8}, names={0})
     for n in s["namespaces"]:
         t.rows.append([n["source_base"], or_dash(n["family"]), or_dash(n["scheme"]), ranks_label(n["ranks"]),
                        human_count(n["files"]), human_count(n["blocks"]), human_bytes(n["bytes"]),
@@ -94,7 +95,7 @@ def reuse_table(s: dict[str, Any]) -> Table:
     t = Table("reuse", "Reuse",
               ["Namespace", "Reusable blocks", "Reusable bytes", "Pending blocks", "Not reusable blocks",
                "Not reusable bytes", "Gate", "Target"],
-              numeric={1, 2, 3, 4, 5})
+              numeric={1, 2, 3, 4, 5}, names={0, 7})
     for n in s["namespaces"]:
         t.rows.append([n["source_base"], human_count(n["reusable"]["blocks"]), human_bytes(n["reusable"]["bytes"]),
                        human_count(n["pending"]["blocks"]), human_count(n["not_reusable"]["blocks"]),
@@ -105,7 +106,7 @@ def reuse_table(s: dict[str, Any]) -> Table:
 def status_table(by_status: dict[str, dict[str, int]], key: str = "status", title: str = "Files by status") -> Table:
     from kvmigrate.report.summary import STATUS_BITS
 
-    t = Table(key, title, ["Status", "Files", "Bytes", "Exit bits"], numeric={1, 2, 3})
+    t = Table(key, title, ["Status", "Files", "Bytes", "Exit bits"], numeric={1, 2, 3}, names={0})
     for status, c in by_status.items():
         t.rows.append([status, human_count(c["files"]), human_bytes(c["bytes"]), str(STATUS_BITS.get(status, 1))])
     return t
@@ -113,7 +114,7 @@ def status_table(by_status: dict[str, dict[str, int]], key: str = "status", titl
 
 def action_table(by_action: dict[str, dict[str, int]], key: str = "actions",
                  title: str = "Blocks by action") -> Table:
-    t = Table(key, title, ["Action", "Blocks", "Bytes"], numeric={1, 2})
+    t = Table(key, title, ["Action", "Blocks", "Bytes"], numeric={1, 2}, names={0})
     for action, c in by_action.items():
         t.rows.append([action, human_count(c["blocks"]), human_bytes(c["bytes"])])
     return t
@@ -128,9 +129,9 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
         ("scheme", or_dash(n["scheme"])),
         ("ranks", ranks_label(n["ranks"])),
     ]
-    if n["namespace_status"] not in (None, "ok"):
-        pairs.append(("namespace status", n["namespace_status"]
-                      + (f": {n['config_error']}" if n.get("config_error") else "")))
+    if n["status"] not in (None, "ok"):
+        why = n.get("status_reason") or n.get("config_error")
+        pairs.append(("namespace status", n["status"] + (f": {why}" if why else "")))
     if n["digest_ok"] is False:
         pairs.append(("digest", "config.json does not hash to the folder name"))
     if n["hash_bytes"]:
@@ -151,8 +152,9 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
                                         f"{human_bytes(n['replicas']['bytes'])}"))
     pairs.append(("held alone", human_bytes(n["bytes_alone"])))
     pairs.append(("shared (hard links)", human_bytes(n["bytes_shared"])))
-    if n["facts"]:
-        pairs.append(("facts", ", ".join(f"{k}={v}" for k, v in sorted(n["facts"].items()))))
+    given = {k: v for k, v in n["facts"].items() if v is not None and k not in n["assumed_facts"]}
+    if given:
+        pairs.append(("facts", ", ".join(f"{k}={v}" for k, v in sorted(given.items()))))
     if n["assumed_facts"]:
         pairs.append(("assumed", ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))))
     for claim in n["claims"]:
@@ -169,7 +171,7 @@ def _yes_no(v: Any) -> str:
 
 def findings_table(s: dict[str, Any]) -> Table:
     t = Table("findings", "Findings", ["Severity", "Code", "Namespace", "Files", "Bytes", "Finding"],
-              numeric={3, 4})
+              numeric={3, 4}, names={1, 2})
     for f in s["findings"]:
         t.rows.append([f["severity"], f["code"], or_dash(f["namespace"]),
                        "-" if f["files"] is None else human_count(f["files"]),
@@ -200,7 +202,7 @@ def _signed_bytes(n: int) -> str:
 def diff_tables(d: dict[str, Any]) -> list[Table]:
     changes = Table("diff_namespaces", "Namespaces",
                     ["Namespace", "Change", "Files", "Files Δ", "Bytes", "Bytes Δ", "Blocks Δ", "Reusable blocks Δ"],
-                    numeric={2, 3, 4, 5, 6, 7})
+                    numeric={2, 3, 4, 5, 6, 7}, names={0})
     for n in d["namespaces"]:
         changes.rows.append([n["source_base"], n["change"], human_count(n["new"]["files"]),
                              _signed_count(n["delta"]["files"]), human_bytes(n["new"]["bytes"]),
@@ -208,13 +210,13 @@ def diff_tables(d: dict[str, Any]) -> list[Table]:
                              _signed_count(n["delta"]["reusable_blocks"])])
     findings = Table("diff_findings", "New or grown findings",
                      ["Namespace", "Status", "Files before", "Files now", "Files Δ", "Bytes Δ"],
-                     numeric={2, 3, 4, 5})
+                     numeric={2, 3, 4, 5}, names={0, 1})
     for f in d["new_findings"]:
         findings.rows.append([or_dash(f["namespace"]), f["status"], human_count(f["old_files"]),
                               human_count(f["new_files"]), _signed_count(f["new_files"] - f["old_files"]),
                               _signed_bytes(f["new_bytes"] - f["old_bytes"])])
     gone = Table("diff_resolved", "Resolved or shrunk findings",
-                 ["Namespace", "Status", "Files before", "Files now"], numeric={2, 3})
+                 ["Namespace", "Status", "Files before", "Files now"], numeric={2, 3}, names={0, 1})
     for f in d["resolved_findings"]:
         gone.rows.append([or_dash(f["namespace"]), f["status"], human_count(f["old_files"]),
                           human_count(f["new_files"])])

@@ -1,0 +1,130 @@
+"""Entry points shared by `report`, `audit` and `scan --json`: summary -> text in a format.
+
+Also the manifest checks that turn "not a manifest" into a clear usage error, and
+`list_files`, which streams the paths of one status (what the hints' `--list` prints).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvmigrate import manifest as mf
+from kvmigrate.errors import OperationalError, UsageError
+
+FORMATS = ("text", "json", "md", "html")
+
+
+def _renderer(fmt: str):
+    if fmt == "text":
+        from kvmigrate.report import render_text as r
+    elif fmt == "json":
+        from kvmigrate.report import render_json as r
+    elif fmt == "md":
+        from kvmigrate.report import render_md as r
+    elif fmt == "html":
+        from kvmigrate.report import render_html as r
+    else:
+        raise UsageError(f"unknown report format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return r
+
+
+def check_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest's run metadata, or a UsageError that says what is wrong with `path`."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError("manifest not found", path=str(p),
+                         hint="write one with `kvmigrate scan ROOT -o M.parquet` or `kvmigrate audit ROOT "
+                              "--manifest-out M.parquet`")
+    try:
+        meta = mf.read_metadata(p)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), path=str(p)) from None
+    except (pa.ArrowInvalid, pa.ArrowException) as exc:
+        raise UsageError(f"not a Parquet manifest ({str(exc).splitlines()[0]})", path=str(p),
+                         hint="pass a manifest written by `kvmigrate scan`") from None
+    except PermissionError as exc:
+        raise OperationalError(f"cannot read the manifest: {exc.strerror}", path=str(p)) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read the manifest: {exc}", path=str(p)) from None
+    if not meta:
+        raise UsageError("this Parquet file has no kvmigrate metadata: not a kvmigrate manifest", path=str(p),
+                         hint="pass a manifest written by `kvmigrate scan`")
+    return meta
+
+
+def summary_of(path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+    from kvmigrate.report.summary import summarize
+
+    check_manifest(path)
+    try:
+        return summarize(path, **kwargs)
+    except KeyError as exc:
+        raise UsageError(f"the manifest lacks column {exc}", path=str(path),
+                         hint="it was written by another version: scan again") from None
+    except pa.ArrowException as exc:
+        raise UsageError(f"the manifest cannot be read: {str(exc).splitlines()[0]}", path=str(path),
+                         hint="it may be truncated: scan again") from None
+
+
+def render_summary(summary: dict[str, Any], fmt: str) -> str:
+    return _renderer(fmt).render(summary)
+
+
+def report(path: str | os.PathLike[str], fmt: str = "text") -> tuple[str, int]:
+    """(rendered report, exit code = the manifest's bits)."""
+    renderer = _renderer(fmt)
+    summary = summary_of(path)
+    return renderer.render(summary), summary["exit_code"]
+
+
+def diff_report(old: str | os.PathLike[str], new: str | os.PathLike[str], fmt: str = "text") -> tuple[str, int]:
+    from kvmigrate.report.diff import diff
+
+    renderer = _renderer(fmt)
+    d = diff(summary_of(old), summary_of(new))
+    return renderer.render_diff(d), d["exit_code"]
+
+
+def emit(text: str, output: str | os.PathLike[str] | None) -> None:
+    """Write to stdout, or atomically to `output` (a reader never sees half a report)."""
+    if output is None:
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    out = Path(output)
+    tmp = out.with_name(f"{out.name}.kvmigrate-{os.getpid()}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OperationalError(f"cannot write the report: {exc.strerror or exc}", path=str(out)) from None
+
+
+def list_files(path: str | os.PathLike[str], status: str, out: IO[str], *, end: str = "\n") -> int:
+    """Print ROOT/relpath of every row with `status` (each followed by `end`); returns how many."""
+    from kvmigrate.report.summary import STATUS_BITS
+
+    if status not in STATUS_BITS:
+        raise UsageError(f"unknown status {status!r}", hint=f"use one of: {', '.join(STATUS_BITS)}")
+    meta = check_manifest(path)
+    root = meta.get("root") or ""
+    n = 0
+    for batch in mf.iter_batches(path, columns=["relpath", "status"]):
+        status_col = batch.column(1)
+        if pa.types.is_dictionary(status_col.type):
+            status_col = pc.cast(status_col, pa.string())
+        rel = batch.column(0).filter(pc.fill_null(pc.equal(status_col, status), False))
+        for r in rel.to_pylist():
+            out.write(os.path.join(root, r) + end)
+        n += len(rel)
+    out.flush()
+    return n
