@@ -17,7 +17,7 @@ from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.family import detect_family, is_vllmcpp_identity
 from kvmigrate.identity.gates import DEFAULT_PROFILE
-from kvmigrate.identity.target import compute_target
+from kvmigrate.identity.target import compute_target, source_problems
 
 BLOCK_SAMPLE = 64  # block files stat'ed per namespace for the family evidence
 
@@ -33,7 +33,7 @@ def read_config(path: str) -> dict[str, Any]:
     try:
         return canonical.fields_from_config_bytes(data)
     except ValueError as exc:
-        raise UsageError(f"config.json is {exc}", path=path,
+        raise UsageError(f"cannot use config.json: {exc}", path=path,
                          hint="the file is damaged; kvmigrate never migrates a namespace it cannot prove") from None
 
 
@@ -92,6 +92,10 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
     if family == "unknown":
         raise UsageError("config.json is not a vLLM, llm-d or vllm.cpp identity (" + evidence[0] + ")",
                          path=config_path, hint="pass the config.json of a KV cache namespace folder")
+    problems = source_problems(fields)
+    if problems:
+        raise UsageError("source identity is not valid: " + "; ".join(problems), path=config_path,
+                         hint="the namespace's config.json is damaged or from an unknown writer")
     target = compute_target(fields, family, facts, profile)
     scheme = "vllmcpp-v1" if family == "vllmcpp" else schemes.scheme_of(fields)
     return {

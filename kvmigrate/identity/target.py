@@ -53,7 +53,8 @@ class Target:
         return asdict(self)
 
 
-def _source_problems(fields: dict[str, Any]) -> list[str]:
+def source_problems(fields: dict[str, Any]) -> list[str]:
+    """Why an identity is not valid for its scheme (empty: valid)."""
     if is_vllmcpp_identity(fields):
         return vllmcpp.validate_identity(fields)
     return schemes.validate_fields(fields)
@@ -66,7 +67,7 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
     "auto" for targets >= 0.27; cache_dtype for targets <= 0.26 from a resolved source),
     UsageError for an unknown profile or an identity that is not valid for its scheme.
     """
-    problems = _source_problems(source_fields)
+    problems = source_problems(source_fields)
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems),
                          hint="the namespace's config.json is damaged or from an unknown writer")

@@ -1,0 +1,217 @@
+"""`kvmigrate identity CONFIG_JSON` (interface.md §1) on synthetic trees of each family."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvmigrate.cli import cli
+from kvmigrate.synth import SynthSpec, build
+
+HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": 32,
+            "num_key_value_heads": 8, "num_hidden_layers": 32, "torch_dtype": "bfloat16"}
+TOP_KEYS = {"family", "family_evidence", "scheme", "source", "target", "assumed_facts"}
+SOURCE_KEYS = {"fields", "d12", "base_name", "digest_ok"}
+TARGET_KEYS = {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
+               "replicated_layout", "reasons", "unreachable"}
+DEFAULTS = {"runner": "v1", "executor": "mp", "nnodes": 1, "per_token_head_quant": False}
+
+
+def run(*args: str) -> tuple[int, dict | str, str]:
+    result = CliRunner().invoke(cli, ["identity", *args])
+    out = result.stdout
+    try:
+        out = json.loads(out)
+    except json.JSONDecodeError:
+        pass
+    return result.exit_code, out, result.stderr
+
+
+def synth(root: Path, **spec) -> dict:
+    return build(root, SynthSpec(blocks=2, **spec)).namespaces[0]
+
+
+def config_path(root: Path, ns: dict) -> str:
+    return str(root / ns["config_relpath"])
+
+
+def ref_d12(fields: dict, ensure_ascii: bool = True) -> str:
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@pytest.fixture
+def hf_llama(tmp_path) -> str:
+    path = tmp_path / "hf-llama.json"
+    path.write_text(json.dumps(HF_LLAMA))
+    return str(path)
+
+
+def test_llmd_tree_prints_the_documented_json(tmp_path, hf_llama):
+    root = tmp_path / "cache"
+    ns = synth(root, family="llmd", tp=2)
+    code, out, err = run(config_path(root, ns), "--json", "--model-config", hf_llama)
+    assert code == 0, err
+    assert set(out) == TOP_KEYS
+    assert set(out["source"]) == SOURCE_KEYS and set(out["target"]) == TARGET_KEYS
+    assert out["family"] == "llmd" and out["scheme"] == "S1"
+    assert out["source"] == {"fields": ns["fields"], "d12": ns["d12"], "base_name": ns["base_name"],
+                             "digest_ok": True}
+    src = ns["fields"]
+    expected = {"model_name": src["model_name"], "tp_size": 1, "pp_size": 1, "pcp_size": 1, "dcp_size": 1,
+                "dtype": "bfloat16", "tokens_per_hash": src["hash_block_size"],
+                "blocks_per_file": src["gpu_blocks_per_file"], "inference_engine": "vllm",
+                "kv_cache_groups": [{"tokens_per_block": g["block_size"], "layer_names": g["layer_names"]}
+                                    for g in src["kv_cache_groups"]]}
+    d12 = ref_d12(expected)
+    assert out["target"]["fields"] == expected
+    assert out["target"]["d12"] == d12
+    assert out["target"]["base_name"] == src["model_name"].replace("/", "_") + "_" + d12
+    assert out["target"]["rank_dir"] == out["target"]["base_name"] + "_r0"
+    assert out["target"]["profile"] == "vllm-0.28"
+    assert out["target"]["parallel_agnostic"] is True and out["target"]["replicated_layout"] is False
+    assert out["target"]["reasons"] == []
+    assert out["assumed_facts"] == DEFAULTS
+
+
+def test_vllm_s3_tree_with_gate_reasons(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S3", tp=2, kv_kind="mla")
+    code, out, err = run(config_path(root, ns), "--json", "--kv-kind", "mla", "--executor", "ray")
+    assert code == 0, err
+    assert out["family"] == "vllm" and out["scheme"] == "S3"
+    assert out["source"]["digest_ok"] is True
+    target = out["target"]
+    assert target["parallel_agnostic"] is False and target["replicated_layout"] is False
+    assert "not agnostic: kv kind is mla (MLA exclusion)" in target["reasons"]
+    assert "not replicated: executor is ray (needs mp)" in target["reasons"]
+    assert target["fields"] == ns["fields"]  # already a 0.28 identity of that deployment: in place
+    assert "executor" not in out["assumed_facts"] and out["assumed_facts"]["nnodes"] == 1
+
+
+def test_vllmcpp_tree_always_targets_vllmcpp(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllmcpp")
+    code, out, err = run(config_path(root, ns), "--json", "--target", "vllm-0.22")
+    assert code == 0, err
+    assert out["family"] == "vllmcpp" and out["scheme"] == "vllmcpp-v1"
+    assert out["source"]["digest_ok"] is True
+    assert out["source"]["d12"] == ref_d12(ns["fields"], ensure_ascii=False)
+    assert out["target"]["profile"] == "vllmcpp" and out["target"]["family"] == "vllmcpp"
+    assert out["target"]["fields"] == ns["fields"]
+    assert out["target"]["rank_dir"] == ns["base_name"] + "_r0"
+    assert out["assumed_facts"] == {}
+
+
+def test_s1_vllm_tree_is_ambiguous_until_family_is_given(tmp_path, hf_llama):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S1")
+    code, out, _ = run(config_path(root, ns), "--json", "--model-config", hf_llama)
+    assert code == 0
+    assert out["family"] == "ambiguous"
+    assert any("--family" in e for e in out["family_evidence"])
+    assert out["target"]["base_name"]  # the target is still computed
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({ns["base_name"]: {"family": "vllm"}}))
+    code, out, _ = run(config_path(root, ns), "--json", "--model-config", hf_llama, "--facts", str(facts))
+    assert code == 0 and out["family"] == "vllm"
+
+
+def test_digest_mismatch_is_shown(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S2", model_name="org/model")
+    cfg = Path(config_path(root, ns))
+    fields = json.loads(cfg.read_text())
+    fields["tp_size"] = 4  # edited by hand: the folder name no longer proves it
+    cfg.write_text(json.dumps(fields, indent=2, sort_keys=True))
+    code, out, _ = run(str(cfg), "--json", "--kv-kind", "full", "--model-dtype", "bfloat16")
+    assert code == 0
+    assert out["source"]["digest_ok"] is False
+    code, text, _ = run(str(cfg), "--kv-kind", "full", "--model-dtype", "bfloat16")
+    assert "DOES NOT match its folder" in text
+
+
+def test_config_outside_a_namespace_folder_has_null_digest_ok(tmp_path, hf_llama):
+    path = tmp_path / "config.json"
+    path.write_bytes((Path(__file__).parents[1] / "kvmigrate/samples/vllm-0.26-llama-3.1-8b-tp2.config.json")
+                     .read_bytes())
+    code, out, _ = run(str(path), "--json", "--model-config", hf_llama)
+    assert code == 0
+    assert out["source"]["digest_ok"] is None
+
+
+def test_missing_required_fact_exits_2_naming_the_flag(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S2", tp=2)
+    code, out, err = run(config_path(root, ns), "--json", "--kv-kind", "full")
+    assert code == 2
+    assert out == ""
+    assert "--model-dtype" in err and "Traceback" not in err
+
+
+def test_missing_cache_dtype_for_old_target_exits_2(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S3", tp=2)
+    code, _, err = run(config_path(root, ns), "--target", "vllm-0.26", "--kv-kind", "full")
+    assert code == 2 and "--cache-dtype" in err
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"{broken", "cannot use config.json: not valid JSON"),
+    (b"[]", "cannot use config.json: expected a JSON object, got list"),
+    (b'{"model_name": "m"}', "not a vLLM, llm-d or vllm.cpp identity"),
+    (b'{"model_name": "m", "tokens_per_hash": 0}', "source identity is not valid"),
+])
+def test_broken_config_is_a_usage_error_naming_the_path(tmp_path, content, message):
+    path = tmp_path / "m_0123456789ab" / "config.json"
+    path.parent.mkdir()
+    path.write_bytes(content)
+    code, _, err = run(str(path), "--json")
+    assert code == 2
+    assert str(path) in err and message in err and "Traceback" not in err
+
+
+def test_missing_config_file_is_a_usage_error(tmp_path):
+    code, _, err = run(str(tmp_path / "nope" / "config.json"))
+    assert code == 2 and "cannot read config.json" in err
+
+
+def test_text_output_lists_target_reasons_and_assumed_defaults(tmp_path):
+    root = tmp_path / "cache"
+    ns = synth(root, family="vllm", scheme="S2", tp=2)
+    code, text, _ = run(config_path(root, ns), "--model-dtype", "bfloat16")
+    assert code == 0
+    assert "family       vllm   scheme S2" in text
+    assert "not agnostic: kv kind unknown" in text
+    assert "assumed      executor=mp, nnodes=1, per_token_head_quant=false, runner=v1" in text
+
+
+def test_real_subprocess_prints_the_documented_json(tmp_path, hf_llama):
+    root = tmp_path / "cache"
+    ns = synth(root, family="llmd", tp=2)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "identity", config_path(root, ns), "--json",
+                           "--model-config", hf_llama], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) == TOP_KEYS and out["family"] == "llmd"
+    assert out["target"]["parallel_agnostic"] is True
+    missing = subprocess.run([sys.executable, "-m", "kvmigrate", "identity", config_path(root, ns)],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "--model-dtype" in missing.stderr
+
+
+@pytest.mark.parametrize("sample", sorted(p.name for p in (Path(__file__).parents[1] / "kvmigrate/samples")
+                                          .glob("*.config.json")))
+def test_every_shipped_sample_works(sample, hf_llama):
+    path = Path(__file__).parents[1] / "kvmigrate/samples" / sample
+    code, out, err = run(str(path), "--json", "--model-config", hf_llama)
+    assert code == 0, err
+    assert out["family"] in ("vllm", "vllmcpp", "ambiguous")
