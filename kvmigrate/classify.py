@@ -107,6 +107,7 @@ class UnitPlan:
     # namespace-wide verdicts
     block_status: str | None = None  # status every block row gets (orphan_namespace, digest_mismatch, ...)
     block_reason: str | None = None
+    absent_ranks: tuple[int, ...] = ()  # vllm.cpp ranks whose namespace is missing or invalid
     none_reason: str | None = None  # every block gets action none with this reason (e.g. missing fact)
     ambiguity_harmless: bool = False  # S1 ambiguous but both readings give the same bytes
     hashed: bool = False  # scan --verify hash: content hashes available
@@ -191,24 +192,24 @@ def size_status(plan: UnitPlan, group: int, size: int) -> tuple[str, str] | None
         if size < VLLMCPP_HEADER:
             return "short", f"{size} bytes, shorter than the {VLLMCPP_HEADER}-byte header"
         if plan.vllmcpp_payload is not None and size != VLLMCPP_HEADER + plan.vllmcpp_payload:
-            return "size_mismatch", (f"{size} bytes, expected {VLLMCPP_HEADER} + page_size_bytes "
+            return "size_mismatch", (f"size {size}, expected {VLLMCPP_HEADER} + page_size_bytes "
                                      f"{plan.vllmcpp_payload} = {VLLMCPP_HEADER + plan.vllmcpp_payload}")
         return None
     if fam == "vllm":
         if size % PAGE:
-            return "size_mismatch", f"{size} bytes is not a multiple of {PAGE} (vLLM rows are padded)"
+            return "size_mismatch", f"size {size} is not a multiple of {PAGE} (vLLM pads every row)"
         expected = plan.expected_row_bytes(group)
         if expected is not None and size != expected:
-            return "size_mismatch", f"{size} bytes, the proven row geometry gives {expected}"
+            return "size_mismatch", f"size {size} differs from the {expected} bytes the proven row geometry gives"
         return None
     if fam == "llmd":
         data = plan.data_bytes(group)
         if data is None or size == data:
             return None
         if size == LEGACY_FLOOR and data < LEGACY_FLOOR:
-            return "padded_legacy", (f"{size}-byte file holds {data} bytes of proven data "
-                                     f"(B x T x P) and the old 16 MiB padding floor")
-        return "size_mismatch", f"{size} bytes, the proven geometry B x T x P gives {data}"
+            return "padded_legacy", (f"padded to the old 16 MiB floor: the {size}-byte file holds {data} "
+                                     "bytes of proven data (B x T x P) followed by stale bytes")
+        return "size_mismatch", f"size {size} differs from the {data} bytes the proven geometry B x T x P gives"
     return None
 
 
@@ -275,7 +276,7 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
         return
 
     by_rank = {r.rank: r for r in recs}
-    missing = [k for k in plan.expected_ranks if k not in by_rank]
+    missing = [k for k in plan.expected_ranks if k not in by_rank and k not in plan.absent_ranks]
     ok = [r for r in recs if r.status == "ok"]
     if missing:
         why = f"block incomplete: rank {_ranks_text(missing)} file missing"
@@ -294,16 +295,15 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
     if replicas:
         differing = _replica_outliers(plan, recs)
         if differing:
-            names = _ranks_text(r.rank for r in differing)
+            what = "payloads" if plan.family == "vllmcpp" else "contents"
+            basis = "hashes" if plan.hashed else "sizes"
             for r in differing:
                 r.status = "replica_mismatch"
-                r.reason = f"replica on rank {r.rank} differs from the other ranks of this block"
-            for r in recs:
-                if r.status == "ok":
-                    r.reason = f"replicas differ (rank {names})"
+                r.reason = (f"replicas differ: the MLA {what} of ranks {_ranks_text(x.rank for x in recs)} "
+                            f"must be equal, their {basis} are not")
             return
 
-    first = by_rank[plan.expected_ranks[0]]
+    first = min(recs, key=lambda r: r.rank if r.rank is not None else -1)
     action, reason = plan_action(plan, recs, group, hex_hash)
     first.action, first.reason = action, reason
     if action != "none" and plan.target is not None:
@@ -326,8 +326,8 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
 
 
 def _replica_outliers(plan: UnitPlan, recs: list[FileRecord]) -> list[FileRecord]:
-    """Rows whose replica differs from the majority (ties: from rank 0). Compares content
-    hashes (vllm.cpp: payload hashes) when taken, else sizes."""
+    """Every row of a block whose replicas differ (nothing tells which copy is right).
+    Compares content hashes (vllm.cpp: payload hashes) when taken, else sizes."""
     def key(r: FileRecord):
         if plan.hashed:
             h = r.payload if plan.family == "vllmcpp" else r.content
@@ -335,15 +335,9 @@ def _replica_outliers(plan: UnitPlan, recs: list[FileRecord]) -> list[FileRecord
                 return h
         return r.size
 
-    keys = [key(r) for r in recs]
-    counts = Counter(keys)
-    if len(counts) == 1:
+    if len({key(r) for r in recs}) <= 1:
         return []
-    ranked = counts.most_common()
-    norm = ranked[0][0]
-    if len(ranked) > 1 and ranked[1][1] == ranked[0][1]:
-        norm = key(min(recs, key=lambda r: r.rank))
-    return [r for r, k in zip(recs, keys) if k != norm]
+    return list(recs)
 
 
 def target_relpath(target: TargetInfo, hex_hash: str, group: int) -> str:

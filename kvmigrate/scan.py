@@ -413,11 +413,11 @@ def _read_config(root: str, ns: Namespace) -> None:
     if not ns.digest_ok:
         ns.status = "digest_mismatch"
         if digest_hex[:12] != ns.d12:
-            ns.status_reason = (f"{rel} hashes to {digest_hex[:12]}, the folder name says {ns.d12}: "
-                                "never migrated")
+            ns.status_reason = (f"digest mismatch: {rel} hashes to {digest_hex[:12]}, the folder name says "
+                                f"{ns.d12}; never migrated")
         else:
-            ns.status_reason = (f"{rel} names model {ns.model_name!r}, the folder name says "
-                                f"{ns.safe_model!r}: never migrated")
+            ns.status_reason = (f"digest mismatch: {rel} names model {ns.model_name!r}, the folder name says "
+                                f"{ns.safe_model!r}; never migrated")
 
 
 def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[int]:
@@ -578,13 +578,18 @@ def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
     fields = ns.fields or {}
     family = ns.family or "unknown"
     plan = UnitPlan(family=family, hashed=hashed)
-    if ns.status != "ok":
+    if ns.status in ("orphan_namespace", "unsupported_layout"):
         plan.block_status, plan.block_reason = ns.status, ns.status_reason
+        return plan
+    if ns.status != "ok":  # digest_mismatch, config_invalid: the config.json row carries it
+        plan.none_reason = f"{ns.status}: {ns.status_reason}"
         return plan
     tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
     plan.world = tp * pp * pcp
     if family == "vllmcpp":
         plan.expected_ranks = tuple(range(plan.world))
+        present = {(n.fields or {}).get("rank") for n in nss}
+        plan.absent_ranks = tuple(r for r in plan.expected_ranks if r not in present)
         plan.vllmcpp_payload = fields.get("page_size_bytes")
         plan.blocks_per_file = 1
     elif family == "llmd":
@@ -605,6 +610,9 @@ def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
         plan.ambiguity_harmless = ambiguity_is_harmless(fields, _modal_sizes(ns.sampled_sizes))
     if ns.target_error:
         plan.none_reason = ns.target_error
+    if plan.absent_ranks and not plan.none_reason:
+        plan.none_reason = (f"deployment incomplete: the namespace of rank {', '.join(map(str, plan.absent_ranks))} "
+                            "is missing or invalid")
     for n in nss:
         for rank, d in n.rank_dirs.items():
             plan.rank_dirs[rank] = d
@@ -746,6 +754,8 @@ class Walker:
         self.listing = listing
         self.units = units
         self._slice_cache: dict[tuple[int, int, int], list[int]] = {}
+        self._euid = os.geteuid()
+        self._groups = set(os.getgroups()) | {os.getegid()}
 
     # -- generic file rows -------------------------------------------------------------
 
@@ -923,11 +933,16 @@ class Walker:
                     if rec is None:
                         continue
                     rec.rank, rec.group, rec.hex, rec.member = m.rank, name.group, name.hex_hash, mi
+                    try:
+                        est = e.stat(follow_symlinks=False)  # cached by the DirEntry: no syscall
+                    except OSError:
+                        est = None
                     if rec.status == "ok" and name.misfiled:
                         rec.status = "misfiled"
-                        rec.reason = (f"file name {name.hex_hash[:5]}... belongs in {name.hex_hash[:3]}/"
-                                      f"{name.hex_hash[3:5]}_g{name.group}, found in {hhh}/{fe.name}: never reused")
-                    if not self._inspect(plan, m, rec, e.path):
+                        rec.reason = (f"misfiled: fan-out folders {hhh}/{fe.name} do not match the file name "
+                                      f"(it belongs in {name.hex_hash[:3]}/{name.hex_hash[3:5]}_g{name.group}); "
+                                      "never reused")
+                    if not self._inspect(plan, m, rec, e.path, est):
                         continue  # vanished
                     if rec.status == "misfiled":
                         misc.append((rec, m))
@@ -946,18 +961,25 @@ class Walker:
                     out.sizes[(m.ns.source_base, r.rank, group)][r.size] += 1
         return out
 
-    def _inspect(self, plan: UnitPlan, m: Member, rec: FileRecord, path: str) -> bool:
+    def _inspect(self, plan: UnitPlan, m: Member, rec: FileRecord, path: str,
+                 st: os.stat_result | None) -> bool:
         """File-level checks of one block file: read (header, hashes), then size rules.
         False when the file vanished meanwhile."""
         if rec.status != "ok":
             if rec.status == "misfiled" and self.hashed:
                 return self.hash_plain(rec, path)
             return True
-        is_cpp = plan.family == "vllmcpp" and plan.block_status is None
+        is_cpp = plan.family == "vllmcpp" and m.ns.status == "ok" and m.ns.digest is not None
         header_len = vllmcpp.HEADER_SIZE if is_cpp and self.verify != "none" else 0
-        if self.hashed or header_len:
+        if not (self.hashed or header_len):
+            if self.verify != "none" and st is not None and not self._may_read(st):
+                rec.status = "unreadable"
+                rec.reason = (f"cannot read {rec.relpath}: [EACCES] permission denied "
+                              f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
+                return True
+        else:
             try:
-                r = read_file(path, want_hash=self.hashed, header_len=header_len if is_cpp else 0)
+                r = read_file(path, want_hash=self.hashed, header_len=header_len)
             except Vanished:
                 return False
             except OSError as exc:
@@ -973,10 +995,18 @@ class Walker:
                 rec.payload = r.payload
             if self.verify == "none":
                 return True
+            all_zero = r.all_zero
+            if (not self.hashed and is_cpp and r.header and len(r.header) == vllmcpp.HEADER_SIZE
+                    and not r.header.strip(b"\0")):
+                # a zero header: is the whole file zero (crash residue)? read it to say so
+                try:
+                    all_zero = read_file(path, want_hash=True).all_zero
+                except (Vanished, OSError):
+                    all_zero = False
             if rec.size == 0:
                 rec.status, rec.reason = "short", "empty file"
                 return True
-            if r.all_zero:
+            if all_zero:
                 rec.status, rec.reason = "zero_filled", f"all {rec.size} bytes are zero (crash residue)"
                 return True
             if is_cpp:
@@ -997,6 +1027,17 @@ class Walker:
         if bad is not None:
             rec.status, rec.reason = bad
         return True
+
+    def _may_read(self, st: os.stat_result) -> bool:
+        """Permission bits say we may open the file (no syscall: --verify size never opens
+        block files, yet an unreadable file is a finding)."""
+        if self._euid == 0:
+            return True
+        if st.st_uid == self._euid:
+            return bool(st.st_mode & stat_mod.S_IRUSR)
+        if st.st_gid in self._groups:
+            return bool(st.st_mode & stat_mod.S_IRGRP)
+        return bool(st.st_mode & stat_mod.S_IROTH)
 
     def finish_block(self, unit: Unit, recs: list[FileRecord], group: int, hex_hash: str) -> None:
         """Block rules (classify) plus the two answers that need I/O: does the target
@@ -1133,7 +1174,7 @@ def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out
     if ns.status in ("config_invalid", "digest_mismatch"):
         rec.status, rec.reason = ns.status, ns.status_reason
     elif ns.status == "unsupported_layout":
-        rec.status, rec.reason = ns.status, ns.status_reason
+        rec.reason = f"identity proved, but the namespace is out of scope: {ns.status_reason}"
     else:
         parts = [f"identity of {ns.source_base} ({ns.family}, {ns.scheme}); digest proved"]
         if ns.target_error:
@@ -1380,13 +1421,14 @@ def _finalize(stage_path: str, output: str, meta: dict[str, Any], walker: Walker
         for i in range(pf.num_row_groups):
             t = pf.read_row_group(i)
             if outliers:
-                t = _fix_sizes(t, outliers, walker, unit_of, member_of)
+                t = _fix_sizes(t, outliers, walker, unit_of, member_of, units)
             out.write(t.select(list(manifest.COLUMNS)).cast(
                 pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)
                            for f in manifest.SCHEMA])).cast(manifest.SCHEMA))
 
 
-def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, member_of: dict) -> pa.Table:
+def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, member_of: dict,
+               units: list[Unit]) -> pa.Table:
     bases = pa.array(sorted({k[0] for k in outliers}), pa.string())
     hit = pc.fill_null(pc.is_in(t["source_base"], value_set=bases), False)
     if not pc.any(hit).as_py():
@@ -1415,7 +1457,7 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
     cols = {n: t[n].to_pylist() for n in ("status", "action", "reason", "target_relpath", "relpath",
                                           "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
                                           "payload_xxh3_128", "_ireason")}
-    units_by_index = {u.index: u for u in {v[0] for v in unit_of.values()}}
+    units_by_index = {u.index: u for u in units}
     for (uidx, group, bhash), rows in idx_by_block.items():
         unit = units_by_index[uidx]
         recs = []
@@ -1428,7 +1470,7 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
             o = outliers.get((sb[i], rk[i], group))
             if r.status == "ok" and o is not None and r.size in o[0]:
                 r.status = "size_mismatch"
-                r.reason = f"{r.size} bytes differs from its (namespace, rank, group): {o[1]}"
+                r.reason = f"size {r.size} differs from the rest of its (namespace, rank, group): {o[1]}"
             recs.append(r)
         walker.finish_block(unit, recs, group, bhash.hex())
         for i, r in zip(rows, recs):
@@ -1455,31 +1497,33 @@ def _ns_counts(t: pa.Table, key: str) -> dict[str, dict[str, dict[str, int]]]:
 
 
 def _block_actions(t: pa.Table) -> pa.Table:
-    """One row per block: its action (the non-`none` action of its rows, else none) and
-    the bytes of all its files."""
+    """One row per block: its action (the non-`none` action of its rows, else none), the
+    namespace of its lowest-rank row (the one carrying the action) and the bytes of all
+    its files."""
     blocks = t.filter(pc.is_valid(t["block_hash"]))
     codes = {a: i for i, a in enumerate(classify.ACTIONS)}
     none_code = codes["none"]
     action_code = pc.fill_null(pc.index_in(blocks["action"], value_set=pa.array(classify.ACTIONS)), none_code)
-    # none sorts lowest so that max() picks the block's action
+    # none ranks lowest so that max() picks the block's action
     ranked = pc.if_else(pc.equal(action_code, none_code), -1, action_code)
-    keyed = pa.table({"deployment": blocks["deployment"], "source_base": blocks["source_base"],
-                      "group": blocks["group"], "block_hash": blocks["block_hash"], "code": ranked,
-                      "size": blocks["size"]})
-    keyed = keyed.set_column(0, "deployment", pc.fill_null(keyed["deployment"], ""))
-    g = keyed.group_by(["deployment", "group", "block_hash"]).aggregate(
-        [("code", "max"), ("size", "sum"), ("source_base", "min")])
+    keyed = pa.table({"deployment": pc.fill_null(blocks["deployment"], ""), "group": blocks["group"],
+                      "block_hash": blocks["block_hash"], "rank": pc.fill_null(blocks["rank"], 0),
+                      "source_base": blocks["source_base"], "code": ranked, "size": blocks["size"]})
+    keyed = keyed.sort_by([("deployment", "ascending"), ("group", "ascending"), ("block_hash", "ascending"),
+                           ("rank", "ascending")])
+    g = keyed.group_by(["deployment", "group", "block_hash"], use_threads=False).aggregate(
+        [("code", "max"), ("size", "sum"), ("source_base", "first")])
     names = pa.array(classify.ACTIONS)
     code = pc.if_else(pc.less(g["code_max"], 0), none_code, g["code_max"])
-    return pa.table({"source_base": g["source_base_min"], "action": pc.take(names, code),
+    return pa.table({"source_base": g["source_base_first"], "action": pc.take(names, code),
                      "bytes": g["size_sum"]})
 
 
 def summarize_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `--json` summary of a manifest (interface.md §1), computed with Arrow."""
     meta = manifest.read_metadata(path)
-    t = manifest.read_table(path, columns=["relpath", "source_base", "deployment", "group", "block_hash",
-                                           "size", "status", "action"])
+    t = manifest.read_table(path, columns=["relpath", "source_base", "deployment", "rank", "group",
+                                           "block_hash", "size", "status", "action"])
     t = t.set_column(t.schema.get_field_index("source_base"), "source_base",
                      pc.cast(t["source_base"], pa.string()))
     for name in ("deployment", "status", "action"):

@@ -1,0 +1,59 @@
+"""Shared test fixtures. Keep each fixture small and documented; add yours below.
+
+`synth_root`  a factory that builds synthetic cache trees (kvmigrate.synth) under a fresh
+              root in tmp_path and returns (root, [SynthResult, ...]).
+`scan_root`   a helper that scans a root into a manifest in tmp_path (outside the root)
+              and returns (ScanResult, rows), rows being the manifest as dicts keyed by
+              relpath.
+`SMALL`       geometry that keeps trees tiny (a few KiB) but exercises every rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+SMALL: dict[str, Any] = dict(layers=2, page_bytes=256, blocks=6)
+
+
+@pytest.fixture
+def synth_root(tmp_path: Path) -> Callable[..., tuple[Path, list]]:
+    """build(*specs, root_name="root") -> (root, results): each spec is a SynthSpec or a
+    dict of SynthSpec fields (SMALL geometry unless overridden); all go in one root."""
+    from kvmigrate.synth import SynthSpec, build
+
+    def make(*specs: Any, root_name: str = "root") -> tuple[Path, list]:
+        root = tmp_path / root_name
+        root.mkdir(exist_ok=True)
+        results = []
+        for spec in specs:
+            if isinstance(spec, dict):
+                spec = SynthSpec(**{**SMALL, **spec})
+            results.append(build(root, spec))
+        return root, results
+
+    return make
+
+
+@pytest.fixture
+def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
+    """scan(root, *, flags=None, facts_file=None, **scan_kwargs) -> (ScanResult, rows by
+    relpath). Facts flags are a dict like {"kv_kind": "mla", "page_bytes": 256}."""
+    from kvmigrate import manifest
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.scan import scan
+
+    counter = {"n": 0}
+
+    def run(root: Path, *, flags: dict | None = None, facts_file: str | None = None,
+            **kwargs: Any) -> tuple[Any, dict[str, dict]]:
+        counter["n"] += 1
+        out = tmp_path / f"manifest-{counter['n']}.parquet"
+        kwargs.setdefault("threads", 2)
+        result = scan(root, out, facts_resolver=FactsResolver(flags or {}, facts_file), **kwargs)
+        rows = {r["relpath"]: r for r in manifest.read_table(out).to_pylist()}
+        return result, rows
+
+    return run
