@@ -1,0 +1,214 @@
+"""`kvmigrate migrate ROOT | --manifest M`: plan (dry run, the default) or `--apply`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
+
+# Options that describe what to do, not how to show it: they go into the printed apply command.
+_NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
+                         "manifest_path"}
+
+
+@click.command("migrate")
+@click.argument("root", required=False, type=click.Path(file_okay=False, path_type=str))
+@click.option("--manifest", "manifest_path", type=click.Path(exists=True, path_type=str),
+              help="Use this manifest (file or dataset directory) instead of scanning ROOT.")
+@click.option("--apply", "apply", is_flag=True, help="Create the target namespaces (default: dry run).")
+@click.option("--mode", type=click.Choice(["link", "copy", "auto"]), default="link", show_default=True,
+              help="How `link` actions materialize: hard link only, byte copy, or link and copy only "
+                   "across filesystems (EXDEV/EMLINK).")
+@click.option("--dest", type=click.Path(exists=True, file_okay=False, path_type=str),
+              help="Put target namespaces under this root instead of the scanned one.")
+@click.option("--journal", type=click.Path(path_type=str),
+              help="Journal file or directory (default: DEST/.kvmigrate/journals/<run-id>.jsonl).")
+@click.option("--print-commands", is_flag=True, help="Print the plan as a POSIX shell script and exit.")
+@click.option("--manifest-out", type=click.Path(dir_okay=False, path_type=str),
+              help="Keep the manifest of the scan that `migrate ROOT` runs first.")
+@click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size", show_default=True,
+              help="Scan depth when scanning ROOT first (hash: replicas are compared at scan time).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Scan worker threads.")
+@facts_options
+@output_options
+@handle_errors
+def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
+            journal: str | None, print_commands: bool, manifest_out: str | None, verify: str,
+            threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, **kwargs) -> None:
+    """Migrate reusable blocks into the namespaces the target engine reads.
+
+    Without --apply this is a dry run: it prints, per target namespace, how many blocks
+    would be linked, copied with padding, rewritten, are already present or are not
+    reusable, and the command that applies it. It writes nothing.
+
+    \b
+    Exit code: dry run 1 if changes are pending (0 if none), +4 for integrity findings;
+    --apply 0 done, 4 conflicts or integrity findings remain, 8 operational stop (the
+    journal stays consistent: rerun the same command to resume).
+    """
+    import tempfile
+
+    from kvmigrate.errors import UsageError
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.migrate import apply as apply_mod
+    from kvmigrate.migrate.plan import build_plan, render_commands, render_text
+
+    ctx = click.get_current_context()
+    facts_file = kwargs.pop("facts_file", None)
+    flags = pop_fact_flags(kwargs)
+    if manifest_path is None and root is None:
+        raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
+                         hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
+    explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    apply_command = _apply_command(ctx)
+    tmpdir = None
+    try:
+        if manifest_path is None:
+            from kvmigrate.scan import scan
+
+            if manifest_out is None:
+                tmpdir = tempfile.mkdtemp(prefix="kvmigrate-migrate-")
+                scanned_to = os.path.join(tmpdir, "manifest.parquet")
+            else:
+                scanned_to = manifest_out
+            scan_cmd = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+            scan(root, scanned_to, target=target, facts_resolver=FactsResolver(flags, facts_file), verify=verify,
+                 threads=threads, progress=(not quiet and sys.stderr.isatty()), command=scan_cmd)
+            plan_source = scanned_to
+            identity_manifest = "scan"
+        else:
+            _check_manifest_facts(manifest_path, flags, facts_file)
+            plan_source = manifest_path
+            identity_manifest = os.path.abspath(manifest_path)
+        plan = build_plan(plan_source, dest=dest)
+        if manifest_path is not None:
+            if explicit_target and plan.target_profile != target:
+                raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
+                                 path=manifest_path, hint=f"rescan with --target {target}, or drop --target")
+            if root is not None and os.path.abspath(root) != plan.root:
+                raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
+                                 path=manifest_path, hint="drop ROOT or use the manifest of that root")
+        if print_commands:
+            for line in render_commands(plan, mode):
+                click.echo(line)
+            sys.exit(0)
+        if not apply:
+            _dry_run(plan, plan_source, apply_command, as_json, quiet)
+            return
+        identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
+                    "manifest": identity_manifest}
+        progress = None
+        bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr,
+                       desc="migrate")
+            progress = bar.update
+        try:
+            result = apply_mod.apply_plan(plan, mode=mode, journal=journal, command=apply_command, identity=identity,
+                                          progress=progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        code = result.exit_code
+        if as_json:
+            summary = _summary(plan_source)
+            summary.update({"outcomes": dict(result.outcomes), "apply": result.to_dict(), "exit_code": code,
+                            "targets": _targets_json(plan)})
+            print_json(summary)
+        elif not quiet:
+            click.echo(apply_mod.render_result(plan, result))
+        if result.stop is not None:
+            click.echo(f"kvmigrate: error: {result.stop}", err=True)
+        sys.exit(code)
+    finally:
+        if tmpdir is not None:
+            import shutil
+
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _check_manifest_facts(manifest_path: str, flags: dict, facts_file: str | None) -> None:
+    """Facts decide targets at scan time: with --manifest they may only repeat the scan's."""
+    import json
+
+    from kvmigrate import manifest
+    from kvmigrate.errors import UsageError
+
+    if not flags and not facts_file:
+        return
+    scanned = (manifest.read_metadata(manifest_path).get("facts") or {})
+    given = json.loads(json.dumps(flags, default=str))
+    same_file = (facts_file is None or scanned.get("facts_file") is not None
+                 and os.path.abspath(facts_file) == os.path.abspath(scanned["facts_file"]))
+    if given != (scanned.get("flags") or {}) or not same_file:
+        raise UsageError("these facts differ from the ones the manifest was scanned with; targets are decided "
+                         "at scan time", path=manifest_path,
+                         hint="rescan: `kvmigrate migrate ROOT --<facts>` (or `kvmigrate scan`), or drop the facts")
+
+
+def _dry_run(plan, plan_source: str, apply_command: str, as_json: bool, quiet: bool) -> None:
+    from kvmigrate.migrate.plan import render_text
+
+    code = plan.dry_run_exit_code()
+    if as_json:
+        summary = _summary(plan_source)
+        summary.update({"exit_code": code, "targets": _targets_json(plan), "pending": plan.pending,
+                        "apply_command": apply_command if plan.pending else None})
+        print_json(summary)
+    elif not quiet:
+        click.echo(render_text(plan, apply_command))
+    sys.exit(code)
+
+
+def _summary(manifest_path: str) -> dict:
+    from kvmigrate.scan import summarize_manifest
+
+    return summarize_manifest(manifest_path)
+
+
+def _targets_json(plan) -> list[dict]:
+    out = []
+    for tp in plan.targets:
+        out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
+                    "sources": tp.sources, "actions": tp.counts(),
+                    "already_present": {"blocks": tp.already_present[0], "bytes": tp.already_present[1]},
+                    "skipped": [{"action": a, "reason": r, "blocks": n, "bytes": tp.skipped_bytes[(a, r)]}
+                                for (a, r), n in sorted(tp.skipped.items())],
+                    "not_reusable": [{"reason": r, "blocks": n, "bytes": tp.not_reusable_bytes[r]}
+                                     for r, n in sorted(tp.not_reusable.items())]})
+    return out
+
+
+def _apply_command(ctx: click.Context) -> str:
+    """The exact command that applies this plan: the same inputs and options, + --apply."""
+    params = ctx.params
+    args = ["kvmigrate", "migrate"]
+    if params.get("manifest_path"):
+        args += ["--manifest", os.path.abspath(params["manifest_path"])]
+    elif params.get("root"):
+        args.append(os.path.abspath(params["root"]))
+    for param in ctx.command.params:
+        name = param.name
+        if name in _NOT_IN_APPLY_COMMAND or not isinstance(param, click.Option):
+            continue
+        if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = params.get(name)
+        if isinstance(value, bool):
+            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
+            if flag:
+                args.append(flag)
+            continue
+        if value is None:
+            continue
+        if name in ("dest", "journal", "facts_file", "model_config"):
+            value = os.path.abspath(value)
+        args += [param.opts[0], str(value)]
+    args.append("--apply")
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,736 @@
+"""Materialize a plan: target folders, config.json, then every block, journaled.
+
+Safety rules (migration.md §3) and where they live:
+  * sources are only read (O_NOFOLLOW, O_NOATIME where permitted) or hard-linked;
+  * no clobber: a block appears at its final name only through `link()` (the source
+    itself, or a fsynced `<final>.kvmigrate-<pid>.tmp` in the same folder, unlinked
+    after); EEXIST means compare, then `already_present` or `conflict`;
+  * staleness: the source's (dev, inode, size, mtime_ns) must equal the manifest's, on
+    the open fd for copies and on the new link's inode for links; with a manifest hash,
+    copies re-hash what they read;
+  * write-ahead journal: an fsynced intent before each batch, done records after;
+  * one run per target namespace (`lock.NamespaceLock`);
+  * writes only below the destination root, through O_NOFOLLOW directory fds.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import xxhash
+
+from kvmigrate import layout
+from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.identity import canonical
+from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, open_source
+from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.migrate.outputs import SourceInvalid, output_chunks, output_hash
+from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
+
+OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
+MODES = ("link", "copy", "auto")
+BATCH = 256
+CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>" -> SIGKILL self at the n-th <point>
+
+_OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+            errno.EROFS: "read-only filesystem", errno.EXDEV: "destination is on another filesystem",
+            errno.EMLINK: "too many hard links to the source file", errno.EIO: "I/O error"}
+_OS_HINT = {errno.ENOSPC: "free space on the destination, then rerun the same command: it resumes from the journal",
+            errno.EDQUOT: "raise the quota or free space, then rerun the same command to resume",
+            errno.EACCES: "run as a user that may write the destination, then rerun the same command to resume",
+            errno.EPERM: "run as a user that may write the destination, then rerun the same command to resume",
+            errno.EROFS: "remount the destination read-write or pass --dest DIR on a writable filesystem",
+            errno.EIO: "check the device (dmesg), then rerun the same command to resume"}
+
+
+class _Stop(Exception):
+    """An operational stop: the journal is synced, locks released, then it is raised."""
+
+    def __init__(self, error: OperationalError):
+        self.error = error
+
+
+@dataclass
+class ApplyResult:
+    outcomes: Counter = field(default_factory=lambda: Counter({o: 0 for o in OUTCOMES}))
+    per_target: dict[str, Counter] = field(default_factory=dict)
+    linked: int = 0  # created as hard links
+    copied: int = 0  # created as new files (copy, copy_pad, rewrite_header)
+    link_copies: int = 0  # `link` actions materialized as copies (--mode copy/auto)
+    bytes_written: int = 0
+    findings: list[str] = field(default_factory=list)  # conflict / failed / changed lines
+    namespace_errors: list[str] = field(default_factory=list)
+    bits: int = 0
+    stop: OperationalError | None = None
+    journal_path: str | None = None
+    resumed: bool = False
+    recovered: int = 0  # outputs of an interrupted run proven and adopted on resume
+
+    @property
+    def exit_code(self) -> int:
+        code = self.bits
+        if self.stop is not None:
+            code |= EXIT_OPERATIONAL
+        return code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcomes": dict(self.outcomes), "linked": self.linked, "copied": self.copied,
+                "link_copies": self.link_copies, "bytes_written": self.bytes_written,
+                "per_target": {k: dict(v) for k, v in self.per_target.items()},
+                "findings": self.findings, "namespace_errors": self.namespace_errors,
+                "journal": self.journal_path, "resumed": self.resumed, "recovered": self.recovered,
+                "stopped": str(self.stop) if self.stop else None}
+
+
+class _CrashSeam:
+    """Lets the kill -9 tests stop the process at an exact point of the protocol."""
+
+    def __init__(self) -> None:
+        spec = os.environ.get(CRASH_ENV, "")
+        point, _, n = spec.partition(":")
+        self.point = point or None
+        self.left = int(n) if n.isdigit() else 1
+
+    def hit(self, point: str) -> None:
+        if point == self.point:
+            self.left -= 1
+            if self.left <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _oserror_stop(exc: OSError, where: str, doing: str) -> _Stop:
+    what = _OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
+    return _Stop(OperationalError(f"{doing} failed: {what}", path=where,
+                                  hint=_OS_HINT.get(exc.errno or 0, "fix the cause, then rerun the same command: "
+                                                                    "it resumes from the journal")))
+
+
+def tmp_name(final_relpath: str, pid: int | None = None) -> str:
+    return f"{final_relpath}.kvmigrate-{pid if pid is not None else os.getpid()}.tmp"
+
+
+class Applier:
+    def __init__(self, plan: Plan, *, mode: str = "link", journal: str | None = None, command: str = "",
+                 identity: dict[str, Any] | None = None, batch_size: int = BATCH,
+                 progress: Callable[[int], None] | None = None):
+        if mode not in MODES:
+            raise UsageError(f"unknown --mode {mode!r}", hint="use link, copy or auto")
+        self.plan = plan
+        self.mode = mode
+        self.journal_arg = journal
+        self.command = command
+        self.identity = identity or {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
+                                     "manifest": plan.manifest_path}
+        self.batch_size = batch_size
+        self.progress = progress
+        self.result = ApplyResult()
+        self.crash = _CrashSeam()
+        self._known_dirs: set[str] = set()
+        self.tree: DestTree | None = None
+        self.journal: jn.JournalWriter | None = None
+
+    # --- entry point ------------------------------------------------------------------
+
+    def run(self) -> ApplyResult:
+        plan = self.plan
+        if not os.path.isdir(plan.dest):
+            raise UsageError(f"destination {plan.dest} is not a directory", path=plan.dest,
+                             hint="create it first, or pass an existing directory to --dest")
+        work = [tp for tp in plan.targets if tp.actions]
+        if self.mode == "link":
+            self._check_same_filesystem(work)
+        self.tree = DestTree(plan.dest)
+        locks: list[NamespaceLock] = []
+        try:
+            self._open_journal()
+            self._resume_pending()
+            try:
+                for tp in work:
+                    self._ensure_dirs([tp.base_name])
+                for tp in work:
+                    lock = NamespaceLock.acquire(self.tree, tp.base_name)
+                    locks.append(lock)
+                    if lock.created:
+                        self.journal.write({"t": "lock", "path": lock.relpath})
+                for tp in work:
+                    self._target(tp)
+            except SymlinkInPath as exc:
+                raise _Stop(OperationalError(f"refusing to write through a symlink or non-directory: {exc.filename}",
+                                             path=exc.filename, hint="remove it or pass --dest DIR")) from None
+            except OperationalError as exc:
+                raise _Stop(exc) from None
+            self.journal.write({"t": "complete", "outcomes": dict(self.result.outcomes)}, sync=True)
+        except _Stop as stop:
+            self.result.stop = stop.error
+            if self.journal is not None:
+                self.journal.write({"t": "stopped", "error": str(stop.error)}, sync=True)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+            if self.journal is not None:
+                self.journal.close()
+            self.tree.close()
+        if plan.integrity_rows:
+            self.result.bits |= EXIT_INTEGRITY
+        finish_counts(plan, self.result)
+        return self.result
+
+    # --- set-up -----------------------------------------------------------------------
+
+    def _check_same_filesystem(self, work: list[TargetPlan]) -> None:
+        """`--mode link` never copies: refuse before writing anything if a link would
+        cross filesystems."""
+        dest_dev = os.stat(self.plan.dest).st_dev
+        for tp in work:
+            for act in tp.actions:
+                if act.action == "link" and act.source.dev and act.source.dev != dest_dev:
+                    raise OperationalError(
+                        f"cannot hard-link across filesystems: {os.path.join(self.plan.root, act.source.relpath)} is "
+                        f"on device {act.source.dev}, the destination {self.plan.dest} on device {dest_dev}",
+                        path=self.plan.dest,
+                        hint="use --mode copy (copy every block) or --mode auto (link where possible, copy the rest); "
+                             "nothing was written")
+
+    def _open_journal(self) -> None:
+        arg = self.journal_arg or jn.default_journal_dir(self.plan.dest)
+        header = {"run_id": jn.new_run_id(), "command": self.command, "manifest": self.plan.manifest_path,
+                  "root": self.plan.root, "dest": self.plan.dest, "target_profile": self.plan.target_profile,
+                  "identity": self.identity, "pid": os.getpid(), "mode": self.mode}
+        found = jn.find_resumable(arg, self.identity)
+        if found is not None:
+            self.journal = jn.JournalWriter.resume(found, {"pid": os.getpid(), "command": self.command,
+                                                           "mode": self.mode})
+            self.result.resumed = True
+            self._resume_runs = jn.load_runs(found)
+        else:
+            path = arg
+            if not arg.endswith(".jsonl") and (os.path.isdir(arg) or not os.path.exists(arg)):
+                path = os.path.join(arg, f"{header['run_id']}.jsonl")
+            self.journal = jn.JournalWriter.create(path, header)
+            self._resume_runs = []
+        self.result.journal_path = self.journal.path
+
+    def _resume_pending(self) -> None:
+        """Adopt what an interrupted run provably created and remove its temp files,
+        so the resumed run ends exactly as an uninterrupted one."""
+        if not self._resume_runs:
+            return
+        run = self._resume_runs[-1]
+        digests = {b: bytes.fromhex(r["digest"]) for b, r in run.targets.items() if r.get("digest")}
+        for item in run.pending():
+            adopted = reconcile_item(self.tree, run.root, item, digests)
+            if adopted is not None:
+                self.journal.done(adopted)
+                self.result.recovered += 1
+        for item in run.intents.values():
+            for tmp in _tmp_paths(item):
+                _unlink_quiet(self.tree, tmp)
+        self.journal.sync()
+
+    # --- folders and config.json -------------------------------------------------------
+
+    def _ensure_dirs(self, reldirs: list[str]) -> None:
+        """Create missing folders (parents first): journal them as an fsynced intent,
+        then a done record per folder this run really created."""
+        missing: list[str] = []
+        for reldir in reldirs:
+            parts = reldir.split("/")
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d in self._known_dirs or d in missing:
+                    continue
+                if self.tree.is_dir(d):
+                    self._known_dirs.add(d)
+                else:
+                    missing.append(d)
+        if not missing:
+            return
+        self.journal.intent([{"kind": "dir", "path": d} for d in missing])
+        for d in missing:
+            try:
+                created = self.tree.mkdir(d)
+            except SymlinkInPath:
+                raise
+            except OSError as exc:
+                raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
+            if created:
+                self.journal.done({"kind": "dir", "path": d})
+            self._known_dirs.add(d)
+        self.journal.sync()
+
+    def _target(self, tp: TargetPlan) -> None:
+        self.result.per_target.setdefault(tp.base_name, Counter())
+        self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
+                            "digest": tp.digest.hex(), "sources": tp.sources,
+                            "payload_size": tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None},
+                           sync=True)
+        problem = self._config(tp)
+        if problem:
+            self.result.namespace_errors.append(problem)
+            self.result.bits |= EXIT_INTEGRITY
+            for act in tp.actions:
+                self._outcome(tp, act, "conflict", "target config.json describes another identity", quiet=True)
+            return
+        for start in range(0, len(tp.actions), self.batch_size):
+            self._batch(tp, tp.actions[start:start + self.batch_size])
+
+    def _config(self, tp: TargetPlan) -> str | None:
+        """Write the target config.json (byte-exact) unless one exists; an existing one
+        must describe the same identity. Returns a problem message or None."""
+        rel = f"{tp.base_name}/{layout.CONFIG_NAME}"
+        want = tp.config_bytes
+        problem = self._existing_config_problem(tp, rel, want)
+        if problem != "absent":
+            return problem
+        tmp = tmp_name(rel)
+        self.journal.intent([{"kind": "config", "path": rel, "tmp": tmp,
+                              "xxh3_128": xxhash.xxh3_128(want).hexdigest()}])
+        try:
+            ino = self._write_new(tmp, [want])
+            try:
+                self.tree.link_local(tmp, rel)
+            except FileExistsError:
+                _unlink_quiet(self.tree, tmp)
+                problem = self._existing_config_problem(tp, rel, want)
+                return None if problem == "absent" else problem
+            _unlink_quiet(self.tree, tmp)
+        except OSError as exc:
+            _unlink_quiet(self.tree, tmp)
+            raise _oserror_stop(exc, self.tree.abspath(rel), "writing config.json") from None
+        self.tree.fsync_dir(tp.base_name)
+        self.journal.done({"kind": "config", "path": rel, "ino": ino, "size": len(want),
+                           "xxh3_128": xxhash.xxh3_128(want).hexdigest()})
+        self.journal.sync()
+        return None
+
+    def _existing_config_problem(self, tp: TargetPlan, rel: str, want: bytes) -> str | None:
+        st = self.tree.lstat(rel)
+        if st is None:
+            return "absent"
+        where = self.tree.abspath(rel)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{where} exists and is not a regular file; not touching namespace {tp.base_name}"
+        try:
+            data = self.tree.read_bytes(rel, limit=1 << 22)
+        except OSError as exc:
+            raise _oserror_stop(exc, where, "reading the existing config.json") from None
+        if tp.family == "vllmcpp":
+            same = data == want
+        else:
+            try:
+                same = canonical.fields_from_config_bytes(data) == tp.fields
+            except ValueError:
+                same = False
+        if same:
+            return None
+        return (f"{where} exists and describes a different identity than the target; no block of {tp.base_name} "
+                "was written (never overwritten: move it aside if it is stale, then rerun)")
+
+    # --- blocks -----------------------------------------------------------------------
+
+    def _batch(self, tp: TargetPlan, batch: list[BlockAction]) -> None:
+        dirs = sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch})
+        self._ensure_dirs(dirs)
+        items = []
+        for act in batch:
+            item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
+                    "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
+            if act.action != "link" or self.mode != "link":
+                item["tmp"] = tmp_name(act.target_relpath)
+            items.append(item)
+        self.journal.intent(items)
+        self.crash.hit("intent")
+        for act in batch:
+            self._block(tp, act)
+            if self.progress:
+                self.progress(1)
+        self.journal.sync()
+
+    def _outcome(self, tp: TargetPlan, act: BlockAction, outcome: str, why: str = "", quiet: bool = False,
+                 bits: int = 0) -> None:
+        self.result.outcomes[outcome] += 1
+        self.result.per_target.setdefault(tp.base_name, Counter())[outcome] += 1
+        if outcome in ("conflict", "changed_since_scan", "failed"):
+            if not quiet:
+                self.result.findings.append(f"{outcome}: {self.tree.abspath(act.target_relpath)} "
+                                            f"(from {act.source.relpath}): {why}")
+            self.journal.write({"t": "skip", "path": act.target_relpath, "outcome": outcome, "why": why})
+            if outcome == "conflict":
+                bits |= EXIT_INTEGRITY
+            elif outcome == "changed_since_scan":
+                bits |= EXIT_FINDINGS
+        self.result.bits |= bits
+
+    def _src_abs(self, relpath: str) -> str:
+        return os.path.join(self.plan.root, relpath)
+
+    def _stale(self, src) -> str | None:
+        """Why a source no longer is what the scan saw, or None."""
+        try:
+            st = os.lstat(self._src_abs(src.relpath))
+        except FileNotFoundError:
+            return "source vanished since the scan"
+        except OSError as exc:
+            return f"source cannot be read: {exc.strerror}"
+        return _stat_differs(st, src)
+
+    def _block(self, tp: TargetPlan, act: BlockAction) -> None:
+        why = self._stale(act.source)
+        if why:
+            return self._outcome(tp, act, "changed_since_scan", why)
+        src_hash = act.source.content_hash
+        if act.world > 1:
+            ok, computed = self._check_replicas(tp, act)
+            if not ok:
+                return
+            src_hash = computed or src_hash
+        try:
+            if act.action == "link" and self.mode != "copy":
+                self._link(tp, act, src_hash)
+            else:
+                self._copy(tp, act, "link" if act.action == "link" else act.action)
+        except SymlinkInPath as exc:
+            self._outcome(tp, act, "conflict", f"{exc.filename} is a symlink or not a directory; not written through")
+
+    def _check_replicas(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
+        """Every rank's file of a multi-rank block must hold equal bytes (payloads for
+        vllm.cpp) before one of them is reused: hashes from the manifest when the scan
+        took them, else computed now. Returns (ok, the source's content hash if computed
+        here); when not ok the block already has its outcome."""
+        ranks = {act.source.rank, *(r.rank for r in act.replicas)}
+        if ranks != set(range(act.world)):
+            self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
+                          bits=EXIT_INTEGRITY)
+            return False, None
+        for rep in act.replicas:
+            why = self._stale(rep)
+            if why:
+                self._outcome(tp, act, "changed_since_scan", f"replica {rep.relpath}: {why}")
+                return False, None
+        payload = act.action == "rewrite_header"
+        files = (act.source, *act.replicas)
+        known = [f.payload_hash if payload else f.content_hash for f in files]
+        computed = None
+        if any(h is None for h in known):
+            known = []
+            for f in files:
+                try:
+                    known.append(_hash_source(self._src_abs(f.relpath), payload))
+                except OSError as exc:
+                    self._outcome(tp, act, "failed", f"cannot read replica {f.relpath}: {exc.strerror}",
+                                  bits=EXIT_OPERATIONAL)
+                    return False, None
+            computed = None if payload else known[0]
+        differing = [f.relpath for f, h in zip(files, known) if h != known[0]]
+        if differing:
+            self._outcome(tp, act, "failed", f"replicas differ ({'payload' if payload else 'content'}): "
+                          + ", ".join(differing) + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
+            return False, None
+        return True, computed
+
+    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        target = act.target_relpath
+        src_abs = self._src_abs(act.source.relpath)
+        try:
+            self.tree.link_in(src_abs, target)
+        except FileExistsError:
+            return self._compare_existing(tp, act, "link", None)
+        except FileNotFoundError:
+            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.EMLINK) and self.mode == "auto":
+                return self._copy(tp, act, "link")
+            if exc.errno == errno.EXDEV:
+                raise _Stop(OperationalError(
+                    f"cannot hard-link across filesystems: {src_abs} -> {self.tree.abspath(target)}",
+                    path=self.tree.abspath(target),
+                    hint="use --mode copy or --mode auto; rerun the same command to resume")) from None
+            if exc.errno == errno.EMLINK:
+                return self._outcome(tp, act, "failed", "too many hard links to the source file; "
+                                     "rerun with --mode auto to copy such blocks", bits=EXIT_OPERATIONAL)
+            raise _oserror_stop(exc, self.tree.abspath(target), "hard-linking a block") from None
+        st = self.tree.lstat(target)
+        if st is None or st.st_ino != act.source.inode or st.st_dev != act.source.dev:
+            # the source name was replaced between our check and link(): this fresh name
+            # is ours and points at a file the scan never saw
+            _unlink_quiet(self.tree, target)
+            return self._outcome(tp, act, "changed_since_scan", "source replaced since the scan")
+        digest = src_hash
+        if digest is None:
+            try:
+                digest, _ = self.tree.hash(target)
+            except OSError as exc:
+                raise _oserror_stop(exc, self.tree.abspath(target), "hashing a linked block") from None
+        self.journal.done({"kind": "block", "path": target, "ino": st.st_ino, "size": st.st_size,
+                           "xxh3_128": digest.hex(), "how": "link", "action": act.action})
+        self.result.linked += 1
+        self._outcome(tp, act, "created")
+        self.crash.hit("created")
+
+    def _copy(self, tp: TargetPlan, act: BlockAction, action: str) -> None:
+        """A new file with the action's output: temp in the final folder, fsync, then
+        link() to the final name (no clobber), then unlink the temp."""
+        target = act.target_relpath
+        digest = tp.digest if action == "rewrite_header" else None
+        if self.tree.lstat(target) is not None:
+            return self._compare_existing(tp, act, action, digest)
+        tmp = tmp_name(target)
+        try:
+            src_fd = open_source(self._src_abs(act.source.relpath))
+        except FileNotFoundError:
+            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+        except OSError as exc:
+            return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
+        try:
+            why = _stat_differs(os.fstat(src_fd), act.source)
+            if why:
+                return self._outcome(tp, act, "changed_since_scan", why)
+            src_h = xxhash.xxh3_128()
+            try:
+                ino, size, out_digest = self._write_new(tmp, output_chunks(src_fd, action, digest, src_h))
+            except SourceInvalid as exc:
+                _unlink_quiet(self.tree, tmp)
+                return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+            except OSError as exc:
+                _unlink_quiet(self.tree, tmp)
+                raise _oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
+        finally:
+            os.close(src_fd)
+        if act.source.content_hash is not None and src_h.digest() != act.source.content_hash:
+            _unlink_quiet(self.tree, tmp)
+            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
+        self.crash.hit("tmp_written")
+        try:
+            self.tree.link_local(tmp, target)
+        except FileExistsError:
+            _unlink_quiet(self.tree, tmp)
+            return self._compare_existing(tp, act, action, digest, expected=(size, out_digest))
+        except OSError as exc:
+            _unlink_quiet(self.tree, tmp)
+            raise _oserror_stop(exc, self.tree.abspath(target), "publishing a block") from None
+        self.crash.hit("linked")
+        _unlink_quiet(self.tree, tmp)
+        self.journal.done({"kind": "block", "path": target, "ino": ino, "size": size,
+                           "xxh3_128": out_digest.hex(), "how": "copy", "action": act.action})
+        self.result.copied += 1
+        self.result.bytes_written += size
+        if act.action == "link":
+            self.result.link_copies += 1
+        self._outcome(tp, act, "created")
+        self.crash.hit("created")
+
+    def _write_new(self, tmp: str, chunks) -> Any:
+        """Write chunks to a new file (O_EXCL; a leftover of this pid is replaced), fsync.
+        Returns inode for a bytes list, (inode, size, xxh3) for a generator."""
+        try:
+            fd = self.tree.create_excl(tmp)
+        except FileExistsError:
+            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
+            fd = self.tree.create_excl(tmp)
+        h = xxhash.xxh3_128()
+        size = 0
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                h.update(chunk)
+                size += len(chunk)
+            os.fsync(fd)
+            ino = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        if isinstance(chunks, list):
+            return ino
+        return ino, size, h.digest()
+
+    def _compare_existing(self, tp: TargetPlan, act: BlockAction, action: str, digest: bytes | None,
+                          expected: tuple[int, bytes] | None = None) -> None:
+        """Something already sits at the target path: the same bytes -> already_present,
+        anything else -> conflict (never overwritten)."""
+        target = act.target_relpath
+        st = self.tree.lstat(target)
+        if st is None:
+            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun",
+                                 bits=EXIT_FINDINGS)
+        if not stat.S_ISREG(st.st_mode):
+            return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
+        if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
+            return self._outcome(tp, act, "already_present")
+        if expected is None:
+            try:
+                fd = open_source(self._src_abs(act.source.relpath))
+            except OSError as exc:
+                return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
+            try:
+                why = _stat_differs(os.fstat(fd), act.source)
+                if why:
+                    return self._outcome(tp, act, "changed_since_scan", why)
+                try:
+                    out_digest, size, _ = output_hash(fd, action, digest)
+                except SourceInvalid as exc:
+                    return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+            finally:
+                os.close(fd)
+            expected = (size, out_digest)
+        size, out_digest = expected
+        if st.st_size != size:
+            return self._outcome(tp, act, "conflict", f"a different file is in the way ({st.st_size} bytes, "
+                                 f"expected {size}); left untouched")
+        try:
+            have, _ = self.tree.hash(target)
+        except OSError as exc:
+            return self._outcome(tp, act, "failed", f"cannot read the existing target: {exc.strerror}",
+                                 bits=EXIT_OPERATIONAL)
+        if have == out_digest:
+            return self._outcome(tp, act, "already_present")
+        return self._outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")
+
+
+def _stat_differs(st: os.stat_result, src) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "source is no longer a regular file"
+    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
+        return "source changed since the scan (dev, inode, size or mtime differ)"
+    return None
+
+
+def _hash_source(path: str, payload: bool) -> bytes:
+    from kvmigrate.formats import vllmcpp
+    from kvmigrate.migrate.fsops import hash_fd
+
+    fd = open_source(path)
+    try:
+        if payload:
+            os.lseek(fd, vllmcpp.HEADER_SIZE, os.SEEK_SET)
+        return hash_fd(fd)[0]
+    finally:
+        os.close(fd)
+
+
+def _tmp_paths(item: dict[str, Any]) -> list[str]:
+    """Temp names an intent item may have left: the recorded one, for any pid."""
+    tmp = item.get("tmp")
+    return [tmp] if tmp else []
+
+
+def _unlink_quiet(tree: DestTree, relpath: str) -> None:
+    try:
+        tree.unlink(relpath)
+    except (FileNotFoundError, SymlinkInPath, NotADirectoryError):
+        pass
+
+
+def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dict[str, bytes]) -> dict | None:
+    """Prove that a path an intent lists (but no done record covers) holds this run's
+    output; return the done record to adopt it, or None. Proof: a folder that did not
+    exist at intent time; a link with the source's inode; a copy that shares its inode
+    with the run's own temp file or holds exactly the bytes the action produces."""
+    path = item["path"]
+    try:
+        st = tree.lstat(path)
+    except (SymlinkInPath, NotADirectoryError):
+        return None
+    if st is None:
+        return None
+    kind = item.get("kind")
+    if kind == "dir":
+        return {"kind": "dir", "path": path, "recovered": True} if stat.S_ISDIR(st.st_mode) else None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    tmp = item.get("tmp")
+    tmp_st = tree.lstat(tmp) if tmp else None
+    same_as_tmp = tmp_st is not None and tmp_st.st_ino == st.st_ino and tmp_st.st_dev == st.st_dev
+    try:
+        have, size = tree.hash(path)
+    except OSError:
+        return None
+    if kind == "config":
+        if same_as_tmp or have.hex() == item.get("xxh3_128"):
+            return {"kind": "config", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(),
+                    "recovered": True}
+        return None
+    if kind != "block":
+        return None
+    linked = st.st_ino == item.get("ino") and st.st_dev == item.get("dev")
+    owned = same_as_tmp or (linked and not tmp)
+    how = "link" if linked else "copy"
+    if not owned and tmp:
+        try:
+            fd = open_source(os.path.join(root, item["src"]))
+        except OSError:
+            return None
+        try:
+            fst = os.fstat(fd)
+            if (fst.st_ino, fst.st_size) != (item.get("ino"), item.get("size")):
+                return None
+            want, _, _ = output_hash(fd, item.get("action"), digests.get(item.get("base", "")))
+        except (OSError, SourceInvalid):
+            return None
+        finally:
+            os.close(fd)
+        owned = want == have
+    if not owned:
+        return None
+    return {"kind": "block", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(), "how": how,
+            "action": item.get("action"), "recovered": True}
+
+
+def apply_plan(plan: Plan, **kwargs: Any) -> ApplyResult:
+    """Python API: execute a plan (see `Applier`)."""
+    return Applier(plan, **kwargs).run()
+
+
+def render_result(plan: Plan, result: ApplyResult) -> str:
+    lines = [f"migration applied to {plan.dest}" + (" (resumed an interrupted run)" if result.resumed else "")]
+    if result.recovered:
+        lines.append(f"  adopted {result.recovered} outputs of the interrupted run")
+    for base, c in sorted(result.per_target.items()):
+        parts = ", ".join(f"{k} {c[k]}" for k in OUTCOMES if c.get(k))
+        lines.append(f"target namespace {base}: {parts or 'nothing to do'}")
+    for tp in plan.targets:
+        for (action, reason), n in sorted(tp.skipped.items()):
+            lines.append(f"  skipped {n} blocks ({action}): {reason}")
+    o = result.outcomes
+    lines.append("outcomes: " + ", ".join(f"{k} {o.get(k, 0)}" for k in OUTCOMES))
+    lines.append(f"  created as hard links {result.linked}, as new files {result.copied}"
+                 f" ({result.link_copies} links copied by --mode)")
+    for err in result.namespace_errors:
+        lines.append(f"error: {err}")
+    shown = result.findings[:20]
+    for f in shown:
+        lines.append(f"  {f}")
+    if len(result.findings) > len(shown):
+        lines.append(f"  ... and {len(result.findings) - len(shown)} more (see the journal)")
+    if result.journal_path:
+        lines.append(f"journal: {result.journal_path}")
+        lines.append(f"undo: kvmigrate rollback {result.journal_path}")
+        lines.append(f"check: kvmigrate verify {plan.dest} --journal {result.journal_path}")
+    return "\n".join(lines)
+
+
+def _count_skipped(plan: Plan) -> int:
+    return sum(sum(tp.skipped.values()) for tp in plan.targets)
+
+
+def finish_counts(plan: Plan, result: ApplyResult) -> None:
+    """Blocks the manifest already found in place count as already_present; needs_*
+    blocks are skipped with a count (migration.md §1)."""
+    result.outcomes["skipped_needs_transform"] += _count_skipped(plan)
+    for tp in plan.targets:
+        per = result.per_target.setdefault(tp.base_name, Counter())
+        n = sum(tp.skipped.values())
+        if n:
+            per["skipped_needs_transform"] += n
+        if tp.already_present[0]:
+            per["already_present"] += tp.already_present[0]
+            result.outcomes["already_present"] += tp.already_present[0]

@@ -1,0 +1,259 @@
+"""The write-ahead journal of a migration (migration.md §3.5): JSON lines.
+
+Record types, in the order a run writes them:
+
+    header    run id, command line, manifest, root, dest, target profile, identity
+    resume    a later process continuing the same run (pid, command)
+    target    a target namespace: base folder, family, identity digest (for rewrites)
+    intent    fsynced BEFORE a batch of creations: every path the batch may create
+              (folders that did not exist, config.json, block files with their source)
+    done      after a creation: path, inode, size, xxh3_128 of the output
+    lock      the lock file of a target base folder was created
+    skip      a block not created (conflict, changed_since_scan, failed) and why
+    complete  the run finished (outcome counts); a complete run is never resumed
+    rolled_back  `kvmigrate rollback` removed what the run created
+
+A file may hold several runs (one `header` each); rollback and verify take them all.
+Anything at a final path that an intent lists but no `done` covers is settled by
+`reconcile`: it is the run's own output only if that can be proven (same inode as the
+source for a link, same inode as the run's own temp file, or exactly the bytes the
+action produces). Nothing else is ever claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from kvmigrate import layout
+from kvmigrate.errors import OperationalError, UsageError
+
+VERSION = 1
+JOURNALS_DIR = os.path.join(layout.OWN_DIR, "journals")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def default_journal_dir(root: str) -> str:
+    return os.path.join(root, JOURNALS_DIR)
+
+
+def journal_files(path: str) -> list[str]:
+    """A journal file, or every `*.jsonl` in a directory of journals (sorted)."""
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".jsonl"))
+        if not files:
+            raise UsageError(f"no journals (*.jsonl) in {path}", path=path)
+        return files
+    if not os.path.exists(path):
+        raise UsageError(f"journal not found: {path}", path=path)
+    return [path]
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+    """All records of a journal file; a torn last line (kill -9 mid-write) is ignored."""
+    records = []
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "t" in rec:
+                records.append(rec)
+    if not records or records[0].get("t") != "header":
+        raise UsageError(f"{path} is not a kvmigrate journal (no header record)", path=path)
+    return records
+
+
+@dataclass
+class Run:
+    """One run inside a journal file, with what it created."""
+
+    header: dict[str, Any]
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # base -> target record
+    intents: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> done record (last wins)
+    locks: list[str] = field(default_factory=list)
+    complete: dict[str, Any] | None = None
+    rolled_back: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.header["dest"]
+
+    @property
+    def root(self) -> str:
+        return self.header["root"]
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Intent items without a done record, in intent order."""
+        return [item for path, item in self.intents.items() if path not in self.done]
+
+    def created(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.done.values() if d.get("kind") == kind]
+
+
+def load_runs(path: str) -> list[Run]:
+    runs: list[Run] = []
+    for rec in read_records(path):
+        t = rec["t"]
+        if t == "header":
+            runs.append(Run(header=rec))
+            continue
+        run = runs[-1]
+        if t == "target":
+            run.targets[rec["base"]] = rec
+        elif t == "intent":
+            for item in rec.get("items", []):
+                run.intents[item["path"]] = item
+        elif t == "done":
+            run.done[rec["path"]] = rec
+        elif t == "lock":
+            run.locks.append(rec["path"])
+        elif t == "complete":
+            run.complete = rec
+        elif t == "rolled_back":
+            # rollback applies to every run before it in the file
+            for r in runs:
+                r.rolled_back = True
+        elif t == "resume":
+            run.complete = None
+    return runs
+
+
+def identity_matches(header: dict[str, Any], identity: dict[str, Any]) -> bool:
+    return header.get("identity") == identity
+
+
+def find_resumable(journal: str, identity: dict[str, Any]) -> str | None:
+    """The newest unfinished journal with the same identity (root, dest, target profile,
+    manifest), in a journal file or directory; None if there is none."""
+    if os.path.isdir(journal):
+        candidates = sorted((os.path.join(journal, f) for f in os.listdir(journal) if f.endswith(".jsonl")),
+                            key=lambda p: os.stat(p).st_mtime_ns, reverse=True)
+    elif os.path.isfile(journal):
+        candidates = [journal]
+    else:
+        return None
+    for path in candidates:
+        try:
+            runs = load_runs(path)
+        except (UsageError, OSError):
+            continue
+        last = runs[-1]
+        if last.complete is None and not last.rolled_back and identity_matches(last.header, identity):
+            return path
+    return None
+
+
+class JournalWriter:
+    """Appends records; `intent` and `sync` fsync, `done` only writes (a batch is fsynced
+    once at its end), so the journal never lags behind the tree by more than one batch
+    and every creation is preceded by a durable intent."""
+
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def create(cls, path: str, header: dict[str, Any]) -> "JournalWriter":
+        """A new journal file (or a new run appended to an existing journal file)."""
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            existed = os.path.exists(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OperationalError(f"cannot create the journal: {exc.strerror}", path=path,
+                                   hint="pass --journal PATH on a writable filesystem") from None
+        w = cls(path, fd)
+        if existed:
+            w._terminate_torn_line()
+        w.write({"t": "header", "v": VERSION, **header}, sync=True)
+        if not existed:
+            _fsync_dir(parent)
+        return w
+
+    @classmethod
+    def append(cls, path: str) -> "JournalWriter":
+        """Reopen an existing journal to add records (a torn last line is terminated)."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise OperationalError(f"cannot reopen the journal: {exc.strerror}", path=path) from None
+        w = cls(path, fd)
+        w._terminate_torn_line()
+        return w
+
+    @classmethod
+    def resume(cls, path: str, record: dict[str, Any]) -> "JournalWriter":
+        w = cls.append(path)
+        w.write({"t": "resume", **record}, sync=True)
+        return w
+
+    def _terminate_torn_line(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                os.write(self._fd, b"\n")
+
+    def write(self, rec: dict[str, Any], sync: bool = False) -> None:
+        line = json.dumps(rec, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode() + b"\n"
+        try:
+            os.write(self._fd, line)
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            raise OperationalError(f"cannot write the journal: {exc.strerror}", path=self.path,
+                                   hint="free space on the journal's filesystem, then rerun the same command "
+                                        "to resume") from None
+
+    def intent(self, items: list[dict[str, Any]]) -> None:
+        if items:
+            self.write({"t": "intent", "items": items}, sync=True)
+
+    def done(self, rec: dict[str, Any]) -> None:
+        self.write({"t": "done", **rec})
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise OperationalError(f"cannot sync the journal: {exc.strerror}", path=self.path) from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def iter_runs(path: str) -> Iterator[tuple[str, Run]]:
+    """(journal file, run) for every run in a journal file or directory."""
+    for f in journal_files(path):
+        for run in load_runs(f):
+            yield f, run

@@ -1,0 +1,196 @@
+"""Re-check a root after a migration (interface.md §1 `verify`).
+
+Phases, restic-check style, each with typed findings:
+  1. namespaces: every base folder with a config.json must hash to its folder name
+     (vllm/llmd recipe, or the vllm.cpp recipe for vllm.cpp identities);
+  2. journal (if given): every block the migration created still exists with the
+     journaled inode, size and XXH3-128; a vllm.cpp output must pass the engine's
+     header checks for its namespace; a created config.json is unchanged.
+Exit: 0 clean, 4 integrity findings, +8 when something could not be read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmigrate import layout
+from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL
+from kvmigrate.formats import vllmcpp
+from kvmigrate.identity import canonical
+from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.fsops import PAGE, DestTree, SymlinkInPath, check_relpath
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # config_digest_mismatch, config_invalid, block_missing, block_replaced, block_changed, ...
+    path: str
+    message: str
+    bits: int = EXIT_INTEGRITY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "path": self.path, "message": self.message}
+
+
+@dataclass
+class VerifyResult:
+    root: str
+    namespaces: int = 0
+    blocks: int = 0
+    configs: int = 0
+    journals: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        code = 0
+        for f in self.findings:
+            code |= f.bits
+        return code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"root": self.root, "checked": {"namespaces": self.namespaces, "blocks": self.blocks,
+                                               "configs": self.configs},
+                "journals": self.journals, "findings": [f.to_dict() for f in self.findings],
+                "exit_code": self.exit_code}
+
+
+def _is_vllmcpp(fields: dict[str, Any]) -> bool:
+    return all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
+
+
+def check_namespaces(root: str, result: VerifyResult) -> None:
+    """Phase 1: every base folder's config.json proves its digest."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        result.findings.append(Finding("unreadable", root, f"cannot list the root: {exc.strerror}", EXIT_OPERATIONAL))
+        return
+    for entry in entries:
+        folder = layout.parse_folder(entry.name)
+        if folder is None or folder.rank is not None or not entry.is_dir(follow_symlinks=False):
+            continue
+        cfg = os.path.join(entry.path, layout.CONFIG_NAME)
+        try:
+            st = os.lstat(cfg)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL))
+            continue
+        result.namespaces += 1
+        if not stat.S_ISREG(st.st_mode):
+            result.findings.append(Finding("config_invalid", cfg, "config.json is not a regular file"))
+            continue
+        try:
+            with open(cfg, "rb") as f:
+                data = f.read(1 << 22)
+        except OSError as exc:
+            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL))
+            continue
+        try:
+            fields = canonical.fields_from_config_bytes(data)
+        except ValueError as exc:
+            result.findings.append(Finding("config_invalid", cfg, str(exc)))
+            continue
+        family = "vllmcpp" if _is_vllmcpp(fields) else "vllm"
+        got = canonical.d12(fields, family)
+        if got != folder.d12:
+            result.findings.append(Finding("config_digest_mismatch", cfg,
+                                           f"config.json hashes to {got}, the folder name says {folder.d12} "
+                                           f"({family} recipe)"))
+
+
+def check_journal(journal: str, result: VerifyResult) -> None:
+    """Phase 2: every journaled output is still what the migration wrote."""
+    for path, run in jn.iter_runs(journal):
+        if path not in result.journals:
+            result.journals.append(path)
+        if run.rolled_back:
+            continue
+        if not os.path.isdir(run.dest):
+            result.findings.append(Finding("dest_missing", run.dest, "destination root of the journal is missing"))
+            continue
+        with DestTree(run.dest) as tree:
+            for rec in run.done.values():
+                kind = rec.get("kind")
+                if kind not in ("block", "config"):
+                    continue
+                check_relpath(rec["path"], f"{path}: journal path")
+                if kind == "block":
+                    result.blocks += 1
+                else:
+                    result.configs += 1
+                _check_output(tree, run, rec, result)
+
+
+def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: VerifyResult) -> None:
+    path = rec["path"]
+    where = tree.abspath(path)
+    try:
+        st = tree.lstat(path)
+    except (SymlinkInPath, NotADirectoryError):
+        result.findings.append(Finding("block_replaced", where, "a parent folder is now a symlink or a file"))
+        return
+    if st is None:
+        result.findings.append(Finding(f"{rec['kind']}_missing", where, "created by the migration, now missing"))
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino"):
+        result.findings.append(Finding(f"{rec['kind']}_replaced", where,
+                                       f"inode {st.st_ino} is not the journaled {rec.get('ino')}"))
+        return
+    if st.st_size != rec.get("size"):
+        result.findings.append(Finding(f"{rec['kind']}_changed", where,
+                                       f"{st.st_size} bytes, the journal says {rec.get('size')}"))
+        return
+    try:
+        have, _ = tree.hash(path)
+        head = tree.read_bytes(path, limit=vllmcpp.HEADER_SIZE) if rec["kind"] == "block" else b""
+    except OSError as exc:
+        result.findings.append(Finding("unreadable", where, exc.strerror or str(exc), EXIT_OPERATIONAL))
+        return
+    if have.hex() != rec.get("xxh3_128"):
+        result.findings.append(Finding(f"{rec['kind']}_changed", where,
+                                       "content differs from the journaled XXH3-128 (tampered or rewritten)"))
+        return
+    if rec["kind"] != "block":
+        return
+    target = run.targets.get(path.split("/", 1)[0].rsplit("_r", 1)[0])
+    if target and target.get("family") == "vllmcpp" and target.get("digest"):
+        parts = path.split("/")
+        block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
+        if block is not None:
+            failed = vllmcpp.verify_header(head, digest=bytes.fromhex(target["digest"]),
+                                           payload_size=int(target.get("payload_size") or st.st_size - 128),
+                                           key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
+            if failed:
+                result.findings.append(Finding("header_invalid", where,
+                                               f"vllm.cpp would refuse and delete it: header check '{failed}' fails"))
+    elif target and target.get("family") == "vllm" and st.st_size % PAGE:
+        result.findings.append(Finding("size_mismatch", where, f"{st.st_size} bytes is not a multiple of 4096"))
+
+
+def verify_root(root: str, journal: str | None = None) -> VerifyResult:
+    """Python API for `kvmigrate verify`."""
+    result = VerifyResult(root=os.path.abspath(root))
+    check_namespaces(result.root, result)
+    if journal is not None:
+        check_journal(journal, result)
+    return result
+
+
+def render(result: VerifyResult) -> str:
+    lines = [f"verified {result.root}: {result.namespaces} namespace config.json files"
+             + (f", {result.blocks} journaled blocks and {result.configs} config.json from "
+                f"{len(result.journals)} journal(s)" if result.journals else "")]
+    for f in result.findings:
+        lines.append(f"  {f.code}: {f.path}: {f.message}")
+    if result.findings:
+        lines.append(f"{len(result.findings)} finding(s). Blocks that no longer match the journal are not what the "
+                     "migration wrote: move them aside or rerun `kvmigrate migrate --apply` after removing them.")
+    else:
+        lines.append("no findings")
+    return "\n".join(lines)
