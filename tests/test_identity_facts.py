@@ -65,8 +65,8 @@ HF_TABLE = [
     ("qwen2.5-7b-sliding-window-unused", QWEN25_7B, "full", 4, "bfloat16"),
     ("qwen3-8b", QWEN3_8B, "full", 8, "bfloat16"),
     ("mistral-7b-v0.1-sliding", MISTRAL_7B_V01, "sliding", 8, "bfloat16"),
-    ("gemma-2-9b", GEMMA2_9B, "hybrid", 8, "float32"),
-    ("gemma-2-9b-layer-types", GEMMA2_9B_LAYER_TYPES, "hybrid", 8, "float32"),
+    ("gemma-2-9b", GEMMA2_9B, "hybrid", 8, None),
+    ("gemma-2-9b-layer-types", GEMMA2_9B_LAYER_TYPES, "hybrid", 8, None),
     ("gemma-3-4b-text-config", GEMMA3_4B, "hybrid", 4, "bfloat16"),
     ("deepseek-v3-mla", DEEPSEEK_V3, "mla", 128, "bfloat16"),
     ("deepseek-v3.2-exp-sparse-mla", DEEPSEEK_V32_EXP, "hybrid", 128, "bfloat16"),
@@ -74,7 +74,7 @@ HF_TABLE = [
     ("nemotron-h-8b", NEMOTRON_H_8B, "hybrid", 8, "bfloat16"),
     ("qwen3-next-80b", QWEN3_NEXT_80B, "hybrid", 2, "bfloat16"),
     ("qwen3-next-80b-layer-types", QWEN3_NEXT_LAYER_TYPES, "hybrid", 2, "bfloat16"),
-    ("mamba-2.8b", MAMBA_28B, "mamba", None, "float32"),
+    ("mamba-2.8b", MAMBA_28B, "mamba", None, None),
 ]
 
 
@@ -83,7 +83,13 @@ def test_facts_from_real_hf_configs(name, cfg, kind, heads, dtype):
     facts = facts_from_hf_config(cfg)
     assert facts["kv_kind"] == kind
     assert facts.get("total_kv_heads") == heads
-    assert facts["model_dtype"] == dtype
+    assert facts.get("model_dtype") == dtype
+
+
+def test_float32_checkpoint_leaves_model_dtype_to_the_operator():
+    # vLLM downcasts float32 under --dtype auto to bfloat16 or float16 depending on the GPU
+    facts = facts_from_hf_config(GEMMA2_9B)
+    assert "model_dtype" not in facts and "--model-dtype" in facts["model_dtype_note"]
 
 
 def test_layer_types_all_sliding_is_sliding():

@@ -135,9 +135,10 @@ def _first_int(c: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 def facts_from_hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Facts a Hugging Face `config.json` proves, as a dict with the snake_case fact names.
 
-    Keys (only those the config determines): `kv_kind`, `total_kv_heads`, `model_dtype`,
-    and for MLA models `kv_lora_rank`, `qk_rope_head_dim` (to derive `page_bytes`).
-    `kv_kind_evidence` says which value decided the kind.
+    Keys (only those the config determines): `kv_kind`, `total_kv_heads`, `model_dtype`
+    (not for float32 checkpoints, which vLLM downcasts per GPU), and for MLA models
+    `kv_lora_rank`, `qk_rope_head_dim` (to derive `page_bytes`). `kv_kind_evidence` says
+    which value decided the kind.
     """
     if not isinstance(cfg, dict):
         raise ValueError("a Hugging Face config must be a JSON object")
@@ -152,7 +153,12 @@ def facts_from_hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     dtype = normalize_dtype(c.get("torch_dtype")) or normalize_dtype(c.get("dtype"))
     if dtype is None:
         dtype = normalize_dtype(cfg.get("torch_dtype")) or normalize_dtype(cfg.get("dtype"))
-    if dtype is not None:
+    if dtype == "float32":
+        # vLLM downcasts float32 checkpoints under --dtype auto to the platform's preferred
+        # half type (bfloat16 on most GPUs, float16 on older ones): the config cannot tell
+        facts["model_dtype_note"] = ("torch_dtype float32: vLLM serves it as bfloat16 or float16 depending on "
+                                     "the GPU; pass --model-dtype")
+    elif dtype is not None:
         facts["model_dtype"] = dtype
     if _set(c.get("kv_lora_rank")):
         for key in ("kv_lora_rank", "qk_rope_head_dim"):
