@@ -144,8 +144,11 @@ EXPECTED = {
 }
 
 
-def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: int = 1) -> Path:
-    """A manifest like a scan of a mixed root with defects would write (see EXPECTED)."""
+def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: int = 1, skip: tuple = (),
+                          extra=None) -> Path:
+    """A manifest like a scan of a mixed root with defects would write (see EXPECTED).
+
+    `skip` drops namespaces (rows and metadata); `extra(rows, metadata)` adds some."""
     r = Rows()
     # vllm (ambiguous S1, single rank): config, 40 linkable blocks, 2 short, 1 engine temp file
     r.add(VLLM, f"{VLLM}/config.json", size=300, family="ambiguous", target=VLLM_T)
@@ -201,7 +204,14 @@ def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: in
     r.block(ORPHAN, 0, _hex(0, 12), size=8192, status="orphan_namespace", reason="rank folder without config.json")
     r.add(None, "notes.txt", size=17, family=None, scheme=None, model=None, status="foreign",
           reason="not part of the cache")
-    with ManifestWriter(path, metadata or sample_metadata()) as w:
+    metadata = metadata or sample_metadata()
+    if extra is not None:
+        extra(r, metadata)
+    if skip:
+        keep = [i for i, b in enumerate(r.cols["source_base"]) if b not in skip]
+        r.cols = {k: [v[i] for i in keep] for k, v in r.cols.items()}
+        metadata["namespaces"] = {b: m for b, m in metadata["namespaces"].items() if b not in skip}
+    with ManifestWriter(path, metadata) as w:
         w.write_columns(r.cols)
     return path
 
@@ -339,7 +349,7 @@ def test_target_error_sets_findings_bit(tmp_path):
 def test_namespace_status_from_metadata(sample):
     s = summarize(sample)
     n = _ns(s, ORPHAN)
-    assert n["namespace_status"] == "orphan_namespace"
+    assert n["status"] == "orphan_namespace"
     assert n["by_status"] == {"orphan_namespace": {"files": 1, "bytes": 8192}}
 
 

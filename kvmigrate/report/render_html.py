@@ -53,7 +53,8 @@ table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: var(--soft); font-weight: 600; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all; }
+td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; white-space: nowrap; }
+td.msg { min-width: 480px; }
 .scroll { overflow-x: auto; }
 ol.hints li { margin-bottom: 10px; }
 ol.hints pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px;
@@ -78,6 +79,8 @@ def table_html(t: Table) -> str:
         cells = []
         for i, c in enumerate(row):
             cls = "num" if i in t.numeric else "name" if i in t.names else ""
+            if t.key == "findings" and i == len(row) - 1:
+                cls = "msg"
             if t.key in ("findings",) and i == 0:
                 color = SEVERITY_COLORS.get(c, "#78909c")
                 cells.append(f'<td><span class="sev" style="background:{color}">{esc(c)}</span></td>')
