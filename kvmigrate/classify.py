@@ -218,13 +218,11 @@ def majority_size(sizes: Counter) -> tuple[set[int], str]:
     common size; on a tie every size is off (nothing can be called the norm)."""
     ranked = sizes.most_common()
     top = ranked[0][1]
-    winners = [s for s, n in ranked if n == top]
-    total = sum(sizes.values())
+    winners = sorted(s for s, n in ranked if n == top)
     if len(winners) == 1:
         norm = winners[0]
-        return {s for s in sizes if s != norm}, f"{top} of {total} files are {norm} bytes"
-    shown = ", ".join(f"{s} ({n})" for s, n in ranked)
-    return set(sizes), f"no majority size among {total} files: {shown}"
+        return {s for s in sizes if s != norm}, f"most of its files are {norm} bytes"
+    return set(sizes), "no majority size among " + ", ".join(f"{s}" for s in sorted(sizes)) + " bytes"
 
 
 def slice_candidates(data: bytes, n: int, max_checks: int = 256) -> list[int]:

@@ -255,7 +255,8 @@ class Namespace:
     status: str = "ok"
     status_reason: str = ""
     notes: list[str] = field(default_factory=list)
-    sampled_sizes: list[int] = field(default_factory=list)
+    sampled_sizes: list[int] = field(default_factory=list)  # rank 0's, for family evidence
+    size_sample: dict[tuple[int, int], Counter] = field(default_factory=dict)  # (rank, group) -> sizes
 
     def columns(self) -> tuple:
         t = self.target
@@ -420,34 +421,41 @@ def _read_config(root: str, ns: Namespace) -> None:
                                 f"{ns.safe_model!r}; never migrated")
 
 
-def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[int]:
-    """Sizes of the first block files of a rank folder (sorted buckets): family evidence."""
-    sizes: list[int] = []
+def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[tuple[int, int]]:
+    """(group, size) of the first block files of a rank folder, in sorted bucket order.
+
+    Deterministic and independent of --shard: it is the family evidence of S1 folders and
+    the shared size reference that lets every shard judge odd sizes the same way.
+    """
+    sizes: list[tuple[int, int]] = []
     base = os.path.join(root, rank_dir)
     try:
-        buckets = sorted(e.name for e in os.scandir(base)
-                         if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name))
+        with os.scandir(base) as it:
+            buckets = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name))
     except OSError:
         return sizes
     for b in buckets:
         try:
-            fanouts = sorted(e.name for e in os.scandir(os.path.join(base, b))
-                             if e.is_dir(follow_symlinks=False) and layout.FANOUT_RE.match(e.name))
+            with os.scandir(os.path.join(base, b)) as it:
+                fanouts = sorted(e.name for e in it
+                                 if e.is_dir(follow_symlinks=False) and layout.FANOUT_RE.match(e.name))
         except OSError:
             continue
         for f in fanouts:
+            group = int(layout.FANOUT_RE.match(f).group(2))
             try:
                 with os.scandir(os.path.join(base, b, f)) as it:
-                    for e in it:
-                        if e.is_file(follow_symlinks=False) and layout.BLOCK_RE.match(e.name):
-                            try:
-                                sizes.append(e.stat(follow_symlinks=False).st_size)
-                            except OSError:
-                                continue
-                            if len(sizes) >= limit:
-                                return sizes
+                    entries = sorted(it, key=lambda e: e.name)
             except OSError:
                 continue
+            for e in entries:
+                if e.is_file(follow_symlinks=False) and layout.BLOCK_RE.match(e.name):
+                    try:
+                        sizes.append((group, e.stat(follow_symlinks=False).st_size))
+                    except OSError:
+                        continue
+                    if len(sizes) >= limit:
+                        return sizes
     return sizes
 
 
@@ -486,8 +494,12 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
     assert fields is not None
     facts = resolver.for_namespace(ns.model_name or "", ns.source_base, fields)
     ns.facts = facts
-    if ns.scheme == "S1" and 0 in ns.rank_dirs:
-        ns.sampled_sizes = _sample_sizes(root, ns.rank_dirs[0])
+    if not (ns.scheme or "").startswith("vllmcpp"):
+        for rank, dirname in ns.rank_dirs.items():
+            for group, size in _sample_sizes(root, dirname):
+                ns.size_sample.setdefault((rank, group), Counter())[size] += 1
+                if rank == 0:
+                    ns.sampled_sizes.append(size)
     family, evidence = detect_family(fields, rank_numbers=list(ns.rank_dirs),
                                      block_sizes=_modal_sizes(ns.sampled_sizes), forced=facts.family)
     ns.family, ns.family_evidence = family, list(evidence)
@@ -1407,10 +1419,15 @@ def _finalize(stage_path: str, output: str, meta: dict[str, Any], walker: Walker
     """Copy staged rows into the manifest; blocks with an odd size for their (namespace,
     rank, group) get `size_mismatch` and are classified again."""
     outliers: dict[tuple[str, int, int], tuple[set[int], str]] = {}
+    samples = {m.ns.source_base: m.ns.size_sample for u in units for m in u.members}
     if walker.verify != "none":
         for key, cnt in sizes.items():
-            if len(cnt) > 1:
-                outliers[key] = classify.majority_size(cnt)
+            # the shard-independent sample joins the vote, so every --shard part judges alike
+            combined = cnt + samples.get(key[0], {}).get((key[1], key[2]), Counter())
+            if len(combined) > 1:
+                off, why = classify.majority_size(combined)
+                if off & set(cnt):
+                    outliers[key] = (off, why)
     unit_of: dict[str, tuple[Unit, int]] = {}
     for u in units:
         for i, m in enumerate(u.members):

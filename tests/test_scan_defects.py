@@ -110,12 +110,12 @@ def test_header_checks_run_without_hashing(synth_root, scan_root):
 
 def test_padded_legacy_without_geometry_is_a_size_outlier(synth_root, scan_root):
     """Without page facts the 16 MiB file is not proven padded: it is the odd size of its
-    (namespace, rank, group), and the reason says how many files set the norm."""
+    (namespace, rank, group), and the reason names the norm."""
     root, (result,) = synth_root(dict(BASES["llmd"], defects=("padded_legacy",)))
     _, rows = scan_root(root, flags={"model_dtype": "bfloat16"})
     for rel in result.defect("padded_legacy")["rows"]:
         assert rows[rel]["status"] == "size_mismatch"
-        assert "of 6 files are" in rows[rel]["reason"]
+        assert "most of its files are 512 bytes" in rows[rel]["reason"]
 
 
 def test_digest_mismatch_blocks_are_never_migrated(synth_root, scan_root):

@@ -1,0 +1,211 @@
+"""The manifest scan writes (interface.md §2), --shard coverage, --json and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from kvmigrate import manifest
+from kvmigrate.cli import cli
+
+CONTRACT = {
+    "relpath": pa.string(), "family": pa.string(), "scheme": pa.string(), "model_name": pa.string(),
+    "source_d12": pa.string(), "source_base": pa.string(), "deployment": pa.string(),
+    "target_profile": pa.string(), "target_d12": pa.string(), "target_base": pa.string(),
+    "rank": pa.int32(), "group": pa.int32(), "block_hash": pa.binary(), "size": pa.int64(),
+    "mtime_ns": pa.int64(), "inode": pa.uint64(), "dev": pa.uint64(), "nlink": pa.uint32(),
+    "content_xxh3_128": pa.binary(16), "payload_xxh3_128": pa.binary(16), "status": pa.string(),
+    "action": pa.string(), "reason": pa.string(), "target_relpath": pa.string(),
+}
+MIXED = (dict(family="llmd", tp=2, kv_kind="mla", defects=("missing_rank", "tmp_vllm", "size_mismatch")),
+         dict(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, model_name="deepseek/V2"),
+         dict(family="vllmcpp", tp=2, kv_kind="mla", defects=("header_key", "foreign"), model_name="Qwen/Qwen3-4B"))
+
+
+@pytest.fixture
+def mixed_root(synth_root):
+    root, results = synth_root(*MIXED)
+    (root / ".kvmigrate" / "journals").mkdir(parents=True)
+    (root / ".kvmigrate" / "journals" / "run-1.jsonl").write_text("{}\n")
+    (root / "notes.txt").write_text("ops notes\n")
+    return root, results
+
+
+def test_schema_every_column_name_and_type(mixed_root, scan_root, tmp_path):
+    root, _ = mixed_root
+    scan, _ = scan_root(root, verify="hash", flags={"model_dtype": "bfloat16", "kv_kind": "mla"})
+    schema = pq.read_schema(scan.output)
+    assert schema.names == list(CONTRACT)
+    for name, typ in CONTRACT.items():
+        got = schema.field(name).type
+        if pa.types.is_dictionary(got):
+            got = got.value_type
+        assert got == typ, (name, got)
+    table = pq.read_table(scan.output)
+    assert table.num_rows == scan.rows
+    assert pc_count_valid(table, "content_xxh3_128") == table.num_rows  # --verify hash: every file hashed
+    cpp = [r for r in table.to_pylist() if r["family"] == "vllmcpp" and r["block_hash"] is not None]
+    assert cpp and all(r["payload_xxh3_128"] is not None for r in cpp)
+    others = [r for r in table.to_pylist() if r["family"] in ("vllm", "llmd")]
+    assert others and all(r["payload_xxh3_128"] is None for r in others)
+
+
+def pc_count_valid(table: pa.Table, column: str) -> int:
+    return table.num_rows - table[column].null_count
+
+
+def test_metadata_reads_back(mixed_root, scan_root):
+    root, results = mixed_root
+    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "kv_kind": "mla"}, verify="size",
+                           command="kvmigrate scan ROOT --kv-kind mla")
+    meta = manifest.read_metadata(scan.output)
+    assert meta["tool_version"] and meta["command"] == "kvmigrate scan ROOT --kv-kind mla"
+    assert meta["root"] == str(root) and meta["target_profile"] == "vllm-0.28"
+    assert meta["verify"] == "size" and meta["shard"] == "0/1"
+    assert meta["facts"]["flags"] == {"model_dtype": "bfloat16", "kv_kind": "mla"}
+    bases = {ns["base_name"] for r in results for ns in r.namespaces}
+    assert set(meta["namespaces"]) == bases
+    for r in results:
+        for ns in r.namespaces:
+            m = meta["namespaces"][ns["base_name"]]
+            assert m["config_json"] == ns["fields"] and m["digest_ok"] is True
+            assert m["family"] == ns["expected_family"] and m["status"] == "ok"
+            assert m["target"]["base_name"] and "reasons" in m["target"]
+            assert m["facts_source"].get("kv_kind") == "flag" or ns["family"] == "vllmcpp"
+            assert m["deployment"] == ns["deployment"]
+
+
+def test_files_outside_buckets_are_rows(mixed_root, scan_root):
+    root, results = mixed_root
+    _, rows = scan_root(root)
+    assert rows["notes.txt"]["status"] == "foreign" and rows["notes.txt"]["rank"] is None
+    assert rows[".kvmigrate/journals/run-1.jsonl"]["status"] == "own_artifact"
+    for r in results:
+        for ns in r.namespaces:
+            row = rows[ns["config_relpath"]]
+            assert row["status"] == "ok" and row["block_hash"] is None and row["group"] is None
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_shards_cover_the_tree_exactly_once(mixed_root, scan_root, n):
+    root, _ = mixed_root
+    flags = {"model_dtype": "bfloat16", "kv_kind": "mla"}
+    _, whole = scan_root(root, flags=flags)
+    union: dict[str, dict] = {}
+    for k in range(n):
+        part, rows = scan_root(root, flags=flags, shard=(k, n))
+        assert manifest.read_metadata(part.output)["shard"] == f"{k}/{n}"
+        assert not set(rows) & set(union), "a file in two shards"
+        union.update(rows)
+    assert set(union) == set(whole)
+    for rel, row in whole.items():
+        assert {c: union[rel][c] for c in ("status", "action", "reason", "target_relpath")} == \
+               {c: row[c] for c in ("status", "action", "reason", "target_relpath")}, rel
+
+
+def test_shard_parts_follow_the_bucket(mixed_root, scan_root):
+    root, _ = mixed_root
+    _, rows = scan_root(root, shard=(1, 2))
+    assert rows
+    for rel in rows:
+        parts = rel.split("/")
+        assert len(parts) == 4 and int(parts[1], 16) % 2 == 1, rel
+
+
+def test_small_batches_give_the_same_manifest(mixed_root, scan_root, monkeypatch):
+    from kvmigrate import scan as scan_mod
+
+    root, _ = mixed_root
+    _, big = scan_root(root, threads=1)
+    monkeypatch.setattr(scan_mod, "BATCH_ROWS", 3)
+    scan, small = scan_root(root, threads=4)
+    assert big.keys() == small.keys()
+    assert all(big[k]["action"] == small[k]["action"] and big[k]["status"] == small[k]["status"] for k in big)
+    assert pq.ParquetFile(scan.output).num_row_groups > 1
+
+
+# -- CLI -----------------------------------------------------------------------------------
+
+JSON_KEYS = {"root", "target_profile", "totals", "namespaces", "exit_code"}
+NS_KEYS = {"source_base", "family", "scheme", "model_name", "ranks", "target_base", "gate", "assumed_facts",
+           "by_status", "by_action"}
+
+
+def test_cli_json_summary_and_exit_code(mixed_root, tmp_path):
+    root, results = mixed_root
+    out = tmp_path / "m.parquet"
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(out), "--json", "--model-dtype", "bfloat16",
+                                   "--kv-kind", "mla"])
+    summary = json.loads(res.stdout)
+    assert JSON_KEYS <= set(summary)
+    assert {"files", "bytes", "by_status", "by_action"} <= set(summary["totals"])
+    for ns in summary["namespaces"]:
+        assert NS_KEYS <= set(ns)
+        assert set(ns["gate"]) >= {"parallel_agnostic", "replicated_layout", "reasons"}
+    by_status = summary["totals"]["by_status"]
+    assert set(by_status) == {"ok", "incomplete", "tmp_leftover", "header_invalid", "foreign", "own_artifact",
+                              "size_mismatch"}
+    assert all(set(v) == {"files", "bytes"} for v in by_status.values())
+    assert all(set(v) == {"blocks", "bytes"} for v in summary["totals"]["by_action"].values())
+    # incomplete 1, tmp 1, header_invalid 1+4, foreign 1
+    assert res.exit_code == summary["exit_code"] == 5
+    assert out.exists()
+
+
+def test_cli_clean_tree_exits_zero(synth_root, tmp_path):
+    root, _ = synth_root(dict(family="vllmcpp"))
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["exit_code"] == 0
+
+
+def test_cli_missing_fact_names_the_flag(synth_root, tmp_path):
+    root, _ = synth_root(dict(family="llmd", tp=2))
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json"])
+    summary = json.loads(res.stdout)
+    assert res.exit_code == 1
+    assert summary["missing_facts"][0]["flag"] == "--model-dtype"
+
+
+def test_cli_default_output_in_the_working_directory(synth_root, tmp_path, monkeypatch):
+    root, _ = synth_root(dict(family="vllmcpp"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    res = CliRunner().invoke(cli, ["scan", str(root), "-q"])
+    assert res.exit_code == 0, res.output
+    assert (work / "kvmigrate-manifest.parquet").exists()
+    assert not list(work.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_cli_bad_root_is_a_message_not_a_traceback(tmp_path, what):
+    root = tmp_path / "nope"
+    if what == "file":
+        root.write_text("x")
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet")])
+    assert res.exit_code == 8
+    assert str(root) in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "m.parquet").exists()
+
+
+def test_cli_bad_shard_is_a_usage_error(synth_root, tmp_path):
+    root, _ = synth_root(dict(family="vllmcpp"))
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--shard", "3/2"])
+    assert res.exit_code == 2
+
+
+def test_cli_subprocess_no_progress_when_not_a_tty(synth_root, tmp_path):
+    """stdout holds only the JSON, stderr no progress bar when it is not a terminal."""
+    root, _ = synth_root(dict(family="vllm", scheme="S2"))
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(tmp_path / "m.parquet"),
+                           "--json", "--model-dtype", "bfloat16"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["totals"]["by_action"]["link"]["blocks"] == 6
+    assert "files/s" not in proc.stderr and "scan:" not in proc.stderr
