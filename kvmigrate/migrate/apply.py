@@ -233,6 +233,15 @@ class Applier:
         for item in run.intents.values():
             for tmp in _tmp_paths(item):
                 _unlink_quiet(self.tree, tmp)
+        # lock files the interrupted run left: taking them proves no one holds them
+        # (a live run makes this fail fast), releasing removes them
+        for lock_rel in run.locks:
+            base = lock_rel.rsplit("/", 1)[0]
+            if self.tree.lstat(lock_rel) is not None:
+                try:
+                    NamespaceLock.acquire(self.tree, base).release()
+                except OperationalError as exc:
+                    raise _Stop(exc) from None
         self.journal.sync()
 
     # --- folders and config.json -------------------------------------------------------

@@ -1,0 +1,109 @@
+"""kill -9 in the middle of `migrate --apply`, then the same command again: the run resumes
+from its journal and ends exactly like an uninterrupted one (migration.md §3.5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvmigrate import layout
+from kvmigrate.migrate.apply import CRASH_ENV
+from reference_reader import content_listing, listing
+
+KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
+SPECS = (
+    {"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp-model"},   # rewrite_header
+    {"family": "vllm", "scheme": "S1", "tp": 1, "model_name": "org/full-model"},       # link
+    {"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": "org/mla-model"},      # copy_pad
+)
+FACTS = {"org/mla-model": {"kv_kind": "mla", "model_dtype": "bfloat16"},
+         "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"}}
+
+
+def kvmigrate(*args, env_extra=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop(CRASH_ENV, None)
+    env.update(env_extra or {})
+    return subprocess.run([KVMIGRATE, *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def source_map(root) -> dict[int, str]:
+    """inode -> relpath of every source file (to recognise hard links in the result)."""
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            p = os.path.join(d, f)
+            out[os.lstat(p).st_ino] = os.path.relpath(p, root)
+    return out
+
+
+@pytest.fixture
+def two_roots(tmp_path, synth_root):
+    a, _ = synth_root(*SPECS, root_name="a")
+    b, _ = synth_root(*SPECS, root_name="b")
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(FACTS))
+    return a, b, ["--facts", facts]
+
+
+@pytest.mark.parametrize("crash_at", ["intent:1", "tmp_written:3", "linked:2", "created:8", "created:14"])
+def test_kill_9_then_rerun_ends_like_an_uninterrupted_run(two_roots, crash_at):
+    a, b, facts = two_roots
+    map_a, map_b = source_map(a), source_map(b)
+    pristine_b = listing(b, with_times=False)
+
+    done = kvmigrate("migrate", a, *facts, "--apply")
+    assert done.returncode == 0, done.stderr
+
+    killed = kvmigrate("migrate", b, *facts, "--apply", env_extra={CRASH_ENV: crash_at})
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
+    (journal,) = (b / layout.OWN_DIR / "journals").iterdir()
+    assert not any(json.loads(line)["t"] == "complete" for line in journal.read_text().splitlines()
+                   if line.endswith("}"))
+
+    resumed = kvmigrate("migrate", b, *facts, "--apply", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["apply"]["resumed"] is True
+    assert summary["apply"]["journal"] == str(journal)  # the same journal, continued
+
+    assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)
+    assert not list(b.rglob("*.kvmigrate-*.tmp")) and not list(b.rglob(layout.LOCK_NAME))
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert records[-1]["t"] == "complete"
+
+    # every file the two processes created is accounted for: rollback restores the tree
+    rb = kvmigrate("rollback", journal)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    assert listing(b, exclude_top=(layout.OWN_DIR,), with_times=False) == pristine_b
+
+
+def test_a_complete_journal_is_not_resumed(two_roots):
+    a, _, facts = two_roots
+    first = kvmigrate("migrate", a, *facts, "--apply", "--json")
+    second = kvmigrate("migrate", a, *facts, "--apply", "--json")
+    s1, s2 = json.loads(first.stdout), json.loads(second.stdout)
+    assert s2["apply"]["resumed"] is False and s2["apply"]["journal"] != s1["apply"]["journal"]
+    assert s2["outcomes"]["created"] == 0
+
+
+def test_rollback_of_an_interrupted_run_removes_what_it_left(two_roots):
+    _, b, facts = two_roots
+    pristine = listing(b, with_times=False)
+    killed = kvmigrate("migrate", b, *facts, "--apply", env_extra={CRASH_ENV: "linked:2"})
+    assert killed.returncode == -signal.SIGKILL
+    assert list(b.rglob("*.kvmigrate-*.tmp"))  # the crash left a temp file and a lock behind
+    assert list(b.rglob(layout.LOCK_NAME))
+    (journal,) = (b / layout.OWN_DIR / "journals").iterdir()
+    rb = kvmigrate("rollback", journal, "--json")
+    assert rb.returncode == 0, rb.stdout
+    assert listing(b, exclude_top=(layout.OWN_DIR,), with_times=False) == pristine
+    # a rolled-back journal is not resumed: the next run starts a new one
+    again = kvmigrate("migrate", b, *facts, "--apply", "--json")
+    assert json.loads(again.stdout)["apply"]["resumed"] is False
