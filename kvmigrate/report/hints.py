@@ -117,7 +117,9 @@ class _Commands:
         if self.verify == "hash" and "--verify" not in extra:
             args += ["--verify", "hash"]
         tail = " ".join(extra)
-        out = ["-o", self.manifest] if (self.verb == "scan" and self.manifest) else []
+        out: list[str] = []
+        if self.manifest:
+            out = ["-o" if self.verb == "scan" else "--manifest-out", self.manifest]
         return self._join(f"kvmigrate {self.verb}", self.q(self.root, *args), tail, self.q(*out))
 
     def list_files(self, status: str, *extra: str) -> str:
