@@ -13,7 +13,7 @@ from kvmigrate.cli.common import (facts_options, handle_errors, output_options, 
 
 
 @click.command("scan")
-@click.argument("root", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
+@click.argument("root", type=click.Path(file_okay=True, dir_okay=True, readable=False, path_type=str))
 @click.option("-o", "--output", default="kvmigrate-manifest.parquet", show_default=True,
               type=click.Path(dir_okay=False, path_type=str), help="Where to write the manifest (Parquet).")
 @facts_options
