@@ -33,6 +33,8 @@ NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
 TRANSFORMS = ("slice", "concat", "relayout")
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1).
 _PART_REASON_PREFIXES = ("replica of rank 0", "part of ")
+ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
+                   "(migrate into ROOT, or scan a root without it)")
 # Row states with the integrity bit (interface.md §2).
 INTEGRITY_STATES = frozenset({"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled",
                               "header_invalid", "digest_mismatch", "config_invalid"})
@@ -215,6 +217,13 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
             raise UsageError(f"{where}: namespace {src_base!r} has an invalid target folder {base!r}/{rank_dir!r}; "
                              "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
         family = tgt.get("family") or ("vllmcpp" if ns.get("family") == "vllmcpp" else "vllm")
+        try:
+            proven = layout.base_name(tgt["fields"]["model_name"], canonical.d12(tgt["fields"], family))
+        except (KeyError, TypeError, ValueError):
+            proven = None
+        if proven != base:
+            raise UsageError(f"{where}: namespace {src_base!r}: target folder {base!r} is not the digest of its "
+                             "target identity; refusing this manifest", hint="regenerate it with `kvmigrate scan`")
         tp = targets.get(base)
         if tp is None:
             tp = targets[base] = TargetPlan(base_name=base, rank_dir=rank_dir, profile=tgt.get("profile", ""),
@@ -276,12 +285,19 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     others = _rows(table.select(["source_base", "block_hash", "size", "action", "reason", "target_relpath"]),
                    pc.and_(pc.is_valid(table.column("block_hash")),
                            pc.invert(pc.is_in(action_col, pa.array(list(CREATING))))))
+    dest_elsewhere = dest is not None and os.path.abspath(dest) != root
     present: set[str] = set()  # a migrated target namespace rescanned is its own source: count once
     for sb, action, reason, size, trel in zip(others["source_base"], others["action"], others["reason"],
                                               others["size"], others["target_relpath"]):
         tp = target_of.get(sb)
         reason = reason or ""
         size = _as_int(size)
+        if action == "already_present" and dest_elsewhere and tp is not None:
+            # the scan compared the target path under ROOT, not under --dest
+            why = ALREADY_AT_ROOT
+            tp.not_reusable[why] += 1
+            tp.not_reusable_bytes[why] += size
+            continue
         if action == "already_present":
             if tp is not None and (trel is None or trel not in present):
                 present.add(trel)

@@ -1,0 +1,179 @@
+"""`kvmigrate rollback JOURNAL`: removes exactly what a migration created, nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from kvmigrate import layout
+from kvmigrate.cli import cli
+from reference_reader import file_facts, listing
+
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+
+
+def run(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return res.exit_code, res.stdout + res.stderr
+
+
+def run_json(*args) -> tuple[int, dict]:
+    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def journal_records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def created_blocks(journal) -> list[str]:
+    return [r["path"] for r in journal_records(journal) if r["t"] == "done" and r["kind"] == "block"]
+
+
+@pytest.fixture
+def migrated(tmp_path, synth_root):
+    """An llm-d MLA tree (copy_pad) and a vllm.cpp MLA tree (rewrite_header), migrated."""
+    root, results = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"},
+                               {"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    before = listing(root, with_times=False)
+    sources = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    facts = file_facts(root, sources)
+    journal = tmp_path / "j.jsonl"
+    code, out = run("migrate", root, *MLA, "--apply", "--journal", journal)
+    assert code == 0, out
+    assert len(created_blocks(journal)) == 12
+    return root, journal, before, sources, facts
+
+
+def test_rollback_returns_the_tree_to_its_pre_migration_state(migrated):
+    root, journal, before, sources, facts = migrated
+    code, result = run_json("rollback", journal)
+    assert code == 0
+    assert result["removed"] == {"block": 12, "config": 2, "dir": result["removed"]["dir"]}
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+    assert file_facts(root, sources) == facts
+    assert journal_records(journal)[-1]["t"] == "rolled_back"
+
+
+def test_a_block_changed_after_the_migration_is_kept(migrated):
+    root, journal, before, sources, facts = migrated
+    changed = root / created_blocks(journal)[0]
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 0xFF
+    with open(changed, "r+b") as f:  # in place: inode and size unchanged, hash differs
+        f.write(data)
+    code, out = run("rollback", journal)
+    assert code == 8
+    assert str(changed) in out and "content changed" in out
+    assert changed.read_bytes() == bytes(data)
+    # the rest is gone; the folders holding the kept block stay
+    remaining = listing(root, exclude_top=(layout.OWN_DIR,), with_times=False)
+    extra = set(remaining) - set(before)
+    rel = os.path.relpath(changed, root)
+    # (the target base folder went with its config.json: it held nothing else)
+    assert extra == {rel, os.path.dirname(rel), os.path.dirname(os.path.dirname(rel)), rel.split("/")[0]}
+
+
+def test_a_block_replaced_by_another_inode_is_kept(migrated):
+    root, journal, *_ = migrated
+    replaced = root / created_blocks(journal)[1]
+    data = replaced.read_bytes()
+    newer = replaced.with_name("newer")
+    newer.write_bytes(data)
+    os.rename(newer, replaced)  # same bytes, another inode: not the file the migration made
+    code, out = run("rollback", journal)
+    assert code == 8 and "inode differs" in out
+    assert replaced.read_bytes() == data
+
+
+def test_a_changed_config_json_is_kept(migrated):
+    root, journal, *_ = migrated
+    cfg_rel = next(r["path"] for r in journal_records(journal) if r["t"] == "done" and r["kind"] == "config")
+    cfg = root / cfg_rel
+    cfg.write_bytes(cfg.read_bytes() + b"\n")
+    code, out = run("rollback", journal)
+    assert code == 8 and str(cfg) in out
+    assert cfg.exists()
+
+
+def test_files_an_engine_added_later_are_never_removed(migrated):
+    root, journal, *_ = migrated
+    first = root / created_blocks(journal)[0]
+    newcomer = first.parent / ("ee" * 32 + ".bin")
+    newcomer.write_bytes(b"engine wrote this")
+    code, out = run("rollback", journal)
+    assert code == 8 and "not empty" in out
+    assert newcomer.read_bytes() == b"engine wrote this"
+    assert not first.exists()
+
+
+def test_rollback_twice_is_harmless(migrated):
+    root, journal, before, *_ = migrated
+    assert run("rollback", journal)[0] == 0
+    code, result = run_json("rollback", journal)
+    assert code == 0 and result["removed"] == {} and "already rolled back" in result["notes"][0]
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+
+
+def test_rollback_takes_a_directory_of_journals(tmp_path, synth_root):
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    before = listing(root, with_times=False)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert run("migrate", root, *MLA, "--apply", "--dest", dest)[0] == 0
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    assert run("migrate", root, *MLA, "--apply")[0] == 0  # a no-op run: a second journal in ROOT
+    code, result = run_json("rollback", root / layout.OWN_DIR / "journals")
+    assert code == 0 and len(result["journals"]) == 2 and result["removed"]["block"] == 6
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+    assert len(list(dest.rglob("*.bin"))) == 6  # the other destination has its own journal
+    assert run("rollback", dest / layout.OWN_DIR / "journals")[0] == 0
+    assert not list(dest.rglob("*.bin"))
+
+
+def test_rollback_refuses_while_a_migration_holds_the_lock(migrated):
+    root, journal, *_ = migrated
+    base = next(r["base"] for r in journal_records(journal) if r["t"] == "target")
+    lock = root / base / layout.LOCK_NAME
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import fcntl, os, sys, time
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f"{os.getpid()}\\n".encode())
+        print("locked", flush=True); time.sleep(120)
+    """), str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, out = run("rollback", journal)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 8 and str(lock) in out and f"pid {holder.pid}" in out
+    assert all((root / p).exists() for p in created_blocks(journal))
+
+
+def test_a_journal_path_that_leaves_the_destination_is_refused(migrated, tmp_path):
+    root, journal, *_ = migrated
+    outside = tmp_path / "precious.bin"
+    outside.write_bytes(b"x")
+    records = journal_records(journal)
+    for r in records:
+        if r["t"] == "done" and r["kind"] == "block":
+            r["path"] = "../precious.bin"
+            r["ino"] = os.stat(outside).st_ino
+            break
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, out = run("rollback", journal)
+    assert code == 2 and "not a normalized relative path" in out
+    assert outside.read_bytes() == b"x"
+
+
+def test_rollback_of_a_missing_journal_is_a_usage_error(tmp_path):
+    code, out = run("rollback", tmp_path / "nope.jsonl")
+    assert code == 2

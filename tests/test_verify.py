@@ -1,0 +1,123 @@
+"""`kvmigrate verify ROOT [--journal J]`: namespace digests and journaled outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from kvmigrate.cli import cli
+
+MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+
+
+def run(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return res.exit_code, res.stdout + res.stderr
+
+
+def run_json(*args) -> tuple[int, dict]:
+    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def done_records(journal, kind="block") -> list[dict]:
+    return [r for r in map(json.loads, open(journal)) if r["t"] == "done" and r["kind"] == kind]
+
+
+@pytest.fixture
+def migrated(tmp_path, synth_root):
+    root, results = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"},
+                               {"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"},
+                               {"family": "vllm", "scheme": "S1", "tp": 1, "kv_kind": "mla",
+                                "model_name": "org/linked"})
+    journal = tmp_path / "j.jsonl"
+    code, out = run("migrate", root, *MLA, "--apply", "--journal", journal)
+    assert code == 0, out
+    return root, journal
+
+
+def test_a_clean_migration_verifies(migrated):
+    root, journal = migrated
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 0 and result["findings"] == []
+    # 3 source namespaces + vllm.cpp rank 1 + 3 targets, every block and created config
+    assert result["checked"] == {"namespaces": 7, "blocks": 18, "configs": 3}
+
+
+def test_a_tampered_migrated_block_is_found(migrated):
+    root, journal = migrated
+    rec = done_records(journal)[0]
+    path = root / rec["path"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(data)
+    code, out = run("verify", root, "--journal", journal)
+    assert code == 4
+    assert f"block_changed: {path}" in out
+
+
+def test_a_removed_or_replaced_block_is_found(migrated):
+    root, journal = migrated
+    gone, swapped = (root / r["path"] for r in done_records(journal)[:2])
+    gone.unlink()
+    tmp = swapped.with_name("swap")
+    tmp.write_bytes(swapped.read_bytes())
+    os.rename(tmp, swapped)
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 4
+    assert {(f["code"], f["path"]) for f in result["findings"]} == {("block_missing", str(gone)),
+                                                                    ("block_replaced", str(swapped))}
+
+
+def test_a_linked_block_modified_through_its_source_is_found(migrated):
+    """A hard link shares its inode with the source: a rewrite of the source in place
+    changes the migrated block too, and verify must notice."""
+    root, journal = migrated
+    rec = next(r for r in done_records(journal) if r["how"] == "link")
+    path = root / rec["path"]
+    with open(path, "r+b") as f:
+        f.write(b"\xee" * 8)
+    code, out = run("verify", root, "--journal", journal)
+    assert code == 4 and "block_changed" in out
+
+
+def test_a_namespace_whose_config_does_not_prove_its_digest_is_found(tmp_path, synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1, "defects": ("digest_mismatch",)})
+    code, result = run_json("verify", root)
+    assert code == 4
+    (finding,) = result["findings"]
+    assert finding["code"] == "config_digest_mismatch"
+    assert finding["path"].endswith("config.json")
+
+
+def test_an_unparsable_config_is_found(tmp_path, synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1, "defects": ("config_unparsable",)})
+    code, result = run_json("verify", root)
+    assert code == 4 and result["findings"][0]["code"] == "config_invalid"
+
+
+def test_a_changed_created_config_json_is_found(migrated):
+    root, journal = migrated
+    cfg = root / done_records(journal, "config")[0]["path"]
+    cfg.write_bytes(cfg.read_bytes().replace(b'"dtype"', b'"dtype" '))  # same identity, other bytes
+    code, out = run("verify", root, "--journal", journal)
+    assert code == 4 and "config_changed" in out
+
+
+def test_a_rolled_back_journal_has_nothing_to_check(migrated):
+    root, journal = migrated
+    assert run("rollback", journal)[0] == 0
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 0 and result["checked"]["blocks"] == 0
+
+
+def test_verify_without_a_journal_checks_digests_only_and_writes_nothing(migrated):
+    root, journal = migrated
+    before = sorted(os.walk(root))
+    code, out = run("verify", root)
+    assert code == 0 and "no findings" in out
+    assert sorted(os.walk(root)) == before
