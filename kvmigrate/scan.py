@@ -37,7 +37,7 @@ from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,7 +46,7 @@ import xxhash
 
 from kvmigrate import __version__, classify, layout, manifest
 from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
-from kvmigrate.errors import KvMigrateError, MissingFactError, OperationalError, UsageError
+from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
@@ -131,7 +131,7 @@ class ReadResult:
     st: os.stat_result  # fstat of the opened file (the truth if it was replaced meanwhile)
 
 
-def read_file(path: str, *, want_hash: bool, header_len: int = 0, keep: int = 0) -> ReadResult:
+def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
     """Read a regular file once: its header, whole-file and payload XXH3-128, and whether
     every byte is zero. Raises Vanished, or OSError for real I/O problems."""
     try:
@@ -1499,105 +1499,12 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
 
 
 # ---------------------------------------------------------------------------------------
-# Summary (until kvmigrate.report.summary exists: one function, swappable)
-
-
-def _ns_counts(t: pa.Table, key: str) -> dict[str, dict[str, dict[str, int]]]:
-    out: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
-    if t.num_rows == 0:
-        return out
-    g = t.group_by(["source_base", key]).aggregate([("size", "count"), ("size", "sum")])
-    for base, k, cnt, total in zip(g["source_base"].to_pylist(), g[key].to_pylist(),
-                                   g["size_count"].to_pylist(), g["size_sum"].to_pylist()):
-        out[base][k] = {"files": cnt, "bytes": total or 0}
-    return out
-
-
-def _block_actions(t: pa.Table) -> pa.Table:
-    """One row per block: its action (the non-`none` action of its rows, else none), the
-    namespace of its lowest-rank row (the one carrying the action) and the bytes of all
-    its files."""
-    blocks = t.filter(pc.is_valid(t["block_hash"]))
-    codes = {a: i for i, a in enumerate(classify.ACTIONS)}
-    none_code = codes["none"]
-    action_code = pc.fill_null(pc.index_in(blocks["action"], value_set=pa.array(classify.ACTIONS)), none_code)
-    # none ranks lowest so that max() picks the block's action
-    ranked = pc.if_else(pc.equal(action_code, none_code), -1, action_code)
-    keyed = pa.table({"deployment": pc.fill_null(blocks["deployment"], ""), "group": blocks["group"],
-                      "block_hash": blocks["block_hash"], "rank": pc.fill_null(blocks["rank"], 0),
-                      "source_base": blocks["source_base"], "code": ranked, "size": blocks["size"]})
-    keyed = keyed.sort_by([("deployment", "ascending"), ("group", "ascending"), ("block_hash", "ascending"),
-                           ("rank", "ascending")])
-    g = keyed.group_by(["deployment", "group", "block_hash"], use_threads=False).aggregate(
-        [("code", "max"), ("size", "sum"), ("source_base", "first")])
-    names = pa.array(classify.ACTIONS)
-    code = pc.if_else(pc.less(g["code_max"], 0), none_code, g["code_max"])
-    return pa.table({"source_base": g["source_base_first"], "action": pc.take(names, code),
-                     "bytes": g["size_sum"]})
+# Summary
 
 
 def summarize_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The `--json` summary of a manifest (interface.md §1), computed with Arrow."""
-    meta = manifest.read_metadata(path)
-    t = manifest.read_table(path, columns=["relpath", "source_base", "deployment", "rank", "group",
-                                           "block_hash", "size", "status", "action"])
-    t = t.set_column(t.schema.get_field_index("source_base"), "source_base",
-                     pc.cast(t["source_base"], pa.string()))
-    for name in ("deployment", "status", "action"):
-        t = t.set_column(t.schema.get_field_index(name), name, pc.cast(t[name], pa.string()))
-    t = t.set_column(t.schema.get_field_index("source_base"), "source_base", pc.fill_null(t["source_base"], ""))
-    by_status: dict[str, dict[str, int]] = {}
-    if t.num_rows:
-        g = t.group_by("status").aggregate([("size", "count"), ("size", "sum")])
-        for s, c, b in zip(g["status"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist()):
-            by_status[s] = {"files": c, "bytes": b or 0}
-    ns_status = _ns_counts(t, "status")
-    blocks = _block_actions(t) if t.num_rows else pa.table({"source_base": [], "action": [], "bytes": []})
-    by_action: dict[str, dict[str, int]] = {}
-    ns_action: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
-    if blocks.num_rows:
-        g = blocks.group_by("action").aggregate([("bytes", "count"), ("bytes", "sum")])
-        for a, c, b in zip(g["action"].to_pylist(), g["bytes_count"].to_pylist(), g["bytes_sum"].to_pylist()):
-            by_action[a] = {"blocks": c, "bytes": b or 0}
-        g = blocks.group_by(["source_base", "action"]).aggregate([("bytes", "count"), ("bytes", "sum")])
-        for base, a, c, b in zip(g["source_base"].to_pylist(), g["action"].to_pylist(),
-                                 g["bytes_count"].to_pylist(), g["bytes_sum"].to_pylist()):
-            ns_action[base][a] = {"blocks": c, "bytes": b or 0}
-    exit_code = classify.exit_bits(by_status)
-    namespaces = []
-    missing_flags = []
-    for base, nm in sorted(meta.get("namespaces", {}).items()):
-        target = nm.get("target") or {}
-        if nm.get("target_error"):
-            exit_code |= 1
-            missing_flags.append({"namespace": base, "flag": nm.get("target_error_flag"),
-                                  "error": nm.get("target_error")})
-        namespaces.append({
-            "source_base": base, "family": nm.get("family"), "scheme": nm.get("scheme"),
-            "model_name": nm.get("model_name"), "ranks": nm.get("ranks", []),
-            "status": nm.get("status"), "status_reason": nm.get("status_reason"),
-            "digest_ok": nm.get("digest_ok"), "family_evidence": nm.get("family_evidence", []),
-            "target_base": target.get("base_name"),
-            "gate": {"parallel_agnostic": target.get("parallel_agnostic"),
-                     "replicated_layout": target.get("replicated_layout"),
-                     "reasons": target.get("reasons", [])},
-            "target_error": nm.get("target_error"),
-            "assumed_facts": nm.get("assumed_facts", {}),
-            "by_status": ns_status.get(base, {}),
-            "by_action": ns_action.get(base, {}),
-        })
-    if meta.get("walk_failed"):
-        exit_code |= 8
-    return {
-        "root": meta.get("root"),
-        "manifest": os.path.abspath(path),
-        "target_profile": meta.get("target_profile"),
-        "verify": meta.get("verify"),
-        "shard": meta.get("shard"),
-        "totals": {"files": t.num_rows, "bytes": int(pc.sum(t["size"]).as_py() or 0),
-                   "by_status": by_status, "by_action": by_action},
-        "namespaces": namespaces,
-        "missing_facts": missing_flags,
-        "walk_errors": meta.get("walk_errors", []),
-        "exit_code": exit_code,
-    }
+    """The `--json` summary of a manifest (interface.md §1): the one summary model every
+    report renders (kvmigrate.report.summary), so scan, audit and report agree."""
+    from kvmigrate.report.summary import summarize
+
+    return summarize(path)
