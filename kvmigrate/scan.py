@@ -900,7 +900,7 @@ class Walker:
                 continue
             try:
                 with os.scandir(bpath) as it:
-                    fanouts = sorted(it, key=lambda e: e.name)
+                    fanouts = list(it)  # block rows are sorted per bucket below
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -915,13 +915,15 @@ class Walker:
                 if not fe.is_dir(follow_symlinks=False):
                     self.other_file(fe, frel, out, where="bucket folder", ns_cols=m.columns)
                     continue
-                if not layout.FANOUT_RE.match(fe.name):
+                fan = layout.FANOUT_RE.match(fe.name)
+                if not fan:
                     self.dir_rows(fe.path, frel, out, status=None, reason=None, ns_cols=m.columns,
                                   where="bucket folder")
                     continue
+                fan_hh, group = fan.group(1), int(fan.group(2))
                 try:
                     with os.scandir(fe.path) as it:
-                        files = sorted(it, key=lambda e: e.name)
+                        files = list(it)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -937,29 +939,30 @@ class Walker:
                         self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
                                       where="fan-out folder")
                         continue
-                    name = layout.parse_block(hhh, fe.name, e.name)
-                    if name is None or not e.is_file(follow_symlinks=False):
+                    bm = block_match(e.name)  # layout.parse_block, with the fan-out parsed once
+                    if bm is None or not e.is_file(follow_symlinks=False):
                         self.other_file(e, rel, out, where="fan-out folder", ns_cols=m.columns)
                         continue
                     rec = self.entry_record(e, rel, out)
                     if rec is None:
                         continue
-                    rec.rank, rec.group, rec.hex, rec.member = m.rank, name.group, name.hex_hash, mi
+                    hex_hash = bm.group(1)
+                    rec.rank, rec.group, rec.hex, rec.member = m.rank, group, hex_hash, mi
+                    misfiled = hex_hash[0:3] != hhh or hex_hash[3:5] != fan_hh
                     try:
                         est = e.stat(follow_symlinks=False)  # cached by the DirEntry: no syscall
                     except OSError:
                         est = None
-                    if rec.status == "ok" and name.misfiled:
+                    if rec.status == "ok" and misfiled:
                         rec.status = "misfiled"
                         rec.reason = (f"misfiled: fan-out folders {hhh}/{fe.name} do not match the file name "
-                                      f"(it belongs in {name.hex_hash[:3]}/{name.hex_hash[3:5]}_g{name.group}); "
-                                      "never reused")
+                                      f"(it belongs in {hex_hash[:3]}/{hex_hash[3:5]}_g{group}); never reused")
                     if not self._inspect(plan, m, rec, e.path, est):
                         continue  # vanished
                     if rec.status == "misfiled":
                         misc.append((rec, m))
                     else:
-                        blocks.setdefault((name.group, name.hex_hash), []).append(rec)
+                        blocks.setdefault((group, hex_hash), []).append(rec)
         for rec, m in misc:
             rec.action = "none"
             self._emit(out, rec, m.columns, rec.status, rec.reason)
@@ -1111,6 +1114,9 @@ class Walker:
                                               f"with other bytes than {action} would write; never overwritten "
                                               "(use --dest DIR)")
             rec.target_relpath = None
+
+
+block_match = layout.BLOCK_RE.match
 
 
 def _part(bucket: str | None, n: int) -> int:
