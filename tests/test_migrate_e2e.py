@@ -84,10 +84,11 @@ def test_s1_vllm_tp4_full_attention_rekeys_rows_of_four_cells(tmp_path, synth_ro
     assert_reader_finds(root, target, ns, res.blocks, cells=4)
 
 
+@pytest.mark.parametrize("verify", ["size", "hash"])
 @pytest.mark.parametrize("page_bytes,action", [(256, "copy_pad"), (2048, "link")])
-def test_s1_llmd_tp2_mla_replicas_become_the_replicated_row(tmp_path, synth_root, page_bytes, action):
+def test_s1_llmd_tp2_mla_replicas_become_the_replicated_row(tmp_path, synth_root, page_bytes, action, verify):
     root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "page_bytes": page_bytes})
-    summary, meta = migrate_and_read(tmp_path, root, MLA, expect_created=6)
+    summary, meta = migrate_and_read(tmp_path, root, [*MLA, "--verify", verify], expect_created=6)
     assert summary["targets"][0]["actions"][action]["blocks"] == 6
     ns = res.namespaces[0]
     target = _target_of(meta, ns["base_name"])
@@ -143,9 +144,10 @@ def test_s3_namespace_already_in_place_is_all_already_present(tmp_path, synth_ro
     assert_reader_finds(root, target, ns, res.blocks, cells=1)
 
 
-def test_vllmcpp_tp2_mla_replicas_get_a_rewritten_header(tmp_path, synth_root):
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_vllmcpp_tp2_mla_replicas_get_a_rewritten_header(tmp_path, synth_root, verify):
     root, (res,) = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla"})
-    summary, meta = migrate_and_read(tmp_path, root, [], expect_created=6)
+    summary, meta = migrate_and_read(tmp_path, root, ["--verify", verify], expect_created=6)
     rank0 = next(ns for ns in res.namespaces if ns["ranks"] == [0])
     target = _target_of(meta, rank0["base_name"])
     assert target["fields"]["replicated_layout"] is True and target["fields"]["rank"] == 0

@@ -107,3 +107,17 @@ def test_rollback_of_an_interrupted_run_removes_what_it_left(two_roots):
     # a rolled-back journal is not resumed: the next run starts a new one
     again = kvmigrate("migrate", b, *facts, "--apply", "--json")
     assert json.loads(again.stdout)["apply"]["resumed"] is False
+
+
+def test_sigterm_stops_cleanly_and_the_rerun_resumes(two_roots):
+    a, b, facts = two_roots
+    map_a, map_b = source_map(a), source_map(b)
+    assert kvmigrate("migrate", a, *facts, "--apply").returncode == 0
+    stopped = kvmigrate("migrate", b, *facts, "--apply", env_extra={CRASH_ENV: "created:5:TERM"})
+    assert stopped.returncode == 32 and "interrupted" in stopped.stderr
+    assert not list(b.rglob(layout.LOCK_NAME))  # released on the way out
+    (journal,) = (b / layout.OWN_DIR / "journals").iterdir()
+    assert json.loads(journal.read_text().splitlines()[-1])["t"] == "interrupted"
+    resumed = kvmigrate("migrate", b, *facts, "--apply", "--json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["apply"]["resumed"] is True
+    assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)

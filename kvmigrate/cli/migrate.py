@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 
 import click
@@ -109,10 +110,12 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr,
                        desc="migrate")
             progress = bar.update
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # a stopped run stays resumable
         try:
             result = apply_mod.apply_plan(plan, mode=mode, journal=journal, command=apply_command, identity=identity,
                                           progress=progress)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             if bar is not None:
                 bar.close()
         code = result.exit_code
@@ -125,12 +128,18 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             click.echo(apply_mod.render_result(plan, result))
         if result.stop is not None:
             click.echo(f"kvmigrate: error: {result.stop}", err=True)
+            click.echo(f"  journal: {result.journal_path} (rerun the same command to resume, or "
+                       f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
         sys.exit(code)
     finally:
         if tmpdir is not None:
             import shutil
 
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _check_manifest_facts(manifest_path: str, flags: dict, facts_file: str | None) -> None:

@@ -36,8 +36,8 @@ from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
 
 OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
 MODES = ("link", "copy", "auto")
-BATCH = 256
-CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>" -> SIGKILL self at the n-th <point>
+BATCH = 1024
+CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 
 _OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
             errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
@@ -94,16 +94,17 @@ class _CrashSeam:
     """Lets the kill -9 tests stop the process at an exact point of the protocol."""
 
     def __init__(self) -> None:
-        spec = os.environ.get(CRASH_ENV, "")
-        point, _, n = spec.partition(":")
+        point, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
+        n, _, sig = rest.partition(":")
         self.point = point or None
         self.left = int(n) if n.isdigit() else 1
+        self.signal = getattr(signal, f"SIG{sig}", signal.SIGKILL) if sig else signal.SIGKILL
 
     def hit(self, point: str) -> None:
         if point == self.point:
             self.left -= 1
-            if self.left <= 0:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if self.left == 0:
+                os.kill(os.getpid(), self.signal)
 
 
 def _oserror_stop(exc: OSError, where: str, doing: str) -> _Stop:
@@ -172,6 +173,11 @@ class Applier:
             self.result.stop = stop.error
             if self.journal is not None:
                 self.journal.write({"t": "stopped", "error": str(stop.error)}, sync=True)
+        except KeyboardInterrupt:
+            # Ctrl-C / SIGTERM: leave the run resumable (locks released, journal synced)
+            if self.journal is not None:
+                self.journal.write({"t": "interrupted"}, sync=True)
+            raise
         finally:
             for lock in reversed(locks):
                 lock.release()
@@ -246,34 +252,45 @@ class Applier:
 
     # --- folders and config.json -------------------------------------------------------
 
-    def _ensure_dirs(self, reldirs: list[str]) -> None:
-        """Create missing folders (parents first): journal them as an fsynced intent,
-        then a done record per folder this run really created."""
+    def _missing_dirs(self, reldirs: list[str]) -> list[str]:
+        """Folders (and their parents, parents first) that do not exist yet."""
         missing: list[str] = []
+        missing_set: set[str] = set()
         for reldir in reldirs:
             parts = reldir.split("/")
             for i in range(1, len(parts) + 1):
                 d = "/".join(parts[:i])
-                if d in self._known_dirs or d in missing:
+                if d in self._known_dirs or d in missing_set:
                     continue
-                if self.tree.is_dir(d):
-                    self._known_dirs.add(d)
-                else:
+                if d.rpartition("/")[0] in missing_set or not self.tree.is_dir(d):
                     missing.append(d)
-        if not missing:
-            return
-        self.journal.intent([{"kind": "dir", "path": d} for d in missing])
+                    missing_set.add(d)
+                else:
+                    self._known_dirs.add(d)
+        return missing
+
+    def _make_dirs(self, missing: list[str]) -> None:
+        """Create folders an fsynced intent listed; one done record names those this run
+        really created (a folder that appeared meanwhile is not ours)."""
+        created = []
         for d in missing:
             try:
-                created = self.tree.mkdir(d)
+                if self.tree.mkdir(d):
+                    created.append(d)
             except SymlinkInPath:
                 raise
             except OSError as exc:
                 raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
-            if created:
-                self.journal.done({"kind": "dir", "path": d})
             self._known_dirs.add(d)
-        self.journal.sync()
+        if created:
+            self.journal.done({"kind": "dirs", "paths": created})
+
+    def _ensure_dirs(self, reldirs: list[str]) -> None:
+        missing = self._missing_dirs(reldirs)
+        if missing:
+            self.journal.intent([{"kind": "dir", "path": d} for d in missing])
+            self._make_dirs(missing)
+            self.journal.sync()
 
     def _target(self, tp: TargetPlan) -> None:
         self.result.per_target.setdefault(tp.base_name, Counter())
@@ -346,9 +363,8 @@ class Applier:
     # --- blocks -----------------------------------------------------------------------
 
     def _batch(self, tp: TargetPlan, batch: list[BlockAction]) -> None:
-        dirs = sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch})
-        self._ensure_dirs(dirs)
-        items = []
+        missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
+        items: list[dict[str, Any]] = [{"kind": "dir", "path": d} for d in missing]
         for act in batch:
             item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
@@ -357,6 +373,7 @@ class Applier:
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
+        self._make_dirs(missing)
         for act in batch:
             self._block(tp, act)
             if self.progress:

@@ -7,7 +7,8 @@ Record types, in the order a run writes them:
     target    a target namespace: base folder, family, identity digest (for rewrites)
     intent    fsynced BEFORE a batch of creations: every path the batch may create
               (folders that did not exist, config.json, block files with their source)
-    done      after a creation: path, inode, size, xxh3_128 of the output
+    done      after a creation: path, inode, size, xxh3_128 of the output (folders:
+              one record `kind: dirs` with the paths a batch created)
     lock      the lock file of a target base folder was created
     skip      a block not created (conflict, changed_since_scan, failed) and why
     complete  the run finished (outcome counts); a complete run is never resumed
@@ -115,6 +116,9 @@ def load_runs(path: str) -> list[Run]:
         elif t == "intent":
             for item in rec.get("items", []):
                 run.intents[item["path"]] = item
+        elif t == "done" and rec.get("kind") == "dirs":
+            for path in rec.get("paths", []):
+                run.done[path] = {"kind": "dir", "path": path}
         elif t == "done":
             run.done[rec["path"]] = rec
         elif t == "lock":
@@ -210,7 +214,7 @@ class JournalWriter:
                 os.write(self._fd, b"\n")
 
     def write(self, rec: dict[str, Any], sync: bool = False) -> None:
-        line = json.dumps(rec, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode() + b"\n"
+        line = json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         try:
             os.write(self._fd, line)
             if sync:
