@@ -410,3 +410,56 @@ def test_json_summary_has_the_interface_keys(mixed_root):
     assert set(applied["outcomes"]) == {"created", "already_present", "conflict", "changed_since_scan",
                                         "skipped_needs_transform", "failed"}
     assert applied["exit_code"] == code == 0
+
+
+def _target_base(meta) -> str:
+    (ns,) = meta["namespaces"].values()
+    return ns["target"]["base_name"]
+
+
+def test_an_existing_config_json_of_another_identity_stops_that_namespace(tmp_path, synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    m = tmp_path / "m.parquet"
+    base = _target_base(scan_to(root, m, *flags))
+    (root / base).mkdir()
+    foreign = b'{"model_name": "someone-else"}'
+    (root / base / "config.json").write_bytes(foreign)
+    code, summary = run_json("migrate", "--manifest", m, "--apply")
+    assert code == 4
+    assert summary["outcomes"]["created"] == 0 and summary["outcomes"]["conflict"] == 6
+    assert "describes a different identity" in summary["apply"]["namespace_errors"][0]
+    assert (root / base / "config.json").read_bytes() == foreign
+    assert not (root / f"{base}_r0").exists()
+
+
+def test_an_existing_equivalent_vllm_config_json_is_kept_as_it_is(tmp_path, synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    m = tmp_path / "m.parquet"
+    meta = scan_to(root, m, *flags)
+    base = _target_base(meta)
+    (root / base).mkdir()
+    compact = json.dumps(next(iter(meta["namespaces"].values()))["target"]["fields"]).encode()
+    (root / base / "config.json").write_bytes(compact)  # same identity, other bytes
+    journal = tmp_path / "j.jsonl"
+    code, summary = run_json("migrate", "--manifest", m, "--apply", "--journal", journal)
+    assert code == 0 and summary["outcomes"]["created"] == 6
+    assert (root / base / "config.json").read_bytes() == compact
+    assert not [r for r in map(json.loads, open(journal)) if r["t"] == "done" and r.get("kind") == "config"]
+    assert run("rollback", journal)[0] == 0  # removes the blocks, not a config.json it did not create
+    assert (root / base / "config.json").read_bytes() == compact
+    assert not (root / f"{base}_r0").exists()
+
+
+def test_vllmcpp_config_json_must_match_byte_for_byte(tmp_path, synth_root):
+    root, (r,) = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla"})
+    m = tmp_path / "m.parquet"
+    meta = scan_to(root, m)
+    tgt = next(ns["target"] for ns in meta["namespaces"].values() if ns["target"]["replicated_layout"])
+    (root / tgt["base_name"]).mkdir()
+    pretty = json.dumps(tgt["fields"], indent=1, sort_keys=True).encode()  # equal values, other bytes
+    (root / tgt["base_name"] / "config.json").write_bytes(pretty)
+    code, summary = run_json("migrate", "--manifest", m, "--apply")
+    assert code == 4 and summary["outcomes"]["created"] == 0
+    assert (root / tgt["base_name"] / "config.json").read_bytes() == pretty
