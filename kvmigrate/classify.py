@@ -225,29 +225,6 @@ def majority_size(sizes: Counter) -> tuple[set[int], str]:
     return set(sizes), "no majority size among " + ", ".join(f"{s}" for s in sorted(sizes)) + " bytes"
 
 
-def slice_candidates(data: bytes, n: int, max_checks: int = 256) -> list[int]:
-    """Cell sizes c with n*c <= len < n*c + 4096, all n cells equal and the tail zero."""
-    size = len(data)
-    lo = max(1, (size - PAGE) // n + 1)
-    hi = size // n
-    out: list[int] = []
-    probe = data[:min(64, hi)] if hi > 0 else b""
-    c = lo
-    checked = 0
-    while c <= hi and checked < max_checks:
-        # the second cell must start with the first cell's bytes: jump with find()
-        pos = data.find(probe, c, hi + len(probe)) if probe else c
-        if pos < 0 or pos > hi:
-            break
-        c = pos
-        checked += 1
-        cell = data[:c]
-        if all(data[i * c:(i + 1) * c] == cell for i in range(1, n)) and not data[n * c:].strip(b"\0"):
-            out.append(c)
-        c += 1
-    return out
-
-
 # ---------------------------------------------------------------------------------------
 # Block-level rules: replicas, completeness, and the action matrix
 
@@ -412,7 +389,7 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
     return "none", f"unknown writer family {fam!r}"
 
 
-def _slice_plan(plan: UnitPlan, first: FileRecord, group: int, candidates: list[int] | None = None) -> tuple[str, str]:
+def _slice_plan(plan: UnitPlan, first: FileRecord, group: int) -> tuple[str, str]:
     n = plan.world
     size = first.size
     layers = plan.layers.get(group)
@@ -428,19 +405,6 @@ def _slice_plan(plan: UnitPlan, first: FileRecord, group: int, candidates: list[
     hi = size // n
     return "needs_slice", (f"needs_slice: {size}-byte row, N={n} cells, cell size unknown: {n}*c <= {size} < "
                            f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes)")
-
-
-def slice_reason_with_candidates(plan: UnitPlan, size: int, candidates: list[int]) -> str:
-    """Reason for a needs_slice block whose row data was searched for cell sizes."""
-    n = plan.world
-    if len(candidates) == 1:
-        return (f"needs_slice: {size}-byte row, N={n}, the data shows one cell size {candidates[0]} "
-                "(pass --page-bytes to prove it; the slice transform is not available yet)")
-    if not candidates:
-        return (f"needs_slice: {size}-byte row, N={n}: no cell size gives {n} equal cells and a zero tail "
-                "(the row is not N identical MLA cells)")
-    shown = ", ".join(str(c) for c in candidates[:8]) + (" ..." if len(candidates) > 8 else "")
-    return f"needs_slice: {size}-byte row, N={n}, several cell sizes fit the data: {shown} (pass --page-bytes)"
 
 
 def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:

@@ -765,7 +765,7 @@ class Walker:
         self.hashed = verify == "hash"
         self.listing = listing
         self.units = units
-        self._slice_cache: dict[tuple[int, int, int], list[int]] = {}
+        self._slice_cache: dict[tuple[int, int, int], str | None] = {}
         self._euid = os.geteuid()
         self._groups = set(os.getgroups()) | {os.getegid()}
 
@@ -1062,18 +1062,36 @@ class Walker:
         first = next((r for r in recs if r.target_relpath), None)
         if first is None:
             return
-        if first.action == "needs_slice" and self.hashed and not plan.page_bytes:
-            key = (unit.index, group, first.size)
-            cands = self._slice_cache.get(key)
-            if cands is None:
-                data = read_all(os.path.join(self.root, first.relpath), 1 << 30)
-                cands = classify.slice_candidates(data, plan.world) if data is not None else []
-                self._slice_cache[key] = cands
-            first.reason = classify.slice_reason_with_candidates(plan, first.size, cands)
+        if first.action == "needs_slice" and self.hashed:
+            first.reason = self._slice_reason(unit, first, group) or first.reason
         target_dir = first.target_relpath.split("/", 1)[0]
         if target_dir not in self.listing.names or first.target_relpath == first.relpath:
             return
         self._check_existing_target(plan, first)
+
+    def _slice_reason(self, unit: Unit, first: FileRecord, group: int) -> str | None:
+        """Search the row's data for the cell size (kvmigrate.transforms proves it or lists
+        the candidates); once per (unit, group, size): the geometry is the namespace's."""
+        from kvmigrate.transforms import find_slice_cell
+
+        plan = unit.plan
+        key = (unit.index, group, first.size)
+        if key in self._slice_cache:
+            return self._slice_cache[key]
+        data = read_all(os.path.join(self.root, first.relpath), 1 << 30)
+        reason = None
+        if data is not None:
+            layers = plan.layers.get(group)
+            known = (layers * plan.page_bytes * plan.blocks_per_file
+                     if plan.page_bytes and layers and plan.blocks_per_file else None)
+            search = find_slice_cell(data, n=plan.world, known_cell=known)
+            if search.cell is None:
+                reason = search.reason
+            else:
+                reason = (f"needs_slice: {first.size}-byte row of {plan.world} cells, {search.reason}; "
+                          "the slice transform is not available yet")
+        self._slice_cache[key] = reason
+        return reason
 
     def _check_existing_target(self, plan: UnitPlan, rec: FileRecord) -> None:
         tpath = os.path.join(self.root, rec.target_relpath or "")

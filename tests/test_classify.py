@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from kvmigrate.classify import (LEGACY_FLOOR, STATUS_BITS, UNVERIFIED, FileRecord, TargetInfo, UnitPlan,
-                                classify_block, exit_bits, majority_size, size_status, slice_candidates)
+                                classify_block, exit_bits, majority_size, size_status)
 
 HEX = "abcdef" + "0" * 58
 TARGET = TargetInfo(profile="vllm-0.28", base="m_111111111111", d12="111111111111", rank_dir="m_111111111111_r0",
@@ -72,15 +72,6 @@ def test_majority_size_names_the_norm_and_flags_ties():
     assert off == {3072} and "4096" in why
     off, why = majority_size(Counter({4096: 1, 3072: 1}))
     assert off == {3072, 4096} and "no majority" in why
-
-
-def test_slice_candidates_find_equal_cells_and_zero_tail():
-    cell = bytes(range(256)) * 2 + b"\x07" * 100
-    row = cell * 2
-    row += bytes(-len(row) % 4096)
-    assert slice_candidates(row, 2) == [len(cell)]
-    assert slice_candidates(cell + cell[::-1] + bytes(4096 - 2 * len(cell)), 2) == []
-    assert slice_candidates(cell * 4 + bytes(4096 - 4 * len(cell)), 4) == [len(cell)]
 
 
 # -- block rules ------------------------------------------------------------------------------

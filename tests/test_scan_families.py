@@ -113,7 +113,11 @@ def test_vllm_mla_tp2_needs_slice_reports_candidates(synth_root, scan_root):
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"})
     only_action(rows, "needs_slice", "c in 1..2048 (pass --page-bytes)")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"}, verify="hash")
-    only_action(rows, "needs_slice", "the data shows one cell size 512")
+    only_action(rows, "needs_slice", "cell 512 bytes: the only size with 2 equal cells and a zero tail")
+    _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 256}, verify="hash")
+    only_action(rows, "needs_slice", "cell 512 bytes from facts")
+    _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 128}, verify="hash")
+    only_action(rows, "needs_slice", "facts and data disagree")
 
 
 def test_vllm_mla_tp2_without_replicated_target_is_a_link(synth_root, scan_root):
