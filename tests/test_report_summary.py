@@ -137,7 +137,7 @@ def sample_metadata() -> dict:
 EXPECTED = {
     VLLM: {"files": 1 + 40 + 2 + 1, "blocks": 42, "link": 40, "short": 2, "tmp": 1,
            "bytes": 300 + 40 * 2 * MiB + 2 * 0 + 4096},
-    LLMD: {"blocks": 30 + 3, "concat": 30, "incomplete_files": 3},
+    LLMD: {"blocks": 30 + 3 + 1, "concat": 30, "incomplete_files": 4},
     MLA: {"blocks": 20 + 2 + 5, "link": 20, "replica_mismatch_files": 4, "already_present": 5},
     CPP: {"blocks": 10, "rewrite_header": 9, "header_invalid": 1},
     AUTO: {"blocks": 6},
@@ -173,6 +173,8 @@ def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: in
                 reason="rank 1 file missing")
     # llm-d MLA TP=2: 20 linked from rank 0 (rank 1 replica), 2 mismatching replicas,
     # 5 already present (hard links: nlink 2)
+    r.block(LLMD, 1, _hex(9, 5), size=MiB, family="llmd", target=LLMD_T, status="incomplete",
+            reason="block incomplete: rank 0 file missing")
     r.add(MLA, f"{MLA}/config.json", size=400, family="llmd", target=MLA_T)
     for i in range(20):
         h = _hex(i, 6)
@@ -258,10 +260,31 @@ def test_multi_rank_blocks_are_counted_once(sample):
     assert n["blocks"] == EXPECTED[LLMD]["blocks"]
     # concat consumes both rank shards: the bytes of the "part of concat" rows belong to it
     assert n["by_action"]["concat"] == {"blocks": 30, "bytes": 60 * MiB}
-    assert n["by_action"]["none"] == {"blocks": 3, "bytes": 3 * MiB}
-    assert n["by_status"]["incomplete"]["files"] == 3
+    # 3 blocks lack rank 1, one lacks rank 0: each counted once
+    assert n["by_action"]["none"] == {"blocks": 4, "bytes": 4 * MiB}
+    assert n["by_status"]["incomplete"]["files"] == 4
     assert n["reusable"] == {"blocks": 30, "bytes": 60 * MiB}
-    assert n["not_reusable"] == {"blocks": 3, "bytes": 3 * MiB}
+    assert n["not_reusable"] == {"blocks": 4, "bytes": 4 * MiB}
+
+
+def test_unplanned_multi_rank_blocks_count_once(tmp_path):
+    """A refused llm-d target: every rank file of every block is `none` with the same reason."""
+    r = Rows()
+    r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd")
+    for i in range(7):
+        for rank in (0, 1, 2, 3):
+            r.block(LLMD, rank, _hex(i, 4), size=MiB, family="llmd", reason="no target identity for this namespace")
+    for rank in (1, 2):  # a block without its rank-0 and rank-3 files
+        r.block(LLMD, rank, _hex(99, 4), size=MiB, family="llmd", status="incomplete",
+                reason="block incomplete: rank 0,3 file missing")
+    meta = sample_metadata()
+    meta["namespaces"] = {LLMD: dict(meta["namespaces"][LLMD], ranks=[0, 1, 2, 3], target=None,
+                                     target_error="missing deployment fact 'kv_kind'")}
+    with ManifestWriter(tmp_path / "m.parquet", meta) as w:
+        w.write_columns(r.cols)
+    n = _ns(summarize(tmp_path / "m.parquet"), LLMD)
+    assert n["blocks"] == 8
+    assert n["by_action"] == {"none": {"blocks": 8, "bytes": 30 * MiB}}
 
 
 def test_replicas_and_hard_links(sample):
@@ -383,11 +406,13 @@ def test_dataset_directory_of_parts(tmp_path):
 
 def test_small_batches_give_the_same_summary(sample, monkeypatch):
     """Aggregation across batch boundaries (incl. a multi-rank block split over two batches)."""
-    from kvmigrate import manifest as mf
     import kvmigrate.report.summary as sm
 
     whole = summarize(sample)
-    orig = mf.iter_batches
-    monkeypatch.setattr(sm.mf, "iter_batches", lambda p, columns=None, batch_size=0: orig(p, columns, 7))
-    monkeypatch.setattr(sm, "_KEY_COMPACT_ROWS", 10)
+    monkeypatch.setattr(sm, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(sm, "_KEY_COMPACT_ROWS", 3)
+    seen = []
+    real_add = sm._Totals.add
+    monkeypatch.setattr(sm._Totals, "add", lambda self, b: (seen.append(b.num_rows), real_add(self, b)))
     assert summarize(sample) == whole
+    assert max(seen) == 7 and len(seen) > 20

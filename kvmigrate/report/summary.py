@@ -74,9 +74,10 @@ _PASS_RE = re.compile(r"\bpass ([^();]*)")
 _FLAG_RE = re.compile(r"--[a-z][a-z0-9-]*")
 _SECONDARY_PATTERN = r"^(part of [a-z_]+ from rank|replica of rank) [0-9]+"
 
-_COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group"]
+_COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank"]
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
-_KEY_COMPACT_ROWS = 1 << 21  # de-duplicate the multi-rank block keys past this many rows
+_KEY_COMPACT_ROWS = 1 << 20
+_BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
 
 OUTSIDE = None  # source_base of rows outside any namespace (top-level foreign files...)
 
@@ -91,41 +92,46 @@ def _as_str(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 class _Totals:
     """Aggregates merged across batches: small dicts keyed by group, never by row."""
 
-    def __init__(self, single_rank: set[str]):
-        # (ns, status, action, reason, shared, hash_len) -> [files, bytes]
+    def __init__(self, lowest_rank: dict[str, int]):
+        # (ns, status, action, reason, shared, hash_len, at_lowest) -> [files, bytes]
         self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
         self.reasons_seen: dict[tuple, set] = defaultdict(set)
         # (ns, status) -> (relpath, reason) of the first row seen
         self.examples: dict[tuple, tuple[str, str | None]] = {}
-        self.single_rank = single_rank  # namespaces known to hold one row per block
+        self.lowest_rank = lowest_rank  # namespace -> its lowest rank folder (from the metadata)
+        self._names = pa.array(sorted(lowest_rank), pa.string())
+        self._lowest = pa.array([lowest_rank[b] for b in sorted(lowest_rank)], pa.int32())
         self._keys: list[pa.Table] = []
         self._key_rows = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
         t = pa.Table.from_batches([batch])
         nlink = t["nlink"]
+        ns = _as_str(t["source_base"])
         shared = pc.fill_null(pc.greater(nlink, pa.scalar(1, nlink.type)), False)
-        hash_len = pc.binary_length(t["block_hash"])
-        size = pc.fill_null(t["size"], 0)
+        # 1: the row sits in its namespace's lowest rank folder; 0: another rank; 2: unknown namespace
+        lowest = pc.take(self._lowest, pc.index_in(ns, value_set=self._names))
+        at_lowest = pc.fill_null(pc.cast(pc.equal(pc.fill_null(t["rank"], -1), lowest), pa.int8()), 2)
         work = pa.table({
-            "ns": _as_str(t["source_base"]),
+            "ns": ns,
             "status": _as_str(t["status"]),
             "action": _as_str(t["action"]),
             "reason": _as_str(t["reason"]),
             "shared": shared,
-            "hash_len": hash_len,
-            "size": size,
+            "hash_len": pc.binary_length(t["block_hash"]),
+            "at_lowest": at_lowest,
+            "size": pc.fill_null(t["size"], 0),
         })
-        agg = work.group_by(["ns", "status", "action", "reason", "shared", "hash_len"]).aggregate(
+        agg = work.group_by(["ns", "status", "action", "reason", "shared", "hash_len", "at_lowest"]).aggregate(
             [("size", "sum"), ([], "count_all")])
-        for ns, status, action, reason, sh, hl, nbytes, nfiles in zip(*(agg[c].to_pylist() for c in (
-                "ns", "status", "action", "reason", "shared", "hash_len", "size_sum", "count_all"))):
-            seen = self.reasons_seen[(ns, status, action)]
+        for ns_, status, action, reason, sh, hl, low, nbytes, nfiles in zip(*(agg[c].to_pylist() for c in (
+                "ns", "status", "action", "reason", "shared", "hash_len", "at_lowest", "size_sum", "count_all"))):
+            seen = self.reasons_seen[(ns_, status, action)]
             if reason not in seen:
                 if len(seen) >= _REASONS_KEPT and not (reason and _SECONDARY_RE.match(reason)):
                     reason = "(other reasons)"
                 seen.add(reason)
-            g = self.groups[(ns, status, action, reason, bool(sh), hl)]
+            g = self.groups[(ns_, status, action, reason, bool(sh), hl, low)]
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
@@ -145,36 +151,41 @@ class _Totals:
             self.examples.setdefault((ns, status), (rel, reason))
 
     def _add_block_keys(self, work: pa.Table, t: pa.Table) -> None:
-        """Distinct (namespace, group, hash) of the `none` block rows of multi-rank namespaces
-        (rows with an action are one per block already; replica rows belong to a lead)."""
-        not_block = pc.is_in(work["status"], value_set=pa.array(sorted(NOT_BLOCK_STATUSES)))
+        """Keys of the rare `none` rows that may belong to a block without a row in the
+        lowest rank folder: `incomplete` rows, and rows of namespaces the metadata does not
+        list. Every other `none` block is counted by its lowest-rank row (see summarize)."""
+        not_block = pc.fill_null(pc.is_in(work["status"], value_set=pa.array(sorted(NOT_BLOCK_STATUSES))), False)
         action_none = pc.fill_null(pc.equal(work["action"], "none"), True)
         secondary = pc.fill_null(pc.match_substring_regex(work["reason"], _SECONDARY_PATTERN), False)
-        mask = pc.and_(pc.is_valid(t["block_hash"]), pc.invert(pc.fill_null(not_block, False)))
-        mask = pc.and_(mask, pc.and_(action_none, pc.invert(secondary)))
-        mask = pc.and_(mask, pc.is_valid(work["ns"]))
-        if self.single_rank:
-            single = pc.is_in(work["ns"], value_set=pa.array(sorted(self.single_rank), pa.string()))
-            mask = pc.and_(mask, pc.invert(pc.fill_null(single, False)))
-        keys = pa.table({"ns": work["ns"], "group": t["group"], "block_hash": t["block_hash"]}).filter(mask)
+        rare = pc.or_(pc.fill_null(pc.equal(work["status"], "incomplete"), False), pc.equal(work["at_lowest"], 2))
+        mask = pc.and_(pc.and_(pc.is_valid(t["block_hash"]), pc.invert(not_block)),
+                       pc.and_(pc.and_(action_none, pc.invert(secondary)), pc.and_(rare, pc.is_valid(work["ns"]))))
+        keys = pa.table({"ns": work["ns"], "group": t["group"], "block_hash": t["block_hash"],
+                         "at_lowest": work["at_lowest"]}).filter(mask)
         if not keys.num_rows:
             return
-        self._keys.append(keys.group_by(["ns", "group", "block_hash"]).aggregate([]))
+        self._keys.append(keys.group_by(["ns", "group", "block_hash"]).aggregate([("at_lowest", "max")])
+                          .rename_columns(["ns", "group", "block_hash", "at_lowest"]))
         self._key_rows += self._keys[-1].num_rows
         if self._key_rows > _KEY_COMPACT_ROWS:
             self._compact()
 
     def _compact(self) -> None:
         merged = pa.concat_tables(self._keys).combine_chunks()
-        merged = merged.group_by(["ns", "group", "block_hash"]).aggregate([])
-        self._keys = [merged]
-        self._key_rows = merged.num_rows
+        merged = merged.group_by(["ns", "group", "block_hash"]).aggregate([("at_lowest", "max")])
+        self._keys = [merged.rename_columns(["ns", "group", "block_hash", "at_lowest"])]
+        self._key_rows = self._keys[0].num_rows
 
-    def distinct_blocks(self) -> dict[str | None, int]:
+    def blocks_without_lowest_row(self) -> dict[str | None, int]:
+        """Per namespace: blocks none of whose rows is in the lowest rank folder (or whose
+        namespace has no rank list), i.e. blocks the lowest-rank count missed."""
         if not self._keys:
             return {}
         self._compact()
-        counts = self._keys[0].group_by(["ns"]).aggregate([([], "count_all")])
+        extra = self._keys[0].filter(pc.not_equal(self._keys[0]["at_lowest"], 1))
+        if not extra.num_rows:
+            return {}
+        counts = extra.group_by(["ns"]).aggregate([([], "count_all")])
         return dict(zip(counts["ns"].to_pylist(), counts["count_all"].to_pylist()))
 
 
@@ -192,7 +203,7 @@ def _ordered(d: dict[str, dict[str, int]], order: tuple[str, ...], count_key: st
 def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str, Any]]:
     """Fold the merged groups into per-namespace counters."""
     per_ns: dict[Any, dict[str, Any]] = {}
-    for (ns, status, action, reason, shared, hash_len), (files, nbytes) in groups.items():
+    for (ns, status, action, reason, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
         a = per_ns.get(ns)
         if a is None:
             a = per_ns[ns] = {
@@ -224,8 +235,8 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
             a["action_bytes"][part_of.group(1) if part_of else action] += nbytes
         if action != "none":
             a["lead_blocks"][action] += files
-        elif not part_of:
-            a["none_rows"] += files
+        elif at_lowest == 1 and not part_of and not _REPLICA_RE.match(reason or ""):
+            a["none_rows"] += files  # one row per `none` block in the lowest rank folder
         if (action == "none" or action in NEEDS_ACTIONS) and not (reason and _SECONDARY_RE.match(reason)):
             a["reasons"][action][reason or "(no reason)"] += files
             if reason and "aliases_source" in reason:
@@ -275,10 +286,10 @@ _NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_al
 
 
 def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
-                     distinct: dict[Any, int], single_rank: set[str]) -> dict[str, Any]:
+                     extra_blocks: dict[Any, int]) -> dict[str, Any]:
     agg = agg or _NO_ROWS
     target = meta.get("target") or None
-    none_blocks = agg["none_rows"] if base in single_rank else distinct.get(base, 0)
+    none_blocks = agg["none_rows"] + extra_blocks.get(base, 0)
     by_action = {a: {"blocks": agg["lead_blocks"].get(a, 0), "bytes": agg["action_bytes"].get(a, 0)}
                  for a in set(agg["lead_blocks"]) | set(agg["action_bytes"]) if a != "none"}
     by_action["none"] = {"blocks": none_blocks, "bytes": agg["action_bytes"].get("none", 0)}
@@ -350,6 +361,15 @@ def _merge_counts(items: list[dict[str, dict[str, int]]], order: tuple[str, ...]
     return _ordered(out, order, count_key)
 
 
+def _batches(path: str | os.PathLike[str], columns: list[str]):
+    """Stream a manifest file or dataset directory. Unlike the default reader it does not
+    pre-buffer whole row groups: the summary's memory stays flat as manifests grow."""
+    import pyarrow.parquet as pq
+
+    for f in mf._parquet_files(path):
+        yield from pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=_BATCH_ROWS, columns=columns)
+
+
 def exit_code_of(statuses: list[str] | set[str] | dict, *, target_errors: bool = False) -> int:
     """OR of the interface.md §2 bits of the states present (+1 when a target is refused)."""
     code = 0
@@ -372,15 +392,14 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
 
     meta = mf.read_metadata(path)
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
-    # one row per block where the metadata lists a single rank folder; others need distinct keys
-    single_rank = {b for b, m in ns_meta.items() if len(m.get("ranks") or []) == 1}
-    totals = _Totals(single_rank)
-    for batch in mf.iter_batches(path, columns=_COLUMNS):
+    lowest_rank = {b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")}
+    totals = _Totals(lowest_rank)
+    for batch in _batches(path, _COLUMNS):
         totals.add(batch)
     per_ns = _namespace_aggregates(totals.groups)
-    distinct = totals.distinct_blocks()
+    extra_blocks = totals.blocks_without_lowest_row()
     namespaces = [
-        _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), distinct, single_rank)
+        _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), extra_blocks)
         for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
     ]
     outside = per_ns.get(OUTSIDE)
