@@ -688,7 +688,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
     if kind != "block":
         return None
     linked = st.st_ino == item.get("ino") and st.st_dev == item.get("dev")
-    owned = same_as_tmp or (linked and not tmp)
+    owned = same_as_tmp or linked
     how = "link" if linked else "copy"
     if not owned and tmp:
         try:

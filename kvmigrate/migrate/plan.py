@@ -280,46 +280,70 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for tp in targets.values():
         tp.actions.sort(key=lambda a: (a.source_base, a.source.rank, a.target_relpath))
 
-    # 3. counts of what is not created: already present, transforms skipped, not reusable
+    # 3. counts of what is not created (Arrow group_by: no Python object per row)
     untargeted: Counter = Counter()
-    others = _rows(table.select(["source_base", "block_hash", "size", "action", "reason", "target_relpath"]),
-                   pc.and_(pc.is_valid(table.column("block_hash")),
-                           pc.invert(pc.is_in(action_col, pa.array(list(CREATING))))))
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
-    present: set[str] = set()  # a migrated target namespace rescanned is its own source: count once
-    for sb, action, reason, size, trel in zip(others["source_base"], others["action"], others["reason"],
-                                              others["size"], others["target_relpath"]):
+    for sb, action, reason, blocks, nbytes in _grouped_counts(table, action_col):
         tp = target_of.get(sb)
-        reason = reason or ""
-        size = _as_int(size)
-        if action == "already_present" and dest_elsewhere and tp is not None:
+        if action == "already_present" and tp is not None and dest_elsewhere:
             # the scan compared the target path under ROOT, not under --dest
-            why = ALREADY_AT_ROOT
-            tp.not_reusable[why] += 1
-            tp.not_reusable_bytes[why] += size
-            continue
-        if action == "already_present":
-            if tp is not None and (trel is None or trel not in present):
-                present.add(trel)
-                tp.already_present[0] += 1
-                tp.already_present[1] += size
-            continue
-        if action is None or reason.startswith(_PART_REASON_PREFIXES):
-            continue
-        if tp is None:
-            untargeted[reason or action] += 1
+            tp.not_reusable[ALREADY_AT_ROOT] += blocks
+            tp.not_reusable_bytes[ALREADY_AT_ROOT] += nbytes
+        elif action == "already_present":
+            if tp is not None:
+                tp.already_present[0] += blocks
+                tp.already_present[1] += nbytes
+        elif tp is None:
+            untargeted[reason or action] += blocks
         elif action in NEEDS or action in TRANSFORMS:
-            tp.skipped[(action, reason)] += 1
-            tp.skipped_bytes[(action, reason)] += size
+            tp.skipped[(action, reason)] += blocks
+            tp.skipped_bytes[(action, reason)] += nbytes
         else:
-            tp.not_reusable[reason or action] += 1
-            tp.not_reusable_bytes[reason or action] += size
+            tp.not_reusable[reason or action] += blocks
+            tp.not_reusable_bytes[reason or action] += nbytes
 
     return Plan(root=root, dest=os.path.abspath(dest) if dest else root,
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
                 integrity_rows=integrity_rows, status_counts=status_counts)
+
+
+def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, int, int]]:
+    """(source_base, action, reason, blocks, bytes) for block rows that create nothing.
+
+    Rows that only point at their block's rank-0 row are left out (they are not blocks);
+    an already-present target path is counted once, even when a migrated target
+    namespace, rescanned, is its own source."""
+    sub = pa.table({"source_base": pc.cast(table.column("source_base"), pa.string()),
+                    "action": action_col,
+                    "reason": pc.fill_null(pc.cast(table.column("reason"), pa.string()), ""),
+                    "target_relpath": table.column("target_relpath"),
+                    "size": pc.fill_null(table.column("size"), 0)})
+    keep = pc.and_(pc.is_valid(table.column("block_hash")),
+                   pc.invert(pc.fill_null(pc.is_in(action_col, pa.array(list(CREATING))), False)))
+    keep = pc.and_(keep, pc.is_valid(action_col))
+    for prefix in _PART_REASON_PREFIXES:
+        keep = pc.and_(keep, pc.invert(pc.starts_with(sub.column("reason"), prefix)))
+    sub = sub.filter(keep)
+    present = sub.filter(pc.and_(pc.equal(sub.column("action"), "already_present"),
+                                 pc.is_valid(sub.column("target_relpath"))))
+    rest = sub.filter(pc.invert(pc.and_(pc.equal(sub.column("action"), "already_present"),
+                                        pc.is_valid(sub.column("target_relpath")))))
+    out = []
+    if present.num_rows:
+        first = present.group_by("target_relpath").aggregate([("source_base", "min"), ("size", "max"),
+                                                              ("reason", "min")])
+        g = pa.table({"source_base": first["source_base_min"], "reason": first["reason_min"],
+                      "size": first["size_max"]}).group_by("source_base").aggregate(
+            [("size", "count"), ("size", "sum")])
+        out += [(b, "already_present", "", n, t) for b, n, t in
+                zip(g["source_base"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist())]
+    if rest.num_rows:
+        g = rest.group_by(["source_base", "action", "reason"]).aggregate([("size", "count"), ("size", "sum")])
+        out += list(zip(g["source_base"].to_pylist(), g["action"].to_pylist(), g["reason"].to_pylist(),
+                        g["size_count"].to_pylist(), g["size_sum"].to_pylist()))
+    return out
 
 
 def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
