@@ -181,3 +181,25 @@ def test_vllmcpp_tp2_full_attention_is_rank_private_and_untouched(tmp_path, synt
             got = reader.load(blk["hex"], blk["group"])
             assert got.data == expected_vllmcpp_payload(ns, blk["hex"], blk["group"], rank)
         assert reader.keys_on_disk() == {(b["hex"], b["group"]) for b in res.blocks}
+
+
+def test_a_sharded_manifest_directory_and_a_journal_directory(tmp_path, synth_root):
+    """Scale-out shape: one manifest part per shard in a directory, journals in a directory."""
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.scan import scan
+
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 12})
+    parts = tmp_path / "manifest"
+    parts.mkdir()
+    resolver = FactsResolver({"kv_kind": "mla", "model_dtype": "bfloat16"})
+    for k in range(2):
+        scan(root, parts / f"part-{k}.parquet", facts_resolver=resolver, shard=(k, 2), threads=1)
+    journals = tmp_path / "journals"
+    code, summary = run("migrate", "--manifest", parts, "--apply", "--journal", journals, "--json")
+    assert code == 0 and summary["outcomes"]["created"] == 12
+    (journal,) = journals.iterdir()
+    assert journal.suffix == ".jsonl"
+    meta = manifest.read_metadata(parts)
+    ns = res.namespaces[0]
+    assert_reader_finds(root, _target_of(meta, ns["base_name"]), ns, res.blocks, cells=1)
+    assert run("verify", root, "--journal", journals)[0] == 0
