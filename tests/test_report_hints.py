@@ -1,0 +1,166 @@
+"""Each finding ends in the exact command that deals with it (restic-style hints)."""
+
+from __future__ import annotations
+
+from kvmigrate.manifest import ManifestWriter
+from kvmigrate.report.summary import summarize
+
+from test_report_summary import (AUTO, LLMD, LLMD_T, MLA, ROOT, VLLM, VLLM_T, MiB, Rows, _hex,
+                                 sample_metadata, write_sample_manifest)
+
+
+def _one_namespace(tmp_path, base, rows: Rows, **meta_changes):
+    meta = sample_metadata()
+    meta["namespaces"] = {base: dict(meta["namespaces"][base], **meta_changes)}
+    for k in ("root", "target_profile", "verify", "facts"):
+        if k in meta_changes:
+            meta[k] = meta_changes[k]
+    path = tmp_path / "m.parquet"
+    with ManifestWriter(path, meta) as w:
+        w.write_columns(rows.cols)
+    return summarize(path), path
+
+
+def _commands(summary):
+    return [h["command"] for h in summary["hints"]]
+
+
+def test_integrity_findings_list_their_files_first(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    cmds = _commands(s)
+    m = tmp_path / "m.parquet"
+    for status in ("replica_mismatch", "short", "header_invalid"):
+        assert f"kvmigrate report {m} --list {status}" in cmds
+    # integrity (bit 4) before findings (bit 1) before the migration
+    integrity = max(cmds.index(f"kvmigrate report {m} --list {s}") for s in ("replica_mismatch", "short"))
+    assert integrity < cmds.index(f"kvmigrate report {m} --list incomplete")
+    assert cmds[-1] == f"kvmigrate migrate --manifest {m} --apply"
+
+
+def test_missing_fact_reruns_the_scan_with_the_flag_and_keeps_the_others(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    hint = next(h for h in s["hints"] if "target_refused" in h["codes"])
+    # a placeholder stays unquoted: pasted as is, the shell refuses it instead of running a guess
+    assert hint["command"] == (
+        f"kvmigrate scan {ROOT} --kv-kind full --model-dtype <bfloat16|float16> -o {tmp_path / 'm.parquet'}")
+    assert hint["namespaces"] == [AUTO]
+
+
+def test_needs_relayout_asks_for_the_flags_its_reason_names(tmp_path):
+    r = Rows()
+    r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd", target=LLMD_T)
+    for i in range(4):
+        r.block(LLMD, 0, _hex(i, 1), size=MiB, family="llmd", target=LLMD_T, action="needs_relayout",
+                reason="needs_relayout: 1048576 bytes, B=4, T unknown, P unknown (pass --tensors-per-layer and "
+                       "--page-bytes)")
+        r.block(LLMD, 1, _hex(i, 1), size=MiB, family="llmd", target=LLMD_T,
+                reason="part of needs_relayout from rank 0")
+    s, m = _one_namespace(tmp_path, LLMD, r)
+    n = s["namespaces"][0]
+    assert n["by_action"]["needs_relayout"] == {"blocks": 4, "bytes": 8 * MiB}
+    assert n["flags_asked"] == {"needs_relayout": {"--page-bytes": 4, "--tensors-per-layer": 4}}
+    assert (f"kvmigrate scan {ROOT} --kv-kind full --page-bytes <bytes> --tensors-per-layer <2> -o {m}"
+            in _commands(s))
+    assert s["exit_code"] == 0  # a plan that waits for a fact is not a state with exit bits
+
+
+def test_needs_transform_without_missing_fact_says_it_waits(tmp_path):
+    r = Rows()
+    r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd", target=LLMD_T)
+    r.block(LLMD, 0, _hex(1, 1), size=MiB, family="llmd", target=LLMD_T, action="needs_concat",
+            reason="needs_concat: rank 0 ‖ rank 1; the concat transform is not available yet")
+    r.block(LLMD, 1, _hex(1, 1), size=MiB, family="llmd", target=LLMD_T, reason="part of needs_concat from rank 0")
+    s, _ = _one_namespace(tmp_path, LLMD, r)
+    f = next(f for f in s["findings"] if f["code"] == "needs_concat")
+    assert "not available in this version" in f["message"]
+    assert not any("--page-bytes" in c for c in _commands(s))
+
+
+def test_aliases_source_hints_dest(tmp_path):
+    r = Rows()
+    r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd", target=LLMD)
+    r.block(LLMD, 0, _hex(1, 1), size=100, family="llmd", target=LLMD,
+            reason="aliases_source: the target path is this source file, which holds other bytes than copy_pad "
+                   "would write; use --dest DIR")
+    s, m = _one_namespace(tmp_path, LLMD, r, ranks=[0])
+    assert f"kvmigrate migrate --manifest {m} --dest <DIR> --apply" in _commands(s)
+
+
+def test_ambiguous_family_that_matters_hints_family(tmp_path):
+    r = Rows()
+    r.add(VLLM, f"{VLLM}/config.json", size=300, family="ambiguous", target=VLLM_T)
+    r.block(VLLM, 0, _hex(1, 1), family="ambiguous", target=VLLM_T,
+            reason="family ambiguous (S1 written by vLLM or llm-d, and the two readings give different bytes "
+                   "here): pass --family vllm|llmd")
+    s, m = _one_namespace(tmp_path, VLLM, r)
+    assert f"kvmigrate scan {ROOT} --kv-kind full --family <vllm|llmd> -o {m}" in _commands(s)
+    f = next(f for f in s["findings"] if f["code"] == "family_ambiguous")
+    assert f["bits"] == 1
+
+
+def test_harmless_ambiguity_is_a_note_without_command(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    f = next(f for f in s["findings"] if f["code"] == "family_ambiguous")
+    assert f["severity"] == "note" and "changes no decision" in f["message"]
+    assert not any("--family" in c for c in _commands(s))
+
+
+def test_unverified_replicas_hint_verify_hash_only_for_replica_actions(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    hint = next(h for h in s["hints"] if "replicas_unverified" in h["codes"])
+    assert hint["command"] == f"kvmigrate scan {ROOT} --kv-kind full --verify hash -o {tmp_path / 'm.parquet'}"
+    assert hint["namespaces"] == [MLA]  # the concat namespace holds shards, not replicas
+
+
+def test_tmp_leftovers_are_removed_only_by_the_operator(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    hint = next(h for h in s["hints"] if "tmp_leftover" in h["codes"])
+    assert hint["command"] == f"kvmigrate report {tmp_path / 'm.parquet'} --list tmp_leftover -0 | xargs -0 rm -f --"
+    assert "only when no engine writes" in hint["why"]
+
+
+def test_digest_mismatch_hints_identity_of_that_config(tmp_path):
+    r = Rows()
+    r.add(VLLM, f"{VLLM}/config.json", size=300, status="digest_mismatch", reason="config.json hashes to 0123")
+    s, _ = _one_namespace(tmp_path, VLLM, r, status="digest_mismatch", target=None)
+    assert f"kvmigrate identity {ROOT}/{VLLM}/config.json" in _commands(s)
+    assert s["exit_code"] == 5
+
+
+def test_walk_errors_set_the_operational_bit_and_hint_a_rescan(tmp_path):
+    r = Rows()
+    r.add(VLLM, f"{VLLM}/config.json", size=300)
+    meta = sample_metadata()
+    meta["namespaces"] = {VLLM: dict(meta["namespaces"][VLLM], family="vllm", assumed_facts={})}
+    meta["walk_errors"] = [f"{VLLM}_r0/abc: cannot list: [Errno 13] Permission denied"]
+    meta["walk_failed"] = True
+    with ManifestWriter(tmp_path / "m.parquet", meta) as w:
+        w.write_columns(r.cols)
+    s = summarize(tmp_path / "m.parquet")
+    assert s["exit_code"] == 8
+    f = next(f for f in s["findings"] if f["code"] == "walk_errors")
+    assert f["severity"] == "operational" and "Permission denied" in f["message"]
+    assert s["hints"][0]["command"] == f"kvmigrate scan {ROOT} --kv-kind full -o {tmp_path / 'm.parquet'}"
+
+
+def test_commands_quote_roots_with_spaces_and_keep_the_target(tmp_path):
+    meta = sample_metadata()
+    meta["root"] = "/srv/kv cache"
+    meta["target_profile"] = "vllm-0.27"
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet", metadata=meta))
+    hint = next(h for h in s["hints"] if "target_refused" in h["codes"])
+    assert hint["command"].startswith("kvmigrate scan '/srv/kv cache' --target vllm-0.27 --kv-kind full ")
+
+
+def test_temporary_manifest_hints_write_one_first(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"), manifest=None, verb="audit")
+    assert (f"kvmigrate scan {ROOT} --kv-kind full -o kvmigrate-manifest.parquet && kvmigrate report "
+            "kvmigrate-manifest.parquet --list short") in _commands(s)
+    assert f"kvmigrate migrate {ROOT} --kv-kind full --apply" in _commands(s)
+    assert any(c.startswith(f"kvmigrate audit {ROOT} --kv-kind full --model-dtype") for c in _commands(s))
+
+
+def test_claims_and_assumed_facts_are_reported(tmp_path):
+    s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
+    notes = [f for f in s["findings"] if f["code"] == "assumed_facts" and f["namespace"] == VLLM]
+    assert notes and notes[0]["assumed"] == {"runner": "v1", "executor": "mp"}
