@@ -1,0 +1,1236 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks of kvmigrate against the standard tools, on the same trees.
+
+Builds synthetic cache trees with `kvmigrate synth` (several processes in parallel),
+warms them, then runs each comparison group on the same warm tree, rotating the order
+of the commands every repetition (A,B then B,A ...), and writes `reports/BENCHMARKS.md`
+and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's targets.
+
+    python3 scripts/bench.py --scale small --reps 2        # ~1-2 minutes
+    python3 scripts/bench.py --scale large --keep          # the issue's sizes (1M files, 4 GiB)
+    python3 scripts/bench.py --scale small --profile       # + "Where the time goes"
+
+Groups (see GROUPS below):
+  meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
+  hash4k    kvmigrate scan --verify hash  vs  find|xargs xxhsum -H2, jdupes -r, rdfind
+  hash1m    the same on the 1 MiB-file tree (bandwidth rather than per-file overhead)
+  migrate   kvmigrate migrate --apply (all link actions)  vs  cp -al     (4 KiB tree)
+  startup   kvmigrate --help (20 runs) and python3 -c pass for reference
+
+Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
+fd-find, findutils, coreutils and util-linux (fincore). `.ci/run` does not run it.
+Peak RSS and CPU times come from os.wait4() on each command (the rusage of the process
+and its reaped children, the same figure `/usr/bin/time -v` prints as "Maximum resident
+set size").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "reports"
+DEFAULT_WORKDIR = Path("/work/bench-tmp")
+
+# tool -> Debian package that ships it
+TOOLS = {
+    "find": "findutils", "xargs": "findutils", "cp": "coreutils", "xxhsum": "xxhash", "jdupes": "jdupes",
+    "rdfind": "rdfind", "fdfind": "fd-find", "fincore": "util-linux",
+}
+INSTALL_HINT = "apt-get update && apt-get install -y xxhash jdupes rdfind fd-find findutils coreutils util-linux"
+
+# Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
+FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+
+
+# --------------------------------------------------------------------------- trees
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """One synthetic tree: llm-d, TP=2, MLA (identical replicas on both ranks, so the
+    duplicate finders have real replica groups to find), real fan-out <hhh>/<hh>_g0.
+    Four MLA layers of `page_bytes` each make one file of 4 x page_bytes."""
+
+    name: str
+    title: str
+    blocks: int          # block keys in total (files = 2 x blocks, one per rank)
+    page_bytes: int
+    tp: int = 2
+    layers: int = 4
+
+    @property
+    def file_bytes(self) -> int:
+        return self.layers * self.page_bytes
+
+    @property
+    def files(self) -> int:
+        return self.tp * self.blocks
+
+    def synth_args(self, blocks: int, seed: int) -> list[str]:
+        return ["--family", "llmd", "--tp", str(self.tp), "--kv-kind", "mla", "--layers", str(self.layers),
+                "--block-bytes", str(self.page_bytes), "--blocks", str(blocks), "--seed", str(seed)]
+
+
+SCALES = {
+    # quick run: ~50k small files + 256 MiB of 1 MiB files
+    "small": {"files4k": 25_000, "files1m": 128},
+    # the issue's sizes: >= 1M small files, >= 4 GiB of 1 MiB files
+    "large": {"files4k": 500_000, "files1m": 2_048},
+}
+
+
+def tree_specs(scale: str) -> dict[str, TreeSpec]:
+    s = SCALES[scale]
+    return {
+        "files4k": TreeSpec("files4k", "4 KiB files (per-file overhead)", s["files4k"], 1024),
+        "files1m": TreeSpec("files1m", "1 MiB files (bandwidth)", s["files1m"], 256 * 1024),
+    }
+
+
+FANOUT_LEAVES = 4096 * 256  # <hhh>/<hh> leaf folders one rank folder can have
+
+
+def expected_dirs(blocks: int) -> int:
+    """Folders one rank folder of `blocks` uniformly hashed keys occupies (<hhh> + leaves)."""
+    hhh = 4096 * (1 - math.exp(-blocks / 4096))
+    leaves = FANOUT_LEAVES * (1 - math.exp(-blocks / FANOUT_LEAVES))
+    return int(hhh + leaves) + 1
+
+
+def space_needed(specs: dict[str, TreeSpec], groups: list[str]) -> dict[str, int]:
+    """Bytes and inodes the run needs at its peak: both trees, one extra copy of a rank
+    folder's folders (cp -al or the migrated namespace, removed between repetitions),
+    the manifests and the tool outputs."""
+    block = 4096
+    inodes = 0
+    nbytes = 0
+    for spec in specs.values():
+        dirs = spec.tp * expected_dirs(spec.blocks) + spec.tp + 2
+        inodes += spec.files + 1 + dirs
+        nbytes += spec.files * max(block, -(-spec.file_bytes // block) * block) + dirs * block
+        manifests = 4 if "migrate" in groups else 2
+        nbytes += manifests * spec.files * 200
+        nbytes += 3 * spec.files * 300  # jdupes / rdfind / xxhsum outputs
+    if "migrate" in groups:
+        d = expected_dirs(specs["files4k"].blocks) + 4
+        inodes += 2 * d
+        nbytes += 2 * d * block
+    return {"bytes": int(nbytes * 1.1) + (1 << 30), "inodes": int(inodes * 1.1) + 10_000}
+
+
+def fs_free(path: Path) -> dict[str, int]:
+    st = os.statvfs(path)
+    return {"bytes": st.f_bavail * st.f_frsize, "inodes": st.f_favail, "total_bytes": st.f_blocks * st.f_frsize,
+            "total_inodes": st.f_files}
+
+
+# --------------------------------------------------------------------------- running commands
+
+@dataclass
+class Run:
+    wall_s: float
+    user_s: float
+    sys_s: float
+    maxrss_kib: int
+    rc: int
+
+    def as_dict(self) -> dict:
+        return {"wall_s": round(self.wall_s, 4), "user_s": round(self.user_s, 4), "sys_s": round(self.sys_s, 4),
+                "maxrss_kib": self.maxrss_kib, "rc": self.rc}
+
+
+def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | None = None,
+                 cwd: str | None = None, env: dict | None = None) -> Run:
+    """Run one command, wait for it with wait4 and return wall time and its rusage."""
+    out = open(stdout, "wb") if stdout else subprocess.DEVNULL
+    err = open(stderr, "wb") if stderr else subprocess.DEVNULL
+    try:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+        _pid, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        for f in (out, err):
+            if not isinstance(f, int):
+                f.close()
+    return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode)
+
+
+def sh(cmd: str) -> list[str]:
+    return ["/bin/sh", "-c", cmd]
+
+
+def q(path: Any) -> str:
+    return shlex.quote(str(path))
+
+
+def tail(path: str | Path, n: int = 6) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def capture(argv: list[str], **kw: Any) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable ({exc})"
+    return (p.stdout or p.stderr).strip()
+
+
+@dataclass
+class Command:
+    """One timed command of a group."""
+
+    key: str
+    label: str
+    argv: list[str]
+    kind: str                      # "kvmigrate" | "baseline"
+    ok_rcs: tuple[int, ...] = (0,)
+    stdout: str | None = None      # file that receives stdout (None: /dev/null)
+    reset: Any = None              # callable run (untimed) after each run
+    check: Any = None              # callable(Run) -> dict of facts from the run's output
+    available: bool = True
+    why_unavailable: str = ""
+    runs: list[Run] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def shell(self) -> str:
+        return self.argv[2] if self.argv[:2] == ["/bin/sh", "-c"] else " ".join(q(a) for a in self.argv)
+
+    def summary(self) -> dict:
+        walls = [r.wall_s for r in self.runs]
+        d: dict[str, Any] = {"key": self.key, "label": self.label, "kind": self.kind, "command": self.shell,
+                             "available": self.available}
+        if not self.available:
+            d["why_unavailable"] = self.why_unavailable
+        if self.error:
+            d["error"] = self.error
+        if walls:
+            d.update({
+                "median_s": round(statistics.median(walls), 4), "min_s": round(min(walls), 4),
+                "max_s": round(max(walls), 4),
+                "median_user_s": round(statistics.median(r.user_s for r in self.runs), 4),
+                "median_sys_s": round(statistics.median(r.sys_s for r in self.runs), 4),
+                "peak_rss_mib": round(max(r.maxrss_kib for r in self.runs) / 1024, 1),
+                "runs": [r.as_dict() for r in self.runs],
+            })
+        if self.facts:
+            d["facts"] = self.facts
+        return d
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(r.wall_s for r in self.runs) if self.runs else None
+
+
+@dataclass
+class Group:
+    key: str
+    title: str
+    tree: str
+    commands: list[Command]
+    pairs: list[tuple[str, str]]   # (kvmigrate command key, baseline key): ratio = A / B
+    note: str = ""
+    items: int | None = None       # what a rate counts (default: the tree's files)
+    item_name: str = "files"
+    loadavg: dict = field(default_factory=dict)
+
+
+def run_group(group: Group, reps: int, log: Any, out_dir: Path) -> None:
+    """Each repetition runs every available command once; the order rotates per
+    repetition so no command always runs first (or right after a cache-heavy one)."""
+    cmds = [c for c in group.commands if c.available]
+    for rep in range(reps):
+        shift = rep % len(cmds) if cmds else 0
+        for cmd in cmds[shift:] + cmds[:shift]:
+            if cmd.error:
+                continue
+            os.sync()  # nothing of the previous command's writeback lands in this one's time
+            errfile = str(out_dir / f"{cmd.key}.stderr")
+            r = run_measured(cmd.argv, stdout=cmd.stdout, stderr=errfile)
+            if r.rc not in cmd.ok_rcs:
+                cmd.error = f"exit code {r.rc}: {tail(errfile)}"
+                log(f"    {cmd.label}: FAILED ({cmd.error})")
+            else:
+                cmd.runs.append(r)
+                log(f"    rep {rep + 1} {cmd.label}: {r.wall_s:.3f} s, peak RSS {r.maxrss_kib / 1024:.0f} MiB")
+                if cmd.check:
+                    try:
+                        cmd.facts.update(cmd.check(r))
+                    except Exception as exc:  # a check is evidence, not a reason to stop
+                        cmd.facts["check_error"] = f"{type(exc).__name__}: {exc}"
+            if cmd.reset:
+                cmd.reset()
+
+
+# --------------------------------------------------------------------------- helpers on trees
+
+def walk_counts(root: Path, sample: int = 256, seed: int = 0) -> dict:
+    """Files, bytes and folders of a tree (one `find -printf` pass), plus a random sample
+    of file paths to check page-cache residency with."""
+    proc = subprocess.Popen(["find", str(root), "-printf", r"%y %s %p\n"], stdout=subprocess.PIPE)
+    files = dirs = other = nbytes = 0
+    rng = random.Random(seed)
+    picked: list[str] = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        kind, size, path = raw.decode("utf-8", "surrogateescape").rstrip("\n").split(" ", 2)
+        if kind == "f":
+            files += 1
+            nbytes += int(size)
+            if len(picked) < sample:
+                picked.append(path)
+            else:
+                j = rng.randrange(files)
+                if j < sample:
+                    picked[j] = path
+        elif kind == "d":
+            dirs += 1
+        else:
+            other += 1
+    proc.wait()
+    return {"files": files, "bytes": nbytes, "dirs": dirs, "other": other, "inodes": files + dirs + other,
+            "sample": picked}
+
+
+def residency(paths: list[str]) -> float | None:
+    """Fraction of the sampled files' pages in the page cache (fincore)."""
+    if not paths or not shutil.which("fincore"):
+        return None
+    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *paths],
+                       capture_output=True, text=True)
+    res = size = 0
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            res += int(parts[0])
+            size += int(parts[1])
+    return round(res / size, 4) if size else None
+
+
+def warm(root: Path) -> float:
+    """Read every folder entry, inode and byte of the tree once (untimed)."""
+    start = time.perf_counter()
+    subprocess.run(sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"), check=False)
+    subprocess.run(sh(f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null"), check=False)
+    return time.perf_counter() - start
+
+
+def rmtree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def count_jdupes_groups(path: str) -> int:
+    """jdupes prints each set of duplicates as lines separated by one blank line."""
+    groups = 0
+    in_group = False
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                if not in_group:
+                    groups += 1
+                in_group = True
+            else:
+                in_group = False
+    return groups
+
+
+def count_rdfind_groups(path: str) -> int:
+    """rdfind's results file has one DUPTYPE_FIRST_OCCURRENCE line per duplicate set."""
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.startswith(b"DUPTYPE_FIRST_OCCURRENCE"):
+                n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- the bench
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.scale = args.scale
+        self.reps = args.reps
+        self.workdir = Path(args.workdir or DEFAULT_WORKDIR / args.scale).resolve()
+        self.out_dir = Path(args.out_dir).resolve()
+        self.kvm = self._find_kvmigrate(args.kvmigrate)
+        self.kvm_python = self._interpreter_of(self.kvm)
+        self.specs = tree_specs(self.scale)
+        self.groups_wanted = [g.strip() for g in args.only.split(",")] if args.only else \
+            ["meta", "hash4k", "hash1m", "migrate", "startup"]
+        self.trees: dict[str, dict] = {}
+        self.groups: list[Group] = []
+        self.startup: dict = {}
+        self.profile: dict = {}
+        self.notes: list[str] = []
+        self.started = time.time()
+        self.log_lines: list[str] = []
+
+    # ---- plumbing
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.time() - self.started:7.1f}s] {msg}"
+        self.log_lines.append(line)
+        print(line, flush=True)
+
+    @staticmethod
+    def _find_kvmigrate(given: str | None) -> str:
+        if given:
+            return str(Path(given).resolve())
+        beside = Path(sys.executable).with_name("kvmigrate")
+        for cand in (Path("/work/venv/bin/kvmigrate"), beside):
+            if cand.exists():
+                return str(cand)
+        found = shutil.which("kvmigrate")
+        if not found:
+            sys.exit("bench: no `kvmigrate` executable found; pass --kvmigrate PATH "
+                     "(e.g. /work/venv/bin/kvmigrate after `pip install -e .`)")
+        return found
+
+    @staticmethod
+    def _interpreter_of(script: str) -> str:
+        try:
+            with open(script, "rb") as f:
+                first = f.readline().decode()
+        except OSError:
+            return sys.executable
+        if first.startswith("#!") and "python" in first:
+            return first[2:].strip().split()[0]
+        return sys.executable
+
+    def kvm_has(self, command: str) -> tuple[bool, str]:
+        p = subprocess.run([self.kvm, command, "--help"], capture_output=True, text=True)
+        if p.returncode == 0:
+            return True, ""
+        msg = (p.stderr or p.stdout).strip().splitlines()
+        return False, f"`kvmigrate {command}` is not available ({msg[-1] if msg else 'exit ' + str(p.returncode)})"
+
+    def check_tools(self) -> None:
+        missing = [t for t in TOOLS if not shutil.which(t)]
+        if not Path("/usr/bin/time").exists():
+            self.notes.append("/usr/bin/time is not installed (not needed: RSS comes from os.wait4).")
+        if missing:
+            pkgs = sorted({TOOLS[t] for t in missing})
+            sys.exit(f"bench: missing tools: {', '.join(missing)} (Debian packages {', '.join(pkgs)}).\n"
+                     f"Install them with: {INSTALL_HINT}")
+
+    # ---- space and trees
+
+    def check_space(self) -> dict:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        need = space_needed(self.specs, self.groups_wanted)
+        free = fs_free(self.workdir)
+        reuse = {name: self._stamp_ok(spec) for name, spec in self.specs.items()}
+        info = {"workdir": str(self.workdir), "needed_bytes_estimate": need["bytes"],
+                "needed_inodes_estimate": need["inodes"], "free_bytes_before": free["bytes"],
+                "free_inodes_before": free["inodes"], "fs_total_bytes": free["total_bytes"],
+                "fs_total_inodes": free["total_inodes"], "trees_reused": reuse}
+        self.log(f"workdir {self.workdir}: needs about {need['bytes'] / 2**30:.1f} GiB and "
+                 f"{need['inodes']:,} inodes; free {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,} inodes")
+        if not all(reuse.values()) and (need["bytes"] > free["bytes"] or need["inodes"] > free["inodes"]):
+            msg = (f"bench: not enough room in {self.workdir}: need ~{need['bytes'] / 2**30:.1f} GiB and "
+                   f"{need['inodes']:,} inodes, have {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,}. "
+                   "Use --workdir on a bigger filesystem or --scale small.")
+            if not self.args.force:
+                sys.exit(msg + " (--force to try anyway)")
+            self.notes.append(msg + " Ran anyway (--force).")
+        return info
+
+    def tree_root(self, name: str) -> Path:
+        return self.workdir / "trees" / name
+
+    def _stamp_path(self, name: str) -> Path:
+        return self.workdir / "trees" / f"{name}.stamp.json"
+
+    def _stamp_ok(self, spec: TreeSpec) -> bool:
+        try:
+            stamp = json.loads(self._stamp_path(spec.name).read_text())
+        except (OSError, ValueError):
+            return False
+        return stamp.get("spec") == spec.__dict__ and self.tree_root(spec.name).is_dir()
+
+    def build_tree(self, spec: TreeSpec) -> dict:
+        """Build with `kvmigrate synth` in --jobs processes, one seed each, into one root:
+        the same namespace (same config.json), disjoint block keys."""
+        root = self.tree_root(spec.name)
+        stamp = self._stamp_path(spec.name)
+        if self._stamp_ok(spec):
+            info = json.loads(stamp.read_text())
+            info["reused"] = True
+            for name in sorted(set(os.listdir(root)) - set(info["top_level"])):
+                self.log(f"tree {spec.name}: removing {name} left by an earlier run")
+                rmtree(root / name)
+            self.log(f"tree {spec.name}: reusing {root} ({info['counts']['files']:,} files)")
+            return info
+        rmtree(root)
+        stamp.unlink(missing_ok=True)
+        root.mkdir(parents=True)
+        jobs = max(1, min(self.args.jobs, spec.blocks))
+        shares = [spec.blocks // jobs + (1 if i < spec.blocks % jobs else 0) for i in range(jobs)]
+        self.log(f"tree {spec.name}: building {spec.files:,} files of {spec.file_bytes:,} B with "
+                 f"{jobs} synth processes")
+        start = time.perf_counter()
+        procs = []
+        logs = []
+        for i, n in enumerate(shares):
+            argv = [self.kvm, "synth", str(root), *spec.synth_args(n, seed=1 + i)]
+            logf = self.workdir / f"synth-{spec.name}-{i}.log"
+            logs.append(logf)
+            with open(logf, "wb") as f:
+                procs.append((argv, subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)))
+        for argv, p in procs:
+            if p.wait() != 0:
+                sys.exit(f"bench: `{' '.join(argv)}` failed (exit {p.returncode}); see {logs[procs.index((argv, p))]}")
+        seconds = time.perf_counter() - start
+        counts = walk_counts(root)
+        if counts["files"] != spec.files + 1:
+            sys.exit(f"bench: {root} has {counts['files']} files, expected {spec.files + 1} "
+                     "(block files + config.json)")
+        info = {
+            "spec": spec.__dict__, "root": str(root), "build_s": round(seconds, 2),
+            "build_files_per_s": round(spec.files / seconds), "build_method": f"kvmigrate synth x{jobs} processes",
+            "synth_commands": [" ".join(q(a) for a in argv) for argv, _ in procs],
+            "counts": {k: v for k, v in counts.items() if k != "sample"}, "reused": False,
+            "top_level": sorted(os.listdir(root)),
+        }
+        stamp.write_text(json.dumps(info, indent=1))
+        self.log(f"tree {spec.name}: {counts['files']:,} files, {counts['dirs']:,} folders, "
+                 f"{counts['bytes'] / 2**20:,.0f} MiB in {seconds:.1f} s")
+        return info
+
+    # ---- groups
+
+    def _scan_cmd(self, key: str, label: str, tree: str, verify: str) -> Command:
+        root = self.tree_root(tree)
+        out = self.workdir / "out" / f"{key}.parquet"
+        stdout = str(self.workdir / "out" / f"{key}.json")
+        argv = [self.kvm, "scan", str(root), "--verify", verify, "-q", "--json", "-o", str(out), *FACTS]
+        if self.args.threads:
+            argv += ["--threads", str(self.args.threads)]
+        ok, why = self.kvm_has("scan")
+
+        def check(_run: Run) -> dict:
+            summary = json.loads(Path(stdout).read_text())
+            facts = {"files": summary["totals"]["files"], "bytes": summary["totals"]["bytes"],
+                     "by_status": {s: v["files"] for s, v in summary["totals"]["by_status"].items()},
+                     "by_action": {a: v["blocks"] for a, v in summary["totals"]["by_action"].items()},
+                     "exit_code": summary.get("exit_code")}
+            if verify == "hash":
+                facts["replica_groups"] = self.manifest_replica_groups(out)
+            return facts
+
+        return Command(key, label, argv, "kvmigrate", ok_rcs=(0, 1), stdout=stdout, check=check, available=ok,
+                       why_unavailable=why)
+
+    def manifest_replica_groups(self, manifest: Path) -> int | str:
+        """Sets of >= 2 files with equal whole-file XXH3-128 in the manifest (what jdupes
+        and rdfind report as duplicate sets), counted with kvmigrate's own interpreter."""
+        code = ("import sys, pyarrow.compute as pc; from kvmigrate.manifest import read_table\n"
+                "t = read_table(sys.argv[1], columns=['content_xxh3_128'])\n"
+                "c = t.column('content_xxh3_128')\n"
+                "nulls = c.null_count\n"
+                "t = t.filter(pc.is_valid(c)).group_by('content_xxh3_128').aggregate([([], 'count_all')])\n"
+                "print(pc.sum(pc.greater_equal(t.column('count_all'), 2)).as_py() or 0, nulls)\n")
+        p = subprocess.run([self.kvm_python, "-c", code, str(manifest)], capture_output=True, text=True)
+        if p.returncode != 0:
+            return f"not counted ({(p.stderr.strip().splitlines() or ['?'])[-1]})"
+        groups, nulls = p.stdout.split()
+        if int(nulls):
+            return f"{groups} ({nulls} rows without a content hash)"
+        return int(groups)
+
+    def group_meta(self) -> Group:
+        root = self.tree_root("files4k")
+        cmds = [
+            self._scan_cmd("meta_kvm", "kvmigrate scan --verify size", "files4k", "size"),
+            Command("meta_find", "find -printf", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"),
+                    "baseline"),
+            Command("meta_fd", "fdfind --type f", sh(f"fdfind -uu --type f . {q(root)} > /dev/null"), "baseline"),
+            Command("meta_fd_l", "fdfind --type f -l", sh(f"fdfind -uu --type f -l . {q(root)} > /dev/null"),
+                    "baseline"),
+        ]
+        return Group("meta", "Metadata scan (4 KiB-file tree)", "files4k", cmds,
+                     [("meta_kvm", "meta_find"), ("meta_kvm", "meta_fd"), ("meta_kvm", "meta_fd_l")],
+                     note="find and fdfind only list (find also stats); kvmigrate also identifies namespaces, "
+                          "classifies every block and writes the Parquet manifest. `fdfind` does not stat; "
+                          "`fdfind -l` runs `ls -l` on batches of files.")
+
+    def group_hash(self, key: str, tree: str) -> Group:
+        root = self.tree_root(tree)
+        out = self.workdir / "out"
+        jd_out = str(out / f"{key}_jdupes.txt")
+        rd_out = str(out / f"{key}_rdfind.txt")
+        xx_out = str(out / f"{key}_xxhsum.count")
+        cmds = [
+            self._scan_cmd(f"{key}_kvm", "kvmigrate scan --verify hash", tree, "hash"),
+            Command(f"{key}_xxhsum", "find | xargs xxhsum -H2",
+                    sh(f"find {q(root)} -type f -print0 | xargs -0 xxhsum -H2 > /dev/null"), "baseline",
+                    stdout=xx_out),
+            Command(f"{key}_jdupes", "jdupes -r", ["jdupes", "-r", "-q", str(root)], "baseline", stdout=jd_out,
+                    check=lambda _r: {"replica_groups": count_jdupes_groups(jd_out)}),
+            Command(f"{key}_rdfind", "rdfind -dryrun true",
+                    ["rdfind", "-dryrun", "true", "-outputname", rd_out, str(root)], "baseline",
+                    stdout=str(out / f"{key}_rdfind.log"),
+                    check=lambda _r: {"replica_groups": count_rdfind_groups(rd_out)}),
+        ]
+        spec = self.specs[tree]
+        return Group(key, f"Content verification: {spec.title}", tree, cmds,
+                     [(f"{key}_kvm", f"{key}_xxhsum"), (f"{key}_kvm", f"{key}_jdupes"),
+                      (f"{key}_kvm", f"{key}_rdfind")],
+                     note="Same files, same bytes: every file of the tree is read whole and hashed. "
+                          "kvmigrate compares each block's rank replicas and writes the manifest; jdupes and "
+                          "rdfind group equal files (their group counts are checked against the manifest's).")
+
+    def group_migrate(self) -> Group:
+        tree = "files4k"
+        root = self.tree_root(tree)
+        out = self.workdir / "out"
+        manifest = out / "migrate_source.parquet"
+        rank0 = [p for p in sorted(root.iterdir()) if p.name.endswith("_r0")]
+        cp_dest = self.workdir / "cpal"
+        before = set(os.listdir(root))
+
+        def reset_root() -> None:
+            """Delete what migrate created under ROOT: the new top-level target folders and
+            kvmigrate's own .kvmigrate/ (journal, lock) — never a source folder."""
+            for name in sorted(set(os.listdir(root)) - before):
+                rmtree(root / name)
+
+        def reset_cp() -> None:
+            rmtree(cp_dest)
+
+        ok_m, why_m = self.kvm_has("migrate")
+        migrate_json = str(out / "migrate_manifest.json")
+        migrate_root_json = str(out / "migrate_root.json")
+
+        def migrate_check(path: str) -> Any:
+            def check(_run: Run) -> dict:
+                summary = json.loads(Path(path).read_text())
+                outcomes = summary.get("outcomes") or summary.get("apply", {}).get("outcomes") or {}
+                return {"outcomes": outcomes, "expected_links": self.specs[tree].blocks,
+                        "created_top_level": sorted(set(os.listdir(root)) - before),
+                        "exit_code": summary.get("exit_code")}
+            return check
+
+        def cp_check(_run: Run) -> dict:
+            n = sum(len(files) for _d, _s, files in os.walk(cp_dest))
+            return {"files_linked": n, "expected_links": self.specs[tree].blocks}
+
+        if ok_m:
+            self.log("migrate: writing the source manifest (untimed scan)")
+            r = run_measured([self.kvm, "scan", str(root), "--verify", "size", "-q", "-o", str(manifest), *FACTS],
+                             stderr=str(out / "migrate_source.stderr"))
+            if r.rc not in (0, 1):
+                ok_m, why_m = False, f"the scan that makes its manifest failed: {tail(out / 'migrate_source.stderr')}"
+        src = rank0[0] if rank0 else root / "missing_r0"
+        cmds = [
+            Command("mig_kvm", "kvmigrate migrate --manifest M --apply",
+                    [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q", "--json"], "kvmigrate",
+                    stdout=migrate_json, reset=reset_root, check=migrate_check(migrate_json), available=ok_m,
+                    why_unavailable=why_m),
+            Command("mig_cpal", "cp -al (rank 0 folder)", sh(f"mkdir -p {q(cp_dest)} && cp -al {q(src)} {q(cp_dest)}/"),
+                    "baseline", reset=reset_cp, check=cp_check),
+            Command("mig_kvm_root", "kvmigrate migrate ROOT --apply (scan + apply)",
+                    [self.kvm, "migrate", str(root), "--apply", "-q", "--json", *FACTS], "kvmigrate",
+                    stdout=migrate_root_json, reset=reset_root, check=migrate_check(migrate_root_json),
+                    available=ok_m, why_unavailable=why_m),
+        ]
+        return Group("migrate", "Materialization: hard links (4 KiB-file tree)", tree, cmds,
+                     [("mig_kvm", "mig_cpal"), ("mig_kvm_root", "mig_cpal")],
+                     note="Every block's action is `link` (llm-d TP=2 MLA -> the vllm-0.28 replicated namespace): "
+                          "kvmigrate links one replica per block (rank 0) into the target namespace; `cp -al` "
+                          "links the same rank-0 files into a fresh folder. Between repetitions the created "
+                          "target folders (and .kvmigrate/) or the cp destination are deleted (untimed). "
+                          "The `--manifest` run is the materialization proper; the `ROOT` run scans first.",
+                     items=self.specs[tree].blocks, item_name="links")
+
+    def run_startup(self) -> dict:
+        n = self.args.startup_runs
+        res: dict[str, Any] = {"runs": n}
+        for key, argv in (("kvmigrate_help", [self.kvm, "--help"]),
+                          ("python_floor", [self.kvm_python, "-c", "pass"]),
+                          ("python_import_kvmigrate_cli", [self.kvm_python, "-c", "import kvmigrate.cli"])):
+            walls = []
+            rss = 0
+            for _ in range(n):
+                r = run_measured(argv)
+                walls.append(r.wall_s)
+                rss = max(rss, r.maxrss_kib)
+            res[key] = {"command": " ".join(q(a) for a in argv), "median_s": round(statistics.median(walls), 4),
+                        "min_s": round(min(walls), 4), "max_s": round(max(walls), 4),
+                        "peak_rss_mib": round(rss / 1024, 1)}
+        p = subprocess.run([self.kvm_python, "-X", "importtime", "-c", "import kvmigrate.cli"],
+                           capture_output=True, text=True)
+        rows = []
+        for ln in p.stderr.splitlines():
+            parts = ln.replace("import time:", "").split("|")
+            if len(parts) == 3 and parts[1].strip().isdigit():
+                rows.append((int(parts[1]), parts[2].rstrip()))
+        res["importtime_top_cumulative_us"] = [f"{us} {name}" for us, name in sorted(rows, reverse=True)[:8]]
+        loaded = subprocess.run([self.kvm_python, "-c", "import sys, kvmigrate.cli; "
+                                 "print(' '.join(m for m in ('pyarrow','tqdm','xxhash') if m in sys.modules))"],
+                                capture_output=True, text=True)
+        res["heavy_modules_loaded_by_cli"] = loaded.stdout.split()
+        self.log(f"startup: kvmigrate --help median {res['kvmigrate_help']['median_s'] * 1000:.0f} ms "
+                 f"(python floor {res['python_floor']['median_s'] * 1000:.0f} ms)")
+        return res
+
+    def run_profile(self) -> dict:
+        """cProfile of `kvmigrate scan` on the 4 KiB tree, every thread (scripts/profile_scan.py)."""
+        helper = REPO / "scripts" / "profile_scan.py"
+        root = self.tree_root("files4k")
+        out = self.workdir / "out"
+        res: dict[str, Any] = {"tool": "cProfile, all threads merged (scripts/profile_scan.py)"}
+        for verify in ("size", "hash"):
+            js = out / f"profile_{verify}.json"
+            argv = [self.kvm_python, str(helper), "--out", str(out / f"profile_{verify}.pstats"), "--json", str(js),
+                    "--top", str(self.args.profile_top), "--", "scan", str(root), "--verify", verify, "-q",
+                    "-o", str(out / f"profile_{verify}.parquet"), *FACTS]
+            self.log(f"profile: scan --verify {verify}")
+            p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0 or not js.exists():
+                res[verify] = {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+                continue
+            res[verify] = json.loads(js.read_text())
+        return res
+
+    # ---- main
+
+    def machine(self) -> dict:
+        cpu = "unknown"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        mem = {}
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                k, v = line.split(":", 1)
+                if k in ("MemTotal", "MemAvailable"):
+                    mem[k] = int(v.split()[0]) * 1024
+        except OSError:
+            pass
+        fstype, mnt, dev = "unknown", "", ""
+        real = str(self.workdir)
+        try:
+            for line in Path("/proc/mounts").read_text().splitlines():
+                d, m, t = line.split()[:3]
+                if (real == m or real.startswith(m.rstrip("/") + "/")) and len(m) >= len(mnt):
+                    fstype, mnt, dev = t, m, d
+        except OSError:
+            pass
+        pyver = capture([self.kvm_python, "-c", "import sys; print(sys.version.split()[0])"])
+        libs = capture([self.kvm_python, "-c",
+                        "import importlib.metadata as m\n"
+                        "for p in ('kvmigrate','pyarrow','xxhash','click','tqdm'):\n"
+                        "    print(p, m.version(p))"])
+        debs = capture(["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", *sorted(set(TOOLS.values()))])
+        git_head = capture(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"])
+        dirty = capture(["git", "-C", str(REPO), "status", "--porcelain", "--", "kvmigrate"])
+        return {
+            "cpu_model": cpu, "cores": os.cpu_count(), "mem_total_bytes": mem.get("MemTotal"),
+            "mem_available_bytes_at_start": mem.get("MemAvailable"), "kernel": platform.release(),
+            "os": capture(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+            "workdir_fs": fstype, "workdir_mount": mnt, "workdir_device": dev,
+            "python": pyver, "python_executable": self.kvm_python, "kvmigrate": self.kvm,
+            "python_packages": dict(line.split(" ", 1) for line in libs.splitlines() if " " in line),
+            "debian_packages": dict(line.split(" ", 1) for line in debs.splitlines() if " " in line),
+            "git_head": git_head,
+            "git_uncommitted_under_kvmigrate": [ln for ln in dirty.splitlines() if ln.strip()],
+        }
+
+    def run(self) -> dict:
+        self.check_tools()
+        argv_line = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])
+        machine = self.machine()
+        space = self.check_space()
+        (self.workdir / "out").mkdir(parents=True, exist_ok=True)
+        need_trees = {"files4k"} if {"meta", "hash4k", "migrate"} & set(self.groups_wanted) else set()
+        if "hash1m" in self.groups_wanted:
+            need_trees.add("files1m")
+        if self.args.profile:
+            need_trees.add("files4k")
+        for name in sorted(need_trees):
+            self.trees[name] = self.build_tree(self.specs[name])
+        space["free_bytes_after_build"] = fs_free(self.workdir)["bytes"]
+        space["free_inodes_after_build"] = fs_free(self.workdir)["inodes"]
+        warmth: dict[str, Any] = {}
+        for name in sorted(need_trees):
+            root = self.tree_root(name)
+            sample = walk_counts(root, seed=7)["sample"]
+            before = residency(sample)
+            secs = warm(root)
+            after = residency(sample)
+            warmth[name] = {"resident_fraction_before_warmup": before, "warmup_s": round(secs, 2),
+                            "resident_fraction_after_warmup": after, "sample_files": len(sample), "_sample": sample}
+            self.log(f"tree {name}: warm-up pass {secs:.1f} s; sampled pages resident before {before}, after {after}")
+
+        builders = {"meta": self.group_meta, "hash4k": lambda: self.group_hash("hash4k", "files4k"),
+                    "hash1m": lambda: self.group_hash("hash1m", "files1m"), "migrate": self.group_migrate}
+        for key in self.groups_wanted:
+            if key == "startup":
+                self.startup = self.run_startup()
+                continue
+            if key not in builders:
+                sys.exit(f"bench: unknown group {key!r}; known: meta, hash4k, hash1m, migrate, startup")
+            group = builders[key]()
+            self.log(f"group {key}: {group.title} x {self.reps} reps")
+            group.loadavg["before"] = [round(x, 2) for x in os.getloadavg()]
+            for c in group.commands:
+                if not c.available:
+                    self.log(f"    {c.label}: not available: {c.why_unavailable}")
+            run_group(group, self.reps, self.log, self.workdir / "out")
+            group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
+            self.groups.append(group)
+            free_now = fs_free(self.workdir)["bytes"]
+            space["free_bytes_min_after_a_group"] = min(space.get("free_bytes_min_after_a_group", free_now), free_now)
+        if self.args.profile:
+            self.profile = self.run_profile()
+        for name, w in warmth.items():
+            w["resident_fraction_at_end"] = residency(w.pop("_sample"))
+        space["free_bytes_at_end"] = fs_free(self.workdir)["bytes"]
+        space["free_inodes_at_end"] = fs_free(self.workdir)["inodes"]
+
+        result = {
+            "schema": 1,
+            "generated_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "scale": self.scale, "reps": self.reps, "command": argv_line,
+            "duration_s": round(time.time() - self.started, 1),
+            "machine": machine, "space": space, "trees": self.trees, "warm": warmth,
+            "kvmigrate_threads": self.args.threads or "default (2 x cores)",
+            "groups": [self.group_dict(g) for g in self.groups],
+            "startup": self.startup,
+            "replica_groups": self.replica_check(),
+            "targets": self.targets(),
+            "profile": self.profile,
+            "notes": self.notes,
+        }
+        return result
+
+    def group_dict(self, g: Group) -> dict:
+        by_key = {c.key: c for c in g.commands}
+        ratios = []
+        for a, b in g.pairs:
+            ca, cb = by_key[a], by_key[b]
+            r = round(ca.median / cb.median, 3) if ca.median and cb.median else None
+            ratios.append({"a": a, "b": b, "a_label": ca.label, "b_label": cb.label, "ratio_a_over_b": r})
+        tree = self.trees.get(g.tree, {}).get("counts", {})
+        items = g.items if g.items is not None else tree.get("files")
+        cmds = []
+        for c in g.commands:
+            d = c.summary()
+            if c.median and items:
+                d["items_per_s"] = round(items / c.median)
+                if g.items is None:
+                    d["mib_per_s"] = round(tree["bytes"] / c.median / 2**20, 1)
+            cmds.append(d)
+        return {"key": g.key, "title": g.title, "tree": g.tree, "note": g.note, "item_name": g.item_name,
+                "items": items, "loadavg": g.loadavg, "commands": cmds, "ratios": ratios}
+
+    def _cmd(self, key: str) -> Command | None:
+        for g in self.groups:
+            for c in g.commands:
+                if c.key == key:
+                    return c
+        return None
+
+    def replica_check(self) -> dict:
+        out = {}
+        for g in self.groups:
+            if not g.key.startswith("hash"):
+                continue
+            spec = self.specs[g.tree]
+            row: dict[str, Any] = {"expected": spec.blocks}
+            for suffix in ("kvm", "jdupes", "rdfind"):
+                c = self._cmd(f"{g.key}_{suffix}")
+                row[suffix] = c.facts.get("replica_groups") if c and c.facts else None
+            counted = [v for k, v in row.items() if k != "expected" and v is not None]
+            row["agree"] = bool(counted) and all(v == spec.blocks for v in counted)
+            kvm = self._cmd(f"{g.key}_kvm")
+            if kvm and kvm.facts:
+                row["kvmigrate_files"] = kvm.facts.get("files")
+                row["tree_files"] = self.trees[g.tree]["counts"]["files"]
+            out[g.key] = row
+        return out
+
+    def targets(self) -> list[dict]:
+        """The issue's "Done means", each as measured here."""
+        large = self.scale == "large"
+        res: list[dict] = []
+
+        def ratio(a: str, b: str) -> float | None:
+            ca, cb = self._cmd(a), self._cmd(b)
+            return ca.median / cb.median if ca and cb and ca.median and cb.median else None
+
+        def add(name: str, figure: float | None, limit: float, kind: str, unit: str, basis: str,
+                strict: bool = False) -> None:
+            if figure is None:
+                res.append({"target": name, "figure": None, "limit": limit, "result": "not measured",
+                            "basis": basis})
+                return
+            if kind == "max":
+                passed = figure < limit if strict else figure <= limit
+            else:
+                passed = figure >= limit
+            miss = ""
+            if not passed:
+                miss = (f"{figure / limit:.2f}x over the limit" if kind == "max"
+                        else f"{limit / figure:.2f}x short of the target")
+            res.append({"target": name, "figure": round(figure, 3), "unit": unit, "limit": limit, "kind": kind,
+                        "strict": strict,
+                        "result": "pass" if passed else "miss", "by": miss, "basis": basis,
+                        "scale_note": "" if large else "small scale: indicative; the target is defined on the "
+                                                        "large trees (1M files, 4 GiB)"})
+
+        add("metadata scan <= 1.5x find -printf", ratio("meta_kvm", "meta_find"), 1.5, "max", "x",
+            "kvmigrate scan --verify size / find -printf, medians, 4 KiB tree")
+        for key, what in (("hash4k", "4 KiB files"), ("hash1m", "1 MiB files")):
+            r = ratio(f"{key}_xxhsum", f"{key}_kvm")
+            add(f"hash throughput >= 1.0x xxhsum -H2 ({what})", r, 1.0, "min", "x",
+                "xxhsum time / kvmigrate scan --verify hash time (throughput ratio)")
+            for tool in ("jdupes", "rdfind"):
+                add(f"replica groups >= 3x faster than {tool} ({what})", ratio(f"{key}_{tool}", f"{key}_kvm"), 3.0,
+                    "min", "x", f"{tool} time / kvmigrate scan --verify hash time")
+        add("migrate --apply (links) <= 1.5x cp -al", ratio("mig_kvm", "mig_cpal"), 1.5, "max", "x",
+            "kvmigrate migrate --manifest M --apply / cp -al, medians")
+        rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("meta_kvm"), self._cmd("hash4k_kvm")) if c]
+        rss = [x for x in rss if x is not None]
+        add("scan peak RSS < 256 MiB (4 KiB-file tree)", max(rss) if rss else None, 256, "max", "MiB",
+            "max over scan --verify size and --verify hash runs (os.wait4 ru_maxrss)", strict=True)
+        help_s = self.startup.get("kvmigrate_help", {}).get("median_s") if self.startup else None
+        add("kvmigrate --help < 0.3 s", help_s, 0.3, "max", "s", f"median of {self.args.startup_runs} runs",
+            strict=True)
+        return res
+
+
+# --------------------------------------------------------------------------- report
+
+def fmt_s(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def cell(text: Any) -> str:
+    """Markdown table cells must not contain a bare `|`."""
+    return str(text).replace("|", "\\|")
+
+
+def fmt_int(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) else ("—" if x is None else str(x))
+
+
+def render(result: dict) -> str:
+    m = result["machine"]
+    L: list[str] = []
+    add = L.append
+    add("# kvmigrate benchmarks: side by side with the standard tools")
+    add("")
+    add(f"Generated {result['generated_utc']} by `{result['command']}` "
+        f"(scale **{result['scale']}**, {result['reps']} repetitions per command, run took "
+        f"{result['duration_s'] / 60:.1f} min). Raw figures: [`benchmarks.json`](benchmarks.json).")
+    if result["scale"] != "large":
+        add("")
+        add("> This is a **small-scale** run (quick check). The issue's targets are defined on the large "
+            "trees (1M files, 4 GiB); rerun with `--scale large` for the figures that count.")
+    add("")
+    add("Method: each group runs on one warm tree (an untimed warm-up pass reads every folder, inode and byte "
+        "first; page-cache residency is sampled with `fincore`). Every repetition runs each command once and the "
+        "order rotates between repetitions (A,B,… then B,…,A), `sync` before each timed command. Figures are "
+        "medians of wall time; ratios are kvmigrate median / tool median (below 1 = kvmigrate faster). Peak RSS "
+        "and CPU times come from `os.wait4` on each command (process + reaped children; the same figure as "
+        "`/usr/bin/time -v` \"Maximum resident set size\").")
+    add("")
+
+    add("## Targets (issue 6, \"Done means\")")
+    add("")
+    add("| target | measured | limit | result | |")
+    add("|---|---:|---:|---|---|")
+    for t in result["targets"]:
+        fig = "—" if t["figure"] is None else f"{t['figure']:.3g} {t.get('unit', '')}".strip()
+        sign = {"max": "<" if t.get("strict") else "≤", "min": "≥"}.get(t.get("kind", ""), "")
+        lim = f"{sign} {t['limit']:g}".strip()
+        res = {"pass": "**pass**", "miss": "**miss**"}.get(t["result"], t["result"])
+        add(f"| {t['target']} | {fig} | {lim} | {res} | {t.get('by', '')} |")
+    add("")
+    add("Ratios for throughput targets are tool time / kvmigrate time (above 1 = kvmigrate faster).")
+    add("")
+
+    add("## Machine")
+    add("")
+    add("| | |")
+    add("|---|---|")
+    add(f"| CPU | {m['cpu_model']}, {m['cores']} cores |")
+    add(f"| RAM | {m['mem_total_bytes'] / 2**30:.1f} GiB (available at start "
+        f"{(m['mem_available_bytes_at_start'] or 0) / 2**30:.1f} GiB) |")
+    add(f"| workdir filesystem | {m['workdir_fs']} on {m['workdir_device']} (mounted at {m['workdir_mount']}) |")
+    add(f"| kernel / OS | {m['kernel']} / {m['os']} |")
+    add(f"| Python | {m['python']} (`{m['python_executable']}`) |")
+    add(f"| Python packages | {', '.join(f'{k} {v}' for k, v in m['python_packages'].items())} |")
+    add(f"| Debian packages | {', '.join(f'{k} {v}' for k, v in m['debian_packages'].items())} |")
+    add(f"| kvmigrate source | `{m['git_head']}`"
+        + (f"; working tree had {len(m['git_uncommitted_under_kvmigrate'])} uncommitted change(s) under "
+           f"kvmigrate/" if m["git_uncommitted_under_kvmigrate"] else "; clean") + " |")
+    add(f"| kvmigrate threads | {result['kvmigrate_threads']} |")
+    add("")
+
+    add("## Trees")
+    add("")
+    add("Built with `kvmigrate synth` (llm-d, TP=2, MLA, 4 layers: both rank folders hold identical replicas, "
+        "real fan-out `<hhh>/<hh>_g0`), several processes with distinct seeds into one root (one namespace). "
+        "Every kvmigrate command gets the facts `" + " ".join(FACTS) + "`, so every block has a target "
+        "(the vllm-0.28 replicated namespace) and the action `link`.")
+    add("")
+    add("| tree | file size | files | bytes | folders | inodes | build | warm (sampled pages resident) |")
+    add("|---|---:|---:|---:|---:|---:|---|---|")
+    for name, t in result["trees"].items():
+        c = t["counts"]
+        w = result["warm"].get(name, {})
+        build = "reused (--keep)" if t.get("reused") else f"{t['build_s']:.1f} s ({t['build_files_per_s']:,} files/s, {t['build_method']})"
+        warm_s = (f"before {w.get('resident_fraction_before_warmup')}, after warm-up "
+                  f"{w.get('resident_fraction_after_warmup')}, at end {w.get('resident_fraction_at_end')}")
+        add(f"| {name} | {t['spec']['page_bytes'] * t['spec']['layers']:,} B | {c['files']:,} | "
+            f"{c['bytes'] / 2**20:,.1f} MiB | {c['dirs']:,} | {c['inodes']:,} | {build} | {warm_s} |")
+    s = result["space"]
+    add("")
+    add(f"Space: workdir `{s['workdir']}`; estimated need {s['needed_bytes_estimate'] / 2**30:.1f} GiB and "
+        f"{s['needed_inodes_estimate']:,} inodes; free before {s['free_bytes_before'] / 2**30:.1f} GiB / "
+        f"{s['free_inodes_before']:,} inodes, after building {s['free_bytes_after_build'] / 2**30:.1f} GiB / "
+        f"{s['free_inodes_after_build']:,} inodes, at the end {s['free_bytes_at_end'] / 2**30:.1f} GiB / "
+        f"{s['free_inodes_at_end']:,} inodes.")
+    add("")
+
+    add("## Results")
+    for g in result["groups"]:
+        add("")
+        add(f"### {g['title']}")
+        add("")
+        add(g["note"])
+        la = g.get("loadavg", {})
+        add("")
+        add(f"{fmt_int(g['items'])} {g['item_name']} per run. Load average (1/5/15 min) before the group "
+            f"{la.get('before')}, after {la.get('after')}.")
+        add("")
+        add(f"| command | median s | min s | max s | {g['item_name']}/s | MiB/s | user s | sys s | peak RSS MiB |")
+        add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c in g["commands"]:
+            label = cell(c["label"])
+            if not c["available"]:
+                add(f"| {label} | not available: {cell(c['why_unavailable'])} | | | | | | | |")
+                continue
+            if "median_s" not in c:
+                add(f"| {label} | failed (see below) | | | | | | | |")
+                continue
+            add(f"| {label} | {fmt_s(c['median_s'])} | {fmt_s(c['min_s'])} | {fmt_s(c['max_s'])} | "
+                f"{fmt_int(c.get('items_per_s'))} | {c.get('mib_per_s', '—')} | {fmt_s(c['median_user_s'])} | "
+                f"{fmt_s(c['median_sys_s'])} | {c['peak_rss_mib']} |")
+        add("")
+        add("| pair | ratio (A/B time) |")
+        add("|---|---:|")
+        for r in g["ratios"]:
+            ratio = "—" if r["ratio_a_over_b"] is None else f"{r['ratio_a_over_b']:.2f}x"
+            add(f"| {cell(r['a_label'])} / {cell(r['b_label'])} | {ratio} |")
+        facts = [(c["label"], c["facts"]) for c in g["commands"] if c.get("facts")]
+        if facts:
+            add("")
+            for label, f in facts:
+                add(f"- {label}: `{json.dumps(f, sort_keys=True)}`")
+        errors = [(c["label"], c["error"]) for c in g["commands"] if c.get("error")]
+        for label, e in errors:
+            runs = len(next(c for c in g["commands"] if c["label"] == label).get("runs", []))
+            add(f"- **{label} failed** after {runs} good run(s); its later repetitions were skipped:")
+            add("")
+            add("```")
+            add(e)
+            add("```")
+        add("")
+        add("<details><summary>exact commands</summary>")
+        add("")
+        for c in g["commands"]:
+            add(f"- {c['label']}: `{c['command']}`")
+        add("")
+        add("</details>")
+
+    rg = result["replica_groups"]
+    if rg:
+        add("")
+        add("### Replica groups found (same answer check)")
+        add("")
+        add("| tree | expected (blocks with 2 identical replicas) | kvmigrate (manifest: files sharing an XXH3-128) "
+            "| jdupes | rdfind | agree | files in manifest / in tree |")
+        add("|---|---:|---:|---:|---:|---|---|")
+        for key, r in rg.items():
+            add(f"| {key} | {fmt_int(r['expected'])} | {fmt_int(r.get('kvm'))} | {fmt_int(r.get('jdupes'))} | "
+                f"{fmt_int(r.get('rdfind'))} | {'yes' if r['agree'] else 'NO'} | "
+                f"{fmt_int(r.get('kvmigrate_files'))} / {fmt_int(r.get('tree_files'))} |")
+
+    st = result["startup"]
+    if st:
+        add("")
+        add(f"### Start-up (median of {st['runs']} runs)")
+        add("")
+        add("| command | median ms | min ms | max ms | peak RSS MiB |")
+        add("|---|---:|---:|---:|---:|")
+        for key in ("kvmigrate_help", "python_import_kvmigrate_cli", "python_floor"):
+            v = st[key]
+            add(f"| `{v['command']}` | {v['median_s'] * 1000:.0f} | {v['min_s'] * 1000:.0f} | "
+                f"{v['max_s'] * 1000:.0f} | {v['peak_rss_mib']} |")
+        add("")
+        add(f"Heavy modules loaded by `import kvmigrate.cli`: {', '.join(st['heavy_modules_loaded_by_cli']) or 'none'}.")
+
+    add("")
+    add("## Where the time goes")
+    add("")
+    prof = result["profile"]
+    if not prof:
+        add("Not profiled in this run: add `--profile` (cProfile of `kvmigrate scan` on the 4 KiB tree, every "
+            "thread, via `scripts/profile_scan.py`).")
+    else:
+        add(f"{prof['tool']}. Self time (`tottime`) is summed over the main thread and the worker threads, so "
+            "it adds up to more than the wall time; rows marked *wait* are idle threads blocked on the work "
+            "queue or a lock, not cost. A built-in's time is charged to the Python function named in "
+            "\"called from\". Iterating an `os.scandir` iterator is not a profiled call: the directory reads "
+            "(getdents) show up as self time of the function that loops over it (e.g. `bucket`).")
+        for verify in ("size", "hash"):
+            p = prof.get(verify)
+            if not p:
+                continue
+            add("")
+            if "error" in p:
+                add(f"`scan --verify {verify}`: profile failed: {p['error']}")
+                continue
+            add(f"**`scan --verify {verify}`** on the 4 KiB tree: wall {p['wall_s']:.2f} s under the profiler, "
+                f"{p['threads_profiled']} threads, {p['profiled_time_s']:.2f} s profiled in total.")
+            add("")
+            waits = [r for r in p["top_tottime"] if r.get("waiting")]
+            if waits:
+                add("Idle waiting (not cost): " + "; ".join(
+                    f"`{r['function']}` {r['tottime_s']:.2f} s" for r in waits) + ".")
+                add("")
+            add("Top self time:")
+            add("")
+            add("| function | called from | calls | self s | cumulative s |")
+            add("|---|---|---:|---:|---:|")
+            for r in p["top_tottime"]:
+                if r.get("waiting"):
+                    continue
+                add(f"| `{r['function']}` | `{r.get('called_from') or ''}` | {r['ncalls']:,} | "
+                    f"{r['tottime_s']:.3f} | {r['cumtime_s']:.3f} |")
+            phases = p.get("top_kvmigrate_cumtime") or []
+            if phases:
+                add("")
+                add("kvmigrate functions by cumulative time (the phases):")
+                add("")
+                add("| function | calls | self s | cumulative s |")
+                add("|---|---:|---:|---:|")
+                for r in phases:
+                    add(f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['cumtime_s']:.3f} |")
+    if result["notes"]:
+        add("")
+        add("## Notes")
+        add("")
+        for n in result["notes"]:
+            add(f"- {n}")
+    add("")
+    add("## How to rerun")
+    add("")
+    add("```")
+    add("apt-get update && apt-get install -y xxhash jdupes rdfind fd-find time   # the tools compared against")
+    add("python3 scripts/bench.py --scale small --reps 2             # quick check, ~2 min")
+    add("python3 scripts/bench.py --scale large --reps 5 --keep      # the issue's sizes; --keep reuses the trees")
+    add("python3 scripts/bench.py --scale small --profile            # + cProfile of scan (Where the time goes)")
+    add("python3 scripts/bench.py --only meta,startup                # some groups only")
+    add("```")
+    add("")
+    add("Options: `--workdir DIR` (default /work/bench-tmp/SCALE, outside the repo), `--keep` (keep the trees and "
+        "reuse them next time), `--reps N` (default 5), `--jobs N` (synth processes), `--threads N` (passed to "
+        "kvmigrate scan), `--kvmigrate PATH`, `--out-dir DIR` (default reports/). The large scale needs about "
+        "2.5M inodes and ~15 GiB on the workdir's filesystem; the script checks `statvfs` first and refuses "
+        "when there is not enough room.")
+    add("")
+    return "\n".join(L)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Benchmark kvmigrate side by side with find, fdfind, xxhsum, jdupes, "
+                                            "rdfind and cp -al on synthetic cache trees.")
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per command (default 5)")
+    p.add_argument("--workdir", help=f"where trees and outputs go (default {DEFAULT_WORKDIR}/SCALE)")
+    p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
+    p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
+    p.add_argument("--profile-top", type=int, default=20)
+    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,startup")
+    p.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="parallel synth processes")
+    p.add_argument("--threads", type=int, help="--threads for kvmigrate scan (default: its own default)")
+    p.add_argument("--startup-runs", type=int, default=20)
+    p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
+    p.add_argument("--out-dir", default=str(REPORTS), help="where BENCHMARKS.md and benchmarks.json go")
+    p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
+    p.add_argument("--check-space", action="store_true",
+                   help="print the trees' sizes and the space they need, then exit")
+    a = p.parse_args(argv)
+    if a.reps < 1:
+        p.error("--reps must be >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = Bench(args)
+    if args.check_space:
+        for spec in bench.specs.values():
+            print(f"{spec.name}: {spec.files:,} files of {spec.file_bytes:,} B "
+                  f"({spec.files * spec.file_bytes / 2**30:.2f} GiB), ~{spec.tp * expected_dirs(spec.blocks):,} folders")
+        bench.check_space()
+        return 0
+    try:
+        result = bench.run()
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; trees and outputs left in {bench.workdir}", file=sys.stderr)
+        return 32
+    bench.out_dir.mkdir(parents=True, exist_ok=True)
+    (bench.out_dir / "benchmarks.json").write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    (bench.out_dir / "BENCHMARKS.md").write_text(render(result))
+    bench.log(f"wrote {bench.out_dir / 'BENCHMARKS.md'} and benchmarks.json")
+    if not args.keep:
+        rmtree(bench.workdir)
+        bench.log(f"removed {bench.workdir} (use --keep to reuse the trees)")
+    for t in result["targets"]:
+        print(f"  {t['result']:>12}  {t['target']}: {t['figure']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
