@@ -185,3 +185,11 @@ def test_audit_of_a_missing_root_is_operational(tmp_path):
     res = CliRunner().invoke(cli, ["audit", str(tmp_path / "nope")])
     assert res.exit_code == 8
     assert "does not exist" in res.output and "Traceback" not in res.output
+
+
+def test_empty_root_is_clean_and_says_nothing_was_found(tmp_path):
+    (tmp_path / "root").mkdir()
+    res = run("audit", str(tmp_path / "root"), "--json")
+    summary = json.loads(res.stdout)
+    assert res.exit_code == 0
+    assert [f["code"] for f in summary["findings"]] == ["no_namespaces"]

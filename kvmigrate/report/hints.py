@@ -298,6 +298,11 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                                  + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
         hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 
+    if not summary["namespaces"]:
+        findings.append(_finding("no_namespaces", 0, None,
+                                 f"no cache namespace (<model>_<d12> folder) under {cmd.root}: is it the engine's "
+                                 "cache root_dir?"))
+
     pending = summary["totals"]["pending"]
     if pending["blocks"]:
         findings.append(_finding("migration_pending", 0, None,
