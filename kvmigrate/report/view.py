@@ -63,7 +63,8 @@ def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("bytes", human_bytes(t["bytes"])),
         ("blocks", human_count(t["blocks"])),
         ("reusable blocks", human_count(t["reusable"]["blocks"])),
-        ("reusable bytes", f"{human_bytes(t['reusable']['bytes'])} ({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])})"),
+        ("reusable bytes", f"{human_bytes(t['reusable']['bytes'])} "
+                           f"({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])})"),
         ("pending blocks", human_count(t["pending"]["blocks"])),
         ("pending bytes", human_bytes(t["pending"]["bytes"])),
         ("not reusable blocks", human_count(t["not_reusable"]["blocks"])),
