@@ -121,3 +121,38 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(two_roots):
     resumed = kvmigrate("migrate", b, *facts, "--apply", "--json")
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["apply"]["resumed"] is True
     assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)
+
+
+def _wait_stopped(pid: int) -> None:
+    import time
+
+    for _ in range(600):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.05)
+    raise AssertionError("the first run never reached its pause point")
+
+
+def test_a_second_run_of_the_same_command_never_touches_a_live_run(two_roots):
+    """While a run is paused mid-copy (its temp file published but not yet removed), the
+    same command must fail fast instead of 'resuming' it and deleting its temp files."""
+    a, b, facts = two_roots
+    map_a, map_b = source_map(a), source_map(b)
+    assert kvmigrate("migrate", a, *facts, "--apply").returncode == 0
+    env = dict(os.environ, **{CRASH_ENV: "linked:2:STOP"})
+    first = subprocess.Popen([KVMIGRATE, "migrate", str(b), *map(str, facts), "--apply"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(first.pid)
+        temps = list(b.rglob("*.kvmigrate-*.tmp"))
+        assert temps
+        second = kvmigrate("migrate", b, *facts, "--apply")
+        assert second.returncode == 8
+        assert "in use by another kvmigrate run" in second.stderr and f"pid {first.pid}" in second.stderr
+        assert all(t.exists() for t in temps)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)

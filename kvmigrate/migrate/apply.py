@@ -29,7 +29,7 @@ from kvmigrate import layout
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, open_source
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath, open_source
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import SourceInvalid, output_chunks, output_hash
 from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
@@ -152,15 +152,18 @@ class Applier:
         locks: list[NamespaceLock] = []
         try:
             self._open_journal()
-            self._resume_pending()
             try:
                 for tp in work:
                     self._ensure_dirs([tp.base_name])
-                for tp in work:
-                    lock = NamespaceLock.acquire(self.tree, tp.base_name)
+                # every namespace this run or the run it resumes touches is locked before
+                # anything is reconciled or written (a lock left by a killed run is taken
+                # over, and removed on release)
+                for base in sorted({tp.base_name for tp in work} | self._resumed_bases()):
+                    lock = NamespaceLock.acquire(self.tree, base)
                     locks.append(lock)
                     if lock.created:
                         self.journal.write({"t": "lock", "path": lock.relpath})
+                self._resume_pending()
                 for tp in work:
                     self._target(tp)
             except SymlinkInPath as exc:
@@ -239,16 +242,20 @@ class Applier:
         for item in run.intents.values():
             for tmp in _tmp_paths(item):
                 _unlink_quiet(self.tree, tmp)
-        # lock files the interrupted run left: taking them proves no one holds them
-        # (a live run makes this fail fast), releasing removes them
-        for lock_rel in run.locks:
-            base = lock_rel.rsplit("/", 1)[0]
-            if self.tree.lstat(lock_rel) is not None:
-                try:
-                    NamespaceLock.acquire(self.tree, base).release()
-                except OperationalError as exc:
-                    raise _Stop(exc) from None
         self.journal.sync()
+
+    def _resumed_bases(self) -> set[str]:
+        """Target base folders of the run being resumed that exist (to lock them)."""
+        if not self._resume_runs:
+            return set()
+        run = self._resume_runs[-1]
+        bases = set(run.targets) | {p.rsplit("/", 1)[0] for p in run.locks}
+        out = set()
+        for base in bases:
+            check_relpath(base, "journal target")
+            if "/" not in base and self.tree.is_dir(base):
+                out.add(base)
+        return out
 
     # --- folders and config.json -------------------------------------------------------
 

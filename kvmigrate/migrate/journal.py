@@ -23,6 +23,7 @@ action produces). Nothing else is ever claimed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -180,6 +181,7 @@ class JournalWriter:
             raise OperationalError(f"cannot create the journal: {exc.strerror}", path=path,
                                    hint="pass --journal PATH on a writable filesystem") from None
         w = cls(path, fd)
+        w._lock()
         if existed:
             w._terminate_torn_line()
         w.write({"t": "header", "v": VERSION, **header}, sync=True)
@@ -195,8 +197,23 @@ class JournalWriter:
         except OSError as exc:
             raise OperationalError(f"cannot reopen the journal: {exc.strerror}", path=path) from None
         w = cls(path, fd)
+        w._lock()
         w._terminate_torn_line()
         return w
+
+    def _lock(self) -> None:
+        """One process per journal: a run holds an flock on its journal for its whole
+        life, so a second run of the same command (or a rollback) cannot resume or
+        append to a journal whose run is still going."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = -1
+            holder = _last_pid(self.path)
+            who = f"pid {holder}" if holder else "another process"
+            raise OperationalError(f"the journal is in use by another kvmigrate run ({who})", path=self.path,
+                                   hint=f"wait for {who} to finish, then rerun") from None
 
     @classmethod
     def resume(cls, path: str, record: dict[str, Any]) -> "JournalWriter":
@@ -241,6 +258,14 @@ class JournalWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _last_pid(path: str) -> int | None:
+    try:
+        pids = [r.get("pid") for r in read_records(path) if r["t"] in ("header", "resume")]
+    except (UsageError, OSError):
+        return None
+    return pids[-1] if pids else None
 
 
 def _fsync_dir(path: str) -> None:
