@@ -463,3 +463,21 @@ def test_vllmcpp_config_json_must_match_byte_for_byte(tmp_path, synth_root):
     code, summary = run_json("migrate", "--manifest", m, "--apply")
     assert code == 4 and summary["outcomes"]["created"] == 0
     assert (root / tgt["base_name"] / "config.json").read_bytes() == pretty
+
+
+def test_a_different_block_found_by_the_scan_at_a_target_path_is_a_conflict(tmp_path, synth_root):
+    """`migrate ROOT` scans first: the scan sees the occupant, the plan reports a conflict
+    (dry run and apply exit with bit 4) and the occupant is never overwritten."""
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    meta = scan_to(root, tmp_path / "m.parquet", *MLA)
+    target = next(iter(meta["namespaces"].values()))["target"]
+    blk = res.blocks[0]
+    occupant = root / layout.block_relpath(target["base_name"], 0, blk["hex"], blk["group"])
+    occupant.parent.mkdir(parents=True)
+    occupant.write_bytes(b"\x09" * 4096)
+    code, dry = run_json("migrate", root, *MLA)
+    assert code == 1 | 4 and dry["targets"][0]["conflicts"][0]["blocks"] == 1
+    code, summary = run_json("migrate", root, *MLA, "--apply")
+    assert code == 4
+    assert summary["outcomes"]["conflict"] == 1 and summary["outcomes"]["created"] == 5
+    assert occupant.read_bytes() == b"\x09" * 4096

@@ -190,7 +190,8 @@ def _targets_json(plan) -> list[dict]:
                     "skipped": [{"action": a, "reason": r, "blocks": n, "bytes": tp.skipped_bytes[(a, r)]}
                                 for (a, r), n in sorted(tp.skipped.items())],
                     "not_reusable": [{"reason": r, "blocks": n, "bytes": tp.not_reusable_bytes[r]}
-                                     for r, n in sorted(tp.not_reusable.items())]})
+                                     for r, n in sorted(tp.not_reusable.items())],
+                    "conflicts": [{"reason": r, "blocks": n} for r, n in sorted(tp.conflicts.items())]})
     return out
 
 

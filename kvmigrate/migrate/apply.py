@@ -759,8 +759,14 @@ def finish_counts(plan: Plan, result: ApplyResult) -> None:
     """Blocks the manifest already found in place count as already_present; needs_*
     blocks are skipped with a count (migration.md §1)."""
     result.outcomes["skipped_needs_transform"] += _count_skipped(plan)
+    if plan.conflicts:  # target paths the scan already found taken by other bytes
+        result.outcomes["conflict"] += plan.conflicts
+        result.bits |= EXIT_INTEGRITY
     for tp in plan.targets:
         per = result.per_target.setdefault(tp.base_name, Counter())
+        if tp.conflicts:
+            per["conflict"] += sum(tp.conflicts.values())
+            result.findings += [f"conflict: {reason} ({n} blocks)" for reason, n in sorted(tp.conflicts.items())]
         n = sum(tp.skipped.values())
         if n:
             per["skipped_needs_transform"] += n

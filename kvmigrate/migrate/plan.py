@@ -33,6 +33,10 @@ NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
 TRANSFORMS = ("slice", "concat", "relayout")
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1).
 _PART_REASON_PREFIXES = ("replica of rank 0", "part of ")
+# The scanner reports a target path that is already taken by other bytes as `none` with
+# this reason prefix (identity.md: the occupant is itself a scanned path); for migrate it
+# is a conflict: reported, counted, never overwritten (exit bit 4).
+OCCUPIED_PREFIX = "aliases_source: target path "
 ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
                    "(migrate into ROOT, or scan a root without it)")
 # Row states with the integrity bit (interface.md §2).
@@ -92,6 +96,7 @@ class TargetPlan:
     skipped_bytes: Counter = field(default_factory=Counter)
     not_reusable: Counter = field(default_factory=Counter)  # reason -> blocks
     not_reusable_bytes: Counter = field(default_factory=Counter)
+    conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
 
     @property
     def config_bytes(self) -> bytes:
@@ -136,9 +141,14 @@ class Plan:
     def pending(self) -> int:
         return sum(t.pending for t in self.targets)
 
+    @property
+    def conflicts(self) -> int:
+        """Blocks whose target path the scan found taken by other bytes."""
+        return sum(sum(t.conflicts.values()) for t in self.targets)
+
     def dry_run_exit_code(self) -> int:
         code = 1 if self.pending else 0
-        if self.integrity_rows:
+        if self.integrity_rows or self.conflicts:
             code |= 4
         return code
 
@@ -295,6 +305,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 tp.already_present[1] += nbytes
         elif tp is None:
             untargeted[reason or action] += blocks
+        elif action == "none" and reason.startswith(OCCUPIED_PREFIX):
+            tp.conflicts[reason] += blocks
         elif action in NEEDS or action in TRANSFORMS:
             tp.skipped[(action, reason)] += blocks
             tp.skipped_bytes[(action, reason)] += nbytes
@@ -393,6 +405,10 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
                          f" - {reason} (transforms are not built yet)")
         for reason, n in sorted(tp.not_reusable.items()):
             lines.append(f"  not reusable: {n} blocks ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
+        for reason, n in sorted(tp.conflicts.items())[:10]:
+            lines.append(f"  conflict: {n} blocks - {reason}")
+        if len(tp.conflicts) > 10:
+            lines.append(f"  ... and {len(tp.conflicts) - 10} more conflicts")
     if plan.untargeted:
         lines.append("")
         lines.append("namespaces without a target identity:")
