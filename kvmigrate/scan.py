@@ -551,7 +551,6 @@ class Unit:
     index: int
     plan: UnitPlan
     members: list[Member]
-    key: str  # source_base or deployment
 
     def bucket_names(self) -> list[str]:
         names: set[str] = set()
@@ -658,7 +657,7 @@ def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: s
                                         f"{list(plan.expected_ranks)}")
                 members.append(m)
         members.sort(key=lambda m: (m.rank, m.dirname))
-        units.append(Unit(len(units), plan, members, nss[0].deployment or nss[0].source_base))
+        units.append(Unit(len(units), plan, members))
     return units
 
 
@@ -708,23 +707,21 @@ class Rows:
         arrays = []
         for f in STAGE_SCHEMA:
             values = self.cols[f.name]
-            if f.name in ("relpath", "target_relpath", "reason", "_ireason", "source_base", "model_name"):
-                values = _utf8_safe(values)
             typ = pa.string() if pa.types.is_dictionary(f.type) else f.type
-            arrays.append(pa.array(values, typ))
+            arrays.append(_utf8_safe(values) if typ == pa.string() else pa.array(values, typ))
         return pa.Table.from_arrays(arrays, schema=pa.schema([
             pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in STAGE_SCHEMA]))
 
 
-def _utf8_safe(values: list[Any]) -> list[Any]:
-    """Undecodable file names (surrogate escapes) shown with backslash escapes: Arrow
-    strings are UTF-8, and a foreign file's odd name must not crash the scan."""
+def _utf8_safe(values: list[Any]) -> pa.Array:
+    """A string column; undecodable file names (surrogate escapes) are shown with
+    backslash escapes: Arrow strings are UTF-8, and a foreign file's odd name must not
+    crash the scan."""
     try:
-        pa.array(values, pa.string())
-        return values
+        return pa.array(values, pa.string())
     except (UnicodeEncodeError, pa.ArrowException):
-        return [v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                if isinstance(v, str) else v for v in values]
+        return pa.array([v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                         if isinstance(v, str) else v for v in values], pa.string())
 
 
 @dataclass
@@ -759,12 +756,11 @@ def _record(relpath: str, st: os.stat_result, rank: int | None = None, group: in
 class Walker:
     """The walk of one scan: options, shared caches and the per-bucket worker."""
 
-    def __init__(self, root: str, *, verify: str, listing: RootListing, units: list[Unit]):
+    def __init__(self, root: str, *, verify: str, listing: RootListing):
         self.root = root
         self.verify = verify
         self.hashed = verify == "hash"
         self.listing = listing
-        self.units = units
         self._slice_cache: dict[tuple[int, int, int], str | None] = {}
         self._euid = os.geteuid()
         self._groups = set(os.getgroups()) | {os.getegid()}
@@ -1170,6 +1166,9 @@ def _non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Name
         walker.dir_rows(os.path.join(root, d), d, out, status="unsupported_layout",
                         reason="old llm-d deep layout (<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*): "
                                "out of scope", ns_cols=None, where="deep layout", shard=shard)
+    for unit in units:
+        for m in unit.members:
+            _rank_top_level(walker, m, out, emit=part0)
     if not part0:
         return out
     cols_of = {ns.source_base: ns.columns() for ns in namespaces}
@@ -1196,9 +1195,6 @@ def _non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Name
                 _config_row(walker, ns, e, rel, out, cols_of[ns.source_base])
             else:
                 walker.other_file(e, rel, out, where="base folder", ns_cols=cols_of[ns.source_base])
-    for unit in units:
-        for m in unit.members:
-            _rank_top_level(walker, unit, m, out)
     return out
 
 
@@ -1222,8 +1218,9 @@ def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out
     walker._emit(out, rec, ns_cols, rec.status, rec.reason)
 
 
-def _rank_top_level(walker: Walker, unit: Unit, m: Member, out: BucketResult) -> None:
-    """List a rank folder's top level: bucket names for the walk, anything else as rows."""
+def _rank_top_level(walker: Walker, m: Member, out: BucketResult, *, emit: bool) -> None:
+    """List a rank folder's top level once: its bucket names for the walk (every shard)
+    and, in part 0, rows for anything else in it."""
     path = os.path.join(walker.root, m.dirname)
     try:
         with os.scandir(path) as it:
@@ -1231,32 +1228,24 @@ def _rank_top_level(walker: Walker, unit: Unit, m: Member, out: BucketResult) ->
     except FileNotFoundError:
         return
     except OSError as exc:
-        st = walker._lstat(path, m.dirname, out)
+        st = walker._lstat(path, m.dirname, out) if emit else None
         if st is not None:
             rec = _record(m.dirname, st)
             rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", m.dirname)
             walker._emit(out, rec, m.columns, rec.status, rec.reason)
         return
     for e in entries:
+        if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name):
+            m.buckets.add(e.name)
+            continue
+        if not emit:
+            continue
         rel = f"{m.dirname}/{e.name}"
         if e.is_dir(follow_symlinks=False):
-            if layout.BUCKET_RE.match(e.name):
-                continue
             walker.dir_rows(e.path, rel, out, status="foreign", reason="unexpected folder in a rank folder",
                             ns_cols=m.columns, where="rank folder")
         else:
             walker.other_file(e, rel, out, where="rank folder", ns_cols=m.columns)
-
-
-def _list_buckets(root: str, units: list[Unit]) -> None:
-    for unit in units:
-        for m in unit.members:
-            try:
-                with os.scandir(os.path.join(root, m.dirname)) as it:
-                    m.buckets = {e.name for e in it
-                                 if layout.BUCKET_RE.match(e.name) and e.is_dir(follow_symlinks=False)}
-            except OSError:
-                m.buckets = set()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1349,7 +1338,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
     units = build_units(root_path, namespaces, verify == "hash", target)
-    walker = Walker(root_path, verify=verify, listing=listing, units=units)
+    walker = Walker(root_path, verify=verify, listing=listing)
 
     meta = {
         "tool_version": __version__,
@@ -1385,7 +1374,6 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
                 pending = Rows()
 
         take(_non_bucket_rows(walker, listing, namespaces, units, shard))
-        _list_buckets(root_path, units)
         tasks = ((u, b) for u in units for b in u.bucket_names() if _part(b, n) == k)
         for res in _run_ordered(walker, tasks, threads):
             take(res)
