@@ -115,7 +115,7 @@ class UnitPlan:
     @property
     def replicas(self) -> bool | None:
         """True when the ranks of a block must hold identical bytes (MLA replicas), False
-        for shards, None when unknown (kv kind not given)."""
+        for shards, None when unknown (kv kind not given; vllm.cpp identities say it)."""
         if len(self.expected_ranks) <= 1:
             return False
         if self.kv_kind is None:
@@ -265,18 +265,15 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
             r.reason = why
         return
 
-    replicas = plan.replicas if plan.family != "vllmcpp" else (
-        len(plan.expected_ranks) > 1 and plan.kv_kind == "mla")
-    if replicas:
-        differing = _replica_outliers(plan, recs)
-        if differing:
-            what = "payloads" if plan.family == "vllmcpp" else "contents"
-            basis = "hashes" if plan.hashed else "sizes"
-            for r in differing:
-                r.status = "replica_mismatch"
-                r.reason = (f"replicas differ: the MLA {what} of ranks {_ranks_text(x.rank for x in recs)} "
-                            f"must be equal, their {basis} are not")
-            return
+    if plan.replicas and _replicas_differ(plan, recs):
+        # every replica is flagged: nothing tells which copy is the right one
+        what = "payloads" if plan.family == "vllmcpp" else "contents"
+        basis = "hashes" if plan.hashed else "sizes"
+        for r in recs:
+            r.status = "replica_mismatch"
+            r.reason = (f"replicas differ: the MLA {what} of ranks {_ranks_text(x.rank for x in recs)} "
+                        f"must be equal, their {basis} are not")
+        return
 
     first = min(recs, key=lambda r: r.rank if r.rank is not None else -1)
     action, reason = plan_action(plan, recs, group, hex_hash)
@@ -300,9 +297,9 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
             r.action, r.reason = "none", follower
 
 
-def _replica_outliers(plan: UnitPlan, recs: list[FileRecord]) -> list[FileRecord]:
-    """Every row of a block whose replicas differ (nothing tells which copy is right).
-    Compares content hashes (vllm.cpp: payload hashes) when taken, else sizes."""
+def _replicas_differ(plan: UnitPlan, recs: list[FileRecord]) -> bool:
+    """Compare content hashes (vllm.cpp: payload hashes, headers differ by design) when
+    taken, else sizes."""
     def key(r: FileRecord):
         if plan.hashed:
             h = r.payload if plan.family == "vllmcpp" else r.content
@@ -310,9 +307,7 @@ def _replica_outliers(plan: UnitPlan, recs: list[FileRecord]) -> list[FileRecord
                 return h
         return r.size
 
-    if len({key(r) for r in recs}) <= 1:
-        return []
-    return list(recs)
+    return len({key(r) for r in recs}) > 1
 
 
 def target_relpath(target: TargetInfo, hex_hash: str, group: int) -> str:
