@@ -315,7 +315,8 @@ def test_cross_filesystem_destination(tmp_path, synth_root, shm_dest):
     assert len(created) == 6
     for p in created:
         assert os.stat(p).st_dev == os.stat(shm_dest).st_dev
-    assert not (root / layout.OWN_DIR).exists()  # the journal lives with the destination
+    assert len(list((root / layout.OWN_DIR / "journals").iterdir())) == 1  # journaled under ROOT
+    assert not (shm_dest / layout.OWN_DIR).exists()
 
 
 def test_mode_auto_links_on_the_same_filesystem_and_mode_copy_copies(tmp_path, synth_root):

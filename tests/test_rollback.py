@@ -129,13 +129,13 @@ def test_rollback_takes_a_directory_of_journals(tmp_path, synth_root):
     dest.mkdir()
     assert run("migrate", root, *MLA, "--apply", "--dest", dest)[0] == 0
     assert run("migrate", root, *MLA, "--apply")[0] == 0
-    assert run("migrate", root, *MLA, "--apply")[0] == 0  # a no-op run: a second journal in ROOT
-    code, result = run_json("rollback", root / layout.OWN_DIR / "journals")
-    assert code == 0 and len(result["journals"]) == 2 and result["removed"]["block"] == 6
+    assert run("migrate", root, *MLA, "--apply")[0] == 0  # a no-op run: a third journal
+    journals = root / layout.OWN_DIR / "journals"
+    assert len(list(journals.iterdir())) == 3 and not (dest / layout.OWN_DIR).exists()
+    code, result = run_json("rollback", journals)
+    assert code == 0 and len(result["journals"]) == 3 and result["removed"]["block"] == 12
     assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
-    assert len(list(dest.rglob("*.bin"))) == 6  # the other destination has its own journal
-    assert run("rollback", dest / layout.OWN_DIR / "journals")[0] == 0
-    assert not list(dest.rglob("*.bin"))
+    assert list(dest.iterdir()) == []  # each journal names its own destination root
 
 
 def test_rollback_refuses_while_a_migration_holds_the_lock(migrated):

@@ -209,7 +209,9 @@ class Applier:
                              "nothing was written")
 
     def _open_journal(self) -> None:
-        arg = self.journal_arg or jn.default_journal_dir(self.plan.dest)
+        # default: ROOT/.kvmigrate/journals (migration.md §3.5), also with --dest: every
+        # migration of a root is journaled in one place
+        arg = self.journal_arg or jn.default_journal_dir(self.plan.root)
         header = {"run_id": jn.new_run_id(), "command": self.command, "manifest": self.plan.manifest_path,
                   "root": self.plan.root, "dest": self.plan.dest, "target_profile": self.plan.target_profile,
                   "identity": self.identity, "pid": os.getpid(), "mode": self.mode}
