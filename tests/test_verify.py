@@ -121,3 +121,13 @@ def test_verify_without_a_journal_checks_digests_only_and_writes_nothing(migrate
     code, out = run("verify", root)
     assert code == 0 and "no findings" in out
     assert sorted(os.walk(root)) == before
+
+
+def test_verify_json_has_the_interface_summary_keys(migrated):
+    root, journal = migrated
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 0
+    for key in ("root", "target_profile", "totals", "namespaces", "exit_code"):
+        assert key in result
+    assert result["target_profile"] == "vllm-0.28"
+    assert result["totals"]["files"] > 0 and len(result["namespaces"]) == 7

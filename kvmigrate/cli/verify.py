@@ -6,16 +6,20 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.cli.common import PROFILES, handle_errors, output_options, print_json
 
 
 @click.command("verify")
 @click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--journal", type=click.Path(exists=True, path_type=str),
               help="Journal file or directory of a migration: check every block it created.")
+@click.option("--target", "target", type=click.Choice(PROFILES), default=None,
+              help="Profile for the summary's target names (default: the journal's, else vllm-0.28).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
 @output_options
 @handle_errors
-def command(root: str, journal: str | None, as_json: bool, quiet: bool, verbose: int) -> None:
+def command(root: str, journal: str | None, target: str | None, threads: int | None, as_json: bool, quiet: bool,
+            verbose: int) -> None:
     """Check that every namespace's config.json under ROOT hashes to its folder name and,
     with --journal, that every block the migration created still has the journaled
     inode, size and XXH3-128 (and, for vllm.cpp, a header the engine accepts).
@@ -26,7 +30,7 @@ def command(root: str, journal: str | None, as_json: bool, quiet: bool, verbose:
     """
     from kvmigrate.migrate.verify import render, verify_root
 
-    result = verify_root(root, journal)
+    result = verify_root(root, journal, target_profile=target, summary=as_json, threads=threads)
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

@@ -43,6 +43,7 @@ class VerifyResult:
     configs: int = 0
     journals: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)  # the root's scan summary (interface.md §1 keys)
 
     @property
     def exit_code(self) -> int:
@@ -52,10 +53,12 @@ class VerifyResult:
         return code
 
     def to_dict(self) -> dict[str, Any]:
-        return {"root": self.root, "checked": {"namespaces": self.namespaces, "blocks": self.blocks,
-                                               "configs": self.configs},
-                "journals": self.journals, "findings": [f.to_dict() for f in self.findings],
-                "exit_code": self.exit_code}
+        out = dict(self.summary)
+        out.update({"root": self.root, "checked": {"namespaces": self.namespaces, "blocks": self.blocks,
+                                                   "configs": self.configs},
+                    "journals": self.journals, "findings": [f.to_dict() for f in self.findings],
+                    "exit_code": self.exit_code})
+        return out
 
 
 def _is_vllmcpp(fields: dict[str, Any]) -> bool:
@@ -173,12 +176,39 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         result.findings.append(Finding("size_mismatch", where, f"{st.st_size} bytes is not a multiple of 4096"))
 
 
-def verify_root(root: str, journal: str | None = None) -> VerifyResult:
-    """Python API for `kvmigrate verify`."""
+def root_summary(root: str, target_profile: str, threads: int | None = None) -> dict[str, Any]:
+    """The scanner's summary of ROOT (a stat-only walk into a temporary manifest outside
+    the root): totals and namespaces in the same shape every `--json` command prints.
+    Its findings are the scanner's and `audit`'s business; verify's exit code is its own."""
+    import shutil
+    import tempfile
+
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.scan import scan
+
+    tmp = tempfile.mkdtemp(prefix="kvmigrate-verify-")
+    try:
+        res = scan(root, os.path.join(tmp, "manifest.parquet"), target=target_profile,
+                   facts_resolver=FactsResolver({}, None), verify="size", threads=threads)
+        summary = dict(res.summary)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary.pop("exit_code", None)
+    return summary
+
+
+def verify_root(root: str, journal: str | None = None, *, target_profile: str | None = None,
+                summary: bool = True, threads: int | None = None) -> VerifyResult:
+    """Python API for `kvmigrate verify` (summary=False skips the walk for totals)."""
     result = VerifyResult(root=os.path.abspath(root))
     check_namespaces(result.root, result)
     if journal is not None:
         check_journal(journal, result)
+        if target_profile is None:
+            profiles = [run.header.get("target_profile") for _, run in jn.iter_runs(journal)]
+            target_profile = next((p for p in reversed(profiles) if p), None)
+    if summary:
+        result.summary = root_summary(result.root, target_profile or "vllm-0.28", threads)
     return result
 
 
