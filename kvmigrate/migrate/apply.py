@@ -155,17 +155,9 @@ class Applier:
             try:
                 for tp in work:
                     self._ensure_dirs([tp.base_name])
-                # every namespace this run or the run it resumes touches is locked before
-                # anything is reconciled or written (a lock left by a killed run is taken
-                # over, and removed on release)
-                for base in sorted({tp.base_name for tp in work} | self._resumed_bases()):
-                    lock = NamespaceLock.acquire(self.tree, base)
-                    locks.append(lock)
-                    if lock.created:
-                        self.journal.write({"t": "lock", "path": lock.relpath})
+                self._lock_namespaces(work, locks)
                 self._resume_pending()
-                for tp in work:
-                    self._target(tp)
+                self._targets(work)
             except SymlinkInPath as exc:
                 raise _Stop(OperationalError(f"refusing to write through a symlink or non-directory: {exc.filename}",
                                              path=exc.filename, hint="remove it or pass --dest DIR")) from None
@@ -191,6 +183,21 @@ class Applier:
             self.result.bits |= EXIT_INTEGRITY
         finish_counts(plan, self.result)
         return self.result
+
+    def _lock_namespaces(self, work: list[TargetPlan], locks: list[NamespaceLock]) -> None:
+        """Every namespace this run or the run it resumes touches is locked before
+        anything is reconciled or written (a lock left by a killed run is taken over,
+        and removed on release). A scale-out part overrides this: its driver holds them."""
+        for base in sorted({tp.base_name for tp in work} | self._resumed_bases()):
+            lock = NamespaceLock.acquire(self.tree, base)
+            locks.append(lock)
+            if lock.created:
+                self.journal.write({"t": "lock", "path": lock.relpath})
+
+    def _targets(self, work: list[TargetPlan]) -> None:
+        """Every target namespace in plan order (a scale-out driver overrides this)."""
+        for tp in work:
+            self._target(tp)
 
     # --- set-up -----------------------------------------------------------------------
 
