@@ -362,11 +362,7 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
                 return "link", f"rank-0 MLA replica is the replicated row; {_verified_note(plan)}"
             return "copy_pad", (f"rank-0 MLA replica ({first.size} bytes) zero padded to "
                                 f"{pad_to_page(first.size)}; {_verified_note(plan)}")
-        sizes = [r.size for r in by_rank]
-        total = sum(sizes)
-        parts = " ‖ ".join(f"rank {r.rank}" for r in by_rank)
-        return "needs_concat", (f"needs_concat: {parts} ({' + '.join(str(s) for s in sizes)} = {total} bytes) "
-                                f"+ pad to {pad_to_page(total)}; the concat transform is not available yet")
+        return _concat_plan(plan, by_rank, group)
 
     if fam == "vllmcpp":
         if n == 1:
@@ -384,22 +380,55 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
     return "none", f"unknown writer family {fam!r}"
 
 
+def slice_reason(n: int, cell: int, proof: str) -> str:
+    """The reason of a proven slice; "pad to <bytes> bytes" is the output size (read back by
+    migrate and the reports, which have no other per-block column for it)."""
+    return f"slice: cell 0 of {n} (cell {cell} bytes; {proof}) + pad to {pad_to_page(cell)} bytes"
+
+
 def _slice_plan(plan: UnitPlan, first: FileRecord, group: int) -> tuple[str, str]:
+    """slice when the cell size is proven by the facts (the N cells themselves are compared
+    when the transform runs, or by scan --verify hash); needs_slice with the numbers found."""
     n = plan.world
     size = first.size
     layers = plan.layers.get(group)
     if plan.page_bytes and layers and plan.blocks_per_file:
         c = layers * plan.page_bytes * plan.blocks_per_file
         if n * c <= size < n * c + PAGE:
-            return "needs_slice", (f"needs_slice: {size}-byte row holds {n} identical cells of {c} bytes "
-                                   f"(c = {layers} layers x {plan.page_bytes} page bytes x {plan.blocks_per_file} "
-                                   "blocks per file); the slice transform is not available yet")
+            return "slice", slice_reason(n, c, f"from facts: {layers} layers x {plan.page_bytes} page bytes x "
+                                               f"{plan.blocks_per_file} blocks per file; {n} equal cells and a "
+                                               "zero tail are checked before it is cut")
         return "needs_slice", (f"needs_slice: facts and data disagree: c = {layers} x {plan.page_bytes} x "
                                f"{plan.blocks_per_file} = {c}, but {n} x c does not fit the {size}-byte row")
     lo = max(1, (size - PAGE) // n + 1)
     hi = size // n
     return "needs_slice", (f"needs_slice: {size}-byte row, N={n} cells, cell size unknown: {n}*c <= {size} < "
                            f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes)")
+
+
+def _concat_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:
+    """concat of every rank's file (B = 1) into one row of N equal cells, when the cell is
+    proven: equal rank sizes, a known kv kind, and not the old 16 MiB padding floor."""
+    sizes = [r.size for r in by_rank]
+    total = sum(sizes)
+    n = len(by_rank)
+    parts = " ‖ ".join(f"rank {r.rank}" for r in by_rank)
+    found = f"needs_concat: {parts} ({' + '.join(str(s) for s in sizes)} = {total} bytes)"
+    if plan.blocks_per_file != 1:
+        return "needs_concat", f"{found}: B unknown (blocks_per_file missing from the identity)"
+    if plan.kv_kind not in ("mla", "full"):
+        if plan.kv_kind is None:
+            return "needs_concat", f"{found}: kv kind unknown, so the row's cells are unknown (pass --kv-kind)"
+        return "needs_concat", f"{found}: concat is defined for kv kind mla or full, not {plan.kv_kind}"
+    if len(set(sizes)) > 1:
+        return "needs_concat", f"{found}: rank sizes differ, a vLLM reader needs N equal cells"
+    if sizes[0] == LEGACY_FLOOR and plan.data_bytes(group) is None:
+        return "needs_concat", (f"{found}: cell size unproven: {LEGACY_FLOOR} bytes is the old llm-d padding "
+                                "floor (pass --page-bytes"
+                                + (" and --tensors-per-layer" if plan.kv_kind == "full" else "") + ")")
+    note = f"; {_verified_note(plan)}" if plan.replicas else ""
+    return "concat", (f"concat: ranks 0..{n - 1} ({n} x {sizes[0]} bytes) + pad to {pad_to_page(total)} bytes"
+                      f"{note}")
 
 
 def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:
@@ -414,7 +443,8 @@ def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tup
             missing.append("--kv-kind")
         elif plan.kv_kind == "full" and not plan.tensors_per_layer:
             missing.append("--tensors-per-layer")
-        parts.append("T unknown")
+        parts.append("T unknown" if plan.kv_kind in (None, "mla", "full")
+                     else f"T unknown (relayout is defined for kv kind mla or full, not {plan.kv_kind})")
     else:
         parts.append(f"T={t}")
     if not p:
@@ -422,10 +452,22 @@ def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tup
         missing.append("--page-bytes")
     else:
         parts.append(f"P={p}")
-    then = ("then link/copy_pad of rank 0" if plan.replicas and plan.target and plan.target.replicated_layout
-            else f"then concat of {len(by_rank)} ranks" if len(by_rank) > 1 else "then link/copy_pad")
     text = "needs_relayout: " + ", ".join(parts)
     if missing:
         return "needs_relayout", f"{text} (pass {' and '.join(missing)})"
-    return "needs_relayout", f"{text}: block-major [B][T][P] to tensor-major [T][B][P], {then}; " \
-                             "the relayout transform is not available yet"
+    if t is None or not p or not b:
+        return "needs_relayout", text
+    if size != b * t * p:
+        return "needs_relayout", f"{text}: B·T·P = {b * t * p} ≠ size (facts and data disagree)"
+    n = len(by_rank)
+    if n > 1 and len({r.size for r in by_rank}) > 1:
+        return "needs_relayout", f"{text}: rank sizes differ"
+    if n == 1:
+        cells, then = 1, "then"
+    elif plan.replicas and plan.target is not None and plan.target.replicated_layout:
+        cells, then = 1, f"then rank 0's cell (the replicated row; {_verified_note(plan)}) +"
+    else:
+        cells = n
+        then = f"then concat of ranks 0..{n - 1}" + (f" ({_verified_note(plan)})" if plan.replicas else "") + " +"
+    return "relayout", (f"relayout: B={b} T={t} P={p} ([B][T][P] -> [T][B][P], {size} bytes per rank), "
+                        f"{then} pad to {pad_to_page(cells * size)} bytes")

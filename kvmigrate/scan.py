@@ -1058,14 +1058,14 @@ class Walker:
         first = next((r for r in recs if r.target_relpath), None)
         if first is None:
             return
-        if first.action == "needs_slice" and self.hashed:
-            first.reason = self._slice_reason(unit, first, group) or first.reason
+        if first.action in ("slice", "needs_slice") and self.hashed:
+            first.action, first.reason = self._slice_reason(unit, first, group) or (first.action, first.reason)
         target_dir = first.target_relpath.split("/", 1)[0]
         if target_dir not in self.listing.names or first.target_relpath == first.relpath:
             return
         self._check_existing_target(plan, first)
 
-    def _slice_reason(self, unit: Unit, first: FileRecord, group: int) -> str | None:
+    def _slice_reason(self, unit: Unit, first: FileRecord, group: int) -> tuple[str, str] | None:
         """Search the row's data for the cell size (kvmigrate.transforms proves it or lists
         the candidates); once per (unit, group, size): the geometry is the namespace's."""
         from kvmigrate.transforms import find_slice_cell
@@ -1082,10 +1082,9 @@ class Walker:
                      if plan.page_bytes and layers and plan.blocks_per_file else None)
             search = find_slice_cell(data, n=plan.world, known_cell=known)
             if search.cell is None:
-                reason = search.reason
+                reason = "needs_slice", search.reason
             else:
-                reason = (f"needs_slice: {first.size}-byte row of {plan.world} cells, {search.reason}; "
-                          "the slice transform is not available yet")
+                reason = "slice", classify.slice_reason(plan.world, search.cell, search.reason)
         self._slice_cache[key] = reason
         return reason
 
@@ -1112,10 +1111,14 @@ class Walker:
         if action == "copy_pad":
             expected_size = classify.pad_to_page(rec.size)
         same = False
+        transform_digest = None
+        if action in ("slice", "concat", "relayout"):
+            from kvmigrate.migrate.outputs import expected_transform_output
+            expected_size, transform_digest = expected_transform_output(self.root, plan, rec)
         if tst.st_size == expected_size:
             new_digest = plan.target.digest if plan.target else None
-            want = rec.content if action == "link" and rec.content else expected_output_digest(
-                action, src, new_digest=new_digest)
+            want = transform_digest() if transform_digest else rec.content if action == "link" and rec.content else \
+                expected_output_digest(action, src, new_digest=new_digest)
             try:
                 got = read_file(tpath, want_hash=True).content
             except (Vanished, OSError):

@@ -11,6 +11,12 @@ that engine's load rule, independently of kvmigrate's migration code:
   (`formats.vllmcpp.verify_header` with the identity digest, page size and key), then
   exactly `payload_size` bytes of payload.
 
+For transformed rows (slice, concat, relayout) `load_pages` goes one step further and
+takes the row apart the way a vLLM worker does: worker w's cell at `w × cell`, tensor t
+of that cell at `t × B × P`, GPU block b of that tensor at `+ b × P`; `row_page_errors`
+compares every page with the page the source writer stored (`synth.page_bytes_for`)
+and the pad with zeros.
+
 Also here: tree snapshots used by the safety tests (every file's inode, size, mtime,
 mode and content hash; a full listing to prove a dry run wrote nothing).
 """
@@ -74,6 +80,23 @@ class ReferenceReader:
         finally:
             os.close(fd)
 
+    def load_pages(self, hex_hash: str, group: int, *, cells: int, tensors: int, blocks_per_file: int,
+                   page: int) -> tuple[Load, dict[tuple[int, int, int], bytes]]:
+        """Load a vLLM row of `cells` worker cells, each [T][B][P], and split it into its
+        pages keyed (worker, tensor, gpu block), at the offsets a vLLM worker reads."""
+        cell = tensors * blocks_per_file * page
+        row_size = -(-cells * cell // ROW_ALIGN) * ROW_ALIGN
+        got = self.load(hex_hash, group, row_size=row_size)
+        pages: dict[tuple[int, int, int], bytes] = {}
+        if got.data is None:
+            return got, pages
+        for w in range(cells):
+            for t in range(tensors):
+                for b in range(blocks_per_file):
+                    off = w * cell + t * blocks_per_file * page + b * page
+                    pages[(w, t, b)] = got.data[off:off + page]
+        return got, pages
+
     def _load_vllmcpp(self, fd: int, rel: str, hex_hash: str, group: int) -> Load:
         digest = hashlib.sha256(canonical.canonical_bytes(self.fields, "vllmcpp")).digest()
         payload_size = int(self.fields["page_size_bytes"])
@@ -128,6 +151,31 @@ def expected_vllm_row(ns: dict[str, Any], hex_hash: str, group: int, cells: int)
     body = b"".join(page_bytes_for(ns, hex_hash=hex_hash, group=group, rank=w, tensor=t, gpu_block=b)
                     for w in range(cells) for t in ns["tensors"] for b in range(ns["blocks_per_file"]))
     return pad_row(body)
+
+
+def row_page_errors(reader: ReferenceReader, ns: dict[str, Any], hex_hash: str, group: int, *,
+                    cells: int) -> list[str]:
+    """Every page of a migrated row compared with what the source writer stored on the
+    worker that owns that cell (rank w; MLA pages are the same on every rank), and the
+    pad after the cells compared with zeros. Returns the differences (empty: all found)."""
+    from kvmigrate.synth import page_bytes_for
+
+    T, B, P = len(ns["tensors"]), ns["blocks_per_file"], ns["page_bytes"]
+    got, pages = reader.load_pages(hex_hash, group, cells=cells, tensors=T, blocks_per_file=B, page=P)
+    if got.data is None:
+        return [f"{got.path}: not loaded ({got.why})"]
+    errors = []
+    for (w, t, b), page in sorted(pages.items()):
+        want = page_bytes_for(ns, hex_hash=hex_hash, group=group, rank=w, tensor=ns["tensors"][t], gpu_block=b)
+        if page != want:
+            errors.append(f"{got.path}: worker {w} tensor {t} block {b} at offset "
+                          f"{w * T * B * P + t * B * P + b * P} is not the page the source stored")
+    if got.data[cells * T * B * P:].strip(b"\0"):
+        errors.append(f"{got.path}: the pad after {cells} cells is not zero")
+    size = os.stat(reader.root / got.path).st_size
+    if size != len(got.data):
+        errors.append(f"{got.path}: {size} bytes on disk, the row is {len(got.data)}")
+    return errors
 
 
 def expected_vllmcpp_payload(ns: dict[str, Any], hex_hash: str, group: int, rank: int) -> bytes:

@@ -81,9 +81,9 @@ def test_rank_row_rule_puts_the_action_on_rank_zero():
     recs = [rec(1, 1024), rec(0, 1024)]
     classify_block(p, recs, 0, HEX)
     r1, r0 = recs
-    assert r0.action == "needs_concat" and r0.target_relpath == f"{TARGET.rank_dir}/abc/de_g0/{HEX}.bin"
-    assert "rank 0 ‖ rank 1 (1024 + 1024 = 2048 bytes) + pad to 4096" in r0.reason
-    assert r1.action == "none" and r1.reason == "part of needs_concat from rank 0" and r1.target_relpath is None
+    assert r0.action == "concat" and r0.target_relpath == f"{TARGET.rank_dir}/abc/de_g0/{HEX}.bin"
+    assert r0.reason == "concat: ranks 0..1 (2 x 1024 bytes) + pad to 4096 bytes"
+    assert r1.action == "none" and r1.reason == "part of concat from rank 0" and r1.target_relpath is None
 
 
 def test_missing_rank_makes_the_present_rows_incomplete():

@@ -100,11 +100,14 @@ def test_vllm_s1_tp4_is_ambiguous_and_waits_for_family(synth_root, scan_root):
     only_action(rows, "link")
 
 
-def test_vllm_mla_tp2_s2_needs_slice_with_proven_cell(synth_root, scan_root):
+def test_vllm_mla_tp2_s2_slice_with_cell_proven_by_facts(synth_root, scan_root):
     root, results = synth_root(dict(family="vllm", scheme="S2", tp=2, kv_kind="mla"))
     scan, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 256})
     check_namespaces(scan, results)
-    only_action(rows, "needs_slice", "2 identical cells of 512 bytes")  # 2 layers x 256 x 1
+    # 2 layers x 256 x 1; a 4096-byte output (cell + pad)
+    only_action(rows, "slice", "slice: cell 0 of 2 (cell 512 bytes; from facts: 2 layers x 256 page bytes x 1 "
+                               "blocks per file")
+    only_action(rows, "slice", "+ pad to 4096 bytes")
     assert namespace(scan, results[0].namespaces[0]["base_name"])["gate"]["replicated_layout"] is True
 
 
@@ -113,9 +116,9 @@ def test_vllm_mla_tp2_needs_slice_reports_candidates(synth_root, scan_root):
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"})
     only_action(rows, "needs_slice", "c in 1..2048 (pass --page-bytes)")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"}, verify="hash")
-    only_action(rows, "needs_slice", "cell 512 bytes: the only size with 2 equal cells and a zero tail")
+    only_action(rows, "slice", "cell 512 bytes: the only size with 2 equal cells and a zero tail")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 256}, verify="hash")
-    only_action(rows, "needs_slice", "cell 512 bytes from facts")
+    only_action(rows, "slice", "cell 512 bytes from facts")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 128}, verify="hash")
     only_action(rows, "needs_slice", "facts and data disagree")
 
@@ -169,21 +172,22 @@ def test_llmd_tp2_without_kv_kind_needs_concat(synth_root, scan_root):
     only_action(rows, "needs_concat", "rank 0 ‖ rank 1")
 
 
-def test_llmd_tp2_full_attention_needs_concat(synth_root, scan_root):
+def test_llmd_tp2_full_attention_is_concatenated(synth_root, scan_root):
     root, results = synth_root(dict(family="llmd", tp=2))
     scan, rows = scan_root(root, flags=FULL_FACTS)
     check_namespaces(scan, results)
-    only_action(rows, "needs_concat", "(1024 + 1024 = 2048 bytes) + pad to 4096")
-    assert {r["reason"] for r in blocks(rows, 1)} == {"part of needs_concat from rank 0"}
+    only_action(rows, "concat", "concat: ranks 0..1 (2 x 1024 bytes) + pad to 4096 bytes")
+    assert {r["reason"] for r in blocks(rows, 1)} == {"part of concat from rank 0"}
 
 
-def test_llmd_blocks_per_file_needs_relayout(synth_root, scan_root):
+def test_llmd_blocks_per_file_needs_relayout_until_its_numbers_are_known(synth_root, scan_root):
     root, results = synth_root(dict(family="llmd", tp=2, blocks_per_file=4))
     scan, rows = scan_root(root, flags=DTYPE)
     check_namespaces(scan, results)
     only_action(rows, "needs_relayout", "4096 bytes, B=4, T unknown, P unknown (pass --kv-kind and --page-bytes)")
     _, rows = scan_root(root, flags={**FULL_FACTS, "tensors_per_layer": 2, "page_bytes": 256})
-    only_action(rows, "needs_relayout", "B=4, T=4, P=256: block-major")
+    only_action(rows, "relayout", "relayout: B=4 T=4 P=256 ([B][T][P] -> [T][B][P], 4096 bytes per rank), "
+                                  "then concat of ranks 0..1 + pad to 8192 bytes")
 
 
 def test_llmd_relayout_geometry_must_match_the_size(synth_root, scan_root):
@@ -301,4 +305,4 @@ def test_several_models_in_one_root_take_facts_per_namespace(synth_root, scan_ro
     by_model = {}
     for r in blocks(rows, 0):
         by_model.setdefault(r["model_name"], set()).add(r["action"])
-    assert by_model == {"deepseek-ai/DeepSeek-V2": {"copy_pad"}, "Qwen/Qwen3-4B": {"needs_concat"}}
+    assert by_model == {"deepseek-ai/DeepSeek-V2": {"copy_pad"}, "Qwen/Qwen3-4B": {"concat"}}

@@ -185,7 +185,7 @@ def _targets_json(plan) -> list[dict]:
     out = []
     for tp in plan.targets:
         out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
-                    "sources": tp.sources, "actions": tp.counts(),
+                    "sources": tp.sources, "actions": tp.counts(), "transform_cost": tp.transform_costs(),
                     "already_present": {"blocks": tp.already_present[0], "bytes": tp.already_present[1]},
                     "skipped": [{"action": a, "reason": r, "blocks": n, "bytes": tp.skipped_bytes[(a, r)]}
                                 for (a, r), n in sorted(tp.skipped.items())],

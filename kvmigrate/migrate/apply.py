@@ -1,5 +1,9 @@
 """Materialize a plan: target folders, config.json, then every block, journaled.
 
+Copies and transforms (slice, concat, relayout) write new files the same way: a temp
+file next to the final name, fsynced, published by link(); transforms stream through a
+hashing writer, so the journaled output hash is known when the last byte is written.
+
 Safety rules (migration.md §3) and where they live:
   * sources are only read (O_NOFOLLOW, O_NOATIME where permitted) or hard-linked;
   * no clobber: a block appears at its final name only through `link()` (the source
@@ -29,10 +33,12 @@ from kvmigrate import layout
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath, open_source
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath, hash_fd, open_source
 from kvmigrate.migrate.lock import NamespaceLock
-from kvmigrate.migrate.outputs import SourceInvalid, output_chunks, output_hash
+from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
+                                       slice_row_problem, transform_output_hash, write_transform)
 from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
+from kvmigrate.transforms import TransformError
 
 OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
 MODES = ("link", "copy", "auto")
@@ -65,6 +71,7 @@ class ApplyResult:
     linked: int = 0  # created as hard links
     copied: int = 0  # created as new files (copy, copy_pad, rewrite_header)
     link_copies: int = 0  # `link` actions materialized as copies (--mode copy/auto)
+    transformed: int = 0  # new files written by slice / concat / relayout (counted in `copied` too)
     bytes_written: int = 0
     findings: list[str] = field(default_factory=list)  # conflict / failed / changed lines
     namespace_errors: list[str] = field(default_factory=list)
@@ -83,7 +90,7 @@ class ApplyResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcomes": dict(self.outcomes), "linked": self.linked, "copied": self.copied,
-                "link_copies": self.link_copies, "bytes_written": self.bytes_written,
+                "link_copies": self.link_copies, "transformed": self.transformed, "bytes_written": self.bytes_written,
                 "per_target": {k: dict(v) for k, v in self.per_target.items()},
                 "findings": self.findings, "namespace_errors": self.namespace_errors,
                 "journal": self.journal_path, "resumed": self.resumed, "recovered": self.recovered,
@@ -386,6 +393,11 @@ class Applier:
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
             if act.action != "link" or self.mode != "link":
                 item["tmp"] = tmp_name(act.target_relpath)
+            if act.transform is not None:
+                # every file the output is made of, to prove after a crash that a file at
+                # the final path is exactly this transform's output
+                item["transform"] = act.transform.to_json()
+                item["srcs"] = [[f.relpath, f.inode, f.size] for f in act.sources]
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
@@ -428,6 +440,12 @@ class Applier:
         why = self._stale(act.source)
         if why:
             return self._outcome(tp, act, "changed_since_scan", why)
+        if act.transform is not None:
+            try:
+                return self._transform(tp, act, act.transform)
+            except SymlinkInPath as exc:
+                return self._outcome(tp, act, "conflict",
+                                     f"{exc.filename} is a symlink or not a directory; not written through")
         src_hash = act.source.content_hash
         if act.world > 1:
             ok, computed = self._check_replicas(tp, act)
@@ -549,6 +567,13 @@ class Applier:
         if act.source.content_hash is not None and src_h.digest() != act.source.content_hash:
             _unlink_quiet(self.tree, tmp)
             return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
+        self._publish(tp, act, tmp, ino, size, out_digest, action, digest)
+
+    def _publish(self, tp: TargetPlan, act: BlockAction, tmp: str, ino: int, size: int, out_digest: bytes,
+                 action: str, digest: bytes | None) -> None:
+        """A fsynced temp becomes the final name only if that name is free (link, never
+        rename); EEXIST means compare. Then the temp goes and a done record follows."""
+        target = act.target_relpath
         self.crash.hit("tmp_written")
         try:
             self.tree.link_local(tmp, target)
@@ -561,13 +586,157 @@ class Applier:
         self.crash.hit("linked")
         _unlink_quiet(self.tree, tmp)
         self.journal.done({"kind": "block", "path": target, "ino": ino, "size": size,
-                           "xxh3_128": out_digest.hex(), "how": "copy", "action": act.action})
+                           "xxh3_128": out_digest.hex(), "how": "transform" if act.transform else "copy",
+                           "action": act.action})
         self.result.copied += 1
         self.result.bytes_written += size
         if act.action == "link":
             self.result.link_copies += 1
+        if act.transform is not None:
+            self.result.transformed += 1
         self._outcome(tp, act, "created")
         self.crash.hit("created")
+
+    # --- transforms -------------------------------------------------------------------
+
+    def _open_sources(self, tp: TargetPlan, act: BlockAction) -> list[int] | None:
+        """Open every file a transform reads and check it is still what the scan saw
+        (dev, inode, size, mtime on the open fd). None: the block has its outcome."""
+        spec = act.transform
+        files = act.sources if spec.action != "slice" else (act.source,)
+        if spec.action != "slice" and [f.rank for f in files] != list(range(spec.ranks)):
+            self._outcome(tp, act, "failed", f"block incomplete: rank files {[f.rank for f in files]} of "
+                          f"{spec.ranks}", bits=EXIT_INTEGRITY)
+            return None
+        fds: list[int] = []
+        try:
+            for f in files:
+                try:
+                    fd = open_source(self._src_abs(f.relpath))
+                except FileNotFoundError:
+                    self._outcome(tp, act, "changed_since_scan", f"{f.relpath} vanished since the scan")
+                    return None
+                except OSError as exc:
+                    self._outcome(tp, act, "failed", f"cannot read {f.relpath}: {exc.strerror}",
+                                  bits=EXIT_OPERATIONAL)
+                    return None
+                fds.append(fd)
+                why = _stat_differs(os.fstat(fd), f)
+                if why:
+                    self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
+                    return None
+            ready, fds = fds, []
+            return ready
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _check_transform_sources(self, tp: TargetPlan, act: BlockAction, fds: list[int]) -> bool:
+        """Content checks before a transform acts: a slice's row must hold N equal cells
+        and a zero tail; MLA rank files must be equal replicas (content hashes computed
+        now when the scan did not take them); with the scan's hashes every file is
+        re-hashed (staleness). False: the block has its outcome."""
+        spec = act.transform
+        files = act.sources if spec.action != "slice" else (act.source,)
+        if spec.action == "slice":
+            h = xxhash.xxh3_128()
+            problem = slice_row_problem(fds[0], spec, h)
+            if act.source.content_hash is not None and h.digest() != act.source.content_hash:
+                self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
+                return False
+            if problem:
+                self._outcome(tp, act, "failed", f"slice of {act.source.relpath}: {problem}", bits=EXIT_INTEGRITY)
+                return False
+            return True
+        if not spec.replicas and all(f.content_hash is None for f in files):
+            return True
+        hashes = []
+        for f, fd in zip(files, fds):
+            os.lseek(fd, 0, os.SEEK_SET)
+            have = hash_fd(fd)[0]
+            if f.content_hash is not None and have != f.content_hash:
+                self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: content differs from the scan's hash")
+                return False
+            hashes.append(have)
+        if spec.replicas:
+            differing = [f.relpath for f, h in zip(files, hashes) if h != hashes[0]]
+            if differing:
+                self._outcome(tp, act, "failed", "MLA replicas differ (content): " + ", ".join(differing)
+                              + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
+                return False
+        return True
+
+    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None:
+        """slice / concat / relayout into a temp file through a hashing writer (the output
+        hash is known when the last byte is written), fsync, then publish like a copy."""
+        target = act.target_relpath
+        if self.tree.lstat(target) is not None:
+            return self._compare_existing(tp, act, act.action, None)
+        fds = self._open_sources(tp, act)
+        if fds is None:
+            return
+        tmp = tmp_name(target)
+        try:
+            if not self._check_transform_sources(tp, act, fds):
+                return
+            try:
+                ino, size, out_digest = self._write_transform(tmp, spec, fds)
+            except (TransformError, SourceInvalid) as exc:
+                _unlink_quiet(self.tree, tmp)
+                return self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            except OSError as exc:
+                _unlink_quiet(self.tree, tmp)
+                raise _oserror_stop(exc, self.tree.abspath(target), f"writing a block ({act.action})") from None
+            files = act.sources if spec.action != "slice" else (act.source,)
+            for f, fd in zip(files, fds):  # a writer may have appended while we read
+                why = _stat_differs(os.fstat(fd), f)
+                if why:
+                    _unlink_quiet(self.tree, tmp)
+                    return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if size != spec.output_size:
+            _unlink_quiet(self.tree, tmp)
+            return self._outcome(tp, act, "failed", f"{act.action} wrote {size} bytes, the plan says "
+                                 f"{spec.output_size}", bits=EXIT_INTEGRITY)
+        self._publish(tp, act, tmp, ino, size, out_digest, act.action, None)
+
+    def _write_transform(self, tmp: str, spec: TransformSpec, fds: list[int]) -> tuple[int, int, bytes]:
+        try:
+            fd = self.tree.create_excl(tmp)
+        except FileExistsError:
+            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
+            fd = self.tree.create_excl(tmp)
+        try:
+            out = HashingWriter(fd)
+            write_transform(spec, fds, out)
+            out.flush()
+            os.fsync(fd)
+            ino = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        return ino, out.size, out.digest()
+
+    def _transform_expected(self, tp: TargetPlan, act: BlockAction) -> tuple[int, bytes] | None:
+        """(size, hash) of the row the transform would write, to compare with a file that
+        is already at the target path; None: the block has its outcome."""
+        fds = self._open_sources(tp, act)
+        if fds is None:
+            return None
+        try:
+            spec = act.transform
+            if spec.action == "slice" or spec.replicas:
+                if not self._check_transform_sources(tp, act, fds):
+                    return None
+            out_digest, size = transform_output_hash(spec, fds)
+        except SourceInvalid as exc:
+            self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            return None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return size, out_digest
 
     def _write_new(self, tmp: str, chunks) -> Any:
         """Write chunks to a new file (O_EXCL; a leftover of this pid is replaced), fsync.
@@ -608,6 +777,10 @@ class Applier:
             return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
         if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
             return self._outcome(tp, act, "already_present")
+        if expected is None and act.transform is not None:
+            expected = self._transform_expected(tp, act)
+            if expected is None:
+                return None
         if expected is None:
             try:
                 fd = open_source(self._src_abs(act.source.relpath))
@@ -703,6 +876,12 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
         return None
     if kind != "block":
         return None
+    if item.get("transform"):
+        owned = same_as_tmp or _transform_item_hash(root, item) == have
+        if not owned:
+            return None
+        return {"kind": "block", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(),
+                "how": "transform", "action": item.get("action"), "recovered": True}
     linked = st.st_ino == item.get("ino") and st.st_dev == item.get("dev")
     owned = same_as_tmp or linked
     how = "link" if linked else "copy"
@@ -727,6 +906,27 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
             "action": item.get("action"), "recovered": True}
 
 
+def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
+    """The hash of the row a journaled transform writes, from the very files it named
+    (each still with its inode and size); None when that cannot be proven."""
+    fds: list[int] = []
+    try:
+        spec = TransformSpec.from_json(item["transform"])
+        for rel, ino, size in item["srcs"]:
+            check_relpath(rel, "journal source")
+            fd = open_source(os.path.join(root, rel))
+            fds.append(fd)
+            st = os.fstat(fd)
+            if (st.st_ino, st.st_size) != (ino, size):
+                return None
+        return transform_output_hash(spec, fds)[0]
+    except (OSError, SourceInvalid, UsageError, KeyError, TypeError, ValueError):
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def apply_plan(plan: Plan, **kwargs: Any) -> ApplyResult:
     """Python API: execute a plan (see `Applier`)."""
     return Applier(plan, **kwargs).run()
@@ -745,7 +945,7 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
     o = result.outcomes
     lines.append("outcomes: " + ", ".join(f"{k} {o.get(k, 0)}" for k in OUTCOMES))
     lines.append(f"  created as hard links {result.linked}, as new files {result.copied}"
-                 f" ({result.link_copies} links copied by --mode)")
+                 f" ({result.link_copies} links copied by --mode, {result.transformed} by transforms)")
     for err in result.namespace_errors:
         lines.append(f"error: {err}")
     shown = result.findings[:20]

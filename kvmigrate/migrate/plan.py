@@ -22,15 +22,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import layout, manifest
+from kvmigrate.classify import TargetInfo, UnitPlan
 from kvmigrate.errors import UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
+from kvmigrate.migrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import check_relpath, padded_size
+from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
-CREATING = ("link", "copy_pad", "rewrite_header")
+COPIES = ("link", "copy_pad", "rewrite_header")
+CREATING = (*COPIES, *TRANSFORMS)
 NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
-TRANSFORMS = ("slice", "concat", "relayout")
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1).
 _PART_REASON_PREFIXES = ("replica of rank 0", "part of ")
 # The scanner reports a target path that is already taken by other bytes as `none` with
@@ -66,18 +69,30 @@ class SourceFile:
 class BlockAction:
     """One block to materialize at `target_relpath` (relative to the destination root)."""
 
-    action: str  # link | copy_pad | rewrite_header
+    action: str  # link | copy_pad | rewrite_header | slice | concat | relayout
     target_relpath: str
     source: SourceFile
-    replicas: tuple[SourceFile, ...]  # the other ranks' files that must equal `source`
+    replicas: tuple[SourceFile, ...]  # the other ranks' files (equal to `source`, or the shards of a concat)
     source_base: str
     world: int = 1  # ranks that hold a file of this block (replicas must cover 0..world-1)
+    transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
 
     @property
     def output_size(self) -> int:
+        if self.transform is not None:
+            return self.transform.output_size
         if self.action == "copy_pad":
             return padded_size(self.source.size)
         return self.source.size
+
+    @property
+    def sources(self) -> tuple[SourceFile, ...]:
+        """Every file of the block in rank order (what a concat or relayout reads)."""
+        return (self.source, *self.replicas)
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(f.size for f in self.sources)
 
 
 @dataclass
@@ -124,6 +139,22 @@ class TargetPlan:
         c = self.counts()
         return sum(c[a]["blocks"] for a in CREATING)
 
+    def transform_costs(self) -> dict[str, dict]:
+        """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
+        the space saved (slice) or spent (concat, relayout); merge duplicates excluded."""
+        totals: dict[str, list[int]] = {}
+        seen: set[str] = set()
+        for act in self.actions:
+            if act.target_relpath in seen:
+                continue
+            seen.add(act.target_relpath)
+            if act.transform is not None:
+                t = totals.setdefault(act.action, [0, 0, 0])
+                t[0] += 1
+                t[1] += act.source_bytes
+                t[2] += act.output_size
+        return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
+
 
 @dataclass
 class Plan:
@@ -167,6 +198,30 @@ def _world(ns: dict[str, Any]) -> int:
         except (TypeError, ValueError):
             return max(1, len(ns.get("ranks") or [0]))
     return 1
+
+
+def _unit_plan(ns: dict[str, Any]) -> UnitPlan:
+    """The classification context of a source namespace, rebuilt from the manifest
+    metadata (its config.json, resolved facts and target), so that a transform's numbers
+    are re-derived the way the scan proved them (`outputs.transform_spec`)."""
+    cfg = ns.get("config_json") or {}
+    facts = ns.get("facts") or {}
+    tgt = ns.get("target") or {}
+    family = ns.get("family") or "unknown"
+    tp, pp, pcp = (int(cfg.get(k, 1)) for k in ("tp_size", "pp_size", "pcp_size"))
+    groups = cfg.get("kv_cache_groups") or []
+    return UnitPlan(
+        family=family,
+        expected_ranks=tuple(range(tp * pcp)) if family == "llmd" else (0,),
+        kv_kind=facts.get("kv_kind"),
+        blocks_per_file=cfg.get("gpu_blocks_per_file", cfg.get("blocks_per_file")),
+        layers={g: len(grp.get("layer_names") or []) for g, grp in enumerate(groups) if isinstance(grp, dict)},
+        page_bytes=facts.get("page_bytes"),
+        tensors_per_layer=facts.get("tensors_per_layer"),
+        world=tp * pp * pcp,
+        target=TargetInfo(profile=tgt.get("profile", ""), base=tgt.get("base_name", ""), d12=tgt.get("d12", ""),
+                          rank_dir=tgt.get("rank_dir", ""), replicated_layout=bool(tgt.get("replicated_layout")),
+                          parallel_agnostic=bool(tgt.get("parallel_agnostic"))))
 
 
 def _check_target_path(relpath: str, rank_dir: str, where: str) -> None:
@@ -286,7 +341,16 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                                 key=lambda r: r.rank))
             for r in reps:
                 _check_source_path(r.relpath, f"{where}: replica {r.relpath!r}")
-        tp.actions.append(BlockAction(acts["action"][i], acts["target_relpath"][i], src, reps, sb, world))
+        spec = None
+        if acts["action"][i] in TRANSFORMS:
+            try:
+                spec = transform_spec(_unit_plan(namespaces[sb]), acts["action"][i], _as_int(acts["group"][i]),
+                                      src.size, acts["reason"][i])
+            except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
+                raise UsageError(f"{rowname}: {acts['action'][i]} is not proven by the namespace's identity and "
+                                 f"facts ({exc}); refusing this manifest",
+                                 hint="regenerate it with `kvmigrate scan`") from None
+        tp.actions.append(BlockAction(acts["action"][i], acts["target_relpath"][i], src, reps, sb, world, spec))
     for tp in targets.values():
         tp.actions.sort(key=lambda a: (a.source_base, a.source.rank, a.target_relpath))
 
@@ -307,7 +371,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
             untargeted[reason or action] += blocks
         elif action == "none" and reason.startswith(OCCUPIED_PREFIX):
             tp.conflicts[reason] += blocks
-        elif action in NEEDS or action in TRANSFORMS:
+        elif action in NEEDS:
             tp.skipped[(action, reason)] += blocks
             tp.skipped_bytes[(action, reason)] += nbytes
         else:
@@ -383,6 +447,8 @@ def human_bytes(n: int) -> str:
 
 
 _LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
+           "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
+           "relayout": "relayout (block-major to tensor-major)",
            "merge_duplicate": "merge (same path as an earlier source)"}
 
 
@@ -400,9 +466,11 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
                 lines.append(f"  {_LABELS[a]:<40} {c[a]['blocks']:>9} blocks  {human_bytes(c[a]['bytes']):>10}")
         lines.append(f"  {'already present':<40} {tp.already_present[0]:>9} blocks  "
                      f"{human_bytes(tp.already_present[1]):>10}")
+        for action, cost in tp.transform_costs().items():
+            lines.append(f"  cost of {cost_line(action, cost, human_bytes)}")
         for (action, reason), n in sorted(tp.skipped.items()):
             lines.append(f"  skipped {action}: {n} blocks ({human_bytes(tp.skipped_bytes[(action, reason)])})"
-                         f" - {reason} (transforms are not built yet)")
+                         f" - {reason}")
         for reason, n in sorted(tp.not_reusable.items()):
             lines.append(f"  not reusable: {n} blocks ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
         for reason, n in sorted(tp.conflicts.items())[:10]:
@@ -471,11 +539,35 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
             elif act.action == "copy_pad":
                 pad = act.output_size - act.source.size
                 yield f"[ -e {q(dst)} ] || {{ cat -- {q(src)}; head -c {pad} /dev/zero; }} > {q(dst)}"
+            elif act.transform is not None:
+                yield f"[ -e {q(dst)} ] || {{ {_transform_script(plan.root, act)} }} > {q(dst)}"
             else:  # rewrite_header: new header, then exactly payload_size bytes of the payload
                 payload = act.source.size - vllmcpp.HEADER_SIZE
                 header = _rewritten_header_for_script(act, tp)
                 yield (f"[ -e {q(dst)} ] || {{ printf {header}; tail -c +{vllmcpp.HEADER_SIZE + 1} -- {q(src)}"
                        f" | head -c {payload}; }} > {q(dst)}")
+
+
+def _transform_script(root: str, act: BlockAction) -> str:
+    """Shell commands that print a transform's row: slice = the first cell, concat = the
+    rank files in rank order, relayout = each page with dd in [T][B][P] order; then the
+    zero pad."""
+    spec = act.transform
+    assert spec is not None
+    q = shlex.quote
+    files = [q(os.path.join(root, f.relpath)) for f in act.sources]
+    if spec.action == "slice":
+        parts = [f"head -c {spec.cell} -- {files[0]};"]
+    elif spec.action == "concat":
+        parts = [f"cat -- {' '.join(files)};"]
+    else:
+        parts = [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
+                 f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
+                 f"t=$((t+1)); done;" for src in files[:spec.cells]]
+    pad = spec.output_size - spec.cells * spec.cell
+    if pad:
+        parts.append(f"head -c {pad} /dev/zero;")
+    return " ".join(parts)
 
 
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:

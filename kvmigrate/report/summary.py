@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import manifest as mf
+from kvmigrate.migrate.cost import TRANSFORMS, planned_output_bytes, transform_cost
 
 SUMMARY_VERSION = 1
 
@@ -214,6 +215,7 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
                 "none_rows": 0, "replica_files": 0, "replica_bytes": 0,
                 "reasons": defaultdict(lambda: defaultdict(int)), "hash_bytes": set(),
                 "aliases_source": 0, "flags_asked": defaultdict(lambda: defaultdict(int)),
+                "transform_out": defaultdict(int),
             }
         a["files"] += files
         a["bytes"] += nbytes
@@ -237,6 +239,11 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
             a["lead_blocks"][action] += files
         elif at_lowest == 1 and not part_of and not _REPLICA_RE.match(reason or ""):
             a["none_rows"] += files  # one row per `none` block in the lowest rank folder
+        if action in TRANSFORMS:
+            # bytes written per block are in the reason; a reason folded into "(other
+            # reasons)" counts its source bytes instead (an upper bound for a slice)
+            out = planned_output_bytes(reason)
+            a["transform_out"][action] += files * out if out is not None else nbytes
         if (action == "none" or action in NEEDS_ACTIONS) and not (reason and _SECONDARY_RE.match(reason)):
             a["reasons"][action][reason or "(no reason)"] += files
             if reason and "aliases_source" in reason:
@@ -282,7 +289,8 @@ def _claims(meta: dict[str, Any]) -> list[str]:
 
 _NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_alone": 0, "bytes_shared": 0,
             "by_status": {}, "lead_blocks": {}, "action_bytes": {}, "reasons": {}, "hash_bytes": set(),
-            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0, "flags_asked": {}}
+            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0, "flags_asked": {},
+            "transform_out": {}}
 
 
 def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
@@ -343,6 +351,10 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "top_reasons": reasons,
         "aliases_source_blocks": agg["aliases_source"],
         "flags_asked": {a: dict(sorted(f.items())) for a, f in sorted(agg["flags_asked"].items())},
+        # what the pending transforms cost (bytes to write, estimated time) and save or spend
+        "transform_cost": {a: transform_cost(a, by_action[a]["blocks"], by_action[a]["bytes"],
+                                             agg["transform_out"].get(a, 0))
+                           for a in TRANSFORMS if a in by_action},
     }
 
 
@@ -423,6 +435,10 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "by_action": _merge_counts([n["by_action"] for n in namespaces], ACTION_ORDER, "blocks"),
         "namespaces": len(namespaces),
     }
+    totals_entry["transform_cost"] = {
+        a: transform_cost(a, *(sum(n["transform_cost"][a][k] for n in namespaces if a in n["transform_cost"])
+                               for k in ("blocks", "source_bytes", "output_bytes")))
+        for a in TRANSFORMS if any(a in n["transform_cost"] for n in namespaces)}
     totals_entry["reusable"] = _sum_actions(totals_entry["by_action"], REUSABLE_ACTIONS)
     totals_entry["pending"] = _sum_actions(totals_entry["by_action"], PENDING_ACTIONS)
     totals_entry["not_reusable"] = {"blocks": totals_entry["blocks"] - totals_entry["reusable"]["blocks"],

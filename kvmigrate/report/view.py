@@ -73,8 +73,16 @@ def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
                            "(other ranks of blocks taken from rank 0)"),
         ("held alone", human_bytes(t["bytes_alone"])),
         ("shared (hard links)", human_bytes(t["bytes_shared"])),
+        *transform_pairs(t.get("transform_cost") or {}),
         ("exit code", exit_label(s["exit_code"])),
     ]
+
+
+def transform_pairs(costs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """One line per pending transform: bytes to write, estimated time, space saved or spent."""
+    from kvmigrate.migrate.cost import cost_line
+
+    return [("transform cost", cost_line(action, cost, human_bytes)) for action, cost in costs.items()]
 
 
 def namespace_table(s: dict[str, Any]) -> Table:
@@ -153,6 +161,7 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
                                         f"{human_bytes(n['replicas']['bytes'])}"))
     pairs.append(("held alone", human_bytes(n["bytes_alone"])))
     pairs.append(("shared (hard links)", human_bytes(n["bytes_shared"])))
+    pairs += transform_pairs(n.get("transform_cost") or {})
     given = {k: v for k, v in n["facts"].items() if v is not None and k not in n["assumed_facts"]}
     if given:
         pairs.append(("facts", ", ".join(f"{k}={v}" for k, v in sorted(given.items()))))

@@ -1,0 +1,60 @@
+"""What transforms cost: bytes to write, an estimated time, and the space saved or spent.
+
+The time is an estimate from one documented constant, never a promise: transforms stream
+at about 2 GB/s in memory and 2.0-2.3 GB/s file to file with a warm page cache on the
+machine they were measured on (reports/TRANSFORMS.md); a cold or network disk is far
+slower, so plans assume 500 MB/s of output.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+TRANSFORMS = ("slice", "concat", "relayout")
+# Every transform's reason ends with the bytes it writes per block ("... pad to <n> bytes",
+# classify writes it): reports, which only have the manifest, read the output size there.
+_PAD_RE = re.compile(r"\bpad to (\d+) bytes")
+TRANSFORM_BYTES_PER_SECOND = 500 * 10**6
+"""Conservative output rate of a transform on disk (measured warm: ~2 GB/s; see above)."""
+
+
+def planned_output_bytes(reason: str | None) -> int | None:
+    """Bytes a transform writes per block, from its reason; None if the reason lacks it."""
+    m = _PAD_RE.search(reason or "")
+    return int(m.group(1)) if m else None
+
+
+def transform_cost(action: str, blocks: int, source_bytes: int, output_bytes: int) -> dict[str, int | float]:
+    """Cost of `blocks` blocks of one transform. `source_bytes`: the legacy files they
+    read (every rank); `output_bytes`: the new rows. A slice keeps 1/N of its rows, so it
+    saves space against the legacy layout; concat and relayout add a new copy."""
+    cost: dict[str, int | float] = {
+        "blocks": blocks, "source_bytes": source_bytes, "output_bytes": output_bytes,
+        "seconds_estimate": round(output_bytes / TRANSFORM_BYTES_PER_SECOND, 3),
+    }
+    if action == "slice":
+        cost["saves_bytes"] = max(0, source_bytes - output_bytes)
+    else:
+        cost["new_bytes"] = output_bytes
+    return cost
+
+
+def human_seconds(seconds: float) -> str:
+    if seconds < 0.1:
+        return "under 0.1 s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cost_line(action: str, cost: dict, fmt_bytes: Callable[[int], str]) -> str:
+    """One sentence for reports and the dry run."""
+    rate = TRANSFORM_BYTES_PER_SECOND // 10**6
+    text = (f"{action}: {cost['blocks']} blocks, writes {fmt_bytes(int(cost['output_bytes']))} "
+            f"(est. {human_seconds(float(cost['seconds_estimate']))} at an assumed {rate} MB/s)")
+    if "saves_bytes" in cost:
+        return text + f"; saves {fmt_bytes(int(cost['saves_bytes']))} against the legacy rows (once those are removed)"
+    return text + f"; costs {fmt_bytes(int(cost['new_bytes']))} of new space (the legacy files stay)"
