@@ -16,6 +16,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvmigrate.errors import UsageError
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 SCHEMA = pa.schema([
@@ -120,20 +122,76 @@ def _parquet_files(path: str | os.PathLike[str]) -> list[Path]:
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Run metadata of a manifest file, or the merge of a dataset directory's parts
-    (namespaces united; the first part's other keys)."""
+    (namespaces united, walk errors of every part; the first part's other keys). The
+    parts of a directory must be one complete `--shard` partition of one scan."""
     merged: dict[str, Any] = {}
+    parts = []
     for f in _parquet_files(path):
         md = pq.read_schema(f).metadata or {}
         raw = md.get(META_KEY)
         if raw is None:
             continue
         meta = json.loads(raw)
+        parts.append((f, meta))
         if not merged:
             merged = meta
             merged.setdefault("namespaces", {})
         else:
             merged["namespaces"].update(meta.get("namespaces", {}))
+            merged["walk_errors"] = (merged.get("walk_errors") or []) + (meta.get("walk_errors") or [])
+            merged["walk_failed"] = bool(merged.get("walk_failed") or meta.get("walk_failed"))
+    if Path(path).is_dir() and parts:
+        n = _check_partition(Path(path), parts)
+        if n > 1:
+            merged["shard"] = "0/1"  # the complete set of parts is the whole tree
+            merged["parts"] = n
     return merged
+
+
+_SAME_SCAN_KEYS = ("root", "target_profile", "verify", "facts")
+
+
+def _check_partition(directory: Path, parts: list[tuple[Path, dict[str, Any]]]) -> int:
+    """A dataset directory whose parts declare `shard` K/N (N > 1) must hold every part
+    0..N-1 exactly once, all of one scan (same root, target, depth and facts): a
+    missing, duplicated or stale part would silently change every number. Returns N."""
+    shards = []
+    for f, meta in parts:
+        try:
+            k, n = (int(x) for x in str(meta.get("shard", "0/1")).split("/"))
+        except ValueError:
+            raise UsageError(f"{f.name}: unreadable shard {meta.get('shard')!r} in its metadata", path=str(f)) from None
+        shards.append((f, k, n))
+    first = parts[0][1]
+    for f, meta in parts[1:]:
+        differ = [key for key in _SAME_SCAN_KEYS if meta.get(key) != first.get(key)]
+        if differ:
+            raise UsageError(f"{f.name} and {parts[0][0].name} come from different scans ({', '.join(differ)} "
+                             "differ)", path=str(directory),
+                             hint="a dataset directory holds the parts of one scan: rescan into an empty directory")
+    sizes = sorted({n for _, _, n in shards})
+    if sizes == [1]:
+        return 1
+    if len(sizes) > 1:
+        raise UsageError(f"parts of scans with different --shard N ({', '.join(map(str, sizes))}) in one directory",
+                         path=str(directory), hint="keep the parts of one scan only, or rescan into an empty directory")
+    n = sizes[0]
+    seen: dict[int, list[str]] = {}
+    for f, k, _ in shards:
+        seen.setdefault(k, []).append(f.name)
+    missing = [k for k in range(n) if k not in seen]
+    doubled = {k: names for k, names in seen.items() if len(names) > 1}
+    if missing or doubled:
+        what = []
+        if missing:
+            what.append(f"missing part(s) {', '.join(f'{k}/{n}' for k in missing[:10])}"
+                        + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+        if doubled:
+            what.append("part(s) present twice: " + "; ".join(" ".join(v) for v in doubled.values()))
+        raise UsageError(f"incomplete dataset directory: {', '.join(what)}", path=str(directory),
+                         hint=f"run the missing `kvmigrate scan ROOT --shard K/{n} -o {directory}/` part(s), "
+                              "or rerun the whole scan")
+    return n
 
 
 def read_table(path: str | os.PathLike[str], columns: Iterable[str] | None = None) -> pa.Table:

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (facts_options, handle_errors, output_options, parse_shard, pop_fact_flags,
-                                  walk_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
+                                  pop_fact_flags, scaleout_options, walk_options)
 
 
 @click.command("audit")
@@ -17,15 +17,17 @@ from kvmigrate.cli.common import (facts_options, handle_errors, output_options, 
               help="Report format (default text; --json is the same as --format json).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the report to FILE instead of stdout.")
-@click.option("--manifest-out", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Keep the manifest at this path (default: a temporary file, removed afterwards).")
+@click.option("--manifest-out", type=click.Path(path_type=str), default=None,
+              help="Keep the manifest at this path (default: a temporary file, removed afterwards). DIR/ or an "
+                   "existing directory: a dataset directory (with --run-on ray, always).")
 @facts_options
 @walk_options
+@scaleout_options
 @output_options
 @handle_errors
 def command(root: str, fmt: str | None, output: str | None, manifest_out: str | None, verify: str,
             threads: int | None, shard: str | None, as_json: bool, quiet: bool, verbose: int, target: str,
-            **kwargs) -> None:
+            run_on: str, shards: int | None, ray_address: str | None, **kwargs) -> None:
     """Scan ROOT and report what is reusable, what is broken, and the exact command for
     each finding. Read-only on ROOT. No progress bar unless stderr is a terminal.
 
@@ -47,8 +49,18 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     flags = pop_fact_flags(kwargs)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    result = audit(root, manifest_out=manifest_out, target=target, facts_resolver=resolver, verify=verify,
-                   threads=threads, shard=parse_shard(shard), progress=(not quiet and sys.stderr.isatty()),
-                   command=command_line)
+    parts = check_scaleout(run_on, shards, ray_address, shard)
+    if parts is not None:
+        from kvmigrate.scaleout.ray_runner import audit_on_ray
+
+        result = audit_on_ray(root, manifest_out=manifest_out, shards=parts, address=ray_address, target=target,
+                              facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
+    else:
+        from kvmigrate.scaleout.dataset import part_output
+
+        k_n = parse_shard(shard)
+        result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, target=target,
+                       facts_resolver=resolver, verify=verify, threads=threads, shard=k_n,
+                       progress=(not quiet and sys.stderr.isatty()), command=command_line)
     emit(render_summary(result.summary, fmt or "text"), output)
     sys.exit(result.exit_code)

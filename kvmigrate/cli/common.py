@@ -68,6 +68,32 @@ def walk_options(fn: Callable) -> Callable:
     return fn
 
 
+def scaleout_options(fn: Callable) -> Callable:
+    """--run-on local|ray, --shards N, --ray-address ADDR (kvmigrate.scaleout)."""
+    fn = click.option("--ray-address", default=None, metavar="ADDR",
+                      help="With --run-on ray: connect to this Ray cluster (e.g. ray://head:10001) instead of "
+                           "starting a local one. ROOT and outputs must be shared paths on every node.")(fn)
+    fn = click.option("--shards", type=click.IntRange(min=1), default=None, metavar="N",
+                      help="With --run-on ray: split the <hhh> buckets into N parts (the --shard K/N partition).")(fn)
+    fn = click.option("--run-on", "run_on", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                      help="Run in this process, or as --shards N Ray tasks (pip install 'kvmigrate[ray]'). "
+                           "Not the engine's --executor.")(fn)
+    return fn
+
+
+def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, shard: str | None = None) -> int | None:
+    """The number of Ray parts, or None for a run in this process."""
+    if run_on != "ray":
+        if shards is not None or ray_address is not None:
+            raise click.UsageError("--shards and --ray-address need --run-on ray")
+        return None
+    if shards is None:
+        raise click.UsageError("--run-on ray needs --shards N (the number of parts)")
+    if shard is not None:
+        raise click.UsageError("--shard K/N runs one part in this process; --run-on ray runs all N: pass one of them")
+    return shards
+
+
 def parse_shard(value: str | None) -> tuple[int, int]:
     if value is None:
         return 0, 1

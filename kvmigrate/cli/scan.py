@@ -8,20 +8,25 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (facts_options, handle_errors, output_options, parse_shard, pop_fact_flags,
-                                  print_json, walk_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
+                                  pop_fact_flags, print_json, scaleout_options, walk_options)
 
 
 @click.command("scan")
 @click.argument("root", type=click.Path(file_okay=True, dir_okay=True, readable=False, path_type=str))
 @click.option("-o", "--output", default="kvmigrate-manifest.parquet", show_default=True,
-              type=click.Path(dir_okay=False, path_type=str), help="Where to write the manifest (Parquet).")
+              type=click.Path(path_type=str),
+              help="Where to write the manifest (Parquet). DIR/ or an existing directory: a dataset directory, "
+                   "this part's file in it (part-K-of-N.parquet); with --run-on ray always a directory "
+                   "(default there: kvmigrate-manifest/).")
 @facts_options
 @walk_options
+@scaleout_options
 @output_options
 @handle_errors
 def command(root: str, output: str, verify: str, threads: int | None, shard: str | None, as_json: bool,
-            quiet: bool, verbose: int, target: str, **kwargs) -> None:
+            quiet: bool, verbose: int, target: str, run_on: str, shards: int | None, ray_address: str | None,
+            **kwargs) -> None:
     """Walk ROOT (the engine's cache root_dir): identify namespaces, prove their digests,
     stat (and with --verify hash, hash) every file, compare replicas and decide a target
     and an action for every block. Writes the manifest; never modifies ROOT.
@@ -34,11 +39,23 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
 
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
+    parts = check_scaleout(run_on, shards, ray_address, shard)
     k, n = parse_shard(shard)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    result = scan(root, output, target=target, facts_resolver=resolver, verify=verify, threads=threads,
-                  shard=(k, n), progress=(not quiet and sys.stderr.isatty()), command=command_line)
+    if parts is not None:
+        from kvmigrate.scaleout.ray_runner import scan_on_ray
+
+        default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
+        result = scan_on_ray(root, "kvmigrate-manifest" if default else output, shards=parts, address=ray_address,
+                             target=target, facts_resolver=resolver, verify=verify, threads=threads,
+                             command=command_line)
+    else:
+        from kvmigrate.scaleout.dataset import part_output
+
+        result = scan(root, part_output(output, (k, n)), target=target, facts_resolver=resolver, verify=verify,
+                      threads=threads, shard=(k, n), progress=(not quiet and sys.stderr.isatty()),
+                      command=command_line)
     summary = result.summary
     if as_json:
         print_json(summary)
