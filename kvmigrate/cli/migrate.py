@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pop_fact_flags,
+                                  print_json, scaleout_options)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
@@ -29,17 +30,20 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
 @click.option("--journal", type=click.Path(path_type=str),
               help="Journal file or directory (default: ROOT/.kvmigrate/journals/<run-id>.jsonl).")
 @click.option("--print-commands", is_flag=True, help="Print the plan as a POSIX shell script and exit.")
-@click.option("--manifest-out", type=click.Path(dir_okay=False, path_type=str),
-              help="Keep the manifest of the scan that `migrate ROOT` runs first.")
+@click.option("--manifest-out", type=click.Path(path_type=str),
+              help="Keep the manifest of the scan that `migrate ROOT` runs first (with --run-on ray: a dataset "
+                   "directory).")
 @click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size", show_default=True,
               help="Scan depth when scanning ROOT first (hash: replicas are compared at scan time).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Scan worker threads.")
 @facts_options
+@scaleout_options
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
             journal: str | None, print_commands: bool, manifest_out: str | None, verify: str,
-            threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, **kwargs) -> None:
+            threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, run_on: str,
+            shards: int | None, ray_address: str | None, **kwargs) -> None:
     """Migrate reusable blocks into the namespaces the target engine reads.
 
     Without --apply this is a dry run: it prints, per target namespace, how many blocks
@@ -64,9 +68,16 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     if manifest_path is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
+    parts = check_scaleout(run_on, shards, ray_address)
     explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
     apply_command = _apply_command(ctx)
     tmpdir = None
+    cluster = None
+    if parts is not None and (manifest_path is None or apply):
+        from kvmigrate.scaleout.ray_runner import session
+
+        cluster = session(ray_address)  # one Ray connection for the scan and the apply
+        cluster.__enter__()
     try:
         if manifest_path is None:
             from kvmigrate.scan import scan
@@ -77,8 +88,20 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             else:
                 scanned_to = manifest_out
             scan_cmd = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-            scan(root, scanned_to, target=target, facts_resolver=FactsResolver(flags, facts_file), verify=verify,
-                 threads=threads, progress=(not quiet and sys.stderr.isatty()), command=scan_cmd)
+            if parts is not None:
+                from kvmigrate.scaleout.ray_runner import scan_on_ray
+
+                if manifest_out is None and ray_address is not None:
+                    raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR "
+                                     "on storage every node mounts at the same path")
+                scanned_to = scanned_to if manifest_out is not None else os.path.join(tmpdir, "manifest")
+                scan_on_ray(root, scanned_to, shards=parts, address=ray_address, target=target,
+                            facts_resolver=FactsResolver(flags, facts_file), verify=verify, threads=threads,
+                            command=scan_cmd)
+            else:
+                scan(root, scanned_to, target=target, facts_resolver=FactsResolver(flags, facts_file),
+                     verify=verify, threads=threads, progress=(not quiet and sys.stderr.isatty()),
+                     command=scan_cmd)
             plan_source = scanned_to
             identity_manifest = "scan"
         else:
@@ -104,7 +127,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
                     "manifest": identity_manifest}
         progress = None
         bar = None
-        if not quiet and sys.stderr.isatty():
+        if parts is None and not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
             bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr,
@@ -112,8 +135,15 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             progress = bar.update
         previous = signal.signal(signal.SIGTERM, _interrupt)  # a stopped run stays resumable
         try:
-            result = apply_mod.apply_plan(plan, mode=mode, journal=journal, command=apply_command, identity=identity,
-                                          progress=progress)
+            if parts is not None:
+                from kvmigrate.scaleout.ray_runner import apply_on_ray
+
+                result = apply_on_ray(plan, plan_source, shards=parts, address=ray_address, mode=mode,
+                                      journal=journal, command=apply_command, identity=identity,
+                                      on_part=None if quiet else _part_done)
+            else:
+                result = apply_mod.apply_plan(plan, mode=mode, journal=journal, command=apply_command,
+                                              identity=identity, progress=progress)
         finally:
             signal.signal(signal.SIGTERM, previous)
             if bar is not None:
@@ -132,10 +162,16 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
                        f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
         sys.exit(code)
     finally:
+        if cluster is not None:
+            cluster.__exit__(None, None, None)
         if tmpdir is not None:
             import shutil
 
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _part_done(report) -> None:
+    click.echo(f"kvmigrate: {report.name}: {'done' if report.error is None else 'failed'}", err=True)
 
 
 def _interrupt(signum, frame) -> None:
