@@ -160,6 +160,11 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             click.echo(f"kvmigrate: error: {result.stop}", err=True)
             click.echo(f"  journal: {result.journal_path} (rerun the same command to resume, or "
                        f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
+        elif code & 8:  # blocks failed on I/O (e.g. EMLINK) without stopping the run: say so on stderr too
+            failed = [f for f in result.findings if f.startswith("failed:")]
+            click.echo(f"kvmigrate: error: {result.outcomes.get('failed', 0)} block(s) failed"
+                       + (f"; {failed[0]}" if failed else ""), err=True)
+            click.echo(f"  journal: {result.journal_path}", err=True)
         sys.exit(code)
     finally:
         if cluster is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import signal
 import stat
 from collections import Counter
@@ -516,6 +517,15 @@ class Applier:
             if exc.errno == errno.EMLINK:
                 return self._outcome(tp, act, "failed", "too many hard links to the source file; "
                                      "rerun with --mode auto to copy such blocks", bits=EXIT_OPERATIONAL)
+            if exc.errno == errno.EPERM:
+                # fs.protected_hardlinks: only the owner of a file (or a user who may write
+                # it) may hard-link it, even into a folder this user may write
+                raise _Stop(OperationalError(
+                    f"hard-linking a block failed: operation not permitted on {src_abs} (the kernel refuses "
+                    "hard links to files this user does not own: fs.protected_hardlinks)",
+                    path=self.tree.abspath(target),
+                    hint="run as the user that owns the cache files, or use --mode copy; then rerun the same "
+                         "command to resume")) from None
             raise _oserror_stop(exc, self.tree.abspath(target), "hard-linking a block") from None
         st = self.tree.lstat(target)
         if st is None or st.st_ino != act.source.inode or st.st_dev != act.source.dev:
@@ -933,7 +943,8 @@ def apply_plan(plan: Plan, **kwargs: Any) -> ApplyResult:
 
 
 def render_result(plan: Plan, result: ApplyResult) -> str:
-    lines = [f"migration applied to {plan.dest}" + (" (resumed an interrupted run)" if result.resumed else "")]
+    lines = [("migration stopped early in " if result.stop else "migration applied to ") + plan.dest
+             + (" (resumed an interrupted run)" if result.resumed else "")]
     if result.recovered:
         lines.append(f"  adopted {result.recovered} outputs of the interrupted run")
     for base, c in sorted(result.per_target.items()):
@@ -948,6 +959,9 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
                  f" ({result.link_copies} links copied by --mode, {result.transformed} by transforms)")
     for err in result.namespace_errors:
         lines.append(f"error: {err}")
+    if plan.integrity_rows:  # exit bit 4 even when every block went well: say why
+        lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files are damaged or suspect and "
+                     f"were not migrated; details: kvmigrate audit {shlex.quote(plan.root)}")
     shown = result.findings[:20]
     for f in shown:
         lines.append(f"  {f}")

@@ -47,15 +47,29 @@ def default_journal_dir(root: str) -> str:
 
 
 def journal_files(path: str) -> list[str]:
-    """A journal file, or every `*.jsonl` in a directory of journals (sorted)."""
+    """A journal file, or every `*.jsonl` in a directory of journals (sorted). In a
+    directory, a file whose header line never reached the disk (a run killed between
+    creating its journal and writing the header) is skipped: the header is fsynced
+    before any intent, so that run created nothing."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".jsonl"))
+        files = [f for f in files if _has_header_line(f)]
         if not files:
-            raise UsageError(f"no journals (*.jsonl) in {path}", path=path)
+            raise UsageError(f"no journals (*.jsonl) in {path}", path=path,
+                             hint="pass the journal or journal directory `migrate --apply` printed")
         return files
     if not os.path.exists(path):
-        raise UsageError(f"journal not found: {path}", path=path)
+        raise UsageError(f"journal not found: {path}", path=path,
+                         hint="pass the journal or journal directory `migrate --apply` printed")
     return [path]
+
+
+def _has_header_line(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.readline().endswith(b"\n")
+    except OSError:
+        return True  # let the reader report it
 
 
 def read_records(path: str) -> list[dict[str, Any]]:
@@ -72,7 +86,8 @@ def read_records(path: str) -> list[dict[str, Any]]:
             if isinstance(rec, dict) and "t" in rec:
                 records.append(rec)
     if not records or records[0].get("t") != "header":
-        raise UsageError(f"{path} is not a kvmigrate journal (no header record)", path=path)
+        raise UsageError(f"{path} is not a kvmigrate journal (no header record)", path=path,
+                         hint="pass the journal or journal directory `migrate --apply` printed")
     return records
 
 

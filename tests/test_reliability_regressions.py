@@ -1,0 +1,104 @@
+"""Regression tests for the defects the reliability campaign found (scripts/reliability.py,
+reports/RELIABILITY.md). One test per defect; each fails on the code before its fix."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+from click.testing import CliRunner
+
+from kvmigrate import layout
+from kvmigrate.cli import cli
+from reference_reader import listing
+
+FLAGS = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_a_journal_file_without_its_header_does_not_break_rollback_or_verify(synth_root):
+    """kill -9 between creating the journal file and writing its header leaves an empty
+    `*.jsonl` next to real journals; `rollback DIR` and `verify --journal DIR` exited 2
+    on it and left the real runs alone."""
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    pristine = listing(root, with_times=False)
+    assert invoke("migrate", root, *FLAGS, "--apply").exit_code == 0
+    journals = root / layout.OWN_DIR / "journals"
+    (journals / "20000101T000000Z-1-aaaaaa.jsonl").write_bytes(b"")
+    (journals / "20000101T000000Z-2-bbbbbb.jsonl").write_bytes(b'{"t":"hea')  # torn header
+    assert invoke("verify", root, "--journal", journals).exit_code == 0
+    res = invoke("rollback", journals)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == pristine
+
+
+def test_an_explicit_non_journal_says_what_to_pass(tmp_path):
+    bogus = tmp_path / "notes.jsonl"
+    bogus.write_text("hello\n")
+    res = invoke("rollback", bogus)
+    assert res.exit_code == 2
+    assert str(bogus) in res.stderr and "hint: pass the journal" in res.stderr
+
+
+def test_a_hard_link_the_kernel_refuses_names_the_cause_and_the_remedy(synth_root, monkeypatch):
+    """fs.protected_hardlinks: a user who may write --dest still gets EPERM linking files
+    it does not own; the message said "run as a user that may write the destination"."""
+    from kvmigrate.migrate import fsops
+
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+
+    def refused(self, src, rel):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), src)
+
+    monkeypatch.setattr(fsops.DestTree, "link_in", refused)
+    res = invoke("migrate", root, *FLAGS, "--apply")
+    assert res.exit_code == 8
+    assert "protected_hardlinks" in res.stderr and "owns the cache files" in res.stderr
+    assert "--mode copy" in res.stderr and str(root) in res.stderr
+
+
+def test_failed_blocks_are_reported_on_stderr_too(synth_root, monkeypatch):
+    """EMLINK fails one block without stopping the run: exit 8, but stderr was silent
+    (and with -q nothing at all was printed)."""
+    from kvmigrate.migrate import fsops
+
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    victim = res.blocks[0]["hex"]
+    real = fsops.DestTree.link_in
+
+    def emlink(self, src, rel):
+        if victim in rel:
+            raise OSError(errno.EMLINK, os.strerror(errno.EMLINK), src)
+        return real(self, src, rel)
+
+    monkeypatch.setattr(fsops.DestTree, "link_in", emlink)
+    out = invoke("migrate", root, *FLAGS, "--apply", "-q")
+    assert out.exit_code == 8 and out.stdout == ""
+    assert "1 block(s) failed" in out.stderr and victim in out.stderr and "--mode auto" in out.stderr
+
+
+def test_apply_says_why_it_exits_4_when_every_block_went_well(synth_root):
+    """Integrity states in the manifest set exit bit 4; the apply output never said so."""
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1, "defects": ("short",)})
+    res = invoke("migrate", root, *FLAGS, "--apply", "--json")
+    assert res.exit_code == 4 and json.loads(res.stdout)["outcomes"]["failed"] == 0
+    res = invoke("migrate", root, *FLAGS, "--apply")
+    assert "integrity findings in the manifest" in res.stdout and f"kvmigrate audit {root}" in res.stdout
+
+
+def test_a_stopped_run_does_not_print_migration_applied(synth_root, monkeypatch):
+    from kvmigrate.migrate import fsops
+
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+
+    def full(self, src, rel):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src)
+
+    monkeypatch.setattr(fsops.DestTree, "link_in", full)
+    res = invoke("migrate", root, *FLAGS, "--apply")
+    assert res.exit_code == 8
+    assert res.stdout.startswith(f"migration stopped early in {root}") and "applied" not in res.stdout
