@@ -112,14 +112,47 @@ def test_migrate_on_ray_ends_like_one_migration(ray_cluster, migrate_tree, tmp_p
     assert code == code_one == 4, err  # 4: the TP=4 key with other bytes is a conflict, never overwritten
     assert parts["outcomes"] == single["outcomes"]
     assert parts["outcomes"]["created"] > 50 and parts["outcomes"]["conflict"] == 1
-    assert sorted(f.replace(str(root), "ROOT") for f in parts["apply"]["findings"]) == \
-        sorted(f.replace(str(other), "ROOT") for f in single["apply"]["findings"])
+    assert sorted(f.replace(str(root), "ROOT") for f in parts["apply"].pop("findings")) == \
+        sorted(f.replace(str(other), "ROOT") for f in single["apply"].pop("findings"))
+    for result in (parts["apply"], single["apply"]):
+        result.pop("journal")
+    assert parts["apply"] == single["apply"]  # per target outcomes, links, copies, bytes written
     assert tree_state(root) == tree_state(other)  # same files, bytes and hard links
     assert sorted(os.listdir(journals)) == [dataset.DRIVER_JOURNAL] + [dataset.journal_name(k, n) for k in range(n)]
     assert run("verify", root, "--journal", journals)[0] == 0
     code, _, err = run("rollback", journals)
     assert code == 0, err
     assert tree_state(root) == before
+
+
+def test_folders_config_and_locks_are_the_drivers_alone(ray_cluster, migrate_tree, tmp_path):
+    """Parts never race on shared paths: the driver journals every base and rank folder,
+    config.json and lock; a part journals only what lies in its own <hhh> buckets."""
+    journals = tmp_path / "journals"
+    code, _, err = run("migrate", migrate_tree, *MLA, "--apply", "--run-on", "ray", "--shards", 3,
+                       "--journal", journals)
+    assert code == 4, err
+
+    def created(name):
+        kinds: dict[str, list[str]] = {"dir": [], "config": [], "lock": [], "block": []}
+        for rec in map(json.loads, open(journals / name)):
+            if rec["t"] == "lock":
+                kinds["lock"].append(rec["path"])
+            elif rec["t"] == "done" and rec.get("kind") == "dirs":
+                kinds["dir"] += rec["paths"]
+            elif rec["t"] == "done":
+                kinds[rec["kind"]].append(rec["path"])
+        return kinds
+
+    driver = created(dataset.DRIVER_JOURNAL)
+    assert driver["block"] == [] and len(driver["config"]) == len(driver["lock"]) == 3  # three targets
+    assert all(p.count("/") == 0 for p in driver["dir"]) and len(driver["dir"]) == 6  # base + rank folders
+    for k in range(3):
+        part = created(dataset.journal_name(k, 3))
+        assert part["config"] == part["lock"] == [] and part["block"]
+        buckets = {p.split("/")[1] for p in part["block"]}
+        assert {int(b, 16) % 3 for b in buckets} == {k}
+        assert all(p.count("/") >= 1 and p.split("/")[1] in buckets for p in part["dir"])
 
 
 def test_a_failed_scan_part_is_named_and_a_rerun_completes_it(ray_cluster, synth_root, tmp_path, monkeypatch):

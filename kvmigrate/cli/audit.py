@@ -8,7 +8,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  pop_fact_flags, scaleout_options, walk_options)
+                                  part_done, pop_fact_flags, scaleout_options, walk_options)
 
 
 @click.command("audit")
@@ -54,7 +54,8 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         from kvmigrate.scaleout.ray_runner import audit_on_ray
 
         result = audit_on_ray(root, manifest_out=manifest_out, shards=parts, address=ray_address, target=target,
-                              facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
+                              facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
+                              on_part=None if quiet else part_done)
     else:
         from kvmigrate.scaleout.dataset import part_output
 

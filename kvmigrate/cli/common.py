@@ -94,6 +94,11 @@ def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, sha
     return shards
 
 
+def part_done(report: Any) -> None:
+    """One stderr line per finished Ray part (progress of a long scale-out run)."""
+    click.echo(f"kvmigrate: {report.name}: {'done' if report.error is None else 'failed'}", err=True)
+
+
 def parse_shard(value: str | None) -> tuple[int, int]:
     if value is None:
         return 0, 1

@@ -9,7 +9,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  pop_fact_flags, print_json, scaleout_options, walk_options)
+                                  part_done, pop_fact_flags, print_json, scaleout_options, walk_options)
 
 
 @click.command("scan")
@@ -49,7 +49,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
         result = scan_on_ray(root, "kvmigrate-manifest" if default else output, shards=parts, address=ray_address,
                              target=target, facts_resolver=resolver, verify=verify, threads=threads,
-                             command=command_line)
+                             command=command_line, on_part=None if quiet else part_done)
     else:
         from kvmigrate.scaleout.dataset import part_output
 

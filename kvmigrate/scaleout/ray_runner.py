@@ -258,14 +258,15 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
 
 def audit_on_ray(root: str, *, manifest_out: str | None, shards: int, address: str | None = None,
                  target: str = "vllm-0.28", facts_resolver: Any = None, verify: str = "size",
-                 threads: int | None = None, command: str | None = None) -> Any:
+                 threads: int | None = None, command: str | None = None,
+                 on_part: Callable[[PartReport], None] | None = None) -> Any:
     """`audit --run-on ray`: scan as parts, summarize the dataset directory (kept at
     `manifest_out`, else a temporary one on this machine, removed afterwards)."""
     from kvmigrate.report.audit import AuditResult
     from kvmigrate.report.summary import summarize
 
     kwargs = dict(shards=shards, address=address, target=target, facts_resolver=facts_resolver, verify=verify,
-                  threads=threads, command=command)
+                  threads=threads, command=command, on_part=on_part)
     if manifest_out is not None:
         res = scan_on_ray(root, manifest_out, **kwargs)
         summary = summarize(res.output, verb="audit")
