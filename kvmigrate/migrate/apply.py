@@ -34,7 +34,7 @@ from kvmigrate import layout
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath, hash_fd, open_source
+from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, hash_fd, open_source
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
@@ -45,6 +45,7 @@ OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "ski
 MODES = ("link", "copy", "auto")
 BATCH = 1024
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
+# points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
 
 _OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
             errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
@@ -719,7 +720,11 @@ class Applier:
             self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
             fd = self.tree.create_excl(tmp)
         try:
-            out = HashingWriter(fd)
+            # the crash seam "transform_write:<n>" kills after the n-th write to the temp
+            # file; small writes then leave a temp that is really half-written
+            seam = self.crash.point == "transform_write"
+            out = HashingWriter(fd, chunk=1024 if seam else CHUNK,
+                                on_flush=(lambda: self.crash.hit("transform_write")) if seam else None)
             write_transform(spec, fds, out)
             out.flush()
             os.fsync(fd)

@@ -191,11 +191,14 @@ class HashingWriter:
     """A buffered writer that hashes (XXH3-128) and counts everything written, so an
     output's hash is known when the last byte is written; fd None = hash only."""
 
-    def __init__(self, fd: int | None = None):
+    def __init__(self, fd: int | None = None, *, chunk: int = CHUNK,
+                 on_flush: Callable[[], None] | None = None):
         self.fd = fd
         self.hasher = xxhash.xxh3_128()
         self.size = 0
         self._buf = bytearray()
+        self._chunk = chunk
+        self._on_flush = on_flush
 
     def write(self, data) -> int:
         self.hasher.update(data)
@@ -203,15 +206,19 @@ class HashingWriter:
         self.size += n
         if self.fd is not None:
             self._buf += data
-            if len(self._buf) >= CHUNK:
+            if len(self._buf) >= self._chunk:
                 self.flush()
         return n
 
     def flush(self) -> None:
+        if not self._buf:
+            return
         view = memoryview(self._buf)
         while view:
             view = view[os.write(self.fd, view):]
         self._buf = bytearray()
+        if self._on_flush is not None:
+            self._on_flush()
 
     def digest(self) -> bytes:
         return self.hasher.digest()
