@@ -68,11 +68,13 @@ def test_needs_transform_without_missing_fact_says_it_waits(tmp_path):
     r = Rows()
     r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd", target=LLMD_T)
     r.block(LLMD, 0, _hex(1, 1), size=MiB, family="llmd", target=LLMD_T, action="needs_concat",
-            reason="needs_concat: rank 0 ‖ rank 1; the concat transform is not available yet")
+            reason="needs_concat: rank 0 ‖ rank 1 (1048576 + 1048576 = 2097152 bytes): B unknown (blocks_per_file "
+                   "missing from the identity)")
     r.block(LLMD, 1, _hex(1, 1), size=MiB, family="llmd", target=LLMD_T, reason="part of needs_concat from rank 0")
     s, _ = _one_namespace(tmp_path, LLMD, r)
     f = next(f for f in s["findings"] if f["code"] == "needs_concat")
-    assert "not available in this version" in f["message"]
+    assert "their numbers are not proven (migrate --apply skips them" in f["message"]
+    assert "B unknown" in f["message"]
     assert not any("--page-bytes" in c for c in _commands(s))
 
 

@@ -239,7 +239,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             findings.append(_finding(
                 action, 0, base,
                 f"{count['blocks']} blocks need the {action.removeprefix('needs_')} transform"
-                + (" (not available in this version: migrate --apply skips them)" if waits else
+                + (" but their numbers are not proven (migrate --apply skips them; the reason says why)" if waits else
                    f" and the facts {', '.join(sorted(asked[action]))}")
                 + (f"; e.g. {reasons[0]}" if reasons else ""),
                 blocks=count["blocks"], bytes=count["bytes"]))
