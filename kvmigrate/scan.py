@@ -55,6 +55,7 @@ from kvmigrate.identity.target import compute_target
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
+CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
 DEEP_RE_PREFIXES = ("block_size_",)
 BATCH_ROWS = 50_000
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
@@ -361,18 +362,28 @@ def _read_config(root: str, ns: Namespace) -> None:
         ns.config_error = "config.json is not a regular file"
         ns.config_relpath = None
         return
+    too_big = (f"{rel} is larger than {CONFIG_MAX} bytes (an engine's config.json is a few KiB); not read, "
+               "never migrated")
+    if st.st_size > CONFIG_MAX:
+        ns.status, ns.status_reason, ns.config_error = "config_invalid", too_big, too_big
+        return
     try:
         fd = open_noatime(path)
         try:
             chunks = []
-            while True:
+            n = 0
+            while n <= CONFIG_MAX:  # it may grow while read
                 b = os.read(fd, READ_CHUNK)
                 if not b:
                     break
                 chunks.append(b)
+                n += len(b)
             raw = b"".join(chunks)
         finally:
             os.close(fd)
+        if n > CONFIG_MAX:
+            ns.status, ns.status_reason, ns.config_error = "config_invalid", too_big, too_big
+            return
     except OSError as exc:
         ns.status, ns.status_reason = "config_invalid", errno_reason(exc, "cannot read", rel)
         ns.config_error = ns.status_reason

@@ -102,3 +102,37 @@ def test_a_stopped_run_does_not_print_migration_applied(synth_root, monkeypatch)
     res = invoke("migrate", root, *FLAGS, "--apply")
     assert res.exit_code == 8
     assert res.stdout.startswith(f"migration stopped early in {root}") and "applied" not in res.stdout
+
+
+def test_an_enormous_config_json_is_not_read_into_memory(tmp_path, synth_root):
+    """A 1 TiB sparse config.json: scan read it whole (MemoryError traceback under a
+    memory limit, the OOM killer without one)."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvmigrate import manifest
+
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    config = root / res.namespaces[0]["config_relpath"]
+    os.truncate(config, 1 << 40)
+    out = tmp_path / "m.parquet"
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    kvmigrate = str(Path(sys.executable).with_name("kvmigrate"))
+    p = subprocess.run([kvmigrate, "scan", str(root), "-o", str(out)], capture_output=True, text=True,
+                       preexec_fn=limit_memory, timeout=120)
+    assert "Traceback" not in p.stderr and p.returncode == 1 | 4, p.stderr
+    rows = [r for r in manifest.read_table(out).to_pylist() if r["relpath"] == res.namespaces[0]["config_relpath"]]
+    assert rows[0]["status"] == "config_invalid" and "larger than" in rows[0]["reason"]
+
+
+def test_scan_with_findings_names_the_command_that_explains_them(synth_root, tmp_path):
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1, "defects": ("short",)})
+    out = tmp_path / "m.parquet"
+    res = invoke("scan", root, "-o", out)
+    assert res.exit_code == 1 | 4
+    assert "details and what to do next: kvmigrate report" in res.stdout and "m.parquet" in res.stdout

@@ -82,6 +82,7 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
     findings = {s: v for s, v in totals["by_status"].items() if s not in ("ok", "own_artifact")}
     if findings:
         click.echo("findings: " + ", ".join(f"{s} {v['files']}" for s, v in sorted(findings.items())))
+        click.echo(f"details and what to do next: kvmigrate report {shlex.quote(os.path.relpath(result.output))}")
     for err in summary.get("walk_errors", [])[:5]:
         click.echo(f"walk error: {err}", err=True)
     click.echo(f"exit code {summary['exit_code']}")
