@@ -136,3 +136,41 @@ def test_scan_with_findings_names_the_command_that_explains_them(synth_root, tmp
     res = invoke("scan", root, "-o", out)
     assert res.exit_code == 1 | 4
     assert "details and what to do next: kvmigrate report" in res.stdout and "m.parquet" in res.stdout
+
+
+def _surrogate_cpp_config(synth_root) -> tuple:
+    """A vllm.cpp root whose rank-0 config.json names the model with a lone surrogate
+    escape ("\\ud800"): valid JSON for Python, not encodable as the engine's UTF-8."""
+    root, (res,) = synth_root({"family": "vllmcpp", "tp": 1, "kv_kind": "mla"})
+    config = root / res.namespaces[0]["config_relpath"]
+    fields = json.loads(config.read_bytes())
+    fields["model_name"] = "evil\ud800name"
+    config.write_text(json.dumps(fields))  # ensure_ascii: written as the escape
+    return root, config
+
+
+def test_a_lone_surrogate_in_a_vllmcpp_config_is_config_invalid_not_a_traceback(synth_root, tmp_path):
+    from kvmigrate import manifest
+
+    root, config = _surrogate_cpp_config(synth_root)
+    out = tmp_path / "m.parquet"
+    res = CliRunner().invoke(cli, ["scan", str(root), "-o", str(out)])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 1 | 4
+    row = next(r for r in manifest.read_table(out).to_pylist() if r["relpath"].endswith("config.json"))
+    assert row["status"] == "config_invalid" and "surrogate" in row["reason"]
+
+
+def test_identity_of_a_config_it_cannot_hash_is_a_usage_error(synth_root):
+    root, config = _surrogate_cpp_config(synth_root)
+    res = CliRunner().invoke(cli, ["identity", str(config)])
+    assert res.exit_code == 2 and not isinstance(res.exception, UnicodeError)
+    assert "cannot hash the identity" in res.stderr and str(config) in res.stderr
+
+
+def test_identity_refuses_an_enormous_config_without_reading_it(synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    config = root / res.namespaces[0]["config_relpath"]
+    os.truncate(config, 1 << 40)
+    out = CliRunner().invoke(cli, ["identity", str(config)])
+    assert out.exit_code == 2 and "larger than" in out.stderr

@@ -8,6 +8,7 @@ refuse the file.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,10 @@ def validate_identity(identity: dict[str, Any]) -> list[str]:
         problems.append("'replicated_layout' may only be written as true")
     if _is_int(identity.get("format_version")) and not 0 <= identity["format_version"] < 2**32:
         problems.append("'format_version' must fit in u32")
+    try:  # the canonical form is UTF-8: a lone surrogate escape ("\ud800") cannot be hashed
+        json.dumps(identity, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        problems.append("a string holds a lone UTF-16 surrogate escape (not UTF-8): the engine never writes one")
     return problems
 
 

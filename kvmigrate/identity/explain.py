@@ -20,16 +20,20 @@ from kvmigrate.identity.gates import DEFAULT_PROFILE
 from kvmigrate.identity.target import compute_target, source_problems
 
 BLOCK_SAMPLE = 64  # block files stat'ed per namespace for the family evidence
+CONFIG_MAX = 16 << 20  # an engine's config.json is a few KiB; never read a huge file whole
 
 
 def read_config(path: str) -> dict[str, Any]:
     """Parse a namespace config.json; unreadable or invalid input is a usage error naming it."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(CONFIG_MAX + 1)
     except OSError as exc:
         raise UsageError(f"cannot read config.json: {exc.strerror or exc}", path=path,
                          hint="pass the config.json of a namespace folder") from None
+    if len(data) > CONFIG_MAX:
+        raise UsageError(f"config.json is larger than {CONFIG_MAX} bytes; an engine's is a few KiB", path=path,
+                         hint="pass the config.json of a namespace folder")
     try:
         return canonical.fields_from_config_bytes(data)
     except ValueError as exc:
@@ -85,7 +89,11 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
     model_name = fields.get("model_name") if isinstance(fields.get("model_name"), str) else ""
     # the recipe is fixed by the keys (S1 vLLM and llm-d hash alike), so the base name is known first
     recipe = "vllmcpp" if is_vllmcpp_identity(fields) else "vllm"
-    source_d12 = canonical.d12(fields, recipe)
+    try:
+        source_d12 = canonical.d12(fields, recipe)
+    except ValueError as exc:  # vllm.cpp hashes UTF-8: a lone surrogate escape cannot be encoded
+        raise UsageError(f"cannot hash the identity: {exc}", path=config_path,
+                         hint="the file is damaged; kvmigrate never migrates a namespace it cannot prove") from None
     source_base = layout.base_name(model_name, source_d12)
     facts = resolver.for_namespace(model_name, parsed.base if parsed else source_base, fields)
     family, evidence = detect_family(fields, rank_numbers=ranks, block_sizes=sizes, forced=facts.family)
