@@ -1,9 +1,11 @@
 """What transforms cost: bytes to write, an estimated time, and the space saved or spent.
 
-The time is an estimate from one documented constant, never a promise: transforms stream
-at about 2 GB/s in memory and 2.0-2.3 GB/s file to file with a warm page cache on the
-machine they were measured on (reports/TRANSFORMS.md); a cold or network disk is far
-slower, so plans assume 500 MB/s of output.
+The time is an estimate from one documented constant, never a promise. Measured on the
+development VM (reports/TRANSFORMS.md, scripts/bench_transforms.py): file to file with a
+warm page cache transforms write 0.9-1.9 GB/s (cp of the same bytes: 1.6-3.4 GB/s); with
+the fsync every migrated block gets, 0.3-0.85 GB/s, as fast as cp + fsync. The disk sets
+the pace, so plans assume 500 MB/s of output: a fast NVMe disk beats it, a network
+filesystem or a cold HDD does not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ TRANSFORMS = ("slice", "concat", "relayout")
 # classify writes it): reports, which only have the manifest, read the output size there.
 _PAD_RE = re.compile(r"\bpad to (\d+) bytes")
 TRANSFORM_BYTES_PER_SECOND = 500 * 10**6
-"""Conservative output rate of a transform on disk (measured warm: ~2 GB/s; see above)."""
+"""Assumed output rate of a transform on disk (see above and reports/TRANSFORMS.md)."""
 
 
 def planned_output_bytes(reason: str | None) -> int | None:
