@@ -1095,7 +1095,8 @@ class Walker:
             if search.cell is None:
                 reason = "needs_slice", search.reason
             else:
-                reason = "slice", classify.slice_reason(plan.world, search.cell, search.reason)
+                reason = "slice", classify.slice_reason(plan.world, search.cell, f"{search.reason} in a sample row "
+                                                        "of this size; each row is checked again before it is cut")
         self._slice_cache[key] = reason
         return reason
 

@@ -241,7 +241,7 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
             a["none_rows"] += files  # one row per `none` block in the lowest rank folder
         if action in TRANSFORMS:
             # bytes written per block are in the reason; a reason folded into "(other
-            # reasons)" counts its source bytes instead (an upper bound for a slice)
+            # reasons)" counts the bytes of the row that carries it instead (an estimate)
             out = planned_output_bytes(reason)
             a["transform_out"][action] += files * out if out is not None else nbytes
         if (action == "none" or action in NEEDS_ACTIONS) and not (reason and _SECONDARY_RE.match(reason)):
