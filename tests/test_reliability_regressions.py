@@ -174,3 +174,24 @@ def test_identity_refuses_an_enormous_config_without_reading_it(synth_root):
     os.truncate(config, 1 << 40)
     out = CliRunner().invoke(cli, ["identity", str(config)])
     assert out.exit_code == 2 and "larger than" in out.stderr
+
+
+def test_migrate_with_a_file_that_is_not_parquet_is_a_usage_error(tmp_path):
+    bogus = tmp_path / "m.parquet"
+    bogus.write_text("not parquet")
+    res = CliRunner().invoke(cli, ["migrate", "--manifest", str(bogus)])
+    assert res.exit_code == 2, res.exception  # an uncaught exception exits 1
+    assert "cannot read the manifest" in res.stderr and str(bogus) in res.stderr and "hint:" in res.stderr
+
+
+def test_a_journal_with_a_damaged_header_or_record_is_named_not_a_traceback(tmp_path):
+    header_only = tmp_path / "a.jsonl"
+    header_only.write_text('{"t":"header"}\n')  # valid JSON, no root/dest
+    no_path = tmp_path / "b.jsonl"
+    no_path.write_text(json.dumps({"t": "header", "root": str(tmp_path), "dest": str(tmp_path)}) + "\n"
+                       + json.dumps({"t": "intent", "items": [{"kind": "block"}]}) + "\n")
+    for journal in (header_only, no_path):
+        for args in (["rollback", str(journal)], ["verify", str(tmp_path), "--journal", str(journal)]):
+            res = CliRunner().invoke(cli, args)
+            assert res.exit_code == 2, (args, res.exception)
+            assert "damaged journal" in res.stderr and str(journal) in res.stderr

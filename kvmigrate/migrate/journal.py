@@ -120,10 +120,20 @@ class Run:
 
 
 def load_runs(path: str) -> list[Run]:
+    try:
+        return _load_runs(path)
+    except (KeyError, TypeError, AttributeError) as exc:  # valid JSON, but not records this tool wrote
+        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
+                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+
+
+def _load_runs(path: str) -> list[Run]:
     runs: list[Run] = []
     for rec in read_records(path):
         t = rec["t"]
         if t == "header":
+            if not isinstance(rec.get("root"), str) or not isinstance(rec.get("dest"), str):
+                raise KeyError("root/dest in the header")
             runs.append(Run(header=rec))
             continue
         run = runs[-1]

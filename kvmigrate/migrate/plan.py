@@ -255,7 +255,11 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     from `kvmigrate scan` or holds a path that could leave its root.
     """
     if metadata is None:
-        metadata = manifest.read_metadata(manifest_path)
+        try:
+            metadata = manifest.read_metadata(manifest_path)
+        except (pa.ArrowException, OSError, ValueError) as exc:  # not Parquet, unreadable, damaged metadata
+            raise UsageError(f"cannot read the manifest: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+                             path=str(manifest_path), hint="pass a manifest written by `kvmigrate scan`") from None
     if not metadata or "root" not in metadata:
         raise UsageError("not a kvmigrate manifest (no run metadata)", path=str(manifest_path),
                          hint="create one with `kvmigrate scan ROOT -o M.parquet`")
