@@ -266,6 +266,26 @@ def test_a_hashed_manifest_catches_content_changed_behind_the_stat(tmp_path, syn
     assert any("content differs from the scan's hash" in f for f in summary["apply"]["findings"])
 
 
+def test_a_source_that_cannot_be_read_fails_its_block_and_writes_nothing(tmp_path, synth_root, monkeypatch):
+    import errno
+
+    from kvmigrate.migrate import apply as apply_mod
+
+    def eio(fd, limit=None):
+        raise OSError(errno.EIO, "Input/output error")
+
+    root, (res,) = synth_root(MLA_B4)
+    monkeypatch.setattr(apply_mod, "hash_fd", eio)  # the replica hashes apply takes before acting
+    m = tmp_path / "m.parquet"
+    code, summary = run("migrate", root, *MLA, "--page-bytes", "256", "--manifest-out", m, "--apply", "--json")
+    assert code == 8
+    assert summary["outcomes"]["failed"] == 6 and summary["outcomes"]["created"] == 0
+    assert all("cannot read the sources of relayout: Input/output error" in f for f in summary["apply"]["findings"])
+    reader = ReferenceReader(root, target_of(manifest.read_metadata(m), res.namespaces[0]))
+    assert reader.keys_on_disk() == set()
+    assert not list(Path(root).rglob("*.kvmigrate-*.tmp"))
+
+
 def test_other_bytes_at_a_transform_target_are_a_conflict_never_overwritten(tmp_path, synth_root):
     root, (res,) = synth_root(FULL_B1)
     m = _scan(tmp_path, root, FULL)

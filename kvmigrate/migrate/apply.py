@@ -649,6 +649,14 @@ class Applier:
         re-hashed (staleness). False: the block has its outcome."""
         spec = act.transform
         files = act.sources if spec.action != "slice" else (act.source,)
+        try:
+            return self._source_contents_ok(tp, act, spec, files, fds)
+        except OSError as exc:
+            self._outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
+                          bits=EXIT_OPERATIONAL)
+            return False
+
+    def _source_contents_ok(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec, files, fds) -> bool:
         if spec.action == "slice":
             h = xxhash.xxh3_128()
             problem = slice_row_problem(fds[0], spec, h)
@@ -747,6 +755,10 @@ class Applier:
             out_digest, size = transform_output_hash(spec, fds)
         except SourceInvalid as exc:
             self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            return None
+        except OSError as exc:
+            self._outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
+                          bits=EXIT_OPERATIONAL)
             return None
         finally:
             for fd in fds:
