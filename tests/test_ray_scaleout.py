@@ -218,3 +218,11 @@ def test_ray_options_need_each_other(synth_root, tmp_path):
     assert run("scan", root, "--shards", 2)[0] == 2
     assert run("scan", root, "--run-on", "ray")[0] == 2
     assert run("scan", root, "--run-on", "ray", "--shards", 2, "--shard", "0/2")[0] == 2
+
+
+def test_an_address_nobody_listens_at_fails_fast(synth_root, tmp_path):
+    root, _ = synth_root(SCAN_TREE[0])
+    code, _, err = run("scan", root, "--run-on", "ray", "--shards", 2, "--ray-address", "127.0.0.1:1",
+                       "-o", tmp_path / "parts")
+    assert code == 8 and "cannot reach the Ray cluster at 127.0.0.1:1" in err
+    assert not (tmp_path / "parts").exists()

@@ -61,11 +61,15 @@ def import_ray() -> Any:
 @contextlib.contextmanager
 def session(address: str | None = None) -> Iterator[Any]:
     """A Ray connection for one command: the caller's if Ray is already initialized,
-    else the cluster at `address`, else a new local cluster (stopped afterwards)."""
+    else the cluster at `address` (or $RAY_ADDRESS), else a new local cluster (stopped
+    afterwards)."""
     ray = import_ray()
+    if address:
+        _check_reachable(address)
     if ray.is_initialized():
         yield ray
         return
+    address = address or os.environ.get("RAY_ADDRESS")  # Ray's own convention for "use that cluster"
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
         if address:
@@ -74,7 +78,7 @@ def session(address: str | None = None) -> Iterator[Any]:
             ray.init(num_cpus=os.cpu_count() or 1, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **quiet)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError...
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
-        raise OperationalError(f"cannot start or reach {where}: {_first_line(exc)}",
+        raise OperationalError(f"cannot start or reach {where}: {_last_line(exc)}",
                                hint="check --ray-address (e.g. ray://head:10001 or head:6379) and that the cluster "
                                     "runs the same Ray and Python versions" if address else
                                "see `ray start --head` for what blocks a local cluster (ports, /tmp/ray, /dev/shm)"
@@ -85,7 +89,25 @@ def session(address: str | None = None) -> Iterator[Any]:
         ray.shutdown()
 
 
-def _first_line(exc: BaseException) -> str:
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on an address nobody listens at: ray.init() retries such a cluster
+    for ever."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise OperationalError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}",
+                               hint="check --ray-address: the head's GCS (host:6379) or Ray Client (ray://host:10001) "
+                                    "address, reachable from this machine") from None
+
+
+def _last_line(exc: BaseException) -> str:
+    """The message of an exception whose text may start with a traceback."""
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
 
@@ -99,7 +121,7 @@ def _task_error(exc: BaseException) -> str:
     err = cause if isinstance(cause, BaseException) else exc
     if isinstance(err, KvMigrateError):
         return " ".join(line.strip() for line in str(err).splitlines())
-    return f"{type(err).__name__}: {_first_line(err)}"
+    return f"{type(err).__name__}: {_last_line(err)}"
 
 
 def _injected(kind: str) -> dict[int, int]:
@@ -199,7 +221,8 @@ def _check_root(root: str) -> str:
     return path
 
 
-def _prepare_dataset_dir(output: str) -> str:
+def _check_dataset_dir(output: str) -> str:
+    """The dataset directory a scan may publish into: new, or holding kvmigrate parts."""
     out = os.path.abspath(output)
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError("with --run-on ray the manifest is a dataset directory, and this is a file", path=out,
@@ -209,10 +232,6 @@ def _prepare_dataset_dir(output: str) -> str:
         raise UsageError(f"the dataset directory holds other Parquet files ({', '.join(others[:3])}): a dataset "
                          "directory holds the parts of one scan only", path=out,
                          hint="choose a new directory, or move those files away")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:
-        raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
     return out
 
 
@@ -230,25 +249,29 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
         raise UsageError(f"--shards must be at least 1, got {shards}")
     t0 = time.monotonic()
     root_path = _check_root(root)
-    out = _prepare_dataset_dir(output)
+    out = _check_dataset_dir(output)
     resolver = facts_resolver or FactsResolver({}, None)
     fail = _injected("scan")
-    staging = tempfile.mkdtemp(prefix=".kvmigrate-parts-", dir=out)
-    try:
-        with session(address) as ray:
+    with session(address) as ray:
+        try:
+            os.makedirs(out, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix=".kvmigrate-parts-", dir=out)
+        except OSError as exc:
+            raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
+        try:
             reports = run_parts(ray, _scan_part, lambda k: (root_path, staging, k, shards, target, resolver, verify,
                                                             threads, command, k in fail), shards, on_part)
-        failed = [(r, r.error) for r in reports if r.error is not None]
-        if failed:
-            raise PartsFailed("scan", failed, hint=f"fix the cause and rerun the same command (it scans every part "
-                                                   f"again); {out} was left as it was")
-        for name in dataset.stale_parts(out, shards):
-            os.unlink(os.path.join(out, name))
-        for k in range(shards):
-            name = dataset.part_name(k, shards)
-            os.replace(os.path.join(staging, name), os.path.join(out, name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            failed = [(r, r.error) for r in reports if r.error is not None]
+            if failed:
+                raise PartsFailed("scan", failed, hint=f"fix the cause and rerun the same command (it scans every "
+                                                       f"part again); {out} was left as it was")
+            for name in dataset.stale_parts(out, shards):
+                os.unlink(os.path.join(out, name))
+            for k in range(shards):
+                name = dataset.part_name(k, shards)
+                os.replace(os.path.join(staging, name), os.path.join(out, name))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     summary = summarize(out)
     code = summary["exit_code"]
     for r in reports:
