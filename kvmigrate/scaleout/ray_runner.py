@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
 from kvmigrate.migrate.apply import Applier, ApplyResult
 from kvmigrate.scaleout import dataset
 
@@ -115,8 +115,6 @@ def _last_line(exc: BaseException) -> str:
 def _task_error(exc: BaseException) -> str:
     """Why a task failed, without Ray's traceback: a kvmigrate error's message (and
     hint), else the exception type and its last line."""
-    from kvmigrate.errors import KvMigrateError
-
     cause = getattr(exc, "cause", None)  # RayTaskError wraps what the task raised
     err = cause if isinstance(cause, BaseException) else exc
     if isinstance(err, KvMigrateError):
