@@ -731,8 +731,16 @@ def _utf8_safe(values: list[Any]) -> pa.Array:
     try:
         return pa.array(values, pa.string())
     except (UnicodeEncodeError, pa.ArrowException):
-        return pa.array([v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                         if isinstance(v, str) else v for v in values], pa.string())
+        return pa.array([_shown(v) if isinstance(v, str) else v for v in values], pa.string())
+
+
+def _shown(v: str) -> str:
+    """Valid UTF-8 for Arrow: name bytes kept by surrogateescape become backslash escapes,
+    and so does any other lone surrogate (a config.json string holding "\\ud800")."""
+    try:
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass

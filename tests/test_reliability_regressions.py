@@ -195,3 +195,21 @@ def test_a_journal_with_a_damaged_header_or_record_is_named_not_a_traceback(tmp_
             res = CliRunner().invoke(cli, args)
             assert res.exit_code == 2, (args, res.exception)
             assert "damaged journal" in res.stderr and str(journal) in res.stderr
+
+
+def test_a_lone_surrogate_in_a_vllm_model_name_is_shown_escaped_not_a_traceback(synth_root, tmp_path):
+    """vLLM hashes with ensure_ascii, so "\\ud800" in model_name is a readable (if
+    mismatching) identity; writing the manifest, the report and `identity` crashed on it."""
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    config = root / res.namespaces[0]["config_relpath"]
+    fields = json.loads(config.read_bytes())
+    fields["model_name"] = "evil\ud800name"
+    config.write_text(json.dumps(fields))
+    out = tmp_path / "m.parquet"
+    scan = CliRunner().invoke(cli, ["scan", str(root), "-o", str(out)])
+    assert scan.exit_code == 1 | 4, scan.exception  # digest_mismatch
+    for args in (["report", str(out), "--format", "text"], ["audit", str(root)],
+                 ["identity", str(config), *FLAGS]):
+        res = CliRunner().invoke(cli, args)
+        assert not isinstance(res.exception, UnicodeError), (args, res.exception)
+        assert "evil\\ud800name" in res.stdout, args

@@ -150,7 +150,8 @@ def render_text(result: dict[str, Any], config_path: str) -> str:
     dropped = sorted(k for k in src["fields"] if k not in tgt["fields"])
     if dropped:
         lines.append("  - dropped: " + ", ".join(dropped))
-    return "\n".join(lines)
+    # a lone surrogate escape in a config.json string cannot be printed as UTF-8: escape it
+    return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _MISSING = object()

@@ -92,6 +92,10 @@ def diff_report(old: str | os.PathLike[str], new: str | os.PathLike[str], fmt: s
 
 def emit(text: str, output: str | os.PathLike[str] | None) -> None:
     """Write to stdout, or atomically to `output` (a reader never sees half a report)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a hostile config.json string: show it escaped
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if output is None:
         import sys
 
