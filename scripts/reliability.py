@@ -286,6 +286,23 @@ def snapshot(root: str | Path, exclude_top: tuple[str, ...] = (OWN,)) -> dict[st
     return out
 
 
+def observed(snap: dict[str, Entry]) -> dict[str, tuple]:
+    """What reading or writing would change: folders by kind (listing one may move its
+    atime), the rest by inode, size, mtime, mode and content, regular files by atime too
+    (reading a symlink moves the link's own atime, not its target's)."""
+    return {r: (e.facts(), e.atime_ns if e.kind == "file" else None) for r, e in snap.items()}
+
+
+def backdate_atimes(top: Path, days: float = 3) -> None:
+    """Move every file's atime back, so any read without O_NOATIME moves it (relatime
+    updates an atime older than a day)."""
+    for d, _, fs in os.walk(top):
+        for f in fs:
+            p = os.path.join(d, f)
+            st = os.lstat(p)
+            os.utime(p, ns=(st.st_atime_ns - int(days * 86400e9), st.st_mtime_ns), follow_symlinks=False)
+
+
 def normalized(snap: dict[str, Entry], sources: dict[int, str]) -> dict[str, tuple]:
     """Entries by (kind, content, which source file a new file is a hard link of): two
     runs on identical trees compare equal whatever their inode numbers."""
@@ -549,16 +566,19 @@ class CrashBench:
                   env={k: v for k, v in env.items()} | ({"KILL_AFTER": f"{kill_after:.4f}s"} if kill_after else {}))
         return run, (t_journal - t0 if t_journal else None), t_end - t0
 
-    def trial(self, seed: int) -> dict[str, Any]:
-        """One randomized trial: kill (once or twice), check, rerun, verify, rollback."""
+    def trial(self, seed: int, *, via: str | None = None, kills: int | None = None,
+              how: str | None = None) -> dict[str, Any]:
+        """One randomized trial: kill (once or twice), check, rerun, verify, rollback.
+        `via`, `kills` and `how` pin what the seed would otherwise choose (tests)."""
         rng = random.Random(seed)
         scn = self.scn
-        via = "manifest" if rng.random() < 0.7 else "scan"
-        kills = 2 if rng.random() < 0.2 else 1
+        via = via or ("manifest" if rng.random() < 0.7 else "scan")
+        kills = kills or (2 if rng.random() < 0.2 else 1)
+        forced_how = how
         record: dict[str, Any] = {"scenario": scn.name, "seed": seed, "via": via, "kills": []}
         problems: list[tuple[str, str]] = []
         for _ in range(kills):
-            how = "hook" if rng.random() < 0.65 else "delay"
+            how = forced_how or ("hook" if rng.random() < 0.65 else "delay")
             env: dict[str, str] = {}
             kill_after = None
             if how == "hook":
@@ -574,7 +594,10 @@ class CrashBench:
             run.label = f"crash/{scn.name}/kill"
             self.ledger.record(run, lambda rc: rc == 0)
             killed = run.rc == -signal.SIGKILL
-            record["kills"].append({"how": how, "at": where, "killed": killed})
+            record["kills"].append({"how": how, "at": where, "killed": killed,
+                                    "blocks_done": sum(1 for r in read_journals(self.root).done.values()
+                                                       if r.get("kind") == "block"),
+                                    "blocks_total": self.hits["created"]})
             if killed:
                 self.ledger.counts["kill_points"] += 1
                 self.ledger.counts[f"kill_points:{how}"] += 1
@@ -801,8 +824,8 @@ def _stop_line(run: Run) -> str:
     """The first line of the error message, for the report."""
     for line in (run.stderr or run.stdout).splitlines():
         if "error" in line or "failed" in line:
-            return line.strip()[:300]
-    return (run.stderr or run.stdout).strip().splitlines()[0][:300] if (run.stderr or run.stdout).strip() else ""
+            return line.strip()[:1000]
+    return (run.stderr or run.stdout).strip().splitlines()[0][:1000] if (run.stderr or run.stdout).strip() else ""
 
 
 def fault_enospc(work: Path, ledger: Ledger, *, force_injected: bool = False) -> dict:
@@ -1291,3 +1314,634 @@ def _output_mismatch(action: str | None, src: bytes, got: bytes, target: dict, h
 
 def engine_campaign(work: Path, ledger: Ledger, *, rounds: int, seed: int) -> list[dict]:
     return [engine_round(work, ledger, seed + i, verify=("hash", "size")[i % 2]) for i in range(rounds)]
+
+
+# ---------------------------------------------------------------------------------------
+# 4. Hostile and broken input (hypothesis)
+
+HOSTILE_SPECS = {"vllm": VLLM_LINK, "llmd": LLMD_COPY_PAD, "vllmcpp": CPP_REWRITE,
+                 "vllm-S2": {"family": "vllm", "scheme": "S2", "tp": 1, "model_name": "org/full-model"}}
+HOSTILE_FACTS = {**FACTS, "*": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"}}
+EVIL_MODEL_NAMES = ["..", "../../outside", "a/../../b", "/etc/passwd", ".kvmigrate", "x" * 300, "evil\ud800name",
+                    "nul\x00byte", "new\nline", "ünïcødé/模型", "back\\slash", "-rf", "$(touch pwned)", " ", ""]
+CONFIG_KINDS = ("garbage", "not_object", "deep", "huge", "wrong_type", "unknown_keys", "evil_model_name", "empty",
+                "utf16", "non_utf8", "symlink_out", "fifo", "directory", "sparse")
+ITEM_KINDS = ("dotdot_name", "binary_name", "symlink_loop", "symlink_out_file", "symlink_out_dir", "symlink_dotdot",
+              "fifo", "chardev", "blockdev", "empty_block", "sparse_block", "garbage_block", "deep_dirs",
+              "file_as_dir", "long_name")
+PLACES = ("root", "base", "rank", "bucket", "fanout")
+TRAPS = ("base", "rank", "config", "bucket")  # symlinks planted where migrate will write
+
+
+def hostile_recipes():
+    """A hypothesis strategy of JSON-able recipes for `build_hostile`."""
+    from hypothesis import strategies as st
+
+    json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                          st.text(max_size=20))
+    json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                                   st.dictionaries(st.text(max_size=8), inner,
+                                                                                   max_size=3)), max_leaves=8)
+    config = st.fixed_dictionaries({
+        "ns": st.integers(0, 3),
+        "kind": st.sampled_from(CONFIG_KINDS),
+        "garbage": st.binary(max_size=64).map(bytes.hex),
+        "value": json_value,
+        "depth": st.sampled_from([100, 3000, 200_000]),
+        "mib": st.integers(1, 3),
+        "key": st.integers(0, 40),
+        "model": st.sampled_from(EVIL_MODEL_NAMES),
+        "rename": st.booleans(),
+    })
+    item = st.fixed_dictionaries({
+        "kind": st.sampled_from(ITEM_KINDS),
+        "place": st.sampled_from(PLACES),
+        "ns": st.integers(0, 3),
+        "name": st.binary(min_size=1, max_size=24).filter(lambda b: b"/" not in b and b"\0" not in b
+                                                          and b not in (b".", b"..")).map(bytes.hex),
+        "hex": st.binary(min_size=32, max_size=32).map(bytes.hex),
+        "depth": st.integers(5, 60),
+    })
+    return st.fixed_dictionaries({
+        "namespaces": st.lists(st.sampled_from(sorted(HOSTILE_SPECS)), min_size=1, max_size=3, unique=True),
+        "blocks": st.integers(3, 5),
+        "configs": st.lists(config, max_size=4),
+        "items": st.lists(item, max_size=8),
+        "traps": st.lists(st.fixed_dictionaries({"at": st.sampled_from(TRAPS), "ns": st.integers(0, 3),
+                                                 "to": st.sampled_from(["marker", "dir", "loop"])}), max_size=2),
+        "hash_scan": st.booleans(),
+    })
+
+
+def _digest_name(fields: Any) -> str | None:
+    """The base folder name a writer would use for these fields (None if not computable)."""
+    from kvmigrate.identity import canonical
+
+    if not isinstance(fields, dict) or not isinstance(fields.get("model_name"), str):
+        return None
+    cpp = all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
+    try:
+        return layout.base_name(fields["model_name"], canonical.d12(fields, "vllmcpp" if cpp else "vllm"))
+    except (ValueError, TypeError):
+        return None
+
+
+def _rename_namespace(root: Path, base: str, new: str) -> str:
+    """Rename a base folder and its rank folders (so config.json hashes to its folder)."""
+    if not new or "\0" in new or len(new.encode("utf-8", "surrogatepass")) > 250 or new == base:
+        return base
+    try:
+        os.rename(root / base, root / new)
+        for p in list(root.iterdir()):
+            if p.name.startswith(base + "_r") and p.name[len(base) + 2:].isdigit():
+                os.rename(p, root / (new + p.name[len(base):]))
+    except (OSError, UnicodeError, ValueError):
+        return base
+    return new
+
+
+def build_hostile(root: Path, outside: Path, recipe: dict) -> dict[str, Any]:
+    """Build a hostile root from a recipe; returns what it made (namespaces by base name)."""
+    root.mkdir(parents=True)
+    bases: list[str] = []
+    for key in recipe["namespaces"]:
+        spec = SynthSpec(**{**GEOMETRY, "blocks": recipe["blocks"], **HOSTILE_SPECS[key]})
+        res = build(root, spec)
+        bases += [ns["base_name"] for ns in res.namespaces]
+    made = Counter()
+    marker = outside / "marker"
+    for cfg in recipe["configs"]:
+        if not bases:
+            break
+        i = cfg["ns"] % len(bases)
+        base = bases[i]
+        path = root / base / "config.json"
+        if not path.is_file() or path.is_symlink():  # an earlier mutation made it a FIFO, folder or link
+            continue
+        try:
+            fields = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            fields = None
+        kind = cfg["kind"]
+        made[f"config:{kind}"] += 1
+        data: bytes | None = None
+        new_fields = None
+        if kind == "garbage":
+            data = bytes.fromhex(cfg["garbage"])
+        elif kind == "not_object":
+            data = json.dumps(cfg["value"] if not isinstance(cfg["value"], dict) else [cfg["value"]]).encode()
+        elif kind == "deep":
+            n = cfg["depth"]
+            data = (("[" * n + "]" * n) if n % 2 == 0 else ('{"a":' * n + "1" + "}" * n)).encode()
+        elif kind == "huge" and isinstance(fields, dict):
+            new_fields = {**fields, "padding": "x" * (cfg["mib"] << 20)}
+        elif kind == "wrong_type" and isinstance(fields, dict) and fields:
+            key = sorted(fields)[cfg["key"] % len(fields)]
+            new_fields = {**fields, key: cfg["value"]}
+        elif kind == "unknown_keys" and isinstance(fields, dict):
+            new_fields = {**fields, **(cfg["value"] if isinstance(cfg["value"], dict) else {"extra": cfg["value"]})}
+        elif kind == "evil_model_name" and isinstance(fields, dict):
+            new_fields = {**fields, "model_name": cfg["model"]}
+        elif kind == "empty":
+            data = b""
+        elif kind == "utf16" and fields is not None:
+            data = json.dumps(fields).encode("utf-16")
+        elif kind == "non_utf8" and isinstance(fields, dict):
+            data = json.dumps({**fields, "model_name": "MODEL"}).encode().replace(b"MODEL", b"m\xff\xfeodel")
+        elif kind in ("symlink_out", "fifo", "directory", "sparse"):
+            path.unlink()
+            if kind == "symlink_out":
+                os.symlink(outside / "ns" / "config.json", path)
+            elif kind == "fifo":
+                os.mkfifo(path)
+            elif kind == "directory":
+                path.mkdir()
+            else:
+                with open(path, "wb") as f:
+                    f.truncate(1 << 40)
+            continue
+        if new_fields is not None:
+            data = json.dumps(new_fields, indent=2, sort_keys=True).encode("utf-8", "surrogatepass")
+        if data is None:
+            continue
+        path.write_bytes(data)
+        if cfg["rename"] and new_fields is not None:
+            bases[i] = _rename_namespace(root, base, _digest_name(new_fields) or base)
+    for it in recipe["items"]:
+        made[f"item:{it['kind']}"] += 1
+        where = _place(root, bases, it)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # an earlier item put a file or link there
+            made["item-skipped"] += 1
+            continue
+        _make_item(where, outside, it, marker)
+    return {"bases": bases, "made": made}
+
+
+def _place(root: Path, bases: list[str], it: dict) -> Path:
+    """The folder an item goes into: the root, or a namespace's base, rank, bucket or fan-out folder."""
+    if it["place"] == "root" or not bases:
+        return root
+    base = bases[it["ns"] % len(bases)]
+    if it["place"] == "base":
+        return root / base
+    ranks = sorted(p for p in root.iterdir() if p.name.startswith(base + "_r") and p.is_dir()
+                   and not p.is_symlink())
+    if not ranks:
+        return root / base
+    rank = ranks[it["ns"] % len(ranks)]
+    h = it["hex"]
+    if it["place"] == "rank":
+        return rank
+    if it["place"] == "bucket":
+        return rank / h[:3]
+    return rank / h[:3] / f"{h[3:5]}_g0"
+
+
+def _new_file(path: Path, data: bytes) -> None:
+    """Create a file that does not exist yet (never opens a FIFO or follows a link an
+    earlier item left at that name: FileExistsError instead)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _make_item(where: Path, outside: Path, it: dict, marker: Path) -> None:
+    kind, h = it["kind"], it["hex"]
+    block_name = f"{h}.bin"
+    bwhere = os.fsencode(where)
+    try:
+        if kind == "dotdot_name":
+            for name in ("..bin", "a..b", "...", f"..{h[:6]}.bin", ".._0123456789ab"):
+                _new_file(where / name, b"..")
+            (where / ".._0123456789ab_r0").mkdir(exist_ok=True)
+        elif kind == "binary_name":
+            fd = os.open(os.path.join(bwhere, bytes.fromhex(it["name"])),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+            os.write(fd, b"binary name")
+            os.close(fd)
+        elif kind == "symlink_loop":
+            os.symlink("loop-b", where / "loop-a")
+            os.symlink("loop-a", where / "loop-b")
+            os.symlink(".", where / f"{h[:6]}.bin")
+        elif kind == "symlink_out_file":
+            os.symlink(marker, where / block_name)
+        elif kind == "symlink_out_dir":
+            os.symlink(outside / "ns", where / f"{h[:3]}")
+        elif kind == "symlink_dotdot":
+            os.symlink(os.path.relpath(marker, where), where / f"rel-{h[:8]}.bin")
+        elif kind == "fifo":
+            os.mkfifo(where / block_name)
+        elif kind == "chardev":
+            os.mknod(where / block_name, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        elif kind == "blockdev":
+            os.mknod(where / block_name, 0o600 | stat.S_IFBLK, os.makedev(7, 200))
+        elif kind == "empty_block":
+            _new_file(where / block_name, b"")
+        elif kind == "sparse_block":
+            _new_file(where / block_name, b"")
+            os.truncate(where / block_name, 1 << 40)
+        elif kind == "garbage_block":
+            _new_file(where / block_name, bytes.fromhex(it["name"]) * 7)
+        elif kind == "deep_dirs":
+            p = where / "deep"
+            for i in range(it["depth"]):
+                p = p / f"{i:03x}"
+            p.mkdir(parents=True, exist_ok=True)
+            _new_file(p / block_name, b"deep")
+        elif kind == "file_as_dir":
+            with contextlib.suppress(FileExistsError):
+                _new_file(where / h[:3], b"a file where a folder belongs")
+            _new_file(where / f"{h[:12]}_{h[12:24]}_r1", b"a file named like a rank folder")
+        elif kind == "long_name":
+            _new_file(where / ("n" * 251 + ".bin"), b"long")
+    except FileExistsError:
+        pass
+
+
+def _outside_tree(outside: Path) -> None:
+    """What links out of the root point at: a marker file and a valid namespace."""
+    outside.mkdir(parents=True)
+    (outside / "marker").write_bytes(b"outside the root: never read, never written\n")
+    build_root(outside / "ns-root", [VLLM_LINK], 2)
+    base = next(p for p in (outside / "ns-root").iterdir() if not p.name.endswith("_r0"))
+    os.rename(base, outside / "ns")
+
+
+def hostile_trial(work: Path, ledger: Ledger, recipe: dict, index: int) -> dict:
+    """Build one hostile root and run scan, audit, migrate (dry run, --apply), verify and
+    rollback on it: no traceback, documented exit bits, nothing outside touched."""
+    d = work / "hostile" / f"case-{index}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    root, outside, tmp = d / "root", d / "outside", d / "tmp"
+    tmp.mkdir()
+    _outside_tree(outside)
+    facts = d / "facts.json"
+    facts.write_text(json.dumps(HOSTILE_FACTS))
+    built = build_hostile(root, outside, recipe)
+    backdate_atimes(root)
+    backdate_atimes(outside)
+    sparse = any(it["kind"] == "sparse_block" for it in recipe["items"])
+    outside_before = snapshot(outside)
+    root_before = snapshot(root)
+    d_before = set(os.listdir(d))
+    env = {"TMPDIR": str(tmp)}
+    label = f"hostile/case-{index}"
+    ok = bits_only()
+    runs = [ledger.cli(f"{label}/scan", "scan", root, "-o", d / "m.parquet", "--facts", facts, env=env,
+                       timeout=120, allowed=ok, cwd=str(d))]
+    if recipe["hash_scan"] and not sparse:
+        runs.append(ledger.cli(f"{label}/scan-hash", "scan", root, "-o", d / "mh.parquet", "--verify", "hash",
+                               "--facts", facts, env=env, timeout=120, allowed=ok, cwd=str(d)))
+    runs.append(ledger.cli(f"{label}/audit", "audit", root, "--facts", facts, env=env, timeout=120, allowed=ok,
+                           cwd=str(d)))
+    dry = ledger.cli(f"{label}/migrate-dry", "migrate", root, "--facts", facts, "--json", env=env, timeout=120,
+                     allowed=ok, cwd=str(d))
+    runs.append(dry)
+    problems: list[tuple[str, str]] = []
+    if observed(snapshot(root)) != observed(root_before):
+        problems.append(("outside_write", "a command before --apply changed the root (or a file's atime): "
+                         + _diff(observed(snapshot(root)), observed(root_before))))
+    traps = _plant_traps(root, outside, recipe["traps"], dry)
+    built["made"].update(f"trap:{t}" for t in traps)
+    root_before = snapshot(root)
+    apply = ledger.cli(f"{label}/migrate-apply", "migrate", root, "--facts", facts, "--apply", "--json", env=env,
+                       timeout=120, allowed=ok, cwd=str(d))
+    runs.append(apply)
+    view = read_journals(root)
+    journaled = set(view.targets) | {p.split("/")[0] for p in (*view.intents, *view.done)}
+    allowed_tops = {OWN} | journaled | {f"{b}_r{n}" for b in journaled for n in range(64)}
+    for rel, e in snapshot(root, exclude_top=()).items():
+        if rel not in root_before and rel.split("/")[0] not in allowed_tops:
+            problems.append(("outside_write", f"migrate created {rel!r} outside the target namespaces"))
+    for rel in source_changes(root_before, root):
+        problems.append(("lost_source", rel))
+    if journal_paths(root):
+        jdir = root / OWN / "journals"
+        ledger.cli(f"{label}/verify", "verify", root, "--journal", jdir, env=env, timeout=120, allowed=ok, cwd=str(d))
+        ledger.cli(f"{label}/rollback", "rollback", jdir, env=env, timeout=120, allowed=bits_only(0), cwd=str(d))
+        after = {r: e.facts() for r, e in snapshot(root).items()}
+        if after != {r: e.facts() for r, e in root_before.items()}:
+            problems.append(("rollback", _diff(after, {r: e.facts() for r, e in root_before.items()})))
+    # outside the root: the marker and the namespace there are untouched, atime included
+    outside_after = observed(snapshot(outside))
+    if outside_after != observed(outside_before):
+        problems.append(("followed_link", "outside the root changed (or a file there was read): "
+                         + _diff(outside_after, observed(outside_before))))
+    extra = set(os.listdir(d)) - d_before - {"m.parquet", "mh.parquet"}
+    if extra or os.listdir(tmp):
+        problems.append(("outside_write", f"files left next to the root: {sorted(extra)} / in TMPDIR: "
+                                          f"{os.listdir(tmp)[:5]}"))
+    for kind, detail in problems:
+        ledger.violate(kind, f"{label} {json.dumps(recipe)[:1500]}: {detail}")
+    ledger.counts["fuzzed_trees"] += 1
+    for k, v in built["made"].items():
+        ledger.counts[f"fuzz:{k}"] += v
+    record = {"case": index, "ok": not problems, "exit_codes": [r.rc for r in runs], "made": dict(built["made"])}
+    if problems:
+        record["recipe"] = recipe
+    if not problems:
+        _rmtree_hostile(d)
+    return record
+
+
+def _plant_traps(root: Path, outside: Path, traps: list[dict], dry: Run) -> list[str]:
+    """Symlinks where migrate --apply is about to write (target base, rank or bucket
+    folder, target config.json), pointing out of the root."""
+    try:
+        targets = [t for t in json.loads(dry.stdout).get("targets", []) if t.get("target_base")]
+    except ValueError:
+        return []
+    planted = []
+    for trap in traps:
+        if not targets:
+            break
+        t = targets[trap["ns"] % len(targets)]
+        base, rank_dir = t["target_base"], t.get("rank_dir") or f"{t['target_base']}_r0"
+        to = {"marker": outside / "marker", "dir": outside / "ns", "loop": Path("loop")}[trap["to"]]
+        at = {"base": root / base, "rank": root / rank_dir, "config": root / base / "config.json",
+              "bucket": root / rank_dir / "abc"}[trap["at"]]
+        try:
+            if at.parent != root:
+                at.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(to, at)
+            planted.append(trap["at"])
+        except (FileExistsError, NotADirectoryError):
+            pass
+    return planted
+
+
+def _rmtree_hostile(d: Path) -> None:
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def hostile_campaign(work: Path, ledger: Ledger, *, examples: int, seed: int) -> list[dict]:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    records: list[dict] = []
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(recipe=hostile_recipes())
+    def run(recipe: dict) -> None:
+        try:
+            records.append(hostile_trial(work, ledger, recipe, len(records)))
+        except Exception as exc:  # a defect of this harness, not of kvmigrate: keep going, report it
+            ledger.violate("harness", f"hostile case {len(records)}: {type(exc).__name__}: {exc} "
+                                      f"recipe {json.dumps(recipe)[:800]}")
+            records.append({"case": len(records), "ok": False, "harness_error": str(exc)})
+
+    run()
+    return records
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+# Defects this campaign found in kvmigrate, each fixed with a regression test in
+# tests/test_reliability_regressions.py (the campaign re-proves them on every run).
+FOUND = [
+    ("kill -9 between creating a journal file and writing its header left an empty `*.jsonl`; "
+     "`rollback DIR` and `verify --journal DIR` then exited 2 and left the real runs alone",
+     "journal directories skip a file whose header line never reached the disk",
+     "test_a_journal_file_without_its_header_does_not_break_rollback_or_verify"),
+    ("as a user who may write --dest but does not own the cache files, every hard link fails with EPERM "
+     "(fs.protected_hardlinks); the message said \"run as a user that may write the destination\"",
+     "the stop names protected_hardlinks and the remedies (run as the files' owner, or --mode copy)",
+     "test_a_hard_link_the_kernel_refuses_names_the_cause_and_the_remedy"),
+    ("EMLINK fails a block without stopping the run: exit 8 with nothing on stderr (nothing at all with -q)",
+     "`migrate --apply` prints the failed count and the first failure on stderr",
+     "test_failed_blocks_are_reported_on_stderr_too"),
+    ("`migrate --apply` exited 4 for integrity states in the manifest without a word about them, and printed "
+     "\"migration applied\" above an operational stop",
+     "a line names the integrity findings and `kvmigrate audit ROOT`; a stop prints \"migration stopped early\"",
+     "test_apply_says_why_it_exits_4_when_every_block_went_well, test_a_stopped_run_does_not_print_migration_applied"),
+    ("a 1 TiB sparse config.json was read whole by scan (MemoryError traceback under a memory limit, "
+     "the OOM killer without one) and by `identity`",
+     "config.json larger than 16 MiB is config_invalid unread; `identity` refuses it",
+     "test_an_enormous_config_json_is_not_read_into_memory, test_identity_refuses_an_enormous_config_without_"
+     "reading_it"),
+    ("`scan` exiting with findings did not say where to look", "it names `kvmigrate report MANIFEST`",
+     "test_scan_with_findings_names_the_command_that_explains_them"),
+    ("a vllm.cpp config.json holding a lone surrogate escape (\"\\ud800\") crashed scan and identity with "
+     "UnicodeEncodeError", "such an identity is config_invalid (scan) / a usage error (identity)",
+     "test_a_lone_surrogate_in_a_vllmcpp_config_is_config_invalid_not_a_traceback, "
+     "test_identity_of_a_config_it_cannot_hash_is_a_usage_error"),
+    ("`migrate --manifest` of a file that is not Parquet, and `rollback`/`verify` of a journal whose records "
+     "lack keys, crashed with tracebacks", "usage errors (exit 2) naming the file, with a hint",
+     "test_migrate_with_a_file_that_is_not_parquet_is_a_usage_error, "
+     "test_a_journal_with_a_damaged_header_or_record_is_named_not_a_traceback"),
+]
+KNOWN_LIMITS = [
+    "`scan --verify hash` reads every byte: a 1 TiB sparse block file takes minutes (measured > 2 min), so the "
+    "hostile trees with enormous files are scanned with `--verify size` only. Not a crash and not a wrong "
+    "answer, but an operator hashing a hostile tree should know.",
+    "A symlink planted at a target folder (`<target>` or `<target>_r0`) stops the whole run (exit 8, "
+    "\"refusing to write through a symlink\"), not just that namespace; the message names the path and "
+    "the fix.",
+    "The live-engine rounds restrict the simulated evictor to the source namespaces; a real evictor may also "
+    "delete migrated files, which `verify` then reports as missing.",
+]
+
+
+def _machine() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError):
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    commit = sh("git", "-C", REPO, "rev-parse", "--short", "HEAD").stdout.strip()
+    dirty = bool(sh("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no").stdout.strip())
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
+            "python": platform.python_version(), "commit": commit + (" (+ uncommitted changes in the checkout)"
+                                                                     if dirty else ""),
+            "user": "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"}
+
+
+def _figures(ledger: Ledger) -> dict[str, int]:
+    c = ledger.counts
+    return {"kill points": c["kill_points"], "tracebacks": c["violation:traceback"],
+            "files lost": c["violation:lost_source"] + c["violation:lost_block"],
+            "files clobbered or partial": c["violation:clobbered"],
+            "non-zero exits without a path and a remedy": c["violation:message"],
+            "violations (all kinds)": len(ledger.violations)}
+
+
+def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any]) -> str:
+    c = ledger.counts
+    fig = _figures(ledger)
+    out = [f"# Reliability campaign ({'quick' if meta['quick'] else 'full'})", "",
+           "Regenerate: `python scripts/reliability.py` (full, writes this file and `reports/reliability.json`); "
+           "`python scripts/reliability.py --quick` is the short version. The CI-sized checks are "
+           "`tests/test_reliability_*.py`. What each part does is in the script's docstring; the rules are "
+           "migration.md §3 and interface.md §4.", "",
+           f"Run {meta['started']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
+           f"{meta['machine']['memory']}), Linux {meta['machine']['kernel']}, Python {meta['machine']['python']}, "
+           f"as {meta['machine']['user']}; kvmigrate at {meta['machine']['commit']}. Work folder on "
+           f"{meta['workfs']}. Seed {meta['seed']}. Duration {meta['seconds'] / 60:.1f} min "
+           f"({', '.join(f'{k} {v:.0f} s' for k, v in meta['sections'].items())}).", "",
+           "## Outcome", "",
+           "| figure | value |", "|---|---|",
+           f"| SIGKILL points (crash-point hook / random delay) | {c['kill_points']} "
+           f"({c['kill_points:hook']} / {c['kill_points:delay']}) in {c['crash_trials']} trials |",
+           f"| kills that landed after the run had finished (not counted) | {c['kill_missed']} |",
+           f"| injected faults | {c['faults']} ({', '.join(sorted({r['fault'] for r in results.get('faults', [])}))}) |",
+           f"| live-engine rounds | {c['engine_rounds']} ({c['engine_writes']} block files written, "
+           f"{c['engine_deletes']} deleted by the engines meanwhile) |",
+           f"| fuzzed hostile trees | {c['fuzzed_trees']} |",
+           f"| kvmigrate commands run | {c['commands']} ({c['nonzero_exits']} non-zero exits) |"]
+    out += [f"| **{k}** | **{v}** |" for k, v in fig.items() if k != "kill points"]
+    out += [""]
+    if ledger.violations:
+        out += ["## Violations", ""] + [f"- {textwrap.shorten(v, 600)}" for v in ledger.violations[:50]] + [""]
+    # crash
+    trials = results.get("crash", [])
+    if trials:
+        out += ["## 1. Crash consistency (kill -9, then the same command again)", "",
+                "Every trial: a random scenario root (restored by `rollback` between trials, so every trial also "
+                "proves rollback), a random way in (`migrate --manifest M --apply` or `migrate ROOT --apply`, "
+                "which rescans the half-migrated root), one or two SIGKILLs (the second during the resumed run), "
+                "checks after each kill, then the rerun, `verify` and `rollback` checks.", "",
+                "| scenario | trials | kill points | hook points hit | double kills | failed |", "|---|---|---|---|---|---|"]
+        by: dict[str, list[dict]] = {}
+        for t in trials:
+            by.setdefault(t["scenario"], []).append(t)
+        for name, ts in by.items():
+            kills = [k for t in ts for k in t["kills"] if k["killed"]]
+            points = Counter(k["at"].split(":")[0] for k in kills if k["how"] == "hook")
+            out.append(f"| {name} | {len(ts)} | {len(kills)} | "
+                       f"{', '.join(f'{p} {n}' for p, n in sorted(points.items()))} | "
+                       f"{sum(1 for t in ts if len(t['kills']) > 1)} | {sum(1 for t in ts if not t['ok'])} |")
+        killed = [k for t in trials for k in t["kills"] if k["killed"]]
+        none = sum(1 for k in killed if k["blocks_done"] == 0)
+        done = sum(1 for k in killed if k["blocks_done"] >= k["blocks_total"])
+        out += ["", f"Where the kills landed: {none} before the first block was created, "
+                f"{len(killed) - none - done} between blocks (some created, some not), {done} after the last "
+                "block (config, lock or journal completion still pending)."]
+        seeds = [t["seed"] for t in trials]
+        out += ["", f"Trial seeds (each reproduces its trial: `CrashBench(...).trial(seed)`): first {seeds[:8]}, "
+                f"all in reliability.json.", ""]
+    faults = results.get("faults", [])
+    if faults:
+        out += ["## 2. Injected faults", "",
+                "Each: the command under the fault (exit 8 and the message below), then the tree checked like "
+                "after a kill, then the condition fixed and the same command rerun (ends like an uninterrupted "
+                "run), then `rollback`.", "",
+                "| fault | where | mechanism | message (first line) | ok |", "|---|---|---|---|---|"]
+        for r in faults:
+            msg = textwrap.shorten(r.get("message", "").replace(str(meta["work"]), "$WORK"), 230).replace("|", "\\|")
+            out.append(f"| {r['fault']} | {r['where']} | {r.get('mechanism', '')} | {msg} | "
+                       f"{'yes' if r['ok'] else 'NO'} |")
+        out += [""]
+    rounds = results.get("engine", [])
+    if rounds:
+        out += ["## 3. Live engines (tests/engine_sim.py)", "",
+                "Three engine processes (vLLM: `<hex>.bin_<n>.tmp` + `os.replace`; llm-d: the same, both rank "
+                "files; vllm.cpp: `<hex>.bin.<pid>.<n>.tmp` + `rename`) store new blocks, leave short residue "
+                "and abandoned temp files, load blocks (deleting short reads and bad headers) and evict the least "
+                "recently used, while `scan --verify hash` and then `migrate ROOT --apply` run.", "",
+                "| round | engine ops | scan rows by status | migrate outcomes | ok |", "|---|---|---|---|---|"]
+        for r in rounds:
+            out.append(f"| seed {r['seed']}, migrate --verify {r['verify']} | "
+                       f"{', '.join(f'{k} {v}' for k, v in sorted(r['engine_ops'].items()))} | "
+                       f"{', '.join(f'{k} {v}' for k, v in sorted(r.get('scan_status', {}).items()))} | "
+                       f"{', '.join(f'{k} {v}' for k, v in sorted(r['migrate_outcomes'].items()) if v)} | "
+                       f"{'yes' if r['ok'] else 'NO'} |")
+        out += ["", "Integrity states appear only on the residue the engines wrote short on purpose; every created "
+                "file holds its source's bytes (link), bytes + zero pad (copy_pad) or the payload under a header "
+                "the target identity verifies (rewrite_header); every planned block not created is journaled "
+                "as changed_since_scan.", ""]
+    if c["fuzzed_trees"]:
+        made = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("fuzz:")}
+        out += ["## 4. Hostile trees (hypothesis)", "",
+                f"{c['fuzzed_trees']} roots (hypothesis seed {meta['seed']}); on each: `scan`, `scan --verify hash` "
+                "(unless a 1 TiB file is present), `audit`, `migrate` dry run, `migrate --apply` (after planting "
+                "symlinks where it will write), `verify` and `rollback`. Checked: no traceback, exit codes made of "
+                "the interface's bits, every regular file's atime, bytes and inode unchanged (atimes were moved "
+                "3 days back first, so any read without O_NOATIME shows), the marker file and the namespace "
+                "outside the root untouched (links point there), nothing created next to the root, in TMPDIR or "
+                "outside the target namespaces, rollback restores the root.", "",
+                "Elements generated (occurrences over all trees):", "",
+                ", ".join(f"{k} {v}" for k, v in sorted(made.items())), ""]
+    out += ["## Defects found and fixed", "",
+            "| defect | fix | regression test |", "|---|---|---|"]
+    out += [f"| {a} | {b} | `{t}` |" for a, b, t in FOUND]
+    out += ["", "## Known limits", ""] + [f"- {x}" for x in KNOWN_LIMITS] + [""]
+    notes = sorted(set(ledger.notes))
+    if notes:
+        out += ["## Notes from this run", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few of each (CI-sized)")
+    ap.add_argument("--seed", type=int, default=20260611)
+    ap.add_argument("--kills", type=int, default=None, help="SIGKILL points to reach (full: 220, quick: 12)")
+    ap.add_argument("--fuzz", type=int, default=None, help="hostile trees (full: 150, quick: 10)")
+    ap.add_argument("--engine-rounds", type=int, default=None, help="live-engine rounds (full: 6, quick: 1)")
+    ap.add_argument("--only", choices=["crash", "faults", "engine", "hostile"], action="append",
+                    help="run only these parts (repeatable)")
+    ap.add_argument("--out", help="report path (full: reports/RELIABILITY.md; quick: <workdir>/RELIABILITY.md)")
+    ap.add_argument("--workdir", help="where trees are built (default: a new temp folder, removed unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    kills = args.kills if args.kills is not None else (12 if quick else 220)
+    fuzz = args.fuzz if args.fuzz is not None else (10 if quick else 150)
+    rounds = args.engine_rounds if args.engine_rounds is not None else (1 if quick else 6)
+    parts = args.only or ["crash", "faults", "engine", "hostile"]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="kvm-reliability-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else (work / "RELIABILITY.md" if quick else REPO / "reports" / "RELIABILITY.md")
+    ledger = Ledger()
+    results: dict[str, Any] = {}
+    sections: dict[str, float] = {}
+    workfs = sh("findmnt", "-no", "FSTYPE", "-T", work).stdout.strip() + f" ({work})"
+    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    t0 = time.monotonic()
+    steps = [("crash", lambda: crash_campaign(work, ledger, kills=kills, seed=args.seed)),
+             ("faults", lambda: fault_campaign(work, ledger)),
+             ("engine", lambda: engine_campaign(work, ledger, rounds=rounds, seed=args.seed)),
+             ("hostile", lambda: hostile_campaign(work, ledger, examples=fuzz, seed=args.seed))]
+    try:
+        for name, step in steps:
+            if name not in parts:
+                continue
+            t = time.monotonic()
+            print(f"reliability: {name} ...", file=sys.stderr, flush=True)
+            results[name] = step()
+            sections[name] = time.monotonic() - t
+            print(f"reliability: {name} done in {sections[name]:.0f} s, {len(ledger.violations)} violations so far",
+                  file=sys.stderr, flush=True)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    meta = {"quick": quick, "seed": args.seed, "started": started, "seconds": time.monotonic() - t0,
+            "sections": sections, "machine": _machine(),
+            "workfs": workfs, "work": str(work)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_report(ledger, results, meta) + "\n")
+    raw = out.with_name("reliability.json") if not quick else out.with_suffix(".json")
+    raw.write_text(json.dumps({"meta": meta, "figures": _figures(ledger), "counts": dict(ledger.counts),
+                               "violations": ledger.violations, "results": results}, indent=1, default=str) + "\n")
+    fig = _figures(ledger)
+    print(f"reliability: {fig} in {meta['seconds'] / 60:.1f} min -> {out}", file=sys.stderr)
+    return 1 if ledger.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
