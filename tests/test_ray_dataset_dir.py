@@ -177,3 +177,27 @@ def test_walk_errors_of_every_part_reach_the_merged_summary(tree, tmp_path):
     assert merged["walk_failed"] is True and merged["walk_errors"] == ["x/y: cannot list: Permission denied"]
     code, text, _ = run("report", out, "--json")
     assert code & 8 and json.loads(text)["walk_failed"] is True
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_migration_parts_partition_the_rows_and_keep_each_block_whole(tree, tmp_path, n):
+    """Every row in exactly one part; all rows of one block hash (ranks, replicas, merge
+    sources) in the same part, the one of its <hhh> bucket; non-block rows in part 0."""
+    one = tmp_path / "one.parquet"
+    run("scan", tree, *MLA, "-o", one)
+    parts = [dataset.part_rows(one, k, n).to_pylist() for k in range(n)]
+    assert sorted(r["relpath"] for p in parts for r in p) == sorted(r["relpath"] for r in rows(one))
+    for k, part in enumerate(parts):
+        for r in part:
+            want = int(r["block_hash"].hex()[:3], 16) % n if r["block_hash"] is not None else 0
+            assert want == k, r["relpath"]
+
+
+def test_a_dataset_directory_of_the_same_n_is_read_one_part_per_migration_part(tree, tmp_path):
+    out = tmp_path / "m"
+    scan_parts(tree, out, 3)
+    for k in range(3):
+        assert dataset.part_rows(out, k, 3).to_pylist() == \
+            manifest.read_table(out / dataset.part_name(k, 3)).to_pylist()
+    # another N: split by bucket across the files
+    assert sum(dataset.part_rows(out, k, 2).num_rows for k in range(2)) == len(rows(out))

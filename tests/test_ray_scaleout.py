@@ -125,6 +125,19 @@ def test_migrate_on_ray_ends_like_one_migration(ray_cluster, migrate_tree, tmp_p
     assert tree_state(root) == before
 
 
+def test_a_single_manifest_file_is_split_by_bucket_into_parts(ray_cluster, migrate_tree, tmp_path):
+    root = migrate_tree
+    other = tmp_path / "single"
+    shutil.copytree(root, other, symlinks=True)
+    one = tmp_path / "one.parquet"
+    run("scan", root, *MLA, "-o", one)
+    code, text, err = run("migrate", "--manifest", one, "--apply", "--run-on", "ray", "--shards", 3, "--json")
+    code_one, text_one, _ = run("migrate", other, *MLA, "--apply", "--json")
+    assert code == code_one, err
+    assert json.loads(text)["outcomes"] == json.loads(text_one)["outcomes"]
+    assert tree_state(root) == tree_state(other)
+
+
 def test_folders_config_and_locks_are_the_drivers_alone(ray_cluster, migrate_tree, tmp_path):
     """Parts never race on shared paths: the driver journals every base and rank folder,
     config.json and lock; a part journals only what lies in its own <hhh> buckets."""
