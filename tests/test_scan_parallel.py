@@ -1,0 +1,143 @@
+"""Parallel scan: worker processes (and threads inside them) write exactly the manifest one
+process writes — same rows, same order, same metadata — on trees with every kind of
+finding, in every --verify mode, per --shard part, with walk errors; a failing worker
+stops the scan without leaving a manifest behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvmigrate import manifest
+from kvmigrate import scan as scan_mod
+
+FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
+TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24,
+             defects=("missing_rank", "tmp_vllm", "size_mismatch", "misfiled", "zero_filled", "short",
+                      "replica_differs", "symlink", "fifo")),
+        dict(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, model_name="deepseek/V2",
+             blocks=24, defects=("deep_layout", "tmp_probe")),
+        dict(family="vllmcpp", tp=2, kv_kind="mla", blocks=12, defects=("header_key", "foreign"),
+             model_name="Qwen/Qwen3-4B"),
+        dict(family="vllm", scheme="S1", tp=1, model_name="org/orphan", blocks=8, defects=("orphan_rank",)))
+
+
+@pytest.fixture
+def tree(synth_root):
+    root, _ = synth_root(*TREE)
+    (root / "notes.txt").write_text("ops notes\n")
+    return root
+
+
+@pytest.fixture
+def many_tasks(monkeypatch):
+    """One bucket per task and tiny row groups, so both workers get many tasks and the
+    parent joins many batches."""
+    monkeypatch.setattr(scan_mod, "TASK_BUCKETS", 1)
+    monkeypatch.setattr(scan_mod, "BATCH_ROWS", 16)
+
+
+def run(root, out, **kwargs):
+    from kvmigrate.identity.facts import FactsResolver
+
+    result = scan_mod.scan(root, out, facts_resolver=FactsResolver(FACTS, None), command="kvmigrate scan ROOT",
+                           **kwargs)
+    return result, manifest.read_table(out).to_pylist(), manifest.read_metadata(out)
+
+
+def assert_same(one, other):
+    (res_a, rows_a, meta_a), (res_b, rows_b, meta_b) = one, other
+    assert len(rows_a) == len(rows_b)
+    for a, b in zip(rows_a, rows_b):
+        assert a == b, (a["relpath"], b["relpath"])
+    assert meta_a == meta_b
+    assert res_a.exit_code == res_b.exit_code
+    assert json.dumps(res_a.summary).replace(res_a.output, "M") == json.dumps(res_b.summary).replace(res_b.output, "M")
+
+
+@pytest.mark.parametrize("verify", ["size", "hash", "none"])
+def test_workers_write_the_manifest_one_process_writes(tree, tmp_path, many_tasks, verify):
+    one = run(tree, tmp_path / "one.parquet", verify=verify, workers=1, threads=1)
+    two = run(tree, tmp_path / "two.parquet", verify=verify, workers=2, threads=1)
+    statuses = {r["status"] for r in one[1]}
+    assert len(one[1]) > 100 and {"ok", "foreign", "tmp_leftover", "unsupported_layout"} <= statuses
+    if verify != "none":
+        assert {"size_mismatch", "misfiled", "incomplete", "header_invalid"} <= statuses
+    if verify == "hash":
+        assert {"zero_filled", "replica_mismatch"} <= statuses
+    assert pq.ParquetFile(tmp_path / "two.parquet").num_row_groups > 1
+    assert_same(one, two)
+
+
+def test_threads_inside_workers_change_nothing(tree, tmp_path, many_tasks):
+    monkeypatched_single = run(tree, tmp_path / "one.parquet", verify="hash", workers=1, threads=1)
+    threaded = run(tree, tmp_path / "threads.parquet", verify="hash", workers=1, threads=4)
+    both = run(tree, tmp_path / "both.parquet", verify="hash", workers=2, threads=6)  # 3 threads per worker
+    assert_same(monkeypatched_single, threaded)
+    assert_same(monkeypatched_single, both)
+
+
+@pytest.mark.parametrize("part", [0, 1, 2])
+def test_each_shard_part_is_the_same_with_workers(tree, tmp_path, many_tasks, part):
+    one = run(tree, tmp_path / "one.parquet", shard=(part, 3), workers=1, threads=1)
+    two = run(tree, tmp_path / "two.parquet", shard=(part, 3), workers=2, threads=1)
+    assert one[1]
+    assert_same(one, two)
+
+
+def test_walk_errors_reach_the_metadata_from_workers(tree, tmp_path, many_tasks, monkeypatch):
+    """A bucket folder that can neither be listed nor stat'ed: the error is a walk error
+    (metadata, exit bit 8) whether a worker or the parent met it."""
+    rank_dir = next(p for p in sorted(tree.iterdir()) if p.name.endswith("_r1") and "deepseek" not in p.name)
+    bucket = sorted(p for p in rank_dir.iterdir() if p.is_dir())[0]
+    real_scandir, real_lstat = os.scandir, os.lstat
+
+    def scandir(path="."):
+        if str(path) == str(bucket):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
+
+    def lstat(path, *a, **kw):
+        if str(path) == str(bucket):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_lstat(path, *a, **kw)
+
+    monkeypatch.setattr(scan_mod.os, "scandir", scandir)
+    monkeypatch.setattr(scan_mod.os, "lstat", lstat)
+    one = run(tree, tmp_path / "one.parquet", workers=1, threads=1)
+    two = run(tree, tmp_path / "two.parquet", workers=2, threads=1)
+    assert one[2]["walk_failed"] is True
+    assert [e for e in one[2]["walk_errors"] if bucket.name in e and "EIO" in e]
+    assert one[0].exit_code & 8
+    assert_same(one, two)
+
+
+def test_a_failing_worker_stops_the_scan_and_leaves_no_manifest(tree, tmp_path, many_tasks, monkeypatch):
+    real_bucket = scan_mod.Walker.bucket
+
+    def bucket(self, unit, hhh, out):
+        if hhh == max(unit.bucket_names()):
+            raise RuntimeError(f"worker broke on bucket {hhh}")
+        return real_bucket(self, unit, hhh, out)
+
+    monkeypatch.setattr(scan_mod.Walker, "bucket", bucket)
+    out = tmp_path / "out" / "m.parquet"
+    with pytest.raises(RuntimeError, match="worker broke on bucket"):
+        run(tree, out, workers=2, threads=1)
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+
+
+def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch):
+    monkeypatch.setattr(scan_mod.os, "cpu_count", lambda: 4)
+    small = scan_mod.PARALLEL_MIN_BUCKETS - 1
+    assert scan_mod._parallelism(None, None, "size", small) == (1, 1)
+    assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 1)
+    assert scan_mod._parallelism(None, None, "hash", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 2)
+    assert scan_mod._parallelism(None, 8, "size", 10**6) == (4, 2)  # --threads counts threads in all
+    assert scan_mod._parallelism(3, 1, "hash", 1) == (3, 1)
+    monkeypatch.setattr(scan_mod.os, "cpu_count", lambda: 1)
+    assert scan_mod._parallelism(None, None, "size", 10**6) == (1, 1)
