@@ -30,35 +30,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import manifest as mf
+# The status enum with its exit-code bits (interface.md §2) and the actions in preference
+# order (migration.md §1) are defined once, by the classifier that assigns them.
+from kvmigrate.classify import ACTIONS as ACTION_ORDER
+from kvmigrate.classify import STATUS_BITS
 from kvmigrate.migrate.cost import TRANSFORMS, planned_output_bytes, transform_cost
 
 SUMMARY_VERSION = 1
 
-# interface.md §2: states and the exit-code bits they set.
-STATUS_BITS: dict[str, int] = {
-    "ok": 0,
-    "incomplete": 1,
-    "replica_mismatch": 1 | 4,
-    "size_mismatch": 1 | 4,
-    "padded_legacy": 1,
-    "short": 1 | 4,
-    "zero_filled": 1 | 4,
-    "misfiled": 1 | 4,
-    "header_invalid": 1 | 4,
-    "unreadable": 1 | 8,
-    "tmp_leftover": 1,
-    "own_artifact": 0,
-    "foreign": 1,
-    "orphan_namespace": 1,
-    "digest_mismatch": 1 | 4,
-    "config_invalid": 1 | 4,
-    "unsupported_layout": 1,
-}
 STATUS_ORDER = tuple(STATUS_BITS)
-
-# migration.md §1, in preference order; `none` last.
-ACTION_ORDER = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout",
-                "needs_slice", "needs_concat", "needs_relayout", "none")
 REUSABLE_ACTIONS = ACTION_ORDER[:7]
 PENDING_ACTIONS = ACTION_ORDER[1:7]  # reusable and not yet at the target
 NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
