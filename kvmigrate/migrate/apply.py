@@ -38,7 +38,7 @@ from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpat
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
-from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
+from kvmigrate.migrate.plan import ActionStream, BlockAction, Plan, TargetPlan
 from kvmigrate.transforms import TransformError
 
 OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
@@ -215,11 +215,11 @@ class Applier:
         cross filesystems."""
         dest_dev = os.stat(self.plan.dest).st_dev
         for tp in work:
-            for act in tp.actions:
-                if act.action == "link" and act.source.dev and act.source.dev != dest_dev:
+            for dev, relpath in _link_devices(tp):
+                if dev != dest_dev:
                     raise OperationalError(
-                        f"cannot hard-link across filesystems: {os.path.join(self.plan.root, act.source.relpath)} is "
-                        f"on device {act.source.dev}, the destination {self.plan.dest} on device {dest_dev}",
+                        f"cannot hard-link across filesystems: {os.path.join(self.plan.root, relpath)} is "
+                        f"on device {dev}, the destination {self.plan.dest} on device {dest_dev}",
                         path=self.plan.dest,
                         hint="use --mode copy (copy every block) or --mode auto (link where possible, copy the rest); "
                              "nothing was written")
@@ -330,8 +330,14 @@ class Applier:
             for act in tp.actions:
                 self._outcome(tp, act, "conflict", "target config.json describes another identity", quiet=True)
             return
-        for start in range(0, len(tp.actions), self.batch_size):
-            self._batch(tp, tp.actions[start:start + self.batch_size])
+        batch: list[BlockAction] = []
+        for act in tp.actions:  # streamed from the manifest (plan.ActionStream): one batch in memory
+            batch.append(act)
+            if len(batch) >= self.batch_size:
+                self._batch(tp, batch)
+                batch = []
+        if batch:
+            self._batch(tp, batch)
 
     def _config(self, tp: TargetPlan) -> str | None:
         """Write the target config.json (byte-exact) unless one exists; an existing one
@@ -836,6 +842,18 @@ class Applier:
         if have == out_digest:
             return self._outcome(tp, act, "already_present")
         return self._outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")
+
+
+def _link_devices(tp: TargetPlan) -> list[tuple[int, str]]:
+    """(device, a source path on it) of the `link` actions of a target: from the plan's
+    counts for a streamed plan, else from its actions."""
+    if isinstance(tp.actions, ActionStream):
+        return list(tp.actions.tally.link_devs.items())
+    out: dict[int, str] = {}
+    for act in tp.actions:
+        if act.action == "link" and act.source.dev:
+            out.setdefault(act.source.dev, act.source.relpath)
+    return list(out.items())
 
 
 def _stat_differs(st: os.stat_result, src) -> str | None:

@@ -16,10 +16,11 @@ import os
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kvmigrate import layout, manifest
 from kvmigrate.classify import TargetInfo, UnitPlan
@@ -27,7 +28,7 @@ from kvmigrate.errors import UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate.cost import cost_line, transform_cost
-from kvmigrate.migrate.fsops import check_relpath, padded_size
+from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
@@ -46,14 +47,11 @@ ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
 INTEGRITY_STATES = frozenset({"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled",
                               "header_invalid", "digest_mismatch", "config_invalid"})
 
-_COLUMNS = ("relpath", "family", "source_base", "deployment", "target_base", "rank", "group", "block_hash",
-            "size", "mtime_ns", "inode", "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action",
-            "reason", "target_relpath")
 
-
-@dataclass(frozen=True, slots=True)
-class SourceFile:
-    """One source file an action reads, with the stat the scan saw (staleness check)."""
+class SourceFile(NamedTuple):
+    """One source file an action reads, with the stat the scan saw (staleness check).
+    (Immutable records; a NamedTuple is built three times faster than a frozen dataclass,
+    and a plan makes one per block file.)"""
 
     relpath: str
     rank: int
@@ -65,8 +63,7 @@ class SourceFile:
     payload_hash: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class BlockAction:
+class BlockAction(NamedTuple):
     """One block to materialize at `target_relpath` (relative to the destination root)."""
 
     action: str  # link | copy_pad | rewrite_header | slice | concat | relayout
@@ -105,7 +102,9 @@ class TargetPlan:
     family: str  # target engine family: vllm | vllmcpp
     fields: dict[str, Any]
     sources: list[str]  # source base folders merged into this target, in merge order
-    actions: list[BlockAction] = field(default_factory=list)
+    # the block actions in merge order: an `ActionStream` read from the manifest on demand
+    # (build_plan), or a list
+    actions: Any = field(default_factory=list)
     already_present: list[int] = field(default_factory=lambda: [0, 0])  # blocks, bytes
     skipped: Counter = field(default_factory=Counter)  # (needs_action, reason) -> blocks
     skipped_bytes: Counter = field(default_factory=Counter)
@@ -125,6 +124,8 @@ class TargetPlan:
     def counts(self) -> dict[str, dict[str, int]]:
         """blocks/bytes per creating action; a second source's block at a target path an
         earlier source already fills (a merge) is counted under `merge_duplicate`."""
+        if isinstance(self.actions, ActionStream):  # counted when the plan was built
+            return {a: dict(v) for a, v in self.actions.tally.counts.items()}
         out: dict[str, dict[str, int]] = {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, "merge_duplicate")}
         seen: set[str] = set()
         for act in self.actions:
@@ -142,6 +143,9 @@ class TargetPlan:
     def transform_costs(self) -> dict[str, dict]:
         """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
         the space saved (slice) or spent (concat, relayout); merge duplicates excluded."""
+        if isinstance(self.actions, ActionStream):  # totalled when the plan was built
+            totals = self.actions.tally.transforms
+            return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
         totals: dict[str, list[int]] = {}
         seen: set[str] = set()
         for act in self.actions:
@@ -242,9 +246,479 @@ def _check_source_path(relpath: str, where: str) -> None:
                          hint="regenerate the manifest with `kvmigrate scan`")
 
 
-def _rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array | None) -> dict[str, list[Any]]:
-    sub = table.filter(mask) if mask is not None else table
-    return {name: sub.column(name).to_pylist() for name in sub.column_names}
+# --- reading the manifest a bucket range at a time ---------------------------------------
+
+# Block rows planned at a time: a chunk holds the rows of consecutive <hhh> buckets, about
+# this many (all rows of a block share its bucket, so replicas and merge sources of a
+# block are always in the same chunk). Bounds the plan's memory; tests lower it.
+CHUNK_ROWS = 50_000
+# Creating rows turned into Python objects at a time while actions are streamed.
+SLICE_ROWS = 4096
+BUCKETS = 4096
+
+_READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "inode",
+                 "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath")
+_BYTES: pa.Array | None = None
+
+
+def _byte_values() -> pa.Array:
+    global _BYTES
+    if _BYTES is None:
+        _BYTES = pa.array([bytes([i]) for i in range(256)], pa.binary())
+    return _BYTES
+
+
+def _buckets(block_hash: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The `<hhh>` bucket (0..4095: the first 12 bits) of every row's block hash; null for
+    rows that are not blocks. A block's files and its target path all live in it."""
+    values = _byte_values()
+    first = pc.fill_null(pc.index_in(pc.binary_slice(block_hash, 0, 1), value_set=values), 0)
+    second = pc.fill_null(pc.index_in(pc.binary_slice(block_hash, 1, 2), value_set=values), 0)
+    bucket = pc.add(pc.multiply(first, 16), pc.shift_right(second, 4))
+    return pc.if_else(pc.is_valid(block_hash), bucket, pa.scalar(None, bucket.type))
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns as plain strings (parts of a dataset directory have their own
+    dictionaries; row groups are concatenated)."""
+    cols = [pc.cast(c, pa.string()) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+    return pa.table(cols, names=table.column_names)
+
+
+def _unreadable(where: str, exc: BaseException) -> UsageError:
+    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    return UsageError(f"cannot read the manifest: {first}", path=where,
+                      hint="pass a manifest written by `kvmigrate scan`")
+
+
+class _ManifestRows:
+    """The block rows of a manifest (file, dataset directory, or a table in memory),
+    handed out one chunk of consecutive buckets at a time.
+
+    A first pass reads three narrow columns: status counts of every row, and each row
+    group's bucket range and per-bucket row counts, from which the chunks are cut. A chunk
+    then reads the row groups whose bucket range overlaps it (the scanner writes rows in
+    bucket order per namespace: a small part of the file) and keeps its rows. The plan
+    checks every row once; a file that changes between two reads is refused."""
+
+    _read_errors = (pa.ArrowException, OSError, ValueError, KeyError)
+
+    def __init__(self, path: str | os.PathLike[str] | None, table: pa.Table | None, where: str):
+        self.where = where
+        self.status_counts: Counter = Counter()
+        self._table: pa.Table | None = None
+        self._files: list[tuple[Any, str, tuple[int, ...]]] = []  # (ParquetFile, path, stat identity)
+        self._parts: list[tuple[int, int, int, int]] = []  # (file, row group, first bucket, last bucket)
+        self._cache: tuple[int, pa.Table | None] | None = None
+        hist = [0] * BUCKETS
+        try:
+            if table is not None:
+                cols = [c for c in _READ_COLUMNS if c in table.column_names]
+                self._table = _plain(table.select(cols))
+                self._survey(self._table, -1, 0, hist)
+            else:
+                for f in manifest._parquet_files(path):
+                    self._files.append((pq.ParquetFile(f), str(f), _identity(f)))
+                    pf = self._files[-1][0]
+                    for i in range(pf.num_row_groups):
+                        self._survey(pf.read_row_group(i, columns=["status", "action", "block_hash"]),
+                                     len(self._files) - 1, i, hist)
+        except (UsageError, _PendingRowCheck):
+            raise
+        except self._read_errors as exc:
+            raise _unreadable(where, exc) from None
+        self._ranges = _cut(hist, CHUNK_ROWS)
+
+    def _survey(self, t: pa.Table, file: int, index: int, hist: list[int]) -> None:
+        values, counts = _value_counts(pc.cast(t.column("status"), pa.string()))
+        self.status_counts.update(dict(zip(values, counts)))
+        bh = t.column("block_hash")
+        creating = pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))), False)
+        if pc.any(pc.and_(creating, pc.is_null(bh))).as_py():
+            self._orphan_block_row(self._row_group(file, index))
+        vc = pc.value_counts(_buckets(bh))
+        buckets, counts = vc.field("values").to_pylist(), vc.field("counts").to_pylist()
+        seen = [b for b in buckets if b is not None]
+        if not seen:
+            return
+        for b, n in zip(buckets, counts):
+            if b is not None:
+                hist[b] += n
+        if file >= 0:
+            self._parts.append((file, index, min(seen), max(seen)))
+
+    def _row_group(self, file: int, index: int) -> pa.Table:
+        if file < 0:
+            return self._table
+        pf, path, ident = self._files[file]
+        if _identity(path) != ident:
+            raise UsageError("the manifest changed while it was being used (planned from one version, read "
+                             "another)", path=path, hint="rerun the command once nothing writes the manifest")
+        return _plain(pf.read_row_group(index, columns=list(_READ_COLUMNS)))
+
+    @staticmethod
+    def _orphan_block_row(t: pa.Table) -> None:
+        """A creating row without a block hash has no bucket: it is refused (like a row
+        whose target path does not name its block), never dropped."""
+        mask = pc.and_(pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))),
+                                    False), pc.is_null(t.column("block_hash")))
+        raise _PendingRowCheck(t.filter(mask).slice(0, 1).to_pylist()[0])
+
+    def chunks(self) -> Iterator[pa.Table]:
+        """Tables of block rows (plain string columns), one per bucket range, in bucket
+        order; the last one read is kept (a one-chunk manifest is read once per plan)."""
+        for k, (lo, hi) in enumerate(self._ranges):
+            if self._cache is not None and self._cache[0] == k:
+                t = self._cache[1]
+            else:
+                self._cache = None
+                t = self._read(lo, hi)
+                self._cache = (k, t)
+            if t is not None and t.num_rows:
+                yield t
+
+    def _read(self, lo: int, hi: int) -> pa.Table | None:
+        parts = []
+        try:
+            groups = [(-1, 0)] if self._table is not None else []
+            groups += [(f, i) for f, i, first, last in self._parts if last >= lo and first <= hi]
+            for f, i in groups:
+                t = self._row_group(f, i)
+                b = _buckets(t.column("block_hash"))
+                parts.append(t.filter(pc.fill_null(pc.and_(pc.greater_equal(b, lo), pc.less_equal(b, hi)), False)))
+            if not parts:
+                return None
+            return parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        except UsageError:
+            raise
+        except self._read_errors as exc:
+            raise _unreadable(self.where, exc) from None
+
+
+def _identity(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class _PendingRowCheck(Exception):
+    """Raised by the survey with a row that build_plan must refuse through the row checks."""
+
+    def __init__(self, row: dict[str, Any]):
+        self.row = row
+
+
+def _cut(hist: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive bucket ranges holding about `limit` rows each (a bigger bucket alone)."""
+    ranges, lo, acc = [], 0, 0
+    for b, n in enumerate(hist):
+        if acc and acc + n > limit:
+            ranges.append((lo, b - 1))
+            lo, acc = b, 0
+        acc += n
+    ranges.append((lo, BUCKETS - 1))
+    return ranges
+
+
+# --- checking and counting the rows of a chunk --------------------------------------------
+
+# A source path this accepts is one `_check_source_path` accepts (a rank folder, then
+# non-empty components without NUL); "." and ".." components are looked for separately.
+_FAST_SOURCE_RE = r"^[^/\x00]+_[0-9a-f]{12}_r[0-9]+(?:/[^/\x00]+)*$"
+_DOT_COMPONENT_RE = r"(?:^|/)\.\.?(?:/|$)"
+
+
+@dataclass
+class _Tally:
+    """What planning learns about one target's actions without keeping them: the
+    (source base, rank) groups to stream, counts per action, transform totals and the
+    devices that `link` sources sit on (with a path on each, for messages)."""
+
+    groups: set = field(default_factory=set)
+    blocks: int = 0
+    counts: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, "merge_duplicate")})
+    transforms: dict[str, list[int]] = field(default_factory=dict)  # action -> [blocks, source bytes, output bytes]
+    link_devs: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Context:
+    """Per-plan facts every chunk is checked and planned with."""
+
+    where: str
+    namespaces: dict[str, dict[str, Any]]
+    target_of: dict[str, TargetPlan]
+    world_of: dict[str, int]
+    multi: list[str]  # deployments with more than one rank file per block
+    units: dict[str, UnitPlan] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rank_dir = {sb: tp.rank_dir for sb, tp in self.target_of.items()}
+        # source namespaces whose name is a base folder name: `<name>_r<rank>` is then a
+        # rank folder, and a relpath built from it passes `_check_source_path`
+        self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
+                             and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
+
+    def spec(self, sb: str, action: str, group: Any, size: int, reason: str | None, rowname: str) -> TransformSpec:
+        try:
+            unit = self.units.get(sb)
+            if unit is None:
+                unit = self.units[sb] = _unit_plan(self.namespaces[sb])
+            return transform_spec(unit, action, _as_int(group), size, reason)
+        except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
+            raise UsageError(f"{rowname}: {action} is not proven by the namespace's identity and "
+                             f"facts ({exc}); refusing this manifest",
+                             hint="regenerate it with `kvmigrate scan`") from None
+
+
+def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
+    """The checks of one creating row, with their messages; raises for a bad row."""
+    sb = row.get("source_base")
+    tp = ctx.target_of.get(sb)
+    rowname = f"{ctx.where}: row {row.get('relpath')!r}"
+    if tp is None:
+        raise UsageError(f"{rowname}: action {row.get('action')} but namespace {sb!r} has no target identity; "
+                         "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+    _check_source_path(row["relpath"], rowname)
+    _check_target_path(row["target_relpath"], tp.rank_dir, rowname)
+    if row["target_relpath"] == row["relpath"]:
+        raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest")
+    name = row["target_relpath"].rsplit("/", 1)[1][:-len(".bin")]
+    if row.get("block_hash") is None or name != row["block_hash"].hex():
+        have = row["block_hash"].hex() if row.get("block_hash") is not None else None
+        raise UsageError(f"{rowname}: target_relpath {row['target_relpath']!r} does not name the row's block "
+                         f"{have!r}; refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+
+
+def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    ok = pc.and_(pc.match_substring_regex(relpath, _FAST_SOURCE_RE),
+                 pc.invert(pc.match_substring_regex(relpath, _DOT_COMPONENT_RE)))
+    return pc.fill_null(ok, False)
+
+
+def _creating(chunk: pa.Table) -> pa.Table:
+    return chunk.filter(pc.fill_null(pc.is_in(chunk.column("action"), pa.array(list(CREATING))), False))
+
+
+def _validate(ctx: _Context, c: pa.Table) -> None:
+    """Every path a creating row makes the plan read or write must be one the scan
+    writes. A row whose source and target paths are exactly the scanner's for its
+    namespace, rank, group and block hash passes at once; any other gets the row checks."""
+    cols = (c.column(k).to_pylist() for k in ("source_base", "rank", "group", "block_hash", "relpath",
+                                              "target_relpath"))
+    rank_dir, bases = ctx.rank_dir, ctx.base_folders
+    for i, (sb, rank, g, h, rel, tr) in enumerate(zip(*cols)):
+        if (sb in bases and h is not None and len(h) >= 3 and g is not None and g >= 0 and rank is not None
+                and rank >= 0):
+            x = h.hex()
+            tail = f"{x[:3]}/{x[3:5]}_g{g}/{x}.bin"
+            if rel == f"{sb}_r{rank}/{tail}" and tr == f"{rank_dir[sb]}/{tail}" and rel != tr:
+                continue
+        _check_row(ctx, c.slice(i, 1).to_pylist()[0])
+
+
+def _candidates(ctx: _Context, chunk: pa.Table, c: pa.Table) -> pa.Table | None:
+    """Rows of multi-rank deployments that may be a replica of a creating row of `c`."""
+    if not ctx.multi or not c.num_rows:
+        return None
+    mask = pc.and_(pc.is_in(chunk.column("deployment"), pa.array(ctx.multi)), pc.is_valid(chunk.column("block_hash")))
+    mask = pc.and_(mask, pc.not_equal(chunk.column("status"), "misfiled"))
+    mask = pc.and_(mask, pc.is_in(chunk.column("block_hash"), value_set=pc.unique(c.column("block_hash"))))
+    return chunk.filter(mask)
+
+
+def _block_keys(ctx: _Context, c: pa.Table) -> dict[tuple, set[str]]:
+    """(deployment, group, block hash) -> relpaths of the creating rows of multi-rank blocks."""
+    keys: dict[tuple, set[str]] = {}
+    cols = [c.column(k).to_pylist() for k in ("source_base", "deployment", "group", "block_hash", "relpath")]
+    for sb, dep, group, bh, rel in zip(*cols):
+        dep = dep or sb
+        if ctx.world_of.get(dep, 1) > 1:
+            keys.setdefault((dep, group, bh), set()).add(rel)
+    return keys
+
+
+def _validate_replicas(ctx: _Context, cands: pa.Table | None, c: pa.Table) -> None:
+    """A replica a block reads must be a source path too (rows checked in Python only
+    when the Arrow check does not accept them)."""
+    if cands is None or not cands.num_rows:
+        return
+    bad = cands.filter(pc.invert(_source_paths_ok(cands.column("relpath"))))
+    if not bad.num_rows:
+        return
+    keys = _block_keys(ctx, c)
+    for r in bad.to_pylist():
+        sources = keys.get((r["deployment"], r["group"], r["block_hash"]))
+        if sources and any(s != r["relpath"] for s in sources):
+            _check_source_path(r["relpath"], f"{ctx.where}: replica {r['relpath']!r}")
+
+
+def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
+    """Rows in the fixed merge order: (source base, rank,) target path; stable."""
+    c = c.append_column("_rank", pc.fill_null(c.column("rank"), 0))
+    keys = [("source_base", "ascending"), ("_rank", "ascending")] if with_source else []
+    return c.take(pc.sort_indices(c, sort_keys=[*keys, ("target_relpath", "ascending")]))
+
+
+def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+    """Counts of the creating rows of one chunk, per target (a second source's block at a
+    path an earlier source fills is a `merge_duplicate`), in Arrow; rows of a merged path
+    and transforms (proven here) are counted one by one."""
+    if not c.num_rows:
+        return
+    c = c.select(["source_base", "rank", "target_relpath", "action", "size", "dev", "relpath", "group", "reason",
+                  "deployment", "block_hash"])
+    c = c.set_column(1, "rank", pc.fill_null(c.column("rank"), 0))
+    c = c.set_column(4, "size", pc.fill_null(c.column("size"), 0))
+    c = c.set_column(5, "dev", pc.fill_null(c.column("dev"), 0))
+    for (sb, rank), n in _grouped(c, ["source_base", "rank"], [("rank", "count")]):
+        tal = tallies[ctx.target_of[sb].base_name]
+        tal.groups.add((sb, rank))
+        tal.blocks += n
+    links = c.filter(pc.and_(pc.equal(c.column("action"), "link"), pc.not_equal(c.column("dev"), 0)))
+    for (sb, dev), relpath in _grouped(links, ["source_base", "dev"], [("relpath", "min")]):
+        tal = tallies[ctx.target_of[sb].base_name]
+        if dev not in tal.link_devs:
+            tal.link_devs[dev] = relpath
+    paths = c.group_by("target_relpath").aggregate([("target_relpath", "count")])
+    merged = paths.filter(pc.greater(paths.column("target_relpath_count"), 1)).column("target_relpath")
+    one_by_one = pc.or_(pc.is_in(c.column("action"), pa.array(list(TRANSFORMS))),
+                        pc.less(c.column("size"), 0))  # (padding of a negative size: Python's rounding)
+    if len(merged):
+        one_by_one = pc.or_(one_by_one, pc.is_in(c.column("target_relpath"), value_set=merged))
+    plain = c.filter(pc.invert(one_by_one))
+    padded = pc.multiply(pc.divide(pc.add(plain.column("size"), PAGE - 1), PAGE), PAGE)
+    plain = plain.append_column("out", pc.if_else(pc.equal(plain.column("action"), "copy_pad"), padded,
+                                                  plain.column("size")))
+    for (sb, action), (n, nbytes) in _grouped(plain, ["source_base", "action"], [("out", "count"), ("out", "sum")]):
+        cnt = tallies[ctx.target_of[sb].base_name].counts[action]
+        cnt["blocks"] += n
+        cnt["bytes"] += nbytes
+    rest = _by_merge_order(c.filter(one_by_one), with_source=True)
+    if rest.num_rows:
+        _tally_rows(ctx, rest, cands, tallies)
+
+
+def _grouped(t: pa.Table, keys: list[str], aggs: list[tuple[str, str]]) -> Iterator[tuple[tuple, Any]]:
+    """(key values, aggregate value or values) of an Arrow group_by."""
+    if not t.num_rows:
+        return
+    g = t.group_by(keys).aggregate(aggs)
+    cols = [g.column(f"{col}_{fn}").to_pylist() for col, fn in aggs]
+    for key, *vals in zip(zip(*(g.column(k).to_pylist() for k in keys)), *cols):
+        yield key, (vals[0] if len(vals) == 1 else tuple(vals))
+
+
+def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+    """Counts of creating rows one by one, in merge order: the first row at a target
+    path counts as its action, later ones as `merge_duplicate`; transforms are proven."""
+    names = ("source_base", "target_relpath", "action", "size", "group", "reason", "relpath", "deployment",
+             "block_hash")
+    cols = dict(zip(names, (c.column(k).to_pylist() for k in names)))
+    rep_sizes: dict[tuple, list[tuple[str, int]]] | None = None
+    seen: set[str] = set()
+    for i in range(c.num_rows):
+        sb, action, tr, size = cols["source_base"][i], cols["action"][i], cols["target_relpath"][i], cols["size"][i]
+        tal = tallies[ctx.target_of[sb].base_name]
+        spec = None
+        if action in TRANSFORMS:
+            spec = ctx.spec(sb, action, cols["group"][i], size, cols["reason"][i],
+                            f"{ctx.where}: row {cols['relpath'][i]!r}")
+            out = spec.output_size
+        else:
+            out = padded_size(size) if action == "copy_pad" else size
+        key = "merge_duplicate" if tr in seen else action
+        seen.add(tr)
+        tal.counts[key]["blocks"] += 1
+        tal.counts[key]["bytes"] += out
+        if spec is None or key == "merge_duplicate":
+            continue
+        source_bytes = size
+        dep = cols["deployment"][i] or sb
+        if ctx.world_of.get(dep, 1) > 1 and cands is not None:
+            if rep_sizes is None:
+                rep_sizes = defaultdict(list)
+                rc = [cands.column(k).to_pylist() for k in ("deployment", "group", "block_hash", "relpath", "size")]
+                for d, g, h, rel, n in zip(*rc):
+                    rep_sizes[(d, g, h)].append((rel, _as_int(n)))
+            source_bytes += sum(n for rel, n in rep_sizes.get((dep, cols["group"][i], cols["block_hash"][i]), ())
+                                if rel != cols["relpath"][i])
+        t = tal.transforms.setdefault(action, [0, 0, 0])
+        t[0] += 1
+        t[1] += source_bytes
+        t[2] += out
+
+
+# Columns of a source file, nulls read as 0 (as `_as_int` did per row).
+_FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128")
+_INT_COLUMNS = ("rank", "dev", "inode", "size", "mtime_ns")
+
+
+def _file_lists(t: pa.Table) -> list[list[Any]]:
+    return [(pc.fill_null(t.column(k), 0) if k in _INT_COLUMNS else t.column(k)).to_pylist() for k in _FILE_COLUMNS]
+
+
+def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int) -> Iterator[BlockAction]:
+    """The actions of source `sb`, rank `rank` in one chunk, in target path order, with
+    their replicas (looked up within the chunk: a block's rank files share its bucket).
+    The rows were checked when the plan was built (the same bytes: `_ManifestRows`)."""
+    c = _creating(chunk)
+    c = c.filter(pc.and_(pc.equal(c.column("source_base"), sb), pc.equal(pc.fill_null(c.column("rank"), 0), rank)))
+    if not c.num_rows:
+        return
+    c = _by_merge_order(c, with_source=False)
+    # replicas in rank order (a stable sort: ties keep manifest order); a row is never
+    # its own replica
+    replicas: dict[tuple, list[SourceFile]] = defaultdict(list)
+    cands = _candidates(ctx, chunk, c)
+    if cands is not None:
+        cands = cands.filter(pc.invert(pc.is_in(cands.column("relpath"), value_set=c.column("relpath"))))
+    if cands is not None and cands.num_rows:
+        cands = cands.take(pc.sort_indices(pc.fill_null(cands.column("rank"), 0)))
+        keys = zip(*(cands.column(k).to_pylist() for k in ("deployment", "group", "block_hash")))
+        for key, f in zip(keys, zip(*_file_lists(cands))):
+            replicas[key].append(SourceFile(*f))
+    world_of = ctx.world_of
+    for start in range(0, c.num_rows, SLICE_ROWS):
+        part = c.slice(start, SLICE_ROWS)
+        files = zip(*_file_lists(part))
+        rest = zip(*(part.column(k).to_pylist() for k in ("action", "target_relpath", "deployment", "group",
+                                                           "block_hash", "reason")))
+        for f, (action, target, dep, group, bh, reason) in zip(files, rest):
+            src = SourceFile(*f)
+            dep = dep or sb
+            world = world_of.get(dep, 1)
+            reps = tuple(replicas.get((dep, group, bh), ())) if world > 1 else ()
+            spec = None
+            if action in TRANSFORMS:
+                spec = ctx.spec(sb, action, group, src.size, reason, f"{ctx.where}: row {src.relpath!r}")
+            yield BlockAction(action, target, src, reps, sb, world, spec)
+
+
+class ActionStream:
+    """The block actions of one target namespace in the fixed merge order (source base,
+    then rank, then target path), read from the manifest a chunk at a time each time it
+    is iterated: a plan of millions of blocks never holds them. Sized and indexable like
+    the list it stands for; its counts were taken when the plan was built."""
+
+    def __init__(self, rows: _ManifestRows, ctx: _Context, tally: _Tally):
+        self._rows = rows
+        self._ctx = ctx
+        self.tally = tally
+
+    def __iter__(self) -> Iterator[BlockAction]:
+        for sb, rank in sorted(self.tally.groups):
+            for chunk in self._rows.chunks():
+                yield from _chunk_actions(self._ctx, chunk, sb, rank)
+
+    def __len__(self) -> int:
+        return self.tally.blocks
+
+    def __bool__(self) -> bool:
+        return self.tally.blocks > 0
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return list(self)[index]
 
 
 def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None,
@@ -252,7 +726,9 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     """Read a manifest (file or dataset directory) and build the plan.
 
     `dest` defaults to the scanned root. Raises UsageError for a manifest that is not
-    from `kvmigrate scan` or holds a path that could leave its root.
+    from `kvmigrate scan` or holds a path that could leave its root. Every row is checked
+    and counted here, a chunk of buckets at a time; the actions themselves are streamed
+    from the manifest again when a target's `actions` are iterated (`ActionStream`).
     """
     if metadata is None:
         try:
@@ -263,8 +739,6 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     if not metadata or "root" not in metadata:
         raise UsageError("not a kvmigrate manifest (no run metadata)", path=str(manifest_path),
                          hint="create one with `kvmigrate scan ROOT -o M.parquet`")
-    if table is None:
-        table = manifest.read_table(manifest_path, columns=_COLUMNS)
     root = os.path.abspath(metadata["root"])
     namespaces: dict[str, dict[str, Any]] = metadata.get("namespaces") or {}
     where = str(manifest_path)
@@ -302,85 +776,54 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
         tp.sources.append(src_base)
         target_of[src_base] = tp
 
-    action_col = pc.cast(table.column("action"), pa.string())
-    status_col = pc.cast(table.column("status"), pa.string())
-    status_counts = Counter(dict(zip(*_value_counts(status_col))))
-    integrity_rows = sum(n for s, n in status_counts.items() if s in INTEGRITY_STATES)
-
-    # 1. creating actions (one row per block: the rank-0 row)
-    acts = _rows(table, pc.is_in(action_col, pa.array(list(CREATING))))
-    # 2. replicas of multi-rank deployments, indexed by (deployment, group, block hash)
-    multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
-    world_of = {}
+    # Replicas of multi-rank deployments are looked up by (deployment, group, block hash).
+    world_of: dict[str, int] = {}
     for b, ns in namespaces.items():
         world_of[ns.get("deployment") or b] = max(world_of.get(ns.get("deployment") or b, 1), _world(ns))
-    replicas: dict[tuple, list[SourceFile]] = defaultdict(list)
-    if multi and acts["relpath"]:
-        dep_col = pc.cast(table.column("deployment"), pa.string())
-        mask = pc.and_(pc.is_in(dep_col, pa.array(multi)), pc.is_valid(table.column("block_hash")))
-        mask = pc.and_(mask, pc.not_equal(status_col, "misfiled"))
-        reps = _rows(table, mask)
-        for i in range(len(reps["relpath"])):
-            key = (reps["deployment"][i], reps["group"][i], reps["block_hash"][i])
-            replicas[key].append(_source(reps, i))
+    multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
+    ctx = _Context(where, namespaces, target_of, world_of, multi)
+    try:
+        rows = _ManifestRows(manifest_path, table, where)
+    except _PendingRowCheck as pending:
+        _check_row(ctx, pending.row)
+        raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
+                         "refusing this manifest", hint="regenerate it with `kvmigrate scan`") from None
+    status_counts = rows.status_counts
+    integrity_rows = sum(n for s, n in status_counts.items() if s in INTEGRITY_STATES)
 
-    for i in range(len(acts["relpath"])):
-        sb = acts["source_base"][i]
-        tp = target_of.get(sb)
-        rowname = f"{where}: row {acts['relpath'][i]!r}"
-        if tp is None:
-            raise UsageError(f"{rowname}: action {acts['action'][i]} but namespace {sb!r} has no target identity; "
-                             "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
-        _check_source_path(acts["relpath"][i], rowname)
-        _check_target_path(acts["target_relpath"][i], tp.rank_dir, rowname)
-        if acts["target_relpath"][i] == acts["relpath"][i]:
-            raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest")
-        src = _source(acts, i)
-        dep = acts["deployment"][i] or sb
-        reps: tuple[SourceFile, ...] = ()
-        world = world_of.get(dep, 1)
-        if world > 1:
-            key = (dep, acts["group"][i], acts["block_hash"][i])
-            reps = tuple(sorted((r for r in replicas.get(key, ()) if r.relpath != src.relpath),
-                                key=lambda r: r.rank))
-            for r in reps:
-                _check_source_path(r.relpath, f"{where}: replica {r.relpath!r}")
-        spec = None
-        if acts["action"][i] in TRANSFORMS:
-            try:
-                spec = transform_spec(_unit_plan(namespaces[sb]), acts["action"][i], _as_int(acts["group"][i]),
-                                      src.size, acts["reason"][i])
-            except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
-                raise UsageError(f"{rowname}: {acts['action'][i]} is not proven by the namespace's identity and "
-                                 f"facts ({exc}); refusing this manifest",
-                                 hint="regenerate it with `kvmigrate scan`") from None
-        tp.actions.append(BlockAction(acts["action"][i], acts["target_relpath"][i], src, reps, sb, world, spec))
-    for tp in targets.values():
-        tp.actions.sort(key=lambda a: (a.source_base, a.source.rank, a.target_relpath))
-
-    # 3. counts of what is not created (Arrow group_by: no Python object per row)
+    # One pass over the chunks: check every creating row, count actions (the actions are
+    # streamed later), and count what is not created (Arrow group_by).
+    tallies = {base: _Tally() for base in targets}
     untargeted: Counter = Counter()
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
-    for sb, action, reason, blocks, nbytes in _grouped_counts(table, action_col):
-        tp = target_of.get(sb)
-        if action == "already_present" and tp is not None and dest_elsewhere:
-            # the scan compared the target path under ROOT, not under --dest
-            tp.not_reusable[ALREADY_AT_ROOT] += blocks
-            tp.not_reusable_bytes[ALREADY_AT_ROOT] += nbytes
-        elif action == "already_present":
-            if tp is not None:
-                tp.already_present[0] += blocks
-                tp.already_present[1] += nbytes
-        elif tp is None:
-            untargeted[reason or action] += blocks
-        elif action == "none" and reason.startswith(OCCUPIED_PREFIX):
-            tp.conflicts[reason] += blocks
-        elif action in NEEDS:
-            tp.skipped[(action, reason)] += blocks
-            tp.skipped_bytes[(action, reason)] += nbytes
-        else:
-            tp.not_reusable[reason or action] += blocks
-            tp.not_reusable_bytes[reason or action] += nbytes
+    for chunk in rows.chunks():
+        c = _creating(chunk)
+        _validate(ctx, c)
+        cands = _candidates(ctx, chunk, c)
+        _validate_replicas(ctx, cands, c)
+        _tally_chunk(ctx, c, cands, tallies)
+        for sb, action, reason, blocks, nbytes in _grouped_counts(chunk, chunk.column("action")):
+            tp = target_of.get(sb)
+            if action == "already_present" and tp is not None and dest_elsewhere:
+                # the scan compared the target path under ROOT, not under --dest
+                tp.not_reusable[ALREADY_AT_ROOT] += blocks
+                tp.not_reusable_bytes[ALREADY_AT_ROOT] += nbytes
+            elif action == "already_present":
+                if tp is not None:
+                    tp.already_present[0] += blocks
+                    tp.already_present[1] += nbytes
+            elif tp is None:
+                untargeted[reason or action] += blocks
+            elif action == "none" and reason.startswith(OCCUPIED_PREFIX):
+                tp.conflicts[reason] += blocks
+            elif action in NEEDS:
+                tp.skipped[(action, reason)] += blocks
+                tp.skipped_bytes[(action, reason)] += nbytes
+            else:
+                tp.not_reusable[reason or action] += blocks
+                tp.not_reusable_bytes[reason or action] += nbytes
+    for base, tp in targets.items():
+        tp.actions = ActionStream(rows, ctx, tallies[base])
 
     return Plan(root=root, dest=os.path.abspath(dest) if dest else root,
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
@@ -429,13 +872,6 @@ def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[
 def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
     vc = pc.value_counts(col)
     return vc.field("values").to_pylist(), vc.field("counts").to_pylist()
-
-
-def _source(cols: dict[str, list[Any]], i: int) -> SourceFile:
-    return SourceFile(relpath=cols["relpath"][i], rank=_as_int(cols["rank"][i]), dev=_as_int(cols["dev"][i]),
-                      inode=_as_int(cols["inode"][i]), size=_as_int(cols["size"][i]),
-                      mtime_ns=_as_int(cols["mtime_ns"][i]), content_hash=cols["content_xxh3_128"][i],
-                      payload_hash=cols["payload_xxh3_128"][i])
 
 
 # --- rendering ---------------------------------------------------------------------------
