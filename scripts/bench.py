@@ -1182,6 +1182,23 @@ def render(result: dict) -> str:
         add("")
         for n in result["notes"]:
             add(f"- {n}")
+    transforms = Path(__file__).resolve().parent.parent / "reports" / "TRANSFORMS.md"
+    if transforms.is_file():
+        add("")
+        add("## Transform throughput (slice, concat, relayout) against `cp`")
+        add("")
+        add("Measured separately by `scripts/bench_transforms.py` (method and full table in "
+            "[TRANSFORMS.md](TRANSFORMS.md)); its results table, copied here:")
+        add("")
+        text = transforms.read_text()
+        start = text.find("| case |")
+        end = text.find("\n\n", start)
+        if start >= 0:
+            add(text[start:end if end > 0 else None].rstrip())
+            tail_start = text.find("End to end:", end)
+            if tail_start >= 0:
+                add("")
+                add(text[tail_start:text.find("\n\n", tail_start)].strip())
     add("")
     add("## How to rerun")
     add("")
