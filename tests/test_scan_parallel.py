@@ -138,6 +138,24 @@ def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch):
     assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 1)
     assert scan_mod._parallelism(None, None, "hash", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 2)
     assert scan_mod._parallelism(None, 8, "size", 10**6) == (4, 2)  # --threads counts threads in all
+    assert scan_mod._parallelism(None, 1, "hash", 10**6) == (1, 1)
+    assert scan_mod._parallelism(None, 2, "hash", 10**6) == (2, 1)
     assert scan_mod._parallelism(3, 1, "hash", 1) == (3, 1)
     monkeypatch.setattr(scan_mod.os, "cpu_count", lambda: 1)
     assert scan_mod._parallelism(None, None, "size", 10**6) == (1, 1)
+
+
+@pytest.mark.parametrize("env, backend", [(None, "jemalloc"), ("system", "system")])
+def test_scan_uses_jemalloc_unless_a_pool_is_chosen(tree, tmp_path, env, backend):
+    """mimalloc (Arrow's default here) keeps freed pages per thread; scan switches the
+    process to jemalloc, unless ARROW_DEFAULT_MEMORY_POOL says otherwise."""
+    import subprocess
+    import sys
+
+    code = ("import pyarrow as pa; from kvmigrate.scan import scan; "
+            f"scan({str(tree)!r}, {str(tmp_path / 'm.parquet')!r}); print(pa.default_memory_pool().backend_name)")
+    env_vars = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if env:
+        env_vars["ARROW_DEFAULT_MEMORY_POOL"] = env
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, check=True)
+    assert out.stdout.split()[-1] == backend
