@@ -36,6 +36,7 @@ KITCHEN_SINKS = [
 ]
 KITCHEN_SINKS.append({"namespaces": ["vllm", "vllmcpp"], "blocks": 4, "hash_scan": True, "traps": [],
                       "configs": [_config("evil_model_name", 0, model=m) for m in ("..", "evil\ud800name")]
+                      + [_config("evil_model_name", 1, model=R.HTML_INJECTION)]
                       + [_config("wrong_type", 1, value=2**80)],
                       "items": [_item("dotdot_name", "rank"), _item("binary_name", "fanout", 1)]})
 

@@ -213,3 +213,13 @@ def test_a_lone_surrogate_in_a_vllm_model_name_is_shown_escaped_not_a_traceback(
         res = CliRunner().invoke(cli, args)
         assert not isinstance(res.exception, UnicodeError), (args, res.exception)
         assert "evil\\ud800name" in res.stdout, args
+
+
+def test_report_to_a_file_with_findings_says_where_they_are(synth_root, tmp_path):
+    """`report M -o FILE` exited 5 with nothing on stdout or stderr."""
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1, "defects": ("short",)})
+    m, out = tmp_path / "m.parquet", tmp_path / "r.html"
+    assert invoke("scan", root, "-o", m).exit_code == 5
+    res = invoke("report", m, "--format", "html", "-o", out)
+    assert res.exit_code == 5 and res.stdout == ""
+    assert f"findings (exit 5): see {out}" in res.stderr

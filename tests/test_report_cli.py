@@ -40,7 +40,7 @@ def test_output_file_is_written_and_stdout_stays_empty(tmp_path):
         out = tmp_path / f"r.{fmt}"
         res = run("report", str(m), "--format", fmt, "-o", str(out))
         assert res.exit_code == 5
-        assert res.output == ""
+        assert res.stdout == ""
         assert VLLM in out.read_text()
     assert not list(tmp_path.glob("*.tmp"))
 
