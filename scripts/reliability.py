@@ -32,6 +32,10 @@ What it does (issue 8; migration.md §3 is the rule book):
 
 Every command is recorded; every non-zero exit must come with a message naming a path
 and a remedy. Any violation is listed in the report and makes the script exit 1.
+
+To measure exactly one commit while others edit the checkout, run it from an export:
+    git archive HEAD | tar -x -C /tmp/head && cd /tmp/head && KVM_RELIABILITY_COMMIT=$(git -C
+    /work/main rev-parse --short HEAD) PYTHONPATH=/tmp/head python scripts/reliability.py --out REPORT
 Needs root (mount, mknod, setpriv); without it the mount-based faults fall back to
 injected ones and say so.
 """
@@ -1788,6 +1792,8 @@ def _machine() -> dict[str, Any]:
                 mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
     commit = sh("git", "-C", REPO, "rev-parse", "--short", "HEAD").stdout.strip()
     dirty = bool(sh("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no").stdout.strip())
+    if not commit and os.environ.get("KVM_RELIABILITY_COMMIT"):  # run from `git archive` of that commit
+        commit, dirty = os.environ["KVM_RELIABILITY_COMMIT"] + " (clean export)", False
     return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
             "python": platform.python_version(), "commit": commit + (" (+ uncommitted changes in the checkout)"
                                                                      if dirty else ""),
