@@ -64,6 +64,7 @@ READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
 # proven) by a single read of size + 1 bytes.
 READ_BUFFER = READ_CHUNK + 4096
+SMALL_FILE = 64 * 1024  # smaller files are read into a fresh bytes object (cheaper than the buffer)
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
 DEEP_RE_PREFIXES = ("block_size_",)
@@ -165,7 +166,15 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
         if not header_len:
             if not want_hash:
                 return ReadResult(None, None, None, False, st)
-            content, nread, all_zero = _hash_fd(fd, st.st_size)
+            size = st.st_size
+            if size < SMALL_FILE:  # one read of size + 1 bytes: the short read proves EOF
+                data = os.read(fd, size + 1)
+                if len(data) == size:
+                    return ReadResult(xxhash.xxh3_128_digest(data), None, None,
+                                      size > 0 and not data[0] and not data.lstrip(b"\0"), st)
+                content, nread, all_zero = _hash_fd(fd, size, data)
+            else:
+                content, nread, all_zero = _hash_fd(fd, size)
             return ReadResult(content, None, None, all_zero and nread > 0, st)
         header = os.pread(fd, header_len, 0)
         if not want_hash:
@@ -202,19 +211,26 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
     return buf == _ZEROS if n == len(buf) else buf[:n] == _ZEROS[:n]
 
 
-def _hash_fd(fd: int, size: int) -> tuple[bytes, int, bool]:
-    """XXH3-128 of an open file, bytes read, and whether they are all zero. A file that
-    fits the reused buffer takes one read of size + 1 bytes (the short read proves EOF)
-    and a one-shot hash; larger or growing files are streamed chunk by chunk."""
+def _hash_fd(fd: int, size: int, head: bytes = b"") -> tuple[bytes, int, bool]:
+    """XXH3-128 of an open file (after `head`, its bytes already read), bytes read, and
+    whether they are all zero. A file that fits the reused buffer takes one read of
+    size + 1 bytes (the short read proves EOF) and a one-shot hash; larger or growing
+    files are streamed chunk by chunk."""
     buf = _buffer()
     mv = memoryview(buf)
-    want = size + 1 if size < READ_BUFFER else READ_BUFFER
-    n = os.readv(fd, [mv[:want]])
-    zero = n > 0 and _zero_prefix(buf, n)
-    if n == size and n < want:
-        return xxhash.xxh3_128_digest(mv[:n]), n, zero
     whole = xxhash.xxh3_128()
-    total = 0
+    total = len(head)
+    zero = True
+    if head:
+        whole.update(head)
+        zero = not head.lstrip(b"\0")
+        n = os.readv(fd, [mv])
+    else:
+        want = size + 1 if size < READ_BUFFER else READ_BUFFER
+        n = os.readv(fd, [mv[:want]])
+        if n == size and n < want:
+            return xxhash.xxh3_128_digest(mv[:n]), n, n > 0 and _zero_prefix(buf, n)
+    zero = zero and (not n or _zero_prefix(buf, n))
     while n:
         whole.update(mv[:n])
         total += n

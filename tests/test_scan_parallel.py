@@ -159,3 +159,66 @@ def test_scan_uses_jemalloc_unless_a_pool_is_chosen(tree, tmp_path, env, backend
         env_vars["ARROW_DEFAULT_MEMORY_POOL"] = env
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, check=True)
     assert out.stdout.split()[-1] == backend
+
+
+# -- the single-file fast paths the parallel walk relies on ---------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, scan_mod.SMALL_FILE - 1, scan_mod.SMALL_FILE,
+                                  scan_mod.READ_BUFFER - 1, scan_mod.READ_BUFFER, 3 * scan_mod.READ_BUFFER + 7])
+@pytest.mark.parametrize("zero", [False, True])
+def test_read_file_hashes_every_size_exactly(tmp_path, size, zero):
+    """One read of size + 1 bytes for small files, the reused buffer (one read or a
+    stream) for large ones: the digest and the all-zero verdict are those of the bytes."""
+    import xxhash
+
+    data = bytes(size) if zero else (os.urandom(size // 2 + 1) * 2)[:size]
+    if not zero and size:
+        data = b"\1" + data[1:]
+    f = tmp_path / "f.bin"
+    f.write_bytes(data)
+    res = scan_mod.read_file(str(f), want_hash=True)
+    assert res.content == xxhash.xxh3_128_digest(data)
+    assert res.all_zero is (zero and size > 0)
+    assert res.st.st_size == size
+
+
+def test_read_file_of_a_file_that_grows_or_shrinks_hashes_what_it_read(tmp_path, monkeypatch):
+    """The size from fstat is only a hint: a file that grew or shrank meanwhile is
+    hashed as read to its end."""
+    import xxhash
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"\2" * 5000)
+    real_fstat = os.fstat
+    for claimed in (100, 9000, scan_mod.READ_BUFFER + 5):
+        monkeypatch.setattr(scan_mod.os, "fstat", lambda fd, c=claimed: os.stat_result(
+            tuple(real_fstat(fd))[:6] + (c,) + tuple(real_fstat(fd))[7:]))
+        res = scan_mod.read_file(str(f), want_hash=True)
+        assert res.content == xxhash.xxh3_128_digest(b"\2" * 5000), claimed
+        assert res.all_zero is False
+
+
+def test_fast_block_name_match_is_the_layout_grammar():
+    """The walk's block-name regex accepts exactly what layout.BLOCK_RE accepts."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kvmigrate import layout
+
+    names = st.one_of(
+        st.text(alphabet="0123456789abcdefABx._\n", max_size=16).map(lambda t: t + ".bin"),
+        st.text(alphabet="0123456789abcdef", min_size=0, max_size=70).flatmap(
+            lambda h: st.sampled_from([h + ".bin", h + ".bin\n", h + ".bin.tmp", h + "bin", h + ".BIN"])),
+        st.text(max_size=20))
+
+    @settings(max_examples=3000, deadline=None)
+    @given(names)
+    def check(name):
+        want = layout.BLOCK_RE.match(name)
+        got = scan_mod.block_match(name)
+        assert (want is None) == (got is None), name
+        if want is not None:
+            assert got.group(1) == want.group(1)
+
+    check()
