@@ -1675,6 +1675,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
     errors: list[str] = []
     files = nbytes = 0
+    totals = summary_totals(meta)  # the summary is aggregated from the batches as they are written
+    rewritten = False
     with _walk(walker, tasks, workers, threads) as batches:  # forks the workers first
         bar = Progress(progress)
         writer = manifest.ManifestWriter(output, meta)
@@ -1701,7 +1703,10 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
             def flush() -> None:
                 nonlocal pending, pending_rows
                 if pending_rows:
-                    writer.write(pa.concat_tables(pending).unify_dictionaries())
+                    table = pa.concat_tables(pending).unify_dictionaries()
+                    writer.write(table)
+                    for batch in table.combine_chunks().to_batches():
+                        totals.add(batch)
                 pending, pending_rows = [], 0
 
             take(head.table(walker.ns_arrays), head.sizes, head.errors)
@@ -1709,13 +1714,13 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
                 take(table, task_sizes, task_errors)
             flush()
             bar.close()
-            _finalize(writer, meta, walker, units, sizes, errors)
+            rewritten = _finalize(writer, meta, walker, units, sizes, errors)
         except BaseException:
             writer.abort()
             bar.close()
             raise
-    pa.default_memory_pool().release_unused()  # the summary re-reads the manifest: start it lean
-    summary = summarize_manifest(output)
+    pa.default_memory_pool().release_unused()
+    summary = summarize_manifest(output, totals=None if rewritten else totals)
     return ScanResult(root_path, output, summary, summary["exit_code"], summary["totals"]["files"],
                       files, nbytes, time.monotonic() - t0, errors)
 
@@ -1902,15 +1907,15 @@ def _outliers(walker: Walker, units: list[Unit], sizes: dict[tuple[str, int, int
 
 
 def _finalize(writer: manifest.ManifestWriter, meta: dict[str, Any], walker: Walker, units: list[Unit],
-              sizes: dict[tuple[str, int, int], Counter], errors: list[str]) -> None:
+              sizes: dict[tuple[str, int, int], Counter], errors: list[str]) -> bool:
     """Close the manifest. Rarely it needs a second pass: blocks with an odd size for
     their (namespace, rank, group) get `size_mismatch` and are classified again, and walk
     errors go into the metadata (the Parquet footer holds it): the written rows are
-    then copied into a new manifest with those fixes."""
+    then copied into a new manifest with those fixes. True when rows changed."""
     outliers = _outliers(walker, units, sizes)
     if not outliers and not errors:
         writer.close()
-        return
+        return False
     meta["walk_errors"] = errors[:1000]
     meta["walk_failed"] = bool(errors)
     writer._writer.close()
@@ -1934,6 +1939,7 @@ def _finalize(writer: manifest.ManifestWriter, meta: dict[str, Any], walker: Wal
             os.unlink(stage)
         except FileNotFoundError:
             pass
+    return bool(outliers)
 
 
 def _file_level(status: str | None, reason: str | None) -> tuple[str, str]:
@@ -2005,9 +2011,16 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
 # Summary
 
 
-def summarize_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+def summarize_manifest(path: str | os.PathLike[str], *, totals: Any = None) -> dict[str, Any]:
     """The `--json` summary of a manifest (interface.md §1): the one summary model every
-    report renders (kvmigrate.report.summary), so scan, audit and report agree."""
+    report renders (kvmigrate.report.summary), so scan, audit and report agree. `totals`:
+    its rows, already aggregated while they were written."""
     from kvmigrate.report.summary import summarize
 
-    return summarize(path)
+    return summarize(path, totals=totals)
+
+
+def summary_totals(meta: dict[str, Any]) -> Any:
+    from kvmigrate.report.summary import totals_for
+
+    return totals_for(meta)

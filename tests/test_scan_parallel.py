@@ -222,3 +222,17 @@ def test_fast_block_name_match_is_the_layout_grammar():
             assert got.group(1) == want.group(1)
 
     check()
+
+
+@pytest.mark.parametrize("defects", [("missing_rank", "tmp_vllm", "replica_differs", "foreign"),
+                                     ("size_mismatch", "misfiled")])  # the second rewrites the manifest
+def test_scan_summary_is_the_summary_of_its_manifest_read_back(synth_root, tmp_path, many_tasks, defects):
+    """scan aggregates the summary from the batches it writes (no second read); it is the
+    summary `report` computes from the file."""
+    from kvmigrate.report.summary import summarize
+
+    root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla", blocks=24, defects=defects))
+    for workers in (1, 2):
+        res, rows, _ = run(root, tmp_path / f"m{workers}.parquet", verify="hash", workers=workers)
+        assert len(rows) > 40 and {r["status"] for r in rows} - {"ok"}
+        assert res.summary == summarize(res.output)

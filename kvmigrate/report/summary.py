@@ -372,22 +372,31 @@ def exit_code_of(statuses: list[str] | set[str] | dict, *, target_errors: bool =
     return code
 
 
+def totals_for(meta: dict[str, Any]) -> _Totals:
+    """An empty accumulator for the rows of a manifest with this metadata. A writer that
+    `add`s every batch it writes can pass it to `summarize(..., totals=)`, which then does
+    not read the rows back (scan: no second pass over a million rows)."""
+    ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
+    return _Totals({b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")})
+
+
 def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
-              verb: str = "scan") -> dict[str, Any]:
+              verb: str = "scan", totals: _Totals | None = None) -> dict[str, Any]:
     """The summary of a manifest file or dataset directory.
 
     `manifest` is the manifest path that hints may tell the user to reuse (True: `path`
     itself; None: it will not survive, e.g. audit's temporary manifest). `verb` is the
-    command a hint re-runs with a missing fact (`scan` or `audit`).
+    command a hint re-runs with a missing fact (`scan` or `audit`). `totals`: the rows
+    already aggregated (see `totals_for`).
     """
     from kvmigrate.report.hints import findings_and_hints
 
     meta = mf.read_metadata(path)
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
-    lowest_rank = {b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")}
-    totals = _Totals(lowest_rank)
-    for batch in _batches(path, _COLUMNS):
-        totals.add(batch)
+    if totals is None:
+        totals = totals_for(meta)
+        for batch in _batches(path, _COLUMNS):
+            totals.add(batch)
     per_ns = _namespace_aggregates(totals.groups)
     extra_blocks = totals.blocks_without_lowest_row()
     namespaces = [
