@@ -1428,8 +1428,8 @@ def build_hostile(root: Path, outside: Path, recipe: dict) -> dict[str, Any]:
         i = cfg["ns"] % len(bases)
         base = bases[i]
         path = root / base / "config.json"
-        if not path.is_file() or path.is_symlink():  # an earlier mutation made it a FIFO, folder or link
-            continue
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 << 20:
+            continue  # an earlier mutation made it a FIFO, folder, link or 1 TiB sparse file
         try:
             fields = json.loads(path.read_bytes())
         except (OSError, ValueError, RecursionError):
