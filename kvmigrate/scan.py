@@ -1672,6 +1672,14 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     head = _non_bucket_rows(walker, listing, namespaces, units, shard)  # also lists every unit's buckets
     tasks = _tasks(units, k, n)
     workers, threads = _parallelism(workers, threads, verify, sum(len(b) for _, b in tasks))
+    with _terminate_as_interrupt():
+        return _write(walker, units, head, tasks, workers, threads, meta, output, progress, root_path, t0)
+
+
+def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int, list[str]]], workers: int,
+           threads: int, meta: dict[str, Any], output: str, progress: bool, root_path: str,
+           t0: float) -> ScanResult:
+    """Walk the tasks and write the manifest (then its summary)."""
     sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
     errors: list[str] = []
     files = nbytes = 0
@@ -1723,6 +1731,25 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     summary = summarize_manifest(output, totals=None if rewritten else totals)
     return ScanResult(root_path, output, summary, summary["exit_code"], summary["totals"]["files"],
                       files, nbytes, time.monotonic() - t0, errors)
+
+
+class _terminate_as_interrupt:
+    """SIGTERM (a pod stopped, `timeout`) ends a scan like Ctrl-C: workers stopped, no
+    temporary manifest left, exit 32 from the command line. Main thread only (where
+    Python runs signal handlers); the previous handler comes back afterwards."""
+
+    def __enter__(self) -> None:
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.previous = signal.signal(signal.SIGTERM, _interrupt)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.previous if self.previous is not None else signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _jsonable(obj: Any) -> Any:
@@ -1810,8 +1837,8 @@ class _walk:
 
     def __enter__(self) -> Iterator[tuple[pa.Table, dict, list[str]]]:
         if self.workers > 1 and self.tasks:
-            global _WORKER_WALKER, _WORKER_THREADS
-            _WORKER_WALKER, _WORKER_THREADS = self.walker, self.threads
+            global _WORKER_WALKER, _WORKER_THREADS, _WORKER_PARENT
+            _WORKER_WALKER, _WORKER_THREADS, _WORKER_PARENT = self.walker, self.threads, os.getpid()
             import multiprocessing
 
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
@@ -1870,8 +1897,23 @@ _WORKER_POOL: ThreadPoolExecutor | None = None
 
 
 def _worker_init() -> None:
-    """A walk worker leaves Ctrl-C to the parent (which stops the pool and exits 32)."""
+    """A walk worker leaves Ctrl-C to the parent (which stops the pool and exits 32), dies
+    of SIGTERM, and dies with the parent: a worker that outlived it would block for ever
+    writing a result nobody reads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pool notices a dead parent less promptly
+        pass
+    if os.getppid() != _WORKER_PARENT:  # the parent died before prctl
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+_WORKER_PARENT = 0
 
 
 def _worker_task(unit_index: int, buckets: list[str]) -> tuple[bytes, dict, list[str]]:

@@ -236,3 +236,90 @@ def test_scan_summary_is_the_summary_of_its_manifest_read_back(synth_root, tmp_p
         res, rows, _ = run(root, tmp_path / f"m{workers}.parquet", verify="hash", workers=workers)
         assert len(rows) > 40 and {r["status"] for r in rows} - {"ok"}
         assert res.summary == summarize(res.output)
+
+
+SLOW_SCAN = """
+import os, sys, time
+import kvmigrate.scan as S
+S.TASK_BUCKETS = 1
+S.PARALLEL_MIN_BUCKETS = 1
+S.os.cpu_count = lambda: 2
+real = S.Walker.bucket
+def slow(self, unit, hhh, out):
+    time.sleep(0.2)
+    return real(self, unit, hhh, out)
+S.Walker.bucket = slow
+from kvmigrate.cli import main
+sys.argv = ["kvmigrate", "scan", sys.argv[1], "-o", sys.argv[2], "-q"]
+main()
+"""
+
+
+def _children(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids |= {int(x) for x in f.read().split()}
+    return kids
+
+
+def _start_slow_scan(tree, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out" / "m.parquet"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCAN, str(tree), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.3)  # the workers are walking
+    return proc, _children(proc.pid), out
+
+
+def _gone(pids: set[int], timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_sigterm_stops_the_workers_and_leaves_no_manifest(tree, tmp_path):
+    """A stopped pod or `timeout` sends SIGTERM: the scan ends like Ctrl-C (exit 32), its
+    workers are gone and no temporary manifest is left."""
+    import signal
+
+    proc, workers, out = _start_slow_scan(tree, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 32, err
+    assert "Traceback" not in err
+    assert _gone(workers)
+    assert not list(out.parent.iterdir())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_workers_die_with_a_killed_scan(tree, tmp_path):
+    """kill -9 (or the OOM killer) of the scan takes its workers with it: none is left
+    blocked on a pipe nobody reads."""
+    import signal
+
+    proc, workers, _ = _start_slow_scan(tree, tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert _gone(workers)
