@@ -25,6 +25,7 @@ import shlex
 import signal
 import stat
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ from kvmigrate.transforms import TransformError
 OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
 MODES = ("link", "copy", "auto")
 BATCH = 1024
+_DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
 
@@ -143,7 +145,11 @@ class Applier:
         self.progress = progress
         self.result = ApplyResult()
         self.crash = _CrashSeam()
-        self._known_dirs: set[str] = set()
+        self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
+        self._made_dirs: set[str] = set()  # folders this run created: their children need no lstat
+        self._src_prefix = plan.root if plan.root.endswith("/") else plan.root + "/"
+        self._pool: ThreadPoolExecutor | None = None  # the replica reader (one thread)
+        self._reads: dict[int, list] = {}  # id(action) -> its files' (stale, hash, error), this batch
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
 
@@ -187,6 +193,9 @@ class Applier:
                 lock.release()
             if self.journal is not None:
                 self.journal.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)  # at most one batch of reads in flight
+                self._pool = None
             self.tree.close()
         if plan.integrity_rows:
             self.result.bits |= EXIT_INTEGRITY
@@ -278,16 +287,25 @@ class Applier:
     # --- folders and config.json -------------------------------------------------------
 
     def _missing_dirs(self, reldirs: list[str]) -> list[str]:
-        """Folders (and their parents, parents first) that do not exist yet."""
+        """Folders (and their parents, parents first) that do not exist yet. A folder in
+        one this run created is missing without an lstat (a fresh target namespace is
+        made without one stat per folder); one that appeared meanwhile is found by
+        mkdir (EEXIST) and not counted as ours."""
         missing: list[str] = []
         missing_set: set[str] = set()
+        if len(self._known_dirs) > _DIR_CACHE or len(self._made_dirs) > _DIR_CACHE:
+            self._known_dirs.clear()  # caches only: actions come in path order
+            self._made_dirs.clear()
         for reldir in reldirs:
+            if reldir in self._known_dirs:
+                continue
             parts = reldir.split("/")
             for i in range(1, len(parts) + 1):
                 d = "/".join(parts[:i])
                 if d in self._known_dirs or d in missing_set:
                     continue
-                if d.rpartition("/")[0] in missing_set or not self.tree.is_dir(d):
+                parent = d.rpartition("/")[0]
+                if parent in missing_set or parent in self._made_dirs or not self.tree.is_dir(d):
                     missing.append(d)
                     missing_set.add(d)
                 else:
@@ -302,6 +320,7 @@ class Applier:
             try:
                 if self.tree.mkdir(d):
                     created.append(d)
+                    self._made_dirs.add(d)
             except SymlinkInPath:
                 raise
             except OSError as exc:
@@ -409,12 +428,23 @@ class Applier:
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
+        # the replica files are stat-ed and hashed by a reader thread while this one makes
+        # the folders (both mostly wait in the kernel); verdicts are judged in block order
+        reading = [act for act in batch if _reads_replicas(act)]
+        reads = self._reader().submit(_read_batch, self._src_prefix, reading) if reading else None
         self._make_dirs(missing)
+        self._reads = reads.result() if reads is not None else {}
         for act in batch:
             self._block(tp, act)
             if self.progress:
                 self.progress(1)
+        self._reads = {}
         self.journal.sync()
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvmigrate-read")
+        return self._pool
 
     def _outcome(self, tp: TargetPlan, act: BlockAction, outcome: str, why: str = "", quiet: bool = False,
                  bits: int = 0) -> None:
@@ -432,34 +462,30 @@ class Applier:
         self.result.bits |= bits
 
     def _src_abs(self, relpath: str) -> str:
-        return os.path.join(self.plan.root, relpath)
+        return self._src_prefix + relpath  # os.path.join(root, relpath) for a checked relpath
 
     def _stale(self, src) -> str | None:
         """Why a source no longer is what the scan saw, or None."""
-        try:
-            st = os.lstat(self._src_abs(src.relpath))
-        except FileNotFoundError:
-            return "source vanished since the scan"
-        except OSError as exc:
-            return f"source cannot be read: {exc.strerror}"
-        return _stat_differs(st, src)
+        return _stale_at(self._src_abs(src.relpath), src)
 
     def _block(self, tp: TargetPlan, act: BlockAction) -> None:
-        why = self._stale(act.source)
-        if why:
-            return self._outcome(tp, act, "changed_since_scan", why)
-        if act.transform is not None:
-            try:
-                return self._transform(tp, act, act.transform)
-            except SymlinkInPath as exc:
-                return self._outcome(tp, act, "conflict",
-                                     f"{exc.filename} is a symlink or not a directory; not written through")
-        src_hash = act.source.content_hash
-        if act.world > 1:
-            ok, computed = self._check_replicas(tp, act)
-            if not ok:
-                return
-            src_hash = computed or src_hash
+        if _reads_replicas(act):
+            # replica hashes are taken now: stat and read each file through one open
+            ok, computed = self._read_replicas(tp, act)
+        else:
+            why = self._stale(act.source)
+            if why:
+                return self._outcome(tp, act, "changed_since_scan", why)
+            if act.transform is not None:
+                try:
+                    return self._transform(tp, act, act.transform)
+                except SymlinkInPath as exc:
+                    return self._outcome(tp, act, "conflict",
+                                         f"{exc.filename} is a symlink or not a directory; not written through")
+            ok, computed = self._check_replicas(tp, act) if act.world > 1 else (True, None)
+        if not ok:
+            return
+        src_hash = computed or act.source.content_hash
         try:
             if act.action == "link" and self.mode != "copy":
                 self._link(tp, act, src_hash)
@@ -504,6 +530,42 @@ class Applier:
             return False, None
         return True, computed
 
+    def _read_replicas(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
+        """`_check_replicas` when the manifest lacks hashes, with one open per file: the
+        staleness check is an fstat of the open fd, then the file is read and hashed
+        (by the batch's reader thread, while the folders are made: `_batch`). Verdicts
+        come in the same order: the source is stale, the block incomplete, a replica
+        stale, a file unreadable, the replicas differ."""
+        payload = act.action == "rewrite_header"
+        reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act)
+        why, digest, error = reads[0]
+        if why:
+            self._outcome(tp, act, "changed_since_scan", why)
+            return False, None
+        ranks = {act.source.rank, *(r.rank for r in act.replicas)}
+        if ranks != set(range(act.world)):
+            self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
+                          bits=EXIT_INTEGRITY)
+            return False, None
+        seen = [(act.source, digest, error)]
+        for rep, (why, digest, error) in zip(act.replicas, reads[1:]):
+            if why:
+                self._outcome(tp, act, "changed_since_scan", f"replica {rep.relpath}: {why}")
+                return False, None
+            seen.append((rep, digest, error))
+        for f, _, error in seen:
+            if error is not None:
+                self._outcome(tp, act, "failed", f"cannot read replica {f.relpath}: {error.strerror}",
+                              bits=EXIT_OPERATIONAL)
+                return False, None
+        first = seen[0][1]
+        differing = [f.relpath for f, h, _ in seen if h != first]
+        if differing:
+            self._outcome(tp, act, "failed", f"replicas differ ({'payload' if payload else 'content'}): "
+                          + ", ".join(differing) + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
+            return False, None
+        return True, None if payload else first
+
     def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         target = act.target_relpath
         src_abs = self._src_abs(act.source.relpath)
@@ -540,14 +602,14 @@ class Applier:
             # is ours and points at a file the scan never saw
             _unlink_quiet(self.tree, target)
             return self._outcome(tp, act, "changed_since_scan", "source replaced since the scan")
-        digest = src_hash
-        if digest is None:
-            try:
-                digest, _ = self.tree.hash(target)
-            except OSError as exc:
-                raise _oserror_stop(exc, self.tree.abspath(target), "hashing a linked block") from None
-        self.journal.done({"kind": "block", "path": target, "ino": st.st_ino, "size": st.st_size,
-                           "xxh3_128": digest.hex(), "how": "link", "action": act.action})
+        # A hard link IS the source inode: its identity (dev, inode, size, mtime) is
+        # journaled, and its hash when the manifest or the replica check has it (no read
+        # just for the journal; verify and rollback check mtime where no hash is recorded).
+        rec = {"kind": "block", "path": target, "ino": st.st_ino, "dev": st.st_dev, "size": st.st_size,
+               "mtime_ns": st.st_mtime_ns, "how": "link", "action": act.action}
+        if src_hash is not None:
+            rec["xxh3_128"] = src_hash.hex()
+        self.journal.done(rec)
         self.result.linked += 1
         self._outcome(tp, act, "created")
         self.crash.hit("created")
@@ -862,6 +924,93 @@ def _stat_differs(st: os.stat_result, src) -> str | None:
     if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
         return "source changed since the scan (dev, inode, size or mtime differ)"
     return None
+
+
+def _read_batch(prefix: str, acts: list[BlockAction]) -> dict[int, list]:
+    return {id(act): _read_block_files(prefix, act) for act in acts}
+
+
+def _read_block_files(prefix: str, act: BlockAction) -> list[tuple[str | None, bytes | None, OSError | None]]:
+    """(why stale, hash, read error) of every file of a block, source first: what
+    `_read_replicas` judges. Reads only (sources are never written): safe in a thread."""
+    payload = act.action == "rewrite_header"
+    return [_stat_and_hash(prefix + f.relpath, f, payload) for f in act.sources]
+
+
+def _stat_and_hash(path: str, src, payload: bool) -> tuple[str | None, bytes | None, OSError | None]:
+    """(why the source is stale, its content or payload hash, the error reading it)."""
+    try:
+        fd = _open_nonblocking(path)
+    except OSError as exc:
+        why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
+        return (why, None, None) if why else (None, None, exc)
+    try:
+        why = _stat_differs(os.fstat(fd), src)
+        if why:
+            return why, None, None
+        try:
+            return None, _digest_fd(fd, src.size, payload), None
+        except OSError as exc:
+            return None, None, exc
+    finally:
+        os.close(fd)
+
+
+def _stale_at(path: str, src) -> str | None:
+    """Why a source no longer is what the scan saw, or None (by lstat)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "source vanished since the scan"
+    except OSError as exc:
+        return f"source cannot be read: {exc.strerror}"
+    return _stat_differs(st, src)
+
+
+def _reads_replicas(act: BlockAction) -> bool:
+    """The block's replica check reads its files (see `Applier._block`)."""
+    return act.transform is None and act.world > 1 and _unhashed(act)
+
+
+def _unhashed(act: BlockAction) -> bool:
+    """The manifest lacks a content (payload, for header rewrites) hash of a file of
+    the block: the replica check must read them."""
+    if act.action == "rewrite_header":
+        return any(f.payload_hash is None for f in act.sources)
+    return any(f.content_hash is None for f in act.sources)
+
+
+_NONBLOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def _open_nonblocking(path: str) -> int:
+    """Open a source read-only like `open_source`, and without blocking: a FIFO put in a
+    source's place is opened (then found not regular by fstat), never waited on."""
+    if _NOATIME:
+        try:
+            return os.open(path, _NONBLOCK_FLAGS | _NOATIME)
+        except PermissionError:
+            pass
+    return os.open(path, _NONBLOCK_FLAGS)
+
+
+def _digest_fd(fd: int, size: int, payload: bool) -> bytes:
+    """XXH3-128 of an open file to its end (payload: after the vllm.cpp header); a small
+    file is read in one call."""
+    from kvmigrate.formats import vllmcpp
+
+    skip = vllmcpp.HEADER_SIZE if payload else 0
+    if size >= CHUNK:
+        os.lseek(fd, skip, os.SEEK_SET)
+        return hash_fd(fd)[0]
+    data = os.read(fd, size + 1)
+    if len(data) <= size:  # a short read of a regular file: its end
+        return xxhash.xxh3_128_digest(memoryview(data)[skip:])
+    h = xxhash.xxh3_128(memoryview(data)[skip:])  # it grew since the stat: hash to the end
+    while buf := os.read(fd, CHUNK):
+        h.update(buf)
+    return h.digest()
 
 
 def _hash_source(path: str, payload: bool) -> bytes:

@@ -1,6 +1,7 @@
 """Undo a migration from its journal (migration.md §3.5): remove exactly what it created.
 
-Order: block files whose inode, size and hash still match the journal; then config.json
+Order: block files whose inode, size and hash (a hard link journaled without a hash:
+its mtime) still match the journal; then config.json
 files it created that are unchanged; then its own temp files and the namespace lock;
 then the folders it created, deepest first, if empty. The lock goes before the folders
 only because it sits inside the target base folder (spec order otherwise). Anything
@@ -126,12 +127,19 @@ def _remove_file(tree: DestTree, rec: dict[str, Any], kind: str, result: Rollbac
     if st is None:
         result.already_gone += 1
         return
-    if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino"):
+    if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino") or st.st_dev != rec.get("dev", st.st_dev):
         result.kept.append(f"{where}: replaced since the migration (inode differs); kept")
         return
     if st.st_size != rec.get("size"):
         result.kept.append(f"{where}: size changed since the migration ({st.st_size} != {rec.get('size')}); kept")
         return
+    if rec.get("xxh3_128") is None and rec.get("how") == "link":
+        # a hard link journaled by identity (no hash was taken): its inode is the source's,
+        # unchanged while the mtime is
+        if st.st_mtime_ns != rec.get("mtime_ns"):
+            result.kept.append(f"{where}: modified since the migration (mtime differs); kept")
+            return
+        return _unlink_counted(tree, path, where, kind, result)
     try:
         have, _ = tree.hash(path)
     except OSError as exc:
@@ -140,6 +148,10 @@ def _remove_file(tree: DestTree, rec: dict[str, Any], kind: str, result: Rollbac
     if have.hex() != rec.get("xxh3_128"):
         result.kept.append(f"{where}: content changed since the migration (hash differs); kept")
         return
+    _unlink_counted(tree, path, where, kind, result)
+
+
+def _unlink_counted(tree: DestTree, path: str, where: str, kind: str, result: RollbackResult) -> None:
     try:
         tree.unlink(path)
         result.removed[kind] += 1

@@ -4,7 +4,8 @@ Phases, restic-check style, each with typed findings:
   1. namespaces: every base folder with a config.json must hash to its folder name
      (vllm/llmd recipe, or the vllm.cpp recipe for vllm.cpp identities);
   2. journal (if given): every block the migration created still exists with the
-     journaled inode, size and XXH3-128; a vllm.cpp output must pass the engine's
+     journaled inode, size and XXH3-128 (a hard link journaled without a hash: its
+     mtime); a vllm.cpp output must pass the engine's
      header checks for its namespace; a created config.json is unchanged.
 Exit: 0 clean, 4 integrity findings, +8 when something could not be read.
 """
@@ -141,7 +142,7 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
     if st is None:
         result.findings.append(Finding(f"{rec['kind']}_missing", where, "created by the migration, now missing"))
         return
-    if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino"):
+    if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino") or st.st_dev != rec.get("dev", st.st_dev):
         result.findings.append(Finding(f"{rec['kind']}_replaced", where,
                                        f"inode {st.st_ino} is not the journaled {rec.get('ino')}"))
         return
@@ -149,13 +150,20 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         result.findings.append(Finding(f"{rec['kind']}_changed", where,
                                        f"{st.st_size} bytes, the journal says {rec.get('size')}"))
         return
+    by_identity = rec.get("xxh3_128") is None and rec.get("how") == "link"
     try:
-        have, _ = tree.hash(path)
+        have = None if by_identity else tree.hash(path)[0]
         head = tree.read_bytes(path, limit=vllmcpp.HEADER_SIZE) if rec["kind"] == "block" else b""
     except OSError as exc:
         result.findings.append(Finding("unreadable", where, exc.strerror or str(exc), EXIT_OPERATIONAL))
         return
-    if have.hex() != rec.get("xxh3_128"):
+    if by_identity and st.st_mtime_ns != rec.get("mtime_ns"):
+        # a hard link journaled by identity (the source's inode; no hash was taken)
+        result.findings.append(Finding(f"{rec['kind']}_changed", where,
+                                       "modified since the migration (its mtime is not the journaled one; "
+                                       "a hard link shares its source's inode)"))
+        return
+    if not by_identity and have.hex() != rec.get("xxh3_128"):
         result.findings.append(Finding(f"{rec['kind']}_changed", where,
                                        "content differs from the journaled XXH3-128 (tampered or rewritten)"))
         return

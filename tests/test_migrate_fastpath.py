@@ -1,0 +1,108 @@
+"""The per-block fast path of `migrate --apply` keeps every guarantee.
+
+A hard link is journaled by the identity of the inode it shares with its source (dev,
+inode, size, mtime) when no hash is known, and verify and rollback then judge it by
+that identity; replica hashes are taken through one open per file (fstat for
+staleness, then one read), which must never wait on a FIFO put in a file's place and
+must name a vanished replica like the stat-based check did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import xxhash
+from click.testing import CliRunner
+
+from kvmigrate import manifest
+from kvmigrate.cli import cli
+from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.scan import scan
+
+KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
+FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
+
+
+def run_json(*args) -> tuple[int, dict]:
+    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def done_blocks(journal) -> list[dict]:
+    return [r for r in map(json.loads, open(journal)) if r["t"] == "done" and r["kind"] == "block"]
+
+
+def scan_size(root, m) -> list[dict]:
+    scan(root, m, facts_resolver=FactsResolver(FACTS, None), verify="size", threads=2)
+    return manifest.read_table(m).to_pylist()
+
+
+def test_a_link_without_a_known_hash_is_journaled_and_checked_by_its_identity(tmp_path, synth_root):
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "kv_kind": "mla"})  # one rank: no replica hashes
+    m, journal = tmp_path / "m.parquet", tmp_path / "j.jsonl"
+    rows = {r["relpath"]: r for r in scan_size(root, m) if r["action"] == "link"}
+    code, summary = run_json("migrate", "--manifest", m, "--apply", "--journal", journal)
+    assert code == 0 and summary["outcomes"]["created"] == len(rows) > 2
+    recs = done_blocks(journal)
+    by_path = {r["target_relpath"]: r for r in rows.values()}
+    for rec in recs:
+        src = os.stat(root / by_path[rec["path"]]["relpath"])
+        assert "xxh3_128" not in rec and rec["how"] == "link"
+        assert (rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"]) == (src.st_dev, src.st_ino, src.st_size,
+                                                                            src.st_mtime_ns)
+    assert run_json("verify", root, "--journal", journal)[0] == 0
+    # written through its source: same inode and size, new mtime -> verify finds it, rollback keeps it
+    changed = root / recs[0]["path"]
+    with open(root / by_path[recs[0]["path"]]["relpath"], "r+b") as f:
+        f.write(b"\xee" * 8)
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 4 and [(f["code"], f["path"]) for f in result["findings"]] == [("block_changed", str(changed))]
+    code, result = run_json("rollback", journal)
+    assert code == 8 and result["removed"]["block"] == len(recs) - 1
+    assert changed.exists() and any(str(changed) in k and "mtime differs" in k for k in result["kept"])
+
+
+def test_replica_hashes_taken_at_apply_are_journaled(tmp_path, synth_root):
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "layers": 4, "page_bytes": 1024})  # link
+    m, journal = tmp_path / "m.parquet", tmp_path / "j.jsonl"
+    rows = {r["target_relpath"]: r for r in scan_size(root, m) if r["target_relpath"]}
+    code, summary = run_json("migrate", "--manifest", m, "--apply", "--journal", journal)
+    assert code == 0 and summary["apply"]["linked"] == len(rows)
+    for rec in done_blocks(journal):
+        want = xxhash.xxh3_128_hexdigest((root / rows[rec["path"]]["relpath"]).read_bytes())
+        assert rec["xxh3_128"] == want
+
+
+def _replica_row(rows: list[dict]) -> dict:
+    return next(r for r in rows if r["rank"] == 1 and r["block_hash"] is not None)
+
+
+def test_a_fifo_in_a_replicas_place_is_not_waited_on(tmp_path, synth_root):
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    m = tmp_path / "m.parquet"
+    rows = scan_size(root, m)
+    victim = root / _replica_row(rows)["relpath"]
+    victim.unlink()
+    os.mkfifo(victim)  # opened for reading without O_NONBLOCK, this would block for ever
+    proc = subprocess.run([KVMIGRATE, "migrate", "--manifest", str(m), "--apply", "--json"], capture_output=True,
+                          text=True, timeout=60)
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 1 and summary["outcomes"]["changed_since_scan"] == 1
+    assert any(f"replica {victim.relative_to(root)}: source is no longer a regular file" in f
+               for f in summary["apply"]["findings"])
+
+
+def test_a_vanished_replica_is_changed_since_the_scan(tmp_path, synth_root):
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    m = tmp_path / "m.parquet"
+    rows = scan_size(root, m)
+    victim = _replica_row(rows)
+    (root / victim["relpath"]).unlink()
+    code, summary = run_json("migrate", "--manifest", m, "--apply")
+    assert code == 1 and summary["outcomes"]["changed_since_scan"] == 1
+    assert any(f"replica {victim['relpath']}: source vanished since the scan" in f
+               for f in summary["apply"]["findings"])
