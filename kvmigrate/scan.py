@@ -1787,7 +1787,7 @@ def _parallelism(workers: int | None, threads: int | None, verify: str, buckets:
     from processes; threads only overlap waits for the disk, and on a warm tree they cost
     more in GIL hand-overs than they win (hashing large files releases the GIL: two).
     `threads` (--threads) is the number of walkers in all."""
-    cpus = os.cpu_count() or 1
+    cpus = _cpus()
     if workers is None:
         workers = cpus if cpus > 1 and buckets >= PARALLEL_MIN_BUCKETS else 1
         if threads is not None:  # --threads N: N walkers in all (--threads 1: one process, one thread)
@@ -1797,6 +1797,14 @@ def _parallelism(workers: int | None, threads: int | None, verify: str, buckets:
     else:
         per_process = max(1, threads // workers)
     return workers, per_process
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (a taskset or cpuset narrows them; os.cpu_count does not)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def walk_task(walker: Walker, unit_index: int, buckets: list[str], threads: int = 1,

@@ -132,7 +132,7 @@ def test_a_failing_worker_stops_the_scan_and_leaves_no_manifest(tree, tmp_path, 
 
 
 def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch):
-    monkeypatch.setattr(scan_mod.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(scan_mod, "_cpus", lambda: 4)
     small = scan_mod.PARALLEL_MIN_BUCKETS - 1
     assert scan_mod._parallelism(None, None, "size", small) == (1, 1)
     assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 1)
@@ -141,7 +141,7 @@ def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch):
     assert scan_mod._parallelism(None, 1, "hash", 10**6) == (1, 1)
     assert scan_mod._parallelism(None, 2, "hash", 10**6) == (2, 1)
     assert scan_mod._parallelism(3, 1, "hash", 1) == (3, 1)
-    monkeypatch.setattr(scan_mod.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(scan_mod, "_cpus", lambda: 1)
     assert scan_mod._parallelism(None, None, "size", 10**6) == (1, 1)
 
 
@@ -243,7 +243,7 @@ import os, sys, time
 import kvmigrate.scan as S
 S.TASK_BUCKETS = 1
 S.PARALLEL_MIN_BUCKETS = 1
-S.os.cpu_count = lambda: 2
+S._cpus = lambda: 2
 real = S.Walker.bucket
 def slow(self, unit, hhh, out):
     time.sleep(0.2)
@@ -323,3 +323,24 @@ def test_workers_die_with_a_killed_scan(tree, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert _gone(workers)
+
+
+def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
+    """A Ray part holds one CPU: it must not fork a walk process per core of the node."""
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.scaleout import ray_runner
+
+    seen = {}
+    real = scan_mod.scan
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scan_mod, "scan", spy)
+    monkeypatch.setattr(scan_mod, "_cpus", lambda: 8)
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_BUCKETS", 1)
+    (tmp_path / "staging").mkdir()
+    ray_runner._scan_part(str(tree), str(tmp_path / "staging"), 0, 2, "vllm-0.28", FactsResolver(FACTS, None),
+                          "size", None, None, False)
+    assert seen["workers"] == 1

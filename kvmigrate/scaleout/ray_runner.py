@@ -194,7 +194,8 @@ def _scan_part(root: str, staging: str, k: int, n: int, target: str, resolver: A
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
     res = scan(root, os.path.join(staging, dataset.part_name(k, n)), target=target, facts_resolver=resolver,
-               verify=verify, threads=threads, shard=(k, n), progress=False, command=command)
+               verify=verify, threads=threads, shard=(k, n), progress=False, command=command,
+               workers=1)  # a part holds one Ray CPU: no walk processes of its own
     return {"exit_code": res.exit_code, "rows": res.rows, "files": res.files, "bytes": res.bytes,
             "seconds": res.seconds, "walk_errors": len(res.walk_errors)}
 
