@@ -985,9 +985,9 @@ class Walker:
                 if not self.hash_plain(rec, entry.path):
                     return
         rec.action = "none"
-        self._emit(out, rec, ns_cols, rec.status, rec.reason)
+        self._emit(out, rec, ns_cols)
 
-    def _emit(self, out: Rows, rec: FileRecord, ns_cols: tuple | None, istatus: str = "", ireason: str = "") -> None:
+    def _emit(self, out: Rows, rec: FileRecord, ns_cols: tuple | None) -> None:
         out.add(rec, self.ns_codes[ns_cols])
 
     def dir_rows(self, path: str, rel: str, out: Rows, *, status: str | None, reason: str | None,
@@ -1006,7 +1006,7 @@ class Walker:
                 if st is not None:
                     rec = _record(rel, st)
                     rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
-                    self._emit(out, rec, ns_cols, rec.status, rec.reason)
+                    self._emit(out, rec, ns_cols)
             return
         for e in entries:
             child = f"{rel}/{e.name}"
@@ -1062,7 +1062,7 @@ class Walker:
                 if st is not None:
                     rec = _record(brel, st)
                     rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", brel)
-                    self._emit(out, rec, m.columns, rec.status, rec.reason)
+                    self._emit(out, rec, m.columns)
                 continue
             code, rank = m.code, m.rank
             for fe in fanouts:
@@ -1091,7 +1091,7 @@ class Walker:
                     if st is not None:
                         rec = _record(frel, st)
                         rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", frel)
-                        self._emit(out, rec, m.columns, rec.status, rec.reason)
+                        self._emit(out, rec, m.columns)
                     continue
                 for e in files:
                     name = e.name
@@ -1494,7 +1494,7 @@ def _non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Name
             if st is not None:
                 rec = _record(ns.source_base, st)
                 rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", ns.source_base)
-                walker._emit(out, rec, cols_of[ns.source_base], rec.status, rec.reason)
+                walker._emit(out, rec, cols_of[ns.source_base])
             continue
         for e in entries:
             rel = f"{ns.source_base}/{e.name}"
@@ -1525,7 +1525,7 @@ def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out
         rec.reason = "; ".join(parts)
     if walker.hashed and ns.config_raw is not None:
         rec.content = xxhash.xxh3_128_digest(ns.config_raw)
-    walker._emit(out, rec, ns_cols, rec.status, rec.reason)
+    walker._emit(out, rec, ns_cols)
 
 
 def _rank_top_level(walker: Walker, m: Member, out: Rows, *, emit: bool) -> None:
@@ -1542,7 +1542,7 @@ def _rank_top_level(walker: Walker, m: Member, out: Rows, *, emit: bool) -> None
         if st is not None:
             rec = _record(m.dirname, st)
             rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", m.dirname)
-            walker._emit(out, rec, m.columns, rec.status, rec.reason)
+            walker._emit(out, rec, m.columns)
         return
     for e in entries:
         if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name):
