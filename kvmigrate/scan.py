@@ -71,6 +71,7 @@ DEEP_RE_PREFIXES = ("block_size_",)
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 TASK_BUCKETS = 32  # <hhh> buckets per task
 PARALLEL_MIN_BUCKETS = 256  # fewer bucket visits than this: one process (forking costs more)
+VERDICTS_KEPT = 4096  # block shapes (and sizes) whose verdict a walk remembers: a namespace has a few
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -1140,7 +1141,9 @@ class Walker:
                                 try:
                                     bad = size_verdicts[key]
                                 except KeyError:
-                                    bad = size_verdicts[key] = classify.size_status(plan, group, size)
+                                    bad = classify.size_status(plan, group, size)
+                                    if len(size_verdicts) < VERDICTS_KEPT:
+                                        size_verdicts[key] = bad
                                 if bad is not None:
                                     status, reason = bad
                             i = len(relpaths)
@@ -1234,8 +1237,9 @@ class Walker:
             if verdict is None:
                 recs = [out.record(i, hex_hash) for i in idx]
                 self.finish_block(unit, recs, group, hex_hash, check_target=False)
-                verdict = verdicts[shape] = tuple((r.status, r.action, r.reason, r.target_relpath is not None)
-                                                  for r in recs)
+                verdict = tuple((r.status, r.action, r.reason, r.target_relpath is not None) for r in recs)
+                if len(verdicts) < VERDICTS_KEPT:
+                    verdicts[shape] = verdict
             for i, (status, action, reason, has_target) in zip(idx, verdict):
                 S[i], A[i], R[i] = status, action, reason
                 if has_target:
