@@ -57,6 +57,11 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     """
     import tempfile
 
+    # the plan reads the manifest a chunk at a time; Arrow's default allocator (mimalloc)
+    # keeps what each chunk freed, the system one returns it (about 40 MiB less peak RSS).
+    # Read when pyarrow is first imported, i.e. below; an explicit choice is kept.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate import apply as apply_mod

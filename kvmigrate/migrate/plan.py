@@ -251,7 +251,7 @@ def _check_source_path(relpath: str, where: str) -> None:
 # Block rows planned at a time: a chunk holds the rows of consecutive <hhh> buckets, about
 # this many (all rows of a block share its bucket, so replicas and merge sources of a
 # block are always in the same chunk). Bounds the plan's memory; tests lower it.
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = 32_768
 # Creating rows turned into Python objects at a time while actions are streamed.
 SLICE_ROWS = 4096
 BUCKETS = 4096
@@ -321,7 +321,7 @@ class _ManifestRows:
                     self._files.append((pq.ParquetFile(f), str(f), _identity(f)))
                     pf = self._files[-1][0]
                     for i in range(pf.num_row_groups):
-                        self._survey(pf.read_row_group(i, columns=["status", "action", "block_hash"]),
+                        self._survey(_read_row_group(pf, i, ["status", "action", "block_hash"]),
                                      len(self._files) - 1, i, hist)
         except (UsageError, _PendingRowCheck):
             raise
@@ -347,14 +347,21 @@ class _ManifestRows:
         if file >= 0:
             self._parts.append((file, index, min(seen), max(seen)))
 
-    def _row_group(self, file: int, index: int) -> pa.Table:
+    def _row_group(self, file: int, index: int, buckets: tuple[int, int] | None = None) -> pa.Table:
+        """Rows of one row group (plain strings), those of a bucket range only if given:
+        decoded in record batches, so a large row group is never held whole."""
         if file < 0:
-            return self._table
+            return self._table if buckets is None else _in_buckets(self._table, *buckets)
         pf, path, ident = self._files[file]
         if _identity(path) != ident:
             raise UsageError("the manifest changed while it was being used (planned from one version, read "
                              "another)", path=path, hint="rerun the command once nothing writes the manifest")
-        return _plain(pf.read_row_group(index, columns=list(_READ_COLUMNS)))
+        if buckets is None:
+            return _plain(_read_row_group(pf, index, list(_READ_COLUMNS)))
+        parts = [_in_buckets(_plain(pa.Table.from_batches([b])), *buckets)
+                 for b in pf.iter_batches(batch_size=_READ_BATCH, row_groups=[index], columns=list(_READ_COLUMNS),
+                                          use_threads=False)]
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
     @staticmethod
     def _orphan_block_row(t: pa.Table) -> None:
@@ -367,25 +374,37 @@ class _ManifestRows:
     def chunks(self) -> Iterator[pa.Table]:
         """Tables of block rows (plain string columns), one per bucket range, in bucket
         order; the last one read is kept (a one-chunk manifest is read once per plan)."""
+        carry: dict[tuple[int, int], pa.Table] = {}
         for k, (lo, hi) in enumerate(self._ranges):
             if self._cache is not None and self._cache[0] == k:
                 t = self._cache[1]
             else:
                 self._cache = None
-                t = self._read(lo, hi)
+                t = self._read(lo, hi, carry)
                 self._cache = (k, t)
             if t is not None and t.num_rows:
                 yield t
 
-    def _read(self, lo: int, hi: int) -> pa.Table | None:
+    def _read(self, lo: int, hi: int, carry: dict[tuple[int, int], pa.Table]) -> pa.Table | None:
+        """Rows of buckets lo..hi. A row group read for one chunk keeps its rows of later
+        buckets for the next chunks (`carry`, at most 2 x CHUNK_ROWS rows), so a manifest in
+        bucket order is decoded about once per pass; beyond that it is read again."""
         parts = []
         try:
-            groups = [(-1, 0)] if self._table is not None else []
-            groups += [(f, i) for f, i, first, last in self._parts if last >= lo and first <= hi]
-            for f, i in groups:
-                t = self._row_group(f, i)
-                b = _buckets(t.column("block_hash"))
-                parts.append(t.filter(pc.fill_null(pc.and_(pc.greater_equal(b, lo), pc.less_equal(b, hi)), False)))
+            if self._table is not None:
+                parts.append(_in_buckets(self._table, lo, hi))
+            for f, i, first, last in self._parts:
+                if last < lo or first > hi:
+                    continue
+                t = carry.pop((f, i), None)
+                if t is None:
+                    t = self._row_group(f, i, (lo, BUCKETS - 1))
+                later = pc.greater(_buckets(t.column("block_hash")), hi)
+                rest = t.filter(later)
+                parts.append(t.filter(pc.invert(later)))
+                if rest.num_rows and rest.num_rows + sum(c.num_rows for c in carry.values()) <= 2 * CHUNK_ROWS:
+                    carry[(f, i)] = rest
+            parts = [p for p in parts if p.num_rows]
             if not parts:
                 return None
             return parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
@@ -393,6 +412,19 @@ class _ManifestRows:
             raise
         except self._read_errors as exc:
             raise _unreadable(self.where, exc) from None
+
+
+_READ_BATCH = 8192  # rows decoded at a time from a row group
+
+
+def _read_row_group(pf: Any, index: int, columns: list[str]) -> pa.Table:
+    batches = list(pf.iter_batches(batch_size=_READ_BATCH, row_groups=[index], columns=columns, use_threads=False))
+    return pa.Table.from_batches(batches, schema=pf.schema_arrow.select(columns) if not batches else None)
+
+
+def _in_buckets(t: pa.Table, lo: int, hi: int) -> pa.Table:
+    b = _buckets(t.column("block_hash"))
+    return t.filter(pc.fill_null(pc.and_(pc.greater_equal(b, lo), pc.less_equal(b, hi)), False))
 
 
 def _identity(path: str | os.PathLike[str]) -> tuple[int, ...]:
