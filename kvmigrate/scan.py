@@ -1687,9 +1687,9 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
     sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
     errors: list[str] = []
     files = nbytes = 0
-    totals = summary_totals(meta)  # the summary is aggregated from the batches as they are written
     rewritten = False
     with _walk(walker, tasks, workers, threads) as batches:  # forks the workers first
+        totals = summary_totals(meta)  # the summary is aggregated from the batches as they are written
         bar = Progress(progress)
         writer = manifest.ManifestWriter(output, meta)
         try:
