@@ -1821,7 +1821,9 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
            f"{meta['machine']['memory']}), Linux {meta['machine']['kernel']}, Python {meta['machine']['python']}, "
            f"as {meta['machine']['user']}; kvmigrate at {meta['machine']['commit']}. Work folder on "
            f"{meta['workfs']}. Seed {meta['seed']}. Duration {meta['seconds'] / 60:.1f} min "
-           f"({', '.join(f'{k} {v:.0f} s' for k, v in meta['sections'].items())}).", "",
+           f"({', '.join(f'{k} {v:.0f} s' for k, v in meta['sections'].items())}); 1-minute load average "
+           f"{meta['load'][0]:.1f} at the start, {meta['load'][1]:.1f} at the end (other work shares the "
+           "machine).", "",
            "## Outcome", "",
            "| figure | value |", "|---|---|",
            f"| SIGKILL points (crash-point hook / random delay) | {c['kill_points']} "
@@ -1891,8 +1893,8 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
                        f"{'yes' if r['ok'] else 'NO'} |")
         out += ["", "Integrity states appear only on the residue the engines wrote short on purpose; every created "
                 "file holds its source's bytes (link), bytes + zero pad (copy_pad) or the payload under a header "
-                "the target identity verifies (rewrite_header); every planned block not created is journaled "
-                "as changed_since_scan.", ""]
+                "the target identity verifies (rewrite_header); every planned block not created has a skip "
+                "record in the journal (changed_since_scan when an engine deleted its source meanwhile).", ""]
     if c["fuzzed_trees"]:
         made = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("fuzz:")}
         out += ["## 4. Hostile trees (hypothesis)", "",
@@ -1943,6 +1945,7 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, float] = {}
     workfs = sh("findmnt", "-no", "FSTYPE", "-T", work).stdout.strip() + f" ({work})"
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = os.getloadavg()[0]
     t0 = time.monotonic()
     steps = [("crash", lambda: crash_campaign(work, ledger, kills=kills, seed=args.seed)),
              ("faults", lambda: fault_campaign(work, ledger)),
@@ -1963,7 +1966,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     meta = {"quick": quick, "seed": args.seed, "started": started, "seconds": time.monotonic() - t0,
             "sections": sections, "machine": _machine(),
-            "workfs": workfs, "work": str(work)}
+            "workfs": workfs, "work": str(work), "load": (load_before, os.getloadavg()[0])}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_report(ledger, results, meta) + "\n")
     raw = out.with_name("reliability.json") if not quick else out.with_suffix(".json")
