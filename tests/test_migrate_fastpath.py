@@ -106,3 +106,30 @@ def test_a_vanished_replica_is_changed_since_the_scan(tmp_path, synth_root):
     assert code == 1 and summary["outcomes"]["changed_since_scan"] == 1
     assert any(f"replica {victim['relpath']}: source vanished since the scan" in f
                for f in summary["apply"]["findings"])
+
+
+def test_folders_made_by_two_threads_are_the_same_and_journaled(tmp_path, synth_root, monkeypatch):
+    from kvmigrate.migrate import apply as apply_mod
+    from kvmigrate.migrate.apply import apply_plan
+    from kvmigrate.migrate.plan import build_plan
+
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 40},
+                         {"family": "vllm", "scheme": "S1", "kv_kind": "mla", "blocks": 40, "model_name": "org/b"})
+    m = tmp_path / "m.parquet"
+    scan_size(root, m)
+
+    def folders(d):
+        return sorted(os.path.relpath(p, d) for p, _, _ in os.walk(d) if ".kvmigrate" not in p)
+
+    (one := tmp_path / "one").mkdir()
+    (two := tmp_path / "two").mkdir()
+    assert apply_plan(build_plan(m, dest=str(one)), journal=str(tmp_path / "j1.jsonl")).exit_code == 0
+    monkeypatch.setattr(apply_mod, "_PARALLEL_DIRS", 1)  # every depth of every batch by two threads
+    result = apply_plan(build_plan(m, dest=str(two)), journal=str(tmp_path / "j2.jsonl"), batch_size=16)
+    assert result.exit_code == 0 and result.outcomes["created"] == 80
+    assert folders(one) == folders(two) and len(folders(two)) > 80
+    records = [json.loads(line) for line in open(tmp_path / "j2.jsonl")]
+    journaled = {p for r in records if r["t"] == "done" and r["kind"] == "dirs" for p in r["paths"]}
+    assert journaled == set(folders(two)) - {"."}
+    code, summary = run_json("rollback", tmp_path / "j2.jsonl")
+    assert code == 0 and folders(two) == ["."]

@@ -46,6 +46,7 @@ OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "ski
 MODES = ("link", "copy", "auto")
 BATCH = 1024
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
+_PARALLEL_DIRS = 64  # folders of one depth in a batch from which two threads make them
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
 
@@ -148,7 +149,7 @@ class Applier:
         self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
         self._made_dirs: set[str] = set()  # folders this run created: their children need no lstat
         self._src_prefix = plan.root if plan.root.endswith("/") else plan.root + "/"
-        self._pool: ThreadPoolExecutor | None = None  # the replica reader (one thread)
+        self._pool: ThreadPoolExecutor | None = None  # the replica reader and a folder maker
         self._reads: dict[int, list] = {}  # id(action) -> its files' (stale, hash, error), this batch
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
@@ -314,20 +315,61 @@ class Applier:
 
     def _make_dirs(self, missing: list[str]) -> None:
         """Create folders an fsynced intent listed; one done record names those this run
-        really created (a folder that appeared meanwhile is not ours)."""
+        really created (a folder that appeared meanwhile is not ours). Parents first; the
+        many folders of one depth are made by two threads (mkdir is kernel work that
+        cp -al does on one core), their results judged in order here."""
         created = []
+        depths: dict[int, list[str]] = {}
         for d in missing:
-            try:
-                if self.tree.mkdir(d):
+            depths.setdefault(d.count("/"), []).append(d)
+        for depth in sorted(depths):
+            level = depths[depth]
+            made: dict[str, Any] = {}
+            if len(level) >= _PARALLEL_DIRS:
+                try:
+                    made = self._mkdir_parallel(level)
+                except OSError:
+                    made = {}  # a parent cannot be opened: the mkdir below says why, in order
+            for d in level:
+                try:
+                    outcome = made.get(d)
+                    if isinstance(outcome, OSError):
+                        raise outcome
+                    if outcome is None or outcome == "exists":
+                        outcome = self.tree.mkdir(d)  # (for "exists": False, or SymlinkInPath)
+                except SymlinkInPath:
+                    raise
+                except OSError as exc:
+                    raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
+                if outcome:
                     created.append(d)
                     self._made_dirs.add(d)
-            except SymlinkInPath:
-                raise
-            except OSError as exc:
-                raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
-            self._known_dirs.add(d)
+                self._known_dirs.add(d)
         if created:
             self.journal.done({"kind": "dirs", "paths": created})
+
+    def _mkdir_parallel(self, level: list[str]) -> dict[str, Any]:
+        """mkdir of folders of one depth, split by parent between this thread and a
+        helper: folder -> True (made), "exists" or the OSError."""
+        fds: dict[str, int] = {}
+        try:
+            for d in level:
+                parent = d.rpartition("/")[0]
+                if parent not in fds:
+                    fds[parent] = os.dup(self.tree.dir_fd(parent))  # the tree's fds may be closed meanwhile
+            parents = list(fds)
+            halves: list[list[tuple[str, int, str]]] = [[], []]
+            half_of = {p: i % 2 for i, p in enumerate(parents)}
+            for d in level:
+                parent, _, name = d.rpartition("/")
+                halves[half_of[parent]].append((d, fds[parent], name))
+            other = self._reader().submit(_mkdir_each, halves[1])
+            made = _mkdir_each(halves[0])
+            made.update(other.result())
+            return made
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def _ensure_dirs(self, reldirs: list[str]) -> None:
         missing = self._missing_dirs(reldirs)
@@ -443,7 +485,7 @@ class Applier:
 
     def _reader(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvmigrate-read")
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvmigrate-io")
         return self._pool
 
     def _outcome(self, tp: TargetPlan, act: BlockAction, outcome: str, why: str = "", quiet: bool = False,
@@ -924,6 +966,21 @@ def _stat_differs(st: os.stat_result, src) -> str | None:
     if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
         return "source changed since the scan (dev, inode, size or mtime differ)"
     return None
+
+
+def _mkdir_each(items: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """mkdir(name) in its parent's fd for each (folder, parent fd, name): True, "exists"
+    or the error (judged later, in order, by `_make_dirs`)."""
+    out: dict[str, Any] = {}
+    for d, pfd, name in items:
+        try:
+            os.mkdir(name, 0o777, dir_fd=pfd)
+            out[d] = True
+        except FileExistsError:
+            out[d] = "exists"
+        except OSError as exc:
+            out[d] = exc
+    return out
 
 
 def _read_batch(prefix: str, acts: list[BlockAction]) -> dict[int, list]:
