@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import xxhash
 from click.testing import CliRunner
 
@@ -133,3 +134,51 @@ def test_folders_made_by_two_threads_are_the_same_and_journaled(tmp_path, synth_
     assert journaled == set(folders(two)) - {"."}
     code, summary = run_json("rollback", tmp_path / "j2.jsonl")
     assert code == 0 and folders(two) == ["."]
+
+
+_APPLY_IN_BATCHES = """
+import sys
+from kvmigrate.migrate import apply as apply_mod
+from kvmigrate.migrate.apply import apply_plan
+from kvmigrate.migrate.plan import build_plan
+apply_mod._PARALLEL_DIRS = 1
+result = apply_plan(build_plan(sys.argv[1]), journal=sys.argv[2], batch_size=8)
+sys.exit(result.exit_code)
+"""
+
+
+@pytest.mark.parametrize("crash", ["intent:3", "created:12"])
+def test_a_kill_while_the_next_batch_is_prepared_resumes_and_rolls_back(tmp_path, synth_root, crash):
+    """Batches of 8: kill -9 after the third intent (the second batch's folders made, its
+    blocks not linked yet), or while the second batch is linked (the helpers make the
+    third batch's folders); the rerun ends like a clean run, rollback leaves the pristine
+    tree."""
+    from reference_reader import content_listing, listing
+
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    clean_root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 30}, root_name="clean")
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 30})
+    pristine = listing(root, with_times=False)
+    maps = [{os.lstat(os.path.join(d, f)).st_ino: os.path.relpath(os.path.join(d, f), r)
+             for d, _, fs in os.walk(r) for f in fs} for r in (clean_root, root)]  # inode -> source file
+    runs = []
+    for r in (clean_root, root):
+        m = tmp_path / f"{r.name}.parquet"
+        scan_size(r, m)
+        runs.append((m, tmp_path / f"{r.name}.jsonl"))
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+
+    def apply(m, journal, crash=None):
+        return subprocess.run([sys.executable, "-c", _APPLY_IN_BATCHES, str(m), str(journal)], timeout=120,
+                              env={**env, **({CRASH_ENV: crash} if crash else {})}, capture_output=True, text=True)
+
+    assert apply(*runs[0]).returncode == 0
+    killed = apply(*runs[1], crash=crash)
+    assert killed.returncode == -9, killed.stderr
+    resumed = apply(*runs[1])
+    assert resumed.returncode == 0, resumed.stderr
+    assert content_listing(root, sources=maps[1]) == content_listing(clean_root, sources=maps[0])
+    code, result = run_json("rollback", runs[1][1])
+    assert code == 0, result
+    assert listing(root, exclude_top=(".kvmigrate",), with_times=False) == pristine

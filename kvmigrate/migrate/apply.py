@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import signal
 import stat
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -46,7 +47,10 @@ OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "ski
 MODES = ("link", "copy", "auto")
 BATCH = 1024
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
-_PARALLEL_DIRS = 64  # folders of one depth in a batch from which two threads make them
+_PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
+_HELPERS = 3  # threads: two folder makers and a replica reader (all mostly in the kernel)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_HEX3 = re.compile(r"^[0-9a-f]{3}$")
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
 
@@ -182,21 +186,21 @@ class Applier:
             self.journal.write({"t": "complete", "outcomes": dict(self.result.outcomes)}, sync=True)
         except _Stop as stop:
             self.result.stop = stop.error
+            self._drain()  # helper threads finish their batch before the run says it stopped
             if self.journal is not None:
                 self.journal.write({"t": "stopped", "error": str(stop.error)}, sync=True)
         except KeyboardInterrupt:
             # Ctrl-C / SIGTERM: leave the run resumable (locks released, journal synced)
+            self._drain()
             if self.journal is not None:
                 self.journal.write({"t": "interrupted"}, sync=True)
             raise
         finally:
+            self._drain()  # nothing is made under a namespace lock once it is released
             for lock in reversed(locks):
                 lock.release()
             if self.journal is not None:
                 self.journal.close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)  # at most one batch of reads in flight
-                self._pool = None
             self.tree.close()
         if plan.integrity_rows:
             self.result.bits |= EXIT_INTEGRITY
@@ -313,63 +317,69 @@ class Applier:
                     self._known_dirs.add(d)
         return missing
 
-    def _make_dirs(self, missing: list[str]) -> None:
-        """Create folders an fsynced intent listed; one done record names those this run
-        really created (a folder that appeared meanwhile is not ours). Parents first; the
-        many folders of one depth are made by two threads (mkdir is kernel work that
-        cp -al does on one core), their results judged in order here."""
+    def _start_dirs(self, missing: list[str]) -> list[Future]:
+        """Hand the folders of a batch (parents first) to the helper threads: those of one
+        <hhh> bucket to one thread, two threads unless a namespace folder is among them.
+        Each starts from existing folders, opened here (O_NOFOLLOW, as `DestTree`)."""
+        if not missing:
+            return []
+        shards: list[list[str]] = [missing]
+        if len(missing) >= _PARALLEL_DIRS and all(d.count("/") >= 2 for d in missing):
+            shards = [[], []]
+            for d in missing:
+                bucket = d.split("/", 2)[1]
+                shards[int(bucket, 16) % 2 if _HEX3.match(bucket) else 0].append(d)
+        new = set(missing)
+        opened: list[dict[str, int]] = []
+        try:
+            for shard in shards:
+                anchors: dict[str, int] = {}
+                opened.append(anchors)
+                for d in shard:
+                    parent = d.rpartition("/")[0]
+                    if parent not in new and parent not in anchors:
+                        anchors[parent] = os.dup(self.tree.dir_fd(parent))  # the tree may close its own
+        except OSError:
+            for anchors in opened:
+                for fd in anchors.values():
+                    os.close(fd)
+            return []  # a parent cannot be opened: `_judge_dirs` makes them one by one and says why
+        return [self._helpers().submit(_make_folders, anchors, shard) for anchors, shard in zip(opened, shards)]
+
+    def _judge_dirs(self, prepared: _Batch | list[Future], missing: list[str] | None = None) -> None:
+        """Outcomes of a batch's folders in order, as if made here one by one: made, found
+        (not ours), in the way (symlink / not a directory), an error (stop). A folder a
+        helper could not try is made here. One done record names those this run made."""
+        if isinstance(prepared, _Batch):
+            jobs, missing = prepared.dirs, prepared.missing
+        else:
+            jobs = prepared
+        made: dict[str, Any] = {}
+        for job in jobs:
+            made.update(job.result())
         created = []
-        depths: dict[int, list[str]] = {}
         for d in missing:
-            depths.setdefault(d.count("/"), []).append(d)
-        for depth in sorted(depths):
-            level = depths[depth]
-            made: dict[str, Any] = {}
-            if len(level) >= _PARALLEL_DIRS:
-                try:
-                    made = self._mkdir_parallel(level)
-                except OSError:
-                    made = {}  # a parent cannot be opened: the mkdir below says why, in order
-            for d in level:
-                try:
-                    outcome = made.get(d)
-                    if isinstance(outcome, OSError):
-                        raise outcome
-                    if outcome is None or outcome == "exists":
-                        outcome = self.tree.mkdir(d)  # (for "exists": False, or SymlinkInPath)
-                except SymlinkInPath:
-                    raise
-                except OSError as exc:
-                    raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
-                if outcome:
-                    created.append(d)
-                    self._made_dirs.add(d)
-                self._known_dirs.add(d)
+            try:
+                outcome = made.get(d)
+                if isinstance(outcome, OSError):
+                    raise outcome
+                if outcome is None or outcome == "exists":
+                    outcome = self.tree.mkdir(d)  # (for "exists": False, or SymlinkInPath)
+            except SymlinkInPath:
+                raise
+            except OSError as exc:
+                raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
+            if outcome:
+                created.append(d)
+                self._made_dirs.add(d)
+            self._known_dirs.add(d)
         if created:
             self.journal.done({"kind": "dirs", "paths": created})
 
-    def _mkdir_parallel(self, level: list[str]) -> dict[str, Any]:
-        """mkdir of folders of one depth, split by parent between this thread and a
-        helper: folder -> True (made), "exists" or the OSError."""
-        fds: dict[str, int] = {}
-        try:
-            for d in level:
-                parent = d.rpartition("/")[0]
-                if parent not in fds:
-                    fds[parent] = os.dup(self.tree.dir_fd(parent))  # the tree's fds may be closed meanwhile
-            parents = list(fds)
-            halves: list[list[tuple[str, int, str]]] = [[], []]
-            half_of = {p: i % 2 for i, p in enumerate(parents)}
-            for d in level:
-                parent, _, name = d.rpartition("/")
-                halves[half_of[parent]].append((d, fds[parent], name))
-            other = self._reader().submit(_mkdir_each, halves[1])
-            made = _mkdir_each(halves[0])
-            made.update(other.result())
-            return made
-        finally:
-            for fd in fds.values():
-                os.close(fd)
+    def _make_dirs(self, missing: list[str]) -> None:
+        """Create folders an fsynced intent listed; one done record names those this run
+        really created (a folder that appeared meanwhile is not ours)."""
+        self._judge_dirs(self._start_dirs(missing), missing)
 
     def _ensure_dirs(self, reldirs: list[str]) -> None:
         missing = self._missing_dirs(reldirs)
@@ -391,14 +401,19 @@ class Applier:
             for act in tp.actions:
                 self._outcome(tp, act, "conflict", "target config.json describes another identity", quiet=True)
             return
-        batch: list[BlockAction] = []
-        for act in tp.actions:  # streamed from the manifest (plan.ActionStream): one batch in memory
-            batch.append(act)
-            if len(batch) >= self.batch_size:
-                self._batch(tp, batch)
-                batch = []
-        if batch:
-            self._batch(tp, batch)
+        # Actions are streamed from the manifest (plan.ActionStream), a batch at a time, as
+        # a pipeline: while this thread links the blocks of one batch, helper threads make
+        # the folders of the next (its intent is already fsynced) and read its replicas.
+        # Outcomes are judged here, in order: folders before the blocks they hold.
+        prepared = None
+        for batch in _batches(tp.actions, self.batch_size):
+            upcoming = self._prepare(tp, batch)
+            if prepared is not None:
+                self._blocks(tp, prepared)
+            self._judge_dirs(upcoming)
+            prepared = upcoming
+        if prepared is not None:
+            self._blocks(tp, prepared)
 
     def _config(self, tp: TargetPlan) -> str | None:
         """Write the target config.json (byte-exact) unless one exists; an existing one
@@ -454,7 +469,9 @@ class Applier:
 
     # --- blocks -----------------------------------------------------------------------
 
-    def _batch(self, tp: TargetPlan, batch: list[BlockAction]) -> None:
+    def _prepare(self, tp: TargetPlan, batch: list[BlockAction]) -> _Batch:
+        """Journal a batch's intent (fsynced), then hand its folders and replica reads to
+        the helper threads."""
         missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
         items: list[dict[str, Any]] = [{"kind": "dir", "path": d} for d in missing]
         for act in batch:
@@ -470,23 +487,30 @@ class Applier:
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
-        # the replica files are stat-ed and hashed by a reader thread while this one makes
-        # the folders (both mostly wait in the kernel); verdicts are judged in block order
         reading = [act for act in batch if _reads_replicas(act)]
-        reads = self._reader().submit(_read_batch, self._src_prefix, reading) if reading else None
-        self._make_dirs(missing)
-        self._reads = reads.result() if reads is not None else {}
-        for act in batch:
+        reads = self._helpers().submit(_read_batch, self._src_prefix, reading) if reading else None
+        return _Batch(batch, missing, self._start_dirs(missing), reads)
+
+    def _blocks(self, tp: TargetPlan, prepared: _Batch) -> None:
+        """Materialize the blocks of a batch whose folders exist, in order; one fsync."""
+        self._reads = prepared.reads.result() if prepared.reads is not None else {}
+        for act in prepared.actions:
             self._block(tp, act)
             if self.progress:
                 self.progress(1)
         self._reads = {}
         self.journal.sync()
 
-    def _reader(self) -> ThreadPoolExecutor:
+    def _helpers(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvmigrate-io")
+            self._pool = ThreadPoolExecutor(max_workers=_HELPERS, thread_name_prefix="kvmigrate-io")
         return self._pool
+
+    def _drain(self) -> None:
+        """Wait for the helper threads (at most one batch of folders and reads)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _outcome(self, tp: TargetPlan, act: BlockAction, outcome: str, why: str = "", quiet: bool = False,
                  bits: int = 0) -> None:
@@ -968,18 +992,60 @@ def _stat_differs(st: os.stat_result, src) -> str | None:
     return None
 
 
-def _mkdir_each(items: list[tuple[str, int, str]]) -> dict[str, Any]:
-    """mkdir(name) in its parent's fd for each (folder, parent fd, name): True, "exists"
-    or the error (judged later, in order, by `_make_dirs`)."""
+@dataclass
+class _Batch:
+    """A batch of actions whose intent is journaled, with its helpers' work under way."""
+
+    actions: list[BlockAction]
+    missing: list[str]  # its folders that did not exist, parents first
+    dirs: list[Future]  # -> {folder: True | "exists" | OSError | None (not tried)}
+    reads: Future | None  # -> {id(action): [(why stale, hash, error) per file]}
+
+
+def _batches(actions, size: int):
+    batch: list[BlockAction] = []
+    for act in actions:
+        batch.append(act)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _make_folders(anchors: dict[str, int], folders: list[str]) -> dict[str, Any]:
+    """mkdir each folder (parents first) in its parent: an existing folder's fd from
+    `anchors`, or a folder made here, opened with O_NOFOLLOW. -> {folder: True (made),
+    "exists", the OSError, or None (not tried: its parent could not be opened)}. Closes
+    every fd it was given or opened."""
+    parents = {d.rpartition("/")[0] for d in folders}
+    fds = dict(anchors)
+    opened = set(anchors)
     out: dict[str, Any] = {}
-    for d, pfd, name in items:
-        try:
-            os.mkdir(name, 0o777, dir_fd=pfd)
-            out[d] = True
-        except FileExistsError:
-            out[d] = "exists"
-        except OSError as exc:
-            out[d] = exc
+    try:
+        for d in folders:
+            parent, _, name = d.rpartition("/")
+            pfd = fds.get(parent)
+            if pfd is None:
+                out[d] = None
+                continue
+            try:
+                os.mkdir(name, 0o777, dir_fd=pfd)
+                out[d] = True
+            except FileExistsError:
+                out[d] = "exists"
+            except OSError as exc:
+                out[d] = exc
+                continue
+            if d in parents:
+                try:
+                    fds[d] = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+                    opened.add(d)
+                except OSError:
+                    pass  # its folders are made by `_judge_dirs`, which says what is wrong
+    finally:
+        for d in opened:
+            os.close(fds[d])
     return out
 
 
