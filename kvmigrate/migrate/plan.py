@@ -16,6 +16,7 @@ import os
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import pyarrow as pa
@@ -315,6 +316,7 @@ class _ManifestRows:
             if table is not None:
                 cols = [c for c in _READ_COLUMNS if c in table.column_names]
                 self._table = _plain(table.select(cols))
+                self._table = self._table.append_column("_bucket", _buckets(self._table.column("block_hash")))
                 self._survey(self._table, -1, 0, hist)
             else:
                 for f in manifest._parquet_files(path):
@@ -399,7 +401,7 @@ class _ManifestRows:
                 t = carry.pop((f, i), None)
                 if t is None:
                     t = self._row_group(f, i, (lo, BUCKETS - 1))
-                later = pc.greater(_buckets(t.column("block_hash")), hi)
+                later = pc.greater(t.column("_bucket"), hi)
                 rest = t.filter(later)
                 parts.append(t.filter(pc.invert(later)))
                 if rest.num_rows and rest.num_rows + sum(c.num_rows for c in carry.values()) <= 2 * CHUNK_ROWS:
@@ -423,7 +425,10 @@ def _read_row_group(pf: Any, index: int, columns: list[str]) -> pa.Table:
 
 
 def _in_buckets(t: pa.Table, lo: int, hi: int) -> pa.Table:
-    b = _buckets(t.column("block_hash"))
+    """The rows of buckets lo..hi, with their bucket as column `_bucket`."""
+    b = t.column("_bucket") if "_bucket" in t.column_names else _buckets(t.column("block_hash"))
+    if "_bucket" not in t.column_names:
+        t = t.append_column("_bucket", b)
     return t.filter(pc.fill_null(pc.and_(pc.greater_equal(b, lo), pc.less_equal(b, hi)), False))
 
 
@@ -453,10 +458,10 @@ def _cut(hist: list[int], limit: int) -> list[tuple[int, int]]:
 
 # --- checking and counting the rows of a chunk --------------------------------------------
 
-# A source path this accepts is one `_check_source_path` accepts (a rank folder, then
-# non-empty components without NUL); "." and ".." components are looked for separately.
-_FAST_SOURCE_RE = r"^[^/\x00]+_[0-9a-f]{12}_r[0-9]+(?:/[^/\x00]+)*$"
-_DOT_COMPONENT_RE = r"(?:^|/)\.\.?(?:/|$)"
+# The block path the scanner writes: a path of this shape passes `_check_source_path`
+# (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
+# any other is checked by it.
+_BLOCK_PATH_RE = r"^[^/\x00]+_[0-9a-f]{12}_r[0-9]+/[0-9a-f]{3}/[0-9a-f]{2}_g[0-9]+/(?:[0-9a-f]{2})+\.bin$"
 
 
 @dataclass
@@ -523,9 +528,7 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
 
 
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    ok = pc.and_(pc.match_substring_regex(relpath, _FAST_SOURCE_RE),
-                 pc.invert(pc.match_substring_regex(relpath, _DOT_COMPONENT_RE)))
-    return pc.fill_null(ok, False)
+    return pc.fill_null(pc.match_substring_regex(relpath, _BLOCK_PATH_RE), False)
 
 
 def _creating(chunk: pa.Table) -> pa.Table:
@@ -686,6 +689,12 @@ _FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content
 _INT_COLUMNS = ("rank", "dev", "inode", "size", "mtime_ns")
 
 
+# SourceFile / BlockAction from a tuple of all fields, without the keyword handling of
+# the NamedTuple constructor (one of each per block file, on the hot path)
+_source_file = partial(tuple.__new__, SourceFile)
+_block_action = partial(tuple.__new__, BlockAction)
+
+
 def _file_lists(t: pa.Table) -> list[list[Any]]:
     return [(pc.fill_null(t.column(k), 0) if k in _INT_COLUMNS else t.column(k)).to_pylist() for k in _FILE_COLUMNS]
 
@@ -699,32 +708,40 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int) -> Iterat
     if not c.num_rows:
         return
     c = _by_merge_order(c, with_source=False)
-    # replicas in rank order (a stable sort: ties keep manifest order); a row is never
-    # its own replica
+    # replicas in rank order (a stable sort: ties keep manifest order), looked up among
+    # the rows of this source's deployments; a creating row of this group is a source,
+    # never a replica (a block's rank-0 row)
     replicas: dict[tuple, list[SourceFile]] = defaultdict(list)
-    cands = _candidates(ctx, chunk, c)
-    if cands is not None:
-        cands = cands.filter(pc.invert(pc.is_in(cands.column("relpath"), value_set=c.column("relpath"))))
+    deps = [d for d in {d or sb for d in c.column("deployment").to_pylist()} if ctx.world_of.get(d, 1) > 1]
+    cands = None
+    if deps:
+        mine = pc.fill_null(pc.and_(pc.equal(chunk.column("source_base"), sb),
+                                    pc.equal(pc.fill_null(chunk.column("rank"), 0), rank)), False)
+        mask = pc.and_(pc.is_in(chunk.column("deployment"), pa.array(deps)), pc.is_valid(chunk.column("block_hash")))
+        mask = pc.and_(mask, pc.not_equal(chunk.column("status"), "misfiled"))
+        mask = pc.and_(mask, pc.invert(pc.and_(mine, pc.fill_null(
+            pc.is_in(chunk.column("action"), pa.array(list(CREATING))), False))))
+        cands = chunk.filter(mask)
     if cands is not None and cands.num_rows:
         cands = cands.take(pc.sort_indices(pc.fill_null(cands.column("rank"), 0)))
         keys = zip(*(cands.column(k).to_pylist() for k in ("deployment", "group", "block_hash")))
         for key, f in zip(keys, zip(*_file_lists(cands))):
-            replicas[key].append(SourceFile(*f))
-    world_of = ctx.world_of
+            replicas[key].append(_source_file(f))
+    world_of, no_replicas = ctx.world_of, ()
     for start in range(0, c.num_rows, SLICE_ROWS):
         part = c.slice(start, SLICE_ROWS)
         files = zip(*_file_lists(part))
         rest = zip(*(part.column(k).to_pylist() for k in ("action", "target_relpath", "deployment", "group",
                                                            "block_hash", "reason")))
         for f, (action, target, dep, group, bh, reason) in zip(files, rest):
-            src = SourceFile(*f)
+            src = _source_file(f)
             dep = dep or sb
             world = world_of.get(dep, 1)
-            reps = tuple(replicas.get((dep, group, bh), ())) if world > 1 else ()
+            reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
             if action in TRANSFORMS:
                 spec = ctx.spec(sb, action, group, src.size, reason, f"{ctx.where}: row {src.relpath!r}")
-            yield BlockAction(action, target, src, reps, sb, world, spec)
+            yield _block_action((action, target, src, reps, sb, world, spec))
 
 
 class ActionStream:
