@@ -74,7 +74,12 @@ def _has_header_line(path: str) -> bool:
 
 def read_records(path: str) -> list[dict[str, Any]]:
     """All records of a journal file; a torn last line (kill -9 mid-write) is ignored."""
-    records = []
+    return list(iter_records(path))
+
+
+def iter_records(path: str) -> Iterator[dict[str, Any]]:
+    """The records of a journal file one by one (see `read_records`)."""
+    first = True
     with open(path, "rb") as f:
         for line in f:
             if not line.endswith(b"\n"):
@@ -84,11 +89,13 @@ def read_records(path: str) -> list[dict[str, Any]]:
             except ValueError:
                 continue
             if isinstance(rec, dict) and "t" in rec:
-                records.append(rec)
-    if not records or records[0].get("t") != "header":
+                if first and rec.get("t") != "header":
+                    break
+                first = False
+                yield rec
+    if first:
         raise UsageError(f"{path} is not a kvmigrate journal (no header record)", path=path,
                          hint="pass the journal or journal directory `migrate --apply` printed")
-    return records
 
 
 @dataclass
@@ -119,17 +126,19 @@ class Run:
         return [d for d in self.done.values() if d.get("kind") == kind]
 
 
-def load_runs(path: str) -> list[Run]:
+def load_runs(path: str, *, paths: bool = True) -> list[Run]:
+    """The runs of a journal file. `paths=False` leaves out what each run intended and
+    did per path (every record is still checked): the run states only, in bounded memory."""
     try:
-        return _load_runs(path)
+        return _load_runs(path, paths)
     except (KeyError, TypeError, AttributeError) as exc:  # valid JSON, but not records this tool wrote
         raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
                          hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
 
 
-def _load_runs(path: str) -> list[Run]:
+def _load_runs(path: str, keep: bool = True) -> list[Run]:
     runs: list[Run] = []
-    for rec in read_records(path):
+    for rec in iter_records(path):
         t = rec["t"]
         if t == "header":
             if not isinstance(rec.get("root"), str) or not isinstance(rec.get("dest"), str):
@@ -141,12 +150,17 @@ def _load_runs(path: str) -> list[Run]:
             run.targets[rec["base"]] = rec
         elif t == "intent":
             for item in rec.get("items", []):
-                run.intents[item["path"]] = item
+                path = item["path"]  # read either way: a damaged record makes the file unusable
+                if keep:
+                    run.intents[path] = item
         elif t == "done" and rec.get("kind") == "dirs":
             for path in rec.get("paths", []):
-                run.done[path] = {"kind": "dir", "path": path}
+                if keep:
+                    run.done[path] = {"kind": "dir", "path": path}
         elif t == "done":
-            run.done[rec["path"]] = rec
+            path = rec["path"]
+            if keep:
+                run.done[path] = rec
         elif t == "lock":
             run.locks.append(rec["path"])
         elif t == "complete":
@@ -176,7 +190,7 @@ def find_resumable(journal: str, identity: dict[str, Any]) -> str | None:
         return None
     for path in candidates:
         try:
-            runs = load_runs(path)
+            runs = load_runs(path, paths=False)  # old journals of big runs are not held in memory
         except (UsageError, OSError):
             continue
         last = runs[-1]
