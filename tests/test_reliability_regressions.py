@@ -223,3 +223,34 @@ def test_report_to_a_file_with_findings_says_where_they_are(synth_root, tmp_path
     res = invoke("report", m, "--format", "html", "-o", out)
     assert res.exit_code == 5 and res.stdout == ""
     assert f"findings (exit 5): see {out}" in res.stderr
+
+
+_KILL_AT_LOCK_RELEASE = '''\
+import os, signal
+from kvmigrate.migrate import lock as _lock
+def _release(self):
+    os.kill(os.getpid(), signal.SIGKILL)
+_lock.NamespaceLock.release = _release
+'''
+
+
+def test_a_kill_between_the_last_block_and_complete_leaves_no_stale_lock(tmp_path, synth_root):
+    """The run wrote "complete", then was killed before removing its lock file: no later
+    run resumed a complete journal, so the lock file stayed in the target namespace for
+    good (found by a double kill in the campaign)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(_KILL_AT_LOCK_RELEASE)
+    kvmigrate = str(Path(sys.executable).with_name("kvmigrate"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+    killed = subprocess.run([kvmigrate, "migrate", str(root), *FLAGS, "--apply"], env=env, capture_output=True)
+    assert killed.returncode == -9
+    assert list(root.rglob(layout.LOCK_NAME))  # the kill came while the lock was held
+    again = subprocess.run([kvmigrate, "migrate", str(root), *FLAGS, "--apply"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert not list(root.rglob(layout.LOCK_NAME))

@@ -222,9 +222,9 @@ def _dry_run(plan, plan_source: str, apply_command: str, as_json: bool, quiet: b
 
 
 def _summary(manifest_path: str) -> dict:
-    from kvmigrate.scan import summarize_manifest
+    from kvmigrate.report.summary import summarize  # what scan.summarize_manifest runs, without the scanner
 
-    return summarize_manifest(manifest_path)
+    return summarize(manifest_path)
 
 
 def _targets_json(plan) -> list[dict]:

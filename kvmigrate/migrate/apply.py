@@ -183,6 +183,11 @@ class Applier:
                                              path=exc.filename, hint="remove it or pass --dest DIR")) from None
             except OperationalError as exc:
                 raise _Stop(exc) from None
+            # release (and remove) the locks before "complete": a kill in between leaves a run the next
+            # one resumes and tidies, never a complete journal with a lock file nobody removes
+            self._drain()
+            for lock in reversed(locks):
+                lock.release()
             self.journal.write({"t": "complete", "outcomes": dict(self.result.outcomes)}, sync=True)
         except _Stop as stop:
             self.result.stop = stop.error
