@@ -1759,6 +1759,11 @@ FOUND = [
      "ensure_ascii) crashed scan (writing the manifest), the reports and `identity` with UnicodeEncodeError",
      "such strings are shown with backslash escapes", "test_a_lone_surrogate_in_a_vllm_model_name_is_shown_"
      "escaped_not_a_traceback"),
+    ("a kill after `migrate --apply` journaled \"complete\" but before it removed its namespace lock file left "
+     "that file for good (no run resumes a complete journal); found by a double kill (vllm-S1-mode-copy, seed "
+     "1054687125: created:12, then 2.6 ms into the resumed run)",
+     "locks are released before \"complete\" is written, so such a kill leaves a run the next one resumes",
+     "test_a_kill_between_the_last_block_and_complete_leaves_no_stale_lock"),
     ("`report M -o FILE` exited 5 with nothing on stdout or stderr", "a stderr line says where the findings are "
      "(tests/test_report_cli.py now checks stdout, not stdout+stderr, for emptiness)",
      "test_report_to_a_file_with_findings_says_where_they_are"),
