@@ -12,9 +12,16 @@ Safety rules (migration.md §3) and where they live:
   * staleness: the source's (dev, inode, size, mtime_ns) must equal the manifest's, on
     the open fd for copies and on the new link's inode for links; with a manifest hash,
     copies re-hash what they read;
-  * write-ahead journal: an fsynced intent before each batch, done records after;
+  * write-ahead journal: an fsynced intent before each batch, done records after (a
+    hard link by its inode identity, plus its hash when the manifest or the replica
+    check has one);
   * one run per target namespace (`lock.NamespaceLock`);
   * writes only below the destination root, through O_NOFOLLOW directory fds.
+
+Speed: actions stream from the manifest in batches (bounded memory). While the main
+thread links one batch, helper threads make the next batch's folders (after its intent
+is fsynced) and stat + hash its replica files; every outcome is still judged by the
+main thread in block order, so results and journal are those of one thread.
 """
 
 from __future__ import annotations
