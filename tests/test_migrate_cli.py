@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import shlex
 
-from click.testing import CliRunner
 
-from kvmigrate.cli import cli
+from cli_helpers import run
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
-
-
-def run(*args) -> tuple[int, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return res.exit_code, res.stdout + res.stderr
 
 
 def test_neither_root_nor_manifest_is_a_usage_error():

@@ -14,24 +14,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from click.testing import CliRunner
 
 from kvmigrate import layout, manifest
-from kvmigrate.cli import cli
 from reference_reader import content_listing, file_facts, listing
+from cli_helpers import run, run_json
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
-
-
-def run(*args) -> tuple[int, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return res.exit_code, res.stdout + res.stderr
-
-
-def run_json(*args) -> tuple[int, dict]:
-    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
-    return res.exit_code, json.loads(res.stdout)
 
 
 def all_files(root) -> list[str]:

@@ -9,24 +9,13 @@ import sys
 import textwrap
 
 import pytest
-from click.testing import CliRunner
 
 from kvmigrate import layout
-from kvmigrate.cli import cli
 from reference_reader import file_facts, listing
+from cli_helpers import run, run_json
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
-
-
-def run(*args) -> tuple[int, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return res.exit_code, res.stdout + res.stderr
-
-
-def run_json(*args) -> tuple[int, dict]:
-    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
-    return res.exit_code, json.loads(res.stdout)
 
 
 def journal_records(path) -> list[dict]:

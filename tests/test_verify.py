@@ -6,21 +6,10 @@ import json
 import os
 
 import pytest
-from click.testing import CliRunner
 
-from kvmigrate.cli import cli
+from cli_helpers import run, run_json
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
-
-
-def run(*args) -> tuple[int, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return res.exit_code, res.stdout + res.stderr
-
-
-def run_json(*args) -> tuple[int, dict]:
-    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
-    return res.exit_code, json.loads(res.stdout)
 
 
 def done_records(journal, kind="block") -> list[dict]:
