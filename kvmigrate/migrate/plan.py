@@ -317,13 +317,14 @@ class _ManifestRows:
                 cols = [c for c in _READ_COLUMNS if c in table.column_names]
                 self._table = _plain(table.select(cols))
                 self._table = self._table.append_column("_bucket", _buckets(self._table.column("block_hash")))
-                self._survey(self._table, -1, 0, hist)
+                self._survey([self._table], -1, 0, hist)
             else:
                 for f in manifest._parquet_files(path):
                     self._files.append((pq.ParquetFile(f), str(f), _identity(f)))
                     pf = self._files[-1][0]
                     for i in range(pf.num_row_groups):
-                        self._survey(_read_row_group(pf, i, ["status", "action", "block_hash"]),
+                        self._survey(pf.iter_batches(batch_size=_SURVEY_BATCH, row_groups=[i], use_threads=False,
+                                                     columns=["status", "action", "block_hash"]),
                                      len(self._files) - 1, i, hist)
         except (UsageError, _PendingRowCheck):
             raise
@@ -331,39 +332,55 @@ class _ManifestRows:
             raise _unreadable(where, exc) from None
         self._ranges = _cut(hist, CHUNK_ROWS)
 
-    def _survey(self, t: pa.Table, file: int, index: int, hist: list[int]) -> None:
-        values, counts = _value_counts(pc.cast(t.column("status"), pa.string()))
-        self.status_counts.update(dict(zip(values, counts)))
-        bh = t.column("block_hash")
-        creating = pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))), False)
-        if pc.any(pc.and_(creating, pc.is_null(bh))).as_py():
-            self._orphan_block_row(self._row_group(file, index))
-        vc = pc.value_counts(_buckets(bh))
-        buckets, counts = vc.field("values").to_pylist(), vc.field("counts").to_pylist()
-        seen = [b for b in buckets if b is not None]
-        if not seen:
-            return
-        for b, n in zip(buckets, counts):
-            if b is not None:
-                hist[b] += n
-        if file >= 0:
+    def _survey(self, batches: Iterable[Any], file: int, index: int, hist: list[int]) -> None:
+        """Status counts, a bucket histogram and the bucket range of one row group."""
+        seen: list[int] = []
+        for t in batches:
+            values, counts = _value_counts(pc.cast(t.column("status"), pa.string()))
+            self.status_counts.update(dict(zip(values, counts)))
+            bh = t.column("block_hash")
+            creating = pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))),
+                                    False)
+            if pc.any(pc.and_(creating, pc.is_null(bh))).as_py():
+                self._orphan_block_row(self._row_group(file, index))
+            vc = pc.value_counts(_buckets(bh))
+            for b, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
+                if b is not None:
+                    hist[b] += n
+                    seen.append(b)
+        if seen and file >= 0:
             self._parts.append((file, index, min(seen), max(seen)))
 
-    def _row_group(self, file: int, index: int, buckets: tuple[int, int] | None = None) -> pa.Table:
-        """Rows of one row group (plain strings), those of a bucket range only if given:
-        decoded in record batches, so a large row group is never held whole."""
+    def _row_group(self, file: int, index: int) -> pa.Table:
+        """All rows of one row group (plain strings)."""
         if file < 0:
-            return self._table if buckets is None else _in_buckets(self._table, *buckets)
+            return self._table
+        return _plain(_read_row_group(self._checked(file), index, list(_READ_COLUMNS)))
+
+    def _checked(self, file: int) -> Any:
         pf, path, ident = self._files[file]
         if _identity(path) != ident:
             raise UsageError("the manifest changed while it was being used (planned from one version, read "
                              "another)", path=path, hint="rerun the command once nothing writes the manifest")
-        if buckets is None:
-            return _plain(_read_row_group(pf, index, list(_READ_COLUMNS)))
-        parts = [_in_buckets(_plain(pa.Table.from_batches([b])), *buckets)
-                 for b in pf.iter_batches(batch_size=_READ_BATCH, row_groups=[index], columns=list(_READ_COLUMNS),
-                                          use_threads=False)]
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return pf
+
+    def _split_row_group(self, file: int, index: int, lo: int, hi: int,
+                         room: int) -> tuple[list[pa.Table], list[pa.Table] | None]:
+        """The rows of one row group in buckets lo..hi, and those of later buckets while
+        they fit in `room` rows (None when they do not: read again later). Decoded in
+        record batches, so a big row group is never held whole."""
+        mine: list[pa.Table] = []
+        later: list[pa.Table] | None = []
+        for batch in self._checked(file).iter_batches(batch_size=_READ_BATCH, row_groups=[index],
+                                                      columns=list(_READ_COLUMNS), use_threads=False):
+            t = _in_buckets(_plain(pa.Table.from_batches([batch])), lo, BUCKETS - 1)
+            after = pc.greater(t.column("_bucket"), hi)
+            mine.append(t.filter(pc.invert(after)))
+            if later is not None:
+                rest = t.filter(after)
+                room -= rest.num_rows
+                later = (later + [rest]) if room >= 0 else None
+        return mine, later
 
     @staticmethod
     def _orphan_block_row(t: pa.Table) -> None:
@@ -398,14 +415,17 @@ class _ManifestRows:
             for f, i, first, last in self._parts:
                 if last < lo or first > hi:
                     continue
+                room = 2 * CHUNK_ROWS - sum(c.num_rows for c in carry.values())
                 t = carry.pop((f, i), None)
                 if t is None:
-                    t = self._row_group(f, i, (lo, BUCKETS - 1))
-                later = pc.greater(t.column("_bucket"), hi)
-                rest = t.filter(later)
-                parts.append(t.filter(pc.invert(later)))
-                if rest.num_rows and rest.num_rows + sum(c.num_rows for c in carry.values()) <= 2 * CHUNK_ROWS:
-                    carry[(f, i)] = rest
+                    mine, later = self._split_row_group(f, i, lo, hi, room)
+                else:
+                    after = pc.greater(t.column("_bucket"), hi)
+                    mine, later = [t.filter(pc.invert(after))], [t.filter(after)]
+                parts += mine
+                later = [x for x in later or () if x.num_rows]
+                if later:
+                    carry[(f, i)] = later[0] if len(later) == 1 else pa.concat_tables(later)
             parts = [p for p in parts if p.num_rows]
             if not parts:
                 return None
@@ -417,6 +437,7 @@ class _ManifestRows:
 
 
 _READ_BATCH = 8192  # rows decoded at a time from a row group
+_SURVEY_BATCH = 65536  # (three narrow columns)
 
 
 def _read_row_group(pf: Any, index: int, columns: list[str]) -> pa.Table:
