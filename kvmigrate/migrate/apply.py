@@ -58,6 +58,7 @@ _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make the
 _HELPERS = 3  # threads: two folder makers and a replica reader (all mostly in the kernel)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _HEX3 = re.compile(r"^[0-9a-f]{3}$")
+_NOT_SEEN = object()
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
 
@@ -162,6 +163,7 @@ class Applier:
         self._src_prefix = plan.root if plan.root.endswith("/") else plan.root + "/"
         self._pool: ThreadPoolExecutor | None = None  # the replica reader and a folder maker
         self._reads: dict[int, list] = {}  # id(action) -> its files' (stale, hash, error), this batch
+        self._stats: dict[int, str | None] = {}  # id(source file) -> why it is stale, this batch
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
 
@@ -499,18 +501,17 @@ class Applier:
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
-        reading = [act for act in batch if _reads_replicas(act)]
-        reads = self._helpers().submit(_read_batch, self._src_prefix, reading) if reading else None
+        reads = self._helpers().submit(_read_batch, self._src_prefix, batch)
         return _Batch(batch, missing, self._start_dirs(missing), reads)
 
     def _blocks(self, tp: TargetPlan, prepared: _Batch) -> None:
         """Materialize the blocks of a batch whose folders exist, in order; one fsync."""
-        self._reads = prepared.reads.result() if prepared.reads is not None else {}
+        self._reads, self._stats = prepared.reads.result() if prepared.reads is not None else ({}, {})
         for act in prepared.actions:
             self._block(tp, act)
             if self.progress:
                 self.progress(1)
-        self._reads = {}
+        self._reads, self._stats = {}, {}
         self.journal.sync()
 
     def _helpers(self) -> ThreadPoolExecutor:
@@ -543,8 +544,10 @@ class Applier:
         return self._src_prefix + relpath  # os.path.join(root, relpath) for a checked relpath
 
     def _stale(self, src) -> str | None:
-        """Why a source no longer is what the scan saw, or None."""
-        return _stale_at(self._src_abs(src.relpath), src)
+        """Why a source no longer is what the scan saw, or None (lstat-ed by the helper
+        while the batch's folders were made, or now)."""
+        why = self._stats.pop(id(src), _NOT_SEEN)
+        return _stale_at(self._src_abs(src.relpath), src) if why is _NOT_SEEN else why
 
     def _block(self, tp: TargetPlan, act: BlockAction) -> None:
         if _reads_replicas(act):
@@ -1011,7 +1014,7 @@ class _Batch:
     actions: list[BlockAction]
     missing: list[str]  # its folders that did not exist, parents first
     dirs: list[Future]  # -> {folder: True | "exists" | OSError | None (not tried)}
-    reads: Future | None  # -> {id(action): [(why stale, hash, error) per file]}
+    reads: Future | None  # -> ({id(action): [(why stale, hash, error) per file]}, {id(file): why stale})
 
 
 def _batches(actions, size: int):
@@ -1061,8 +1064,19 @@ def _make_folders(anchors: dict[str, int], folders: list[str]) -> dict[str, Any]
     return out
 
 
-def _read_batch(prefix: str, acts: list[BlockAction]) -> dict[int, list]:
-    return {id(act): _read_block_files(prefix, act) for act in acts}
+def _read_batch(prefix: str, acts: list[BlockAction]) -> tuple[dict[int, list], dict[int, str | None]]:
+    """What the blocks of a batch will check about their sources, taken ahead by a
+    helper: the files of blocks whose replicas must be hashed, read (by action id); the
+    other sources, lstat-ed (by file id; see `Applier._stale`)."""
+    reads: dict[int, list] = {}
+    stats: dict[int, str | None] = {}
+    for act in acts:
+        if _reads_replicas(act):
+            reads[id(act)] = _read_block_files(prefix, act)
+        else:
+            for f in (act.sources if act.transform is None else (act.source,)):
+                stats[id(f)] = _stale_at(prefix + f.relpath, f)
+    return reads, stats
 
 
 def _read_block_files(prefix: str, act: BlockAction) -> list[tuple[str | None, bytes | None, OSError | None]]:
