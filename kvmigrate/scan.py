@@ -67,6 +67,7 @@ READ_BUFFER = READ_CHUNK + 4096
 SMALL_FILE = 64 * 1024  # smaller files are read into a fresh bytes object (cheaper than the buffer)
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
+ZERO_SCAN_MAX = 64 << 20  # --verify size reads a zero-header vllm.cpp file whole only up to this size
 DEEP_RE_PREFIXES = ("block_size_",)
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 TASK_BUCKETS = 32  # <hhh> buckets per task
@@ -1302,8 +1303,9 @@ class Walker:
                 return True
             all_zero = r.all_zero
             if (not self.hashed and is_cpp and r.header and len(r.header) == vllmcpp.HEADER_SIZE
-                    and not r.header.strip(b"\0")):
-                # a zero header: is the whole file zero (crash residue)? read it to say so
+                    and not r.header.strip(b"\0") and rec.size <= ZERO_SCAN_MAX):
+                # a zero header: is the whole file zero (crash residue)? read it to say so (not a huge
+                # one: no engine writes a block that large, and a 1 TiB sparse file takes minutes)
                 try:
                     all_zero = read_file(path, want_hash=True).all_zero
                 except (Vanished, OSError):

@@ -1764,6 +1764,10 @@ FOUND = [
      "1054687125: created:12, then 2.6 ms into the resumed run)",
      "locks are released before \"complete\" is written, so such a kill leaves a run the next one resumes",
      "test_a_kill_between_the_last_block_and_complete_leaves_no_stale_lock"),
+    ("`scan --verify size` (stat and headers only) read a vllm.cpp block file with an all-zero header whole, "
+     "to tell zero_filled from header_invalid: a 1 TiB sparse file kept scan, audit and migrate busy for "
+     "minutes (a hang in CI)", "only files up to 64 MiB are read for that; larger ones are header_invalid",
+     "test_scan_verify_size_does_not_read_a_huge_zero_header_vllmcpp_file"),
     ("`report M -o FILE` exited 5 with nothing on stdout or stderr", "a stderr line says where the findings are "
      "(tests/test_report_cli.py now checks stdout, not stdout+stderr, for emptiness)",
      "test_report_to_a_file_with_findings_says_where_they_are"),
@@ -1771,7 +1775,7 @@ FOUND = [
 KNOWN_LIMITS = [
     "`scan --verify hash` reads every byte: a 1 TiB sparse block file takes minutes (measured > 2 min), so the "
     "hostile trees with enormous files are scanned with `--verify size` only. Not a crash and not a wrong "
-    "answer, but an operator hashing a hostile tree should know.",
+    "answer (the user asked for every byte), but an operator hashing a hostile tree should know.",
     "A symlink planted at a target folder (`<target>` or `<target>_r0`) stops the whole run (exit 8, "
     "\"refusing to write through a symlink\"), not just that namespace; the message names the path and "
     "the fix.",

@@ -254,3 +254,33 @@ def test_a_kill_between_the_last_block_and_complete_leaves_no_stale_lock(tmp_pat
     again = subprocess.run([kvmigrate, "migrate", str(root), *FLAGS, "--apply"], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert not list(root.rglob(layout.LOCK_NAME))
+
+
+def test_scan_verify_size_does_not_read_a_huge_zero_header_vllmcpp_file(tmp_path, synth_root):
+    """`scan --verify size` read a vllm.cpp block file with an all-zero header whole (to
+    tell zero_filled from header_invalid): a 1 TiB sparse file took many minutes. Bounded
+    by CPU time, not wall time: reading 1 TiB costs far more than the limit."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvmigrate import manifest
+
+    root, (res,) = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla"})
+    rank1 = next(p for p in root.iterdir() if p.name.endswith("_r1"))
+    huge = rank1 / "d05" / "48_g0" / ("d0548e" + "ab" * 29 + ".bin")
+    huge.parent.mkdir(parents=True)
+    huge.write_bytes(b"")
+    os.truncate(huge, 1 << 40)
+
+    def limit_cpu():
+        resource.setrlimit(resource.RLIMIT_CPU, (30, 30))
+
+    out = tmp_path / "m.parquet"
+    kvmigrate = str(Path(sys.executable).with_name("kvmigrate"))
+    p = subprocess.run([kvmigrate, "scan", str(root), "-o", str(out), "--verify", "size", "--kv-kind", "mla",
+                        "--model-dtype", "bfloat16"], capture_output=True, text=True, preexec_fn=limit_cpu)
+    assert p.returncode >= 0, f"killed by signal {-p.returncode} (CPU limit): it read the huge file"
+    row = next(r for r in manifest.read_table(out).to_pylist() if r["relpath"].endswith(huge.name))
+    assert row["status"] == "header_invalid"
