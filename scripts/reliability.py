@@ -1921,6 +1921,13 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
             "| defect | fix | regression test |", "|---|---|---|"]
     out += [f"| {a} | {b} | `{t}` |" for a, b, t in FOUND]
     out += ["", "## Known limits", ""] + [f"- {x}" for x in KNOWN_LIMITS] + [""]
+    slowest = sorted((r for r in ledger.runs if r.rc != -999), key=lambda r: r.seconds, reverse=True)[:5]
+    if slowest:
+        out += ["## Slowest commands", "",
+                "A tiny tree that keeps a command busy for long is a finding too (a 1 TiB sparse file read "
+                "whole was one); wall-clock seconds on the shared machine:", ""]
+        out += [f"- {r.seconds:.1f} s: {textwrap.shorten(r.brief().replace(str(meta['work']), '$WORK'), 220)}"
+                for r in slowest] + [""]
     notes = sorted(set(ledger.notes))
     if notes:
         out += ["## Notes from this run", ""] + [f"- {n}" for n in notes] + [""]
