@@ -1216,6 +1216,7 @@ class Walker:
         S, A, R, T = out.status, out.action, out.reason, out.target
         K, Z, C, H, P = out.rank, out.size, out.content, out.block_hash, out.relpath
         order = out.order
+        targets_exist = unit.targets_exist
         for key in sorted(blocks):
             idx = blocks[key]
             group, hex_hash = key
@@ -1223,13 +1224,7 @@ class Walker:
             for i in idx:
                 H[i] = bh
             order.extend(idx)
-            healthy = fast
-            if healthy:
-                for i in idx:
-                    if S[i] != "ok":
-                        healthy = False
-                        break
-            if not healthy:
+            if not fast or any([S[i] != "ok" for i in idx]):
                 self._finish_one(unit, out, idx, group, hex_hash, count_sizes)
                 continue
             differ = replicas and len({Z[i] if C[i] is None else C[i] for i in idx}) > 1
@@ -1241,11 +1236,14 @@ class Walker:
                 verdict = tuple((r.status, r.action, r.reason, r.target_relpath is not None) for r in recs)
                 if len(verdicts) < VERDICTS_KEPT:
                     verdicts[shape] = verdict
+            tpath = None
             for i, (status, action, reason, has_target) in zip(idx, verdict):
                 S[i], A[i], R[i] = status, action, reason
                 if has_target:
-                    T[i] = tpath = classify.target_relpath(target, hex_hash, group)
-                    if unit.targets_exist and tpath != P[i]:
+                    if tpath is None:  # once per block: every replica has the same target
+                        tpath = classify.target_relpath(target, hex_hash, group)
+                    T[i] = tpath
+                    if targets_exist and tpath != P[i]:
                         rec = out.record(i, hex_hash)
                         self._check_existing_target(plan, rec)
                         A[i], R[i], T[i] = rec.action, rec.reason, rec.target_relpath

@@ -156,3 +156,29 @@ def test_a_second_run_of_the_same_command_never_touches_a_live_run(two_roots):
         out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)
+
+
+@pytest.mark.parametrize("digest", [bytes(range(16)), None])
+def test_a_link_done_record_reads_back_like_the_generic_one(tmp_path, digest):
+    """`done_link` formats the hot record by hand: it must parse to exactly what `done`
+    writes (paths with quotes and non-ASCII names included), and both stay buffered until
+    the next sync."""
+    from kvmigrate.migrate.journal import JournalWriter, read_records
+
+    block = tmp_path / 'f"é.bin'
+    block.write_bytes(b"x" * 7)
+    st = os.lstat(block)
+    path = 'base_r0/abc/de_g1/f"é.bin'
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    wa = JournalWriter.create(str(a), {"pid": 1})
+    wb = JournalWriter.create(str(b), {"pid": 1})
+    rec = {"kind": "block", "path": path, "ino": st.st_ino, "dev": st.st_dev, "size": st.st_size,
+           "mtime_ns": st.st_mtime_ns, "how": "link", "action": "link"}
+    if digest is not None:
+        rec["xxh3_128"] = digest.hex()
+    wa.done(rec)
+    wb.done_link(path, st, "link", digest)
+    assert len(read_records(str(b))) == 1  # the header only: done records wait for the sync
+    wa.sync(), wb.sync()
+    assert read_records(str(a))[1:] == read_records(str(b))[1:] == [{"t": "done", **rec}]
+    wa.close(), wb.close()

@@ -282,18 +282,19 @@ def test_files_vanishing_between_listing_and_reading_are_dropped(synth_root, sca
     root, (result,) = synth_root(dict(family="llmd", tp=1, defects=("tmp_vllm",)))
     gone, replaced = result.block_files()[:2]
     tmp_file = result.defect("tmp_vllm")["relpath"]
-    real = scan_mod.read_file
+    real = os.open
 
-    def racing(path, **kw):
-        for rel in (gone, tmp_file):
-            if path.endswith(rel):
+    def racing(path, flags, *args, **kw):  # the race happens just before the scanner opens the file
+        if isinstance(path, str):
+            for rel in (gone, tmp_file):
+                if path.endswith(rel) and os.path.lexists(path):
+                    os.unlink(path)
+            if path.endswith(replaced) and not os.path.islink(path):
                 os.unlink(path)
-        if path.endswith(replaced):
-            os.unlink(path)
-            os.symlink("/etc/passwd", path)
-        return real(path, **kw)
+                os.symlink("/etc/passwd", path)
+        return real(path, flags, *args, **kw)
 
-    monkeypatch.setattr(scan_mod, "read_file", racing)
+    monkeypatch.setattr(scan_mod.os, "open", racing)
     scan, rows = scan_root(root, verify="hash", flags={"model_dtype": "bfloat16"})
     assert gone not in rows and replaced not in rows and tmp_file not in rows
     assert {r["status"] for r in rows.values()} == {"ok"}

@@ -386,6 +386,7 @@ class Applier:
             if outcome:
                 created.append(d)
                 self._made_dirs.add(d)
+                self.tree.made(d)
             self._known_dirs.add(d)
         if created:
             self.journal.done({"kind": "dirs", "paths": created})
@@ -686,11 +687,7 @@ class Applier:
         # A hard link IS the source inode: its identity (dev, inode, size, mtime) is
         # journaled, and its hash when the manifest or the replica check has it (no read
         # just for the journal; verify and rollback check mtime where no hash is recorded).
-        rec = {"kind": "block", "path": target, "ino": st.st_ino, "dev": st.st_dev, "size": st.st_size,
-               "mtime_ns": st.st_mtime_ns, "how": "link", "action": act.action}
-        if src_hash is not None:
-            rec["xxh3_128"] = src_hash.hex()
-        self.journal.done(rec)
+        self.journal.done_link(target, st, act.action, src_hash)
         self.result.linked += 1
         self._outcome(tp, act, "created")
         self.crash.hit("created")

@@ -100,6 +100,9 @@ def hash_payload(path: str, header_size: int) -> bytes:
         os.close(fd)
 
 
+_MADE_KEPT = 1 << 16  # folders made by this run remembered for the by-path fast way
+
+
 class SymlinkInPath(OSError):
     """A component of a destination path is a symlink or not a directory."""
 
@@ -116,6 +119,8 @@ class DestTree:
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._max = max_fds
+        self._made: set[str] = set()
+        self._prefix = os.path.join(self.root, "")
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -130,7 +135,7 @@ class DestTree:
         self.close()
 
     def abspath(self, relpath: str) -> str:
-        return os.path.join(self.root, relpath)
+        return self._prefix + relpath  # os.path.join for a checked (never absolute) relpath
 
     def dir_fd(self, reldir: str) -> int:
         """fd of an existing directory `reldir` ('' = root); raises FileNotFoundError or
@@ -160,9 +165,20 @@ class DestTree:
         parent, _, name = relpath.rpartition("/")
         return self.dir_fd(parent), name
 
+    def made(self, reldir: str) -> None:
+        """Note a folder this run just made (mkdir in an O_NOFOLLOW-opened parent): files
+        in it are linked and checked by path, with no folder fd opened per file (as
+        `cp -al` does); anywhere else every step goes through a folder fd. Bounded: a
+        forgotten folder only costs the slower way."""
+        if len(self._made) >= _MADE_KEPT:
+            self._made.clear()
+        self._made.add(reldir)
+
     def lstat(self, relpath: str) -> os.stat_result | None:
         """lstat of a path below the root, None if it (or a parent) does not exist."""
         try:
+            if relpath.rpartition("/")[0] in self._made:
+                return os.lstat(self.abspath(relpath))
             pfd, name = self.split(relpath)
             return os.stat(name, dir_fd=pfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -197,6 +213,7 @@ class DestTree:
         """Close cached fds of `reldir` and everything below it (before removing it)."""
         for key in [k for k in self._fds if k == reldir or k.startswith(reldir + "/")]:
             os.close(self._fds.pop(key))
+        self._made -= {k for k in self._made if k == reldir or k.startswith(reldir + "/")}
 
     def unlink(self, relpath: str) -> None:
         pfd, name = self.split(relpath)
@@ -214,6 +231,9 @@ class DestTree:
         linkat without AT_SYMLINK_FOLLOW: a symlink source is linked as a symlink, which
         the caller's inode check then rejects.
         """
+        if relpath.rpartition("/")[0] in self._made:
+            os.link(src_abs, self.abspath(relpath), follow_symlinks=False)
+            return
         pfd, name = self.split(relpath)
         os.link(src_abs, name, dst_dir_fd=pfd, follow_symlinks=False)
 
