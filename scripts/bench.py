@@ -615,7 +615,8 @@ class Bench:
         tree = "files4k"
         root = self.tree_root(tree)
         out = self.workdir / "out"
-        manifest = out / "migrate_source.parquet"
+        manifest = out / "migrate_source.parquet"  # scan --verify hash: replicas proven equal by the scan
+        manifest_size = out / "migrate_source_size.parquet"  # scan --verify size: apply reads the replicas
         rank0 = [p for p in sorted(root.iterdir()) if p.name.endswith("_r0")]
         cp_dest = self.workdir / "cpal"
         before = set(os.listdir(root))
@@ -631,6 +632,7 @@ class Bench:
 
         ok_m, why_m = self.kvm_has("migrate")
         migrate_json = str(out / "migrate_manifest.json")
+        migrate_size_json = str(out / "migrate_manifest_size.json")
         migrate_root_json = str(out / "migrate_root.json")
 
         def migrate_check(path: str) -> Any:
@@ -647,17 +649,23 @@ class Bench:
             return {"files_linked": n, "expected_links": self.specs[tree].blocks}
 
         if ok_m:
-            self.log("migrate: writing the source manifest (untimed scan)")
-            r = run_measured([self.kvm, "scan", str(root), "--verify", "size", "-q", "-o", str(manifest), *FACTS],
-                             stderr=str(out / "migrate_source.stderr"))
-            if r.rc not in (0, 1):
-                ok_m, why_m = False, f"the scan that makes its manifest failed: {tail(out / 'migrate_source.stderr')}"
+            for verify, path in (("hash", manifest), ("size", manifest_size)):
+                self.log(f"migrate: writing the source manifest (untimed scan --verify {verify})")
+                err = out / f"migrate_source_{verify}.stderr"
+                r = run_measured([self.kvm, "scan", str(root), "--verify", verify, "-q", "-o", str(path), *FACTS],
+                                 stderr=str(err))
+                if r.rc not in (0, 1):
+                    ok_m, why_m = False, f"the scan that makes its manifest failed: {tail(err)}"
         src = rank0[0] if rank0 else root / "missing_r0"
         cmds = [
             Command("mig_kvm", "kvmigrate migrate --manifest M --apply",
                     [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q", "--json"], "kvmigrate",
                     stdout=migrate_json, reset=reset_root, check=migrate_check(migrate_json), available=ok_m,
                     why_unavailable=why_m),
+            Command("mig_kvm_size", "kvmigrate migrate --manifest M(size) --apply",
+                    [self.kvm, "migrate", "--manifest", str(manifest_size), "--apply", "-q", "--json"], "kvmigrate",
+                    stdout=migrate_size_json, reset=reset_root, check=migrate_check(migrate_size_json),
+                    available=ok_m, why_unavailable=why_m),
             Command("mig_cpal", "cp -al (rank 0 folder)", sh(f"mkdir -p {q(cp_dest)} && cp -al {q(src)} {q(cp_dest)}/"),
                     "baseline", reset=reset_cp, check=cp_check),
             Command("mig_kvm_root", "kvmigrate migrate ROOT --apply (scan + apply)",
@@ -666,12 +674,16 @@ class Bench:
                     available=ok_m, why_unavailable=why_m),
         ]
         return Group("migrate", "Materialization: hard links (4 KiB-file tree)", tree, cmds,
-                     [("mig_kvm", "mig_cpal"), ("mig_kvm_root", "mig_cpal")],
+                     [("mig_kvm", "mig_cpal"), ("mig_kvm_size", "mig_cpal"), ("mig_kvm_root", "mig_cpal")],
                      note="Every block's action is `link` (llm-d TP=2 MLA -> the vllm-0.28 replicated namespace): "
                           "kvmigrate links one replica per block (rank 0) into the target namespace; `cp -al` "
                           "links the same rank-0 files into a fresh folder. Between repetitions the created "
                           "target folders (and .kvmigrate/) or the cp destination are deleted (untimed). "
-                          "The `--manifest` run is the materialization proper; the `ROOT` run scans first.",
+                          "`M` is the manifest of `scan --verify hash`: the scan proved every block's two "
+                          "replicas equal, so apply only checks each source is unchanged (lstat) and links: the "
+                          "materialization proper, judged against the target. `M(size)` is the manifest of "
+                          "`scan --verify size`: before linking, apply reads and hashes both replicas of every "
+                          "block (1M file reads that `cp -al` does not do). The `ROOT` run scans (size) first.",
                      items=self.specs[tree].blocks, item_name="links")
 
     def run_startup(self) -> dict:

@@ -529,7 +529,10 @@ class Applier:
     def _outcome(self, tp: TargetPlan, act: BlockAction, outcome: str, why: str = "", quiet: bool = False,
                  bits: int = 0) -> None:
         self.result.outcomes[outcome] += 1
-        self.result.per_target.setdefault(tp.base_name, Counter())[outcome] += 1
+        per_target = self.result.per_target.get(tp.base_name)
+        if per_target is None:
+            per_target = self.result.per_target[tp.base_name] = Counter()
+        per_target[outcome] += 1
         if outcome in ("conflict", "changed_since_scan", "failed"):
             if not quiet:
                 self.result.findings.append(f"{outcome}: {self.tree.abspath(act.target_relpath)} "
