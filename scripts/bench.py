@@ -197,6 +197,12 @@ def capture(argv: list[str], **kw: Any) -> str:
     return (p.stdout or p.stderr).strip()
 
 
+FLOOR_NOTE = ("The Python floor (scripts/floor_walk.py) is a reference, not a competitor: the bare walk and "
+              "per-file syscalls kvmigrate cannot avoid, in the same number of processes, with no "
+              "classification and no manifest; no Python tool can beat it, so a target below it needs "
+              "compiled code.")
+
+
 @dataclass
 class Command:
     """One timed command of a group."""
@@ -578,12 +584,22 @@ class Bench:
             Command("meta_fd", "fdfind --type f", sh(f"fdfind -uu --type f . {q(root)} > /dev/null"), "baseline"),
             Command("meta_fd_l", "fdfind --type f -l", sh(f"fdfind -uu --type f -l . {q(root)} > /dev/null"),
                     "baseline"),
+            self._floor_cmd("meta_floor", root, hashed=False),
         ]
         return Group("meta", "Metadata scan (4 KiB-file tree)", "files4k", cmds,
-                     [("meta_kvm", "meta_find"), ("meta_kvm", "meta_fd"), ("meta_kvm", "meta_fd_l")],
+                     [("meta_kvm", "meta_find"), ("meta_kvm", "meta_fd"), ("meta_kvm", "meta_fd_l"),
+                      ("meta_kvm", "meta_floor")],
                      note="find and fdfind only list (find also stats); kvmigrate also identifies namespaces, "
                           "classifies every block and writes the Parquet manifest. `fdfind` does not stat; "
-                          "`fdfind -l` runs `ls -l` on batches of files.")
+                          "`fdfind -l` runs `ls -l` on batches of files. " + FLOOR_NOTE)
+
+    def _floor_cmd(self, key: str, root: Path, hashed: bool) -> Command:
+        """The Python floor (scripts/floor_walk.py): the same walk and reads in as many
+        processes as kvmigrate uses, with nothing else (a reference, not a target)."""
+        script = str(Path(__file__).resolve().parent / "floor_walk.py")
+        return Command(key, f"Python floor ({'scandir + read + XXH3' if hashed else 'scandir + lstat'}, "
+                            f"{len(os.sched_getaffinity(0))} processes, no manifest)",
+                       [self.kvm_python, script, str(root), *(["--hash"] if hashed else [])], "baseline")
 
     def group_hash(self, key: str, tree: str) -> Group:
         root = self.tree_root(tree)
@@ -602,14 +618,17 @@ class Bench:
                     ["rdfind", "-dryrun", "true", "-outputname", rd_out, str(root)], "baseline",
                     stdout=str(out / f"{key}_rdfind.log"),
                     check=lambda _r: {"replica_groups": count_rdfind_groups(rd_out)}),
+            self._floor_cmd(f"{key}_floor", root, hashed=True),
         ]
         spec = self.specs[tree]
         return Group(key, f"Content verification: {spec.title}", tree, cmds,
                      [(f"{key}_kvm", f"{key}_xxhsum"), (f"{key}_kvm", f"{key}_jdupes"),
-                      (f"{key}_kvm", f"{key}_rdfind")],
+                      (f"{key}_kvm", f"{key}_rdfind"), (f"{key}_kvm", f"{key}_floor"),
+                      (f"{key}_floor", f"{key}_jdupes")],
                      note="Same files, same bytes: every file of the tree is read whole and hashed. "
                           "kvmigrate compares each block's rank replicas and writes the manifest; jdupes and "
-                          "rdfind group equal files (their group counts are checked against the manifest's).")
+                          "rdfind group equal files (their group counts are checked against the manifest's). "
+                          + FLOOR_NOTE)
 
     def group_migrate(self) -> Group:
         tree = "files4k"
