@@ -1168,11 +1168,12 @@ class Walker:
                         continue  # vanished
                     if misfiled:
                         misc.append(i)
-                    else:
-                        try:
-                            blocks[(group, hex_hash)].append(i)
-                        except KeyError:
+                    else:  # (not try/except KeyError: the first replica of every block would raise)
+                        idx = blocks.get((group, hex_hash))
+                        if idx is None:
                             blocks[(group, hex_hash)] = [i]
+                        else:
+                            idx.append(i)
         out.order.extend(misc)
         if blocks:
             self._finish_blocks(unit, blocks, out)
