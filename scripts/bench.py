@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import profile_spy  # noqa: E402  (scripts/profile_spy.py: py-spy's side of --profile)
 REPORTS = REPO / "reports"
 DEFAULT_WORKDIR = Path("/work/bench-tmp")
 
@@ -738,11 +740,29 @@ class Bench:
         return res
 
     def run_profile(self) -> dict:
-        """cProfile of `kvmigrate scan` on the 4 KiB tree, every thread (scripts/profile_scan.py)."""
-        helper = REPO / "scripts" / "profile_scan.py"
+        """Where `kvmigrate scan` spends its time on the 4 KiB tree: py-spy sampling the
+        real run (parent and worker processes, scripts/profile_spy.py) when py-spy is
+        installed, else cProfile of every thread of one process (scripts/profile_scan.py)."""
         root = self.tree_root("files4k")
         out = self.workdir / "out"
-        res: dict[str, Any] = {"tool": "cProfile, all threads merged (scripts/profile_scan.py)"}
+        spy = REPO / "scripts" / "profile_spy.py"
+        if profile_spy.find_py_spy(self.kvm_python):
+            res: dict[str, Any] = {"tool": "py-spy (sampling, parent and worker processes; scripts/profile_spy.py)",
+                                   "kind": "py-spy"}
+            for verify in ("size", "hash"):
+                js = out / f"profile_spy_{verify}.json"
+                argv = [self.kvm_python, str(spy), "--json", str(js), "--top", str(self.args.profile_top),
+                        "--kvmigrate", self.kvm, "--", "scan", str(root), "--verify", verify, "-q",
+                        "-o", str(out / f"profile_{verify}.parquet"), *FACTS]
+                self.log(f"profile (py-spy): scan --verify {verify}")
+                p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                if p.returncode != 0 or not js.exists():
+                    res[verify] = {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+                    continue
+                res[verify] = json.loads(js.read_text())
+            return res
+        helper = REPO / "scripts" / "profile_scan.py"
+        res = {"tool": "cProfile, all threads merged (scripts/profile_scan.py)"}
         for verify in ("size", "hash"):
             js = out / f"profile_{verify}.json"
             argv = [self.kvm_python, str(helper), "--out", str(out / f"profile_{verify}.pstats"), "--json", str(js),
@@ -1165,8 +1185,10 @@ def render(result: dict) -> str:
     add("")
     prof = result["profile"]
     if not prof:
-        add("Not profiled in this run: add `--profile` (cProfile of `kvmigrate scan` on the 4 KiB tree, every "
-            "thread, via `scripts/profile_scan.py`).")
+        add("Not profiled in this run: add `--profile` (py-spy of `kvmigrate scan` on the 4 KiB tree, parent and "
+            "workers, via `scripts/profile_spy.py`; cProfile via `scripts/profile_scan.py` without py-spy).")
+    elif prof.get("kind") == "py-spy":
+        render_spy_profile(prof, add)
     else:
         add(f"{prof['tool']}. Self time (`tottime`) is summed over the main thread and the worker threads, so "
             "it adds up to more than the wall time; rows marked *wait* are idle threads blocked on the work "
@@ -1276,12 +1298,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
     p.add_argument("--render-only", action="store_true",
                    help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir, run nothing")
+    p.add_argument("--profile-only", action="store_true",
+                   help="run only the --profile step on the kept 4 KiB tree and add it to the benchmarks.json in "
+                        "--out-dir (then rewrite BENCHMARKS.md)")
     p.add_argument("--check-space", action="store_true",
                    help="print the trees' sizes and the space they need, then exit")
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error("--reps must be >= 1")
     return a
+
+
+def render_spy_profile(prof: dict, add) -> None:
+    """The py-spy section of "Where the time goes": shares of samples, per line and per
+    function, for each scan mode."""
+    add(f"{prof['tool']}. Each process is sampled at a fixed rate; a share is the part of all samples (parent "
+        "and workers together) taken on that line or function. A sample taken during a system call is charged to "
+        "the Python line making it: `os.read`, `os.open`/`open_noatime`, `os.fstat` and `list(scandir)` lines "
+        "are the kernel's share; idle pool threads waiting for work show as `wait`/`select`/`_recv` lines.")
+    for verify in ("size", "hash"):
+        p = prof.get(verify)
+        if not p:
+            continue
+        add("")
+        if "error" in p:
+            add(f"`scan --verify {verify}`: profile failed: {p['error']}")
+            continue
+        add(f"**`scan --verify {verify}`** on the 4 KiB tree: wall {p['wall_s']:.2f} s under py-spy, "
+            f"{p['samples']:,} samples at {p.get('rate_hz', '?')} Hz per thread, parent and workers together.")
+        add("")
+        add("| line (self) | code | share |")
+        add("|---|---|---:|")
+        for row in p.get("self_by_line_pct", []):
+            code = (row[2] if len(row) > 2 else "").replace("|", "\\|")
+            add(f"| `{row[0]}` | `{code}` | {row[1]}% |")
+        add("")
+        add("| function (self) | share |")
+        add("|---|---:|")
+        for name, share in p.get("self_by_function_pct", []):
+            add(f"| `{name}` | {share}% |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1292,6 +1347,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out / 'BENCHMARKS.md'}")
         return 0
     bench = Bench(args)
+    if args.profile_only:
+        out = Path(args.out_dir)
+        result = json.loads((out / "benchmarks.json").read_text())
+        root = bench.tree_root("files4k")
+        if not root.is_dir():
+            sys.exit(f"bench: {root} is missing: --profile-only profiles the tree a --keep run left")
+        bench.log(f"profile-only: warm-up pass {warm(root):.1f} s")
+        result["profile"] = bench.run_profile()
+        when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        result.setdefault("notes", []).append(
+            f"\"Where the time goes\" was taken after the timed run ({when}) by `python3 scripts/bench.py "
+            f"--profile-only --kvmigrate {bench.kvm}` on the same kept tree.")
+        (out / "benchmarks.json").write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+        (out / "BENCHMARKS.md").write_text(render(result))
+        bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+        return 0
     if args.check_space:
         for spec in bench.specs.values():
             print(f"{spec.name}: {spec.files:,} files of {spec.file_bytes:,} B "
