@@ -159,7 +159,6 @@ class Applier:
         self.result = ApplyResult()
         self.crash = _CrashSeam()
         self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
-        self._made_dirs: set[str] = set()  # folders this run created: their children need no lstat
         self._src_prefix = plan.root if plan.root.endswith("/") else plan.root + "/"
         self._pool: ThreadPoolExecutor | None = None  # the replica reader and a folder maker
         self._reads: dict[int, list] = {}  # id(action) -> its files' (stale, hash, error), this batch
@@ -312,9 +311,8 @@ class Applier:
         mkdir (EEXIST) and not counted as ours."""
         missing: list[str] = []
         missing_set: set[str] = set()
-        if len(self._known_dirs) > _DIR_CACHE or len(self._made_dirs) > _DIR_CACHE:
-            self._known_dirs.clear()  # caches only: actions come in path order
-            self._made_dirs.clear()
+        if len(self._known_dirs) > _DIR_CACHE:
+            self._known_dirs.clear()  # a cache only: actions come in path order
         for reldir in reldirs:
             if reldir in self._known_dirs:
                 continue
@@ -324,7 +322,7 @@ class Applier:
                 if d in self._known_dirs or d in missing_set:
                     continue
                 parent = d.rpartition("/")[0]
-                if parent in missing_set or parent in self._made_dirs or not self.tree.is_dir(d):
+                if parent in missing_set or self.tree.was_made(parent) or not self.tree.is_dir(d):
                     missing.append(d)
                     missing_set.add(d)
                 else:
@@ -385,7 +383,6 @@ class Applier:
                 raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
             if outcome:
                 created.append(d)
-                self._made_dirs.add(d)
                 self.tree.made(d)
             self._known_dirs.add(d)
         if created:

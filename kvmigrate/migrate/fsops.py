@@ -100,7 +100,7 @@ def hash_payload(path: str, header_size: int) -> bytes:
         os.close(fd)
 
 
-_MADE_KEPT = 1 << 16  # folders made by this run remembered for the by-path fast way
+_MADE_KEPT = 1 << 16  # folders made by this run remembered (by-path links, no lstat of their children)
 
 
 class SymlinkInPath(OSError):
@@ -173,6 +173,11 @@ class DestTree:
         if len(self._made) >= _MADE_KEPT:
             self._made.clear()
         self._made.add(reldir)
+
+    def was_made(self, reldir: str) -> bool:
+        """This run made `reldir` (as far as the bounded memory of `made` goes): its
+        children cannot exist yet without a stat."""
+        return reldir in self._made
 
     def lstat(self, relpath: str) -> os.stat_result | None:
         """lstat of a path below the root, None if it (or a parent) does not exist."""
