@@ -9,16 +9,21 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --scale small --reps 2        # ~1-2 minutes
     python3 scripts/bench.py --scale large --keep          # the issue's sizes (1M files, 4 GiB)
     python3 scripts/bench.py --scale small --profile       # + "Where the time goes"
+    python3 scripts/bench.py --scale large --profile-only  # profile a kept tree, add to the report
 
 Groups (see GROUPS below):
   meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
   hash4k    kvmigrate scan --verify hash  vs  find|xargs xxhsum -H2, jdupes -r, rdfind
   hash1m    the same on the 1 MiB-file tree (bandwidth rather than per-file overhead)
   migrate   kvmigrate migrate --apply (all link actions)  vs  cp -al     (4 KiB tree)
+            (from a `scan --verify hash` manifest; a size-only manifest and `migrate ROOT` beside)
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
+The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
 Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
-fd-find, findutils, coreutils and util-linux (fincore). `.ci/run` does not run it.
+fd-find, findutils, coreutils and util-linux (fincore). `--profile` uses py-spy when it is
+installed next to kvmigrate's interpreter or on PATH (`pip install py-spy`: it samples the
+worker processes too), else cProfile. `.ci/run` does not run it.
 Peak RSS and CPU times come from os.wait4() on each command (the rusage of the process
 and its reaped children, the same figure `/usr/bin/time -v` prints as "Maximum resident
 set size").
