@@ -1200,14 +1200,7 @@ def render(result: dict) -> str:
             "queue or a lock, not cost. A built-in's time is charged to the Python function named in "
             "\"called from\". Iterating an `os.scandir` iterator is not a profiled call: the directory reads "
             "(getdents) show up as self time of the function that loops over it (e.g. `bucket`).")
-        for verify in ("size", "hash"):
-            p = prof.get(verify)
-            if not p:
-                continue
-            add("")
-            if "error" in p:
-                add(f"`scan --verify {verify}`: profile failed: {p['error']}")
-                continue
+        for verify, p in _profiled_modes(prof, add):
             add(f"**`scan --verify {verify}`** on the 4 KiB tree: wall {p['wall_s']:.2f} s under the profiler, "
                 f"{p['threads_profiled']} threads, {p['profiled_time_s']:.2f} s profiled in total.")
             add("")
@@ -1314,13 +1307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def render_spy_profile(prof: dict, add) -> None:
-    """The py-spy section of "Where the time goes": shares of samples, per line and per
-    function, for each scan mode."""
-    add(f"{prof['tool']}. Each process is sampled at a fixed rate; a share is the part of all samples (parent "
-        "and workers together) taken on that line or function. A sample taken during a system call is charged to "
-        "the Python line making it: `os.read`, `os.open`/`open_noatime`, `os.fstat` and `list(scandir)` lines "
-        "are the kernel's share; idle pool threads waiting for work show as `wait`/`select`/`_recv` lines.")
+def _profiled_modes(prof: dict, add):
+    """(verify, profile) of each profiled scan mode; a failed one is reported and skipped."""
     for verify in ("size", "hash"):
         p = prof.get(verify)
         if not p:
@@ -1329,6 +1317,17 @@ def render_spy_profile(prof: dict, add) -> None:
         if "error" in p:
             add(f"`scan --verify {verify}`: profile failed: {p['error']}")
             continue
+        yield verify, p
+
+
+def render_spy_profile(prof: dict, add) -> None:
+    """The py-spy section of "Where the time goes": shares of samples, per line and per
+    function, for each scan mode."""
+    add(f"{prof['tool']}. Each process is sampled at a fixed rate; a share is the part of all samples (parent "
+        "and workers together) taken on that line or function. A sample taken during a system call is charged to "
+        "the Python line making it: `os.read`, `os.open`/`open_noatime`, `os.fstat` and `list(scandir)` lines "
+        "are the kernel's share; idle pool threads waiting for work show as `wait`/`select`/`_recv` lines.")
+    for verify, p in _profiled_modes(prof, add):
         add(f"**`scan --verify {verify}`** on the 4 KiB tree: wall {p['wall_s']:.2f} s under py-spy, "
             f"{p['samples']:,} samples at {p.get('rate_hz', '?')} Hz per thread, parent and workers together.")
         add("")
