@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import random
-import re
 import shlex
 import shutil
 import statistics
@@ -750,30 +749,26 @@ class Bench:
         installed, else cProfile of every thread of one process (scripts/profile_scan.py)."""
         root = self.tree_root("files4k")
         out = self.workdir / "out"
-        spy = REPO / "scripts" / "profile_spy.py"
+        top = ["--top", str(self.args.profile_top)]
         if profile_spy.find_py_spy(self.kvm_python):
             res: dict[str, Any] = {"tool": "py-spy (sampling, parent and worker processes; scripts/profile_spy.py)",
                                    "kind": "py-spy"}
-            for verify in ("size", "hash"):
-                js = out / f"profile_spy_{verify}.json"
-                argv = [self.kvm_python, str(spy), "--json", str(js), "--top", str(self.args.profile_top),
-                        "--kvmigrate", self.kvm, "--", "scan", str(root), "--verify", verify, "-q",
-                        "-o", str(out / f"profile_{verify}.parquet"), *FACTS]
-                self.log(f"profile (py-spy): scan --verify {verify}")
-                p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                if p.returncode != 0 or not js.exists():
-                    res[verify] = {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-                    continue
-                res[verify] = json.loads(js.read_text())
-            return res
-        helper = REPO / "scripts" / "profile_scan.py"
-        res = {"tool": "cProfile, all threads merged (scripts/profile_scan.py)"}
+            name = "py-spy"
+
+            def profiler(verify: str, js: Path) -> list[str]:
+                return [str(REPO / "scripts" / "profile_spy.py"), "--json", str(js), *top, "--kvmigrate", self.kvm]
+        else:
+            res = {"tool": "cProfile, all threads merged (scripts/profile_scan.py)"}
+            name = "cProfile"
+
+            def profiler(verify: str, js: Path) -> list[str]:
+                return [str(REPO / "scripts" / "profile_scan.py"), "--out", str(out / f"profile_{verify}.pstats"),
+                        "--json", str(js), *top]
         for verify in ("size", "hash"):
-            js = out / f"profile_{verify}.json"
-            argv = [self.kvm_python, str(helper), "--out", str(out / f"profile_{verify}.pstats"), "--json", str(js),
-                    "--top", str(self.args.profile_top), "--", "scan", str(root), "--verify", verify, "-q",
+            js = out / f"profile_{'spy_' if name == 'py-spy' else ''}{verify}.json"
+            argv = [self.kvm_python, *profiler(verify, js), "--", "scan", str(root), "--verify", verify, "-q",
                     "-o", str(out / f"profile_{verify}.parquet"), *FACTS]
-            self.log(f"profile: scan --verify {verify}")
+            self.log(f"profile ({name}): scan --verify {verify}")
             p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if p.returncode != 0 or not js.exists():
                 res[verify] = {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
@@ -1257,7 +1252,7 @@ def render(result: dict) -> str:
     add("apt-get update && apt-get install -y xxhash jdupes rdfind fd-find time   # the tools compared against")
     add("python3 scripts/bench.py --scale small --reps 2             # quick check, ~2 min")
     add("python3 scripts/bench.py --scale large --reps 5 --migrate-reps 3 --keep   # the issue's sizes")
-    add("python3 scripts/bench.py --scale small --profile            # + cProfile of scan (Where the time goes)")
+    add("python3 scripts/bench.py --scale small --profile            # + py-spy (else cProfile) of scan (Where the time goes)")
     add("python3 scripts/bench.py --only meta,startup                # some groups only")
     add("```")
     add("")

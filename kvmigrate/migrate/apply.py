@@ -41,6 +41,7 @@ import xxhash
 
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, hash_fd, open_source
@@ -1086,7 +1087,7 @@ def _read_block_files(prefix: str, act: BlockAction) -> list[tuple[str | None, b
 def _stat_and_hash(path: str, src, payload: bool) -> tuple[str | None, bytes | None, OSError | None]:
     """(why the source is stale, its content or payload hash, the error reading it)."""
     try:
-        fd = _open_nonblocking(path)
+        fd = open_source(path, nonblocking=True)
     except OSError as exc:
         why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
         return (why, None, None) if why else (None, None, exc)
@@ -1126,26 +1127,9 @@ def _unhashed(act: BlockAction) -> bool:
     return any(f.content_hash is None for f in act.sources)
 
 
-_NONBLOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_NOATIME = getattr(os, "O_NOATIME", 0)
-
-
-def _open_nonblocking(path: str) -> int:
-    """Open a source read-only like `open_source`, and without blocking: a FIFO put in a
-    source's place is opened (then found not regular by fstat), never waited on."""
-    if _NOATIME:
-        try:
-            return os.open(path, _NONBLOCK_FLAGS | _NOATIME)
-        except PermissionError:
-            pass
-    return os.open(path, _NONBLOCK_FLAGS)
-
-
 def _digest_fd(fd: int, size: int, payload: bool) -> bytes:
     """XXH3-128 of an open file to its end (payload: after the vllm.cpp header); a small
     file is read in one call."""
-    from kvmigrate.formats import vllmcpp
-
     skip = vllmcpp.HEADER_SIZE if payload else 0
     if size >= CHUNK:
         os.lseek(fd, skip, os.SEEK_SET)
@@ -1160,9 +1144,6 @@ def _digest_fd(fd: int, size: int, payload: bool) -> bytes:
 
 
 def _hash_source(path: str, payload: bool) -> bytes:
-    from kvmigrate.formats import vllmcpp
-    from kvmigrate.migrate.fsops import hash_fd
-
     fd = open_source(path)
     try:
         if payload:

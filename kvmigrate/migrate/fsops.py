@@ -42,10 +42,11 @@ def padded_size(size: int) -> int:
     return -(-size // PAGE) * PAGE
 
 
-def open_source(path: str) -> int:
+def open_source(path: str, *, nonblocking: bool = False) -> int:
     """Open a source file read-only, never through a symlink, without touching its atime
-    when permitted (evictors judge age by atime)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    when permitted (evictors judge age by atime). `nonblocking`: a FIFO put in a source's
+    place is opened (then found not regular by fstat), never waited on."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_NONBLOCK if nonblocking else 0)
     if _NOATIME:
         try:
             return os.open(path, flags | _NOATIME)
