@@ -47,6 +47,11 @@ SCHEMA = pa.schema([
     ("target_relpath", pa.string()),
 ])
 COLUMNS = tuple(SCHEMA.names)
+# Parquet dictionary pages only where values repeat (namespace columns, verdicts, ranks,
+# sizes): on a path, an inode or a hash they never pay, and trying costs the writer
+# about 15% of its time on a million-row manifest (and the file grows).
+DICTIONARY_COLUMNS = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)] + ["rank", "group", "size", "dev",
+                                                                                   "nlink"]
 
 META_KEY = b"kvmigrate"  # JSON: {"tool_version", "command", "root", "target_profile", "facts", "namespaces": {...}}
 
@@ -78,7 +83,7 @@ class ManifestWriter:
         self.tmp = self.path.with_name(f"{self.path.name}.kvmigrate-{os.getpid()}.tmp")
         schema = SCHEMA.with_metadata({META_KEY: json.dumps(metadata, sort_keys=True).encode()})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd", use_dictionary=DICTIONARY_COLUMNS)
         self._schema = schema
         self.rows = 0
 

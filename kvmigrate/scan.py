@@ -122,6 +122,19 @@ def _buffer() -> bytearray:
 _ZEROS = bytes(READ_BUFFER)
 
 
+def leaf_walk() -> Any:
+    """The compiled leaf walk (kvmigrate._leafwalk), or None: not built on this machine
+    (no C compiler at install time), or KVMIGRATE_PURE_PYTHON=1 (the tests run both walks
+    on the same trees; an operator can rule the extension out)."""
+    if os.environ.get("KVMIGRATE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from kvmigrate import _leafwalk
+    except ImportError:
+        return None
+    return _leafwalk
+
+
 class Vanished(Exception):
     """The file disappeared (or was replaced by a non-file) between listing and reading."""
 
@@ -788,6 +801,10 @@ class Rows:
             self.order.append(i)
         return i
 
+    def columns(self) -> tuple[list, ...]:
+        """The column lists in COLUMNS order (the leaf walk appends to them)."""
+        return tuple([getattr(self, name) for name in self.COLUMNS])
+
     def record(self, i: int, hex_hash: str | None = None) -> FileRecord:
         """Row i as a FileRecord (for the rare blocks classified one by one)."""
         return FileRecord(self.relpath[i], self.rank[i], self.group[i], hex_hash, self.size[i], self.mtime_ns[i],
@@ -892,6 +909,7 @@ class Walker:
         self.ns_arrays: list[tuple[pa.Array, pa.Array]] = []
         self.units: list[Unit] = []
         self._fanouts: dict[str, tuple[int, str] | None] = {}  # fan-out folder name -> (group, hh)
+        self.leaf = leaf_walk()
 
     def prepare(self, namespaces: list[Namespace], units: list[Unit]) -> None:
         """Number the namespaces (rows carry a code, batches a dictionary) and note per
@@ -1024,27 +1042,15 @@ class Walker:
     def bucket(self, unit: Unit, hhh: str, out: Rows) -> None:
         """Walk bucket `hhh` of every rank folder of a unit, classify, append rows to `out`.
 
-        The hot loop (a block file of a vLLM / llm-d unit in its right fan-out folder) is
-        inlined: one lstat through the DirEntry (or, hashing, one open + fstat + read), a
-        few list appends, the size verdict from a per-unit cache. Everything unusual goes
-        through the general per-file code with a FileRecord.
+        The plain case (a block file of a vLLM / llm-d unit in its right fan-out folder)
+        goes through the compiled leaf walk when it is built (kvmigrate._leafwalk: the
+        whole bucket by file descriptor, GIL released, rows appended in C), else through
+        the inlined loop of `_fanout_folder`. Everything unusual goes through the general
+        per-file code with a FileRecord, whichever walk found it.
         """
-        plan = unit.plan
-        fast = plan.family != "vllmcpp"
-        hashed = self.hashed
-        sized = self.verify != "none"
-        check_size = sized and plan.block_status is None
-        check_perm = sized and not hashed and self._euid != 0
-        size_verdicts = unit.size_verdicts
-        fanouts_seen = self._fanouts
-        block_name = _BLOCK_NAME
         blocks: dict[tuple[int, str], list[int]] = {}
         misc: list[int] = []
-        relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
-        hashes, sizes, mtimes, inodes, devs, nlinks = (out.block_hash, out.size, out.mtime_ns, out.inode, out.dev,
-                                                       out.nlink)
-        contents, payloads, statuses, actions, reasons, targets = (out.content, out.payload, out.status, out.action,
-                                                                   out.reason, out.target)
+        leaf = self.leaf if unit.plan.family != "vllmcpp" else None
         for mi, m in enumerate(unit.members):
             if hhh not in m.buckets:
                 continue
@@ -1054,129 +1060,207 @@ class Walker:
                 self.dir_rows(bpath, brel, out, status="foreign", reason=m.foreign_reason, ns_cols=m.columns,
                               where="rank folder")
                 continue
-            try:
-                with os.scandir(bpath) as it:
-                    fanouts = list(it)  # block rows are sorted per bucket below
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                st = self._lstat(bpath, brel, out)
-                if st is not None:
-                    rec = _record(brel, st)
-                    rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", brel)
-                    self._emit(out, rec, m.columns)
-                continue
-            code, rank = m.code, m.rank
-            for fe in fanouts:
-                frel = f"{brel}/{fe.name}"
-                if not fe.is_dir(follow_symlinks=False):
-                    self.other_file(fe, frel, out, where="bucket folder", ns_cols=m.columns)
+            if leaf is not None:
+                unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self._leaf_perm(), m.code, m.rank,
+                                           out.columns(), blocks, self._leaf_verdict(unit), _buffer())
+                if unusual is not None:
+                    self._unusual(unit, mi, m, hhh, brel, bpath, unusual, out, blocks, misc)
                     continue
-                fan = fanouts_seen.get(fe.name)
-                if fan is None:
-                    fan = _fanout(fe.name)
-                    if fan is not None:  # (only real fan-out names are kept: few, bounded)
-                        fanouts_seen[fe.name] = fan
-                if fan is None:
-                    self.dir_rows(fe.path, frel, out, status=None, reason=None, ns_cols=m.columns,
-                                  where="bucket folder")
-                    continue
-                group, hh = fan
-                prefix = hhh + hh  # a block file in its right place starts with these 5 hex
-                try:
-                    with os.scandir(fe.path) as it:
-                        files = list(it)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    st = self._lstat(fe.path, frel, out)
-                    if st is not None:
-                        rec = _record(frel, st)
-                        rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", frel)
-                        self._emit(out, rec, m.columns)
-                    continue
-                for e in files:
-                    name = e.name
-                    bm = block_name(name) if e.is_file(follow_symlinks=False) else None
-                    if bm is None or bm.end(1) & 1:  # (block_match, inlined)
-                        rel = f"{frel}/{name}"
-                        if e.is_dir(follow_symlinks=False):
-                            self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
-                                          where="fan-out folder")
-                        else:
-                            self.other_file(e, rel, out, where="fan-out folder", ns_cols=m.columns)
-                        continue
-                    hex_hash = bm.group(1)
-                    rel = f"{frel}/{name}"
-                    misfiled = not name.startswith(prefix)
-                    if misfiled or not fast:
-                        i = self._block_file(plan, m, mi, e, rel, hhh, fe.name, group, hex_hash, misfiled, out)
-                    else:
-                        status = "ok"
-                        reason = ""
-                        try:
-                            if hashed:
-                                r = read_file(e.path, want_hash=True)  # open + fstat + read: no lstat
-                                st = r.st
-                                content = r.content
-                            else:
-                                st = e.stat(follow_symlinks=False)
-                                content = None
-                        except Vanished:
-                            continue
-                        except FileNotFoundError:
-                            continue
-                        except OSError:  # a finding: the general code words it
-                            i = self._block_file(plan, m, mi, e, rel, hhh, fe.name, group, hex_hash, False, out)
-                        else:
-                            size = st.st_size
-                            if hashed and (size == 0 or r.all_zero):
-                                status, reason = ("short", "empty file") if size == 0 else (
-                                    "zero_filled", f"all {size} bytes are zero (crash residue)")
-                            elif check_perm and not self._may_read(st):
-                                status = "unreadable"
-                                reason = (f"cannot read {rel}: [EACCES] permission denied "
-                                          f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
-                            elif check_size:
-                                key = (group, size)
-                                try:
-                                    bad = size_verdicts[key]
-                                except KeyError:
-                                    bad = classify.size_status(plan, group, size)
-                                    if len(size_verdicts) < VERDICTS_KEPT:
-                                        size_verdicts[key] = bad
-                                if bad is not None:
-                                    status, reason = bad
-                            i = len(relpaths)
-                            relpaths.append(rel)
-                            codes.append(code)
-                            ranks.append(rank)
-                            groups.append(group)
-                            hashes.append(None)  # set per block
-                            sizes.append(size)
-                            mtimes.append(st.st_mtime_ns)
-                            inodes.append(st.st_ino)
-                            devs.append(st.st_dev)
-                            nlinks.append(st.st_nlink)
-                            contents.append(content)
-                            payloads.append(None)
-                            statuses.append(status)
-                            actions.append("none")
-                            reasons.append(reason)
-                            targets.append(None)
-                    if i is None:
-                        continue  # vanished
-                    if misfiled:
-                        misc.append(i)
-                    else:  # (not try/except KeyError: the first replica of every block would raise)
-                        idx = blocks.get((group, hex_hash))
-                        if idx is None:
-                            blocks[(group, hex_hash)] = [i]
-                        else:
-                            idx.append(i)
+            fanouts = self._listing(bpath, brel, out, m.columns)  # (block rows are sorted per bucket below)
+            for fe in fanouts or ():
+                self._bucket_entry(unit, mi, m, hhh, brel, fe, out, blocks, misc)
         out.order.extend(misc)
         if blocks:
             self._finish_blocks(unit, blocks, out)
+
+    def _leaf_perm(self) -> tuple[int, tuple[int, ...]] | None:
+        """For the leaf walk: (euid, groups) when --verify size must judge permission bits."""
+        if self.verify == "none" or self.hashed or self._euid == 0:
+            return None
+        return self._euid, tuple(self._groups)
+
+    def _leaf_verdict(self, unit: Unit):
+        """For the leaf walk: the size verdict of (group, size), cached per unit; None when
+        sizes are not judged here."""
+        plan = unit.plan
+        if self.verify == "none" or plan.block_status is not None:
+            return None
+        size_verdicts = unit.size_verdicts
+
+        def verdict(group: int, size: int) -> tuple[str, str] | None:
+            key = (group, size)
+            if key in size_verdicts:
+                return size_verdicts[key]
+            bad = classify.size_status(plan, group, size)
+            if len(size_verdicts) < VERDICTS_KEPT:
+                size_verdicts[key] = bad
+            return bad
+
+        return verdict
+
+    def _unusual(self, unit: Unit, mi: int, m: Member, hhh: str, brel: str, bpath: str,
+                 unusual: list[tuple[str | None, str]], out: Rows, blocks: dict, misc: list[int]) -> None:
+        """The entries the leaf walk left to Python (fan-out folder None: an entry of the
+        bucket folder itself), in the order it met them (the Python walk's order), each
+        listed again for its DirEntry and taken by the general code."""
+        listed: dict[str | None, dict[str, os.DirEntry]] = {}
+        for fanout, name in unusual:
+            entries = listed.get(fanout)
+            if entries is None:
+                path, rel = (bpath, brel) if fanout is None else (f"{bpath}/{fanout}", f"{brel}/{fanout}")
+                entries = listed[fanout] = {e.name: e for e in self._listing(path, rel, out, m.columns) or ()}
+            e = entries.get(name)
+            if e is None:
+                continue  # gone meanwhile
+            if fanout is None:
+                self._bucket_entry(unit, mi, m, hhh, brel, e, out, blocks, misc)
+            else:
+                group, hh = self._fanout_name(fanout)  # the leaf walk took it as one
+                self._fanout_folder(unit, mi, m, hhh, f"{bpath}/{fanout}", f"{brel}/{fanout}", group, hh, out,
+                                    blocks, misc, files=[e])
+
+    def _listing(self, path: str, rel: str, out: Rows, ns_cols: tuple | None) -> list[os.DirEntry] | None:
+        """The entries of a folder of a rank folder; None if it vanished, or (a row saying
+        so) if it cannot be listed."""
+        try:
+            with os.scandir(path) as it:
+                return list(it)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            st = self._lstat(path, rel, out)
+            if st is not None:
+                rec = _record(rel, st)
+                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
+                self._emit(out, rec, ns_cols)
+            return None
+
+    def _fanout_name(self, name: str) -> tuple[int, str] | None:
+        fan = self._fanouts.get(name)
+        if fan is None:
+            fan = _fanout(name)
+            if fan is not None:  # (only real fan-out names are kept: few, bounded)
+                self._fanouts[name] = fan
+        return fan
+
+    def _bucket_entry(self, unit: Unit, mi: int, m: Member, hhh: str, brel: str, fe: os.DirEntry, out: Rows,
+                      blocks: dict, misc: list[int]) -> None:
+        """One entry of a bucket folder: a fan-out folder, or something else."""
+        frel = f"{brel}/{fe.name}"
+        if not fe.is_dir(follow_symlinks=False):
+            self.other_file(fe, frel, out, where="bucket folder", ns_cols=m.columns)
+            return
+        fan = self._fanout_name(fe.name)
+        if fan is None:
+            self.dir_rows(fe.path, frel, out, status=None, reason=None, ns_cols=m.columns, where="bucket folder")
+            return
+        self._fanout_folder(unit, mi, m, hhh, fe.path, frel, fan[0], fan[1], out, blocks, misc)
+
+    def _fanout_folder(self, unit: Unit, mi: int, m: Member, hhh: str, fpath: str, frel: str, group: int, hh: str,
+                       out: Rows, blocks: dict, misc: list[int], files: list[os.DirEntry] | None = None) -> None:
+        """The files of one fan-out folder (or just `files` of it).
+
+        The hot loop of the Python walk (a block file of a vLLM / llm-d unit in its right
+        fan-out folder) is inlined: one lstat through the DirEntry (or, hashing, one
+        open + fstat + read), a few list appends, the size verdict from a per-unit cache.
+        """
+        plan = unit.plan
+        fast = plan.family != "vllmcpp"
+        hashed = self.hashed
+        sized = self.verify != "none"
+        check_size = sized and plan.block_status is None
+        check_perm = sized and not hashed and self._euid != 0
+        size_verdicts = unit.size_verdicts
+        block_name = _BLOCK_NAME
+        relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
+        hashes, sizes, mtimes, inodes, devs, nlinks = (out.block_hash, out.size, out.mtime_ns, out.inode, out.dev,
+                                                       out.nlink)
+        contents, payloads, statuses, actions, reasons, targets = (out.content, out.payload, out.status, out.action,
+                                                                   out.reason, out.target)
+        code, rank = m.code, m.rank
+        fanout = frel.rsplit("/", 1)[1]
+        prefix = hhh + hh  # a block file in its right place starts with these 5 hex
+        if files is None:
+            files = self._listing(fpath, frel, out, m.columns)
+        for e in files or ():
+            name = e.name
+            bm = block_name(name) if e.is_file(follow_symlinks=False) else None
+            if bm is None or bm.end(1) & 1:  # (block_match, inlined)
+                rel = f"{frel}/{name}"
+                if e.is_dir(follow_symlinks=False):
+                    self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
+                                  where="fan-out folder")
+                else:
+                    self.other_file(e, rel, out, where="fan-out folder", ns_cols=m.columns)
+                continue
+            hex_hash = bm.group(1)
+            rel = f"{frel}/{name}"
+            misfiled = not name.startswith(prefix)
+            if misfiled or not fast:
+                i = self._block_file(plan, m, mi, e, rel, hhh, fanout, group, hex_hash, misfiled, out)
+            else:
+                status = "ok"
+                reason = ""
+                try:
+                    if hashed:
+                        r = read_file(e.path, want_hash=True)  # open + fstat + read: no lstat
+                        st = r.st
+                        content = r.content
+                    else:
+                        st = e.stat(follow_symlinks=False)
+                        content = None
+                except Vanished:
+                    continue
+                except FileNotFoundError:
+                    continue
+                except OSError:  # a finding: the general code words it
+                    i = self._block_file(plan, m, mi, e, rel, hhh, fanout, group, hex_hash, False, out)
+                else:
+                    size = st.st_size
+                    if hashed and (size == 0 or r.all_zero):
+                        status, reason = ("short", "empty file") if size == 0 else (
+                            "zero_filled", f"all {size} bytes are zero (crash residue)")
+                    elif check_perm and not self._may_read(st):
+                        status = "unreadable"
+                        reason = (f"cannot read {rel}: [EACCES] permission denied "
+                                  f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
+                    elif check_size:
+                        key = (group, size)
+                        try:
+                            bad = size_verdicts[key]
+                        except KeyError:
+                            bad = classify.size_status(plan, group, size)
+                            if len(size_verdicts) < VERDICTS_KEPT:
+                                size_verdicts[key] = bad
+                        if bad is not None:
+                            status, reason = bad
+                    i = len(relpaths)
+                    relpaths.append(rel)
+                    codes.append(code)
+                    ranks.append(rank)
+                    groups.append(group)
+                    hashes.append(bytes.fromhex(hex_hash))
+                    sizes.append(size)
+                    mtimes.append(st.st_mtime_ns)
+                    inodes.append(st.st_ino)
+                    devs.append(st.st_dev)
+                    nlinks.append(st.st_nlink)
+                    contents.append(content)
+                    payloads.append(None)
+                    statuses.append(status)
+                    actions.append("none")
+                    reasons.append(reason)
+                    targets.append(None)
+            if i is None:
+                continue  # vanished
+            if misfiled:
+                misc.append(i)
+            else:  # (not try/except KeyError: the first replica of every block would raise)
+                idx = blocks.get((group, hex_hash))
+                if idx is None:
+                    blocks[(group, hex_hash)] = [i]
+                else:
+                    idx.append(i)
 
     def _block_file(self, plan: UnitPlan, m: Member, mi: int, e: os.DirEntry, rel: str, hhh: str, fanout: str,
                     group: int, hex_hash: str, misfiled: bool, out: Rows) -> int | None:
@@ -1208,22 +1292,34 @@ class Walker:
         is there) is per block. Other blocks are classified one by one.
         """
         plan = unit.plan
+        fast = plan.family != "vllmcpp"
+        count_sizes = plan.block_status is None and plan.family in ("vllm", "llmd", "ambiguous")
+        shapes: dict[tuple, int] = {}
+        if fast and self.leaf is not None:
+            self._finish_blocks_c(unit, blocks, out, shapes if count_sizes else None)
+        else:
+            self._finish_blocks_py(unit, blocks, out, shapes if count_sizes else None)
+        if shapes:
+            base = unit.members[0].ns.source_base
+            for (group, ranks, sizes, _), n in shapes.items():
+                for rank, size in zip(ranks, sizes):
+                    out.sizes[(base, rank, group)][size] += n
+
+    def _finish_blocks_py(self, unit: Unit, blocks: dict[tuple[int, str], list[int]], out: Rows,
+                          shapes: dict[tuple, int] | None) -> None:
+        plan = unit.plan
         verdicts = unit.verdicts
         fast = plan.family != "vllmcpp"
         replicas = bool(plan.replicas)
-        count_sizes = plan.block_status is None and plan.family in ("vllm", "llmd", "ambiguous")
+        count_sizes = shapes is not None
         target = plan.target
-        shapes: dict[tuple, int] = {}
         S, A, R, T = out.status, out.action, out.reason, out.target
-        K, Z, C, H, P = out.rank, out.size, out.content, out.block_hash, out.relpath
+        K, Z, C, P = out.rank, out.size, out.content, out.relpath
         order = out.order
         targets_exist = unit.targets_exist
         for key in sorted(blocks):
             idx = blocks[key]
             group, hex_hash = key
-            bh = bytes.fromhex(hex_hash)
-            for i in idx:
-                H[i] = bh
             order.extend(idx)
             if not fast or any([S[i] != "ok" for i in idx]):
                 self._finish_one(unit, out, idx, group, hex_hash, count_sizes)
@@ -1232,11 +1328,7 @@ class Walker:
             shape = (group, tuple([K[i] for i in idx]), tuple([Z[i] for i in idx]), differ)
             verdict = verdicts.get(shape)
             if verdict is None:
-                recs = [out.record(i, hex_hash) for i in idx]
-                self.finish_block(unit, recs, group, hex_hash, check_target=False)
-                verdict = tuple((r.status, r.action, r.reason, r.target_relpath is not None) for r in recs)
-                if len(verdicts) < VERDICTS_KEPT:
-                    verdicts[shape] = verdict
+                verdict = self._shape_verdict(unit, out, idx, group, hex_hash, shape)
             tpath = None
             for i, (status, action, reason, has_target) in zip(idx, verdict):
                 S[i], A[i], R[i] = status, action, reason
@@ -1245,16 +1337,44 @@ class Walker:
                         tpath = classify.target_relpath(target, hex_hash, group)
                     T[i] = tpath
                     if targets_exist and tpath != P[i]:
-                        rec = out.record(i, hex_hash)
-                        self._check_existing_target(plan, rec)
-                        A[i], R[i], T[i] = rec.action, rec.reason, rec.target_relpath
+                        self._target_exists(unit, out, i, hex_hash)
             if count_sizes:
                 shapes[shape] = shapes.get(shape, 0) + 1
-        if shapes:
-            base = unit.members[0].ns.source_base
-            for (group, ranks, sizes, _), n in shapes.items():
-                for rank, size in zip(ranks, sizes):
-                    out.sizes[(base, rank, group)][size] += n
+
+    def _finish_blocks_c(self, unit: Unit, blocks: dict[tuple[int, str], list[int]], out: Rows,
+                         shapes: dict[tuple, int] | None) -> None:
+        """_finish_blocks_py in C (kvmigrate._leafwalk.finish_blocks), with the same
+        callbacks for what needs classify or I/O."""
+        plan = unit.plan
+        target = plan.target
+
+        def shape_verdict(idx: list[int], group: int, hex_hash: str, shape: tuple) -> tuple:
+            return self._shape_verdict(unit, out, idx, group, hex_hash, shape)
+
+        prefix = f"{target.rank_dir}/" if target is not None else ""
+        slow, check = self.leaf.finish_blocks(blocks, out.columns(), out.order, unit.verdicts, shape_verdict,
+                                              bool(plan.replicas), prefix, unit.targets_exist, shapes)
+        for group, hex_hash in slow:
+            self._finish_one(unit, out, blocks[(group, hex_hash)], group, hex_hash, shapes is not None)
+        for i, hex_hash in check:
+            self._target_exists(unit, out, i, hex_hash)
+
+    def _shape_verdict(self, unit: Unit, out: Rows, idx: list[int], group: int, hex_hash: str,
+                       shape: tuple) -> tuple:
+        """The verdict of a block shape, per row (status, action, reason, has a target):
+        classify once, then kept for the unit."""
+        recs = [out.record(i, hex_hash) for i in idx]
+        self.finish_block(unit, recs, group, hex_hash, check_target=False)
+        verdict = tuple((r.status, r.action, r.reason, r.target_relpath is not None) for r in recs)
+        if len(unit.verdicts) < VERDICTS_KEPT:
+            unit.verdicts[shape] = verdict
+        return verdict
+
+    def _target_exists(self, unit: Unit, out: Rows, i: int, hex_hash: str) -> None:
+        """Row i's target path is taken (the target folder exists): what is there decides."""
+        rec = out.record(i, hex_hash)
+        self._check_existing_target(unit.plan, rec)
+        out.action[i], out.reason[i], out.target[i] = rec.action, rec.reason, rec.target_relpath
 
     def _finish_one(self, unit: Unit, out: Rows, idx: list[int], group: int, hex_hash: str,
                     count_sizes: bool) -> None:

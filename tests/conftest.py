@@ -57,3 +57,29 @@ def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
         return result, rows
 
     return run
+
+
+# The scan's two leaf walks: Python, and C (kvmigrate._leafwalk, built by `pip install`
+# where a C compiler is found, as on every CI machine; tests that need it import it).
+WALKS = ["python", "c"]
+
+
+@pytest.fixture(params=WALKS)
+def walk(request, monkeypatch) -> str:
+    """Run the test once per leaf walk (in-process scans and subprocesses alike read
+    KVMIGRATE_PURE_PYTHON when a walk starts)."""
+    if request.param == "python":
+        monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
+    else:
+        import kvmigrate._leafwalk  # noqa: F401  (fails here, clearly, where it was not built)
+
+        monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
+    return request.param
+
+
+@pytest.fixture
+def python_walk(monkeypatch) -> None:
+    """For faults injected by monkeypatching Python functions (os.open, open_noatime): only
+    the Python walk calls them. The C walk meets the same faults for real in the
+    unprivileged-user tests and through the LD_PRELOAD race shim (tests/test_leaf_walk.py)."""
+    monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")

@@ -78,6 +78,7 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
             return real_open(path)
 
         monkeypatch.setattr(scan_mod, "open_noatime", denied)
+        monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")  # a Python-level fault: only the Python walk meets it
     manifest = tmp_path / "m.parquet"
     code, summary = audit_json(root, manifest, flags)
     assert status in summary["totals"]["by_status"], summary["totals"]["by_status"]

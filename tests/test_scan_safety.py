@@ -119,7 +119,7 @@ def test_symlinks_are_never_followed(synth_root, scan_root, tmp_path):
     assert len(rows) == len(result.block_files()) + 1 + len(links)
 
 
-def test_unreadable_file_by_monkeypatched_open(synth_root, scan_root, monkeypatch):
+def test_unreadable_file_by_monkeypatched_open(synth_root, scan_root, monkeypatch, python_walk):
     root, (result,) = synth_root(dict(family="llmd", tp=2, kv_kind="mla", defects=("unreadable",)))
     victim = result.defect("unreadable")["relpath"]
     real_open = os.open
@@ -163,7 +163,7 @@ def _scan_as_nobody(root: Path, out_dir: Path, *extra: str) -> tuple[int, dict, 
 
 
 @pytest.mark.parametrize("verify", ["size", "hash"])
-def test_unreadable_file_as_unprivileged_user(world_readable_dir, verify):
+def test_unreadable_file_as_unprivileged_user(world_readable_dir, verify, walk):
     from kvmigrate.synth import SynthSpec, build
 
     root = world_readable_dir / "root"
@@ -180,7 +180,7 @@ def test_unreadable_file_as_unprivileged_user(world_readable_dir, verify):
     assert [r["status"] for rel, r in rows.items() if rel != victim] == ["ok"] * (len(rows) - 1)
 
 
-def test_unlistable_folder_as_unprivileged_user(world_readable_dir):
+def test_unlistable_folder_as_unprivileged_user(world_readable_dir, walk):
     from kvmigrate.synth import SynthSpec, build
 
     root = world_readable_dir / "root"
@@ -276,7 +276,7 @@ def test_scan_during_live_writes_finds_nothing_false(synth_root, scan_root, tmp_
         assert all(rel.endswith(".tmp") for rel in tmp_rows)
 
 
-def test_files_vanishing_between_listing_and_reading_are_dropped(synth_root, scan_root, monkeypatch):
+def test_files_vanishing_between_listing_and_reading_are_dropped(synth_root, scan_root, monkeypatch, python_walk):
     """An evictor deletes a block, and an engine replaces another with a symlink, after the
     scanner listed them: no row for them, no finding, and only the manifest is written."""
     root, (result,) = synth_root(dict(family="llmd", tp=1, defects=("tmp_vllm",)))

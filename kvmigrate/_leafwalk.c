@@ -1,0 +1,909 @@
+/* kvmigrate._leafwalk: the healthy-block leaf loop of `scan` in C (optional).
+ *
+ * Why: a real cache holds millions of small block files; the Python walk spends about
+ * 9 us of interpreter time per file (DirEntry objects, regex, open/fstat/read calls,
+ * row appends), which puts `scan --verify hash` behind `xxhsum`. This module walks ONE
+ * bucket folder (`<rank folder>/<hhh>`) of one rank folder: every `<hh>_g<group>`
+ * fan-out folder in it and every `<even hex>.bin` file in those, by file descriptor
+ * (openat/fstatat: no path lookups, no symlink ever followed), with the GIL released,
+ * and hashes each file with XXH3-128 (the vendored xxHash library, the same code the
+ * `xxhash` package runs). Then, holding the GIL, it appends one manifest row per file
+ * to the caller's column lists and files the row under its block in `blocks`.
+ *
+ * It only takes the plain case: a regular, non-empty, readable file with a well-formed
+ * name in the right fan-out folder, whose size and bytes did not change while read.
+ * Everything else (foreign files, symlinks, misfiled blocks, errors to word, empty or
+ * zero-filled files, growing files) is returned to the Python walker as an "unusual"
+ * entry, which words it exactly as it always has. Files that vanish meanwhile (ENOENT,
+ * or replaced by a symlink / FIFO / non-file) are dropped, as the Python walker drops
+ * them. Nothing is ever opened for writing.
+ *
+ * Module scan.py falls back to the Python walk when this extension is absent
+ * (it is built only where a C compiler is found) or KVMIGRATE_PURE_PYTHON=1.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifndef __linux__
+#error "the leaf walk reads directories with getdents64 (Linux); elsewhere scan uses its Python walk"
+#endif
+
+#include <dirent.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+
+#ifndef O_NOATIME
+#define O_NOATIME 0
+#endif
+#ifndef O_CLOEXEC
+#define O_CLOEXEC 0
+#endif
+
+#define N_COLUMNS 16 /* Rows.COLUMNS */
+#define CHUNK (1 << 20)
+#define MAX_GROUP_DIGITS 9
+
+/* --- growable C storage filled without the GIL -------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Names; /* NUL-separated names; records hold offsets */
+
+typedef struct {
+    int fanout;        /* index of the fan-out folder (its name offset in fanouts[]) or -1 */
+    size_t name;       /* offset of the file name in names */
+    int group;
+    int has_hash;
+    long long size, mtime_ns;
+    unsigned long long ino, dev;
+    unsigned long nlink;
+    unsigned char digest[16];
+} Record;
+
+typedef struct {
+    Names names;
+    Record *recs;
+    size_t nrecs, caprecs;
+    size_t *fanouts; /* name offsets of fan-out folders */
+    int *fanout_group;
+    size_t nfan, capfan;
+    /* unusual entries: (fan-out index or -1, name offset) */
+    int *odd_fan;
+    size_t *odd_name;
+    size_t nodd, capodd;
+    int failed; /* out of memory */
+} Walk;
+
+static size_t names_add(Walk *w, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (w->names.len + n > w->names.cap) {
+        size_t cap = w->names.cap ? w->names.cap * 2 : 8192;
+        while (cap < w->names.len + n) cap *= 2;
+        char *p = realloc(w->names.data, cap);
+        if (!p) { w->failed = 1; return 0; }
+        w->names.data = p;
+        w->names.cap = cap;
+    }
+    memcpy(w->names.data + w->names.len, s, n);
+    w->names.len += n;
+    return w->names.len - n;
+}
+
+static Record *rec_new(Walk *w) {
+    if (w->nrecs == w->caprecs) {
+        size_t cap = w->caprecs ? w->caprecs * 2 : 256;
+        Record *p = realloc(w->recs, cap * sizeof(Record));
+        if (!p) { w->failed = 1; return NULL; }
+        w->recs = p;
+        w->caprecs = cap;
+    }
+    return &w->recs[w->nrecs++];
+}
+
+static int fanout_add(Walk *w, const char *name, int group) {
+    if (w->nfan == w->capfan) {
+        size_t cap = w->capfan ? w->capfan * 2 : 64;
+        size_t *p = realloc(w->fanouts, cap * sizeof(size_t));
+        int *g = p ? realloc(w->fanout_group, cap * sizeof(int)) : NULL;
+        if (p) w->fanouts = p;
+        if (!p || !g) { w->failed = 1; return -1; }
+        w->fanout_group = g;
+        w->capfan = cap;
+    }
+    size_t off = names_add(w, name);
+    if (w->failed) return -1;
+    w->fanouts[w->nfan] = off;
+    w->fanout_group[w->nfan] = group;
+    return (int)w->nfan++;
+}
+
+static void odd_add(Walk *w, int fanout, const char *name) {
+    if (w->nodd == w->capodd) {
+        size_t cap = w->capodd ? w->capodd * 2 : 16;
+        int *f = realloc(w->odd_fan, cap * sizeof(int));
+        size_t *n = f ? realloc(w->odd_name, cap * sizeof(size_t)) : NULL;
+        if (f) w->odd_fan = f;
+        if (!f || !n) { w->failed = 1; return; }
+        w->odd_name = n;
+        w->capodd = cap;
+    }
+    size_t off = names_add(w, name);
+    if (w->failed) return;
+    w->odd_fan[w->nodd] = fanout;
+    w->odd_name[w->nodd] = off;
+    w->nodd++;
+}
+
+static void walk_free(Walk *w) {
+    free(w->names.data);
+    free(w->recs);
+    free(w->fanouts);
+    free(w->fanout_group);
+    free(w->odd_fan);
+    free(w->odd_name);
+}
+
+/* --- names ------------------------------------------------------------------------------ */
+
+static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
+/* `<hh>_g<digits>` (layout.FANOUT_RE, ASCII digits only, at most 9 of them): the group,
+ * or -1. */
+static int fanout_group(const char *s) {
+    if (!is_hex(s[0]) || !is_hex(s[1]) || s[2] != '_' || s[3] != 'g' || !s[4]) return -1;
+    long g = 0;
+    int n = 0;
+    for (const char *p = s + 4; *p; p++, n++) {
+        if (*p < '0' || *p > '9' || n >= MAX_GROUP_DIGITS) return -1;
+        g = g * 10 + (*p - '0');
+    }
+    return (int)g;
+}
+
+/* `<even number of hex digits, at least 6>.bin` (layout.BLOCK_RE): length of the hex
+ * part, or 0. */
+static size_t block_hex_len(const char *s) {
+    size_t n = strlen(s);
+    if (n < 10 || memcmp(s + n - 4, ".bin", 4) != 0) return 0;
+    size_t h = n - 4;
+    if (h & 1) return 0;
+    for (size_t i = 0; i < h; i++)
+        if (!is_hex(s[i])) return 0;
+    return h;
+}
+
+/* --- files ------------------------------------------------------------------------------ */
+
+enum { TAKEN, DROPPED, UNUSUAL };
+
+static int all_zero(const unsigned char *p, size_t n) {
+    if (!n || p[0]) return n == 0;
+    return memcmp(p, p + 1, n - 1) == 0;
+}
+
+static int open_block(int dirfd, const char *name) {
+    int flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    int fd;
+    do {
+        fd = openat(dirfd, name, flags | O_NOATIME);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0 && O_NOATIME && errno == EPERM) { /* O_NOATIME needs ownership */
+        do {
+            fd = openat(dirfd, name, flags);
+        } while (fd < 0 && errno == EINTR);
+    }
+    return fd;
+}
+
+static ssize_t read_full(int fd, unsigned char *buf, size_t want) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t n = read(fd, buf + got, want - got);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
+/* Open, fstat and read one block file whole; fill rec. */
+static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec) {
+    int fd = open_block(dirfd, name);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ELOOP || errno == ENXIO || errno == ENOTDIR) return DROPPED;
+        return UNUSUAL; /* permission, I/O: the Python walker words it */
+    }
+    struct stat st;
+    int verdict = TAKEN;
+    if (fstat(fd, &st) != 0) {
+        verdict = UNUSUAL;
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        verdict = DROPPED; /* replaced by a non-file meanwhile */
+        goto done;
+    }
+    if (st.st_size <= 0) {
+        verdict = UNUSUAL; /* empty: a finding */
+        goto done;
+    }
+    size_t size = (size_t)st.st_size;
+    XXH128_hash_t h;
+    int zero;
+    if (size < buflen) { /* one read of size + 1 bytes: the short read proves EOF (as in scan.read_file) */
+        ssize_t n;
+        do {
+            n = read(fd, buf, size + 1);
+        } while (n < 0 && errno == EINTR);
+        if (n >= 0 && (size_t)n < size) { /* (a short read before EOF: not on local filesystems) */
+            ssize_t more = read_full(fd, buf + n, size + 1 - (size_t)n);
+            n = more < 0 ? -1 : n + more;
+        }
+        if (n != (ssize_t)size) {
+            verdict = UNUSUAL; /* error, or it changed size while read */
+            goto done;
+        }
+        h = XXH3_128bits(buf, size);
+        zero = all_zero(buf, size);
+    } else {
+        XXH3_state_t *state = XXH3_createState();
+        if (!state) {
+            verdict = UNUSUAL;
+            goto done;
+        }
+        XXH3_128bits_reset(state);
+        size_t total = 0;
+        zero = 1;
+        for (;;) {
+            ssize_t n = read_full(fd, buf, buflen);
+            if (n < 0) {
+                verdict = UNUSUAL;
+                break;
+            }
+            if (n == 0) break;
+            XXH3_128bits_update(state, buf, (size_t)n);
+            if (zero) zero = all_zero(buf, (size_t)n);
+            total += (size_t)n;
+        }
+        h = XXH3_128bits_digest(state);
+        XXH3_freeState(state);
+        if (verdict == TAKEN && total != size) verdict = UNUSUAL;
+    }
+    if (verdict == TAKEN && zero) verdict = UNUSUAL; /* zero-filled: a finding */
+    if (verdict == TAKEN) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, h);
+        memcpy(rec->digest, c.digest, 16);
+        rec->has_hash = 1;
+    }
+done:
+    if (verdict == TAKEN) {
+        rec->size = (long long)st.st_size;
+        rec->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        rec->ino = (unsigned long long)st.st_ino;
+        rec->dev = (unsigned long long)st.st_dev;
+        rec->nlink = (unsigned long)st.st_nlink;
+        /* mtime beyond int64 nanoseconds (year 2262): the Python walker says what it is */
+        if (st.st_mtim.tv_sec > 9000000000LL || st.st_mtim.tv_sec < -9000000000LL) verdict = UNUSUAL;
+    }
+    close(fd);
+    return verdict;
+}
+
+typedef struct {
+    int check; /* --verify size as non-root: say when permission bits forbid reading */
+    uid_t euid;
+    gid_t *gids;
+    size_t ngids;
+} Perm;
+
+static int may_read(const Perm *p, const struct stat *st) {
+    if (p->euid == 0) return 1;
+    if (st->st_uid == p->euid) return (st->st_mode & S_IRUSR) != 0;
+    for (size_t i = 0; i < p->ngids; i++)
+        if (p->gids[i] == st->st_gid) return (st->st_mode & S_IRGRP) != 0;
+    return (st->st_mode & S_IROTH) != 0;
+}
+
+/* lstat one block file (--verify size / none: no read); fill rec. */
+static int stat_block(int dirfd, const char *name, const Perm *perm, Record *rec) {
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? DROPPED : UNUSUAL;
+    if (!S_ISREG(st.st_mode)) return UNUSUAL;
+    if (perm->check && !may_read(perm, &st)) return UNUSUAL;
+    if (st.st_mtim.tv_sec > 9000000000LL || st.st_mtim.tv_sec < -9000000000LL) return UNUSUAL;
+    rec->size = (long long)st.st_size;
+    rec->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    rec->ino = (unsigned long long)st.st_ino;
+    rec->dev = (unsigned long long)st.st_dev;
+    rec->nlink = (unsigned long)st.st_nlink;
+    rec->has_hash = 0;
+    return TAKEN;
+}
+
+/* Directory entries straight from getdents64: readdir's fdopendir costs an fstat and two
+ * fcntl per folder, and a fan-out folder holds about one file. */
+#define DIRBUF (32 * 1024)
+
+typedef struct {
+    int fd;
+    char *buf;
+    long len, pos;
+    int error; /* errno of a failed getdents64 */
+} Dir;
+
+struct linux_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+static struct linux_dirent64 *dir_next(Dir *d) {
+    if (d->pos >= d->len) {
+        long n;
+        do {
+            n = syscall(SYS_getdents64, d->fd, d->buf, DIRBUF);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            d->error = n < 0 ? errno : 0;
+            return NULL;
+        }
+        d->len = n;
+        d->pos = 0;
+    }
+    struct linux_dirent64 *de = (struct linux_dirent64 *)(d->buf + d->pos);
+    d->pos += de->d_reclen;
+    return de;
+}
+
+/* d_type, or the lstat type where the filesystem does not say. */
+static int entry_type(int dirfd, struct linux_dirent64 *de) {
+    if (de->d_type != DT_UNKNOWN) return de->d_type;
+    struct stat st;
+    if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return DT_UNKNOWN;
+    if (S_ISDIR(st.st_mode)) return DT_DIR;
+    if (S_ISREG(st.st_mode)) return DT_REG;
+    return DT_LNK; /* any other kind: not ours to take */
+}
+
+static int is_dot(const char *s) { return s[0] == '.' && (!s[1] || (s[1] == '.' && !s[2])); }
+
+/* The files of one fan-out folder. */
+static void walk_fanout(Walk *w, int bucketfd, const char *fname, int group, const char *hhh, int hashed,
+                        const Perm *perm, unsigned char *buf, size_t buflen, char *dirbuf) {
+    int fd = openat(bucketfd, fname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) odd_add(w, -1, fname); /* the Python walker words it */
+        return;
+    }
+    int fi = fanout_add(w, fname, group);
+    if (fi < 0) {
+        close(fd);
+        return;
+    }
+    size_t nrecs0 = w->nrecs, nodd0 = w->nodd;
+    Dir d = {fd, dirbuf, 0, 0, 0};
+    struct linux_dirent64 *de;
+    while ((de = dir_next(&d)) != NULL) {
+        const char *name = de->d_name;
+        if (is_dot(name)) continue;
+        size_t hexlen = entry_type(fd, de) == DT_REG ? block_hex_len(name) : 0;
+        /* a block file in its right place starts with <hhh><hh> */
+        if (!hexlen || memcmp(name, hhh, 3) != 0 || name[3] != fname[0] || name[4] != fname[1]) {
+            odd_add(w, fi, name);
+            if (w->failed) break;
+            continue;
+        }
+        Record *rec = rec_new(w);
+        if (!rec) break;
+        rec->fanout = fi;
+        rec->group = group;
+        int v = hashed ? hash_block(fd, name, buf, buflen, rec) : stat_block(fd, name, perm, rec);
+        if (v != TAKEN) {
+            w->nrecs--;
+            if (v == UNUSUAL) odd_add(w, fi, name);
+            if (w->failed) break;
+            continue;
+        }
+        rec->name = names_add(w, name);
+        if (w->failed) break;
+    }
+    if (d.error && !w->failed) { /* cannot list it to the end: the Python walker lists it again and words it */
+        w->nrecs = nrecs0;
+        w->nodd = nodd0;
+        odd_add(w, -1, fname);
+    }
+    close(fd);
+}
+
+/* The whole bucket folder: fan-out folders in it, their block files. */
+static int walk_bucket_nogil(Walk *w, const char *bpath, const char *hhh, int hashed, const Perm *perm,
+                             unsigned char *buf, size_t buflen) {
+    char *dirbufs = malloc(2 * DIRBUF);
+    if (!dirbufs) {
+        w->failed = 1;
+        return -1;
+    }
+    int bfd = open(bpath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (bfd < 0) {
+        free(dirbufs);
+        return -1;
+    }
+    Dir d = {bfd, dirbufs, 0, 0, 0};
+    struct linux_dirent64 *de;
+    while ((de = dir_next(&d)) != NULL) {
+        const char *name = de->d_name;
+        if (is_dot(name)) continue;
+        int group = fanout_group(name);
+        if (group < 0 || entry_type(bfd, de) != DT_DIR) {
+            odd_add(w, -1, name);
+        } else {
+            walk_fanout(w, bfd, name, group, hhh, hashed, perm, buf, buflen, dirbufs + DIRBUF);
+        }
+        if (w->failed) break;
+    }
+    close(bfd);
+    free(dirbufs);
+    return d.error ? -1 : 0; /* cannot list it: the Python walker says so */
+}
+
+/* --- the Python side ------------------------------------------------------------------ */
+
+static int hex_value(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
+
+/* bytes.fromhex of the name's hex part (checked by block_hex_len). */
+static PyObject *block_hash(const char *name, size_t hexlen) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(hexlen / 2));
+    if (!b) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(b);
+    for (size_t i = 0; i < hexlen; i += 2) *p++ = (unsigned char)(hex_value(name[i]) << 4 | hex_value(name[i + 1]));
+    return b;
+}
+
+static int append_row(PyObject **cols, PyObject **vals) {
+    for (int j = 0; j < N_COLUMNS; j++)
+        if (PyList_Append(cols[j], vals[j]) < 0) return -1;
+    return 0;
+}
+
+PyDoc_STRVAR(walk_bucket_doc,
+"walk_bucket(bucket_path, relbase, hhh, hashed, perm, code, rank, columns, blocks, verdict, buffer)\n"
+"\n"
+"Walk one bucket folder of one rank folder. Append a row per plain block file to\n"
+"`columns` (the 16 lists of Rows.COLUMNS; relpath = relbase + '<fanout>/<name>') and\n"
+"its row index to blocks[(group, hex)]. `perm` is None or (euid, gids) to check read\n"
+"permission (--verify size as non-root); `verdict(group, size)` returns None or\n"
+"(status, reason) (None: sizes are not checked). `buffer` is a writable bytearray\n"
+"(read buffer). Returns None if the bucket folder cannot be opened or listed (the\n"
+"caller walks it in Python), else the list of unusual entries (fanout, name): fanout\n"
+"None for an entry of the bucket folder itself.");
+
+static PyObject *walk_bucket(PyObject *self, PyObject *args) {
+    PyObject *bpath_obj, *relbase, *hhh_obj, *perm_obj, *code, *rank, *columns, *blocks, *verdict, *buffer_obj;
+    int hashed;
+    if (!PyArg_ParseTuple(args, "O&UUpOOOO!O!OO", PyUnicode_FSConverter, &bpath_obj, &relbase, &hhh_obj, &hashed,
+                          &perm_obj, &code, &rank, &PyTuple_Type, &columns, &PyDict_Type, &blocks, &verdict,
+                          &buffer_obj))
+        return NULL;
+    PyObject *result = NULL;
+    Py_buffer view = {0};
+    Walk w;
+    memset(&w, 0, sizeof w);
+    Perm perm;
+    memset(&perm, 0, sizeof perm);
+    PyObject *cols[N_COLUMNS];
+    PyObject *s_ok = NULL, *s_none = NULL, *s_empty = NULL;
+    PyObject *last_key = NULL, *last_status = NULL, *last_reason = NULL;
+    long long last_size = -1;
+    int last_group = -1;
+
+    if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "columns: 16 lists expected");
+        goto out;
+    }
+    for (int j = 0; j < N_COLUMNS; j++) {
+        cols[j] = PyTuple_GET_ITEM(columns, j);
+        if (!PyList_Check(cols[j])) {
+            PyErr_SetString(PyExc_TypeError, "columns: lists expected");
+            goto out;
+        }
+    }
+    const char *hhh = PyUnicode_AsUTF8(hhh_obj);
+    if (!hhh) goto out;
+    if (strlen(hhh) != 3) {
+        PyErr_SetString(PyExc_ValueError, "hhh: a 3-character bucket name expected");
+        goto out;
+    }
+    if (perm_obj != Py_None) {
+        PyObject *gids_obj;
+        unsigned long euid;
+        if (!PyArg_ParseTuple(perm_obj, "kO", &euid, &gids_obj)) goto out;
+        PyObject *seq = PySequence_Fast(gids_obj, "perm: (euid, gids) expected");
+        if (!seq) goto out;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        perm.gids = malloc(sizeof(gid_t) * (size_t)(n ? n : 1));
+        if (!perm.gids) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned long g = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (g == (unsigned long)-1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                goto out;
+            }
+            perm.gids[i] = (gid_t)g;
+        }
+        Py_DECREF(seq);
+        perm.ngids = (size_t)n;
+        perm.euid = (uid_t)euid;
+        perm.check = 1;
+    }
+    if (PyObject_GetBuffer(buffer_obj, &view, PyBUF_WRITABLE) < 0) goto out;
+    if (view.len < 4096) {
+        PyErr_SetString(PyExc_ValueError, "buffer: at least 4096 bytes expected");
+        goto out;
+    }
+
+    int rc;
+    const char *bpath = PyBytes_AS_STRING(bpath_obj);
+    Py_BEGIN_ALLOW_THREADS
+    rc = walk_bucket_nogil(&w, bpath, hhh, hashed, &perm, (unsigned char *)view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    if (w.failed) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (rc < 0) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto out;
+    }
+
+    s_ok = PyUnicode_InternFromString("ok");
+    s_none = PyUnicode_InternFromString("none");
+    s_empty = PyUnicode_FromString("");
+    if (!s_ok || !s_none || !s_empty) goto out;
+    PyObject **fan_names = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
+    PyObject **fan_groups = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
+    if (!fan_names || !fan_groups) {
+        free(fan_names);
+        free(fan_groups);
+        PyErr_NoMemory();
+        goto out;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < w.nfan && ok; i++) {
+        fan_names[i] = PyUnicode_DecodeFSDefault(w.names.data + w.fanouts[i]);
+        fan_groups[i] = PyLong_FromLong(w.fanout_group[i]);
+        ok = fan_names[i] && fan_groups[i];
+    }
+    Py_ssize_t base = PyList_GET_SIZE(cols[0]);
+    for (size_t r = 0; r < w.nrecs && ok; r++) {
+        Record *rec = &w.recs[r];
+        const char *name = w.names.data + rec->name;
+        size_t hexlen = strlen(name) - 4;
+        PyObject *vals[N_COLUMNS] = {0};
+        PyObject *status = s_ok, *reason = s_empty;
+        if (verdict != Py_None) {
+            if (rec->group != last_group || rec->size != last_size) {
+                Py_XDECREF(last_key);
+                last_key = PyObject_CallFunction(verdict, "iL", rec->group, rec->size);
+                if (!last_key) { ok = 0; break; }
+                last_group = rec->group;
+                last_size = rec->size;
+                last_status = last_reason = NULL;
+                if (last_key != Py_None) {
+                    if (!PyTuple_Check(last_key) || PyTuple_GET_SIZE(last_key) != 2) {
+                        PyErr_SetString(PyExc_TypeError, "verdict: None or (status, reason) expected");
+                        ok = 0;
+                        break;
+                    }
+                    last_status = PyTuple_GET_ITEM(last_key, 0);
+                    last_reason = PyTuple_GET_ITEM(last_key, 1);
+                }
+            }
+            if (last_status) {
+                status = last_status;
+                reason = last_reason;
+            }
+        }
+        vals[0] = PyUnicode_FromFormat("%U%U/%s", relbase, fan_names[rec->fanout], name);
+        vals[1] = code;
+        vals[2] = rank;
+        vals[3] = fan_groups[rec->fanout];
+        vals[4] = block_hash(name, hexlen);
+        vals[5] = PyLong_FromLongLong(rec->size);
+        vals[6] = PyLong_FromLongLong(rec->mtime_ns);
+        vals[7] = PyLong_FromUnsignedLongLong(rec->ino);
+        vals[8] = PyLong_FromUnsignedLongLong(rec->dev);
+        vals[9] = PyLong_FromUnsignedLong(rec->nlink);
+        vals[10] = rec->has_hash ? PyBytes_FromStringAndSize((const char *)rec->digest, 16) : Py_None;
+        vals[11] = Py_None;
+        vals[12] = status;
+        vals[13] = s_none;
+        vals[14] = reason;
+        vals[15] = Py_None;
+        PyObject *hex = PyUnicode_FromStringAndSize(name, (Py_ssize_t)hexlen);
+        PyObject *key = hex ? PyTuple_Pack(2, fan_groups[rec->fanout], hex) : NULL;
+        ok = vals[0] && vals[4] && vals[5] && vals[6] && vals[7] && vals[8] && vals[9] && vals[10] && key;
+        if (ok) ok = append_row(cols, vals) == 0;
+        if (ok) { /* blocks[(group, hex)].append(index) */
+            PyObject *index = PyLong_FromSsize_t(base + (Py_ssize_t)r);
+            PyObject *idx = index ? PyDict_GetItemWithError(blocks, key) : NULL;
+            if (!index) ok = 0;
+            else if (idx) ok = PyList_Append(idx, index) == 0;
+            else if (PyErr_Occurred()) ok = 0;
+            else {
+                PyObject *lst = PyList_New(1);
+                if (!lst) ok = 0;
+                else {
+                    Py_INCREF(index);
+                    PyList_SET_ITEM(lst, 0, index);
+                    ok = PyDict_SetItem(blocks, key, lst) == 0;
+                    Py_DECREF(lst);
+                }
+            }
+            Py_XDECREF(index);
+        }
+        for (int j = 4; j <= 9; j++) Py_XDECREF(vals[j]);
+        Py_XDECREF(vals[0]);
+        if (vals[10] != Py_None) Py_XDECREF(vals[10]);
+        Py_XDECREF(hex);
+        Py_XDECREF(key);
+    }
+    if (ok) {
+        result = PyList_New((Py_ssize_t)w.nodd);
+        for (size_t i = 0; result && i < w.nodd; i++) {
+            PyObject *fan = w.odd_fan[i] < 0 ? Py_None : fan_names[w.odd_fan[i]];
+            PyObject *nm = PyUnicode_DecodeFSDefault(w.names.data + w.odd_name[i]);
+            PyObject *t = nm ? PyTuple_Pack(2, fan, nm) : NULL;
+            Py_XDECREF(nm);
+            if (!t) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyList_SET_ITEM(result, (Py_ssize_t)i, t);
+        }
+    }
+    for (size_t i = 0; i < w.nfan; i++) {
+        Py_XDECREF(fan_names[i]);
+        Py_XDECREF(fan_groups[i]);
+    }
+    free(fan_names);
+    free(fan_groups);
+
+out:
+    Py_XDECREF(last_key);
+    Py_XDECREF(s_ok);
+    Py_XDECREF(s_none);
+    Py_XDECREF(s_empty);
+    if (view.obj) PyBuffer_Release(&view);
+    free(perm.gids);
+    walk_free(&w);
+    Py_DECREF(bpath_obj);
+    return result;
+}
+
+PyDoc_STRVAR(finish_blocks_doc,
+"finish_blocks(blocks, columns, order, verdicts, classify, replicas, target_prefix, targets_exist, shapes)\n"
+"\n"
+"Scan._finish_blocks for a bucket whose block files were all taken: per block, in\n"
+"(group, hash) order, extend `order` with its rows, look its shape (group, ranks, sizes,\n"
+"replicas differ) up in `verdicts` (on a miss `classify(rows, group, hex)` returns the\n"
+"verdict and keeps it) and replay it: status, action, reason, and the target path\n"
+"target_prefix + '<hhh>/<hh>_g<group>/<hex>.bin'. `shapes` (None: sizes not counted)\n"
+"counts blocks per shape. Returns (blocks a file of which is not 'ok': the caller\n"
+"finishes them one by one, [(row, hex)] whose target path exists and is not the row).");
+
+static PyObject *finish_blocks(PyObject *self, PyObject *args) {
+    PyObject *blocks, *columns, *order, *verdicts, *classify, *prefix, *shapes;
+    int replicas, targets_exist;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OpOpO", &PyDict_Type, &blocks, &PyTuple_Type, &columns, &PyList_Type, &order,
+                          &PyDict_Type, &verdicts, &classify, &replicas, &prefix, &targets_exist, &shapes))
+        return NULL;
+    if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "columns: 16 lists expected");
+        return NULL;
+    }
+    PyObject *P = PyTuple_GET_ITEM(columns, 0), *K = PyTuple_GET_ITEM(columns, 2), *Z = PyTuple_GET_ITEM(columns, 5);
+    PyObject *C = PyTuple_GET_ITEM(columns, 10), *S = PyTuple_GET_ITEM(columns, 12), *A = PyTuple_GET_ITEM(columns, 13);
+    PyObject *R = PyTuple_GET_ITEM(columns, 14), *T = PyTuple_GET_ITEM(columns, 15);
+    PyObject *keys = PyDict_Keys(blocks);
+    PyObject *slow = PyList_New(0), *check = PyList_New(0);
+    PyObject *s_ok = PyUnicode_InternFromString("ok");
+    PyObject *result = NULL;
+    if (!keys || !slow || !check || !s_ok || PyList_Sort(keys) < 0) goto out;
+    Py_ssize_t nkeys = PyList_GET_SIZE(keys);
+    for (Py_ssize_t k = 0; k < nkeys; k++) {
+        PyObject *key = PyList_GET_ITEM(keys, k);
+        PyObject *idx = PyDict_GetItemWithError(blocks, key);
+        if (!idx) goto out;
+        if (!PyList_Check(idx)) {
+            PyErr_SetString(PyExc_TypeError, "blocks: lists of row indexes expected");
+            goto out;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(idx);
+        Py_ssize_t *rows = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+        if (!rows) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        int fine = 1;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            rows[j] = PyLong_AsSsize_t(PyList_GET_ITEM(idx, j));
+            if (rows[j] < 0 || rows[j] >= PyList_GET_SIZE(S)) {
+                PyMem_Free(rows);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "blocks: row index out of range");
+                goto out;
+            }
+            PyObject *st = PyList_GET_ITEM(S, rows[j]);
+            if (st != s_ok && !(PyUnicode_Check(st) && PyUnicode_Compare(st, s_ok) == 0)) fine = 0;
+        }
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (PyList_Append(order, PyList_GET_ITEM(idx, j)) < 0) {
+                PyMem_Free(rows);
+                goto out;
+            }
+        if (!fine) {
+            PyMem_Free(rows);
+            if (PyList_Append(slow, key) < 0) goto out;
+            continue;
+        }
+        /* shape = (group, ranks, sizes, differ) */
+        PyObject *group = PyTuple_GET_ITEM(key, 0), *hex = PyTuple_GET_ITEM(key, 1);
+        PyObject *ranks = PyTuple_New(n), *sizes = PyTuple_New(n);
+        int differ = 0;
+        if (ranks && sizes) {
+            for (Py_ssize_t j = 0; j < n; j++) {
+                PyObject *r = PyList_GET_ITEM(K, rows[j]), *z = PyList_GET_ITEM(Z, rows[j]);
+                Py_INCREF(r);
+                Py_INCREF(z);
+                PyTuple_SET_ITEM(ranks, j, r);
+                PyTuple_SET_ITEM(sizes, j, z);
+            }
+            if (replicas && n > 1) { /* replicas differ: content hashes (or, unread, sizes) not all equal */
+                PyObject *c0 = PyList_GET_ITEM(C, rows[0]);
+                PyObject *first = c0 == Py_None ? PyList_GET_ITEM(Z, rows[0]) : c0;
+                for (Py_ssize_t j = 1; j < n && !differ; j++) {
+                    PyObject *cj = PyList_GET_ITEM(C, rows[j]);
+                    PyObject *v = cj == Py_None ? PyList_GET_ITEM(Z, rows[j]) : cj;
+                    int eq = PyObject_RichCompareBool(first, v, Py_EQ);
+                    if (eq < 0) {
+                        differ = -1;
+                        break;
+                    }
+                    differ = !eq;
+                }
+            }
+        }
+        PyObject *shape = (ranks && sizes && differ >= 0) ? PyTuple_Pack(4, group, ranks, sizes,
+                                                                          differ ? Py_True : Py_False) : NULL;
+        Py_XDECREF(ranks);
+        Py_XDECREF(sizes);
+        if (!shape) {
+            PyMem_Free(rows);
+            goto out;
+        }
+        PyObject *verdict = PyDict_GetItemWithError(verdicts, shape); /* borrowed */
+        Py_XINCREF(verdict);
+        if (!verdict && !PyErr_Occurred()) verdict = PyObject_CallFunctionObjArgs(classify, idx, group, hex, shape, NULL);
+        if (!verdict || !PyTuple_Check(verdict) || PyTuple_GET_SIZE(verdict) != n) {
+            if (verdict && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "classify: one verdict per row expected");
+            Py_XDECREF(verdict);
+            Py_DECREF(shape);
+            PyMem_Free(rows);
+            goto out;
+        }
+        PyObject *tpath = NULL;
+        int ok = 1;
+        for (Py_ssize_t j = 0; j < n && ok; j++) {
+            PyObject *v = PyTuple_GET_ITEM(verdict, j); /* (status, action, reason, has_target) */
+            if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 4) {
+                PyErr_SetString(PyExc_TypeError, "classify: (status, action, reason, has_target) expected");
+                ok = 0;
+                break;
+            }
+            for (int c = 0; c < 3; c++) {
+                PyObject *val = PyTuple_GET_ITEM(v, c);
+                Py_INCREF(val);
+                PyList_SetItem(c == 0 ? S : c == 1 ? A : R, rows[j], val);
+            }
+            int has_target = PyObject_IsTrue(PyTuple_GET_ITEM(v, 3));
+            if (has_target < 0) {
+                ok = 0;
+                break;
+            }
+            if (!has_target) continue;
+            if (!tpath) { /* once per block: every replica has the same target */
+                const char *h = PyUnicode_AsUTF8(hex);
+                if (!h || strlen(h) < 5) {
+                    if (h) PyErr_SetString(PyExc_ValueError, "block hash too short");
+                    ok = 0;
+                    break;
+                }
+                tpath = PyUnicode_FromFormat("%U%.3s/%.2s_g%S/%U.bin", prefix, h, h + 3, group, hex);
+                if (!tpath) {
+                    ok = 0;
+                    break;
+                }
+            }
+            Py_INCREF(tpath);
+            PyList_SetItem(T, rows[j], tpath);
+            if (targets_exist) {
+                int same = PyUnicode_Compare(tpath, PyList_GET_ITEM(P, rows[j]));
+                if (same == -1 && PyErr_Occurred()) {
+                    ok = 0;
+                    break;
+                }
+                if (same != 0) {
+                    PyObject *t = PyTuple_Pack(2, PyList_GET_ITEM(idx, j), hex);
+                    ok = t && PyList_Append(check, t) == 0;
+                    Py_XDECREF(t);
+                }
+            }
+        }
+        Py_XDECREF(tpath);
+        Py_DECREF(verdict);
+        PyMem_Free(rows);
+        if (ok && shapes != Py_None) { /* shapes[shape] += 1 */
+            PyObject *count = PyDict_GetItemWithError(shapes, shape);
+            PyObject *next = count ? PyLong_FromLong(PyLong_AsLong(count) + 1) : PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+            ok = next && PyDict_SetItem(shapes, shape, next) == 0;
+            Py_XDECREF(next);
+        }
+        Py_DECREF(shape);
+        if (!ok) goto out;
+    }
+    result = PyTuple_Pack(2, slow, check);
+out:
+    Py_XDECREF(keys);
+    Py_XDECREF(slow);
+    Py_XDECREF(check);
+    Py_XDECREF(s_ok);
+    return result;
+}
+
+PyDoc_STRVAR(hash_doc, "xxh3_128_digest(data) -> bytes: the vendored XXH3-128 (tests compare it with xxhash).");
+
+static PyObject *xxh3_128_digest(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    XXH128_hash_t h = XXH3_128bits(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    return PyBytes_FromStringAndSize((const char *)c.digest, 16);
+}
+
+static PyMethodDef methods[] = {
+    {"walk_bucket", walk_bucket, METH_VARARGS, walk_bucket_doc},
+    {"finish_blocks", finish_blocks, METH_VARARGS, finish_blocks_doc},
+    {"xxh3_128_digest", xxh3_128_digest, METH_O, hash_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kvmigrate._leafwalk",
+    "The healthy-block leaf loop of scan, in C (optional; scan.py falls back to Python).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__leafwalk(void) { return PyModule_Create(&module); }

@@ -1,0 +1,358 @@
+"""The compiled leaf walk (kvmigrate._leafwalk) against the Python walk: on every defect
+tree, every odd name and every race, both write the same manifest, row for row.
+
+The C walk takes only plain block files and hands everything else to the Python code;
+these tests prove that split loses nothing, words nothing differently and drops exactly
+what the Python walk drops.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvmigrate.scan as scan_mod
+from kvmigrate import manifest
+from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
+from kvmigrate.synth.tree import build
+
+from conftest import WALKS
+
+SMALL = dict(blocks=4, page_bytes=64, layers=2)
+FLAGS = {"model_dtype": "bfloat16"}
+# defect -> spec changes that make the tree show it (as in test_audit)
+CASES = {
+    "missing_rank": dict(family="llmd", tp=2),
+    "replica_differs": dict(family="llmd", tp=2, kv_kind="mla"),
+    "padded_legacy": dict(family="llmd", tp=2),
+    "pp_stage": dict(family="llmd", tp=1, pp=2),
+    **{d: dict(family="vllmcpp") for d in BLOCK_DEFECTS if d.startswith("header_")},
+}
+
+
+class Spy:
+    """Counts the rows the C walk appended and the entries it handed back."""
+
+    def __init__(self, leaf):
+        self.leaf, self.rows, self.calls, self.unusual = leaf, 0, 0, []
+
+    def walk_bucket(self, *args):
+        columns = args[7]
+        before = len(columns[0])
+        result = self.leaf.walk_bucket(*args)
+        self.calls += 1
+        self.rows += len(columns[0]) - before
+        self.unusual.extend(result or [])
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.leaf, name)
+
+
+def scan_rows(root: Path, out: Path, walk: str, monkeypatch, verify: str, flags: dict | None = None
+              ) -> tuple[int, list[dict], Spy | None]:
+    """Scan in this process with one walk; (exit code, manifest rows in order, spy)."""
+    from kvmigrate import _leafwalk  # noqa: F401  (the tests need the C walk built)
+
+    spy = None
+    if walk == "python":
+        monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
+        spy = Spy(scan_mod.leaf_walk())
+        monkeypatch.setattr(scan_mod, "leaf_walk", lambda: spy)
+    result = scan_mod.scan(root, out, facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify, threads=2)
+    monkeypatch.undo()
+    return result.exit_code, manifest.read_table(out).to_pylist(), spy
+
+
+def both_walks(root: Path, tmp_path: Path, monkeypatch, verify: str, flags: dict | None = None):
+    code_py, rows_py, _ = scan_rows(root, tmp_path / f"py-{verify}.parquet", "python", monkeypatch, verify, flags)
+    code_c, rows_c, spy = scan_rows(root, tmp_path / f"c-{verify}.parquet", "c", monkeypatch, verify, flags)
+    return (code_py, rows_py), (code_c, rows_c), spy
+
+
+def assert_same(py: tuple[int, list[dict]], c: tuple[int, list[dict]]) -> None:
+    (code_py, rows_py), (code_c, rows_c) = py, c
+    assert code_c == code_py
+    assert len(rows_c) == len(rows_py)
+    for a, b in zip(rows_c, rows_py):
+        assert a == b, (a, b)
+
+
+# --- the hash -----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=4096))
+def test_vendored_xxh3_128_is_the_xxhash_packages(data):
+    from kvmigrate import _leafwalk
+
+    assert _leafwalk.xxh3_128_digest(data) == xxhash.xxh3_128_digest(data)
+
+
+@pytest.mark.parametrize("size", [1, 16, 17, 128, 129, 240, 241, 1024, 4096, (1 << 20) + 4095, (1 << 20) + 4097])
+def test_vendored_xxh3_128_at_its_size_boundaries(size):
+    from kvmigrate import _leafwalk
+
+    data = os.urandom(size)
+    assert _leafwalk.xxh3_128_digest(data) == xxhash.xxh3_128_digest(data)
+
+
+# --- same manifest on every defect tree ------------------------------------------------
+
+
+@pytest.mark.parametrize("verify", ["none", "size", "hash"])
+@pytest.mark.parametrize("defect", [None, *BLOCK_DEFECTS, *TREE_DEFECTS])
+def test_both_walks_write_the_same_manifest(tmp_path, monkeypatch, defect, verify):
+    changes = {**SMALL, **CASES.get(defect, dict(family="llmd", tp=2, kv_kind="mla"))}
+    root = tmp_path / "root"
+    build(root, SynthSpec(defects=(defect,) if defect else (), **changes))
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, verify, {**FLAGS, "kv_kind": changes.get("kv_kind", "full")})
+    assert_same(py, c)
+    if changes["family"] != "vllmcpp" and defect != "pp_stage":
+        assert spy.rows > 0  # the C walk took the plain blocks itself
+
+
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_c_walk_takes_every_plain_block_and_hands_back_the_findings(tmp_path, monkeypatch, verify):
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", defects=("zero_filled", "short"), **SMALL))
+    victims = {result.defect(d)["relpath"] for d in ("zero_filled", "short")}
+    code, rows, spy = scan_rows(root, tmp_path / "m.parquet", "c", monkeypatch, verify, {**FLAGS, "kv_kind": "mla"})
+    handed_back = [f"{fanout}/{name}" for fanout, name in spy.unusual]
+    assert spy.rows + len(handed_back) == len(result.block_files())
+    if verify == "hash":  # empty and zero-filled files are findings the Python code words
+        assert sorted(handed_back) == sorted("/".join(Path(v).parts[-2:]) for v in victims)
+    else:  # --verify size reads nothing: the size verdicts come with the C rows
+        assert handed_back == []
+    by_path = {r["relpath"]: r for r in rows}
+    assert {by_path[v]["status"] for v in victims} == {"zero_filled", "short"} if verify == "hash" else True
+    assert all(by_path[r]["status"] == "ok" for r in result.block_files() if r not in victims
+               and Path(r).name not in {Path(v).name for v in victims})
+
+
+# --- odd names and kinds ----------------------------------------------------------------
+
+
+def _plant_odd_entries(root: Path, rank_dir: Path) -> list[str]:
+    """Entries next to real blocks that look almost like blocks or fan-out folders."""
+    bucket = next(p for p in sorted(rank_dir.iterdir()) if p.is_dir())
+    fanout = next(p for p in sorted(bucket.iterdir()) if p.is_dir())
+    real = next(p for p in sorted(fanout.iterdir()))
+    hh = fanout.name[:2]
+    prefix = bucket.name + hh
+    planted = {
+        fanout / (prefix + "ABCD.bin"): b"upper-case hex",
+        fanout / (prefix + "abc.bin"): b"odd hex length",
+        fanout / (prefix + "abcd.bin\n"): b"trailing newline",
+        fanout / (prefix + "abcd.BIN"): b"upper-case suffix",
+        fanout / "fff000aa.bin": b"misfiled: another bucket",
+        fanout / (prefix + "0000.bin"): b"",  # empty
+        fanout / (prefix + "1111.bin"): bytes(300),  # zero-filled
+        fanout / (prefix + "2222.bin.tmp"): b"x",
+        bucket / (prefix + "3333.bin"): b"a block name in the bucket folder",
+        bucket / (hh + "_g"): b"a fan-out name without a group, as a file",
+        bucket / "not-a-fanout" / (prefix + "4444.bin"): b"in a foreign folder",
+        bucket / (hh + "_g1234567890") / (prefix + "5555.bin"): b"group of 10 digits",
+        bucket / (hh + "_g\u0663") / (prefix + "6666.bin"): b"arabic-indic digit",
+        bucket / (hh + "_g0\n") / (prefix + "7777.bin"): b"fan-out name with a newline",
+        bucket / ("zz_g0") / (prefix + "8888.bin"): b"non-hex fan-out",
+    }
+    for path, data in planted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    (fanout / (prefix + "9999.bin")).mkdir()  # a folder named like a block
+    os.symlink(real, fanout / (prefix + "aaaa.bin"))  # a symlink named like a block
+    os.mkfifo(fanout / (prefix + "bbbb.bin"))  # a FIFO named like a block (never opened)
+    odd = os.fsdecode(b"\xff\xfe" + prefix.encode() + b"cccc.bin")  # undecodable name
+    (fanout / odd).write_bytes(b"undecodable")
+    return [str(p.relative_to(root)) for p in planted]
+
+
+@pytest.mark.parametrize("verify", ["none", "size", "hash"])
+def test_odd_names_and_kinds_are_worded_alike(tmp_path, monkeypatch, verify):
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    rank_dir = next(p for p in sorted(root.iterdir()) if p.name.endswith("_r0"))
+    planted = _plant_odd_entries(root, rank_dir)
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, verify, {**FLAGS, "kv_kind": "mla"})
+    assert_same(py, c)
+    listed = {r["relpath"] for r in c[1]}
+    assert set(planted) <= listed
+    assert spy.unusual  # handed back, not taken
+
+
+def test_blocks_larger_than_the_read_buffer_are_streamed(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", layers=3, page_bytes=1 << 19, blocks=2))
+    sizes = {os.path.getsize(root / r) for r in result.block_files()}
+    assert min(sizes) > scan_mod.READ_BUFFER  # 1.5 MiB files: more than one read
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, "hash", {**FLAGS, "kv_kind": "mla"})
+    assert_same(py, c)
+    for row in c[1]:
+        if row["relpath"] in result.block_files():
+            assert row["content_xxh3_128"] == xxhash.xxh3_128_digest((root / row["relpath"]).read_bytes())
+    assert spy.rows == len(result.block_files())
+
+
+# --- races and permission faults at the system-call boundary --------------------------
+
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Before the scanner opens a file whose name is in an environment variable: delete it
+   (KVM_RACE_GONE), swap it for a symlink (KVM_RACE_SYMLINK), or refuse (KVM_RACE_DENY). */
+static int race(int dirfd, const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *gone = getenv("KVM_RACE_GONE"), *link = getenv("KVM_RACE_SYMLINK"), *deny = getenv("KVM_RACE_DENY");
+    struct stat st;
+    if (gone && !strcmp(base, gone)) unlinkat(dirfd, path, 0);
+    if (link && !strcmp(base, link) && !fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) && S_ISREG(st.st_mode)) {
+        unlinkat(dirfd, path, 0);
+        symlinkat("/etc/passwd", dirfd, path);
+    }
+    if (deny && !strcmp(base, deny)) { errno = EACCES; return -1; }
+    return 0;
+}
+
+#define MODE(flags) mode_t mode = 0; if (flags & O_CREAT) { va_list ap; va_start(ap, flags); mode = va_arg(ap, int); va_end(ap); }
+
+int openat(int dirfd, const char *path, int flags, ...) {
+    MODE(flags)
+    if (race(dirfd, path)) return -1;
+    int (*real)(int, const char *, int, ...) = dlsym(RTLD_NEXT, "openat");
+    return real(dirfd, path, flags, mode);
+}
+int openat64(int dirfd, const char *path, int flags, ...) {
+    MODE(flags)
+    if (race(dirfd, path)) return -1;
+    int (*real)(int, const char *, int, ...) = dlsym(RTLD_NEXT, "openat64");
+    return real(dirfd, path, flags, mode);
+}
+int open(const char *path, int flags, ...) {
+    MODE(flags)
+    if (race(AT_FDCWD, path)) return -1;
+    int (*real)(const char *, int, ...) = dlsym(RTLD_NEXT, "open");
+    return real(path, flags, mode);
+}
+int open64(const char *path, int flags, ...) {
+    MODE(flags)
+    if (race(AT_FDCWD, path)) return -1;
+    int (*real)(const char *, int, ...) = dlsym(RTLD_NEXT, "open64");
+    return real(path, flags, mode);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def race_shim(tmp_path_factory) -> Path:
+    """An LD_PRELOAD library that races the scanner inside open()/openat() (built with cc:
+    CI machines have it, as the C walk itself needs it)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the race shim"
+    d = tmp_path_factory.mktemp("shim")
+    (d / "shim.c").write_text(textwrap.dedent(SHIM))
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "shim.so"), str(d / "shim.c"), "-ldl"], check=True)
+    return d / "shim.so"
+
+
+def _scan_with_shim(shim: Path, root: Path, out: Path, walk: str, **race: str) -> tuple[int, dict[str, dict], str]:
+    env = {**os.environ, "LD_PRELOAD": str(shim), **race}
+    env.pop("KVMIGRATE_PURE_PYTHON", None)
+    if walk == "python":
+        env["KVMIGRATE_PURE_PYTHON"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(out), "--verify", "hash",
+                           "--model-dtype", "bfloat16", "--kv-kind", "mla"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, {r["relpath"]: r for r in manifest.read_table(out).to_pylist()}, proc.stderr
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_blocks_deleted_or_replaced_by_a_symlink_just_before_open_are_dropped(tmp_path, race_shim, walk):
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    gone, replaced = result.block_files()[0], result.block_files()[-1]
+    hit = {Path(gone).name, Path(replaced).name}  # (a block's replicas share their name: both ranks race)
+    code, rows, _ = _scan_with_shim(race_shim, root, tmp_path / "m.parquet", walk,
+                                    KVM_RACE_GONE=Path(gone).name, KVM_RACE_SYMLINK=Path(replaced).name)
+    assert not (root / gone).exists() and (root / replaced).is_symlink()  # the race did happen
+    assert not [rel for rel in rows if Path(rel).name in hit]
+    blocks = [r for r in rows.values() if r["block_hash"] is not None]
+    assert len(blocks) == len([r for r in result.block_files() if Path(r).name not in hit]) > 0
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert code == 0
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_block_refused_at_open_is_unreadable_with_errno_and_path(tmp_path, race_shim, walk):
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    victim = result.block_files()[1]
+    code, rows, _ = _scan_with_shim(race_shim, root, tmp_path / "m.parquet", walk, KVM_RACE_DENY=Path(victim).name)
+    row = rows[victim]
+    assert row["status"] == "unreadable" and "EACCES" in row["reason"] and victim in row["reason"]
+    assert code == 1 | 8
+    assert all(r["status"] == "ok" for rel, r in rows.items() if rel != victim and r["block_hash"] is not None
+               and Path(rel).name != Path(victim).name)
+
+
+# --- which walk runs --------------------------------------------------------------------
+
+
+def test_pure_python_switch(monkeypatch):
+    """KVMIGRATE_PURE_PYTHON=1 rules the C walk out; otherwise it runs (the tests need it
+    built: `pip install` compiles it where a C compiler is found, as on every CI machine)."""
+    monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
+    assert scan_mod.leaf_walk() is None
+    monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "0")
+    assert scan_mod.leaf_walk() is not None
+    monkeypatch.delenv("KVMIGRATE_PURE_PYTHON")
+    from kvmigrate import _leafwalk
+
+    assert scan_mod.leaf_walk() is _leafwalk
+
+
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_existing_target_folders_are_judged_alike(tmp_path, monkeypatch, verify):
+    """After a migration the target folder exists: linked blocks are already_present, a
+    target path holding other bytes is aliases_source, a vanished link is a link again."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **{**SMALL, "blocks": 8}))
+    flags = ["--model-dtype", "bfloat16", "--kv-kind", "mla"]
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "migrate", str(root), "--apply", *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _, rows, _ = scan_rows(root, tmp_path / "after.parquet", "python", monkeypatch, verify, {**FLAGS, "kv_kind": "mla"})
+    targets = sorted({r["target_relpath"] for r in rows if r["action"] == "already_present" and r["target_relpath"]})
+    assert len(targets) >= 3
+    (root / targets[0]).unlink()
+    (root / targets[0]).write_bytes(b"other bytes")  # a foreign file at a target path
+    (root / targets[1]).unlink()  # a link gone: to be made again
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, verify, {**FLAGS, "kv_kind": "mla"})
+    assert_same(py, c)
+    actions = {r["action"] for r in c[1]}
+    reasons = " ".join(r["reason"] or "" for r in c[1])
+    assert "already_present" in actions and "aliases_source" in reasons
+    assert actions - {"already_present", "none"}  # the block whose link vanished is to be made again
+    assert spy.rows > 0
