@@ -39,14 +39,13 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
 #include "xxhash.h"
-
-#ifndef O_NOATIME
-#define O_NOATIME 0
+#ifdef KVMIGRATE_XXH_X86_DISPATCH /* x86: SSE2, AVX2 or AVX-512, chosen at run time by the CPU */
+#include "xxh_x86dispatch.h"
 #endif
-#ifndef O_CLOEXEC
-#define O_CLOEXEC 0
+
+#if !defined(O_NOATIME) || !defined(O_CLOEXEC) /* (Python.h asks for _GNU_SOURCE) */
+#error "O_NOATIME and O_CLOEXEC are needed: evictors judge a block's age by its atime"
 #endif
 
 #define N_COLUMNS 16 /* Rows.COLUMNS */
@@ -198,7 +197,7 @@ static int open_block(int dirfd, const char *name) {
     do {
         fd = openat(dirfd, name, flags | O_NOATIME);
     } while (fd < 0 && errno == EINTR);
-    if (fd < 0 && O_NOATIME && errno == EPERM) { /* O_NOATIME needs ownership */
+    if (fd < 0 && errno == EPERM) { /* O_NOATIME needs ownership */
         do {
             fd = openat(dirfd, name, flags);
         } while (fd < 0 && errno == EINTR);

@@ -885,6 +885,7 @@ class Bench:
             "duration_s": round(time.time() - self.started, 1),
             "machine": machine, "space": space, "trees": self.trees, "warm": warmth,
             "kvmigrate_threads": self.args.threads or "default (2 x cores)",
+            "kvmigrate_leaf_walk": self.leaf_walk(),
             "groups": [self.group_dict(g) for g in self.groups],
             "startup": self.startup,
             "replica_groups": self.replica_check(),
@@ -921,6 +922,15 @@ class Bench:
                 if c.key == key:
                     return c
         return None
+
+    def leaf_walk(self) -> str:
+        """Which leaf walk the measured kvmigrate's scan runs (README: Install)."""
+        code = "import kvmigrate.scan as s; w = s.leaf_walk(); print(w.__file__ if w else '')"
+        p = subprocess.run([self.kvm_python, "-c", code], capture_output=True, text=True)
+        if p.returncode != 0:
+            return "unknown"
+        where = p.stdout.strip()
+        return f"C (`{Path(where).name}`)" if where else "Python (the C extension is not built or ruled out)"
 
     def replica_check(self) -> dict:
         out = {}
@@ -1064,6 +1074,8 @@ def render(result: dict) -> str:
         + (f"; working tree had {len(m['git_uncommitted_under_kvmigrate'])} uncommitted change(s) under "
            f"kvmigrate/" if m["git_uncommitted_under_kvmigrate"] else "; clean") + " |")
     add(f"| kvmigrate threads | {result['kvmigrate_threads']} |")
+    if result.get("kvmigrate_leaf_walk"):
+        add(f"| scan leaf walk | {result['kvmigrate_leaf_walk']} |")
     add("")
 
     add("## Trees")
