@@ -13,10 +13,13 @@ Phases (each a function below):
    scandir the bucket in every rank folder, `lstat` each file (DirEntry, no symlink
    follow) or, with --verify hash, open + fstat + read it (no lstat), read vllm.cpp
    headers, and classify (`kvmigrate.classify`; a healthy block's verdict is computed once
-   per shape and replayed). Rows go to column lists, one Arrow batch per task. Tasks run
-   in worker processes (the walk is Python work: the GIL would serialise threads) or in
-   this process, with threads for I/O concurrency; their batches are written in task
-   order, so every mode writes the same manifest.
+   per shape and replayed). The plain block files of vLLM / llm-d buckets go through the
+   compiled leaf walk where it is built (`kvmigrate._leafwalk`: by file descriptor, GIL
+   released); anything unusual it hands back to the Python code here, which words it.
+   Rows go to column lists, one Arrow batch per task. Tasks run in worker processes (the
+   rest of the walk is Python work: the GIL would serialise threads) or in this process,
+   with threads for I/O concurrency; their batches are written in task order, so every
+   mode writes the same manifest.
 5. Sizes that must be equal within a (namespace, rank, group) are only known at the end:
    when some are odd (or the walk met errors, which the metadata records), the manifest
    is rewritten once with those blocks re-classified (`_finalize`); a healthy tree is

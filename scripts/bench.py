@@ -204,9 +204,11 @@ def capture(argv: list[str], **kw: Any) -> str:
 
 
 FLOOR_NOTE = ("The Python floor (scripts/floor_walk.py) is a reference, not a competitor: the bare walk and "
-              "per-file syscalls kvmigrate cannot avoid, in the same number of processes, with no "
-              "classification and no manifest; no Python tool can beat it, so a target below it needs "
-              "compiled code.")
+              "per-file syscalls in Python (by path), in the same number of processes, with no "
+              "classification and no manifest: no pure-Python scanner can beat it. kvmigrate's compiled "
+              "leaf walk (kvmigrate/_leafwalk.c, when built) makes those syscalls from C by file "
+              "descriptor, so the two compare the cost of everything else: classification, rows, the "
+              "manifest.")
 
 
 @dataclass
@@ -1333,7 +1335,10 @@ def render_spy_profile(prof: dict, add) -> None:
     add(f"{prof['tool']}. Each process is sampled at a fixed rate; a share is the part of all samples (parent "
         "and workers together) taken on that line or function. A sample taken during a system call is charged to "
         "the Python line making it: `os.read`, `os.open`/`open_noatime`, `os.fstat` and `list(scandir)` lines "
-        "are the kernel's share; idle pool threads waiting for work show as `wait`/`select`/`_recv` lines.")
+        "are the kernel's share; idle pool threads waiting for work show as `wait`/`select`/`_recv` lines. "
+        "With the compiled leaf walk, the `leaf.walk_bucket(...)` line is all of it for plain block files: "
+        "the system calls, the XXH3 hashing and the row appends in C (py-spy does not see inside it; "
+        "`perf record` does).")
     for verify, p in _profiled_modes(prof, add):
         add(f"**`scan --verify {verify}`** on the 4 KiB tree: wall {p['wall_s']:.2f} s under py-spy, "
             f"{p['samples']:,} samples at {p.get('rate_hz', '?')} Hz per thread, parent and workers together.")

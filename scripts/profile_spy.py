@@ -45,6 +45,19 @@ def _frame_parts(frame: str) -> tuple[str, str]:
     return f"{name} ({short})", f"{name} ({short}:{line})"
 
 
+def _source_file(path: str) -> str:
+    """The file py-spy's relative path names in the profiled installation (this script runs
+    under the measured interpreter), not in the current folder: a checkout edited since
+    would show other lines."""
+    if os.path.isabs(path):
+        return path
+    for entry in sys.path[1:]:  # (sys.path[0] is this script's folder)
+        candidate = os.path.join(entry or os.getcwd(), path)
+        if os.path.isfile(candidate):
+            return candidate
+    return path
+
+
 def aggregate(raw: str, top: int) -> dict:
     """Self samples per function and per line, inclusive samples per kvmigrate function,
     and samples per process (parent / workers)."""
@@ -71,7 +84,7 @@ def aggregate(raw: str, top: int) -> dict:
         self_line[ln] += count
         if ln not in source:
             path, _, lineno = frames[-1].rpartition(" (")[2].rstrip(")").rpartition(":")
-            source[ln] = linecache.getline(path, int(lineno)).strip() if lineno.isdigit() else ""
+            source[ln] = linecache.getline(_source_file(path), int(lineno)).strip() if lineno.isdigit() else ""
         for f in {_frame_parts(f)[0] for f in frames}:
             if "kvmigrate/" in f:
                 incl[f] += count

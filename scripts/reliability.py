@@ -33,9 +33,11 @@ What it does (issue 8; migration.md §3 is the rule book):
 Every command is recorded; every non-zero exit must come with a message naming a path
 and a remedy. Any violation is listed in the report and makes the script exit 1.
 
-To measure exactly one commit while others edit the checkout, run it from an export:
-    git archive HEAD | tar -x -C /tmp/head && cd /tmp/head && KVM_RELIABILITY_COMMIT=$(git -C
-    /work/main rev-parse --short HEAD) PYTHONPATH=/tmp/head python scripts/reliability.py --out REPORT
+To measure exactly one commit while others edit the checkout, run it from an export (and
+build the C leaf walk there, or scan runs its Python walk; the report says which ran):
+    git archive HEAD | tar -x -C /tmp/head && cd /tmp/head && python setup.py -q build_ext --inplace &&
+    KVM_RELIABILITY_COMMIT=$(git -C /work/main rev-parse --short HEAD) PYTHONPATH=/tmp/head
+    python scripts/reliability.py --out REPORT
 Needs root (mount, mknod, setpriv); without it the mount-based faults fall back to
 injected ones and say so.
 """
@@ -1803,7 +1805,10 @@ def _machine() -> dict[str, Any]:
     dirty = bool(sh("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no").stdout.strip())
     if not commit and os.environ.get("KVM_RELIABILITY_COMMIT"):  # run from `git archive` of that commit
         commit, dirty = os.environ["KVM_RELIABILITY_COMMIT"] + " (clean export)", False
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
+    walk = subprocess.run([sys.executable, "-c", "import kvmigrate.scan as s; w = s.leaf_walk(); "
+                           "print(w.__file__ if w else '')"], capture_output=True, text=True).stdout.strip()
+    return {"leaf_walk": f"C ({walk})" if walk else "Python",
+            "cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
             "python": platform.python_version(), "commit": commit + (" (+ uncommitted changes in the checkout)"
                                                                      if dirty else ""),
             "user": "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"}
@@ -1828,7 +1833,8 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
            "migration.md §3 and interface.md §4.", "",
            f"Run {meta['started']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
            f"{meta['machine']['memory']}), Linux {meta['machine']['kernel']}, Python {meta['machine']['python']}, "
-           f"as {meta['machine']['user']}; kvmigrate at {meta['machine']['commit']}. Work folder on "
+           f"as {meta['machine']['user']}; kvmigrate at {meta['machine']['commit']}, scan leaf walk "
+           f"{meta['machine'].get('leaf_walk', '?')}. Work folder on "
            f"{meta['workfs']}. Seed {meta['seed']}. Duration {meta['seconds'] / 60:.1f} min "
            f"({', '.join(f'{k} {v:.0f} s' for k, v in meta['sections'].items())}); 1-minute load average "
            f"{meta['load'][0]:.1f} at the start, {meta['load'][1]:.1f} at the end (other work shares the "
