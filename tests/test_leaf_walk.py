@@ -223,7 +223,31 @@ SHIM = r"""
 
 /* Before the scanner opens a file whose name is in an environment variable: delete it
    (KVM_RACE_GONE), swap it for a symlink (KVM_RACE_SYMLINK), or refuse (KVM_RACE_DENY). */
+/* KVM_REL_LOG: one line per block file opened or lstat'ed relative to a folder descriptor
+   (the C walk; the Python walk uses whole paths). */
+static void log_relative(int dirfd, const char *path, const char *what) {
+    const char *log = getenv("KVM_REL_LOG");
+    if (!log || dirfd == AT_FDCWD || path[0] == '/' || !strstr(path, ".bin")) return;
+    int fd = syscall(SYS_openat, AT_FDCWD, log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        if (write(fd, what, strlen(what)) < 0) {}
+        close(fd);
+    }
+}
+
+int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+    log_relative(dirfd, path, "stat\n");
+    int (*real)(int, const char *, struct stat *, int) = dlsym(RTLD_NEXT, "fstatat");
+    return real(dirfd, path, st, flags);
+}
+int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+    log_relative(dirfd, path, "stat\n");
+    int (*real)(int, const char *, struct stat64 *, int) = dlsym(RTLD_NEXT, "fstatat64");
+    return real(dirfd, path, st, flags);
+}
+
 static int race(int dirfd, const char *path, int flags) {
+    log_relative(dirfd, path, "open\n");
     const char *log = getenv("KVM_OPEN_LOG");
     if (log && strstr(path, ".bin")) { /* which flags each block file is opened with */
         int fd = syscall(SYS_openat, AT_FDCWD, log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -245,6 +269,29 @@ static int race(int dirfd, const char *path, int flags) {
     }
     if (deny && !strcmp(base, deny)) { errno = EACCES; return -1; }
     return 0;
+}
+
+/* KVM_DT_UNKNOWN: every getdents64 entry says DT_UNKNOWN, as on filesystems without file
+   types in directories: the C walk must lstat each entry (glibc's readdir, which the
+   Python walk uses, does not go through syscall()). */
+long syscall(long number, ...) {
+    va_list ap;
+    va_start(ap, number);
+    long a[6];
+    for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
+    va_end(ap);
+    long (*real)(long, ...) = dlsym(RTLD_NEXT, "syscall");
+    long r = real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+    if (number == SYS_getdents64 && r > 0 && getenv("KVM_DT_UNKNOWN")) {
+        for (long pos = 0; pos < r;) {
+            char *entry = (char *)a[1] + pos;
+            unsigned short reclen;
+            memcpy(&reclen, entry + 16, sizeof reclen);
+            entry[18] = 0; /* d_type = DT_UNKNOWN */
+            pos += reclen;
+        }
+    }
+    return r;
 }
 
 #define MODE(flags) mode_t mode = 0; if (flags & O_CREAT) { va_list ap; va_start(ap, flags); mode = va_arg(ap, int); va_end(ap); }
@@ -288,12 +335,13 @@ def race_shim(tmp_path_factory) -> Path:
     return d / "shim.so"
 
 
-def _scan_with_shim(shim: Path, root: Path, out: Path, walk: str, **race: str) -> tuple[int, dict[str, dict], str]:
+def _scan_with_shim(shim: Path, root: Path, out: Path, walk: str, verify: str = "hash",
+                    **race: str) -> tuple[int, dict[str, dict], str]:
     env = {**os.environ, "LD_PRELOAD": str(shim), **race}
     env.pop("KVMIGRATE_PURE_PYTHON", None)
     if walk == "python":
         env["KVMIGRATE_PURE_PYTHON"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(out), "--verify", "hash",
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(out), "--verify", verify,
                            "--model-dtype", "bfloat16", "--kv-kind", "mla"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -314,6 +362,30 @@ def test_blocks_deleted_or_replaced_by_a_symlink_just_before_open_are_dropped(tm
     assert len(blocks) == len([r for r in result.block_files() if Path(r).name not in hit]) > 0
     assert {r["status"] for r in rows.values()} == {"ok"}
     assert code == 0
+
+
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_c_walk_on_a_filesystem_without_file_types_in_directories(tmp_path, race_shim, verify):
+    """d_type DT_UNKNOWN everywhere: the C walk lstats each entry and still takes the plain
+    blocks and hands back the rest, writing the Python walk's manifest."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    rank_dir = next(p for p in sorted(root.iterdir()) if p.name.endswith("_r0"))
+    planted = _plant_odd_entries(root, rank_dir)
+    code_py, rows_py, _ = _scan_with_shim(race_shim, root, tmp_path / "py.parquet", "python", verify)
+    log = tmp_path / "relative.log"
+    code_c, rows_c, _ = _scan_with_shim(race_shim, root, tmp_path / "c.parquet", "c", verify, KVM_DT_UNKNOWN="1",
+                                        KVM_REL_LOG=str(log))
+    assert code_c == code_py and list(rows_c) == list(rows_py)  # same rows, same order
+    for rel, row in rows_c.items():
+        assert row == rows_py[rel]
+    assert set(planted) <= set(rows_c)
+    # the C walk did take the plain blocks: each was lstat'ed by descriptor (d_type unknown),
+    # and, hashing, opened by descriptor
+    calls = log.read_text().split()
+    plain = [r for r in rows_c.values() if r["status"] == "ok" and r["block_hash"] is not None]
+    assert calls.count("open") >= (len(plain) if verify == "hash" else 0)
+    assert calls.count("stat") >= len(plain)
 
 
 @pytest.mark.parametrize("walk", WALKS)
