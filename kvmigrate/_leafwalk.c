@@ -563,8 +563,13 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
 
     int rc;
     const char *bpath = PyBytes_AS_STRING(bpath_obj);
+    /* reads land on a 64-byte boundary: the kernel's copy into a misaligned buffer (a
+     * bytearray's data starts 16 bytes into a line) is ~4% slower on 1 MiB files */
+    size_t skew = (64 - (uintptr_t)view.buf % 64) % 64;
+    unsigned char *buf = (unsigned char *)view.buf + skew;
+    size_t buflen = (size_t)view.len - skew;
     Py_BEGIN_ALLOW_THREADS
-    rc = walk_bucket_nogil(&w, bpath, hhh, hashed, &perm, (unsigned char *)view.buf, (size_t)view.len);
+    rc = walk_bucket_nogil(&w, bpath, hhh, hashed, &perm, buf, buflen);
     Py_END_ALLOW_THREADS
     if (w.failed) {
         PyErr_NoMemory();

@@ -75,6 +75,7 @@ DEEP_RE_PREFIXES = ("block_size_",)
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 TASK_BUCKETS = 32  # <hhh> buckets per task
 PARALLEL_MIN_BUCKETS = 256  # fewer bucket visits than this: one process (forking costs more)
+LEAF_THREADS = 4  # walker threads per process with the compiled leaf walk (see _parallelism)
 VERDICTS_KEPT = 4096  # block shapes (and sizes) whose verdict a walk remembers: a namespace has a few
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -1911,9 +1912,12 @@ def _tasks(units: list[Unit], k: int, n: int) -> list[tuple[int, list[str]]]:
 
 
 def _parallelism(workers: int | None, threads: int | None, verify: str, buckets: int) -> tuple[int, int]:
-    """(processes, threads per process). The walk is Python work, so CPU parallelism comes
-    from processes; threads only overlap waits for the disk, and on a warm tree they cost
-    more in GIL hand-overs than they win (hashing large files releases the GIL: two).
+    """(processes, threads per process). CPU parallelism comes from processes (the rows are
+    Python work); threads overlap waits for the disk. The compiled leaf walk waits without
+    the GIL: on a cold 1M-file tree (a real cache is not in page cache) four threads per
+    process scanned 1.7x (--verify size) and 1.5x (hash) faster than one and two, and within
+    5% on a warm one. The Python walk holds the GIL between system calls: there threads cost
+    more in hand-overs on a warm tree than they win (hashing large files releases it: two).
     `threads` (--threads) is the number of walkers in all."""
     cpus = _cpus()
     if workers is None:
@@ -1921,7 +1925,7 @@ def _parallelism(workers: int | None, threads: int | None, verify: str, buckets:
         if threads is not None:  # --threads N: N walkers in all (--threads 1: one process, one thread)
             workers = min(workers, threads)
     if threads is None:
-        per_process = 2 if verify == "hash" else 1
+        per_process = LEAF_THREADS if leaf_walk() is not None else 2 if verify == "hash" else 1
     else:
         per_process = max(1, threads // workers)
     return workers, per_process

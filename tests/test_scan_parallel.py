@@ -131,18 +131,22 @@ def test_a_failing_worker_stops_the_scan_and_leaves_no_manifest(tree, tmp_path, 
     assert sorted(p.name for p in out.parent.iterdir()) == []
 
 
-def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch):
+def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch, walk):
     monkeypatch.setattr(scan_mod, "_cpus", lambda: 4)
     small = scan_mod.PARALLEL_MIN_BUCKETS - 1
-    assert scan_mod._parallelism(None, None, "size", small) == (1, 1)
-    assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 1)
-    assert scan_mod._parallelism(None, None, "hash", scan_mod.PARALLEL_MIN_BUCKETS) == (4, 2)
+    # default threads per process: the C walk waits for the disk without the GIL (4); the
+    # Python walk holds it (1, 2 when hashing)
+    size, hashing = (1, 2) if walk == "python" else (scan_mod.LEAF_THREADS, scan_mod.LEAF_THREADS)
+    assert scan_mod.LEAF_THREADS == 4
+    assert scan_mod._parallelism(None, None, "size", small) == (1, size)
+    assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, size)
+    assert scan_mod._parallelism(None, None, "hash", scan_mod.PARALLEL_MIN_BUCKETS) == (4, hashing)
     assert scan_mod._parallelism(None, 8, "size", 10**6) == (4, 2)  # --threads counts threads in all
     assert scan_mod._parallelism(None, 1, "hash", 10**6) == (1, 1)
     assert scan_mod._parallelism(None, 2, "hash", 10**6) == (2, 1)
     assert scan_mod._parallelism(3, 1, "hash", 1) == (3, 1)
     monkeypatch.setattr(scan_mod, "_cpus", lambda: 1)
-    assert scan_mod._parallelism(None, None, "size", 10**6) == (1, 1)
+    assert scan_mod._parallelism(None, None, "size", 10**6) == (1, size)
 
 
 @pytest.mark.parametrize("env, backend", [(None, "jemalloc"), ("system", "system")])

@@ -64,8 +64,9 @@ def walk_options(fn: Callable) -> Callable:
     fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
     fn = click.option("--threads", type=click.IntRange(min=1), default=None,
-                      help="Walker threads in all, over one process per core (default: one per process, two "
-                           "with --verify hash; 1 = a single thread).")(fn)
+                      help="Walker threads in all, over one process per core (default: four per process "
+                           "with the compiled leaf walk, which waits for the disk without the GIL; without "
+                           "it one, two with --verify hash; 1 = a single thread).")(fn)
     fn = click.option("--shard", default=None, metavar="K/N", help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 
