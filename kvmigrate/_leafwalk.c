@@ -49,7 +49,6 @@
 #endif
 
 #define N_COLUMNS 16 /* Rows.COLUMNS */
-#define CHUNK (1 << 20)
 #define MAX_GROUP_DIGITS 9
 
 /* --- growable C storage filled without the GIL -------------------------------------- */
@@ -60,7 +59,7 @@ typedef struct {
 } Names; /* NUL-separated names; records hold offsets */
 
 typedef struct {
-    int fanout;        /* index of the fan-out folder (its name offset in fanouts[]) or -1 */
+    int fanout;        /* index in fanouts */
     size_t name;       /* offset of the file name in names */
     int group;
     int has_hash;
@@ -71,15 +70,22 @@ typedef struct {
 } Record;
 
 typedef struct {
+    size_t name; /* offset in names */
+    int group;
+} Fanout; /* a fan-out folder the walk listed */
+
+typedef struct {
+    int fanout; /* index in fanouts, or -1: an entry of the bucket folder itself */
+    size_t name;
+} Odd; /* an entry handed back to the Python walker */
+
+typedef struct {
     Names names;
     Record *recs;
     size_t nrecs, caprecs;
-    size_t *fanouts; /* name offsets of fan-out folders */
-    int *fanout_group;
+    Fanout *fanouts;
     size_t nfan, capfan;
-    /* unusual entries: (fan-out index or -1, name offset) */
-    int *odd_fan;
-    size_t *odd_name;
+    Odd *odds;
     size_t nodd, capodd;
     int failed; /* out of memory */
 } Walk;
@@ -99,58 +105,45 @@ static size_t names_add(Walk *w, const char *s) {
     return w->names.len - n;
 }
 
-static Record *rec_new(Walk *w) {
-    if (w->nrecs == w->caprecs) {
-        size_t cap = w->caprecs ? w->caprecs * 2 : 256;
-        Record *p = realloc(w->recs, cap * sizeof(Record));
-        if (!p) { w->failed = 1; return NULL; }
-        w->recs = p;
-        w->caprecs = cap;
+/* Room for one more element in a growable array; 0 (and w->failed) when out of memory. */
+static int reserve(Walk *w, void **items, size_t *cap, size_t len, size_t size, size_t first) {
+    if (len < *cap) return 1;
+    size_t n = *cap ? *cap * 2 : first;
+    void *p = realloc(*items, n * size);
+    if (!p) {
+        w->failed = 1;
+        return 0;
     }
+    *items = p;
+    *cap = n;
+    return 1;
+}
+
+static Record *rec_new(Walk *w) {
+    if (!reserve(w, (void **)&w->recs, &w->caprecs, w->nrecs, sizeof(Record), 256)) return NULL;
     return &w->recs[w->nrecs++];
 }
 
 static int fanout_add(Walk *w, const char *name, int group) {
-    if (w->nfan == w->capfan) {
-        size_t cap = w->capfan ? w->capfan * 2 : 64;
-        size_t *p = realloc(w->fanouts, cap * sizeof(size_t));
-        int *g = p ? realloc(w->fanout_group, cap * sizeof(int)) : NULL;
-        if (p) w->fanouts = p;
-        if (!p || !g) { w->failed = 1; return -1; }
-        w->fanout_group = g;
-        w->capfan = cap;
-    }
+    if (!reserve(w, (void **)&w->fanouts, &w->capfan, w->nfan, sizeof(Fanout), 64)) return -1;
     size_t off = names_add(w, name);
     if (w->failed) return -1;
-    w->fanouts[w->nfan] = off;
-    w->fanout_group[w->nfan] = group;
+    w->fanouts[w->nfan] = (Fanout){off, group};
     return (int)w->nfan++;
 }
 
 static void odd_add(Walk *w, int fanout, const char *name) {
-    if (w->nodd == w->capodd) {
-        size_t cap = w->capodd ? w->capodd * 2 : 16;
-        int *f = realloc(w->odd_fan, cap * sizeof(int));
-        size_t *n = f ? realloc(w->odd_name, cap * sizeof(size_t)) : NULL;
-        if (f) w->odd_fan = f;
-        if (!f || !n) { w->failed = 1; return; }
-        w->odd_name = n;
-        w->capodd = cap;
-    }
+    if (!reserve(w, (void **)&w->odds, &w->capodd, w->nodd, sizeof(Odd), 16)) return;
     size_t off = names_add(w, name);
     if (w->failed) return;
-    w->odd_fan[w->nodd] = fanout;
-    w->odd_name[w->nodd] = off;
-    w->nodd++;
+    w->odds[w->nodd++] = (Odd){fanout, off};
 }
 
 static void walk_free(Walk *w) {
     free(w->names.data);
     free(w->recs);
     free(w->fanouts);
-    free(w->fanout_group);
-    free(w->odd_fan);
-    free(w->odd_name);
+    free(w->odds);
 }
 
 /* --- names ------------------------------------------------------------------------------ */
@@ -219,6 +212,18 @@ static ssize_t read_full(int fd, unsigned char *buf, size_t want) {
     return (ssize_t)got;
 }
 
+/* The row's stat fields; 0 when the mtime is beyond int64 nanoseconds (year 2262): the
+ * Python walker says what it is. */
+static int fill_stat(Record *rec, const struct stat *st) {
+    if (st->st_mtim.tv_sec > 9000000000LL || st->st_mtim.tv_sec < -9000000000LL) return 0;
+    rec->size = (long long)st->st_size;
+    rec->mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    rec->ino = (unsigned long long)st->st_ino;
+    rec->dev = (unsigned long long)st->st_dev;
+    rec->nlink = (unsigned long)st->st_nlink;
+    return 1;
+}
+
 /* Open, fstat and read one block file whole; fill rec. */
 static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec) {
     int fd = open_block(dirfd, name);
@@ -283,6 +288,7 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         if (verdict == TAKEN && total != size) verdict = UNUSUAL;
     }
     if (verdict == TAKEN && zero) verdict = UNUSUAL; /* zero-filled: a finding */
+    if (verdict == TAKEN && !fill_stat(rec, &st)) verdict = UNUSUAL;
     if (verdict == TAKEN) {
         XXH128_canonical_t c;
         XXH128_canonicalFromHash(&c, h);
@@ -290,15 +296,6 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         rec->has_hash = 1;
     }
 done:
-    if (verdict == TAKEN) {
-        rec->size = (long long)st.st_size;
-        rec->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-        rec->ino = (unsigned long long)st.st_ino;
-        rec->dev = (unsigned long long)st.st_dev;
-        rec->nlink = (unsigned long)st.st_nlink;
-        /* mtime beyond int64 nanoseconds (year 2262): the Python walker says what it is */
-        if (st.st_mtim.tv_sec > 9000000000LL || st.st_mtim.tv_sec < -9000000000LL) verdict = UNUSUAL;
-    }
     close(fd);
     return verdict;
 }
@@ -324,12 +321,7 @@ static int stat_block(int dirfd, const char *name, const Perm *perm, Record *rec
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? DROPPED : UNUSUAL;
     if (!S_ISREG(st.st_mode)) return UNUSUAL;
     if (perm->check && !may_read(perm, &st)) return UNUSUAL;
-    if (st.st_mtim.tv_sec > 9000000000LL || st.st_mtim.tv_sec < -9000000000LL) return UNUSUAL;
-    rec->size = (long long)st.st_size;
-    rec->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-    rec->ino = (unsigned long long)st.st_ino;
-    rec->dev = (unsigned long long)st.st_dev;
-    rec->nlink = (unsigned long)st.st_nlink;
+    if (!fill_stat(rec, &st)) return UNUSUAL;
     rec->has_hash = 0;
     return TAKEN;
 }
@@ -508,7 +500,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     memset(&perm, 0, sizeof perm);
     PyObject *cols[N_COLUMNS];
     PyObject *s_ok = NULL, *s_none = NULL, *s_empty = NULL;
-    PyObject *last_key = NULL, *last_status = NULL, *last_reason = NULL;
+    PyObject *last_verdict = NULL, *last_status = NULL, *last_reason = NULL;
     long long last_size = -1;
     int last_group = -1;
 
@@ -595,8 +587,8 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     }
     int ok = 1;
     for (size_t i = 0; i < w.nfan && ok; i++) {
-        fan_names[i] = PyUnicode_DecodeFSDefault(w.names.data + w.fanouts[i]);
-        fan_groups[i] = PyLong_FromLong(w.fanout_group[i]);
+        fan_names[i] = PyUnicode_DecodeFSDefault(w.names.data + w.fanouts[i].name);
+        fan_groups[i] = PyLong_FromLong(w.fanouts[i].group);
         ok = fan_names[i] && fan_groups[i];
     }
     Py_ssize_t base = PyList_GET_SIZE(cols[0]);
@@ -608,20 +600,20 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
         PyObject *status = s_ok, *reason = s_empty;
         if (verdict != Py_None) {
             if (rec->group != last_group || rec->size != last_size) {
-                Py_XDECREF(last_key);
-                last_key = PyObject_CallFunction(verdict, "iL", rec->group, rec->size);
-                if (!last_key) { ok = 0; break; }
+                Py_XDECREF(last_verdict);
+                last_verdict = PyObject_CallFunction(verdict, "iL", rec->group, rec->size);
+                if (!last_verdict) { ok = 0; break; }
                 last_group = rec->group;
                 last_size = rec->size;
                 last_status = last_reason = NULL;
-                if (last_key != Py_None) {
-                    if (!PyTuple_Check(last_key) || PyTuple_GET_SIZE(last_key) != 2) {
+                if (last_verdict != Py_None) {
+                    if (!PyTuple_Check(last_verdict) || PyTuple_GET_SIZE(last_verdict) != 2) {
                         PyErr_SetString(PyExc_TypeError, "verdict: None or (status, reason) expected");
                         ok = 0;
                         break;
                     }
-                    last_status = PyTuple_GET_ITEM(last_key, 0);
-                    last_reason = PyTuple_GET_ITEM(last_key, 1);
+                    last_status = PyTuple_GET_ITEM(last_verdict, 0);
+                    last_reason = PyTuple_GET_ITEM(last_verdict, 1);
                 }
             }
             if (last_status) {
@@ -676,8 +668,8 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     if (ok) {
         result = PyList_New((Py_ssize_t)w.nodd);
         for (size_t i = 0; result && i < w.nodd; i++) {
-            PyObject *fan = w.odd_fan[i] < 0 ? Py_None : fan_names[w.odd_fan[i]];
-            PyObject *nm = PyUnicode_DecodeFSDefault(w.names.data + w.odd_name[i]);
+            PyObject *fan = w.odds[i].fanout < 0 ? Py_None : fan_names[w.odds[i].fanout];
+            PyObject *nm = PyUnicode_DecodeFSDefault(w.names.data + w.odds[i].name);
             PyObject *t = nm ? PyTuple_Pack(2, fan, nm) : NULL;
             Py_XDECREF(nm);
             if (!t) {
@@ -695,7 +687,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     free(fan_groups);
 
 out:
-    Py_XDECREF(last_key);
+    Py_XDECREF(last_verdict);
     Py_XDECREF(s_ok);
     Py_XDECREF(s_none);
     Py_XDECREF(s_empty);

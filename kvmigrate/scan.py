@@ -46,6 +46,7 @@ import time
 from collections import Counter, defaultdict, deque
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -907,6 +908,9 @@ class Walker:
         self._slice_cache: dict[tuple[int, int, int], str | None] = {}
         self._euid = os.geteuid()
         self._groups = set(os.getgroups()) | {os.getegid()}
+        # --verify size never opens block files, yet an unreadable one is a finding: judge the bits
+        self.check_perm = verify == "size" and self._euid != 0
+        self.leaf_perm = (self._euid, tuple(self._groups)) if self.check_perm else None  # (for the leaf walk)
         # namespace columns of rows: code 0 = outside any namespace
         self.ns_table: list[tuple | None] = [None]
         self.ns_codes: dict[tuple | None, int] = {None: 0}
@@ -1055,6 +1059,9 @@ class Walker:
         blocks: dict[tuple[int, str], list[int]] = {}
         misc: list[int] = []
         leaf = self.leaf if unit.plan.family != "vllmcpp" else None
+        if leaf is not None:
+            verdict = partial(self._size_verdict, unit) if self._checks_size(unit) else None
+            buf = _buffer()
         for mi, m in enumerate(unit.members):
             if hhh not in m.buckets:
                 continue
@@ -1065,8 +1072,8 @@ class Walker:
                               where="rank folder")
                 continue
             if leaf is not None:
-                unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self._leaf_perm(), m.code, m.rank,
-                                           out.columns(), blocks, self._leaf_verdict(unit), _buffer())
+                unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self.leaf_perm, m.code, m.rank,
+                                           out.columns(), blocks, verdict, buf)
                 if unusual is not None:
                     self._unusual(unit, mi, m, hhh, brel, bpath, unusual, out, blocks, misc)
                     continue
@@ -1077,30 +1084,20 @@ class Walker:
         if blocks:
             self._finish_blocks(unit, blocks, out)
 
-    def _leaf_perm(self) -> tuple[int, tuple[int, ...]] | None:
-        """For the leaf walk: (euid, groups) when --verify size must judge permission bits."""
-        if self.verify == "none" or self.hashed or self._euid == 0:
-            return None
-        return self._euid, tuple(self._groups)
+    def _checks_size(self, unit: Unit) -> bool:
+        """Are block sizes judged file by file here (the namespace has no verdict of its own)?"""
+        return self.verify != "none" and unit.plan.block_status is None
 
-    def _leaf_verdict(self, unit: Unit):
-        """For the leaf walk: the size verdict of (group, size), cached per unit; None when
-        sizes are not judged here."""
-        plan = unit.plan
-        if self.verify == "none" or plan.block_status is not None:
-            return None
-        size_verdicts = unit.size_verdicts
-
-        def verdict(group: int, size: int) -> tuple[str, str] | None:
-            key = (group, size)
-            if key in size_verdicts:
-                return size_verdicts[key]
-            bad = classify.size_status(plan, group, size)
-            if len(size_verdicts) < VERDICTS_KEPT:
-                size_verdicts[key] = bad
+    def _size_verdict(self, unit: Unit, group: int, size: int) -> tuple[str, str] | None:
+        """classify.size_status of (group, size), kept per unit (a namespace has a few sizes)."""
+        key = (group, size)
+        try:
+            return unit.size_verdicts[key]
+        except KeyError:
+            bad = classify.size_status(unit.plan, group, size)
+            if len(unit.size_verdicts) < VERDICTS_KEPT:
+                unit.size_verdicts[key] = bad
             return bad
-
-        return verdict
 
     def _unusual(self, unit: Unit, mi: int, m: Member, hhh: str, brel: str, bpath: str,
                  unusual: list[tuple[str | None, str]], out: Rows, blocks: dict, misc: list[int]) -> None:
@@ -1171,9 +1168,8 @@ class Walker:
         plan = unit.plan
         fast = plan.family != "vllmcpp"
         hashed = self.hashed
-        sized = self.verify != "none"
-        check_size = sized and plan.block_status is None
-        check_perm = sized and not hashed and self._euid != 0
+        check_size = self._checks_size(unit)
+        check_perm = self.check_perm
         size_verdicts = unit.size_verdicts
         block_name = _BLOCK_NAME
         relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
@@ -1233,9 +1229,7 @@ class Walker:
                         try:
                             bad = size_verdicts[key]
                         except KeyError:
-                            bad = classify.size_status(plan, group, size)
-                            if len(size_verdicts) < VERDICTS_KEPT:
-                                size_verdicts[key] = bad
+                            bad = self._size_verdict(unit, group, size)
                         if bad is not None:
                             status, reason = bad
                     i = len(relpaths)
