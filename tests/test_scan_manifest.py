@@ -57,6 +57,21 @@ def test_schema_every_column_name_and_type(mixed_root, scan_root, tmp_path):
     assert others and all(r["payload_xxh3_128"] is None for r in others)
 
 
+def test_column_chunks_are_zstd_with_dictionaries_only_where_values_repeat(mixed_root, scan_root):
+    """The writer's choices: zstd on every column chunk; dictionary pages on the columns of
+    repeated values, plain pages on paths, inodes and hashes."""
+    root, _ = mixed_root
+    scan, _ = scan_root(root, verify="hash", flags={"model_dtype": "bfloat16", "kv_kind": "mla"})
+    meta = pq.ParquetFile(scan.output).metadata
+    assert meta.num_row_groups >= 1
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            chunk = meta.row_group(g).column(c)
+            assert chunk.compression == "ZSTD", chunk.path_in_schema
+            assert chunk.has_dictionary_page == (chunk.path_in_schema in manifest.DICTIONARY_COLUMNS), \
+                chunk.path_in_schema
+
+
 def pc_count_valid(table: pa.Table, column: str) -> int:
     return table.num_rows - table[column].null_count
 

@@ -149,10 +149,11 @@ def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch, walk):
     assert scan_mod._parallelism(None, None, "size", 10**6) == (1, size)
 
 
-@pytest.mark.parametrize("env, backend", [(None, "jemalloc"), ("system", "system")])
-def test_scan_uses_jemalloc_unless_a_pool_is_chosen(tree, tmp_path, env, backend):
-    """mimalloc (Arrow's default here) keeps freed pages per thread; scan switches the
-    process to jemalloc, unless ARROW_DEFAULT_MEMORY_POOL says otherwise."""
+@pytest.mark.parametrize("env, backend", [(None, "system"), ("jemalloc", "jemalloc"), ("mimalloc", "mimalloc")])
+def test_scan_uses_the_c_library_malloc_unless_a_pool_is_chosen(tree, tmp_path, env, backend):
+    """mimalloc (Arrow's default here) keeps freed pages per thread, jemalloc with no
+    decay faults fresh pages in for every batch; scan switches the process to the C
+    library's malloc, unless ARROW_DEFAULT_MEMORY_POOL says otherwise."""
     import subprocess
     import sys
 
