@@ -7,7 +7,11 @@ pyarrow.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
+import sys
+import threading
 
 import click
 
@@ -58,4 +62,35 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="kvmigrate")
+    """Run the command line, then leave without the interpreter's teardown.
+
+    The teardown frees every module and object one at a time: 20-30 ms after a scan with
+    pyarrow loaded, 3-4% of a warm 4 GiB hash scan. It is skipped only where nothing
+    depends on it: the exit code is a number, no non-daemon thread is left, stdout and
+    stderr flushed cleanly, and the exit handlers have run. Otherwise Python exits the
+    usual way.
+    """
+    try:
+        cli(prog_name="kvmigrate")
+        code = 0
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code
+    if not isinstance(code, int) or _threads_left() or not _flushed():
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    os._exit(code if _flushed() else 120)  # 120: what Python exits with when the final flush fails
+
+
+def _threads_left() -> bool:
+    main_thread = threading.main_thread()
+    return any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate())
+
+
+def _flushed() -> bool:
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return False
+    return True
