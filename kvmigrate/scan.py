@@ -1882,10 +1882,15 @@ def _jsonable(obj: Any) -> Any:
 def _lean_arrow_allocator() -> None:
     """Arrow's default allocator here, mimalloc, keeps freed pages: on a 1M-file tree the
     scan peaked at 273 MiB with it (the summary re-reads the manifest at the end); jemalloc
-    told to give freed pages back at once took ~175 MiB but paid a page fault (and the
-    zeroing of a fresh page) for every batch's buffers again. The C library's malloc
-    reuses what a batch freed for the next one: ~140 MiB, and the 1M-file hash scan ~4%
-    faster than with jemalloc. An explicit ARROW_DEFAULT_MEMORY_POOL is kept."""
+    told to give freed pages back at once, ~175 MiB, but it faulted fresh pages in for
+    every batch's buffers again. The C library's malloc reuses what a batch freed for the
+    next one: ~138 MiB, and the 1M-file hash scan ~4% faster.
+
+    The scan and audit commands choose it before pyarrow loads (cli.common.
+    prefer_arrow_pool), which is what Arrow's C++ internals follow; here, for a caller
+    that loaded pyarrow first, pyarrow's own default is switched (that alone peaked at
+    ~170 MiB: IPC, compute and Parquet buffers stayed on mimalloc). An explicit
+    ARROW_DEFAULT_MEMORY_POOL is kept."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
     pa.set_memory_pool(pa.system_memory_pool())

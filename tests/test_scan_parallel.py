@@ -166,6 +166,29 @@ def test_scan_uses_the_c_library_malloc_unless_a_pool_is_chosen(tree, tmp_path, 
     assert out.stdout.split()[-1] == backend
 
 
+@pytest.mark.parametrize("command", ["scan", "audit"])
+@pytest.mark.parametrize("env, backend", [(None, "system"), ("jemalloc", "jemalloc")])
+def test_scan_commands_choose_the_pool_before_pyarrow_loads(tree, tmp_path, command, env, backend):
+    """The scan and audit commands set ARROW_DEFAULT_MEMORY_POOL before pyarrow loads, so
+    Arrow's C++ internals (IPC, compute, the Parquet writer) use the C library's malloc
+    too: nothing at all is allocated through mimalloc. An explicit choice is kept."""
+    import subprocess
+    import sys
+
+    args = [command, str(tree), "--verify", "hash", "-q", "-o", str(tmp_path / "m.parquet")]
+    code = ("from kvmigrate.cli import cli\n"
+            f"try:\n    cli({args!r})\nexcept SystemExit:\n    pass\n"
+            "import pyarrow as pa\n"
+            "print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory())\n")
+    env_vars = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if env:
+        env_vars["ARROW_DEFAULT_MEMORY_POOL"] = env
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, check=True)
+    name, mimalloc_peak = out.stdout.split()[-2:]
+    assert name == backend
+    assert int(mimalloc_peak) == 0
+
+
 # -- the single-file fast paths the parallel walk relies on ---------------------------------
 
 

@@ -8,7 +8,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, scaleout_options, walk_options)
+                                  part_done, pop_fact_flags, prefer_arrow_pool, scaleout_options, walk_options)
 
 
 @click.command("audit")
@@ -36,6 +36,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
       0 clean   1 findings   4 integrity problems   8 operational error (I/O, permissions)
       2 usage error   32 interrupted
     """
+    prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.report.audit import audit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -133,3 +134,15 @@ def handle_errors(fn: Callable) -> Callable:
             sys.exit(EXIT_INTERRUPTED)
 
     return wrapper
+
+
+def prefer_arrow_pool(pool: str) -> None:
+    """Choose Arrow's allocator for this process, before pyarrow loads.
+
+    ARROW_DEFAULT_MEMORY_POOL is read once, when pyarrow loads, and it is the only choice
+    Arrow's C++ internals follow (compute kernels, IPC, the Parquet writer):
+    `pa.set_memory_pool` changes pyarrow's own default only. An explicit
+    ARROW_DEFAULT_MEMORY_POOL is kept.
+    """
+    if "pyarrow" not in sys.modules:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", pool)

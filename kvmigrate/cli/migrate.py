@@ -10,7 +10,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pop_fact_flags,
-                                  print_json, scaleout_options)
+                                  prefer_arrow_pool, print_json, scaleout_options)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
@@ -63,7 +63,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     # 400k-row manifest). Read when pyarrow is first imported, i.e. below; an explicit
     # ARROW_DEFAULT_MEMORY_POOL is kept. (pyarrow's Linux builds include jemalloc.)
     if sys.platform.startswith("linux"):
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+        prefer_arrow_pool("jemalloc")
 
     import pyarrow as pa
 

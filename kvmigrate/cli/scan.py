@@ -9,7 +9,8 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, print_json, scaleout_options, walk_options)
+                                  part_done, pop_fact_flags, prefer_arrow_pool, print_json, scaleout_options,
+                                  walk_options)
 
 
 @click.command("scan")
@@ -34,6 +35,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     \b
     Exit code: OR of the findings' bits (1 findings, 4 integrity, 8 I/O), 0 when clean.
     """
+    prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.scan import scan
 
