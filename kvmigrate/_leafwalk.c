@@ -467,6 +467,24 @@ static PyObject *block_hash(const char *name, size_t hexlen) {
     return b;
 }
 
+/* relbase + fanout + "/" + name. Block and fan-out names are ASCII (checked when taken);
+ * when the rank folder's name is too, the bytes go straight into an ASCII str
+ * (PyUnicode_FromFormat parses its format and grows a writer for every row). */
+static PyObject *relpath_of(PyObject *relbase, PyObject *fanout, const char *name) {
+    if (!PyUnicode_IS_ASCII(relbase) || !PyUnicode_IS_ASCII(fanout))
+        return PyUnicode_FromFormat("%U%U/%s", relbase, fanout, name);
+    Py_ssize_t a = PyUnicode_GET_LENGTH(relbase), b = PyUnicode_GET_LENGTH(fanout);
+    size_t c = strlen(name);
+    PyObject *s = PyUnicode_New(a + b + 1 + (Py_ssize_t)c, 127);
+    if (!s) return NULL;
+    char *p = (char *)PyUnicode_1BYTE_DATA(s);
+    memcpy(p, PyUnicode_1BYTE_DATA(relbase), (size_t)a);
+    memcpy(p + a, PyUnicode_1BYTE_DATA(fanout), (size_t)b);
+    p[a + b] = '/';
+    memcpy(p + a + b + 1, name, c);
+    return s;
+}
+
 static int append_row(PyObject **cols, PyObject **vals) {
     for (int j = 0; j < N_COLUMNS; j++)
         if (PyList_Append(cols[j], vals[j]) < 0) return -1;
@@ -621,7 +639,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
                 reason = last_reason;
             }
         }
-        vals[0] = PyUnicode_FromFormat("%U%U/%s", relbase, fan_names[rec->fanout], name);
+        vals[0] = relpath_of(relbase, fan_names[rec->fanout], name);
         vals[1] = code;
         vals[2] = rank;
         vals[3] = fan_groups[rec->fanout];

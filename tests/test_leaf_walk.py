@@ -124,6 +124,20 @@ def test_both_walks_write_the_same_manifest(tmp_path, monkeypatch, defect, verif
         assert spy.rows > 0  # the C walk took the plain blocks itself
 
 
+@pytest.mark.parametrize("model_name", ["meta-llama/Llama-3.1-8B-Instruct", "Modèle/Ünïcode-8B-日本"])
+def test_relpaths_under_ascii_and_non_ascii_rank_folders(tmp_path, monkeypatch, model_name):
+    """The C walk copies ASCII rank-folder names straight into the row's path and formats
+    the others: both give the Python walk's paths."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", model_name=model_name, **SMALL))
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, "hash")
+    assert_same(py, c)
+    assert spy.rows > 0
+    rank_folders = {r["relpath"].split("/")[0] for r in c[1] if r["block_hash"] is not None}
+    assert len(rank_folders) == 2 and all((root / d).is_dir() for d in rank_folders)
+    assert all(model_name.split("/")[-1] in d for d in rank_folders)
+
+
 @pytest.mark.parametrize("verify", ["size", "hash"])
 def test_c_walk_takes_every_plain_block_and_hands_back_the_findings(tmp_path, monkeypatch, verify):
     root = tmp_path / "root"
