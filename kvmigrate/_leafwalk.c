@@ -179,6 +179,12 @@ static size_t block_hex_len(const char *s) {
 
 enum { TAKEN, DROPPED, UNUSUAL };
 
+/* Files from this size on are read and hashed a chunk at a time: with four walker threads
+ * per core, whole 1 MiB reads evict each other's buffers from the core's cache before they
+ * are hashed (a bare C loop over 4 GiB of 1 MiB files: 0.35 s whole, 0.335 s in 256 KiB
+ * chunks). */
+#define STREAM_CHUNK ((size_t)256 * 1024)
+
 static int all_zero(const unsigned char *p, size_t n) {
     if (!n || p[0]) return n == 0;
     return memcmp(p, p + 1, n - 1) == 0;
@@ -210,6 +216,20 @@ static ssize_t read_full(int fd, unsigned char *buf, size_t want) {
         got += (size_t)n;
     }
     return (ssize_t)got;
+}
+
+/* One read of `want` bytes where `expect` are left before EOF: a read that stops short of
+ * `expect` is continued (not seen on local filesystems), so a short count proves EOF. */
+static ssize_t read_block(int fd, unsigned char *buf, size_t want, size_t expect) {
+    ssize_t n;
+    do {
+        n = read(fd, buf, want);
+    } while (n < 0 && errno == EINTR);
+    if (n > 0 && (size_t)n < want && (size_t)n < expect) {
+        ssize_t more = read_full(fd, buf + n, want - (size_t)n);
+        n = more < 0 ? -1 : n + more;
+    }
+    return n;
 }
 
 /* The row's stat fields; 0 when the mtime is beyond int64 nanoseconds (year 2262): the
@@ -246,24 +266,18 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         goto done;
     }
     size_t size = (size_t)st.st_size;
+    size_t chunk = buflen - 1 < STREAM_CHUNK ? buflen - 1 : STREAM_CHUNK;
     XXH128_hash_t h;
     int zero;
-    if (size < buflen) { /* one read of size + 1 bytes: the short read proves EOF (as in scan.read_file) */
-        ssize_t n;
-        do {
-            n = read(fd, buf, size + 1);
-        } while (n < 0 && errno == EINTR);
-        if (n >= 0 && (size_t)n < size) { /* (a short read before EOF: not on local filesystems) */
-            ssize_t more = read_full(fd, buf + n, size + 1 - (size_t)n);
-            n = more < 0 ? -1 : n + more;
-        }
+    if (size < chunk) { /* one read of size + 1 bytes: the short read proves EOF (as in scan.read_file) */
+        ssize_t n = read_block(fd, buf, size + 1, size);
         if (n != (ssize_t)size) {
             verdict = UNUSUAL; /* error, or it changed size while read */
             goto done;
         }
         h = XXH3_128bits(buf, size);
         zero = all_zero(buf, size);
-    } else {
+    } else { /* in chunks that stay in the core's cache while they are hashed */
         XXH3_state_t *state = XXH3_createState();
         if (!state) {
             verdict = UNUSUAL;
@@ -273,19 +287,21 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         size_t total = 0;
         zero = 1;
         for (;;) {
-            ssize_t n = read_full(fd, buf, buflen);
-            if (n < 0) {
+            size_t left = size - total;
+            size_t want = left <= chunk ? left + 1 : chunk; /* the last read asks one byte more */
+            ssize_t n = read_block(fd, buf, want, left);
+            if (n < 0 || (size_t)n > left) { /* an error, or it grew while read */
                 verdict = UNUSUAL;
                 break;
             }
-            if (n == 0) break;
             XXH3_128bits_update(state, buf, (size_t)n);
             if (zero) zero = all_zero(buf, (size_t)n);
             total += (size_t)n;
+            if ((size_t)n < want) break; /* EOF */
         }
         h = XXH3_128bits_digest(state);
         XXH3_freeState(state);
-        if (verdict == TAKEN && total != size) verdict = UNUSUAL;
+        if (verdict == TAKEN && total != size) verdict = UNUSUAL; /* it shrank while read */
     }
     if (verdict == TAKEN && zero) verdict = UNUSUAL; /* zero-filled: a finding */
     if (verdict == TAKEN && !fill_stat(rec, &st)) verdict = UNUSUAL;
@@ -920,4 +936,8 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__leafwalk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__leafwalk(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "STREAM_CHUNK", (long)STREAM_CHUNK) < 0) Py_CLEAR(m);
+    return m;
+}

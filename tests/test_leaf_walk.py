@@ -220,6 +220,45 @@ def test_blocks_larger_than_the_read_buffer_are_streamed(tmp_path, monkeypatch):
     assert spy.rows == len(result.block_files())
 
 
+def _chunk_sizes() -> list[int]:
+    from kvmigrate import _leafwalk
+
+    c = _leafwalk.STREAM_CHUNK
+    return [c - 1, c, c + 1, 2 * c, 2 * c + 1, 4 * c - 1, 4 * c, 4 * c + 1,
+            scan_mod.READ_BUFFER - 1, scan_mod.READ_BUFFER, scan_mod.READ_BUFFER + 1]
+
+
+@pytest.mark.parametrize("fill", ["random", "zeros_then_one", "zeros"])
+def test_blocks_around_the_stream_chunk_are_hashed_whole(tmp_path, monkeypatch, fill):
+    """Block files of sizes about the C walk's read chunk (one read below it, chunks from
+    it on, the last read one byte longer): both walks give each file's whole-file digest,
+    and only an all-zero file is zero-filled (a non-zero byte in the last chunk counts)."""
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **{**SMALL, "blocks": 8}))
+    files = sorted(result.block_files())
+    sizes = _chunk_sizes()
+    assert len(files) >= len(sizes)
+    written = {}
+    for rel, size in zip(files, sizes):
+        if fill == "random":
+            data = os.urandom(size)
+        else:
+            data = bytes(size - 1) + (b"\1" if fill == "zeros_then_one" else b"\0")
+        (root / rel).write_bytes(data)
+        written[rel] = data
+    py, c, spy = both_walks(root, tmp_path, monkeypatch, "hash", {**FLAGS, "kv_kind": "mla"})
+    assert_same(py, c)
+    rows = {r["relpath"]: r for r in c[1]}
+    for rel, data in written.items():
+        row = rows[rel]
+        assert row["size"] == len(data)
+        if fill == "zeros":
+            assert row["status"] == "zero_filled", row
+        else:
+            assert row["content_xxh3_128"] == xxhash.xxh3_128_digest(data)
+            assert row["status"] != "zero_filled"
+
+
 # --- races and permission faults at the system-call boundary --------------------------
 
 SHIM = r"""
