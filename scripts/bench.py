@@ -1061,7 +1061,12 @@ def render(result: dict) -> str:
     add("| target | measured | limit | result | |")
     add("|---|---:|---:|---|---|")
     for t in result["targets"]:
-        fig = "—" if t["figure"] is None else f"{t['figure']:.3g} {t.get('unit', '')}".strip()
+        if t["figure"] is None:
+            fig = "—"
+        elif t.get("unit") == "x":  # ratios to three decimals: 3.001 must not read as a round 3
+            fig = f"{t['figure']:.3f} x"
+        else:
+            fig = f"{t['figure']:.3g} {t.get('unit', '')}".strip()
         sign = {"max": "<" if t.get("strict") else "≤", "min": "≥"}.get(t.get("kind", ""), "")
         lim = f"{sign} {t['limit']:g}".strip()
         res = {"pass": "**pass**", "miss": "**miss**"}.get(t["result"], t["result"])
