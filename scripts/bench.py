@@ -938,7 +938,9 @@ class Bench:
     def leaf_walk(self) -> str:
         """Which leaf walk the measured kvmigrate's scan runs (README: Install)."""
         code = "import kvmigrate.scan as s; w = s.leaf_walk(); print(w.__file__ if w else '')"
-        p = subprocess.run([self.kvm_python, "-c", code], capture_output=True, text=True)
+        # cwd "/": `python -c` puts the working folder first on sys.path, and a checkout
+        # there would be reported instead of what the measured install imports
+        p = subprocess.run([self.kvm_python, "-c", code], capture_output=True, text=True, cwd="/")
         if p.returncode != 0:
             return "unknown"
         where = p.stdout.strip()

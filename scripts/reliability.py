@@ -1805,8 +1805,11 @@ def _machine() -> dict[str, Any]:
     dirty = bool(sh("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no").stdout.strip())
     if not commit and os.environ.get("KVM_RELIABILITY_COMMIT"):  # run from `git archive` of that commit
         commit, dirty = os.environ["KVM_RELIABILITY_COMMIT"] + " (clean export)", False
+    # cwd "/": `python -c` puts the working folder first on sys.path, and a checkout there
+    # would be reported instead of what the campaign's commands import (PYTHONPATH, venv)
     walk = subprocess.run([sys.executable, "-c", "import kvmigrate.scan as s; w = s.leaf_walk(); "
-                           "print(w.__file__ if w else '')"], capture_output=True, text=True).stdout.strip()
+                           "print(w.__file__ if w else '')"],
+                          capture_output=True, text=True, cwd="/").stdout.strip()
     return {"leaf_walk": f"C ({walk})" if walk else "Python",
             "cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
             "python": platform.python_version(), "commit": commit + (" (+ uncommitted changes in the checkout)"
