@@ -144,6 +144,16 @@ class Vanished(Exception):
     """The file disappeared (or was replaced by a non-file) between listing and reading."""
 
 
+class ChangedWhileRead(OSError):
+    """The file's size changed while it was read, and again when read once more: something
+    is writing it in place. Its row says so (unreadable, operational) instead of carrying
+    a hash of bytes that match no size the scan saw."""
+
+    def __init__(self, path: str, size: int, nread: int):
+        super().__init__(errno.EAGAIN, f"changed size while read ({size:,} bytes at open, {nread:,} read): "
+                                       "something is writing it; rerun the scan when the engine is idle", path)
+
+
 _OPEN_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -170,7 +180,27 @@ class ReadResult:
 
 def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
     """Read a regular file once: its header, whole-file and payload XXH3-128, and whether
-    every byte is zero. Raises Vanished, or OSError for real I/O problems."""
+    every byte is zero. Raises Vanished, or OSError for real I/O problems.
+
+    A file whose size changes while it is read (more or fewer bytes than fstat said) is
+    read once more from a fresh open; if it changes again, ChangedWhileRead."""
+    try:
+        return _read_file(path, want_hash, header_len)
+    except _SizeChanged:
+        pass
+    try:
+        return _read_file(path, want_hash, header_len)
+    except _SizeChanged as exc:
+        raise ChangedWhileRead(path, exc.size, exc.nread) from None
+
+
+class _SizeChanged(Exception):
+    def __init__(self, size: int, nread: int):
+        super().__init__(size, nread)
+        self.size, self.nread = size, nread
+
+
+def _read_file(path: str, want_hash: bool, header_len: int) -> ReadResult:
     try:
         fd = open_noatime(path)
     except FileNotFoundError:
@@ -195,6 +225,8 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
                 content, nread, all_zero = _hash_fd(fd, size, data)
             else:
                 content, nread, all_zero = _hash_fd(fd, size)
+            if nread != size:
+                raise _SizeChanged(size, nread)
             return ReadResult(content, None, None, all_zero and nread > 0, st)
         header = os.pread(fd, header_len, 0)
         if not want_hash:
@@ -218,6 +250,10 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
             if all_zero:
                 all_zero = _zero_prefix(buf, n)
             offset += n
+            if offset > st.st_size:  # it grew while read
+                break
+        if offset != st.st_size:
+            raise _SizeChanged(st.st_size, offset)
         return ReadResult(whole.digest(), payload.digest(), header, all_zero and offset > 0, st)
     finally:
         os.close(fd)
@@ -234,8 +270,9 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
 def _hash_fd(fd: int, size: int, head: bytes = b"") -> tuple[bytes, int, bool]:
     """XXH3-128 of an open file (after `head`, its bytes already read), bytes read, and
     whether they are all zero. A file that fits the reused buffer takes one read of
-    size + 1 bytes (the short read proves EOF) and a one-shot hash; larger or growing
-    files are streamed chunk by chunk."""
+    size + 1 bytes (the short read proves EOF) and a one-shot hash; larger ones are
+    streamed chunk by chunk. Reading stops once more than `size` bytes came (it grew:
+    read_file reads it again rather than chase a writer)."""
     buf = _buffer()
     mv = memoryview(buf)
     whole = xxhash.xxh3_128()
@@ -254,6 +291,8 @@ def _hash_fd(fd: int, size: int, head: bytes = b"") -> tuple[bytes, int, bool]:
     while n:
         whole.update(mv[:n])
         total += n
+        if total > size:  # it grew while read: the caller reads it again (no chasing a writer)
+            break
         n = os.readv(fd, [mv])
         if zero and n:
             zero = _zero_prefix(buf, n)

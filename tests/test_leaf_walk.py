@@ -347,6 +347,41 @@ long syscall(long number, ...) {
     return r;
 }
 
+/* KVM_RACE_GROW / KVM_RACE_GROW_ONCE: just before a read of the file so named, append
+   4096 bytes to it (a writer at work in place): at every read, or at the first read in
+   this process only. */
+#include <sys/uio.h>
+static int grown_once;
+static void grow(int fd) {
+    const char *always = getenv("KVM_RACE_GROW"), *once = getenv("KVM_RACE_GROW_ONCE");
+    if (!always && !(once && !grown_once)) return;
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return;
+    path[n] = 0;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (!((always && !strcmp(base, always)) || (once && !strcmp(base, once)))) return;
+    if (!always) grown_once = 1;
+    int w = syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (w < 0) return;
+    char more[4096];
+    memset(more, 0x5a, sizeof more);
+    if (write(w, more, sizeof more) < 0) {}
+    close(w);
+}
+ssize_t read(int fd, void *buf, size_t count) {
+    grow(fd);
+    ssize_t (*real)(int, void *, size_t) = dlsym(RTLD_NEXT, "read");
+    return real(fd, buf, count);
+}
+ssize_t readv(int fd, const struct iovec *iov, int iovcnt) {
+    grow(fd);
+    ssize_t (*real)(int, const struct iovec *, int) = dlsym(RTLD_NEXT, "readv");
+    return real(fd, iov, iovcnt);
+}
+
 #define MODE(flags) mode_t mode = 0; if (flags & O_CREAT) { va_list ap; va_start(ap, flags); mode = va_arg(ap, int); va_end(ap); }
 
 int openat(int dirfd, const char *path, int flags, ...) {
@@ -465,6 +500,46 @@ def test_block_refused_at_open_is_unreadable_with_errno_and_path(tmp_path, race_
 
 
 # --- which walk runs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_block_growing_while_read_is_unreadable_not_misreported(tmp_path, race_shim, walk):
+    """Block files that grow at every read (something writing them in place): read twice,
+    changed twice, so their rows say so (unreadable, operational bit, a remedy) and carry
+    no hash of bytes that match no size. The other blocks are unaffected."""
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    name = Path(sorted(result.block_files())[0]).name  # (a block's replicas share their name: both grow)
+    code, rows, _ = _scan_with_shim(race_shim, root, tmp_path / "m.parquet", walk, KVM_RACE_GROW=name)
+    hit = [r for rel, r in rows.items() if Path(rel).name == name]
+    assert len(hit) == 2
+    for row in hit:
+        assert row["status"] == "unreadable", row
+        assert "changed size while read" in row["reason"] and "rerun the scan" in row["reason"]
+        assert row["content_xxh3_128"] is None
+    assert code & 8
+    others = [r for rel, r in rows.items() if rel in result.block_files() and Path(rel).name != name]
+    assert others and all(r["content_xxh3_128"] is not None and r["status"] == "ok" for r in others)
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_block_that_grew_once_while_read_is_read_again(tmp_path, race_shim, walk):
+    """A block file that grows once, during its first read: read again from a fresh open,
+    its row holds the size and the hash of the same bytes (what the file now is)."""
+    root = tmp_path / "root"
+    result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", **SMALL))
+    name = Path(sorted(result.block_files())[0]).name
+    replicas = [rel for rel in result.block_files() if Path(rel).name == name]
+    before = {rel: (root / rel).stat().st_size for rel in replicas}
+    code, rows, _ = _scan_with_shim(race_shim, root, tmp_path / "m.parquet", walk, KVM_RACE_GROW_ONCE=name)
+    grown = [rel for rel in replicas if (root / rel).stat().st_size == before[rel] + 4096]
+    assert len(grown) >= 1  # the race did happen (once per walking process)
+    for rel in replicas:
+        data = (root / rel).read_bytes()
+        row = rows[rel]
+        assert row["size"] == len(data)
+        assert row["content_xxh3_128"] == xxhash.xxh3_128_digest(data)
+        assert row["status"] != "unreadable"
 
 
 def test_pure_python_switch(monkeypatch):

@@ -211,20 +211,44 @@ def test_read_file_hashes_every_size_exactly(tmp_path, size, zero):
     assert res.st.st_size == size
 
 
-def test_read_file_of_a_file_that_grows_or_shrinks_hashes_what_it_read(tmp_path, monkeypatch):
-    """The size from fstat is only a hint: a file that grew or shrank meanwhile is
-    hashed as read to its end."""
+@pytest.mark.parametrize("claimed", [100, 9000, scan_mod.READ_BUFFER + 5])
+def test_read_file_of_a_file_whose_size_keeps_changing_says_so(tmp_path, monkeypatch, claimed):
+    """fstat's size and the bytes read disagree at both reads (it grew or shrank while
+    read, twice): ChangedWhileRead, an OSError naming the path and both sizes, so the row
+    says unreadable with a remedy instead of hashing bytes that match no size."""
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"\2" * 5000)
+    real_fstat = os.fstat
+    monkeypatch.setattr(scan_mod.os, "fstat", lambda fd: os.stat_result(
+        tuple(real_fstat(fd))[:6] + (claimed,) + tuple(real_fstat(fd))[7:]))
+    with pytest.raises(scan_mod.ChangedWhileRead) as info:
+        scan_mod.read_file(str(f), want_hash=True)
+    assert isinstance(info.value, OSError) and info.value.errno == errno.EAGAIN
+    assert info.value.filename == str(f)
+    assert f"{claimed:,} bytes at open" in info.value.strerror and "5,000 read" in info.value.strerror
+
+
+@pytest.mark.parametrize("claimed", [100, 9000, scan_mod.READ_BUFFER + 5])
+def test_read_file_of_a_file_that_changed_size_once_reads_it_again(tmp_path, monkeypatch, claimed):
+    """Only the first read disagrees with fstat: the file is read once more from a fresh
+    open, and the result is the whole file's hash with its true size."""
     import xxhash
 
     f = tmp_path / "f.bin"
     f.write_bytes(b"\2" * 5000)
     real_fstat = os.fstat
-    for claimed in (100, 9000, scan_mod.READ_BUFFER + 5):
-        monkeypatch.setattr(scan_mod.os, "fstat", lambda fd, c=claimed: os.stat_result(
-            tuple(real_fstat(fd))[:6] + (c,) + tuple(real_fstat(fd))[7:]))
-        res = scan_mod.read_file(str(f), want_hash=True)
-        assert res.content == xxhash.xxh3_128_digest(b"\2" * 5000), claimed
-        assert res.all_zero is False
+    calls = []
+
+    def fstat(fd):
+        calls.append(fd)
+        st = real_fstat(fd)
+        return os.stat_result(tuple(st)[:6] + (claimed,) + tuple(st)[7:]) if len(calls) == 1 else st
+
+    monkeypatch.setattr(scan_mod.os, "fstat", fstat)
+    res = scan_mod.read_file(str(f), want_hash=True)
+    assert len(calls) == 2
+    assert res.content == xxhash.xxh3_128_digest(b"\2" * 5000) and res.st.st_size == 5000
+    assert res.all_zero is False
 
 
 def test_fast_block_name_match_is_the_layout_grammar():
