@@ -90,22 +90,7 @@ typedef struct {
     int failed; /* out of memory */
 } Walk;
 
-static size_t names_add(Walk *w, const char *s) {
-    size_t n = strlen(s) + 1;
-    if (w->names.len + n > w->names.cap) {
-        size_t cap = w->names.cap ? w->names.cap * 2 : 8192;
-        while (cap < w->names.len + n) cap *= 2;
-        char *p = realloc(w->names.data, cap);
-        if (!p) { w->failed = 1; return 0; }
-        w->names.data = p;
-        w->names.cap = cap;
-    }
-    memcpy(w->names.data + w->names.len, s, n);
-    w->names.len += n;
-    return w->names.len - n;
-}
-
-/* Room for one more element in a growable array; 0 (and w->failed) when out of memory. */
+/* Room for element `len` of a growable array; 0 (and w->failed) when out of memory. */
 static int reserve(Walk *w, void **items, size_t *cap, size_t len, size_t size, size_t first) {
     if (len < *cap) return 1;
     size_t n = *cap ? *cap * 2 : first;
@@ -117,6 +102,16 @@ static int reserve(Walk *w, void **items, size_t *cap, size_t len, size_t size, 
     *items = p;
     *cap = n;
     return 1;
+}
+
+/* A name copied into w->names (NUL-terminated; names are at most 255 bytes, so one
+ * doubling from 8 KiB always makes room); its offset. */
+static size_t names_add(Walk *w, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (!reserve(w, (void **)&w->names.data, &w->names.cap, w->names.len + n - 1, 1, 8192)) return 0;
+    memcpy(w->names.data + w->names.len, s, n);
+    w->names.len += n;
+    return w->names.len - n;
 }
 
 static Record *rec_new(Walk *w) {
@@ -267,42 +262,41 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
     }
     size_t size = (size_t)st.st_size;
     size_t chunk = buflen - 1 < STREAM_CHUNK ? buflen - 1 : STREAM_CHUNK;
-    XXH128_hash_t h;
-    int zero;
-    if (size < chunk) { /* one read of size + 1 bytes: the short read proves EOF (as in scan.read_file) */
-        ssize_t n = read_block(fd, buf, size + 1, size);
-        if (n != (ssize_t)size) {
-            verdict = UNUSUAL; /* error, or it changed size while read */
-            goto done;
-        }
-        h = XXH3_128bits(buf, size);
-        zero = all_zero(buf, size);
-    } else { /* in chunks that stay in the core's cache while they are hashed */
-        XXH3_state_t *state = XXH3_createState();
-        if (!state) {
+    XXH128_hash_t h = {0, 0};
+    XXH3_state_t *state = NULL; /* only for files read in more than one piece */
+    size_t total = 0;
+    int zero = 1;
+    for (;;) {
+        size_t left = size - total;
+        size_t want = left <= chunk ? left + 1 : chunk; /* the last read asks one byte more: */
+        ssize_t n = read_block(fd, buf, want, left);    /* its short count proves EOF */
+        if (n < 0 || (size_t)n > left) { /* an error, or it grew while read */
             verdict = UNUSUAL;
-            goto done;
+            break;
         }
-        XXH3_128bits_reset(state);
-        size_t total = 0;
-        zero = 1;
-        for (;;) {
-            size_t left = size - total;
-            size_t want = left <= chunk ? left + 1 : chunk; /* the last read asks one byte more */
-            ssize_t n = read_block(fd, buf, want, left);
-            if (n < 0 || (size_t)n > left) { /* an error, or it grew while read */
+        total += (size_t)n;
+        if (!state && (size_t)n < want) { /* the whole file in one read: one-shot hash */
+            h = XXH3_128bits(buf, (size_t)n);
+            zero = all_zero(buf, (size_t)n);
+            break;
+        }
+        if (!state) { /* in chunks that stay in the core's cache while they are hashed */
+            state = XXH3_createState();
+            if (!state) {
                 verdict = UNUSUAL;
                 break;
             }
-            XXH3_128bits_update(state, buf, (size_t)n);
-            if (zero) zero = all_zero(buf, (size_t)n);
-            total += (size_t)n;
-            if ((size_t)n < want) break; /* EOF */
+            XXH3_128bits_reset(state);
         }
+        XXH3_128bits_update(state, buf, (size_t)n);
+        if (zero) zero = all_zero(buf, (size_t)n);
+        if ((size_t)n < want) break; /* EOF */
+    }
+    if (state) {
         h = XXH3_128bits_digest(state);
         XXH3_freeState(state);
-        if (verdict == TAKEN && total != size) verdict = UNUSUAL; /* it shrank while read */
     }
+    if (verdict == TAKEN && total != size) verdict = UNUSUAL; /* it shrank while read */
     if (verdict == TAKEN && zero) verdict = UNUSUAL; /* zero-filled: a finding */
     if (verdict == TAKEN && !fill_stat(rec, &st)) verdict = UNUSUAL;
     if (verdict == TAKEN) {

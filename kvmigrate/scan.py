@@ -184,14 +184,12 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
 
     A file whose size changes while it is read (more or fewer bytes than fstat said) is
     read once more from a fresh open; if it changes again, ChangedWhileRead."""
-    try:
-        return _read_file(path, want_hash, header_len)
-    except _SizeChanged:
-        pass
-    try:
-        return _read_file(path, want_hash, header_len)
-    except _SizeChanged as exc:
-        raise ChangedWhileRead(path, exc.size, exc.nread) from None
+    for _attempt in range(2):
+        try:
+            return _read_file(path, want_hash, header_len)
+        except _SizeChanged as exc:
+            changed = exc
+    raise ChangedWhileRead(path, changed.size, changed.nread)
 
 
 class _SizeChanged(Exception):
