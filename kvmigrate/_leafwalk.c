@@ -726,6 +726,115 @@ out:
     return result;
 }
 
+/* A block key (group, hex) held for sorting in C. */
+typedef struct {
+    long group;
+    const char *hex;
+    Py_ssize_t len;
+    PyObject *key;
+} KeyRef;
+
+static int keyref_cmp(const void *a, const void *b) {
+    const KeyRef *x = a, *y = b;
+    if (x->group != y->group) return x->group < y->group ? -1 : 1;
+    int c = memcmp(x->hex, y->hex, (size_t)(x->len < y->len ? x->len : y->len));
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* The keys of `blocks` as a new list sorted by (group, hex). Keys of an int and an ASCII
+ * str (every key the walks make) are sorted by qsort, in the order Python's tuple
+ * comparison gives them (a list.sort of 10^5 tuples a bucket costs a rich comparison per
+ * step); any other key sends the whole list to list.sort. */
+static PyObject *sorted_keys(PyObject *blocks) {
+    PyObject *keys = PyDict_Keys(blocks);
+    if (!keys) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    KeyRef *refs = PyMem_Malloc(sizeof(KeyRef) * (size_t)(n ? n : 1));
+    if (!refs) {
+        Py_DECREF(keys);
+        return PyErr_NoMemory();
+    }
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < n && plain; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2) {
+            plain = 0;
+            break;
+        }
+        PyObject *g = PyTuple_GET_ITEM(key, 0), *h = PyTuple_GET_ITEM(key, 1);
+        int overflow = 0;
+        long gv = PyLong_CheckExact(g) ? PyLong_AsLongAndOverflow(g, &overflow) : 0;
+        if (!PyLong_CheckExact(g) || overflow || !PyUnicode_CheckExact(h) || !PyUnicode_IS_ASCII(h)) plain = 0;
+        else refs[i] = (KeyRef){gv, (const char *)PyUnicode_1BYTE_DATA(h), PyUnicode_GET_LENGTH(h), key};
+    }
+    if (plain) { /* the list keeps one reference per key: only their places change */
+        qsort(refs, (size_t)n, sizeof *refs, keyref_cmp);
+        for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(keys, i, refs[i].key);
+    }
+    PyMem_Free(refs);
+    if (!plain && PyList_Sort(keys) < 0) Py_CLEAR(keys);
+    return keys;
+}
+
+/* prefix + '<hhh>/<hh>_g<group>/<hex>.bin' (classify.target_relpath). ASCII parts are
+ * copied straight into an ASCII str (PyUnicode_FromFormat parses its format for every
+ * block); a non-ASCII prefix goes through PyUnicode_FromFormat. */
+static PyObject *target_path(PyObject *prefix, PyObject *group, PyObject *hex) {
+    const char *h = PyUnicode_AsUTF8(hex);
+    if (!h) return NULL;
+    if (strlen(h) < 5) {
+        PyErr_SetString(PyExc_ValueError, "block hash too short");
+        return NULL;
+    }
+    int overflow = 0;
+    long g = PyLong_CheckExact(group) ? PyLong_AsLongAndOverflow(group, &overflow) : 0;
+    if (!PyLong_CheckExact(group) || overflow || !PyUnicode_IS_ASCII(prefix) || !PyUnicode_IS_ASCII(hex))
+        return PyUnicode_FromFormat("%U%.3s/%.2s_g%S/%U.bin", prefix, h, h + 3, group, hex);
+    char gs[24];
+    int gl = snprintf(gs, sizeof gs, "%ld", g);
+    Py_ssize_t a = PyUnicode_GET_LENGTH(prefix), hl = PyUnicode_GET_LENGTH(hex);
+    PyObject *s = PyUnicode_New(a + 3 + 1 + 2 + 2 + gl + 1 + hl + 4, 127);
+    if (!s) return NULL;
+    char *p = (char *)PyUnicode_1BYTE_DATA(s);
+    memcpy(p, PyUnicode_1BYTE_DATA(prefix), (size_t)a);
+    p += a;
+    memcpy(p, h, 3);
+    p[3] = '/';
+    memcpy(p + 4, h + 3, 2);
+    memcpy(p + 6, "_g", 2);
+    memcpy(p + 8, gs, (size_t)gl);
+    p += 8 + gl;
+    *p++ = '/';
+    memcpy(p, h, (size_t)hl);
+    memcpy(p + hl, ".bin", 4);
+    return s;
+}
+
+/* Does the block of `rows` have the shape `shape` = (group, ranks, sizes, differ)? The
+ * same test as the dict lookup: equal items, so equal hashes. */
+static int same_shape(PyObject *shape, PyObject *group, PyObject *K, PyObject *Z, const Py_ssize_t *rows,
+                      Py_ssize_t n, int differ) {
+    PyObject *ranks = PyTuple_GET_ITEM(shape, 1), *sizes = PyTuple_GET_ITEM(shape, 2);
+    if (PyTuple_GET_SIZE(ranks) != n || (PyTuple_GET_ITEM(shape, 3) == Py_True) != (differ != 0)) return 0;
+    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, 0), group, Py_EQ);
+    for (Py_ssize_t j = 0; j < n && eq > 0; j++) {
+        eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ranks, j), PyList_GET_ITEM(K, rows[j]), Py_EQ);
+        if (eq > 0) eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(sizes, j), PyList_GET_ITEM(Z, rows[j]), Py_EQ);
+    }
+    return eq;
+}
+
+/* shapes[shape] += n */
+static int count_shape(PyObject *shapes, PyObject *shape, long n) {
+    if (!n || shapes == Py_None) return 0;
+    PyObject *count = PyDict_GetItemWithError(shapes, shape);
+    if (!count && PyErr_Occurred()) return -1;
+    PyObject *next = PyLong_FromLong((count ? PyLong_AsLong(count) : 0) + n);
+    int rc = next ? PyDict_SetItem(shapes, shape, next) : -1;
+    Py_XDECREF(next);
+    return rc;
+}
+
 PyDoc_STRVAR(finish_blocks_doc,
 "finish_blocks(blocks, columns, order, verdicts, classify, replicas, target_prefix, targets_exist, shapes)\n"
 "\n"
@@ -740,7 +849,7 @@ PyDoc_STRVAR(finish_blocks_doc,
 static PyObject *finish_blocks(PyObject *self, PyObject *args) {
     PyObject *blocks, *columns, *order, *verdicts, *classify, *prefix, *shapes;
     int replicas, targets_exist;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OpOpO", &PyDict_Type, &blocks, &PyTuple_Type, &columns, &PyList_Type, &order,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OpUpO", &PyDict_Type, &blocks, &PyTuple_Type, &columns, &PyList_Type, &order,
                           &PyDict_Type, &verdicts, &classify, &replicas, &prefix, &targets_exist, &shapes))
         return NULL;
     if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
@@ -750,11 +859,15 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
     PyObject *P = PyTuple_GET_ITEM(columns, 0), *K = PyTuple_GET_ITEM(columns, 2), *Z = PyTuple_GET_ITEM(columns, 5);
     PyObject *C = PyTuple_GET_ITEM(columns, 10), *S = PyTuple_GET_ITEM(columns, 12), *A = PyTuple_GET_ITEM(columns, 13);
     PyObject *R = PyTuple_GET_ITEM(columns, 14), *T = PyTuple_GET_ITEM(columns, 15);
-    PyObject *keys = PyDict_Keys(blocks);
+    PyObject *keys = sorted_keys(blocks);
     PyObject *slow = PyList_New(0), *check = PyList_New(0);
     PyObject *s_ok = PyUnicode_InternFromString("ok");
     PyObject *result = NULL;
-    if (!keys || !slow || !check || !s_ok || PyList_Sort(keys) < 0) goto out;
+    /* Consecutive blocks mostly share a shape: the last one found in `verdicts` is reused
+     * without building its tuples, and its blocks are counted into `shapes` in one go. */
+    PyObject *last_shape = NULL, *last_verdict = NULL;
+    long last_count = 0;
+    if (!keys || !slow || !check || !s_ok) goto out;
     Py_ssize_t nkeys = PyList_GET_SIZE(keys);
     for (Py_ssize_t k = 0; k < nkeys; k++) {
         PyObject *key = PyList_GET_ITEM(keys, k);
@@ -791,48 +904,58 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
             if (PyList_Append(slow, key) < 0) goto out;
             continue;
         }
-        /* shape = (group, ranks, sizes, differ) */
         PyObject *group = PyTuple_GET_ITEM(key, 0), *hex = PyTuple_GET_ITEM(key, 1);
-        PyObject *ranks = PyTuple_New(n), *sizes = PyTuple_New(n);
-        int differ = 0;
-        if (ranks && sizes) {
-            for (Py_ssize_t j = 0; j < n; j++) {
-                PyObject *r = PyList_GET_ITEM(K, rows[j]), *z = PyList_GET_ITEM(Z, rows[j]);
-                Py_INCREF(r);
-                Py_INCREF(z);
-                PyTuple_SET_ITEM(ranks, j, r);
-                PyTuple_SET_ITEM(sizes, j, z);
+        int differ = 0; /* replicas differ: content hashes (or, unread, sizes) not all equal */
+        if (replicas && n > 1) {
+            PyObject *c0 = PyList_GET_ITEM(C, rows[0]);
+            PyObject *first = c0 == Py_None ? PyList_GET_ITEM(Z, rows[0]) : c0;
+            for (Py_ssize_t j = 1; j < n && !differ; j++) {
+                PyObject *cj = PyList_GET_ITEM(C, rows[j]);
+                int eq = PyObject_RichCompareBool(first, cj == Py_None ? PyList_GET_ITEM(Z, rows[j]) : cj, Py_EQ);
+                differ = eq < 0 ? -1 : !eq;
             }
-            if (replicas && n > 1) { /* replicas differ: content hashes (or, unread, sizes) not all equal */
-                PyObject *c0 = PyList_GET_ITEM(C, rows[0]);
-                PyObject *first = c0 == Py_None ? PyList_GET_ITEM(Z, rows[0]) : c0;
-                for (Py_ssize_t j = 1; j < n && !differ; j++) {
-                    PyObject *cj = PyList_GET_ITEM(C, rows[j]);
-                    PyObject *v = cj == Py_None ? PyList_GET_ITEM(Z, rows[j]) : cj;
-                    int eq = PyObject_RichCompareBool(first, v, Py_EQ);
-                    if (eq < 0) {
-                        differ = -1;
-                        break;
-                    }
-                    differ = !eq;
+        }
+        int same = differ < 0 ? -1 : last_shape ? same_shape(last_shape, group, K, Z, rows, n, differ) : 0;
+        PyObject *verdict = NULL; /* this block's (a new reference) */
+        if (same > 0) {
+            verdict = last_verdict;
+            Py_INCREF(verdict);
+            last_count++;
+        } else if (same == 0 && count_shape(shapes, last_shape, last_count) == 0) {
+            Py_CLEAR(last_shape);
+            Py_CLEAR(last_verdict);
+            last_count = 0;
+            PyObject *ranks = PyTuple_New(n), *sizes = PyTuple_New(n), *shape = NULL;
+            if (ranks && sizes) { /* shape = (group, ranks, sizes, differ) */
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    PyObject *r = PyList_GET_ITEM(K, rows[j]), *z = PyList_GET_ITEM(Z, rows[j]);
+                    Py_INCREF(r);
+                    Py_INCREF(z);
+                    PyTuple_SET_ITEM(ranks, j, r);
+                    PyTuple_SET_ITEM(sizes, j, z);
                 }
+                shape = PyTuple_Pack(4, group, ranks, sizes, differ ? Py_True : Py_False);
+            }
+            Py_XDECREF(ranks);
+            Py_XDECREF(sizes);
+            verdict = shape ? PyDict_GetItemWithError(verdicts, shape) : NULL; /* borrowed */
+            if (verdict) { /* kept for the unit: the next blocks of this shape reuse it */
+                Py_INCREF(verdict);
+                Py_INCREF(verdict);
+                last_verdict = verdict;
+                last_shape = shape;
+                last_count = 1;
+            } else if (shape && !PyErr_Occurred()) {
+                verdict = PyObject_CallFunctionObjArgs(classify, idx, group, hex, shape, NULL);
+                if (verdict && count_shape(shapes, shape, 1) < 0) Py_CLEAR(verdict);
+                Py_DECREF(shape);
+            } else {
+                Py_XDECREF(shape);
             }
         }
-        PyObject *shape = (ranks && sizes && differ >= 0) ? PyTuple_Pack(4, group, ranks, sizes,
-                                                                          differ ? Py_True : Py_False) : NULL;
-        Py_XDECREF(ranks);
-        Py_XDECREF(sizes);
-        if (!shape) {
-            PyMem_Free(rows);
-            goto out;
-        }
-        PyObject *verdict = PyDict_GetItemWithError(verdicts, shape); /* borrowed */
-        Py_XINCREF(verdict);
-        if (!verdict && !PyErr_Occurred()) verdict = PyObject_CallFunctionObjArgs(classify, idx, group, hex, shape, NULL);
         if (!verdict || !PyTuple_Check(verdict) || PyTuple_GET_SIZE(verdict) != n) {
             if (verdict && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "classify: one verdict per row expected");
             Py_XDECREF(verdict);
-            Py_DECREF(shape);
             PyMem_Free(rows);
             goto out;
         }
@@ -857,13 +980,7 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
             }
             if (!has_target) continue;
             if (!tpath) { /* once per block: every replica has the same target */
-                const char *h = PyUnicode_AsUTF8(hex);
-                if (!h || strlen(h) < 5) {
-                    if (h) PyErr_SetString(PyExc_ValueError, "block hash too short");
-                    ok = 0;
-                    break;
-                }
-                tpath = PyUnicode_FromFormat("%U%.3s/%.2s_g%S/%U.bin", prefix, h, h + 3, group, hex);
+                tpath = target_path(prefix, group, hex);
                 if (!tpath) {
                     ok = 0;
                     break;
@@ -872,12 +989,12 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
             Py_INCREF(tpath);
             PyList_SetItem(T, rows[j], tpath);
             if (targets_exist) {
-                int same = PyUnicode_Compare(tpath, PyList_GET_ITEM(P, rows[j]));
-                if (same == -1 && PyErr_Occurred()) {
+                int same_path = PyUnicode_Compare(tpath, PyList_GET_ITEM(P, rows[j]));
+                if (same_path == -1 && PyErr_Occurred()) {
                     ok = 0;
                     break;
                 }
-                if (same != 0) {
+                if (same_path != 0) {
                     PyObject *t = PyTuple_Pack(2, PyList_GET_ITEM(idx, j), hex);
                     ok = t && PyList_Append(check, t) == 0;
                     Py_XDECREF(t);
@@ -887,17 +1004,13 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
         Py_XDECREF(tpath);
         Py_DECREF(verdict);
         PyMem_Free(rows);
-        if (ok && shapes != Py_None) { /* shapes[shape] += 1 */
-            PyObject *count = PyDict_GetItemWithError(shapes, shape);
-            PyObject *next = count ? PyLong_FromLong(PyLong_AsLong(count) + 1) : PyErr_Occurred() ? NULL : PyLong_FromLong(1);
-            ok = next && PyDict_SetItem(shapes, shape, next) == 0;
-            Py_XDECREF(next);
-        }
-        Py_DECREF(shape);
         if (!ok) goto out;
     }
+    if (count_shape(shapes, last_shape, last_count) < 0) goto out;
     result = PyTuple_Pack(2, slow, check);
 out:
+    Py_XDECREF(last_shape);
+    Py_XDECREF(last_verdict);
     Py_XDECREF(keys);
     Py_XDECREF(slow);
     Py_XDECREF(check);

@@ -578,3 +578,90 @@ def test_existing_target_folders_are_judged_alike(tmp_path, monkeypatch, verify)
     assert "already_present" in actions and "aliases_source" in reasons
     assert actions - {"already_present", "none"}  # the block whose link vanished is to be made again
     assert spy.rows > 0
+
+
+# --- finish_blocks against its Python statement -------------------------------------------
+
+
+def _finish_reference(blocks, columns, order, verdicts, classify, replicas, prefix, targets_exist, shapes):
+    """What leaf.finish_blocks does, written plainly (Walker._finish_blocks_py's loop)."""
+    P, K, Z, C, S, A, R, T = (columns[j] for j in (0, 2, 5, 10, 12, 13, 14, 15))
+    slow, check = [], []
+    for key in sorted(blocks):
+        idx = blocks[key]
+        group, hex_hash = key
+        order.extend(idx)
+        if any(S[i] != "ok" for i in idx):
+            slow.append(key)
+            continue
+        differ = bool(replicas) and len(idx) > 1 and len({Z[i] if C[i] is None else C[i] for i in idx}) > 1
+        shape = (group, tuple(K[i] for i in idx), tuple(Z[i] for i in idx), differ)
+        verdict = verdicts.get(shape)
+        if verdict is None:
+            verdict = classify(idx, group, hex_hash, shape)
+        tpath = f"{prefix}{hex_hash[:3]}/{hex_hash[3:5]}_g{group}/{hex_hash}.bin"
+        for i, (status, action, reason, has_target) in zip(idx, verdict):
+            S[i], A[i], R[i] = status, action, reason
+            if has_target:
+                T[i] = tpath
+                if targets_exist and tpath != P[i]:
+                    check.append((i, hex_hash))
+        if shapes is not None:
+            shapes[shape] = shapes.get(shape, 0) + 1
+    return slow, check
+
+
+_block = st.tuples(
+    st.sampled_from([0, 1, 2, 9, 10, 11, 100, 2**40]),  # numeric, not string, order of groups
+    st.sampled_from(["abcdef", "abcdef00", "abcdee", "0a1b2c", "ffffff", "abcdef0a"]),  # prefixes of each other
+    st.lists(st.tuples(st.sampled_from([0, 1, 3]), st.sampled_from([4096, 4096, 8192]), st.booleans(),
+                       st.sampled_from(["ok"] * 5 + ["corrupt"])), min_size=1, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_block, max_size=12), st.sampled_from(["always", "never", "alternate"]), st.booleans(),
+       st.booleans(), st.sampled_from(["org_m_0123456789ab/", "Modèle_日本_0123456789ab/", ""]), st.booleans())
+def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, targets_exist, prefix, count):
+    """Keys sorted in C in Python's tuple order (group numerically, then the hex string),
+    a shape's verdict reused only once it is kept, target paths built from ASCII and
+    non-ASCII prefixes, shapes counted: row for row what the plain Python loop gives."""
+    from kvmigrate import _leafwalk
+
+    def fresh():
+        columns = tuple([] for _ in range(16))
+        blocks: dict = {}
+        for group, hex_hash, files in blocks_in:
+            if (group, hex_hash) in blocks:
+                continue
+            idx = blocks[(group, hex_hash)] = []
+            for rank, size, same, status in files:
+                idx.append(len(columns[0]))
+                row = [None] * 16
+                row[0] = f"{prefix}{hex_hash[:3]}/{hex_hash[3:5]}_g{group}/{hex_hash}.bin" if rank == 0 else f"r{rank}"
+                row[2], row[5], row[12] = rank, size, status
+                row[10] = b"\x01" * 16 if same else bytes([rank + 2]) * 16
+                for j, col in enumerate(columns):
+                    col.append(row[j])
+        return columns, blocks
+
+    def make_classify(verdicts, calls):
+        def classify(idx, group, hex_hash, shape):
+            calls.append((tuple(idx), group, hex_hash, shape))
+            verdict = tuple((f"s{group}", "none" if shape[3] else "link", f"r{len(idx)}-{j}", j % 2 == 0)
+                            for j in range(len(idx)))
+            if keep == "always" or (keep == "alternate" and len(calls) % 2):
+                verdicts[shape] = verdict
+            return verdict
+        return classify
+
+    results = []
+    for fn in (_leafwalk.finish_blocks, _finish_reference):
+        columns, blocks = fresh()
+        order: list = []
+        verdicts: dict = {}
+        calls: list = []
+        shapes = {} if count else None
+        slow, check = fn(blocks, columns, order, verdicts, make_classify(verdicts, calls), replicas, prefix,
+                         targets_exist, shapes)
+        results.append((list(slow), list(check), order, columns, calls, shapes))
+    assert results[0] == results[1]
