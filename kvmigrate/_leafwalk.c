@@ -477,36 +477,14 @@ static PyObject *block_hash(const char *name, size_t hexlen) {
     return b;
 }
 
-/* relbase + fanout + "/" + name. Block and fan-out names are ASCII (checked when taken);
- * when the rank folder's name is too, the bytes go straight into an ASCII str
- * (PyUnicode_FromFormat parses its format and grows a writer for every row). */
-static PyObject *relpath_of(PyObject *relbase, PyObject *fanout, const char *name) {
-    if (!PyUnicode_IS_ASCII(relbase) || !PyUnicode_IS_ASCII(fanout))
-        return PyUnicode_FromFormat("%U%U/%s", relbase, fanout, name);
-    Py_ssize_t a = PyUnicode_GET_LENGTH(relbase), b = PyUnicode_GET_LENGTH(fanout);
-    size_t c = strlen(name);
-    PyObject *s = PyUnicode_New(a + b + 1 + (Py_ssize_t)c, 127);
-    if (!s) return NULL;
-    char *p = (char *)PyUnicode_1BYTE_DATA(s);
-    memcpy(p, PyUnicode_1BYTE_DATA(relbase), (size_t)a);
-    memcpy(p + a, PyUnicode_1BYTE_DATA(fanout), (size_t)b);
-    p[a + b] = '/';
-    memcpy(p + a + b + 1, name, c);
-    return s;
-}
-
-static int append_row(PyObject **cols, PyObject **vals) {
-    for (int j = 0; j < N_COLUMNS; j++)
-        if (PyList_Append(cols[j], vals[j]) < 0) return -1;
-    return 0;
-}
+#include "_blockrows.h"
 
 PyDoc_STRVAR(walk_bucket_doc,
-"walk_bucket(bucket_path, relbase, hhh, hashed, perm, code, rank, columns, blocks, verdict, buffer)\n"
+"walk_bucket(bucket_path, relbase, hhh, hashed, perm, code, rank, rows, blocks, verdict, buffer)\n"
 "\n"
-"Walk one bucket folder of one rank folder. Append a row per plain block file to\n"
-"`columns` (the 16 lists of Rows.COLUMNS; relpath = relbase + '<fanout>/<name>') and\n"
-"its row index to blocks[(group, hex)]. `perm` is None or (euid, gids) to check read\n"
+"Walk one bucket folder of one rank folder. Append a row per plain block file to `rows`\n"
+"(a BlockRows; relpath = relbase + '<fanout>/<name>') and its index, -(j + 1) for row j\n"
+"of `rows`, to blocks[(group, hex)]. `perm` is None or (euid, gids) to check read\n"
 "permission (--verify size as non-root); `verdict(group, size)` returns None or\n"
 "(status, reason) (None: sizes are not checked). `buffer` is a writable bytearray\n"
 "(read buffer). Returns None if the bucket folder cannot be opened or listed (the\n"
@@ -514,10 +492,11 @@ PyDoc_STRVAR(walk_bucket_doc,
 "None for an entry of the bucket folder itself.");
 
 static PyObject *walk_bucket(PyObject *self, PyObject *args) {
-    PyObject *bpath_obj, *relbase, *hhh_obj, *perm_obj, *code, *rank, *columns, *blocks, *verdict, *buffer_obj;
-    int hashed;
-    if (!PyArg_ParseTuple(args, "O&UUpOOOO!O!OO", PyUnicode_FSConverter, &bpath_obj, &relbase, &hhh_obj, &hashed,
-                          &perm_obj, &code, &rank, &PyTuple_Type, &columns, &PyDict_Type, &blocks, &verdict,
+    PyObject *bpath_obj, *relbase, *hhh_obj, *perm_obj, *blocks, *verdict, *buffer_obj;
+    BlockRows *store;
+    int hashed, code, rank;
+    if (!PyArg_ParseTuple(args, "O&UUpOiiO!O!OO", PyUnicode_FSConverter, &bpath_obj, &relbase, &hhh_obj, &hashed,
+                          &perm_obj, &code, &rank, &BlockRowsType, &store, &PyDict_Type, &blocks, &verdict,
                           &buffer_obj))
         return NULL;
     PyObject *result = NULL;
@@ -526,23 +505,13 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     memset(&w, 0, sizeof w);
     Perm perm;
     memset(&perm, 0, sizeof perm);
-    PyObject *cols[N_COLUMNS];
     PyObject *s_ok = NULL, *s_none = NULL, *s_empty = NULL;
-    PyObject *last_verdict = NULL, *last_status = NULL, *last_reason = NULL;
+    PyObject *last_verdict = NULL;
+    int32_t last_status = -1, last_reason = -1;
+    int last_says = 0; /* the last verdict is (status, reason), not None */
     long long last_size = -1;
     int last_group = -1;
 
-    if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
-        PyErr_SetString(PyExc_ValueError, "columns: 16 lists expected");
-        goto out;
-    }
-    for (int j = 0; j < N_COLUMNS; j++) {
-        cols[j] = PyTuple_GET_ITEM(columns, j);
-        if (!PyList_Check(cols[j])) {
-            PyErr_SetString(PyExc_TypeError, "columns: lists expected");
-            goto out;
-        }
-    }
     const char *hhh = PyUnicode_AsUTF8(hhh_obj);
     if (!hhh) goto out;
     if (strlen(hhh) != 3) {
@@ -605,6 +574,11 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     s_none = PyUnicode_InternFromString("none");
     s_empty = PyUnicode_FromString("");
     if (!s_ok || !s_none || !s_empty) goto out;
+    int32_t ok_code = br_value(store, V_STATUS, s_ok), none_code = br_value(store, V_ACTION, s_none);
+    int32_t empty_code = br_value(store, V_REASON, s_empty);
+    int64_t base = br_base(store, relbase);
+    if (ok_code < 0 || none_code < 0 || empty_code < 0 || base < 0 || br_reserve(store, (Py_ssize_t)w.nrecs) < 0)
+        goto out;
     PyObject **fan_names = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
     PyObject **fan_groups = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
     if (!fan_names || !fan_groups) {
@@ -619,13 +593,11 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
         fan_groups[i] = PyLong_FromLong(w.fanouts[i].group);
         ok = fan_names[i] && fan_groups[i];
     }
-    Py_ssize_t base = PyList_GET_SIZE(cols[0]);
     for (size_t r = 0; r < w.nrecs && ok; r++) {
         Record *rec = &w.recs[r];
         const char *name = w.names.data + rec->name;
         size_t hexlen = strlen(name) - 4;
-        PyObject *vals[N_COLUMNS] = {0};
-        PyObject *status = s_ok, *reason = s_empty;
+        int32_t status = ok_code, reason = empty_code;
         if (verdict != Py_None) {
             if (rec->group != last_group || rec->size != last_size) {
                 Py_XDECREF(last_verdict);
@@ -633,63 +605,50 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
                 if (!last_verdict) { ok = 0; break; }
                 last_group = rec->group;
                 last_size = rec->size;
-                last_status = last_reason = NULL;
-                if (last_verdict != Py_None) {
+                last_says = last_verdict != Py_None;
+                if (last_says) {
                     if (!PyTuple_Check(last_verdict) || PyTuple_GET_SIZE(last_verdict) != 2) {
                         PyErr_SetString(PyExc_TypeError, "verdict: None or (status, reason) expected");
                         ok = 0;
                         break;
                     }
-                    last_status = PyTuple_GET_ITEM(last_verdict, 0);
-                    last_reason = PyTuple_GET_ITEM(last_verdict, 1);
+                    last_status = br_value(store, V_STATUS, PyTuple_GET_ITEM(last_verdict, 0));
+                    last_reason = br_value(store, V_REASON, PyTuple_GET_ITEM(last_verdict, 1));
+                    if (last_status < -1 || last_reason < -1) { ok = 0; break; }
                 }
             }
-            if (last_status) {
+            if (last_says) {
                 status = last_status;
                 reason = last_reason;
             }
         }
-        vals[0] = relpath_of(relbase, fan_names[rec->fanout], name);
-        vals[1] = code;
-        vals[2] = rank;
-        vals[3] = fan_groups[rec->fanout];
-        vals[4] = block_hash(name, hexlen);
-        vals[5] = PyLong_FromLongLong(rec->size);
-        vals[6] = PyLong_FromLongLong(rec->mtime_ns);
-        vals[7] = PyLong_FromUnsignedLongLong(rec->ino);
-        vals[8] = PyLong_FromUnsignedLongLong(rec->dev);
-        vals[9] = PyLong_FromUnsignedLong(rec->nlink);
-        vals[10] = rec->has_hash ? PyBytes_FromStringAndSize((const char *)rec->digest, 16) : Py_None;
-        vals[11] = Py_None;
-        vals[12] = status;
-        vals[13] = s_none;
-        vals[14] = reason;
-        vals[15] = Py_None;
+        size_t tail = br_tail(store, w.names.data + w.fanouts[rec->fanout].name, name);
+        if (tail == (size_t)-1) { ok = 0; break; }
+        Py_ssize_t j = store->n++;
+        store->rows[j] = (BRow){.tail = tail, .base = (uint32_t)base, .code = code, .rank = rank,
+                                .group = rec->group, .status = status, .action = none_code, .reason = reason,
+                                .has_hash = rec->has_hash, .size = rec->size, .mtime_ns = rec->mtime_ns,
+                                .ino = rec->ino, .dev = rec->dev, .nlink = rec->nlink};
+        memcpy(store->rows[j].digest, rec->digest, 16);
+        store->targets[j] = NULL;
         PyObject *hex = PyUnicode_FromStringAndSize(name, (Py_ssize_t)hexlen);
         PyObject *key = hex ? PyTuple_Pack(2, fan_groups[rec->fanout], hex) : NULL;
-        ok = vals[0] && vals[4] && vals[5] && vals[6] && vals[7] && vals[8] && vals[9] && vals[10] && key;
-        if (ok) ok = append_row(cols, vals) == 0;
-        if (ok) { /* blocks[(group, hex)].append(index) */
-            PyObject *index = PyLong_FromSsize_t(base + (Py_ssize_t)r);
-            PyObject *idx = index ? PyDict_GetItemWithError(blocks, key) : NULL;
-            if (!index) ok = 0;
-            else if (idx) ok = PyList_Append(idx, index) == 0;
-            else if (PyErr_Occurred()) ok = 0;
+        PyObject *index = key ? PyLong_FromSsize_t(-(j + 1)) : NULL;
+        PyObject *idx = index ? PyDict_GetItemWithError(blocks, key) : NULL; /* blocks[(group, hex)].append(index) */
+        if (!index) ok = 0;
+        else if (idx) ok = PyList_Append(idx, index) == 0;
+        else if (PyErr_Occurred()) ok = 0;
+        else {
+            PyObject *lst = PyList_New(1);
+            if (!lst) ok = 0;
             else {
-                PyObject *lst = PyList_New(1);
-                if (!lst) ok = 0;
-                else {
-                    Py_INCREF(index);
-                    PyList_SET_ITEM(lst, 0, index);
-                    ok = PyDict_SetItem(blocks, key, lst) == 0;
-                    Py_DECREF(lst);
-                }
+                Py_INCREF(index);
+                PyList_SET_ITEM(lst, 0, index);
+                ok = PyDict_SetItem(blocks, key, lst) == 0;
+                Py_DECREF(lst);
             }
-            Py_XDECREF(index);
         }
-        for (int j = 4; j <= 9; j++) Py_XDECREF(vals[j]);
-        Py_XDECREF(vals[0]);
-        if (vals[10] != Py_None) Py_XDECREF(vals[10]);
+        Py_XDECREF(index);
         Py_XDECREF(hex);
         Py_XDECREF(key);
     }
@@ -810,18 +769,108 @@ static PyObject *target_path(PyObject *prefix, PyObject *group, PyObject *hex) {
     return s;
 }
 
+/* The rows of a task: Python rows in the column lists (index i >= 0), C rows in a
+ * BlockRows (index -(j + 1)). The accessors below read and write either kind. */
+typedef struct {
+    PyObject *P, *K, *Z, *C, *S, *A, *R, *T; /* relpath, rank, size, content, status, action, reason, target */
+    BlockRows *store;                        /* NULL: no C rows */
+    int32_t ok_code;                         /* the store's index of "ok" (-1: none yet) */
+} Tab;
+
+static BRow *c_row(Tab *t, Py_ssize_t i) { return i < 0 ? &t->store->rows[-i - 1] : NULL; }
+
+static int row_in_range(Tab *t, Py_ssize_t i) {
+    return i >= 0 ? i < PyList_GET_SIZE(t->S) : t->store && -i - 1 < t->store->n;
+}
+
+static int row_is_ok(Tab *t, Py_ssize_t i, PyObject *s_ok) {
+    BRow *r = c_row(t, i);
+    if (r) return r->status >= 0 && r->status == t->ok_code;
+    PyObject *st = PyList_GET_ITEM(t->S, i);
+    return st == s_ok || (PyUnicode_Check(st) && PyUnicode_Compare(st, s_ok) == 0);
+}
+
+/* Rank and size of row i as new references. */
+static PyObject *row_rank(Tab *t, Py_ssize_t i) {
+    BRow *r = c_row(t, i);
+    return r ? PyLong_FromLong(r->rank) : Py_NewRef(PyList_GET_ITEM(t->K, i));
+}
+
+static PyObject *row_size(Tab *t, Py_ssize_t i) {
+    BRow *r = c_row(t, i);
+    return r ? PyLong_FromLongLong(r->size) : Py_NewRef(PyList_GET_ITEM(t->Z, i));
+}
+
+/* What replicas are compared by: the content hash, or the size where the file was not
+ * read (`Z[i] if C[i] is None else C[i]`); a new reference. */
+static PyObject *row_sameness(Tab *t, Py_ssize_t i) {
+    BRow *r = c_row(t, i);
+    if (r) return r->has_hash ? PyBytes_FromStringAndSize((const char *)r->digest, 16) : PyLong_FromLongLong(r->size);
+    PyObject *c = PyList_GET_ITEM(t->C, i);
+    return Py_NewRef(c == Py_None ? PyList_GET_ITEM(t->Z, i) : c);
+}
+
+/* Do rows a and b hold the same bytes (by the above)? 1, 0, or -1 on error. */
+static int rows_alike(Tab *t, Py_ssize_t a, Py_ssize_t b) {
+    BRow *x = c_row(t, a), *y = c_row(t, b);
+    if (x && y) {
+        if (x->has_hash != y->has_hash) return 0;
+        return x->has_hash ? memcmp(x->digest, y->digest, 16) == 0 : x->size == y->size;
+    }
+    PyObject *u = row_sameness(t, a), *v = row_sameness(t, b);
+    int eq = u && v ? PyObject_RichCompareBool(u, v, Py_EQ) : -1;
+    Py_XDECREF(u);
+    Py_XDECREF(v);
+    return eq;
+}
+
+/* Is `item` (an item of a shape's ranks or sizes) equal to `value` of a C row, or to the
+ * Python row's object? 1, 0, or -1 on error. */
+static int item_equals(PyObject *item, Tab *t, Py_ssize_t i, int want_rank) {
+    BRow *r = c_row(t, i);
+    if (!r) return PyObject_RichCompareBool(item, PyList_GET_ITEM(want_rank ? t->K : t->Z, i), Py_EQ);
+    if (!PyLong_CheckExact(item)) {
+        PyObject *v = want_rank ? row_rank(t, i) : row_size(t, i);
+        int eq = v ? PyObject_RichCompareBool(item, v, Py_EQ) : -1;
+        Py_XDECREF(v);
+        return eq;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    return !overflow && x == (want_rank ? (long long)r->rank : r->size);
+}
+
 /* Does the block of `rows` have the shape `shape` = (group, ranks, sizes, differ)? The
  * same test as the dict lookup: equal items, so equal hashes. */
-static int same_shape(PyObject *shape, PyObject *group, PyObject *K, PyObject *Z, const Py_ssize_t *rows,
-                      Py_ssize_t n, int differ) {
+static int same_shape(PyObject *shape, PyObject *group, Tab *t, const Py_ssize_t *rows, Py_ssize_t n, int differ) {
     PyObject *ranks = PyTuple_GET_ITEM(shape, 1), *sizes = PyTuple_GET_ITEM(shape, 2);
     if (PyTuple_GET_SIZE(ranks) != n || (PyTuple_GET_ITEM(shape, 3) == Py_True) != (differ != 0)) return 0;
     int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, 0), group, Py_EQ);
     for (Py_ssize_t j = 0; j < n && eq > 0; j++) {
-        eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ranks, j), PyList_GET_ITEM(K, rows[j]), Py_EQ);
-        if (eq > 0) eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(sizes, j), PyList_GET_ITEM(Z, rows[j]), Py_EQ);
+        eq = item_equals(PyTuple_GET_ITEM(ranks, j), t, rows[j], 1);
+        if (eq > 0) eq = item_equals(PyTuple_GET_ITEM(sizes, j), t, rows[j], 0);
     }
     return eq;
+}
+
+static int set_verdict(Tab *t, Py_ssize_t i, PyObject *status, PyObject *action, PyObject *reason) {
+    BRow *r = c_row(t, i);
+    if (r) return br_set_row(t->store, -i - 1, status, action, reason);
+    PyList_SetItem(t->S, i, Py_NewRef(status));
+    PyList_SetItem(t->A, i, Py_NewRef(action));
+    PyList_SetItem(t->R, i, Py_NewRef(reason));
+    return 0;
+}
+
+static void set_target(Tab *t, Py_ssize_t i, PyObject *tpath) {
+    if (i < 0) br_set_target(t->store, -i - 1, tpath);
+    else PyList_SetItem(t->T, i, Py_NewRef(tpath));
+}
+
+static PyObject *row_relpath(Tab *t, Py_ssize_t i) {
+    BRow *r = c_row(t, i);
+    return r ? br_relpath(t->store, r) : Py_NewRef(PyList_GET_ITEM(t->P, i));
 }
 
 /* shapes[shape] += n */
@@ -835,30 +884,64 @@ static int count_shape(PyObject *shapes, PyObject *shape, long n) {
     return rc;
 }
 
+/* The block's shape, (group, ranks, sizes, differ): a new tuple. */
+static PyObject *make_shape(Tab *t, PyObject *group, const Py_ssize_t *rows, Py_ssize_t n, int differ) {
+    PyObject *ranks = PyTuple_New(n), *sizes = PyTuple_New(n), *shape = NULL;
+    int ok = ranks && sizes;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        PyObject *r = row_rank(t, rows[j]), *z = row_size(t, rows[j]);
+        ok = r && z;
+        if (ok) {
+            PyTuple_SET_ITEM(ranks, j, r);
+            PyTuple_SET_ITEM(sizes, j, z);
+        } else {
+            Py_XDECREF(r);
+            Py_XDECREF(z);
+        }
+    }
+    if (ok) shape = PyTuple_Pack(4, group, ranks, sizes, differ ? Py_True : Py_False);
+    Py_XDECREF(ranks);
+    Py_XDECREF(sizes);
+    return shape;
+}
+
 PyDoc_STRVAR(finish_blocks_doc,
-"finish_blocks(blocks, columns, order, verdicts, classify, replicas, target_prefix, targets_exist, shapes)\n"
+"finish_blocks(blocks, columns, rows, order, verdicts, classify, replicas, target_prefix, targets_exist, shapes)\n"
 "\n"
 "Scan._finish_blocks for a bucket whose block files were all taken: per block, in\n"
 "(group, hash) order, extend `order` with its rows, look its shape (group, ranks, sizes,\n"
 "replicas differ) up in `verdicts` (on a miss `classify(rows, group, hex)` returns the\n"
 "verdict and keeps it) and replay it: status, action, reason, and the target path\n"
-"target_prefix + '<hhh>/<hh>_g<group>/<hex>.bin'. `shapes` (None: sizes not counted)\n"
-"counts blocks per shape. Returns (blocks a file of which is not 'ok': the caller\n"
-"finishes them one by one, [(row, hex)] whose target path exists and is not the row).");
+"target_prefix + '<hhh>/<hh>_g<group>/<hex>.bin'. Row indexes >= 0 are in `columns`\n"
+"(the 16 lists of Rows.COLUMNS), -(j + 1) is row j of `rows` (a BlockRows, or None).\n"
+"`shapes` (None: sizes not counted) counts blocks per shape. Returns (blocks a file of\n"
+"which is not 'ok': the caller finishes them one by one, [(row, hex)] whose target path\n"
+"exists and is not the row).");
 
 static PyObject *finish_blocks(PyObject *self, PyObject *args) {
-    PyObject *blocks, *columns, *order, *verdicts, *classify, *prefix, *shapes;
+    PyObject *blocks, *columns, *store_obj, *order, *verdicts, *classify, *prefix, *shapes;
     int replicas, targets_exist;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OpUpO", &PyDict_Type, &blocks, &PyTuple_Type, &columns, &PyList_Type, &order,
-                          &PyDict_Type, &verdicts, &classify, &replicas, &prefix, &targets_exist, &shapes))
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!OpUpO", &PyDict_Type, &blocks, &PyTuple_Type, &columns, &store_obj,
+                          &PyList_Type, &order, &PyDict_Type, &verdicts, &classify, &replicas, &prefix,
+                          &targets_exist, &shapes))
         return NULL;
     if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
         PyErr_SetString(PyExc_ValueError, "columns: 16 lists expected");
         return NULL;
     }
-    PyObject *P = PyTuple_GET_ITEM(columns, 0), *K = PyTuple_GET_ITEM(columns, 2), *Z = PyTuple_GET_ITEM(columns, 5);
-    PyObject *C = PyTuple_GET_ITEM(columns, 10), *S = PyTuple_GET_ITEM(columns, 12), *A = PyTuple_GET_ITEM(columns, 13);
-    PyObject *R = PyTuple_GET_ITEM(columns, 14), *T = PyTuple_GET_ITEM(columns, 15);
+    for (int j = 0; j < N_COLUMNS; j++)
+        if (!PyList_Check(PyTuple_GET_ITEM(columns, j))) {
+            PyErr_SetString(PyExc_TypeError, "columns: lists expected");
+            return NULL;
+        }
+    if (store_obj != Py_None && !PyObject_TypeCheck(store_obj, &BlockRowsType)) {
+        PyErr_SetString(PyExc_TypeError, "rows: a BlockRows or None expected");
+        return NULL;
+    }
+    Tab t = {PyTuple_GET_ITEM(columns, 0), PyTuple_GET_ITEM(columns, 2), PyTuple_GET_ITEM(columns, 5),
+             PyTuple_GET_ITEM(columns, 10), PyTuple_GET_ITEM(columns, 12), PyTuple_GET_ITEM(columns, 13),
+             PyTuple_GET_ITEM(columns, 14), PyTuple_GET_ITEM(columns, 15),
+             store_obj == Py_None ? NULL : (BlockRows *)store_obj, -1};
     PyObject *keys = sorted_keys(blocks);
     PyObject *slow = PyList_New(0), *check = PyList_New(0);
     PyObject *s_ok = PyUnicode_InternFromString("ok");
@@ -868,6 +951,11 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
     PyObject *last_shape = NULL, *last_verdict = NULL;
     long last_count = 0;
     if (!keys || !slow || !check || !s_ok) goto out;
+    if (t.store) {
+        PyObject *code = PyDict_GetItemWithError(t.store->index[V_STATUS], s_ok);
+        if (!code && PyErr_Occurred()) goto out;
+        t.ok_code = code ? (int32_t)PyLong_AsLong(code) : -1;
+    }
     Py_ssize_t nkeys = PyList_GET_SIZE(keys);
     for (Py_ssize_t k = 0; k < nkeys; k++) {
         PyObject *key = PyList_GET_ITEM(keys, k);
@@ -886,13 +974,12 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
         int fine = 1;
         for (Py_ssize_t j = 0; j < n; j++) {
             rows[j] = PyLong_AsSsize_t(PyList_GET_ITEM(idx, j));
-            if (rows[j] < 0 || rows[j] >= PyList_GET_SIZE(S)) {
+            if ((rows[j] == -1 && PyErr_Occurred()) || !row_in_range(&t, rows[j])) {
                 PyMem_Free(rows);
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "blocks: row index out of range");
                 goto out;
             }
-            PyObject *st = PyList_GET_ITEM(S, rows[j]);
-            if (st != s_ok && !(PyUnicode_Check(st) && PyUnicode_Compare(st, s_ok) == 0)) fine = 0;
+            if (!row_is_ok(&t, rows[j], s_ok)) fine = 0;
         }
         for (Py_ssize_t j = 0; j < n; j++)
             if (PyList_Append(order, PyList_GET_ITEM(idx, j)) < 0) {
@@ -906,43 +993,24 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
         }
         PyObject *group = PyTuple_GET_ITEM(key, 0), *hex = PyTuple_GET_ITEM(key, 1);
         int differ = 0; /* replicas differ: content hashes (or, unread, sizes) not all equal */
-        if (replicas && n > 1) {
-            PyObject *c0 = PyList_GET_ITEM(C, rows[0]);
-            PyObject *first = c0 == Py_None ? PyList_GET_ITEM(Z, rows[0]) : c0;
-            for (Py_ssize_t j = 1; j < n && !differ; j++) {
-                PyObject *cj = PyList_GET_ITEM(C, rows[j]);
-                int eq = PyObject_RichCompareBool(first, cj == Py_None ? PyList_GET_ITEM(Z, rows[j]) : cj, Py_EQ);
-                differ = eq < 0 ? -1 : !eq;
-            }
+        for (Py_ssize_t j = 1; replicas && j < n && !differ; j++) {
+            int eq = rows_alike(&t, rows[0], rows[j]);
+            differ = eq < 0 ? -1 : !eq;
         }
-        int same = differ < 0 ? -1 : last_shape ? same_shape(last_shape, group, K, Z, rows, n, differ) : 0;
+        int same = differ < 0 ? -1 : last_shape ? same_shape(last_shape, group, &t, rows, n, differ) : 0;
         PyObject *verdict = NULL; /* this block's (a new reference) */
         if (same > 0) {
-            verdict = last_verdict;
-            Py_INCREF(verdict);
+            verdict = Py_NewRef(last_verdict);
             last_count++;
         } else if (same == 0 && count_shape(shapes, last_shape, last_count) == 0) {
             Py_CLEAR(last_shape);
             Py_CLEAR(last_verdict);
             last_count = 0;
-            PyObject *ranks = PyTuple_New(n), *sizes = PyTuple_New(n), *shape = NULL;
-            if (ranks && sizes) { /* shape = (group, ranks, sizes, differ) */
-                for (Py_ssize_t j = 0; j < n; j++) {
-                    PyObject *r = PyList_GET_ITEM(K, rows[j]), *z = PyList_GET_ITEM(Z, rows[j]);
-                    Py_INCREF(r);
-                    Py_INCREF(z);
-                    PyTuple_SET_ITEM(ranks, j, r);
-                    PyTuple_SET_ITEM(sizes, j, z);
-                }
-                shape = PyTuple_Pack(4, group, ranks, sizes, differ ? Py_True : Py_False);
-            }
-            Py_XDECREF(ranks);
-            Py_XDECREF(sizes);
+            PyObject *shape = make_shape(&t, group, rows, n, differ);
             verdict = shape ? PyDict_GetItemWithError(verdicts, shape) : NULL; /* borrowed */
             if (verdict) { /* kept for the unit: the next blocks of this shape reuse it */
+                last_verdict = Py_NewRef(verdict);
                 Py_INCREF(verdict);
-                Py_INCREF(verdict);
-                last_verdict = verdict;
                 last_shape = shape;
                 last_count = 1;
             } else if (shape && !PyErr_Occurred()) {
@@ -968,10 +1036,9 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                 ok = 0;
                 break;
             }
-            for (int c = 0; c < 3; c++) {
-                PyObject *val = PyTuple_GET_ITEM(v, c);
-                Py_INCREF(val);
-                PyList_SetItem(c == 0 ? S : c == 1 ? A : R, rows[j], val);
+            if (set_verdict(&t, rows[j], PyTuple_GET_ITEM(v, 0), PyTuple_GET_ITEM(v, 1), PyTuple_GET_ITEM(v, 2)) < 0) {
+                ok = 0;
+                break;
             }
             int has_target = PyObject_IsTrue(PyTuple_GET_ITEM(v, 3));
             if (has_target < 0) {
@@ -986,18 +1053,19 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                     break;
                 }
             }
-            Py_INCREF(tpath);
-            PyList_SetItem(T, rows[j], tpath);
+            set_target(&t, rows[j], tpath);
             if (targets_exist) {
-                int same_path = PyUnicode_Compare(tpath, PyList_GET_ITEM(P, rows[j]));
+                PyObject *relpath = row_relpath(&t, rows[j]);
+                int same_path = relpath ? PyUnicode_Compare(tpath, relpath) : -1;
+                Py_XDECREF(relpath);
                 if (same_path == -1 && PyErr_Occurred()) {
                     ok = 0;
                     break;
                 }
                 if (same_path != 0) {
-                    PyObject *t = PyTuple_Pack(2, PyList_GET_ITEM(idx, j), hex);
-                    ok = t && PyList_Append(check, t) == 0;
-                    Py_XDECREF(t);
+                    PyObject *pair = PyTuple_Pack(2, PyList_GET_ITEM(idx, j), hex);
+                    ok = pair && PyList_Append(check, pair) == 0;
+                    Py_XDECREF(pair);
                 }
             }
         }
@@ -1018,6 +1086,29 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(shift_doc,
+"shift_order(dst, src, python_base, c_base): dst.extend(indexes of src shifted for a Rows\n"
+"whose python rows start at python_base and C rows at c_base): i + python_base for\n"
+"i >= 0, i - c_base for i < 0.");
+
+static PyObject *shift_order(PyObject *self, PyObject *args) {
+    PyObject *dst, *src;
+    Py_ssize_t pb, cb;
+    if (!PyArg_ParseTuple(args, "O!O!nn", &PyList_Type, &dst, &PyList_Type, &src, &pb, &cb)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(src);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(src, k));
+        if (i == -1 && PyErr_Occurred()) return NULL;
+        PyObject *v = PyLong_FromSsize_t(i >= 0 ? i + pb : i - cb);
+        if (!v || PyList_Append(dst, v) < 0) {
+            Py_XDECREF(v);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(hash_doc, "xxh3_128_digest(data) -> bytes: the vendored XXH3-128 (tests compare it with xxhash).");
 
 static PyObject *xxh3_128_digest(PyObject *self, PyObject *arg) {
@@ -1033,6 +1124,7 @@ static PyObject *xxh3_128_digest(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"walk_bucket", walk_bucket, METH_VARARGS, walk_bucket_doc},
     {"finish_blocks", finish_blocks, METH_VARARGS, finish_blocks_doc},
+    {"shift_order", shift_order, METH_VARARGS, shift_doc},
     {"xxh3_128_digest", xxh3_128_digest, METH_O, hash_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -1044,7 +1136,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__leafwalk(void) {
+    if (PyType_Ready(&BlockRowsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "STREAM_CHUNK", (long)STREAM_CHUNK) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddObjectRef(m, "BlockRows", (PyObject *)&BlockRowsType) < 0) Py_CLEAR(m);
     return m;
 }

@@ -801,14 +801,19 @@ def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: s
 
 
 class Rows:
-    """Manifest rows of one task as column lists in walk order, plus `order`: the order
-    they are written in. A bucket's block rows wait for their block's verdict and are
-    written after its other rows, sorted by (group, block hash); one Arrow `take` per
-    batch puts them there, so no row is copied or boxed in Python."""
+    """Manifest rows of one task in walk order, plus `order`: the order they are written
+    in. A bucket's block rows wait for their block's verdict and are written after its
+    other rows, sorted by (group, block hash); one Arrow `take` per batch puts them
+    there, so no row is copied or boxed in Python.
+
+    Rows the Python code makes are column lists (row index i >= 0); the plain block rows
+    the C walk takes stay in its BlockRows, `store` (row j has index -(j + 1)) until
+    `table()` hands their column buffers to Arrow. `record(i)` and `set_verdict(i, ...)`
+    read and write either kind."""
 
     COLUMNS = ("relpath", "ns", "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink",
                "content", "payload", "status", "action", "reason", "target")
-    __slots__ = COLUMNS + ("order", "sizes", "errors")
+    __slots__ = COLUMNS + ("order", "sizes", "errors", "store")
 
     def __init__(self) -> None:
         for name in self.COLUMNS:
@@ -816,6 +821,7 @@ class Rows:
         self.order: list[int] = []
         self.sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
         self.errors: list[str] = []
+        self.store: Any = None  # kvmigrate._leafwalk.BlockRows, made by the first bucket the C walk takes
 
     def __len__(self) -> int:
         return len(self.order)
@@ -847,24 +853,65 @@ class Rows:
         """The column lists in COLUMNS order (the leaf walk appends to them)."""
         return tuple([getattr(self, name) for name in self.COLUMNS])
 
+    def block_rows(self, leaf: Any) -> Any:
+        """The C walk's row store (made on first use)."""
+        if self.store is None:
+            self.store = leaf.BlockRows()
+        return self.store
+
     def record(self, i: int, hex_hash: str | None = None) -> FileRecord:
         """Row i as a FileRecord (for the rare blocks classified one by one)."""
-        return FileRecord(self.relpath[i], self.rank[i], self.group[i], hex_hash, self.size[i], self.mtime_ns[i],
-                          self.inode[i], self.dev[i], self.nlink[i], content=self.content[i],
-                          payload=self.payload[i], status=self.status[i], reason=self.reason[i],
-                          action=self.action[i], target_relpath=self.target[i])
+        if i < 0:
+            (relpath, _, rank, group, _, size, mtime_ns, inode, dev, nlink, content, payload, status, action, reason,
+             target) = self.store.row(-i - 1)
+        else:
+            relpath, rank, group, size, mtime_ns, inode, dev, nlink, content, payload, status, action, reason, target = (
+                self.relpath[i], self.rank[i], self.group[i], self.size[i], self.mtime_ns[i], self.inode[i],
+                self.dev[i], self.nlink[i], self.content[i], self.payload[i], self.status[i], self.action[i],
+                self.reason[i], self.target[i])
+        return FileRecord(relpath, rank, group, hex_hash, size, mtime_ns, inode, dev, nlink, content=content,
+                          payload=payload, status=status, reason=reason, action=action, target_relpath=target)
+
+    def set_verdict(self, i: int, status: str, action: str, reason: str | None, target: str | None) -> None:
+        """Row i's status, action, reason and target path."""
+        if i < 0:
+            self.store.set(-i - 1, status, action, reason, target)
+        else:
+            self.status[i], self.action[i], self.reason[i], self.target[i] = status, action, reason, target
 
     def extend(self, other: "Rows") -> None:
         base = len(self.relpath)
         for name in self.COLUMNS:
             getattr(self, name).extend(getattr(other, name))
-        self.order.extend([i + base for i in other.order] if base else other.order)
+        if other.store is not None and len(other.store):
+            c_base = len(self.store) if self.store is not None else 0
+            if self.store is None:
+                self.store = type(other.store)()
+            self.store.extend(other.store)
+            _shift_order(self.order, other.order, base, c_base)
+        else:
+            self.order.extend([i + base for i in other.order] if base else other.order)
         for key, cnt in other.sizes.items():
             self.sizes[key].update(cnt)
         self.errors.extend(other.errors)
 
     def table(self, ns_arrays: list[tuple[pa.Array, pa.Array]]) -> pa.Table:
         """The rows as one Arrow table with the manifest schema, in written order."""
+        c_rows = len(self.store) if self.store is not None else 0
+        if not c_rows:
+            t = self._list_table(ns_arrays)
+            if self.order != list(range(len(self.order))):
+                t = t.take(pa.array(self.order, pa.int32()))
+            return t
+        c_table = _block_rows_table(self.store, ns_arrays)
+        if not self.relpath:
+            t, first_c = c_table, 0
+        else:
+            t, first_c = pa.concat_tables([self._list_table(ns_arrays), c_table]).unify_dictionaries(), len(self.relpath)
+        order = pa.array(self.order, pa.int64())  # C row j is at first_c + j: -(j + 1) -> first_c - 1 - i
+        return t.take(pc.if_else(pc.less(order, 0), pc.subtract(pa.scalar(first_c - 1, pa.int64()), order), order))
+
+    def _list_table(self, ns_arrays: list[tuple[pa.Array, pa.Array]]) -> pa.Table:
         codes = pa.array(self.ns, pa.int32())
         arrays = [_utf8_safe(self.relpath)]
         arrays += [pa.DictionaryArray.from_arrays(mapping.take(codes), dictionary) for mapping, dictionary in ns_arrays]
@@ -875,10 +922,47 @@ class Rows:
                    pa.array(self.content, pa.binary(16)), pa.array(self.payload, pa.binary(16)),
                    _utf8_safe(self.status).dictionary_encode(), _utf8_safe(self.action).dictionary_encode(),
                    _utf8_safe(self.reason).dictionary_encode(), _utf8_safe(self.target)]
-        t = pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
-        if self.order != list(range(len(self.order))):
-            t = t.take(pa.array(self.order, pa.int32()))
-        return t
+        return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
+
+
+def _shift_order(dst: list[int], src: list[int], base: int, c_base: int) -> None:
+    """dst.extend(src's row indexes, for rows appended after `base` list rows and `c_base`
+    C rows)."""
+    from kvmigrate import _leafwalk
+
+    _leafwalk.shift_order(dst, src, base, c_base)
+
+
+def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]]) -> pa.Table:
+    """The C walk's rows as an Arrow table (in store order), from its column buffers."""
+    cols = store.arrays([_shown(base).encode("utf-8") for base in store.bases])
+    n = len(store)
+
+    def buf(key: str) -> pa.Buffer | None:
+        value = cols[key]
+        return None if value is None else pa.py_buffer(value)
+
+    def fixed(key: str, typ: pa.DataType, valid: str | None = None) -> pa.Array:
+        return pa.Array.from_buffers(typ, n, [buf(valid) if valid else None, buf(key)])
+
+    def coded(c: int, key: str) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(fixed(key, pa.int32(), f"{key}_valid"), _utf8_safe(store.values(c)))
+
+    codes = fixed("ns", pa.int32())
+    if cols["target_offsets"] is not None:
+        target = pa.Array.from_buffers(pa.string(), n, [buf("target_valid"), buf("target_offsets"),
+                                                        buf("target_data")])
+    else:  # a target path that is not valid UTF-8 (a lone surrogate): shown escaped, as in Python rows
+        target = _utf8_safe(store.targets())
+    arrays = [pa.Array.from_buffers(pa.string(), n, [None, buf("relpath_offsets"), buf("relpath_data")])]
+    arrays += [pa.DictionaryArray.from_arrays(mapping.take(codes), dictionary) for mapping, dictionary in ns_arrays]
+    arrays += [fixed("rank", pa.int32()), fixed("group", pa.int32()),
+               pa.Array.from_buffers(pa.binary(), n, [None, buf("hash_offsets"), buf("hash_data")]),
+               fixed("size", pa.int64()), fixed("mtime_ns", pa.int64()), fixed("inode", pa.uint64()),
+               fixed("dev", pa.uint64()), fixed("nlink", pa.uint32()),
+               fixed("content", pa.binary(16), "content_valid"), pa.nulls(n, pa.binary(16)),
+               coded(0, "status"), coded(1, "action"), coded(2, "reason"), target]
+    return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
 def _utf8_safe(values: list[Any]) -> pa.Array:
@@ -1110,7 +1194,7 @@ class Walker:
                 continue
             if leaf is not None:
                 unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self.leaf_perm, m.code, m.rank,
-                                           out.columns(), blocks, verdict, buf)
+                                           out.block_rows(leaf), blocks, verdict, buf)
                 if unusual is not None:
                     self._unusual(unit, mi, m, hhh, brel, bpath, unusual, out, blocks, misc)
                     continue
@@ -1387,7 +1471,7 @@ class Walker:
             return self._shape_verdict(unit, out, idx, group, hex_hash, shape)
 
         prefix = f"{target.rank_dir}/" if target is not None else ""
-        slow, check = self.leaf.finish_blocks(blocks, out.columns(), out.order, unit.verdicts, shape_verdict,
+        slow, check = self.leaf.finish_blocks(blocks, out.columns(), out.store, out.order, unit.verdicts, shape_verdict,
                                               bool(plan.replicas), prefix, unit.targets_exist, shapes)
         for group, hex_hash in slow:
             self._finish_one(unit, out, blocks[(group, hex_hash)], group, hex_hash, shapes is not None)
@@ -1409,7 +1493,7 @@ class Walker:
         """Row i's target path is taken (the target folder exists): what is there decides."""
         rec = out.record(i, hex_hash)
         self._check_existing_target(unit.plan, rec)
-        out.action[i], out.reason[i], out.target[i] = rec.action, rec.reason, rec.target_relpath
+        out.set_verdict(i, rec.status, rec.action, rec.reason, rec.target_relpath)
 
     def _finish_one(self, unit: Unit, out: Rows, idx: list[int], group: int, hex_hash: str,
                     count_sizes: bool) -> None:
@@ -1417,7 +1501,7 @@ class Walker:
         fine = [r.status == "ok" for r in recs]
         self.finish_block(unit, recs, group, hex_hash)
         for i, r, ok in zip(idx, recs, fine):
-            out.status[i], out.action[i], out.reason[i], out.target[i] = r.status, r.action, r.reason, r.target_relpath
+            out.set_verdict(i, r.status, r.action, r.reason, r.target_relpath)
             if ok and count_sizes:
                 out.sizes[(unit.members[0].ns.source_base, r.rank, group)][r.size] += 1
 
