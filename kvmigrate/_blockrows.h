@@ -274,9 +274,9 @@ out:
  * when every row is valid. */
 #define BITMAP(n) PyBytes_FromStringAndSize(NULL, ((n) + 7) / 8)
 
-static PyObject *br_codes(BlockRows *s, int c, PyObject **validity) {
-    PyObject *codes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (s->n ? s->n : 1));
-    PyObject *bits = BITMAP(s->n ? s->n : 1);
+static PyObject *br_codes(BlockRows *s, const Py_ssize_t *sel, Py_ssize_t n, int c, PyObject **validity) {
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (n ? n : 1));
+    PyObject *bits = BITMAP(n ? n : 1);
     if (!codes || !bits) {
         Py_XDECREF(codes);
         Py_XDECREF(bits);
@@ -286,8 +286,9 @@ static PyObject *br_codes(BlockRows *s, int c, PyObject **validity) {
     unsigned char *b = (unsigned char *)PyBytes_AS_STRING(bits);
     memset(b, 0, (size_t)PyBytes_GET_SIZE(bits));
     int nulls = 0;
-    for (Py_ssize_t j = 0; j < s->n; j++) {
-        int32_t k = c == V_STATUS ? s->rows[j].status : c == V_ACTION ? s->rows[j].action : s->rows[j].reason;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const BRow *r = &s->rows[sel[j]];
+        int32_t k = c == V_STATUS ? r->status : c == V_ACTION ? r->action : r->reason;
         out[j] = k < 0 ? 0 : k;
         if (k < 0) nulls = 1;
         else b[j >> 3] |= (unsigned char)(1u << (j & 7));
@@ -298,8 +299,10 @@ static PyObject *br_codes(BlockRows *s, int c, PyObject **validity) {
 }
 
 PyDoc_STRVAR(br_arrays_doc,
-"arrays(base_utf8) -> dict of Arrow column buffers (bytes) for the rows, in row order.\n"
+"arrays(base_utf8, order=None) -> dict of Arrow column buffers (bytes) for the rows.\n"
 "\n"
+"`order`: the row indexes -(j + 1) to take, in output order (None: every row, in store\n"
+"order): the write order is gathered here, with no Arrow `take` afterwards.\n"
 "`base_utf8`: per entry of `bases`, its UTF-8 bytes as the manifest shows it. Keys:\n"
 "relpath_offsets/relpath_data (int32 offsets), ns, rank, group (int32), hash_offsets/\n"
 "hash_data, size, mtime_ns (int64), inode, dev (uint64), nlink (uint32), content (16\n"
@@ -316,7 +319,38 @@ static int put(PyObject *d, const char *key, PyObject *value) {
     return rc;
 }
 
-static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
+/* The rows to output, as store indexes: those of `order` (indexes -(j + 1)), or all. */
+static Py_ssize_t *br_selection(BlockRows *s, PyObject *order, Py_ssize_t *count) {
+    Py_ssize_t n = order == Py_None ? s->n : PyList_GET_SIZE(order);
+    Py_ssize_t *sel = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    if (!sel) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t p = 0; p < n; p++) {
+        if (order == Py_None) {
+            sel[p] = p;
+            continue;
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(order, p));
+        if ((i == -1 && PyErr_Occurred()) || i >= 0 || -i - 1 >= s->n) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "order: indexes -(j + 1) of rows in the store expected");
+            PyMem_Free(sel);
+            return NULL;
+        }
+        sel[p] = -i - 1;
+    }
+    *count = n;
+    return sel;
+}
+
+static PyObject *br_arrays(BlockRows *s, PyObject *args) {
+    PyObject *base_utf8, *order = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &base_utf8, &order)) return NULL;
+    if (order != Py_None && !PyList_Check(order)) {
+        PyErr_SetString(PyExc_TypeError, "order: a list or None expected");
+        return NULL;
+    }
     if (!PyList_Check(base_utf8) || PyList_GET_SIZE(base_utf8) != PyList_GET_SIZE(s->bases)) {
         PyErr_SetString(PyExc_ValueError, "base_utf8: one bytes per base expected");
         return NULL;
@@ -326,13 +360,18 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
             PyErr_SetString(PyExc_TypeError, "base_utf8: bytes expected");
             return NULL;
         }
-    Py_ssize_t n = s->n;
+    Py_ssize_t n;
+    Py_ssize_t *sel = br_selection(s, order, &n);
+    if (!sel) return NULL;
     PyObject *d = PyDict_New();
-    if (!d) return NULL;
+    if (!d) {
+        PyMem_Free(sel);
+        return NULL;
+    }
     /* relpath and block hash: offsets, then the bytes */
     size_t rel_bytes = 0, hash_bytes = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
-        const BRow *r = &s->rows[j];
+        const BRow *r = &s->rows[sel[j]];
         const char *name = br_name(s, r);
         rel_bytes += (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(base_utf8, r->base)) + strlen(s->tails + r->tail);
         hash_bytes += (strlen(name) - 4) / 2;
@@ -340,6 +379,7 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
     if (rel_bytes > INT32_MAX || hash_bytes > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "BlockRows: more than 2 GiB of paths in one task");
         Py_DECREF(d);
+        PyMem_Free(sel);
         return NULL;
     }
     PyObject *rel_off = NEW_BUF(int32_t, n + 1), *rel_data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)rel_bytes);
@@ -364,7 +404,7 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
         int hashed_all = 1;
         ro[0] = ho[0] = 0;
         for (Py_ssize_t j = 0; j < n; j++) {
-            const BRow *r = &s->rows[j];
+            const BRow *r = &s->rows[sel[j]];
             PyObject *base = PyList_GET_ITEM(base_utf8, r->base);
             const char *tail = s->tails + r->tail, *name = br_name(s, r);
             size_t bl = (size_t)PyBytes_GET_SIZE(base), tl = strlen(tail), hl = strlen(name) - 4;
@@ -403,7 +443,7 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
     const char *names[N_VALUE_COLUMNS] = {"status", "action", "reason"};
     char vkey[32];
     for (int c = 0; c < N_VALUE_COLUMNS && ok; c++) {
-        PyObject *valid = NULL, *codes = br_codes(s, c, &valid);
+        PyObject *valid = NULL, *codes = br_codes(s, sel, n, c, &valid);
         snprintf(vkey, sizeof vkey, "%s_valid", names[c]);
         ok = put(d, names[c], codes) == 0 && put(d, vkey, valid) == 0;
     }
@@ -412,7 +452,8 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
         int utf8 = 1;
         for (Py_ssize_t j = 0; j < n && utf8; j++) {
             Py_ssize_t len = 0;
-            if (s->targets[j] && !PyUnicode_AsUTF8AndSize(s->targets[j], &len)) {
+            PyObject *target = s->targets[sel[j]];
+            if (target && !PyUnicode_AsUTF8AndSize(target, &len)) {
                 PyErr_Clear(); /* (a lone surrogate) */
                 utf8 = 0;
             }
@@ -431,9 +472,10 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
                 size_t pos = 0;
                 to[0] = 0;
                 for (Py_ssize_t j = 0; j < n; j++) {
-                    if (s->targets[j]) {
+                    PyObject *target = s->targets[sel[j]];
+                    if (target) {
                         Py_ssize_t len;
-                        const char *u = PyUnicode_AsUTF8AndSize(s->targets[j], &len);
+                        const char *u = PyUnicode_AsUTF8AndSize(target, &len);
                         memcpy(PyBytes_AS_STRING(t_data) + pos, u, (size_t)len);
                         pos += (size_t)len;
                         tv[j >> 3] |= (unsigned char)(1u << (j & 7));
@@ -445,6 +487,7 @@ static PyObject *br_arrays(BlockRows *s, PyObject *base_utf8) {
                  put(d, "target_valid", t_valid) == 0;
         }
     }
+    PyMem_Free(sel);
     if (!ok) Py_CLEAR(d);
     return d;
 }
@@ -461,12 +504,24 @@ static PyObject *br_values(BlockRows *s, PyObject *arg) {
     return PyList_GetSlice(s->values[c], 0, PyList_GET_SIZE(s->values[c]));
 }
 
-PyDoc_STRVAR(br_targets_doc, "targets() -> the target column as a list of str or None.");
+PyDoc_STRVAR(br_targets_doc, "targets(order=None) -> the target column (str or None) of the rows arrays() takes.");
 
-static PyObject *br_targets(BlockRows *s, PyObject *unused) {
-    PyObject *out = PyList_New(s->n);
-    for (Py_ssize_t j = 0; out && j < s->n; j++)
-        PyList_SET_ITEM(out, j, Py_NewRef(s->targets[j] ? s->targets[j] : Py_None));
+static PyObject *br_targets(BlockRows *s, PyObject *args) {
+    PyObject *order = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &order)) return NULL;
+    if (order != Py_None && !PyList_Check(order)) {
+        PyErr_SetString(PyExc_TypeError, "order: a list or None expected");
+        return NULL;
+    }
+    Py_ssize_t n;
+    Py_ssize_t *sel = br_selection(s, order, &n);
+    if (!sel) return NULL;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t j = 0; out && j < n; j++) {
+        PyObject *target = s->targets[sel[j]];
+        PyList_SET_ITEM(out, j, Py_NewRef(target ? target : Py_None));
+    }
+    PyMem_Free(sel);
     return out;
 }
 
@@ -476,9 +531,9 @@ static PyMethodDef br_methods[] = {
     {"row", (PyCFunction)br_row, METH_O, br_row_doc},
     {"set", (PyCFunction)br_set, METH_VARARGS, br_set_doc},
     {"extend", (PyCFunction)br_extend, METH_O, br_extend_doc},
-    {"arrays", (PyCFunction)br_arrays, METH_O, br_arrays_doc},
+    {"arrays", (PyCFunction)br_arrays, METH_VARARGS, br_arrays_doc},
     {"values", (PyCFunction)br_values, METH_O, br_values_doc},
-    {"targets", (PyCFunction)br_targets, METH_NOARGS, br_targets_doc},
+    {"targets", (PyCFunction)br_targets, METH_VARARGS, br_targets_doc},
     {NULL, NULL, 0, NULL},
 };
 

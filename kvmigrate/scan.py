@@ -903,13 +903,13 @@ class Rows:
             if self.order != list(range(len(self.order))):
                 t = t.take(pa.array(self.order, pa.int32()))
             return t
-        c_table = _block_rows_table(self.store, ns_arrays)
-        if not self.relpath:
-            t, first_c = c_table, 0
-        else:
-            t, first_c = pa.concat_tables([self._list_table(ns_arrays), c_table]).unify_dictionaries(), len(self.relpath)
-        order = pa.array(self.order, pa.int64())  # C row j is at first_c + j: -(j + 1) -> first_c - 1 - i
-        return t.take(pc.if_else(pc.less(order, 0), pc.subtract(pa.scalar(first_c - 1, pa.int64()), order), order))
+        if not self.relpath:  # C rows only: the store gathers them in write order
+            return _block_rows_table(self.store, ns_arrays, self.order)
+        t = pa.concat_tables([self._list_table(ns_arrays), _block_rows_table(self.store, ns_arrays)])
+        first_c = len(self.relpath)  # C row j is at first_c + j: index -(j + 1) -> first_c - 1 - i
+        order = pa.array(self.order, pa.int64())
+        return t.unify_dictionaries().take(
+            pc.if_else(pc.less(order, 0), pc.subtract(pa.scalar(first_c - 1, pa.int64()), order), order))
 
     def _list_table(self, ns_arrays: list[tuple[pa.Array, pa.Array]]) -> pa.Table:
         codes = pa.array(self.ns, pa.int32())
@@ -933,10 +933,12 @@ def _shift_order(dst: list[int], src: list[int], base: int, c_base: int) -> None
     _leafwalk.shift_order(dst, src, base, c_base)
 
 
-def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]]) -> pa.Table:
-    """The C walk's rows as an Arrow table (in store order), from its column buffers."""
-    cols = store.arrays([_shown(base).encode("utf-8") for base in store.bases])
-    n = len(store)
+def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], order: list[int] | None = None
+                      ) -> pa.Table:
+    """The C walk's rows as an Arrow table, from its column buffers: the rows of `order`
+    (indexes -(j + 1)) in that order, or all in store order."""
+    cols = store.arrays([_shown(base).encode("utf-8") for base in store.bases], order)
+    n = len(store) if order is None else len(order)
 
     def buf(key: str) -> pa.Buffer | None:
         value = cols[key]
@@ -953,7 +955,7 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]]) ->
         target = pa.Array.from_buffers(pa.string(), n, [buf("target_valid"), buf("target_offsets"),
                                                         buf("target_data")])
     else:  # a target path that is not valid UTF-8 (a lone surrogate): shown escaped, as in Python rows
-        target = _utf8_safe(store.targets())
+        target = _utf8_safe(store.targets(order))
     arrays = [pa.Array.from_buffers(pa.string(), n, [None, buf("relpath_offsets"), buf("relpath_data")])]
     arrays += [pa.DictionaryArray.from_arrays(mapping.take(codes), dictionary) for mapping, dictionary in ns_arrays]
     arrays += [fixed("rank", pa.int32()), fixed("group", pa.int32()),
