@@ -24,6 +24,7 @@ setup(
             "kvmigrate._leafwalk",
             sources,
             include_dirs=[XXHASH],
+            depends=["kvmigrate/_blockrows.h"],  # (a changed header rebuilds the module)
             define_macros=macros,
             extra_compile_args=["-O2", "-fvisibility=hidden"],  # (only PyInit_ is exported)
             optional=True,
