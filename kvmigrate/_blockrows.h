@@ -9,6 +9,11 @@
  *
  * Rows are numbered in the scan's Rows index space as -(j + 1) (Python rows count from 0),
  * so a block's row list (`blocks[(group, hex)]`) and the write order hold both kinds.
+ *
+ * The rows of the bucket being walked are also grouped here by block, (group, block
+ * hash), in a small hash table: finish_blocks takes the blocks straight from it, and
+ * only when Python rows join a bucket's blocks are they handed to the `blocks` dict
+ * (export_blocks), in the order they were met.
  */
 
 typedef struct {
@@ -32,6 +37,11 @@ typedef struct {
     Py_ssize_t n, cap;
     char *tails;
     size_t tlen, tcap;
+    Py_ssize_t *next;    /* per row: the next row of its block in this bucket, or -1 */
+    Py_ssize_t *slots;   /* open addressing over (group, name): a block's first row, or -1 */
+    Py_ssize_t *lasts;   /* per slot: the block's last row */
+    size_t *heads;       /* the slots in use, in the order their blocks were met */
+    size_t nslots, nheads;
     PyObject *bases;                     /* list of relbase strs */
     PyObject *values[N_VALUE_COLUMNS];   /* lists: the distinct status, action, reason values */
     PyObject *index[N_VALUE_COLUMNS];    /* dicts: value -> its index in values */
@@ -56,6 +66,12 @@ static int br_reserve(BlockRows *s, Py_ssize_t extra) {
     }
     memset(targets + s->cap, 0, sizeof(PyObject *) * (size_t)(cap - s->cap));
     s->targets = targets;
+    Py_ssize_t *next = PyMem_Realloc(s->next, sizeof(Py_ssize_t) * (size_t)cap);
+    if (!next) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->next = next;
     s->cap = cap;
     return 0;
 }
@@ -138,6 +154,10 @@ static void br_dealloc(BlockRows *s) {
     for (Py_ssize_t j = 0; j < s->n; j++) Py_XDECREF(s->targets[j]);
     PyMem_Free(s->rows);
     PyMem_Free(s->targets);
+    PyMem_Free(s->next);
+    PyMem_Free(s->slots);
+    PyMem_Free(s->lasts);
+    PyMem_Free(s->heads);
     PyMem_Free(s->tails);
     Py_XDECREF(s->bases);
     for (int c = 0; c < N_VALUE_COLUMNS; c++) {
@@ -166,6 +186,122 @@ static PyObject *br_relpath(BlockRows *s, const BRow *r) {
 }
 
 static PyObject *block_hash(const char *name, size_t hexlen);
+
+/* --- the blocks of the bucket being walked ---------------------------------------------- */
+
+static size_t block_slot(int32_t group, const char *name, size_t mask) {
+    return (size_t)XXH3_64bits_withSeed(name, strlen(name), (XXH64_hash_t)(uint32_t)group) & mask;
+}
+
+/* Room for one more block: the table is kept at most half full. */
+static int br_slots_reserve(BlockRows *s) {
+    if ((s->nheads + 1) * 2 <= s->nslots) return 0;
+    size_t n = s->nslots ? s->nslots * 2 : 256;
+    Py_ssize_t *slots = PyMem_Malloc(sizeof(Py_ssize_t) * n), *lasts = PyMem_Malloc(sizeof(Py_ssize_t) * n);
+    size_t *heads = PyMem_Malloc(sizeof(size_t) * (n / 2));
+    if (!slots || !lasts || !heads) {
+        PyMem_Free(slots);
+        PyMem_Free(lasts);
+        PyMem_Free(heads);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) slots[k] = -1;
+    for (size_t q = 0; q < s->nheads; q++) { /* the blocks move over in the order they were met */
+        size_t old = s->heads[q];
+        const BRow *r = &s->rows[s->slots[old]];
+        size_t k = block_slot(r->group, br_name(s, r), n - 1);
+        while (slots[k] >= 0) k = (k + 1) & (n - 1);
+        slots[k] = s->slots[old];
+        lasts[k] = s->lasts[old];
+        heads[q] = k;
+    }
+    PyMem_Free(s->slots);
+    PyMem_Free(s->lasts);
+    PyMem_Free(s->heads);
+    s->slots = slots;
+    s->lasts = lasts;
+    s->heads = heads;
+    s->nslots = n;
+    return 0;
+}
+
+/* File row j under its block (a new block, or after the block's last row). */
+static int br_block_add(BlockRows *s, Py_ssize_t j) {
+    if (br_slots_reserve(s) < 0) return -1;
+    const BRow *r = &s->rows[j];
+    const char *name = br_name(s, r);
+    size_t mask = s->nslots - 1;
+    s->next[j] = -1;
+    for (size_t k = block_slot(r->group, name, mask);; k = (k + 1) & mask) {
+        Py_ssize_t h = s->slots[k];
+        if (h < 0) {
+            s->slots[k] = s->lasts[k] = j;
+            s->heads[s->nheads++] = k;
+            return 0;
+        }
+        if (s->rows[h].group == r->group && strcmp(br_name(s, &s->rows[h]), name) == 0) {
+            s->next[s->lasts[k]] = j;
+            s->lasts[k] = j;
+            return 0;
+        }
+    }
+}
+
+static void br_blocks_clear(BlockRows *s) {
+    for (size_t q = 0; q < s->nheads; q++) s->slots[s->heads[q]] = -1;
+    s->nheads = 0;
+}
+
+/* The block key (group, hex) of row j: a new tuple. */
+static PyObject *br_block_key(BlockRows *s, Py_ssize_t j) {
+    const BRow *r = &s->rows[j];
+    const char *name = br_name(s, r);
+    return Py_BuildValue("(is#)", r->group, name, (Py_ssize_t)(strlen(name) - 4));
+}
+
+/* The rows of the block starting at row `head`, as a new list of indexes -(j + 1). */
+static PyObject *br_block_rows(BlockRows *s, Py_ssize_t head) {
+    PyObject *idx = PyList_New(0);
+    for (Py_ssize_t j = head; idx && j >= 0; j = s->next[j]) {
+        PyObject *i = PyLong_FromSsize_t(-(j + 1));
+        if (!i || PyList_Append(idx, i) < 0) Py_CLEAR(idx);
+        Py_XDECREF(i);
+    }
+    return idx;
+}
+
+/* Hand the blocks of this bucket to `blocks` ({(group, hex): [row indexes]}), each
+ * block's rows after those already there; the table is empty afterwards. */
+static int br_export(BlockRows *s, PyObject *blocks) {
+    int rc = 0;
+    for (size_t q = 0; q < s->nheads && rc == 0; q++) {
+        Py_ssize_t head = s->slots[s->heads[q]];
+        PyObject *key = br_block_key(s, head), *rows = key ? br_block_rows(s, head) : NULL;
+        PyObject *idx = rows ? PyDict_GetItemWithError(blocks, key) : NULL;
+        if (!rows) rc = -1;
+        else if (idx) rc = PyList_SetSlice(idx, PyList_GET_SIZE(idx), PyList_GET_SIZE(idx), rows);
+        else rc = PyErr_Occurred() ? -1 : PyDict_SetItem(blocks, key, rows);
+        Py_XDECREF(key);
+        Py_XDECREF(rows);
+    }
+    br_blocks_clear(s);
+    return rc;
+}
+
+PyDoc_STRVAR(br_export_doc,
+"export_blocks(blocks): hand the blocks of the bucket walked so far to the dict\n"
+"{(group, hex): [row indexes]} (each block's rows after those already there), before\n"
+"Python rows join the same blocks.");
+
+static PyObject *br_export_blocks(BlockRows *s, PyObject *blocks) {
+    if (!PyDict_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "blocks: a dict expected");
+        return NULL;
+    }
+    if (br_export(s, blocks) < 0) return NULL;
+    Py_RETURN_NONE;
+}
 
 PyDoc_STRVAR(br_row_doc, "row(j) -> the 16 values of row j in Rows.COLUMNS order (as the column lists hold them).");
 
@@ -220,8 +356,9 @@ static PyObject *br_extend(BlockRows *s, PyObject *arg) {
         return NULL;
     }
     BlockRows *o = (BlockRows *)arg;
-    if (o == s) {
-        PyErr_SetString(PyExc_ValueError, "BlockRows cannot extend itself");
+    if (o == s || s->nheads || o->nheads) {
+        PyErr_SetString(PyExc_ValueError, o == s ? "BlockRows cannot extend itself"
+                                                 : "BlockRows: a bucket's blocks are not finished");
         return NULL;
     }
     int32_t *remap[N_VALUE_COLUMNS] = {0};
@@ -529,6 +666,7 @@ static PyObject *br_bases(BlockRows *s, void *unused) { return Py_NewRef(s->base
 
 static PyMethodDef br_methods[] = {
     {"row", (PyCFunction)br_row, METH_O, br_row_doc},
+    {"export_blocks", (PyCFunction)br_export_blocks, METH_O, br_export_doc},
     {"set", (PyCFunction)br_set, METH_VARARGS, br_set_doc},
     {"extend", (PyCFunction)br_extend, METH_O, br_extend_doc},
     {"arrays", (PyCFunction)br_arrays, METH_VARARGS, br_arrays_doc},

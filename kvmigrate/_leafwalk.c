@@ -480,11 +480,11 @@ static PyObject *block_hash(const char *name, size_t hexlen) {
 #include "_blockrows.h"
 
 PyDoc_STRVAR(walk_bucket_doc,
-"walk_bucket(bucket_path, relbase, hhh, hashed, perm, code, rank, rows, blocks, verdict, buffer)\n"
+"walk_bucket(bucket_path, relbase, hhh, hashed, perm, code, rank, rows, verdict, buffer)\n"
 "\n"
 "Walk one bucket folder of one rank folder. Append a row per plain block file to `rows`\n"
-"(a BlockRows; relpath = relbase + '<fanout>/<name>') and its index, -(j + 1) for row j\n"
-"of `rows`, to blocks[(group, hex)]. `perm` is None or (euid, gids) to check read\n"
+"(a BlockRows; relpath = relbase + '<fanout>/<name>'), filed under its block (group,\n"
+"hex) there until finish_blocks or rows.export_blocks. `perm` is None or (euid, gids) to check read\n"
 "permission (--verify size as non-root); `verdict(group, size)` returns None or\n"
 "(status, reason) (None: sizes are not checked). `buffer` is a writable bytearray\n"
 "(read buffer). Returns None if the bucket folder cannot be opened or listed (the\n"
@@ -492,12 +492,11 @@ PyDoc_STRVAR(walk_bucket_doc,
 "None for an entry of the bucket folder itself.");
 
 static PyObject *walk_bucket(PyObject *self, PyObject *args) {
-    PyObject *bpath_obj, *relbase, *hhh_obj, *perm_obj, *blocks, *verdict, *buffer_obj;
+    PyObject *bpath_obj, *relbase, *hhh_obj, *perm_obj, *verdict, *buffer_obj;
     BlockRows *store;
     int hashed, code, rank;
-    if (!PyArg_ParseTuple(args, "O&UUpOiiO!O!OO", PyUnicode_FSConverter, &bpath_obj, &relbase, &hhh_obj, &hashed,
-                          &perm_obj, &code, &rank, &BlockRowsType, &store, &PyDict_Type, &blocks, &verdict,
-                          &buffer_obj))
+    if (!PyArg_ParseTuple(args, "O&UUpOiiO!OO", PyUnicode_FSConverter, &bpath_obj, &relbase, &hhh_obj, &hashed,
+                          &perm_obj, &code, &rank, &BlockRowsType, &store, &verdict, &buffer_obj))
         return NULL;
     PyObject *result = NULL;
     Py_buffer view = {0};
@@ -596,7 +595,6 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     for (size_t r = 0; r < w.nrecs && ok; r++) {
         Record *rec = &w.recs[r];
         const char *name = w.names.data + rec->name;
-        size_t hexlen = strlen(name) - 4;
         int32_t status = ok_code, reason = empty_code;
         if (verdict != Py_None) {
             if (rec->group != last_group || rec->size != last_size) {
@@ -631,26 +629,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
                                 .ino = rec->ino, .dev = rec->dev, .nlink = rec->nlink};
         memcpy(store->rows[j].digest, rec->digest, 16);
         store->targets[j] = NULL;
-        PyObject *hex = PyUnicode_FromStringAndSize(name, (Py_ssize_t)hexlen);
-        PyObject *key = hex ? PyTuple_Pack(2, fan_groups[rec->fanout], hex) : NULL;
-        PyObject *index = key ? PyLong_FromSsize_t(-(j + 1)) : NULL;
-        PyObject *idx = index ? PyDict_GetItemWithError(blocks, key) : NULL; /* blocks[(group, hex)].append(index) */
-        if (!index) ok = 0;
-        else if (idx) ok = PyList_Append(idx, index) == 0;
-        else if (PyErr_Occurred()) ok = 0;
-        else {
-            PyObject *lst = PyList_New(1);
-            if (!lst) ok = 0;
-            else {
-                Py_INCREF(index);
-                PyList_SET_ITEM(lst, 0, index);
-                ok = PyDict_SetItem(blocks, key, lst) == 0;
-                Py_DECREF(lst);
-            }
-        }
-        Py_XDECREF(index);
-        Py_XDECREF(hex);
-        Py_XDECREF(key);
+        ok = br_block_add(store, j) == 0;
     }
     if (ok) {
         result = PyList_New((Py_ssize_t)w.nodd);
@@ -685,12 +664,14 @@ out:
     return result;
 }
 
-/* A block key (group, hex) held for sorting in C. */
+/* A block to finish, held for sorting in C: a key of the `blocks` dict, or a block of
+ * the store's table (key NULL, its first row `head`). */
 typedef struct {
     long group;
     const char *hex;
     Py_ssize_t len;
-    PyObject *key;
+    PyObject *key; /* borrowed */
+    Py_ssize_t head;
 } KeyRef;
 
 static int keyref_cmp(const void *a, const void *b) {
@@ -700,22 +681,39 @@ static int keyref_cmp(const void *a, const void *b) {
     return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-/* The keys of `blocks` as a new list sorted by (group, hex). Keys of an int and an ASCII
- * str (every key the walks make) are sorted by qsort, in the order Python's tuple
- * comparison gives them (a list.sort of 10^5 tuples a bucket costs a rich comparison per
- * step); any other key sends the whole list to list.sort. */
-static PyObject *sorted_keys(PyObject *blocks) {
-    PyObject *keys = PyDict_Keys(blocks);
-    if (!keys) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
+/* The blocks to finish in (group, hex) order: the keys of `blocks` when it has any (kept
+ * alive in *keys), else the store's. Keys of an int and an ASCII str (every key the walks
+ * make) are sorted by qsort, in the order Python's tuple comparison gives them (a
+ * list.sort of 10^5 tuples a bucket costs a rich comparison per step); any other key
+ * sends the whole list to list.sort. */
+static KeyRef *sorted_blocks(PyObject *blocks, BlockRows *store, Py_ssize_t *count, PyObject **keys) {
+    int from_dict = PyDict_GET_SIZE(blocks) > 0 || !store;
+    Py_ssize_t n = from_dict ? PyDict_GET_SIZE(blocks) : (Py_ssize_t)store->nheads;
     KeyRef *refs = PyMem_Malloc(sizeof(KeyRef) * (size_t)(n ? n : 1));
     if (!refs) {
-        Py_DECREF(keys);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *count = n;
+    *keys = NULL;
+    if (!from_dict) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t head = store->slots[store->heads[i]];
+            const BRow *r = &store->rows[head];
+            const char *name = br_name(store, r);
+            refs[i] = (KeyRef){r->group, name, (Py_ssize_t)strlen(name) - 4, NULL, head};
+        }
+        qsort(refs, (size_t)n, sizeof *refs, keyref_cmp);
+        return refs;
+    }
+    *keys = PyDict_Keys(blocks);
+    if (!*keys) {
+        PyMem_Free(refs);
+        return NULL;
     }
     int plain = 1;
     for (Py_ssize_t i = 0; i < n && plain; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *key = PyList_GET_ITEM(*keys, i);
         if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2) {
             plain = 0;
             break;
@@ -724,34 +722,28 @@ static PyObject *sorted_keys(PyObject *blocks) {
         int overflow = 0;
         long gv = PyLong_CheckExact(g) ? PyLong_AsLongAndOverflow(g, &overflow) : 0;
         if (!PyLong_CheckExact(g) || overflow || !PyUnicode_CheckExact(h) || !PyUnicode_IS_ASCII(h)) plain = 0;
-        else refs[i] = (KeyRef){gv, (const char *)PyUnicode_1BYTE_DATA(h), PyUnicode_GET_LENGTH(h), key};
+        else refs[i] = (KeyRef){gv, (const char *)PyUnicode_1BYTE_DATA(h), PyUnicode_GET_LENGTH(h), key, -1};
     }
-    if (plain) { /* the list keeps one reference per key: only their places change */
+    if (plain) {
         qsort(refs, (size_t)n, sizeof *refs, keyref_cmp);
-        for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(keys, i, refs[i].key);
+    } else {
+        if (PyList_Sort(*keys) < 0) {
+            Py_CLEAR(*keys);
+            PyMem_Free(refs);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) refs[i] = (KeyRef){0, NULL, 0, PyList_GET_ITEM(*keys, i), -1};
     }
-    PyMem_Free(refs);
-    if (!plain && PyList_Sort(keys) < 0) Py_CLEAR(keys);
-    return keys;
+    return refs;
 }
 
-/* prefix + '<hhh>/<hh>_g<group>/<hex>.bin' (classify.target_relpath). ASCII parts are
- * copied straight into an ASCII str (PyUnicode_FromFormat parses its format for every
- * block); a non-ASCII prefix goes through PyUnicode_FromFormat. */
-static PyObject *target_path(PyObject *prefix, PyObject *group, PyObject *hex) {
-    const char *h = PyUnicode_AsUTF8(hex);
-    if (!h) return NULL;
-    if (strlen(h) < 5) {
-        PyErr_SetString(PyExc_ValueError, "block hash too short");
-        return NULL;
-    }
-    int overflow = 0;
-    long g = PyLong_CheckExact(group) ? PyLong_AsLongAndOverflow(group, &overflow) : 0;
-    if (!PyLong_CheckExact(group) || overflow || !PyUnicode_IS_ASCII(prefix) || !PyUnicode_IS_ASCII(hex))
-        return PyUnicode_FromFormat("%U%.3s/%.2s_g%S/%U.bin", prefix, h, h + 3, group, hex);
+/* prefix + '<hhh>/<hh>_g<group>/<hex>.bin' (classify.target_relpath) from an ASCII
+ * prefix: the bytes go straight into an ASCII str (PyUnicode_FromFormat parses its format
+ * for every block). */
+static PyObject *target_path_ascii(PyObject *prefix, long group, const char *h, Py_ssize_t hl) {
     char gs[24];
-    int gl = snprintf(gs, sizeof gs, "%ld", g);
-    Py_ssize_t a = PyUnicode_GET_LENGTH(prefix), hl = PyUnicode_GET_LENGTH(hex);
+    int gl = snprintf(gs, sizeof gs, "%ld", group);
+    Py_ssize_t a = PyUnicode_GET_LENGTH(prefix);
     PyObject *s = PyUnicode_New(a + 3 + 1 + 2 + 2 + gl + 1 + hl + 4, 127);
     if (!s) return NULL;
     char *p = (char *)PyUnicode_1BYTE_DATA(s);
@@ -767,6 +759,22 @@ static PyObject *target_path(PyObject *prefix, PyObject *group, PyObject *hex) {
     memcpy(p, h, (size_t)hl);
     memcpy(p + hl, ".bin", 4);
     return s;
+}
+
+/* The same from Python objects; a non-ASCII prefix goes through PyUnicode_FromFormat. */
+static PyObject *target_path(PyObject *prefix, PyObject *group, PyObject *hex) {
+    Py_ssize_t hl;
+    const char *h = PyUnicode_AsUTF8AndSize(hex, &hl);
+    if (!h) return NULL;
+    if (hl < 5) {
+        PyErr_SetString(PyExc_ValueError, "block hash too short");
+        return NULL;
+    }
+    int overflow = 0;
+    long g = PyLong_CheckExact(group) ? PyLong_AsLongAndOverflow(group, &overflow) : 0;
+    if (!PyLong_CheckExact(group) || overflow || !PyUnicode_IS_ASCII(prefix) || !PyUnicode_IS_ASCII(hex))
+        return PyUnicode_FromFormat("%U%.3s/%.2s_g%S/%U.bin", prefix, h, h + 3, group, hex);
+    return target_path_ascii(prefix, g, h, hl);
 }
 
 /* The rows of a task: Python rows in the column lists (index i >= 0), C rows in a
@@ -854,13 +862,11 @@ static int same_shape(PyObject *shape, PyObject *group, Tab *t, const Py_ssize_t
     return eq;
 }
 
-static int set_verdict(Tab *t, Py_ssize_t i, PyObject *status, PyObject *action, PyObject *reason) {
-    BRow *r = c_row(t, i);
-    if (r) return br_set_row(t->store, -i - 1, status, action, reason);
+/* Status, action and reason of Python row i (C rows take the verdict's value indexes). */
+static void set_list_verdict(Tab *t, Py_ssize_t i, PyObject *status, PyObject *action, PyObject *reason) {
     PyList_SetItem(t->S, i, Py_NewRef(status));
     PyList_SetItem(t->A, i, Py_NewRef(action));
     PyList_SetItem(t->R, i, Py_NewRef(reason));
-    return 0;
 }
 
 static void set_target(Tab *t, Py_ssize_t i, PyObject *tpath) {
@@ -908,15 +914,28 @@ static PyObject *make_shape(Tab *t, PyObject *group, const Py_ssize_t *rows, Py_
 PyDoc_STRVAR(finish_blocks_doc,
 "finish_blocks(blocks, columns, rows, order, verdicts, classify, replicas, target_prefix, targets_exist, shapes)\n"
 "\n"
-"Scan._finish_blocks for a bucket whose block files were all taken: per block, in\n"
-"(group, hash) order, extend `order` with its rows, look its shape (group, ranks, sizes,\n"
-"replicas differ) up in `verdicts` (on a miss `classify(rows, group, hex)` returns the\n"
-"verdict and keeps it) and replay it: status, action, reason, and the target path\n"
-"target_prefix + '<hhh>/<hh>_g<group>/<hex>.bin'. Row indexes >= 0 are in `columns`\n"
-"(the 16 lists of Rows.COLUMNS), -(j + 1) is row j of `rows` (a BlockRows, or None).\n"
-"`shapes` (None: sizes not counted) counts blocks per shape. Returns (blocks a file of\n"
-"which is not 'ok': the caller finishes them one by one, [(row, hex)] whose target path\n"
-"exists and is not the row).");
+"Scan._finish_blocks for a bucket: per block, in (group, hash) order, extend `order` with\n"
+"its rows, look its shape (group, ranks, sizes, replicas differ) up in `verdicts` (on a\n"
+"miss `classify(rows, group, hex, shape)` returns the verdict and keeps it) and replay\n"
+"it: status, action, reason, and the target path target_prefix +\n"
+"'<hhh>/<hh>_g<group>/<hex>.bin'. The blocks are those of `blocks` ({(group, hex): [row\n"
+"indexes]}) plus those the C walk filed in `rows` (a BlockRows, or None). Row indexes\n"
+">= 0 are in `columns` (the 16 lists of Rows.COLUMNS), -(j + 1) is row j of `rows`.\n"
+"`shapes` (None: sizes not counted) counts blocks per shape. Returns (keys of blocks a\n"
+"file of which is not 'ok', now all in `blocks`: the caller finishes them one by one,\n"
+"[(row, hex)] whose target path exists and is not the row).");
+
+/* A block of the store's, as Python sees it: its key (group, hex) and row list, made
+ * only for the rare block that needs them (classify, the slow path, a target to check). */
+typedef struct {
+    PyObject *key, *idx; /* new references, or NULL (not made yet) */
+} Lazy;
+
+static int lazy_make(Lazy *z, BlockRows *store, Py_ssize_t head) {
+    if (!z->key && !(z->key = br_block_key(store, head))) return -1;
+    if (!z->idx && !(z->idx = br_block_rows(store, head))) return -1;
+    return 0;
+}
 
 static PyObject *finish_blocks(PyObject *self, PyObject *args) {
     PyObject *blocks, *columns, *store_obj, *order, *verdicts, *classify, *prefix, *shapes;
@@ -942,63 +961,92 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
              PyTuple_GET_ITEM(columns, 10), PyTuple_GET_ITEM(columns, 12), PyTuple_GET_ITEM(columns, 13),
              PyTuple_GET_ITEM(columns, 14), PyTuple_GET_ITEM(columns, 15),
              store_obj == Py_None ? NULL : (BlockRows *)store_obj, -1};
-    PyObject *keys = sorted_keys(blocks);
+    /* Python rows joined some blocks: every block goes through the dict */
+    if (t.store && t.store->nheads && PyDict_GET_SIZE(blocks) && br_export(t.store, blocks) < 0) return NULL;
+    PyObject *keys = NULL;
+    Py_ssize_t nrefs = 0;
+    KeyRef *refs = sorted_blocks(blocks, t.store, &nrefs, &keys);
+    if (!refs) return NULL;
     PyObject *slow = PyList_New(0), *check = PyList_New(0);
     PyObject *s_ok = PyUnicode_InternFromString("ok");
     PyObject *result = NULL;
+    Py_ssize_t *rows = NULL, cap = 0;
     /* Consecutive blocks mostly share a shape: the last one found in `verdicts` is reused
      * without building its tuples, and its blocks are counted into `shapes` in one go. */
     PyObject *last_shape = NULL, *last_verdict = NULL;
     long last_count = 0;
-    if (!keys || !slow || !check || !s_ok) goto out;
+    /* The store's value indexes of a verdict's (status, action, reason), per row: worked
+     * out once per verdict, not looked up for every C row. */
+    PyObject *coded = NULL;
+    int32_t *codes = NULL;
+    Py_ssize_t codes_cap = 0;
+    if (!slow || !check || !s_ok) goto out;
     if (t.store) {
         PyObject *code = PyDict_GetItemWithError(t.store->index[V_STATUS], s_ok);
         if (!code && PyErr_Occurred()) goto out;
         t.ok_code = code ? (int32_t)PyLong_AsLong(code) : -1;
     }
-    Py_ssize_t nkeys = PyList_GET_SIZE(keys);
-    for (Py_ssize_t k = 0; k < nkeys; k++) {
-        PyObject *key = PyList_GET_ITEM(keys, k);
-        PyObject *idx = PyDict_GetItemWithError(blocks, key);
-        if (!idx) goto out;
-        if (!PyList_Check(idx)) {
-            PyErr_SetString(PyExc_TypeError, "blocks: lists of row indexes expected");
-            goto out;
+    for (Py_ssize_t k = 0; k < nrefs; k++) {
+        KeyRef *b = &refs[k];
+        Lazy z = {NULL, NULL};
+        PyObject *idx = NULL, *group = NULL, *verdict = NULL, *tpath = NULL;
+        int ok = 0;
+        /* the block's rows */
+        Py_ssize_t n = 0;
+        if (b->key) {
+            idx = PyDict_GetItemWithError(blocks, b->key); /* borrowed */
+            if (!idx || !PyList_Check(idx)) {
+                if (idx || !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "blocks: lists of row indexes expected");
+                goto next;
+            }
+            n = PyList_GET_SIZE(idx);
+        } else {
+            for (Py_ssize_t j = b->head; j >= 0; j = t.store->next[j]) n++;
         }
-        Py_ssize_t n = PyList_GET_SIZE(idx);
-        Py_ssize_t *rows = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
-        if (!rows) {
-            PyErr_NoMemory();
-            goto out;
+        if (n > cap) {
+            Py_ssize_t *more = PyMem_Realloc(rows, sizeof(Py_ssize_t) * (size_t)n);
+            if (!more) {
+                PyErr_NoMemory();
+                goto next;
+            }
+            rows = more;
+            cap = n;
+        }
+        if (b->key) {
+            for (Py_ssize_t j = 0; j < n; j++) {
+                rows[j] = PyLong_AsSsize_t(PyList_GET_ITEM(idx, j));
+                if ((rows[j] == -1 && PyErr_Occurred()) || !row_in_range(&t, rows[j])) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "blocks: row index out of range");
+                    goto next;
+                }
+            }
+        } else {
+            Py_ssize_t m = 0;
+            for (Py_ssize_t j = b->head; j >= 0; j = t.store->next[j]) rows[m++] = -(j + 1);
         }
         int fine = 1;
         for (Py_ssize_t j = 0; j < n; j++) {
-            rows[j] = PyLong_AsSsize_t(PyList_GET_ITEM(idx, j));
-            if ((rows[j] == -1 && PyErr_Occurred()) || !row_in_range(&t, rows[j])) {
-                PyMem_Free(rows);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "blocks: row index out of range");
-                goto out;
-            }
             if (!row_is_ok(&t, rows[j], s_ok)) fine = 0;
+            PyObject *i = idx ? Py_NewRef(PyList_GET_ITEM(idx, j)) : PyLong_FromSsize_t(rows[j]);
+            int rc = i ? PyList_Append(order, i) : -1;
+            Py_XDECREF(i);
+            if (rc < 0) goto next;
         }
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (PyList_Append(order, PyList_GET_ITEM(idx, j)) < 0) {
-                PyMem_Free(rows);
-                goto out;
+        if (!fine) { /* Python finishes it one by one, from the dict */
+            if (!b->key) {
+                if (lazy_make(&z, t.store, b->head) < 0 || PyDict_SetItem(blocks, z.key, z.idx) < 0) goto next;
             }
-        if (!fine) {
-            PyMem_Free(rows);
-            if (PyList_Append(slow, key) < 0) goto out;
-            continue;
+            ok = PyList_Append(slow, b->key ? b->key : z.key) == 0;
+            goto next;
         }
-        PyObject *group = PyTuple_GET_ITEM(key, 0), *hex = PyTuple_GET_ITEM(key, 1);
+        group = b->key ? Py_NewRef(PyTuple_GET_ITEM(b->key, 0)) : PyLong_FromLong(b->group);
+        if (!group) goto next;
         int differ = 0; /* replicas differ: content hashes (or, unread, sizes) not all equal */
         for (Py_ssize_t j = 1; replicas && j < n && !differ; j++) {
             int eq = rows_alike(&t, rows[0], rows[j]);
             differ = eq < 0 ? -1 : !eq;
         }
         int same = differ < 0 ? -1 : last_shape ? same_shape(last_shape, group, &t, rows, n, differ) : 0;
-        PyObject *verdict = NULL; /* this block's (a new reference) */
         if (same > 0) {
             verdict = Py_NewRef(last_verdict);
             last_count++;
@@ -1013,8 +1061,9 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                 Py_INCREF(verdict);
                 last_shape = shape;
                 last_count = 1;
-            } else if (shape && !PyErr_Occurred()) {
-                verdict = PyObject_CallFunctionObjArgs(classify, idx, group, hex, shape, NULL);
+            } else if (shape && !PyErr_Occurred() && (b->key || lazy_make(&z, t.store, b->head) == 0)) {
+                PyObject *hex = PyTuple_GET_ITEM(b->key ? b->key : z.key, 1);
+                verdict = PyObject_CallFunctionObjArgs(classify, idx ? idx : z.idx, group, hex, shape, NULL);
                 if (verdict && count_shape(shapes, shape, 1) < 0) Py_CLEAR(verdict);
                 Py_DECREF(shape);
             } else {
@@ -1023,12 +1072,9 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
         }
         if (!verdict || !PyTuple_Check(verdict) || PyTuple_GET_SIZE(verdict) != n) {
             if (verdict && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "classify: one verdict per row expected");
-            Py_XDECREF(verdict);
-            PyMem_Free(rows);
-            goto out;
+            goto next;
         }
-        PyObject *tpath = NULL;
-        int ok = 1;
+        ok = 1;
         for (Py_ssize_t j = 0; j < n && ok; j++) {
             PyObject *v = PyTuple_GET_ITEM(verdict, j); /* (status, action, reason, has_target) */
             if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 4) {
@@ -1036,9 +1082,35 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                 ok = 0;
                 break;
             }
-            if (set_verdict(&t, rows[j], PyTuple_GET_ITEM(v, 0), PyTuple_GET_ITEM(v, 1), PyTuple_GET_ITEM(v, 2)) < 0) {
-                ok = 0;
-                break;
+            if (rows[j] < 0 && coded != verdict) {
+                if (n > codes_cap) {
+                    int32_t *more = PyMem_Realloc(codes, sizeof(int32_t) * 3 * (size_t)n);
+                    if (!more) {
+                        PyErr_NoMemory();
+                        ok = 0;
+                        break;
+                    }
+                    codes = more;
+                    codes_cap = n;
+                }
+                for (Py_ssize_t q = 0; q < n && ok; q++) {
+                    PyObject *u = PyTuple_GET_ITEM(verdict, q);
+                    for (int c = 0; c < N_VALUE_COLUMNS && ok; c++) {
+                        codes[3 * q + c] = PyTuple_Check(u) && PyTuple_GET_SIZE(u) == 4
+                                               ? br_value(t.store, c, PyTuple_GET_ITEM(u, c)) : -1;
+                        ok = codes[3 * q + c] >= -1;
+                    }
+                }
+                if (!ok) break;
+                Py_XSETREF(coded, Py_NewRef(verdict));
+            }
+            if (rows[j] < 0) {
+                BRow *r = c_row(&t, rows[j]);
+                r->status = codes[3 * j];
+                r->action = codes[3 * j + 1];
+                r->reason = codes[3 * j + 2];
+            } else {
+                set_list_verdict(&t, rows[j], PyTuple_GET_ITEM(v, 0), PyTuple_GET_ITEM(v, 1), PyTuple_GET_ITEM(v, 2));
             }
             int has_target = PyObject_IsTrue(PyTuple_GET_ITEM(v, 3));
             if (has_target < 0) {
@@ -1047,7 +1119,10 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
             }
             if (!has_target) continue;
             if (!tpath) { /* once per block: every replica has the same target */
-                tpath = target_path(prefix, group, hex);
+                if (!b->key && PyUnicode_IS_ASCII(prefix) && b->len >= 5)
+                    tpath = target_path_ascii(prefix, b->group, b->hex, b->len);
+                else if (b->key || lazy_make(&z, t.store, b->head) == 0)
+                    tpath = target_path(prefix, group, PyTuple_GET_ITEM(b->key ? b->key : z.key, 1));
                 if (!tpath) {
                     ok = 0;
                     break;
@@ -1063,23 +1138,34 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                     break;
                 }
                 if (same_path != 0) {
-                    PyObject *pair = PyTuple_Pack(2, PyList_GET_ITEM(idx, j), hex);
+                    PyObject *i = PyLong_FromSsize_t(rows[j]);
+                    PyObject *pair = i && (b->key || lazy_make(&z, t.store, b->head) == 0)
+                                         ? PyTuple_Pack(2, i, PyTuple_GET_ITEM(b->key ? b->key : z.key, 1)) : NULL;
                     ok = pair && PyList_Append(check, pair) == 0;
+                    Py_XDECREF(i);
                     Py_XDECREF(pair);
                 }
             }
         }
+    next:
         Py_XDECREF(tpath);
-        Py_DECREF(verdict);
-        PyMem_Free(rows);
+        Py_XDECREF(verdict);
+        Py_XDECREF(group);
+        Py_XDECREF(z.key);
+        Py_XDECREF(z.idx);
         if (!ok) goto out;
     }
     if (count_shape(shapes, last_shape, last_count) < 0) goto out;
     result = PyTuple_Pack(2, slow, check);
 out:
+    if (t.store) br_blocks_clear(t.store); /* finished (or failed): the next bucket starts afresh */
+    Py_XDECREF(coded);
+    PyMem_Free(codes);
+    PyMem_Free(rows);
+    PyMem_Free(refs);
+    Py_XDECREF(keys);
     Py_XDECREF(last_shape);
     Py_XDECREF(last_verdict);
-    Py_XDECREF(keys);
     Py_XDECREF(slow);
     Py_XDECREF(check);
     Py_XDECREF(s_ok);

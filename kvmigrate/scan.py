@@ -1195,8 +1195,12 @@ class Walker:
                               where="rank folder")
                 continue
             if leaf is not None:
+                store = out.block_rows(leaf)
                 unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self.leaf_perm, m.code, m.rank,
-                                           out.block_rows(leaf), blocks, verdict, buf)
+                                           store, verdict, buf)
+                if unusual == []:
+                    continue
+                store.export_blocks(blocks)  # Python rows join the blocks: after the C walk's rows so far
                 if unusual is not None:
                     self._unusual(unit, mi, m, hhh, brel, bpath, unusual, out, blocks, misc)
                     continue
@@ -1204,7 +1208,7 @@ class Walker:
             for fe in fanouts or ():
                 self._bucket_entry(unit, mi, m, hhh, brel, fe, out, blocks, misc)
         out.order.extend(misc)
-        if blocks:
+        if blocks or leaf is not None:  # (the C walk files its rows' blocks in out.store)
             self._finish_blocks(unit, blocks, out)
 
     def _checks_size(self, unit: Unit) -> bool:
@@ -1419,6 +1423,8 @@ class Walker:
         if fast and self.leaf is not None:
             self._finish_blocks_c(unit, blocks, out, shapes if count_sizes else None)
         else:
+            if out.store is not None:
+                out.store.export_blocks(blocks)
             self._finish_blocks_py(unit, blocks, out, shapes if count_sizes else None)
         if shapes:
             base = unit.members[0].ns.source_base

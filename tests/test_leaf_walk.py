@@ -622,10 +622,12 @@ _block = st.tuples(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_block, max_size=12), st.sampled_from(["always", "never", "alternate"]), st.booleans(),
        st.booleans(), st.sampled_from(["org_m_0123456789ab/", "Modèle_日本_0123456789ab/", ""]), st.booleans(),
-       st.booleans())
-def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, targets_exist, prefix, count, hashed):
-    """Block rows the C walk took (real files, kept in its BlockRows) and rows Python made
-    (column lists), mixed in one block or not: finish_blocks sorts the keys in Python's
+       st.booleans(), st.sampled_from(["python rows first", "C rows first", "C rows only"]))
+def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, targets_exist, prefix, count, hashed,
+                                               joining):
+    """Block rows the C walk took (real files, kept and grouped by block in its BlockRows)
+    and rows Python made (column lists), in one block or not, Python rows joining before
+    or after the C walk's (export_blocks): finish_blocks sorts the blocks in Python's
     tuple order (group numerically, then the hex string), reuses a shape's verdict only
     once it is kept, builds target paths from ASCII and non-ASCII prefixes and counts
     shapes, row for row as the plain Python loop does on the same rows as lists."""
@@ -650,43 +652,66 @@ def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, target
         columns = tuple([] for _ in range(16))
         store = _leafwalk.BlockRows()
         blocks: dict = {}
+        py_rows: dict = {}  # block -> list rows Python made for it
         on_disk: set = set()
         for group, hex_hash, files in blocks_in:
-            if (group, hex_hash) in blocks:
+            if (group, hex_hash) in py_rows:
                 continue
-            blocks[(group, hex_hash)] = []
+            py_rows[(group, hex_hash)] = []
             for rank, size, same, status, kind in files:
-                if kind == "c" and (rank, group, hex_hash) not in on_disk:
+                if (kind == "c" or joining == "C rows only") and (rank, group, hex_hash) not in on_disk:
                     on_disk.add((rank, group, hex_hash))
                     folder = Path(tmp, f"{prefix}r{rank}", hex_hash[:3], f"{hex_hash[3:5]}_g{group}")
                     folder.mkdir(parents=True, exist_ok=True)
                     (folder / f"{hex_hash}.bin").write_bytes((b"\x01" if same else bytes([rank + 2])) * size)
+                    continue
+                if joining == "C rows only":
                     continue
                 row = [None] * 16
                 row[0] = f"{prefix}r{rank}/{hex_hash[:3]}/{hex_hash[3:5]}_g{group}/{hex_hash}.bin"
                 row[2], row[3], row[5], row[12], row[13], row[14] = rank, group, size, status, "none", ""
                 row[10] = (xxhash.xxh3_128_digest((b"\x01" if same else bytes([rank + 2])) * size) if hashed
                            else None)
-                blocks[(group, hex_hash)].append(len(columns[0]))
+                py_rows[(group, hex_hash)].append(len(columns[0]))
                 for j, col in enumerate(columns):
                     col.append(row[j])
+
+        def join_python_rows():
+            for key, idx in py_rows.items():
+                if idx:
+                    blocks.setdefault(key, []).extend(idx)
+
+        if joining == "python rows first":
+            join_python_rows()
         buf = bytearray(1 << 16)
         for rank, hhh in sorted({(r, h[:3]) for r, _, h in on_disk}):
             rel = f"{prefix}r{rank}/{hhh}/"
-            assert _leafwalk.walk_bucket(str(Path(tmp, rel)), rel, hhh, hashed, None, 0, rank, store, blocks,
-                                         size_verdict, buf) == []
+            assert _leafwalk.walk_bucket(str(Path(tmp, rel)), rel, hhh, hashed, None, 0, rank, store, size_verdict,
+                                         buf) == []
+        if joining == "C rows first":
+            store.export_blocks(blocks)
+            join_python_rows()
 
-        # the reference runs on the same rows, all in lists: C row j is list row `first_c + j`
+        # the reference runs on the same rows, all in lists: C row j is list row `first_c + j`,
+        # filed under its block in walk order, before or after the Python rows
         first_c = len(columns[0])
         ref_columns = tuple(list(col) for col in columns)
+        c_blocks: dict = {}
         for j in range(len(store)):
-            for col, value in zip(ref_columns, store.row(j)):
+            row = store.row(j)
+            for col, value in zip(ref_columns, row):
                 col.append(value)
+            c_blocks.setdefault((row[3], row[0].rsplit("/", 1)[1][:-4]), []).append(first_c + j)
+        ref_blocks: dict = {}
+        for key in (*py_rows, *c_blocks):
+            idx = (py_rows.get(key, []) + c_blocks.get(key, []) if joining == "python rows first"
+                   else c_blocks.get(key, []) + py_rows.get(key, []))
+            if idx:
+                ref_blocks[key] = idx
 
         def as_list_index(i):
             return i if i >= 0 else first_c - 1 - i
 
-        ref_blocks = {key: [as_list_index(i) for i in idx] for key, idx in blocks.items()}
         results = []
         for fn, cols, blks in ((_leafwalk.finish_blocks, columns, blocks), (_finish_reference, ref_columns, ref_blocks)):
             order: list = []
@@ -696,6 +721,7 @@ def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, target
             args = (blks, cols, store) if fn is _leafwalk.finish_blocks else (blks, cols)
             slow, check = fn(*args, order, verdicts, classify_with(verdicts, calls), replicas, prefix,
                              targets_exist, shapes)
+            slow_rows = [[as_list_index(i) for i in blks[key]] for key in slow]  # the slow blocks are in the dict
             if fn is _leafwalk.finish_blocks:  # C rows as the reference sees them
                 order = [as_list_index(i) for i in order]
                 check = [(as_list_index(i), h) for i, h in check]
@@ -704,6 +730,6 @@ def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, target
                 for j in range(len(store)):
                     for col, value in zip(cols, store.row(j)):
                         col.append(value)
-            results.append((list(slow), list(check), order, cols, calls, shapes))
+            results.append((list(slow), slow_rows, list(check), order, cols, calls, shapes))
         assert results[0] == results[1]
         assert len(store) == len(on_disk)
