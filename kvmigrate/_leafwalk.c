@@ -8,7 +8,8 @@
  * (openat/fstatat: no path lookups, no symlink ever followed), with the GIL released,
  * and hashes each file with XXH3-128 (the vendored xxHash library, the same code the
  * `xxhash` package runs). Then, holding the GIL, it appends one manifest row per file
- * to the caller's column lists and files the row under its block in `blocks`.
+ * to the task's BlockRows (_blockrows.h: one C struct a row, no Python object) and files
+ * it under its block there; `finish_blocks` gives each block its verdict.
  *
  * It only takes the plain case: a regular, non-empty, readable file with a well-formed
  * name in the right fan-out folder, whose size and bytes did not change while read.

@@ -16,7 +16,8 @@ Phases (each a function below):
    per shape and replayed). The plain block files of vLLM / llm-d buckets go through the
    compiled leaf walk where it is built (`kvmigrate._leafwalk`: by file descriptor, GIL
    released); anything unusual it hands back to the Python code here, which words it.
-   Rows go to column lists, one Arrow batch per task. Tasks run in worker processes (the
+   Rows the Python code makes go to column lists, the leaf walk's stay in C structs
+   (`Rows`), one Arrow batch per task. Tasks run in worker processes (the
    rest of the walk is Python work: the GIL would serialise threads) or in this process,
    with threads for I/O concurrency; their batches are written in task order, so every
    mode writes the same manifest.
@@ -850,7 +851,7 @@ class Rows:
         return i
 
     def columns(self) -> tuple[list, ...]:
-        """The column lists in COLUMNS order (the leaf walk appends to them)."""
+        """The column lists in COLUMNS order (leaf.finish_blocks reads and sets them)."""
         return tuple([getattr(self, name) for name in self.COLUMNS])
 
     def block_rows(self, leaf: Any) -> Any:
