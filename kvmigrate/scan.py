@@ -2167,10 +2167,14 @@ def _worker_init() -> None:
     writing a result nobody reads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    leaf = leaf_walk()
     try:
-        import ctypes
+        if leaf is not None:
+            leaf.die_with_parent(signal.SIGKILL)
+        else:
+            import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the pool notices a dead parent less promptly
         pass
     if os.getppid() != _WORKER_PARENT:  # the parent died before prctl
