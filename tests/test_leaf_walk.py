@@ -733,3 +733,30 @@ def test_finish_blocks_is_its_python_statement(blocks_in, keep, replicas, target
             results.append((list(slow), slow_rows, list(check), order, cols, calls, shapes))
         assert results[0] == results[1]
         assert len(store) == len(on_disk)
+
+
+def test_blocks_of_one_name_in_two_groups_stay_apart(tmp_path):
+    """The C walk groups a bucket's rows by (group, block hash) in a hash table: 3,000
+    names present in groups 0 and 1 of one bucket (the table grows and its probes cross
+    each other many times) give 6,000 blocks of one row each, every row in its own group's
+    block."""
+    from kvmigrate import _leafwalk
+
+    rel = "m_0123456789ab_r0/abc/"
+    names = [f"abcde{i:06x}{'0' * 53}" for i in range(3000)]
+    for group in (0, 1):
+        folder = tmp_path / rel / f"de_g{group}"
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / f"{name}.bin").write_bytes(bytes([group + 1]) * 64)
+    store = _leafwalk.BlockRows()
+    assert _leafwalk.walk_bucket(str(tmp_path / rel), rel, "abc", True, None, 0, 0, store, None,
+                                 bytearray(1 << 16)) == []
+    blocks: dict = {}
+    store.export_blocks(blocks)
+    assert len(blocks) == 6000
+    for (group, hex_hash), idx in blocks.items():
+        assert len(idx) == 1
+        row = store.row(-idx[0] - 1)
+        assert row[3] == group and row[0] == f"{rel}de_g{group}/{hex_hash}.bin"
+        assert row[10] == xxhash.xxh3_128_digest(bytes([group + 1]) * 64)
