@@ -580,20 +580,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     int64_t base = br_base(store, relbase);
     if (ok_code < 0 || none_code < 0 || empty_code < 0 || base < 0 || br_reserve(store, (Py_ssize_t)w.nrecs) < 0)
         goto out;
-    PyObject **fan_names = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
-    PyObject **fan_groups = calloc(w.nfan ? w.nfan : 1, sizeof(PyObject *));
-    if (!fan_names || !fan_groups) {
-        free(fan_names);
-        free(fan_groups);
-        PyErr_NoMemory();
-        goto out;
-    }
     int ok = 1;
-    for (size_t i = 0; i < w.nfan && ok; i++) {
-        fan_names[i] = PyUnicode_DecodeFSDefault(w.names.data + w.fanouts[i].name);
-        fan_groups[i] = PyLong_FromLong(w.fanouts[i].group);
-        ok = fan_names[i] && fan_groups[i];
-    }
     for (size_t r = 0; r < w.nrecs && ok; r++) {
         Record *rec = &w.recs[r];
         const char *name = w.names.data + rec->name;
@@ -635,10 +622,13 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
     }
     if (ok) {
         result = PyList_New((Py_ssize_t)w.nodd);
-        for (size_t i = 0; result && i < w.nodd; i++) {
-            PyObject *fan = w.odds[i].fanout < 0 ? Py_None : fan_names[w.odds[i].fanout];
-            PyObject *nm = PyUnicode_DecodeFSDefault(w.names.data + w.odds[i].name);
+        for (size_t i = 0; result && i < w.nodd; i++) { /* (fan-out folder or None, name): rare, made here */
+            const Odd *odd = &w.odds[i];
+            PyObject *fan = odd->fanout < 0 ? Py_NewRef(Py_None)
+                                            : PyUnicode_DecodeFSDefault(w.names.data + w.fanouts[odd->fanout].name);
+            PyObject *nm = fan ? PyUnicode_DecodeFSDefault(w.names.data + odd->name) : NULL;
             PyObject *t = nm ? PyTuple_Pack(2, fan, nm) : NULL;
+            Py_XDECREF(fan);
             Py_XDECREF(nm);
             if (!t) {
                 Py_CLEAR(result);
@@ -647,12 +637,6 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(result, (Py_ssize_t)i, t);
         }
     }
-    for (size_t i = 0; i < w.nfan; i++) {
-        Py_XDECREF(fan_names[i]);
-        Py_XDECREF(fan_groups[i]);
-    }
-    free(fan_names);
-    free(fan_groups);
 
 out:
     Py_XDECREF(last_verdict);
@@ -1174,29 +1158,6 @@ out:
     return result;
 }
 
-PyDoc_STRVAR(shift_doc,
-"shift_order(dst, src, python_base, c_base): dst.extend(indexes of src shifted for a Rows\n"
-"whose python rows start at python_base and C rows at c_base): i + python_base for\n"
-"i >= 0, i - c_base for i < 0.");
-
-static PyObject *shift_order(PyObject *self, PyObject *args) {
-    PyObject *dst, *src;
-    Py_ssize_t pb, cb;
-    if (!PyArg_ParseTuple(args, "O!O!nn", &PyList_Type, &dst, &PyList_Type, &src, &pb, &cb)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(src);
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(src, k));
-        if (i == -1 && PyErr_Occurred()) return NULL;
-        PyObject *v = PyLong_FromSsize_t(i >= 0 ? i + pb : i - cb);
-        if (!v || PyList_Append(dst, v) < 0) {
-            Py_XDECREF(v);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(pdeath_doc,
 "die_with_parent(signum): prctl(PR_SET_PDEATHSIG, signum) for this process (a scan worker;\n"
 "without ctypes, whose import costs a worker ~5 ms before its first task). OSError on failure.");
@@ -1223,7 +1184,6 @@ static PyObject *xxh3_128_digest(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"walk_bucket", walk_bucket, METH_VARARGS, walk_bucket_doc},
     {"finish_blocks", finish_blocks, METH_VARARGS, finish_blocks_doc},
-    {"shift_order", shift_order, METH_VARARGS, shift_doc},
     {"die_with_parent", die_with_parent, METH_O, pdeath_doc},
     {"xxh3_128_digest", xxh3_128_digest, METH_O, hash_doc},
     {NULL, NULL, 0, NULL},

@@ -881,17 +881,15 @@ class Rows:
             self.status[i], self.action[i], self.reason[i], self.target[i] = status, action, reason, target
 
     def extend(self, other: "Rows") -> None:
-        base = len(self.relpath)
+        base, c_base = len(self.relpath), len(self.store) if self.store is not None else 0
         for name in self.COLUMNS:
             getattr(self, name).extend(getattr(other, name))
         if other.store is not None and len(other.store):
-            c_base = len(self.store) if self.store is not None else 0
             if self.store is None:
                 self.store = type(other.store)()
             self.store.extend(other.store)
-            _shift_order(self.order, other.order, base, c_base)
-        else:
-            self.order.extend([i + base for i in other.order] if base else other.order)
+        # other's list rows follow ours (i + base), its C rows too: -(j + 1) -> -(c_base + j + 1)
+        self.order.extend([i + base if i >= 0 else i - c_base for i in other.order] if base or c_base else other.order)
         for key, cnt in other.sizes.items():
             self.sizes[key].update(cnt)
         self.errors.extend(other.errors)
@@ -924,14 +922,6 @@ class Rows:
                    _utf8_safe(self.status).dictionary_encode(), _utf8_safe(self.action).dictionary_encode(),
                    _utf8_safe(self.reason).dictionary_encode(), _utf8_safe(self.target)]
         return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
-
-
-def _shift_order(dst: list[int], src: list[int], base: int, c_base: int) -> None:
-    """dst.extend(src's row indexes, for rows appended after `base` list rows and `c_base`
-    C rows)."""
-    from kvmigrate import _leafwalk
-
-    _leafwalk.shift_order(dst, src, base, c_base)
 
 
 def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], order: list[int] | None = None
