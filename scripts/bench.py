@@ -15,13 +15,16 @@ Groups (see GROUPS below):
   meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
   hash4k    kvmigrate scan --verify hash  vs  find|xargs xxhsum -H2, jdupes -r, rdfind
   hash1m    the same on the 1 MiB-file tree (bandwidth rather than per-file overhead)
-  migrate   kvmigrate migrate --apply (all link actions)  vs  cp -al     (4 KiB tree)
-            (from a `scan --verify hash` manifest; a size-only manifest and `migrate ROOT` beside)
+  migrate   kvmigrate migrate ROOT --apply (default flags, its own scan) and --manifest M(size)
+            --apply (apply reads what it places)  vs  the same safety by hand: xxhsum -H2 of the
+            legacy folders, then cp -al; plain cp -al and a `scan --verify hash` manifest's apply
+            beside                                                          (4 KiB tree)
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
 Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
-fd-find, findutils, coreutils and util-linux (fincore). `--profile` uses py-spy when it is
+fd-find, findutils, coreutils and util-linux (fincore); a run checks only the tools of
+its groups (`--only migrate` needs xxhash, findutils, coreutils, util-linux). `--profile` uses py-spy when it is
 installed next to kvmigrate's interpreter or on PATH (`pip install py-spy`: it samples the
 worker processes too), else cProfile. `.ci/run` does not run it.
 Peak RSS and CPU times come from os.wait4() on each command (the rusage of the process
@@ -59,7 +62,10 @@ TOOLS = {
     "find": "findutils", "xargs": "findutils", "cp": "coreutils", "xxhsum": "xxhash", "jdupes": "jdupes",
     "rdfind": "rdfind", "fdfind": "fd-find", "fincore": "util-linux",
 }
-INSTALL_HINT = "apt-get update && apt-get install -y xxhash jdupes rdfind fd-find findutils coreutils util-linux"
+# tools every run uses (warm-up, counts, residency), then each group's own
+BASE_TOOLS = ("find", "xargs", "fincore")
+GROUP_TOOLS = {"meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
+               "migrate": ("xxhsum", "cp"), "startup": ()}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
 FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -453,13 +459,17 @@ class Bench:
         return False, f"`kvmigrate {command}` is not available ({msg[-1] if msg else 'exit ' + str(p.returncode)})"
 
     def check_tools(self) -> None:
-        missing = [t for t in TOOLS if not shutil.which(t)]
+        """Exit naming the Debian packages to install when a wanted group's tool is missing."""
+        needed = dict.fromkeys(BASE_TOOLS)
+        for g in self.groups_wanted:
+            needed.update(dict.fromkeys(GROUP_TOOLS.get(g, ())))
+        missing = [t for t in needed if not shutil.which(t)]
         if not Path("/usr/bin/time").exists():
             self.notes.append("/usr/bin/time is not installed (not needed: RSS comes from os.wait4).")
         if missing:
             pkgs = sorted({TOOLS[t] for t in missing})
             sys.exit(f"bench: missing tools: {', '.join(missing)} (Debian packages {', '.join(pkgs)}).\n"
-                     f"Install them with: {INSTALL_HINT}")
+                     f"Install them with: apt-get update && apt-get install -y {' '.join(pkgs)}")
 
     # ---- space and trees
 
@@ -649,7 +659,9 @@ class Bench:
         manifest_size = out / "migrate_source_size.parquet"  # scan --verify size: apply reads the replicas
         rank0 = [p for p in sorted(root.iterdir()) if p.name.endswith("_r0")]
         cp_dest = self.workdir / "cpal"
+        byhand_dest = self.workdir / "byhand"
         before = set(os.listdir(root))
+        legacy = sorted(name for name in before if not name.startswith("."))  # base folder + rank folders
 
         def reset_root() -> None:
             """Delete what migrate created under ROOT: the new top-level target folders and
@@ -659,6 +671,9 @@ class Bench:
 
         def reset_cp() -> None:
             rmtree(cp_dest)
+
+        def reset_byhand() -> None:
+            rmtree(byhand_dest)
 
         ok_m, why_m = self.kvm_has("migrate")
         migrate_json = str(out / "migrate_manifest.json")
@@ -671,12 +686,14 @@ class Bench:
                 outcomes = summary.get("outcomes") or summary.get("apply", {}).get("outcomes") or {}
                 return {"outcomes": outcomes, "expected_links": self.specs[tree].blocks,
                         "created_top_level": sorted(set(os.listdir(root)) - before),
-                        "exit_code": summary.get("exit_code")}
+                        "exit_code": summary.get("exit_code"), "verify": summary.get("verify")}
             return check
 
-        def cp_check(_run: Run) -> dict:
-            n = sum(len(files) for _d, _s, files in os.walk(cp_dest))
-            return {"files_linked": n, "expected_links": self.specs[tree].blocks}
+        def cp_check(dest: Path) -> Any:
+            def check(_run: Run) -> dict:
+                n = sum(len(files) for _d, _s, files in os.walk(dest))
+                return {"files_linked": n, "expected_links": self.specs[tree].blocks}
+            return check
 
         if ok_m:
             for verify, path in (("hash", manifest), ("size", manifest_size)):
@@ -687,33 +704,50 @@ class Bench:
                 if r.rc not in (0, 1):
                     ok_m, why_m = False, f"the scan that makes its manifest failed: {tail(err)}"
         src = rank0[0] if rank0 else root / "missing_r0"
+        # the by-hand equivalent of a migration that proves the bytes it places: hash every
+        # legacy file (both replicas of each block, as kvmigrate reads them) on every core,
+        # then link the rank-0 files (the links kvmigrate makes) under a new name
+        hashers = 4 * len(os.sched_getaffinity(0))
+        byhand = (f"find {' '.join(q(root / n) for n in legacy)} -type f -print0 | "
+                  f"xargs -0 -P{hashers} -n 512 xxhsum -H2 > /dev/null && "
+                  f"mkdir -p {q(byhand_dest)} && cp -al {q(src)} {q(byhand_dest / 'target_r0')}")
         cmds = [
-            Command("mig_kvm", "kvmigrate migrate --manifest M --apply",
-                    [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q", "--json"], "kvmigrate",
-                    stdout=migrate_json, reset=reset_root, check=migrate_check(migrate_json), available=ok_m,
-                    why_unavailable=why_m),
-            Command("mig_kvm_size", "kvmigrate migrate --manifest M(size) --apply",
-                    [self.kvm, "migrate", "--manifest", str(manifest_size), "--apply", "-q", "--json"], "kvmigrate",
-                    stdout=migrate_size_json, reset=reset_root, check=migrate_check(migrate_size_json),
-                    available=ok_m, why_unavailable=why_m),
-            Command("mig_cpal", "cp -al (rank 0 folder)", sh(f"mkdir -p {q(cp_dest)} && cp -al {q(src)} {q(cp_dest)}/"),
-                    "baseline", reset=reset_cp, check=cp_check),
             Command("mig_kvm_root", "kvmigrate migrate ROOT --apply (scan + apply)",
                     [self.kvm, "migrate", str(root), "--apply", "-q", "--json", *FACTS], "kvmigrate",
                     stdout=migrate_root_json, reset=reset_root, check=migrate_check(migrate_root_json),
                     available=ok_m, why_unavailable=why_m),
+            Command("mig_kvm_size", "kvmigrate migrate --manifest M(size) --apply",
+                    [self.kvm, "migrate", "--manifest", str(manifest_size), "--apply", "-q", "--json"], "kvmigrate",
+                    stdout=migrate_size_json, reset=reset_root, check=migrate_check(migrate_size_json),
+                    available=ok_m, why_unavailable=why_m),
+            Command("mig_byhand", "by hand: xxhsum -H2 of the legacy folders, then cp -al", sh(byhand), "baseline",
+                    reset=reset_byhand, check=cp_check(byhand_dest)),
+            Command("mig_cpal", "cp -al (rank 0 folder)", sh(f"mkdir -p {q(cp_dest)} && cp -al {q(src)} {q(cp_dest)}/"),
+                    "baseline", reset=reset_cp, check=cp_check(cp_dest)),
+            Command("mig_kvm", "kvmigrate migrate --manifest M --apply",
+                    [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q", "--json"], "kvmigrate",
+                    stdout=migrate_json, reset=reset_root, check=migrate_check(migrate_json), available=ok_m,
+                    why_unavailable=why_m),
         ]
         return Group("migrate", "Materialization: hard links (4 KiB-file tree)", tree, cmds,
-                     [("mig_kvm", "mig_cpal"), ("mig_kvm_size", "mig_cpal"), ("mig_kvm_root", "mig_cpal")],
+                     [("mig_kvm_root", "mig_byhand"), ("mig_kvm_size", "mig_byhand"),
+                      ("mig_kvm_root", "mig_cpal"), ("mig_kvm_size", "mig_cpal"), ("mig_kvm", "mig_cpal"),
+                      ("mig_byhand", "mig_cpal")],
                      note="Every block's action is `link` (llm-d TP=2 MLA -> the vllm-0.28 replicated namespace): "
-                          "kvmigrate links one replica per block (rank 0) into the target namespace; `cp -al` "
-                          "links the same rank-0 files into a fresh folder. Between repetitions the created "
-                          "target folders (and .kvmigrate/) or the cp destination are deleted (untimed). "
-                          "`M` is the manifest of `scan --verify hash`: the scan proved every block's two "
-                          "replicas equal, so apply only checks each source is unchanged (lstat) and links: the "
-                          "materialization proper, judged against the target. `M(size)` is the manifest of "
+                          "kvmigrate links one replica per block (rank 0) into the target namespace. Every "
+                          "repetition starts from the legacy tree alone: the created target folders (and "
+                          ".kvmigrate/) or the cp destination are deleted after each command (untimed). "
+                          "`ROOT` runs `migrate ROOT --apply` with its default flags, its own scan included "
+                          "(the scan level it used is its `verify` below). `M(size)` is the manifest of "
                           "`scan --verify size`: before linking, apply reads and hashes both replicas of every "
-                          "block (1M file reads that `cp -al` does not do). The `ROOT` run scans (size) first.",
+                          "block. *By hand* is what an operator would type for the same safety: `xxhsum -H2` "
+                          f"of every file of the legacy folders ({hashers} parallel xxhsum processes of 512 "
+                          "files, 4 per core), which proves the bytes, then `cp -al` of the rank-0 folder (the "
+                          "same links) to a new name; the ROOT and M(size) runs are judged against it (goal "
+                          "<= 1.0x). Plain `cp -al` of the same rank-0 files, which checks nothing, stays as the "
+                          "reference. `M` is the manifest of `scan --verify hash`: the scan proved every "
+                          "block's two replicas equal, so apply only checks each source is unchanged (lstat) "
+                          "and links: the materialization proper, against plain `cp -al`.",
                      items=self.specs[tree].blocks, item_name="links")
 
     def run_startup(self) -> dict:
@@ -1008,6 +1042,10 @@ class Bench:
                     "min", "x", f"{tool} time / kvmigrate scan --verify hash time")
         add("migrate --apply (links) <= 1.5x cp -al", ratio("mig_kvm", "mig_cpal"), 1.5, "max", "x",
             "kvmigrate migrate --manifest M --apply / cp -al, medians")
+        for key, what in (("mig_kvm_root", "migrate ROOT --apply (default flags)"),
+                          ("mig_kvm_size", "migrate --manifest M(size) --apply")):
+            add(f"{what} <= 1.0x xxhsum -H2 + cp -al by hand (issue 16)", ratio(key, "mig_byhand"), 1.0, "max",
+                "x", f"kvmigrate {what} / (xxhsum -H2 of the legacy folders, then cp -al), medians")
         rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("meta_kvm"), self._cmd("hash4k_kvm")) if c]
         rss = [x for x in rss if x is not None]
         add("scan peak RSS < 256 MiB (4 KiB-file tree)", max(rss) if rss else None, 256, "max", "MiB",
@@ -1058,7 +1096,7 @@ def render(result: dict) -> str:
         "`/usr/bin/time -v` \"Maximum resident set size\").")
     add("")
 
-    add("## Targets (issue 6, \"Done means\")")
+    add("## Targets (issue 6, \"Done means\"; issue 16 for migrate against the same safety by hand)")
     add("")
     add("| target | measured | limit | result | |")
     add("|---|---:|---:|---|---|")
@@ -1289,6 +1327,7 @@ def render(result: dict) -> str:
     add("python3 scripts/bench.py --scale large --reps 5 --migrate-reps 3 --keep   # the issue's sizes")
     add("python3 scripts/bench.py --scale small --profile            # + py-spy (else cProfile) of scan (Where the time goes)")
     add("python3 scripts/bench.py --only meta,startup                # some groups only")
+    add("python3 scripts/bench.py --scale small --only migrate --reps 2   # the migrate group alone")
     add("```")
     add("")
     add("Options: `--workdir DIR` (default /work/bench-tmp/SCALE, outside the repo), `--keep` (keep the trees and "

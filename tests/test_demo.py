@@ -26,11 +26,56 @@ def test_demo_runs_every_step_and_leaves_sources_untouched(tmp_path):
     assert left == set(os.listdir(tmp_path / "fresh"))
 
 
-def test_demo_refuses_a_nonempty_cache_folder(tmp_path):
-    (tmp_path / "d" / "cache").mkdir(parents=True)
-    (tmp_path / "d" / "cache" / "x").write_text("keep me")
-    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "demo", str(tmp_path / "d")],
+def _tree(root):
+    """Relative path -> (inode, size, mtime_ns) of every file and folder under root."""
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            snap[os.path.relpath(p, root)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return snap
+
+
+def test_demo_refuses_a_nonempty_folder(tmp_path):
+    # an operator's existing cache root given as DIR (defect 9: the demo wrote its cache/,
+    # journal/, FACTS.json, manifest and report.html into it)
+    from kvmigrate.synth.demo import build_demo_root
+
+    live = tmp_path / "live-cache"
+    build_demo_root(live, with_defects=False)
+    before = _tree(live)
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "demo", str(live)],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 8
-    assert "not empty" in proc.stderr
-    assert (tmp_path / "d" / "cache" / "x").read_text() == "keep me"
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert str(live) in proc.stderr
+    assert "not empty" in proc.stderr and "pass an empty or new folder" in proc.stderr
+    assert _tree(live) == before
+
+
+def _run_demo_in(tmp_path, *args):
+    """`kvmigrate demo ARGS` with its temp dirs made under tmp_path/tmp; returns (proc, leftovers)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "demo", *args],
+                          capture_output=True, text=True, timeout=300, env=env)
+    return proc, sorted(tmp.iterdir())
+
+
+def test_demo_without_dir_names_its_sample_and_removes_it(tmp_path):
+    proc, left = _run_demo_in(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert left == []
+    sample = proc.stdout.splitlines()[0].split(" in ", 1)[1].split(" ")[0]
+    assert sample.startswith(str(tmp_path / "tmp" / "kvmigrate-demo-"))
+    assert f"Removed the sample {sample}" in proc.stdout
+
+
+def test_demo_keep_leaves_the_sample_where_it_says(tmp_path):
+    proc, left = _run_demo_in(tmp_path, "--keep")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(left) == 1 and left[0].name.startswith("kvmigrate-demo-")
+    assert f"The sample stays in {left[0]}" in proc.stdout
+    assert {p.name for p in left[0].iterdir()} >= {"cache", "journal", "FACTS.json", "manifest.parquet",
+                                                    "report.html"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from kvmigrate.cli.common import handle_errors
+from kvmigrate.errors import OperationalError
 
 # Facts the sample's writers had (a real operator knows these from their deployment).
 DEMO_FACTS = {
@@ -44,35 +45,64 @@ def _steps(root: str, work: str) -> list[tuple[str, list[str], set[int]]]:
     ]
 
 
+class StepFailed(OperationalError):
+    """A demo step gave an unexpected exit code (or touched a source): the sample is kept."""
+
+
 @click.command("demo")
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=str))
+@click.option("--keep", is_flag=True,
+              help="Without DIRECTORY: keep the temp dir (sample, manifest, journal, report.html) at the end.")
 @handle_errors
-def command(directory: str | None) -> None:
+def command(directory: str | None, keep: bool) -> None:
     """Build a sample cache root (llm-d, vLLM S1/S2/S3 and vllm.cpp namespaces, with a few
-    defects) under DIRECTORY (default: a new temp dir) and run scan, report, dry run,
-    apply, verify and rollback on it, printing each step. Exits 0 when every step
-    behaved as expected."""
+    defects) and run scan, report, dry run, apply, verify and rollback on it, printing each
+    step. DIRECTORY must be empty or new, and stays; without it the demo works in a new
+    temp dir, which it names and removes at the end (unless --keep, or a step fails).
+    Exits 0 when every step behaved as expected."""
+    import os
+    import shutil
+    import tempfile
+
+    from kvmigrate.synth.demo import require_empty_folder
+
+    if directory:
+        work = os.path.abspath(directory)
+        require_empty_folder(work)
+        os.makedirs(work, exist_ok=True)
+    else:
+        work = tempfile.mkdtemp(prefix="kvmigrate-demo-")
+    stays = bool(directory) or keep
+    try:
+        _run(work, stays)
+    except StepFailed:
+        stays = True  # the hint's command names paths in it
+        raise
+    finally:
+        if not stays:
+            shutil.rmtree(work, ignore_errors=True)
+    if stays:
+        click.echo(f"The sample stays in {work}: open {work}/report.html in a browser for the charts.")
+    else:
+        click.echo(f"Removed the sample {work} (pass --keep, or an empty DIRECTORY, to keep it and its report.html).")
+
+
+def _run(work: str, stays: bool) -> None:
+    """Build the sample under work/cache and run every step, checking each exit code."""
     import json
     import os
     import shlex
     import subprocess
     import sys
-    import tempfile
 
-    from kvmigrate.errors import OperationalError
     from kvmigrate.synth.demo import build_demo_root
 
-    work = os.path.abspath(directory) if directory else tempfile.mkdtemp(prefix="kvmigrate-demo-")
     root = os.path.join(work, "cache")
-    if os.path.exists(root) and os.listdir(root):
-        raise OperationalError("the demo's cache folder already exists and is not empty", path=root,
-                               hint="give the demo a new or empty DIRECTORY")
-    os.makedirs(root, exist_ok=True)
     results = build_demo_root(root)
     with open(os.path.join(work, "FACTS.json"), "w") as f:
         json.dump(DEMO_FACTS, f, indent=2)
     before = _snapshot(root)
-    click.echo(f"kvmigrate demo in {work}")
+    click.echo(f"kvmigrate demo in {work}" + ("" if stays else " (a temp dir, removed at the end unless --keep)"))
     click.echo(f"  built {len(results)} sample namespaces under {root} (with injected defects)")
     click.echo(f"  deployment facts in {work}/FACTS.json")
     for n, (title, args, expected) in enumerate(_steps(root, work), 1):
@@ -86,14 +116,14 @@ def command(directory: str | None) -> None:
             click.echo(proc.stderr.rstrip(), err=True)
         click.echo(f"(exit code {proc.returncode})")
         if proc.returncode not in expected:
-            raise OperationalError(f"demo step {n} exited {proc.returncode}, expected one of {sorted(expected)}",
-                                   hint=f"rerun it by hand: {shown}")
+            raise StepFailed(f"demo step {n} exited {proc.returncode}, expected one of {sorted(expected)}",
+                                   hint=f"the sample stays in {work}; rerun the step by hand: {shown}")
     after = _snapshot(root)
     changed = [p for p in before if before[p] != after.get(p)]
     if changed:
-        raise OperationalError(f"source files changed during the demo: {changed[:5]}")
-    click.echo(f"\nDone. Every source file is unchanged (inode, size, mtime, mode) after all steps.\n"
-               f"Open {work}/report.html in a browser for the charts.")
+        raise StepFailed(f"source files changed during the demo: {changed[:5]}",
+                               hint=f"the sample stays in {work} to look at")
+    click.echo("\nDone. Every source file is unchanged (inode, size, mtime, mode) after all steps.")
 
 
 def _snapshot(root: str) -> dict[str, tuple[int, int, int, int]]:

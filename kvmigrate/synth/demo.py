@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.synth.spec import SynthResult, SynthSpec
 from kvmigrate.synth.tree import build
 
@@ -34,6 +36,25 @@ def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
     ]
 
 
+def require_empty_folder(path: str | Path) -> None:
+    """Refuse a folder that holds anything: the sample must never mix with a real cache root
+    (whose scan, journal and prune would then see the sample's files, and the reverse)."""
+    try:
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise UsageError("not a folder", path=str(path), hint="pass an empty or new folder") from None
+    except OSError as exc:
+        raise OperationalError(f"cannot list the folder: {exc.strerror or exc}", path=str(path)) from None
+    if entries:
+        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UsageError(f"the folder is not empty ({len(entries)} entries: {shown}); the demo writes its "
+                         f"sample, manifest, journal and report there", path=str(path),
+                         hint="pass an empty or new folder (or no folder: a temp dir, removed at the end)")
+
+
 def build_demo_root(root: str | Path, with_defects: bool = True) -> list[SynthResult]:
-    """Build the demo namespaces under `root`; one SynthResult per namespace family/era."""
+    """Build the demo namespaces under `root` (empty or new); one SynthResult per namespace family/era."""
+    require_empty_folder(root)
     return [build(root, spec) for spec in demo_specs(with_defects)]
