@@ -239,7 +239,7 @@ def test_broken_model_config_is_a_usage_error_naming_the_path(tmp_path):
 
 
 def test_bad_flag_value_is_a_usage_error():
-    with pytest.raises(UsageError, match="fact 'runner' must be v1 or v2"):
+    with pytest.raises(UsageError, match="fact 'runner' must be one of v1, v2"):
         FactsResolver({"runner": "v3"})
 
 
@@ -249,3 +249,69 @@ def test_facts_to_dict_has_every_fact_and_no_sources():
     assert set(d) == {"kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor", "nnodes",
                       "per_token_head_quant", "page_bytes", "tensors_per_layer", "family"}
     assert json.loads(json.dumps(d)) == d
+
+
+# --- values the engines accept (issue 16, defect 3) --------------------------------------------
+
+BAD_VALUES = [  # (fact, a value no engine takes, text of the allowed values)
+    ("model_dtype", "banana", "half, float16, bfloat16, float, float32"),
+    ("model_dtype", "auto", "half, float16, bfloat16, float, float32"),  # the fact is what "auto" resolved to
+    ("cache_dtype", "banana", "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla"),
+    ("executor", "potato", "mp, ray, uni, external_launcher, or an Executor class"),
+    ("runner", "v3", "one of v1, v2"),
+    ("kv_kind", "linear", "one of full, mla, sliding, hybrid, mamba"),
+    ("family", "sglang", "one of vllm, llmd, vllmcpp"),
+    ("nnodes", 0, "a positive integer"),
+    ("total_kv_heads", -8, "a positive integer"),
+    ("page_bytes", "4096", "a positive integer"),
+    ("tensors_per_layer", True, "a positive integer"),
+    ("per_token_head_quant", "yes", "true or false"),
+]
+
+
+@pytest.mark.parametrize("fact,value,allowed", BAD_VALUES, ids=[f"{f}={v!r}" for f, v, _ in BAD_VALUES])
+def test_every_fact_is_checked_against_the_values_the_engine_accepts(tmp_path, fact, value, allowed):
+    """--model-dtype banana, --executor potato, ...: a usage error naming the flag or the
+    FACTS.json path and key, the value and the allowed values."""
+    with pytest.raises(UsageError) as err:
+        FactsResolver({fact: value})
+    text = str(err.value)
+    assert err.value.exit_code == 2
+    assert f"--{fact.replace('_', '-')}" in text and repr(value) in text and allowed in text
+    path = write_json(tmp_path / "FACTS.json", {"org/model": {fact: value}})
+    with pytest.raises(UsageError) as err:
+        FactsResolver(None, path)
+    text = str(err.value)
+    assert path in text and "'org/model'" in text and f"'{fact}'" in text and repr(value) in text
+    assert allowed in text
+
+
+def test_values_the_engine_accepts_are_kept():
+    facts = FactsResolver({"model_dtype": "half", "cache_dtype": "fp8_ds_mla", "executor": "external_launcher",
+                           "runner": "v2"}).for_namespace("m", "b")
+    assert (facts.model_dtype, facts.cache_dtype, facts.executor, facts.runner) == \
+        ("float16", "fp8_ds_mla", "external_launcher", "v2")
+    # vLLM also imports an Executor class by its qualified name
+    assert FactsResolver({"executor": "my_pkg.executors.MyExecutor"}).for_namespace("m", "b").executor == \
+        "my_pkg.executors.MyExecutor"
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"torch_dtype": "float8"}, "torch_dtype 'float8' is not a torch dtype"),
+    ({"torch_dtype": 16}, "torch_dtype 16 is not a torch dtype"),
+    ({"text_config": {"dtype": "banana"}}, "text_config.dtype 'banana' is not a torch dtype"),
+    ({"num_key_value_heads": "8"}, "num_key_value_heads must be a positive integer, got '8'"),
+    ({"kv_lora_rank": -512}, "kv_lora_rank must be a positive integer, got -512"),
+])
+def test_nonsense_in_a_model_config_is_refused_naming_the_file(tmp_path, patch, message):
+    path = write_json(tmp_path / "config.json", {**DEEPSEEK_V3, **patch})
+    with pytest.raises(UsageError) as err:
+        FactsResolver({"model_config": path})
+    assert err.value.exit_code == 2 and path in str(err.value) and message in str(err.value)
+
+
+def test_fp8_checkpoint_leaves_model_dtype_to_the_operator():
+    """A real fp8 checkpoint says float8_e4m3fn: vLLM serves it as the GPU's half type."""
+    facts = facts_from_hf_config({**LLAMA_31_8B, "torch_dtype": "float8_e4m3fn"})
+    assert "model_dtype" not in facts and "--model-dtype" in facts["model_dtype_note"]
+

@@ -11,31 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields as dc_fields
 from typing import Any
 
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import hfconfig
+from kvmigrate.identity.values import (CACHE_DTYPES, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS, MODEL_DTYPES,
+                                      RUNNERS)
 
-KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
-FAMILIES = ("vllm", "llmd", "vllmcpp")
-RUNNERS = ("v1", "v2")
+# fact -> the values the engine accepts (the string facts)
+CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dtype": MODEL_DTYPES,
+           "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS}
+_QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an Executor class vLLM imports by name
 
-# fact -> command-line flag naming it (for messages)
-FLAGS = {
-    "kv_kind": "--kv-kind",
-    "total_kv_heads": "--total-kv-heads",
-    "model_dtype": "--model-dtype",
-    "cache_dtype": "--cache-dtype",
-    "runner": "--runner",
-    "executor": "--executor",
-    "nnodes": "--nnodes",
-    "per_token_head_quant": "--per-token-head-quant",
-    "page_bytes": "--page-bytes",
-    "tensors_per_layer": "--tensors-per-layer",
-    "family": "--family",
-    "model_config": "--model-config",
-}
+FLAGS = FACT_FLAGS  # fact -> the flag naming it in messages
 
 
 @dataclass
@@ -65,39 +55,39 @@ FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name != "sources")
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer")
 
 
-def check_fact(name: str, value: Any, where: str) -> Any:
-    """Validate one fact value; returns the normalized value or raises UsageError."""
-
-    def bad(expected: str) -> UsageError:
-        return UsageError(f"{where}: fact '{name}' must be {expected}, got {value!r}",
-                          hint=f"fix the value (flag {FLAGS.get(name, name)})")
-
-    if name == "kv_kind":
-        if value not in KV_KINDS:
-            raise bad("one of " + ", ".join(KV_KINDS))
-        return value
-    if name == "family":
-        if value not in FAMILIES:
-            raise bad("one of " + ", ".join(FAMILIES))
-        return value
-    if name == "runner":
-        if value not in RUNNERS:
-            raise bad("v1 or v2")
-        return value
+def allowed_values(name: str) -> str:
+    """The values of a fact the engine accepts, as a message lists them."""
+    if name in CHOICES:
+        extra = {"model_dtype": " (what \"auto\" resolved to)",
+                 "executor": ", or an Executor class as package.module.Class"}.get(name, "")
+        return "one of " + ", ".join(CHOICES[name]) + extra
     if name in _INT_FACTS:
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise bad("a positive integer")
-        return value
+        return "a positive integer"
     if name == "per_token_head_quant":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if name in ("model_dtype", "cache_dtype", "executor"):
-        if not (isinstance(value, str) and value.strip()):
-            raise bad("a non-empty string")
-        return hfconfig.normalize_dtype(value) if name == "model_dtype" else value.strip()
-    raise UsageError(f"{where}: unknown fact '{name}'",
-                     hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
+        return "true or false"
+    return "a path to a Hugging Face config.json" if name == "model_config" else "?"
+
+
+def check_fact(name: str, value: Any, where: str) -> Any:
+    """Validate one fact value against what the engine accepts; the normalized value or a UsageError.
+
+    `where` says where the value came from (the flag, or "<FACTS.json>: entry '<key>'"), so
+    the message names the flag or the FACTS.json key, the value and the allowed values.
+    """
+    if name not in FLAGS or name == "model_config":
+        raise UsageError(f"{where}: unknown fact '{name}'",
+                         hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
+    ok = value in CHOICES[name] if name in CHOICES and isinstance(value, str) else False
+    if name == "executor" and isinstance(value, str) and _QUALNAME.fullmatch(value):
+        ok = True
+    elif name in _INT_FACTS:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    elif name == "per_token_head_quant":
+        ok = isinstance(value, bool)
+    if not ok:
+        raise UsageError(f"{where}: fact '{name}' must be {allowed_values(name)}, got {value!r}",
+                         hint=f"fix the value (flag {FLAGS[name]}, FACTS.json key '{name}')")
+    return hfconfig.normalize_dtype(value) if name == "model_dtype" else value
 
 
 def load_json_object(path: str, what: str) -> dict[str, Any]:
@@ -139,7 +129,7 @@ class FactsResolver:
         for name, value in self.flags.items():
             if name == "model_config":
                 continue
-            flag_values[name] = check_fact(name, value, "command line")
+            flag_values[name] = check_fact(name, value, FLAGS.get(name, "command line"))
         flag_cfg = self.flags.get("model_config")
         self._flags = _Layer("flag", flag_values, os.path.abspath(flag_cfg) if flag_cfg else None)
         self._entries: dict[str, _Layer] = {}
@@ -175,7 +165,12 @@ class FactsResolver:
     def _hf_facts(self, path: str) -> dict[str, Any]:
         if path not in self._hf_cache:
             cfg = load_json_object(path, "model config")
-            self._hf_cache[path] = hfconfig.facts_from_hf_config(cfg)
+            try:
+                facts = hfconfig.facts_from_hf_config(cfg)
+            except ValueError as exc:
+                raise UsageError(f"model config: {exc}", path=path,
+                                 hint="fix the file or pass the model's own Hugging Face config.json") from None
+            self._hf_cache[path] = facts
         return self._hf_cache[path]
 
     def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
