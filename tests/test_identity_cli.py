@@ -288,3 +288,34 @@ def test_bad_fact_values_exit_2_naming_the_allowed_values_and_write_nothing(tmp_
     assert result.exit_code == 0, result.output
     assert tree_listing(root) != before and manifest.exists()
 
+
+def test_llama_config_on_a_deepseek_namespace_is_refused_for_that_namespace(tmp_path):
+    root = tmp_path / "cache"
+    ds = synth(root, family="vllm", scheme="S3", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite")
+    llama = synth(root, family="vllm", scheme="S3", tp=2)
+    llama_cfg = str(SAMPLES / "hf-llama-3.1-8b.json")
+    code, out, err = run(config_path(root, ds), "--json", "--model-config", llama_cfg)
+    assert code == 2 and out == ""
+    for part in (ds["base_name"], llama_cfg, "LlamaForCausalLM", "'deepseek-ai/DeepSeek-V2-Lite'",
+                 "--facts keys by model name", '{"deepseek-ai/DeepSeek-V2-Lite": {"model_config": '):
+        assert part in err, part
+    # in a scan the config still serves the Llama namespace; the DeepSeek one gets no target
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json",
+                                      "--model-config", llama_cfg])
+    by_base = {n["source_base"]: n for n in json.loads(result.stdout)["namespaces"]}
+    refused, served = by_base[ds["base_name"]], by_base[llama["base_name"]]
+    assert refused["target_base"] is None and "refused for namespace" in refused["target_error"]
+    assert set(refused["by_action"]) == {"none"}
+    assert served["target_error"] is None and served["target_base"] is not None
+    # each model with its own config (--facts keys by model name): both are planned
+    ds_cfg = tmp_path / "deepseek-v2-lite.json"
+    ds_cfg.write_text(json.dumps(HF_DEEPSEEK_V2_LITE))
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({"deepseek-ai/DeepSeek-V2-Lite": {"model_config": str(ds_cfg)},
+                                 "meta-llama/Llama-3.1-8B-Instruct": {"model_config": llama_cfg}}))
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m2.parquet"), "--json",
+                                      "--facts", str(facts)])
+    assert all(n["target_error"] is None for n in json.loads(result.stdout)["namespaces"])
+    code, out, err = run(config_path(root, ds), "--json", "--model-config", str(ds_cfg))
+    assert code == 0, err
+    assert out["target"]["replicated_layout"] is True  # MLA at tp 2: the config's kv kind was used

@@ -315,3 +315,51 @@ def test_fp8_checkpoint_leaves_model_dtype_to_the_operator():
     facts = facts_from_hf_config({**LLAMA_31_8B, "torch_dtype": "float8_e4m3fn"})
     assert "model_dtype" not in facts and "--model-dtype" in facts["model_dtype_note"]
 
+
+# --- a model config applied to a namespace of another model ------------------------------------
+
+DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 27,
+                    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                    "v_head_dim": 128, "torch_dtype": "bfloat16"}
+
+
+def test_model_config_of_another_model_is_refused_for_that_namespace(tmp_path):
+    from kvmigrate.identity.target import compute_target
+
+    llama = write_json(tmp_path / "llama.json", LLAMA_31_8B)
+    resolver = FactsResolver({"model_config": llama})
+    src = {**MLA_SOURCE, "model_name": "deepseek-ai/DeepSeek-V2-Lite"}
+    facts = resolver.for_namespace(src["model_name"], "deepseek-ai_DeepSeek-V2-Lite_0123456789ab", src)
+    assert facts.kv_kind is None and facts.total_kv_heads is None  # nothing taken from the wrong config
+    for part in ("deepseek-ai_DeepSeek-V2-Lite_0123456789ab", "LlamaForCausalLM", "'deepseek-ai/DeepSeek-V2-Lite'",
+                 llama, "--model-config", "--facts keys by model name",
+                 '{"deepseek-ai/DeepSeek-V2-Lite": {"model_config": '):
+        assert part in facts.refusal
+    with pytest.raises(UsageError, match="refused for namespace deepseek-ai_DeepSeek-V2-Lite_0123456789ab"):
+        compute_target(src, "vllm", facts, "vllm-0.28")
+    # the same resolver still serves the Llama namespace; a FACTS.json config is named by its key
+    assert resolver.for_namespace("meta-llama/Llama-3.1-8B-Instruct", "b").refusal is None
+    path = write_json(tmp_path / "FACTS.json", {"*": {"model_config": "llama.json"}})
+    refusal = FactsResolver(None, path).for_namespace(src["model_name"], "b", src).refusal
+    assert f"'model_config' of {path} entry '*'" in refusal
+
+
+@pytest.mark.parametrize("model_name,cfg,refused", [
+    ("deepseek-ai/DeepSeek-V2-Lite", LLAMA_31_8B, True),
+    ("deepseek-ai/DeepSeek-V2-Lite", DEEPSEEK_V2_LITE, False),
+    ("deepseek-ai/DeepSeek-V3", DEEPSEEK_V2_LITE, False),  # one family: V2 and V3 are both MLA
+    ("Qwen/Qwen3-8B", QWEN25_7B, True),  # qwen2 config on a Qwen3 model
+    ("Qwen/Qwen2.5-7B-Instruct", QWEN25_7B, False),
+    ("Qwen/QwQ-32B", QWEN25_7B, False),  # generic Qwen name: any Qwen config
+    ("mistralai/Mistral-7B-v0.1", GEMMA2_9B, True),
+    ("google/gemma-2-9b", GEMMA2_9B, False),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", LLAMA_31_8B, False),  # names both families
+    ("deepseek-ai/deepseek-coder-6.7b-instruct", LLAMA_31_8B, False),  # DeepSeek Coder v1 is a Llama model
+    ("org/model", DEEPSEEK_V3, False),  # unknown names are never refused
+    ("meta-llama/Llama-3.1-8B", JAMBA_V01, False),  # nor unknown architectures
+])
+def test_model_config_conflicts_are_decided_conservatively(tmp_path, model_name, cfg, refused):
+    path = write_json(tmp_path / "config.json", cfg)
+    facts = FactsResolver({"model_config": path}).for_namespace(model_name, "b")
+    assert (facts.refusal is not None) == refused

@@ -32,7 +32,8 @@ def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 # flag name (snake_case, as in --facts FACTS.json) -> click option
 _FACT_OPTIONS = [
     click.option("--model-config", "model_config", type=click.Path(dir_okay=False),
-                 help="Hugging Face model config.json to read facts from (kv kind, kv heads, dtype, page bytes)."),
+                 help="Hugging Face model config.json to read facts from (kv kind, kv heads, dtype, page bytes); "
+                      "refused for a namespace of another model (per model: --facts)."),
     click.option("--kv-kind", type=click.Choice(KV_KINDS), help="Attention kind of the model that wrote the cache."),
     click.option("--total-kv-heads", type=click.IntRange(min=1), help="Total KV heads of the model (G2: tp must divide it)."),
     click.option("--model-dtype", metavar="DTYPE", callback=_checked,

@@ -44,14 +44,17 @@ class Facts:
     tensors_per_layer: int | None = None
     family: str | None = None  # vllm | llmd | vllmcpp (forced)
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
+    # why the namespace gets no target although its facts resolved (a model config of another model)
+    refusal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("sources")
+        d.pop("refusal")
         return d
 
 
-FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name != "sources")
+FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer")
 
 
@@ -125,6 +128,7 @@ class FactsResolver:
         self.flags = {k: v for k, v in (flags or {}).items() if v is not None}
         self.facts_file = facts_file
         self._hf_cache: dict[str, dict[str, Any]] = {}
+        self._hf_configs: dict[str, dict[str, Any]] = {}
         flag_values = {}
         for name, value in self.flags.items():
             if name == "model_config":
@@ -171,7 +175,17 @@ class FactsResolver:
                 raise UsageError(f"model config: {exc}", path=path,
                                  hint="fix the file or pass the model's own Hugging Face config.json") from None
             self._hf_cache[path] = facts
+            self._hf_configs[path] = cfg
         return self._hf_cache[path]
+
+    def _refusal(self, layer: _Layer, model_name: str, base_name: str, conflict: str) -> str:
+        """One line (reports keep the first): the namespace, the config and the way out."""
+        given_by = "--model-config" if layer.source == "flag" else \
+            f"'model_config' of {self.facts_file} entry {layer.source.removeprefix('facts:')!r}"
+        example = json.dumps({model_name: {"model_config": "<its config.json>"}})
+        return (f"model config {layer.model_config} ({given_by}) refused for namespace {base_name}: {conflict}; "
+                f"its blocks are not planned. --facts keys by model name: give each model its "
+                f"own config, e.g. --facts FACTS.json with {example}")
 
     def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
         """Places facts come from for one namespace, most specific first."""
@@ -192,10 +206,15 @@ class FactsResolver:
                     setattr(facts, name, layer.values[name])
                     facts.sources[name] = layer.source
                     break
-        cfg_path = next((layer.model_config for layer in layers if layer.model_config), None)
-        if cfg_path is None:
+        cfg_layer = next((layer for layer in layers if layer.model_config), None)
+        if cfg_layer is None:
             return facts
+        cfg_path = cfg_layer.model_config
         hf = self._hf_facts(cfg_path)
+        conflict = hfconfig.family_conflict(self._hf_configs[cfg_path], model_name)
+        if conflict is not None:
+            facts.refusal = self._refusal(cfg_layer, model_name, base_name, conflict)
+            return facts
         origin = f"model_config:{cfg_path}"
         for name in ("kv_kind", "total_kv_heads", "model_dtype"):
             if getattr(facts, name) is None and name in hf:

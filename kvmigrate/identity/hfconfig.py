@@ -8,6 +8,7 @@ with `use_sliding_window: false`, which vLLM serves as full attention.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvmigrate.identity.values import HF_OTHER_TORCH_DTYPES, HF_SERVED_DTYPES
@@ -206,3 +207,61 @@ def mla_page_bytes(block_tokens: int, kv_lora_rank: int, qk_rope_head_dim: int, 
         return None
     return block_tokens * (kv_lora_rank + qk_rope_head_dim) * size
 
+
+# --- which model a config is ----------------------------------------------------------------
+# Well-known families: (family, pattern of the lower-case model name, model_type, architecture).
+# A family that prefixes another (qwen: qwen2, qwen3) is the generic one and agrees with both.
+_MODEL_FAMILIES = [(fam, re.compile(name), re.compile(mtype), re.compile(arch)) for fam, name, mtype, arch in (
+    ("llama", r"(?<![a-z])llama", r"m?llama\d*(_text)?", r"(Llama\d*|Mllama)For"),
+    ("mistral", r"(?<![a-z])(mistral|ministral|codestral|devstral|magistral|mathstral)",
+     r"(mistral|ministral)\d*", r"(Mistral|Ministral)\d*For"),
+    ("mixtral", r"(?<![a-z])mixtral", r"mixtral", r"MixtralFor"),
+    ("qwen", r"(?<![a-z])(qwen|qwq)(?![23])", r"qwen", r"QWen"),
+    ("qwen2", r"(?<![a-z])qwen2", r"qwen2\w*", r"Qwen2"),
+    ("qwen3", r"(?<![a-z])qwen3", r"qwen3\w*", r"Qwen3"),
+    # DeepSeek V2/V3/R1 are MLA models; DeepSeek LLM/Coder v1 and Prover-V2-7B are Llama models
+    ("deepseek", r"deepseek[-_ ]?(coder[-_ ]?)?(v[2-9]|r1)(?![a-z0-9])", r"deepseek_v\d+", r"DeepseekV\d+For"),
+    ("gemma", r"(?<![a-z])gemma", r"gemma\d*n?(_text)?", r"Gemma\d*n?For"),
+    ("phi", r"(?<![a-z])phi[-_]?\d", r"phi\w*", r"Phi\w*For"),
+    ("gpt_oss", r"gpt[-_]?oss", r"gpt_oss", r"GptOssFor"),
+)]
+
+
+def _related(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
+
+
+def name_families(model_name: str) -> set[str]:
+    """Families a model name clearly names (most specific only: qwen3, not qwen and qwen3)."""
+    name = model_name.lower()
+    found = {fam for fam, pattern, _, _ in _MODEL_FAMILIES if pattern.search(name)}
+    return {f for f in found if not any(g != f and g.startswith(f) for g in found)}
+
+
+def config_family(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """(family, what the config says: architecture and model_type) or None when not well known."""
+    model_type = cfg.get("model_type")
+    archs = [a for a in cfg.get("architectures") or () if isinstance(a, str)] \
+        if isinstance(cfg.get("architectures"), list) else []
+    said = ", ".join([*archs[:1], *([f"model_type {model_type!r}"] if isinstance(model_type, str) else [])])
+    for fam, _, mtype, _ in _MODEL_FAMILIES:
+        if isinstance(model_type, str) and mtype.fullmatch(model_type):
+            return fam, said
+    for fam, _, _, arch in _MODEL_FAMILIES:
+        if any(arch.match(a) for a in archs):
+            return fam, said
+    return None
+
+
+def family_conflict(cfg: dict[str, Any], model_name: str) -> str | None:
+    """Why `cfg` cannot be the config of `model_name` (None: it may be).
+
+    Conservative: only when the name clearly names well-known families and the config
+    names another one; unknown names and unknown architectures never conflict.
+    """
+    named = name_families(model_name)
+    found = config_family(cfg)
+    if not named or found is None or any(_related(found[0], f) for f in named):
+        return None
+    return (f"the config is {found[1]} (a {found[0]} model) but model {model_name!r} is a "
+            f"{' or '.join(sorted(named))} model")

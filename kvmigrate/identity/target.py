@@ -65,8 +65,11 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
 
     Raises MissingFactError when a required fact is missing (model_dtype to resolve
     "auto" for targets >= 0.27; cache_dtype for targets <= 0.26 from a resolved source),
-    UsageError for an unknown profile or an identity that is not valid for its scheme.
+    UsageError for an unknown profile, an identity that is not valid for its scheme, or
+    facts that refused the namespace (a model config of another model).
     """
+    if facts.refusal is not None:
+        raise UsageError(facts.refusal)
     problems = source_problems(source_fields)
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems),
