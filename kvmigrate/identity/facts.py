@@ -66,9 +66,7 @@ def allowed_values(name: str) -> str:
         return "one of " + ", ".join(CHOICES[name]) + extra
     if name in _INT_FACTS:
         return "a positive integer"
-    if name == "per_token_head_quant":
-        return "true or false"
-    return "a path to a Hugging Face config.json" if name == "model_config" else "?"
+    return "true or false"  # per_token_head_quant
 
 
 def check_fact(name: str, value: Any, where: str) -> Any:
@@ -80,12 +78,12 @@ def check_fact(name: str, value: Any, where: str) -> Any:
     if name not in FLAGS or name == "model_config":
         raise UsageError(f"{where}: unknown fact '{name}'",
                          hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
-    ok = value in CHOICES[name] if name in CHOICES and isinstance(value, str) else False
-    if name == "executor" and isinstance(value, str) and _QUALNAME.fullmatch(value):
-        ok = True
+    if name in CHOICES:
+        ok = isinstance(value, str) and (value in CHOICES[name]
+                                         or (name == "executor" and _QUALNAME.fullmatch(value) is not None))
     elif name in _INT_FACTS:
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    elif name == "per_token_head_quant":
+    else:  # per_token_head_quant
         ok = isinstance(value, bool)
     if not ok:
         raise UsageError(f"{where}: fact '{name}' must be {allowed_values(name)}, got {value!r}",
