@@ -17,6 +17,11 @@ from kvmigrate.synth import SynthSpec, build
 
 HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": 32,
             "num_key_value_heads": 8, "num_hidden_layers": 32, "torch_dtype": "bfloat16"}
+HF_DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_attention_heads": 128,
+                  "num_key_value_heads": 128, "num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                  "torch_dtype": "bfloat16"}
+HF_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_attention_heads": 32,
+            "num_key_value_heads": 8, "num_hidden_layers": 36, "torch_dtype": "bfloat16"}
 TOP_KEYS = {"family", "family_evidence", "scheme", "source", "target", "assumed_facts"}
 SOURCE_KEYS = {"fields", "d12", "base_name", "digest_ok"}
 TARGET_KEYS = {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
@@ -210,8 +215,107 @@ def test_real_subprocess_prints_the_documented_json(tmp_path, hf_llama):
 
 @pytest.mark.parametrize("sample", sorted(p.name for p in (Path(__file__).parents[1] / "kvmigrate/samples")
                                           .glob("*.config.json")))
-def test_every_shipped_sample_works(sample, hf_llama):
+def test_every_shipped_sample_works(sample, tmp_path):
     path = Path(__file__).parents[1] / "kvmigrate/samples" / sample
-    code, out, err = run(str(path), "--json", "--model-config", hf_llama)
+    # each sample with a config of its own model (another model's config is refused)
+    own = {"vllm-0.27-deepseek-v3-tp8.config.json": HF_DEEPSEEK_V3, "vllmcpp-qwen3-4b.config.json": HF_QWEN3}
+    model_config = tmp_path / "hf-config.json"
+    model_config.write_text(json.dumps(own.get(sample, HF_LLAMA)))
+    code, out, err = run(str(path), "--json", "--model-config", str(model_config))
     assert code == 0, err
     assert out["family"] in ("vllm", "vllmcpp", "ambiguous")
+
+
+# --- nonsense facts and another model's config (issue 16, defect 3) ----------------------------
+
+SAMPLES = Path(__file__).parents[1] / "kvmigrate/samples"
+HF_DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                       "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 27,
+                       "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
+BAD_FLAGS = [  # (flag, value, text of the allowed values)
+    ("--model-dtype", "banana", "half, float16, bfloat16, float, float32"),
+    ("--cache-dtype", "banana", "auto, float16, bfloat16, fp8, fp8_e4m3"),
+    ("--executor", "potato", "mp, ray, uni, external_launcher"),
+    ("--runner", "v3", "'v1', 'v2'"),
+    ("--kv-kind", "linear", "'full', 'mla', 'sliding', 'hybrid', 'mamba'"),
+    ("--family", "sglang", "'vllm', 'llmd', 'vllmcpp'"),
+    ("--nnodes", "0", "x>=1"),
+    ("--total-kv-heads", "0", "x>=1"),
+    ("--page-bytes", "-1", "x>=1"),
+    ("--tensors-per-layer", "0", "x>=1"),
+]
+BAD_FACTS = [  # (FACTS.json key, value, text of the allowed values)
+    ("model_dtype", "banana", "half, float16, bfloat16, float, float32"),
+    ("cache_dtype", "fp9", "auto, float16, bfloat16, fp8, fp8_e4m3"),
+    ("executor", "potato", "mp, ray, uni, external_launcher"),
+    ("runner", "v3", "v1, v2"),
+    ("kv_kind", "linear", "full, mla, sliding, hybrid, mamba"),
+    ("family", "sglang", "vllm, llmd, vllmcpp"),
+    ("nnodes", 0, "a positive integer"),
+    ("total_kv_heads", "8", "a positive integer"),
+    ("page_bytes", 1.5, "a positive integer"),
+    ("tensors_per_layer", -2, "a positive integer"),
+    ("per_token_head_quant", "yes", "true or false"),
+]
+
+
+def tree_listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_bad_fact_values_exit_2_naming_the_allowed_values_and_write_nothing(tmp_path):
+    root = tmp_path / "cache"
+    synth(root, family="vllm", scheme="S2", tp=2)
+    before = tree_listing(root)
+    manifest = tmp_path / "m.parquet"
+    good = ["migrate", str(root), "--apply", "--manifest-out", str(manifest), "--model-dtype", "bfloat16",
+            "--kv-kind", "full", "--total-kv-heads", "8"]
+    for flag, value, allowed in BAD_FLAGS:
+        result = CliRunner().invoke(cli, [*good, flag, value])
+        assert result.exit_code == 2, (flag, result.output)
+        assert flag in result.stderr and value in result.stderr, (flag, result.stderr)
+        assert allowed in result.stderr, (flag, result.stderr)
+        assert tree_listing(root) == before and not manifest.exists(), flag
+    facts_path = tmp_path / "FACTS.json"
+    for key, value, allowed in BAD_FACTS:
+        facts_path.write_text(json.dumps({"meta-llama/Llama-3.1-8B-Instruct": {key: value}}))
+        result = CliRunner().invoke(cli, [*good, "--facts", str(facts_path)])
+        assert result.exit_code == 2, (key, result.output)
+        for part in (str(facts_path), "'meta-llama/Llama-3.1-8B-Instruct'", f"'{key}'", repr(value), allowed):
+            assert part in result.stderr, (key, part, result.stderr)
+        assert tree_listing(root) == before and not manifest.exists(), key
+    result = CliRunner().invoke(cli, good)  # the same command with sound facts writes
+    assert result.exit_code == 0, result.output
+    assert tree_listing(root) != before and manifest.exists()
+
+
+def test_llama_config_on_a_deepseek_namespace_is_refused_for_that_namespace(tmp_path):
+    root = tmp_path / "cache"
+    ds = synth(root, family="vllm", scheme="S3", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite")
+    llama = synth(root, family="vllm", scheme="S3", tp=2)
+    llama_cfg = str(SAMPLES / "hf-llama-3.1-8b.json")
+    code, out, err = run(config_path(root, ds), "--json", "--model-config", llama_cfg)
+    assert code == 2 and out == ""
+    for part in (ds["base_name"], llama_cfg, "LlamaForCausalLM", "'deepseek-ai/DeepSeek-V2-Lite'",
+                 "--facts keys by model name", '{"deepseek-ai/DeepSeek-V2-Lite": {"model_config": '):
+        assert part in err, part
+    # in a scan the config still serves the Llama namespace; the DeepSeek one gets no target
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json",
+                                      "--model-config", llama_cfg])
+    by_base = {n["source_base"]: n for n in json.loads(result.stdout)["namespaces"]}
+    refused, served = by_base[ds["base_name"]], by_base[llama["base_name"]]
+    assert refused["target_base"] is None and "refused for namespace" in refused["target_error"]
+    assert set(refused["by_action"]) == {"none"}
+    assert served["target_error"] is None and served["target_base"] is not None
+    # each model with its own config (--facts keys by model name): both are planned
+    ds_cfg = tmp_path / "deepseek-v2-lite.json"
+    ds_cfg.write_text(json.dumps(HF_DEEPSEEK_V2_LITE))
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({"deepseek-ai/DeepSeek-V2-Lite": {"model_config": str(ds_cfg)},
+                                 "meta-llama/Llama-3.1-8B-Instruct": {"model_config": llama_cfg}}))
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m2.parquet"), "--json",
+                                      "--facts", str(facts)])
+    assert all(n["target_error"] is None for n in json.loads(result.stdout)["namespaces"])
+    code, out, err = run(config_path(root, ds), "--json", "--model-config", str(ds_cfg))
+    assert code == 0, err
+    assert out["target"]["replicated_layout"] is True  # MLA at tp 2: the config's kv kind was used

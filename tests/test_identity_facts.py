@@ -239,7 +239,7 @@ def test_broken_model_config_is_a_usage_error_naming_the_path(tmp_path):
 
 
 def test_bad_flag_value_is_a_usage_error():
-    with pytest.raises(UsageError, match="fact 'runner' must be v1 or v2"):
+    with pytest.raises(UsageError, match="fact 'runner' must be one of v1, v2"):
         FactsResolver({"runner": "v3"})
 
 
@@ -249,3 +249,117 @@ def test_facts_to_dict_has_every_fact_and_no_sources():
     assert set(d) == {"kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor", "nnodes",
                       "per_token_head_quant", "page_bytes", "tensors_per_layer", "family"}
     assert json.loads(json.dumps(d)) == d
+
+
+# --- values the engines accept (issue 16, defect 3) --------------------------------------------
+
+BAD_VALUES = [  # (fact, a value no engine takes, text of the allowed values)
+    ("model_dtype", "banana", "half, float16, bfloat16, float, float32"),
+    ("model_dtype", "auto", "half, float16, bfloat16, float, float32"),  # the fact is what "auto" resolved to
+    ("cache_dtype", "banana", "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla"),
+    ("executor", "potato", "mp, ray, uni, external_launcher, or an Executor class"),
+    ("runner", "v3", "one of v1, v2"),
+    ("kv_kind", "linear", "one of full, mla, sliding, hybrid, mamba"),
+    ("family", "sglang", "one of vllm, llmd, vllmcpp"),
+    ("nnodes", 0, "a positive integer"),
+    ("total_kv_heads", -8, "a positive integer"),
+    ("page_bytes", "4096", "a positive integer"),
+    ("tensors_per_layer", True, "a positive integer"),
+    ("per_token_head_quant", "yes", "true or false"),
+]
+
+
+@pytest.mark.parametrize("fact,value,allowed", BAD_VALUES, ids=[f"{f}={v!r}" for f, v, _ in BAD_VALUES])
+def test_every_fact_is_checked_against_the_values_the_engine_accepts(tmp_path, fact, value, allowed):
+    """--model-dtype banana, --executor potato, ...: a usage error naming the flag or the
+    FACTS.json path and key, the value and the allowed values."""
+    with pytest.raises(UsageError) as err:
+        FactsResolver({fact: value})
+    text = str(err.value)
+    assert err.value.exit_code == 2
+    assert f"--{fact.replace('_', '-')}" in text and repr(value) in text and allowed in text
+    path = write_json(tmp_path / "FACTS.json", {"org/model": {fact: value}})
+    with pytest.raises(UsageError) as err:
+        FactsResolver(None, path)
+    text = str(err.value)
+    assert path in text and "'org/model'" in text and f"'{fact}'" in text and repr(value) in text
+    assert allowed in text
+
+
+def test_values_the_engine_accepts_are_kept():
+    facts = FactsResolver({"model_dtype": "half", "cache_dtype": "fp8_ds_mla", "executor": "external_launcher",
+                           "runner": "v2"}).for_namespace("m", "b")
+    assert (facts.model_dtype, facts.cache_dtype, facts.executor, facts.runner) == \
+        ("float16", "fp8_ds_mla", "external_launcher", "v2")
+    # vLLM also imports an Executor class by its qualified name
+    assert FactsResolver({"executor": "my_pkg.executors.MyExecutor"}).for_namespace("m", "b").executor == \
+        "my_pkg.executors.MyExecutor"
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"torch_dtype": "float8"}, "torch_dtype 'float8' is not a torch dtype"),
+    ({"torch_dtype": 16}, "torch_dtype 16 is not a torch dtype"),
+    ({"text_config": {"dtype": "banana"}}, "text_config.dtype 'banana' is not a torch dtype"),
+    ({"num_key_value_heads": "8"}, "num_key_value_heads must be a positive integer, got '8'"),
+    ({"kv_lora_rank": -512}, "kv_lora_rank must be a positive integer, got -512"),
+])
+def test_nonsense_in_a_model_config_is_refused_naming_the_file(tmp_path, patch, message):
+    path = write_json(tmp_path / "config.json", {**DEEPSEEK_V3, **patch})
+    with pytest.raises(UsageError) as err:
+        FactsResolver({"model_config": path})
+    assert err.value.exit_code == 2 and path in str(err.value) and message in str(err.value)
+
+
+def test_fp8_checkpoint_leaves_model_dtype_to_the_operator():
+    """A real fp8 checkpoint says float8_e4m3fn: vLLM serves it as the GPU's half type."""
+    facts = facts_from_hf_config({**LLAMA_31_8B, "torch_dtype": "float8_e4m3fn"})
+    assert "model_dtype" not in facts and "--model-dtype" in facts["model_dtype_note"]
+
+
+# --- a model config applied to a namespace of another model ------------------------------------
+
+DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 27,
+                    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                    "v_head_dim": 128, "torch_dtype": "bfloat16"}
+
+
+def test_model_config_of_another_model_is_refused_for_that_namespace(tmp_path):
+    from kvmigrate.identity.target import compute_target
+
+    llama = write_json(tmp_path / "llama.json", LLAMA_31_8B)
+    resolver = FactsResolver({"model_config": llama})
+    src = {**MLA_SOURCE, "model_name": "deepseek-ai/DeepSeek-V2-Lite"}
+    facts = resolver.for_namespace(src["model_name"], "deepseek-ai_DeepSeek-V2-Lite_0123456789ab", src)
+    assert facts.kv_kind is None and facts.total_kv_heads is None  # nothing taken from the wrong config
+    for part in ("deepseek-ai_DeepSeek-V2-Lite_0123456789ab", "LlamaForCausalLM", "'deepseek-ai/DeepSeek-V2-Lite'",
+                 llama, "--model-config", "--facts keys by model name",
+                 '{"deepseek-ai/DeepSeek-V2-Lite": {"model_config": '):
+        assert part in facts.refusal
+    with pytest.raises(UsageError, match="refused for namespace deepseek-ai_DeepSeek-V2-Lite_0123456789ab"):
+        compute_target(src, "vllm", facts, "vllm-0.28")
+    # the same resolver still serves the Llama namespace; a FACTS.json config is named by its key
+    assert resolver.for_namespace("meta-llama/Llama-3.1-8B-Instruct", "b").refusal is None
+    path = write_json(tmp_path / "FACTS.json", {"*": {"model_config": "llama.json"}})
+    refusal = FactsResolver(None, path).for_namespace(src["model_name"], "b", src).refusal
+    assert f"'model_config' of {path} entry '*'" in refusal
+
+
+@pytest.mark.parametrize("model_name,cfg,refused", [
+    ("deepseek-ai/DeepSeek-V2-Lite", LLAMA_31_8B, True),
+    ("deepseek-ai/DeepSeek-V2-Lite", DEEPSEEK_V2_LITE, False),
+    ("deepseek-ai/DeepSeek-V3", DEEPSEEK_V2_LITE, False),  # one family: V2 and V3 are both MLA
+    ("Qwen/Qwen3-8B", QWEN25_7B, True),  # qwen2 config on a Qwen3 model
+    ("Qwen/Qwen2.5-7B-Instruct", QWEN25_7B, False),
+    ("Qwen/QwQ-32B", QWEN25_7B, False),  # generic Qwen name: any Qwen config
+    ("mistralai/Mistral-7B-v0.1", GEMMA2_9B, True),
+    ("google/gemma-2-9b", GEMMA2_9B, False),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", LLAMA_31_8B, False),  # names both families
+    ("deepseek-ai/deepseek-coder-6.7b-instruct", LLAMA_31_8B, False),  # DeepSeek Coder v1 is a Llama model
+    ("org/model", DEEPSEEK_V3, False),  # unknown names are never refused
+    ("meta-llama/Llama-3.1-8B", JAMBA_V01, False),  # nor unknown architectures
+])
+def test_model_config_conflicts_are_decided_conservatively(tmp_path, model_name, cfg, refused):
+    path = write_json(tmp_path / "config.json", cfg)
+    facts = FactsResolver({"model_config": path}).for_namespace(model_name, "b")
+    assert (facts.refusal is not None) == refused

@@ -11,32 +11,51 @@ from typing import Any, Callable
 import click
 
 from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError
+from kvmigrate.identity.values import (CACHE_DTYPES, DEFAULT_PROFILE, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS,
+                                      MODEL_DTYPES, PROFILES, RUNNERS)
 
-PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28", "vllmcpp")
-DEFAULT_PROFILE = "vllm-0.28"
-KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
+
+def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Refuse, while parsing, a fact value the engine would not accept (exit 2, naming the values)."""
+    if value is None:
+        return None
+    from kvmigrate.errors import UsageError
+    from kvmigrate.identity.facts import allowed_values, check_fact
+
+    name = param.name or ""
+    try:
+        return check_fact(name, value, FACT_FLAGS.get(name, name))
+    except UsageError:
+        raise click.BadParameter(f"{value!r}: the engine accepts {allowed_values(name)}") from None
+
 
 # flag name (snake_case, as in --facts FACTS.json) -> click option
 _FACT_OPTIONS = [
     click.option("--model-config", "model_config", type=click.Path(dir_okay=False),
-                 help="Hugging Face model config.json to read facts from (kv kind, kv heads, dtype, page bytes)."),
+                 help="Hugging Face model config.json to read facts from (kv kind, kv heads, dtype, page bytes); "
+                      "refused for a namespace of another model (per model: --facts)."),
     click.option("--kv-kind", type=click.Choice(KV_KINDS), help="Attention kind of the model that wrote the cache."),
     click.option("--total-kv-heads", type=click.IntRange(min=1), help="Total KV heads of the model (G2: tp must divide it)."),
-    click.option("--model-dtype", help="Model dtype that resolves \"auto\" for targets >= vllm-0.27 (e.g. bfloat16)."),
-    click.option("--cache-dtype", help="Raw --kv-cache-dtype of the writer, for targets <= vllm-0.26 from a resolved source."),
-    click.option("--runner", type=click.Choice(["v1", "v2"]), help="vLLM model runner of the writer (assumed v1)."),
-    click.option("--executor", help="The inference engine's distributed executor: mp, ray, uni (assumed mp)."),
+    click.option("--model-dtype", metavar="DTYPE", callback=_checked,
+                 help="Model dtype that resolves \"auto\" for targets >= vllm-0.27: "
+                      + ", ".join(MODEL_DTYPES) + "."),
+    click.option("--cache-dtype", metavar="DTYPE", callback=_checked,
+                 help="Raw --kv-cache-dtype of the writer, for targets <= vllm-0.26 from a resolved source: "
+                      + ", ".join(CACHE_DTYPES[:8]) + ", ... (vLLM's choices)."),
+    click.option("--runner", type=click.Choice(RUNNERS), help="vLLM model runner of the writer (assumed v1)."),
+    click.option("--executor", metavar="BACKEND", callback=_checked,
+                 help="The inference engine's distributed executor: " + ", ".join(EXECUTORS)
+                      + " or an Executor class package.module.Class (assumed mp)."),
     click.option("--nnodes", type=click.IntRange(min=1), help="Nodes per data-parallel replica (assumed 1)."),
     click.option("--per-token-head-quant/--no-per-token-head-quant", default=None,
                  help="Per-token-head KV quantization (assumed off)."),
     click.option("--page-bytes", type=click.IntRange(min=1), help="Bytes of one tensor's page for one GPU block on one rank."),
     click.option("--tensors-per-layer", type=click.IntRange(min=1), help="Full attention: 2 when K and V are separate tensors."),
-    click.option("--family", type=click.Choice(["vllm", "llmd", "vllmcpp"]), help="Force the writer family (S1 trees can be ambiguous)."),
+    click.option("--family", type=click.Choice(FAMILIES), help="Force the writer family (S1 trees can be ambiguous)."),
     click.option("--facts", "facts_file", type=click.Path(dir_okay=False),
                  help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\"."),
 ]
-FACT_NAMES = ("model_config", "kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor",
-              "nnodes", "per_token_head_quant", "page_bytes", "tensors_per_layer", "family")
+FACT_NAMES = tuple(FACT_FLAGS)
 
 
 def facts_options(fn: Callable) -> Callable:

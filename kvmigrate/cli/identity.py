@@ -16,7 +16,8 @@ def command(config_json: str, target: str, as_json: bool, quiet: bool, verbose: 
     """Show the identity of a namespace's CONFIG_JSON and the namespace the --target engine
     would use for the same deployment, with one reason per failed gate condition.
 
-    Exit 0, or 2 when a needed deployment fact is missing (the message names the flag)
+    Exit 0, or 2 when a needed deployment fact is missing (the message names the flag),
+    a fact value is one the engine would not accept, the model config is another model's,
     or CONFIG_JSON is not a readable identity.
     """
     from kvmigrate.identity.explain import explain_identity, render_text

@@ -1,17 +1,34 @@
 """Identity engine: canonical JSON and digests, vLLM field schemes, gates, deployment
-facts, family detection and target computation (identity.md, formats.md §3)."""
+facts, family detection and target computation (identity.md, formats.md §3).
 
-from kvmigrate.identity.canonical import canonical_bytes, config_json_bytes, d12, fields_from_config_bytes, full_digest
-from kvmigrate.identity.facts import Facts, FactsResolver
-from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
-from kvmigrate.identity.gates import DEFAULT_PROFILE, PROFILES, VLLM_PROFILES, Deployment, GateDecision
-from kvmigrate.identity.hfconfig import facts_from_hf_config
-from kvmigrate.identity.schemes import filemapper, scheme_of, unknown_keys, validate_fields
-from kvmigrate.identity.target import Target, compute_target
+The names below load their module on first use, so the CLI's option tables can read
+`kvmigrate.identity.values` without importing the whole engine (`--help` stays fast).
+"""
 
-__all__ = [
-    "DEFAULT_PROFILE", "PROFILES", "VLLM_PROFILES", "Deployment", "Facts", "FactsResolver", "GateDecision", "Target",
-    "ambiguity_is_harmless", "canonical_bytes", "compute_target", "config_json_bytes", "d12", "detect_family",
-    "facts_from_hf_config", "fields_from_config_bytes", "filemapper", "full_digest", "harmless_ambiguity_note",
-    "scheme_of", "unknown_keys", "validate_fields",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "canonical_bytes": "canonical", "config_json_bytes": "canonical", "d12": "canonical",
+    "fields_from_config_bytes": "canonical", "full_digest": "canonical",
+    "Facts": "facts", "FactsResolver": "facts",
+    "ambiguity_is_harmless": "family", "detect_family": "family", "harmless_ambiguity_note": "family",
+    "DEFAULT_PROFILE": "gates", "PROFILES": "gates", "VLLM_PROFILES": "gates", "Deployment": "gates",
+    "GateDecision": "gates",
+    "facts_from_hf_config": "hfconfig",
+    "filemapper": "schemes", "scheme_of": "schemes", "unknown_keys": "schemes", "validate_fields": "schemes",
+    "Target": "target", "compute_target": "target",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -11,31 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields as dc_fields
 from typing import Any
 
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import hfconfig
+from kvmigrate.identity.values import (CACHE_DTYPES, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS, MODEL_DTYPES,
+                                      RUNNERS)
 
-KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
-FAMILIES = ("vllm", "llmd", "vllmcpp")
-RUNNERS = ("v1", "v2")
+# fact -> the values the engine accepts (the string facts)
+CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dtype": MODEL_DTYPES,
+           "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS}
+_QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an Executor class vLLM imports by name
 
-# fact -> command-line flag naming it (for messages)
-FLAGS = {
-    "kv_kind": "--kv-kind",
-    "total_kv_heads": "--total-kv-heads",
-    "model_dtype": "--model-dtype",
-    "cache_dtype": "--cache-dtype",
-    "runner": "--runner",
-    "executor": "--executor",
-    "nnodes": "--nnodes",
-    "per_token_head_quant": "--per-token-head-quant",
-    "page_bytes": "--page-bytes",
-    "tensors_per_layer": "--tensors-per-layer",
-    "family": "--family",
-    "model_config": "--model-config",
-}
+FLAGS = FACT_FLAGS  # fact -> the flag naming it in messages
 
 
 @dataclass
@@ -54,50 +44,51 @@ class Facts:
     tensors_per_layer: int | None = None
     family: str | None = None  # vllm | llmd | vllmcpp (forced)
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
+    # why the namespace gets no target although its facts resolved (a model config of another model)
+    refusal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("sources")
+        d.pop("refusal")
         return d
 
 
-FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name != "sources")
+FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer")
 
 
-def check_fact(name: str, value: Any, where: str) -> Any:
-    """Validate one fact value; returns the normalized value or raises UsageError."""
-
-    def bad(expected: str) -> UsageError:
-        return UsageError(f"{where}: fact '{name}' must be {expected}, got {value!r}",
-                          hint=f"fix the value (flag {FLAGS.get(name, name)})")
-
-    if name == "kv_kind":
-        if value not in KV_KINDS:
-            raise bad("one of " + ", ".join(KV_KINDS))
-        return value
-    if name == "family":
-        if value not in FAMILIES:
-            raise bad("one of " + ", ".join(FAMILIES))
-        return value
-    if name == "runner":
-        if value not in RUNNERS:
-            raise bad("v1 or v2")
-        return value
+def allowed_values(name: str) -> str:
+    """The values of a fact the engine accepts, as a message lists them."""
+    if name in CHOICES:
+        extra = {"model_dtype": " (what \"auto\" resolved to)",
+                 "executor": ", or an Executor class as package.module.Class"}.get(name, "")
+        return "one of " + ", ".join(CHOICES[name]) + extra
     if name in _INT_FACTS:
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise bad("a positive integer")
-        return value
-    if name == "per_token_head_quant":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if name in ("model_dtype", "cache_dtype", "executor"):
-        if not (isinstance(value, str) and value.strip()):
-            raise bad("a non-empty string")
-        return hfconfig.normalize_dtype(value) if name == "model_dtype" else value.strip()
-    raise UsageError(f"{where}: unknown fact '{name}'",
-                     hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
+        return "a positive integer"
+    return "true or false"  # per_token_head_quant
+
+
+def check_fact(name: str, value: Any, where: str) -> Any:
+    """Validate one fact value against what the engine accepts; the normalized value or a UsageError.
+
+    `where` says where the value came from (the flag, or "<FACTS.json>: entry '<key>'"), so
+    the message names the flag or the FACTS.json key, the value and the allowed values.
+    """
+    if name not in FLAGS or name == "model_config":
+        raise UsageError(f"{where}: unknown fact '{name}'",
+                         hint="known facts: " + ", ".join(FACT_NAMES + ("model_config",)))
+    if name in CHOICES:
+        ok = isinstance(value, str) and (value in CHOICES[name]
+                                         or (name == "executor" and _QUALNAME.fullmatch(value) is not None))
+    elif name in _INT_FACTS:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    else:  # per_token_head_quant
+        ok = isinstance(value, bool)
+    if not ok:
+        raise UsageError(f"{where}: fact '{name}' must be {allowed_values(name)}, got {value!r}",
+                         hint=f"fix the value (flag {FLAGS[name]}, FACTS.json key '{name}')")
+    return hfconfig.normalize_dtype(value) if name == "model_dtype" else value
 
 
 def load_json_object(path: str, what: str) -> dict[str, Any]:
@@ -135,11 +126,12 @@ class FactsResolver:
         self.flags = {k: v for k, v in (flags or {}).items() if v is not None}
         self.facts_file = facts_file
         self._hf_cache: dict[str, dict[str, Any]] = {}
+        self._hf_configs: dict[str, dict[str, Any]] = {}
         flag_values = {}
         for name, value in self.flags.items():
             if name == "model_config":
                 continue
-            flag_values[name] = check_fact(name, value, "command line")
+            flag_values[name] = check_fact(name, value, FLAGS.get(name, "command line"))
         flag_cfg = self.flags.get("model_config")
         self._flags = _Layer("flag", flag_values, os.path.abspath(flag_cfg) if flag_cfg else None)
         self._entries: dict[str, _Layer] = {}
@@ -175,8 +167,23 @@ class FactsResolver:
     def _hf_facts(self, path: str) -> dict[str, Any]:
         if path not in self._hf_cache:
             cfg = load_json_object(path, "model config")
-            self._hf_cache[path] = hfconfig.facts_from_hf_config(cfg)
+            try:
+                facts = hfconfig.facts_from_hf_config(cfg)
+            except ValueError as exc:
+                raise UsageError(f"model config: {exc}", path=path,
+                                 hint="fix the file or pass the model's own Hugging Face config.json") from None
+            self._hf_cache[path] = facts
+            self._hf_configs[path] = cfg
         return self._hf_cache[path]
+
+    def _refusal(self, layer: _Layer, model_name: str, base_name: str, conflict: str) -> str:
+        """One line (reports keep the first): the namespace, the config and the way out."""
+        given_by = "--model-config" if layer.source == "flag" else \
+            f"'model_config' of {self.facts_file} entry {layer.source.removeprefix('facts:')!r}"
+        example = json.dumps({model_name: {"model_config": "<its config.json>"}})
+        return (f"model config {layer.model_config} ({given_by}) refused for namespace {base_name}: {conflict}; "
+                f"its blocks are not planned. --facts keys by model name: give each model its "
+                f"own config, e.g. --facts FACTS.json with {example}")
 
     def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
         """Places facts come from for one namespace, most specific first."""
@@ -197,10 +204,15 @@ class FactsResolver:
                     setattr(facts, name, layer.values[name])
                     facts.sources[name] = layer.source
                     break
-        cfg_path = next((layer.model_config for layer in layers if layer.model_config), None)
-        if cfg_path is None:
+        cfg_layer = next((layer for layer in layers if layer.model_config), None)
+        if cfg_layer is None:
             return facts
+        cfg_path = cfg_layer.model_config
         hf = self._hf_facts(cfg_path)
+        conflict = hfconfig.family_conflict(self._hf_configs[cfg_path], model_name)
+        if conflict is not None:
+            facts.refusal = self._refusal(cfg_layer, model_name, base_name, conflict)
+            return facts
         origin = f"model_config:{cfg_path}"
         for name in ("kv_kind", "total_kv_heads", "model_dtype"):
             if getattr(facts, name) is None and name in hf:

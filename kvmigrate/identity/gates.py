@@ -13,11 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate.identity.facts import Facts
-
-VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
-VLLMCPP_PROFILE = "vllmcpp"
-PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE,)
-DEFAULT_PROFILE = "vllm-0.28"
+from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES, VLLM_PROFILES, VLLMCPP_PROFILE  # noqa: F401
 
 # profile -> (agnostic gate, replicated gate R?, canonical widening?)
 PROFILE_GATES: dict[str, tuple[str | None, bool, bool]] = {

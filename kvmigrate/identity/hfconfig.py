@@ -8,7 +8,10 @@ with `use_sliding_window: false`, which vLLM serves as full attention.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from kvmigrate.identity.values import HF_OTHER_TORCH_DTYPES, HF_SERVED_DTYPES
 
 # dtype spellings -> the name vLLM writes (`str(torch.dtype).removeprefix("torch.")`)
 _DTYPE_ALIASES = {
@@ -124,6 +127,30 @@ def kv_kind_of(cfg: dict[str, Any]) -> tuple[str, str]:
     return "full", "no MLA, sliding-window or state-space settings"
 
 
+_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "num_attention_heads",
+               "n_head", "qk_rope_head_dim")
+
+
+def _check_counts(c: dict[str, Any]) -> None:
+    """Head counts and MLA dimensions, when given, are positive integers (else the file is damaged)."""
+    keys = _COUNT_KEYS + (("kv_lora_rank",) if _set(c.get("kv_lora_rank")) else ())
+    for key in keys:
+        v = c.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            raise ValueError(f"{key} must be a positive integer, got {v!r}")
+
+
+def _torch_dtype(key: str, value: Any) -> str | None:
+    """The torch dtype a config's `torch_dtype` / `dtype` names; a value no torch dtype has is an error."""
+    if value is None:
+        return None
+    name = normalize_dtype(value) if isinstance(value, str) else None
+    if name not in HF_SERVED_DTYPES + HF_OTHER_TORCH_DTYPES:
+        raise ValueError(f"{key} {value!r} is not a torch dtype (a config.json says bfloat16, float16, float32, "
+                         "float8_e4m3fn, ...)")
+    return name
+
+
 def _first_int(c: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         v = c.get(key)
@@ -136,13 +163,15 @@ def facts_from_hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Facts a Hugging Face `config.json` proves, as a dict with the snake_case fact names.
 
     Keys (only those the config determines): `kv_kind`, `total_kv_heads`, `model_dtype`
-    (not for float32 checkpoints, which vLLM downcasts per GPU), and for MLA models
-    `kv_lora_rank`, `qk_rope_head_dim` (to derive `page_bytes`). `kv_kind_evidence` says
-    which value decided the kind.
+    (not for float32 or fp8 checkpoints, which vLLM serves as a half type chosen per GPU),
+    and for MLA models `kv_lora_rank`, `qk_rope_head_dim` (to derive `page_bytes`).
+    `kv_kind_evidence` says which value decided the kind. Raises ValueError for a value no
+    real config has (a dtype torch does not know, a head count that is not a positive integer).
     """
     if not isinstance(cfg, dict):
         raise ValueError("a Hugging Face config must be a JSON object")
     c = _text_config(cfg)
+    _check_counts(c)
     facts: dict[str, Any] = {}
     facts["kv_kind"], facts["kv_kind_evidence"] = kv_kind_of(cfg)
     heads = _first_int(c, ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"))
@@ -150,16 +179,17 @@ def facts_from_hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
         heads = _first_int(c, ("num_attention_heads", "n_head"))
     if heads is not None:
         facts["total_kv_heads"] = heads
-    dtype = normalize_dtype(c.get("torch_dtype")) or normalize_dtype(c.get("dtype"))
-    if dtype is None:
-        dtype = normalize_dtype(cfg.get("torch_dtype")) or normalize_dtype(cfg.get("dtype"))
-    if dtype == "float32":
-        # vLLM downcasts float32 checkpoints under --dtype auto to the platform's preferred
-        # half type (bfloat16 on most GPUs, float16 on older ones): the config cannot tell
-        facts["model_dtype_note"] = ("torch_dtype float32: vLLM serves it as bfloat16 or float16 depending on "
-                                     "the GPU; pass --model-dtype")
-    elif dtype is not None:
+    inner = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
+    dtypes = [_torch_dtype(prefix + key, obj.get(key))
+              for prefix, obj in (("text_config.", inner), ("", cfg)) for key in ("torch_dtype", "dtype")]
+    dtype = next((d for d in dtypes if d is not None), None)
+    if dtype in HF_SERVED_DTYPES:
         facts["model_dtype"] = dtype
+    elif dtype is not None:
+        # vLLM serves float32 (and fp8, ...) checkpoints under --dtype auto as the platform's
+        # preferred half type (bfloat16 on most GPUs, float16 on older ones): the config cannot tell
+        facts["model_dtype_note"] = (f"torch_dtype {dtype}: vLLM serves it as bfloat16 or float16 depending on "
+                                     "the GPU; pass --model-dtype")
     if _set(c.get("kv_lora_rank")):
         for key in ("kv_lora_rank", "qk_rope_head_dim"):
             v = _first_int(c, (key,))
@@ -176,3 +206,62 @@ def mla_page_bytes(block_tokens: int, kv_lora_rank: int, qk_rope_head_dim: int, 
     if size is None:
         return None
     return block_tokens * (kv_lora_rank + qk_rope_head_dim) * size
+
+
+# --- which model a config is ----------------------------------------------------------------
+# Well-known families: (family, pattern of the lower-case model name, model_type, architecture).
+# A family that prefixes another (qwen: qwen2, qwen3) is the generic one and agrees with both.
+_MODEL_FAMILIES = [(fam, re.compile(name), re.compile(mtype), re.compile(arch)) for fam, name, mtype, arch in (
+    ("llama", r"(?<![a-z])llama", r"m?llama\d*(_text)?", r"(Llama\d*|Mllama)For"),
+    ("mistral", r"(?<![a-z])(mistral|ministral|codestral|devstral|magistral|mathstral)",
+     r"(mistral|ministral)\d*", r"(Mistral|Ministral)\d*For"),
+    ("mixtral", r"(?<![a-z])mixtral", r"mixtral", r"MixtralFor"),
+    ("qwen", r"(?<![a-z])(qwen|qwq)(?![23])", r"qwen", r"QWen"),
+    ("qwen2", r"(?<![a-z])qwen2", r"qwen2\w*", r"Qwen2"),
+    ("qwen3", r"(?<![a-z])qwen3", r"qwen3\w*", r"Qwen3"),
+    # DeepSeek V2/V3/R1 are MLA models; DeepSeek LLM/Coder v1 and Prover-V2-7B are Llama models
+    ("deepseek", r"deepseek[-_ ]?(coder[-_ ]?)?(v[2-9]|r1)(?![a-z0-9])", r"deepseek_v\d+", r"DeepseekV\d+For"),
+    ("gemma", r"(?<![a-z])gemma", r"gemma\d*n?(_text)?", r"Gemma\d*n?For"),
+    ("phi", r"(?<![a-z])phi[-_]?\d", r"phi\w*", r"Phi\w*For"),
+    ("gpt_oss", r"gpt[-_]?oss", r"gpt_oss", r"GptOssFor"),
+)]
+
+
+def _related(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
+
+
+def name_families(model_name: str) -> set[str]:
+    """Families a model name clearly names (most specific only: qwen3, not qwen and qwen3)."""
+    name = model_name.lower()
+    found = {fam for fam, pattern, _, _ in _MODEL_FAMILIES if pattern.search(name)}
+    return {f for f in found if not any(g != f and g.startswith(f) for g in found)}
+
+
+def config_family(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """(family, what the config says: architecture and model_type) or None when not well known."""
+    model_type = cfg.get("model_type")
+    archs = [a for a in cfg.get("architectures") or () if isinstance(a, str)] \
+        if isinstance(cfg.get("architectures"), list) else []
+    said = ", ".join([*archs[:1], *([f"model_type {model_type!r}"] if isinstance(model_type, str) else [])])
+    for fam, _, mtype, _ in _MODEL_FAMILIES:
+        if isinstance(model_type, str) and mtype.fullmatch(model_type):
+            return fam, said
+    for fam, _, _, arch in _MODEL_FAMILIES:
+        if any(arch.match(a) for a in archs):
+            return fam, said
+    return None
+
+
+def family_conflict(cfg: dict[str, Any], model_name: str) -> str | None:
+    """Why `cfg` cannot be the config of `model_name` (None: it may be).
+
+    Conservative: only when the name clearly names well-known families and the config
+    names another one; unknown names and unknown architectures never conflict.
+    """
+    named = name_families(model_name)
+    found = config_family(cfg)
+    if not named or found is None or any(_related(found[0], f) for f in named):
+        return None
+    return (f"the config is {found[1]} (a {found[0]} model) but model {model_name!r} is a "
+            f"{' or '.join(sorted(named))} model")

@@ -24,7 +24,7 @@ from kvmigrate import layout
 PROFILE_VERSIONS = {"vllm-0.22": "0.22", "vllm-0.24": "0.24", "vllm-0.26": "0.26",
                     "vllm-0.27": "0.27", "vllm-0.28": "0.28"}
 # dtype values vLLM >= 0.27 writes when it resolved "auto" (a pre-0.27 engine wrote "auto")
-MODEL_DTYPES = ("float16", "bfloat16", "float32")
+RESOLVED_DTYPES = ("float16", "bfloat16", "float32")
 
 HASH_GRANULARITY_CHANGED = "hash granularity changed"
 RANK_PRIVATE_SHARD = "rank-private shard"
@@ -65,8 +65,11 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
 
     Raises MissingFactError when a required fact is missing (model_dtype to resolve
     "auto" for targets >= 0.27; cache_dtype for targets <= 0.26 from a resolved source),
-    UsageError for an unknown profile or an identity that is not valid for its scheme.
+    UsageError for an unknown profile, an identity that is not valid for its scheme, or
+    facts that refused the namespace (a model config of another model).
     """
+    if facts.refusal is not None:
+        raise UsageError(facts.refusal)
     problems = source_problems(source_fields)
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems),
@@ -96,7 +99,7 @@ def _target_dtype(src: dict[str, Any], scheme: str, target_scheme: str, facts: F
     parallel_one = all(src[k] == 1 for k in schemes.PARALLEL_KEYS)
     # an S2-looking folder with sizes 1 may be an agnostic S3 namespace (same keys)
     resolved = scheme == "S3" or (scheme == "S2" and parallel_one)
-    if resolved and normalize_dtype(dtype) in MODEL_DTYPES:
+    if resolved and normalize_dtype(dtype) in RESOLVED_DTYPES:
         if facts.cache_dtype is None:
             raise MissingFactError("cache_dtype", "--cache-dtype",
                                    f'the source dtype {dtype!r} may be a resolved "auto"; vLLM <= 0.26 writes '

@@ -1,0 +1,56 @@
+"""The values a deployment fact may take: those the engines themselves accept (identity.md §4).
+
+One table for the command-line flags, FACTS.json and the model-config reader, so a value
+no engine would take ("banana", "potato") is a usage error before anything is planned.
+No imports: `kvmigrate <command> --help` reads the choices from here.
+"""
+
+from __future__ import annotations
+
+VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
+VLLMCPP_PROFILE = "vllmcpp"
+PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE,)
+DEFAULT_PROFILE = "vllm-0.28"
+
+# fact (as in FACTS.json) -> the command-line flag stating it
+FACT_FLAGS = {
+    "model_config": "--model-config",
+    "kv_kind": "--kv-kind",
+    "total_kv_heads": "--total-kv-heads",
+    "model_dtype": "--model-dtype",
+    "cache_dtype": "--cache-dtype",
+    "runner": "--runner",
+    "executor": "--executor",
+    "nnodes": "--nnodes",
+    "per_token_head_quant": "--per-token-head-quant",
+    "page_bytes": "--page-bytes",
+    "tensors_per_layer": "--tensors-per-layer",
+    "family": "--family",
+}
+
+KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
+FAMILIES = ("vllm", "llmd", "vllmcpp")
+RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
+
+# vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to
+MODEL_DTYPES = ("half", "float16", "bfloat16", "float", "float32")
+
+# vLLM `CacheConfig.cache_dtype` (CacheDType, the raw --kv-cache-dtype) of the newest
+# vllm/config/cache.py (the literal has only grown: older releases accept fewer)
+CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+# vLLM `ParallelConfig.distributed_executor_backend` (DistributedExecutorBackend); vLLM also
+# takes the qualified name of an Executor class (`package.module.Class`)
+EXECUTORS = ("mp", "ray", "uni", "external_launcher")
+
+# `torch_dtype` of a Hugging Face config.json: the half types vLLM serves as they are;
+# other torch dtypes (float32, fp8 checkpoints, ...) fall back to the GPU's preferred half type
+HF_SERVED_DTYPES = ("float16", "bfloat16")
+HF_OTHER_TORCH_DTYPES = (
+    "float32", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2", "int8", "uint8", "int16", "int32", "int64",
+)
