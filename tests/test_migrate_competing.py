@@ -115,3 +115,32 @@ def test_the_dry_run_outcomes_are_the_apply_outcomes(tree, synth_root):
     assert dry["outcomes"][key] == n, dry["outcomes"]
     per_target = {t["target_base"]: {k: v for k, v in t["outcomes"].items() if v} for t in dry["targets"]}
     assert per_target == {b: {k: v for k, v in c.items() if v} for b, c in done["apply"]["per_target"].items()}
+
+
+def test_a_scale_out_part_judges_competing_sources_by_the_whole_plans_sizes(tmp_path, synth_root):
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.migrate.plan import build_plan
+    from kvmigrate.scaleout import dataset
+    from kvmigrate.scan import scan
+
+    # 3 shared block names, 1 more in TP=4: modal 16384 over the whole target, a tie in a
+    # part that holds one shared block only
+    root, _ = synth_root({**ROWS, "tp": 2, "blocks": 3}, {**ROWS, "tp": 4, "blocks": 4})
+    m = tmp_path / "m.parquet"
+    scan(root, m, facts_resolver=FactsResolver({"family": "vllm", "kv_kind": "full", "total_kv_heads": 8,
+                                                "model_dtype": "bfloat16"}, None), threads=2)
+    whole = build_plan(m)
+    assert whole.outcomes()["created"] == 4 and whole.outcomes()["conflict"] == 3
+    meta = manifest.read_metadata(m)
+    n = 64
+
+    def summed(**kwargs) -> dict:
+        total: dict = {}
+        for k in range(n):
+            part = build_plan(m, table=dataset.part_rows(m, k, n), metadata=meta, **kwargs)
+            for key, v in part.outcomes().items():
+                total[key] = total.get(key, 0) + v
+        return total
+
+    assert summed(target_sizes=whole.target_sizes) == whole.outcomes()
+    assert summed() != whole.outcomes()  # each part alone sees a tie: the sizes must come from the whole

@@ -101,7 +101,8 @@ class BlockAction(NamedTuple):
 
 @dataclass
 class TargetPlan:
-    """Everything to do for one target namespace, in the fixed merge order."""
+    """Everything to do for one target namespace, in the fixed merge order; competing
+    sources of a target path resolved by the rule of `_decide`."""
 
     base_name: str
     rank_dir: str
@@ -989,9 +990,11 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
 
 class ActionStream:
     """The block actions of one target namespace in the fixed merge order (source base,
-    then rank, then target path), read from the manifest a chunk at a time each time it
-    is iterated: a plan of millions of blocks never holds them. Sized and indexable like
-    the list it stands for; its counts were taken when the plan was built."""
+    then rank, then target path): the blocks to place, then the merges (blocks another
+    source places with the same bytes: the apply compares them). Read from the manifest
+    a chunk at a time each time it is iterated: a plan of millions of blocks never holds
+    them. Sized and indexable like the list it stands for; its counts were taken when
+    the plan was built."""
 
     def __init__(self, rows: _ManifestRows, ctx: _Context, tally: _Tally):
         self._rows = rows
