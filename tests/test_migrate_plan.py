@@ -149,12 +149,17 @@ def test_a_merge_of_equal_sizes_without_hashes_is_compared_at_apply(tree, tmp_pa
     a, b = _two_sources(tree)
     tree.block(a, "aa" * 32, b"\1" * 4096, action="link")
     tree.block(b, "aa" * 32, b"\2" * 4096, action="link")  # other bytes the manifest cannot see
+    tree.block(a, "cc" * 32, b"\3" * 4096, action="link")
+    tree.block(a, "dd" * 32, b"\4" * 8192, action="link")  # not the modal size, but the only one here
+    tree.block(b, "dd" * 32, b"\4" * 8192, action="link")
     plan = build_plan(tree.manifest(tmp_path / "m.parquet"))
     (tp,) = plan.targets
-    assert tp.unverified_merges == 1 and plan.outcomes()["already_present"] == 1
-    assert "of which 1 only by size" in render_text(plan)
+    assert tp.unverified_merges == 2 and not tp.conflicts
+    assert (plan.outcomes()["created"], plan.outcomes()["already_present"]) == (3, 2)
+    assert "of which 2 only by size" in render_text(plan)
     result = apply_plan(plan, command="test")
-    assert (result.outcomes["created"], result.outcomes["conflict"]) == (1, 1)  # a's block placed, b's compared
+    # a's blocks placed; b's compared: "aa" differs (a conflict), "dd" is the same
+    assert [result.outcomes[k] for k in ("created", "already_present", "conflict")] == [3, 1, 1]
     assert (tree.root / tp.actions[0].target_relpath).read_bytes() == b"\1" * 4096
 
 

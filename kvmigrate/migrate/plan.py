@@ -667,7 +667,6 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
     c = c.set_column(1, "rank", pc.fill_null(c.column("rank"), 0))
     c = c.set_column(4, "size", pc.fill_null(c.column("size"), 0))
     c = c.set_column(5, "dev", pc.fill_null(c.column("dev"), 0))
-    c = c.set_column(7, "group", pc.fill_null(c.column("group"), 0))
     for (sb, rank), n in _grouped(c, ["source_base", "rank"], [("rank", "count")]):
         tal = tallies[ctx.target_of[sb].base_name]
         tal.groups.add((sb, rank))
@@ -691,7 +690,7 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
         cnt["blocks"] += n
         cnt["bytes"] += nbytes
     for (sb, group, out), n in _grouped(plain, ["source_base", "group", "out"], [("out", "count")]):
-        tallies[ctx.target_of[sb].base_name].sizes.setdefault(group, Counter())[out] += n
+        tallies[ctx.target_of[sb].base_name].sizes.setdefault(_as_int(group), Counter())[out] += n
     rest = _by_merge_order(c.filter(one_by_one), with_source=True)
     if rest.num_rows:
         _tally_rows(ctx, rest, cands, tallies, competing=set(merged.to_pylist()))
@@ -836,9 +835,12 @@ def _decide(cands: list[_Candidate], size: int | None) -> list[tuple[str, str]]:
                 break
         else:
             classes.append([i])
-    roles: list[tuple[str, str]] = [("", "")] * len(cands)
-    fitting = classes if len(classes) == 1 else [cl for cl in classes if cands[cl[0]].out == size]
+    # one size among them: nothing to choose by size (the bytes may still differ); else
+    # only those of the target's size qualify
+    one_size = len({x.out for x in cands}) == 1
+    fitting = classes if one_size else [cl for cl in classes if cands[cl[0]].out == size]
     differ = any(_same_bytes(cands[a[0]], cands[b[0]]) is False for a in fitting for b in fitting if a is not b)
+    roles: list[tuple[str, str]] = [("", "")] * len(cands)
     if fitting and not differ:
         first = fitting[0]
         roles[first[0]] = ("place", "")
@@ -846,17 +848,18 @@ def _decide(cands: list[_Candidate], size: int | None) -> list[tuple[str, str]]:
             for i in cl:
                 if i != first[0]:
                     roles[i] = ("merge" if cl is first else "check", "")
-    placed = next((cands[i] for i, r in enumerate(roles) if r[0] == "place"), None)
+    placed = any(r == "place" for r, _ in roles)
+    fit = {i for cl in fitting for i in cl}
     for i, x in enumerate(cands):
         if roles[i][0]:
             continue
-        if size is None:
-            why = f"the target's size is unknown (no single most common size in group {x.group}); none placed"
-        elif placed is None and x.out == size:
-            other = next(c.source_base for c in cands if c is not x and c.out == size)
+        if i in fit:  # of a qualifying size, but with other bytes than another one
+            other = next(cands[j].source_base for j in fit if cands[j].digest != x.digest)
             why = f"other content than {other}; none placed"
+        elif size is None:
+            why = f"the target's size is unknown (no single most common size in group {x.group}); none placed"
         else:
-            why = f"the target's size is {size}" + ("" if placed is not None else "; none placed")
+            why = f"the target's size is {size}" + ("" if placed else "; none placed")
         roles[i] = ("conflict", f"{COMPETING}{x.source_base}: {x.out} bytes, {why}")
     return roles
 
