@@ -11,6 +11,7 @@ import os
 import subprocess
 
 import pytest
+import xxhash
 
 from kvmigrate import layout
 from kvmigrate.errors import UsageError
@@ -103,7 +104,63 @@ def test_sources_merge_in_base_name_order_and_duplicates_are_counted_once(tree, 
     assert counts["merge_duplicate"]["blocks"] == 1
     assert plan.pending == 2 and plan.dry_run_exit_code() == 1
     text = render_text(plan, "kvmigrate migrate --apply")
-    assert "merge (same path as an earlier source)" in text and "to apply: kvmigrate migrate --apply" in text
+    assert "merge (already present: the same block from another source): 1 blocks" in text
+    assert "of which 1 only by size" in text  # no content hashes: compared at apply
+    assert "to apply: kvmigrate migrate --apply" in text
+
+
+def _two_sources(tree) -> tuple[str, str]:
+    """Two single-rank namespaces of one model that map to one target (merge order a, b)."""
+    b2 = tree.namespace("org/m", 2, family="llmd")
+    b4 = tree.namespace("org/m", 4, family="llmd")
+    tree.namespaces[b2]["ranks"] = tree.namespaces[b4]["ranks"] = [0]
+    tree.namespaces[b2]["config_json"]["tp_size"] = tree.namespaces[b4]["config_json"]["tp_size"] = 1
+    return tuple(sorted([b2, b4]))
+
+
+def _hashed_block(tree, base: str, hex_hash: str, data: bytes) -> None:
+    tree.block(base, hex_hash, data, action="link")
+    tree.rows[-1]["content_xxh3_128"] = xxhash.xxh3_128_digest(data)
+
+
+def test_competing_sources_with_hashes_merge_equal_bytes_and_place_neither_of_two_contents(tree, tmp_path):
+    a, b = _two_sources(tree)
+    _hashed_block(tree, b, "aa" * 32, b"\1" * 4096)  # equal bytes in both: one placed, one merge
+    _hashed_block(tree, a, "aa" * 32, b"\1" * 4096)
+    _hashed_block(tree, a, "bb" * 32, b"\2" * 4096)  # the target's size in both, other content: neither
+    _hashed_block(tree, b, "bb" * 32, b"\3" * 4096)
+    _hashed_block(tree, a, "cc" * 32, b"\4" * 4096)  # one source only
+    plan = build_plan(tree.manifest(tmp_path / "m.parquet"))
+    (tp,) = plan.targets
+    assert tp.unverified_merges == 0  # the hashes prove the merge
+    assert dict(tp.conflicts) == {f"competing source {a}: 4096 bytes, other content than {b}; none placed": 1,
+                                  f"competing source {b}: 4096 bytes, other content than {a}; none placed": 1}
+    assert [(x.source_base, x.target_relpath.rsplit("/", 1)[1][:2]) for x in tp.actions] == [
+        (a, "aa"), (a, "cc"), (b, "aa")]  # the merge last: compared with the block placed before it
+    expected = {"created": 2, "already_present": 1, "conflict": 2, "changed_since_scan": 0,
+                "skipped_needs_transform": 0, "failed": 0}
+    assert plan.outcomes() == expected and plan.dry_run_exit_code() == 5
+    result = apply_plan(plan, command="test")
+    assert dict(result.outcomes) == expected
+    assert not (tree.root / tp.rank_dir / "bbb").exists()
+
+
+def test_a_merge_of_equal_sizes_without_hashes_is_compared_at_apply(tree, tmp_path):
+    a, b = _two_sources(tree)
+    tree.block(a, "aa" * 32, b"\1" * 4096, action="link")
+    tree.block(b, "aa" * 32, b"\2" * 4096, action="link")  # other bytes the manifest cannot see
+    tree.block(a, "cc" * 32, b"\3" * 4096, action="link")
+    tree.block(a, "dd" * 32, b"\4" * 8192, action="link")  # not the modal size, but the only one here
+    tree.block(b, "dd" * 32, b"\4" * 8192, action="link")
+    plan = build_plan(tree.manifest(tmp_path / "m.parquet"))
+    (tp,) = plan.targets
+    assert tp.unverified_merges == 2 and not tp.conflicts
+    assert (plan.outcomes()["created"], plan.outcomes()["already_present"]) == (3, 2)
+    assert "of which 2 only by size" in render_text(plan)
+    result = apply_plan(plan, command="test")
+    # a's blocks placed; b's compared: "aa" differs (a conflict), "dd" is the same
+    assert [result.outcomes[k] for k in ("created", "already_present", "conflict")] == [3, 1, 1]
+    assert (tree.root / tp.actions[0].target_relpath).read_bytes() == b"\1" * 4096
 
 
 def test_not_reusable_and_skipped_blocks_are_counted_by_reason(tree, tmp_path):

@@ -47,8 +47,12 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     """Migrate reusable blocks into the namespaces the target engine reads.
 
     Without --apply this is a dry run: it prints, per target namespace, how many blocks
-    would be linked, copied with padding, rewritten, are already present or are not
-    reusable, and the command that applies it. It writes nothing.
+    would be linked, copied with padding, rewritten, are already present, conflict (by
+    cause) or are not reusable, the outcomes --apply will report, and the command that
+    applies it. It writes nothing. Two source namespaces with one target path (e.g. TP=2
+    and TP=4 caches of one model): equal bytes merge; otherwise the block of the target's
+    size (its geometry, or the most common size of the target's blocks) is placed and the
+    other is a conflict; without one such block, neither is placed.
 
     \b
     Exit code: dry run 1 if changes are pending (0 if none), +4 for integrity findings;
@@ -220,8 +224,11 @@ def _dry_run(plan, plan_source: str, apply_command: str, as_json: bool, quiet: b
     code = plan.dry_run_exit_code()
     if as_json:
         summary = _summary(plan_source)
-        summary.update({"exit_code": code, "targets": _targets_json(plan), "pending": plan.pending,
-                        "apply_command": apply_command if plan.pending else None})
+        # `outcomes`: what --apply will report, with the same keys and (barring changes
+        # meanwhile) the same numbers; merges of equal sizes only are compared at apply
+        summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
+                        "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
+                        "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets)})
         print_json(summary)
     elif not quiet:
         click.echo(render_text(plan, apply_command))
@@ -238,7 +245,9 @@ def _targets_json(plan) -> list[dict]:
     out = []
     for tp in plan.targets:
         out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
-                    "sources": tp.sources, "actions": tp.counts(), "transform_cost": tp.transform_costs(),
+                    "sources": tp.sources, "actions": tp.counts(), "outcomes": tp.outcomes(),
+                    "merges_checked_at_apply": tp.unverified_merges,
+                    "transform_cost": tp.transform_costs(),
                     "already_present": {"blocks": tp.already_present[0], "bytes": tp.already_present[1]},
                     "skipped": [{"action": a, "reason": r, "blocks": n, "bytes": tp.skipped_bytes[(a, r)]}
                                 for (a, r), n in sorted(tp.skipped.items())],

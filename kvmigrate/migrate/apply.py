@@ -48,10 +48,9 @@ from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpat
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
-from kvmigrate.migrate.plan import ActionStream, BlockAction, Plan, TargetPlan
+from kvmigrate.migrate.plan import OUTCOMES, ActionStream, BlockAction, Plan, TargetPlan
 from kvmigrate.transforms import TransformError
 
-OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
 MODES = ("link", "copy", "auto")
 BATCH = 1024
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)

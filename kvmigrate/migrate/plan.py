@@ -36,6 +36,12 @@ from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, 
 COPIES = ("link", "copy_pad", "rewrite_header")
 CREATING = (*COPIES, *TRANSFORMS)
 NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
+# Outcomes of a block (interface.md §1): what `--apply` reports, and what the dry run
+# foresees with the same numbers (`Plan.outcomes`).
+OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
+# Counts key of a block another source places at the same target path with the same
+# bytes: streamed after the placed blocks, compared at apply (already_present).
+MERGE = "merge_duplicate"
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1).
 _PART_REASON_PREFIXES = ("replica of rank 0", "part of ")
 # The scanner reports a target path that is already taken by other bytes as `none` with
@@ -95,7 +101,8 @@ class BlockAction(NamedTuple):
 
 @dataclass
 class TargetPlan:
-    """Everything to do for one target namespace, in the fixed merge order."""
+    """Everything to do for one target namespace, in the fixed merge order; competing
+    sources of a target path resolved by the rule of `_decide`."""
 
     base_name: str
     rank_dir: str
@@ -123,14 +130,14 @@ class TargetPlan:
         return bytes.fromhex(canonical.full_digest(self.fields, self.family))
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """blocks/bytes per creating action; a second source's block at a target path an
-        earlier source already fills (a merge) is counted under `merge_duplicate`."""
+        """blocks/bytes per creating action; a second source's block at a target path
+        another source fills with the same bytes (a merge) is counted under `merge_duplicate`."""
         if isinstance(self.actions, ActionStream):  # counted when the plan was built
             return {a: dict(v) for a, v in self.actions.tally.counts.items()}
-        out: dict[str, dict[str, int]] = {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, "merge_duplicate")}
+        out: dict[str, dict[str, int]] = {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)}
         seen: set[str] = set()
         for act in self.actions:
-            key = "merge_duplicate" if act.target_relpath in seen else act.action
+            key = MERGE if act.target_relpath in seen else act.action
             seen.add(act.target_relpath)
             out[key]["blocks"] += 1
             out[key]["bytes"] += act.output_size
@@ -140,6 +147,20 @@ class TargetPlan:
     def pending(self) -> int:
         c = self.counts()
         return sum(c[a]["blocks"] for a in CREATING)
+
+    @property
+    def unverified_merges(self) -> int:
+        """Merges whose equal bytes the manifest cannot prove (no content hashes, equal
+        sizes): the apply compares them, and a difference is a conflict."""
+        return self.actions.tally.unverified if isinstance(self.actions, ActionStream) else 0
+
+    def outcomes(self) -> dict[str, int]:
+        """What `--apply` will report for this target if nothing changes meanwhile
+        (changed_since_scan and failed are only known then)."""
+        c = self.counts()
+        return {"created": self.pending, "already_present": self.already_present[0] + c[MERGE]["blocks"],
+                "conflict": sum(self.conflicts.values()), "changed_since_scan": 0,
+                "skipped_needs_transform": sum(self.skipped.values()), "failed": 0}
 
     def transform_costs(self) -> dict[str, dict]:
         """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
@@ -172,6 +193,8 @@ class Plan:
     untargeted: Counter  # reason -> blocks of namespaces with no target identity
     integrity_rows: int
     status_counts: Counter
+    # (target base, group) -> the block size competing sources are judged by (None: unknown)
+    target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -181,6 +204,14 @@ class Plan:
     def conflicts(self) -> int:
         """Blocks whose target path the scan found taken by other bytes."""
         return sum(sum(t.conflicts.values()) for t in self.targets)
+
+    def outcomes(self) -> dict[str, int]:
+        """The apply's outcomes as the dry run foresees them (`TargetPlan.outcomes`)."""
+        out = dict.fromkeys(OUTCOMES, 0)
+        for tp in self.targets:
+            for k, n in tp.outcomes().items():
+                out[k] += n
+        return out
 
     def dry_run_exit_code(self) -> int:
         code = 1 if self.pending else 0
@@ -494,9 +525,13 @@ class _Tally:
     groups: set = field(default_factory=set)
     blocks: int = 0
     counts: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, "merge_duplicate")})
+        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)})
     transforms: dict[str, list[int]] = field(default_factory=dict)  # action -> [blocks, source bytes, output bytes]
     link_devs: dict[int, str] = field(default_factory=dict)
+    sizes: dict[int, Counter] = field(default_factory=dict)  # group -> output size -> blocks (all sources)
+    competing: bool = False  # some target path has candidates from several rows (decided in a second pass)
+    merges: set = field(default_factory=set)  # (source base, rank) groups with merges, streamed after the rest
+    unverified: int = 0  # merges of equal sizes whose bytes the manifest cannot compare (checked at apply)
 
 
 @dataclass
@@ -509,6 +544,10 @@ class _Context:
     world_of: dict[str, int]
     multi: list[str]  # deployments with more than one rank file per block
     units: dict[str, UnitPlan] = field(default_factory=dict)
+    competing: bool = False  # some target path has several candidates (`_competing_roles`)
+    # (target base, group) -> the size competing sources are judged by (`_target_sizes`);
+    # None until the first pass has seen every row
+    target_size: dict[tuple[str, int], int | None] | None = None
 
     def __post_init__(self) -> None:
         self.rank_dir = {sb: tp.rank_dir for sb, tp in self.target_of.items()}
@@ -617,9 +656,10 @@ def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
 
 
 def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
-    """Counts of the creating rows of one chunk, per target (a second source's block at a
-    path an earlier source fills is a `merge_duplicate`), in Arrow; rows of a merged path
-    and transforms (proven here) are counted one by one."""
+    """First pass over the creating rows of one chunk, per target, in Arrow: counts, and
+    every row's output size in its (target, group) histogram; transforms (proven here)
+    are counted one by one, rows of a target path with several candidates only join the
+    histogram (the competing-source rule needs all of it: `_tally_competing`)."""
     if not c.num_rows:
         return
     c = c.select(["source_base", "rank", "target_relpath", "action", "size", "dev", "relpath", "group", "reason",
@@ -636,8 +676,7 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
         tal = tallies[ctx.target_of[sb].base_name]
         if dev not in tal.link_devs:
             tal.link_devs[dev] = relpath
-    paths = c.group_by("target_relpath").aggregate([("target_relpath", "count")])
-    merged = paths.filter(pc.greater(paths.column("target_relpath_count"), 1)).column("target_relpath")
+    merged = _competing_paths(c)
     one_by_one = pc.or_(pc.is_in(c.column("action"), pa.array(list(TRANSFORMS))),
                         pc.less(c.column("size"), 0))  # (padding of a negative size: Python's rounding)
     if len(merged):
@@ -650,9 +689,17 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
         cnt = tallies[ctx.target_of[sb].base_name].counts[action]
         cnt["blocks"] += n
         cnt["bytes"] += nbytes
+    for (sb, group, out), n in _grouped(plain, ["source_base", "group", "out"], [("out", "count")]):
+        tallies[ctx.target_of[sb].base_name].sizes.setdefault(_as_int(group), Counter())[out] += n
     rest = _by_merge_order(c.filter(one_by_one), with_source=True)
     if rest.num_rows:
-        _tally_rows(ctx, rest, cands, tallies)
+        _tally_rows(ctx, rest, cands, tallies, competing=set(merged.to_pylist()))
+
+
+def _competing_paths(c: pa.Table) -> pa.Array:
+    """Target paths that more than one creating row of the chunk would write."""
+    paths = c.group_by("target_relpath").aggregate([("target_relpath", "count")])
+    return paths.filter(pc.greater(paths.column("target_relpath_count"), 1)).column("target_relpath").combine_chunks()
 
 
 def _grouped(t: pa.Table, keys: list[str], aggs: list[tuple[str, str]]) -> Iterator[tuple[tuple, Any]]:
@@ -665,14 +712,16 @@ def _grouped(t: pa.Table, keys: list[str], aggs: list[tuple[str, str]]) -> Itera
         yield key, (vals[0] if len(vals) == 1 else tuple(vals))
 
 
-def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
-    """Counts of creating rows one by one, in merge order: the first row at a target
-    path counts as its action, later ones as `merge_duplicate`; transforms are proven."""
+def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally],
+                competing: set[str] | None = None) -> None:
+    """Counts of creating rows one by one; transforms are proven. In the first pass
+    (`competing`: the chunk's target paths with several candidates) each row also joins
+    its target's size histogram, and rows at a competing path are only that; the second
+    pass counts the rows the competing-source rule places (`competing` None)."""
     names = ("source_base", "target_relpath", "action", "size", "group", "reason", "relpath", "deployment",
              "block_hash")
     cols = dict(zip(names, (c.column(k).to_pylist() for k in names)))
     rep_sizes: dict[tuple, list[tuple[str, int]]] | None = None
-    seen: set[str] = set()
     for i in range(c.num_rows):
         sb, action, tr, size = cols["source_base"][i], cols["action"][i], cols["target_relpath"][i], cols["size"][i]
         tal = tallies[ctx.target_of[sb].base_name]
@@ -683,11 +732,14 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
             out = spec.output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
-        key = "merge_duplicate" if tr in seen else action
-        seen.add(tr)
-        tal.counts[key]["blocks"] += 1
-        tal.counts[key]["bytes"] += out
-        if spec is None or key == "merge_duplicate":
+        if competing is not None:
+            tal.sizes.setdefault(_as_int(cols["group"][i]), Counter())[out] += 1
+            if tr in competing:
+                tal.competing = True
+                continue
+        tal.counts[action]["blocks"] += 1
+        tal.counts[action]["bytes"] += out
+        if spec is None:
             continue
         source_bytes = size
         dep = cols["deployment"][i] or sb
@@ -705,6 +757,170 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         t[2] += out
 
 
+# --- competing sources: several source namespaces for one target path ---------------------
+#
+# The rule (decided here, at plan time, so that the dry run counts what the apply does;
+# never by name order): candidates with provably equal bytes (same inode, or equal
+# content hashes) are one block, placed once, the others merge (already_present). Of
+# differing candidates the one whose size is the target's is placed and each other is
+# a conflict; the target's size is the one its geometry gives (vllm.cpp: header +
+# page_size_bytes) or else the most common block size of the target's group over all of
+# its sources. No candidate of that size, or several that differ, and none is placed.
+# Equal sizes whose bytes the manifest cannot compare (no hashes): the first in merge
+# order is placed and the others are compared at apply (already_present or conflict).
+
+class _Candidate(NamedTuple):
+    source_base: str
+    rank: int
+    relpath: str
+    action: str
+    out: int  # bytes the action writes
+    group: int
+    inode: tuple[int, int]
+    digest: bytes | None  # the hash of what the output is made of (None: not comparable)
+
+
+class _Role(NamedTuple):
+    role: str  # place | merge (the same bytes as the placed one) | check (compared at apply) | conflict
+    cause: str
+    source_base: str
+    rank: int
+    out: int
+
+
+_ROLE_COLUMNS = ("source_base", "rank", "relpath", "action", "size", "group", "reason", "dev", "inode",
+                 "content_xxh3_128", "payload_xxh3_128", "target_relpath")
+
+
+def _geometry_size(tp: TargetPlan) -> int | None:
+    """A block's size in the target as its identity gives it (vllm.cpp only: a vLLM row's
+    size depends on the deployment that writes it)."""
+    payload = tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None
+    return vllmcpp.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
+
+
+def _target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, _Tally]) -> dict[tuple[str, int], int | None]:
+    """(target base, group) -> the target's block size competing sources are judged by:
+    its geometry's, else the most common output size over all its sources (None on a tie)."""
+    out: dict[tuple[str, int], int | None] = {}
+    for base, tal in tallies.items():
+        known = _geometry_size(targets[base])
+        for group, hist in tal.sizes.items():
+            ranked = hist.most_common(2)
+            modal = ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else None
+            out[(base, group)] = known if known is not None else modal
+    return out
+
+
+def _same_bytes(a: _Candidate, b: _Candidate) -> bool | None:
+    """Whether two candidates write the same bytes: True, False, or None (unknown)."""
+    if a.out != b.out:
+        return False
+    if a.action != b.action or a.action in TRANSFORMS:
+        return None
+    if a.inode == b.inode and a.inode != (0, 0):
+        return True
+    if a.digest is not None and b.digest is not None:
+        return a.digest == b.digest
+    return None
+
+
+def _decide(cands: list[_Candidate], size: int | None) -> list[tuple[str, str]]:
+    """(role, conflict cause) of each candidate for one target path, in merge order."""
+    classes: list[list[int]] = []  # indices of provably equal candidates
+    for i, x in enumerate(cands):
+        for cl in classes:
+            if _same_bytes(cands[cl[0]], x):
+                cl.append(i)
+                break
+        else:
+            classes.append([i])
+    # one size among them: nothing to choose by size (the bytes may still differ); else
+    # only those of the target's size qualify
+    one_size = len({x.out for x in cands}) == 1
+    fitting = classes if one_size else [cl for cl in classes if cands[cl[0]].out == size]
+    differ = any(_same_bytes(cands[a[0]], cands[b[0]]) is False for a in fitting for b in fitting if a is not b)
+    roles: list[tuple[str, str]] = [("", "")] * len(cands)
+    if fitting and not differ:
+        first = fitting[0]
+        roles[first[0]] = ("place", "")
+        for cl in fitting:
+            for i in cl:
+                if i != first[0]:
+                    roles[i] = ("merge" if cl is first else "check", "")
+    placed = any(r == "place" for r, _ in roles)
+    fit = {i for cl in fitting for i in cl}
+    for i, x in enumerate(cands):
+        if roles[i][0]:
+            continue
+        if i in fit:  # of a qualifying size, but with other bytes than another one
+            other = next(cands[j].source_base for j in fit if cands[j].digest != x.digest)
+            why = f"other content than {other}; none placed"
+        elif size is None:
+            why = f"the target's size is unknown (no single most common size in group {x.group}); none placed"
+        else:
+            why = f"the target's size is {size}" + ("" if placed else "; none placed")
+        roles[i] = ("conflict", f"{COMPETING}{x.source_base}: {x.out} bytes, {why}")
+    return roles
+
+
+def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
+    """Source relpath -> role of each creating row of a chunk (all sources) whose target
+    path has more than one (a block's rows and target path share its bucket: the chunk
+    holds every candidate)."""
+    if not c.num_rows:
+        return {}
+    merged = _competing_paths(c)
+    if not len(merged):
+        return {}
+    rows = _by_merge_order(c.filter(pc.is_in(c.column("target_relpath"), value_set=merged)), with_source=True)
+    cols = dict(zip(_ROLE_COLUMNS, (rows.column(k).to_pylist() for k in _ROLE_COLUMNS)))
+    by_path: dict[str, list[_Candidate]] = {}
+    for i in range(rows.num_rows):
+        sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
+        if action in TRANSFORMS:
+            out = ctx.spec(sb, action, group, size, cols["reason"][i],
+                           f"{ctx.where}: row {cols['relpath'][i]!r}").output_size
+        else:
+            out = padded_size(size) if action == "copy_pad" else size
+        digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
+                                                        else "content_xxh3_128"][i]
+        by_path.setdefault(cols["target_relpath"][i], []).append(_Candidate(
+            sb, _as_int(cols["rank"][i]), cols["relpath"][i], action, out, _as_int(group),
+            (_as_int(cols["dev"][i]), _as_int(cols["inode"][i])), digest))
+    out_roles: dict[str, _Role] = {}
+    sizes = ctx.target_size or {}
+    for cands in by_path.values():
+        base = ctx.target_of[cands[0].source_base].base_name
+        for x, (role, cause) in zip(cands, _decide(cands, sizes.get((base, cands[0].group)))):
+            out_roles[x.relpath] = _Role(role, cause, x.source_base, x.rank, x.out)
+    return out_roles
+
+
+def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+    """Second pass over a chunk: the rows of competing target paths by the rule above;
+    a placed row counts as its action, a merge as `merge_duplicate`, a conflict by cause."""
+    roles = _competing_roles(ctx, c)
+    if not roles:
+        return
+    placed = [rel for rel, r in roles.items() if r.role == "place"]
+    if placed:
+        rows = c.filter(pc.is_in(c.column("relpath"), value_set=pa.array(placed, pa.string())))
+        rows = rows.set_column(rows.schema.get_field_index("size"), "size", pc.fill_null(rows.column("size"), 0))
+        _tally_rows(ctx, _by_merge_order(rows, with_source=True), cands, tallies)
+    for r in roles.values():
+        tp = ctx.target_of[r.source_base]
+        tal = tallies[tp.base_name]
+        if r.role == "conflict":
+            tp.conflicts[r.cause] += 1
+            tal.blocks -= 1
+        elif r.role != "place":
+            tal.counts[MERGE]["blocks"] += 1
+            tal.counts[MERGE]["bytes"] += r.out
+            tal.merges.add((r.source_base, r.rank))
+            tal.unverified += r.role == "check"
+
+
 # Columns of a source file, nulls read as 0 (as `_as_int` did per row).
 _FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128")
 _INT_COLUMNS = ("rank", "dev", "inode", "size", "mtime_ns")
@@ -720,12 +936,22 @@ def _file_lists(t: pa.Table) -> list[list[Any]]:
     return [(pc.fill_null(t.column(k), 0) if k in _INT_COLUMNS else t.column(k)).to_pylist() for k in _FILE_COLUMNS]
 
 
-def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int) -> Iterator[BlockAction]:
+def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: bool = False) -> Iterator[BlockAction]:
     """The actions of source `sb`, rank `rank` in one chunk, in target path order, with
-    their replicas (looked up within the chunk: a block's rank files share its bucket).
-    The rows were checked when the plan was built (the same bytes: `_ManifestRows`)."""
+    their replicas (looked up within the chunk: a block's rank files share its bucket):
+    the blocks it places, or (`merges`) those another source places with the same bytes.
+    A competing source's conflict is no action. The rows were checked when the plan was
+    built (the same bytes: `_ManifestRows`)."""
     c = _creating(chunk)
+    roles = _competing_roles(ctx, c) if ctx.competing else {}
+    if merges and not roles:
+        return
     c = c.filter(pc.and_(pc.equal(c.column("source_base"), sb), pc.equal(pc.fill_null(c.column("rank"), 0), rank)))
+    if roles:  # merges: the rows to keep; else: the rows to leave out
+        chosen = [rel for rel, r in roles.items() if r.source_base == sb and r.rank == rank
+                  and (r.role in ("merge", "check") if merges else r.role != "place")]
+        hit = pc.is_in(c.column("relpath"), value_set=pa.array(chosen, pa.string()))
+        c = c.filter(hit if merges else pc.invert(hit))
     if not c.num_rows:
         return
     c = _by_merge_order(c, with_source=False)
@@ -767,9 +993,11 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int) -> Iterat
 
 class ActionStream:
     """The block actions of one target namespace in the fixed merge order (source base,
-    then rank, then target path), read from the manifest a chunk at a time each time it
-    is iterated: a plan of millions of blocks never holds them. Sized and indexable like
-    the list it stands for; its counts were taken when the plan was built."""
+    then rank, then target path): the blocks to place, then the merges (blocks another
+    source places with the same bytes: the apply compares them). Read from the manifest
+    a chunk at a time each time it is iterated: a plan of millions of blocks never holds
+    them. Sized and indexable like the list it stands for; its counts were taken when
+    the plan was built."""
 
     def __init__(self, rows: _ManifestRows, ctx: _Context, tally: _Tally):
         self._rows = rows
@@ -780,6 +1008,10 @@ class ActionStream:
         for sb, rank in sorted(self.tally.groups):
             for chunk in self._rows.chunks():
                 yield from _chunk_actions(self._ctx, chunk, sb, rank)
+        # merges last: the apply compares each with the block placed at its path
+        for sb, rank in sorted(self.tally.merges):
+            for chunk in self._rows.chunks():
+                yield from _chunk_actions(self._ctx, chunk, sb, rank, merges=True)
 
     def __len__(self) -> int:
         return self.tally.blocks
@@ -792,13 +1024,16 @@ class ActionStream:
 
 
 def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None,
-               table: pa.Table | None = None, metadata: dict[str, Any] | None = None) -> Plan:
+               table: pa.Table | None = None, metadata: dict[str, Any] | None = None,
+               target_sizes: dict[tuple[str, int], int | None] | None = None) -> Plan:
     """Read a manifest (file or dataset directory) and build the plan.
 
     `dest` defaults to the scanned root. Raises UsageError for a manifest that is not
     from `kvmigrate scan` or holds a path that could leave its root. Every row is checked
     and counted here, a chunk of buckets at a time; the actions themselves are streamed
     from the manifest again when a target's `actions` are iterated (`ActionStream`).
+    `target_sizes` (a whole plan's `Plan.target_sizes`) lets a plan of some rows of a
+    manifest (a scale-out part) judge competing sources as the whole plan does.
     """
     if metadata is None:
         try:
@@ -892,6 +1127,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
             else:
                 tp.not_reusable[reason or action] += blocks
                 tp.not_reusable_bytes[reason or action] += nbytes
+    # Competing sources of a target path are judged by the target's size (a histogram
+    # over all of its rows: the first pass), so they are counted in a second pass.
+    ctx.target_size = target_sizes if target_sizes is not None else _target_sizes(targets, tallies)
+    if any(t.competing for t in tallies.values()):
+        ctx.competing = True
+        for chunk in rows.chunks():
+            c = _creating(chunk)
+            _tally_competing(ctx, c, _candidates(ctx, chunk, c), tallies)
     for base, tp in targets.items():
         tp.actions = ActionStream(rows, ctx, tallies[base])
 
@@ -899,7 +1142,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
-                integrity_rows=integrity_rows, status_counts=status_counts)
+                integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size)
 
 
 def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, int, int]]:
@@ -959,7 +1202,20 @@ def human_bytes(n: int) -> str:
 _LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
            "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
            "relayout": "relayout (block-major to tensor-major)",
-           "merge_duplicate": "merge (same path as an earlier source)"}
+           MERGE: "merge (already present: the same block from another source)"}
+COMPETING = "competing source "  # prefix of the conflict cause of a competing source (`_decide`)
+
+
+def _conflict_causes(conflicts: Counter) -> Counter:
+    """Conflicts by cause: the scan names each taken target path in its reason; the
+    dry run groups them without the path (the manifest and the apply list each one)."""
+    out: Counter = Counter()
+    for reason, n in conflicts.items():
+        if reason.startswith(OCCUPIED_PREFIX):  # "<prefix><path> <what is in the way>"
+            reason = f"{OCCUPIED_PREFIX.replace('target path', 'the target path')}" \
+                     f"{reason[len(OCCUPIED_PREFIX):].partition(' ')[2]}"
+        out[reason] += n
+    return out
 
 
 def render_text(plan: Plan, apply_command: str | None = None) -> str:
@@ -971,11 +1227,16 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
         lines.append("")
         lines.append(f"target namespace {tp.base_name}  ({tp.family}, files in {tp.rank_dir}/)")
         lines.append(f"  from: {', '.join(tp.sources)}")
-        for a in (*CREATING, "merge_duplicate"):
+        for a in CREATING:
             if c[a]["blocks"]:
                 lines.append(f"  {_LABELS[a]:<40} {c[a]['blocks']:>9} blocks  {human_bytes(c[a]['bytes']):>10}")
         lines.append(f"  {'already present':<40} {tp.already_present[0]:>9} blocks  "
                      f"{human_bytes(tp.already_present[1]):>10}")
+        if c[MERGE]["blocks"]:
+            lines.append(f"  {_LABELS[MERGE]}: {c[MERGE]['blocks']} blocks ({human_bytes(c[MERGE]['bytes'])})")
+        if tp.unverified_merges:
+            lines.append(f"    of which {tp.unverified_merges} only by size (the manifest has no content hashes): "
+                         "their bytes are compared at apply, a difference is a conflict")
         for action, cost in tp.transform_costs().items():
             lines.append(f"  cost of {cost_line(action, cost, human_bytes)}")
         for (action, reason), n in sorted(tp.skipped.items()):
@@ -983,10 +1244,16 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
                          f" - {reason}")
         for reason, n in sorted(tp.not_reusable.items()):
             lines.append(f"  not reusable: {n} blocks ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
-        for reason, n in sorted(tp.conflicts.items())[:10]:
+        causes = _conflict_causes(tp.conflicts)
+        for reason, n in sorted(causes.items())[:10]:
             lines.append(f"  conflict: {n} blocks - {reason}")
-        if len(tp.conflicts) > 10:
-            lines.append(f"  ... and {len(tp.conflicts) - 10} more conflicts")
+        if len(causes) > 10:
+            lines.append(f"  ... and {len(causes) - 10} more causes of conflicts")
+        if any(r.startswith(COMPETING) for r in tp.conflicts):
+            lines.append("  (competing sources for one target path: the one whose size is the target's is placed, "
+                         "never one by name order; the others stay in their legacy folder)")
+        lines.append("  outcomes: " + ", ".join(f"{k} {n}" for k, n in tp.outcomes().items()
+                                                 if k not in ("changed_since_scan", "failed")))
     if plan.untargeted:
         lines.append("")
         lines.append("namespaces without a target identity:")
@@ -996,6 +1263,8 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
     if plan.integrity_rows:
         lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files "
                      "(see `kvmigrate report` for details)")
+    lines.append("outcomes if applied: " + ", ".join(f"{k} {n}" for k, n in plan.outcomes().items())
+                 + " (changed_since_scan and failed are only known when applying)")
     if plan.pending:
         lines.append(f"{plan.pending} blocks would be created. Nothing was written (dry run).")
         if apply_command:
