@@ -725,11 +725,8 @@ def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
     fields = ns.fields or {}
     family = ns.family or "unknown"
     plan = UnitPlan(family=family, hashed=hashed)
-    if ns.status in ("orphan_namespace", "unsupported_layout"):
+    if ns.status != "ok":  # an unproven namespace: every row of its blocks carries its status (action none)
         plan.block_status, plan.block_reason = ns.status, ns.status_reason
-        return plan
-    if ns.status != "ok":  # digest_mismatch, config_invalid: the config.json row carries it
-        plan.none_reason = f"{ns.status}: {ns.status_reason}"
         return plan
     tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
     plan.world = tp * pp * pcp

@@ -39,9 +39,10 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                 "kvmigrate ignores them", "list"),
     "orphan_namespace": ("rank folders without their base folder or config.json",
                          "never migrated: restore the base folder's config.json or remove the rank folder", "list"),
-    "digest_mismatch": ("config.json does not hash to its folder name", "never migrated; see why with", "identity"),
-    "config_invalid": ("config.json unreadable, not JSON, or of wrong types", "never migrated; see why with",
-                       "identity"),
+    "digest_mismatch": ("files of a namespace (its config.json and blocks) whose config.json does not hash to its "
+                        "folder name", "never migrated; see why with", "identity"),
+    "config_invalid": ("files of a namespace (its config.json and blocks) whose config.json is unreadable, not JSON, "
+                       "or of wrong types", "never migrated; see why with", "identity"),
     "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
                            "kvmigrate does not migrate it", "list"),
 }
