@@ -402,7 +402,8 @@ class Namespace:
                 "profile": t.profile, "family": t.family, "fields": t.fields, "d12": t.d12,
                 "base_name": t.base_name, "rank_dir": t.rank_dir, "parallel_agnostic": t.parallel_agnostic,
                 "replicated_layout": t.replicated_layout, "reasons": list(t.reasons),
-                "unreachable": t.unreachable},
+                "unreachable": t.unreachable, "missing_facts": list(t.missing_facts),
+                "decisive_assumptions": dict(t.decisive_assumptions)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
         }
