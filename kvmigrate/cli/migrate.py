@@ -236,7 +236,8 @@ def _dry_run(plan, plan_source: str, kept: bool, apply_command: str, as_json: bo
         if facts_command:
             from kvmigrate.report.hints import ask_facts
 
-            click.echo("no apply command: the targets of these namespaces depend on facts not given (a guess):")
+            click.echo("the targets of these namespaces are a guess (they depend on facts not given), so no "
+                       "migrate command is printed:")
             for base, facts in sorted(guesses.items()):
                 click.echo(f"  {base}: {ask_facts(facts, base)}")
             click.echo(f"state them, then plan again: {facts_command}")
@@ -244,11 +245,12 @@ def _dry_run(plan, plan_source: str, kept: bool, apply_command: str, as_json: bo
 
 
 def _guessed_sources(plan) -> dict[str, list[str]]:
-    """Source namespace -> facts not given, for the sources of targets this plan would fill."""
+    """Source namespace -> facts not given, for the sources of the plan's targets (pending or
+    already present: "nothing to do" would be a guess too)."""
     from kvmigrate.report.hints import guessed_targets
 
     guessed = guessed_targets(plan.metadata.get("namespaces") or {})
-    return {src: guessed[src] for tp in plan.targets if tp.pending for src in tp.sources if src in guessed}
+    return {src: guessed[src] for tp in plan.targets for src in tp.sources if src in guessed}
 
 
 def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
