@@ -402,7 +402,8 @@ class Namespace:
                 "profile": t.profile, "family": t.family, "fields": t.fields, "d12": t.d12,
                 "base_name": t.base_name, "rank_dir": t.rank_dir, "parallel_agnostic": t.parallel_agnostic,
                 "replicated_layout": t.replicated_layout, "reasons": list(t.reasons),
-                "unreachable": t.unreachable},
+                "unreachable": t.unreachable, "missing_facts": list(t.missing_facts),
+                "decisive_assumptions": dict(t.decisive_assumptions)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
         }
@@ -725,11 +726,8 @@ def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
     fields = ns.fields or {}
     family = ns.family or "unknown"
     plan = UnitPlan(family=family, hashed=hashed)
-    if ns.status in ("orphan_namespace", "unsupported_layout"):
+    if ns.status != "ok":  # an unproven namespace: every row of its blocks carries its status (action none)
         plan.block_status, plan.block_reason = ns.status, ns.status_reason
-        return plan
-    if ns.status != "ok":  # digest_mismatch, config_invalid: the config.json row carries it
-        plan.none_reason = f"{ns.status}: {ns.status_reason}"
         return plan
     tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
     plan.world = tp * pp * pcp

@@ -25,7 +25,7 @@ HF_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_a
 TOP_KEYS = {"family", "family_evidence", "scheme", "source", "target", "assumed_facts"}
 SOURCE_KEYS = {"fields", "d12", "base_name", "digest_ok"}
 TARGET_KEYS = {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
-               "replicated_layout", "reasons", "unreachable"}
+               "replicated_layout", "reasons", "unreachable", "missing_facts", "decisive_assumptions"}
 DEFAULTS = {"runner": "v1", "executor": "mp", "nnodes": 1, "per_token_head_quant": False}
 
 

@@ -182,3 +182,23 @@ def test_gate_functions_return_one_reason_per_failed_condition():
                                           per_token_head_quant=True), {})
     assert not passed
     assert len(reasons) == 7  # runner, groups, kind, heads, quant, dcp, pcp
+
+
+@pytest.mark.parametrize("deployment,unknown,missing,decisive", [
+    # tp=1 full attention: both unknown facts could collapse it (G2), the defaults it rests on are named
+    ({"tp": 1}, ("kv_kind", "total_kv_heads"), ["kv_kind", "total_kv_heads"], {}),
+    ({"tp": 1}, ("kv_kind",), ["kv_kind"], {}),
+    ({"tp": 1}, (), [], {"runner": "v1", "per_token_head_quant": False}),
+    # two groups fail every gate whatever the kv kind: nothing to ask
+    ({"tp": 2, "groups": 2}, ("kv_kind", "total_kv_heads"), [], {}),
+    # dcp 2 fails G2 and R: the kv kind changes nothing in 0.28
+    ({"tp": 2, "dcp": 2}, ("kv_kind",), [], {}),
+])
+def test_a_target_is_a_guess_only_where_an_unstated_fact_changes_it(deployment, unknown, missing, decisive):
+    """Issue 16.6: a target is a guess when a fact not given could change the gate decision,
+    and rests on the assumed defaults that another value would change; never otherwise."""
+    facts = {**BASE_FACTS, "runner": None, "executor": None, "nnodes": None, "per_token_head_quant": None,
+             **{name: None for name in unknown}}
+    target = decide("vllm-0.28", deployment, facts)
+    assert target.missing_facts == missing
+    assert target.decisive_assumptions == decisive

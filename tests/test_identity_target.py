@@ -336,4 +336,5 @@ def test_target_to_dict_is_json_serializable():
     d = compute_target(s2(tp_size=2), "vllm", FULL).to_dict()
     assert json.loads(json.dumps(d)) == d
     assert set(d) == {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
-                      "replicated_layout", "reasons", "assumed_facts", "unreachable"}
+                      "replicated_layout", "reasons", "assumed_facts", "unreachable", "missing_facts",
+                      "decisive_assumptions"}

@@ -166,3 +166,74 @@ def test_claims_and_assumed_facts_are_reported(tmp_path):
     s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
     notes = [f for f in s["findings"] if f["code"] == "assumed_facts" and f["namespace"] == VLLM]
     assert notes and notes[0]["assumed"] == {"runner": "v1", "executor": "mp"}
+
+
+def test_guessed_target_hints_the_facts_to_state_never_an_apply(synth_root, tmp_path):
+    """Issue 16.6: an S3-era (vLLM 0.27/0.28) collapsed TP=1 namespace scanned with no facts.
+    Its target depends on --kv-kind and --total-kv-heads (unknown, every gate fails: the
+    specific namespace), so audit, report and the migrate dry run print no --apply but the
+    facts: flag, where the value is, the FACTS.json form. The printed command, with the
+    values filled in, runs and finds the namespace already where vLLM 0.28 reads it."""
+    import json
+    import shlex
+
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+
+    def invoke(argv):
+        return CliRunner().invoke(cli, argv, catch_exceptions=False)
+
+    root, (res,) = synth_root(dict(family="vllm", scheme="S3", agnostic=True))
+    base = res.namespaces[0]["base_name"]
+    manifest = tmp_path / "audit.parquet"
+    audit = invoke(["audit", str(root), "--json", "--manifest-out", str(manifest)])
+    summary = json.loads(audit.stdout)
+    assert audit.exit_code == 1
+    assert summary["namespaces"][0]["target_missing_facts"] == ["kv_kind", "total_kv_heads"]
+    assert not any("--apply" in h["command"] for h in summary["hints"]), summary["hints"]
+    hint = next(h for h in summary["hints"] if "target_guessed" in h["codes"])
+    assert hint["command"] == (f"kvmigrate audit {root} --kv-kind <full|mla|sliding|hybrid|mamba> "
+                               f"--total-kv-heads <N> --manifest-out {manifest}")
+    assert "num_key_value_heads in the model's config.json" in hint["why"] and "--model-config PATH" in hint["why"]
+    assert f'--facts FACTS.json: {{"{base}": {{"kv_kind": ' in hint["why"]
+    for argv in (["audit", str(root)], ["report", str(manifest)], ["migrate", str(root)],
+                 ["migrate", "--manifest", str(manifest)]):
+        out = invoke(argv).stdout
+        assert "--apply" not in out and "--kv-kind" in out, (argv, out)
+    dry = json.loads(invoke(["migrate", str(root), "--json"]).stdout)
+    assert dry["apply_command"] is None
+    assert dry["guessed_targets"] == [{"namespace": base, "facts": ["kv_kind", "total_kv_heads"]}]
+
+    # the printed commands run once the values are stated, and then nothing is guessed
+    for command in (hint["command"], dry["facts_command"]):
+        argv = shlex.split(command.replace("<full|mla|sliding|hybrid|mamba>", "full").replace("<N>", "8"))
+        assert argv[0] == "kvmigrate"
+        rerun = invoke(argv[1:] + ["--json"])
+        decided = json.loads(rerun.stdout)
+        assert rerun.exit_code == 0, decided.get("hints")
+        assert decided["namespaces"][0]["target_base"] == base  # already in place: the guess was wrong
+        assert not decided["namespaces"][0]["target_missing_facts"]
+
+
+def test_apply_hint_names_the_assumed_defaults_its_target_rests_on(synth_root, tmp_path):
+    """Assumed defaults (runner v1, no per-token-head quant, executor mp, one node) are vLLM's
+    and are not asked for: the apply hint stays, naming only the ones the target rests on
+    (here the G2 conditions; executor and nodes matter only to replicated MLA), and it runs."""
+    import json
+    import shlex
+
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+
+    root, _ = synth_root(dict(family="vllm", scheme="S2"))
+    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+    audit = CliRunner().invoke(cli, ["audit", str(root), "--json", *facts], catch_exceptions=False)
+    hint = next(h for h in json.loads(audit.stdout)["hints"] if "migration_pending" in h["codes"])
+    assert hint["command"] == (f"kvmigrate migrate {root} --kv-kind full --model-dtype bfloat16 --total-kv-heads 8 "
+                               "--apply")
+    assert "per_token_head_quant=False, runner=v1 (vLLM's defaults)" in hint["why"]
+    assert "--per-token-head-quant, --runner first" in hint["why"] and "executor" not in hint["why"]
+    applied = CliRunner().invoke(cli, shlex.split(hint["command"])[1:], catch_exceptions=False)
+    assert applied.exit_code == 0, applied.stdout

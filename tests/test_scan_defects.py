@@ -125,3 +125,18 @@ def test_digest_mismatch_blocks_are_never_migrated(synth_root, scan_root):
     assert blocks and all(r["action"] == "none" and "digest mismatch" in r["reason"] for r in blocks)
     ns = next(iter(scan.summary["namespaces"]))
     assert ns["status"] == "digest_mismatch" and ns["digest_ok"] is False
+
+
+@pytest.mark.parametrize("defect,status", [("digest_mismatch", "digest_mismatch"),
+                                           ("config_unparsable", "config_invalid")])
+def test_blocks_of_an_unproven_namespace_carry_its_status(synth_root, scan_root, walk, defect, status):
+    """interface.md §2: the blocks of a namespace whose config.json does not prove its folder
+    carry the namespace's status (never `ok`), in both walks, so bytes by status add up."""
+    root, (result,) = synth_root(dict(BASES["vllm-S3"], defects=(defect,)))
+    scan, rows = scan_root(root)
+    blocks = [r for r in rows.values() if r["block_hash"] is not None]
+    assert len(blocks) == len(result.block_files())
+    assert all(r["status"] == status and r["action"] == "none" for r in blocks), {r["status"] for r in blocks}
+    by_status = scan.summary["totals"]["by_status"]
+    assert set(by_status) == {status}
+    assert by_status[status]["bytes"] == sum(r["size"] for r in rows.values())

@@ -223,7 +223,8 @@ def test_cli_subprocess_no_progress_when_not_a_tty(synth_root, tmp_path):
     """stdout holds only the JSON, stderr no progress bar when it is not a terminal."""
     root, _ = synth_root(dict(family="vllm", scheme="S2"))
     proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(tmp_path / "m.parquet"),
-                           "--json", "--model-dtype", "bfloat16"], capture_output=True, text=True, timeout=120)
+                           "--json", "--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["totals"]["by_action"]["link"]["blocks"] == 6
     assert "files/s" not in proc.stderr and "scan:" not in proc.stderr

@@ -70,7 +70,7 @@ def test_own_artifacts_anywhere_are_not_findings(synth_root, scan_root):
     (root / ns["base_name"] / layout.LOCK_NAME).write_text("pid 1\n")
     (block.parent / (block.name + ".kvmigrate-4242.tmp")).write_bytes(b"partial")
     (root / "m.parquet.kvmigrate-77.tmp").write_bytes(b"partial manifest")
-    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16"})
+    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "kv_kind": "full", "total_kv_heads": 8})
     own = {rel for rel, r in rows.items() if r["status"] == "own_artifact"}
     assert len(own) == 3 and scan.exit_code == 0
 

@@ -634,7 +634,8 @@ def test_defect_config_missing(tmp_path):
 def test_defect_config_unparsable(tmp_path):
     result = build(tmp_path, SynthSpec(family="vllm", defects=("config_unparsable",), **SMALL))
     rec = only(result, "config_unparsable")
-    assert rec["status"] == "config_invalid" and rec["rows"] == [result.namespaces[0]["config_relpath"]]
+    assert rec["status"] == "config_invalid"
+    assert rec["rows"] == [result.namespaces[0]["config_relpath"], *result.block_files()]
     with pytest.raises(ValueError):
         fields_from_config_bytes((tmp_path / rec["relpath"]).read_bytes())
 
@@ -647,6 +648,7 @@ def test_defect_digest_mismatch(tmp_path, family):
     fields = fields_from_config_bytes((tmp_path / rec["relpath"]).read_bytes())
     canon = "vllmcpp" if family == "vllmcpp" else "vllm"
     assert rec["status"] == "digest_mismatch"
+    assert rec["rows"][0] == ns["config_relpath"] and rec["rows"][1:]  # its blocks carry it too
     assert fields != ns["fields"] and d12(fields, canon) != ns["d12"]
     assert set(fields) == set(ns["fields"])  # still a well-formed identity
 

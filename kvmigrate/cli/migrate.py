@@ -137,7 +137,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
                 click.echo(line)
             sys.exit(0)
         if not apply:
-            _dry_run(plan, plan_source, apply_command, as_json, quiet)
+            _dry_run(plan, plan_source, tmpdir is None, apply_command, as_json, quiet)
             return
         identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
                     "manifest": identity_manifest}
@@ -166,7 +166,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
                 bar.close()
         code = result.exit_code
         if as_json:
-            summary = _summary(plan_source)
+            summary = _summary(plan_source, plan_source if tmpdir is None else None)
             summary.update({"outcomes": dict(result.outcomes), "apply": result.to_dict(), "exit_code": code,
                             "targets": _targets_json(plan)})
             print_json(summary)
@@ -218,27 +218,66 @@ def _check_manifest_facts(manifest_path: str, flags: dict, facts_file: str | Non
                          hint="rescan: `kvmigrate migrate ROOT --<facts>` (or `kvmigrate scan`), or drop the facts")
 
 
-def _dry_run(plan, plan_source: str, apply_command: str, as_json: bool, quiet: bool) -> None:
+def _dry_run(plan, plan_source: str, kept: bool, apply_command: str, as_json: bool, quiet: bool) -> None:
+    """The plan, and the command that applies it, unless a target it fills is a guess: then
+    the command that states the missing facts (identity.md §4)."""
     from kvmigrate.migrate.plan import render_text
 
     code = plan.dry_run_exit_code()
+    guesses = _guessed_sources(plan)
+    facts_command = _facts_command(plan, guesses) if guesses else None
+    if facts_command:
+        apply_command = None
     if as_json:
-        summary = _summary(plan_source)
+        summary = _summary(plan_source, plan_source if kept else None)
         # `outcomes`: what --apply will report, with the same keys and (barring changes
         # meanwhile) the same numbers; merges of equal sizes only are compared at apply
         summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
                         "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
-                        "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets)})
+                        "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets),
+                        "guessed_targets": [{"namespace": b, "facts": f} for b, f in sorted(guesses.items())],
+                        "facts_command": facts_command})
         print_json(summary)
     elif not quiet:
         click.echo(render_text(plan, apply_command))
+        if facts_command:
+            from kvmigrate.report.hints import ask_facts
+
+            click.echo("the targets of these namespaces are a guess (they depend on facts not given), so no "
+                       "migrate command is printed:")
+            for base, facts in sorted(guesses.items()):
+                click.echo(f"  {base}: {ask_facts(facts, base)}")
+            click.echo(f"state them, then plan again: {facts_command}")
     sys.exit(code)
 
 
-def _summary(manifest_path: str) -> dict:
+def _guessed_sources(plan) -> dict[str, list[str]]:
+    """Source namespace -> facts not given, for the sources of the plan's targets (pending or
+    already present: "nothing to do" would be a guess too)."""
+    from kvmigrate.report.hints import guessed_targets
+
+    guessed = guessed_targets(plan.metadata.get("namespaces") or {})
+    return {src: guessed[src] for tp in plan.targets for src in tp.sources if src in guessed}
+
+
+def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
+    """The dry run of ROOT again with the facts the scan had, plus placeholders for the missing ones."""
+    from kvmigrate.report.hints import Commands, fact_hint
+
+    cmd = Commands({"root": plan.root, "facts": plan.metadata.get("facts"), "target_profile": plan.target_profile,
+                    "verify": plan.metadata.get("verify")}, "migrate")
+    facts = sorted({f for fs in guesses.values() for f in fs})
+    command, _ = fact_hint(cmd, facts, None)
+    if plan.dest != plan.root:
+        command += " --dest " + shlex.quote(plan.dest)
+    return command
+
+
+def _summary(manifest_path: str, kept: str | None) -> dict:
+    """The summary of the plan's manifest; its hints name the manifest only if it is kept."""
     from kvmigrate.report.summary import summarize  # what scan.summarize_manifest runs, without the scanner
 
-    return summarize(manifest_path)
+    return summarize(manifest_path, manifest=kept, verb="migrate")
 
 
 def _targets_json(plan) -> list[dict]:

@@ -14,7 +14,7 @@ from typing import Any
 from kvmigrate import layout
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical, schemes
-from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.identity.facts import FLAGS, FactsResolver
 from kvmigrate.identity.family import detect_family, is_vllmcpp_identity
 from kvmigrate.identity.gates import DEFAULT_PROFILE
 from kvmigrate.identity.target import compute_target, source_problems
@@ -115,7 +115,8 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
         "target": {"profile": target.profile, "family": target.family, "fields": target.fields,
                    "d12": target.d12, "base_name": target.base_name, "rank_dir": target.rank_dir,
                    "parallel_agnostic": target.parallel_agnostic, "replicated_layout": target.replicated_layout,
-                   "reasons": target.reasons, "unreachable": target.unreachable},
+                   "reasons": target.reasons, "unreachable": target.unreachable,
+                   "missing_facts": target.missing_facts, "decisive_assumptions": target.decisive_assumptions},
         "assumed_facts": target.assumed_facts,
     }
 
@@ -139,6 +140,9 @@ def render_text(result: dict[str, Any], config_path: str) -> str:
     if tgt["reasons"]:
         lines.append("why not collapsed:")
         lines += [f"  - {r}" for r in tgt["reasons"]]
+    if tgt.get("missing_facts"):
+        lines.append("guess        this target depends on " + ", ".join(FLAGS[f] for f in tgt["missing_facts"])
+                     + " (not given; or --model-config): state them before migrating")
     if result["assumed_facts"]:
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(result["assumed_facts"].items()))
         lines.append(f"assumed      {shown}  (defaults; pass the flags to state them)")

@@ -9,7 +9,8 @@ All conditions are evaluated (no short-circuit): an operator sees every reason a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import product
 from typing import Any
 
 from kvmigrate.identity.facts import Facts
@@ -26,6 +27,10 @@ PROFILE_GATES: dict[str, tuple[str | None, bool, bool]] = {
 
 # defaults the gates may assume (identity.md §4), with the value reports show
 DEFAULTS: dict[str, Any] = {"runner": "v1", "executor": "mp", "nnodes": 1, "per_token_head_quant": False}
+# the other value of each default, to test whether a decision rests on it
+NOT_DEFAULT: dict[str, Any] = {"runner": "v2", "executor": "ray", "nnodes": 2, "per_token_head_quant": True}
+# facts without a default: unknown, their gate conditions fail (identity.md §4)
+UNDEFAULTED = ("kv_kind", "total_kv_heads")
 _KIND_HINT = "pass --kv-kind or --model-config to allow collapse"
 
 
@@ -169,6 +174,30 @@ def evaluate(profile: str, dep: Deployment, facts: Facts) -> GateDecision:
         reasons = reasons + r_reasons
     collapsed = agnostic or replicated
     return GateDecision(collapsed, replicated, [] if collapsed else reasons, assumed)
+
+
+def open_facts(profile: str, dep: Deployment, facts: Facts) -> tuple[list[str], dict[str, Any]]:
+    """What the gate decision for `dep` rests on that nobody stated: (the facts not given
+    whose value would change it, the assumed defaults that would change it if wrong).
+
+    A target computed while such a fact is missing is a guess (identity.md §4: an unknown
+    kv kind fails every gate, yet a full-attention model's engine reads the collapsed
+    namespace), so reports ask for the fact instead of offering to migrate there.
+    """
+    def outcome(**values: Any) -> tuple[bool, bool]:
+        d = evaluate(profile, dep, replace(facts, **values))
+        return d.parallel_agnostic, d.replicated_layout
+
+    unknown = [name for name in UNDEFAULTED if getattr(facts, name) is None]
+    # the values that can pass a gate: full attention or MLA; kv heads that tp divides
+    choices = {"kv_kind": ("full", "mla"), "total_kv_heads": (dep.tp,)}
+    fills = [dict(zip(unknown, combo)) for combo in product(*[(None, *choices[n]) for n in unknown])]
+    missing = [name for name in unknown
+               if any(f[name] is not None and outcome(**f) != outcome(**{**f, name: None}) for f in fills)]
+    now = outcome()
+    assumed = evaluate(profile, dep, facts).assumed_facts
+    decisive = {name: value for name, value in assumed.items() if outcome(**{name: NOT_DEFAULT[name]}) != now}
+    return missing, decisive
 
 
 def engine_flags(version: str, *, opt_in: bool, is_parallelism_agnostic: bool,

@@ -48,6 +48,10 @@ class Target:
     reasons: list[str]  # one per failed gate condition
     assumed_facts: dict[str, Any] = field(default_factory=dict)
     unreachable: str | None = None  # whole-namespace reason its blocks get action none
+    # facts not given on which the gate decision depends: until stated, this target is a guess
+    missing_facts: list[str] = field(default_factory=list)
+    # assumed defaults the gate decision rests on (another value would change the target)
+    decisive_assumptions: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +153,8 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
     dtype = _target_dtype(src, scheme, target_scheme, facts)
 
     already_collapsed = (scheme == "S3" and "parallel_agnostic" not in src) or src.get("replicated_layout") is True
+    missing: list[str] = []
+    decisive: dict[str, Any] = {}
     if already_collapsed:
         if _has_agnostic_namespaces(profile):
             decision = gates.GateDecision(True, src.get("replicated_layout") is True, [], {})
@@ -159,6 +165,7 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
         dep = gates.Deployment(tp=tp, pp=pp, pcp=pcp, dcp=dcp, num_groups=len(groups),
                                canonical="canonical_format" in src)
         decision = gates.evaluate(profile, dep, facts)
+        missing, decisive = gates.open_facts(profile, dep, facts)
 
     mapper = schemes.filemapper(
         version, model_name=src["model_name"], tp_size=tp, pp_size=pp, pcp_size=pcp, dcp_size=dcp,
@@ -174,7 +181,8 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
                   rank_dir=layout.rank_dir_name(mapper.base_name, 0),
                   parallel_agnostic=decision.parallel_agnostic, replicated_layout=decision.replicated_layout,
                   reasons=decision.reasons, assumed_facts=decision.assumed_facts,
-                  unreachable=unreachable[0] if unreachable else None)
+                  unreachable=unreachable[0] if unreachable else None, missing_facts=missing,
+                  decisive_assumptions=decisive)
 
 
 def _has_agnostic_namespaces(profile: str) -> bool:

@@ -12,6 +12,8 @@ import re
 import shlex
 from typing import Any
 
+from kvmigrate.identity.facts import _INT_FACTS, FLAGS
+
 DEFAULT_TARGET = "vllm-0.28"
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -39,9 +41,10 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                 "kvmigrate ignores them", "list"),
     "orphan_namespace": ("rank folders without their base folder or config.json",
                          "never migrated: restore the base folder's config.json or remove the rank folder", "list"),
-    "digest_mismatch": ("config.json does not hash to its folder name", "never migrated; see why with", "identity"),
-    "config_invalid": ("config.json unreadable, not JSON, or of wrong types", "never migrated; see why with",
-                       "identity"),
+    "digest_mismatch": ("files of a namespace (its config.json and blocks) whose config.json does not hash to its "
+                        "folder name", "never migrated; see why with", "identity"),
+    "config_invalid": ("files of a namespace (its config.json and blocks) whose config.json is unreadable, not JSON, "
+                       "or of wrong types", "never migrated; see why with", "identity"),
     "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
                            "kvmigrate does not migrate it", "list"),
 }
@@ -60,6 +63,23 @@ FLAG_VALUES = {
     "--executor": "<mp|ray|uni>",
     "--nnodes": "<N>",
 }
+# fact -> where its value is, for hints that ask for it (identity.md §4)
+FACT_HELP = {
+    "kv_kind": "the model's attention kind: mla when its config.json sets kv_lora_rank, sliding or hybrid by its "
+               "layer_types or use_sliding_window: true, else full",
+    "total_kv_heads": "num_key_value_heads in the model's config.json, else num_attention_heads",
+    "model_dtype": "torch_dtype (or dtype) in the model's config.json",
+    "cache_dtype": "the --kv-cache-dtype the writer ran with, usually auto",
+    "runner": "v2 only if the writer ran vLLM's V2 model runner",
+    "executor": "the writer's --distributed-executor-backend",
+    "nnodes": "nodes per data-parallel replica of the writer",
+    "per_token_head_quant": "whether the writer quantized KV per token and head",
+    "page_bytes": "bytes of one tensor's page for one GPU block on one rank",
+    "tensors_per_layer": "2 when K and V are separate tensors",
+    "family": "the engine that wrote the folder",
+}
+# the facts --model-config reads from a Hugging Face config.json
+MODEL_CONFIG_FACTS = ("kv_kind", "total_kv_heads", "model_dtype")
 NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 # Actions that take one rank's file for all ranks: they need the replicas proven equal.
 REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
@@ -78,7 +98,7 @@ def severity_of(bits: int) -> str:
     return "note"
 
 
-class _Commands:
+class Commands:
     """Builds the exact commands a hint prints, re-using the scan's root, target and facts."""
 
     def __init__(self, summary: dict[str, Any], verb: str):
@@ -160,6 +180,46 @@ def _flag_of(target_error: str, family: str | None) -> str | None:
     return None
 
 
+def fact_flag(fact: str) -> str:
+    return FLAGS.get(fact, "--" + fact.replace("_", "-"))
+
+
+def ask_facts(facts: list[str], base: str | None) -> str:
+    """Why-text of a hint that asks for facts: each flag with where its value is found, the
+    --model-config shortcut, and the FACTS.json entry that states them for one namespace."""
+    text = "state " + "; ".join(f"{fact_flag(f)} ({FACT_HELP.get(f, f)})" for f in facts)
+    if all(f in MODEL_CONFIG_FACTS for f in facts):
+        text += ("; or --model-config PATH (the model's Hugging Face config.json) reads "
+                 + ("them" if len(facts) > 1 else "it"))
+    values = []
+    for f in facts:
+        value = FLAG_VALUES.get(fact_flag(f), "<value>")
+        values.append(f'"{f}": ' + (value if f in _INT_FACTS else f'"{value}"'))
+    return text + f"; or per namespace in --facts FACTS.json: {{\"{base or '*'}\": {{{', '.join(values)}}}}}"
+
+
+def guessed_targets(namespaces: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Source base -> the facts not given on which its target depends, from manifest
+    metadata (`namespaces`): a migration there is a guess until they are stated."""
+    return {base: list(t["missing_facts"]) for base, meta in namespaces.items()
+            if (t := meta.get("target") or {}).get("missing_facts") and not t.get("unreachable")}
+
+
+def target_is_guess(n: dict[str, Any]) -> bool:
+    """A summary namespace plans blocks into a target that depends on facts not given."""
+    return bool(n.get("target_missing_facts") and not n.get("target_unreachable")
+                and any(c["blocks"] for a, c in n["by_action"].items() if a != "none"))
+
+
+def fact_hint(cmd: "Commands", facts: list[str], base: str | None) -> tuple[str, str]:
+    """(command, why) of the re-run that states `facts` (placeholders for their values)."""
+    flags = [fact_flag(f) for f in facts]
+    extra: list[str] = []
+    for flag in flags:
+        extra += [flag, FLAG_VALUES.get(flag, "<value>")]
+    return cmd.rerun(*extra, replace_flags=tuple(flags)), ask_facts(facts, base)
+
+
 def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                        examples: dict[tuple, tuple[str, str | None]] | None = None
                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -167,7 +227,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     from kvmigrate.report.summary import STATUS_BITS
 
     examples = examples or {}
-    cmd = _Commands(summary, verb)
+    cmd = Commands(summary, verb)
     findings: list[dict[str, Any]] = []
     hints: dict[str, dict[str, Any]] = {}
 
@@ -202,6 +262,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if status == "unreadable":
                 hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
 
+    guessed: dict[str, int] = {}  # source base -> pending blocks, of namespaces whose target is a guess
     deployments: dict[str, int] = {}
     for n in summary["namespaces"]:
         if n.get("deployment"):
@@ -221,9 +282,23 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             findings.append(_finding("target_refused", 1, base, f"no target namespace: {first_line}",
                                      blocks=n["blocks"], bytes=n["block_bytes"], flag=flag))
             if flag:
-                hint(cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)),
-                     f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)",
+                fact = next((f for f, fl in FLAGS.items() if fl == flag), None)
+                why = (ask_facts([fact], base) if fact in FACT_HELP
+                       else f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)")
+                hint(cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)), why,
                      "target_refused", base, 2)
+        if target_is_guess(n):
+            guessed[base] = n["pending"]["blocks"]
+            missing = n["target_missing_facts"]
+            planned = {a: c for a, c in n["by_action"].items() if a != "none"}
+            blocks = sum(c["blocks"] for c in planned.values())
+            findings.append(_finding("target_guessed", 1, base,
+                                     f"target {n['target_base']} is a guess: it depends on "
+                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; {blocks} blocks are "
+                                     "planned there, where the target engine may never read them",
+                                     blocks=blocks, bytes=sum(c["bytes"] for c in planned.values()), facts=missing))
+            command, why = fact_hint(cmd, missing, base)
+            hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
         asked = n.get("flags_asked") or {}
         family_asked = sum(f.get("--family", 0) for f in asked.values())
         if n["family"] == "ambiguous" and not family_asked and not n["target_error"]:
@@ -264,6 +339,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             findings.append(_finding("aliases_source", 0, base,
                                      f"{n['aliases_source_blocks']} blocks: the target path equals a source path "
                                      "holding other bytes", blocks=n["aliases_source_blocks"]))
+        if n.get("aliases_source_blocks") and base not in guessed:
             hint(cmd.migrate("--dest", "<DIR>", "--apply"),
                  "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
         multi_rank = len(n["ranks"]) > 1 or deployments.get(n["deployment"], 0) > 1
@@ -288,6 +364,11 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             findings.append(_finding("claim", 0, base, claim))
         if n["assumed_facts"]:
             facts = ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))
+            decisive = n.get("target_decisive_assumptions") or {}
+            if decisive:
+                facts += ("; the target rests on " + ", ".join(f"{k}={v}" for k, v in sorted(decisive.items()))
+                          + " (state " + ", ".join(fact_flag(k) for k in sorted(decisive))
+                          + " if the writer did not run with these defaults)")
             findings.append(_finding("assumed_facts", 0, base, f"assumed (not given): {facts}",
                                      assumed=n["assumed_facts"]))
 
@@ -305,11 +386,22 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
 
     pending = summary["totals"]["pending"]
     if pending["blocks"]:
-        findings.append(_finding("migration_pending", 0, None,
-                                 f"{pending['blocks']} reusable blocks are not yet in their target namespaces",
+        guessed_pending = sum(guessed.values())
+        message = f"{pending['blocks']} reusable blocks are not yet in their target namespaces"
+        if guessed_pending:
+            message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
+                        "(no migrate command until then)")
+        findings.append(_finding("migration_pending", 0, None, message,
                                  blocks=pending["blocks"], bytes=pending["bytes"]))
-        hint(cmd.migrate("--apply"), "migrate the reusable blocks (without --apply it prints the plan only)",
-             "migration_pending", None, 5)
+        if not guessed_pending:
+            why = "migrate the reusable blocks (without --apply it prints the plan only)"
+            assumes = {k: v for n in summary["namespaces"] if n["pending"]["blocks"]
+                       for k, v in (n.get("target_decisive_assumptions") or {}).items()}
+            if assumes:
+                why += ("; the targets assume " + ", ".join(f"{k}={v}" for k, v in sorted(assumes.items()))
+                        + " (vLLM's defaults): if the writer ran otherwise, state "
+                        + ", ".join(fact_flag(k) for k in sorted(assumes)) + " first")
+            hint(cmd.migrate("--apply"), why, "migration_pending", None, 5)
 
     ordered = sorted(hints.values(), key=lambda h: h["_rank"])
     for h in ordered:

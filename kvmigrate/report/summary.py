@@ -310,6 +310,9 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "target_error": meta.get("target_error"),
         "target_error_flag": meta.get("target_error_flag"),
         "target_unreachable": (target or {}).get("unreachable"),
+        # facts not given that would change the target (a guess until stated), and the defaults it rests on
+        "target_missing_facts": list((target or {}).get("missing_facts") or []),
+        "target_decisive_assumptions": dict((target or {}).get("decisive_assumptions") or {}),
         "gate": _gate(target),
         "facts": dict(meta.get("facts") or {}),
         "facts_source": dict(meta.get("facts_source") or {}),
@@ -363,7 +366,7 @@ def _batches(path: str | os.PathLike[str], columns: list[str]):
 
 
 def exit_code_of(statuses: list[str] | set[str] | dict, *, target_errors: bool = False) -> int:
-    """OR of the interface.md §2 bits of the states present (+1 when a target is refused)."""
+    """OR of the interface.md §2 bits of the states present (+1 when a target is refused or a guess)."""
     code = 0
     for s in statuses:
         code |= STATUS_BITS.get(s, 1)
@@ -389,7 +392,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     command a hint re-runs with a missing fact (`scan` or `audit`). `totals`: the rows
     already aggregated (see `totals_for`).
     """
-    from kvmigrate.report.hints import findings_and_hints
+    from kvmigrate.report.hints import findings_and_hints, target_is_guess
 
     meta = mf.read_metadata(path)
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
@@ -452,7 +455,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "walk_failed": bool(meta.get("walk_failed")),
         "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
                           for n in namespaces if n["target_error"]],
-        "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] for n in namespaces))
+        "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
+                                                               for n in namespaces))
                       | (8 if meta.get("walk_failed") else 0)),
     }
     findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)

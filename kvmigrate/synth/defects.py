@@ -29,8 +29,8 @@ Every defect picks a deterministic victim and adds one record to `SynthResult.de
 | symlink | `<hex>.bin` symlink in a fan-out, pointing outside the root | foreign | symlink |
 | fifo | `<hex>.bin` FIFO in a fan-out | foreign | fifo |
 | config_missing | the base folder's config.json removed | orphan_namespace (every block row of the namespace) | config.json |
-| config_unparsable | config.json cut in half | config_invalid (config.json row) | json |
-| digest_mismatch | config.json rewritten with another dtype | digest_mismatch (config.json row) | digest |
+| config_unparsable | config.json cut in half | config_invalid (config.json and every block row) | json |
+| digest_mismatch | config.json rewritten with another dtype | digest_mismatch (config.json and every block row) | digest |
 | deep_layout | an old llm-d deep tree `<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_0/<dtype>/…` | unsupported_layout | deep |
 | pp_stage | llm-d pp=2: one base folder per stage (recorded per stage, also for any pp>1) | unsupported_layout | pipeline stage |
 | orphan_rank | a rank folder `<model>_<d12>_r0` whose base folder does not exist | orphan_namespace | base folder |
@@ -388,7 +388,8 @@ def config_unparsable(inj: Injector, name: str) -> None:
     relpath = f"{ns.base_name}/{layout.CONFIG_NAME}"
     data = ns.config_bytes
     write_file(inj.path(relpath), data[:len(data) // 2])  # a non-atomic write cut short
-    inj.record(name, relpath, "config_invalid", "json", [relpath], ns=ns, namespace_status="config_invalid")
+    inj.record(name, relpath, "config_invalid", "json", [relpath, *_namespace_block_rows(inj, ns)], ns=ns,
+               namespace_status="config_invalid")
 
 
 def digest_mismatch(inj: Injector, name: str) -> None:
@@ -398,8 +399,8 @@ def digest_mismatch(inj: Injector, name: str) -> None:
     assert d12(edited, ns.canonical_family) != ns.d12
     relpath = f"{ns.base_name}/{layout.CONFIG_NAME}"
     write_file(inj.path(relpath), config_json_bytes(edited, ns.canonical_family))
-    inj.record(name, relpath, "digest_mismatch", "digest", [relpath], ns=ns, namespace_status="digest_mismatch",
-               edited_key=key)
+    inj.record(name, relpath, "digest_mismatch", "digest", [relpath, *_namespace_block_rows(inj, ns)], ns=ns,
+               namespace_status="digest_mismatch", edited_key=key)
 
 
 def pp_stages(inj: Injector) -> None:
