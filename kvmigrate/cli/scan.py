@@ -33,7 +33,9 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     and an action for every block. Writes the manifest; never modifies ROOT.
 
     \b
-    Exit code: OR of the findings' bits (1 findings, 4 integrity, 8 I/O), 0 when clean.
+    Exit code: OR of the findings' bits (1 findings, 4 integrity, 8 I/O), +1 when reusable
+    blocks are not yet in their targets (pending work), 0 when clean; 2 usage error
+    (missing ROOT, bad option value), 32 interrupted.
     """
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.identity.facts import FactsResolver

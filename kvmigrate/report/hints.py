@@ -305,7 +305,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
 
     pending = summary["totals"]["pending"]
     if pending["blocks"]:
-        findings.append(_finding("migration_pending", 0, None,
+        findings.append(_finding("migration_pending", 1, None,
                                  f"{pending['blocks']} reusable blocks are not yet in their target namespaces",
                                  blocks=pending["blocks"], bytes=pending["bytes"]))
         hint(cmd.migrate("--apply"), "migrate the reusable blocks (without --apply it prints the plan only)",
