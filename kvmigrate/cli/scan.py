@@ -84,8 +84,12 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
         elif ns.get("status") not in (None, "ok") and ns.get("status_reason"):
             click.echo(f"    {ns['status_reason']}")
     findings = {s: v for s, v in totals["by_status"].items() if s not in ("ok", "own_artifact")}
+    pending = totals["pending"]["blocks"]
     if findings:
         click.echo("findings: " + ", ".join(f"{s} {v['files']}" for s, v in sorted(findings.items())))
+    if pending:  # exit bit 1 too
+        click.echo(f"pending: {pending} reusable blocks are not yet in their target namespaces")
+    if findings or pending:
         click.echo(f"details and what to do next: kvmigrate report {shlex.quote(os.path.relpath(result.output))}")
     for err in summary.get("walk_errors", [])[:5]:
         click.echo(f"walk error: {err}", err=True)
