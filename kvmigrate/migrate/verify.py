@@ -157,8 +157,8 @@ def check_journal(journal: str, result: VerifyResult) -> None:
 
 
 def _check_same_root(path: str, run: jn.Run, root: str) -> None:
-    """A journal checks the root its migration wrote into, no other (as `migrate` refuses
-    to resume another root's journal): its blocks would be looked up under the wrong root."""
+    """A journal checks the root its migration wrote into, no other: under another root
+    its blocks would be looked up in the wrong place and "verified" by what is missing."""
     if os.path.realpath(run.dest) != os.path.realpath(root):
         raise UsageError(f"journal {path} is of a migration into {run.dest}, not into {root}", path=path,
                          hint=f"kvmigrate verify {run.dest} --journal {path}, or pass the journal of {root} "
