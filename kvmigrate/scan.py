@@ -1843,15 +1843,15 @@ def _check_root(root: str) -> str:
     path = os.path.abspath(root)
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise OperationalError("cache root does not exist", path=path,
-                               hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)")
+    except (FileNotFoundError, NotADirectoryError):  # a wrong path is a usage error (interface.md §4)
+        raise UsageError("cache root does not exist", path=path,
+                         hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)") from None
     except OSError as exc:
         raise OperationalError(f"cannot access the cache root: {exc.strerror}", path=path,
                                hint="check the path and your permissions") from None
     if not stat_mod.S_ISDIR(st.st_mode):
-        raise OperationalError("cache root is not a directory", path=path,
-                               hint="pass the engine's cache root_dir, not a file inside it")
+        raise UsageError("cache root is not a directory", path=path,
+                         hint="pass the engine's cache root_dir, not a file inside it")
     try:
         with os.scandir(path):
             pass

@@ -533,7 +533,7 @@ class CrashBench:
         self.pristine = snapshot(self.root)
         self.sources = {e.ino: rel for rel, e in self.pristine.items() if e.kind == "file"}
         self.ledger.cli(f"crash/{self.scn.name}/scan", "scan", self.root, "-o", self.manifest, "--facts", self.facts,
-                        allowed=bits_only(0))
+                        allowed=bits_only(1))  # pending work
 
     def argv(self, via: str) -> list:
         if via == "manifest":
@@ -846,7 +846,7 @@ def fault_enospc(work: Path, ledger: Ledger, *, force_injected: bool = False) ->
                     mode="copy")
     args = ["migrate", "--manifest", fb.dir / "m.parquet", "--apply", "--dest", fb.dest, "--mode", "copy"]
     ledger.cli("faults/ENOSPC/scan", "scan", fb.root, "-o", fb.dir / "m.parquet", "--facts", fb.facts,
-               allowed=bits_only(0))
+               allowed=bits_only(1))  # pending work
     record: dict[str, Any] = {"fault": "ENOSPC", "where": "--dest on a full filesystem, mid-run"}
     problems: list[tuple[str, str]] = []
     mount_ok = False

@@ -95,11 +95,11 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
     assert want in text
 
 
-def test_clean_tree_exits_zero_and_hints_the_migration(tmp_path):
+def test_pending_work_exits_1_and_hints_the_migration(tmp_path):
     root, _ = make_tree(tmp_path, None, family="vllm", scheme="S1")
     manifest = tmp_path / "m.parquet"
     code, summary = audit_json(root, manifest, DTYPE + DECIDED)  # (without the gate facts the target is a guess)
-    assert code == 0
+    assert code == 1
     assert summary["totals"]["pending"]["blocks"] == 3
     assert [h["command"] for h in summary["hints"]] == [f"kvmigrate migrate --manifest {manifest} --apply"]
 
@@ -184,9 +184,9 @@ def test_audit_report_to_file_and_html(tmp_path):
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 
-def test_audit_of_a_missing_root_is_operational(tmp_path):
+def test_audit_of_a_missing_root_is_a_usage_error(tmp_path):
     res = CliRunner().invoke(cli, ["audit", str(tmp_path / "nope")])
-    assert res.exit_code == 8
+    assert res.exit_code == 2
     assert "does not exist" in res.output and "Traceback" not in res.output
 
 

@@ -18,7 +18,7 @@ def test_neither_root_nor_manifest_is_a_usage_error():
 def test_manifest_inputs_must_agree_with_the_manifest(tmp_path, synth_root):
     root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
     m = tmp_path / "m.parquet"
-    assert run("scan", root, "-o", m, *MLA)[0] == 0
+    assert run("scan", root, "-o", m, *MLA)[0] == 1  # pending work
     other = tmp_path / "other"
     other.mkdir()
     code, out = run("migrate", other, "--manifest", m)

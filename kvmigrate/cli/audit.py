@@ -33,8 +33,9 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
 
     \b
     Exit code (OR-able bits, like fsck):
-      0 clean   1 findings   4 integrity problems   8 operational error (I/O, permissions)
-      2 usage error   32 interrupted
+      0 clean   1 findings or pending work (reusable blocks not yet in their targets)
+      4 integrity problems   8 operational error (I/O, permissions)
+      2 usage error (missing ROOT, bad option value)   32 interrupted
     """
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.errors import UsageError

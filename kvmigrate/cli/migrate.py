@@ -55,9 +55,11 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     other is a conflict; without one such block, neither is placed.
 
     \b
-    Exit code: dry run 1 if changes are pending (0 if none), +4 for integrity findings;
-    --apply 0 done, 4 conflicts or integrity findings remain, 8 operational stop (the
-    journal stays consistent: rerun the same command to resume).
+    Exit code: dry run 1 if changes are pending (0 if none), +4 for conflicts it would
+    meet or integrity states of blocks it would place; --apply 0 when it did all it
+    could (other findings are reported, not failed on), 4 if a conflict or an integrity
+    problem of what it placed or would place remains, 8 operational stop (the journal
+    stays consistent: rerun the same command to resume); 2 usage error.
     """
     import tempfile
 

@@ -35,8 +35,8 @@ def command(manifests: tuple[str, ...], fmt: str | None, output: str | None, as_
 
     \b
     Exit code: the manifest's bits (OR of its states: 1 findings, 4 integrity,
-    8 operational), 0 when clean; with --diff, the NEW manifest's bits; with
-    --list, 0. A missing or unreadable manifest exits 2.
+    8 operational; +1 for pending work), 0 when clean; with --diff, the NEW
+    manifest's bits; with --list, 0. A missing or unreadable manifest exits 2.
     """
     from kvmigrate.errors import UsageError
     from kvmigrate.report import render

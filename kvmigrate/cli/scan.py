@@ -33,7 +33,9 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     and an action for every block. Writes the manifest; never modifies ROOT.
 
     \b
-    Exit code: OR of the findings' bits (1 findings, 4 integrity, 8 I/O), 0 when clean.
+    Exit code: OR of the findings' bits (1 findings, 4 integrity, 8 I/O), +1 when reusable
+    blocks are not yet in their targets (pending work), 0 when clean; 2 usage error
+    (missing ROOT, bad option value), 32 interrupted.
     """
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.identity.facts import FactsResolver
@@ -82,8 +84,12 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
         elif ns.get("status") not in (None, "ok") and ns.get("status_reason"):
             click.echo(f"    {ns['status_reason']}")
     findings = {s: v for s, v in totals["by_status"].items() if s not in ("ok", "own_artifact")}
+    pending = totals["pending"]["blocks"]
     if findings:
         click.echo("findings: " + ", ".join(f"{s} {v['files']}" for s, v in sorted(findings.items())))
+    if pending:  # exit bit 1 too
+        click.echo(f"pending: {pending} reusable blocks are not yet in their target namespaces")
+    if findings or pending:
         click.echo(f"details and what to do next: kvmigrate report {shlex.quote(os.path.relpath(result.output))}")
     for err in summary.get("walk_errors", [])[:5]:
         click.echo(f"walk error: {err}", err=True)

@@ -16,21 +16,25 @@ from kvmigrate.cli.common import PROFILES, handle_errors, output_options, print_
 @click.option("--target", "target", type=click.Choice(PROFILES), default=None,
               help="Profile for the summary's target names (default: the journal's, else vllm-0.28).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
+@click.option("--strict", is_flag=True,
+              help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")
 @output_options
 @handle_errors
-def command(root: str, journal: str | None, target: str | None, threads: int | None, as_json: bool, quiet: bool,
-            verbose: int) -> None:
+def command(root: str, journal: str | None, target: str | None, threads: int | None, strict: bool, as_json: bool,
+            quiet: bool, verbose: int) -> None:
     """Check that every namespace's config.json under ROOT hashes to its folder name and,
     with --journal, that every block the migration created still has the journaled
-    inode, size and XXH3-128 (and, for vllm.cpp, a header the engine accepts).
+    inode, size and XXH3-128 (and, for vllm.cpp, a header the engine accepts). A block
+    that is gone was evicted by the engine. The journal must be of a migration into ROOT.
     Writes nothing.
 
     \b
-    Exit code: 0 clean, 4 findings, +8 when something could not be read.
+    Exit code: 0 clean, 1 blocks evicted since the migration (4 with --strict),
+    4 integrity findings, +8 when something could not be read, 2 a journal of another root.
     """
     from kvmigrate.migrate.verify import render, verify_root
 
-    result = verify_root(root, journal, target_profile=target, summary=as_json, threads=threads)
+    result = verify_root(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import xxhash
 
 from kvmigrate import layout
-from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
@@ -215,7 +215,7 @@ class Applier:
             if self.journal is not None:
                 self.journal.close()
             self.tree.close()
-        if plan.integrity_rows:
+        if plan.placed_integrity_rows:  # other rows' findings are reported, not failed on (interface.md §4)
             self.result.bits |= EXIT_INTEGRITY
         finish_counts(plan, self.result)
         return self.result
@@ -537,8 +537,7 @@ class Applier:
             self.journal.write({"t": "skip", "path": act.target_relpath, "outcome": outcome, "why": why})
             if outcome == "conflict":
                 bits |= EXIT_INTEGRITY
-            elif outcome == "changed_since_scan":
-                bits |= EXIT_FINDINGS
+            # changed_since_scan: reported, not failed on; the run did all it could (interface.md §4)
         self.result.bits |= bits
 
     def _src_abs(self, relpath: str) -> str:
@@ -944,8 +943,7 @@ class Applier:
         target = act.target_relpath
         st = self.tree.lstat(target)
         if st is None:
-            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun",
-                                 bits=EXIT_FINDINGS)
+            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun")
         if not stat.S_ISREG(st.st_mode):
             return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
         if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
@@ -1269,7 +1267,7 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
                  f" ({result.link_copies} links copied by --mode, {result.transformed} by transforms)")
     for err in result.namespace_errors:
         lines.append(f"error: {err}")
-    if plan.integrity_rows:  # exit bit 4 even when every block went well: say why
+    if plan.integrity_rows:  # not migrated, not failed on (audit's exit code): say where they are
         lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files are damaged or suspect and "
                      f"were not migrated; details: kvmigrate audit {shlex.quote(plan.root)}")
     shown = result.findings[:20]

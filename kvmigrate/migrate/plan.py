@@ -191,10 +191,11 @@ class Plan:
     metadata: dict[str, Any]
     targets: list[TargetPlan]
     untargeted: Counter  # reason -> blocks of namespaces with no target identity
-    integrity_rows: int
+    integrity_rows: int  # every row of the manifest with an integrity state (reported)
     status_counts: Counter
     # (target base, group) -> the block size competing sources are judged by (None: unknown)
     target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
 
     @property
     def pending(self) -> int:
@@ -214,8 +215,11 @@ class Plan:
         return out
 
     def dry_run_exit_code(self) -> int:
+        """interface.md §4: 1 if anything would be created, +4 for conflicts it would meet
+        or integrity states of blocks it would place. Other rows' findings are reported in
+        the plan, not failed on (they are `audit`'s exit code)."""
         code = 1 if self.pending else 0
-        if self.integrity_rows or self.conflicts:
+        if self.placed_integrity_rows or self.conflicts:
             code |= 4
         return code
 
@@ -338,6 +342,7 @@ class _ManifestRows:
     def __init__(self, path: str | os.PathLike[str] | None, table: pa.Table | None, where: str):
         self.where = where
         self.status_counts: Counter = Counter()
+        self.placed_integrity_rows = 0  # rows with a creating action and an integrity state
         self._table: pa.Table | None = None
         self._files: list[tuple[Any, str, tuple[int, ...]]] = []  # (ParquetFile, path, stat identity)
         self._parts: list[tuple[int, int, int, int]] = []  # (file, row group, first bucket, last bucket)
@@ -374,6 +379,8 @@ class _ManifestRows:
                                     False)
             if pc.any(pc.and_(creating, pc.is_null(bh))).as_py():
                 self._orphan_block_row(self._row_group(file, index))
+            damaged = pc.is_in(pc.cast(t.column("status"), pa.string()), pa.array(sorted(INTEGRITY_STATES)))
+            self.placed_integrity_rows += pc.sum(pc.and_(creating, damaged)).as_py() or 0
             vc = pc.value_counts(_buckets(bh))
             for b, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
                 if b is not None:
@@ -1142,7 +1149,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
-                integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size)
+                integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
+                placed_integrity_rows=rows.placed_integrity_rows)
 
 
 def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, int, int]]:

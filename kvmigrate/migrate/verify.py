@@ -6,8 +6,10 @@ Phases, restic-check style, each with typed findings:
   2. journal (if given): every block the migration created still exists with the
      journaled inode, size and XXH3-128 (a hard link journaled without a hash: its
      mtime); a vllm.cpp output must pass the engine's
-     header checks for its namespace; a created config.json is unchanged.
-Exit: 0 clean, 4 integrity findings, +8 when something could not be read.
+     header checks for its namespace; a created config.json is unchanged. A journaled
+     block that is gone was removed by the engine's evictor: `evicted` (bit 1; bit 4
+     with strict=True). A journal of a migration into another root is refused (2).
+Exit: 0 clean, 1 evicted blocks, 4 integrity findings, +8 when something could not be read.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate import layout
-from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL
+from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
@@ -27,7 +29,7 @@ from kvmigrate.migrate.fsops import PAGE, DestTree, SymlinkInPath, check_relpath
 
 @dataclass(frozen=True)
 class Finding:
-    code: str  # config_digest_mismatch, config_invalid, block_missing, block_replaced, block_changed, ...
+    code: str  # config_digest_mismatch, config_invalid, evicted, block_replaced, block_changed, ...
     path: str
     message: str
     bits: int = EXIT_INTEGRITY
@@ -36,9 +38,16 @@ class Finding:
         return {"code": self.code, "path": self.path, "message": self.message}
 
 
+# The scan summary's keys verify prints (interface.md §1): its totals, not its findings,
+# hints or temporary manifest, which are `audit`'s business and do not outlive the walk.
+SUMMARY_KEYS = ("summary_version", "tool_version", "target_profile", "totals", "namespaces", "outside_namespaces",
+                "walk_errors")
+
+
 @dataclass
 class VerifyResult:
     root: str
+    strict: bool = False  # evicted blocks are integrity findings (bit 4), not findings (bit 1)
     namespaces: int = 0
     blocks: int = 0
     configs: int = 0
@@ -53,12 +62,27 @@ class VerifyResult:
             code |= f.bits
         return code
 
+    def next_step(self) -> str:
+        """What to do about the findings (the text's last line, the JSON's `next`)."""
+        if not self.findings:
+            return "no findings"
+        evicted = sum(f.code == "evicted" for f in self.findings)
+        lines = []
+        if evicted:
+            lines.append(f"{evicted} journaled block(s) removed since the migration, as the engine's evictor "
+                         "removes blocks: nothing to repair")
+        if len(self.findings) > evicted:
+            lines.append(f"{len(self.findings) - evicted} finding(s): blocks that no longer match the journal are not "
+                         "what the migration wrote: move them aside or rerun `kvmigrate migrate --apply` after "
+                         "removing them")
+        return "; ".join(lines) + "."
+
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.summary)
         out.update({"root": self.root, "checked": {"namespaces": self.namespaces, "blocks": self.blocks,
                                                    "configs": self.configs},
                     "journals": self.journals, "findings": [f.to_dict() for f in self.findings],
-                    "exit_code": self.exit_code})
+                    "strict": self.strict, "next": self.next_step(), "exit_code": self.exit_code})
         return out
 
 
@@ -111,6 +135,7 @@ def check_namespaces(root: str, result: VerifyResult) -> None:
 def check_journal(journal: str, result: VerifyResult) -> None:
     """Phase 2: every journaled output is still what the migration wrote."""
     for path, run in jn.iter_runs(journal):
+        _check_same_root(path, run, result.root)
         if path not in result.journals:
             result.journals.append(path)
         if run.rolled_back:
@@ -131,6 +156,15 @@ def check_journal(journal: str, result: VerifyResult) -> None:
                 _check_output(tree, run, rec, result)
 
 
+def _check_same_root(path: str, run: jn.Run, root: str) -> None:
+    """A journal checks the root its migration wrote into, no other: under another root
+    its blocks would be looked up in the wrong place and "verified" by what is missing."""
+    if os.path.realpath(run.dest) != os.path.realpath(root):
+        raise UsageError(f"journal {path} is of a migration into {run.dest}, not into {root}", path=path,
+                         hint=f"kvmigrate verify {run.dest} --journal {path}, or pass the journal of {root} "
+                              f"(default: {jn.default_journal_dir(root)})")
+
+
 def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: VerifyResult) -> None:
     path = rec["path"]
     where = tree.abspath(path)
@@ -140,7 +174,11 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         result.findings.append(Finding("block_replaced", where, "a parent folder is now a symlink or a file"))
         return
     if st is None:
-        result.findings.append(Finding(f"{rec['kind']}_missing", where, "created by the migration, now missing"))
+        if rec["kind"] == "block":  # evictors unlink whole block files (and empty folders)
+            result.findings.append(Finding("evicted", where, "created by the migration, since removed (evicted)",
+                                           EXIT_INTEGRITY if result.strict else EXIT_FINDINGS))
+        else:
+            result.findings.append(Finding("config_missing", where, "created by the migration, now missing"))
         return
     if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino") or st.st_dev != rec.get("dev", st.st_dev):
         result.findings.append(Finding(f"{rec['kind']}_replaced", where,
@@ -186,8 +224,8 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
 
 def root_summary(root: str, target_profile: str, threads: int | None = None) -> dict[str, Any]:
     """The scanner's summary of ROOT (a stat-only walk into a temporary manifest outside
-    the root): totals and namespaces in the same shape every `--json` command prints.
-    Its findings are the scanner's and `audit`'s business; verify's exit code is its own."""
+    the root): totals and namespaces in the same shape every `--json` command prints
+    (SUMMARY_KEYS); verify's findings and exit code are its own."""
     import shutil
     import tempfile
 
@@ -198,17 +236,16 @@ def root_summary(root: str, target_profile: str, threads: int | None = None) -> 
     try:
         res = scan(root, os.path.join(tmp, "manifest.parquet"), target=target_profile,
                    facts_resolver=FactsResolver({}, None), verify="size", threads=threads)
-        summary = dict(res.summary)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    summary.pop("exit_code", None)
-    return summary
+    return {k: res.summary[k] for k in SUMMARY_KEYS if k in res.summary}
 
 
 def verify_root(root: str, journal: str | None = None, *, target_profile: str | None = None,
-                summary: bool = True, threads: int | None = None) -> VerifyResult:
-    """Python API for `kvmigrate verify` (summary=False skips the walk for totals)."""
-    result = VerifyResult(root=os.path.abspath(root))
+                summary: bool = True, threads: int | None = None, strict: bool = False) -> VerifyResult:
+    """Python API for `kvmigrate verify` (summary=False skips the walk for totals;
+    strict=True makes evicted blocks integrity findings)."""
+    result = VerifyResult(root=os.path.abspath(root), strict=strict)
     check_namespaces(result.root, result)
     if journal is not None:
         check_journal(journal, result)
@@ -226,9 +263,5 @@ def render(result: VerifyResult) -> str:
                 f"{len(result.journals)} journal(s)" if result.journals else "")]
     for f in result.findings:
         lines.append(f"  {f.code}: {f.path}: {f.message}")
-    if result.findings:
-        lines.append(f"{len(result.findings)} finding(s). Blocks that no longer match the journal are not what the "
-                     "migration wrote: move them aside or rerun `kvmigrate migrate --apply` after removing them.")
-    else:
-        lines.append("no findings")
+    lines.append(result.next_step())
     return "\n".join(lines)

@@ -391,7 +391,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         if guessed_pending:
             message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
                         "(no migrate command until then)")
-        findings.append(_finding("migration_pending", 0, None, message,
+        findings.append(_finding("migration_pending", 1, None, message,
                                  blocks=pending["blocks"], bytes=pending["bytes"]))
         if not guessed_pending:
             why = "migrate the reusable blocks (without --apply it prints the plan only)"

@@ -457,6 +457,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
                           for n in namespaces if n["target_error"]],
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
                                                                for n in namespaces))
+                      | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)
                       | (8 if meta.get("walk_failed") else 0)),
     }
     findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)

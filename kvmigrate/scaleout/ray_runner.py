@@ -213,11 +213,11 @@ class DatasetScan:
 
 
 def _check_root(root: str) -> str:
-    path = os.path.abspath(root)
-    if not os.path.isdir(path):
-        raise OperationalError("cache root does not exist or is not a directory", path=path,
-                               hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)")
-    return path
+    """The scanner's own check, before any part starts: a missing path or a file is a
+    usage error (2), a root that cannot be listed an operational one (8)."""
+    from kvmigrate.scan import _check_root as check
+
+    return check(root)
 
 
 def _check_dataset_dir(output: str) -> str:
