@@ -23,7 +23,7 @@ from kvmigrate import layout, manifest
 from kvmigrate.migrate.journal import default_journal_dir
 from cli_helpers import run
 
-FACTS = ["--model-dtype", "bfloat16"]  # what a vLLM S1 full-attention tree needs for vllm-0.28
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]  # a vLLM S1 full-attention tree, no guessed target
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1}
 
 
