@@ -402,8 +402,12 @@ def _slice_plan(plan: UnitPlan, first: FileRecord, group: int) -> tuple[str, str
                                f"{plan.blocks_per_file} = {c}, but {n} x c does not fit the {size}-byte row")
     lo = max(1, (size - PAGE) // n + 1)
     hi = size // n
+    # both ways to prove it: the fact, or a hashing scan that finds the one c giving N equal
+    # cells (`kvmigrate migrate ROOT` scans so by default); ";" ends what the reports read as
+    # the facts asked for ("pass ...")
     return "needs_slice", (f"needs_slice: {size}-byte row, N={n} cells, cell size unknown: {n}*c <= {size} < "
-                           f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes)")
+                           f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes; or scan with --verify "
+                           "hash, as `kvmigrate migrate ROOT` does, to prove it from the replicas)")
 
 
 def _concat_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:

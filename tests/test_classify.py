@@ -160,7 +160,7 @@ def test_vllm_mla_slice_numbers():
     p = plan("vllm", kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, target=REPLICATED)
     recs = [rec(0, 8192)]
     classify_block(p, recs, 0, HEX)
-    assert recs[0].action == "needs_slice" and "c in 1025..2048 (pass --page-bytes)" in recs[0].reason
+    assert recs[0].action == "needs_slice" and "c in 1025..2048 (pass --page-bytes; or scan with --verify hash" in recs[0].reason
     p.page_bytes = 4096  # 4 x (2 x 4096) does not fit an 8192-byte row
     classify_block(p, recs, 0, HEX)
     assert recs[0].action == "needs_slice" and "facts and data disagree" in recs[0].reason

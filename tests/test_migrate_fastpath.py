@@ -1,8 +1,9 @@
 """The per-block fast path of `migrate --apply` keeps every guarantee.
 
 A hard link is journaled by the identity of the inode it shares with its source (dev,
-inode, size, mtime) when no hash is known, and verify and rollback then judge it by
-that identity; replica hashes are taken through one open per file (fstat for
+inode, size, mtime) and the hash the scan or apply's own check read (a size-only
+manifest: apply reads every block before placing it), and verify and rollback then
+judge it by them; replica hashes are taken through one open per file (fstat for
 staleness, then one read), which must never wait on a FIFO put in a file's place and
 must name a vanished replica like the stat-based check did.
 """
@@ -42,8 +43,8 @@ def scan_size(root, m) -> list[dict]:
     return manifest.read_table(m).to_pylist()
 
 
-def test_a_link_without_a_known_hash_is_journaled_and_checked_by_its_identity(tmp_path, synth_root):
-    root, _ = synth_root({"family": "vllm", "scheme": "S1", "kv_kind": "mla"})  # one rank: no replica hashes
+def test_a_link_apply_read_is_journaled_with_its_hash_and_identity(tmp_path, synth_root):
+    root, _ = synth_root({"family": "vllm", "scheme": "S1", "kv_kind": "mla"})  # one rank, a size-only scan
     m, journal = tmp_path / "m.parquet", tmp_path / "j.jsonl"
     rows = {r["relpath"]: r for r in scan_size(root, m) if r["action"] == "link"}
     code, summary = run_json("migrate", "--manifest", m, "--apply", "--journal", journal)
@@ -51,12 +52,14 @@ def test_a_link_without_a_known_hash_is_journaled_and_checked_by_its_identity(tm
     recs = done_blocks(journal)
     by_path = {r["target_relpath"]: r for r in rows.values()}
     for rec in recs:
-        src = os.stat(root / by_path[rec["path"]]["relpath"])
-        assert "xxh3_128" not in rec and rec["how"] == "link"
+        src_path = root / by_path[rec["path"]]["relpath"]
+        src = os.stat(src_path)
+        # apply read the block before linking it (the scan did not): the hash it read is journaled
+        assert rec["xxh3_128"] == xxhash.xxh3_128_hexdigest(src_path.read_bytes()) and rec["how"] == "link"
         assert (rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"]) == (src.st_dev, src.st_ino, src.st_size,
                                                                             src.st_mtime_ns)
     assert run_json("verify", root, "--journal", journal)[0] == 0
-    # written through its source: same inode and size, new mtime -> verify finds it, rollback keeps it
+    # written through its source: same inode and size, new bytes -> verify finds it, rollback keeps it
     changed = root / recs[0]["path"]
     with open(root / by_path[recs[0]["path"]]["relpath"], "r+b") as f:
         f.write(b"\xee" * 8)
@@ -64,7 +67,7 @@ def test_a_link_without_a_known_hash_is_journaled_and_checked_by_its_identity(tm
     assert code == 4 and [(f["code"], f["path"]) for f in result["findings"]] == [("block_changed", str(changed))]
     code, result = run_json("rollback", journal)
     assert code == 8 and result["removed"]["block"] == len(recs) - 1
-    assert changed.exists() and any(str(changed) in k and "mtime differs" in k for k in result["kept"])
+    assert changed.exists() and any(str(changed) in k and "hash differs" in k for k in result["kept"])
 
 
 def test_replica_hashes_taken_at_apply_are_journaled(tmp_path, synth_root):

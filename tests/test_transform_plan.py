@@ -68,7 +68,7 @@ def test_slice_cell_includes_blocks_per_file():
 
 def test_slice_without_page_bytes_stays_needs_slice_with_the_candidate_range():
     (r,) = classify(slice_plan(), rec(0, 8192))
-    assert r.action == "needs_slice" and "c in 1025..2048 (pass --page-bytes)" in r.reason
+    assert r.action == "needs_slice" and "c in 1025..2048 (pass --page-bytes; or scan with --verify hash" in r.reason
 
 
 def test_a_source_already_replicated_is_a_link_not_a_slice():

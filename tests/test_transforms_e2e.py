@@ -83,7 +83,8 @@ def assert_every_page_found(root, target, ns, blocks, *, cells) -> None:
 @pytest.mark.parametrize("proof", ["facts", "data"])
 def test_vllm_s2_tp4_mla_rows_are_sliced_into_the_replicated_namespace(tmp_path, synth_root, proof):
     root, (res,) = synth_root(SLICE)
-    flags = [*MLA, "--page-bytes", "1024"] if proof == "facts" else [*MLA, "--verify", "hash"]
+    # facts: a size-only scan, the facts alone prove the cell; data: `migrate ROOT` hashes by default
+    flags = [*MLA, "--page-bytes", "1024", "--verify", "size"] if proof == "facts" else MLA
     summary, meta = apply(tmp_path, root, [*flags, "--target", "vllm-0.28"], action="slice")
     ns = res.namespaces[0]
     target = target_of(meta, ns)
@@ -162,8 +163,9 @@ def test_two_groups_of_a_relayout_each_find_their_pages(tmp_path, synth_root):
 # --- unproven numbers: needs_*, and nothing is written ----------------------------------------
 
 @pytest.mark.parametrize("spec,flags,action,fragment", [
-    (SLICE, MLA, "needs_slice", "cell size unknown: 4*c <= 8192 < 4*c + 4096 allows c in 1025..2048 "
-                                "(pass --page-bytes)"),
+    (SLICE, [*MLA, "--verify", "size"], "needs_slice",
+     "cell size unknown: 4*c <= 8192 < 4*c + 4096 allows c in 1025..2048 (pass --page-bytes; or scan with --verify "
+     "hash, as `kvmigrate migrate ROOT` does, to prove it from the replicas)"),
     (SLICE, [*MLA, "--page-bytes", "768", "--verify", "hash"], "needs_slice", "facts and data disagree"),
     (MLA_B4, MLA, "needs_relayout", "needs_relayout: 2048 bytes, B=4, T=2, P unknown (pass --page-bytes)"),
     (FULL_B2, [*FULL, "--page-bytes", "256"], "needs_relayout",
@@ -271,11 +273,11 @@ def test_a_source_that_cannot_be_read_fails_its_block_and_writes_nothing(tmp_pat
 
     from kvmigrate.migrate import apply as apply_mod
 
-    def eio(fd, limit=None):
+    def eio(fd, size, header_len=0, payload=False):
         raise OSError(errno.EIO, "Input/output error")
 
     root, (res,) = synth_root(MLA_B4)
-    monkeypatch.setattr(apply_mod, "hash_fd", eio)  # the replica hashes apply takes before acting
+    monkeypatch.setattr(apply_mod, "_read_fd", eio)  # the read of the sources apply checks before acting
     m = tmp_path / "m.parquet"
     code, summary = run("migrate", root, *MLA, "--page-bytes", "256", "--manifest-out", m, "--apply", "--json")
     assert code == 8

@@ -33,15 +33,18 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
 @click.option("--manifest-out", type=click.Path(path_type=str),
               help="Keep the manifest of the scan that `migrate ROOT` runs first (with --run-on ray: a dataset "
                    "directory).")
-@click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size", show_default=True,
-              help="Scan depth when scanning ROOT first (hash: replicas are compared at scan time).")
+@click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default=None,
+              help="Scan depth when scanning ROOT first [default: hash: every block is read once, so the plan "
+                   "is proven (crash residue, replica equality, vllm.cpp headers, slice cell sizes) and the dry "
+                   "run shows what --apply does]. With size or none, --apply reads each block before placing "
+                   "it instead.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Scan worker threads.")
 @facts_options
 @scaleout_options
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
-            journal: str | None, print_commands: bool, manifest_out: str | None, verify: str,
+            journal: str | None, print_commands: bool, manifest_out: str | None, verify: str | None,
             threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, run_on: str,
             shards: int | None, ray_address: str | None, **kwargs) -> None:
     """Migrate reusable blocks into the namespaces the target engine reads.
@@ -99,6 +102,10 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     try:
         if manifest_path is None:
             from kvmigrate.scan import scan
+
+            # its own scan hashes by default, in the dry run and with --apply alike: the plan
+            # is proven and the apply links what the scan read (never bytes nobody checked)
+            verify = verify or "hash"
 
             if manifest_out is None:
                 tmpdir = tempfile.mkdtemp(prefix="kvmigrate-migrate-")

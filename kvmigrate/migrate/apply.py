@@ -12,6 +12,10 @@ Safety rules (migration.md §3) and where they live:
   * staleness: the source's (dev, inode, size, mtime_ns) must equal the manifest's, on
     the open fd for copies and on the new link's inode for links; with a manifest hash,
     copies re-hash what they read;
+  * nothing unread is published: a block the manifest has no content hash for (a scan
+    at --verify size or none) has every file read once and checked as a hashing scan
+    would (not all zero, the manifest's size, equal replicas, a vllm.cpp header the
+    engine accepts) before it is linked or copied; a transform checks its sources so;
   * write-ahead journal: an fsynced intent before each batch, done records after (a
     hard link by its inode identity, plus its hash when the manifest or the replica
     check has one);
@@ -20,7 +24,7 @@ Safety rules (migration.md §3) and where they live:
 
 Speed: actions stream from the manifest in batches (bounded memory). While the main
 thread links one batch, helper threads make the next batch's folders (after its intent
-is fsynced) and stat + hash its replica files; every outcome is still judged by the
+is fsynced) and stat its sources, or read and hash them (blocks without hashes); every outcome is still judged by the
 main thread in block order, so results and journal are those of one thread.
 """
 
@@ -35,7 +39,7 @@ import stat
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import xxhash
 
@@ -44,7 +48,7 @@ from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError,
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, hash_fd, open_source
+from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, open_source
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
@@ -55,7 +59,7 @@ MODES = ("link", "copy", "auto")
 BATCH = 1024
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
-_HELPERS = 3  # threads: two folder makers and a replica reader (all mostly in the kernel)
+_HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the kernel)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _HEX3 = re.compile(r"^[0-9a-f]{3}$")
 _NOT_SEEN = object()
@@ -160,9 +164,10 @@ class Applier:
         self.crash = _CrashSeam()
         self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
         self._src_prefix = plan.root if plan.root.endswith("/") else plan.root + "/"
-        self._pool: ThreadPoolExecutor | None = None  # the replica reader and a folder maker
-        self._reads: dict[int, list] = {}  # id(action) -> its files' (stale, hash, error), this batch
+        self._pool: ThreadPoolExecutor | None = None  # the block reader and the folder makers
+        self._reads: dict[int, list] = {}  # id(action) -> its files' `_FileRead`s, this batch
         self._stats: dict[int, str | None] = {}  # id(source file) -> why it is stale, this batch
+        self._cpp_ids: dict[str, tuple[bytes, int]] | None = None  # see `_vllmcpp_ids`
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
 
@@ -482,7 +487,7 @@ class Applier:
     # --- blocks -----------------------------------------------------------------------
 
     def _prepare(self, tp: TargetPlan, batch: list[BlockAction]) -> _Batch:
-        """Journal a batch's intent (fsynced), then hand its folders and replica reads to
+        """Journal a batch's intent (fsynced), then hand its folders and block reads to
         the helper threads."""
         missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
         items: list[dict[str, Any]] = [{"kind": "dir", "path": d} for d in missing]
@@ -499,7 +504,7 @@ class Applier:
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
-        reads = self._helpers().submit(_read_batch, self._src_prefix, batch)
+        reads = self._helpers().submit(_read_batch, self._src_prefix, batch, tp.family == "vllmcpp")
         return _Batch(batch, missing, self._start_dirs(missing), reads)
 
     def _blocks(self, tp: TargetPlan, prepared: _Batch) -> None:
@@ -550,9 +555,10 @@ class Applier:
         return _stale_at(self._src_abs(src.relpath), src) if why is _NOT_SEEN else why
 
     def _block(self, tp: TargetPlan, act: BlockAction) -> None:
-        if _reads_replicas(act):
-            # replica hashes are taken now: stat and read each file through one open
-            ok, computed = self._read_replicas(tp, act)
+        if _reads_block(act):
+            # the manifest lacks the block's hashes: each file is stat-ed and read through one
+            # open (by the batch's reader thread) and checked before anything is published
+            ok, computed = self._read_checked(tp, act)
         else:
             why = self._stale(act.source)
             if why:
@@ -571,15 +577,15 @@ class Applier:
             if act.action == "link" and self.mode != "copy":
                 self._link(tp, act, src_hash)
             else:
-                self._copy(tp, act, "link" if act.action == "link" else act.action)
+                self._copy(tp, act, "link" if act.action == "link" else act.action, src_hash)
         except SymlinkInPath as exc:
             self._outcome(tp, act, "conflict", f"{exc.filename} is a symlink or not a directory; not written through")
 
     def _check_replicas(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
         """Every rank's file of a multi-rank block must hold equal bytes (payloads for
-        vllm.cpp) before one of them is reused: hashes from the manifest when the scan
-        took them, else computed now. Returns (ok, the source's content hash if computed
-        here); when not ok the block already has its outcome."""
+        vllm.cpp) before one of them is reused, by the hashes the scan took (a block
+        lacking them is read instead: `_read_checked`). Returns (ok, None); when not ok
+        the block already has its outcome."""
         ranks = {act.source.rank, *(r.rank for r in act.replicas)}
         if ranks != set(range(act.world)):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
@@ -593,59 +599,89 @@ class Applier:
         payload = act.action == "rewrite_header"
         files = (act.source, *act.replicas)
         known = [f.payload_hash if payload else f.content_hash for f in files]
-        computed = None
-        if any(h is None for h in known):
-            known = []
-            for f in files:
-                try:
-                    known.append(_hash_source(self._src_abs(f.relpath), payload))
-                except OSError as exc:
-                    self._outcome(tp, act, "failed", f"cannot read replica {f.relpath}: {exc.strerror}",
-                                  bits=EXIT_OPERATIONAL)
-                    return False, None
-            computed = None if payload else known[0]
         differing = [f.relpath for f, h in zip(files, known) if h != known[0]]
         if differing:
             self._outcome(tp, act, "failed", f"replicas differ ({'payload' if payload else 'content'}): "
                           + ", ".join(differing) + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
             return False, None
-        return True, computed
+        return True, None
 
-    def _read_replicas(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
-        """`_check_replicas` when the manifest lacks hashes, with one open per file: the
-        staleness check is an fstat of the open fd, then the file is read and hashed
-        (by the batch's reader thread, while the folders are made: `_batch`). Verdicts
-        come in the same order: the source is stale, the block incomplete, a replica
-        stale, a file unreadable, the replicas differ."""
+    def _read_checked(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
+        """The checks a hashing scan makes, on the bytes this run read (one open and one
+        read per file, by the batch's reader thread while the folders are made: `_prepare`):
+        no block is published unless every file of it was read here or hashed by the scan
+        (README: what `--apply` reads). Verdicts in order: the source is stale, the block
+        incomplete, a replica stale, a file unreadable, a file's content damaged (all
+        zero, not the manifest's size, a vllm.cpp header the engine refuses), the replicas
+        differ. Returns (ok, the source's content hash, journaled with the block)."""
         payload = act.action == "rewrite_header"
-        reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act)
-        why, digest, error = reads[0]
-        if why:
-            self._outcome(tp, act, "changed_since_scan", why)
+        reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act, tp.family == "vllmcpp")
+        first = reads[0]
+        if first.stale:
+            self._outcome(tp, act, "changed_since_scan", first.stale)
             return False, None
         ranks = {act.source.rank, *(r.rank for r in act.replicas)}
         if ranks != set(range(act.world)):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
                           bits=EXIT_INTEGRITY)
             return False, None
-        seen = [(act.source, digest, error)]
-        for rep, (why, digest, error) in zip(act.replicas, reads[1:]):
-            if why:
-                self._outcome(tp, act, "changed_since_scan", f"replica {rep.relpath}: {why}")
+        for rep, got in zip(act.replicas, reads[1:]):
+            if got.stale:
+                self._outcome(tp, act, "changed_since_scan", f"replica {rep.relpath}: {got.stale}")
                 return False, None
-            seen.append((rep, digest, error))
-        for f, _, error in seen:
-            if error is not None:
-                self._outcome(tp, act, "failed", f"cannot read replica {f.relpath}: {error.strerror}",
+        files = act.sources
+        for f, got in zip(files, reads):
+            if got.error is not None:
+                what = "replica" if act.world > 1 else "the source"
+                self._outcome(tp, act, "failed", f"cannot read {what} {f.relpath}: {got.error.strerror}",
                               bits=EXIT_OPERATIONAL)
                 return False, None
-        first = seen[0][1]
-        differing = [f.relpath for f, h, _ in seen if h != first]
+        for f, got in zip(files, reads):
+            where = "" if f is act.source else f" of {f.relpath}"
+            problem = _content_problem(got, f.size, where) or (
+                self._header_problem(f, got.header, where) if tp.family == "vllmcpp" else None)
+            if problem:
+                self._outcome(tp, act, "failed", f"{problem}; not placed", bits=EXIT_INTEGRITY)
+                return False, None
+        known = [got.payload if payload else got.content for got in reads]
+        differing = [f.relpath for f, h in zip(files, known) if h != known[0]]
         if differing:
             self._outcome(tp, act, "failed", f"replicas differ ({'payload' if payload else 'content'}): "
                           + ", ".join(differing) + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
             return False, None
-        return True, None if payload else first
+        return True, first.content
+
+    def _header_problem(self, f, header: bytes, where: str) -> str | None:
+        """The check a vllm.cpp reader fails on this file's header (its rank namespace's
+        digest and page size, the block's key), worded like the scan's finding."""
+        parts = f.relpath.split("/")
+        ids = self._vllmcpp_ids()
+        block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
+        if parts[0] not in ids or block is None:
+            return f"header_invalid: no vllm.cpp identity in the manifest for {f.relpath}"
+        digest, payload_size = ids[parts[0]]
+        check = vllmcpp.verify_header(header, digest=digest, payload_size=payload_size,
+                                      key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
+        if check is None:
+            return None
+        return f"header_invalid: header check '{check}' failed{where}: the vllm.cpp reader deletes this file"
+
+    def _vllmcpp_ids(self) -> dict[str, tuple[bytes, int]]:
+        """rank folder -> (identity digest, page_size_bytes) of the manifest's vllm.cpp
+        namespaces (what their headers must carry)."""
+        if self._cpp_ids is None:
+            self._cpp_ids = {}
+            for ns in (self.plan.metadata.get("namespaces") or {}).values():
+                cfg = ns.get("config_json")
+                if ns.get("family") != "vllmcpp" or not isinstance(cfg, dict):
+                    continue
+                try:
+                    ident = (bytes.fromhex(canonical.full_digest(cfg, "vllmcpp")), int(cfg["page_size_bytes"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+                for rank_dir in ns.get("rank_dirs") or ():
+                    self._cpp_ids[rank_dir] = ident
+        return self._cpp_ids
 
     def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         target = act.target_relpath
@@ -658,7 +694,7 @@ class Applier:
             return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.EMLINK) and self.mode == "auto":
-                return self._copy(tp, act, "link")
+                return self._copy(tp, act, "link", src_hash)
             if exc.errno == errno.EXDEV:
                 raise _Stop(OperationalError(
                     f"cannot hard-link across filesystems: {src_abs} -> {self.tree.abspath(target)}",
@@ -691,9 +727,10 @@ class Applier:
         self._outcome(tp, act, "created")
         self.crash.hit("created")
 
-    def _copy(self, tp: TargetPlan, act: BlockAction, action: str) -> None:
+    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None:
         """A new file with the action's output: temp in the final folder, fsync, then
-        link() to the final name (no clobber), then unlink the temp."""
+        link() to the final name (no clobber), then unlink the temp. The bytes read must
+        hash to `src_hash` (the scan's, or the one this run's check read)."""
         target = act.target_relpath
         digest = tp.digest if action == "rewrite_header" else None
         if self.tree.lstat(target) is not None:
@@ -720,9 +757,10 @@ class Applier:
                 raise _oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
         finally:
             os.close(src_fd)
-        if act.source.content_hash is not None and src_h.digest() != act.source.content_hash:
+        if src_hash is not None and src_h.digest() != src_hash:
             _unlink_quiet(self.tree, tmp)
-            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
+            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash"
+                                 if act.source.content_hash is not None else "source changed while it was read")
         self._publish(tp, act, tmp, ino, size, out_digest, action, digest)
 
     def _publish(self, tp: TargetPlan, act: BlockAction, tmp: str, ino: int, size: int, out_digest: bytes,
@@ -809,19 +847,25 @@ class Applier:
                 self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
                 return False
             if problem:
-                self._outcome(tp, act, "failed", f"slice of {act.source.relpath}: {problem}", bits=EXIT_INTEGRITY)
+                self._outcome(tp, act, "failed", f"slice of {act.source.relpath}: {problem}; not placed",
+                              bits=EXIT_INTEGRITY)
                 return False
             return True
-        if not spec.replicas and all(f.content_hash is None for f in files):
-            return True
+        # every rank file is read once here (the writer reads them again): no transform
+        # publishes a row made of a file that is all zero (crash residue) or differs from
+        # the scan's hash, nor one of MLA replicas that differ
         hashes = []
         for f, fd in zip(files, fds):
             os.lseek(fd, 0, os.SEEK_SET)
-            have = hash_fd(fd)[0]
-            if f.content_hash is not None and have != f.content_hash:
+            got = _FileRead(None, *_read_fd(fd, f.size))
+            if f.content_hash is not None and got.content != f.content_hash:
                 self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: content differs from the scan's hash")
                 return False
-            hashes.append(have)
+            problem = _content_problem(got, f.size, "" if f is act.source else f" of {f.relpath}")
+            if problem:
+                self._outcome(tp, act, "failed", f"{act.action}: {problem}; not placed", bits=EXIT_INTEGRITY)
+                return False
+            hashes.append(got.content)
         if spec.replicas:
             differing = [f.relpath for f, h in zip(files, hashes) if h != hashes[0]]
             if differing:
@@ -1009,7 +1053,7 @@ class _Batch:
     actions: list[BlockAction]
     missing: list[str]  # its folders that did not exist, parents first
     dirs: list[Future]  # -> {folder: True | "exists" | OSError | None (not tried)}
-    reads: Future | None  # -> ({id(action): [(why stale, hash, error) per file]}, {id(file): why stale})
+    reads: Future | None  # -> ({id(action): [_FileRead per file]}, {id(file): why stale})
 
 
 def _batches(actions, size: int):
@@ -1059,45 +1103,95 @@ def _make_folders(anchors: dict[str, int], folders: list[str]) -> dict[str, Any]
     return out
 
 
-def _read_batch(prefix: str, acts: list[BlockAction]) -> tuple[dict[int, list], dict[int, str | None]]:
+def _read_batch(prefix: str, acts: list[BlockAction], cpp: bool) -> tuple[dict[int, list], dict[int, str | None]]:
     """What the blocks of a batch will check about their sources, taken ahead by a
-    helper: the files of blocks whose replicas must be hashed, read (by action id); the
+    helper: the files of blocks the manifest has no hashes for, read (by action id); the
     other sources, lstat-ed (by file id; see `Applier._stale`)."""
     reads: dict[int, list] = {}
     stats: dict[int, str | None] = {}
     for act in acts:
-        if _reads_replicas(act):
-            reads[id(act)] = _read_block_files(prefix, act)
+        if _reads_block(act):
+            reads[id(act)] = _read_block_files(prefix, act, cpp)
         else:
             for f in (act.sources if act.transform is None else (act.source,)):
                 stats[id(f)] = _stale_at(prefix + f.relpath, f)
     return reads, stats
 
 
-def _read_block_files(prefix: str, act: BlockAction) -> list[tuple[str | None, bytes | None, OSError | None]]:
-    """(why stale, hash, read error) of every file of a block, source first: what
-    `_read_replicas` judges. Reads only (sources are never written): safe in a thread."""
+class _FileRead(NamedTuple):
+    """What one open and read of a source file found (`Applier._read_checked` judges it)."""
+
+    stale: str | None  # why it no longer is what the scan saw (then nothing was read)
+    content: bytes | None  # XXH3-128 of the whole file
+    payload: bytes | None  # XXH3-128 after the vllm.cpp header (header rewrites compare these)
+    header: bytes  # the vllm.cpp header (vllm.cpp files only)
+    nread: int
+    all_zero: bool
+    error: OSError | None = None
+
+
+def _read_block_files(prefix: str, act: BlockAction, cpp: bool) -> list[_FileRead]:
+    """Every file of a block read once, source first. Reads only (sources are never
+    written): safe in a thread."""
     payload = act.action == "rewrite_header"
-    return [_stat_and_hash(prefix + f.relpath, f, payload) for f in act.sources]
+    return [_stat_and_read(prefix + f.relpath, f, cpp, payload) for f in act.sources]
 
 
-def _stat_and_hash(path: str, src, payload: bool) -> tuple[str | None, bytes | None, OSError | None]:
-    """(why the source is stale, its content or payload hash, the error reading it)."""
+def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
     try:
         fd = open_source(path, nonblocking=True)
     except OSError as exc:
         why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
-        return (why, None, None) if why else (None, None, exc)
+        return _FileRead(why, None, None, b"", 0, False, None if why else exc)
     try:
         why = _stat_differs(os.fstat(fd), src)
         if why:
-            return why, None, None
+            return _FileRead(why, None, None, b"", 0, False)
         try:
-            return None, _digest_fd(fd, src.size, payload), None
+            return _FileRead(None, *_read_fd(fd, src.size, vllmcpp.HEADER_SIZE if cpp else 0, payload))
         except OSError as exc:
-            return None, None, exc
+            return _FileRead(None, None, None, b"", 0, False, exc)
     finally:
         os.close(fd)
+
+
+def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
+             ) -> tuple[bytes, bytes | None, bytes, int, bool]:
+    """One sequential read of an open file from its start: (XXH3-128 of it, XXH3-128
+    after `header_len` bytes if `payload`, its first `header_len` bytes, bytes read,
+    every byte zero). A file smaller than a chunk takes one read of size + 1 bytes (the
+    short read proves EOF); reading stops once more than `size` bytes came (it grew)."""
+    whole = xxhash.xxh3_128()
+    after = xxhash.xxh3_128() if payload else None
+    head = b""
+    n = 0
+    zero = True
+    want = size + 1 if size < CHUNK else CHUNK
+    while buf := os.read(fd, want):
+        whole.update(buf)
+        if n < header_len:
+            head += buf[:header_len - n]
+        if after is not None:
+            after.update(memoryview(buf)[max(0, header_len - n):])
+        if zero:
+            zero = not buf[0] and buf.count(0) == len(buf)
+        n += len(buf)
+        if n > size or (n == size and len(buf) < want):
+            break
+        want = CHUNK
+    return whole.digest(), after.digest() if after is not None else None, head, n, zero and n > 0
+
+
+def _content_problem(got: _FileRead, size: int, where: str = "") -> str | None:
+    """What a read shows is wrong with a block file (`where`: " of <relpath>" for a file
+    other than the one the outcome line names), worded like the scan's finding."""
+    if got.nread == 0:
+        return f"short: the file{where} is empty"
+    if got.all_zero:
+        return f"zero_filled: all {got.nread} bytes{where} are zero (crash residue)"
+    if got.nread != size:
+        return f"size_mismatch: {got.nread} bytes read{where}, the manifest says {size}"
+    return None
 
 
 def _stale_at(path: str, src) -> str | None:
@@ -1111,43 +1205,18 @@ def _stale_at(path: str, src) -> str | None:
     return _stat_differs(st, src)
 
 
-def _reads_replicas(act: BlockAction) -> bool:
-    """The block's replica check reads its files (see `Applier._block`)."""
-    return act.transform is None and act.world > 1 and _unhashed(act)
+def _reads_block(act: BlockAction) -> bool:
+    """The block's files are read and checked before it is placed (see `Applier._block`);
+    a transform reads its sources itself (`Applier._check_transform_sources`)."""
+    return act.transform is None and _unhashed(act)
 
 
 def _unhashed(act: BlockAction) -> bool:
     """The manifest lacks a content (payload, for header rewrites) hash of a file of
-    the block: the replica check must read them."""
+    the block: the scan did not read it, so apply must."""
     if act.action == "rewrite_header":
         return any(f.payload_hash is None for f in act.sources)
     return any(f.content_hash is None for f in act.sources)
-
-
-def _digest_fd(fd: int, size: int, payload: bool) -> bytes:
-    """XXH3-128 of an open file to its end (payload: after the vllm.cpp header); a small
-    file is read in one call."""
-    skip = vllmcpp.HEADER_SIZE if payload else 0
-    if size >= CHUNK:
-        os.lseek(fd, skip, os.SEEK_SET)
-        return hash_fd(fd)[0]
-    data = os.read(fd, size + 1)
-    if len(data) <= size:  # a short read of a regular file: its end
-        return xxhash.xxh3_128_digest(memoryview(data)[skip:])
-    h = xxhash.xxh3_128(memoryview(data)[skip:])  # it grew since the stat: hash to the end
-    while buf := os.read(fd, CHUNK):
-        h.update(buf)
-    return h.digest()
-
-
-def _hash_source(path: str, payload: bool) -> bytes:
-    fd = open_source(path)
-    try:
-        if payload:
-            os.lseek(fd, vllmcpp.HEADER_SIZE, os.SEEK_SET)
-        return hash_fd(fd)[0]
-    finally:
-        os.close(fd)
 
 
 def _tmp_paths(item: dict[str, Any]) -> list[str]:

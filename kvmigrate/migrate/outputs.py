@@ -246,9 +246,9 @@ def transform_output_hash(spec: TransformSpec, fds: list[int]) -> tuple[bytes, i
 
 
 def slice_row_problem(fd: int, spec: TransformSpec, src_hasher=None) -> str | None:
-    """Why the row is not `row_cells` equal cells of `cell` bytes + a zero tail < 4096
-    (None: it is). One sequential read; every byte also goes to `src_hasher` (staleness).
-    Cells are compared by XXH3-128, like replicas everywhere else."""
+    """Why the row is not `row_cells` equal cells of `cell` bytes + a zero tail < 4096,
+    or is all zero (crash residue), or None. One sequential read; every byte also goes
+    to `src_hasher` (staleness). Cells are compared by XXH3-128, like replicas elsewhere."""
     size = os.fstat(fd).st_size
     n, cell = spec.row_cells, spec.cell
     used = n * cell
@@ -257,7 +257,8 @@ def slice_row_problem(fd: int, spec: TransformSpec, src_hasher=None) -> str | No
     upd = src_hasher.update if src_hasher is not None else (lambda b: None)
     offset = 0
     cells = []
-    for _ in range(n):
+    zero = True  # is cell 0 all zero (then, its replicas and the tail being equal and zero, the row)
+    for k in range(n):
         h = xxhash.xxh3_128()
         end = offset + cell
         while offset < end:
@@ -266,6 +267,8 @@ def slice_row_problem(fd: int, spec: TransformSpec, src_hasher=None) -> str | No
                 return f"short read at offset {offset} (the file changed while reading)"
             h.update(buf)
             upd(buf)
+            if k == 0 and zero:
+                zero = not buf[0] and buf.count(0) == len(buf)
             offset += len(buf)
         cells.append(h.digest())
     tail = os.pread(fd, size - used, used) if size > used else b""
@@ -275,6 +278,8 @@ def slice_row_problem(fd: int, spec: TransformSpec, src_hasher=None) -> str | No
         return f"cell {differs} differs from cell 0 (the row does not hold {n} replicas)"
     if tail.strip(b"\0"):
         return f"the {len(tail)} bytes after the {n} cells are not zero"
+    if zero:
+        return f"zero_filled: all {size} bytes are zero (crash residue)"
     return None
 
 

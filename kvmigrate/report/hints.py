@@ -335,6 +335,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                    else f"state {', '.join(sorted(flags))} so {action} can be planned")
             hint(cmd.rerun(*extra, replace_flags=tuple(sorted(flags))), why,
                  "family_ambiguous" if "--family" in flags else action, base, 2)
+            if action == "needs_slice" and cmd.verify != "hash":  # the other way its reason names
+                hint(cmd.rerun("--verify", "hash"), "or let the rows prove the slice's cell size: a hashing scan "
+                     "finds the one size giving N equal cells (`kvmigrate migrate ROOT` scans so)", action, base, 2)
         if n.get("aliases_source_blocks"):
             findings.append(_finding("aliases_source", 0, base,
                                      f"{n['aliases_source_blocks']} blocks: the target path equals a source path "
