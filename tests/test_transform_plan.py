@@ -6,7 +6,7 @@
 * migrate.outputs: the geometry re-derived for apply (`transform_spec`), the streaming
   output and its hash (`write_transform`, `HashingWriter`), the row check before a
   slice (`slice_row_problem`);
-* migrate.cost: the cost model read from reasons.
+* kvmigrate.cost: the cost model read from reasons.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from kvmigrate.classify import (LEGACY_FLOOR, UNVERIFIED, FileRecord, TargetInfo, UnitPlan, classify_block,
                                 slice_reason)
-from kvmigrate.migrate.cost import TRANSFORM_BYTES_PER_SECOND, planned_output_bytes, transform_cost
+from kvmigrate.cost import TRANSFORM_BYTES_PER_SECOND, planned_output_bytes, transform_cost
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, slice_row_problem,
                                        transform_output_hash, transform_spec, write_transform)
 from kvmigrate.transforms import llmd_to_vllm_row, relayout_block_major_to_tensor_major

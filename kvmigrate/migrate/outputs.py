@@ -19,7 +19,7 @@ import xxhash
 
 from kvmigrate.classify import UnitPlan
 from kvmigrate.formats import vllmcpp
-from kvmigrate.migrate.cost import TRANSFORMS
+from kvmigrate.cost import TRANSFORMS
 from kvmigrate.migrate.fsops import CHUNK, PAGE, open_source, padded_size
 from kvmigrate.transforms import TransformError, write_llmd_row, write_slice
 

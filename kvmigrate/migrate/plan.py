@@ -28,7 +28,7 @@ from kvmigrate.classify import TargetInfo, UnitPlan
 from kvmigrate.errors import UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
-from kvmigrate.migrate.cost import cost_line, transform_cost
+from kvmigrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
 

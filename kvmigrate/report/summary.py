@@ -34,7 +34,7 @@ from kvmigrate import manifest as mf
 # order (migration.md §1) are defined once, by the classifier that assigns them.
 from kvmigrate.classify import ACTIONS as ACTION_ORDER
 from kvmigrate.classify import STATUS_BITS
-from kvmigrate.migrate.cost import TRANSFORMS, planned_output_bytes, transform_cost
+from kvmigrate.cost import TRANSFORMS, planned_output_bytes, transform_cost
 
 SUMMARY_VERSION = 1
 

@@ -80,7 +80,7 @@ def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 def transform_pairs(costs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     """One line per pending transform: bytes to write, estimated time, space saved or spent."""
-    from kvmigrate.migrate.cost import cost_line
+    from kvmigrate.cost import cost_line
 
     return [("transform cost", cost_line(action, cost, human_bytes)) for action, cost in costs.items()]
 
