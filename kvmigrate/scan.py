@@ -49,7 +49,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,18 +97,19 @@ NS_COLUMNS = ("family", "scheme", "model_name", "source_d12", "source_base", "de
 
 
 @dataclass
-class ScanResult:
-    """What `scan()` returns: the manifest path, the summary, and the exit code."""
+class WalkResult:
+    """What `scan()` returns: the manifest written and what the walk saw. The summary
+    and exit code are the report's (kvmigrate.pipeline.scan adds them). `totals`: the
+    `batch_sink` fed every batch written, None without one or when the manifest was
+    rewritten after the walk (its batches then differ from the file)."""
 
     root: str
     output: str
-    summary: dict[str, Any]
-    exit_code: int
-    rows: int
     files: int
     bytes: int
     seconds: float
     walk_errors: list[str] = field(default_factory=list)
+    totals: Any = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -1012,8 +1013,10 @@ def _record(relpath: str, st: os.stat_result, rank: int | None = None, group: in
 class Walker:
     """The walk of one scan: options, shared caches and the per-bucket worker."""
 
-    def __init__(self, root: str, *, verify: str, listing: RootListing):
+    def __init__(self, root: str, *, verify: str, listing: RootListing,
+                 transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]]):
         self.root = root
+        self.transform_output = transform_output  # see `scan`
         self.verify = verify
         self.hashed = verify == "hash"
         self.listing = listing
@@ -1648,8 +1651,7 @@ class Walker:
         same = False
         transform_digest = None
         if action in ("slice", "concat", "relayout"):
-            from kvmigrate.migrate.outputs import expected_transform_output
-            expected_size, transform_digest = expected_transform_output(self.root, plan, rec)
+            expected_size, transform_digest = self.transform_output(self.root, plan, rec)
         if tst.st_size == expected_size:
             new_digest = plan.target.digest if plan.target else None
             want = transform_digest() if transform_digest else rec.content if action == "link" and rec.content else \
@@ -1862,10 +1864,19 @@ def _check_root(root: str) -> str:
 
 
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
+         transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]],
+         batch_sink: Callable[[dict[str, Any]], Any] | None = None,
          target: str = "vllm-0.28", facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None) -> ScanResult:
-    """Scan ROOT and write the manifest at `output`; returns the summary and exit code.
+         command: str | None = None, workers: int | None = None) -> WalkResult:
+    """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
+    summary and exit code: call that one).
+
+    What this stage needs from others is passed in, so stages never import each other:
+    `transform_output(root, plan, row)` is the size and a hash function of what a
+    transform would write (for a file already at its target path: the migration's
+    kvmigrate.migrate.outputs.expected_transform_output); `batch_sink(metadata)` makes an
+    object whose `add(batch)` gets every batch written (the summary's accumulator).
 
     `shard=(k, n)` takes buckets with int(hhh, 16) % n == k (files outside buckets: k=0).
     `workers` processes walk the buckets (default: one per core when the tree is large
@@ -1893,7 +1904,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
     units = build_units(root_path, namespaces, verify == "hash", target)
-    walker = Walker(root_path, verify=verify, listing=listing)
+    walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output)
     walker.prepare(namespaces, units)
 
     meta = {
@@ -1914,19 +1925,20 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     tasks = _tasks(units, k, n)
     workers, threads = _parallelism(workers, threads, verify, sum(len(b) for _, b in tasks))
     with _terminate_as_interrupt():
-        return _write(walker, units, head, tasks, workers, threads, meta, output, progress, root_path, t0)
+        return _write(walker, units, head, tasks, workers, threads, meta, output, progress, root_path, t0,
+                      batch_sink)
 
 
 def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int, list[str]]], workers: int,
            threads: int, meta: dict[str, Any], output: str, progress: bool, root_path: str,
-           t0: float) -> ScanResult:
-    """Walk the tasks and write the manifest (then its summary)."""
+           t0: float, batch_sink: Callable[[dict[str, Any]], Any] | None) -> WalkResult:
+    """Walk the tasks and write the manifest."""
     sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
     errors: list[str] = []
     files = nbytes = 0
     rewritten = False
     with _walk(walker, tasks, workers, threads) as batches:  # forks the workers first
-        totals = summary_totals(meta)  # the summary is aggregated from the batches as they are written
+        totals = batch_sink(meta) if batch_sink else None  # e.g. the summary, aggregated as batches are written
         bar = Progress(progress)
         writer = manifest.ManifestWriter(output, meta)
         try:
@@ -1954,8 +1966,9 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
                 if pending_rows:
                     table = pa.concat_tables(pending).unify_dictionaries()
                     writer.write(table)
-                    for batch in table.combine_chunks().to_batches():
-                        totals.add(batch)
+                    if totals is not None:
+                        for batch in table.combine_chunks().to_batches():
+                            totals.add(batch)
                 pending, pending_rows = [], 0
 
             take(head.table(walker.ns_arrays), head.sizes, head.errors)
@@ -1969,9 +1982,8 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
             bar.close()
             raise
     pa.default_memory_pool().release_unused()
-    summary = summarize_manifest(output, totals=None if rewritten else totals)
-    return ScanResult(root_path, output, summary, summary["exit_code"], summary["totals"]["files"],
-                      files, nbytes, time.monotonic() - t0, errors)
+    return WalkResult(root_path, output, files, nbytes, time.monotonic() - t0, errors,
+                      None if rewritten else totals)
 
 
 class _terminate_as_interrupt:
@@ -2304,22 +2316,3 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
         t = t.set_column(t.schema.get_field_index(name), name, _utf8_safe(cols[name]).dictionary_encode())
     t = t.set_column(t.schema.get_field_index("target_relpath"), "target_relpath", _utf8_safe(cols["target_relpath"]))
     return t
-
-
-# ---------------------------------------------------------------------------------------
-# Summary
-
-
-def summarize_manifest(path: str | os.PathLike[str], *, totals: Any = None) -> dict[str, Any]:
-    """The `--json` summary of a manifest (interface.md §1): the one summary model every
-    report renders (kvmigrate.report.summary), so scan, audit and report agree. `totals`:
-    its rows, already aggregated while they were written."""
-    from kvmigrate.report.summary import summarize
-
-    return summarize(path, totals=totals)
-
-
-def summary_totals(meta: dict[str, Any]) -> Any:
-    from kvmigrate.report.summary import totals_for
-
-    return totals_for(meta)

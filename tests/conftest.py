@@ -43,7 +43,7 @@ def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
     relpath). Facts flags are a dict like {"kv_kind": "mla", "page_bytes": 256}."""
     from kvmigrate import manifest
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan
 
     counter = {"n": 0}
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvmigrate.scan as scan_mod
-from kvmigrate import manifest
+from kvmigrate import manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
 from kvmigrate.synth.tree import build
@@ -71,7 +71,7 @@ def scan_rows(root: Path, out: Path, walk: str, monkeypatch, verify: str, flags:
         monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
         spy = Spy(scan_mod.leaf_walk())
         monkeypatch.setattr(scan_mod, "leaf_walk", lambda: spy)
-    result = scan_mod.scan(root, out, facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify, threads=2)
+    result = pipeline.scan(root, out, facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify, threads=2)
     monkeypatch.undo()
     return result.exit_code, manifest.read_table(out).to_pylist(), spy
 

@@ -121,7 +121,7 @@ def test_a_scale_out_part_judges_competing_sources_by_the_whole_plans_sizes(tmp_
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate.plan import build_plan
     from kvmigrate.scaleout import dataset
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan
 
     # 3 shared block names, 1 more in TP=4: modal 16384 over the whole target, a tie in a
     # part that holds one shared block only

@@ -186,7 +186,7 @@ def test_vllmcpp_tp2_full_attention_is_rank_private_and_untouched(tmp_path, synt
 def test_a_sharded_manifest_directory_and_a_journal_directory(tmp_path, synth_root):
     """Scale-out shape: one manifest part per shard in a directory, journals in a directory."""
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan
 
     root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 12})
     parts = tmp_path / "manifest"

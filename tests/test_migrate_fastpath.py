@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from kvmigrate import manifest
 from kvmigrate.cli import cli
 from kvmigrate.identity.facts import FactsResolver
-from kvmigrate.scan import scan
+from kvmigrate.pipeline import scan
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}

@@ -19,7 +19,7 @@ from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate import plan as plan_mod
 from kvmigrate.migrate.apply import apply_plan
 from kvmigrate.migrate.plan import build_plan
-from kvmigrate.scan import scan
+from kvmigrate.pipeline import scan
 
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
 

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvmigrate import manifest
+from kvmigrate import pipeline
 from kvmigrate import scan as scan_mod
 
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
@@ -44,8 +45,8 @@ def many_tasks(monkeypatch):
 def run(root, out, **kwargs):
     from kvmigrate.identity.facts import FactsResolver
 
-    result = scan_mod.scan(root, out, facts_resolver=FactsResolver(FACTS, None), command="kvmigrate scan ROOT",
-                           **kwargs)
+    result = pipeline.scan(root, out, facts_resolver=FactsResolver(FACTS, None), command="kvmigrate scan ROOT",
+                            **kwargs)
     return result, manifest.read_table(out).to_pylist(), manifest.read_metadata(out)
 
 
@@ -157,7 +158,7 @@ def test_scan_uses_the_c_library_malloc_unless_a_pool_is_chosen(tree, tmp_path, 
     import subprocess
     import sys
 
-    code = ("import pyarrow as pa; from kvmigrate.scan import scan; "
+    code = ("import pyarrow as pa; from kvmigrate.pipeline import scan; "
             f"scan({str(tree)!r}, {str(tmp_path / 'm.parquet')!r}); print(pa.default_memory_pool().backend_name)")
     env_vars = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if env:

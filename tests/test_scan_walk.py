@@ -76,7 +76,7 @@ def test_own_artifacts_anywhere_are_not_findings(synth_root, scan_root):
 
 
 def test_progress_bar_goes_to_stderr(synth_root, tmp_path, capsys):
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan
 
     root, _ = synth_root(dict(family="vllmcpp", blocks=20))
     scan(root, tmp_path / "m.parquet", progress=True, threads=1)

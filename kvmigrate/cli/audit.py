@@ -40,7 +40,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.report.audit import audit
+    from kvmigrate.pipeline import audit
     from kvmigrate.report.render import emit, render_summary
 
     if as_json:
@@ -52,18 +52,15 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     parts = check_scaleout(run_on, shards, ray_address, shard)
+    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
     if parts is not None:
-        from kvmigrate.scaleout.ray_runner import audit_on_ray
-
-        result = audit_on_ray(root, manifest_out=manifest_out, shards=parts, address=ray_address, target=target,
-                              facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                              on_part=None if quiet else part_done)
+        result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
+                       on_part=None if quiet else part_done, **options)
     else:
         from kvmigrate.scaleout.dataset import part_output
 
         k_n = parse_shard(shard)
-        result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, target=target,
-                       facts_resolver=resolver, verify=verify, threads=threads, shard=k_n,
-                       progress=(not quiet and sys.stderr.isatty()), command=command_line)
+        result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, shard=k_n,
+                       progress=(not quiet and sys.stderr.isatty()), **options)
     emit(render_summary(result.summary, fmt or "text"), output)
     sys.exit(result.exit_code)

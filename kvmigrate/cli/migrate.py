@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pop_fact_flags,
-                                  prefer_arrow_pool, print_json, scaleout_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, part_done,
+                                  pop_fact_flags, prefer_arrow_pool, print_json, scaleout_options)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
@@ -64,8 +64,6 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     problem of what it placed or would place remains, 8 operational stop (the journal
     stays consistent: rerun the same command to resume); 2 usage error.
     """
-    import tempfile
-
     # The plan reads the manifest a chunk at a time. Arrow's default allocator (mimalloc)
     # keeps what each chunk freed, and glibc malloc fragments on unsorted manifests;
     # jemalloc returning freed pages at once keeps the peak RSS flat (40-200 MiB less on a
@@ -76,169 +74,92 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
 
     import pyarrow as pa
 
-    from kvmigrate.errors import UsageError
+    from kvmigrate import pipeline
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.migrate import apply as apply_mod
-    from kvmigrate.migrate.plan import build_plan, render_commands, render_text
 
     if pa.default_memory_pool().backend_name == "jemalloc":
         pa.jemalloc_set_decay_ms(0)
     ctx = click.get_current_context()
     facts_file = kwargs.pop("facts_file", None)
-    flags = pop_fact_flags(kwargs)
-    if manifest_path is None and root is None:
-        raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
-                         hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
+    resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     parts = check_scaleout(run_on, shards, ray_address)
-    explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
     apply_command = _apply_command(ctx)
-    tmpdir = None
-    cluster = None
-    if parts is not None and (manifest_path is None or apply):
-        from kvmigrate.scaleout.ray_runner import session
-
-        cluster = session(ray_address)  # one Ray connection for the scan and the apply
-        cluster.__enter__()
-    try:
-        if manifest_path is None:
-            from kvmigrate.scan import scan
-
-            # its own scan hashes by default, in the dry run and with --apply alike: the plan
-            # is proven and the apply links what the scan read (never bytes nobody checked)
-            verify = verify or "hash"
-
-            if manifest_out is None:
-                tmpdir = tempfile.mkdtemp(prefix="kvmigrate-migrate-")
-                scanned_to = os.path.join(tmpdir, "manifest.parquet")
-            else:
-                scanned_to = manifest_out
-            scan_cmd = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-            if parts is not None:
-                from kvmigrate.scaleout.ray_runner import scan_on_ray
-
-                if manifest_out is None and ray_address is not None:
-                    raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR "
-                                     "on storage every node mounts at the same path")
-                scanned_to = scanned_to if manifest_out is not None else os.path.join(tmpdir, "manifest")
-                scan_on_ray(root, scanned_to, shards=parts, address=ray_address, target=target,
-                            facts_resolver=FactsResolver(flags, facts_file), verify=verify, threads=threads,
-                            command=scan_cmd)
-            else:
-                scan(root, scanned_to, target=target, facts_resolver=FactsResolver(flags, facts_file),
-                     verify=verify, threads=threads, progress=(not quiet and sys.stderr.isatty()),
-                     command=scan_cmd)
-            plan_source = scanned_to
-            identity_manifest = "scan"
-        else:
-            _check_manifest_facts(manifest_path, flags, facts_file)
-            plan_source = manifest_path
-            identity_manifest = os.path.abspath(manifest_path)
-        plan = build_plan(plan_source, dest=dest)
-        if manifest_path is not None:
-            if explicit_target and plan.target_profile != target:
-                raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
-                                 path=manifest_path, hint=f"rescan with --target {target}, or drop --target")
-            if root is not None and os.path.abspath(root) != plan.root:
-                raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
-                                 path=manifest_path, hint="drop ROOT or use the manifest of that root")
+    with pipeline.migration(
+            root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
+            explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
+            facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
+            progress=not quiet and sys.stderr.isatty(),
+            command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
         if print_commands:
-            for line in render_commands(plan, mode):
+            from kvmigrate.migrate.plan import render_commands
+
+            for line in render_commands(run.plan, mode):
                 click.echo(line)
             sys.exit(0)
-        if not apply:
-            _dry_run(plan, plan_source, tmpdir is None, apply_command, as_json, quiet)
-            return
-        identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
-                    "manifest": identity_manifest}
-        progress = None
-        bar = None
-        if parts is None and not quiet and sys.stderr.isatty():
-            from tqdm import tqdm
+        if apply:
+            _apply(run, mode, journal, apply_command, as_json, quiet)
+        else:
+            _dry_run(run, apply_command, as_json, quiet)
 
-            bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr,
-                       desc="migrate")
-            progress = bar.update
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # a stopped run stays resumable
-        try:
-            if parts is not None:
-                from kvmigrate.scaleout.ray_runner import apply_on_ray
 
-                result = apply_on_ray(plan, plan_source, shards=parts, address=ray_address, mode=mode,
-                                      journal=journal, command=apply_command, identity=identity,
-                                      on_part=None if quiet else _part_done)
-            else:
-                result = apply_mod.apply_plan(plan, mode=mode, journal=journal, command=apply_command,
-                                              identity=identity, progress=progress)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            if bar is not None:
-                bar.close()
-        code = result.exit_code
-        if as_json:
-            summary = _summary(plan_source, plan_source if tmpdir is None else None)
-            summary.update({"outcomes": dict(result.outcomes), "apply": result.to_dict(), "exit_code": code,
-                            "targets": _targets_json(plan)})
-            print_json(summary)
-        elif not quiet:
-            click.echo(apply_mod.render_result(plan, result))
-        if result.stop is not None:
-            click.echo(f"kvmigrate: error: {result.stop}", err=True)
-            click.echo(f"  journal: {result.journal_path} (rerun the same command to resume, or "
-                       f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
-        elif code & 8:  # blocks failed on I/O (e.g. EMLINK) without stopping the run: say so on stderr too
-            failed = [f for f in result.findings if f.startswith("failed:")]
-            click.echo(f"kvmigrate: error: {result.outcomes.get('failed', 0)} block(s) failed"
-                       + (f"; {failed[0]}" if failed else ""), err=True)
-            click.echo(f"  journal: {result.journal_path}", err=True)
-        sys.exit(code)
+def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: bool, quiet: bool) -> None:
+    """--apply: run the plan (a progress bar on a terminal, SIGTERM as Ctrl-C: a stopped
+    run stays resumable), print what happened and exit with its code."""
+    from kvmigrate.migrate.apply import render_result
+
+    plan = run.plan
+    progress = None
+    bar = None
+    if run.parts is None and not quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr, desc="migrate")
+        progress = bar.update
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = run.apply(mode=mode, journal=journal, command=apply_command, progress=progress,
+                           on_part=None if quiet else part_done)
     finally:
-        if cluster is not None:
-            cluster.__exit__(None, None, None)
-        if tmpdir is not None:
-            import shutil
-
-            shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _part_done(report) -> None:
-    click.echo(f"kvmigrate: {report.name}: {'done' if report.error is None else 'failed'}", err=True)
+        signal.signal(signal.SIGTERM, previous)
+        if bar is not None:
+            bar.close()
+    code = result.exit_code
+    if as_json:
+        summary = run.summary()
+        summary.update({"outcomes": dict(result.outcomes), "apply": result.to_dict(), "exit_code": code,
+                        "targets": _targets_json(plan)})
+        print_json(summary)
+    elif not quiet:
+        click.echo(render_result(plan, result))
+    if result.stop is not None:
+        click.echo(f"kvmigrate: error: {result.stop}", err=True)
+        click.echo(f"  journal: {result.journal_path} (rerun the same command to resume, or "
+                   f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
+    elif code & 8:  # blocks failed on I/O (e.g. EMLINK) without stopping the run: say so on stderr too
+        failed = [f for f in result.findings if f.startswith("failed:")]
+        click.echo(f"kvmigrate: error: {result.outcomes.get('failed', 0)} block(s) failed"
+                   + (f"; {failed[0]}" if failed else ""), err=True)
+        click.echo(f"  journal: {result.journal_path}", err=True)
+    sys.exit(code)
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _check_manifest_facts(manifest_path: str, flags: dict, facts_file: str | None) -> None:
-    """Facts decide targets at scan time: with --manifest they may only repeat the scan's."""
-    import json
-
-    from kvmigrate import manifest
-    from kvmigrate.errors import UsageError
-
-    if not flags and not facts_file:
-        return
-    scanned = (manifest.read_metadata(manifest_path).get("facts") or {})
-    given = json.loads(json.dumps(flags, default=str))
-    same_file = (facts_file is None or scanned.get("facts_file") is not None
-                 and os.path.abspath(facts_file) == os.path.abspath(scanned["facts_file"]))
-    if given != (scanned.get("flags") or {}) or not same_file:
-        raise UsageError("these facts differ from the ones the manifest was scanned with; targets are decided "
-                         "at scan time", path=manifest_path,
-                         hint="rescan: `kvmigrate migrate ROOT --<facts>` (or `kvmigrate scan`), or drop the facts")
-
-
-def _dry_run(plan, plan_source: str, kept: bool, apply_command: str, as_json: bool, quiet: bool) -> None:
+def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
     """The plan, and the command that applies it, unless a target it fills is a guess: then
     the command that states the missing facts (identity.md §4)."""
     from kvmigrate.migrate.plan import render_text
 
+    plan = run.plan
     code = plan.dry_run_exit_code()
     guesses = _guessed_sources(plan)
     facts_command = _facts_command(plan, guesses) if guesses else None
     if facts_command:
         apply_command = None
     if as_json:
-        summary = _summary(plan_source, plan_source if kept else None)
+        summary = run.summary()
         # `outcomes`: what --apply will report, with the same keys and (barring changes
         # meanwhile) the same numbers; merges of equal sizes only are compared at apply
         summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
@@ -280,13 +201,6 @@ def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
     if plan.dest != plan.root:
         command += " --dest " + shlex.quote(plan.dest)
     return command
-
-
-def _summary(manifest_path: str, kept: str | None) -> dict:
-    """The summary of the plan's manifest; its hints name the manifest only if it is kept."""
-    from kvmigrate.report.summary import summarize  # what scan.summarize_manifest runs, without the scanner
-
-    return summarize(manifest_path, manifest=kept, verb="migrate")
 
 
 def _targets_json(plan) -> list[dict]:

@@ -39,7 +39,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     """
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan_any
 
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
@@ -47,19 +47,16 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     k, n = parse_shard(shard)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
     if parts is not None:
-        from kvmigrate.scaleout.ray_runner import scan_on_ray
-
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
-        result = scan_on_ray(root, "kvmigrate-manifest" if default else output, shards=parts, address=ray_address,
-                             target=target, facts_resolver=resolver, verify=verify, threads=threads,
-                             command=command_line, on_part=None if quiet else part_done)
+        result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,
+                          on_part=None if quiet else part_done, **options)
     else:
         from kvmigrate.scaleout.dataset import part_output
 
-        result = scan(root, part_output(output, (k, n)), target=target, facts_resolver=resolver, verify=verify,
-                      threads=threads, shard=(k, n), progress=(not quiet and sys.stderr.isatty()),
-                      command=command_line)
+        result = scan_any(root, part_output(output, (k, n)), shard=(k, n),
+                          progress=(not quiet and sys.stderr.isatty()), **options)
     summary = result.summary
     if as_json:
         print_json(summary)

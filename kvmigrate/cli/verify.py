@@ -32,9 +32,10 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
     Exit code: 0 clean, 1 blocks evicted since the migration (4 with --strict),
     4 integrity findings, +8 when something could not be read, 2 a journal of another root.
     """
-    from kvmigrate.migrate.verify import render, verify_root
+    from kvmigrate.migrate.verify import render
+    from kvmigrate.pipeline import verify
 
-    result = verify_root(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
+    result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

@@ -222,38 +222,20 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         result.findings.append(Finding("size_mismatch", where, f"{st.st_size} bytes is not a multiple of 4096"))
 
 
-def root_summary(root: str, target_profile: str, threads: int | None = None) -> dict[str, Any]:
-    """The scanner's summary of ROOT (a stat-only walk into a temporary manifest outside
-    the root): totals and namespaces in the same shape every `--json` command prints
-    (SUMMARY_KEYS); verify's findings and exit code are its own."""
-    import shutil
-    import tempfile
-
-    from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.scan import scan
-
-    tmp = tempfile.mkdtemp(prefix="kvmigrate-verify-")
-    try:
-        res = scan(root, os.path.join(tmp, "manifest.parquet"), target=target_profile,
-                   facts_resolver=FactsResolver({}, None), verify="size", threads=threads)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {k: res.summary[k] for k in SUMMARY_KEYS if k in res.summary}
+def journal_target_profile(journal: str) -> str | None:
+    """The target profile of the journal's last run that names one (verify's summary
+    scans for it when no --target is given)."""
+    profiles = [run.header.get("target_profile") for _, run in jn.iter_runs(journal)]
+    return next((p for p in reversed(profiles) if p), None)
 
 
-def verify_root(root: str, journal: str | None = None, *, target_profile: str | None = None,
-                summary: bool = True, threads: int | None = None, strict: bool = False) -> VerifyResult:
-    """Python API for `kvmigrate verify` (summary=False skips the walk for totals;
-    strict=True makes evicted blocks integrity findings)."""
+def verify_root(root: str, journal: str | None = None, *, strict: bool = False) -> VerifyResult:
+    """The checks of `kvmigrate verify` (strict=True makes evicted blocks integrity
+    findings); kvmigrate.pipeline.verify adds the root's scan summary."""
     result = VerifyResult(root=os.path.abspath(root), strict=strict)
     check_namespaces(result.root, result)
     if journal is not None:
         check_journal(journal, result)
-        if target_profile is None:
-            profiles = [run.header.get("target_profile") for _, run in jn.iter_runs(journal)]
-            target_profile = next((p for p in reversed(profiles) if p), None)
-    if summary:
-        result.summary = root_summary(result.root, target_profile or "vllm-0.28", threads)
     return result
 
 

@@ -189,7 +189,7 @@ def run_parts(ray: Any, fn: Callable[..., dict], args_of: Callable[[int], tuple]
 def _scan_part(root: str, staging: str, k: int, n: int, target: str, resolver: Any, verify: str,
                threads: int | None, command: str | None, fail: bool) -> dict[str, Any]:
     """Ray task: scan part K of N into the staging folder."""
-    from kvmigrate.scan import scan
+    from kvmigrate.pipeline import scan
 
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
@@ -236,8 +236,10 @@ def _check_dataset_dir(output: str) -> str:
 
 def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = "vllm-0.28",
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
-                command: str | None = None, on_part: Callable[[PartReport], None] | None = None) -> DatasetScan:
-    """Scan ROOT as `shards` Ray tasks into the dataset directory `output`.
+                command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
+                manifest: str | None | bool = True, verb: str = "scan") -> DatasetScan:
+    """Scan ROOT as `shards` Ray tasks into the dataset directory `output`, then
+    summarize it (`manifest`, `verb`: what its hints name, see report.summary.summarize).
 
     Parts are staged inside `output` and published only when all succeeded; otherwise
     PartsFailed (exit 8) names them and `output` is left as it was."""
@@ -271,38 +273,11 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
                 os.replace(os.path.join(staging, name), os.path.join(out, name))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    summary = summarize(out)
+    summary = summarize(out, manifest=manifest, verb=verb)
     code = summary["exit_code"]
     for r in reports:
         code |= r.detail["exit_code"]
     return DatasetScan(root_path, out, summary, code, reports, time.monotonic() - t0)
-
-
-def audit_on_ray(root: str, *, manifest_out: str | None, shards: int, address: str | None = None,
-                 target: str = "vllm-0.28", facts_resolver: Any = None, verify: str = "size",
-                 threads: int | None = None, command: str | None = None,
-                 on_part: Callable[[PartReport], None] | None = None) -> Any:
-    """`audit --run-on ray`: scan as parts, summarize the dataset directory (kept at
-    `manifest_out`, else a temporary one on this machine, removed afterwards)."""
-    from kvmigrate.report.audit import AuditResult
-    from kvmigrate.report.summary import summarize
-
-    kwargs = dict(shards=shards, address=address, target=target, facts_resolver=facts_resolver, verify=verify,
-                  threads=threads, command=command, on_part=on_part)
-    if manifest_out is not None:
-        res = scan_on_ray(root, manifest_out, **kwargs)
-        summary = summarize(res.output, verb="audit")
-        return AuditResult(summary, summary["exit_code"] | res.exit_code, res.output)
-    if address:
-        raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR on storage "
-                         "every node mounts at the same path")
-    tmp = tempfile.mkdtemp(prefix="kvmigrate-audit-")
-    try:
-        res = scan_on_ray(root, os.path.join(tmp, "manifest"), **kwargs)
-        summary = summarize(res.output, manifest=None, verb="audit")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return AuditResult(summary, summary["exit_code"] | res.exit_code, None)
 
 
 # --- migrate --apply ---------------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""Where the stages meet: scan → manifest, audit, migrate with its own scan, verify.
+
+The stages are `kvmigrate.scan` (walk a root, write the manifest), `kvmigrate.migrate`
+(plan, apply, verify, rollback) and `kvmigrate.report` (summary, hints, renderers). They
+never import each other (tests/test_layering.py): what one needs from another is passed
+in here, and the CLI and scale-out call these functions. `parts` (--run-on ray --shards
+N) runs the scan or the apply as parts through `kvmigrate.scaleout`, imported only then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kvmigrate import manifest as mf
+from kvmigrate import scan as scan_stage
+from kvmigrate.errors import UsageError
+from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.migrate.outputs import expected_transform_output
+from kvmigrate.report.summary import summarize, totals_for
+
+if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
+    from kvmigrate.migrate.apply import ApplyResult
+    from kvmigrate.migrate.plan import Plan
+    from kvmigrate.migrate.verify import VerifyResult
+
+
+@dataclass
+class ScanResult:
+    """A scan: the manifest written, its summary and exit code (interface.md §1)."""
+
+    root: str
+    output: str
+    summary: dict[str, Any]
+    exit_code: int
+    rows: int
+    files: int
+    bytes: int
+    seconds: float
+    walk_errors: list[str] = field(default_factory=list)
+
+
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
+         manifest: str | None | bool = True, verb: str = "scan", **kwargs: Any) -> ScanResult:
+    """Scan ROOT into the manifest at `output` and summarize it in the same pass (the
+    summary aggregates the batches as they are written). `manifest`, `verb`: what the
+    summary's hints name (see report.summary.summarize); kwargs: kvmigrate.scan.scan's."""
+    walked = scan_stage.scan(root, output, transform_output=expected_transform_output, batch_sink=totals_for,
+                             **kwargs)
+    summary = summarize(walked.output, manifest=manifest, verb=verb, totals=walked.totals)
+    return ScanResult(walked.root, walked.output, summary, summary["exit_code"], summary["totals"]["files"],
+                      walked.files, walked.bytes, walked.seconds, walked.walk_errors)
+
+
+def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], *, parts: int | None = None,
+             address: str | None = None, on_part: Callable[[Any], None] | None = None, progress: bool = False,
+             **kwargs: Any) -> Any:
+    """`scan` in this process, or as `parts` Ray tasks into a dataset directory
+    (kvmigrate.scaleout.ray_runner.scan_on_ray); both results have root, output,
+    summary, exit_code and seconds."""
+    if parts is None:
+        return scan(root, output, progress=progress, **kwargs)
+    from kvmigrate.scaleout.ray_runner import scan_on_ray
+
+    return scan_on_ray(str(root), str(output), shards=parts, address=address, on_part=on_part, **kwargs)
+
+
+@contextlib.contextmanager
+def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None = None, *, verb: str = "scan",
+            prefix: str = "kvmigrate-scan-", parts: int | None = None, address: str | None = None,
+            **kwargs: Any) -> Iterator[Any]:
+    """Scan ROOT into `keep` (kept, and named by the hints), else into a private
+    temporary directory outside the cache root, removed when the `with` ends: a command
+    that scans before it reports, plans or verifies never writes into the tree it reads.
+    kwargs: `scan_any`'s."""
+    if keep is not None:
+        yield scan_any(root, keep, parts=parts, address=address, verb=verb, **kwargs)
+        return
+    if parts is not None and address:
+        raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR on storage "
+                         "every node mounts at the same path")
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        output = os.path.join(tmp, "manifest.parquet" if parts is None else "manifest")
+        yield scan_any(root, output, parts=parts, address=address, verb=verb, manifest=None, **kwargs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+@dataclass
+class AuditResult:
+    summary: dict[str, Any]
+    exit_code: int
+    manifest: str | None  # None when the manifest was temporary
+
+
+def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] | None = None,
+          **kwargs: Any) -> AuditResult:
+    """`audit`: scan ROOT and return the report summary and the exit code (OR of the
+    states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
+    at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
+    with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
+        return AuditResult(result.summary, result.exit_code, str(result.output) if manifest_out is not None else None)
+
+
+# --- verify ------------------------------------------------------------------------------
+
+
+def verify(root: str, journal: str | None = None, *, target_profile: str | None = None, summary: bool = True,
+           threads: int | None = None, strict: bool = False) -> VerifyResult:
+    """`verify`: the migration stage's checks (namespaces, journal), then with `summary`
+    the root's totals from a stat-only scan into a temporary manifest, in the keys every
+    `--json` command prints (verify's findings and exit code stay its own)."""
+    from kvmigrate.migrate import verify as verify_stage
+
+    result = verify_stage.verify_root(root, journal, strict=strict)
+    if summary:
+        from kvmigrate.identity.facts import FactsResolver
+
+        profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
+        with scanned(result.root, target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
+                     verify="size", threads=threads, prefix="kvmigrate-verify-") as scan_result:
+            result.summary = {k: scan_result.summary[k] for k in verify_stage.SUMMARY_KEYS if k in scan_result.summary}
+    return result
+
+
+# --- migrate -----------------------------------------------------------------------------
+
+
+@dataclass
+class Migration:
+    """A plan and the manifest it was built from (kept, or removed when the `with` of
+    `migration` ends); `apply` runs it here or as parts."""
+
+    plan: "Plan"
+    manifest: str
+    kept: bool
+    identity_manifest: str  # "scan" for a plan of its own scan, else the manifest's path
+    parts: int | None = None
+    address: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The summary of the plan's manifest; its hints name the manifest only if it is kept."""
+        return summarize(self.manifest, manifest=self.manifest if self.kept else None, verb="migrate")
+
+    def apply(self, *, mode: str = "link", journal: str | None = None, command: str = "",
+              progress: Callable[[int], None] | None = None,
+              on_part: Callable[[Any], None] | None = None) -> "ApplyResult":
+        from kvmigrate.migrate.apply import apply_plan
+
+        plan = self.plan
+        identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
+                    "manifest": self.identity_manifest}
+        if self.parts is None:
+            return apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
+                              progress=progress)
+        from kvmigrate.scaleout.ray_runner import apply_on_ray
+
+        return apply_on_ray(plan, self.manifest, shards=self.parts, address=self.address, mode=mode,
+                            journal=journal, command=command, identity=identity, on_part=on_part)
+
+
+@contextlib.contextmanager
+def migration(root: str | None, manifest: str | None = None, *, apply: bool = False, dest: str | None = None,
+              manifest_out: str | None = None, verify: str | None = None, target: str = DEFAULT_PROFILE,
+              explicit_target: bool = False, facts_resolver: Any = None, threads: int | None = None,
+              parts: int | None = None, address: str | None = None, progress: bool = False,
+              command: str | None = None) -> Iterator[Migration]:
+    """`migrate`: plan from `manifest`, or from a scan of ROOT of its own (kept at
+    `manifest_out`, else temporary). Its own scan hashes by default, in the dry run and
+    with --apply alike: the plan is proven and the apply links what the scan read (never
+    bytes nobody checked). With `parts`, one Ray session serves the scan and the apply."""
+    if manifest is None and root is None:
+        raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
+                         hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
+    from kvmigrate.migrate.plan import build_plan
+
+    with contextlib.ExitStack() as stack:
+        if parts is not None and (manifest is None or apply):
+            from kvmigrate.scaleout.ray_runner import session
+
+            stack.enter_context(session(address))
+        if manifest is None:
+            scan_result = stack.enter_context(scanned(
+                root, manifest_out, prefix="kvmigrate-migrate-", parts=parts, address=address, target=target,
+                facts_resolver=facts_resolver, verify=verify or "hash", threads=threads, progress=progress,
+                command=command))
+            yield Migration(build_plan(scan_result.output, dest=dest), str(scan_result.output),
+                            kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
+            return
+        check_manifest_facts(manifest, facts_resolver)
+        plan = build_plan(manifest, dest=dest)
+        if explicit_target and plan.target_profile != target:
+            raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
+                             path=manifest, hint=f"rescan with --target {target}, or drop --target")
+        if root is not None and os.path.abspath(root) != plan.root:
+            raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
+                             path=manifest, hint="drop ROOT or use the manifest of that root")
+        yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=parts,
+                        address=address)
+
+
+def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
+    """Facts decide targets at scan time: with --manifest they may only repeat the scan's."""
+    flags = getattr(facts_resolver, "flags", None) or {}
+    facts_file = getattr(facts_resolver, "facts_file", None)
+    if not flags and not facts_file:
+        return
+    scanned_facts = (mf.read_metadata(manifest_path).get("facts") or {})
+    given = json.loads(json.dumps(flags, default=str))
+    same_file = (facts_file is None or scanned_facts.get("facts_file") is not None
+                 and os.path.abspath(facts_file) == os.path.abspath(scanned_facts["facts_file"]))
+    if given != (scanned_facts.get("flags") or {}) or not same_file:
+        raise UsageError("these facts differ from the ones the manifest was scanned with; targets are decided "
+                         "at scan time", path=manifest_path,
+                         hint="rescan: `kvmigrate migrate ROOT --<facts>` (or `kvmigrate scan`), or drop the facts")
