@@ -77,3 +77,24 @@ def test_stages_never_import_each_other():
                 continue
             violations.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {own} layer imports {module}")
     assert violations == [], "\n".join(violations)
+
+
+def test_scale_out_uses_public_hooks_of_stage_classes():
+    """A composer (scale-out, the pipeline, the CLI) configures a stage's classes through
+    their public arguments (e.g. Applier(take_locks=False, place_blocks=...)), never by
+    subclassing one and overriding its private methods."""
+    overrides = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if _layer(_module_name(path)) not in COMPOSERS:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        from_stages = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and node.module and _layer(node.module) in STAGES for a in node.names}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            bases = {b.id for b in cls.bases if isinstance(b, ast.Name)} & from_stages
+            for fn in cls.body:
+                if bases and isinstance(fn, ast.FunctionDef) and fn.name.startswith("_") \
+                        and not fn.name.startswith("__"):
+                    overrides.append(f"{path.relative_to(PACKAGE.parent)}:{fn.lineno}: {cls.name}({', '.join(bases)})"
+                                     f".{fn.name}")
+    assert overrides == [], "\n".join(overrides)

@@ -38,7 +38,7 @@ import signal
 import stat
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 import xxhash
@@ -147,9 +147,15 @@ def tmp_name(final_relpath: str, pid: int | None = None) -> str:
 
 
 class Applier:
+    """Runs a plan. Two hooks let scale-out (kvmigrate.scaleout) split a run into parts:
+    `take_locks=False`: a part, whose driver holds every namespace lock for the run;
+    `place_blocks`: a driver, which gives each target its journal record, config.json
+    and rank folder, then calls place_blocks() (the parts) while it holds the locks."""
+
     def __init__(self, plan: Plan, *, mode: str = "link", journal: str | None = None, command: str = "",
                  identity: dict[str, Any] | None = None, batch_size: int = BATCH,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, take_locks: bool = True,
+                 place_blocks: Callable[[], Any] | None = None):
         if mode not in MODES:
             raise UsageError(f"unknown --mode {mode!r}", hint="use link, copy or auto")
         self.plan = plan
@@ -160,6 +166,8 @@ class Applier:
                                      "manifest": plan.manifest_path}
         self.batch_size = batch_size
         self.progress = progress
+        self.take_locks = take_locks
+        self.place_blocks = place_blocks
         self.result = ApplyResult()
         self.crash = _CrashSeam()
         self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
@@ -188,7 +196,8 @@ class Applier:
             try:
                 for tp in work:
                     self._ensure_dirs([tp.base_name])
-                self._lock_namespaces(work, locks)
+                if self.take_locks:
+                    self._lock_namespaces(work, locks)
                 self._resume_pending()
                 self._targets(work)
             except SymlinkInPath as exc:
@@ -228,7 +237,7 @@ class Applier:
     def _lock_namespaces(self, work: list[TargetPlan], locks: list[NamespaceLock]) -> None:
         """Every namespace this run or the run it resumes touches is locked before
         anything is reconciled or written (a lock left by a killed run is taken over,
-        and removed on release). A scale-out part overrides this: its driver holds them."""
+        and removed on release). A scale-out part skips this (`take_locks`): its driver holds them."""
         for base in sorted({tp.base_name for tp in work} | self._resumed_bases()):
             lock = NamespaceLock.acquire(self.tree, base)
             locks.append(lock)
@@ -236,9 +245,20 @@ class Applier:
                 self.journal.write({"t": "lock", "path": lock.relpath})
 
     def _targets(self, work: list[TargetPlan]) -> None:
-        """Every target namespace in plan order (a scale-out driver overrides this)."""
+        """Every target namespace in plan order; with `place_blocks`, their folders and
+        config.json only, then place_blocks() places the blocks."""
+        if self.place_blocks is None:
+            for tp in work:
+                self._target(tp)
+            return
+        ready = []
         for tp in work:
-            self._target(tp)
+            errors = len(self.result.namespace_errors)
+            self._target(replace(tp, actions=[]))  # its journal record and config.json only
+            if len(self.result.namespace_errors) == errors:
+                ready.append(tp.rank_dir)  # a refused namespace gets no folder, as in one process
+        self._ensure_dirs(ready)
+        self.place_blocks()
 
     # --- set-up -----------------------------------------------------------------------
 

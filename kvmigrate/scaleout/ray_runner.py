@@ -24,7 +24,6 @@ is reported with its number; the command then exits 8.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -312,37 +311,11 @@ def _apply_part(manifest_path: str, dest: str, k: int, n: int, mode: str, journa
             if left[0] <= 0:
                 raise RuntimeError(f"injected failure of migrate part {k} ({FAIL_ENV})")
 
-    result = _PartApplier(plan, mode=mode, journal=journal, command=command, identity=identity,
-                          progress=progress).run()
+    # the driver holds every namespace lock and made the target folders and config.json
+    # (found present and equal here)
+    result = Applier(plan, mode=mode, journal=journal, command=command, identity=identity, progress=progress,
+                     take_locks=False).run()
     return {"result": result.to_dict(), "bits": result.bits, "exit_code": result.exit_code}
-
-
-class _PartApplier(Applier):
-    """Applies one part: the driver holds every namespace lock and made the target
-    folders and config.json (found present and equal here)."""
-
-    def _lock_namespaces(self, work: list, locks: list) -> None:
-        return None
-
-
-class _DriverApplier(Applier):
-    """Creates each target's base folder, config.json and rank folder once, then,
-    holding every namespace lock, runs the parts (`launch`)."""
-
-    def __init__(self, plan: Any, *, launch: Callable[[], list[PartReport]], **kwargs: Any):
-        super().__init__(plan, **kwargs)
-        self._launch = launch
-        self.parts: list[PartReport] = []
-
-    def _targets(self, work: list) -> None:
-        ready = []
-        for tp in work:
-            errors = len(self.result.namespace_errors)
-            self._target(dataclasses.replace(tp, actions=[]))  # its journal record and config.json only
-            if len(self.result.namespace_errors) == errors:
-                ready.append(tp.rank_dir)  # a refused namespace gets no folder, as in one process
-        self._ensure_dirs(ready)
-        self.parts = self._launch()
 
 
 def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | None = None, mode: str = "link",
@@ -361,20 +334,22 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
                          hint="pass --journal DIR")
     fail = _injected("migrate")
 
+    reports: list[PartReport] = []
     with session(address) as ray:
-        def launch() -> list[PartReport]:
+        def launch() -> None:
+            """Every part, once each target's base folder, config.json and rank folder exist,
+            while the driver holds every namespace lock."""
             def args_of(k: int) -> tuple:
                 return (manifest_path, plan.dest, k, shards, mode,
                         os.path.join(jdir, dataset.journal_name(k, shards)), command,
                         {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes)
-            return run_parts(ray, _apply_part, args_of, shards, on_part)
+            reports.extend(run_parts(ray, _apply_part, args_of, shards, on_part))
 
-        driver = _DriverApplier(plan, launch=launch, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL),
-                            command=command, identity={**identity, "part": "driver"})
-        done = driver.run()
+        done = Applier(plan, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL), command=command,
+                       identity={**identity, "part": "driver"}, place_blocks=launch).run()
     merged = ApplyResult()
     problems: list[tuple[PartReport, str]] = []
-    for report in driver.parts:
+    for report in reports:
         if report.detail is None:
             problems.append((report, report.error or "no result"))
             continue
