@@ -1616,8 +1616,12 @@ def hostile_trial(work: Path, ledger: Ledger, recipe: dict, index: int) -> dict:
     if (d / "m.parquet").exists():
         runs.append(ledger.cli(f"{label}/report-html", "report", d / "m.parquet", "--format", "html", "-o",
                                d / "report.html", env=env, timeout=120, allowed=ok, cwd=str(d)))
-    dry = ledger.cli(f"{label}/migrate-dry", "migrate", root, "--facts", facts, "--json", env=env, timeout=120,
-                     allowed=ok, cwd=str(d))
+    # `migrate ROOT` hashes every block by default: like `scan --verify hash` above, it reads
+    # an enormous sparse file whole, so those recipes take the size level (apply then reads
+    # each block it places; the sparse files are size findings, never placed)
+    level = ("--verify", "size") if sparse else ()
+    dry = ledger.cli(f"{label}/migrate-dry", "migrate", root, "--facts", facts, *level, "--json", env=env,
+                     timeout=120, allowed=ok, cwd=str(d))
     runs.append(dry)
     problems: list[tuple[str, str]] = []
     if observed(snapshot(root)) != observed(root_before):
@@ -1626,8 +1630,8 @@ def hostile_trial(work: Path, ledger: Ledger, recipe: dict, index: int) -> dict:
     traps = _plant_traps(root, outside, recipe["traps"], dry)
     built["made"].update(f"trap:{t}" for t in traps)
     root_before = snapshot(root)
-    apply = ledger.cli(f"{label}/migrate-apply", "migrate", root, "--facts", facts, "--apply", "--json", env=env,
-                       timeout=120, allowed=ok, cwd=str(d))
+    apply = ledger.cli(f"{label}/migrate-apply", "migrate", root, "--facts", facts, *level, "--apply", "--json",
+                       env=env, timeout=120, allowed=ok, cwd=str(d))
     runs.append(apply)
     view = read_journals(root)
     journaled = set(view.targets) | {p.split("/")[0] for p in (*view.intents, *view.done)}

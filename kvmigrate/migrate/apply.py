@@ -17,15 +17,16 @@ Safety rules (migration.md §3) and where they live:
     would (not all zero, the manifest's size, equal replicas, a vllm.cpp header the
     engine accepts) before it is linked or copied; a transform checks its sources so;
   * write-ahead journal: an fsynced intent before each batch, done records after (a
-    hard link by its inode identity, plus its hash when the manifest or the replica
-    check has one);
+    hard link by its inode identity, plus its hash: the manifest's or the one apply
+    read);
   * one run per target namespace (`lock.NamespaceLock`);
   * writes only below the destination root, through O_NOFOLLOW directory fds.
 
 Speed: actions stream from the manifest in batches (bounded memory). While the main
 thread links one batch, helper threads make the next batch's folders (after its intent
-is fsynced) and stat its sources, or read and hash them (blocks without hashes); every outcome is still judged by the
-main thread in block order, so results and journal are those of one thread.
+is fsynced) and stat its sources, or read them (blocks without hashes); every outcome is
+still judged by the main thread in block order, so results and journal are those of one
+thread.
 """
 
 from __future__ import annotations
