@@ -196,7 +196,7 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
 def _all_holes(fd: int, st: os.stat_result) -> bool:
     """A non-empty file with no data extent at all (SEEK_DATA finds none): all zero.
     Asked only of files that occupy fewer blocks than their size (sparse ones)."""
-    if st.st_size <= 0 or st.st_blocks * 512 >= st.st_size:
+    if st.st_size <= 0 or (getattr(st, "st_blocks", 0) or 0) * 512 >= st.st_size:
         return False
     try:
         os.lseek(fd, 0, os.SEEK_DATA)
