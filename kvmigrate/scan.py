@@ -37,7 +37,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shlex
 import stat as stat_mod
 import sys
@@ -64,6 +63,7 @@ from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
+from kvmigrate.identity.values import DEFAULT_PROFILE
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
@@ -1255,7 +1255,7 @@ class Walker:
     def _fanout_name(self, name: str) -> tuple[int, str] | None:
         fan = self._fanouts.get(name)
         if fan is None:
-            fan = _fanout(name)
+            fan = layout.parse_fanout(name)
             if fan is not None:  # (only real fan-out names are kept: few, bounded)
                 self._fanouts[name] = fan
         return fan
@@ -1287,7 +1287,7 @@ class Walker:
         check_size = self._checks_size(unit)
         check_perm = self.check_perm
         size_verdicts = unit.size_verdicts
-        block_name = _BLOCK_NAME
+        block_name = layout.BLOCK_HEX_RUN
         relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
         hashes, sizes, mtimes, inodes, devs, nlinks = (out.block_hash, out.size, out.mtime_ns, out.inode, out.dev,
                                                        out.nlink)
@@ -1301,7 +1301,7 @@ class Walker:
         for e in files or ():
             name = e.name
             bm = block_name(name) if e.is_file(follow_symlinks=False) else None
-            if bm is None or bm.end(1) & 1:  # (block_match, inlined)
+            if bm is None or bm.end(1) & 1:  # (layout.block_hex, inlined)
                 rel = f"{frel}/{name}"
                 if e.is_dir(follow_symlinks=False):
                     self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
@@ -1391,7 +1391,7 @@ class Walker:
         if rec.status == "ok" and misfiled:
             rec.status = "misfiled"
             rec.reason = (f"misfiled: fan-out folders {hhh}/{fanout} do not match the file name "
-                          f"(it belongs in {hex_hash[:3]}/{hex_hash[3:5]}_g{group}); never reused")
+                          f"(it belongs in {layout.fanout_relpath(hex_hash, group)}); never reused")
         if not self._inspect(plan, m, rec, e.path, est):
             return None
         rec.action = "none"
@@ -1668,22 +1668,6 @@ class Walker:
             rec.target_relpath = None
 
 
-def block_match(name: str) -> re.Match | None:
-    """layout.BLOCK_RE.match (`<even hex, at least 6>.bin`), about 3x faster: the hot loop
-    calls it once per file. Group 1 is the hex block hash."""
-    m = _BLOCK_NAME(name)
-    return m if m is not None and not m.end(1) & 1 else None
-
-
-_BLOCK_NAME = re.compile(r"([0-9a-f]{6,})\.bin$").match
-
-
-def _fanout(name: str) -> tuple[int, str] | None:
-    """(group, hh) of a `<hh>_g<group>` fan-out folder name, None if it is not one."""
-    m = layout.FANOUT_RE.match(name)
-    return (int(m.group(2)), m.group(1)) if m else None
-
-
 def _part(bucket: str | None, n: int) -> int:
     """Shard part of a bucket: int(hhh, 16) % N; files outside buckets belong to part 0."""
     if bucket is None or n <= 1:
@@ -1862,7 +1846,7 @@ def _check_root(root: str) -> str:
 
 
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
-         target: str = "vllm-0.28", facts_resolver: FactsResolver | None = None, verify: str = "size",
+         target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
          command: str | None = None, workers: int | None = None) -> ScanResult:
     """Scan ROOT and write the manifest at `output`; returns the summary and exit code.

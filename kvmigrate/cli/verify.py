@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import PROFILES, handle_errors, output_options, print_json
+from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
 @click.command("verify")
@@ -14,7 +15,7 @@ from kvmigrate.cli.common import PROFILES, handle_errors, output_options, print_
 @click.option("--journal", type=click.Path(exists=True, path_type=str),
               help="Journal file or directory of a migration: check every block it created.")
 @click.option("--target", "target", type=click.Choice(PROFILES), default=None,
-              help="Profile for the summary's target names (default: the journal's, else vllm-0.28).")
+              help=f"Profile for the summary's target names (default: the journal's, else {DEFAULT_PROFILE}).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
 @click.option("--strict", is_flag=True,
               help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shlex
 import signal
 import stat
@@ -61,7 +60,6 @@ _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bo
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
 _HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the kernel)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_HEX3 = re.compile(r"^[0-9a-f]{3}$")
 _NOT_SEEN = object()
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
@@ -345,7 +343,7 @@ class Applier:
             shards = [[], []]
             for d in missing:
                 bucket = d.split("/", 2)[1]
-                shards[int(bucket, 16) % 2 if _HEX3.match(bucket) else 0].append(d)
+                shards[int(bucket, 16) % 2 if layout.BUCKET_RE.match(bucket) else 0].append(d)
         new = set(missing)
         opened: list[dict[str, int]] = []
         try:
@@ -654,12 +652,13 @@ class Applier:
     def _header_problem(self, f, header: bytes, where: str) -> str | None:
         """The check a vllm.cpp reader fails on this file's header (its rank namespace's
         digest and page size, the block's key), worded like the scan's finding."""
-        parts = f.relpath.split("/")
         ids = self._vllmcpp_ids()
-        block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
-        if parts[0] not in ids or block is None:
+        parsed = layout.parse_block_relpath(f.relpath)
+        rank_dir = f.relpath.split("/", 1)[0]
+        if rank_dir not in ids or parsed is None:
             return f"header_invalid: no vllm.cpp identity in the manifest for {f.relpath}"
-        digest, payload_size = ids[parts[0]]
+        block = parsed[1]
+        digest, payload_size = ids[rank_dir]
         check = vllmcpp.verify_header(header, digest=digest, payload_size=payload_size,
                                       key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
         if check is None:

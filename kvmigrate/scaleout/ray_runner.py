@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
+from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.migrate.apply import Applier, ApplyResult
 from kvmigrate.scaleout import dataset
 
@@ -234,7 +235,7 @@ def _check_dataset_dir(output: str) -> str:
     return out
 
 
-def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = "vllm-0.28",
+def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = DEFAULT_PROFILE,
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
                 command: str | None = None, on_part: Callable[[PartReport], None] | None = None) -> DatasetScan:
     """Scan ROOT as `shards` Ray tasks into the dataset directory `output`.
@@ -279,7 +280,7 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
 
 
 def audit_on_ray(root: str, *, manifest_out: str | None, shards: int, address: str | None = None,
-                 target: str = "vllm-0.28", facts_resolver: Any = None, verify: str = "size",
+                 target: str = DEFAULT_PROFILE, facts_resolver: Any = None, verify: str = "size",
                  threads: int | None = None, command: str | None = None,
                  on_part: Callable[[PartReport], None] | None = None) -> Any:
     """`audit --run-on ray`: scan as parts, summarize the dataset directory (kept at
