@@ -59,11 +59,13 @@ from kvmigrate import __version__, classify, layout, manifest
 from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
 from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.report.units import human_bytes
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
@@ -79,9 +81,6 @@ TASK_BUCKETS = 32  # <hhh> buckets per task
 PARALLEL_MIN_BUCKETS = 256  # fewer bucket visits than this: one process (forking costs more)
 LEAF_THREADS = 4  # walker threads per process with the compiled leaf walk (see _parallelism)
 VERDICTS_KEPT = 4096  # block shapes (and sizes) whose verdict a walk remembers: a namespace has a few
-_O_NOATIME = getattr(os, "O_NOATIME", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 # File-level states (what a file alone shows). Every other state of a block row is a
 # block-level verdict on a file that was fine by itself: the re-classification of odd-size
@@ -153,21 +152,6 @@ class ChangedWhileRead(OSError):
     def __init__(self, path: str, size: int, nread: int):
         super().__init__(errno.EAGAIN, f"changed size while read ({size:,} bytes at open, {nread:,} read): "
                                        "something is writing it; rerun the scan when the engine is idle", path)
-
-
-_OPEN_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def open_noatime(path: str) -> int:
-    """Open read-only without following symlinks and, where permitted, without updating
-    atime (evictors judge age by atime). O_NOATIME needs file ownership: fall back."""
-    if _O_NOATIME:
-        try:
-            return os.open(path, _OPEN_FLAGS | _O_NOATIME)
-        except PermissionError as exc:
-            if exc.errno != errno.EPERM:
-                raise
-    return os.open(path, _OPEN_FLAGS)
 
 
 @dataclass(slots=True)
@@ -1804,45 +1788,15 @@ class Progress:
         if self.bar is not None:
             self.bar.update(files)
             dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{_human(self.bytes)}, {_human(self.bytes / dt)}/s", refresh=False)
+            self.bar.set_postfix_str(f"{human_bytes(self.bytes)}, {human_bytes(self.bytes / dt)}/s", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 # ---------------------------------------------------------------------------------------
 # The scan
-
-
-def _check_root(root: str) -> str:
-    path = os.path.abspath(root)
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):  # a wrong path is a usage error (interface.md §4)
-        raise UsageError("cache root does not exist", path=path,
-                         hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)") from None
-    except OSError as exc:
-        raise OperationalError(f"cannot access the cache root: {exc.strerror}", path=path,
-                               hint="check the path and your permissions") from None
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise UsageError("cache root is not a directory", path=path,
-                         hint="pass the engine's cache root_dir, not a file inside it")
-    try:
-        with os.scandir(path):
-            pass
-    except OSError as exc:
-        raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
-                               hint="run as a user that can read the cache") from None
-    return path
 
 
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
@@ -1864,7 +1818,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
     t0 = time.monotonic()
-    root_path = _check_root(str(root))
+    root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
     output = os.path.abspath(output)
     if os.path.isdir(output):

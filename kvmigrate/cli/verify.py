@@ -11,7 +11,7 @@ from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
 @click.command("verify")
-@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("root", type=click.Path(path_type=str))  # checked by fsio.check_root, as scan checks it
 @click.option("--journal", type=click.Path(exists=True, path_type=str),
               help="Journal file or directory of a migration: check every block it created.")
 @click.option("--target", "target", type=click.Choice(PROFILES), default=None,
@@ -33,8 +33,10 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
     Exit code: 0 clean, 1 blocks evicted since the migration (4 with --strict),
     4 integrity findings, +8 when something could not be read, 2 a journal of another root.
     """
+    from kvmigrate.fsio import check_root
     from kvmigrate.migrate.verify import render, verify_root
 
+    check_root(root)
     result = verify_root(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
     if as_json:
         print_json(result.to_dict())

@@ -45,9 +45,10 @@ import xxhash
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, open_source
+from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
@@ -736,7 +737,7 @@ class Applier:
             return self._compare_existing(tp, act, action, digest)
         tmp = tmp_name(target)
         try:
-            src_fd = open_source(self._src_abs(act.source.relpath))
+            src_fd = open_noatime(self._src_abs(act.source.relpath))
         except FileNotFoundError:
             return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
@@ -805,7 +806,7 @@ class Applier:
         try:
             for f in files:
                 try:
-                    fd = open_source(self._src_abs(f.relpath))
+                    fd = open_noatime(self._src_abs(f.relpath))
                 except FileNotFoundError:
                     self._outcome(tp, act, "changed_since_scan", f"{f.relpath} vanished since the scan")
                     return None
@@ -997,7 +998,7 @@ class Applier:
                 return None
         if expected is None:
             try:
-                fd = open_source(self._src_abs(act.source.relpath))
+                fd = open_noatime(self._src_abs(act.source.relpath))
             except OSError as exc:
                 return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
             try:
@@ -1138,7 +1139,7 @@ def _read_block_files(prefix: str, act: BlockAction, cpp: bool) -> list[_FileRea
 
 def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
     try:
-        fd = open_source(path, nonblocking=True)
+        fd = open_noatime(path)
     except OSError as exc:
         why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
         return _FileRead(why, None, None, b"", 0, False, None if why else exc)
@@ -1273,7 +1274,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
     how = "link" if linked else "copy"
     if not owned and tmp:
         try:
-            fd = open_source(os.path.join(root, item["src"]))
+            fd = open_noatime(os.path.join(root, item["src"]))
         except OSError:
             return None
         try:
@@ -1300,7 +1301,7 @@ def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
         spec = TransformSpec.from_json(item["transform"])
         for rel, ino, size in item["srcs"]:
             check_relpath(rel, "journal source")
-            fd = open_source(os.path.join(root, rel))
+            fd = open_noatime(os.path.join(root, rel))
             fds.append(fd)
             st = os.fstat(fd)
             if (st.st_ino, st.st_size) != (ino, size):

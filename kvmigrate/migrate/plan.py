@@ -31,6 +31,7 @@ from kvmigrate.identity import canonical
 from kvmigrate.migrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
+from kvmigrate.report.units import human_bytes
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
@@ -1192,16 +1193,6 @@ def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
 
 
 # --- rendering ---------------------------------------------------------------------------
-
-def human_bytes(n: int) -> str:
-    step = 1024.0
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < step or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= step
-    return f"{n} B"
-
 
 _LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
            "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
