@@ -37,7 +37,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shlex
 import stat as stat_mod
 import sys
@@ -60,10 +59,13 @@ from kvmigrate import __version__, classify, layout, manifest
 from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
+from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.report.units import human_bytes
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
@@ -79,9 +81,6 @@ TASK_BUCKETS = 32  # <hhh> buckets per task
 PARALLEL_MIN_BUCKETS = 256  # fewer bucket visits than this: one process (forking costs more)
 LEAF_THREADS = 4  # walker threads per process with the compiled leaf walk (see _parallelism)
 VERDICTS_KEPT = 4096  # block shapes (and sizes) whose verdict a walk remembers: a namespace has a few
-_O_NOATIME = getattr(os, "O_NOATIME", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 # File-level states (what a file alone shows). Every other state of a block row is a
 # block-level verdict on a file that was fine by itself: the re-classification of odd-size
@@ -153,21 +152,6 @@ class ChangedWhileRead(OSError):
     def __init__(self, path: str, size: int, nread: int):
         super().__init__(errno.EAGAIN, f"changed size while read ({size:,} bytes at open, {nread:,} read): "
                                        "something is writing it; rerun the scan when the engine is idle", path)
-
-
-_OPEN_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def open_noatime(path: str) -> int:
-    """Open read-only without following symlinks and, where permitted, without updating
-    atime (evictors judge age by atime). O_NOATIME needs file ownership: fall back."""
-    if _O_NOATIME:
-        try:
-            return os.open(path, _OPEN_FLAGS | _O_NOATIME)
-        except PermissionError as exc:
-            if exc.errno != errno.EPERM:
-                raise
-    return os.open(path, _OPEN_FLAGS)
 
 
 @dataclass(slots=True)
@@ -1271,7 +1255,7 @@ class Walker:
     def _fanout_name(self, name: str) -> tuple[int, str] | None:
         fan = self._fanouts.get(name)
         if fan is None:
-            fan = _fanout(name)
+            fan = layout.parse_fanout(name)
             if fan is not None:  # (only real fan-out names are kept: few, bounded)
                 self._fanouts[name] = fan
         return fan
@@ -1303,7 +1287,7 @@ class Walker:
         check_size = self._checks_size(unit)
         check_perm = self.check_perm
         size_verdicts = unit.size_verdicts
-        block_name = _BLOCK_NAME
+        block_name = layout.BLOCK_HEX_RUN
         relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
         hashes, sizes, mtimes, inodes, devs, nlinks = (out.block_hash, out.size, out.mtime_ns, out.inode, out.dev,
                                                        out.nlink)
@@ -1317,7 +1301,7 @@ class Walker:
         for e in files or ():
             name = e.name
             bm = block_name(name) if e.is_file(follow_symlinks=False) else None
-            if bm is None or bm.end(1) & 1:  # (block_match, inlined)
+            if bm is None or bm.end(1) & 1:  # (layout.block_hex, inlined)
                 rel = f"{frel}/{name}"
                 if e.is_dir(follow_symlinks=False):
                     self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
@@ -1407,7 +1391,7 @@ class Walker:
         if rec.status == "ok" and misfiled:
             rec.status = "misfiled"
             rec.reason = (f"misfiled: fan-out folders {hhh}/{fanout} do not match the file name "
-                          f"(it belongs in {hex_hash[:3]}/{hex_hash[3:5]}_g{group}); never reused")
+                          f"(it belongs in {layout.fanout_relpath(hex_hash, group)}); never reused")
         if not self._inspect(plan, m, rec, e.path, est):
             return None
         rec.action = "none"
@@ -1684,22 +1668,6 @@ class Walker:
             rec.target_relpath = None
 
 
-def block_match(name: str) -> re.Match | None:
-    """layout.BLOCK_RE.match (`<even hex, at least 6>.bin`), about 3x faster: the hot loop
-    calls it once per file. Group 1 is the hex block hash."""
-    m = _BLOCK_NAME(name)
-    return m if m is not None and not m.end(1) & 1 else None
-
-
-_BLOCK_NAME = re.compile(r"([0-9a-f]{6,})\.bin$").match
-
-
-def _fanout(name: str) -> tuple[int, str] | None:
-    """(group, hh) of a `<hh>_g<group>` fan-out folder name, None if it is not one."""
-    m = layout.FANOUT_RE.match(name)
-    return (int(m.group(2)), m.group(1)) if m else None
-
-
 def _part(bucket: str | None, n: int) -> int:
     """Shard part of a bucket: int(hhh, 16) % N; files outside buckets belong to part 0."""
     if bucket is None or n <= 1:
@@ -1836,49 +1804,19 @@ class Progress:
         if self.bar is not None:
             self.bar.update(files)
             dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{_human(self.bytes)}, {_human(self.bytes / dt)}/s", refresh=False)
+            self.bar.set_postfix_str(f"{human_bytes(self.bytes)}, {human_bytes(self.bytes / dt)}/s", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 # ---------------------------------------------------------------------------------------
 # The scan
 
 
-def _check_root(root: str) -> str:
-    path = os.path.abspath(root)
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):  # a wrong path is a usage error (interface.md §4)
-        raise UsageError("cache root does not exist", path=path,
-                         hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)") from None
-    except OSError as exc:
-        raise OperationalError(f"cannot access the cache root: {exc.strerror}", path=path,
-                               hint="check the path and your permissions") from None
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise UsageError("cache root is not a directory", path=path,
-                         hint="pass the engine's cache root_dir, not a file inside it")
-    try:
-        with os.scandir(path):
-            pass
-    except OSError as exc:
-        raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
-                               hint="run as a user that can read the cache") from None
-    return path
-
-
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
-         target: str = "vllm-0.28", facts_resolver: FactsResolver | None = None, verify: str = "size",
+         target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
          command: str | None = None, workers: int | None = None) -> ScanResult:
     """Scan ROOT and write the manifest at `output`; returns the summary and exit code.
@@ -1896,7 +1834,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
     t0 = time.monotonic()
-    root_path = _check_root(str(root))
+    root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
     output = os.path.abspath(output)
     if os.path.isdir(output):

@@ -19,8 +19,9 @@ import xxhash
 
 from kvmigrate.classify import UnitPlan
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.cost import TRANSFORMS
-from kvmigrate.migrate.fsops import CHUNK, PAGE, open_source, padded_size
+from kvmigrate.migrate.fsops import CHUNK, PAGE, padded_size
 from kvmigrate.transforms import TransformError, write_llmd_row, write_slice
 
 
@@ -300,7 +301,7 @@ def expected_transform_output(root: str, plan: UnitPlan, rec: Any) -> tuple[int,
         fds: list[int] = []
         try:
             for p in paths:
-                fds.append(open_source(p))
+                fds.append(open_noatime(p))
             return transform_output_hash(spec, fds)[0]
         except (OSError, SourceInvalid):
             return None

@@ -31,6 +31,7 @@ from kvmigrate.identity import canonical
 from kvmigrate.migrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
+from kvmigrate.report.units import human_bytes
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
@@ -266,9 +267,8 @@ def _unit_plan(ns: dict[str, Any]) -> UnitPlan:
 
 def _check_target_path(relpath: str, rank_dir: str, where: str) -> None:
     check_relpath(relpath, where)
-    parts = relpath.split("/")
-    block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
-    if parts[0] != rank_dir or block is None or block.misfiled:
+    parsed = layout.parse_block_relpath(relpath)
+    if parsed is None or relpath.split("/", 1)[0] != rank_dir or parsed[1].misfiled:
         raise UsageError(f"{where}: target_relpath {relpath!r} is not a block path in the target rank folder "
                          f"{rank_dir!r}; refusing this manifest",
                          hint="regenerate the manifest with `kvmigrate scan`")
@@ -517,12 +517,6 @@ def _cut(hist: list[int], limit: int) -> list[tuple[int, int]]:
 
 # --- checking and counting the rows of a chunk --------------------------------------------
 
-# The block path the scanner writes: a path of this shape passes `_check_source_path`
-# (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
-# any other is checked by it.
-_BLOCK_PATH_RE = r"^[^/\x00]+_[0-9a-f]{12}_r[0-9]+/[0-9a-f]{3}/[0-9a-f]{2}_g[0-9]+/(?:[0-9a-f]{2})+\.bin$"
-
-
 @dataclass
 class _Tally:
     """What planning learns about one target's actions without keeping them: the
@@ -587,7 +581,7 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
     _check_target_path(row["target_relpath"], tp.rank_dir, rowname)
     if row["target_relpath"] == row["relpath"]:
         raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest")
-    name = row["target_relpath"].rsplit("/", 1)[1][:-len(".bin")]
+    name = layout.parse_block_relpath(row["target_relpath"])[1].hex_hash  # (a block path: checked above)
     if row.get("block_hash") is None or name != row["block_hash"].hex():
         have = row["block_hash"].hex() if row.get("block_hash") is not None else None
         raise UsageError(f"{rowname}: target_relpath {row['target_relpath']!r} does not name the row's block "
@@ -595,7 +589,10 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
 
 
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    return pc.fill_null(pc.match_substring_regex(relpath, _BLOCK_PATH_RE), False)
+    """The block paths the scanner writes: a path of this shape passes `_check_source_path`
+    (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
+    any other is checked by it."""
+    return pc.fill_null(pc.match_substring_regex(relpath, layout.BLOCK_RELPATH_RE2), False)
 
 
 def _creating(chunk: pa.Table) -> pa.Table:
@@ -613,8 +610,8 @@ def _validate(ctx: _Context, c: pa.Table) -> None:
         if (sb in bases and h is not None and len(h) >= 3 and g is not None and g >= 0 and rank is not None
                 and rank >= 0):
             x = h.hex()
-            tail = f"{x[:3]}/{x[3:5]}_g{g}/{x}.bin"
-            if rel == f"{sb}_r{rank}/{tail}" and tr == f"{rank_dir[sb]}/{tail}" and rel != tr:
+            tail = layout.block_relpath_in_rank(x, g)
+            if rel == f"{layout.rank_dir_name(sb, rank)}/{tail}" and tr == f"{rank_dir[sb]}/{tail}" and rel != tr:
                 continue
         _check_row(ctx, c.slice(i, 1).to_pylist()[0])
 
@@ -1197,16 +1194,6 @@ def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
 
 # --- rendering ---------------------------------------------------------------------------
 
-def human_bytes(n: int) -> str:
-    step = 1024.0
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < step or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= step
-    return f"{n} B"
-
-
 _LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
            "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
            "relayout": "relayout (block-major to tensor-major)",
@@ -1360,8 +1347,8 @@ def _transform_script(root: str, act: BlockAction) -> str:
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
     """The header a rewrite writes can be derived from the plan alone: the key comes
     from the path, the payload size from the identity, the digest from the target."""
-    name = act.target_relpath.rsplit("/", 1)[1][:-len(".bin")]
-    group = int(act.target_relpath.split("/")[2].split("_g")[1])
+    block = layout.parse_block_relpath(act.target_relpath)[1]  # (the plan checked it: `_check_target_path`)
+    name, group = block.hex_hash, block.group
     payload = int(tp.fields.get("page_size_bytes", act.source.size - vllmcpp.HEADER_SIZE))
     header = vllmcpp.encode_header(tp.digest, vllmcpp.make_key(bytes.fromhex(name), group), payload)
     return _printf_bytes(header)

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from kvmigrate.identity.values import DEFAULT_PROFILE
+
 
 @dataclass
 class AuditResult:
@@ -22,7 +24,7 @@ class AuditResult:
 
 
 def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] | None = None,
-          target: str = "vllm-0.28", facts_resolver: Any = None, verify: str = "size",
+          target: str = DEFAULT_PROFILE, facts_resolver: Any = None, verify: str = "size",
           threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
           command: str | None = None) -> AuditResult:
     """Scan ROOT (kvmigrate.scan.scan) and return the report summary and the exit code
