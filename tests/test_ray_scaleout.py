@@ -40,10 +40,8 @@ MIGRATE_TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24),
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray):
     """One local cluster for the module; the commands find it initialized and use it."""
-    import ray
-
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     yield ray
