@@ -15,6 +15,8 @@ import reliability_harness as R  # tests/reliability_harness.py: the campaign's 
 
 from kvmigrate.migrate.apply import CRASH_ENV
 
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
+
 SCENARIOS = {s.name: s for s in R.SCENARIOS}
 
 

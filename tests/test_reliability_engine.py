@@ -10,11 +10,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
 import engine_sim
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
+
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
 SPECS = [{**R.GEOMETRY, **s, "blocks": 6} for s in (R.VLLM_LINK, R.LLMD_COPY_PAD, R.CPP_REWRITE)]
 

@@ -11,6 +11,8 @@ import pytest
 
 import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
+
 
 def check(record: dict, ledger: R.Ledger) -> dict:
     assert ledger.violations == [], "\n".join(ledger.violations)
