@@ -695,6 +695,7 @@ _block = st.tuples(
              min_size=1, max_size=3))
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_block, max_size=12), st.sampled_from(["always", "never", "alternate"]), st.booleans(),
        st.booleans(), st.sampled_from(["org_m_0123456789ab/", "Modèle_日本_0123456789ab/", ""]), st.booleans(),

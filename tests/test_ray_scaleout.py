@@ -24,6 +24,8 @@ from kvmigrate.scaleout import dataset
 from kvmigrate.scaleout.ray_runner import FAIL_ENV, LOCAL_OBJECT_STORE_BYTES
 from test_ray_dataset_dir import comparable, tree_state
 
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
+
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 # every family and most defects (size votes, missing ranks, temp files, deep layouts)
 SCAN_TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24, defects=("missing_rank", "tmp_vllm", "size_mismatch")),
@@ -40,10 +42,8 @@ MIGRATE_TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24),
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray):
     """One local cluster for the module; the commands find it initialized and use it."""
-    import ray
-
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     yield ray
