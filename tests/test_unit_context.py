@@ -14,7 +14,9 @@ import pytest
 
 from kvmigrate import manifest
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.migrate.plan import build_plan
 from kvmigrate.context import unit_contexts
+from kvmigrate.errors import UsageError
 from kvmigrate.scan import build_units, list_root, resolve_namespaces, scan
 
 TARGET = "vllm-0.28"
@@ -76,3 +78,20 @@ def test_scan_and_plan_build_the_same_context(case, verify, synth_root, tmp_path
     differ = {sb: [f.name for f in dataclasses.fields(ctx) if getattr(ctx, f.name) != getattr(planned[sb], f.name)]
               for sb, ctx in scanned.items()}
     assert {sb: d for sb, d in differ.items() if d} == {}
+
+
+def test_a_transform_on_a_family_it_is_not_defined_for_is_refused(synth_root, tmp_path):
+    """migration.md §1: slice cuts a vLLM row, concat and relayout read llm-d rank files.
+    A manifest that asks a concat of a vllm.cpp MLA deployment (whose context gives kv kind
+    mla, B = 1 and two ranks, all a concat checks) is refused, not applied."""
+    root, _ = synth_root(dict(family="vllmcpp", tp=2, kv_kind="mla"))
+    m = tmp_path / "m.parquet"
+    scan(root, m, facts_resolver=FactsResolver({}, None), threads=1)
+    table = manifest.read_table(m).to_pylist()
+    row = next(r for r in table if r["action"] == "rewrite_header")
+    row["action"] = "concat"
+    bad = tmp_path / "bad.parquet"
+    with manifest.ManifestWriter(bad, manifest.read_metadata(m)) as w:
+        w.write_columns({k: [r[k] for r in table] for k in table[0]})
+    with pytest.raises(UsageError, match="concat is not defined for a vllmcpp namespace"):
+        build_plan(bad)
