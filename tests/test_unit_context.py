@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 
 from kvmigrate import manifest
-from kvmigrate.identity.facts import FactsResolver
-from kvmigrate.migrate.plan import build_plan
 from kvmigrate.context import unit_contexts
 from kvmigrate.errors import UsageError
+from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.migrate.plan import build_plan
 from kvmigrate.scan import build_units, list_root, resolve_namespaces, scan
 
 TARGET = "vllm-0.28"
@@ -45,11 +45,14 @@ def _cases() -> list[dict]:
 
 
 def _id(case: dict) -> str:
-    return "-".join(f"{v}" if k in ("family", "scheme", "kv_kind") else f"{k}{v}" for k, v in case.items()
-                    if not isinstance(v, bool) or v).replace("(", "").replace(")", "").replace("'", "")
+    return "-".join(str(v) if k in ("family", "scheme", "kv_kind") else k if v is True
+                    else f"{k}{'+'.join(v) if isinstance(v, tuple) else v}" for k, v in case.items())
 
 
-def _flags(case: dict) -> dict:
+def _flags(case: dict, facts: bool) -> dict:
+    """The deployment facts of the synth tree (or none: kv kind and page geometry unknown)."""
+    if not facts:
+        return {}
     flags = {"kv_kind": case["kv_kind"], "page_bytes": 256, "model_dtype": "bfloat16"}
     if case["kv_kind"] == "full":
         flags.update(tensors_per_layer=2, total_kv_heads=8)
@@ -58,9 +61,10 @@ def _flags(case: dict) -> dict:
 
 @pytest.mark.parametrize("case", _cases(), ids=_id)
 @pytest.mark.parametrize("verify", ["size", "hash"])
-def test_scan_and_plan_build_the_same_context(case, verify, synth_root, tmp_path):
+@pytest.mark.parametrize("facts", [True, False], ids=["facts", "no-facts"])
+def test_scan_and_plan_build_the_same_context(case, verify, facts, synth_root, tmp_path):
     root, _ = synth_root(case)
-    flags = _flags(case)
+    flags = _flags(case, facts)
     out = tmp_path / "m.parquet"
     scan(root, out, facts_resolver=FactsResolver(flags, None), target=TARGET, verify=verify, threads=1)
 
