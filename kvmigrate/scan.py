@@ -55,14 +55,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from kvmigrate import __version__, classify, layout, manifest
-from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
+from kvmigrate import __version__, classify, context, layout, manifest
+from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
-from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
+from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.report.units import human_bytes
@@ -406,6 +406,7 @@ class Namespace:
                 "decisive_assumptions": dict(t.decisive_assumptions)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
+            "block_sizes": _modal_sizes(self.sampled_sizes),  # rank 0's sample (family evidence)
         }
 
 
@@ -696,87 +697,13 @@ class Unit:
         return sorted(names)
 
 
-def _kv_kind(ns: Namespace) -> str | None:
-    if ns.family == "vllmcpp" and ns.fields:
-        kind = ns.fields.get("kv_cache_spec_kind")
-        return {"mla": "mla", "full_attention": "full", "sliding_window": "sliding"}.get(kind, "hybrid")
-    return ns.facts.kv_kind if ns.facts else None
-
-
-def _target_info(ns: Namespace) -> TargetInfo | None:
-    t = ns.target
-    if t is None:
-        return None
-    digest = None
-    if t.family == "vllmcpp" and t.fields is not None:
-        digest = bytes.fromhex(canonical.full_digest(t.fields, "vllmcpp"))
-    unreachable = t.unreachable
-    if unreachable == "aliases_source":
-        unreachable = (f"aliases_source: target {t.base_name} is this source folder name, which holds other "
-                       "bytes than the target engine writes; use --dest DIR")
-    return TargetInfo(profile=t.profile, base=t.base_name, d12=t.d12, rank_dir=t.rank_dir,
-                      replicated_layout=bool(t.replicated_layout), parallel_agnostic=bool(t.parallel_agnostic),
-                      digest=digest, unreachable=unreachable)
-
-
-def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
-    """The classification context of a unit (its first namespace speaks for all: a vllm.cpp
-    deployment's namespaces are equal except the rank)."""
-    ns = nss[0]
-    fields = ns.fields or {}
-    family = ns.family or "unknown"
-    plan = UnitPlan(family=family, hashed=hashed)
-    if ns.status != "ok":  # an unproven namespace: every row of its blocks carries its status (action none)
-        plan.block_status, plan.block_reason = ns.status, ns.status_reason
-        return plan
-    tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
-    plan.world = tp * pp * pcp
-    if family == "vllmcpp":
-        plan.expected_ranks = tuple(range(plan.world))
-        present = {(n.fields or {}).get("rank") for n in nss}
-        plan.absent_ranks = tuple(r for r in plan.expected_ranks if r not in present)
-        plan.vllmcpp_payload = fields.get("page_size_bytes")
-        plan.blocks_per_file = 1
-    elif family == "llmd":
-        plan.expected_ranks = tuple(range(tp * pcp))
-    else:
-        plan.expected_ranks = (0,)
-    plan.kv_kind = _kv_kind(ns)
-    plan.blocks_per_file = fields.get("gpu_blocks_per_file", fields.get("blocks_per_file", plan.blocks_per_file))
-    groups = fields.get("kv_cache_groups") or []
-    plan.layers = {g: len(grp.get("layer_names", [])) for g, grp in enumerate(groups) if isinstance(grp, dict)}
-    if ns.facts is not None:
-        plan.page_bytes = ns.facts.page_bytes
-        plan.tensors_per_layer = ns.facts.tensors_per_layer
-    plan.source_replicated = fields.get("replicated_layout") is True
-    plan.source_canonical = "canonical_format" in fields
-    plan.target = _target_info(ns)
-    if family == "ambiguous":
-        plan.ambiguity_harmless = ambiguity_is_harmless(fields, _modal_sizes(ns.sampled_sizes))
-    if ns.target_error:
-        plan.none_reason = ns.target_error
-    if plan.absent_ranks and not plan.none_reason:
-        plan.none_reason = (f"deployment incomplete: the namespace of rank {', '.join(map(str, plan.absent_ranks))} "
-                            "is missing or invalid")
-    for n in nss:
-        for rank, d in n.rank_dirs.items():
-            plan.rank_dirs[rank] = d
-    return plan
-
-
 def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: str) -> list[Unit]:
     units: list[Unit] = []
-    by_deployment: dict[str, list[Namespace]] = defaultdict(list)
-    singles: list[list[Namespace]] = []
-    for ns in namespaces:
-        if ns.family == "vllmcpp" and ns.status == "ok":
-            by_deployment[ns.deployment or ns.source_base].append(ns)
-        else:
-            singles.append([ns])
-    groups = singles + [sorted(v, key=lambda n: (n.fields or {}).get("rank", 0)) for v in by_deployment.values()]
-    groups.sort(key=lambda g: g[0].deployment or g[0].source_base)
-    for nss in groups:
-        plan = make_plan(nss, hashed)
+    records = {ns.source_base: ns.metadata() for ns in namespaces}  # what the manifest keeps of each
+    by_base = {ns.source_base: ns for ns in namespaces}
+    for bases in context.unit_groups(records):
+        nss = [by_base[b] for b in bases]
+        plan = context.unit_context([records[b] for b in bases], hashed)
         members = []
         for ns in nss:
             cols = ns.columns()

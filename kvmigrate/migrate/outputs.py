@@ -100,6 +100,9 @@ def output_hash(src_fd: int, action: str, digest: bytes | None) -> tuple[bytes, 
 # cell size in the manifest's reason (classify.slice_reason writes it; there is no other
 # per-block column for it).
 _SLICE_RE = re.compile(r"^slice: cell 0 of (\d+) \(cell (\d+) bytes")
+# The writer families each transform is defined for (migration.md §1): a slice cuts a vLLM
+# row, a concat or relayout reads llm-d rank files.
+TRANSFORM_FAMILIES = {"slice": ("vllm",), "concat": ("llmd",), "relayout": ("llmd",)}
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ def transform_spec(plan: UnitPlan, action: str, group: int, size: int, reason: s
     """Re-derive a planned transform's numbers from the namespace (identity + facts) and
     the rank-0 file size; raises SourceInvalid naming what is not proven. Used by the
     migration plan (from manifest metadata) and by the scan (existing target paths)."""
+    if action in TRANSFORM_FAMILIES and plan.family not in TRANSFORM_FAMILIES[action]:
+        raise SourceInvalid(f"{action} is not defined for a {plan.family} namespace")
     ranks = len(plan.expected_ranks)
     kind = plan.kv_kind
     if action == "slice":

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvmigrate import layout, manifest
-from kvmigrate.classify import TargetInfo, UnitPlan
+from kvmigrate.classify import UnitPlan
+from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
@@ -230,39 +231,8 @@ def _as_int(v: Any) -> int:
 
 
 def _world(ns: dict[str, Any]) -> int:
-    """Ranks that must hold a copy of each block: tp x pcp for llm-d and vllm.cpp
-    deployments (one file per rank), 1 for vLLM (the scheduler writes one row)."""
-    cfg = ns.get("config_json") or {}
-    if ns.get("family") in ("llmd", "vllmcpp"):
-        try:
-            return max(1, int(cfg.get("tp_size", 1)) * int(cfg.get("pcp_size", 1)))
-        except (TypeError, ValueError):
-            return max(1, len(ns.get("ranks") or [0]))
-    return 1
-
-
-def _unit_plan(ns: dict[str, Any]) -> UnitPlan:
-    """The classification context of a source namespace, rebuilt from the manifest
-    metadata (its config.json, resolved facts and target), so that a transform's numbers
-    are re-derived the way the scan proved them (`outputs.transform_spec`)."""
-    cfg = ns.get("config_json") or {}
-    facts = ns.get("facts") or {}
-    tgt = ns.get("target") or {}
-    family = ns.get("family") or "unknown"
-    tp, pp, pcp = (int(cfg.get(k, 1)) for k in ("tp_size", "pp_size", "pcp_size"))
-    groups = cfg.get("kv_cache_groups") or []
-    return UnitPlan(
-        family=family,
-        expected_ranks=tuple(range(tp * pcp)) if family == "llmd" else (0,),
-        kv_kind=facts.get("kv_kind"),
-        blocks_per_file=cfg.get("gpu_blocks_per_file", cfg.get("blocks_per_file")),
-        layers={g: len(grp.get("layer_names") or []) for g, grp in enumerate(groups) if isinstance(grp, dict)},
-        page_bytes=facts.get("page_bytes"),
-        tensors_per_layer=facts.get("tensors_per_layer"),
-        world=tp * pp * pcp,
-        target=TargetInfo(profile=tgt.get("profile", ""), base=tgt.get("base_name", ""), d12=tgt.get("d12", ""),
-                          rank_dir=tgt.get("rank_dir", ""), replicated_layout=bool(tgt.get("replicated_layout")),
-                          parallel_agnostic=bool(tgt.get("parallel_agnostic"))))
+    """Ranks that must hold a copy of each block (`context.block_ranks`)."""
+    return len(block_ranks(ns.get("family"), ns.get("config_json") or {}, ns.get("ranks") or (0,)))
 
 
 def _check_target_path(relpath: str, rank_dir: str, where: str) -> None:
@@ -544,7 +514,8 @@ class _Context:
     target_of: dict[str, TargetPlan]
     world_of: dict[str, int]
     multi: list[str]  # deployments with more than one rank file per block
-    units: dict[str, UnitPlan] = field(default_factory=dict)
+    hashed: bool = False  # the scan took content hashes (--verify hash)
+    units: dict[str, UnitPlan] = field(default_factory=dict)  # source base -> its unit's context
     competing: bool = False  # some target path has several candidates (`_competing_roles`)
     # (target base, group) -> the size competing sources are judged by (`_target_sizes`);
     # None until the first pass has seen every row
@@ -559,9 +530,9 @@ class _Context:
 
     def spec(self, sb: str, action: str, group: Any, size: int, reason: str | None, rowname: str) -> TransformSpec:
         try:
-            unit = self.units.get(sb)
-            if unit is None:
-                unit = self.units[sb] = _unit_plan(self.namespaces[sb])
+            if not self.units:  # the scan's contexts, rebuilt from the metadata (one builder)
+                self.units = unit_contexts(self.namespaces, self.hashed)
+            unit = self.units[sb]
             return transform_spec(unit, action, _as_int(group), size, reason)
         except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
             raise UsageError(f"{rowname}: {action} is not proven by the namespace's identity and "
@@ -1090,7 +1061,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for b, ns in namespaces.items():
         world_of[ns.get("deployment") or b] = max(world_of.get(ns.get("deployment") or b, 1), _world(ns))
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
-    ctx = _Context(where, namespaces, target_of, world_of, multi)
+    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
     try:
         rows = _ManifestRows(manifest_path, table, where)
     except _PendingRowCheck as pending:
