@@ -84,10 +84,6 @@ class Reason(str):
     def __reduce__(self) -> tuple[Any, ...]:  # worker processes pickle verdicts
         return Reason, (str(self), self.finding)
 
-    def extended(self, more: str) -> "Reason":
-        """This reason with `more` appended, keeping the finding."""
-        return Reason(str(self) + more, self.finding)
-
 
 def reason(text: str, code: str, **numbers: Any) -> Reason:
     """The reason `text` with its finding `code` and numbers (fields of `Finding`)."""
@@ -95,6 +91,7 @@ def reason(text: str, code: str, **numbers: Any) -> Reason:
 
 
 def finding_of(value: Any) -> Finding | None:
+    """The finding a reason carries (None for a plain string, or no reason)."""
     return getattr(value, "finding", None)
 
 
@@ -127,10 +124,9 @@ def arrays(findings: list[Finding | None]) -> list[pa.Array]:
 def arrays_by_code(reasons: list[Any], codes: pa.Array) -> list[pa.Array]:
     """The finding columns of rows whose reasons are `reasons[codes[i]]` (null codes: no
     reason): the C walk's rows keep a reason index; no Python object per row is made."""
-    per_value = arrays([finding_of(r) for r in reasons])
     if not reasons:
-        return [pa.nulls(len(codes), f.type) for f in FIELDS]
-    return [pc.take(a, codes) for a in per_value]
+        return null_arrays(len(codes))
+    return [pc.take(a, codes) for a in arrays([finding_of(r) for r in reasons])]
 
 
 def null_arrays(n: int) -> list[pa.Array]:
