@@ -116,9 +116,22 @@ def arrays(findings: list[Finding | None]) -> list[pa.Array]:
             col.append(v)
     out = []
     for field, values in zip(FIELDS, cols):
-        a = pa.array(values, pa.string() if pa.types.is_dictionary(field.type) else field.type)
+        a = _array(values, pa.string() if pa.types.is_dictionary(field.type) else field.type)
         out.append(a.dictionary_encode() if pa.types.is_dictionary(field.type) else a)
     return out
+
+
+def _array(values: list[Any], typ: pa.DataType) -> pa.Array:
+    """An Arrow column; a path that is not valid UTF-8 (a lone surrogate of an odd name) is
+    shown escaped, as the scan shows it in `target_relpath`."""
+    try:
+        return pa.array(values, typ)
+    except (UnicodeEncodeError, pa.ArrowException):
+        if not pa.types.is_string(typ):
+            raise
+        from kvmigrate.scan import _shown  # the scan's one escaping rule, only for such rare names
+
+        return pa.array([_shown(v) if isinstance(v, str) else v for v in values], typ)
 
 
 def arrays_by_code(reasons: list[Any], codes: pa.Array) -> list[pa.Array]:
