@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from kvmigrate import findings
 from kvmigrate.classify import TargetInfo, UnitPlan
 from kvmigrate.identity import canonical
 from kvmigrate.identity.family import ambiguity_is_harmless
@@ -76,8 +77,9 @@ def _target_info(t: Mapping[str, Any] | None) -> TargetInfo | None:
         digest = bytes.fromhex(canonical.full_digest(t["fields"], "vllmcpp"))
     unreachable = t.get("unreachable")
     if unreachable == "aliases_source":
-        unreachable = (f"aliases_source: target {t.get('base_name')} is this source folder name, which holds other "
-                       "bytes than the target engine writes; use --dest DIR")
+        unreachable = findings.reason(f"aliases_source: target {t.get('base_name')} is this source folder name, "
+                                      "which holds other bytes than the target engine writes; use --dest DIR",
+                                      findings.ALIASES_SOURCE)
     return TargetInfo(profile=t.get("profile", ""), base=t.get("base_name", ""), d12=t.get("d12", ""),
                       rank_dir=t.get("rank_dir", ""), replicated_layout=bool(t.get("replicated_layout")),
                       parallel_agnostic=bool(t.get("parallel_agnostic")), digest=digest, unreachable=unreachable)

@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from kvmigrate import __version__, classify, context, layout, manifest
+from kvmigrate import __version__, classify, context, findings, layout, manifest
 from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
@@ -656,8 +656,9 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
         ns.target = compute_target(fields, family, facts, target_profile)
     except MissingFactError as exc:
         ns.target_error_flag = exc.flag
-        ns.target_error = (f"missing deployment fact '{exc.fact}': pass {exc.flag} "
-                           f"(or '{exc.fact}' for this namespace in --facts)")
+        ns.target_error = findings.reason(f"missing deployment fact '{exc.fact}': pass {exc.flag} "
+                                          f"(or '{exc.fact}' for this namespace in --facts)", findings.NEEDS_FACT,
+                                          asks=findings.asks(exc.flag))
     except UsageError as exc:
         ns.target_error = str(exc).split("\n")[0]
 
@@ -846,6 +847,7 @@ class Rows:
                    pa.array(self.content, pa.binary(16)), pa.array(self.payload, pa.binary(16)),
                    _utf8_safe(self.status).dictionary_encode(), _utf8_safe(self.action).dictionary_encode(),
                    _utf8_safe(self.reason).dictionary_encode(), _utf8_safe(self.target)]
+        arrays += findings.arrays([findings.finding_of(r) for r in self.reason])
         return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -880,6 +882,8 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
                fixed("dev", pa.uint64()), fixed("nlink", pa.uint32()),
                fixed("content", pa.binary(16), "content_valid"), pa.nulls(n, pa.binary(16)),
                coded(0, "status"), coded(1, "action"), coded(2, "reason"), target]
+    # the finding columns: one Finding per distinct reason, taken by the rows' reason index
+    arrays += findings.arrays_by_code(store.values(2), fixed("reason", pa.int32(), "reason_valid"))
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -1558,15 +1562,17 @@ class Walker:
             return
         action = rec.action
         if not stat_mod.S_ISREG(tst.st_mode):
-            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} exists and is a "
-                                              f"{_kind_of(tst.st_mode)}; use --dest DIR")
+            rec.action, rec.reason = "none", findings.reason(
+                f"aliases_source: target path {rec.target_relpath} exists and is a {_kind_of(tst.st_mode)}; use "
+                "--dest DIR", findings.TARGET_OCCUPIED, of_action=action, aliases_relpath=rec.target_relpath)
             rec.target_relpath = None
             return
         if (tst.st_dev, tst.st_ino) == (rec.dev, rec.inode):
             rec.action, rec.reason = "already_present", "the target path is a hard link of this file"
             return
         if action.startswith("needs_"):
-            rec.reason += "; the target path already exists (compared when the transform runs)"
+            rec.reason = findings.Reason(f"{rec.reason}; the target path already exists (compared when the "
+                                         "transform runs)", findings.finding_of(rec.reason))
             return
         src = os.path.join(self.root, rec.relpath)
         expected_size = rec.size
@@ -1589,9 +1595,10 @@ class Walker:
         if same:
             rec.action, rec.reason = "already_present", f"the target path already holds the bytes {action} would write"
         else:
-            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} already exists "
-                                              f"with other bytes than {action} would write; never overwritten "
-                                              "(use --dest DIR)")
+            rec.action, rec.reason = "none", findings.reason(
+                f"aliases_source: target path {rec.target_relpath} already exists with other bytes than {action} "
+                "would write; never overwritten (use --dest DIR)", findings.TARGET_OCCUPIED, of_action=action,
+                aliases_relpath=rec.target_relpath)
             rec.target_relpath = None
 
 
@@ -2162,6 +2169,7 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
                                           "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
                                           "payload_xxh3_128")}
     units_by_index = {u.index: u for u in units}
+    refound: dict[int, findings.Finding | None] = {}
     for (uidx, group, bhash), rows in idx_by_block.items():
         unit = units_by_index[uidx]
         recs = []
@@ -2181,6 +2189,14 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
         for i, r in zip(rows, recs):
             cols["status"][i], cols["action"][i] = r.status, r.action
             cols["reason"][i], cols["target_relpath"][i] = r.reason, r.target_relpath
+            refound[i] = findings.finding_of(r.reason)
+    # the finding columns: the new reasons' findings on the rows classified again
+    found = [tuple(v) for v in zip(*(t[n].to_pylist() for n in findings.COLUMNS))]
+    for i, f in refound.items():
+        found[i] = f
+    for name, array in zip(findings.COLUMNS, findings.arrays(
+            [None if f is None or f[0] is None else findings.Finding(*f) for f in found])):
+        t = t.set_column(t.schema.get_field_index(name), name, array)
     for name in ("status", "action", "reason"):
         t = t.set_column(t.schema.get_field_index(name), name, _utf8_safe(cols[name]).dictionary_encode())
     t = t.set_column(t.schema.get_field_index("target_relpath"), "target_relpath", _utf8_safe(cols["target_relpath"]))
