@@ -147,8 +147,11 @@ static void walk_free(Walk *w) {
 
 static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
-/* `<hh>_g<digits>` (layout.FANOUT_RE, ASCII digits only, at most 9 of them): the group,
- * or -1. */
+/* `<hh>_g<digits>` (layout.FANOUT_RE, ASCII digits only, at most 9 of them: a longer
+ * group goes back to the Python walker, which reads it with layout): the group, or -1.
+ * These parsers are the grammar of kvmigrate/layout.py in C; tests/test_leaf_walk.py
+ * (test_both_walks_classify_every_name_as_the_layout_grammar) proves that on real files
+ * with generated names. */
 static int fanout_group(const char *s) {
     if (!is_hex(s[0]) || !is_hex(s[1]) || s[2] != '_' || s[3] != 'g' || !s[4]) return -1;
     long g = 0;
@@ -260,6 +263,11 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
     }
     if (st.st_size <= 0) {
         verdict = UNUSUAL; /* empty: a finding */
+        goto done;
+    }
+    if ((long long)st.st_blocks * 512 < (long long)st.st_size) {
+        verdict = UNUSUAL; /* sparse (holes read as zeros: maybe a 1 TiB crash residue): the
+                            * Python walker asks SEEK_DATA before it reads */
         goto done;
     }
     size_t size = (size_t)st.st_size;

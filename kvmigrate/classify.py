@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from kvmigrate import layout
+from kvmigrate.findings import (ALIASES_SOURCE, NEEDS_FACT, PART_OF_ACTION, REPLICA_OF_PRIMARY, TRANSFORM, Reason,
+                                asks)
+from kvmigrate.findings import reason as finding_reason
 
 PAGE = 4096
 LEGACY_FLOOR = 16 * 1024 * 1024  # llm-d builds before 2026-06-04 padded files to >= 16 MiB
@@ -53,7 +56,7 @@ ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "co
 # Actions whose bytes come from one replica: the other ranks are "replica of rank 0".
 REPLICA_ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "needs_slice")
 
-REPLICA_REASON = "replica of rank 0"
+REPLICA_REASON = finding_reason("replica of rank 0", REPLICA_OF_PRIMARY, primary_rank=0)
 UNVERIFIED = "replicas not yet verified (run scan --verify hash or migrate --apply hashes them)"
 
 
@@ -287,9 +290,11 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
             else:
                 first.action = "none"
                 first.target_relpath = None
-                first.reason = (f"aliases_source: the target path is this source file, which holds other bytes "
-                                f"than {action} would write; use --dest DIR")
-    follower = REPLICA_REASON if first.action in REPLICA_ACTIONS else f"part of {first.action} from rank 0"
+                first.reason = finding_reason(f"aliases_source: the target path is this source file, which holds other "
+                                      f"bytes than {action} would write; use --dest DIR", ALIASES_SOURCE,
+                                      of_action=action, aliases_relpath=first.relpath)
+    follower: str = REPLICA_REASON if first.action in REPLICA_ACTIONS else \
+        finding_reason(f"part of {first.action} from rank 0", PART_OF_ACTION, primary_rank=0, of_action=first.action)
     if first.action == "none":
         follower = first.reason
     for r in recs:
@@ -333,14 +338,14 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
     fam = plan.family
 
     if fam == "ambiguous" and not plan.ambiguity_harmless:
-        return "none", ("family ambiguous (S1 written by vLLM or llm-d, and the two readings give different "
-                        "bytes here): pass --family vllm|llmd")
+        return "none", finding_reason("family ambiguous (S1 written by vLLM or llm-d, and the two readings give "
+                              "different bytes here): pass --family vllm|llmd", NEEDS_FACT, asks=asks("--family"))
     if fam == "vllm" or fam == "ambiguous":
         note = ""
         if fam == "ambiguous":
             if first.size % PAGE:
-                return "none", (f"family ambiguous and {first.size} bytes is not a multiple of {PAGE} "
-                                "(suggests llm-d): pass --family vllm|llmd")
+                return "none", finding_reason(f"family ambiguous and {first.size} bytes is not a multiple of {PAGE} "
+                                      "(suggests llm-d): pass --family vllm|llmd", NEEDS_FACT, asks=asks("--family"))
             note = " (family ambiguous, but both readings give the same bytes)"
         mla_direct = (plan.kv_kind == "mla" and plan.world > 1 and not plan.source_replicated
                       and not plan.source_canonical)
@@ -380,10 +385,11 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
     return "none", f"unknown writer family {fam!r}"
 
 
-def slice_reason(n: int, cell: int, proof: str) -> str:
-    """The reason of a proven slice; "pad to <bytes> bytes" is the output size (read back by
-    migrate and the reports, which have no other per-block column for it)."""
-    return f"slice: cell 0 of {n} (cell {cell} bytes; {proof}) + pad to {pad_to_page(cell)} bytes"
+def slice_reason(n: int, cell: int, proof: str) -> Reason:
+    """The reason of a proven slice, with the numbers migrate and the reports read (its
+    finding: cell 0 of `row_cells` cells of `cell_bytes`, `output_bytes` written)."""
+    return finding_reason(f"slice: cell 0 of {n} (cell {cell} bytes; {proof}) + pad to {pad_to_page(cell)} bytes", TRANSFORM,
+                  cell_bytes=cell, row_cells=n, output_bytes=pad_to_page(cell))
 
 
 def _slice_plan(plan: UnitPlan, first: FileRecord, group: int) -> tuple[str, str]:
@@ -405,9 +411,10 @@ def _slice_plan(plan: UnitPlan, first: FileRecord, group: int) -> tuple[str, str
     # both ways to prove it: the fact, or a hashing scan that finds the one c giving N equal
     # cells (`kvmigrate migrate ROOT` scans so by default); ";" ends what the reports read as
     # the facts asked for ("pass ...")
-    return "needs_slice", (f"needs_slice: {size}-byte row, N={n} cells, cell size unknown: {n}*c <= {size} < "
-                           f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes; or scan with --verify "
-                           "hash, as `kvmigrate migrate ROOT` does, to prove it from the replicas)")
+    return "needs_slice", finding_reason(f"needs_slice: {size}-byte row, N={n} cells, cell size unknown: {n}*c <= {size} < "
+                                 f"{n}*c + {PAGE} allows c in {lo}..{hi} (pass --page-bytes; or scan with --verify "
+                                 "hash, as `kvmigrate migrate ROOT` does, to prove it from the replicas)", NEEDS_FACT,
+                                 asks=asks("--page-bytes"))
 
 
 def _concat_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:
@@ -422,17 +429,18 @@ def _concat_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple
         return "needs_concat", f"{found}: B unknown (blocks_per_file missing from the identity)"
     if plan.kv_kind not in ("mla", "full"):
         if plan.kv_kind is None:
-            return "needs_concat", f"{found}: kv kind unknown, so the row's cells are unknown (pass --kv-kind)"
+            return "needs_concat", finding_reason(f"{found}: kv kind unknown, so the row's cells are unknown (pass --kv-kind)",
+                                          NEEDS_FACT, asks=asks("--kv-kind"))
         return "needs_concat", f"{found}: concat is defined for kv kind mla or full, not {plan.kv_kind}"
     if len(set(sizes)) > 1:
         return "needs_concat", f"{found}: rank sizes differ, a vLLM reader needs N equal cells"
     if sizes[0] == LEGACY_FLOOR and plan.data_bytes(group) is None:
-        return "needs_concat", (f"{found}: cell size unproven: {LEGACY_FLOOR} bytes is the old llm-d padding "
-                                "floor (pass --page-bytes"
-                                + (" and --tensors-per-layer" if plan.kv_kind == "full" else "") + ")")
+        flags = ("--page-bytes", "--tensors-per-layer") if plan.kv_kind == "full" else ("--page-bytes",)
+        return "needs_concat", finding_reason(f"{found}: cell size unproven: {LEGACY_FLOOR} bytes is the old llm-d padding "
+                                      f"floor (pass {' and '.join(flags)})", NEEDS_FACT, asks=asks(*flags))
     note = f"; {_verified_note(plan)}" if plan.replicas else ""
-    return "concat", (f"concat: ranks 0..{n - 1} ({n} x {sizes[0]} bytes) + pad to {pad_to_page(total)} bytes"
-                      f"{note}")
+    return "concat", finding_reason(f"concat: ranks 0..{n - 1} ({n} x {sizes[0]} bytes) + pad to {pad_to_page(total)} bytes"
+                            f"{note}", TRANSFORM, output_bytes=pad_to_page(total))
 
 
 def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:
@@ -458,7 +466,7 @@ def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tup
         parts.append(f"P={p}")
     text = "needs_relayout: " + ", ".join(parts)
     if missing:
-        return "needs_relayout", f"{text} (pass {' and '.join(missing)})"
+        return "needs_relayout", finding_reason(f"{text} (pass {' and '.join(missing)})", NEEDS_FACT, asks=asks(*missing))
     if t is None or not p or not b:
         return "needs_relayout", text
     if size != b * t * p:
@@ -473,5 +481,6 @@ def _relayout_plan(plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tup
     else:
         cells = n
         then = f"then concat of ranks 0..{n - 1}" + (f" ({_verified_note(plan)})" if plan.replicas else "") + " +"
-    return "relayout", (f"relayout: B={b} T={t} P={p} ([B][T][P] -> [T][B][P], {size} bytes per rank), "
-                        f"{then} pad to {pad_to_page(cells * size)} bytes")
+    return "relayout", finding_reason(f"relayout: B={b} T={t} P={p} ([B][T][P] -> [T][B][P], {size} bytes per rank), "
+                              f"{then} pad to {pad_to_page(cells * size)} bytes", TRANSFORM,
+                              output_bytes=pad_to_page(cells * size))

@@ -10,21 +10,13 @@ filesystem or a cold HDD does not.
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 TRANSFORMS = ("slice", "concat", "relayout")
-# Every transform's reason ends with the bytes it writes per block ("... pad to <n> bytes",
-# classify writes it): reports, which only have the manifest, read the output size there.
-_PAD_RE = re.compile(r"\bpad to (\d+) bytes")
+# The bytes a transform writes per block are the manifest's `output_bytes` column (the
+# finding classify gives its row): reports, which only have the manifest, read it there.
 TRANSFORM_BYTES_PER_SECOND = 500 * 10**6
 """Assumed output rate of a transform on disk (see above and reports/TRANSFORMS.md)."""
-
-
-def planned_output_bytes(reason: str | None) -> int | None:
-    """Bytes a transform writes per block, from its reason; None if the reason lacks it."""
-    m = _PAD_RE.search(reason or "")
-    return int(m.group(1)) if m else None
 
 
 def transform_cost(action: str, blocks: int, source_bytes: int, output_bytes: int) -> dict[str, int | float]:

@@ -12,18 +12,35 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BASE_RE = re.compile(r"^(.+)_([0-9a-f]{12})$", re.S)
-RANK_RE = re.compile(r"^(.+)_([0-9a-f]{12})_r(\d+)$", re.S)
-BUCKET_RE = re.compile(r"^[0-9a-f]{3}$")
-FANOUT_RE = re.compile(r"^([0-9a-f]{2})_g(\d+)$")
-BLOCK_RE = re.compile(r"^((?:[0-9a-f]{2}){3,})\.bin$")
+# The pieces of the grammar, spelled once. Every pattern is anchored with `\Z` (not `$`,
+# which also matches before a final newline: `abc\n` is not a bucket), and digits are
+# ASCII only (`\d` also takes other scripts' digits; the C walk reads `0-9`).
+HEX_HASH = r"(?:[0-9a-f]{2}){3,}"  # a block name's hash: an even number (at least 6) of lowercase hex
+MODEL = r"[^/\x00]+"  # a safe model name: anything a folder name may hold
+D12 = r"[0-9a-f]{12}"
+NUMBER = r"[0-9]+"
+BUCKET = r"[0-9a-f]{3}"
+HH = r"[0-9a-f]{2}"
+
+BASE_RE = re.compile(rf"^({MODEL})_({D12})\Z")
+RANK_RE = re.compile(rf"^({MODEL})_({D12})_r({NUMBER})\Z")
+BUCKET_RE = re.compile(rf"^{BUCKET}\Z")
+FANOUT_RE = re.compile(rf"^({HH})_g({NUMBER})\Z")
+BLOCK_RE = re.compile(rf"^({HEX_HASH})\.bin\Z")
+# BLOCK_RE for the scan's hot loop, about 3x faster: a name is a block name iff it matches
+# and group 1 (the hex) has an even length (`block_hex`).
+BLOCK_HEX_RUN = re.compile(r"([0-9a-f]{6,})\.bin\Z").match
+# A block path relative to the cache root as an RE2 pattern, for Arrow's vectorised match
+# (RE2's `$` is the end of the text): it matches exactly the paths `parse_block_relpath`
+# parses, misfiled or not.
+BLOCK_RELPATH_RE2 = rf"^{MODEL}_{D12}_r{NUMBER}/{BUCKET}/{HH}_g{NUMBER}/{HEX_HASH}\.bin$"
 
 # Temp leftovers of interrupted atomic writes, per writer.
-TMP_VLLM_BLOCK_RE = re.compile(r"^(?:[0-9a-f]{2}){3,}\.bin_\d+\.tmp$")  # vLLM, llm-d
-TMP_CPP_BLOCK_RE = re.compile(r"^(?:[0-9a-f]{2}){3,}\.bin\.\d+\.\d+\.tmp$")  # vllm.cpp
-TMP_CPP_CONFIG_RE = re.compile(r"^config\.json\.\d+\.\d+\.tmp$")  # vllm.cpp
-PROBE_RE = re.compile(r"^\.o_direct_probe_\d+\.tmp$")  # vLLM, base folder
-OWN_TMP_RE = re.compile(r"\.kvmigrate-\d+\.tmp$")  # kvmigrate's own temp files
+TMP_VLLM_BLOCK_RE = re.compile(rf"^{HEX_HASH}\.bin_{NUMBER}\.tmp\Z")  # vLLM, llm-d
+TMP_CPP_BLOCK_RE = re.compile(rf"^{HEX_HASH}\.bin\.{NUMBER}\.{NUMBER}\.tmp\Z")  # vllm.cpp
+TMP_CPP_CONFIG_RE = re.compile(rf"^config\.json\.{NUMBER}\.{NUMBER}\.tmp\Z")  # vllm.cpp
+PROBE_RE = re.compile(rf"^\.o_direct_probe_{NUMBER}\.tmp\Z")  # vLLM, base folder
+OWN_TMP_RE = re.compile(rf"\.kvmigrate-{NUMBER}\.tmp\Z")  # kvmigrate's own temp files
 
 CONFIG_NAME = "config.json"
 LOCK_NAME = ".kvmigrate.lock"
@@ -69,7 +86,7 @@ def parse_folder(name: str) -> FolderName | None:
 
 def block_relpath_in_rank(hex_hash: str, group: int) -> str:
     """`<hhh>/<hh>_g<group>/<hex>.bin` (relative to a rank folder)."""
-    return f"{hex_hash[0:3]}/{hex_hash[3:5]}_g{group}/{hex_hash}.bin"
+    return f"{fanout_relpath(hex_hash, group)}/{hex_hash}.bin"
 
 
 def block_relpath(base: str, rank: int, hex_hash: str, group: int) -> str:
@@ -96,6 +113,34 @@ def parse_block(bucket: str, fanout: str, filename: str) -> BlockName | None:
     hex_hash = m.group(1)
     misfiled = hex_hash[0:3] != bucket or hex_hash[3:5] != f.group(1)
     return BlockName(hex_hash, int(f.group(2)), misfiled)
+
+
+def block_hex(name: str) -> str | None:
+    """The hex hash of a block file name (`<even hex, at least 6>.bin`), None if it is not one."""
+    m = BLOCK_HEX_RUN(name)
+    return m.group(1) if m is not None and not m.end(1) & 1 else None
+
+
+def parse_fanout(name: str) -> tuple[int, str] | None:
+    """(group, hh) of a `<hh>_g<group>` fan-out folder name, None if it is not one."""
+    m = FANOUT_RE.match(name)
+    return (int(m.group(2)), m.group(1)) if m else None
+
+
+def fanout_relpath(hex_hash: str, group: int) -> str:
+    """`<hhh>/<hh>_g<group>`: the folders a block belongs in (relative to a rank folder)."""
+    return f"{hex_hash[0:3]}/{hex_hash[3:5]}_g{group}"
+
+
+def parse_block_relpath(relpath: str) -> tuple[FolderName, BlockName] | None:
+    """A block path relative to the cache root (`<rank folder>/<hhh>/<hh>_g<group>/<hex>.bin`):
+    its rank folder and block, None if it is not one."""
+    parts = relpath.split("/")
+    if len(parts) != 4:
+        return None
+    folder = parse_folder(parts[0])
+    block = parse_block(*parts[1:]) if folder is not None and folder.rank is not None else None
+    return (folder, block) if block is not None else None
 
 
 def temp_kind(filename: str) -> str | None:

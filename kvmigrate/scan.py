@@ -37,7 +37,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shlex
 import stat as stat_mod
 import sys
@@ -56,14 +55,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from kvmigrate import __version__, classify, layout, manifest
-from kvmigrate.classify import FileRecord, TargetInfo, UnitPlan
+from kvmigrate import __version__, classify, context, findings, layout, manifest
+from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
-from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
+from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
+from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.report.units import human_bytes
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
@@ -79,9 +81,6 @@ TASK_BUCKETS = 32  # <hhh> buckets per task
 PARALLEL_MIN_BUCKETS = 256  # fewer bucket visits than this: one process (forking costs more)
 LEAF_THREADS = 4  # walker threads per process with the compiled leaf walk (see _parallelism)
 VERDICTS_KEPT = 4096  # block shapes (and sizes) whose verdict a walk remembers: a namespace has a few
-_O_NOATIME = getattr(os, "O_NOATIME", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 # File-level states (what a file alone shows). Every other state of a block row is a
 # block-level verdict on a file that was fine by itself: the re-classification of odd-size
@@ -156,21 +155,6 @@ class ChangedWhileRead(OSError):
                                        "something is writing it; rerun the scan when the engine is idle", path)
 
 
-_OPEN_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def open_noatime(path: str) -> int:
-    """Open read-only without following symlinks and, where permitted, without updating
-    atime (evictors judge age by atime). O_NOATIME needs file ownership: fall back."""
-    if _O_NOATIME:
-        try:
-            return os.open(path, _OPEN_FLAGS | _O_NOATIME)
-        except PermissionError as exc:
-            if exc.errno != errno.EPERM:
-                raise
-    return os.open(path, _OPEN_FLAGS)
-
-
 @dataclass(slots=True)
 class ReadResult:
     content: bytes | None  # XXH3-128 digest of the whole file
@@ -194,6 +178,18 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
     raise ChangedWhileRead(path, changed.size, changed.nread)
 
 
+def _all_holes(fd: int, st: os.stat_result) -> bool:
+    """A non-empty file with no data extent at all (SEEK_DATA finds none): all zero.
+    Asked only of files that occupy fewer blocks than their size (sparse ones)."""
+    if st.st_size <= 0 or (getattr(st, "st_blocks", 0) or 0) * 512 >= st.st_size:
+        return False
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    return False
+
+
 class _SizeChanged(Exception):
     def __init__(self, size: int, nread: int):
         super().__init__(size, nread)
@@ -213,6 +209,10 @@ def _read_file(path: str, want_hash: bool, header_len: int) -> ReadResult:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise Vanished(path)
+        if want_hash and _all_holes(fd, st):
+            # nothing but holes: every byte is zero (an ftruncate-d crash residue, or a 1 TiB
+            # sparse file that would take minutes to read); no hash is needed to say so
+            return ReadResult(None, None, os.pread(fd, header_len, 0) if header_len else None, True, st)
         if not header_len:
             if not want_hash:
                 return ReadResult(None, None, None, False, st)
@@ -407,6 +407,7 @@ class Namespace:
                 "decisive_assumptions": dict(t.decisive_assumptions)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
+            "block_sizes": _modal_sizes(self.sampled_sizes),  # rank 0's sample (family evidence)
         }
 
 
@@ -656,8 +657,9 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
         ns.target = compute_target(fields, family, facts, target_profile)
     except MissingFactError as exc:
         ns.target_error_flag = exc.flag
-        ns.target_error = (f"missing deployment fact '{exc.fact}': pass {exc.flag} "
-                           f"(or '{exc.fact}' for this namespace in --facts)")
+        ns.target_error = findings.reason(f"missing deployment fact '{exc.fact}': pass {exc.flag} "
+                                          f"(or '{exc.fact}' for this namespace in --facts)", findings.NEEDS_FACT,
+                                          asks=findings.asks(exc.flag))
     except UsageError as exc:
         ns.target_error = str(exc).split("\n")[0]
 
@@ -697,87 +699,13 @@ class Unit:
         return sorted(names)
 
 
-def _kv_kind(ns: Namespace) -> str | None:
-    if ns.family == "vllmcpp" and ns.fields:
-        kind = ns.fields.get("kv_cache_spec_kind")
-        return {"mla": "mla", "full_attention": "full", "sliding_window": "sliding"}.get(kind, "hybrid")
-    return ns.facts.kv_kind if ns.facts else None
-
-
-def _target_info(ns: Namespace) -> TargetInfo | None:
-    t = ns.target
-    if t is None:
-        return None
-    digest = None
-    if t.family == "vllmcpp" and t.fields is not None:
-        digest = bytes.fromhex(canonical.full_digest(t.fields, "vllmcpp"))
-    unreachable = t.unreachable
-    if unreachable == "aliases_source":
-        unreachable = (f"aliases_source: target {t.base_name} is this source folder name, which holds other "
-                       "bytes than the target engine writes; use --dest DIR")
-    return TargetInfo(profile=t.profile, base=t.base_name, d12=t.d12, rank_dir=t.rank_dir,
-                      replicated_layout=bool(t.replicated_layout), parallel_agnostic=bool(t.parallel_agnostic),
-                      digest=digest, unreachable=unreachable)
-
-
-def make_plan(nss: list[Namespace], hashed: bool) -> UnitPlan:
-    """The classification context of a unit (its first namespace speaks for all: a vllm.cpp
-    deployment's namespaces are equal except the rank)."""
-    ns = nss[0]
-    fields = ns.fields or {}
-    family = ns.family or "unknown"
-    plan = UnitPlan(family=family, hashed=hashed)
-    if ns.status != "ok":  # an unproven namespace: every row of its blocks carries its status (action none)
-        plan.block_status, plan.block_reason = ns.status, ns.status_reason
-        return plan
-    tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
-    plan.world = tp * pp * pcp
-    if family == "vllmcpp":
-        plan.expected_ranks = tuple(range(plan.world))
-        present = {(n.fields or {}).get("rank") for n in nss}
-        plan.absent_ranks = tuple(r for r in plan.expected_ranks if r not in present)
-        plan.vllmcpp_payload = fields.get("page_size_bytes")
-        plan.blocks_per_file = 1
-    elif family == "llmd":
-        plan.expected_ranks = tuple(range(tp * pcp))
-    else:
-        plan.expected_ranks = (0,)
-    plan.kv_kind = _kv_kind(ns)
-    plan.blocks_per_file = fields.get("gpu_blocks_per_file", fields.get("blocks_per_file", plan.blocks_per_file))
-    groups = fields.get("kv_cache_groups") or []
-    plan.layers = {g: len(grp.get("layer_names", [])) for g, grp in enumerate(groups) if isinstance(grp, dict)}
-    if ns.facts is not None:
-        plan.page_bytes = ns.facts.page_bytes
-        plan.tensors_per_layer = ns.facts.tensors_per_layer
-    plan.source_replicated = fields.get("replicated_layout") is True
-    plan.source_canonical = "canonical_format" in fields
-    plan.target = _target_info(ns)
-    if family == "ambiguous":
-        plan.ambiguity_harmless = ambiguity_is_harmless(fields, _modal_sizes(ns.sampled_sizes))
-    if ns.target_error:
-        plan.none_reason = ns.target_error
-    if plan.absent_ranks and not plan.none_reason:
-        plan.none_reason = (f"deployment incomplete: the namespace of rank {', '.join(map(str, plan.absent_ranks))} "
-                            "is missing or invalid")
-    for n in nss:
-        for rank, d in n.rank_dirs.items():
-            plan.rank_dirs[rank] = d
-    return plan
-
-
 def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: str) -> list[Unit]:
     units: list[Unit] = []
-    by_deployment: dict[str, list[Namespace]] = defaultdict(list)
-    singles: list[list[Namespace]] = []
-    for ns in namespaces:
-        if ns.family == "vllmcpp" and ns.status == "ok":
-            by_deployment[ns.deployment or ns.source_base].append(ns)
-        else:
-            singles.append([ns])
-    groups = singles + [sorted(v, key=lambda n: (n.fields or {}).get("rank", 0)) for v in by_deployment.values()]
-    groups.sort(key=lambda g: g[0].deployment or g[0].source_base)
-    for nss in groups:
-        plan = make_plan(nss, hashed)
+    records = {ns.source_base: ns.metadata() for ns in namespaces}  # what the manifest keeps of each
+    by_base = {ns.source_base: ns for ns in namespaces}
+    for bases in context.unit_groups(records):
+        nss = [by_base[b] for b in bases]
+        plan = context.unit_context([records[b] for b in bases], hashed)
         members = []
         for ns in nss:
             cols = ns.columns()
@@ -920,6 +848,7 @@ class Rows:
                    pa.array(self.content, pa.binary(16)), pa.array(self.payload, pa.binary(16)),
                    _utf8_safe(self.status).dictionary_encode(), _utf8_safe(self.action).dictionary_encode(),
                    _utf8_safe(self.reason).dictionary_encode(), _utf8_safe(self.target)]
+        arrays += findings.arrays([findings.finding_of(r) for r in self.reason])
         return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -954,6 +883,8 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
                fixed("dev", pa.uint64()), fixed("nlink", pa.uint32()),
                fixed("content", pa.binary(16), "content_valid"), pa.nulls(n, pa.binary(16)),
                coded(0, "status"), coded(1, "action"), coded(2, "reason"), target]
+    # the finding columns: one Finding per distinct reason, taken by the rows' reason index
+    arrays += findings.arrays_by_code(store.values(2), fixed("reason", pa.int32(), "reason_valid"))
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -1258,7 +1189,7 @@ class Walker:
     def _fanout_name(self, name: str) -> tuple[int, str] | None:
         fan = self._fanouts.get(name)
         if fan is None:
-            fan = _fanout(name)
+            fan = layout.parse_fanout(name)
             if fan is not None:  # (only real fan-out names are kept: few, bounded)
                 self._fanouts[name] = fan
         return fan
@@ -1290,7 +1221,7 @@ class Walker:
         check_size = self._checks_size(unit)
         check_perm = self.check_perm
         size_verdicts = unit.size_verdicts
-        block_name = _BLOCK_NAME
+        block_name = layout.BLOCK_HEX_RUN
         relpaths, codes, ranks, groups = out.relpath, out.ns, out.rank, out.group
         hashes, sizes, mtimes, inodes, devs, nlinks = (out.block_hash, out.size, out.mtime_ns, out.inode, out.dev,
                                                        out.nlink)
@@ -1304,7 +1235,7 @@ class Walker:
         for e in files or ():
             name = e.name
             bm = block_name(name) if e.is_file(follow_symlinks=False) else None
-            if bm is None or bm.end(1) & 1:  # (block_match, inlined)
+            if bm is None or bm.end(1) & 1:  # (layout.block_hex, inlined)
                 rel = f"{frel}/{name}"
                 if e.is_dir(follow_symlinks=False):
                     self.dir_rows(e.path, rel, out, status=None, reason=None, ns_cols=m.columns,
@@ -1394,7 +1325,7 @@ class Walker:
         if rec.status == "ok" and misfiled:
             rec.status = "misfiled"
             rec.reason = (f"misfiled: fan-out folders {hhh}/{fanout} do not match the file name "
-                          f"(it belongs in {hex_hash[:3]}/{hex_hash[3:5]}_g{group}); never reused")
+                          f"(it belongs in {layout.fanout_relpath(hex_hash, group)}); never reused")
         if not self._inspect(plan, m, rec, e.path, est):
             return None
         rec.action = "none"
@@ -1634,15 +1565,17 @@ class Walker:
             return
         action = rec.action
         if not stat_mod.S_ISREG(tst.st_mode):
-            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} exists and is a "
-                                              f"{_kind_of(tst.st_mode)}; use --dest DIR")
+            rec.action, rec.reason = "none", findings.reason(
+                f"aliases_source: target path {rec.target_relpath} exists and is a {_kind_of(tst.st_mode)}; use "
+                "--dest DIR", findings.TARGET_OCCUPIED, of_action=action, aliases_relpath=rec.target_relpath)
             rec.target_relpath = None
             return
         if (tst.st_dev, tst.st_ino) == (rec.dev, rec.inode):
             rec.action, rec.reason = "already_present", "the target path is a hard link of this file"
             return
         if action.startswith("needs_"):
-            rec.reason += "; the target path already exists (compared when the transform runs)"
+            rec.reason = findings.Reason(f"{rec.reason}; the target path already exists (compared when the "
+                                         "transform runs)", findings.finding_of(rec.reason))
             return
         src = os.path.join(self.root, rec.relpath)
         expected_size = rec.size
@@ -1664,26 +1597,11 @@ class Walker:
         if same:
             rec.action, rec.reason = "already_present", f"the target path already holds the bytes {action} would write"
         else:
-            rec.action, rec.reason = "none", (f"aliases_source: target path {rec.target_relpath} already exists "
-                                              f"with other bytes than {action} would write; never overwritten "
-                                              "(use --dest DIR)")
+            rec.action, rec.reason = "none", findings.reason(
+                f"aliases_source: target path {rec.target_relpath} already exists with other bytes than {action} "
+                "would write; never overwritten (use --dest DIR)", findings.TARGET_OCCUPIED, of_action=action,
+                aliases_relpath=rec.target_relpath)
             rec.target_relpath = None
-
-
-def block_match(name: str) -> re.Match | None:
-    """layout.BLOCK_RE.match (`<even hex, at least 6>.bin`), about 3x faster: the hot loop
-    calls it once per file. Group 1 is the hex block hash."""
-    m = _BLOCK_NAME(name)
-    return m if m is not None and not m.end(1) & 1 else None
-
-
-_BLOCK_NAME = re.compile(r"([0-9a-f]{6,})\.bin$").match
-
-
-def _fanout(name: str) -> tuple[int, str] | None:
-    """(group, hh) of a `<hh>_g<group>` fan-out folder name, None if it is not one."""
-    m = layout.FANOUT_RE.match(name)
-    return (int(m.group(2)), m.group(1)) if m else None
 
 
 def _part(bucket: str | None, n: int) -> int:
@@ -1822,51 +1740,21 @@ class Progress:
         if self.bar is not None:
             self.bar.update(files)
             dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{_human(self.bytes)}, {_human(self.bytes / dt)}/s", refresh=False)
+            self.bar.set_postfix_str(f"{human_bytes(self.bytes)}, {human_bytes(self.bytes / dt)}/s", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 # ---------------------------------------------------------------------------------------
 # The scan
-
-
-def _check_root(root: str) -> str:
-    path = os.path.abspath(root)
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):  # a wrong path is a usage error (interface.md §4)
-        raise UsageError("cache root does not exist", path=path,
-                         hint="pass the engine's cache root_dir (the folder holding <model>_<d12> folders)") from None
-    except OSError as exc:
-        raise OperationalError(f"cannot access the cache root: {exc.strerror}", path=path,
-                               hint="check the path and your permissions") from None
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise UsageError("cache root is not a directory", path=path,
-                         hint="pass the engine's cache root_dir, not a file inside it")
-    try:
-        with os.scandir(path):
-            pass
-    except OSError as exc:
-        raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
-                               hint="run as a user that can read the cache") from None
-    return path
 
 
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
          transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]],
          batch_sink: Callable[[dict[str, Any]], Any] | None = None,
-         target: str = "vllm-0.28", facts_resolver: FactsResolver | None = None, verify: str = "size",
+         target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
          command: str | None = None, workers: int | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
@@ -1891,7 +1779,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
     t0 = time.monotonic()
-    root_path = _check_root(str(root))
+    root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
     output = os.path.abspath(output)
     if os.path.isdir(output):
@@ -2293,6 +2181,7 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
                                           "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
                                           "payload_xxh3_128")}
     units_by_index = {u.index: u for u in units}
+    refound: dict[int, findings.Finding | None] = {}
     for (uidx, group, bhash), rows in idx_by_block.items():
         unit = units_by_index[uidx]
         recs = []
@@ -2312,6 +2201,14 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
         for i, r in zip(rows, recs):
             cols["status"][i], cols["action"][i] = r.status, r.action
             cols["reason"][i], cols["target_relpath"][i] = r.reason, r.target_relpath
+            refound[i] = findings.finding_of(r.reason)
+    # the finding columns: the new reasons' findings on the rows classified again
+    found = [tuple(v) for v in zip(*(t[n].to_pylist() for n in findings.COLUMNS))]
+    for i, f in refound.items():
+        found[i] = f
+    for name, array in zip(findings.COLUMNS, findings.arrays(
+            [None if f is None or f[0] is None else findings.Finding(*f) for f in found])):
+        t = t.set_column(t.schema.get_field_index(name), name, array)
     for name in ("status", "action", "reason"):
         t = t.set_column(t.schema.get_field_index(name), name, _utf8_safe(cols[name]).dictionary_encode())
     t = t.set_column(t.schema.get_field_index("target_relpath"), "target_relpath", _utf8_safe(cols["target_relpath"]))

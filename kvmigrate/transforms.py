@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol, Union
 
+from kvmigrate import findings
 from kvmigrate.errors import IntegrityError
 
 ROW_ALIGN = 4096
@@ -272,8 +273,9 @@ def find_slice_cell(row: _Buffer, *, n: int, known_cell: int | None = None) -> C
     return CellSearch(
         None,
         found,
-        f"{prefix}, cell size ambiguous: {len(found)} candidates {_show(found)} "
-        "(pass --page-bytes: cell = layers × page_bytes × blocks_per_file)",
+        findings.reason(f"{prefix}, cell size ambiguous: {len(found)} candidates {_show(found)} "
+                        "(pass --page-bytes: cell = layers × page_bytes × blocks_per_file)",
+                        findings.NEEDS_FACT, asks=findings.asks("--page-bytes")),
     )
 
 

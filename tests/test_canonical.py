@@ -82,6 +82,7 @@ vllmcpp_identities = st.fixed_dictionaries(
     optional={"replicated_layout": st.just(True)})
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @settings(max_examples=300)
 @given(vllm_identities)
 def test_vllm_canonical_bytes_equal_the_reference_recipe(fields):
@@ -92,6 +93,7 @@ def test_vllm_canonical_bytes_equal_the_reference_recipe(fields):
     assert canonical.d12(fields, "vllm") == hashlib.sha256(expected).hexdigest()[:12]
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @settings(max_examples=300)
 @given(vllmcpp_identities)
 def test_vllmcpp_canonical_bytes_equal_the_reference_recipe(identity):

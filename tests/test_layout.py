@@ -4,16 +4,18 @@ misfiled blocks and every known temp-file pattern."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kvmigrate import layout
 
 HEX = "0123456789abcdef"
 d12s = st.text(alphabet=HEX, min_size=12, max_size=12)
 # model names as engines see them: org/name, local paths, underscores, quotes, non-ASCII
+# (never a NUL: no folder name holds one)
+names = st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s)
 model_names = st.one_of(
-    st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
-    st.builds(lambda a, b: f"{a}/{b}", st.text(min_size=1, max_size=15), st.text(min_size=1, max_size=15)),
+    names,
+    st.builds(lambda a, b: f"{a}/{b}", names, names),
     st.sampled_from(["meta-llama/Llama-3.1-8B-Instruct", "/models/x", "a_b_c", "org/M\u00e9del", "x_0123456789ab",
                      "x_0123456789ab_r3", "\u6a21\u578b/\u540d\u524d", "q'uote \"d\" sp ace"]),
 )
@@ -121,3 +123,28 @@ def test_temp_patterns_property(hex_hash, rnd, pid, n):
     assert layout.temp_kind(f".o_direct_probe_{rnd}.tmp") == "vllm-probe"
     assert layout.temp_kind(f"{hex_hash}.bin.kvmigrate-{pid}.tmp") == "own"
     assert layout.temp_kind(f"{hex_hash}.bin") is None
+
+
+@st.composite
+def near_block_relpaths(draw) -> str:
+    """A block path relative to the root, each part valid or a near miss of it."""
+    h = draw(hashes)
+    parts = [draw(st.sampled_from([f"m_{'0' * 12}_r0", f"m\u00e9 _{'a' * 12}_r12", f"m_{'0' * 12}_r\u0663",
+                                   f"m_{'0' * 12}_r0\n", f"m_{'0' * 12}", f"m_{'0' * 11}_r0", f"_{'0' * 12}_r0"])),
+             draw(st.sampled_from([h[:3], "ABC", h[:2], h[:3] + "\n", "fff"])),
+             draw(st.sampled_from([f"{h[3:5]}_g0", f"{h[3:5]}_g", f"{h[3:5]}_g0\n", f"{h[3:5]}_g\u0663", "zz_g1"])),
+             draw(st.sampled_from([f"{h}.bin", f"{h}.bin\n", f"{h[:-1]}.bin", f"{h.upper()}.bin", f"{h}.bin.tmp"]))]
+    return "/".join(parts[:draw(st.integers(2, 4))] if draw(st.booleans()) else parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(near_block_relpaths(), min_size=1, max_size=20))
+def test_plan_block_path_match_is_the_layout_grammar(relpaths):
+    """The plan's vectorised (RE2) block-path match accepts exactly the paths
+    parse_block_relpath parses."""
+    import pyarrow as pa
+
+    from kvmigrate.migrate.plan import _source_paths_ok
+
+    assert _source_paths_ok(pa.array(relpaths)).to_pylist() == [layout.parse_block_relpath(r) is not None
+                                                                for r in relpaths]

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import xxhash
 
-from kvmigrate import layout
+from kvmigrate import findings, layout
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.manifest import ManifestWriter
@@ -54,7 +54,8 @@ class Tree:
         return base
 
     def block(self, base: str, hex_hash: str, data: bytes, *, action: str, rank: int = 0, reason: str = "",
-              target: bool = True) -> str:
+              target: bool = True, finding: str | None = None) -> str:
+        """`finding`: the row's finding code (what the plan reads; `reason` is prose)."""
         rel = layout.block_relpath(base, rank, hex_hash, 0)
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +66,7 @@ class Tree:
                           "deployment": base, "target_base": tgt["base_name"] if tgt else None, "rank": rank,
                           "group": 0, "block_hash": bytes.fromhex(hex_hash), "size": st.st_size,
                           "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev, "nlink": 1,
-                          "status": "ok", "action": action, "reason": reason,
+                          "status": "ok", "action": action, "reason": reason, "finding": finding,
                           "target_relpath": (layout.block_relpath(tgt["base_name"], 0, hex_hash, 0)
                                              if target and tgt else None)})
         return rel
@@ -169,7 +170,8 @@ def test_not_reusable_and_skipped_blocks_are_counted_by_reason(tree, tmp_path):
     tree.block(base, "bb" * 32, b"x" * 4096, action="none", reason="short", target=False)
     tree.block(base, "cc" * 32, b"x" * 8192, action="needs_relayout", reason="needs_relayout: 8192 bytes, B=4, "
                "T unknown")
-    tree.block(base, "dd" * 32, b"x" * 4096, action="none", rank=1, reason="replica of rank 0", target=False)
+    tree.block(base, "dd" * 32, b"x" * 4096, action="none", rank=1, reason="replica of rank 0", target=False,
+               finding=findings.REPLICA_OF_PRIMARY)
     plan = build_plan(tree.manifest(tmp_path / "m.parquet"))
     (tp,) = plan.targets
     assert dict(tp.not_reusable) == {"short": 2}

@@ -52,6 +52,7 @@ def two_roots(tmp_path, synth_root):
     return a, b, ["--facts", facts]
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @pytest.mark.parametrize("crash_at", ["intent:1", "tmp_written:3", "linked:2", "created:8", "created:14"])
 def test_kill_9_then_rerun_ends_like_an_uninterrupted_run(two_roots, crash_at):
     a, b, facts = two_roots

@@ -13,7 +13,6 @@ another identity. (Blocks that are absent are misses, which an engine survives.)
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,45 +20,12 @@ from click.testing import CliRunner
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from kvmigrate.synth import SynthSpec, build
-from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, check_spec
 from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors
+from synth_matrix import ERAS, GEOMETRY, cases
 
 pytestmark = pytest.mark.slow
 
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
-MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
-# family, era and geometry -> the facts the operator states (vllm.cpp needs none)
-ERAS = {
-    "vllm-S1-tp1-full": ({"family": "vllm", "scheme": "S1", "tp": 1}, FULL),
-    "vllm-S2-tp2-full": ({"family": "vllm", "scheme": "S2", "tp": 2}, FULL),
-    "vllm-S2-tp4-mla-slice": ({"family": "vllm", "scheme": "S2", "tp": 4, "kv_kind": "mla"}, MLA),
-    "vllm-S3-tp1-in-place": ({"family": "vllm", "scheme": "S3", "tp": 1, "agnostic": True}, FULL),
-    "llmd-tp1-full": ({"family": "llmd", "tp": 1}, FULL),
-    "llmd-tp2-mla": ({"family": "llmd", "tp": 2, "kv_kind": "mla"}, MLA),
-    "vllmcpp-tp2-mla": ({"family": "vllmcpp", "tp": 2, "kv_kind": "mla"}, []),
-    "vllmcpp-tp1-full": ({"family": "vllmcpp", "tp": 1}, []),
-}
-GEOMETRY = {"layers": 2, "page_bytes": 256, "blocks": 4}
-
-
-def _cases() -> list[tuple[str, str]]:
-    """(era, defect) for every defect synth can inject into that era's tree."""
-    out = []
-    for era, (spec, _) in ERAS.items():
-        for defect in (*BLOCK_DEFECTS, *TREE_DEFECTS):
-            candidate = SynthSpec(**{**GEOMETRY, **spec, "defects": (defect,)})
-            try:
-                check_spec(candidate)
-                with tempfile.TemporaryDirectory() as tmp:  # geometry limits only show when built
-                    build(Path(tmp), candidate)
-            except ValueError:
-                continue
-            out.append((era, defect))
-    return out
-
-
-CASES = _cases()
+CASES = cases()
 
 
 def wrong_reads(root: Path, meta: dict, res) -> tuple[list[str], int]:

@@ -8,15 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import reliability as R  # noqa: E402
+import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
-from kvmigrate.migrate.apply import CRASH_ENV  # noqa: E402
+from kvmigrate.migrate.apply import CRASH_ENV
+
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
 SCENARIOS = {s.name: s for s in R.SCENARIOS}
 

@@ -10,12 +10,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import reliability as R  # noqa: E402
+import pytest
 
-import engine_sim  # noqa: E402
-from kvmigrate import layout  # noqa: E402
-from kvmigrate.formats import vllmcpp  # noqa: E402
+import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
+
+import engine_sim
+from kvmigrate import layout
+from kvmigrate.formats import vllmcpp
+
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
 SPECS = [{**R.GEOMETRY, **s, "blocks": 6} for s in (R.VLLM_LINK, R.LLMD_COPY_PAD, R.CPP_REWRITE)]
 
@@ -81,7 +84,8 @@ def test_the_campaign_script_writes_its_report(tmp_path):
     """`scripts/reliability.py` end to end on its shortest part: the report names the
     figures the issue asks for, and the script exits 0 when nothing was violated."""
     out = tmp_path / "RELIABILITY.md"
-    p = subprocess.run([sys.executable, str(Path(R.__file__)), "--quick", "--only", "engine", "--out", str(out),
+    script = Path(__file__).resolve().parents[1] / "scripts" / "reliability.py"
+    p = subprocess.run([sys.executable, str(script), "--quick", "--only", "engine", "--out", str(out),
                         "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     text = out.read_text()

@@ -6,13 +6,12 @@ fixing the condition that ends like an uninterrupted run, and a rollback."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import reliability as R  # noqa: E402
+import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
+
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
 
 def check(record: dict, ledger: R.Ledger) -> dict:

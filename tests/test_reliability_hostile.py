@@ -7,13 +7,13 @@ namespaces (migration.md §3.1, §3.7; interface.md §4)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import reliability as R  # noqa: E402
+import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
+
+pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
 
 def _config(kind: str, ns: int, **kw) -> dict:

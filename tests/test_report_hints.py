@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvmigrate import findings
 from kvmigrate.manifest import ManifestWriter
 from kvmigrate.report.summary import summarize
 
@@ -52,9 +53,11 @@ def test_needs_relayout_asks_for_the_flags_its_reason_names(tmp_path):
     for i in range(4):
         r.block(LLMD, 0, _hex(i, 1), size=MiB, family="llmd", target=LLMD_T, action="needs_relayout",
                 reason="needs_relayout: 1048576 bytes, B=4, T unknown, P unknown (pass --tensors-per-layer and "
-                       "--page-bytes)")
+                       "--page-bytes)",
+                finding=findings.Finding(findings.NEEDS_FACT, asks="--tensors-per-layer --page-bytes"))
         r.block(LLMD, 1, _hex(i, 1), size=MiB, family="llmd", target=LLMD_T,
-                reason="part of needs_relayout from rank 0")
+                reason="part of needs_relayout from rank 0",
+                finding=findings.Finding(findings.PART_OF_ACTION, primary_rank=0, of_action="needs_relayout"))
     s, m = _one_namespace(tmp_path, LLMD, r)
     n = s["namespaces"][0]
     assert n["by_action"]["needs_relayout"] == {"blocks": 4, "bytes": 8 * MiB}
@@ -83,7 +86,7 @@ def test_aliases_source_hints_dest(tmp_path):
     r.add(LLMD, f"{LLMD}/config.json", size=500, family="llmd", target=LLMD)
     r.block(LLMD, 0, _hex(1, 1), size=100, family="llmd", target=LLMD,
             reason="aliases_source: the target path is this source file, which holds other bytes than copy_pad "
-                   "would write; use --dest DIR")
+                   "would write; use --dest DIR", finding=findings.Finding(findings.ALIASES_SOURCE, of_action="copy_pad"))
     s, m = _one_namespace(tmp_path, LLMD, r, ranks=[0])
     assert f"kvmigrate migrate --manifest {m} --dest <DIR> --apply" in _commands(s)
 
@@ -93,7 +96,7 @@ def test_ambiguous_family_that_matters_hints_family(tmp_path):
     r.add(VLLM, f"{VLLM}/config.json", size=300, family="ambiguous", target=VLLM_T)
     r.block(VLLM, 0, _hex(1, 1), family="ambiguous", target=VLLM_T,
             reason="family ambiguous (S1 written by vLLM or llm-d, and the two readings give different bytes "
-                   "here): pass --family vllm|llmd")
+                   "here): pass --family vllm|llmd", finding=findings.Finding(findings.NEEDS_FACT, asks="--family"))
     s, m = _one_namespace(tmp_path, VLLM, r)
     assert f"kvmigrate scan {ROOT} --kv-kind full --family <vllm|llmd> -o {m}" in _commands(s)
     f = next(f for f in s["findings"] if f["code"] == "family_ambiguous")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvmigrate import findings
 from kvmigrate.manifest import ManifestWriter
 from kvmigrate.report.summary import summarize
 
@@ -34,6 +35,10 @@ def _hex(i: int, salt: int) -> str:
     return f"{(i * 2654435761 + salt * 97) % (1 << 64):016x}{salt:04x}{i:012x}"
 
 
+REPLICA = findings.Finding(findings.REPLICA_OF_PRIMARY, primary_rank=0)
+PART_OF_CONCAT = findings.Finding(findings.PART_OF_ACTION, primary_rank=0, of_action="concat")
+
+
 class Rows:
     """Column lists for ManifestWriter.write_columns, one append per file."""
 
@@ -41,11 +46,12 @@ class Rows:
         self.cols: dict[str, list] = {k: [] for k in (
             "relpath", "family", "scheme", "model_name", "source_d12", "source_base", "deployment",
             "target_profile", "target_d12", "target_base", "rank", "group", "block_hash", "size", "mtime_ns",
-            "inode", "dev", "nlink", "status", "action", "reason", "target_relpath")}
+            "inode", "dev", "nlink", "status", "action", "reason", "target_relpath", *findings.COLUMNS)}
         self.inode = 1000
 
     def add(self, base, relpath, *, family="vllm", scheme="S1", model="m", target=None, rank=None, hex_=None,
-            size=4096, nlink=1, status="ok", action="none", reason="", group=0, inode=None):
+            size=4096, nlink=1, status="ok", action="none", reason="", group=0, inode=None, finding=None):
+        """`finding`: the row's findings.Finding (what later stages read; `reason` is prose)."""
         self.inode += 1
         c = self.cols
         c["relpath"].append(relpath)
@@ -73,6 +79,8 @@ class Rows:
         if target and hex_ and action not in ("none",) and not action.startswith("needs_"):
             tr = f"{target}_r0/{hex_[:3]}/{hex_[3:5]}_g{group}/{hex_}.bin"
         c["target_relpath"].append(tr)
+        for k, v in zip(findings.COLUMNS, finding or (None,) * len(findings.COLUMNS)):
+            c[k].append(v)
 
     def block(self, base, rank, hex_, **kw):
         self.add(base, f"{base}_r{rank}/{hex_[:3]}/{hex_[3:5]}_g{kw.get('group', 0)}/{hex_}.bin",
@@ -167,7 +175,7 @@ def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: in
         r.block(LLMD, 0, h, size=MiB, family="llmd", target=LLMD_T, action="concat",
                 reason="concat 2 rank shards")
         r.block(LLMD, 1, h, size=MiB, family="llmd", target=LLMD_T, action="none",
-                reason="part of concat from rank 0")
+                reason="part of concat from rank 0", finding=PART_OF_CONCAT)
     for i in range(3):
         r.block(LLMD, 0, _hex(i, 5), size=MiB, family="llmd", target=LLMD_T, status="incomplete",
                 reason="rank 1 file missing")
@@ -180,7 +188,7 @@ def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: in
         h = _hex(i, 6)
         r.block(MLA, 0, h, size=512 * 1024, family="llmd", target=MLA_T, action="link",
                 reason="verified rank-0 replica")
-        r.block(MLA, 1, h, size=512 * 1024, family="llmd", target=MLA_T, reason="replica of rank 0")
+        r.block(MLA, 1, h, size=512 * 1024, family="llmd", target=MLA_T, reason="replica of rank 0", finding=REPLICA)
     for i in range(2):
         h = _hex(i, 7)
         for rank in (0, 1):
@@ -190,7 +198,7 @@ def write_sample_manifest(path: Path, *, metadata: dict | None = None, scale: in
         h = _hex(i, 8)
         r.block(MLA, 0, h, size=512 * 1024, nlink=2, family="llmd", target=MLA_T, action="already_present",
                 reason="target has the same inode")
-        r.block(MLA, 1, h, size=512 * 1024, family="llmd", target=MLA_T, reason="replica of rank 0")
+        r.block(MLA, 1, h, size=512 * 1024, family="llmd", target=MLA_T, reason="replica of rank 0", finding=REPLICA)
     # vllm.cpp: 9 header rewrites, 1 invalid header
     r.add(CPP, f"{CPP}/config.json", size=900, family="vllmcpp", scheme="vllmcpp-v1", target=CPP_T)
     for i in range(9):

@@ -3,6 +3,8 @@ the rows synth says, every other row is healthy, and the exit code carries the s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvmigrate.classify import STATUS_BITS
@@ -140,3 +142,25 @@ def test_blocks_of_an_unproven_namespace_carry_its_status(synth_root, scan_root,
     by_status = scan.summary["totals"]["by_status"]
     assert set(by_status) == {status}
     assert by_status[status]["bytes"] == sum(r["size"] for r in rows.values())
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read()-like calls (page cache included)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+@pytest.mark.parametrize("base", ["vllm-S1", "llmd", "vllmcpp"])
+def test_a_sparse_block_is_zero_filled_without_reading_its_holes(synth_root, scan_root, walk, base):
+    """A block file that is nothing but holes (an ftruncate-d crash residue; the hostile
+    trees' 1 TiB sparse file) reads as zeros: a hash scan, which `migrate ROOT` runs by
+    default, calls it zero_filled from SEEK_DATA instead of reading gigabytes of zeros."""
+    root, (result,) = synth_root(BASES[base])
+    victim = sorted(root.glob("*_r*/*/*/*.bin"))[0]
+    victim.write_bytes(b"")
+    os.truncate(victim, 4 << 30)  # 4 GiB of holes
+    before = _rchar()
+    scan, rows = scan_root(root, verify="hash")
+    assert _rchar() - before < 256 << 20  # far less than the hole: never read
+    row = rows[str(victim.relative_to(root))]
+    assert row["status"] == "zero_filled" and row["action"] == "none"

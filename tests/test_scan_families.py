@@ -114,7 +114,7 @@ def test_vllm_mla_tp2_s2_slice_with_cell_proven_by_facts(synth_root, scan_root):
 def test_vllm_mla_tp2_needs_slice_reports_candidates(synth_root, scan_root):
     root, _ = synth_root(dict(family="vllm", scheme="S2", tp=2, kv_kind="mla"))
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"})
-    only_action(rows, "needs_slice", "c in 1..2048 (pass --page-bytes)")
+    only_action(rows, "needs_slice", "c in 1..2048 (pass --page-bytes; or scan with --verify hash")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla"}, verify="hash")
     only_action(rows, "slice", "cell 512 bytes: the only size with 2 equal cells and a zero tail")
     _, rows = scan_root(root, flags={**DTYPE, "kv_kind": "mla", "page_bytes": 256}, verify="hash")

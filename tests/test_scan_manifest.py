@@ -22,6 +22,9 @@ CONTRACT = {
     "mtime_ns": pa.int64(), "inode": pa.uint64(), "dev": pa.uint64(), "nlink": pa.uint32(),
     "content_xxh3_128": pa.binary(16), "payload_xxh3_128": pa.binary(16), "status": pa.string(),
     "action": pa.string(), "reason": pa.string(), "target_relpath": pa.string(),
+    # the typed finding of the reason (manifest version 2, kvmigrate.findings)
+    "finding": pa.string(), "primary_rank": pa.int32(), "of_action": pa.string(), "cell_bytes": pa.int64(),
+    "row_cells": pa.int32(), "output_bytes": pa.int64(), "asks": pa.string(), "aliases_relpath": pa.string(),
 }
 MIXED = (dict(family="llmd", tp=2, kv_kind="mla", defects=("missing_rank", "tmp_vllm", "size_mismatch")),
          dict(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, model_name="deepseek/V2",

@@ -17,7 +17,8 @@ import pytest
 
 from kvmigrate.classify import (LEGACY_FLOOR, UNVERIFIED, FileRecord, TargetInfo, UnitPlan, classify_block,
                                 slice_reason)
-from kvmigrate.cost import TRANSFORM_BYTES_PER_SECOND, planned_output_bytes, transform_cost
+from kvmigrate.cost import TRANSFORM_BYTES_PER_SECOND, transform_cost
+from kvmigrate.findings import TRANSFORM, finding_of
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, slice_row_problem,
                                        transform_output_hash, transform_spec, write_transform)
 from kvmigrate.transforms import llmd_to_vllm_row, relayout_block_major_to_tensor_major
@@ -83,8 +84,9 @@ def test_without_the_replicated_target_an_mla_row_is_a_link():
     assert r.action == "link"
 
 
-def test_slice_reason_round_trips_through_the_output_size():
-    assert planned_output_bytes(slice_reason(8, 5000, "proof")) == 8192
+def test_slice_reason_carries_the_numbers_as_a_finding():
+    f = finding_of(slice_reason(8, 5000, "proof"))
+    assert (f.code, f.row_cells, f.cell_bytes, f.output_bytes) == (TRANSFORM, 8, 5000, 8192)
 
 
 # --- concat -----------------------------------------------------------------------------------

@@ -323,6 +323,7 @@ def _cells():
     return st.one_of(random_cell, periodic, zero_tailed, st.integers(1, 2000).map(bytes))
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @settings(max_examples=300, deadline=None)
 @given(cell=_cells(), n=st.integers(2, 8))
 def test_find_slice_cell_never_guesses(cell, n):

@@ -360,6 +360,7 @@ def two_mixed_roots(tmp_path, synth_root):
     return a, b, ["--facts", facts]
 
 
+@pytest.mark.slow  # big property test / kill matrix: CI runs it, `-m 'not slow'` leaves it out
 @pytest.mark.parametrize("crash_at", ["transform_write:3", "tmp_written:2", "linked:7", "created:13"])
 def test_kill_9_mid_transform_then_rerun_ends_like_an_uninterrupted_run(two_mixed_roots, crash_at):
     a, b, facts = two_mixed_roots

@@ -149,3 +149,16 @@ def test_verify_json_and_text_tell_the_same_and_name_only_paths_that_exist(migra
         for word in s.split():
             if word.startswith("/") and word not in missing:
                 assert os.path.exists(word.rstrip(",.:;)")), (word, s)
+
+
+@pytest.mark.parametrize("what, message", [("missing", "cache root does not exist"),
+                                           ("file", "cache root is not a directory")])
+def test_verify_checks_its_root_as_scan_does(tmp_path, what, message):
+    """A missing ROOT or a file: the scan's usage error (exit 2), with its message and hint."""
+    root = tmp_path / "root"
+    if what == "file":
+        root.write_text("not a cache\n")
+    for command in ("scan", "verify"):
+        code, out = run(command, root)
+        assert code == 2, out
+        assert f"{root}: {message}" in out and "hint: pass the engine's cache root_dir" in out, (command, out)

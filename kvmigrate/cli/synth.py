@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from kvmigrate.cli.common import handle_errors, print_json
+from kvmigrate.identity.values import FAMILIES
 
 
 def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -15,7 +16,7 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 @click.command("synth")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
-@click.option("--family", type=click.Choice(["vllm", "llmd", "vllmcpp"]), default="vllm", show_default=True,
+@click.option("--family", type=click.Choice(FAMILIES), default="vllm", show_default=True,
               help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp.")
 @click.option("--scheme", type=click.Choice(["S1", "S2", "S3"]), default="S1", show_default=True,
               help="vLLM identity era (llm-d is always S1; vllm.cpp ignores it).")

@@ -6,15 +6,16 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import PROFILES, handle_errors, output_options, print_json
+from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
 @click.command("verify")
-@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("root", type=click.Path(path_type=str))  # checked by fsio.check_root, as scan checks it
 @click.option("--journal", type=click.Path(exists=True, path_type=str),
               help="Journal file or directory of a migration: check every block it created.")
 @click.option("--target", "target", type=click.Choice(PROFILES), default=None,
-              help="Profile for the summary's target names (default: the journal's, else vllm-0.28).")
+              help=f"Profile for the summary's target names (default: the journal's, else {DEFAULT_PROFILE}).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
 @click.option("--strict", is_flag=True,
               help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")
@@ -32,9 +33,11 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
     Exit code: 0 clean, 1 blocks evicted since the migration (4 with --strict),
     4 integrity findings, +8 when something could not be read, 2 a journal of another root.
     """
+    from kvmigrate.fsio import check_root
     from kvmigrate.migrate.verify import render
     from kvmigrate.pipeline import verify
 
+    check_root(root)
     result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
     if as_json:
         print_json(result.to_dict())

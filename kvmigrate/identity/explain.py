@@ -69,7 +69,7 @@ def _block_sizes(rank_dir: str, limit: int) -> list[int]:
     for dirpath, dirnames, filenames in os.walk(rank_dir):
         dirnames.sort()
         for name in sorted(filenames):
-            if name.endswith(".bin"):
+            if layout.block_hex(name) is not None:
                 try:
                     st = os.lstat(os.path.join(dirpath, name))
                 except OSError:

@@ -17,22 +17,22 @@ Safety rules (migration.md §3) and where they live:
     would (not all zero, the manifest's size, equal replicas, a vllm.cpp header the
     engine accepts) before it is linked or copied; a transform checks its sources so;
   * write-ahead journal: an fsynced intent before each batch, done records after (a
-    hard link by its inode identity, plus its hash when the manifest or the replica
-    check has one);
+    hard link by its inode identity, plus its hash: the manifest's or the one apply
+    read);
   * one run per target namespace (`lock.NamespaceLock`);
   * writes only below the destination root, through O_NOFOLLOW directory fds.
 
 Speed: actions stream from the manifest in batches (bounded memory). While the main
 thread links one batch, helper threads make the next batch's folders (after its intent
-is fsynced) and stat its sources, or read and hash them (blocks without hashes); every outcome is still judged by the
-main thread in block order, so results and journal are those of one thread.
+is fsynced) and stat its sources, or read them (blocks without hashes); every outcome is
+still judged by the main thread in block order, so results and journal are those of one
+thread.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shlex
 import signal
 import stat
@@ -46,9 +46,10 @@ import xxhash
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath, open_source
+from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
                                        slice_row_problem, transform_output_hash, write_transform)
@@ -61,7 +62,6 @@ _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bo
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
 _HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the kernel)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_HEX3 = re.compile(r"^[0-9a-f]{3}$")
 _NOT_SEEN = object()
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
@@ -365,7 +365,7 @@ class Applier:
             shards = [[], []]
             for d in missing:
                 bucket = d.split("/", 2)[1]
-                shards[int(bucket, 16) % 2 if _HEX3.match(bucket) else 0].append(d)
+                shards[int(bucket, 16) % 2 if layout.BUCKET_RE.match(bucket) else 0].append(d)
         new = set(missing)
         opened: list[dict[str, int]] = []
         try:
@@ -674,12 +674,13 @@ class Applier:
     def _header_problem(self, f, header: bytes, where: str) -> str | None:
         """The check a vllm.cpp reader fails on this file's header (its rank namespace's
         digest and page size, the block's key), worded like the scan's finding."""
-        parts = f.relpath.split("/")
         ids = self._vllmcpp_ids()
-        block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
-        if parts[0] not in ids or block is None:
+        parsed = layout.parse_block_relpath(f.relpath)
+        rank_dir = f.relpath.split("/", 1)[0]
+        if rank_dir not in ids or parsed is None:
             return f"header_invalid: no vllm.cpp identity in the manifest for {f.relpath}"
-        digest, payload_size = ids[parts[0]]
+        block = parsed[1]
+        digest, payload_size = ids[rank_dir]
         check = vllmcpp.verify_header(header, digest=digest, payload_size=payload_size,
                                       key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
         if check is None:
@@ -757,7 +758,7 @@ class Applier:
             return self._compare_existing(tp, act, action, digest)
         tmp = tmp_name(target)
         try:
-            src_fd = open_source(self._src_abs(act.source.relpath))
+            src_fd = open_noatime(self._src_abs(act.source.relpath))
         except FileNotFoundError:
             return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
@@ -826,7 +827,7 @@ class Applier:
         try:
             for f in files:
                 try:
-                    fd = open_source(self._src_abs(f.relpath))
+                    fd = open_noatime(self._src_abs(f.relpath))
                 except FileNotFoundError:
                     self._outcome(tp, act, "changed_since_scan", f"{f.relpath} vanished since the scan")
                     return None
@@ -1018,7 +1019,7 @@ class Applier:
                 return None
         if expected is None:
             try:
-                fd = open_source(self._src_abs(act.source.relpath))
+                fd = open_noatime(self._src_abs(act.source.relpath))
             except OSError as exc:
                 return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
             try:
@@ -1159,7 +1160,7 @@ def _read_block_files(prefix: str, act: BlockAction, cpp: bool) -> list[_FileRea
 
 def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
     try:
-        fd = open_source(path, nonblocking=True)
+        fd = open_noatime(path)
     except OSError as exc:
         why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
         return _FileRead(why, None, None, b"", 0, False, None if why else exc)
@@ -1294,7 +1295,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
     how = "link" if linked else "copy"
     if not owned and tmp:
         try:
-            fd = open_source(os.path.join(root, item["src"]))
+            fd = open_noatime(os.path.join(root, item["src"]))
         except OSError:
             return None
         try:
@@ -1321,7 +1322,7 @@ def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
         spec = TransformSpec.from_json(item["transform"])
         for rel, ino, size in item["srcs"]:
             check_relpath(rel, "journal source")
-            fd = open_source(os.path.join(root, rel))
+            fd = open_noatime(os.path.join(root, rel))
             fds.append(fd)
             st = os.fstat(fd)
             if (st.st_ino, st.st_size) != (ino, size):

@@ -13,14 +13,11 @@ import os
 import stat
 from collections import OrderedDict
 
-import xxhash
-
 from kvmigrate.errors import UsageError
+from kvmigrate.fsio import CHUNK, hash_file, open_noatime
 
-CHUNK = 1 << 20
 PAGE = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
 def check_relpath(relpath: object, what: str) -> str:
@@ -40,65 +37,6 @@ def check_relpath(relpath: object, what: str) -> str:
 
 def padded_size(size: int) -> int:
     return -(-size // PAGE) * PAGE
-
-
-def open_source(path: str, *, nonblocking: bool = False) -> int:
-    """Open a source file read-only, never through a symlink, without touching its atime
-    when permitted (evictors judge age by atime). `nonblocking`: a FIFO put in a source's
-    place is opened (then found not regular by fstat), never waited on."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_NONBLOCK if nonblocking else 0)
-    if _NOATIME:
-        try:
-            return os.open(path, flags | _NOATIME)
-        except PermissionError:
-            pass
-    return os.open(path, flags)
-
-
-def hash_fd(fd: int, limit: int | None = None) -> tuple[bytes, int]:
-    """XXH3-128 digest and byte count of an open file from its current offset."""
-    h = xxhash.xxh3_128()
-    n = 0
-    while limit is None or n < limit:
-        want = CHUNK if limit is None else min(CHUNK, limit - n)
-        buf = os.read(fd, want)
-        if not buf:
-            break
-        h.update(buf)
-        n += len(buf)
-    return h.digest(), n
-
-
-def hash_file(path: str, *, dir_fd: int | None = None) -> tuple[bytes, int]:
-    """XXH3-128 of a whole regular file, opened without following a final symlink."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags | _NOATIME, dir_fd=dir_fd) if _NOATIME else os.open(path, flags, dir_fd=dir_fd)
-    try:
-        return hash_fd(fd)
-    finally:
-        os.close(fd)
-
-
-def hash_file_safe(path: str, *, dir_fd: int | None = None) -> tuple[bytes, int]:
-    try:
-        return hash_file(path, dir_fd=dir_fd)
-    except PermissionError:
-        # O_NOATIME needs ownership; retry without it.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-        try:
-            return hash_fd(fd)
-        finally:
-            os.close(fd)
-
-
-def hash_payload(path: str, header_size: int) -> bytes:
-    """XXH3-128 of a file's bytes after its header (vllmcpp replicas compare payloads)."""
-    fd = open_source(path)
-    try:
-        os.lseek(fd, header_size, os.SEEK_SET)
-        return hash_fd(fd)[0]
-    finally:
-        os.close(fd)
 
 
 _MADE_KEPT = 1 << 16  # folders made by this run remembered (by-path links, no lstat of their children)
@@ -251,7 +189,7 @@ class DestTree:
 
     def read_bytes(self, relpath: str, limit: int | None = None) -> bytes:
         pfd, name = self.split(relpath)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=pfd)
+        fd = open_noatime(name, dir_fd=pfd)
         try:
             chunks = []
             n = 0
@@ -267,7 +205,7 @@ class DestTree:
 
     def hash(self, relpath: str) -> tuple[bytes, int]:
         pfd, name = self.split(relpath)
-        return hash_file_safe(name, dir_fd=pfd)
+        return hash_file(name, dir_fd=pfd)
 
     def fsync_dir(self, reldir: str) -> None:
         try:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import xxhash
 
+from kvmigrate import findings
 from kvmigrate.classify import UnitPlan
 from kvmigrate.formats import vllmcpp
 from kvmigrate.cost import TRANSFORMS
-from kvmigrate.migrate.fsops import CHUNK, PAGE, open_source, padded_size
+from kvmigrate.fsio import open_noatime
+from kvmigrate.migrate.fsops import CHUNK, PAGE, padded_size
 from kvmigrate.transforms import TransformError, write_llmd_row, write_slice
 
 
@@ -96,9 +97,10 @@ def output_hash(src_fd: int, action: str, digest: bytes | None) -> tuple[bytes, 
 # --- transforms (slice, concat, relayout: migration.md §1) --------------------------------
 
 # A slice proven from the data alone (scan --verify hash without --page-bytes) carries its
-# cell size in the manifest's reason (classify.slice_reason writes it; there is no other
-# per-block column for it).
-_SLICE_RE = re.compile(r"^slice: cell 0 of (\d+) \(cell (\d+) bytes")
+# cell size in the manifest's `cell_bytes` and `row_cells` columns (classify.slice_reason).
+# The writer families each transform is defined for (migration.md §1): a slice cuts a vLLM
+# row, a concat or relayout reads llm-d rank files.
+TRANSFORM_FAMILIES = {"slice": ("vllm",), "concat": ("llmd",), "relayout": ("llmd",)}
 
 
 @dataclass(frozen=True)
@@ -147,23 +149,30 @@ class TransformSpec:
             raise SourceInvalid(f"inconsistent transform geometry {self.to_json()}")
 
 
-def transform_spec(plan: UnitPlan, action: str, group: int, size: int, reason: str | None) -> TransformSpec:
+def transform_spec(plan: UnitPlan, action: str, group: int, size: int,
+                   found: findings.Finding | str | None) -> TransformSpec:
     """Re-derive a planned transform's numbers from the namespace (identity + facts) and
-    the rank-0 file size; raises SourceInvalid naming what is not proven. Used by the
-    migration plan (from manifest metadata) and by the scan (existing target paths)."""
+    the rank-0 file size; raises SourceInvalid naming what is not proven. `found`: the
+    row's finding (or its reason, which carries it): a slice proven from the data has its
+    cell there. Used by the migration plan (from manifest metadata) and by the scan
+    (existing target paths)."""
+    if isinstance(found, str):
+        found = findings.finding_of(found)
+    if action in TRANSFORM_FAMILIES and plan.family not in TRANSFORM_FAMILIES[action]:
+        raise SourceInvalid(f"{action} is not defined for a {plan.family} namespace")
     ranks = len(plan.expected_ranks)
     kind = plan.kv_kind
     if action == "slice":
         n, layers, B = plan.world, plan.layers.get(group), plan.blocks_per_file
-        m = _SLICE_RE.match(reason or "")
+        said = (found.row_cells, found.cell_bytes) if found is not None and found.cell_bytes is not None else None
         if plan.page_bytes and layers and B:
             cell = layers * plan.page_bytes * B
-        elif m:
-            cell = int(m.group(2))
+        elif said:
+            cell = said[1]
         else:
             raise SourceInvalid("slice: the cell size is neither given by the facts nor in the plan")
-        if m and (int(m.group(1)), int(m.group(2))) != (n, cell):
-            raise SourceInvalid(f"slice: the plan says {m.group(1)} cells of {m.group(2)} bytes, the namespace "
+        if said and said != (n, cell):
+            raise SourceInvalid(f"slice: the plan says {said[0]} cells of {said[1]} bytes, the namespace "
                                 f"gives {n} cells of {cell}")
         if kind != "mla" or n < 2 or not n * cell <= size < n * cell + PAGE:
             raise SourceInvalid(f"slice: {n} cells of {cell} bytes do not fit a {size}-byte row of kv kind {kind}")
@@ -300,7 +309,7 @@ def expected_transform_output(root: str, plan: UnitPlan, rec: Any) -> tuple[int,
         fds: list[int] = []
         try:
             for p in paths:
-                fds.append(open_source(p))
+                fds.append(open_noatime(p))
             return transform_output_hash(spec, fds)[0]
         except (OSError, SourceInvalid):
             return None

@@ -23,14 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kvmigrate import layout, manifest
-from kvmigrate.classify import TargetInfo, UnitPlan
+from kvmigrate import findings, layout, manifest
+from kvmigrate.classify import UnitPlan
+from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
+from kvmigrate.report.units import human_bytes
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
@@ -42,12 +44,11 @@ OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "ski
 # Counts key of a block another source places at the same target path with the same
 # bytes: streamed after the placed blocks, compared at apply (already_present).
 MERGE = "merge_duplicate"
-# Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1).
-_PART_REASON_PREFIXES = ("replica of rank 0", "part of ")
-# The scanner reports a target path that is already taken by other bytes as `none` with
-# this reason prefix (identity.md: the occupant is itself a scanned path); for migrate it
-# is a conflict: reported, counted, never overwritten (exit bit 4).
-OCCUPIED_PREFIX = "aliases_source: target path "
+# Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
+# have a finding in findings.SECONDARY. The scanner reports a target path that is already
+# taken by other bytes as `none` with finding `target_occupied` (identity.md: the occupant
+# is itself a scanned path); for migrate it is a conflict: reported, counted, never
+# overwritten (exit bit 4).
 ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
                    "(migrate into ROOT, or scan a root without it)")
 # Row states with the integrity bit (interface.md §2).
@@ -229,46 +230,14 @@ def _as_int(v: Any) -> int:
 
 
 def _world(ns: dict[str, Any]) -> int:
-    """Ranks that must hold a copy of each block: tp x pcp for llm-d and vllm.cpp
-    deployments (one file per rank), 1 for vLLM (the scheduler writes one row)."""
-    cfg = ns.get("config_json") or {}
-    if ns.get("family") in ("llmd", "vllmcpp"):
-        try:
-            return max(1, int(cfg.get("tp_size", 1)) * int(cfg.get("pcp_size", 1)))
-        except (TypeError, ValueError):
-            return max(1, len(ns.get("ranks") or [0]))
-    return 1
-
-
-def _unit_plan(ns: dict[str, Any]) -> UnitPlan:
-    """The classification context of a source namespace, rebuilt from the manifest
-    metadata (its config.json, resolved facts and target), so that a transform's numbers
-    are re-derived the way the scan proved them (`outputs.transform_spec`)."""
-    cfg = ns.get("config_json") or {}
-    facts = ns.get("facts") or {}
-    tgt = ns.get("target") or {}
-    family = ns.get("family") or "unknown"
-    tp, pp, pcp = (int(cfg.get(k, 1)) for k in ("tp_size", "pp_size", "pcp_size"))
-    groups = cfg.get("kv_cache_groups") or []
-    return UnitPlan(
-        family=family,
-        expected_ranks=tuple(range(tp * pcp)) if family == "llmd" else (0,),
-        kv_kind=facts.get("kv_kind"),
-        blocks_per_file=cfg.get("gpu_blocks_per_file", cfg.get("blocks_per_file")),
-        layers={g: len(grp.get("layer_names") or []) for g, grp in enumerate(groups) if isinstance(grp, dict)},
-        page_bytes=facts.get("page_bytes"),
-        tensors_per_layer=facts.get("tensors_per_layer"),
-        world=tp * pp * pcp,
-        target=TargetInfo(profile=tgt.get("profile", ""), base=tgt.get("base_name", ""), d12=tgt.get("d12", ""),
-                          rank_dir=tgt.get("rank_dir", ""), replicated_layout=bool(tgt.get("replicated_layout")),
-                          parallel_agnostic=bool(tgt.get("parallel_agnostic"))))
+    """Ranks that must hold a copy of each block (`context.block_ranks`)."""
+    return len(block_ranks(ns.get("family"), ns.get("config_json") or {}, ns.get("ranks") or (0,)))
 
 
 def _check_target_path(relpath: str, rank_dir: str, where: str) -> None:
     check_relpath(relpath, where)
-    parts = relpath.split("/")
-    block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
-    if parts[0] != rank_dir or block is None or block.misfiled:
+    parsed = layout.parse_block_relpath(relpath)
+    if parsed is None or relpath.split("/", 1)[0] != rank_dir or parsed[1].misfiled:
         raise UsageError(f"{where}: target_relpath {relpath!r} is not a block path in the target rank folder "
                          f"{rank_dir!r}; refusing this manifest",
                          hint="regenerate the manifest with `kvmigrate scan`")
@@ -293,7 +262,8 @@ SLICE_ROWS = 4096
 BUCKETS = 4096
 
 _READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "inode",
-                 "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath")
+                 "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath",
+                 *findings.COLUMNS)
 _BYTES: pa.Array | None = None
 
 
@@ -517,12 +487,6 @@ def _cut(hist: list[int], limit: int) -> list[tuple[int, int]]:
 
 # --- checking and counting the rows of a chunk --------------------------------------------
 
-# The block path the scanner writes: a path of this shape passes `_check_source_path`
-# (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
-# any other is checked by it.
-_BLOCK_PATH_RE = r"^[^/\x00]+_[0-9a-f]{12}_r[0-9]+/[0-9a-f]{3}/[0-9a-f]{2}_g[0-9]+/(?:[0-9a-f]{2})+\.bin$"
-
-
 @dataclass
 class _Tally:
     """What planning learns about one target's actions without keeping them: the
@@ -550,7 +514,8 @@ class _Context:
     target_of: dict[str, TargetPlan]
     world_of: dict[str, int]
     multi: list[str]  # deployments with more than one rank file per block
-    units: dict[str, UnitPlan] = field(default_factory=dict)
+    hashed: bool = False  # the scan took content hashes (--verify hash)
+    units: dict[str, UnitPlan] = field(default_factory=dict)  # source base -> its unit's context
     competing: bool = False  # some target path has several candidates (`_competing_roles`)
     # (target base, group) -> the size competing sources are judged by (`_target_sizes`);
     # None until the first pass has seen every row
@@ -563,12 +528,16 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
-    def spec(self, sb: str, action: str, group: Any, size: int, reason: str | None, rowname: str) -> TransformSpec:
+    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str) -> TransformSpec:
+        """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
+        proven from the data)."""
         try:
-            unit = self.units.get(sb)
-            if unit is None:
-                unit = self.units[sb] = _unit_plan(self.namespaces[sb])
-            return transform_spec(unit, action, _as_int(group), size, reason)
+            if not self.units:  # the scan's contexts, rebuilt from the metadata (one builder)
+                self.units = unit_contexts(self.namespaces, self.hashed)
+            unit = self.units[sb]
+            found = findings.Finding(findings.TRANSFORM, row_cells=cell[0], cell_bytes=cell[1]) \
+                if cell[1] is not None else None
+            return transform_spec(unit, action, _as_int(group), size, found)
         except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
             raise UsageError(f"{rowname}: {action} is not proven by the namespace's identity and "
                              f"facts ({exc}); refusing this manifest",
@@ -587,7 +556,7 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
     _check_target_path(row["target_relpath"], tp.rank_dir, rowname)
     if row["target_relpath"] == row["relpath"]:
         raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest")
-    name = row["target_relpath"].rsplit("/", 1)[1][:-len(".bin")]
+    name = layout.parse_block_relpath(row["target_relpath"])[1].hex_hash  # (a block path: checked above)
     if row.get("block_hash") is None or name != row["block_hash"].hex():
         have = row["block_hash"].hex() if row.get("block_hash") is not None else None
         raise UsageError(f"{rowname}: target_relpath {row['target_relpath']!r} does not name the row's block "
@@ -595,7 +564,10 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
 
 
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    return pc.fill_null(pc.match_substring_regex(relpath, _BLOCK_PATH_RE), False)
+    """The block paths the scanner writes: a path of this shape passes `_check_source_path`
+    (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
+    any other is checked by it."""
+    return pc.fill_null(pc.match_substring_regex(relpath, layout.BLOCK_RELPATH_RE2), False)
 
 
 def _creating(chunk: pa.Table) -> pa.Table:
@@ -613,8 +585,8 @@ def _validate(ctx: _Context, c: pa.Table) -> None:
         if (sb in bases and h is not None and len(h) >= 3 and g is not None and g >= 0 and rank is not None
                 and rank >= 0):
             x = h.hex()
-            tail = f"{x[:3]}/{x[3:5]}_g{g}/{x}.bin"
-            if rel == f"{sb}_r{rank}/{tail}" and tr == f"{rank_dir[sb]}/{tail}" and rel != tr:
+            tail = layout.block_relpath_in_rank(x, g)
+            if rel == f"{layout.rank_dir_name(sb, rank)}/{tail}" and tr == f"{rank_dir[sb]}/{tail}" and rel != tr:
                 continue
         _check_row(ctx, c.slice(i, 1).to_pylist()[0])
 
@@ -669,8 +641,8 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
     histogram (the competing-source rule needs all of it: `_tally_competing`)."""
     if not c.num_rows:
         return
-    c = c.select(["source_base", "rank", "target_relpath", "action", "size", "dev", "relpath", "group", "reason",
-                  "deployment", "block_hash"])
+    c = c.select(["source_base", "rank", "target_relpath", "action", "size", "dev", "relpath", "group", "row_cells",
+                  "cell_bytes", "deployment", "block_hash"])
     c = c.set_column(1, "rank", pc.fill_null(c.column("rank"), 0))
     c = c.set_column(4, "size", pc.fill_null(c.column("size"), 0))
     c = c.set_column(5, "dev", pc.fill_null(c.column("dev"), 0))
@@ -725,8 +697,8 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
     (`competing`: the chunk's target paths with several candidates) each row also joins
     its target's size histogram, and rows at a competing path are only that; the second
     pass counts the rows the competing-source rule places (`competing` None)."""
-    names = ("source_base", "target_relpath", "action", "size", "group", "reason", "relpath", "deployment",
-             "block_hash")
+    names = ("source_base", "target_relpath", "action", "size", "group", "row_cells", "cell_bytes", "relpath",
+             "deployment", "block_hash")
     cols = dict(zip(names, (c.column(k).to_pylist() for k in names)))
     rep_sizes: dict[tuple, list[tuple[str, int]]] | None = None
     for i in range(c.num_rows):
@@ -734,7 +706,7 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         tal = tallies[ctx.target_of[sb].base_name]
         spec = None
         if action in TRANSFORMS:
-            spec = ctx.spec(sb, action, cols["group"][i], size, cols["reason"][i],
+            spec = ctx.spec(sb, action, cols["group"][i], size, (cols["row_cells"][i], cols["cell_bytes"][i]),
                             f"{ctx.where}: row {cols['relpath'][i]!r}")
             out = spec.output_size
         else:
@@ -795,8 +767,8 @@ class _Role(NamedTuple):
     out: int
 
 
-_ROLE_COLUMNS = ("source_base", "rank", "relpath", "action", "size", "group", "reason", "dev", "inode",
-                 "content_xxh3_128", "payload_xxh3_128", "target_relpath")
+_ROLE_COLUMNS = ("source_base", "rank", "relpath", "action", "size", "group", "row_cells", "cell_bytes", "dev",
+                 "inode", "content_xxh3_128", "payload_xxh3_128", "target_relpath")
 
 
 def _geometry_size(tp: TargetPlan) -> int | None:
@@ -886,7 +858,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
     for i in range(rows.num_rows):
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
         if action in TRANSFORMS:
-            out = ctx.spec(sb, action, group, size, cols["reason"][i],
+            out = ctx.spec(sb, action, group, size, (cols["row_cells"][i], cols["cell_bytes"][i]),
                            f"{ctx.where}: row {cols['relpath'][i]!r}").output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
@@ -986,15 +958,15 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
         part = c.slice(start, SLICE_ROWS)
         files = zip(*_file_lists(part))
         rest = zip(*(part.column(k).to_pylist() for k in ("action", "target_relpath", "deployment", "group",
-                                                           "block_hash", "reason")))
-        for f, (action, target, dep, group, bh, reason) in zip(files, rest):
+                                                           "block_hash", "row_cells", "cell_bytes")))
+        for f, (action, target, dep, group, bh, *cell) in zip(files, rest):
             src = _source_file(f)
             dep = dep or sb
             world = world_of.get(dep, 1)
             reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
             if action in TRANSFORMS:
-                spec = ctx.spec(sb, action, group, src.size, reason, f"{ctx.where}: row {src.relpath!r}")
+                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}")
             yield _block_action((action, target, src, reps, sb, world, spec))
 
 
@@ -1093,7 +1065,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for b, ns in namespaces.items():
         world_of[ns.get("deployment") or b] = max(world_of.get(ns.get("deployment") or b, 1), _world(ns))
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
-    ctx = _Context(where, namespaces, target_of, world_of, multi)
+    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
     try:
         rows = _ManifestRows(manifest_path, table, where)
     except _PendingRowCheck as pending:
@@ -1114,7 +1086,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
         cands = _candidates(ctx, chunk, c)
         _validate_replicas(ctx, cands, c)
         _tally_chunk(ctx, c, cands, tallies)
-        for sb, action, reason, blocks, nbytes in _grouped_counts(chunk, chunk.column("action")):
+        for sb, action, reason, occupied, blocks, nbytes in _grouped_counts(chunk, chunk.column("action")):
             tp = target_of.get(sb)
             if action == "already_present" and tp is not None and dest_elsewhere:
                 # the scan compared the target path under ROOT, not under --dest
@@ -1126,8 +1098,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                     tp.already_present[1] += nbytes
             elif tp is None:
                 untargeted[reason or action] += blocks
-            elif action == "none" and reason.startswith(OCCUPIED_PREFIX):
-                tp.conflicts[reason] += blocks
+            elif action == "none" and occupied is not None:
+                tp.conflicts[findings.reason(reason, findings.TARGET_OCCUPIED, aliases_relpath=occupied)] += blocks
             elif action in NEEDS:
                 tp.skipped[(action, reason)] += blocks
                 tp.skipped_bytes[(action, reason)] += nbytes
@@ -1153,8 +1125,9 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 placed_integrity_rows=rows.placed_integrity_rows)
 
 
-def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, int, int]]:
-    """(source_base, action, reason, blocks, bytes) for block rows that create nothing.
+def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, str | None, int, int]]:
+    """(source_base, action, reason, occupied target path, blocks, bytes) for block rows
+    that create nothing (the path: the row's finding is `target_occupied`).
 
     Rows that only point at their block's rank-0 row are left out (they are not blocks);
     an already-present target path is counted once, even when a migrated target
@@ -1163,12 +1136,15 @@ def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[
                     "action": action_col,
                     "reason": pc.fill_null(pc.cast(table.column("reason"), pa.string()), ""),
                     "target_relpath": table.column("target_relpath"),
-                    "size": pc.fill_null(table.column("size"), 0)})
+                    "size": pc.fill_null(table.column("size"), 0),
+                    "occupied": pc.if_else(pc.fill_null(pc.equal(table.column("finding"), findings.TARGET_OCCUPIED),
+                                                        False),
+                                           table.column("aliases_relpath"), pa.scalar(None, pa.string()))})
     keep = pc.and_(pc.is_valid(table.column("block_hash")),
                    pc.invert(pc.fill_null(pc.is_in(action_col, pa.array(list(CREATING))), False)))
     keep = pc.and_(keep, pc.is_valid(action_col))
-    for prefix in _PART_REASON_PREFIXES:
-        keep = pc.and_(keep, pc.invert(pc.starts_with(sub.column("reason"), prefix)))
+    keep = pc.and_(keep, pc.invert(pc.fill_null(pc.is_in(table.column("finding"),
+                                                         pa.array(findings.SECONDARY)), False)))
     sub = sub.filter(keep)
     present = sub.filter(pc.and_(pc.equal(sub.column("action"), "already_present"),
                                  pc.is_valid(sub.column("target_relpath"))))
@@ -1181,12 +1157,13 @@ def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[
         g = pa.table({"source_base": first["source_base_min"], "reason": first["reason_min"],
                       "size": first["size_max"]}).group_by("source_base").aggregate(
             [("size", "count"), ("size", "sum")])
-        out += [(b, "already_present", "", n, t) for b, n, t in
+        out += [(b, "already_present", "", None, n, t) for b, n, t in
                 zip(g["source_base"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist())]
     if rest.num_rows:
-        g = rest.group_by(["source_base", "action", "reason"]).aggregate([("size", "count"), ("size", "sum")])
+        g = rest.group_by(["source_base", "action", "reason", "occupied"]).aggregate([("size", "count"),
+                                                                                     ("size", "sum")])
         out += list(zip(g["source_base"].to_pylist(), g["action"].to_pylist(), g["reason"].to_pylist(),
-                        g["size_count"].to_pylist(), g["size_sum"].to_pylist()))
+                        g["occupied"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist()))
     return out
 
 
@@ -1196,16 +1173,6 @@ def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
 
 
 # --- rendering ---------------------------------------------------------------------------
-
-def human_bytes(n: int) -> str:
-    step = 1024.0
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < step or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= step
-    return f"{n} B"
-
 
 _LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
            "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
@@ -1219,10 +1186,7 @@ def _conflict_causes(conflicts: Counter) -> Counter:
     dry run groups them without the path (the manifest and the apply list each one)."""
     out: Counter = Counter()
     for reason, n in conflicts.items():
-        if reason.startswith(OCCUPIED_PREFIX):  # "<prefix><path> <what is in the way>"
-            reason = f"{OCCUPIED_PREFIX.replace('target path', 'the target path')}" \
-                     f"{reason[len(OCCUPIED_PREFIX):].partition(' ')[2]}"
-        out[reason] += n
+        out[findings.without_occupied_path(reason)] += n
     return out
 
 
@@ -1360,8 +1324,8 @@ def _transform_script(root: str, act: BlockAction) -> str:
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
     """The header a rewrite writes can be derived from the plan alone: the key comes
     from the path, the payload size from the identity, the digest from the target."""
-    name = act.target_relpath.rsplit("/", 1)[1][:-len(".bin")]
-    group = int(act.target_relpath.split("/")[2].split("_g")[1])
+    block = layout.parse_block_relpath(act.target_relpath)[1]  # (the plan checked it: `_check_target_path`)
+    name, group = block.hex_hash, block.group
     payload = int(tp.fields.get("page_size_bytes", act.source.size - vllmcpp.HEADER_SIZE))
     header = vllmcpp.encode_header(tp.digest, vllmcpp.make_key(bytes.fromhex(name), group), payload)
     return _printf_bytes(header)

@@ -207,11 +207,12 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         return
     if rec["kind"] != "block":
         return
-    target = run.targets.get(path.split("/", 1)[0].rsplit("_r", 1)[0])
+    parsed = layout.parse_block_relpath(path)
+    folder = layout.parse_folder(path.split("/", 1)[0])
+    target = run.targets.get(folder.base if folder is not None else None)
     if target and target.get("family") == "vllmcpp" and target.get("digest"):
-        parts = path.split("/")
-        block = layout.parse_block(*parts[1:]) if len(parts) == 4 else None
-        if block is not None:
+        if parsed is not None:
+            block = parsed[1]
             failed = vllmcpp.verify_header(head, digest=bytes.fromhex(target["digest"]),
                                            payload_size=int(target.get("payload_size") or st.st_size - 128),
                                            key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))

@@ -13,8 +13,8 @@ import shlex
 from typing import Any
 
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
+from kvmigrate.identity.values import DEFAULT_PROFILE
 
-DEFAULT_TARGET = "vllm-0.28"
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
 # status -> (what it is, what follows, how to act: "list" | "identity" | "delete" | "rerun")
@@ -108,7 +108,7 @@ class Commands:
         facts = summary.get("facts") or {}
         args: list[str] = []
         target = summary.get("target_profile")
-        if target and target != DEFAULT_TARGET:
+        if target and target != DEFAULT_PROFILE:
             args += ["--target", target]
         for name, value in sorted((facts.get("flags") or {}).items()):
             flag = "--" + name.replace("_", "-")

@@ -6,12 +6,13 @@ row: batches are streamed with only the needed columns, each batch is grouped wi
 reason x shared x hash length), and those small aggregates are merged in Python.
 
 Blocks are counted with the rank-row rule (migration.md §1): a block that has an action
-carries it on one row, its other rank files say "replica of rank 0" or "part of <action>
-from rank 0". So blocks = rows with an action + the distinct `(group, block_hash)` keys
+carries it on one row, its other rank files have the finding `replica_of_primary` or
+`part_of_action` (kvmigrate.findings; the reason says "replica of rank 0" or "part of
+<action> from rank 0"). So blocks = rows with an action + the distinct `(group, block_hash)` keys
 of the remaining (`none`) rows of multi-rank namespaces, whose rank files are not told
 apart; only those keys are kept (compact Arrow tables, de-duplicated as they grow).
-Bytes of "part of <action>" rows count for that action (a concat reads every shard);
-bytes of "replica of rank 0" rows are reported as `replica_bytes`: copies of a block that
+Bytes of `part_of_action` rows count for their `of_action` (a concat reads every shard);
+bytes of `replica_of_primary` rows are reported as `replica_bytes`: copies of a block that
 is taken from rank 0.
 
 `summarize(path)` returns a JSON-able dict with stable keys (documented in the README of
@@ -21,7 +22,6 @@ is taken from rank 0.
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvmigrate import findings as fd
 from kvmigrate import manifest as mf
 # The status enum with its exit-code bits (interface.md §2) and the actions in preference
 # order (migration.md §1) are defined once, by the classifier that assigns them.
 from kvmigrate.classify import ACTIONS as ACTION_ORDER
 from kvmigrate.classify import STATUS_BITS
-from kvmigrate.cost import TRANSFORMS, planned_output_bytes, transform_cost
+from kvmigrate.cost import TRANSFORMS, transform_cost
 
 SUMMARY_VERSION = 1
 
@@ -46,16 +47,10 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 # Rows that are files in the tree but never blocks, even when their name carries a hash.
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
-# Reasons of a multi-rank block's other rank rows (migration.md §1 rank-row rule).
-_PART_OF_RE = re.compile(r"^part of (\w+) from rank \d+")
-_REPLICA_RE = re.compile(r"^replica of rank \d+")
-_SECONDARY_RE = re.compile(r"^(?:part of \w+ from rank|replica of rank) \d+")
-# "... (pass --page-bytes and --tensors-per-layer)": the facts a block's reason asks for
-_PASS_RE = re.compile(r"\bpass ([^();]*)")
-_FLAG_RE = re.compile(r"--[a-z][a-z0-9-]*")
-_SECONDARY_PATTERN = r"^(part of [a-z_]+ from rank|replica of rank) [0-9]+"
-
-_COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank"]
+_COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
+            "finding", "of_action", "output_bytes", "asks"]
+# the finding columns a group of rows is told apart by (besides its reason)
+_FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
 _KEY_COMPACT_ROWS = 1 << 20
 _BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
@@ -98,21 +93,23 @@ class _Totals:
             "status": _as_str(t["status"]),
             "action": _as_str(t["action"]),
             "reason": _as_str(t["reason"]),
+            **{k: _as_str(t[k]) for k in _FINDING_KEYS},
             "shared": shared,
             "hash_len": pc.binary_length(t["block_hash"]),
             "at_lowest": at_lowest,
             "size": pc.fill_null(t["size"], 0),
         })
-        agg = work.group_by(["ns", "status", "action", "reason", "shared", "hash_len", "at_lowest"]).aggregate(
-            [("size", "sum"), ([], "count_all")])
-        for ns_, status, action, reason, sh, hl, low, nbytes, nfiles in zip(*(agg[c].to_pylist() for c in (
-                "ns", "status", "action", "reason", "shared", "hash_len", "at_lowest", "size_sum", "count_all"))):
+        keys = ["ns", "status", "action", "reason", *_FINDING_KEYS, "shared", "hash_len", "at_lowest"]
+        agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all")])
+        for (ns_, status, action, reason, finding, of_action, out, asks, sh, hl, low, nbytes,
+             nfiles) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all"))):
             seen = self.reasons_seen[(ns_, status, action)]
             if reason not in seen:
-                if len(seen) >= _REASONS_KEPT and not (reason and _SECONDARY_RE.match(reason)):
+                if len(seen) >= _REASONS_KEPT and finding not in fd.SECONDARY:
                     reason = "(other reasons)"
                 seen.add(reason)
-            g = self.groups[(ns_, status, action, reason, bool(sh), hl, low)]
+            g = self.groups[(ns_, status, action, reason, fd.Finding(finding, of_action=of_action, output_bytes=out,
+                                                                    asks=asks), bool(sh), hl, low)]
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
@@ -137,7 +134,7 @@ class _Totals:
         list. Every other `none` block is counted by its lowest-rank row (see summarize)."""
         not_block = pc.fill_null(pc.is_in(work["status"], value_set=pa.array(sorted(NOT_BLOCK_STATUSES))), False)
         action_none = pc.fill_null(pc.equal(work["action"], "none"), True)
-        secondary = pc.fill_null(pc.match_substring_regex(work["reason"], _SECONDARY_PATTERN), False)
+        secondary = pc.fill_null(pc.is_in(work["finding"], value_set=pa.array(fd.SECONDARY)), False)
         rare = pc.or_(pc.fill_null(pc.equal(work["status"], "incomplete"), False), pc.equal(work["at_lowest"], 2))
         mask = pc.and_(pc.and_(pc.is_valid(t["block_hash"]), pc.invert(not_block)),
                        pc.and_(pc.and_(action_none, pc.invert(secondary)), pc.and_(rare, pc.is_valid(work["ns"]))))
@@ -184,7 +181,7 @@ def _ordered(d: dict[str, dict[str, int]], order: tuple[str, ...], count_key: st
 def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str, Any]]:
     """Fold the merged groups into per-namespace counters."""
     per_ns: dict[Any, dict[str, Any]] = {}
-    for (ns, status, action, reason, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
+    for (ns, status, action, reason, found, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
         a = per_ns.get(ns)
         if a is None:
             a = per_ns[ns] = {
@@ -209,29 +206,28 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
         a["block_bytes"] += nbytes
         a["hash_bytes"].add(hash_len)
         action = action or "none"
-        part_of = _PART_OF_RE.match(reason or "") if action == "none" else None
-        if action == "none" and _REPLICA_RE.match(reason or ""):
+        secondary = action == "none" and found.code in fd.SECONDARY
+        part_of = found.of_action if action == "none" and found.code == fd.PART_OF_ACTION else None
+        if action == "none" and found.code == fd.REPLICA_OF_PRIMARY:
             a["replica_files"] += files
             a["replica_bytes"] += nbytes
         else:
-            a["action_bytes"][part_of.group(1) if part_of else action] += nbytes
+            a["action_bytes"][part_of or action] += nbytes
         if action != "none":
             a["lead_blocks"][action] += files
-        elif at_lowest == 1 and not part_of and not _REPLICA_RE.match(reason or ""):
+        elif at_lowest == 1 and not secondary:
             a["none_rows"] += files  # one row per `none` block in the lowest rank folder
         if action in TRANSFORMS:
-            # bytes written per block are in the reason; a reason folded into "(other
-            # reasons)" counts the bytes of the row that carries it instead (an estimate)
-            out = planned_output_bytes(reason)
+            # bytes written per block (the finding's output_bytes); without it, the bytes
+            # of the rows that carry the action (an estimate)
+            out = found.output_bytes
             a["transform_out"][action] += files * out if out is not None else nbytes
-        if (action == "none" or action in NEEDS_ACTIONS) and not (reason and _SECONDARY_RE.match(reason)):
+        if (action == "none" or action in NEEDS_ACTIONS) and found.code not in fd.SECONDARY:
             a["reasons"][action][reason or "(no reason)"] += files
-            if reason and "aliases_source" in reason:
+            if found.code in fd.ALIASING:
                 a["aliases_source"] += files
-            asked = _PASS_RE.search(reason or "")
-            if asked:
-                for flag in _FLAG_RE.findall(asked.group(1)):
-                    a["flags_asked"][action][flag] += files
+            for flag in fd.asked_flags(found.asks):
+                a["flags_asked"][action][flag] += files
     return per_ns
 
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
+from kvmigrate.fsio import check_root
+from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.migrate.apply import Applier, ApplyResult
 from kvmigrate.scaleout import dataset
 
@@ -211,14 +213,6 @@ class DatasetScan:
     seconds: float
 
 
-def _check_root(root: str) -> str:
-    """The scanner's own check, before any part starts: a missing path or a file is a
-    usage error (2), a root that cannot be listed an operational one (8)."""
-    from kvmigrate.scan import _check_root as check
-
-    return check(root)
-
-
 def _check_dataset_dir(output: str) -> str:
     """The dataset directory a scan may publish into: new, or holding kvmigrate parts."""
     out = os.path.abspath(output)
@@ -233,7 +227,7 @@ def _check_dataset_dir(output: str) -> str:
     return out
 
 
-def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = "vllm-0.28",
+def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = DEFAULT_PROFILE,
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
                 command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
                 manifest: str | None | bool = True, verb: str = "scan") -> DatasetScan:
@@ -248,7 +242,7 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
     if shards < 1:
         raise UsageError(f"--shards must be at least 1, got {shards}")
     t0 = time.monotonic()
-    root_path = _check_root(root)
+    root_path = check_root(root)  # the scanner's own check, before any part starts
     out = _check_dataset_dir(output)
     resolver = facts_resolver or FactsResolver({}, None)
     fail = _injected("scan")

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("vllm", "llmd", "vllmcpp")
+from kvmigrate.identity.values import FAMILIES  # noqa: F401  (re-exported: synth writes every family)
+
 SCHEMES = ("S1", "S2", "S3")
 KV_KINDS = ("full", "mla")
 
