@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvmigrate import layout
+
 # --- the finding codes (the `finding` column) -------------------------------------------
 
 REPLICA_OF_PRIMARY = "replica_of_primary"
@@ -129,9 +131,7 @@ def _array(values: list[Any], typ: pa.DataType) -> pa.Array:
     except (UnicodeEncodeError, pa.ArrowException):
         if not pa.types.is_string(typ):
             raise
-        from kvmigrate.scan import _shown  # the scan's one escaping rule, only for such rare names
-
-        return pa.array([_shown(v) if isinstance(v, str) else v for v in values], typ)
+        return pa.array([layout.shown(v) if isinstance(v, str) else v for v in values], typ)
 
 
 def arrays_by_code(reasons: list[Any], codes: pa.Array) -> list[pa.Array]:

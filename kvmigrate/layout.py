@@ -156,3 +156,13 @@ def temp_kind(filename: str) -> str | None:
     if PROBE_RE.match(filename):
         return "vllm-probe"
     return None
+
+
+def shown(v: str) -> str:
+    """A name as valid UTF-8 for Arrow and messages: bytes kept by surrogateescape become
+    backslash escapes, and so does any other lone surrogate (a config.json string holding
+    "\\ud800")."""
+    try:
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -65,7 +65,7 @@ from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
 from kvmigrate.identity.target import compute_target
 from kvmigrate.identity.values import DEFAULT_PROFILE
-from kvmigrate.report.units import human_bytes
+from kvmigrate.units import human_bytes
 
 READ_CHUNK = 1 << 20  # 1 MiB reads into a reused per-thread buffer
 # The buffer is a page larger than a chunk, so a 1 MiB block file is read (and its EOF
@@ -898,13 +898,7 @@ def _utf8_safe(values: list[Any]) -> pa.Array:
         return pa.array([_shown(v) if isinstance(v, str) else v for v in values], pa.string())
 
 
-def _shown(v: str) -> str:
-    """Valid UTF-8 for Arrow: name bytes kept by surrogateescape become backslash escapes,
-    and so does any other lone surrogate (a config.json string holding "\\ud800")."""
-    try:
-        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:
-        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+_shown = layout.shown  # (the one escaping rule; other modules call layout.shown)
 
 
 def _ns_arrays(ns_table: list[tuple | None]) -> list[tuple[pa.Array, pa.Array]]:

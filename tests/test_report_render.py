@@ -12,7 +12,7 @@ import pytest
 
 from kvmigrate.report import render_html, render_json, render_md, render_text
 from kvmigrate.report.summary import summarize
-from kvmigrate.report.units import human_bytes, human_count, parse_bytes, parse_count
+from kvmigrate.units import human_bytes, human_count, parse_bytes, parse_count
 
 from test_report_summary import LLMD, MLA, VLLM, write_sample_manifest
 

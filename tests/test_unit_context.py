@@ -17,7 +17,8 @@ from kvmigrate.context import unit_contexts
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.plan import build_plan
-from kvmigrate.scan import build_units, list_root, resolve_namespaces, scan
+from kvmigrate.pipeline import scan
+from kvmigrate.scan import build_units, list_root, resolve_namespaces
 
 TARGET = "vllm-0.28"
 

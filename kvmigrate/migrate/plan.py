@@ -32,7 +32,7 @@ from kvmigrate.identity import canonical
 from kvmigrate.cost import cost_line, transform_cost
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
-from kvmigrate.report.units import human_bytes
+from kvmigrate.units import human_bytes
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvmigrate.report import view
 from kvmigrate.report.summary import NEEDS_ACTIONS, REUSABLE_ACTIONS, STATUS_BITS
-from kvmigrate.report.units import human_bytes, human_count, percent
+from kvmigrate.units import human_bytes, human_count, percent
 from kvmigrate.report.view import Table
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.

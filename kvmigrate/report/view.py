@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmigrate.report.units import human_bytes, human_count, percent
+from kvmigrate.units import human_bytes, human_count, percent
 
 EXIT_BITS = ((1, "findings"), (4, "integrity"), (8, "operational"))
 
