@@ -240,3 +240,20 @@ def test_apply_hint_names_the_assumed_defaults_its_target_rests_on(synth_root, t
     assert "--per-token-head-quant, --runner first" in hint["why"] and "executor" not in hint["why"]
     applied = CliRunner().invoke(cli, shlex.split(hint["command"])[1:], catch_exceptions=False)
     assert applied.exit_code == 0, applied.stdout
+
+
+def test_pending_blocks_of_a_size_scan_are_not_called_proven(synth_root, tmp_path):
+    """A size-level audit has not read the blocks it calls reusable (a zero-filled one looks
+    like any other): the pending finding says so and that --apply checks them first; a hash
+    audit, which read them, says nothing of the kind."""
+    from cli_helpers import run_json
+
+    root, _ = synth_root(dict(family="vllm", scheme="S2", defects=("zero_filled",)))
+    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+    messages = {}
+    for verify in ("size", "hash"):
+        code, summary = run_json("audit", root, *facts, "--verify", verify)
+        (pending,) = [f for f in summary["findings"] if f["code"] == "migration_pending"]
+        messages[verify] = pending["message"]
+    assert "did not read them" in messages["size"] and "reads and checks each" in messages["size"]
+    assert "did not read" not in messages["hash"]

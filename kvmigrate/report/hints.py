@@ -391,6 +391,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     if pending["blocks"]:
         guessed_pending = sum(guessed.values())
         message = f"{pending['blocks']} reusable blocks are not yet in their target namespaces"
+        if summary.get("verify") != "hash":  # reusable by name and size only: nobody read them yet
+            message += (f" (judged by size: this scan (--verify {summary.get('verify')}) did not read them; "
+                        "a migration reads and checks each before placing it)")
         if guessed_pending:
             message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
                         "(no migrate command until then)")
