@@ -80,3 +80,16 @@ def check_root(root: str) -> str:
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
                                hint="run as a user that can read the cache") from None
     return path
+
+
+def all_holes(fd: int, st: os.stat_result) -> bool:
+    """A non-empty file with no data extent at all (SEEK_DATA finds none): all zero.
+    Asked only of files that occupy fewer blocks than their size (sparse ones): a
+    hashing read (scan, apply) says `zero_filled` without reading gigabytes of holes."""
+    if st.st_size <= 0 or (getattr(st, "st_blocks", 0) or 0) * 512 >= st.st_size:
+        return False
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    return False

@@ -59,7 +59,7 @@ from kvmigrate import __version__, classify, context, findings, layout, manifest
 from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import MissingFactError, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
-from kvmigrate.fsio import check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
+from kvmigrate.fsio import all_holes, check_root, open_noatime  # noqa: F401  (open_noatime: tests fault it here)
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
@@ -178,18 +178,6 @@ def read_file(path: str, *, want_hash: bool, header_len: int = 0) -> ReadResult:
     raise ChangedWhileRead(path, changed.size, changed.nread)
 
 
-def _all_holes(fd: int, st: os.stat_result) -> bool:
-    """A non-empty file with no data extent at all (SEEK_DATA finds none): all zero.
-    Asked only of files that occupy fewer blocks than their size (sparse ones)."""
-    if st.st_size <= 0 or (getattr(st, "st_blocks", 0) or 0) * 512 >= st.st_size:
-        return False
-    try:
-        os.lseek(fd, 0, os.SEEK_DATA)
-    except OSError as exc:
-        return exc.errno == errno.ENXIO
-    return False
-
-
 class _SizeChanged(Exception):
     def __init__(self, size: int, nread: int):
         super().__init__(size, nread)
@@ -209,7 +197,7 @@ def _read_file(path: str, want_hash: bool, header_len: int) -> ReadResult:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise Vanished(path)
-        if want_hash and _all_holes(fd, st):
+        if want_hash and all_holes(fd, st):
             # nothing but holes: every byte is zero (an ftruncate-d crash residue, or a 1 TiB
             # sparse file that would take minutes to read); no hash is needed to say so
             return ReadResult(None, None, os.pread(fd, header_len, 0) if header_len else None, True, st)
@@ -856,7 +844,7 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
                       ) -> pa.Table:
     """The C walk's rows as an Arrow table, from its column buffers: the rows of `order`
     (indexes -(j + 1)) in that order, or all in store order."""
-    cols = store.arrays([_shown(base).encode("utf-8") for base in store.bases], order)
+    cols = store.arrays([layout.shown(base).encode("utf-8") for base in store.bases], order)
     n = len(store) if order is None else len(order)
 
     def buf(key: str) -> pa.Buffer | None:
@@ -895,10 +883,7 @@ def _utf8_safe(values: list[Any]) -> pa.Array:
     try:
         return pa.array(values, pa.string())
     except (UnicodeEncodeError, pa.ArrowException):
-        return pa.array([_shown(v) if isinstance(v, str) else v for v in values], pa.string())
-
-
-_shown = layout.shown  # (the one escaping rule; other modules call layout.shown)
+        return pa.array([layout.shown(v) if isinstance(v, str) else v for v in values], pa.string())
 
 
 def _ns_arrays(ns_table: list[tuple | None]) -> list[tuple[pa.Array, pa.Array]]:

@@ -46,7 +46,7 @@ import xxhash
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
-from kvmigrate.fsio import open_noatime
+from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
@@ -1165,10 +1165,14 @@ def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
         why = _stale_at(path, src)  # the verdict lstat gives: vanished, not a regular file, changed
         return _FileRead(why, None, None, b"", 0, False, None if why else exc)
     try:
-        why = _stat_differs(os.fstat(fd), src)
+        st = os.fstat(fd)
+        why = _stat_differs(st, src)
         if why:
             return _FileRead(why, None, None, b"", 0, False)
         try:
+            if all_holes(fd, st):  # every byte zero: refused as the scan would, without the read
+                return _FileRead(None, None, None, os.pread(fd, vllmcpp.HEADER_SIZE, 0) if cpp else b"",
+                                 st.st_size, True)
             return _FileRead(None, *_read_fd(fd, src.size, vllmcpp.HEADER_SIZE if cpp else 0, payload))
         except OSError as exc:
             return _FileRead(None, None, None, b"", 0, False, exc)
