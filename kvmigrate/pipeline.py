@@ -67,7 +67,7 @@ def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], *, pa
         return scan(root, output, progress=progress, **kwargs)
     from kvmigrate.scaleout.ray_runner import scan_on_ray
 
-    return scan_on_ray(str(root), str(output), shards=parts, address=address, on_part=on_part, **kwargs)
+    return scan_on_ray(scan, str(root), str(output), shards=parts, address=address, on_part=on_part, **kwargs)
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
 from kvmigrate.synth import SynthSpec
 from kvmigrate.synth.identities import Namespace, file_size, plan_namespaces
-from kvmigrate.synth.tree import block_file_bytes
+from kvmigrate.synth.files import block_file_bytes
 
 ENGINES = {"vllm": "vLLM fs tier", "llmd": "llm-d fs connector", "vllmcpp": "vllm.cpp"}
 

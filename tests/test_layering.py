@@ -98,3 +98,33 @@ def test_scale_out_uses_public_hooks_of_stage_classes():
                     overrides.append(f"{path.relative_to(PACKAGE.parent)}:{fn.lineno}: {cls.name}({', '.join(bases)})"
                                      f".{fn.name}")
     assert overrides == [], "\n".join(overrides)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every kvmigrate module -> the kvmigrate modules it imports (lazy imports too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _module_name(path)
+        graph[importer] = {m for _, m in _imports(path) if _is_module(m) and m != importer
+                           and not importer.startswith(m + ".")}  # a package's own __init__ is no cycle
+    return graph
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle between modules, lazy imports included: a cycle hidden in a function
+    body (`from ... import x  # they import this module`) is two modules that are one, or a
+    layer below calling one above (pipeline <-> scale-out, summary <-> hints, the synth
+    tree <-> its defects were three)."""
+    graph = _module_graph()
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    cycles.append(" -> ".join(path + (start,)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + (nxt,)))
+    assert cycles == [], "\n".join(sorted(set(cycles)))

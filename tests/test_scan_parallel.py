@@ -381,6 +381,7 @@ def test_workers_die_with_a_killed_scan(tree, tmp_path, walk):
 def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
     """A Ray part holds one CPU: it must not fork a walk process per core of the node."""
     from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate import pipeline
     from kvmigrate.scaleout import ray_runner
 
     seen = {}
@@ -394,7 +395,7 @@ def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
     monkeypatch.setattr(scan_mod, "_cpus", lambda: 8)
     monkeypatch.setattr(scan_mod, "PARALLEL_MIN_BUCKETS", 1)
     (tmp_path / "staging").mkdir()
-    ray_runner._scan_part(str(tree), str(tmp_path / "staging"), 0, 2, "vllm-0.28", FactsResolver(FACTS, None),
+    ray_runner._scan_part(pipeline.scan, str(tree), str(tmp_path / "staging"), 0, 2, "vllm-0.28", FactsResolver(FACTS, None),
                           "size", None, None, False)
     assert seen["workers"] == 1
 

@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Any
 
+from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
 
@@ -224,8 +225,6 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                        examples: dict[tuple, tuple[str, str | None]] | None = None
                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Typed findings (one per namespace and problem) and de-duplicated hints."""
-    from kvmigrate.report.summary import STATUS_BITS
-
     examples = examples or {}
     cmd = Commands(summary, verb)
     findings: list[dict[str, Any]] = []

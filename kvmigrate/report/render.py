@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import manifest as mf
+from kvmigrate.classify import STATUS_BITS
 from kvmigrate.errors import OperationalError, UsageError
 
 FORMATS = ("text", "json", "md", "html")
@@ -115,8 +116,6 @@ def emit(text: str, output: str | os.PathLike[str] | None) -> None:
 
 def list_files(path: str | os.PathLike[str], status: str, out: IO[str], *, end: str = "\n") -> int:
     """Print ROOT/relpath of every row with `status` (each followed by `end`); returns how many."""
-    from kvmigrate.report.summary import STATUS_BITS
-
     if status not in STATUS_BITS:
         raise UsageError(f"unknown status {status!r}", hint=f"use one of: {', '.join(STATUS_BITS)}")
     meta = check_manifest(path)

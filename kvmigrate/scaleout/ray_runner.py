@@ -187,11 +187,10 @@ def run_parts(ray: Any, fn: Callable[..., dict], args_of: Callable[[int], tuple]
 # --- scan and audit ----------------------------------------------------------------------
 
 
-def _scan_part(root: str, staging: str, k: int, n: int, target: str, resolver: Any, verify: str,
-               threads: int | None, command: str | None, fail: bool) -> dict[str, Any]:
-    """Ray task: scan part K of N into the staging folder."""
-    from kvmigrate.pipeline import scan
-
+def _scan_part(scan: Callable[..., Any], root: str, staging: str, k: int, n: int, target: str, resolver: Any,
+               verify: str, threads: int | None, command: str | None, fail: bool) -> dict[str, Any]:
+    """Ray task: scan part K of N into the staging folder with `scan` (the pipeline's scan,
+    passed in: scale-out runs the pipeline's stages and never imports the pipeline)."""
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
     res = scan(root, os.path.join(staging, dataset.part_name(k, n)), target=target, facts_resolver=resolver,
@@ -227,11 +226,12 @@ def _check_dataset_dir(output: str) -> str:
     return out
 
 
-def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = None, target: str = DEFAULT_PROFILE,
+def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int, address: str | None = None,
+                target: str = DEFAULT_PROFILE,
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
                 command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
                 manifest: str | None | bool = True, verb: str = "scan") -> DatasetScan:
-    """Scan ROOT as `shards` Ray tasks into the dataset directory `output`, then
+    """Scan ROOT as `shards` Ray tasks (each runs `scan`, the pipeline's) into the dataset directory `output`, then
     summarize it (`manifest`, `verb`: what its hints name, see report.summary.summarize).
 
     Parts are staged inside `output` and published only when all succeeded; otherwise
@@ -253,8 +253,8 @@ def scan_on_ray(root: str, output: str, *, shards: int, address: str | None = No
         except OSError as exc:
             raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
         try:
-            reports = run_parts(ray, _scan_part, lambda k: (root_path, staging, k, shards, target, resolver, verify,
-                                                            threads, command, k in fail), shards, on_part)
+            reports = run_parts(ray, _scan_part, lambda k: (scan, root_path, staging, k, shards, target, resolver,
+                                                            verify, threads, command, k in fail), shards, on_part)
             failed = [(r, r.error) for r in reports if r.error is not None]
             if failed:
                 raise PartsFailed("scan", failed, hint=f"fix the cause and rerun the same command (it scans every "

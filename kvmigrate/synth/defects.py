@@ -53,7 +53,7 @@ from kvmigrate.identity.canonical import config_json_bytes, d12, full_digest
 from kvmigrate.synth import pages
 from kvmigrate.synth.identities import Namespace, tensors_of
 from kvmigrate.synth.spec import BLOCK_DEFECTS, SynthResult, SynthSpec
-from kvmigrate.synth.tree import block_file_bytes, write_file
+from kvmigrate.synth.files import block_file_bytes, write_file
 
 LEGACY_FLOOR = 16 * 1024 * 1024  # llm-d CPU path before 0bdacb2: files padded to >= 16 MiB
 SYMLINK_TARGET = "/etc/passwd"    # outside any test root; a scanner must never follow it

@@ -6,35 +6,11 @@ import os
 from pathlib import Path
 
 from kvmigrate import layout
-from kvmigrate.formats.vllmcpp import encode_header, make_key
 from kvmigrate.synth import pages
-from kvmigrate.synth.identities import Namespace, namespace_dict, plan_namespaces
+from kvmigrate.synth.defects import inject
+from kvmigrate.synth.files import block_file_bytes, write_file
+from kvmigrate.synth.identities import namespace_dict, plan_namespaces
 from kvmigrate.synth.spec import SynthResult, SynthSpec, check_spec
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """Create or replace a file (and its parent folders)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        path.unlink()
-    elif path.exists():
-        os.chmod(path, 0o644)  # a rebuild over an `unreadable` defect
-    path.write_bytes(data)
-
-
-def block_file_bytes(spec: SynthSpec, ns: Namespace, hex_hash: str, group: int, rank: int) -> bytes:
-    """The bytes the writer of `ns` stores for (block, group) on `rank`."""
-    geom = pages.geometry(spec)
-    if ns.family == "vllm":
-        return pages.vllm_row_bytes(geom, hex_hash=hex_hash, group=group, tensors=ns.tensors,
-                                    blocks_per_file=spec.blocks_per_file, cells=ns.cells, canonical=ns.canonical)
-    if ns.family == "llmd":
-        return pages.llmd_file_bytes(geom, hex_hash=hex_hash, group=group, rank=rank, tensors=ns.tensors,
-                                     blocks_per_file=spec.blocks_per_file)
-    payload = pages.vllmcpp_payload(geom, hex_hash=hex_hash, group=group, rank=rank, tensors=ns.tensors)
-    header = encode_header(bytes.fromhex(ns.digest), make_key(bytes.fromhex(hex_hash), group),
-                           ns.fields["page_size_bytes"])
-    return header + payload
 
 
 def effective_spec(spec: SynthSpec) -> SynthSpec:
@@ -92,7 +68,5 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
     result = SynthResult(root=root.resolve(), namespaces=[namespace_dict(spec, ns) for ns in namespaces],
                          blocks=blocks)
     if spec.defects or spec.pp > 1:
-        from kvmigrate.synth.defects import inject  # defects import this module
-
         inject(root, spec, namespaces, result)
     return result
