@@ -149,7 +149,7 @@ static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= '
 
 /* `<hh>_g<digits>` (layout.FANOUT_RE, ASCII digits only, at most 9 of them: a longer
  * group goes back to the Python walker, which reads it with layout): the group, or -1.
- * These parsers are the grammar of kvmigrate/layout.py in C; tests/test_leaf_walk.py
+ * These parsers are the grammar of kvmigrate/layout.py in C; tests/scan/test_leaf_walk.py
  * (test_both_walks_classify_every_name_as_the_layout_grammar) proves that on real files
  * with generated names. */
 static int fanout_group(const char *s) {

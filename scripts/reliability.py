@@ -34,7 +34,7 @@ Every command is recorded; every non-zero exit must come with a message naming a
 and a remedy. Any violation is listed in the report and makes the script exit 1.
 
 The benches and oracles live in tests/reliability_harness.py (the CI-sized tests
-tests/test_reliability_*.py use the same ones); this script runs them at campaign size
+tests/reliability/test_reliability_*.py use the same ones); this script runs them at campaign size
 and writes the report.
 
 To measure exactly one commit while others edit the checkout, run it from an export (and
@@ -138,7 +138,7 @@ def hostile_campaign(work: Path, ledger: Ledger, *, examples: int, seed: int) ->
 # The report
 
 # Defects this campaign found in kvmigrate, each fixed with a regression test in
-# tests/test_reliability_regressions.py (the campaign re-proves them on every run).
+# tests/reliability/test_reliability_regressions.py (the campaign re-proves them on every run).
 FOUND = [
     ("kill -9 between creating a journal file and writing its header left an empty `*.jsonl`; "
      "`rollback DIR` and `verify --journal DIR` then exited 2 and left the real runs alone",
@@ -184,7 +184,7 @@ FOUND = [
      "minutes (a hang in CI)", "only files up to 64 MiB are read for that; larger ones are header_invalid",
      "test_scan_verify_size_does_not_read_a_huge_zero_header_vllmcpp_file"),
     ("`report M -o FILE` exited 5 with nothing on stdout or stderr", "a stderr line says where the findings are "
-     "(tests/test_report_cli.py now checks stdout, not stdout+stderr, for emptiness)",
+     "(tests/report/test_report_cli.py now checks stdout, not stdout+stderr, for emptiness)",
      "test_report_to_a_file_with_findings_says_where_they_are"),
 ]
 KNOWN_LIMITS = [
@@ -244,7 +244,7 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
     out = [f"# Reliability campaign ({'quick' if meta['quick'] else 'full'})", "",
            "Regenerate: `python scripts/reliability.py` (full, writes this file and `reports/reliability.json`); "
            "`python scripts/reliability.py --quick` is the short version. The CI-sized checks are "
-           "`tests/test_reliability_*.py`. What each part does is in the script's docstring; the rules are "
+           "`tests/reliability/test_reliability_*.py`. What each part does is in the script's docstring; the rules are "
            "migration.md §3 and interface.md §4.", "",
            f"Run {meta['started']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
            f"{meta['machine']['memory']}), Linux {meta['machine']['kernel']}, Python {meta['machine']['python']}, "

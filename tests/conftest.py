@@ -83,7 +83,7 @@ def walk(request, monkeypatch) -> str:
 def python_walk(monkeypatch) -> None:
     """For faults injected by monkeypatching Python functions (os.open, open_noatime): only
     the Python walk calls them. The C walk meets the same faults for real in the
-    unprivileged-user tests and through the LD_PRELOAD race shim (tests/test_leaf_walk.py)."""
+    unprivileged-user tests and through the LD_PRELOAD race shim (tests/scan/test_leaf_walk.py)."""
     monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
 
 

@@ -1,4 +1,4 @@
-"""The reliability campaign's benches and oracles, shared by tests/test_reliability_*.py
+"""The reliability campaign's benches and oracles, shared by tests/reliability/test_reliability_*.py
 (CI-sized) and scripts/reliability.py (the full campaign and its report).
 
 A bench drives the `kvmigrate` executable on synth trees (kills it, injects faults, runs

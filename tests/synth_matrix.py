@@ -1,5 +1,5 @@
 """Every synth family and era with every defect the generator can inject into it: the
-matrix the default-migration test (tests/test_reference_reader_default.py) and
+matrix the default-migration test (tests/migrate/test_reference_reader_default.py) and
 scripts/manifest_equal.py both walk.
 
 Each era names a synth spec and the facts an operator states for it (vllm.cpp needs

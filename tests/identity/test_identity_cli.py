@@ -145,7 +145,7 @@ def test_digest_mismatch_is_shown(tmp_path):
 
 def test_config_outside_a_namespace_folder_has_null_digest_ok(tmp_path, hf_llama):
     path = tmp_path / "config.json"
-    path.write_bytes((Path(__file__).parents[1] / "kvmigrate/samples/vllm-0.26-llama-3.1-8b-tp2.config.json")
+    path.write_bytes((Path(__file__).parents[2] / "kvmigrate/samples/vllm-0.26-llama-3.1-8b-tp2.config.json")
                      .read_bytes())
     code, out, _ = run(str(path), "--json", "--model-config", hf_llama)
     assert code == 0
@@ -201,7 +201,7 @@ def test_text_output_lists_target_reasons_and_assumed_defaults(tmp_path):
 def test_real_subprocess_prints_the_documented_json(tmp_path, hf_llama):
     root = tmp_path / "cache"
     ns = synth(root, family="llmd", tp=2)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     proc = subprocess.run([sys.executable, "-m", "kvmigrate", "identity", config_path(root, ns), "--json",
                            "--model-config", hf_llama], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -213,10 +213,10 @@ def test_real_subprocess_prints_the_documented_json(tmp_path, hf_llama):
     assert missing.returncode == 2 and "--model-dtype" in missing.stderr
 
 
-@pytest.mark.parametrize("sample", sorted(p.name for p in (Path(__file__).parents[1] / "kvmigrate/samples")
+@pytest.mark.parametrize("sample", sorted(p.name for p in (Path(__file__).parents[2] / "kvmigrate/samples")
                                           .glob("*.config.json")))
 def test_every_shipped_sample_works(sample, tmp_path):
-    path = Path(__file__).parents[1] / "kvmigrate/samples" / sample
+    path = Path(__file__).parents[2] / "kvmigrate/samples" / sample
     # each sample with a config of its own model (another model's config is refused)
     own = {"vllm-0.27-deepseek-v3-tp8.config.json": HF_DEEPSEEK_V3, "vllmcpp-qwen3-4b.config.json": HF_QWEN3}
     model_config = tmp_path / "hf-config.json"
@@ -228,7 +228,7 @@ def test_every_shipped_sample_works(sample, tmp_path):
 
 # --- nonsense facts and another model's config (issue 16, defect 3) ----------------------------
 
-SAMPLES = Path(__file__).parents[1] / "kvmigrate/samples"
+SAMPLES = Path(__file__).parents[2] / "kvmigrate/samples"
 HF_DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
                        "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 27,
                        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}

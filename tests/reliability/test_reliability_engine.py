@@ -84,7 +84,7 @@ def test_the_campaign_script_writes_its_report(tmp_path):
     """`scripts/reliability.py` end to end on its shortest part: the report names the
     figures the issue asks for, and the script exits 0 when nothing was violated."""
     out = tmp_path / "RELIABILITY.md"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "reliability.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "reliability.py"
     p = subprocess.run([sys.executable, str(script), "--quick", "--only", "engine", "--out", str(out),
                         "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
