@@ -103,6 +103,21 @@ def all_holes(fd: int, st: os.stat_result) -> bool:
     return False
 
 
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, in a finding's words."""
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return "special file"
+
+
 def errno_reason(exc: OSError, what: str, relpath: str) -> str:
     """An OSError worded as a finding: `<what> <relpath>: [ENAME] message`."""
     name = errno.errorcode.get(exc.errno or 0, "EIO")

@@ -16,7 +16,8 @@ from kvmigrate import fsio
 from kvmigrate import manifest
 from kvmigrate import pipeline
 from kvmigrate import scan as scan_mod
-from kvmigrate.scan import parallel, walker
+from kvmigrate.scan import blocks as scan_blocks
+from kvmigrate.scan import parallel
 from kvmigrate.scan import run as scan_run
 
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
@@ -411,7 +412,7 @@ def test_remembered_verdicts_are_bounded(synth_root, tmp_path, monkeypatch):
         if i % 2:
             f.write_bytes(f.read_bytes() + b"\1" * (1 + i))  # every second file its own size
     unbounded = run(root, tmp_path / "a.parquet", workers=1, threads=1)
-    monkeypatch.setattr(walker, "VERDICTS_KEPT", 2)
+    monkeypatch.setattr(scan_blocks, "VERDICTS_KEPT", 2)
     seen = []
     real = scan_mod.Walker._finish_blocks
 

@@ -30,13 +30,12 @@ Files that vanish between listing and reading (a live engine's evictor, temp + r
 are dropped: they are not there. Permission and I/O errors are findings (`unreadable`,
 with errno and path). Nothing under ROOT is ever opened for writing.
 
-Modules, in phase order: `roots` (1, 2), `units` (3), `walker` (4, per bucket; rows
-outside buckets in `toplevel`), `rows` (the row store and its Arrow table), `parallel`
+Modules, in phase order: `roots` (1, 2), `units` (3), `walker` (4, per bucket; its block
+verdicts in `blocks`, rows outside buckets in `toplevel`), `rows` (the row store and its Arrow table), `parallel`
 (tasks, workers, threads), `sizes` (5), `run` (`scan()`: the phases in turn, the
 manifest written). The block reader is `kvmigrate.fsio.read_file`.
 """
 
-from kvmigrate.fsio import ChangedWhileRead, ReadResult, Vanished, read_file  # noqa: F401  (the block reader)
 from kvmigrate.scan.roots import Namespace, RootListing, list_root, resolve_namespaces  # noqa: F401
 from kvmigrate.scan.rows import Rows  # noqa: F401
 from kvmigrate.scan.run import WalkResult, scan  # noqa: F401
