@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Any
 
+from kvmigrate import families
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
 
@@ -175,9 +176,7 @@ def _flag_of(target_error: str, family: str | None) -> str | None:
     for flag in _FLAG_RE.findall(target_error):
         if flag != "--facts":
             return flag
-    if family == "ambiguous":
-        return "--family"
-    return None
+    return families.get(family).settled_by if family else None
 
 
 def fact_flag(fact: str) -> str:
