@@ -299,8 +299,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             command, why = fact_hint(cmd, missing, base)
             hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
         asked = n.get("flags_asked") or {}
-        family_asked = sum(f.get("--family", 0) for f in asked.values())
-        if n["family"] == "ambiguous" and not family_asked and not n["target_error"]:
+        settled_by = families.get(n["family"]).settled_by  # the ambiguous reading: --family
+        family_asked = sum(f.get(settled_by, 0) for f in asked.values()) if settled_by else 0
+        if settled_by and not family_asked and not n["target_error"]:
             findings.append(_finding("family_ambiguous", 0, base,
                                      "S1 folder could be vllm or llm-d; both readings give the same bytes here, "
                                      "so the ambiguity changes no decision", evidence=n["family_evidence"]))
