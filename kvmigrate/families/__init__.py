@@ -65,6 +65,15 @@ class Family:
     # the same base folder name as the vLLM target may hold other bytes (llm-d shards
     # under vLLM's names): planning there would alias the source
     aliases_vllm_names: bool = False
+    # off-size files are found against the majority size of their (namespace, rank,
+    # group) (classify.majority_size): families whose sizes vary with the data they hold
+    majority_sizes: bool = False
+    # how the family's namespaces sit in a root (formats.md §1): "tree" = base folders
+    # `<model>_<d12>` with a config.json and rank folders `<base>_r<k>` of `<hhh>/<hh>_g<g>/`
+    # blocks (layout.py's grammar, which the C walk is tested against); "flat" = one
+    # directory of files whose names carry the identity and the parallel layout (SGLang
+    # HiCache, docs/sglang.md: planned). The scan's roots phase asks `claims_entry`.
+    root_layout: str = "tree"
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"
@@ -95,6 +104,19 @@ class Family:
         if self.ensure_ascii is None:
             raise ValueError(f"unknown family {self.name!r}")
         return self.ensure_ascii
+
+    def config_matches(self, data: bytes, fields: Mapping[str, Any]) -> bool:
+        """Whether an existing config.json (its bytes) states this identity, as the engine
+        compares it (vLLM and llm-d: the parsed fields)."""
+        from kvmigrate.identity import canonical
+        try:
+            return canonical.fields_from_config_bytes(data) == fields
+        except ValueError:
+            return False
+
+    def config_notes(self, raw: bytes, fields: Mapping[str, Any]) -> list[str]:
+        """Notes on a valid config.json the engine reads but would not write so."""
+        return []
 
     def scheme_of(self, fields: Mapping[str, Any]) -> str:
         """The field scheme's name (`identity` reports it)."""
@@ -133,6 +155,25 @@ class Family:
         """The raw identity digest a block of a target namespace carries in its header (None: no header)."""
         return None
 
+    # --- paths -------------------------------------------------------------------------
+
+    def claims_entry(self, name: str, is_dir: bool) -> bool:
+        """Whether a top-level entry of a cache root may be one of this family's namespaces
+        (a tree family: a base or rank folder name; its config.json then says which family)."""
+        from kvmigrate import layout
+        return is_dir and layout.parse_folder(name) is not None
+
+    def parse_block_path(self, relpath: str) -> Any:
+        """(folder, block) of a block file's path in the root, None when it is no block
+        name of this family (`layout.parse_block_relpath` for the tree families)."""
+        from kvmigrate import layout
+        return layout.parse_block_relpath(relpath)
+
+    def block_relpath(self, rank_dir: str, hex_hash: str, group: int) -> str:
+        """Where a block of a target namespace of this family is written, from the root."""
+        from kvmigrate import layout
+        return f"{rank_dir}/{layout.block_relpath_in_rank(hex_hash, group)}"
+
     # --- blocks ------------------------------------------------------------------------
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
@@ -153,6 +194,11 @@ class Family:
 
     def payload_bytes(self, fields: Mapping[str, Any]) -> int | None:
         """The payload size every block file has after its header, when the identity gives it."""
+        return None
+
+    def block_bytes(self, fields: Mapping[str, Any]) -> int | None:
+        """The size of every block file of a namespace of this identity, when the identity
+        alone gives it (a vLLM row's size depends on the deployment that writes it)."""
         return None
 
     def size_status(self, plan: "UnitPlan", group: int, size: int) -> tuple[str, str] | None:

@@ -20,6 +20,7 @@ class Llmd(Family):
     ensure_ascii = True
     transforms = ("concat", "relayout")
     aliases_vllm_names = True
+    majority_sizes = True
 
     def folder_evidence(self, rank_numbers: list[int], block_sizes: Iterable[int]) -> str | None:
         extra = [r for r in rank_numbers if r != 0]

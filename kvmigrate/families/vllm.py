@@ -16,6 +16,7 @@ class Vllm(Family):
     title = "vLLM"
     ensure_ascii = True
     transforms = ("slice",)
+    majority_sizes = True
 
     def proof(self, fields: Mapping[str, Any]) -> str | None:
         if "tokens_per_hash" in fields:

@@ -39,6 +39,14 @@ class Vllmcpp(Family):
     def config_json_bytes(self, fields):
         return self.canonical_bytes(fields)
 
+    def config_matches(self, data, fields):
+        return data == self.config_json_bytes(fields)  # the engine compares the canonical bytes
+
+    def config_notes(self, raw, fields):
+        if raw != self.canonical_bytes(fields):
+            return ["config.json is not byte-canonical (vllm.cpp compares it field by field)"]
+        return []
+
     def scheme_of(self, fields):
         return "vllmcpp-v1"
 
@@ -76,6 +84,10 @@ class Vllmcpp(Family):
 
     def payload_bytes(self, fields):
         return fields.get("page_size_bytes")
+
+    def block_bytes(self, fields):
+        payload = self.payload_bytes(fields)
+        return codec.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
 
     def size_status(self, plan, group, size):
         if size < codec.HEADER_SIZE:
