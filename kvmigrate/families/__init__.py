@@ -13,7 +13,8 @@ Besides the writer families two *readings* of a namespace have objects of their 
 `ambiguous` (an S1 identity vLLM and llm-d write alike, families/ambiguous.py) and
 `unknown` (no scheme keys, or a name no module has: nothing is migrated).
 
-The modules load on first use: `kvmigrate <command> --help` reads `NAMES` without them.
+The modules load on first use: `kvmigrate <command> --help` reads `NAMES` without them
+(so the defaults below import what they use inside the method).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kvmigrate.families import AMBIGUOUS, PAGE
 from kvmigrate.families.vllm import Vllm
 from kvmigrate.findings import NEEDS_FACT, asks
+from kvmigrate.identity.family import ambiguity_is_harmless
 from kvmigrate.findings import reason as finding_reason
 
 
@@ -26,7 +27,6 @@ class Ambiguous(Vllm):
     def harmless_ambiguity(self, fields, block_sizes):
         # the sample of rank 0's block sizes; a manifest without it (before it was
         # recorded) reads as an ambiguity that matters: blocks stay `none`
-        from kvmigrate.identity.family import ambiguity_is_harmless
         return block_sizes is not None and ambiguity_is_harmless(fields, block_sizes)
 
     def plan_action(self, plan, by_rank, group, note: str = ""):
