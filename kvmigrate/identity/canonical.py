@@ -13,22 +13,15 @@ import hashlib
 import json
 from typing import Any
 
-VLLM_FAMILIES = ("vllm", "llmd", "ambiguous")
+from kvmigrate import families
+
 D12_LEN = 12
 
 
-def _ensure_ascii(family: str) -> bool:
-    if family == "vllmcpp":
-        return False
-    if family in VLLM_FAMILIES:
-        return True
-    raise ValueError(f"unknown family {family!r}")
-
-
 def canonical_bytes(fields: dict[str, Any], family: str) -> bytes:
-    """The exact bytes the writer hashes to name the namespace folder."""
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=_ensure_ascii(family))
-    return text.encode("utf-8")
+    """The exact bytes the writer hashes to name the namespace folder (its family's
+    recipe, kvmigrate.families; ValueError for a family without one)."""
+    return families.get(family).canonical_bytes(fields)
 
 
 def full_digest(fields: dict[str, Any], family: str) -> str:
@@ -46,10 +39,7 @@ def config_json_bytes(fields: dict[str, Any], family: str) -> bytes:
 
     vllm/llmd: `json.dump(fields, indent=2, sort_keys=True)`; vllmcpp: the canonical bytes.
     """
-    if family == "vllmcpp":
-        return canonical_bytes(fields, family)
-    _ensure_ascii(family)
-    return json.dumps(fields, indent=2, sort_keys=True).encode("utf-8")
+    return families.get(family).config_json_bytes(fields)
 
 
 def fields_from_config_bytes(data: bytes) -> dict[str, Any]:

@@ -11,65 +11,52 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from kvmigrate import families
+
 PAGE = 4096
-VLLMCPP_MARKERS = ("format_version", "hash_algo", "kv_cache_spec_kind")
 
 
 def is_vllmcpp_identity(fields: dict[str, Any]) -> bool:
-    return all(k in fields for k in VLLMCPP_MARKERS)
-
-
-def _shape_family(fields: dict[str, Any]) -> str | None:
-    """Family proven by the config.json keys alone (None for S1 and for no scheme)."""
-    if is_vllmcpp_identity(fields):
-        return "vllmcpp"
-    if "tokens_per_hash" in fields:
-        return "vllm"
-    return None
+    """The config.json keys prove a vllm.cpp identity (families.vllmcpp.MARKERS)."""
+    return families.get("vllmcpp").proof(fields) is not None
 
 
 def detect_family(fields: dict[str, Any], *, rank_numbers: Iterable[int] = (), block_sizes: Iterable[int] = (),
                   forced: str | None = None) -> tuple[str, list[str]]:
-    """(family, evidence sentences): vllm, llmd, vllmcpp, ambiguous, or unknown (no scheme keys).
+    """(family, evidence sentences): a writer family's name, ambiguous, or unknown (no scheme keys).
 
-    `forced` (from --family or a FACTS.json `family`) settles an S1 namespace; it never
-    overrides a config.json whose keys already prove another family.
+    The family whose keys prove it wins (each family module says what proves it); an S1
+    identity is settled by `forced` (from --family or a FACTS.json `family`) or by folder
+    evidence a family recognises. `forced` never overrides a config.json whose keys
+    already prove another family.
     """
-    shape = _shape_family(fields)
-    if shape == "vllmcpp":
-        evidence = ["config.json has format_version, hash_algo and kv_cache_spec_kind (vllm.cpp identity)"]
-    elif shape == "vllm":
-        evidence = ["config.json has tokens_per_hash (vLLM scheme S2/S3; llm-d never writes it)"]
-    else:
-        evidence = []
+    shape = families.by_identity(fields)
     if shape is not None:
-        if forced and forced != shape:
-            evidence.append(f"forced family {forced!r} ignored: the config.json keys prove {shape!r}")
-        return shape, evidence
+        evidence = [shape.proof(fields)]
+        if forced and forced != shape.name:
+            evidence.append(f"forced family {forced!r} ignored: the config.json keys prove {shape.name!r}")
+        return shape.name, evidence
     if "hash_block_size" not in fields:
-        return "unknown", ["config.json has none of tokens_per_hash, hash_block_size or the vllm.cpp keys"]
+        return families.UNKNOWN, ["config.json has none of tokens_per_hash, hash_block_size or the vllm.cpp keys"]
 
     evidence = ["config.json has hash_block_size (scheme S1: vLLM 0.22-0.25 or llm-d, same keys and digest)"]
     if forced:
         evidence.append(f"family {forced!r} given by the operator (--family or FACTS.json)")
-        if forced == "vllmcpp":
-            evidence.append("forced family 'vllmcpp' ignored: an S1 identity is never a vllm.cpp identity")
+        settled = families.get(forced)
+        if not settled.reads_s1:
+            evidence.append(f"forced family {forced!r} ignored: an S1 identity is never a {settled.title} identity")
         else:
             return forced, evidence
     ranks = sorted(set(int(r) for r in rank_numbers))
-    extra = [r for r in ranks if r != 0]
-    if extra:
-        shown = ", ".join(f"_r{r}" for r in extra[:8]) + (" ..." if len(extra) > 8 else "")
-        evidence.append(f"rank folders beyond _r0 ({shown}): only llm-d workers write their own rank folders")
-        return "llmd", evidence
-    odd = sorted(set(s for s in block_sizes if s % PAGE != 0))
-    if odd:
-        shown = ", ".join(str(s) for s in odd[:4]) + (" ..." if len(odd) > 4 else "")
-        evidence.append(f"block sizes not multiples of {PAGE} ({shown} bytes): vLLM pads rows to {PAGE}, llm-d does not")
-        return "llmd", evidence
+    sizes = list(block_sizes)
+    for fam in families.writers():
+        found = fam.folder_evidence(ranks, sizes) if fam.reads_s1 else None
+        if found:
+            evidence.append(found)
+            return fam.name, evidence
     evidence.append(f"only rank folder _r0 and every block size a multiple of {PAGE} (or none seen): "
                     "vLLM and llm-d both fit; pass --family (or 'family' in FACTS.json)")
-    return "ambiguous", evidence
+    return families.AMBIGUOUS, evidence
 
 
 def ambiguity_is_harmless(fields: dict[str, Any], block_sizes: Iterable[int] = ()) -> bool:

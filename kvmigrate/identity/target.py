@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvmigrate.errors import MissingFactError, UsageError
-from kvmigrate.formats import vllmcpp
+from kvmigrate import families
 from kvmigrate.identity import canonical, gates, schemes
 from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.family import is_vllmcpp_identity
 from kvmigrate.identity.hfconfig import normalize_dtype
 from kvmigrate import layout
 
@@ -38,7 +37,7 @@ def target_lacks(key: str) -> str:
 @dataclass
 class Target:
     profile: str  # e.g. "vllm-0.28" or "vllmcpp"
-    family: str  # family of the TARGET engine: "vllm" or "vllmcpp"
+    family: str  # family of the TARGET engine (Family.target_engine): "vllm" or "vllmcpp"
     fields: dict | None
     d12: str | None
     base_name: str | None
@@ -59,9 +58,7 @@ class Target:
 
 def source_problems(fields: dict[str, Any]) -> list[str]:
     """Why an identity is not valid for its scheme (empty: valid)."""
-    if is_vllmcpp_identity(fields):
-        return vllmcpp.validate_identity(fields)
-    return schemes.validate_fields(fields)
+    return families.of_identity(fields).source_problems(fields)
 
 
 def compute_target(source_fields: dict, family: str, facts: Facts, profile: str = gates.DEFAULT_PROFILE) -> Target:
@@ -78,14 +75,11 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems),
                          hint="the namespace's config.json is damaged or from an unknown writer")
-    if family == "vllmcpp" or is_vllmcpp_identity(source_fields):
-        return _vllmcpp_target(source_fields)
-    if profile not in PROFILE_VERSIONS:
-        if profile == gates.VLLMCPP_PROFILE:
-            raise UsageError("--target vllmcpp applies only to vllm.cpp caches; this namespace was written by "
-                             f"{family!r}", hint="pick a vLLM profile: " + ", ".join(gates.VLLM_PROFILES))
-        raise UsageError(f"unknown target profile {profile!r}", hint="known: " + ", ".join(gates.PROFILES))
-    return _vllm_target(source_fields, family, facts, profile)
+    fam = families.get(family)
+    proven = families.by_identity(source_fields)
+    if proven is not None and proven.target_engine != fam.target_engine:
+        fam = proven  # the keys decide which engine reads it
+    return fam.target(source_fields, facts, profile)
 
 
 # --- vLLM / llm-d sources ---------------------------------------------------------------
@@ -112,7 +106,13 @@ def _target_dtype(src: dict[str, Any], scheme: str, target_scheme: str, facts: F
     return dtype
 
 
-def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -> Target:
+def vllm_target(src: dict[str, Any], family: families.Family, facts: Facts, profile: str) -> Target:
+    """The vLLM target of a vLLM or llm-d namespace (Family.target of both)."""
+    if profile not in PROFILE_VERSIONS:
+        if profile == gates.VLLMCPP_PROFILE:
+            raise UsageError("--target vllmcpp applies only to vllm.cpp caches; this namespace was written by "
+                             f"{family.name!r}", hint="pick a vLLM profile: " + ", ".join(gates.VLLM_PROFILES))
+        raise UsageError(f"unknown target profile {profile!r}", hint="known: " + ", ".join(gates.PROFILES))
     version = PROFILE_VERSIONS[profile]
     scheme = schemes.scheme_of(src)
     target_scheme = schemes.scheme_for_version(version)
@@ -173,8 +173,8 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
         replicated_layout=decision.replicated_layout, canonical_format=src.get("canonical_format"),
         storage_format=src.get("storage_format"), inference_engine=src["inference_engine"], family="vllm",
         **scheme_args)
-    source_base = layout.base_name(src["model_name"], canonical.d12(src, "vllm"))
-    if family == "llmd" and mapper.base_name == source_base:
+    source_base = layout.base_name(src["model_name"], canonical.d12(src, families.of_identity(src).name))
+    if family.aliases_vllm_names and mapper.base_name == source_base:
         # same folder name, different bytes (llm-d shards vs vLLM rows): never write there
         unreachable.append(ALIASES_SOURCE)
     return Target(profile=profile, family="vllm", fields=mapper.fields, d12=mapper.d12, base_name=mapper.base_name,
@@ -187,42 +187,3 @@ def _vllm_target(src: dict[str, Any], family: str, facts: Facts, profile: str) -
 
 def _has_agnostic_namespaces(profile: str) -> bool:
     return gates.PROFILE_GATES[profile][0] is not None
-
-
-# --- vllm.cpp sources ---------------------------------------------------------------------
-
-def _vllmcpp_target(src: dict[str, Any]) -> Target:
-    """vllm.cpp (kvmigrate's port of vLLM a8f296083f): identities are unchanged unless the
-    replicated gate passes; then tp/pp/pcp/dcp = 1, rank 0 and `replicated_layout: true`.
-    Payload equality across ranks is checked per block by the scanner."""
-    if src.get("replicated_layout") is True:
-        fields, agnostic, replicated, reasons = dict(src), True, True, []
-    else:
-        reasons = []
-        prefix = "not replicated"
-        kind = src["kv_cache_spec_kind"]
-        if kind != "mla":
-            reasons.append(f"{prefix}: kv_cache_spec_kind is {kind} (needs mla)")
-        if src["tp_size"] <= 1:
-            reasons.append(f"{prefix}: tp is {src['tp_size']} (needs tp > 1; a single-rank identity is already "
-                           "in place)")
-        for key, label in (("pp_size", "pp"), ("pcp_size", "pcp"), ("dcp_size", "dcp")):
-            if src[key] != 1:
-                reasons.append(f"{prefix}: {label} is {src[key]} (needs 1)")
-        replicated = agnostic = not reasons
-        if replicated:  # unknown keys are never copied into a target
-            fields = {k: v for k, v in src.items() if k in vllmcpp.IDENTITY_KEYS}
-            fields.update(tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, replicated_layout=True)
-        else:
-            fields = dict(src)
-    unreachable = None
-    unknown = sorted(k for k in src if k not in vllmcpp.IDENTITY_KEYS and k not in vllmcpp.OPTIONAL_KEYS)
-    if replicated and unknown and src.get("replicated_layout") is not True:
-        unreachable = target_lacks(unknown[0])
-    elif not replicated and src["tp_size"] * src["pp_size"] * src["pcp_size"] > 1:
-        unreachable = RANK_PRIVATE_SHARD
-    d12 = canonical.d12(fields, "vllmcpp")
-    base = layout.base_name(fields["model_name"], d12)
-    return Target(profile=gates.VLLMCPP_PROFILE, family="vllmcpp", fields=fields, d12=d12, base_name=base,
-                  rank_dir=layout.rank_dir_name(base, fields["rank"]), parallel_agnostic=agnostic,
-                  replicated_layout=replicated, reasons=reasons, assumed_facts={}, unreachable=unreachable)

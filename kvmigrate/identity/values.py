@@ -2,10 +2,13 @@
 
 One table for the command-line flags, FACTS.json and the model-config reader, so a value
 no engine would take ("banana", "potato") is a usage error before anything is planned.
-No imports: `kvmigrate <command> --help` reads the choices from here.
+No heavy imports: `kvmigrate <command> --help` reads the choices from here (the family
+names come from the family registry, which loads no family module for them).
 """
 
 from __future__ import annotations
+
+from kvmigrate.families import NAMES
 
 VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
 VLLMCPP_PROFILE = "vllmcpp"
@@ -29,7 +32,7 @@ FACT_FLAGS = {
 }
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
-FAMILIES = ("vllm", "llmd", "vllmcpp")
+FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/
 RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
 
 # vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to
