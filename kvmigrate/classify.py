@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
-from kvmigrate import families, layout
+from kvmigrate import layout
 from kvmigrate.findings import ALIASES_SOURCE, PART_OF_ACTION, REPLICA_OF_PRIMARY, TRANSFORM, Reason
 from kvmigrate.findings import reason as finding_reason
 
@@ -92,7 +92,9 @@ class TargetInfo:
 class UnitPlan:
     """Everything block classification needs to know about one walk unit."""
 
-    family: str  # vllm | llmd | vllmcpp | ambiguous | unknown
+    # the family object of the unit (kvmigrate.families.get(name), set by kvmigrate/context.py):
+    # the verdicts below ask it, so classify never imports the registry above it
+    fam: Any
     expected_ranks: tuple[int, ...] = (0,)
     rank_dirs: dict[int, str] = field(default_factory=dict)  # rank -> source rank folder (top-level name)
     kv_kind: str | None = None  # full | mla | sliding | hybrid | mamba | None (unknown)
@@ -112,6 +114,11 @@ class UnitPlan:
     none_reason: str | None = None  # every block gets action none with this reason (e.g. missing fact)
     ambiguity_harmless: bool = False  # S1 ambiguous but both readings give the same bytes
     hashed: bool = False  # scan --verify hash: content hashes available
+
+    @property
+    def family(self) -> str:
+        """The family's name: vllm | llmd | vllmcpp | ambiguous | unknown (or a name no module has)."""
+        return self.fam.name
 
     @property
     def replicas(self) -> bool | None:
@@ -189,7 +196,7 @@ def size_status(plan: UnitPlan, group: int, size: int) -> tuple[str, str] | None
     """
     if size == 0:
         return "short", "empty file"
-    return families.get(plan.family).size_status(plan, group, size)
+    return plan.fam.size_status(plan, group, size)
 
 
 def majority_size(sizes: Counter) -> tuple[set[int], str]:
@@ -246,7 +253,7 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
 
     if plan.replicas and _replicas_differ(plan, recs):
         # every replica is flagged: nothing tells which copy is the right one
-        what = families.get(plan.family).replica_hash + "s"
+        what = plan.fam.replica_hash + "s"
         basis = "hashes" if plan.hashed else "sizes"
         for r in recs:
             r.status = "replica_mismatch"
@@ -281,7 +288,7 @@ def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash:
 def _replicas_differ(plan: UnitPlan, recs: list[FileRecord]) -> bool:
     """Compare the hashes the family's replicas share (content, or vllm.cpp's payload:
     its headers differ by design) when taken, else sizes."""
-    which = families.get(plan.family).replica_hash
+    which = plan.fam.replica_hash
 
     def key(r: FileRecord):
         if plan.hashed:
@@ -308,7 +315,7 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
     if t.unreachable:
         return "none", t.unreachable
     by_rank = sorted(recs, key=lambda r: r.rank)
-    return families.get(plan.family).plan_action(plan, by_rank, group)
+    return plan.fam.plan_action(plan, by_rank, group)
 
 
 def slice_reason(n: int, cell: int, proof: str) -> Reason:

@@ -64,7 +64,7 @@ def unit_context(members: list[Mapping[str, Any]], hashed: bool) -> UnitPlan:
     fields = ns.get("config_json") or {}
     family = ns.get("family") or families.UNKNOWN
     fam = families.get(family)
-    plan = UnitPlan(family=family, hashed=hashed)
+    plan = UnitPlan(fam=fam, hashed=hashed)
     status = ns.get("status") or "ok"
     if status != "ok":  # an unproven namespace: every row of its blocks carries its status (action none)
         plan.block_status, plan.block_reason = status, ns.get("status_reason") or ""

@@ -13,23 +13,30 @@ Besides the writer families two *readings* of a namespace have objects of their 
 `ambiguous` (an S1 identity vLLM and llm-d write alike, families/ambiguous.py) and
 `unknown` (no scheme keys, or a name no module has: nothing is migrated).
 
-The modules load on first use: `kvmigrate <command> --help` reads `NAMES` without them
-(so the defaults below import what they use inside the method).
+The registry sits above the primitives it dispatches over (docs/families.md, "Layering"):
+the family modules and the defaults below use classify, the identity primitives
+(values, canonical, schemes, vllm_target) and layout; none of those imports the registry.
+Detection over all families (`detect`) and the target of a namespace (`compute_target`)
+are asked here. The modules load on first use; `--help` reads the names from
+identity/values.py and imports no family.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from kvmigrate import layout
+from kvmigrate.errors import UsageError
+from kvmigrate.identity import canonical, gates, schemes
+from kvmigrate.identity.facts import Facts
+from kvmigrate.identity.values import AMBIGUOUS, ENSURE_ASCII, NAMES, UNKNOWN  # noqa: F401  (the registry's names)
+from kvmigrate.identity.vllm_target import Target, vllm_target
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvmigrate.classify import FileRecord, UnitPlan
 
-# The writer families, in the order of the --family choices (the first is synth's default).
-# A new family: its module `kvmigrate/families/<name>.py` defining FAMILY, and its name here.
-NAMES = ("vllm", "llmd", "vllmcpp")
-AMBIGUOUS = "ambiguous"
-UNKNOWN = "unknown"
 PAGE = 4096
 
 
@@ -44,9 +51,6 @@ class Family:
     title: str = "unknown"  # as messages name the writer
     # detection order: a family whose proof is a superset of another's keys goes first
     proof_priority: int = 0
-    # digest recipe: json.dumps ensure_ascii (True: vLLM/llm-d; False: raw UTF-8 as
-    # nlohmann writes; None: no recipe, the digest cannot be computed)
-    ensure_ascii: bool | None = None
     # an S1 identity (hash_block_size, no other proof) may be this family's: --family
     # or FACTS.json may settle it on it
     reads_s1: bool = True
@@ -79,6 +83,15 @@ class Family:
     def __repr__(self) -> str:
         return f"<family {self.name}>"
 
+    def __reduce__(self):
+        return get, (self.name,)  # a pickled context (scan workers) gets the registry's object back
+
+    @property
+    def ensure_ascii(self) -> bool | None:
+        """The digest recipe (values.ENSURE_ASCII: True Python json.dumps, False raw UTF-8
+        as nlohmann writes; None: no recipe, the digest cannot be computed)."""
+        return ENSURE_ASCII.get(self.name)
+
     # --- identity ----------------------------------------------------------------------
 
     def proof(self, fields: Mapping[str, Any]) -> str | None:
@@ -91,15 +104,19 @@ class Family:
 
     def canonical_bytes(self, fields: Mapping[str, Any]) -> bytes:
         """The exact bytes the writer hashes to name the namespace folder."""
-        import json
-        text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=self._recipe())
-        return text.encode("utf-8")
+        return canonical.canonical_json(dict(fields), self._recipe())
+
+    def full_digest(self, fields: Mapping[str, Any]) -> str:
+        """Hex SHA-256 of the canonical identity."""
+        return hashlib.sha256(self.canonical_bytes(fields)).hexdigest()
+
+    def d12(self, fields: Mapping[str, Any]) -> str:
+        """The 12-hex suffix of the namespace folder name."""
+        return self.full_digest(fields)[:canonical.D12_LEN]
 
     def config_json_bytes(self, fields: Mapping[str, Any]) -> bytes:
         """The config.json the writer puts in the base folder (no trailing newline)."""
-        import json
-        self._recipe()
-        return json.dumps(fields, indent=2, sort_keys=True).encode("utf-8")
+        return canonical.config_json(dict(fields), self._recipe())
 
     def _recipe(self) -> bool:
         if self.ensure_ascii is None:
@@ -109,7 +126,6 @@ class Family:
     def config_matches(self, data: bytes, fields: Mapping[str, Any]) -> bool:
         """Whether an existing config.json (its bytes) states this identity, as the engine
         compares it (vLLM and llm-d: the parsed fields)."""
-        from kvmigrate.identity import canonical
         try:
             return canonical.fields_from_config_bytes(data) == fields
         except ValueError:
@@ -121,17 +137,14 @@ class Family:
 
     def scheme_of(self, fields: Mapping[str, Any]) -> str:
         """The field scheme's name (`identity` reports it)."""
-        from kvmigrate.identity import schemes
         return schemes.scheme_of(fields)
 
     def source_problems(self, fields: Mapping[str, Any]) -> list[str]:
         """Why an identity is not valid for its scheme (empty: valid)."""
-        from kvmigrate.identity import schemes
         return schemes.validate_fields(fields)
 
     def unknown_keys(self, fields: Mapping[str, Any]) -> list[str]:
         """Keys of the identity its scheme does not know (a target never copies them)."""
-        from kvmigrate.identity import schemes
         return schemes.unknown_keys(fields)
 
     def deployment(self, fields: Mapping[str, Any], source_base: str) -> str:
@@ -147,10 +160,9 @@ class Family:
         """The target profile a namespace of this family is planned for, given --target."""
         return profile
 
-    def target(self, fields: dict, facts: Any, profile: str) -> Any:
-        """The `identity.target.Target` of a namespace of this family for a target profile."""
-        from kvmigrate.identity import target
-        return target.vllm_target(fields, self, facts, profile)
+    def target(self, fields: dict, facts: Facts, profile: str) -> Target:
+        """The `Target` of a namespace of this family for a target profile."""
+        return vllm_target(fields, self, facts, profile)
 
     def target_digest(self, fields: Mapping[str, Any] | None) -> bytes | None:
         """The raw identity digest a block of a target namespace carries in its header (None: no header)."""
@@ -161,18 +173,15 @@ class Family:
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         """Whether a top-level entry of a cache root may be one of this family's namespaces
         (a tree family: a base or rank folder name; its config.json then says which family)."""
-        from kvmigrate import layout
         return is_dir and layout.parse_folder(name) is not None
 
     def parse_block_path(self, relpath: str) -> Any:
         """(folder, block) of a block file's path in the root, None when it is no block
         name of this family (`layout.parse_block_relpath` for the tree families)."""
-        from kvmigrate import layout
         return layout.parse_block_relpath(relpath)
 
     def block_relpath(self, rank_dir: str, hex_hash: str, group: int) -> str:
         """Where a block of a target namespace of this family is written, from the root."""
-        from kvmigrate import layout
         return f"{rank_dir}/{layout.block_relpath_in_rank(hex_hash, group)}"
 
     # --- blocks ------------------------------------------------------------------------
@@ -255,6 +264,75 @@ def of_identity(fields: Mapping[str, Any]) -> Family:
     """The family whose rules (digest recipe, validation) read this identity: the one its
     keys prove, else vLLM's (an S1 identity: vLLM and llm-d hash and validate it alike)."""
     return by_identity(fields) or get("vllm")
+
+
+def detect(fields: Mapping[str, Any], *, rank_numbers: Iterable[int] = (), block_sizes: Iterable[int] = (),
+           forced: str | None = None) -> tuple[str, list[str]]:
+    """(family, evidence sentences) of a namespace (formats.md §3): a writer family's name,
+    ambiguous, or unknown (no scheme keys).
+
+    vLLM's scheme S1 and llm-d use the same keys and digest recipe, so only folder evidence
+    tells them apart; without it the family stays `ambiguous`: we never guess. The family
+    whose keys prove it wins (each family module says what proves it); an S1 identity is
+    settled by `forced` (from --family or a FACTS.json `family`) or by folder evidence a
+    family recognises. `forced` never overrides a config.json whose keys already prove
+    another family.
+    """
+    shape = by_identity(fields)
+    if shape is not None:
+        evidence = [shape.proof(fields)]
+        if forced and forced != shape.name:
+            evidence.append(f"forced family {forced!r} ignored: the config.json keys prove {shape.name!r}")
+        return shape.name, evidence
+    if "hash_block_size" not in fields:
+        return UNKNOWN, ["config.json has none of tokens_per_hash, hash_block_size or the vllm.cpp keys"]
+
+    evidence = ["config.json has hash_block_size (scheme S1: vLLM 0.22-0.25 or llm-d, same keys and digest)"]
+    if forced:
+        evidence.append(f"family {forced!r} given by the operator (--family or FACTS.json)")
+        settled = get(forced)
+        if not settled.reads_s1:
+            evidence.append(f"forced family {forced!r} ignored: an S1 identity is never a {settled.title} identity")
+        else:
+            return forced, evidence
+    ranks = sorted(set(int(r) for r in rank_numbers))
+    sizes = list(block_sizes)
+    for fam in writers():
+        found = fam.folder_evidence(ranks, sizes) if fam.reads_s1 else None
+        if found:
+            evidence.append(found)
+            return fam.name, evidence
+    evidence.append(f"only rank folder _r0 and every block size a multiple of {PAGE} (or none seen): "
+                    "vLLM and llm-d both fit; pass --family (or 'family' in FACTS.json)")
+    return AMBIGUOUS, evidence
+
+
+def source_problems(fields: Mapping[str, Any]) -> list[str]:
+    """Why an identity is not valid for its scheme (empty: valid), by the rules of the
+    family that reads it (of_identity)."""
+    return of_identity(fields).source_problems(fields)
+
+
+def compute_target(source_fields: dict, family: str, facts: Facts, profile: str = gates.DEFAULT_PROFILE) -> Target:
+    """Target identity of an existing namespace (identity.md §4): the `target` of its
+    family, or of the family its keys prove when that one is read by another engine.
+
+    Raises MissingFactError when a required fact is missing (model_dtype to resolve
+    "auto" for targets >= 0.27; cache_dtype for targets <= 0.26 from a resolved source),
+    UsageError for an unknown profile, an identity that is not valid for its scheme, or
+    facts that refused the namespace (a model config of another model).
+    """
+    if facts.refusal is not None:
+        raise UsageError(facts.refusal)
+    problems = source_problems(source_fields)
+    if problems:
+        raise UsageError("source identity is not valid: " + "; ".join(problems),
+                         hint="the namespace's config.json is damaged or from an unknown writer")
+    fam = get(family)
+    proven = by_identity(source_fields)
+    if proven is not None and proven.target_engine != fam.target_engine:
+        fam = proven  # the keys decide which engine reads it
+    return fam.target(source_fields, facts, profile)
 
 
 def _size(fields: Mapping[str, Any], key: str) -> int:

@@ -1,15 +1,32 @@
 """An S1 namespace vLLM and llm-d write alike (formats.md §3): not a writer family but a
 reading of one. Its digest recipe is theirs; its blocks migrate as vLLM rows only when
-both readings give the same bytes (identity.family.ambiguity_is_harmless), else every
-block asks for --family."""
+both readings give the same bytes (`ambiguity_is_harmless`), else every block asks for
+--family."""
 
 from __future__ import annotations
+
+from typing import Any, Iterable
 
 from kvmigrate.families import AMBIGUOUS, PAGE
 from kvmigrate.families.vllm import Vllm
 from kvmigrate.findings import NEEDS_FACT, asks
-from kvmigrate.identity.family import ambiguity_is_harmless
 from kvmigrate.findings import reason as finding_reason
+
+
+def ambiguity_is_harmless(fields: dict[str, Any], block_sizes: Iterable[int] = ()) -> bool:
+    """True when the vLLM and llm-d readings of an S1 namespace give the same bytes
+    (tp = pp = pcp = 1, gpu_blocks_per_file = 1, sizes multiples of 4096): the ambiguity
+    changes no decision and migration may proceed."""
+    one = all(fields.get(k) == 1 for k in ("tp_size", "pp_size", "pcp_size", "gpu_blocks_per_file"))
+    return one and all(s % PAGE == 0 for s in block_sizes)
+
+
+def harmless_ambiguity_note(fields: dict[str, Any], block_sizes: Iterable[int] = ()) -> str | None:
+    """The sentence a report shows for a harmless ambiguity (None when it matters)."""
+    if ambiguity_is_harmless(fields, block_sizes):
+        return ("family ambiguous (vLLM or llm-d) but both readings give the same bytes "
+                "(tp = pp = pcp = 1, gpu_blocks_per_file = 1, sizes multiples of 4096): proceeding")
+    return None
 
 
 class Ambiguous(Vllm):

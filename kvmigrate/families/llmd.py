@@ -17,7 +17,6 @@ from kvmigrate.findings import reason as finding_reason
 class Llmd(Family):
     name = "llmd"
     title = "llm-d"
-    ensure_ascii = True
     transforms = ("concat", "relayout")
     aliases_vllm_names = True
     majority_sizes = True

@@ -14,7 +14,6 @@ from kvmigrate.findings import reason as finding_reason
 class Vllm(Family):
     name = "vllm"
     title = "vLLM"
-    ensure_ascii = True
     transforms = ("slice",)
     majority_sizes = True
 

@@ -13,7 +13,7 @@ from kvmigrate.classify import UNVERIFIED
 from kvmigrate.families import Family, worker_ranks
 from kvmigrate.formats import vllmcpp as codec
 from kvmigrate.identity import canonical
-from kvmigrate.identity.target import RANK_PRIVATE_SHARD, Target, target_lacks
+from kvmigrate.identity.vllm_target import RANK_PRIVATE_SHARD, Target, target_lacks
 from kvmigrate.identity.values import VLLMCPP_PROFILE
 
 MARKERS = ("format_version", "hash_algo", "kv_cache_spec_kind")
@@ -24,7 +24,6 @@ class Vllmcpp(Family):
     name = "vllmcpp"
     title = "vllm.cpp"
     proof_priority = 1  # its 28 keys may include vLLM's: they decide first
-    ensure_ascii = False  # nlohmann::json::dump writes raw UTF-8
     reads_s1 = False
     target_engine = "vllmcpp"
     rank_namespaces = True

@@ -94,12 +94,42 @@ def test_every_family_list_is_the_registry():
     assert {spec["family"] for spec, _ in ERAS.values()} == set(families.NAMES)  # the synth matrix builds each
 
 
+def test_nothing_below_the_registry_imports_it():
+    """The layering rule (docs/families.md): every module the registry and the family
+    modules use (transitively) is a primitive below them, and none of those imports
+    kvmigrate.families back (classify asks the context's family object, UnitPlan.fam)."""
+    from tests.test_layering import _module_graph
+
+    graph = _module_graph()
+    ours = [m for m in graph if m == "kvmigrate.families" or m.startswith("kvmigrate.families.")]
+    below, stack = set(), [d for m in ours for d in graph[m]]
+    while stack:
+        m = stack.pop()
+        if m in below or m in ours:
+            continue
+        below.add(m)
+        stack += graph.get(m, ())
+    upward = sorted(f"{m} imports {d}" for m in below for d in graph.get(m, ()) if d in ours)
+    assert below and upward == [], "\n".join(upward)
+
+
+def test_a_pickled_family_is_the_registrys_object():
+    """A classification context crossing a process boundary (scan workers) carries its
+    family object: it unpickles to the registry's own object, not a copy."""
+    import pickle
+
+    for name in (*families.NAMES, families.AMBIGUOUS, "sglang"):
+        assert pickle.loads(pickle.dumps(families.get(name))) is families.get(name)
+    ctx = classify.UnitPlan(fam=families.get("llmd"))
+    assert pickle.loads(pickle.dumps(ctx)).fam is families.get("llmd")
+
+
 def test_an_unlisted_name_reads_as_unknown_and_migrates_nothing():
     fam = families.get("sglang")  # planned (docs/sglang.md), no module yet
     assert fam.name == "sglang" and fam.transforms == ()
     with pytest.raises(ValueError, match="unknown family 'sglang'"):
         canonical.d12({"model_name": "m"}, "sglang")
-    plan = classify.UnitPlan(family="sglang", target=classify.TargetInfo("p", "b", "d", "b_r0", False, False))
+    plan = classify.UnitPlan(fam=fam, target=classify.TargetInfo("p", "b", "d", "b_r0", False, False))
     rec = classify.FileRecord("b_r0/abc/0", 0, 0, "abc", 4096, 0, 0, 0, 1)
     assert classify.plan_action(plan, [rec], 0, "abc") == ("none", "unknown writer family 'sglang'")
     assert context.block_ranks("sglang", {"tp_size": 4}) == (0,)
