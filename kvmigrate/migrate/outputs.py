@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import xxhash
 
-from kvmigrate import families, findings
+from kvmigrate import findings
 from kvmigrate.classify import UnitPlan
 from kvmigrate.formats import vllmcpp
 from kvmigrate.cost import TRANSFORMS
@@ -157,7 +157,7 @@ def transform_spec(plan: UnitPlan, action: str, group: int, size: int,
     (existing target paths)."""
     if isinstance(found, str):
         found = findings.finding_of(found)
-    if action in TRANSFORMS and action not in families.get(plan.family).transforms:
+    if action in TRANSFORMS and action not in plan.fam.transforms:
         raise SourceInvalid(f"{action} is not defined for a {plan.family} namespace")
     ranks = len(plan.expected_ranks)
     kind = plan.kv_kind
