@@ -767,7 +767,7 @@ def test_demo_llmd_mla_tree_lands_in_the_demo_replicated_namespace(tmp_path):
     the identity engine maps the first onto the second, and a padded rank-0 replica equals
     the replicated row byte for byte (so a migration finds those blocks already present)."""
     from kvmigrate.identity.facts import Facts
-    from kvmigrate.identity.target import compute_target
+    from kvmigrate.families import compute_target
     from kvmigrate.synth import pad_row
 
     results = build_demo_root(tmp_path, with_defects=False)

@@ -19,7 +19,7 @@ _EXPORTS = {
     "GateDecision": "gates",
     "facts_from_hf_config": "hfconfig",
     "filemapper": "schemes", "scheme_of": "schemes", "unknown_keys": "schemes", "validate_fields": "schemes",
-    "Target": "target", "compute_target": "target",
+    "Target": "vllm_target", "compute_target": "target",
 }
 
 __all__ = sorted(_EXPORTS)

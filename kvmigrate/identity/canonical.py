@@ -5,6 +5,9 @@ vLLM and llm-d hash `json.dumps(sort_keys, (",", ":"))` with Python's default
 reproduces with `ensure_ascii=False` (control characters become lowercase `\\u00xx`
 in both). The two recipes differ only for non-ASCII strings, and that is enough to
 change a folder name.
+
+Pure primitives: the recipe is a value (identity/values.py ENSURE_ASCII), so this module
+imports no family; the family registry and its modules use it (`Family.d12`).
 """
 
 from __future__ import annotations
@@ -13,22 +16,36 @@ import hashlib
 import json
 from typing import Any
 
-VLLM_FAMILIES = ("vllm", "llmd", "ambiguous")
+from kvmigrate.identity.values import ENSURE_ASCII
+
 D12_LEN = 12
 
 
-def _ensure_ascii(family: str) -> bool:
-    if family == "vllmcpp":
-        return False
-    if family in VLLM_FAMILIES:
-        return True
-    raise ValueError(f"unknown family {family!r}")
+def recipe(family: str) -> bool:
+    """The digest recipe of a writer family (values.ENSURE_ASCII); ValueError for a name
+    without one (ambiguous readings and unknown writers hash nothing)."""
+    ensure_ascii = ENSURE_ASCII.get(family)
+    if ensure_ascii is None:
+        raise ValueError(f"unknown family {family!r}")
+    return ensure_ascii
+
+
+def canonical_json(fields: dict[str, Any], ensure_ascii: bool) -> bytes:
+    """The canonical identity bytes of one recipe: sorted keys, no spaces, UTF-8."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii).encode("utf-8")
+
+
+def config_json(fields: dict[str, Any], ensure_ascii: bool) -> bytes:
+    """The config.json of one recipe (no trailing newline): Python's `json.dump(fields,
+    indent=2, sort_keys=True)`, or for raw UTF-8 (nlohmann) the canonical bytes."""
+    if not ensure_ascii:
+        return canonical_json(fields, False)
+    return json.dumps(fields, indent=2, sort_keys=True).encode("utf-8")
 
 
 def canonical_bytes(fields: dict[str, Any], family: str) -> bytes:
     """The exact bytes the writer hashes to name the namespace folder."""
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=_ensure_ascii(family))
-    return text.encode("utf-8")
+    return canonical_json(fields, recipe(family))
 
 
 def full_digest(fields: dict[str, Any], family: str) -> str:
@@ -46,10 +63,7 @@ def config_json_bytes(fields: dict[str, Any], family: str) -> bytes:
 
     vllm/llmd: `json.dump(fields, indent=2, sort_keys=True)`; vllmcpp: the canonical bytes.
     """
-    if family == "vllmcpp":
-        return canonical_bytes(fields, family)
-    _ensure_ascii(family)
-    return json.dumps(fields, indent=2, sort_keys=True).encode("utf-8")
+    return config_json(fields, recipe(family))
 
 
 def fields_from_config_bytes(data: bytes) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`kvmigrate identity` as a Python API: one config.json in, source and target identity
-with the gate explanation out (interface.md §1).
+with the gate explanation out (interface.md §1). It sits above the family registry
+(detection and the target are asked of kvmigrate.families).
 
 When the config.json sits in a namespace folder, the folder is evidence: its `d12` proves
 (or disproves) the digest, and its sibling rank folders and block sizes tell vLLM from
@@ -11,13 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate.errors import UsageError
-from kvmigrate.identity import canonical, schemes
+from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import FLAGS, FactsResolver
-from kvmigrate.identity.family import detect_family, is_vllmcpp_identity
 from kvmigrate.identity.gates import DEFAULT_PROFILE
-from kvmigrate.identity.target import compute_target, source_problems
 
 BLOCK_SAMPLE = 64  # block files stat'ed per namespace for the family evidence
 CONFIG_MAX = 16 << 20  # an engine's config.json is a few KiB; never read a huge file whole
@@ -88,24 +87,23 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
     parsed, ranks, sizes = folder_evidence(config_path)
     model_name = fields.get("model_name") if isinstance(fields.get("model_name"), str) else ""
     # the recipe is fixed by the keys (S1 vLLM and llm-d hash alike), so the base name is known first
-    recipe = "vllmcpp" if is_vllmcpp_identity(fields) else "vllm"
     try:
-        source_d12 = canonical.d12(fields, recipe)
+        source_d12 = canonical.d12(fields, families.of_identity(fields).name)
     except ValueError as exc:  # vllm.cpp hashes UTF-8: a lone surrogate escape cannot be encoded
         raise UsageError(f"cannot hash the identity: {exc}", path=config_path,
                          hint="the file is damaged; kvmigrate never migrates a namespace it cannot prove") from None
     source_base = layout.base_name(model_name, source_d12)
     facts = resolver.for_namespace(model_name, parsed.base if parsed else source_base, fields)
-    family, evidence = detect_family(fields, rank_numbers=ranks, block_sizes=sizes, forced=facts.family)
-    if family == "unknown":
+    family, evidence = families.detect(fields, rank_numbers=ranks, block_sizes=sizes, forced=facts.family)
+    if family == families.UNKNOWN:
         raise UsageError("config.json is not a vLLM, llm-d or vllm.cpp identity (" + evidence[0] + ")",
                          path=config_path, hint="pass the config.json of a KV cache namespace folder")
-    problems = source_problems(fields)
+    problems = families.source_problems(fields)
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems), path=config_path,
                          hint="the namespace's config.json is damaged or from an unknown writer")
-    target = compute_target(fields, family, facts, profile)
-    scheme = "vllmcpp-v1" if family == "vllmcpp" else schemes.scheme_of(fields)
+    target = families.compute_target(fields, family, facts, profile)
+    scheme = families.get(family).scheme_of(fields)
     return {
         "family": family,
         "family_evidence": evidence,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmigrate import layout
+from kvmigrate.identity import canonical
 
 COMMON_KEYS = ("model_name", "tp_size", "pp_size", "pcp_size", "dcp_size", "dtype",
                "kv_cache_groups", "inference_engine")
@@ -66,9 +67,7 @@ class FileMapper:
 
     @property
     def d12(self) -> str:
-        from kvmigrate.identity.canonical import d12
-
-        return d12(self.fields, self.family)
+        return canonical.d12(self.fields, self.family)
 
     @property
     def base_name(self) -> str:

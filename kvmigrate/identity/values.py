@@ -2,10 +2,24 @@
 
 One table for the command-line flags, FACTS.json and the model-config reader, so a value
 no engine would take ("banana", "potato") is a usage error before anything is planned.
-No imports: `kvmigrate <command> --help` reads the choices from here.
+No imports at all: `kvmigrate <command> --help` reads the choices from here, and every
+layer (the family registry, kvmigrate.families, included) reads its names from here.
 """
 
 from __future__ import annotations
+
+# The writer families, in the order of the --family choices (the first is synth's default).
+# A new family: its module `kvmigrate/families/<name>.py` defining FAMILY, its name here and
+# its digest recipe below.
+NAMES = ("vllm", "llmd", "vllmcpp")
+AMBIGUOUS = "ambiguous"  # the reading of an S1 identity vLLM and llm-d write alike
+UNKNOWN = "unknown"  # no scheme keys, or a name no module has: nothing is migrated
+# How each writer serialises an identity to name its namespace (identity.md §1): Python's
+# json.dumps with ensure_ascii (True; config.json is indent=2) or raw UTF-8 as
+# nlohmann::json::dump writes it (False; config.json is the canonical bytes themselves).
+# identity/canonical.py hashes by it; Family.ensure_ascii reads it.
+ENSURE_ASCII = {"vllm": True, "llmd": True, "vllmcpp": False,
+                AMBIGUOUS: True}  # an S1 identity: vLLM and llm-d hash it alike
 
 VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
 VLLMCPP_PROFILE = "vllmcpp"
@@ -29,7 +43,7 @@ FACT_FLAGS = {
 }
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
-FAMILIES = ("vllm", "llmd", "vllmcpp")
+FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/
 RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
 
 # vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to

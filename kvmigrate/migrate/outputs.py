@@ -98,9 +98,8 @@ def output_hash(src_fd: int, action: str, digest: bytes | None) -> tuple[bytes, 
 
 # A slice proven from the data alone (scan --verify hash without --page-bytes) carries its
 # cell size in the manifest's `cell_bytes` and `row_cells` columns (classify.slice_reason).
-# The writer families each transform is defined for (migration.md §1): a slice cuts a vLLM
-# row, a concat or relayout reads llm-d rank files.
-TRANSFORM_FAMILIES = {"slice": ("vllm",), "concat": ("llmd",), "relayout": ("llmd",)}
+# Each family says which transforms are defined for its blocks (Family.transforms,
+# migration.md §1): a slice cuts a vLLM row, a concat or relayout reads llm-d rank files.
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def transform_spec(plan: UnitPlan, action: str, group: int, size: int,
     (existing target paths)."""
     if isinstance(found, str):
         found = findings.finding_of(found)
-    if action in TRANSFORM_FAMILIES and plan.family not in TRANSFORM_FAMILIES[action]:
+    if action in TRANSFORMS and action not in plan.fam.transforms:
         raise SourceInvalid(f"{action} is not defined for a {plan.family} namespace")
     ranks = len(plan.expected_ranks)
     kind = plan.kv_kind

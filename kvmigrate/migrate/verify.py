@@ -19,12 +19,12 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.fsops import PAGE, DestTree, SymlinkInPath, check_relpath
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,6 @@ class VerifyResult:
         return out
 
 
-def _is_vllmcpp(fields: dict[str, Any]) -> bool:
-    return all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
-
-
 def check_namespaces(root: str, result: VerifyResult) -> None:
     """Phase 1: every base folder's config.json proves its digest."""
     try:
@@ -124,7 +120,7 @@ def check_namespaces(root: str, result: VerifyResult) -> None:
         except ValueError as exc:
             result.findings.append(Finding("config_invalid", cfg, str(exc)))
             continue
-        family = "vllmcpp" if _is_vllmcpp(fields) else "vllm"
+        family = families.of_identity(fields).name
         got = canonical.d12(fields, family)
         if got != folder.d12:
             result.findings.append(Finding("config_digest_mismatch", cfg,
@@ -210,17 +206,12 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
     parsed = layout.parse_block_relpath(path)
     folder = layout.parse_folder(path.split("/", 1)[0])
     target = run.targets.get(folder.base if folder is not None else None)
-    if target and target.get("family") == "vllmcpp" and target.get("digest"):
-        if parsed is not None:
-            block = parsed[1]
-            failed = vllmcpp.verify_header(head, digest=bytes.fromhex(target["digest"]),
-                                           payload_size=int(target.get("payload_size") or st.st_size - 128),
-                                           key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
-            if failed:
-                result.findings.append(Finding("header_invalid", where,
-                                               f"vllm.cpp would refuse and delete it: header check '{failed}' fails"))
-    elif target and target.get("family") == "vllm" and st.st_size % PAGE:
-        result.findings.append(Finding("size_mismatch", where, f"{st.st_size} bytes is not a multiple of 4096"))
+    if target:  # the target engine's own checks of the block (Family.verify_block)
+        block = parsed[1] if parsed is not None else None
+        found = families.get(target.get("family")).verify_block(
+            head, st.st_size, target, block.hex_hash if block else None, block.group if block else 0)
+        if found:
+            result.findings.append(Finding(found[0], where, found[1]))
 
 
 def journal_target_profile(journal: str) -> str | None:

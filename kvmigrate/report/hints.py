@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Any
 
+from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
@@ -176,9 +177,7 @@ def _flag_of(target_error: str, family: str | None) -> str | None:
     for flag in _FLAG_RE.findall(target_error):
         if flag != "--facts":
             return flag
-    if family == "ambiguous":
-        return "--family"
-    return None
+    return families.get(family).settled_by if family else None
 
 
 def fact_flag(fact: str) -> str:
@@ -299,8 +298,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             command, why = fact_hint(cmd, missing, base)
             hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
         asked = n.get("flags_asked") or {}
-        family_asked = sum(f.get("--family", 0) for f in asked.values())
-        if n["family"] == "ambiguous" and not family_asked and not n["target_error"]:
+        settled_by = families.get(n["family"]).settled_by  # the ambiguous reading: --family
+        family_asked = sum(f.get(settled_by, 0) for f in asked.values()) if settled_by else 0
+        if settled_by and not family_asked and not n["target_error"]:
             findings.append(_finding("family_ambiguous", 0, base,
                                      "S1 folder could be vllm or llm-d; both readings give the same bytes here, "
                                      "so the ambiguity changes no decision", evidence=n["family_evidence"]))

@@ -325,7 +325,7 @@ DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "d
 
 
 def test_model_config_of_another_model_is_refused_for_that_namespace(tmp_path):
-    from kvmigrate.identity.target import compute_target
+    from kvmigrate.families import compute_target
 
     llama = write_json(tmp_path / "llama.json", LLAMA_31_8B)
     resolver = FactsResolver({"model_config": llama})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmigrate.identity.family import ambiguity_is_harmless, detect_family, harmless_ambiguity_note
+from kvmigrate.families import detect as detect_family
+from kvmigrate.families.ambiguous import ambiguity_is_harmless, harmless_ambiguity_note
 
 S1 = {"model_name": "m", "tp_size": 1, "pp_size": 1, "pcp_size": 1, "dcp_size": 1, "dtype": "auto",
       "hash_block_size": 16, "gpu_blocks_per_file": 1, "inference_engine": "vllm",

@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from kvmigrate import families
 from kvmigrate.classify import (LEGACY_FLOOR, UNVERIFIED, FileRecord, TargetInfo, UnitPlan, classify_block,
                                 slice_reason)
 from kvmigrate.cost import TRANSFORM_BYTES_PER_SECOND, transform_cost
@@ -38,7 +39,7 @@ def llmd(ranks: int, **kw) -> UnitPlan:
     kw.setdefault("target", AGNOSTIC)
     kw.setdefault("blocks_per_file", 1)
     kw.setdefault("layers", {0: 2})
-    return UnitPlan(family="llmd", expected_ranks=tuple(range(ranks)), world=ranks, **kw)
+    return UnitPlan(fam=families.get("llmd"), expected_ranks=tuple(range(ranks)), world=ranks, **kw)
 
 
 def classify(plan: UnitPlan, *recs: FileRecord) -> list[FileRecord]:
@@ -50,7 +51,8 @@ def classify(plan: UnitPlan, *recs: FileRecord) -> list[FileRecord]:
 # --- slice ------------------------------------------------------------------------------------
 
 def slice_plan(**kw) -> UnitPlan:
-    return UnitPlan(family="vllm", kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, target=REPLICATED, **kw)
+    return UnitPlan(fam=families.get("vllm"), kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1,
+                    target=REPLICATED, **kw)
 
 
 def test_slice_with_the_cell_from_facts_carries_every_number():
@@ -61,7 +63,7 @@ def test_slice_with_the_cell_from_facts_carries_every_number():
 
 
 def test_slice_cell_includes_blocks_per_file():
-    p = UnitPlan(family="vllm", kv_kind="mla", world=2, layers={0: 2}, blocks_per_file=3, page_bytes=512,
+    p = UnitPlan(fam=families.get("vllm"), kv_kind="mla", world=2, layers={0: 2}, blocks_per_file=3, page_bytes=512,
                  target=REPLICATED)
     (r,) = classify(p, rec(0, 8192))
     assert r.action == "slice" and "cell 3072 bytes" in r.reason and r.reason.endswith("pad to 4096 bytes")
@@ -78,7 +80,7 @@ def test_a_source_already_replicated_is_a_link_not_a_slice():
 
 
 def test_without_the_replicated_target_an_mla_row_is_a_link():
-    p = UnitPlan(family="vllm", kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, page_bytes=1024,
+    p = UnitPlan(fam=families.get("vllm"), kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, page_bytes=1024,
                  target=SPECIFIC)
     (r,) = classify(p, rec(0, 8192))
     assert r.action == "link"
@@ -186,13 +188,13 @@ def test_transform_spec_rederives_the_planned_numbers():
 
 
 def test_a_slice_cell_proven_by_the_data_travels_in_the_reason():
-    p = UnitPlan(family="vllm", kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, target=REPLICATED)
+    p = UnitPlan(fam=families.get("vllm"), kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1, target=REPLICATED)
     spec = transform_spec(p, "slice", 0, 8192, slice_reason(4, 2048, "the only size"))
     assert (spec.cell, spec.row_cells, spec.output_size) == (2048, 4, 4096)
     with pytest.raises(SourceInvalid, match="neither given by the facts nor in the plan"):
         transform_spec(p, "slice", 0, 8192, "slice")
     with pytest.raises(SourceInvalid, match="the plan says 4 cells of 1024 bytes"):
-        transform_spec(UnitPlan(family="vllm", kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1,
+        transform_spec(UnitPlan(fam=families.get("vllm"), kv_kind="mla", world=4, layers={0: 2}, blocks_per_file=1,
                                 page_bytes=1024, target=REPLICATED), "slice", 0, 8192,
                        slice_reason(4, 1024, "edited"))
 

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from kvmigrate import families
 from kvmigrate.classify import (LEGACY_FLOOR, STATUS_BITS, UNVERIFIED, FileRecord, TargetInfo, UnitPlan,
                                 classify_block, exit_bits, majority_size, size_status)
 
@@ -25,7 +26,7 @@ def rec(rank: int, size: int = 4096, *, base: str = "m_000000000000", content: b
 
 def plan(family: str, **kw) -> UnitPlan:
     kw.setdefault("target", TARGET)
-    return UnitPlan(family=family, **kw)
+    return UnitPlan(fam=families.get(family), **kw)
 
 
 def test_exit_bits_follow_the_interface_table():

@@ -1,0 +1,165 @@
+"""The identity a target engine would use for the deployment that wrote a namespace
+(identity.md §4): the `Target` record every family returns, and the vLLM recipe that vLLM
+and llm-d sources share (Family.target). Which family's recipe applies to a namespace is
+the registry's dispatch (kvmigrate.families.compute_target), above this module.
+
+A block may only go where the target engine itself would have written the same bytes for
+that deployment, so the gates run at the *writer's* tp/pp/pcp/dcp, never at some other
+reader's. The result says which namespace the target reads, why it is (not) collapsed,
+which defaults were assumed, and whether the namespace is reachable at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvmigrate.errors import MissingFactError, UsageError
+from kvmigrate.identity import canonical, gates, schemes
+from kvmigrate.identity.facts import Facts
+from kvmigrate.identity.hfconfig import normalize_dtype
+from kvmigrate import layout
+
+PROFILE_VERSIONS = {"vllm-0.22": "0.22", "vllm-0.24": "0.24", "vllm-0.26": "0.26",
+                    "vllm-0.27": "0.27", "vllm-0.28": "0.28"}
+# dtype values vLLM >= 0.27 writes when it resolved "auto" (a pre-0.27 engine wrote "auto")
+RESOLVED_DTYPES = ("float16", "bfloat16", "float32")
+
+HASH_GRANULARITY_CHANGED = "hash granularity changed"
+RANK_PRIVATE_SHARD = "rank-private shard"
+ALIASES_SOURCE = "aliases_source"
+
+
+def target_lacks(key: str) -> str:
+    return f"target_lacks_{key}"
+
+
+@dataclass
+class Target:
+    profile: str  # e.g. "vllm-0.28" or "vllmcpp"
+    family: str  # family of the TARGET engine (Family.target_engine): "vllm" or "vllmcpp"
+    fields: dict | None
+    d12: str | None
+    base_name: str | None
+    rank_dir: str | None  # "<base>_r0" for vLLM targets
+    parallel_agnostic: bool
+    replicated_layout: bool
+    reasons: list[str]  # one per failed gate condition
+    assumed_facts: dict[str, Any] = field(default_factory=dict)
+    unreachable: str | None = None  # whole-namespace reason its blocks get action none
+    # facts not given on which the gate decision depends: until stated, this target is a guess
+    missing_facts: list[str] = field(default_factory=list)
+    # assumed defaults the gate decision rests on (another value would change the target)
+    decisive_assumptions: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- vLLM / llm-d sources ---------------------------------------------------------------
+
+def _target_dtype(src: dict[str, Any], scheme: str, target_scheme: str, facts: Facts) -> str:
+    dtype = src["dtype"]
+    if target_scheme == "S3":
+        if dtype != "auto":
+            return dtype
+        if facts.model_dtype is None:
+            raise MissingFactError("model_dtype", "--model-dtype",
+                                   'the source dtype is "auto" and vLLM >= 0.27 writes the resolved model dtype')
+        return normalize_dtype(facts.model_dtype) or facts.model_dtype
+    # targets <= 0.26 write the raw cache dtype
+    parallel_one = all(src[k] == 1 for k in schemes.PARALLEL_KEYS)
+    # an S2-looking folder with sizes 1 may be an agnostic S3 namespace (same keys)
+    resolved = scheme == "S3" or (scheme == "S2" and parallel_one)
+    if resolved and normalize_dtype(dtype) in RESOLVED_DTYPES:
+        if facts.cache_dtype is None:
+            raise MissingFactError("cache_dtype", "--cache-dtype",
+                                   f'the source dtype {dtype!r} may be a resolved "auto"; vLLM <= 0.26 writes '
+                                   'the raw --kv-cache-dtype (usually "auto")')
+        return facts.cache_dtype
+    return dtype
+
+
+def vllm_target(src: dict[str, Any], family: Any, facts: Facts, profile: str) -> Target:
+    """The vLLM target of a vLLM or llm-d namespace (Family.target of both; `family`: the
+    source's Family, for its name and `aliases_vllm_names`)."""
+    if profile not in PROFILE_VERSIONS:
+        if profile == gates.VLLMCPP_PROFILE:
+            raise UsageError("--target vllmcpp applies only to vllm.cpp caches; this namespace was written by "
+                             f"{family.name!r}", hint="pick a vLLM profile: " + ", ".join(gates.VLLM_PROFILES))
+        raise UsageError(f"unknown target profile {profile!r}", hint="known: " + ", ".join(gates.PROFILES))
+    version = PROFILE_VERSIONS[profile]
+    scheme = schemes.scheme_of(src)
+    target_scheme = schemes.scheme_for_version(version)
+    known_optional = schemes.known_optional_keys(version)
+    tp, pp, pcp, dcp = (src[k] for k in schemes.PARALLEL_KEYS)
+    groups = src["kv_cache_groups"]
+    unreachable: list[str] = [target_lacks(k) for k in schemes.unknown_keys(src)]
+    unreachable += [target_lacks(k) for k in schemes.OPTIONAL_KEYS if k in src and k not in known_optional]
+
+    # group geometry: per-rank GPU block size and tokens per block (= block size x writer's dcp)
+    if scheme == "S1":
+        block_sizes = [g["block_size"] for g in groups]
+        tokens_per_block = [b * dcp for b in block_sizes]
+        granularity = src["hash_block_size"]
+        per_file = src["gpu_blocks_per_file"]
+    else:
+        tokens_per_block = [g["tokens_per_block"] for g in groups]
+        if any(t % dcp for t in tokens_per_block):
+            unreachable.append("tokens_per_block not a multiple of dcp_size")
+        block_sizes = [max(1, t // dcp) for t in tokens_per_block]
+        granularity = src["tokens_per_hash"]
+        per_file = src["blocks_per_file"]
+    layer_names = [g["layer_names"] for g in groups]
+
+    # Block keys are hashes over `granularity` tokens: S1 hashed at the cache block size,
+    # S2+ at the gcd of the groups' tokens_per_block. Where the two differ, no key matches.
+    group_gcd = math.gcd(*tokens_per_block) if tokens_per_block else granularity
+    if (scheme == "S1") != (target_scheme == "S1") and group_gcd != granularity:
+        unreachable.append(HASH_GRANULARITY_CHANGED)
+    scheme_args: dict[str, Any] = {}
+    if target_scheme == "S1":
+        target_groups = [{"block_size": b, "layer_names": n} for b, n in zip(block_sizes, layer_names)]
+        scheme_args.update(hash_block_size=granularity, gpu_blocks_per_file=per_file)
+    else:
+        target_groups = [{"tokens_per_block": t, "layer_names": n} for t, n in zip(tokens_per_block, layer_names)]
+        scheme_args.update(tokens_per_hash=group_gcd if scheme == "S1" else granularity, blocks_per_file=per_file)
+
+    dtype = _target_dtype(src, scheme, target_scheme, facts)
+
+    already_collapsed = (scheme == "S3" and "parallel_agnostic" not in src) or src.get("replicated_layout") is True
+    missing: list[str] = []
+    decisive: dict[str, Any] = {}
+    if already_collapsed:
+        if _has_agnostic_namespaces(profile):
+            decision = gates.GateDecision(True, src.get("replicated_layout") is True, [], {})
+        else:
+            decision = gates.GateDecision(False, False, [f"not agnostic: {profile} has no parallel-agnostic "
+                                                         "namespaces (source already collapsed)"], {})
+    else:
+        dep = gates.Deployment(tp=tp, pp=pp, pcp=pcp, dcp=dcp, num_groups=len(groups),
+                               canonical="canonical_format" in src)
+        decision = gates.evaluate(profile, dep, facts)
+        missing, decisive = gates.open_facts(profile, dep, facts)
+
+    mapper = schemes.filemapper(
+        version, model_name=src["model_name"], tp_size=tp, pp_size=pp, pcp_size=pcp, dcp_size=dcp,
+        dtype=dtype, kv_cache_groups=target_groups, rank=0, parallel_agnostic=decision.parallel_agnostic,
+        replicated_layout=decision.replicated_layout, canonical_format=src.get("canonical_format"),
+        storage_format=src.get("storage_format"), inference_engine=src["inference_engine"], family="vllm",
+        **scheme_args)
+    source_base = layout.base_name(src["model_name"], canonical.d12(src, mapper.family))  # vLLM and llm-d hash alike
+    if family.aliases_vllm_names and mapper.base_name == source_base:
+        # same folder name, different bytes (llm-d shards vs vLLM rows): never write there
+        unreachable.append(ALIASES_SOURCE)
+    return Target(profile=profile, family="vllm", fields=mapper.fields, d12=mapper.d12, base_name=mapper.base_name,
+                  rank_dir=layout.rank_dir_name(mapper.base_name, 0),
+                  parallel_agnostic=decision.parallel_agnostic, replicated_layout=decision.replicated_layout,
+                  reasons=decision.reasons, assumed_facts=decision.assumed_facts,
+                  unreachable=unreachable[0] if unreachable else None, missing_facts=missing,
+                  decisive_assumptions=decisive)
+
+
+def _has_agnostic_namespaces(profile: str) -> bool:
+    return gates.PROFILE_GATES[profile][0] is not None
