@@ -49,6 +49,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.actions import ACTIONS
 from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
@@ -514,7 +515,7 @@ class Applier:
         for act in batch:
             item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
-            if act.action != "link" or self.mode != "link":
+            if ACTIONS[act.action].writes_temp(self.mode):
                 item["tmp"] = tmp_name(act.target_relpath)
             if act.transform is not None:
                 # every file the output is made of, to prove after a crash that a file at
@@ -583,21 +584,13 @@ class Applier:
             why = self._stale(act.source)
             if why:
                 return self._outcome(tp, act, "changed_since_scan", why)
-            if act.transform is not None:
-                try:
-                    return self._transform(tp, act, act.transform)
-                except SymlinkInPath as exc:
-                    return self._outcome(tp, act, "conflict",
-                                         f"{exc.filename} is a symlink or not a directory; not written through")
-            ok, computed = self._check_replicas(tp, act) if act.world > 1 else (True, None)
+            # a transform checks its sources itself (`_check_transform_sources`)
+            multi = act.world > 1 and act.transform is None
+            ok, computed = self._check_replicas(tp, act) if multi else (True, None)
         if not ok:
             return
-        src_hash = computed or act.source.content_hash
         try:
-            if act.action == "link" and self.mode != "copy":
-                self._link(tp, act, src_hash)
-            else:
-                self._copy(tp, act, "link" if act.action == "link" else act.action, src_hash)
+            ACTIONS[act.action].execute(self, tp, act, computed or act.source.content_hash)
         except SymlinkInPath as exc:
             self._outcome(tp, act, "conflict", f"{exc.filename} is a symlink or not a directory; not written through")
 
