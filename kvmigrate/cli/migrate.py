@@ -105,7 +105,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
 def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: bool, quiet: bool) -> None:
     """--apply: run the plan (a progress bar on a terminal, SIGTERM as Ctrl-C: a stopped
     run stays resumable), print what happened and exit with its code."""
-    from kvmigrate.migrate.apply import render_result
+    from kvmigrate.migrate.result import render_result
 
     plan = run.plan
     progress = None
