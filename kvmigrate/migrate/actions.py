@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterable
 from kvmigrate import findings, layout
 from kvmigrate.cost import TRANSFORMS, cost_line
 from kvmigrate.formats import vllmcpp
+from kvmigrate.migrate.competing import COMPETING
 from kvmigrate.migrate.fsops import padded_size
 from kvmigrate.units import human_bytes
 
@@ -31,7 +32,6 @@ NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
 # Counts key of a block another source places at the same target path with the same
 # bytes: streamed after the placed blocks, compared at apply (already_present).
 MERGE = "merge_duplicate"
-COMPETING = "competing source "  # prefix of the conflict cause of a competing source (plan `_decide`)
 
 
 class ActionKind:

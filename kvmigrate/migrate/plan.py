@@ -27,10 +27,11 @@ from kvmigrate import findings, layout, manifest
 from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
-from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.cost import transform_cost
-from kvmigrate.migrate.actions import ACTIONS, COMPETING, CREATING, MERGE, NEEDS
+from kvmigrate.migrate.actions import ACTIONS, CREATING, MERGE, NEEDS
+from kvmigrate.migrate import competing
+from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
@@ -90,7 +91,7 @@ class BlockAction(NamedTuple):
 @dataclass
 class TargetPlan:
     """Everything to do for one target namespace, in the fixed merge order; competing
-    sources of a target path resolved by the rule of `_decide`."""
+    sources of a target path resolved by the rule of `decide`."""
 
     base_name: str
     rank_dir: str
@@ -278,7 +279,7 @@ class _Context:
     hashed: bool = False  # the scan took content hashes (--verify hash)
     units: dict[str, UnitPlan] = field(default_factory=dict)  # source base -> its unit's context
     competing: bool = False  # some target path has several candidates (`_competing_roles`)
-    # (target base, group) -> the size competing sources are judged by (`_target_sizes`);
+    # (target base, group) -> the size competing sources are judged by (`competing.target_sizes`);
     # None until the first pass has seen every row
     target_size: dict[tuple[str, int], int | None] | None = None
 
@@ -497,114 +498,13 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         t[2] += out
 
 
-# --- competing sources: several source namespaces for one target path ---------------------
-#
-# The rule (decided here, at plan time, so that the dry run counts what the apply does;
-# never by name order): candidates with provably equal bytes (same inode, or equal
-# content hashes) are one block, placed once, the others merge (already_present). Of
-# differing candidates the one whose size is the target's is placed and each other is
-# a conflict; the target's size is the one its geometry gives (vllm.cpp: header +
-# page_size_bytes) or else the most common block size of the target's group over all of
-# its sources. No candidate of that size, or several that differ, and none is placed.
-# Equal sizes whose bytes the manifest cannot compare (no hashes): the first in merge
-# order is placed and the others are compared at apply (already_present or conflict).
-
-class _Candidate(NamedTuple):
-    source_base: str
-    rank: int
-    relpath: str
-    action: str
-    out: int  # bytes the action writes
-    group: int
-    inode: tuple[int, int]
-    digest: bytes | None  # the hash of what the output is made of (None: not comparable)
-
-
-class _Role(NamedTuple):
-    role: str  # place | merge (the same bytes as the placed one) | check (compared at apply) | conflict
-    cause: str
-    source_base: str
-    rank: int
-    out: int
-
+# --- competing sources (the rule: `competing.py`) ---------------------------------------
 
 _ROLE_COLUMNS = ("source_base", "rank", "relpath", "action", "size", "group", "row_cells", "cell_bytes", "dev",
                  "inode", "content_xxh3_128", "payload_xxh3_128", "target_relpath")
 
 
-def _geometry_size(tp: TargetPlan) -> int | None:
-    """A block's size in the target as its identity gives it (vllm.cpp only: a vLLM row's
-    size depends on the deployment that writes it)."""
-    payload = tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None
-    return vllmcpp.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
-
-
-def _target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, _Tally]) -> dict[tuple[str, int], int | None]:
-    """(target base, group) -> the target's block size competing sources are judged by:
-    its geometry's, else the most common output size over all its sources (None on a tie)."""
-    out: dict[tuple[str, int], int | None] = {}
-    for base, tal in tallies.items():
-        known = _geometry_size(targets[base])
-        for group, hist in tal.sizes.items():
-            ranked = hist.most_common(2)
-            modal = ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else None
-            out[(base, group)] = known if known is not None else modal
-    return out
-
-
-def _same_bytes(a: _Candidate, b: _Candidate) -> bool | None:
-    """Whether two candidates write the same bytes: True, False, or None (unknown)."""
-    if a.out != b.out:
-        return False
-    if a.action != b.action or a.action in TRANSFORMS:
-        return None
-    if a.inode == b.inode and a.inode != (0, 0):
-        return True
-    if a.digest is not None and b.digest is not None:
-        return a.digest == b.digest
-    return None
-
-
-def _decide(cands: list[_Candidate], size: int | None) -> list[tuple[str, str]]:
-    """(role, conflict cause) of each candidate for one target path, in merge order."""
-    classes: list[list[int]] = []  # indices of provably equal candidates
-    for i, x in enumerate(cands):
-        for cl in classes:
-            if _same_bytes(cands[cl[0]], x):
-                cl.append(i)
-                break
-        else:
-            classes.append([i])
-    # one size among them: nothing to choose by size (the bytes may still differ); else
-    # only those of the target's size qualify
-    one_size = len({x.out for x in cands}) == 1
-    fitting = classes if one_size else [cl for cl in classes if cands[cl[0]].out == size]
-    differ = any(_same_bytes(cands[a[0]], cands[b[0]]) is False for a in fitting for b in fitting if a is not b)
-    roles: list[tuple[str, str]] = [("", "")] * len(cands)
-    if fitting and not differ:
-        first = fitting[0]
-        roles[first[0]] = ("place", "")
-        for cl in fitting:
-            for i in cl:
-                if i != first[0]:
-                    roles[i] = ("merge" if cl is first else "check", "")
-    placed = any(r == "place" for r, _ in roles)
-    fit = {i for cl in fitting for i in cl}
-    for i, x in enumerate(cands):
-        if roles[i][0]:
-            continue
-        if i in fit:  # of a qualifying size, but with other bytes than another one
-            other = next(cands[j].source_base for j in fit if cands[j].digest != x.digest)
-            why = f"other content than {other}; none placed"
-        elif size is None:
-            why = f"the target's size is unknown (no single most common size in group {x.group}); none placed"
-        else:
-            why = f"the target's size is {size}" + ("" if placed else "; none placed")
-        roles[i] = ("conflict", f"{COMPETING}{x.source_base}: {x.out} bytes, {why}")
-    return roles
-
-
-def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
+def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
     """Source relpath -> role of each creating row of a chunk (all sources) whose target
     path has more than one (a block's rows and target path share its bucket: the chunk
     holds every candidate)."""
@@ -615,7 +515,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
         return {}
     rows = _by_merge_order(c.filter(pc.is_in(c.column("target_relpath"), value_set=merged)), with_source=True)
     cols = dict(zip(_ROLE_COLUMNS, (rows.column(k).to_pylist() for k in _ROLE_COLUMNS)))
-    by_path: dict[str, list[_Candidate]] = {}
+    by_path: dict[str, list[Candidate]] = {}
     for i in range(rows.num_rows):
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
         if action in TRANSFORMS:
@@ -625,15 +525,15 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
             out = padded_size(size) if action == "copy_pad" else size
         digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
                                                         else "content_xxh3_128"][i]
-        by_path.setdefault(cols["target_relpath"][i], []).append(_Candidate(
+        by_path.setdefault(cols["target_relpath"][i], []).append(Candidate(
             sb, _as_int(cols["rank"][i]), cols["relpath"][i], action, out, _as_int(group),
             (_as_int(cols["dev"][i]), _as_int(cols["inode"][i])), digest))
-    out_roles: dict[str, _Role] = {}
+    out_roles: dict[str, Role] = {}
     sizes = ctx.target_size or {}
     for cands in by_path.values():
         base = ctx.target_of[cands[0].source_base].base_name
-        for x, (role, cause) in zip(cands, _decide(cands, sizes.get((base, cands[0].group)))):
-            out_roles[x.relpath] = _Role(role, cause, x.source_base, x.rank, x.out)
+        for x, (role, cause) in zip(cands, decide(cands, sizes.get((base, cands[0].group)))):
+            out_roles[x.relpath] = Role(role, cause, x.source_base, x.rank, x.out)
     return out_roles
 
 
@@ -869,7 +769,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 tp.not_reusable_bytes[reason or action] += nbytes
     # Competing sources of a target path are judged by the target's size (a histogram
     # over all of its rows: the first pass), so they are counted in a second pass.
-    ctx.target_size = target_sizes if target_sizes is not None else _target_sizes(targets, tallies)
+    ctx.target_size = target_sizes if target_sizes is not None else competing.target_sizes(targets, tallies)
     if any(t.competing for t in tallies.values()):
         ctx.competing = True
         for chunk in rows.chunks():
