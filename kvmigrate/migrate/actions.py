@@ -23,6 +23,7 @@ from kvmigrate.units import human_bytes
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.apply import Applier
+    from kvmigrate.migrate.outputs import TransformSpec
     from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
@@ -118,28 +119,60 @@ class RewriteHeader(ActionKind):
 
 
 class Transform(ActionKind):
-    """slice / concat / relayout: a new row built from the block's files by the proven
-    geometry the plan carries (`act.transform`)."""
-
-    def __init__(self, name: str, label: str):
-        self.name, self.label = name, label
+    """A new row built from the block's files by the proven geometry the plan carries
+    (`act.transform`); its shell form prints the row's cells (`cells`), then the zero pad."""
 
     def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         applier._transform(tp, act, act.transform)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
-        return f"[ -e {q(dst)} ] || {{ {_transform_script(root, act)} }} > {q(dst)}"
+        spec = act.transform
+        parts = self.cells(spec, [q(os.path.join(root, f.relpath)) for f in act.sources])
+        pad = spec.output_size - spec.cells * spec.cell
+        if pad:
+            parts.append(f"head -c {pad} /dev/zero;")
+        return f"[ -e {q(dst)} ] || {{ {' '.join(parts)} }} > {q(dst)}"
+
+    def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        """Shell commands that print the row's cells from the (quoted) rank files."""
+        raise NotImplementedError
 
     def output_size(self, act: BlockAction) -> int:
         return act.transform.output_size
 
 
-ACTIONS: dict[str, ActionKind] = {k.name: k for k in (
-    Link(), CopyPad(), RewriteHeader(),
-    Transform("slice", "slice (one replica cell of each row)"),
-    Transform("concat", "concat (rank files into one row)"),
-    Transform("relayout", "relayout (block-major to tensor-major)"))}
+class Slice(Transform):
+    """The first cell of a row that holds equal replica cells."""
+
+    name, label = "slice", "slice (one replica cell of each row)"
+
+    def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        return [f"head -c {spec.cell} -- {files[0]};"]
+
+
+class Concat(Transform):
+    """The rank files in rank order."""
+
+    name, label = "concat", "concat (rank files into one row)"
+
+    def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        return [f"cat -- {' '.join(files)};"]
+
+
+class Relayout(Transform):
+    """Each page, with dd, in [T][B][P] (tensor-major) order."""
+
+    name, label = "relayout", "relayout (block-major to tensor-major)"
+
+    def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        return [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
+                f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
+                f"t=$((t+1)); done;" for src in files[:spec.cells]]
+
+
+ACTIONS: dict[str, ActionKind] = {k.name: k for k in (Link(), CopyPad(), RewriteHeader(), Slice(), Concat(),
+                                                       Relayout())}
 
 
 # --- rendering ---------------------------------------------------------------------------
@@ -248,28 +281,6 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
                 made.add(parent)
                 yield f"mkdir -p -- {q(parent)}"
             yield ACTIONS[act.action].shell(act, tp, plan.root, dst, mode)
-
-
-def _transform_script(root: str, act: BlockAction) -> str:
-    """Shell commands that print a transform's row: slice = the first cell, concat = the
-    rank files in rank order, relayout = each page with dd in [T][B][P] order; then the
-    zero pad."""
-    spec = act.transform
-    assert spec is not None
-    q = shlex.quote
-    files = [q(os.path.join(root, f.relpath)) for f in act.sources]
-    if spec.action == "slice":
-        parts = [f"head -c {spec.cell} -- {files[0]};"]
-    elif spec.action == "concat":
-        parts = [f"cat -- {' '.join(files)};"]
-    else:
-        parts = [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
-                 f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
-                 f"t=$((t+1)); done;" for src in files[:spec.cells]]
-    pad = spec.output_size - spec.cells * spec.cell
-    if pad:
-        parts.append(f"head -c {pad} /dev/zero;")
-    return " ".join(parts)
 
 
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
