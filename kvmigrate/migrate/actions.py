@@ -1,6 +1,6 @@
 """Plan actions, typed (fclones' `FsCommand`): each kind of block action says, in one
-place, how it executes (through the Applier's primitives: `_link`, `_copy`,
-`_transform`; no file logic here), its line in the `--print-commands` shell script and
+place, how it executes (through the Applier's placing primitives, `place.Placer`:
+`_link`, `_copy`, `_transform`; no file logic here), its line in the `--print-commands` shell script and
 its line in the dry-run text. The Applier and the renderers look the kind up by the
 action string once per action (`ACTIONS`); a `BlockAction` stays a plain NamedTuple.
 
