@@ -303,7 +303,7 @@ static PyObject *br_export_blocks(BlockRows *s, PyObject *blocks) {
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(br_row_doc, "row(j) -> the 16 values of row j in Rows.COLUMNS order (as the column lists hold them).");
+PyDoc_STRVAR(br_row_doc, "row(j) -> the 16 values of row j in ROW_COLUMNS order (as the column lists hold them).");
 
 static PyObject *br_row(BlockRows *s, PyObject *arg) {
     Py_ssize_t j = PyLong_AsSsize_t(arg);
@@ -311,6 +311,8 @@ static PyObject *br_row(BlockRows *s, PyObject *arg) {
     const BRow *r = &s->rows[j];
     const char *name = br_name(s, r);
     PyObject *target = s->targets[j] ? s->targets[j] : Py_None;
+    /* (ROW_COLUMNS order: relpath ns rank group block_hash size mtime_ns inode dev nlink content payload
+     * status action reason target) */
     return Py_BuildValue("(NiiiNLLKKkNON NNO)", br_relpath(s, r), r->code, r->rank, r->group,
                          block_hash(name, strlen(name) - 4), r->size, r->mtime_ns, r->ino, r->dev, r->nlink,
                          r->has_hash ? PyBytes_FromStringAndSize((const char *)r->digest, 16) : Py_NewRef(Py_None),

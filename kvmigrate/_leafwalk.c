@@ -19,7 +19,7 @@
  * or replaced by a symlink / FIFO / non-file) are dropped, as the Python walker drops
  * them. Nothing is ever opened for writing.
  *
- * Module scan.py falls back to the Python walk when this extension is absent
+ * kvmigrate/scan/walker.py falls back to the Python walk when this extension is absent
  * (it is built only where a C compiler is found) or KVMIGRATE_PURE_PYTHON=1.
  */
 #define PY_SSIZE_T_CLEAN
@@ -50,7 +50,15 @@
 #error "O_NOATIME and O_CLOEXEC are needed: evictors judge a block's age by its atime"
 #endif
 
-#define N_COLUMNS 16 /* Rows.COLUMNS */
+/* The row columns, in the order of kvmigrate/scan/rows.py Rows.COLUMNS: `finish_blocks`
+ * takes the column lists in this order and `BlockRows.row(j)` returns a row in it. The
+ * module exports the names as ROW_COLUMNS; tests/test_leaf_walk.py asserts they equal
+ * Rows.COLUMNS, so the two sides cannot drift apart silently. */
+enum { COL_RELPATH, COL_NS, COL_RANK, COL_GROUP, COL_BLOCK_HASH, COL_SIZE, COL_MTIME_NS, COL_INODE, COL_DEV,
+       COL_NLINK, COL_CONTENT, COL_PAYLOAD, COL_STATUS, COL_ACTION, COL_REASON, COL_TARGET, N_COLUMNS };
+static const char *const ROW_COLUMNS[N_COLUMNS] = {
+    "relpath", "ns", "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev",
+    "nlink", "content", "payload", "status", "action", "reason", "target"};
 #define MAX_GROUP_DIGITS 9
 
 /* --- growable C storage filled without the GIL -------------------------------------- */
@@ -939,7 +947,7 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
                           &targets_exist, &shapes))
         return NULL;
     if (PyTuple_GET_SIZE(columns) != N_COLUMNS) {
-        PyErr_SetString(PyExc_ValueError, "columns: 16 lists expected");
+        PyErr_SetString(PyExc_ValueError, "columns: the 16 lists of ROW_COLUMNS expected");
         return NULL;
     }
     for (int j = 0; j < N_COLUMNS; j++)
@@ -951,9 +959,10 @@ static PyObject *finish_blocks(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "rows: a BlockRows or None expected");
         return NULL;
     }
-    Tab t = {PyTuple_GET_ITEM(columns, 0), PyTuple_GET_ITEM(columns, 2), PyTuple_GET_ITEM(columns, 5),
-             PyTuple_GET_ITEM(columns, 10), PyTuple_GET_ITEM(columns, 12), PyTuple_GET_ITEM(columns, 13),
-             PyTuple_GET_ITEM(columns, 14), PyTuple_GET_ITEM(columns, 15),
+    Tab t = {PyTuple_GET_ITEM(columns, COL_RELPATH), PyTuple_GET_ITEM(columns, COL_RANK),
+             PyTuple_GET_ITEM(columns, COL_SIZE), PyTuple_GET_ITEM(columns, COL_CONTENT),
+             PyTuple_GET_ITEM(columns, COL_STATUS), PyTuple_GET_ITEM(columns, COL_ACTION),
+             PyTuple_GET_ITEM(columns, COL_REASON), PyTuple_GET_ITEM(columns, COL_TARGET),
              store_obj == Py_None ? NULL : (BlockRows *)store_obj, -1};
     /* Python rows joined some blocks: every block goes through the dict */
     if (t.store && t.store->nheads && PyDict_GET_SIZE(blocks) && br_export(t.store, blocks) < 0) return NULL;
@@ -1199,7 +1208,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kvmigrate._leafwalk",
-    "The healthy-block leaf loop of scan, in C (optional; scan.py falls back to Python).", -1, methods,
+    "The healthy-block leaf loop of scan, in C (optional; kvmigrate.scan falls back to Python).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -1208,5 +1217,15 @@ PyMODINIT_FUNC PyInit__leafwalk(void) {
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "STREAM_CHUNK", (long)STREAM_CHUNK) < 0) Py_CLEAR(m);
     if (m && PyModule_AddObjectRef(m, "BlockRows", (PyObject *)&BlockRowsType) < 0) Py_CLEAR(m);
+    PyObject *names = m ? PyTuple_New(N_COLUMNS) : NULL;
+    for (int j = 0; names && j < N_COLUMNS; j++) {
+        PyObject *name = PyUnicode_FromString(ROW_COLUMNS[j]);
+        if (!name) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, j, name);
+    }
+    if (m && (!names || PyModule_AddObject(m, "ROW_COLUMNS", names) < 0)) {
+        Py_XDECREF(names);
+        Py_CLEAR(m);
+    }
     return m;
 }

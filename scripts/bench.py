@@ -930,7 +930,7 @@ class Bench:
             "scale": self.scale, "reps": self.reps, "command": argv_line,
             "duration_s": round(time.time() - self.started, 1),
             "machine": machine, "space": space, "trees": self.trees, "warm": warmth,
-            "kvmigrate_threads": self.args.threads or "default (kvmigrate.scan._parallelism)",
+            "kvmigrate_threads": self.args.threads or "default (kvmigrate.scan.parallel.parallelism)",
             "kvmigrate_leaf_walk": self.leaf_walk(),
             "groups": [self.group_dict(g) for g in self.groups],
             "startup": self.startup,

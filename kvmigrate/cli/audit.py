@@ -37,7 +37,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
       4 integrity problems   8 operational error (I/O, permissions)
       2 usage error (missing ROOT, bad option value)   32 interrupted
     """
-    prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
+    prefer_arrow_pool("system")  # see kvmigrate.scan.run._lean_arrow_allocator
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.pipeline import audit

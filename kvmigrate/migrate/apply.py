@@ -704,29 +704,12 @@ def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
 
 def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
              ) -> tuple[bytes, bytes | None, bytes, int, bool]:
-    """One sequential read of an open file from its start: (XXH3-128 of it, XXH3-128
-    after `header_len` bytes if `payload`, its first `header_len` bytes, bytes read,
-    every byte zero). A file smaller than a chunk takes one read of size + 1 bytes (the
-    short read proves EOF); reading stops once more than `size` bytes came (it grew)."""
-    whole = xxhash.xxh3_128()
-    after = xxhash.xxh3_128() if payload else None
-    head = b""
-    n = 0
-    zero = True
-    want = size + 1 if size < CHUNK else CHUNK
-    while buf := os.read(fd, want):
-        whole.update(buf)
-        if n < header_len:
-            head += buf[:header_len - n]
-        if after is not None:
-            after.update(memoryview(buf)[max(0, header_len - n):])
-        if zero:
-            zero = not buf[0] and buf.count(0) == len(buf)
-        n += len(buf)
-        if n > size or (n == size and len(buf) < want):
-            break
-        want = CHUNK
-    return whole.digest(), after.digest() if after is not None else None, head, n, zero and n > 0
+    """The scan's block reader (`kvmigrate.fsio.read_fd`) on an open source file: (its
+    XXH3-128, the XXH3-128 after `header_len` bytes if `payload`, those bytes, bytes read,
+    every byte zero); reading stops once more than `size` bytes came (it grew)."""
+    from kvmigrate.fsio import read_fd
+
+    return read_fd(fd, size, header_len, payload)
 
 
 def _content_problem(got: _FileRead, size: int, where: str = "") -> str | None:

@@ -122,3 +122,28 @@ def test_rows_of_replica_cells_are_sliced_by_the_default_command(tmp_path, synth
     code, report = run("report", tmp_path / "other-m" / "m.parquet")
     commands = [h["command"] for h in report["hints"]]
     assert any("--page-bytes" in c for c in commands) and any("--verify hash" in c for c in commands), commands
+
+
+def test_apply_reads_its_sources_with_the_scans_block_reader(tmp_path, synth_root, monkeypatch):
+    """One block reader (issue 17): the files apply reads before placing them (a size-only
+    manifest) go through kvmigrate.fsio.read_fd, the reader the scan hashes with, so both
+    judge a block file (size, zero check, XXH3-128) by the same code."""
+    from kvmigrate import fsio
+
+    spec, facts = RESIDUE["vllm-link"]
+    root, (res,) = synth_root(spec)
+    m = tmp_path / "m.parquet"
+    code, _ = run("scan", root, *facts, "--verify", "size", "-o", m)
+    assert not code & 8
+    read = []
+    real = fsio.read_fd
+
+    def spy(fd, size, header_len=0, payload=False):
+        got = real(fd, size, header_len, payload)
+        read.append((size, got[3]))
+        return got
+
+    monkeypatch.setattr(fsio, "read_fd", spy)
+    code, summary = run("migrate", "--manifest", m, "--apply")
+    assert code == 0 and summary["outcomes"]["created"] == len(res.blocks)
+    assert len(read) == len(res.blocks) and all(size == nread for size, nread in read)

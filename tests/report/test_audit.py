@@ -69,9 +69,9 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
     status = record["status"]
     if defect == "unreadable":
         # root reads a chmod-000 file anyway: make the victim fail the way it would for a user
-        import kvmigrate.scan as scan_mod
+        from kvmigrate import fsio
 
-        real_open = scan_mod.open_noatime
+        real_open = fsio.open_noatime
         victim = str(root / record["relpath"])
 
         def denied(path):
@@ -79,7 +79,7 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
                 raise PermissionError(errno.EACCES, "Permission denied", path)
             return real_open(path)
 
-        monkeypatch.setattr(scan_mod, "open_noatime", denied)
+        monkeypatch.setattr(fsio, "open_noatime", denied)
         monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")  # a Python-level fault: only the Python walk meets it
     manifest = tmp_path / "m.parquet"
     code, summary = audit_json(root, manifest, flags)

@@ -20,7 +20,8 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvmigrate.scan as scan_mod
+import kvmigrate.scan.walker as scan_walker
+from kvmigrate import fsio
 from kvmigrate import manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
@@ -69,8 +70,8 @@ def scan_rows(root: Path, out: Path, walk: str, monkeypatch, verify: str, flags:
         monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
     else:
         monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
-        spy = Spy(scan_mod.leaf_walk())
-        monkeypatch.setattr(scan_mod, "leaf_walk", lambda: spy)
+        spy = Spy(scan_walker.leaf_walk())
+        monkeypatch.setattr(scan_walker, "leaf_walk", lambda: spy)
     result = pipeline.scan(root, out, facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify, threads=2)
     monkeypatch.undo()
     return result.exit_code, manifest.read_table(out).to_pylist(), spy
@@ -287,7 +288,7 @@ def test_blocks_larger_than_the_read_buffer_are_streamed(tmp_path, monkeypatch):
     root = tmp_path / "root"
     result = build(root, SynthSpec(family="llmd", tp=2, kv_kind="mla", layers=3, page_bytes=1 << 19, blocks=2))
     sizes = {os.path.getsize(root / r) for r in result.block_files()}
-    assert min(sizes) > scan_mod.READ_BUFFER  # 1.5 MiB files: more than one read
+    assert min(sizes) > fsio.READ_BUFFER  # 1.5 MiB files: more than one read
     py, c, spy = both_walks(root, tmp_path, monkeypatch, "hash", {**FLAGS, "kv_kind": "mla"})
     assert_same(py, c)
     for row in c[1]:
@@ -301,7 +302,7 @@ def _chunk_sizes() -> list[int]:
 
     c = _leafwalk.STREAM_CHUNK
     return [c - 1, c, c + 1, 2 * c, 2 * c + 1, 4 * c - 1, 4 * c, 4 * c + 1,
-            scan_mod.READ_BUFFER - 1, scan_mod.READ_BUFFER, scan_mod.READ_BUFFER + 1]
+            fsio.READ_BUFFER - 1, fsio.READ_BUFFER, fsio.READ_BUFFER + 1]
 
 
 @pytest.mark.parametrize("fill", ["random", "zeros_then_one", "zeros"])
@@ -622,13 +623,13 @@ def test_pure_python_switch(monkeypatch):
     """KVMIGRATE_PURE_PYTHON=1 rules the C walk out; otherwise it runs (the tests need it
     built: `pip install` compiles it where a C compiler is found, as on every CI machine)."""
     monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "1")
-    assert scan_mod.leaf_walk() is None
+    assert scan_walker.leaf_walk() is None
     monkeypatch.setenv("KVMIGRATE_PURE_PYTHON", "0")
-    assert scan_mod.leaf_walk() is not None
+    assert scan_walker.leaf_walk() is not None
     monkeypatch.delenv("KVMIGRATE_PURE_PYTHON")
     from kvmigrate import _leafwalk
 
-    assert scan_mod.leaf_walk() is _leafwalk
+    assert scan_walker.leaf_walk() is _leafwalk
 
 
 @pytest.mark.parametrize("verify", ["size", "hash"])
@@ -837,3 +838,12 @@ def test_blocks_of_one_name_in_two_groups_stay_apart(tmp_path):
         row = store.row(-idx[0] - 1)
         assert row[3] == group and row[0] == f"{rel}de_g{group}/{hex_hash}.bin"
         assert row[10] == xxhash.xxh3_128_digest(bytes([group + 1]) * 64)
+
+
+def test_the_c_walk_takes_the_row_columns_in_the_row_stores_order():
+    """finish_blocks reads the Python rows' column lists, and BlockRows.row returns a row,
+    by position: the C side's column order (ROW_COLUMNS) is the row store's (Rows.COLUMNS)."""
+    from kvmigrate import _leafwalk
+    from kvmigrate.scan.rows import Rows
+
+    assert _leafwalk.ROW_COLUMNS == Rows.COLUMNS

@@ -140,11 +140,11 @@ def test_shard_parts_follow_the_bucket(mixed_root, scan_root):
 
 
 def test_small_batches_give_the_same_manifest(mixed_root, scan_root, monkeypatch):
-    from kvmigrate import scan as scan_mod
+    from kvmigrate.scan import run as scan_run
 
     root, _ = mixed_root
     _, big = scan_root(root, threads=1)
-    monkeypatch.setattr(scan_mod, "BATCH_ROWS", 3)
+    monkeypatch.setattr(scan_run, "BATCH_ROWS", 3)
     scan, small = scan_root(root, threads=4)
     assert big.keys() == small.keys()
     assert all(big[k]["action"] == small[k]["action"] and big[k]["status"] == small[k]["status"] for k in big)

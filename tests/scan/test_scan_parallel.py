@@ -12,9 +12,13 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
+from kvmigrate import fsio
 from kvmigrate import manifest
 from kvmigrate import pipeline
 from kvmigrate import scan as scan_mod
+from kvmigrate.scan import blocks as scan_blocks
+from kvmigrate.scan import parallel
+from kvmigrate.scan import run as scan_run
 
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
 TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24,
@@ -38,8 +42,8 @@ def tree(synth_root):
 def many_tasks(monkeypatch):
     """One bucket per task and tiny row groups, so both workers get many tasks and the
     parent joins many batches."""
-    monkeypatch.setattr(scan_mod, "TASK_BUCKETS", 1)
-    monkeypatch.setattr(scan_mod, "BATCH_ROWS", 16)
+    monkeypatch.setattr(parallel, "TASK_BUCKETS", 1)
+    monkeypatch.setattr(scan_run, "BATCH_ROWS", 16)
 
 
 def run(root, out, **kwargs):
@@ -107,8 +111,8 @@ def test_walk_errors_reach_the_metadata_from_workers(tree, tmp_path, many_tasks,
             raise OSError(errno.EIO, "Input/output error", str(path))
         return real_lstat(path, *a, **kw)
 
-    monkeypatch.setattr(scan_mod.os, "scandir", scandir)
-    monkeypatch.setattr(scan_mod.os, "lstat", lstat)
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "lstat", lstat)
     one = run(tree, tmp_path / "one.parquet", workers=1, threads=1)
     two = run(tree, tmp_path / "two.parquet", workers=2, threads=1)
     assert one[2]["walk_failed"] is True
@@ -133,21 +137,21 @@ def test_a_failing_worker_stops_the_scan_and_leaves_no_manifest(tree, tmp_path, 
 
 
 def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch, walk):
-    monkeypatch.setattr(scan_mod, "_cpus", lambda: 4)
-    small = scan_mod.PARALLEL_MIN_BUCKETS - 1
+    monkeypatch.setattr(parallel, "_cpus", lambda: 4)
+    small = parallel.PARALLEL_MIN_BUCKETS - 1
     # default threads per process: the C walk waits for the disk without the GIL (4); the
     # Python walk holds it (1, 2 when hashing)
-    size, hashing = (1, 2) if walk == "python" else (scan_mod.LEAF_THREADS, scan_mod.LEAF_THREADS)
-    assert scan_mod.LEAF_THREADS == 4
-    assert scan_mod._parallelism(None, None, "size", small) == (1, size)
-    assert scan_mod._parallelism(None, None, "size", scan_mod.PARALLEL_MIN_BUCKETS) == (4, size)
-    assert scan_mod._parallelism(None, None, "hash", scan_mod.PARALLEL_MIN_BUCKETS) == (4, hashing)
-    assert scan_mod._parallelism(None, 8, "size", 10**6) == (4, 2)  # --threads counts threads in all
-    assert scan_mod._parallelism(None, 1, "hash", 10**6) == (1, 1)
-    assert scan_mod._parallelism(None, 2, "hash", 10**6) == (2, 1)
-    assert scan_mod._parallelism(3, 1, "hash", 1) == (3, 1)
-    monkeypatch.setattr(scan_mod, "_cpus", lambda: 1)
-    assert scan_mod._parallelism(None, None, "size", 10**6) == (1, size)
+    size, hashing = (1, 2) if walk == "python" else (parallel.LEAF_THREADS, parallel.LEAF_THREADS)
+    assert parallel.LEAF_THREADS == 4
+    assert parallel.parallelism(None, None, "size", small) == (1, size)
+    assert parallel.parallelism(None, None, "size", parallel.PARALLEL_MIN_BUCKETS) == (4, size)
+    assert parallel.parallelism(None, None, "hash", parallel.PARALLEL_MIN_BUCKETS) == (4, hashing)
+    assert parallel.parallelism(None, 8, "size", 10**6) == (4, 2)  # --threads counts threads in all
+    assert parallel.parallelism(None, 1, "hash", 10**6) == (1, 1)
+    assert parallel.parallelism(None, 2, "hash", 10**6) == (2, 1)
+    assert parallel.parallelism(3, 1, "hash", 1) == (3, 1)
+    monkeypatch.setattr(parallel, "_cpus", lambda: 1)
+    assert parallel.parallelism(None, None, "size", 10**6) == (1, size)
 
 
 @pytest.mark.parametrize("env, backend", [(None, "system"), ("jemalloc", "jemalloc"), ("mimalloc", "mimalloc")])
@@ -193,8 +197,8 @@ def test_scan_commands_choose_the_pool_before_pyarrow_loads(tree, tmp_path, comm
 # -- the single-file fast paths the parallel walk relies on ---------------------------------
 
 
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, scan_mod.SMALL_FILE - 1, scan_mod.SMALL_FILE,
-                                  scan_mod.READ_BUFFER - 1, scan_mod.READ_BUFFER, 3 * scan_mod.READ_BUFFER + 7])
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, fsio.SMALL_FILE - 1, fsio.SMALL_FILE,
+                                  fsio.READ_BUFFER - 1, fsio.READ_BUFFER, 3 * fsio.READ_BUFFER + 7])
 @pytest.mark.parametrize("zero", [False, True])
 def test_read_file_hashes_every_size_exactly(tmp_path, size, zero):
     """One read of size + 1 bytes for small files, the reused buffer (one read or a
@@ -206,13 +210,13 @@ def test_read_file_hashes_every_size_exactly(tmp_path, size, zero):
         data = b"\1" + data[1:]
     f = tmp_path / "f.bin"
     f.write_bytes(data)
-    res = scan_mod.read_file(str(f), want_hash=True)
+    res = fsio.read_file(str(f), want_hash=True)
     assert res.content == xxhash.xxh3_128_digest(data)
     assert res.all_zero is (zero and size > 0)
     assert res.st.st_size == size
 
 
-@pytest.mark.parametrize("claimed", [100, 9000, scan_mod.READ_BUFFER + 5])
+@pytest.mark.parametrize("claimed", [100, 9000, fsio.READ_BUFFER + 5])
 def test_read_file_of_a_file_whose_size_keeps_changing_says_so(tmp_path, monkeypatch, claimed):
     """fstat's size and the bytes read disagree at both reads (it grew or shrank while
     read, twice): ChangedWhileRead, an OSError naming the path and both sizes, so the row
@@ -220,16 +224,16 @@ def test_read_file_of_a_file_whose_size_keeps_changing_says_so(tmp_path, monkeyp
     f = tmp_path / "f.bin"
     f.write_bytes(b"\2" * 5000)
     real_fstat = os.fstat
-    monkeypatch.setattr(scan_mod.os, "fstat", lambda fd: os.stat_result(
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result(
         tuple(real_fstat(fd))[:6] + (claimed,) + tuple(real_fstat(fd))[7:]))
-    with pytest.raises(scan_mod.ChangedWhileRead) as info:
-        scan_mod.read_file(str(f), want_hash=True)
+    with pytest.raises(fsio.ChangedWhileRead) as info:
+        fsio.read_file(str(f), want_hash=True)
     assert isinstance(info.value, OSError) and info.value.errno == errno.EAGAIN
     assert info.value.filename == str(f)
     assert f"{claimed:,} bytes at open" in info.value.strerror and "5,000 read" in info.value.strerror
 
 
-@pytest.mark.parametrize("claimed", [100, 9000, scan_mod.READ_BUFFER + 5])
+@pytest.mark.parametrize("claimed", [100, 9000, fsio.READ_BUFFER + 5])
 def test_read_file_of_a_file_that_changed_size_once_reads_it_again(tmp_path, monkeypatch, claimed):
     """Only the first read disagrees with fstat: the file is read once more from a fresh
     open, and the result is the whole file's hash with its true size."""
@@ -245,8 +249,8 @@ def test_read_file_of_a_file_that_changed_size_once_reads_it_again(tmp_path, mon
         st = real_fstat(fd)
         return os.stat_result(tuple(st)[:6] + (claimed,) + tuple(st)[7:]) if len(calls) == 1 else st
 
-    monkeypatch.setattr(scan_mod.os, "fstat", fstat)
-    res = scan_mod.read_file(str(f), want_hash=True)
+    monkeypatch.setattr(os, "fstat", fstat)
+    res = fsio.read_file(str(f), want_hash=True)
     assert len(calls) == 2
     assert res.content == xxhash.xxh3_128_digest(b"\2" * 5000) and res.st.st_size == 5000
     assert res.all_zero is False
@@ -291,9 +295,10 @@ def test_scan_summary_is_the_summary_of_its_manifest_read_back(synth_root, tmp_p
 SLOW_SCAN = """
 import os, sys, time
 import kvmigrate.scan as S
-S.TASK_BUCKETS = 1
-S.PARALLEL_MIN_BUCKETS = 1
-S._cpus = lambda: 2
+import kvmigrate.scan.parallel as P
+P.TASK_BUCKETS = 1
+P.PARALLEL_MIN_BUCKETS = 1
+P._cpus = lambda: 2
 real = S.Walker.bucket
 def slow(self, unit, hhh, out):
     time.sleep(0.2)
@@ -392,8 +397,8 @@ def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(scan_mod, "scan", spy)
-    monkeypatch.setattr(scan_mod, "_cpus", lambda: 8)
-    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_BUCKETS", 1)
+    monkeypatch.setattr(parallel, "_cpus", lambda: 8)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BUCKETS", 1)
     (tmp_path / "staging").mkdir()
     ray_runner._scan_part(pipeline.scan, str(tree), str(tmp_path / "staging"), 0, 2, "vllm-0.28", FactsResolver(FACTS, None),
                           "size", None, None, False)
@@ -408,7 +413,7 @@ def test_remembered_verdicts_are_bounded(synth_root, tmp_path, monkeypatch):
         if i % 2:
             f.write_bytes(f.read_bytes() + b"\1" * (1 + i))  # every second file its own size
     unbounded = run(root, tmp_path / "a.parquet", workers=1, threads=1)
-    monkeypatch.setattr(scan_mod, "VERDICTS_KEPT", 2)
+    monkeypatch.setattr(scan_blocks, "VERDICTS_KEPT", 2)
     seen = []
     real = scan_mod.Walker._finish_blocks
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmigrate import scan as scan_mod
+from kvmigrate import fsio
 
 INTEGRITY = {"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled", "header_invalid",
              "digest_mismatch", "config_invalid", "unreadable", "incomplete"}
@@ -89,8 +89,8 @@ def test_reads_ask_for_noatime(tmp_path, monkeypatch):
             raise PermissionError(errno.EPERM, "Operation not permitted")
         return real_open(path, flags, *a)
 
-    monkeypatch.setattr(scan_mod.os, "open", spy)
-    res = scan_mod.read_file(str(f), want_hash=True)
+    monkeypatch.setattr(fsio.os, "open", spy)
+    res = fsio.read_file(str(f), want_hash=True)
     assert res.content is not None
     assert seen[0] & os.O_NOATIME and seen[0] & os.O_NOFOLLOW
     assert not seen[1] & os.O_NOATIME and seen[1] & os.O_NOFOLLOW
@@ -129,7 +129,7 @@ def test_unreadable_file_by_monkeypatched_open(synth_root, scan_root, monkeypatc
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, flags, *a)
 
-    monkeypatch.setattr(scan_mod.os, "open", guarded)
+    monkeypatch.setattr(fsio.os, "open", guarded)
     scan, rows = scan_root(root, verify="hash", flags={"model_dtype": "bfloat16", "kv_kind": "mla"})
     row = rows[victim]
     assert row["status"] == "unreadable" and "EACCES" in row["reason"] and victim in row["reason"]
@@ -294,7 +294,7 @@ def test_files_vanishing_between_listing_and_reading_are_dropped(synth_root, sca
                 os.symlink("/etc/passwd", path)
         return real(path, flags, *args, **kw)
 
-    monkeypatch.setattr(scan_mod.os, "open", racing)
+    monkeypatch.setattr(fsio.os, "open", racing)
     scan, rows = scan_root(root, verify="hash", flags={"model_dtype": "bfloat16", "kv_kind": "full",
                                                         "total_kv_heads": 8})  # (else the target is a guess)
     assert gone not in rows and replaced not in rows and tmp_file not in rows

@@ -1,0 +1,340 @@
+"""Phases 1 and 2 of the scan: the top level of ROOT (`list_root`) and its namespaces
+with config, digest, family, facts and target resolved (`resolve_namespaces`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as stat_mod
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmigrate import findings, layout
+from kvmigrate.errors import MissingFactError, UsageError
+from kvmigrate.formats import vllmcpp
+from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
+from kvmigrate.identity import canonical, schemes
+from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
+from kvmigrate.identity.target import compute_target
+
+SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
+CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
+DEEP_RE_PREFIXES = ("block_size_",)
+
+
+@dataclass
+class Namespace:
+    """One namespace (base folder and/or rank folders) with what scan proved about it."""
+
+    source_base: str
+    safe_model: str
+    d12: str
+    has_base: bool
+    rank_dirs: dict[int, str] = field(default_factory=dict)  # rank -> top-level folder name
+    config_relpath: str | None = None
+    fields: dict[str, Any] | None = None
+    config_raw: bytes | None = None
+    family: str | None = None
+    family_evidence: list[str] = field(default_factory=list)
+    scheme: str | None = None
+    model_name: str | None = None
+    digest_ok: bool | None = None
+    digest: bytes | None = None  # full identity digest (raw), vllm.cpp header check
+    config_error: str | None = None
+    unknown_keys: list[str] = field(default_factory=list)
+    deployment: str | None = None
+    facts: Facts | None = None
+    target: Any = None  # kvmigrate.identity.target.Target
+    target_error: str | None = None
+    target_error_flag: str | None = None
+    status: str = "ok"
+    status_reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    sampled_sizes: list[int] = field(default_factory=list)  # rank 0's, for family evidence
+    size_sample: dict[tuple[int, int], Counter] = field(default_factory=dict)  # (rank, group) -> sizes
+
+    def columns(self) -> tuple:
+        t = self.target
+        return (self.family, self.scheme, self.model_name, self.d12, self.source_base,
+                self.deployment or self.source_base,
+                t.profile if t is not None else None,
+                t.d12 if t is not None else None,
+                t.base_name if t is not None else None)
+
+    def metadata(self) -> dict[str, Any]:
+        t = self.target
+        facts = self.facts
+        return {
+            "family": self.family, "family_evidence": self.family_evidence, "scheme": self.scheme,
+            "model_name": self.model_name, "source_d12": self.d12, "digest_ok": self.digest_ok,
+            "config_json": self.fields, "config_error": self.config_error, "unknown_keys": self.unknown_keys,
+            "ranks": sorted(self.rank_dirs), "rank_dirs": [self.rank_dirs[r] for r in sorted(self.rank_dirs)],
+            "deployment": self.deployment or self.source_base,
+            "facts": facts.to_dict() if facts is not None else {},
+            "facts_source": dict(facts.sources) if facts is not None else {},
+            "assumed_facts": dict(t.assumed_facts) if t is not None else {},
+            "target": None if t is None else {
+                "profile": t.profile, "family": t.family, "fields": t.fields, "d12": t.d12,
+                "base_name": t.base_name, "rank_dir": t.rank_dir, "parallel_agnostic": t.parallel_agnostic,
+                "replicated_layout": t.replicated_layout, "reasons": list(t.reasons),
+                "unreachable": t.unreachable, "missing_facts": list(t.missing_facts),
+                "decisive_assumptions": dict(t.decisive_assumptions)},
+            "target_error": self.target_error, "target_error_flag": self.target_error_flag,
+            "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
+            "block_sizes": _modal_sizes(self.sampled_sizes),  # rank 0's sample (family evidence)
+        }
+
+
+@dataclass
+class RootListing:
+    """The top level of ROOT, sorted into what each entry is."""
+
+    bases: dict[str, os.DirEntry] = field(default_factory=dict)
+    rank_folders: dict[str, dict[int, str]] = field(default_factory=dict)  # base -> rank -> dirname
+    own_dirs: list[str] = field(default_factory=list)
+    deep_dirs: list[str] = field(default_factory=list)
+    foreign_dirs: list[str] = field(default_factory=list)
+    files: list[os.DirEntry] = field(default_factory=list)  # top-level non-directories
+    names: set[str] = field(default_factory=set)
+
+
+def _looks_deep(path: str, depth: int = 3) -> bool:
+    """Old llm-d deep layout: `<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*/...`
+    (the model name is verbatim, so `org/model` nests one more level)."""
+    try:
+        with os.scandir(path) as it:
+            subdirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for e in subdirs:
+        if e.name.startswith(DEEP_RE_PREFIXES):
+            return True
+    if depth > 1:
+        return any(_looks_deep(e.path, depth - 1) for e in subdirs[:64])
+    return False
+
+
+def list_root(root: str) -> RootListing:
+    listing = RootListing()
+    with os.scandir(root) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        listing.names.add(e.name)
+        if not e.is_dir(follow_symlinks=False):
+            listing.files.append(e)
+            continue
+        if e.name == layout.OWN_DIR:
+            listing.own_dirs.append(e.name)
+            continue
+        parsed = layout.parse_folder(e.name)
+        if parsed is not None and parsed.rank is not None:
+            listing.rank_folders.setdefault(parsed.base, {})[parsed.rank] = e.name
+        elif parsed is not None:
+            listing.bases[e.name] = e
+        elif _looks_deep(e.path):
+            listing.deep_dirs.append(e.name)
+        else:
+            listing.foreign_dirs.append(e.name)
+    return listing
+
+
+def _read_config(root: str, ns: Namespace) -> None:
+    """Read, parse and validate config.json; prove the digest against the folder name."""
+    rel = f"{ns.source_base}/{layout.CONFIG_NAME}"
+    path = os.path.join(root, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        ns.status, ns.status_reason = "orphan_namespace", f"{rel} is missing"
+        ns.config_error = "config.json missing"
+        return
+    except OSError as exc:
+        ns.status, ns.status_reason = "config_invalid", errno_reason(exc, "cannot stat", rel)
+        ns.config_error = ns.status_reason
+        return
+    ns.config_relpath = rel
+    if not stat_mod.S_ISREG(st.st_mode):
+        ns.status, ns.status_reason = "orphan_namespace", f"{rel} is not a regular file (never followed)"
+        ns.config_error = "config.json is not a regular file"
+        ns.config_relpath = None
+        return
+    too_big = (f"{rel} is larger than {CONFIG_MAX} bytes (an engine's config.json is a few KiB); not read, "
+               "never migrated")
+    if st.st_size > CONFIG_MAX:
+        ns.status, ns.status_reason, ns.config_error = "config_invalid", too_big, too_big
+        return
+    try:
+        fd = open_noatime(path)
+        try:
+            chunks = []
+            n = 0
+            while n <= CONFIG_MAX:  # it may grow while read
+                b = os.read(fd, CHUNK)
+                if not b:
+                    break
+                chunks.append(b)
+                n += len(b)
+            raw = b"".join(chunks)
+        finally:
+            os.close(fd)
+        if n > CONFIG_MAX:
+            ns.status, ns.status_reason, ns.config_error = "config_invalid", too_big, too_big
+            return
+    except OSError as exc:
+        ns.status, ns.status_reason = "config_invalid", errno_reason(exc, "cannot read", rel)
+        ns.config_error = ns.status_reason
+        return
+    ns.config_raw = raw
+    try:
+        fields = canonical.fields_from_config_bytes(raw)
+    except ValueError as exc:
+        ns.status, ns.status_reason = "config_invalid", f"{rel}: {exc}"
+        ns.config_error = str(exc)
+        return
+    is_cpp = all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
+    problems = vllmcpp.validate_identity(fields) if is_cpp else schemes.validate_fields(fields)
+    if problems:
+        ns.status = "config_invalid"
+        ns.status_reason = f"{rel}: " + "; ".join(problems[:5])
+        ns.config_error = "; ".join(problems)
+        ns.fields = fields
+        return
+    ns.fields = fields
+    ns.model_name = fields["model_name"]
+    if is_cpp:
+        ns.scheme = "vllmcpp-v1"
+        digest_hex = canonical.full_digest(fields, "vllmcpp")
+        ns.digest = bytes.fromhex(digest_hex)
+        ns.unknown_keys = sorted(k for k in fields if k not in vllmcpp.IDENTITY_KEYS
+                                 and k not in vllmcpp.OPTIONAL_KEYS)
+        if hashlib.sha256(raw).hexdigest() != digest_hex:
+            ns.notes.append("config.json is not byte-canonical (vllm.cpp compares it field by field)")
+        rank0 = dict(fields, rank=0)
+        ns.deployment = canonical.full_digest(rank0, "vllmcpp")
+    else:
+        ns.scheme = schemes.scheme_of(fields)
+        digest_hex = canonical.full_digest(fields, "vllm")
+        ns.unknown_keys = schemes.unknown_keys(fields)
+        ns.deployment = ns.source_base
+    expected_base = layout.base_name(ns.model_name, digest_hex[:12])
+    ns.digest_ok = expected_base == ns.source_base
+    if not ns.digest_ok:
+        ns.status = "digest_mismatch"
+        if digest_hex[:12] != ns.d12:
+            ns.status_reason = (f"digest mismatch: {rel} hashes to {digest_hex[:12]}, the folder name says "
+                                f"{ns.d12}; never migrated")
+        else:
+            ns.status_reason = (f"digest mismatch: {rel} names model {ns.model_name!r}, the folder name says "
+                                f"{ns.safe_model!r}; never migrated")
+
+
+def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[tuple[int, int]]:
+    """(group, size) of the first block files of a rank folder, in sorted bucket order.
+
+    Deterministic and independent of --shard: it is the family evidence of S1 folders and
+    the shared size reference that lets every shard judge odd sizes the same way.
+    """
+    sizes: list[tuple[int, int]] = []
+    base = os.path.join(root, rank_dir)
+    try:
+        with os.scandir(base) as it:
+            buckets = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name))
+    except OSError:
+        return sizes
+    for b in buckets:
+        try:
+            with os.scandir(os.path.join(base, b)) as it:
+                fanouts = sorted(e.name for e in it
+                                 if e.is_dir(follow_symlinks=False) and layout.FANOUT_RE.match(e.name))
+        except OSError:
+            continue
+        for f in fanouts:
+            group = int(layout.FANOUT_RE.match(f).group(2))
+            try:
+                with os.scandir(os.path.join(base, b, f)) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                continue
+            for e in entries:
+                if e.is_file(follow_symlinks=False) and layout.BLOCK_RE.match(e.name):
+                    try:
+                        sizes.append((group, e.stat(follow_symlinks=False).st_size))
+                    except OSError:
+                        continue
+                    if len(sizes) >= limit:
+                        return sizes
+    return sizes
+
+
+def _modal_sizes(sizes: list[int]) -> list[int]:
+    """The most common block size(s) of a sample: one damaged file is not evidence."""
+    if not sizes:
+        return []
+    counts = Counter(sizes).most_common()
+    top = counts[0][1]
+    return [s for s, n in counts if n == top and s > 0]
+
+
+def resolve_namespaces(root: str, listing: RootListing, resolver: FactsResolver, profile: str) -> list[Namespace]:
+    """Every namespace of the root with config, digest, family, facts and target resolved."""
+    namespaces: list[Namespace] = []
+    names = sorted(set(listing.bases) | set(listing.rank_folders))
+    for base in names:
+        parsed = layout.parse_folder(base)
+        ns = Namespace(base, parsed.safe_model, parsed.d12, has_base=base in listing.bases,
+                       rank_dirs=dict(sorted(listing.rank_folders.get(base, {}).items())))
+        if ns.has_base:
+            _read_config(root, ns)
+        else:
+            ns.status = "orphan_namespace"
+            ns.status_reason = f"rank folder without its base folder {base}/"
+        if ns.has_base and not ns.rank_dirs and ns.status == "ok":
+            ns.notes.append("no rank folder: the namespace holds no blocks")
+        if ns.fields is not None and ns.status in ("ok", "digest_mismatch"):
+            _resolve_identity(root, ns, resolver, profile)
+        namespaces.append(ns)
+    return namespaces
+
+
+def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile: str) -> None:
+    fields = ns.fields
+    assert fields is not None
+    facts = resolver.for_namespace(ns.model_name or "", ns.source_base, fields)
+    ns.facts = facts
+    if not (ns.scheme or "").startswith("vllmcpp"):
+        for rank, dirname in ns.rank_dirs.items():
+            for group, size in _sample_sizes(root, dirname):
+                ns.size_sample.setdefault((rank, group), Counter())[size] += 1
+                if rank == 0:
+                    ns.sampled_sizes.append(size)
+    family, evidence = detect_family(fields, rank_numbers=list(ns.rank_dirs),
+                                     block_sizes=_modal_sizes(ns.sampled_sizes), forced=facts.family)
+    ns.family, ns.family_evidence = family, list(evidence)
+    if family == "ambiguous":
+        note = harmless_ambiguity_note(fields, _modal_sizes(ns.sampled_sizes))
+        if note:
+            ns.family_evidence.append(note)
+        else:
+            ns.family_evidence.append("the ambiguity changes decisions here (tp, pp, pcp or blocks per file > 1): "
+                                      "blocks stay `none` until --family is given")
+    if family == "unknown":
+        ns.status, ns.status_reason = "config_invalid", "config.json matches no known writer scheme"
+        return
+    if family == "llmd" and fields.get("pp_size", 1) > 1:
+        ns.status = "unsupported_layout"
+        ns.status_reason = (f"pipeline stage: llm-d with pp={fields['pp_size']} writes one base folder per stage "
+                            "(out of scope)")
+    if ns.status != "ok":
+        return
+    target_profile = "vllmcpp" if family == "vllmcpp" else profile
+    try:
+        ns.target = compute_target(fields, family, facts, target_profile)
+    except MissingFactError as exc:
+        ns.target_error_flag = exc.flag
+        ns.target_error = findings.reason(f"missing deployment fact '{exc.fact}': pass {exc.flag} "
+                                          f"(or '{exc.fact}' for this namespace in --facts)", findings.NEEDS_FACT,
+                                          asks=findings.asks(exc.flag))
+    except UsageError as exc:
+        ns.target_error = str(exc).split("\n")[0]

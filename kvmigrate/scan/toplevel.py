@@ -1,0 +1,119 @@
+"""The rows of files outside buckets (part 0 of a sharded scan): top-level files,
+.kvmigrate/, base folders, rank-folder top level, deep layouts and foreign folders."""
+
+from __future__ import annotations
+
+import os
+
+import xxhash
+
+from kvmigrate import layout
+from kvmigrate.fsio import errno_reason
+from kvmigrate.scan.roots import Namespace, RootListing
+from kvmigrate.scan.rows import Rows
+from kvmigrate.scan.units import Member, Unit
+from kvmigrate.scan.walker import Walker, stat_record
+
+
+def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Namespace],
+                     units: list[Unit], shard: tuple[int, int]) -> Rows:
+    """Rows of files outside buckets: top-level files, .kvmigrate/, base folders
+    (config.json, probe and config temp files), rank-folder top level, deep layouts and
+    foreign folders. Everything here is part 0 (except bucket files of deep layouts)."""
+    out = Rows()
+    root = walker.root
+    part0 = shard[0] == 0
+    if part0:
+        for e in listing.files:
+            walker.other_file(e, e.name, out, where="the cache root")
+        for d in listing.own_dirs:
+            walker.dir_rows(os.path.join(root, d), d, out, status="own_artifact",
+                            reason="kvmigrate journal folder", ns_cols=None, where="kvmigrate folder")
+        for d in listing.foreign_dirs:
+            walker.dir_rows(os.path.join(root, d), d, out, status="foreign",
+                            reason="folder that is not a cache namespace: not part of the cache", ns_cols=None,
+                            where="the cache root")
+    for d in listing.deep_dirs:
+        walker.dir_rows(os.path.join(root, d), d, out, status="unsupported_layout",
+                        reason="old llm-d deep layout (<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*): "
+                               "out of scope", ns_cols=None, where="deep layout", shard=shard)
+    for unit in units:
+        for m in unit.members:
+            _rank_top_level(walker, m, out, emit=part0)
+    if not part0:
+        return out
+    cols_of = {ns.source_base: ns.columns() for ns in namespaces}
+    for ns in namespaces:
+        if not ns.has_base:
+            continue
+        base_path = os.path.join(root, ns.source_base)
+        try:
+            with os.scandir(base_path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            st = walker.lstat_row(base_path, ns.source_base, out)
+            if st is not None:
+                rec = stat_record(ns.source_base, st)
+                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", ns.source_base)
+                walker.emit(out, rec, cols_of[ns.source_base])
+            continue
+        for e in entries:
+            rel = f"{ns.source_base}/{e.name}"
+            if e.is_dir(follow_symlinks=False):
+                walker.dir_rows(e.path, rel, out, status="foreign", reason="unexpected folder in a base folder",
+                                ns_cols=cols_of[ns.source_base], where="base folder")
+            elif e.name == layout.CONFIG_NAME and ns.config_relpath == rel:
+                _config_row(walker, ns, e, rel, out, cols_of[ns.source_base])
+            else:
+                walker.other_file(e, rel, out, where="base folder", ns_cols=cols_of[ns.source_base])
+    return out
+
+
+def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out: Rows,
+                ns_cols: tuple) -> None:
+    rec = walker.entry_record(entry, rel, out)
+    if rec is None:
+        return
+    if ns.status in ("config_invalid", "digest_mismatch"):
+        rec.status, rec.reason = ns.status, ns.status_reason
+    elif ns.status == "unsupported_layout":
+        rec.reason = f"identity proved, but the namespace is out of scope: {ns.status_reason}"
+    else:
+        parts = [f"identity of {ns.source_base} ({ns.family}, {ns.scheme}); digest proved"]
+        if ns.target_error:
+            parts.append(ns.target_error)
+        parts.extend(ns.notes)
+        rec.reason = "; ".join(parts)
+    if walker.hashed and ns.config_raw is not None:
+        rec.content = xxhash.xxh3_128_digest(ns.config_raw)
+    walker.emit(out, rec, ns_cols)
+
+
+def _rank_top_level(walker: Walker, m: Member, out: Rows, *, emit: bool) -> None:
+    """List a rank folder's top level once: its bucket names for the walk (every shard)
+    and, in part 0, rows for anything else in it."""
+    path = os.path.join(walker.root, m.dirname)
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        st = walker.lstat_row(path, m.dirname, out) if emit else None
+        if st is not None:
+            rec = stat_record(m.dirname, st)
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", m.dirname)
+            walker.emit(out, rec, m.columns)
+        return
+    for e in entries:
+        if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name):
+            m.buckets.add(e.name)
+            continue
+        if not emit:
+            continue
+        rel = f"{m.dirname}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            walker.dir_rows(e.path, rel, out, status="foreign", reason="unexpected folder in a rank folder",
+                            ns_cols=m.columns, where="rank folder")
+        else:
+            walker.other_file(e, rel, out, where="rank folder", ns_cols=m.columns)
