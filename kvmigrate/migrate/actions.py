@@ -12,27 +12,32 @@ from __future__ import annotations
 import os
 import shlex
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from kvmigrate import findings, layout
-from kvmigrate.cost import TRANSFORMS, cost_line
+from kvmigrate.cost import cost_line
 from kvmigrate.formats import vllmcpp
 from kvmigrate.migrate.competing import COMPETING
 from kvmigrate.migrate.fsops import padded_size
+from kvmigrate.migrate.model import MERGE
 from kvmigrate.units import human_bytes
 
 if TYPE_CHECKING:
-    from kvmigrate.migrate.apply import Applier
+    from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
     from kvmigrate.migrate.outputs import TransformSpec
-    from kvmigrate.migrate.plan import BlockAction, Plan, TargetPlan
 
-# Actions that create a file (migration.md §1); the rest are counted, never acted on.
-COPIES = ("link", "copy_pad", "rewrite_header")
-CREATING = (*COPIES, *TRANSFORMS)
-NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
-# Counts key of a block another source places at the same target path with the same
-# bytes: streamed after the placed blocks, compared at apply (already_present).
-MERGE = "merge_duplicate"
+
+class Placing(Protocol):
+    """What a kind executes through: the Applier's placing primitives (`place.Placer`),
+    passed in, so that this module does not import the applier."""
+
+    mode: str
+
+    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None: ...
+
+    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None: ...
+
+    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None: ...
 
 
 class ActionKind:
@@ -42,7 +47,7 @@ class ActionKind:
     name = ""
     label = ""  # what the dry run calls it
 
-    def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         """Make the block (its sources already checked by `Applier._block`)."""
         raise NotImplementedError
 
@@ -53,6 +58,7 @@ class ActionKind:
         return f"  {self.label:<40} {blocks:>9} blocks  {human_bytes(nbytes):>10}"
 
     def output_size(self, act: BlockAction) -> int:
+        """The bytes the block's file will hold."""
         return act.source.size
 
     def writes_temp(self, mode: str) -> bool:
@@ -65,7 +71,7 @@ class Link(ActionKind):
 
     name, label = "link", "link (hard link)"
 
-    def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         if applier.mode != "copy":
             applier._link(tp, act, src_hash)
         else:
@@ -87,13 +93,13 @@ class CopyPad(ActionKind):
 
     name, label = "copy_pad", "copy with padding"
 
-    def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         applier._copy(tp, act, self.name, src_hash)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
         src = os.path.join(root, act.source.relpath)
-        pad = act.output_size - act.source.size
+        pad = self.output_size(act) - act.source.size
         return f"[ -e {q(dst)} ] || {{ cat -- {q(src)}; head -c {pad} /dev/zero; }} > {q(dst)}"
 
     def output_size(self, act: BlockAction) -> int:
@@ -105,7 +111,7 @@ class RewriteHeader(ActionKind):
 
     name, label = "rewrite_header", "rewrite header"
 
-    def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         applier._copy(tp, act, self.name, src_hash)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
@@ -122,7 +128,7 @@ class Transform(ActionKind):
     """A new row built from the block's files by the proven geometry the plan carries
     (`act.transform`); its shell form prints the row's cells (`cells`), then the zero pad."""
 
-    def execute(self, applier: Applier, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         applier._transform(tp, act, act.transform)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:

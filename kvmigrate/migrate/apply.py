@@ -59,7 +59,8 @@ from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
 from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
 from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts, oserror_stop
 from kvmigrate.migrate.place import Placer, stat_differs as _stat_differs
-from kvmigrate.migrate.plan import ActionStream, BlockAction, Plan, TargetPlan
+from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
+from kvmigrate.migrate.plan import ActionStream
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024

@@ -20,7 +20,7 @@ from kvmigrate.cost import TRANSFORMS
 from kvmigrate.formats import vllmcpp
 
 if TYPE_CHECKING:
-    from kvmigrate.migrate.plan import TargetPlan, _Tally
+    from kvmigrate.migrate.model import Tally, TargetPlan
 
 COMPETING = "competing source "  # prefix of the conflict cause of a competing source (`decide`)
 
@@ -51,7 +51,7 @@ def geometry_size(tp: TargetPlan) -> int | None:
     return vllmcpp.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
 
 
-def target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, _Tally]) -> dict[tuple[str, int], int | None]:
+def target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, Tally]) -> dict[tuple[str, int], int | None]:
     """(target base, group) -> the target's block size competing sources are judged by:
     its geometry's, else the most common output size over all its sources (None on a tie)."""
     out: dict[tuple[str, int], int | None] = {}

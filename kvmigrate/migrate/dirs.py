@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
 from kvmigrate.migrate.fsops import SymlinkInPath
 from kvmigrate.migrate.result import oserror_stop
+
+if TYPE_CHECKING:
+    from kvmigrate.migrate.model import BlockAction
 
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them

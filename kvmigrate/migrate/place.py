@@ -23,7 +23,7 @@ from kvmigrate.migrate.result import Stop, oserror_stop
 from kvmigrate.transforms import TransformError
 
 if TYPE_CHECKING:
-    from kvmigrate.migrate.plan import BlockAction, TargetPlan
+    from kvmigrate.migrate.model import BlockAction, TargetPlan
 
 
 def stat_differs(st: os.stat_result, src) -> str | None:

@@ -18,7 +18,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,17 +28,13 @@ from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical
-from kvmigrate.cost import transform_cost
-from kvmigrate.migrate.actions import ACTIONS, CREATING, MERGE, NEEDS
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
+from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, BlockAction, Plan, SourceFile, Tally, TargetPlan
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 
-# Outcomes of a block (interface.md §1): what `--apply` reports, and what the dry run
-# foresees with the same numbers (`Plan.outcomes`).
-OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
 # have a finding in findings.SECONDARY. The scanner reports a target path that is already
 # taken by other bytes as `none` with finding `target_occupied` (identity.md: the occupant
@@ -46,171 +42,6 @@ OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "ski
 # overwritten (exit bit 4).
 ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
                    "(migrate into ROOT, or scan a root without it)")
-
-
-class SourceFile(NamedTuple):
-    """One source file an action reads, with the stat the scan saw (staleness check).
-    (Immutable records; a NamedTuple is built three times faster than a frozen dataclass,
-    and a plan makes one per block file.)"""
-
-    relpath: str
-    rank: int
-    dev: int
-    inode: int
-    size: int
-    mtime_ns: int
-    content_hash: bytes | None
-    payload_hash: bytes | None
-
-
-class BlockAction(NamedTuple):
-    """One block to materialize at `target_relpath` (relative to the destination root)."""
-
-    action: str  # link | copy_pad | rewrite_header | slice | concat | relayout
-    target_relpath: str
-    source: SourceFile
-    replicas: tuple[SourceFile, ...]  # the other ranks' files (equal to `source`, or the shards of a concat)
-    source_base: str
-    world: int = 1  # ranks that hold a file of this block (replicas must cover 0..world-1)
-    transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
-
-    @property
-    def output_size(self) -> int:
-        return ACTIONS[self.action].output_size(self)
-
-    @property
-    def sources(self) -> tuple[SourceFile, ...]:
-        """Every file of the block in rank order (what a concat or relayout reads)."""
-        return (self.source, *self.replicas)
-
-    @property
-    def source_bytes(self) -> int:
-        return sum(f.size for f in self.sources)
-
-
-@dataclass
-class TargetPlan:
-    """Everything to do for one target namespace, in the fixed merge order; competing
-    sources of a target path resolved by the rule of `decide`."""
-
-    base_name: str
-    rank_dir: str
-    profile: str
-    family: str  # target engine family: vllm | vllmcpp
-    fields: dict[str, Any]
-    sources: list[str]  # source base folders merged into this target, in merge order
-    # the block actions in merge order: an `ActionStream` read from the manifest on demand
-    # (build_plan), or a list
-    actions: Any = field(default_factory=list)
-    already_present: list[int] = field(default_factory=lambda: [0, 0])  # blocks, bytes
-    skipped: Counter = field(default_factory=Counter)  # (needs_action, reason) -> blocks
-    skipped_bytes: Counter = field(default_factory=Counter)
-    not_reusable: Counter = field(default_factory=Counter)  # reason -> blocks
-    not_reusable_bytes: Counter = field(default_factory=Counter)
-    conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
-
-    @property
-    def config_bytes(self) -> bytes:
-        return canonical.config_json_bytes(self.fields, self.family)
-
-    @property
-    def digest(self) -> bytes:
-        """Raw SHA-256 of the target identity (what vllm.cpp headers carry)."""
-        return bytes.fromhex(canonical.full_digest(self.fields, self.family))
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        """blocks/bytes per creating action; a second source's block at a target path
-        another source fills with the same bytes (a merge) is counted under `merge_duplicate`."""
-        if isinstance(self.actions, ActionStream):  # counted when the plan was built
-            return {a: dict(v) for a, v in self.actions.tally.counts.items()}
-        out: dict[str, dict[str, int]] = {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)}
-        seen: set[str] = set()
-        for act in self.actions:
-            key = MERGE if act.target_relpath in seen else act.action
-            seen.add(act.target_relpath)
-            out[key]["blocks"] += 1
-            out[key]["bytes"] += act.output_size
-        return out
-
-    @property
-    def pending(self) -> int:
-        c = self.counts()
-        return sum(c[a]["blocks"] for a in CREATING)
-
-    @property
-    def unverified_merges(self) -> int:
-        """Merges whose equal bytes the manifest cannot prove (no content hashes, equal
-        sizes): the apply compares them, and a difference is a conflict."""
-        return self.actions.tally.unverified if isinstance(self.actions, ActionStream) else 0
-
-    def outcomes(self) -> dict[str, int]:
-        """What `--apply` will report for this target if nothing changes meanwhile
-        (changed_since_scan and failed are only known then)."""
-        c = self.counts()
-        return {"created": self.pending, "already_present": self.already_present[0] + c[MERGE]["blocks"],
-                "conflict": sum(self.conflicts.values()), "changed_since_scan": 0,
-                "skipped_needs_transform": sum(self.skipped.values()), "failed": 0}
-
-    def transform_costs(self) -> dict[str, dict]:
-        """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
-        the space saved (slice) or spent (concat, relayout); merge duplicates excluded."""
-        if isinstance(self.actions, ActionStream):  # totalled when the plan was built
-            totals = self.actions.tally.transforms
-            return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
-        totals: dict[str, list[int]] = {}
-        seen: set[str] = set()
-        for act in self.actions:
-            if act.target_relpath in seen:
-                continue
-            seen.add(act.target_relpath)
-            if act.transform is not None:
-                t = totals.setdefault(act.action, [0, 0, 0])
-                t[0] += 1
-                t[1] += act.source_bytes
-                t[2] += act.output_size
-        return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
-
-
-@dataclass
-class Plan:
-    root: str  # where the sources are (the scanned root)
-    dest: str  # where targets go
-    manifest_path: str | None
-    target_profile: str
-    metadata: dict[str, Any]
-    targets: list[TargetPlan]
-    untargeted: Counter  # reason -> blocks of namespaces with no target identity
-    integrity_rows: int  # every row of the manifest with an integrity state (reported)
-    status_counts: Counter
-    # (target base, group) -> the block size competing sources are judged by (None: unknown)
-    target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
-    placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
-
-    @property
-    def pending(self) -> int:
-        return sum(t.pending for t in self.targets)
-
-    @property
-    def conflicts(self) -> int:
-        """Blocks whose target path the scan found taken by other bytes."""
-        return sum(sum(t.conflicts.values()) for t in self.targets)
-
-    def outcomes(self) -> dict[str, int]:
-        """The apply's outcomes as the dry run foresees them (`TargetPlan.outcomes`)."""
-        out = dict.fromkeys(OUTCOMES, 0)
-        for tp in self.targets:
-            for k, n in tp.outcomes().items():
-                out[k] += n
-        return out
-
-    def dry_run_exit_code(self) -> int:
-        """interface.md §4: 1 if anything would be created, +4 for conflicts it would meet
-        or integrity states of blocks it would place. Other rows' findings are reported in
-        the plan, not failed on (they are `audit`'s exit code)."""
-        code = 1 if self.pending else 0
-        if self.placed_integrity_rows or self.conflicts:
-            code |= 4
-        return code
 
 
 def _as_int(v: Any) -> int:
@@ -248,24 +79,6 @@ SLICE_ROWS = 4096
 
 
 # --- checking and counting the rows of a chunk --------------------------------------------
-
-@dataclass
-class _Tally:
-    """What planning learns about one target's actions without keeping them: the
-    (source base, rank) groups to stream, counts per action, transform totals and the
-    devices that `link` sources sit on (with a path on each, for messages)."""
-
-    groups: set = field(default_factory=set)
-    blocks: int = 0
-    counts: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)})
-    transforms: dict[str, list[int]] = field(default_factory=dict)  # action -> [blocks, source bytes, output bytes]
-    link_devs: dict[int, str] = field(default_factory=dict)
-    sizes: dict[int, Counter] = field(default_factory=dict)  # group -> output size -> blocks (all sources)
-    competing: bool = False  # some target path has candidates from several rows (decided in a second pass)
-    merges: set = field(default_factory=set)  # (source base, rank) groups with merges, streamed after the rest
-    unverified: int = 0  # merges of equal sizes whose bytes the manifest cannot compare (checked at apply)
-
 
 @dataclass
 class _Context:
@@ -396,7 +209,7 @@ def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
     return c.take(pc.sort_indices(c, sort_keys=[*keys, ("target_relpath", "ascending")]))
 
 
-def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally]) -> None:
     """First pass over the creating rows of one chunk, per target, in Arrow: counts, and
     every row's output size in its (target, group) histogram; transforms (proven here)
     are counted one by one, rows of a target path with several candidates only join the
@@ -453,7 +266,7 @@ def _grouped(t: pa.Table, keys: list[str], aggs: list[tuple[str, str]]) -> Itera
         yield key, (vals[0] if len(vals) == 1 else tuple(vals))
 
 
-def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally],
+def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally],
                 competing: set[str] | None = None) -> None:
     """Counts of creating rows one by one; transforms are proven. In the first pass
     (`competing`: the chunk's target paths with several candidates) each row also joins
@@ -537,7 +350,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
     return out_roles
 
 
-def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally]) -> None:
     """Second pass over a chunk: the rows of competing target paths by the rule above;
     a placed row counts as its action, a merge as `merge_duplicate`, a conflict by cause."""
     roles = _competing_roles(ctx, c)
@@ -639,7 +452,7 @@ class ActionStream:
     them. Sized and indexable like the list it stands for; its counts were taken when
     the plan was built."""
 
-    def __init__(self, rows: ManifestRows, ctx: _Context, tally: _Tally):
+    def __init__(self, rows: ManifestRows, ctx: _Context, tally: Tally):
         self._rows = rows
         self._ctx = ctx
         self.tally = tally
@@ -738,7 +551,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
 
     # One pass over the chunks: check every creating row, count actions (the actions are
     # streamed later), and count what is not created (Arrow group_by).
-    tallies = {base: _Tally() for base in targets}
+    tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
     for chunk in rows.chunks():

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
-from kvmigrate.migrate.plan import OUTCOMES
+from kvmigrate.migrate.model import OUTCOMES
 
 if TYPE_CHECKING:
-    from kvmigrate.migrate.plan import Plan
+    from kvmigrate.migrate.model import Plan
 
 _OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
             errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",

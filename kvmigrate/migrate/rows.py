@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from kvmigrate import findings, manifest
 from kvmigrate.errors import UsageError
-from kvmigrate.migrate.actions import CREATING
+from kvmigrate.migrate.model import CREATING
 
 BUCKETS = 4096
 # Row states with the integrity bit (interface.md §2).
