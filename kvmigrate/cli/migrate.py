@@ -91,7 +91,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             progress=not quiet and sys.stderr.isatty(),
             command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
         if print_commands:
-            from kvmigrate.migrate.plan import render_commands
+            from kvmigrate.migrate.actions import render_commands
 
             for line in render_commands(run.plan, mode):
                 click.echo(line)
@@ -105,7 +105,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
 def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: bool, quiet: bool) -> None:
     """--apply: run the plan (a progress bar on a terminal, SIGTERM as Ctrl-C: a stopped
     run stays resumable), print what happened and exit with its code."""
-    from kvmigrate.migrate.apply import render_result
+    from kvmigrate.migrate.result import render_result
 
     plan = run.plan
     progress = None
@@ -150,7 +150,7 @@ def _interrupt(signum, frame) -> None:
 def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
     """The plan, and the command that applies it, unless a target it fills is a guess: then
     the command that states the missing facts (identity.md §4)."""
-    from kvmigrate.migrate.plan import render_text
+    from kvmigrate.migrate.actions import render_text
 
     plan = run.plan
     code = plan.dry_run_exit_code()

@@ -27,18 +27,20 @@ thread links one batch, helper threads make the next batch's folders (after its 
 is fsynced) and stat its sources, or read them (blocks without hashes); every outcome is
 still judged by the main thread in block order, so results and journal are those of one
 thread.
+
+This module runs the plan (journal, locks, batches, source checks); its parts live beside
+it: folders `dirs.py`, placing a block `place.py` (called by each action's kind,
+`actions.py`), proof of an interrupted run's outputs `reconcile.py`, the result `result.py`.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import shlex
 import signal
 import stat
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 import xxhash
@@ -49,74 +51,23 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.actions import ACTIONS
+from kvmigrate.migrate.dirs import Batch, FolderMaker
 from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
-from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
-                                       slice_row_problem, transform_output_hash, write_transform)
-from kvmigrate.migrate.plan import OUTCOMES, ActionStream, BlockAction, Plan, TargetPlan
-from kvmigrate.transforms import TransformError
+from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
+from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
+from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts, oserror_stop
+from kvmigrate.migrate.place import Placer, stat_differs as _stat_differs
+from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
+from kvmigrate.migrate.plan import ActionStream
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024
-_DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
-_PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
 _HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the kernel)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _NOT_SEEN = object()
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
-
-_OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-            errno.EROFS: "read-only filesystem", errno.EXDEV: "destination is on another filesystem",
-            errno.EMLINK: "too many hard links to the source file", errno.EIO: "I/O error"}
-_OS_HINT = {errno.ENOSPC: "free space on the destination, then rerun the same command: it resumes from the journal",
-            errno.EDQUOT: "raise the quota or free space, then rerun the same command to resume",
-            errno.EACCES: "run as a user that may write the destination, then rerun the same command to resume",
-            errno.EPERM: "run as a user that may write the destination, then rerun the same command to resume",
-            errno.EROFS: "remount the destination read-write or pass --dest DIR on a writable filesystem",
-            errno.EIO: "check the device (dmesg), then rerun the same command to resume"}
-
-
-class _Stop(Exception):
-    """An operational stop: the journal is synced, locks released, then it is raised."""
-
-    def __init__(self, error: OperationalError):
-        self.error = error
-
-
-@dataclass
-class ApplyResult:
-    outcomes: Counter = field(default_factory=lambda: Counter({o: 0 for o in OUTCOMES}))
-    per_target: dict[str, Counter] = field(default_factory=dict)
-    linked: int = 0  # created as hard links
-    copied: int = 0  # created as new files (copy, copy_pad, rewrite_header)
-    link_copies: int = 0  # `link` actions materialized as copies (--mode copy/auto)
-    transformed: int = 0  # new files written by slice / concat / relayout (counted in `copied` too)
-    bytes_written: int = 0
-    findings: list[str] = field(default_factory=list)  # conflict / failed / changed lines
-    namespace_errors: list[str] = field(default_factory=list)
-    bits: int = 0
-    stop: OperationalError | None = None
-    journal_path: str | None = None
-    resumed: bool = False
-    recovered: int = 0  # outputs of an interrupted run proven and adopted on resume
-
-    @property
-    def exit_code(self) -> int:
-        code = self.bits
-        if self.stop is not None:
-            code |= EXIT_OPERATIONAL
-        return code
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"outcomes": dict(self.outcomes), "linked": self.linked, "copied": self.copied,
-                "link_copies": self.link_copies, "transformed": self.transformed, "bytes_written": self.bytes_written,
-                "per_target": {k: dict(v) for k, v in self.per_target.items()},
-                "findings": self.findings, "namespace_errors": self.namespace_errors,
-                "journal": self.journal_path, "resumed": self.resumed, "recovered": self.recovered,
-                "stopped": str(self.stop) if self.stop else None}
-
 
 class _CrashSeam:
     """Lets the kill -9 tests stop the process at an exact point of the protocol."""
@@ -135,18 +86,7 @@ class _CrashSeam:
                 os.kill(os.getpid(), self.signal)
 
 
-def _oserror_stop(exc: OSError, where: str, doing: str) -> _Stop:
-    what = _OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
-    return _Stop(OperationalError(f"{doing} failed: {what}", path=where,
-                                  hint=_OS_HINT.get(exc.errno or 0, "fix the cause, then rerun the same command: "
-                                                                    "it resumes from the journal")))
-
-
-def tmp_name(final_relpath: str, pid: int | None = None) -> str:
-    return f"{final_relpath}.kvmigrate-{pid if pid is not None else os.getpid()}.tmp"
-
-
-class Applier:
+class Applier(FolderMaker, Placer):
     """Runs a plan. Two hooks let scale-out (kvmigrate.scaleout) split a run into parts:
     `take_locks=False`: a part, whose driver holds every namespace lock for the run;
     `place_blocks`: a driver, which gives each target its journal record, config.json
@@ -201,17 +141,17 @@ class Applier:
                 self._resume_pending()
                 self._targets(work)
             except SymlinkInPath as exc:
-                raise _Stop(OperationalError(f"refusing to write through a symlink or non-directory: {exc.filename}",
+                raise Stop(OperationalError(f"refusing to write through a symlink or non-directory: {exc.filename}",
                                              path=exc.filename, hint="remove it or pass --dest DIR")) from None
             except OperationalError as exc:
-                raise _Stop(exc) from None
+                raise Stop(exc) from None
             # release (and remove) the locks before "complete": a kill in between leaves a run the next
             # one resumes and tidies, never a complete journal with a lock file nobody removes
             self._drain()
             for lock in reversed(locks):
                 lock.release()
             self.journal.write({"t": "complete", "outcomes": dict(self.result.outcomes)}, sync=True)
-        except _Stop as stop:
+        except Stop as stop:
             self.result.stop = stop.error
             self._drain()  # helper threads finish their batch before the run says it stopped
             if self.journal is not None:
@@ -310,8 +250,8 @@ class Applier:
                 self.journal.done(adopted)
                 self.result.recovered += 1
         for item in run.intents.values():
-            for tmp in _tmp_paths(item):
-                _unlink_quiet(self.tree, tmp)
+            for tmp in tmp_paths(item):
+                unlink_quiet(self.tree, tmp)
         self.journal.sync()
 
     def _resumed_bases(self) -> set[str]:
@@ -327,103 +267,7 @@ class Applier:
                 out.add(base)
         return out
 
-    # --- folders and config.json -------------------------------------------------------
-
-    def _missing_dirs(self, reldirs: list[str]) -> list[str]:
-        """Folders (and their parents, parents first) that do not exist yet. A folder in
-        one this run created is missing without an lstat (a fresh target namespace is
-        made without one stat per folder); one that appeared meanwhile is found by
-        mkdir (EEXIST) and not counted as ours."""
-        missing: list[str] = []
-        missing_set: set[str] = set()
-        if len(self._known_dirs) > _DIR_CACHE:
-            self._known_dirs.clear()  # a cache only: actions come in path order
-        for reldir in reldirs:
-            if reldir in self._known_dirs:
-                continue
-            parts = reldir.split("/")
-            for i in range(1, len(parts) + 1):
-                d = "/".join(parts[:i])
-                if d in self._known_dirs or d in missing_set:
-                    continue
-                parent = d.rpartition("/")[0]
-                if parent in missing_set or self.tree.was_made(parent) or not self.tree.is_dir(d):
-                    missing.append(d)
-                    missing_set.add(d)
-                else:
-                    self._known_dirs.add(d)
-        return missing
-
-    def _start_dirs(self, missing: list[str]) -> list[Future]:
-        """Hand the folders of a batch (parents first) to the helper threads: those of one
-        <hhh> bucket to one thread, two threads unless a namespace folder is among them.
-        Each starts from existing folders, opened here (O_NOFOLLOW, as `DestTree`)."""
-        if not missing:
-            return []
-        shards: list[list[str]] = [missing]
-        if len(missing) >= _PARALLEL_DIRS and all(d.count("/") >= 2 for d in missing):
-            shards = [[], []]
-            for d in missing:
-                bucket = d.split("/", 2)[1]
-                shards[int(bucket, 16) % 2 if layout.BUCKET_RE.match(bucket) else 0].append(d)
-        new = set(missing)
-        opened: list[dict[str, int]] = []
-        try:
-            for shard in shards:
-                anchors: dict[str, int] = {}
-                opened.append(anchors)
-                for d in shard:
-                    parent = d.rpartition("/")[0]
-                    if parent not in new and parent not in anchors:
-                        anchors[parent] = os.dup(self.tree.dir_fd(parent))  # the tree may close its own
-        except OSError:
-            for anchors in opened:
-                for fd in anchors.values():
-                    os.close(fd)
-            return []  # a parent cannot be opened: `_judge_dirs` makes them one by one and says why
-        return [self._helpers().submit(_make_folders, anchors, shard) for anchors, shard in zip(opened, shards)]
-
-    def _judge_dirs(self, prepared: _Batch | list[Future], missing: list[str] | None = None) -> None:
-        """Outcomes of a batch's folders in order, as if made here one by one: made, found
-        (not ours), in the way (symlink / not a directory), an error (stop). A folder a
-        helper could not try is made here. One done record names those this run made."""
-        if isinstance(prepared, _Batch):
-            jobs, missing = prepared.dirs, prepared.missing
-        else:
-            jobs = prepared
-        made: dict[str, Any] = {}
-        for job in jobs:
-            made.update(job.result())
-        created = []
-        for d in missing:
-            try:
-                outcome = made.get(d)
-                if isinstance(outcome, OSError):
-                    raise outcome
-                if outcome is None or outcome == "exists":
-                    outcome = self.tree.mkdir(d)  # (for "exists": False, or SymlinkInPath)
-            except SymlinkInPath:
-                raise
-            except OSError as exc:
-                raise _oserror_stop(exc, self.tree.abspath(d), "creating a folder") from None
-            if outcome:
-                created.append(d)
-                self.tree.made(d)
-            self._known_dirs.add(d)
-        if created:
-            self.journal.done({"kind": "dirs", "paths": created})
-
-    def _make_dirs(self, missing: list[str]) -> None:
-        """Create folders an fsynced intent listed; one done record names those this run
-        really created (a folder that appeared meanwhile is not ours)."""
-        self._judge_dirs(self._start_dirs(missing), missing)
-
-    def _ensure_dirs(self, reldirs: list[str]) -> None:
-        missing = self._missing_dirs(reldirs)
-        if missing:
-            self.journal.intent([{"kind": "dir", "path": d} for d in missing])
-            self._make_dirs(missing)
-            self.journal.sync()
+    # --- config.json (the folders: `dirs.FolderMaker`) -----------------------------------
 
     def _target(self, tp: TargetPlan) -> None:
         self.result.per_target.setdefault(tp.base_name, Counter())
@@ -468,13 +312,13 @@ class Applier:
             try:
                 self.tree.link_local(tmp, rel)
             except FileExistsError:
-                _unlink_quiet(self.tree, tmp)
+                unlink_quiet(self.tree, tmp)
                 problem = self._existing_config_problem(tp, rel, want)
                 return None if problem == "absent" else problem
-            _unlink_quiet(self.tree, tmp)
+            unlink_quiet(self.tree, tmp)
         except OSError as exc:
-            _unlink_quiet(self.tree, tmp)
-            raise _oserror_stop(exc, self.tree.abspath(rel), "writing config.json") from None
+            unlink_quiet(self.tree, tmp)
+            raise oserror_stop(exc, self.tree.abspath(rel), "writing config.json") from None
         self.tree.fsync_dir(tp.base_name)
         self.journal.done({"kind": "config", "path": rel, "ino": ino, "size": len(want),
                            "xxh3_128": xxhash.xxh3_128(want).hexdigest()})
@@ -491,7 +335,7 @@ class Applier:
         try:
             data = self.tree.read_bytes(rel, limit=1 << 22)
         except OSError as exc:
-            raise _oserror_stop(exc, where, "reading the existing config.json") from None
+            raise oserror_stop(exc, where, "reading the existing config.json") from None
         if tp.family == "vllmcpp":
             same = data == want
         else:
@@ -506,7 +350,7 @@ class Applier:
 
     # --- blocks -----------------------------------------------------------------------
 
-    def _prepare(self, tp: TargetPlan, batch: list[BlockAction]) -> _Batch:
+    def _prepare(self, tp: TargetPlan, batch: list[BlockAction]) -> Batch:
         """Journal a batch's intent (fsynced), then hand its folders and block reads to
         the helper threads."""
         missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
@@ -514,7 +358,7 @@ class Applier:
         for act in batch:
             item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
-            if act.action != "link" or self.mode != "link":
+            if ACTIONS[act.action].writes_temp(self.mode):
                 item["tmp"] = tmp_name(act.target_relpath)
             if act.transform is not None:
                 # every file the output is made of, to prove after a crash that a file at
@@ -525,9 +369,9 @@ class Applier:
         self.journal.intent(items)
         self.crash.hit("intent")
         reads = self._helpers().submit(_read_batch, self._src_prefix, batch, tp.family == "vllmcpp")
-        return _Batch(batch, missing, self._start_dirs(missing), reads)
+        return Batch(batch, missing, self._start_dirs(missing), reads)
 
-    def _blocks(self, tp: TargetPlan, prepared: _Batch) -> None:
+    def _blocks(self, tp: TargetPlan, prepared: Batch) -> None:
         """Materialize the blocks of a batch whose folders exist, in order; one fsync."""
         self._reads, self._stats = prepared.reads.result() if prepared.reads is not None else ({}, {})
         for act in prepared.actions:
@@ -583,21 +427,13 @@ class Applier:
             why = self._stale(act.source)
             if why:
                 return self._outcome(tp, act, "changed_since_scan", why)
-            if act.transform is not None:
-                try:
-                    return self._transform(tp, act, act.transform)
-                except SymlinkInPath as exc:
-                    return self._outcome(tp, act, "conflict",
-                                         f"{exc.filename} is a symlink or not a directory; not written through")
-            ok, computed = self._check_replicas(tp, act) if act.world > 1 else (True, None)
+            # a transform checks its sources itself (`_check_transform_sources`)
+            multi = act.world > 1 and act.transform is None
+            ok, computed = self._check_replicas(tp, act) if multi else (True, None)
         if not ok:
             return
-        src_hash = computed or act.source.content_hash
         try:
-            if act.action == "link" and self.mode != "copy":
-                self._link(tp, act, src_hash)
-            else:
-                self._copy(tp, act, "link" if act.action == "link" else act.action, src_hash)
+            ACTIONS[act.action].execute(self, tp, act, computed or act.source.content_hash)
         except SymlinkInPath as exc:
             self._outcome(tp, act, "conflict", f"{exc.filename} is a symlink or not a directory; not written through")
 
@@ -704,114 +540,6 @@ class Applier:
                     self._cpp_ids[rank_dir] = ident
         return self._cpp_ids
 
-    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        target = act.target_relpath
-        src_abs = self._src_abs(act.source.relpath)
-        try:
-            self.tree.link_in(src_abs, target)
-        except FileExistsError:
-            return self._compare_existing(tp, act, "link", None)
-        except FileNotFoundError:
-            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
-        except OSError as exc:
-            if exc.errno in (errno.EXDEV, errno.EMLINK) and self.mode == "auto":
-                return self._copy(tp, act, "link", src_hash)
-            if exc.errno == errno.EXDEV:
-                raise _Stop(OperationalError(
-                    f"cannot hard-link across filesystems: {src_abs} -> {self.tree.abspath(target)}",
-                    path=self.tree.abspath(target),
-                    hint="use --mode copy or --mode auto; rerun the same command to resume")) from None
-            if exc.errno == errno.EMLINK:
-                return self._outcome(tp, act, "failed", "too many hard links to the source file; "
-                                     "rerun with --mode auto to copy such blocks", bits=EXIT_OPERATIONAL)
-            if exc.errno == errno.EPERM:
-                # fs.protected_hardlinks: only the owner of a file (or a user who may write
-                # it) may hard-link it, even into a folder this user may write
-                raise _Stop(OperationalError(
-                    f"hard-linking a block failed: operation not permitted on {src_abs} (the kernel refuses "
-                    "hard links to files this user does not own: fs.protected_hardlinks)",
-                    path=self.tree.abspath(target),
-                    hint="run as the user that owns the cache files, or use --mode copy; then rerun the same "
-                         "command to resume")) from None
-            raise _oserror_stop(exc, self.tree.abspath(target), "hard-linking a block") from None
-        st = self.tree.lstat(target)
-        if st is None or st.st_ino != act.source.inode or st.st_dev != act.source.dev:
-            # the source name was replaced between our check and link(): this fresh name
-            # is ours and points at a file the scan never saw
-            _unlink_quiet(self.tree, target)
-            return self._outcome(tp, act, "changed_since_scan", "source replaced since the scan")
-        # A hard link IS the source inode: its identity (dev, inode, size, mtime) is
-        # journaled, and its hash when the manifest or the replica check has it (no read
-        # just for the journal; verify and rollback check mtime where no hash is recorded).
-        self.journal.done_link(target, st, act.action, src_hash)
-        self.result.linked += 1
-        self._outcome(tp, act, "created")
-        self.crash.hit("created")
-
-    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None:
-        """A new file with the action's output: temp in the final folder, fsync, then
-        link() to the final name (no clobber), then unlink the temp. The bytes read must
-        hash to `src_hash` (the scan's, or the one this run's check read)."""
-        target = act.target_relpath
-        digest = tp.digest if action == "rewrite_header" else None
-        if self.tree.lstat(target) is not None:
-            return self._compare_existing(tp, act, action, digest)
-        tmp = tmp_name(target)
-        try:
-            src_fd = open_noatime(self._src_abs(act.source.relpath))
-        except FileNotFoundError:
-            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
-        except OSError as exc:
-            return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
-        try:
-            why = _stat_differs(os.fstat(src_fd), act.source)
-            if why:
-                return self._outcome(tp, act, "changed_since_scan", why)
-            src_h = xxhash.xxh3_128()
-            try:
-                ino, size, out_digest = self._write_new(tmp, output_chunks(src_fd, action, digest, src_h))
-            except SourceInvalid as exc:
-                _unlink_quiet(self.tree, tmp)
-                return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
-            except OSError as exc:
-                _unlink_quiet(self.tree, tmp)
-                raise _oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
-        finally:
-            os.close(src_fd)
-        if src_hash is not None and src_h.digest() != src_hash:
-            _unlink_quiet(self.tree, tmp)
-            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash"
-                                 if act.source.content_hash is not None else "source changed while it was read")
-        self._publish(tp, act, tmp, ino, size, out_digest, action, digest)
-
-    def _publish(self, tp: TargetPlan, act: BlockAction, tmp: str, ino: int, size: int, out_digest: bytes,
-                 action: str, digest: bytes | None) -> None:
-        """A fsynced temp becomes the final name only if that name is free (link, never
-        rename); EEXIST means compare. Then the temp goes and a done record follows."""
-        target = act.target_relpath
-        self.crash.hit("tmp_written")
-        try:
-            self.tree.link_local(tmp, target)
-        except FileExistsError:
-            _unlink_quiet(self.tree, tmp)
-            return self._compare_existing(tp, act, action, digest, expected=(size, out_digest))
-        except OSError as exc:
-            _unlink_quiet(self.tree, tmp)
-            raise _oserror_stop(exc, self.tree.abspath(target), "publishing a block") from None
-        self.crash.hit("linked")
-        _unlink_quiet(self.tree, tmp)
-        self.journal.done({"kind": "block", "path": target, "ino": ino, "size": size,
-                           "xxh3_128": out_digest.hex(), "how": "transform" if act.transform else "copy",
-                           "action": act.action})
-        self.result.copied += 1
-        self.result.bytes_written += size
-        if act.action == "link":
-            self.result.link_copies += 1
-        if act.transform is not None:
-            self.result.transformed += 1
-        self._outcome(tp, act, "created")
-        self.crash.hit("created")
-
     # --- transforms -------------------------------------------------------------------
 
     def _open_sources(self, tp: TargetPlan, act: BlockAction) -> list[int] | None:
@@ -895,157 +623,6 @@ class Applier:
                 return False
         return True
 
-    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None:
-        """slice / concat / relayout into a temp file through a hashing writer (the output
-        hash is known when the last byte is written), fsync, then publish like a copy."""
-        target = act.target_relpath
-        if self.tree.lstat(target) is not None:
-            return self._compare_existing(tp, act, act.action, None)
-        fds = self._open_sources(tp, act)
-        if fds is None:
-            return
-        tmp = tmp_name(target)
-        try:
-            if not self._check_transform_sources(tp, act, fds):
-                return
-            try:
-                ino, size, out_digest = self._write_transform(tmp, spec, fds)
-            except (TransformError, SourceInvalid) as exc:
-                _unlink_quiet(self.tree, tmp)
-                return self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
-            except OSError as exc:
-                _unlink_quiet(self.tree, tmp)
-                raise _oserror_stop(exc, self.tree.abspath(target), f"writing a block ({act.action})") from None
-            files = act.sources if spec.action != "slice" else (act.source,)
-            for f, fd in zip(files, fds):  # a writer may have appended while we read
-                why = _stat_differs(os.fstat(fd), f)
-                if why:
-                    _unlink_quiet(self.tree, tmp)
-                    return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        if size != spec.output_size:
-            _unlink_quiet(self.tree, tmp)
-            return self._outcome(tp, act, "failed", f"{act.action} wrote {size} bytes, the plan says "
-                                 f"{spec.output_size}", bits=EXIT_INTEGRITY)
-        self._publish(tp, act, tmp, ino, size, out_digest, act.action, None)
-
-    def _write_transform(self, tmp: str, spec: TransformSpec, fds: list[int]) -> tuple[int, int, bytes]:
-        try:
-            fd = self.tree.create_excl(tmp)
-        except FileExistsError:
-            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
-            fd = self.tree.create_excl(tmp)
-        try:
-            # the crash seam "transform_write:<n>" kills after the n-th write to the temp
-            # file; small writes then leave a temp that is really half-written
-            seam = self.crash.point == "transform_write"
-            out = HashingWriter(fd, chunk=1024 if seam else CHUNK,
-                                on_flush=(lambda: self.crash.hit("transform_write")) if seam else None)
-            write_transform(spec, fds, out)
-            out.flush()
-            os.fsync(fd)
-            ino = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        return ino, out.size, out.digest()
-
-    def _transform_expected(self, tp: TargetPlan, act: BlockAction) -> tuple[int, bytes] | None:
-        """(size, hash) of the row the transform would write, to compare with a file that
-        is already at the target path; None: the block has its outcome."""
-        fds = self._open_sources(tp, act)
-        if fds is None:
-            return None
-        try:
-            spec = act.transform
-            if spec.action == "slice" or spec.replicas:
-                if not self._check_transform_sources(tp, act, fds):
-                    return None
-            out_digest, size = transform_output_hash(spec, fds)
-        except SourceInvalid as exc:
-            self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
-            return None
-        except OSError as exc:
-            self._outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
-                          bits=EXIT_OPERATIONAL)
-            return None
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return size, out_digest
-
-    def _write_new(self, tmp: str, chunks) -> Any:
-        """Write chunks to a new file (O_EXCL; a leftover of this pid is replaced), fsync.
-        Returns inode for a bytes list, (inode, size, xxh3) for a generator."""
-        try:
-            fd = self.tree.create_excl(tmp)
-        except FileExistsError:
-            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
-            fd = self.tree.create_excl(tmp)
-        h = xxhash.xxh3_128()
-        size = 0
-        try:
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                h.update(chunk)
-                size += len(chunk)
-            os.fsync(fd)
-            ino = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        if isinstance(chunks, list):
-            return ino
-        return ino, size, h.digest()
-
-    def _compare_existing(self, tp: TargetPlan, act: BlockAction, action: str, digest: bytes | None,
-                          expected: tuple[int, bytes] | None = None) -> None:
-        """Something already sits at the target path: the same bytes -> already_present,
-        anything else -> conflict (never overwritten)."""
-        target = act.target_relpath
-        st = self.tree.lstat(target)
-        if st is None:
-            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun")
-        if not stat.S_ISREG(st.st_mode):
-            return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
-        if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
-            return self._outcome(tp, act, "already_present")
-        if expected is None and act.transform is not None:
-            expected = self._transform_expected(tp, act)
-            if expected is None:
-                return None
-        if expected is None:
-            try:
-                fd = open_noatime(self._src_abs(act.source.relpath))
-            except OSError as exc:
-                return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
-            try:
-                why = _stat_differs(os.fstat(fd), act.source)
-                if why:
-                    return self._outcome(tp, act, "changed_since_scan", why)
-                try:
-                    out_digest, size, _ = output_hash(fd, action, digest)
-                except SourceInvalid as exc:
-                    return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
-            finally:
-                os.close(fd)
-            expected = (size, out_digest)
-        size, out_digest = expected
-        if st.st_size != size:
-            return self._outcome(tp, act, "conflict", f"a different file is in the way ({st.st_size} bytes, "
-                                 f"expected {size}); left untouched")
-        try:
-            have, _ = self.tree.hash(target)
-        except OSError as exc:
-            return self._outcome(tp, act, "failed", f"cannot read the existing target: {exc.strerror}",
-                                 bits=EXIT_OPERATIONAL)
-        if have == out_digest:
-            return self._outcome(tp, act, "already_present")
-        return self._outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")
-
 
 def _link_devices(tp: TargetPlan) -> list[tuple[int, str]]:
     """(device, a source path on it) of the `link` actions of a target: from the plan's
@@ -1059,24 +636,6 @@ def _link_devices(tp: TargetPlan) -> list[tuple[int, str]]:
     return list(out.items())
 
 
-def _stat_differs(st: os.stat_result, src) -> str | None:
-    if not stat.S_ISREG(st.st_mode):
-        return "source is no longer a regular file"
-    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
-        return "source changed since the scan (dev, inode, size or mtime differ)"
-    return None
-
-
-@dataclass
-class _Batch:
-    """A batch of actions whose intent is journaled, with its helpers' work under way."""
-
-    actions: list[BlockAction]
-    missing: list[str]  # its folders that did not exist, parents first
-    dirs: list[Future]  # -> {folder: True | "exists" | OSError | None (not tried)}
-    reads: Future | None  # -> ({id(action): [_FileRead per file]}, {id(file): why stale})
-
-
 def _batches(actions, size: int):
     batch: list[BlockAction] = []
     for act in actions:
@@ -1086,42 +645,6 @@ def _batches(actions, size: int):
             batch = []
     if batch:
         yield batch
-
-
-def _make_folders(anchors: dict[str, int], folders: list[str]) -> dict[str, Any]:
-    """mkdir each folder (parents first) in its parent: an existing folder's fd from
-    `anchors`, or a folder made here, opened with O_NOFOLLOW. -> {folder: True (made),
-    "exists", the OSError, or None (not tried: its parent could not be opened)}. Closes
-    every fd it was given or opened."""
-    parents = {d.rpartition("/")[0] for d in folders}
-    fds = dict(anchors)
-    opened = set(anchors)
-    out: dict[str, Any] = {}
-    try:
-        for d in folders:
-            parent, _, name = d.rpartition("/")
-            pfd = fds.get(parent)
-            if pfd is None:
-                out[d] = None
-                continue
-            try:
-                os.mkdir(name, 0o777, dir_fd=pfd)
-                out[d] = True
-            except FileExistsError:
-                out[d] = "exists"
-            except OSError as exc:
-                out[d] = exc
-                continue
-            if d in parents:
-                try:
-                    fds[d] = os.open(name, _DIR_FLAGS, dir_fd=pfd)
-                    opened.add(d)
-                except OSError:
-                    pass  # its folders are made by `_judge_dirs`, which says what is wrong
-    finally:
-        for d in opened:
-            os.close(fds[d])
-    return out
 
 
 def _read_batch(prefix: str, acts: list[BlockAction], cpp: bool) -> tuple[dict[int, list], dict[int, str | None]]:
@@ -1227,157 +750,6 @@ def _unhashed(act: BlockAction) -> bool:
     return any(f.content_hash is None for f in act.sources)
 
 
-def _tmp_paths(item: dict[str, Any]) -> list[str]:
-    """Temp names an intent item may have left: the recorded one, for any pid."""
-    tmp = item.get("tmp")
-    return [tmp] if tmp else []
-
-
-def _unlink_quiet(tree: DestTree, relpath: str) -> None:
-    try:
-        tree.unlink(relpath)
-    except (FileNotFoundError, SymlinkInPath, NotADirectoryError):
-        pass
-
-
-def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dict[str, bytes]) -> dict | None:
-    """Prove that a path an intent lists (but no done record covers) holds this run's
-    output; return the done record to adopt it, or None. Proof: a folder that did not
-    exist at intent time; a link with the source's inode; a copy that shares its inode
-    with the run's own temp file or holds exactly the bytes the action produces."""
-    path = item["path"]
-    try:
-        st = tree.lstat(path)
-    except (SymlinkInPath, NotADirectoryError):
-        return None
-    if st is None:
-        return None
-    kind = item.get("kind")
-    if kind == "dir":
-        return {"kind": "dir", "path": path, "recovered": True} if stat.S_ISDIR(st.st_mode) else None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    tmp = item.get("tmp")
-    tmp_st = tree.lstat(tmp) if tmp else None
-    same_as_tmp = tmp_st is not None and tmp_st.st_ino == st.st_ino and tmp_st.st_dev == st.st_dev
-    try:
-        have, size = tree.hash(path)
-    except OSError:
-        return None
-    if kind == "config":
-        if same_as_tmp or have.hex() == item.get("xxh3_128"):
-            return {"kind": "config", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(),
-                    "recovered": True}
-        return None
-    if kind != "block":
-        return None
-    if item.get("transform"):
-        owned = same_as_tmp or _transform_item_hash(root, item) == have
-        if not owned:
-            return None
-        return {"kind": "block", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(),
-                "how": "transform", "action": item.get("action"), "recovered": True}
-    linked = st.st_ino == item.get("ino") and st.st_dev == item.get("dev")
-    owned = same_as_tmp or linked
-    how = "link" if linked else "copy"
-    if not owned and tmp:
-        try:
-            fd = open_noatime(os.path.join(root, item["src"]))
-        except OSError:
-            return None
-        try:
-            fst = os.fstat(fd)
-            if (fst.st_ino, fst.st_size) != (item.get("ino"), item.get("size")):
-                return None
-            want, _, _ = output_hash(fd, item.get("action"), digests.get(item.get("base", "")))
-        except (OSError, SourceInvalid):
-            return None
-        finally:
-            os.close(fd)
-        owned = want == have
-    if not owned:
-        return None
-    return {"kind": "block", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(), "how": how,
-            "action": item.get("action"), "recovered": True}
-
-
-def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
-    """The hash of the row a journaled transform writes, from the very files it named
-    (each still with its inode and size); None when that cannot be proven."""
-    fds: list[int] = []
-    try:
-        spec = TransformSpec.from_json(item["transform"])
-        for rel, ino, size in item["srcs"]:
-            check_relpath(rel, "journal source")
-            fd = open_noatime(os.path.join(root, rel))
-            fds.append(fd)
-            st = os.fstat(fd)
-            if (st.st_ino, st.st_size) != (ino, size):
-                return None
-        return transform_output_hash(spec, fds)[0]
-    except (OSError, SourceInvalid, UsageError, KeyError, TypeError, ValueError):
-        return None
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def apply_plan(plan: Plan, **kwargs: Any) -> ApplyResult:
     """Python API: execute a plan (see `Applier`)."""
     return Applier(plan, **kwargs).run()
-
-
-def render_result(plan: Plan, result: ApplyResult) -> str:
-    lines = [("migration stopped early in " if result.stop else "migration applied to ") + plan.dest
-             + (" (resumed an interrupted run)" if result.resumed else "")]
-    if result.recovered:
-        lines.append(f"  adopted {result.recovered} outputs of the interrupted run")
-    for base, c in sorted(result.per_target.items()):
-        parts = ", ".join(f"{k} {c[k]}" for k in OUTCOMES if c.get(k))
-        lines.append(f"target namespace {base}: {parts or 'nothing to do'}")
-    for tp in plan.targets:
-        for (action, reason), n in sorted(tp.skipped.items()):
-            lines.append(f"  skipped {n} blocks ({action}): {reason}")
-    o = result.outcomes
-    lines.append("outcomes: " + ", ".join(f"{k} {o.get(k, 0)}" for k in OUTCOMES))
-    lines.append(f"  created as hard links {result.linked}, as new files {result.copied}"
-                 f" ({result.link_copies} links copied by --mode, {result.transformed} by transforms)")
-    for err in result.namespace_errors:
-        lines.append(f"error: {err}")
-    if plan.integrity_rows:  # not migrated, not failed on (audit's exit code): say where they are
-        lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files are damaged or suspect and "
-                     f"were not migrated; details: kvmigrate audit {shlex.quote(plan.root)}")
-    shown = result.findings[:20]
-    for f in shown:
-        lines.append(f"  {f}")
-    if len(result.findings) > len(shown):
-        lines.append(f"  ... and {len(result.findings) - len(shown)} more (see the journal)")
-    if result.journal_path:
-        lines.append(f"journal: {result.journal_path}")
-        lines.append(f"undo: kvmigrate rollback {result.journal_path}")
-        lines.append(f"check: kvmigrate verify {plan.dest} --journal {result.journal_path}")
-    return "\n".join(lines)
-
-
-def _count_skipped(plan: Plan) -> int:
-    return sum(sum(tp.skipped.values()) for tp in plan.targets)
-
-
-def finish_counts(plan: Plan, result: ApplyResult) -> None:
-    """Blocks the manifest already found in place count as already_present; needs_*
-    blocks are skipped with a count (migration.md §1)."""
-    result.outcomes["skipped_needs_transform"] += _count_skipped(plan)
-    if plan.conflicts:  # target paths the scan already found taken by other bytes
-        result.outcomes["conflict"] += plan.conflicts
-        result.bits |= EXIT_INTEGRITY
-    for tp in plan.targets:
-        per = result.per_target.setdefault(tp.base_name, Counter())
-        if tp.conflicts:
-            per["conflict"] += sum(tp.conflicts.values())
-            result.findings += [f"conflict: {reason} ({n} blocks)" for reason, n in sorted(tp.conflicts.items())]
-        n = sum(tp.skipped.values())
-        if n:
-            per["skipped_needs_transform"] += n
-        if tp.already_present[0]:
-            per["already_present"] += tp.already_present[0]
-            result.outcomes["already_present"] += tp.already_present[0]

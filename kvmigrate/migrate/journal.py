@@ -210,7 +210,7 @@ class JournalWriter:
     written with the next other record or sync (a batch is fsynced once at its end), so
     the journal never lags behind the tree by more than one batch and every creation is
     preceded by a durable intent. A done record lost to a kill is no loss: resume finds
-    the intended path made and adopts it (`apply.reconcile_item`)."""
+    the intended path made and adopts it (`reconcile.reconcile_item`)."""
 
     _BUFFERED = 4096  # done records held before a write (one write per batch, not per block)
 

@@ -2,7 +2,9 @@
 
 Like fclones, finding and acting are separate steps and the plan is plain data: it can be
 printed (dry run), rendered as shell commands (`--print-commands`) or executed
-(`apply.apply_plan`). Building a plan does no I/O beyond reading the manifest.
+(`apply.apply_plan`); each action's kind does all three (`actions.py`). The manifest is
+read a chunk of buckets at a time (`rows.py`). Building a plan does no I/O beyond reading
+the manifest.
 
 Every path a plan will ever write is checked here, once: relpaths and target_relpaths
 must be normalized relative paths, and a target path must sit in the rank folder of the
@@ -13,37 +15,26 @@ fails is refused whole (someone edited it; nothing in it can be trusted).
 from __future__ import annotations
 
 import os
-import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from kvmigrate import findings, layout, manifest
 from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
-from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
-from kvmigrate.cost import cost_line, transform_cost
+from kvmigrate.migrate import competing
+from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
+from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, BlockAction, Plan, SourceFile, Tally, TargetPlan
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
-from kvmigrate.units import human_bytes
+from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 
-# Actions that create a file (migration.md §1); the rest are counted, never acted on.
-COPIES = ("link", "copy_pad", "rewrite_header")
-CREATING = (*COPIES, *TRANSFORMS)
-NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
-# Outcomes of a block (interface.md §1): what `--apply` reports, and what the dry run
-# foresees with the same numbers (`Plan.outcomes`).
-OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
-# Counts key of a block another source places at the same target path with the same
-# bytes: streamed after the placed blocks, compared at apply (already_present).
-MERGE = "merge_duplicate"
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
 # have a finding in findings.SECONDARY. The scanner reports a target path that is already
 # taken by other bytes as `none` with finding `target_occupied` (identity.md: the occupant
@@ -51,178 +42,6 @@ MERGE = "merge_duplicate"
 # overwritten (exit bit 4).
 ALREADY_AT_ROOT = ("already present under the scanned root, not under --dest "
                    "(migrate into ROOT, or scan a root without it)")
-# Row states with the integrity bit (interface.md §2).
-INTEGRITY_STATES = frozenset({"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled",
-                              "header_invalid", "digest_mismatch", "config_invalid"})
-
-
-class SourceFile(NamedTuple):
-    """One source file an action reads, with the stat the scan saw (staleness check).
-    (Immutable records; a NamedTuple is built three times faster than a frozen dataclass,
-    and a plan makes one per block file.)"""
-
-    relpath: str
-    rank: int
-    dev: int
-    inode: int
-    size: int
-    mtime_ns: int
-    content_hash: bytes | None
-    payload_hash: bytes | None
-
-
-class BlockAction(NamedTuple):
-    """One block to materialize at `target_relpath` (relative to the destination root)."""
-
-    action: str  # link | copy_pad | rewrite_header | slice | concat | relayout
-    target_relpath: str
-    source: SourceFile
-    replicas: tuple[SourceFile, ...]  # the other ranks' files (equal to `source`, or the shards of a concat)
-    source_base: str
-    world: int = 1  # ranks that hold a file of this block (replicas must cover 0..world-1)
-    transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
-
-    @property
-    def output_size(self) -> int:
-        if self.transform is not None:
-            return self.transform.output_size
-        if self.action == "copy_pad":
-            return padded_size(self.source.size)
-        return self.source.size
-
-    @property
-    def sources(self) -> tuple[SourceFile, ...]:
-        """Every file of the block in rank order (what a concat or relayout reads)."""
-        return (self.source, *self.replicas)
-
-    @property
-    def source_bytes(self) -> int:
-        return sum(f.size for f in self.sources)
-
-
-@dataclass
-class TargetPlan:
-    """Everything to do for one target namespace, in the fixed merge order; competing
-    sources of a target path resolved by the rule of `_decide`."""
-
-    base_name: str
-    rank_dir: str
-    profile: str
-    family: str  # target engine family: vllm | vllmcpp
-    fields: dict[str, Any]
-    sources: list[str]  # source base folders merged into this target, in merge order
-    # the block actions in merge order: an `ActionStream` read from the manifest on demand
-    # (build_plan), or a list
-    actions: Any = field(default_factory=list)
-    already_present: list[int] = field(default_factory=lambda: [0, 0])  # blocks, bytes
-    skipped: Counter = field(default_factory=Counter)  # (needs_action, reason) -> blocks
-    skipped_bytes: Counter = field(default_factory=Counter)
-    not_reusable: Counter = field(default_factory=Counter)  # reason -> blocks
-    not_reusable_bytes: Counter = field(default_factory=Counter)
-    conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
-
-    @property
-    def config_bytes(self) -> bytes:
-        return canonical.config_json_bytes(self.fields, self.family)
-
-    @property
-    def digest(self) -> bytes:
-        """Raw SHA-256 of the target identity (what vllm.cpp headers carry)."""
-        return bytes.fromhex(canonical.full_digest(self.fields, self.family))
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        """blocks/bytes per creating action; a second source's block at a target path
-        another source fills with the same bytes (a merge) is counted under `merge_duplicate`."""
-        if isinstance(self.actions, ActionStream):  # counted when the plan was built
-            return {a: dict(v) for a, v in self.actions.tally.counts.items()}
-        out: dict[str, dict[str, int]] = {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)}
-        seen: set[str] = set()
-        for act in self.actions:
-            key = MERGE if act.target_relpath in seen else act.action
-            seen.add(act.target_relpath)
-            out[key]["blocks"] += 1
-            out[key]["bytes"] += act.output_size
-        return out
-
-    @property
-    def pending(self) -> int:
-        c = self.counts()
-        return sum(c[a]["blocks"] for a in CREATING)
-
-    @property
-    def unverified_merges(self) -> int:
-        """Merges whose equal bytes the manifest cannot prove (no content hashes, equal
-        sizes): the apply compares them, and a difference is a conflict."""
-        return self.actions.tally.unverified if isinstance(self.actions, ActionStream) else 0
-
-    def outcomes(self) -> dict[str, int]:
-        """What `--apply` will report for this target if nothing changes meanwhile
-        (changed_since_scan and failed are only known then)."""
-        c = self.counts()
-        return {"created": self.pending, "already_present": self.already_present[0] + c[MERGE]["blocks"],
-                "conflict": sum(self.conflicts.values()), "changed_since_scan": 0,
-                "skipped_needs_transform": sum(self.skipped.values()), "failed": 0}
-
-    def transform_costs(self) -> dict[str, dict]:
-        """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
-        the space saved (slice) or spent (concat, relayout); merge duplicates excluded."""
-        if isinstance(self.actions, ActionStream):  # totalled when the plan was built
-            totals = self.actions.tally.transforms
-            return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
-        totals: dict[str, list[int]] = {}
-        seen: set[str] = set()
-        for act in self.actions:
-            if act.target_relpath in seen:
-                continue
-            seen.add(act.target_relpath)
-            if act.transform is not None:
-                t = totals.setdefault(act.action, [0, 0, 0])
-                t[0] += 1
-                t[1] += act.source_bytes
-                t[2] += act.output_size
-        return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
-
-
-@dataclass
-class Plan:
-    root: str  # where the sources are (the scanned root)
-    dest: str  # where targets go
-    manifest_path: str | None
-    target_profile: str
-    metadata: dict[str, Any]
-    targets: list[TargetPlan]
-    untargeted: Counter  # reason -> blocks of namespaces with no target identity
-    integrity_rows: int  # every row of the manifest with an integrity state (reported)
-    status_counts: Counter
-    # (target base, group) -> the block size competing sources are judged by (None: unknown)
-    target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
-    placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
-
-    @property
-    def pending(self) -> int:
-        return sum(t.pending for t in self.targets)
-
-    @property
-    def conflicts(self) -> int:
-        """Blocks whose target path the scan found taken by other bytes."""
-        return sum(sum(t.conflicts.values()) for t in self.targets)
-
-    def outcomes(self) -> dict[str, int]:
-        """The apply's outcomes as the dry run foresees them (`TargetPlan.outcomes`)."""
-        out = dict.fromkeys(OUTCOMES, 0)
-        for tp in self.targets:
-            for k, n in tp.outcomes().items():
-                out[k] += n
-        return out
-
-    def dry_run_exit_code(self) -> int:
-        """interface.md §4: 1 if anything would be created, +4 for conflicts it would meet
-        or integrity states of blocks it would place. Other rows' findings are reported in
-        the plan, not failed on (they are `audit`'s exit code)."""
-        code = 1 if self.pending else 0
-        if self.placed_integrity_rows or self.conflicts:
-            code |= 4
-        return code
 
 
 def _as_int(v: Any) -> int:
@@ -251,259 +70,15 @@ def _check_source_path(relpath: str, where: str) -> None:
                          hint="regenerate the manifest with `kvmigrate scan`")
 
 
-# --- reading the manifest a bucket range at a time ---------------------------------------
-
 # Block rows planned at a time: a chunk holds the rows of consecutive <hhh> buckets, about
 # this many (all rows of a block share its bucket, so replicas and merge sources of a
 # block are always in the same chunk). Bounds the plan's memory; tests lower it.
 CHUNK_ROWS = 32_768
 # Creating rows turned into Python objects at a time while actions are streamed.
 SLICE_ROWS = 4096
-BUCKETS = 4096
-
-_READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "inode",
-                 "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath",
-                 *findings.COLUMNS)
-_BYTES: pa.Array | None = None
-
-
-def _byte_values() -> pa.Array:
-    global _BYTES
-    if _BYTES is None:
-        _BYTES = pa.array([bytes([i]) for i in range(256)], pa.binary())
-    return _BYTES
-
-
-def _buckets(block_hash: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """The `<hhh>` bucket (0..4095: the first 12 bits) of every row's block hash; null for
-    rows that are not blocks. A block's files and its target path all live in it."""
-    values = _byte_values()
-    first = pc.fill_null(pc.index_in(pc.binary_slice(block_hash, 0, 1), value_set=values), 0)
-    second = pc.fill_null(pc.index_in(pc.binary_slice(block_hash, 1, 2), value_set=values), 0)
-    bucket = pc.add(pc.multiply(first, 16), pc.shift_right(second, 4))
-    return pc.if_else(pc.is_valid(block_hash), bucket, pa.scalar(None, bucket.type))
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """Dictionary columns as plain strings (parts of a dataset directory have their own
-    dictionaries; row groups are concatenated)."""
-    cols = [pc.cast(c, pa.string()) if pa.types.is_dictionary(c.type) else c for c in table.columns]
-    return pa.table(cols, names=table.column_names)
-
-
-def _unreadable(where: str, exc: BaseException) -> UsageError:
-    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-    return UsageError(f"cannot read the manifest: {first}", path=where,
-                      hint="pass a manifest written by `kvmigrate scan`")
-
-
-class _ManifestRows:
-    """The block rows of a manifest (file, dataset directory, or a table in memory),
-    handed out one chunk of consecutive buckets at a time.
-
-    A first pass reads three narrow columns: status counts of every row, and each row
-    group's bucket range and per-bucket row counts, from which the chunks are cut. A chunk
-    then reads the row groups whose bucket range overlaps it (the scanner writes rows in
-    bucket order per namespace: a small part of the file) and keeps its rows. The plan
-    checks every row once; a file that changes between two reads is refused."""
-
-    _read_errors = (pa.ArrowException, OSError, ValueError, KeyError)
-
-    def __init__(self, path: str | os.PathLike[str] | None, table: pa.Table | None, where: str):
-        self.where = where
-        self.status_counts: Counter = Counter()
-        self.placed_integrity_rows = 0  # rows with a creating action and an integrity state
-        self._table: pa.Table | None = None
-        self._files: list[tuple[Any, str, tuple[int, ...]]] = []  # (ParquetFile, path, stat identity)
-        self._parts: list[tuple[int, int, int, int]] = []  # (file, row group, first bucket, last bucket)
-        self._cache: tuple[int, pa.Table | None] | None = None
-        hist = [0] * BUCKETS
-        try:
-            if table is not None:
-                cols = [c for c in _READ_COLUMNS if c in table.column_names]
-                self._table = _plain(table.select(cols))
-                self._table = self._table.append_column("_bucket", _buckets(self._table.column("block_hash")))
-                self._survey([self._table], -1, 0, hist)
-            else:
-                for f in manifest._parquet_files(path):
-                    self._files.append((pq.ParquetFile(f), str(f), _identity(f)))
-                    pf = self._files[-1][0]
-                    for i in range(pf.num_row_groups):
-                        self._survey(pf.iter_batches(batch_size=_SURVEY_BATCH, row_groups=[i], use_threads=False,
-                                                     columns=["status", "action", "block_hash"]),
-                                     len(self._files) - 1, i, hist)
-        except (UsageError, _PendingRowCheck):
-            raise
-        except self._read_errors as exc:
-            raise _unreadable(where, exc) from None
-        self._ranges = _cut(hist, CHUNK_ROWS)
-
-    def _survey(self, batches: Iterable[Any], file: int, index: int, hist: list[int]) -> None:
-        """Status counts, a bucket histogram and the bucket range of one row group."""
-        seen: list[int] = []
-        for t in batches:
-            values, counts = _value_counts(pc.cast(t.column("status"), pa.string()))
-            self.status_counts.update(dict(zip(values, counts)))
-            bh = t.column("block_hash")
-            creating = pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))),
-                                    False)
-            if pc.any(pc.and_(creating, pc.is_null(bh))).as_py():
-                self._orphan_block_row(self._row_group(file, index))
-            damaged = pc.is_in(pc.cast(t.column("status"), pa.string()), pa.array(sorted(INTEGRITY_STATES)))
-            self.placed_integrity_rows += pc.sum(pc.and_(creating, damaged)).as_py() or 0
-            vc = pc.value_counts(_buckets(bh))
-            for b, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
-                if b is not None:
-                    hist[b] += n
-                    seen.append(b)
-        if seen and file >= 0:
-            self._parts.append((file, index, min(seen), max(seen)))
-
-    def _row_group(self, file: int, index: int) -> pa.Table:
-        """All rows of one row group (plain strings)."""
-        if file < 0:
-            return self._table
-        return _plain(_read_row_group(self._checked(file), index, list(_READ_COLUMNS)))
-
-    def _checked(self, file: int) -> Any:
-        pf, path, ident = self._files[file]
-        if _identity(path) != ident:
-            raise UsageError("the manifest changed while it was being used (planned from one version, read "
-                             "another)", path=path, hint="rerun the command once nothing writes the manifest")
-        return pf
-
-    def _split_row_group(self, file: int, index: int, lo: int, hi: int,
-                         room: int) -> tuple[list[pa.Table], list[pa.Table] | None]:
-        """The rows of one row group in buckets lo..hi, and those of later buckets while
-        they fit in `room` rows (None when they do not: read again later). Decoded in
-        record batches, so a big row group is never held whole."""
-        mine: list[pa.Table] = []
-        later: list[pa.Table] | None = []
-        for batch in self._checked(file).iter_batches(batch_size=_READ_BATCH, row_groups=[index],
-                                                      columns=list(_READ_COLUMNS), use_threads=False):
-            t = _in_buckets(_plain(pa.Table.from_batches([batch])), lo, BUCKETS - 1)
-            after = pc.greater(t.column("_bucket"), hi)
-            mine.append(t.filter(pc.invert(after)))
-            if later is not None:
-                rest = t.filter(after)
-                room -= rest.num_rows
-                later = (later + [rest]) if room >= 0 else None
-        return mine, later
-
-    @staticmethod
-    def _orphan_block_row(t: pa.Table) -> None:
-        """A creating row without a block hash has no bucket: it is refused (like a row
-        whose target path does not name its block), never dropped."""
-        mask = pc.and_(pc.fill_null(pc.is_in(pc.cast(t.column("action"), pa.string()), pa.array(list(CREATING))),
-                                    False), pc.is_null(t.column("block_hash")))
-        raise _PendingRowCheck(t.filter(mask).slice(0, 1).to_pylist()[0])
-
-    def chunks(self) -> Iterator[pa.Table]:
-        """Tables of block rows (plain string columns), one per bucket range, in bucket
-        order; the last one read is kept (a one-chunk manifest is read once per plan)."""
-        carry: dict[tuple[int, int], pa.Table] = {}
-        for k, (lo, hi) in enumerate(self._ranges):
-            if self._cache is not None and self._cache[0] == k:
-                t = self._cache[1]
-            else:
-                self._cache = None
-                t = self._read(lo, hi, carry)
-                self._cache = (k, t)
-            if t is not None and t.num_rows:
-                yield t
-
-    def _read(self, lo: int, hi: int, carry: dict[tuple[int, int], pa.Table]) -> pa.Table | None:
-        """Rows of buckets lo..hi. A row group read for one chunk keeps its rows of later
-        buckets for the next chunks (`carry`, at most 2 x CHUNK_ROWS rows), so a manifest in
-        bucket order is decoded about once per pass; beyond that it is read again."""
-        parts = []
-        try:
-            if self._table is not None:
-                parts.append(_in_buckets(self._table, lo, hi))
-            for f, i, first, last in self._parts:
-                if last < lo or first > hi:
-                    continue
-                room = 2 * CHUNK_ROWS - sum(c.num_rows for c in carry.values())
-                t = carry.pop((f, i), None)
-                if t is None:
-                    mine, later = self._split_row_group(f, i, lo, hi, room)
-                else:
-                    after = pc.greater(t.column("_bucket"), hi)
-                    mine, later = [t.filter(pc.invert(after))], [t.filter(after)]
-                parts += mine
-                later = [x for x in later or () if x.num_rows]
-                if later:
-                    carry[(f, i)] = later[0] if len(later) == 1 else pa.concat_tables(later)
-            parts = [p for p in parts if p.num_rows]
-            if not parts:
-                return None
-            return parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
-        except UsageError:
-            raise
-        except self._read_errors as exc:
-            raise _unreadable(self.where, exc) from None
-
-
-_READ_BATCH = 8192  # rows decoded at a time from a row group
-_SURVEY_BATCH = 65536  # (three narrow columns)
-
-
-def _read_row_group(pf: Any, index: int, columns: list[str]) -> pa.Table:
-    batches = list(pf.iter_batches(batch_size=_READ_BATCH, row_groups=[index], columns=columns, use_threads=False))
-    return pa.Table.from_batches(batches, schema=pf.schema_arrow.select(columns) if not batches else None)
-
-
-def _in_buckets(t: pa.Table, lo: int, hi: int) -> pa.Table:
-    """The rows of buckets lo..hi, with their bucket as column `_bucket`."""
-    b = t.column("_bucket") if "_bucket" in t.column_names else _buckets(t.column("block_hash"))
-    if "_bucket" not in t.column_names:
-        t = t.append_column("_bucket", b)
-    return t.filter(pc.fill_null(pc.and_(pc.greater_equal(b, lo), pc.less_equal(b, hi)), False))
-
-
-def _identity(path: str | os.PathLike[str]) -> tuple[int, ...]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-class _PendingRowCheck(Exception):
-    """Raised by the survey with a row that build_plan must refuse through the row checks."""
-
-    def __init__(self, row: dict[str, Any]):
-        self.row = row
-
-
-def _cut(hist: list[int], limit: int) -> list[tuple[int, int]]:
-    """Consecutive bucket ranges holding about `limit` rows each (a bigger bucket alone)."""
-    ranges, lo, acc = [], 0, 0
-    for b, n in enumerate(hist):
-        if acc and acc + n > limit:
-            ranges.append((lo, b - 1))
-            lo, acc = b, 0
-        acc += n
-    ranges.append((lo, BUCKETS - 1))
-    return ranges
 
 
 # --- checking and counting the rows of a chunk --------------------------------------------
-
-@dataclass
-class _Tally:
-    """What planning learns about one target's actions without keeping them: the
-    (source base, rank) groups to stream, counts per action, transform totals and the
-    devices that `link` sources sit on (with a path on each, for messages)."""
-
-    groups: set = field(default_factory=set)
-    blocks: int = 0
-    counts: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)})
-    transforms: dict[str, list[int]] = field(default_factory=dict)  # action -> [blocks, source bytes, output bytes]
-    link_devs: dict[int, str] = field(default_factory=dict)
-    sizes: dict[int, Counter] = field(default_factory=dict)  # group -> output size -> blocks (all sources)
-    competing: bool = False  # some target path has candidates from several rows (decided in a second pass)
-    merges: set = field(default_factory=set)  # (source base, rank) groups with merges, streamed after the rest
-    unverified: int = 0  # merges of equal sizes whose bytes the manifest cannot compare (checked at apply)
-
 
 @dataclass
 class _Context:
@@ -517,7 +92,7 @@ class _Context:
     hashed: bool = False  # the scan took content hashes (--verify hash)
     units: dict[str, UnitPlan] = field(default_factory=dict)  # source base -> its unit's context
     competing: bool = False  # some target path has several candidates (`_competing_roles`)
-    # (target base, group) -> the size competing sources are judged by (`_target_sizes`);
+    # (target base, group) -> the size competing sources are judged by (`competing.target_sizes`);
     # None until the first pass has seen every row
     target_size: dict[tuple[str, int], int | None] | None = None
 
@@ -634,7 +209,7 @@ def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
     return c.take(pc.sort_indices(c, sort_keys=[*keys, ("target_relpath", "ascending")]))
 
 
-def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally]) -> None:
     """First pass over the creating rows of one chunk, per target, in Arrow: counts, and
     every row's output size in its (target, group) histogram; transforms (proven here)
     are counted one by one, rows of a target path with several candidates only join the
@@ -691,7 +266,7 @@ def _grouped(t: pa.Table, keys: list[str], aggs: list[tuple[str, str]]) -> Itera
         yield key, (vals[0] if len(vals) == 1 else tuple(vals))
 
 
-def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally],
+def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally],
                 competing: set[str] | None = None) -> None:
     """Counts of creating rows one by one; transforms are proven. In the first pass
     (`competing`: the chunk's target paths with several candidates) each row also joins
@@ -736,114 +311,13 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         t[2] += out
 
 
-# --- competing sources: several source namespaces for one target path ---------------------
-#
-# The rule (decided here, at plan time, so that the dry run counts what the apply does;
-# never by name order): candidates with provably equal bytes (same inode, or equal
-# content hashes) are one block, placed once, the others merge (already_present). Of
-# differing candidates the one whose size is the target's is placed and each other is
-# a conflict; the target's size is the one its geometry gives (vllm.cpp: header +
-# page_size_bytes) or else the most common block size of the target's group over all of
-# its sources. No candidate of that size, or several that differ, and none is placed.
-# Equal sizes whose bytes the manifest cannot compare (no hashes): the first in merge
-# order is placed and the others are compared at apply (already_present or conflict).
-
-class _Candidate(NamedTuple):
-    source_base: str
-    rank: int
-    relpath: str
-    action: str
-    out: int  # bytes the action writes
-    group: int
-    inode: tuple[int, int]
-    digest: bytes | None  # the hash of what the output is made of (None: not comparable)
-
-
-class _Role(NamedTuple):
-    role: str  # place | merge (the same bytes as the placed one) | check (compared at apply) | conflict
-    cause: str
-    source_base: str
-    rank: int
-    out: int
-
+# --- competing sources (the rule: `competing.py`) ---------------------------------------
 
 _ROLE_COLUMNS = ("source_base", "rank", "relpath", "action", "size", "group", "row_cells", "cell_bytes", "dev",
                  "inode", "content_xxh3_128", "payload_xxh3_128", "target_relpath")
 
 
-def _geometry_size(tp: TargetPlan) -> int | None:
-    """A block's size in the target as its identity gives it (vllm.cpp only: a vLLM row's
-    size depends on the deployment that writes it)."""
-    payload = tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None
-    return vllmcpp.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
-
-
-def _target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, _Tally]) -> dict[tuple[str, int], int | None]:
-    """(target base, group) -> the target's block size competing sources are judged by:
-    its geometry's, else the most common output size over all its sources (None on a tie)."""
-    out: dict[tuple[str, int], int | None] = {}
-    for base, tal in tallies.items():
-        known = _geometry_size(targets[base])
-        for group, hist in tal.sizes.items():
-            ranked = hist.most_common(2)
-            modal = ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else None
-            out[(base, group)] = known if known is not None else modal
-    return out
-
-
-def _same_bytes(a: _Candidate, b: _Candidate) -> bool | None:
-    """Whether two candidates write the same bytes: True, False, or None (unknown)."""
-    if a.out != b.out:
-        return False
-    if a.action != b.action or a.action in TRANSFORMS:
-        return None
-    if a.inode == b.inode and a.inode != (0, 0):
-        return True
-    if a.digest is not None and b.digest is not None:
-        return a.digest == b.digest
-    return None
-
-
-def _decide(cands: list[_Candidate], size: int | None) -> list[tuple[str, str]]:
-    """(role, conflict cause) of each candidate for one target path, in merge order."""
-    classes: list[list[int]] = []  # indices of provably equal candidates
-    for i, x in enumerate(cands):
-        for cl in classes:
-            if _same_bytes(cands[cl[0]], x):
-                cl.append(i)
-                break
-        else:
-            classes.append([i])
-    # one size among them: nothing to choose by size (the bytes may still differ); else
-    # only those of the target's size qualify
-    one_size = len({x.out for x in cands}) == 1
-    fitting = classes if one_size else [cl for cl in classes if cands[cl[0]].out == size]
-    differ = any(_same_bytes(cands[a[0]], cands[b[0]]) is False for a in fitting for b in fitting if a is not b)
-    roles: list[tuple[str, str]] = [("", "")] * len(cands)
-    if fitting and not differ:
-        first = fitting[0]
-        roles[first[0]] = ("place", "")
-        for cl in fitting:
-            for i in cl:
-                if i != first[0]:
-                    roles[i] = ("merge" if cl is first else "check", "")
-    placed = any(r == "place" for r, _ in roles)
-    fit = {i for cl in fitting for i in cl}
-    for i, x in enumerate(cands):
-        if roles[i][0]:
-            continue
-        if i in fit:  # of a qualifying size, but with other bytes than another one
-            other = next(cands[j].source_base for j in fit if cands[j].digest != x.digest)
-            why = f"other content than {other}; none placed"
-        elif size is None:
-            why = f"the target's size is unknown (no single most common size in group {x.group}); none placed"
-        else:
-            why = f"the target's size is {size}" + ("" if placed else "; none placed")
-        roles[i] = ("conflict", f"{COMPETING}{x.source_base}: {x.out} bytes, {why}")
-    return roles
-
-
-def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
+def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
     """Source relpath -> role of each creating row of a chunk (all sources) whose target
     path has more than one (a block's rows and target path share its bucket: the chunk
     holds every candidate)."""
@@ -854,7 +328,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
         return {}
     rows = _by_merge_order(c.filter(pc.is_in(c.column("target_relpath"), value_set=merged)), with_source=True)
     cols = dict(zip(_ROLE_COLUMNS, (rows.column(k).to_pylist() for k in _ROLE_COLUMNS)))
-    by_path: dict[str, list[_Candidate]] = {}
+    by_path: dict[str, list[Candidate]] = {}
     for i in range(rows.num_rows):
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
         if action in TRANSFORMS:
@@ -864,19 +338,19 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, _Role]:
             out = padded_size(size) if action == "copy_pad" else size
         digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
                                                         else "content_xxh3_128"][i]
-        by_path.setdefault(cols["target_relpath"][i], []).append(_Candidate(
+        by_path.setdefault(cols["target_relpath"][i], []).append(Candidate(
             sb, _as_int(cols["rank"][i]), cols["relpath"][i], action, out, _as_int(group),
             (_as_int(cols["dev"][i]), _as_int(cols["inode"][i])), digest))
-    out_roles: dict[str, _Role] = {}
+    out_roles: dict[str, Role] = {}
     sizes = ctx.target_size or {}
     for cands in by_path.values():
         base = ctx.target_of[cands[0].source_base].base_name
-        for x, (role, cause) in zip(cands, _decide(cands, sizes.get((base, cands[0].group)))):
-            out_roles[x.relpath] = _Role(role, cause, x.source_base, x.rank, x.out)
+        for x, (role, cause) in zip(cands, decide(cands, sizes.get((base, cands[0].group)))):
+            out_roles[x.relpath] = Role(role, cause, x.source_base, x.rank, x.out)
     return out_roles
 
 
-def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, _Tally]) -> None:
+def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dict[str, Tally]) -> None:
     """Second pass over a chunk: the rows of competing target paths by the rule above;
     a placed row counts as its action, a merge as `merge_duplicate`, a conflict by cause."""
     roles = _competing_roles(ctx, c)
@@ -920,7 +394,7 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
     their replicas (looked up within the chunk: a block's rank files share its bucket):
     the blocks it places, or (`merges`) those another source places with the same bytes.
     A competing source's conflict is no action. The rows were checked when the plan was
-    built (the same bytes: `_ManifestRows`)."""
+    built (the same bytes: `ManifestRows`)."""
     c = _creating(chunk)
     roles = _competing_roles(ctx, c) if ctx.competing else {}
     if merges and not roles:
@@ -978,7 +452,7 @@ class ActionStream:
     them. Sized and indexable like the list it stands for; its counts were taken when
     the plan was built."""
 
-    def __init__(self, rows: _ManifestRows, ctx: _Context, tally: _Tally):
+    def __init__(self, rows: ManifestRows, ctx: _Context, tally: Tally):
         self._rows = rows
         self._ctx = ctx
         self.tally = tally
@@ -1067,8 +541,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
     ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
     try:
-        rows = _ManifestRows(manifest_path, table, where)
-    except _PendingRowCheck as pending:
+        rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS)
+    except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
                          "refusing this manifest", hint="regenerate it with `kvmigrate scan`") from None
@@ -1077,7 +551,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
 
     # One pass over the chunks: check every creating row, count actions (the actions are
     # streamed later), and count what is not created (Arrow group_by).
-    tallies = {base: _Tally() for base in targets}
+    tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
     for chunk in rows.chunks():
@@ -1108,7 +582,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 tp.not_reusable_bytes[reason or action] += nbytes
     # Competing sources of a target path are judged by the target's size (a histogram
     # over all of its rows: the first pass), so they are counted in a second pass.
-    ctx.target_size = target_sizes if target_sizes is not None else _target_sizes(targets, tallies)
+    ctx.target_size = target_sizes if target_sizes is not None else competing.target_sizes(targets, tallies)
     if any(t.competing for t in tallies.values()):
         ctx.competing = True
         for chunk in rows.chunks():
@@ -1165,167 +639,3 @@ def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[
         out += list(zip(g["source_base"].to_pylist(), g["action"].to_pylist(), g["reason"].to_pylist(),
                         g["occupied"].to_pylist(), g["size_count"].to_pylist(), g["size_sum"].to_pylist()))
     return out
-
-
-def _value_counts(col: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
-    vc = pc.value_counts(col)
-    return vc.field("values").to_pylist(), vc.field("counts").to_pylist()
-
-
-# --- rendering ---------------------------------------------------------------------------
-
-_LABELS = {"link": "link (hard link)", "copy_pad": "copy with padding", "rewrite_header": "rewrite header",
-           "slice": "slice (one replica cell of each row)", "concat": "concat (rank files into one row)",
-           "relayout": "relayout (block-major to tensor-major)",
-           MERGE: "merge (already present: the same block from another source)"}
-COMPETING = "competing source "  # prefix of the conflict cause of a competing source (`_decide`)
-
-
-def _conflict_causes(conflicts: Counter) -> Counter:
-    """Conflicts by cause: the scan names each taken target path in its reason; the
-    dry run groups them without the path (the manifest and the apply list each one)."""
-    out: Counter = Counter()
-    for reason, n in conflicts.items():
-        out[findings.without_occupied_path(reason)] += n
-    return out
-
-
-def render_text(plan: Plan, apply_command: str | None = None) -> str:
-    """The dry-run report: per target namespace, what would be created and what not."""
-    lines = [f"migration plan for {plan.root}" + (f" -> {plan.dest}" if plan.dest != plan.root else ""),
-             f"target profile: {plan.target_profile}"]
-    for tp in plan.targets:
-        c = tp.counts()
-        lines.append("")
-        lines.append(f"target namespace {tp.base_name}  ({tp.family}, files in {tp.rank_dir}/)")
-        lines.append(f"  from: {', '.join(tp.sources)}")
-        for a in CREATING:
-            if c[a]["blocks"]:
-                lines.append(f"  {_LABELS[a]:<40} {c[a]['blocks']:>9} blocks  {human_bytes(c[a]['bytes']):>10}")
-        lines.append(f"  {'already present':<40} {tp.already_present[0]:>9} blocks  "
-                     f"{human_bytes(tp.already_present[1]):>10}")
-        if c[MERGE]["blocks"]:
-            lines.append(f"  {_LABELS[MERGE]}: {c[MERGE]['blocks']} blocks ({human_bytes(c[MERGE]['bytes'])})")
-        if tp.unverified_merges:
-            lines.append(f"    of which {tp.unverified_merges} only by size (the manifest has no content hashes): "
-                         "their bytes are compared at apply, a difference is a conflict")
-        for action, cost in tp.transform_costs().items():
-            lines.append(f"  cost of {cost_line(action, cost, human_bytes)}")
-        for (action, reason), n in sorted(tp.skipped.items()):
-            lines.append(f"  skipped {action}: {n} blocks ({human_bytes(tp.skipped_bytes[(action, reason)])})"
-                         f" - {reason}")
-        for reason, n in sorted(tp.not_reusable.items()):
-            lines.append(f"  not reusable: {n} blocks ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
-        causes = _conflict_causes(tp.conflicts)
-        for reason, n in sorted(causes.items())[:10]:
-            lines.append(f"  conflict: {n} blocks - {reason}")
-        if len(causes) > 10:
-            lines.append(f"  ... and {len(causes) - 10} more causes of conflicts")
-        if any(r.startswith(COMPETING) for r in tp.conflicts):
-            lines.append("  (competing sources for one target path: the one whose size is the target's is placed, "
-                         "never one by name order; the others stay in their legacy folder)")
-        lines.append("  outcomes: " + ", ".join(f"{k} {n}" for k, n in tp.outcomes().items()
-                                                 if k not in ("changed_since_scan", "failed")))
-    if plan.untargeted:
-        lines.append("")
-        lines.append("namespaces without a target identity:")
-        for reason, n in sorted(plan.untargeted.items()):
-            lines.append(f"  not reusable: {n} blocks - {reason}")
-    lines.append("")
-    if plan.integrity_rows:
-        lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files "
-                     "(see `kvmigrate report` for details)")
-    lines.append("outcomes if applied: " + ", ".join(f"{k} {n}" for k, n in plan.outcomes().items())
-                 + " (changed_since_scan and failed are only known when applying)")
-    if plan.pending:
-        lines.append(f"{plan.pending} blocks would be created. Nothing was written (dry run).")
-        if apply_command:
-            lines.append(f"to apply: {apply_command}")
-    else:
-        lines.append("nothing to do: every reusable block is already in place.")
-    return "\n".join(lines)
-
-
-def _printf_bytes(data: bytes) -> str:
-    """A POSIX `printf` format that prints exactly `data` (octal escapes, no % or \\)."""
-    out = []
-    for b in data:
-        ch = chr(b)
-        if 0x20 <= b < 0x7F and ch not in "\\%'":
-            out.append(ch)
-        else:
-            out.append(f"\\{b:03o}")
-    return "'" + "".join(out) + "'"
-
-
-def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
-    """The plan as a POSIX shell script (fclones-style). noclobber makes every `>` refuse
-    an existing file and `ln` never replaces one; kvmigrate's replica, staleness and
-    journal checks are not part of this form: prefer `--apply`."""
-    q = shlex.quote
-    yield "#!/bin/sh"
-    yield "# kvmigrate migration plan; without --apply nothing has been written."
-    yield "# This script skips kvmigrate's replica, staleness and journal checks: prefer `kvmigrate migrate --apply`."
-    yield "set -eu"
-    yield "set -o noclobber"
-    for tp in plan.targets:
-        base = os.path.join(plan.dest, tp.base_name)
-        yield ""
-        yield f"# target namespace {tp.base_name} (from {', '.join(tp.sources)})"
-        yield f"mkdir -p -- {q(base)}"
-        cfg = os.path.join(base, layout.CONFIG_NAME)
-        yield f"[ -e {q(cfg)} ] || printf {_printf_bytes(tp.config_bytes)} > {q(cfg)}"
-        made: set[str] = set()
-        for act in tp.actions:
-            dst = os.path.join(plan.dest, act.target_relpath)
-            src = os.path.join(plan.root, act.source.relpath)
-            parent = os.path.dirname(dst)
-            if parent not in made:
-                made.add(parent)
-                yield f"mkdir -p -- {q(parent)}"
-            if act.action == "link" and mode != "copy":
-                yield f"[ -e {q(dst)} ] || ln -- {q(src)} {q(dst)}"
-            elif act.action == "link":
-                yield f"[ -e {q(dst)} ] || cat -- {q(src)} > {q(dst)}"
-            elif act.action == "copy_pad":
-                pad = act.output_size - act.source.size
-                yield f"[ -e {q(dst)} ] || {{ cat -- {q(src)}; head -c {pad} /dev/zero; }} > {q(dst)}"
-            elif act.transform is not None:
-                yield f"[ -e {q(dst)} ] || {{ {_transform_script(plan.root, act)} }} > {q(dst)}"
-            else:  # rewrite_header: new header, then exactly payload_size bytes of the payload
-                payload = act.source.size - vllmcpp.HEADER_SIZE
-                header = _rewritten_header_for_script(act, tp)
-                yield (f"[ -e {q(dst)} ] || {{ printf {header}; tail -c +{vllmcpp.HEADER_SIZE + 1} -- {q(src)}"
-                       f" | head -c {payload}; }} > {q(dst)}")
-
-
-def _transform_script(root: str, act: BlockAction) -> str:
-    """Shell commands that print a transform's row: slice = the first cell, concat = the
-    rank files in rank order, relayout = each page with dd in [T][B][P] order; then the
-    zero pad."""
-    spec = act.transform
-    assert spec is not None
-    q = shlex.quote
-    files = [q(os.path.join(root, f.relpath)) for f in act.sources]
-    if spec.action == "slice":
-        parts = [f"head -c {spec.cell} -- {files[0]};"]
-    elif spec.action == "concat":
-        parts = [f"cat -- {' '.join(files)};"]
-    else:
-        parts = [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
-                 f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
-                 f"t=$((t+1)); done;" for src in files[:spec.cells]]
-    pad = spec.output_size - spec.cells * spec.cell
-    if pad:
-        parts.append(f"head -c {pad} /dev/zero;")
-    return " ".join(parts)
-
-
-def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
-    """The header a rewrite writes can be derived from the plan alone: the key comes
-    from the path, the payload size from the identity, the digest from the target."""
-    block = layout.parse_block_relpath(act.target_relpath)[1]  # (the plan checked it: `_check_target_path`)
-    name, group = block.hex_hash, block.group
-    payload = int(tp.fields.get("page_size_bytes", act.source.size - vllmcpp.HEADER_SIZE))
-    header = vllmcpp.encode_header(tp.digest, vllmcpp.make_key(bytes.fromhex(name), group), payload)
-    return _printf_bytes(header)

@@ -24,7 +24,7 @@ from typing import Any
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.apply import reconcile_item
+from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 

@@ -113,7 +113,7 @@ def test_a_vanished_replica_is_changed_since_the_scan(tmp_path, synth_root):
 
 
 def test_folders_made_by_two_threads_are_the_same_and_journaled(tmp_path, synth_root, monkeypatch):
-    from kvmigrate.migrate import apply as apply_mod
+    from kvmigrate.migrate import dirs as dirs_mod
     from kvmigrate.migrate.apply import apply_plan
     from kvmigrate.migrate.plan import build_plan
 
@@ -128,7 +128,7 @@ def test_folders_made_by_two_threads_are_the_same_and_journaled(tmp_path, synth_
     (one := tmp_path / "one").mkdir()
     (two := tmp_path / "two").mkdir()
     assert apply_plan(build_plan(m, dest=str(one)), journal=str(tmp_path / "j1.jsonl")).exit_code == 0
-    monkeypatch.setattr(apply_mod, "_PARALLEL_DIRS", 1)  # every depth of every batch by two threads
+    monkeypatch.setattr(dirs_mod, "_PARALLEL_DIRS", 1)  # every depth of every batch by two threads
     result = apply_plan(build_plan(m, dest=str(two)), journal=str(tmp_path / "j2.jsonl"), batch_size=16)
     assert result.exit_code == 0 and result.outcomes["created"] == 80
     assert folders(one) == folders(two) and len(folders(two)) > 80
@@ -141,10 +141,10 @@ def test_folders_made_by_two_threads_are_the_same_and_journaled(tmp_path, synth_
 
 _APPLY_IN_BATCHES = """
 import sys
-from kvmigrate.migrate import apply as apply_mod
+from kvmigrate.migrate import dirs as dirs_mod
 from kvmigrate.migrate.apply import apply_plan
 from kvmigrate.migrate.plan import build_plan
-apply_mod._PARALLEL_DIRS = 1
+dirs_mod._PARALLEL_DIRS = 1
 result = apply_plan(build_plan(sys.argv[1]), journal=sys.argv[2], batch_size=8)
 sys.exit(result.exit_code)
 """

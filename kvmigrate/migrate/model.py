@@ -1,0 +1,195 @@
+"""The migration's data model: the plain types every migrate module shares (a source
+file, a block action, a target namespace's plan, the plan) and the action names.
+
+The bottom of migrate's one-way stack (fsops, outputs <- model <- competing, rows, result,
+reconcile <- actions, plan, place, dirs <- apply). It imports none of the modules above it,
+so any of them can name these types; building a plan is `plan.py`, what each action kind
+does (and the bytes it writes: `ActionKind.output_size`) is `actions.py`. A `BlockAction` stays a plain NamedTuple (a plan streams millions).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kvmigrate.cost import TRANSFORMS, transform_cost
+from kvmigrate.identity import canonical
+from kvmigrate.migrate.outputs import TransformSpec
+
+# Actions that create a file (migration.md §1); the rest are counted, never acted on.
+COPIES = ("link", "copy_pad", "rewrite_header")
+CREATING = (*COPIES, *TRANSFORMS)
+NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
+# Counts key of a block another source places at the same target path with the same
+# bytes: streamed after the placed blocks, compared at apply (already_present).
+MERGE = "merge_duplicate"
+# Outcomes of a block (interface.md §1): what `--apply` reports, and what the dry run
+# foresees with the same numbers (`Plan.outcomes`).
+OUTCOMES = ("created", "already_present", "conflict", "changed_since_scan", "skipped_needs_transform", "failed")
+
+class SourceFile(NamedTuple):
+    """One source file an action reads, with the stat the scan saw (staleness check).
+    (Immutable records; a NamedTuple is built three times faster than a frozen dataclass,
+    and a plan makes one per block file.)"""
+
+    relpath: str
+    rank: int
+    dev: int
+    inode: int
+    size: int
+    mtime_ns: int
+    content_hash: bytes | None
+    payload_hash: bytes | None
+
+
+class BlockAction(NamedTuple):
+    """One block to materialize at `target_relpath` (relative to the destination root)."""
+
+    action: str  # link | copy_pad | rewrite_header | slice | concat | relayout
+    target_relpath: str
+    source: SourceFile
+    replicas: tuple[SourceFile, ...]  # the other ranks' files (equal to `source`, or the shards of a concat)
+    source_base: str
+    world: int = 1  # ranks that hold a file of this block (replicas must cover 0..world-1)
+    transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
+
+    @property
+    def sources(self) -> tuple[SourceFile, ...]:
+        """Every file of the block in rank order (what a concat or relayout reads)."""
+        return (self.source, *self.replicas)
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(f.size for f in self.sources)
+
+
+@dataclass
+class TargetPlan:
+    """Everything to do for one target namespace, in the fixed merge order; competing
+    sources of a target path resolved by the rule of `decide`."""
+
+    base_name: str
+    rank_dir: str
+    profile: str
+    family: str  # target engine family: vllm | vllmcpp
+    fields: dict[str, Any]
+    sources: list[str]  # source base folders merged into this target, in merge order
+    # the block actions in merge order: an `ActionStream` read from the manifest on demand
+    # (build_plan), or an empty list (a target whose config.json alone is written)
+    actions: Any = field(default_factory=list)
+    already_present: list[int] = field(default_factory=lambda: [0, 0])  # blocks, bytes
+    skipped: Counter = field(default_factory=Counter)  # (needs_action, reason) -> blocks
+    skipped_bytes: Counter = field(default_factory=Counter)
+    not_reusable: Counter = field(default_factory=Counter)  # reason -> blocks
+    not_reusable_bytes: Counter = field(default_factory=Counter)
+    conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
+
+    @property
+    def config_bytes(self) -> bytes:
+        return canonical.config_json_bytes(self.fields, self.family)
+
+    @property
+    def digest(self) -> bytes:
+        """Raw SHA-256 of the target identity (what vllm.cpp headers carry)."""
+        return bytes.fromhex(canonical.full_digest(self.fields, self.family))
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """blocks/bytes per creating action; a second source's block at a target path
+        another source fills with the same bytes (a merge) is counted under `merge_duplicate`."""
+        return {a: dict(v) for a, v in self._tally().counts.items()}
+
+    def _tally(self) -> Tally:
+        """The counts taken when the plan was built (`plan.ActionStream.tally`); a target
+        with no actions (an empty list) has none."""
+        tally = getattr(self.actions, "tally", None)
+        if tally is not None:
+            return tally
+        if self.actions:
+            raise TypeError("a target's counts come from the plan: its actions must be build_plan's ActionStream")
+        return Tally()
+
+    @property
+    def pending(self) -> int:
+        c = self.counts()
+        return sum(c[a]["blocks"] for a in CREATING)
+
+    @property
+    def unverified_merges(self) -> int:
+        """Merges whose equal bytes the manifest cannot prove (no content hashes, equal
+        sizes): the apply compares them, and a difference is a conflict."""
+        return self._tally().unverified
+
+    def outcomes(self) -> dict[str, int]:
+        """What `--apply` will report for this target if nothing changes meanwhile
+        (changed_since_scan and failed are only known then)."""
+        c = self.counts()
+        return {"created": self.pending, "already_present": self.already_present[0] + c[MERGE]["blocks"],
+                "conflict": sum(self.conflicts.values()), "changed_since_scan": 0,
+                "skipped_needs_transform": sum(self.skipped.values()), "failed": 0}
+
+    def transform_costs(self) -> dict[str, dict]:
+        """Per transform: blocks, legacy bytes read, bytes written, estimated time, and
+        the space saved (slice) or spent (concat, relayout); merge duplicates excluded."""
+        totals = self._tally().transforms  # totalled when the plan was built
+        return {a: transform_cost(a, *totals[a]) for a in TRANSFORMS if a in totals}
+
+
+@dataclass
+class Plan:
+    root: str  # where the sources are (the scanned root)
+    dest: str  # where targets go
+    manifest_path: str | None
+    target_profile: str
+    metadata: dict[str, Any]
+    targets: list[TargetPlan]
+    untargeted: Counter  # reason -> blocks of namespaces with no target identity
+    integrity_rows: int  # every row of the manifest with an integrity state (reported)
+    status_counts: Counter
+    # (target base, group) -> the block size competing sources are judged by (None: unknown)
+    target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
+
+    @property
+    def pending(self) -> int:
+        return sum(t.pending for t in self.targets)
+
+    @property
+    def conflicts(self) -> int:
+        """Blocks whose target path the scan found taken by other bytes."""
+        return sum(sum(t.conflicts.values()) for t in self.targets)
+
+    def outcomes(self) -> dict[str, int]:
+        """The apply's outcomes as the dry run foresees them (`TargetPlan.outcomes`)."""
+        out = dict.fromkeys(OUTCOMES, 0)
+        for tp in self.targets:
+            for k, n in tp.outcomes().items():
+                out[k] += n
+        return out
+
+    def dry_run_exit_code(self) -> int:
+        """interface.md §4: 1 if anything would be created, +4 for conflicts it would meet
+        or integrity states of blocks it would place. Other rows' findings are reported in
+        the plan, not failed on (they are `audit`'s exit code)."""
+        code = 1 if self.pending else 0
+        if self.placed_integrity_rows or self.conflicts:
+            code |= 4
+        return code
+
+
+@dataclass
+class Tally:
+    """What planning learns about one target's actions without keeping them: the
+    (source base, rank) groups to stream, counts per action, transform totals and the
+    devices that `link` sources sit on (with a path on each, for messages)."""
+
+    groups: set = field(default_factory=set)
+    blocks: int = 0
+    counts: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {a: {"blocks": 0, "bytes": 0} for a in (*CREATING, MERGE)})
+    transforms: dict[str, list[int]] = field(default_factory=dict)  # action -> [blocks, source bytes, output bytes]
+    link_devs: dict[int, str] = field(default_factory=dict)
+    sizes: dict[int, Counter] = field(default_factory=dict)  # group -> output size -> blocks (all sources)
+    competing: bool = False  # some target path has candidates from several rows (decided in a second pass)
+    merges: set = field(default_factory=set)  # (source base, rank) groups with merges, streamed after the rest
+    unverified: int = 0  # merges of equal sizes whose bytes the manifest cannot compare (checked at apply)

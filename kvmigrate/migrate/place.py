@@ -1,0 +1,299 @@
+"""Placing a block at its target path, the no-clobber way (migration.md §3): a hard
+link, or a new file (copy, padded copy, header rewrite, transform) written to a temp
+next to the final name, fsynced and published by link(); a name already taken is
+compared, never overwritten (already_present or conflict). The action kinds
+(`actions.py`) call these primitives."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
+from kvmigrate.fsio import open_noatime
+from kvmigrate.migrate.fsops import CHUNK
+from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
+                                       transform_output_hash, write_transform)
+from kvmigrate.migrate.reconcile import tmp_name, unlink_quiet
+from kvmigrate.migrate.result import Stop, oserror_stop
+from kvmigrate.transforms import TransformError
+
+if TYPE_CHECKING:
+    from kvmigrate.migrate.model import BlockAction, TargetPlan
+
+
+def stat_differs(st: os.stat_result, src) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "source is no longer a regular file"
+    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
+        return "source changed since the scan (dev, inode, size or mtime differ)"
+    return None
+
+
+class Placer:
+    """The Applier's placing primitives (a mixin): they use its `tree`, `journal`,
+    `mode`, `result`, `crash`, `_outcome`, `_src_abs` and, for transforms, its source
+    checks (`_open_sources`, `_check_transform_sources`)."""
+
+    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        target = act.target_relpath
+        src_abs = self._src_abs(act.source.relpath)
+        try:
+            self.tree.link_in(src_abs, target)
+        except FileExistsError:
+            return self._compare_existing(tp, act, "link", None)
+        except FileNotFoundError:
+            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.EMLINK) and self.mode == "auto":
+                return self._copy(tp, act, "link", src_hash)
+            if exc.errno == errno.EXDEV:
+                raise Stop(OperationalError(
+                    f"cannot hard-link across filesystems: {src_abs} -> {self.tree.abspath(target)}",
+                    path=self.tree.abspath(target),
+                    hint="use --mode copy or --mode auto; rerun the same command to resume")) from None
+            if exc.errno == errno.EMLINK:
+                return self._outcome(tp, act, "failed", "too many hard links to the source file; "
+                                     "rerun with --mode auto to copy such blocks", bits=EXIT_OPERATIONAL)
+            if exc.errno == errno.EPERM:
+                # fs.protected_hardlinks: only the owner of a file (or a user who may write
+                # it) may hard-link it, even into a folder this user may write
+                raise Stop(OperationalError(
+                    f"hard-linking a block failed: operation not permitted on {src_abs} (the kernel refuses "
+                    "hard links to files this user does not own: fs.protected_hardlinks)",
+                    path=self.tree.abspath(target),
+                    hint="run as the user that owns the cache files, or use --mode copy; then rerun the same "
+                         "command to resume")) from None
+            raise oserror_stop(exc, self.tree.abspath(target), "hard-linking a block") from None
+        st = self.tree.lstat(target)
+        if st is None or st.st_ino != act.source.inode or st.st_dev != act.source.dev:
+            # the source name was replaced between our check and link(): this fresh name
+            # is ours and points at a file the scan never saw
+            unlink_quiet(self.tree, target)
+            return self._outcome(tp, act, "changed_since_scan", "source replaced since the scan")
+        # A hard link IS the source inode: its identity (dev, inode, size, mtime) is
+        # journaled, and its hash when the manifest or the replica check has it (no read
+        # just for the journal; verify and rollback check mtime where no hash is recorded).
+        self.journal.done_link(target, st, act.action, src_hash)
+        self.result.linked += 1
+        self._outcome(tp, act, "created")
+        self.crash.hit("created")
+
+    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None:
+        """A new file with the action's output: temp in the final folder, fsync, then
+        link() to the final name (no clobber), then unlink the temp. The bytes read must
+        hash to `src_hash` (the scan's, or the one this run's check read)."""
+        target = act.target_relpath
+        digest = tp.digest if action == "rewrite_header" else None
+        if self.tree.lstat(target) is not None:
+            return self._compare_existing(tp, act, action, digest)
+        tmp = tmp_name(target)
+        try:
+            src_fd = open_noatime(self._src_abs(act.source.relpath))
+        except FileNotFoundError:
+            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+        except OSError as exc:
+            return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
+        try:
+            why = stat_differs(os.fstat(src_fd), act.source)
+            if why:
+                return self._outcome(tp, act, "changed_since_scan", why)
+            src_h = xxhash.xxh3_128()
+            try:
+                ino, size, out_digest = self._write_new(tmp, output_chunks(src_fd, action, digest, src_h))
+            except SourceInvalid as exc:
+                unlink_quiet(self.tree, tmp)
+                return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+            except OSError as exc:
+                unlink_quiet(self.tree, tmp)
+                raise oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
+        finally:
+            os.close(src_fd)
+        if src_hash is not None and src_h.digest() != src_hash:
+            unlink_quiet(self.tree, tmp)
+            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash"
+                                 if act.source.content_hash is not None else "source changed while it was read")
+        self._publish(tp, act, tmp, ino, size, out_digest, action, digest)
+
+    def _publish(self, tp: TargetPlan, act: BlockAction, tmp: str, ino: int, size: int, out_digest: bytes,
+                 action: str, digest: bytes | None) -> None:
+        """A fsynced temp becomes the final name only if that name is free (link, never
+        rename); EEXIST means compare. Then the temp goes and a done record follows."""
+        target = act.target_relpath
+        self.crash.hit("tmp_written")
+        try:
+            self.tree.link_local(tmp, target)
+        except FileExistsError:
+            unlink_quiet(self.tree, tmp)
+            return self._compare_existing(tp, act, action, digest, expected=(size, out_digest))
+        except OSError as exc:
+            unlink_quiet(self.tree, tmp)
+            raise oserror_stop(exc, self.tree.abspath(target), "publishing a block") from None
+        self.crash.hit("linked")
+        unlink_quiet(self.tree, tmp)
+        self.journal.done({"kind": "block", "path": target, "ino": ino, "size": size,
+                           "xxh3_128": out_digest.hex(), "how": "transform" if act.transform else "copy",
+                           "action": act.action})
+        self.result.copied += 1
+        self.result.bytes_written += size
+        if act.action == "link":
+            self.result.link_copies += 1
+        if act.transform is not None:
+            self.result.transformed += 1
+        self._outcome(tp, act, "created")
+        self.crash.hit("created")
+
+    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None:
+        """slice / concat / relayout into a temp file through a hashing writer (the output
+        hash is known when the last byte is written), fsync, then publish like a copy."""
+        target = act.target_relpath
+        if self.tree.lstat(target) is not None:
+            return self._compare_existing(tp, act, act.action, None)
+        fds = self._open_sources(tp, act)
+        if fds is None:
+            return
+        tmp = tmp_name(target)
+        try:
+            if not self._check_transform_sources(tp, act, fds):
+                return
+            try:
+                ino, size, out_digest = self._write_transform(tmp, spec, fds)
+            except (TransformError, SourceInvalid) as exc:
+                unlink_quiet(self.tree, tmp)
+                return self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            except OSError as exc:
+                unlink_quiet(self.tree, tmp)
+                raise oserror_stop(exc, self.tree.abspath(target), f"writing a block ({act.action})") from None
+            files = act.sources if spec.action != "slice" else (act.source,)
+            for f, fd in zip(files, fds):  # a writer may have appended while we read
+                why = stat_differs(os.fstat(fd), f)
+                if why:
+                    unlink_quiet(self.tree, tmp)
+                    return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if size != spec.output_size:
+            unlink_quiet(self.tree, tmp)
+            return self._outcome(tp, act, "failed", f"{act.action} wrote {size} bytes, the plan says "
+                                 f"{spec.output_size}", bits=EXIT_INTEGRITY)
+        self._publish(tp, act, tmp, ino, size, out_digest, act.action, None)
+
+    def _write_transform(self, tmp: str, spec: TransformSpec, fds: list[int]) -> tuple[int, int, bytes]:
+        try:
+            fd = self.tree.create_excl(tmp)
+        except FileExistsError:
+            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
+            fd = self.tree.create_excl(tmp)
+        try:
+            # the crash seam "transform_write:<n>" kills after the n-th write to the temp
+            # file; small writes then leave a temp that is really half-written
+            seam = self.crash.point == "transform_write"
+            out = HashingWriter(fd, chunk=1024 if seam else CHUNK,
+                                on_flush=(lambda: self.crash.hit("transform_write")) if seam else None)
+            write_transform(spec, fds, out)
+            out.flush()
+            os.fsync(fd)
+            ino = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        return ino, out.size, out.digest()
+
+    def _transform_expected(self, tp: TargetPlan, act: BlockAction) -> tuple[int, bytes] | None:
+        """(size, hash) of the row the transform would write, to compare with a file that
+        is already at the target path; None: the block has its outcome."""
+        fds = self._open_sources(tp, act)
+        if fds is None:
+            return None
+        try:
+            spec = act.transform
+            if spec.action == "slice" or spec.replicas:
+                if not self._check_transform_sources(tp, act, fds):
+                    return None
+            out_digest, size = transform_output_hash(spec, fds)
+        except SourceInvalid as exc:
+            self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            return None
+        except OSError as exc:
+            self._outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
+                          bits=EXIT_OPERATIONAL)
+            return None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return size, out_digest
+
+    def _write_new(self, tmp: str, chunks) -> Any:
+        """Write chunks to a new file (O_EXCL; a leftover of this pid is replaced), fsync.
+        Returns inode for a bytes list, (inode, size, xxh3) for a generator."""
+        try:
+            fd = self.tree.create_excl(tmp)
+        except FileExistsError:
+            self.tree.unlink(tmp)  # our own pid's temp name: a leftover of this process
+            fd = self.tree.create_excl(tmp)
+        h = xxhash.xxh3_128()
+        size = 0
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                h.update(chunk)
+                size += len(chunk)
+            os.fsync(fd)
+            ino = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        if isinstance(chunks, list):
+            return ino
+        return ino, size, h.digest()
+
+    def _compare_existing(self, tp: TargetPlan, act: BlockAction, action: str, digest: bytes | None,
+                          expected: tuple[int, bytes] | None = None) -> None:
+        """Something already sits at the target path: the same bytes -> already_present,
+        anything else -> conflict (never overwritten)."""
+        target = act.target_relpath
+        st = self.tree.lstat(target)
+        if st is None:
+            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun")
+        if not stat.S_ISREG(st.st_mode):
+            return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
+        if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
+            return self._outcome(tp, act, "already_present")
+        if expected is None and act.transform is not None:
+            expected = self._transform_expected(tp, act)
+            if expected is None:
+                return None
+        if expected is None:
+            try:
+                fd = open_noatime(self._src_abs(act.source.relpath))
+            except OSError as exc:
+                return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
+            try:
+                why = stat_differs(os.fstat(fd), act.source)
+                if why:
+                    return self._outcome(tp, act, "changed_since_scan", why)
+                try:
+                    out_digest, size, _ = output_hash(fd, action, digest)
+                except SourceInvalid as exc:
+                    return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+            finally:
+                os.close(fd)
+            expected = (size, out_digest)
+        size, out_digest = expected
+        if st.st_size != size:
+            return self._outcome(tp, act, "conflict", f"a different file is in the way ({st.st_size} bytes, "
+                                 f"expected {size}); left untouched")
+        try:
+            have, _ = self.tree.hash(target)
+        except OSError as exc:
+            return self._outcome(tp, act, "failed", f"cannot read the existing target: {exc.strerror}",
+                                 bits=EXIT_OPERATIONAL)
+        if have == out_digest:
+            return self._outcome(tp, act, "already_present")
+        return self._outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")
