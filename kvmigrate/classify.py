@@ -105,7 +105,7 @@ class UnitPlan:
     world: int = 1  # tp * pp * pcp of the writer (cells of a direct vLLM row)
     source_replicated: bool = False  # vLLM identity with replicated_layout
     source_canonical: bool = False  # vLLM identity with canonical_format
-    vllmcpp_payload: int | None = None  # page_size_bytes of the identity
+    payload_bytes: int | None = None  # what every block file holds after its header (vllm.cpp: page_size_bytes)
     target: TargetInfo | None = None
     # namespace-wide verdicts
     block_status: str | None = None  # status every block row gets (orphan_namespace, digest_mismatch, ...)

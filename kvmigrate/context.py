@@ -75,7 +75,7 @@ def unit_context(members: list[Mapping[str, Any]], hashed: bool) -> UnitPlan:
     if fam.rank_namespaces:  # a rank whose namespace is absent or invalid leaves the deployment incomplete
         present = {(n.get("config_json") or {}).get("rank") for n in members}
         plan.absent_ranks = tuple(r for r in plan.expected_ranks if r not in present)
-    plan.vllmcpp_payload = fam.payload_bytes(fields)
+    plan.payload_bytes = fam.payload_bytes(fields)
     plan.kv_kind = fam.kv_kind(fields, ns.get("facts") or {})
     plan.blocks_per_file = fam.blocks_per_file(fields)
     groups = fields.get("kv_cache_groups") or []

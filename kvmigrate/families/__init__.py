@@ -54,7 +54,7 @@ class Family:
     # an S1 identity (hash_block_size, no other proof) may be this family's: --family
     # or FACTS.json may settle it on it
     reads_s1: bool = True
-    # the family of the engine that reads the target namespace (identity.target.Target.family)
+    # the family of the engine that reads the target namespace (identity.vllm_target.Target.family)
     target_engine: str = "vllm"
     # the flag that settles this reading of a namespace (ambiguous: --family)
     settled_by: str | None = None
@@ -219,6 +219,18 @@ class Family:
         """(action, reason) of a complete, healthy block with a reachable target;
         `by_rank`: its files in rank order."""
         return "none", f"unknown writer family {plan.family!r}"
+
+    def header_check(self, header: bytes, *, digest: bytes, payload_size: int, hex_hash: str,
+                     group: int) -> str | None:
+        """The check the engine's reader fails on a block file's first `header_len` bytes,
+        given its namespace's identity digest and payload size (None: it passes, or the
+        family writes no header). Scan and apply word the finding around it."""
+        return None
+
+    def detection_notes(self, fields: Mapping[str, Any], block_sizes: list[int]) -> list[str]:
+        """Sentences the scan adds to a namespace's family evidence (the ambiguous reading
+        says whether its ambiguity changes any byte)."""
+        return []
 
     def verify_block(self, head: bytes, size: int, target: Mapping[str, Any], hex_hash: str,
                      group: int) -> tuple[str, str] | None:

@@ -38,6 +38,11 @@ class Ambiguous(Vllm):
     def proof(self, fields):
         return None  # never proven: it is what detection says when nothing proves a family
 
+    def detection_notes(self, fields, block_sizes):
+        note = harmless_ambiguity_note(fields, block_sizes)
+        return [note or "the ambiguity changes decisions here (tp, pp, pcp or blocks per file > 1): "
+                        "blocks stay `none` until --family is given"]
+
     def size_status(self, plan, group, size):
         return None  # neither reading's size rule applies until the family is known
 

@@ -91,9 +91,9 @@ class Vllmcpp(Family):
     def size_status(self, plan, group, size):
         if size < codec.HEADER_SIZE:
             return "short", f"{size} bytes, shorter than the {codec.HEADER_SIZE}-byte header"
-        if plan.vllmcpp_payload is not None and size != codec.HEADER_SIZE + plan.vllmcpp_payload:
+        if plan.payload_bytes is not None and size != codec.HEADER_SIZE + plan.payload_bytes:
             return "size_mismatch", (f"size {size}, expected {codec.HEADER_SIZE} + page_size_bytes "
-                                     f"{plan.vllmcpp_payload} = {codec.HEADER_SIZE + plan.vllmcpp_payload}")
+                                     f"{plan.payload_bytes} = {codec.HEADER_SIZE + plan.payload_bytes}")
         return None
 
     def plan_action(self, plan, by_rank, group):
@@ -111,6 +111,10 @@ class Vllmcpp(Family):
                                       f"replicated identity {t.base}; "
                                       + ("payload hashes verified equal" if plan.hashed else UNVERIFIED))
         return "none", "rank-private shard: each rank's payload is its own shard; no reader can use a collapsed copy"
+
+    def header_check(self, header, *, digest, payload_size, hex_hash, group):
+        return codec.verify_header(header, digest=digest, payload_size=payload_size,
+                                   key=codec.make_key(bytes.fromhex(hex_hash), group))
 
     def verify_block(self, head, size, target, hex_hash, group):
         if not target.get("digest") or hex_hash is None:

@@ -1,5 +1,7 @@
 """Identity engine: canonical JSON and digests, vLLM field schemes, gates, deployment
-facts, family detection and target computation (identity.md, formats.md §3).
+facts and the vLLM target recipe (identity.md). Family detection and the target of a
+namespace are the family registry's (kvmigrate.families.detect, .compute_target), which
+sits above this package.
 
 The names below load their module on first use, so the CLI's option tables can read
 `kvmigrate.identity.values` without importing the whole engine (`--help` stays fast).
@@ -14,12 +16,11 @@ _EXPORTS = {
     "canonical_bytes": "canonical", "config_json_bytes": "canonical", "d12": "canonical",
     "fields_from_config_bytes": "canonical", "full_digest": "canonical",
     "Facts": "facts", "FactsResolver": "facts",
-    "ambiguity_is_harmless": "family", "detect_family": "family", "harmless_ambiguity_note": "family",
     "DEFAULT_PROFILE": "gates", "PROFILES": "gates", "VLLM_PROFILES": "gates", "Deployment": "gates",
     "GateDecision": "gates",
     "facts_from_hf_config": "hfconfig",
     "filemapper": "schemes", "scheme_of": "schemes", "unknown_keys": "schemes", "validate_fields": "schemes",
-    "Target": "vllm_target", "compute_target": "target",
+    "Target": "vllm_target",
 }
 
 __all__ = sorted(_EXPORTS)

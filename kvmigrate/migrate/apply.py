@@ -45,15 +45,13 @@ from typing import Any, Callable, NamedTuple
 
 import xxhash
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
-from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import all_holes, open_noatime
-from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.actions import ACTIONS
 from kvmigrate.migrate.dirs import Batch, FolderMaker
-from kvmigrate.migrate.fsops import CHUNK, DestTree, SymlinkInPath, check_relpath
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
 from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
@@ -115,7 +113,7 @@ class Applier(FolderMaker, Placer):
         self._pool: ThreadPoolExecutor | None = None  # the block reader and the folder makers
         self._reads: dict[int, list] = {}  # id(action) -> its files' `_FileRead`s, this batch
         self._stats: dict[int, str | None] = {}  # id(source file) -> why it is stale, this batch
-        self._cpp_ids: dict[str, tuple[bytes, int]] | None = None  # see `_vllmcpp_ids`
+        self._header_ids_of: dict[str, tuple[bytes, int]] | None = None  # see `_header_ids`
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
 
@@ -273,7 +271,7 @@ class Applier(FolderMaker, Placer):
         self.result.per_target.setdefault(tp.base_name, Counter())
         self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
                             "digest": tp.digest.hex(), "sources": tp.sources,
-                            "payload_size": tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None},
+                            "payload_size": tp.fam.payload_bytes(tp.fields)},
                            sync=True)
         problem = self._config(tp)
         if problem:
@@ -301,7 +299,7 @@ class Applier(FolderMaker, Placer):
         must describe the same identity. Returns a problem message or None."""
         rel = f"{tp.base_name}/{layout.CONFIG_NAME}"
         want = tp.config_bytes
-        problem = self._existing_config_problem(tp, rel, want)
+        problem = self._existing_config_problem(tp, rel)
         if problem != "absent":
             return problem
         tmp = tmp_name(rel)
@@ -313,7 +311,7 @@ class Applier(FolderMaker, Placer):
                 self.tree.link_local(tmp, rel)
             except FileExistsError:
                 unlink_quiet(self.tree, tmp)
-                problem = self._existing_config_problem(tp, rel, want)
+                problem = self._existing_config_problem(tp, rel)
                 return None if problem == "absent" else problem
             unlink_quiet(self.tree, tmp)
         except OSError as exc:
@@ -325,7 +323,7 @@ class Applier(FolderMaker, Placer):
         self.journal.sync()
         return None
 
-    def _existing_config_problem(self, tp: TargetPlan, rel: str, want: bytes) -> str | None:
+    def _existing_config_problem(self, tp: TargetPlan, rel: str) -> str | None:
         st = self.tree.lstat(rel)
         if st is None:
             return "absent"
@@ -336,14 +334,7 @@ class Applier(FolderMaker, Placer):
             data = self.tree.read_bytes(rel, limit=1 << 22)
         except OSError as exc:
             raise oserror_stop(exc, where, "reading the existing config.json") from None
-        if tp.family == "vllmcpp":
-            same = data == want
-        else:
-            try:
-                same = canonical.fields_from_config_bytes(data) == tp.fields
-            except ValueError:
-                same = False
-        if same:
+        if tp.fam.config_matches(data, tp.fields):  # as the engine compares it (bytes or fields)
             return None
         return (f"{where} exists and describes a different identity than the target; no block of {tp.base_name} "
                 "was written (never overwritten: move it aside if it is stale, then rerun)")
@@ -368,7 +359,7 @@ class Applier(FolderMaker, Placer):
             items.append(item)
         self.journal.intent(items)
         self.crash.hit("intent")
-        reads = self._helpers().submit(_read_batch, self._src_prefix, batch, tp.family == "vllmcpp")
+        reads = self._helpers().submit(_read_batch, self._src_prefix, batch, tp.fam.header_len)
         return Batch(batch, missing, self._start_dirs(missing), reads)
 
     def _blocks(self, tp: TargetPlan, prepared: Batch) -> None:
@@ -471,7 +462,7 @@ class Applier(FolderMaker, Placer):
         zero, not the manifest's size, a vllm.cpp header the engine refuses), the replicas
         differ. Returns (ok, the source's content hash, journaled with the block)."""
         payload = act.action == "rewrite_header"
-        reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act, tp.family == "vllmcpp")
+        reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act, tp.fam.header_len)
         first = reads[0]
         if first.stale:
             self._outcome(tp, act, "changed_since_scan", first.stale)
@@ -495,7 +486,7 @@ class Applier(FolderMaker, Placer):
         for f, got in zip(files, reads):
             where = "" if f is act.source else f" of {f.relpath}"
             problem = _content_problem(got, f.size, where) or (
-                self._header_problem(f, got.header, where) if tp.family == "vllmcpp" else None)
+                self._header_problem(tp, f, got.header, where) if tp.fam.header_len else None)
             if problem:
                 self._outcome(tp, act, "failed", f"{problem}; not placed", bits=EXIT_INTEGRITY)
                 return False, None
@@ -507,38 +498,40 @@ class Applier(FolderMaker, Placer):
             return False, None
         return True, first.content
 
-    def _header_problem(self, f, header: bytes, where: str) -> str | None:
-        """The check a vllm.cpp reader fails on this file's header (its rank namespace's
-        digest and page size, the block's key), worded like the scan's finding."""
-        ids = self._vllmcpp_ids()
+    def _header_problem(self, tp: TargetPlan, f, header: bytes, where: str) -> str | None:
+        """The check the engine's reader fails on this source file's header (its rank
+        namespace's digest and payload size, the block's key), worded like the scan's finding."""
+        fam = tp.fam
+        ids = self._header_ids()
         parsed = layout.parse_block_relpath(f.relpath)
         rank_dir = f.relpath.split("/", 1)[0]
         if rank_dir not in ids or parsed is None:
-            return f"header_invalid: no vllm.cpp identity in the manifest for {f.relpath}"
+            return f"header_invalid: no {fam.title} identity in the manifest for {f.relpath}"
         block = parsed[1]
         digest, payload_size = ids[rank_dir]
-        check = vllmcpp.verify_header(header, digest=digest, payload_size=payload_size,
-                                      key=vllmcpp.make_key(bytes.fromhex(block.hex_hash), block.group))
+        check = fam.header_check(header, digest=digest, payload_size=payload_size, hex_hash=block.hex_hash,
+                                 group=block.group)
         if check is None:
             return None
-        return f"header_invalid: header check '{check}' failed{where}: the vllm.cpp reader deletes this file"
+        return f"header_invalid: header check '{check}' failed{where}: the {fam.title} reader deletes this file"
 
-    def _vllmcpp_ids(self) -> dict[str, tuple[bytes, int]]:
-        """rank folder -> (identity digest, page_size_bytes) of the manifest's vllm.cpp
-        namespaces (what their headers must carry)."""
-        if self._cpp_ids is None:
-            self._cpp_ids = {}
+    def _header_ids(self) -> dict[str, tuple[bytes, int]]:
+        """rank folder -> (identity digest, payload size) of the manifest's namespaces whose
+        family writes block headers (what their headers must carry)."""
+        if self._header_ids_of is None:
+            self._header_ids_of = {}
             for ns in (self.plan.metadata.get("namespaces") or {}).values():
                 cfg = ns.get("config_json")
-                if ns.get("family") != "vllmcpp" or not isinstance(cfg, dict):
+                fam = families.get(ns.get("family"))
+                if not fam.header_len or not isinstance(cfg, dict):
                     continue
                 try:
-                    ident = (bytes.fromhex(canonical.full_digest(cfg, "vllmcpp")), int(cfg["page_size_bytes"]))
+                    ident = (fam.target_digest(cfg), int(fam.payload_bytes(cfg)))
                 except (KeyError, TypeError, ValueError):
                     continue
                 for rank_dir in ns.get("rank_dirs") or ():
-                    self._cpp_ids[rank_dir] = ident
-        return self._cpp_ids
+                    self._header_ids_of[rank_dir] = ident
+        return self._header_ids_of
 
     # --- transforms -------------------------------------------------------------------
 
@@ -647,7 +640,8 @@ def _batches(actions, size: int):
         yield batch
 
 
-def _read_batch(prefix: str, acts: list[BlockAction], cpp: bool) -> tuple[dict[int, list], dict[int, str | None]]:
+def _read_batch(prefix: str, acts: list[BlockAction], header_len: int
+                ) -> tuple[dict[int, list], dict[int, str | None]]:
     """What the blocks of a batch will check about their sources, taken ahead by a
     helper: the files of blocks the manifest has no hashes for, read (by action id); the
     other sources, lstat-ed (by file id; see `Applier._stale`)."""
@@ -655,7 +649,7 @@ def _read_batch(prefix: str, acts: list[BlockAction], cpp: bool) -> tuple[dict[i
     stats: dict[int, str | None] = {}
     for act in acts:
         if _reads_block(act):
-            reads[id(act)] = _read_block_files(prefix, act, cpp)
+            reads[id(act)] = _read_block_files(prefix, act, header_len)
         else:
             for f in (act.sources if act.transform is None else (act.source,)):
                 stats[id(f)] = _stale_at(prefix + f.relpath, f)
@@ -667,21 +661,21 @@ class _FileRead(NamedTuple):
 
     stale: str | None  # why it no longer is what the scan saw (then nothing was read)
     content: bytes | None  # XXH3-128 of the whole file
-    payload: bytes | None  # XXH3-128 after the vllm.cpp header (header rewrites compare these)
-    header: bytes  # the vllm.cpp header (vllm.cpp files only)
+    payload: bytes | None  # XXH3-128 after the header (header rewrites compare these)
+    header: bytes  # the block header (families that write one: vllm.cpp)
     nread: int
     all_zero: bool
     error: OSError | None = None
 
 
-def _read_block_files(prefix: str, act: BlockAction, cpp: bool) -> list[_FileRead]:
+def _read_block_files(prefix: str, act: BlockAction, header_len: int) -> list[_FileRead]:
     """Every file of a block read once, source first. Reads only (sources are never
     written): safe in a thread."""
     payload = act.action == "rewrite_header"
-    return [_stat_and_read(prefix + f.relpath, f, cpp, payload) for f in act.sources]
+    return [_stat_and_read(prefix + f.relpath, f, header_len, payload) for f in act.sources]
 
 
-def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
+def _stat_and_read(path: str, src, header_len: int, payload: bool) -> _FileRead:
     try:
         fd = open_noatime(path)
     except OSError as exc:
@@ -694,9 +688,9 @@ def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
             return _FileRead(why, None, None, b"", 0, False)
         try:
             if all_holes(fd, st):  # every byte zero: refused as the scan would, without the read
-                return _FileRead(None, None, None, os.pread(fd, vllmcpp.HEADER_SIZE, 0) if cpp else b"",
+                return _FileRead(None, None, None, os.pread(fd, header_len, 0) if header_len else b"",
                                  st.st_size, True)
-            return _FileRead(None, *_read_fd(fd, src.size, vllmcpp.HEADER_SIZE if cpp else 0, payload))
+            return _FileRead(None, *_read_fd(fd, src.size, header_len, payload))
         except OSError as exc:
             return _FileRead(None, None, None, b"", 0, False, exc)
     finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvmigrate.cost import TRANSFORMS
-from kvmigrate.formats import vllmcpp
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import Tally, TargetPlan
@@ -45,10 +44,9 @@ class Role(NamedTuple):
 
 
 def geometry_size(tp: TargetPlan) -> int | None:
-    """A block's size in the target as its identity gives it (vllm.cpp only: a vLLM row's
-    size depends on the deployment that writes it)."""
-    payload = tp.fields.get("page_size_bytes") if tp.family == "vllmcpp" else None
-    return vllmcpp.HEADER_SIZE + payload if isinstance(payload, int) and payload > 0 else None
+    """A block's size in the target as its identity gives it, if its family's identity
+    states it (vllm.cpp's does; a vLLM row's size depends on the deployment that writes it)."""
+    return tp.fam.block_bytes(tp.fields)
 
 
 def target_sizes(targets: dict[str, TargetPlan], tallies: dict[str, Tally]) -> dict[tuple[str, int], int | None]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kvmigrate.cost import TRANSFORMS, transform_cost
-from kvmigrate.identity import canonical
+from kvmigrate import families
+from kvmigrate.families import Family
 from kvmigrate.migrate.outputs import TransformSpec
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
@@ -86,13 +87,18 @@ class TargetPlan:
     conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
 
     @property
+    def fam(self) -> Family:
+        """The target engine's family object (its digest recipe, config comparison, header)."""
+        return families.get(self.family)
+
+    @property
     def config_bytes(self) -> bytes:
-        return canonical.config_json_bytes(self.fields, self.family)
+        return self.fam.config_json_bytes(self.fields)
 
     @property
     def digest(self) -> bytes:
         """Raw SHA-256 of the target identity (what vllm.cpp headers carry)."""
-        return bytes.fromhex(canonical.full_digest(self.fields, self.family))
+        return bytes.fromhex(self.fam.full_digest(self.fields))
 
     def counts(self) -> dict[str, dict[str, int]]:
         """blocks/bytes per creating action; a second source's block at a target path

@@ -23,11 +23,10 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvmigrate import findings, layout, manifest
+from kvmigrate import families, findings, layout, manifest
 from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
-from kvmigrate.identity import canonical
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
@@ -517,9 +516,9 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 or rank_folder is None or rank_folder.rank is None or rank_folder.base != base):
             raise UsageError(f"{where}: namespace {src_base!r} has an invalid target folder {base!r}/{rank_dir!r}; "
                              "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
-        family = tgt.get("family") or ("vllmcpp" if ns.get("family") == "vllmcpp" else "vllm")
+        family = tgt.get("family") or families.get(ns.get("family")).target_engine  # older manifests name none
         try:
-            proven = layout.base_name(tgt["fields"]["model_name"], canonical.d12(tgt["fields"], family))
+            proven = layout.base_name(tgt["fields"]["model_name"], families.get(family).d12(tgt["fields"]))
         except (KeyError, TypeError, ValueError):
             proven = None
         if proven != base:
@@ -529,7 +528,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
         if tp is None:
             tp = targets[base] = TargetPlan(base_name=base, rank_dir=rank_dir, profile=tgt.get("profile", ""),
                                             family=family, fields=tgt["fields"], sources=[])
-        elif canonical.canonical_bytes(tp.fields, tp.family) != canonical.canonical_bytes(tgt["fields"], family):
+        elif tp.fam.canonical_bytes(tp.fields) != families.get(family).canonical_bytes(tgt["fields"]):
             raise UsageError(f"{where}: namespaces map to target {base!r} with different identities")
         tp.sources.append(src_base)
         target_of[src_base] = tp

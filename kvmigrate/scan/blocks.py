@@ -79,8 +79,8 @@ class BlockVerdicts:
         is there) is per block. Other blocks are classified one by one.
         """
         plan = unit.plan
-        fast = plan.family != "vllmcpp"
-        count_sizes = plan.block_status is None and plan.family in ("vllm", "llmd", "ambiguous")
+        fast = plan.fam.header_len == 0  # no header to check per file: one verdict per shape
+        count_sizes = plan.block_status is None and plan.fam.majority_sizes
         shapes: dict[tuple, int] = {}
         if fast and self.leaf is not None:
             self._finish_blocks_c(unit, blocks, out, shapes if count_sizes else None)
@@ -98,7 +98,7 @@ class BlockVerdicts:
                           shapes: dict[tuple, int] | None) -> None:
         plan = unit.plan
         verdicts = unit.verdicts
-        fast = plan.family != "vllmcpp"
+        fast = plan.fam.header_len == 0
         replicas = bool(plan.replicas)
         count_sizes = shapes is not None
         target = plan.target

@@ -3,21 +3,17 @@ with config, digest, family, facts and target resolved (`resolve_namespaces`).""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat as stat_mod
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmigrate import findings, layout
+from kvmigrate import families, findings, layout
 from kvmigrate.errors import MissingFactError, UsageError
-from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
-from kvmigrate.identity import canonical, schemes
+from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import Facts, FactsResolver
-from kvmigrate.identity.family import detect_family, harmless_ambiguity_note
-from kvmigrate.identity.target import compute_target
 
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
@@ -46,7 +42,7 @@ class Namespace:
     unknown_keys: list[str] = field(default_factory=list)
     deployment: str | None = None
     facts: Facts | None = None
-    target: Any = None  # kvmigrate.identity.target.Target
+    target: Any = None  # kvmigrate.identity.vllm_target.Target
     target_error: str | None = None
     target_error_flag: str | None = None
     status: str = "ok"
@@ -193,8 +189,8 @@ def _read_config(root: str, ns: Namespace) -> None:
         ns.status, ns.status_reason = "config_invalid", f"{rel}: {exc}"
         ns.config_error = str(exc)
         return
-    is_cpp = all(k in fields for k in ("format_version", "hash_algo", "kv_cache_spec_kind"))
-    problems = vllmcpp.validate_identity(fields) if is_cpp else schemes.validate_fields(fields)
+    fam = families.of_identity(fields)  # whose rules (validation, digest recipe) read this identity
+    problems = fam.source_problems(fields)
     if problems:
         ns.status = "config_invalid"
         ns.status_reason = f"{rel}: " + "; ".join(problems[:5])
@@ -203,21 +199,12 @@ def _read_config(root: str, ns: Namespace) -> None:
         return
     ns.fields = fields
     ns.model_name = fields["model_name"]
-    if is_cpp:
-        ns.scheme = "vllmcpp-v1"
-        digest_hex = canonical.full_digest(fields, "vllmcpp")
-        ns.digest = bytes.fromhex(digest_hex)
-        ns.unknown_keys = sorted(k for k in fields if k not in vllmcpp.IDENTITY_KEYS
-                                 and k not in vllmcpp.OPTIONAL_KEYS)
-        if hashlib.sha256(raw).hexdigest() != digest_hex:
-            ns.notes.append("config.json is not byte-canonical (vllm.cpp compares it field by field)")
-        rank0 = dict(fields, rank=0)
-        ns.deployment = canonical.full_digest(rank0, "vllmcpp")
-    else:
-        ns.scheme = schemes.scheme_of(fields)
-        digest_hex = canonical.full_digest(fields, "vllm")
-        ns.unknown_keys = schemes.unknown_keys(fields)
-        ns.deployment = ns.source_base
+    ns.scheme = fam.scheme_of(fields)
+    digest_hex = fam.full_digest(fields)
+    ns.digest = fam.target_digest(fields) if fam.header_len else None  # what its block headers carry
+    ns.unknown_keys = fam.unknown_keys(fields)
+    ns.notes += fam.config_notes(raw, fields)
+    ns.deployment = fam.deployment(fields, ns.source_base)
     expected_base = layout.base_name(ns.model_name, digest_hex[:12])
     ns.digest_ok = expected_base == ns.source_base
     if not ns.digest_ok:
@@ -303,34 +290,26 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
     assert fields is not None
     facts = resolver.for_namespace(ns.model_name or "", ns.source_base, fields)
     ns.facts = facts
-    if not (ns.scheme or "").startswith("vllmcpp"):
+    if families.of_identity(fields).block_bytes(fields) is None:  # sizes are evidence unless the identity gives them
         for rank, dirname in ns.rank_dirs.items():
             for group, size in _sample_sizes(root, dirname):
                 ns.size_sample.setdefault((rank, group), Counter())[size] += 1
                 if rank == 0:
                     ns.sampled_sizes.append(size)
-    family, evidence = detect_family(fields, rank_numbers=list(ns.rank_dirs),
-                                     block_sizes=_modal_sizes(ns.sampled_sizes), forced=facts.family)
-    ns.family, ns.family_evidence = family, list(evidence)
-    if family == "ambiguous":
-        note = harmless_ambiguity_note(fields, _modal_sizes(ns.sampled_sizes))
-        if note:
-            ns.family_evidence.append(note)
-        else:
-            ns.family_evidence.append("the ambiguity changes decisions here (tp, pp, pcp or blocks per file > 1): "
-                                      "blocks stay `none` until --family is given")
-    if family == "unknown":
+    family, evidence = families.detect(fields, rank_numbers=list(ns.rank_dirs),
+                                       block_sizes=_modal_sizes(ns.sampled_sizes), forced=facts.family)
+    fam = families.get(family)
+    ns.family, ns.family_evidence = family, list(evidence) + fam.detection_notes(fields, _modal_sizes(ns.sampled_sizes))
+    if family == families.UNKNOWN:
         ns.status, ns.status_reason = "config_invalid", "config.json matches no known writer scheme"
         return
-    if family == "llmd" and fields.get("pp_size", 1) > 1:
-        ns.status = "unsupported_layout"
-        ns.status_reason = (f"pipeline stage: llm-d with pp={fields['pp_size']} writes one base folder per stage "
-                            "(out of scope)")
+    out_of_scope = fam.unsupported(fields)
+    if out_of_scope:
+        ns.status, ns.status_reason = "unsupported_layout", out_of_scope
     if ns.status != "ok":
         return
-    target_profile = "vllmcpp" if family == "vllmcpp" else profile
     try:
-        ns.target = compute_target(fields, family, facts, target_profile)
+        ns.target = families.compute_target(fields, family, facts, fam.target_profile(profile))
     except MissingFactError as exc:
         ns.target_error_flag = exc.flag
         ns.target_error = findings.reason(f"missing deployment fact '{exc.fact}': pass {exc.flag} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmigrate import context
+from kvmigrate import context, families
 from kvmigrate.classify import UnitPlan
 from kvmigrate.scan.roots import Namespace
 
@@ -51,7 +51,8 @@ def build_units(root: str, namespaces: list[Namespace], hashed: bool, profile: s
         members = []
         for ns in nss:
             cols = ns.columns()
-            own_rank = (ns.fields or {}).get("rank") if ns.family == "vllmcpp" and ns.status == "ok" else None
+            own_rank = ((ns.fields or {}).get("rank") if families.get(ns.family).rank_namespaces and ns.status == "ok"
+                        else None)  # a namespace per rank: its identity names the one rank folder it reads
             for rank, dirname in ns.rank_dirs.items():
                 m = Member(rank, dirname, ns, cols)
                 if own_rank is not None and rank != own_rank:

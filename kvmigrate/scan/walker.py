@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from kvmigrate import classify, layout
 from kvmigrate.classify import FileRecord, UnitPlan
-from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import Vanished, errno_reason, kind_of, read_buffer, read_file
 from kvmigrate.scan.blocks import BlockVerdicts
 from kvmigrate.scan.roots import Namespace, RootListing
@@ -224,7 +223,7 @@ class Walker(BlockVerdicts):
         """
         blocks: dict[tuple[int, str], list[int]] = {}
         misc: list[int] = []
-        leaf = self.leaf if unit.plan.family != "vllmcpp" else None
+        leaf = self.leaf if unit.plan.fam.header_len == 0 else None  # the C walk checks no headers
         if leaf is not None:
             verdict = partial(self._size_verdict, unit) if self._checks_size(unit) else None
             buf = read_buffer()
@@ -322,7 +321,7 @@ class Walker(BlockVerdicts):
         """
         unit, m, out, blocks, misc = v.unit, v.member, v.out, v.blocks, v.misc
         group, hh = fan
-        fast = unit.plan.family != "vllmcpp"
+        fast = unit.plan.fam.header_len == 0
         hashed = self.hashed
         check_size = self._checks_size(unit)
         check_perm = self.check_perm
@@ -446,8 +445,9 @@ class Walker(BlockVerdicts):
             if rec.status == "misfiled" and self.hashed:
                 return self.hash_plain(rec, path)
             return True
-        is_cpp = plan.family == "vllmcpp" and m.ns.status == "ok" and m.ns.digest is not None
-        header_len = vllmcpp.HEADER_SIZE if is_cpp and self.verify != "none" else 0
+        fam = plan.fam
+        has_header = fam.header_len > 0 and m.ns.status == "ok" and m.ns.digest is not None
+        header_len = fam.header_len if has_header and self.verify != "none" else 0
         if not (self.hashed or header_len):
             if self.verify != "none" and st is not None and not self._may_read(st):
                 rec.status = "unreadable"
@@ -468,12 +468,12 @@ class Walker(BlockVerdicts):
                 rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink = (st.st_size, st.st_mtime_ns, st.st_ino,
                                                                          st.st_dev, st.st_nlink)
             rec.content = r.content
-            if is_cpp:
+            if has_header:
                 rec.payload = r.payload
             if self.verify == "none":
                 return True
             all_zero = r.all_zero
-            if (not self.hashed and is_cpp and r.header and len(r.header) == vllmcpp.HEADER_SIZE
+            if (not self.hashed and has_header and r.header and len(r.header) == fam.header_len
                     and not r.header.strip(b"\0") and rec.size <= ZERO_SCAN_MAX):
                 # a zero header: is the whole file zero (crash residue)? read it to say so (not a huge
                 # one: no engine writes a block that large, and a 1 TiB sparse file takes minutes)
@@ -487,17 +487,17 @@ class Walker(BlockVerdicts):
             if all_zero:
                 rec.status, rec.reason = "zero_filled", f"all {rec.size} bytes are zero (crash residue)"
                 return True
-            if is_cpp:
-                if rec.size < vllmcpp.HEADER_SIZE:
+            if has_header:
+                if rec.size < fam.header_len:
                     rec.status, rec.reason = "short", (f"{rec.size} bytes, shorter than the "
-                                                       f"{vllmcpp.HEADER_SIZE}-byte header")
+                                                       f"{fam.header_len}-byte header")
                     return True
-                check = vllmcpp.verify_header(
-                    r.header or b"", digest=m.ns.digest or b"", payload_size=plan.vllmcpp_payload or 0,
-                    key=vllmcpp.make_key(bytes.fromhex(rec.hex or ""), rec.group or 0))
+                check = fam.header_check(r.header or b"", digest=m.ns.digest or b"",
+                                         payload_size=plan.payload_bytes or 0, hex_hash=rec.hex or "",
+                                         group=rec.group or 0)
                 if check is not None:
                     rec.status = "header_invalid"
-                    rec.reason = f"header check '{check}' failed: the vllm.cpp reader deletes this file"
+                    rec.reason = f"header check '{check}' failed: the {fam.title} reader deletes this file"
                     return True
         if self.verify == "none" or plan.block_status is not None:
             return True

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmigrate.identity import compute_target, gates, schemes
+from kvmigrate.families import compute_target
+from kvmigrate.identity import gates, schemes
 from kvmigrate.identity.facts import Facts
 
 ROOT = "/tmp/cache"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmigrate.identity import compute_target, gates
+from kvmigrate.families import compute_target
+from kvmigrate.identity import gates
 from kvmigrate.identity.facts import Facts
 
 BASE_FACTS = dict(kv_kind="full", total_kv_heads=8, model_dtype="bfloat16", runner="v1", executor="mp", nnodes=1,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvmigrate.errors import MissingFactError, UsageError
-from kvmigrate.identity import compute_target
+from kvmigrate.families import compute_target
 from kvmigrate.identity.facts import Facts
 
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(32)]

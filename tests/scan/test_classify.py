@@ -62,7 +62,7 @@ def test_llmd_geometry_padded_legacy_and_mismatch():
 
 
 def test_vllmcpp_size_is_header_plus_page_size():
-    p = plan("vllmcpp", vllmcpp_payload=512)
+    p = plan("vllmcpp", payload_bytes=512)
     assert size_status(p, 0, 640) is None
     assert size_status(p, 0, 64)[0] == "short"
     assert size_status(p, 0, 641)[0] == "size_mismatch"
