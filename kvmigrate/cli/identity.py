@@ -20,7 +20,7 @@ def command(config_json: str, target: str, as_json: bool, quiet: bool, verbose: 
     a fact value is one the engine would not accept, the model config is another model's,
     or CONFIG_JSON is not a readable identity.
     """
-    from kvmigrate.identity.explain import explain_identity, render_text
+    from kvmigrate.families.explain import explain_identity, render_text
 
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
