@@ -1360,8 +1360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tree sizes: small (default) or large; with --before: small (a quick try), normal "
                         "(the default: this script's small trees) or large")
     p.add_argument("--reps", type=int, default=None,
-                   help="repetitions per command (default 5; with --before --scale small: 3)")
-    p.add_argument("--workdir", help=f"where trees and outputs go (default {DEFAULT_WORKDIR}/SCALE)")
+                   help="repetitions per command (default 5; with --before: 6, at --scale small 3)")
+    p.add_argument("--workdir", help=f"where trees and outputs go (default {DEFAULT_WORKDIR}/SCALE; with --before: "
+                                     f"{DEFAULT_WORKDIR}/SCALE-before-after)")
     p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
@@ -1395,7 +1396,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.before:
         a.scale = a.scale or "normal"
-        a.reps = a.reps or (3 if a.scale == "small" else 5)
+        a.reps = a.reps or (3 if a.scale == "small" else 6)  # even: each side goes first as often
     elif a.scale == "normal":
         p.error("--scale normal is a scale of --before runs; here: small or large")
     a.scale = a.scale or "small"

@@ -264,6 +264,8 @@ class Compare:
             "trees": {n: {"files": t["counts"]["files"], "bytes": t["counts"]["bytes"], "dirs": t["counts"]["dirs"],
                           "spec": t["spec"], "reused": t["reused"]} for n, t in trees.items()},
             "figures": self.figures, "overall": overall(self.figures),
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "uncommitted_under_kvmigrate": machine["git_uncommitted_under_kvmigrate"],
         }
         return result
 
@@ -331,7 +333,7 @@ def render(res: dict) -> str:
     add = L.append
     old, new, m = res["old"], res["new"], res["machine"]
     worst = max((f for f in res["figures"] if f["ratio"] is not None), key=lambda f: f["ratio"], default=None)
-    add("# Before/after: the redesign against its base revision")
+    add(f"# Before/after in one run: {old['commit'][:7]} (old) against {new['commit'][:7]} (new)")
     add("")
     add(f"Generated {res['generated_utc']} by `{res['command']}` in {res['duration_s'] / 60:.1f} min.")
     add("")
@@ -340,6 +342,9 @@ def render(res: dict) -> str:
     add(f"- **Result: {res['overall']}** — a figure passes when new/old <= {res['limit']:.2f} (no figure more "
         f"than {round((res['limit'] - 1) * 100)}% slower)"
         + (f"; the slowest is {worst['label']} at {worst['ratio']:.3f}x." if worst else "."))
+    if res.get("uncommitted_under_kvmigrate"):
+        add(f"- The checkout had uncommitted changes under kvmigrate/ "
+            f"({', '.join(res['uncommitted_under_kvmigrate'])}): not measured, both sides are commits.")
     add("")
     add("| figure | tree | old median s | new median s | new/old | verdict | old / new min–max s | same answer |")
     add("|---|---|---:|---:|---:|---|---|---|")
@@ -367,7 +372,8 @@ def render(res: dict) -> str:
     add("")
     add(f"- {m['cpu_model']}, {m['cores']} cores ({m['affinity_cores']} usable), "
         f"{(m['mem_total_bytes'] or 0) / 2**30:.1f} GiB; kernel {m['kernel']}; {m['os']}; Python {m['python']}")
-    add(f"- load average at start: {', '.join(str(x) for x in m['loadavg_at_start'])} (1, 5, 15 min); "
+    add(f"- load average at start: {', '.join(str(x) for x in m['loadavg_at_start'])}, at end: "
+        f"{', '.join(str(x) for x in res.get('loadavg_at_end', []))} (1, 5, 15 min); "
         f"workdir on {m['workdir_fs']} ({m['workdir_mount_options']})")
     for name, t in res["trees"].items():
         add(f"- tree `{name}`: {t['files']:,} files, {t['bytes'] / 2**20:,.0f} MiB, {t['dirs']:,} folders "
