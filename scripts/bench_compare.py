@@ -51,7 +51,8 @@ def verdict(old_walls: list[float], new_walls: list[float], limit: float = LIMIT
 
 
 def overall(figures: list[dict]) -> str:
-    """PASS only when every figure was measured on both sides and passed."""
+    """PASS only when every figure was measured on both sides and passed (an "error" or
+    "no data" figure makes the run incomplete, a FAIL makes it FAIL)."""
     results = [f["result"] for f in figures]
     if not results:
         return "no figures"
@@ -76,7 +77,8 @@ def self_check() -> int:
         if v["result"] != result or v["ratio"] != (round(ratio, 4) if ratio is not None else None):
             bad.append(f"verdict({old}, {new}) = {v}, expected ratio {ratio} {result}")
     for results, want in ((["PASS", "PASS"], "PASS"), (["PASS", "FAIL"], "FAIL"),
-                          (["PASS", "no data"], "incomplete"), ([], "no figures")):
+                          (["PASS", "no data"], "incomplete"), (["error", "PASS"], "incomplete"),
+                          ([], "no figures")):
         got = overall([{"result": r} for r in results])
         if got != want:
             bad.append(f"overall({results}) = {got}, expected {want}")
@@ -86,7 +88,8 @@ def self_check() -> int:
         bad.append(f"render_row shows {row!r}, expected 1.200x and FAIL")
     for line in bad:
         print(f"self-check: {line}", file=sys.stderr)
-    print(f"self-check: {len(cases) + 5 - len(bad)} of {len(cases) + 5} checks pass")
+    total = len(cases) + 6
+    print(f"self-check: {total - len(bad)} of {total} checks pass")
     return 1 if bad else 0
 
 
@@ -299,6 +302,8 @@ class Compare:
                     fig.setdefault("errors", []).append(f"{c.key}: not available: {c.why_unavailable}")
                 if c.error:
                     fig.setdefault("errors", []).append(f"{c.key}: {c.error}")
+            if fig.get("errors"):  # a side that failed or was skipped is not a measurement
+                fig["result"] = "error"
             self.figures.append(fig)
             self.log(f"figure {figure_key}: old {fig['old_median_s']} s, new {fig['new_median_s']} s, "
                      f"new/old {fig['ratio']}: {fig['result']}")

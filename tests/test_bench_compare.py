@@ -11,4 +11,4 @@ BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 def test_before_after_verdicts_from_given_timings():
     p = subprocess.run([sys.executable, str(BENCH), "--self-check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert "11 of 11 checks pass" in p.stdout
+    assert "12 of 12 checks pass" in p.stdout
