@@ -11,7 +11,8 @@ more than 5% slower"). The peers of bench.py (find, xxhsum, cp ...) are not run:
 not change between revisions.
 
 Both sides are installed the same way (non-editable, from the commit, not the working
-tree), and cached under --install-dir by commit, so a second run starts timing at once.
+tree), and cached under --install-dir by commit (~210 MB each, mostly pyarrow; remove a
+commit's folder to reclaim it), so a second run of the same commits starts timing at once.
 `--self-check` checks the ratio and verdict arithmetic on given timings and exits.
 """
 
