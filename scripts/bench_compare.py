@@ -331,7 +331,17 @@ def render_row(f: dict) -> str:
         f"{min(r['wall_s'] for r in f[t]['runs']):.3f}–{max(r['wall_s'] for r in f[t]['runs']):.3f}"
         if f[t].get("runs") and isinstance(f[t]["runs"][0], dict) else "—" for t in ("old", "new"))
     return (f"| {f['label']} | {f.get('tree') or '—'} | {_s(f['old_median_s'])} | {_s(f['new_median_s'])} | "
-            f"{ratio} | **{f['result']}** | {spread} | {same} |")
+            f"{ratio} | **{f['result']}** | {cpu_ratio(f)} | {spread} | {same} |")
+
+
+def cpu_ratio(f: dict) -> str:
+    """new/old of the median user + system time: a second view, less moved than wall time
+    by other processes competing for the cores (the verdict stays on wall time)."""
+    try:
+        old, new = (f[t]["median_user_s"] + f[t]["median_sys_s"] for t in ("old", "new"))
+    except KeyError:
+        return "—"
+    return f"{new / old:.3f}x" if old > 0 else "—"
 
 
 def render(res: dict) -> str:
@@ -352,8 +362,9 @@ def render(res: dict) -> str:
         add(f"- The checkout had uncommitted changes under kvmigrate/ "
             f"({', '.join(res['uncommitted_under_kvmigrate'])}): not measured, both sides are commits.")
     add("")
-    add("| figure | tree | old median s | new median s | new/old | verdict | old / new min–max s | same answer |")
-    add("|---|---|---:|---:|---:|---|---|---|")
+    add("| figure | tree | old median s | new median s | new/old | verdict | new/old CPU | old / new min–max s "
+        "| same answer |")
+    add("|---|---|---:|---:|---:|---|---:|---|---|")
     for f in res["figures"]:
         add(render_row(f))
     errors = [(f["label"], e) for f in res["figures"] for e in f.get("errors", [])]
@@ -372,7 +383,9 @@ def render(res: dict) -> str:
         "repetition, on the same warm tree. Each install writes and reads its own manifests (report, "
         "migrate --manifest). Migrate repetitions start from the legacy tree alone (the created targets are "
         "deleted, untimed). *Same answer*: both installs reported the same statuses, actions, outcomes and "
-        "exit code. Times are wall-clock medians; per-run user/sys time and peak RSS are in the JSON.")
+        "exit code. Times are wall-clock medians (the verdict); *new/old CPU* is the ratio of the median user + "
+        "system times, a second view less moved by other processes on the cores; per-run user/sys time and "
+        "peak RSS are in the JSON.")
     add("")
     add("## Machine and trees")
     add("")
