@@ -240,6 +240,7 @@ class Command:
     available: bool = True
     why_unavailable: str = ""
     runs: list[Run] = field(default_factory=list)
+    settled_s: list[float] = field(default_factory=list)  # untimed waits after each reset (--settle)
     facts: dict = field(default_factory=dict)
     error: str = ""
 
@@ -266,6 +267,8 @@ class Command:
             })
         if self.facts:
             d["facts"] = self.facts
+        if self.settled_s:
+            d["settled_s"] = self.settled_s
         return d
 
     @property
@@ -287,9 +290,40 @@ class Group:
     loadavg: dict = field(default_factory=dict)
 
 
-def run_group(group: Group, reps: int, log: Any, out_dir: Path) -> None:
+def settle(path: Path, most_s: float, quiet_s: float = 1.0) -> float:
+    """Wait (untimed) until the block device under `path` has written and discarded
+    nothing for `quiet_s`, at most `most_s` seconds; return the seconds waited. A reset's
+    deletes reach the disk later (ext4 with `discard` trims at journal commit), and would
+    otherwise land in the next command's time. 0 when the device's counters are unreadable."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+
+    def written() -> tuple[str, ...] | None:
+        try:
+            f = stat.read_text().split()
+        except OSError:
+            return None
+        return (f[6], f[13]) if len(f) > 13 else (f[6],)  # sectors written, sectors discarded
+
+    start = time.perf_counter()
+    last = written()
+    if last is None:
+        return 0.0
+    quiet_since = start
+    while time.perf_counter() - start < most_s:
+        time.sleep(0.2)
+        now = written()
+        if now != last:
+            last, quiet_since = now, time.perf_counter()
+        elif time.perf_counter() - quiet_since >= quiet_s:
+            break
+    return time.perf_counter() - start
+
+
+def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float = 0.0) -> None:
     """Each repetition runs every available command once; the order rotates per
-    repetition so no command always runs first (or right after a cache-heavy one)."""
+    repetition so no command always runs first (or right after a cache-heavy one).
+    With `settle_s`, a command's reset is followed by a wait for the disk to go quiet."""
     cmds = [c for c in group.commands if c.available]
     for rep in range(reps):
         shift = rep % len(cmds) if cmds else 0
@@ -312,6 +346,8 @@ def run_group(group: Group, reps: int, log: Any, out_dir: Path) -> None:
                         cmd.facts["check_error"] = f"{type(exc).__name__}: {exc}"
             if cmd.reset:
                 cmd.reset()
+                if settle_s:
+                    cmd.settled_s.append(round(settle(out_dir, settle_s), 1))
 
 
 # --------------------------------------------------------------------------- helpers on trees
@@ -921,7 +957,7 @@ class Bench:
                     self.log(f"    {c.label}: not available: {c.why_unavailable}")
             reps = self.args.migrate_reps if key == "migrate" and self.args.migrate_reps else self.reps
             group.reps = reps
-            run_group(group, reps, self.log, self.out)
+            run_group(group, reps, self.log, self.out, self.args.settle)
             group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
             self.groups.append(group)
             free_now = fs_free(self.workdir)["bytes"]
@@ -1373,6 +1409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="repetitions of the migrate group (default: --reps); each one deletes the created "
                         "folders, which is slow on a filesystem mounted with `discard`")
     p.add_argument("--startup-runs", type=int, default=20)
+    p.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                   help="after a command's reset (the migrate group's deletes), wait up to SECONDS for the disk "
+                        "to write and discard nothing for 1 s, untimed (default 0; with --before: 15)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
     p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
                                       "with --before: reports/redesign/)")
@@ -1397,10 +1436,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.before:
         a.scale = a.scale or "normal"
         a.reps = a.reps or (3 if a.scale == "small" else 6)  # even: each side goes first as often
+        a.settle = 15.0 if a.settle is None else a.settle
     elif a.scale == "normal":
         p.error("--scale normal is a scale of --before runs; here: small or large")
     a.scale = a.scale or "small"
     a.reps = a.reps or 5
+    a.settle = a.settle or 0.0
     if a.reps < 1:
         p.error("--reps must be >= 1")
     return a

@@ -255,6 +255,7 @@ class Compare:
             "schema": 1, "generated_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": "python3 scripts/bench.py " + " ".join(B.q(a) for a in sys.argv[1:]),
             "scale": self.args.scale, "reps": self.args.reps, "startup_runs": self.args.startup_runs,
+            "settle_s": self.args.settle,
             "limit": LIMIT, "duration_s": round(time.time() - self.started, 1),
             "old": self.sides["old"], "new": self.sides["new"],
             "code_commits_between": git("log", "--oneline", "--no-merges", "--format=%h %s",
@@ -292,7 +293,8 @@ class Compare:
             load = [round(x, 2) for x in os.getloadavg()]
             self.log(f"figure {figure_key}: {label}, {reps} reps each, alternating old/new")
             if cmd_old.available and cmd_new.available:
-                B.run_group(pair, reps, self.log, pair_out)  # its rotation of 2 commands alternates them
+                # its rotation of 2 commands alternates them
+                B.run_group(pair, reps, self.log, pair_out, self.args.settle)
             same, diff = same_answer(cmd_old.facts, cmd_new.facts)
             fig = {"key": figure_key, "group": key, "label": label, "tree": tree, "reps": reps,
                    "loadavg_before": load, "old": cmd_old.summary(), "new": cmd_new.summary(),
@@ -382,7 +384,8 @@ def render(res: dict) -> str:
         f"{res['reps']} times each (start-up: {res['startup_runs']}), alternating which goes first every "
         "repetition, on the same warm tree. Each install writes and reads its own manifests (report, "
         "migrate --manifest). Migrate repetitions start from the legacy tree alone (the created targets are "
-        "deleted, untimed). *Same answer*: both installs reported the same statuses, actions, outcomes and "
+        f"deleted, untimed, then up to {res.get('settle_s', 0):g} s of waiting for the disk to go quiet: the "
+        "deletes' discards land in no later command's time). *Same answer*: both installs reported the same statuses, actions, outcomes and "
         "exit code. Times are wall-clock medians (the verdict); *new/old CPU* is the ratio of the median user + "
         "system times, a second view less moved by other processes on the cores; per-run user/sys time and "
         "peak RSS are in the JSON.")
