@@ -10,6 +10,14 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --scale large --keep          # the issue's sizes (1M files, 4 GiB)
     python3 scripts/bench.py --scale small --profile       # + "Where the time goes"
     python3 scripts/bench.py --scale large --profile-only  # profile a kept tree, add to the report
+    python3 scripts/bench.py --before b0bf138              # before/after in one run (bench_compare.py)
+    python3 scripts/bench.py --before b0bf138 --scale small   # the same, a quick try (~2-3 min)
+
+`--before REV` (alias `--compare`) installs REV and `--after` (default HEAD) into their own
+venvs and times each kvmigrate figure below with both, alternating old/new every repetition
+on the same warm trees; it writes reports/redesign/BEFORE_AFTER.md and before_after.json
+(old median, new median, new/old, PASS when <= 1.05) and exits 1 when a figure fails.
+Its groups add `report` (report of a manifest, audit ROOT); the peers are not run.
 
 Groups (see GROUPS below):
   meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
@@ -232,6 +240,7 @@ class Command:
     available: bool = True
     why_unavailable: str = ""
     runs: list[Run] = field(default_factory=list)
+    settled_s: list[float] = field(default_factory=list)  # untimed waits after each reset (--settle)
     facts: dict = field(default_factory=dict)
     error: str = ""
 
@@ -258,6 +267,8 @@ class Command:
             })
         if self.facts:
             d["facts"] = self.facts
+        if self.settled_s:
+            d["settled_s"] = self.settled_s
         return d
 
     @property
@@ -279,9 +290,40 @@ class Group:
     loadavg: dict = field(default_factory=dict)
 
 
-def run_group(group: Group, reps: int, log: Any, out_dir: Path) -> None:
+def settle(path: Path, most_s: float, quiet_s: float = 1.0) -> float:
+    """Wait (untimed) until the block device under `path` has written and discarded
+    nothing for `quiet_s`, at most `most_s` seconds; return the seconds waited. A reset's
+    deletes reach the disk later (ext4 with `discard` trims at journal commit), and would
+    otherwise land in the next command's time. 0 when the device's counters are unreadable."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+
+    def written() -> tuple[str, ...] | None:
+        try:
+            f = stat.read_text().split()
+        except OSError:
+            return None
+        return (f[6], f[13]) if len(f) > 13 else (f[6],)  # sectors written, sectors discarded
+
+    start = time.perf_counter()
+    last = written()
+    if last is None:
+        return 0.0
+    quiet_since = start
+    while time.perf_counter() - start < most_s:
+        time.sleep(0.2)
+        now = written()
+        if now != last:
+            last, quiet_since = now, time.perf_counter()
+        elif time.perf_counter() - quiet_since >= quiet_s:
+            break
+    return time.perf_counter() - start
+
+
+def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float = 0.0) -> None:
     """Each repetition runs every available command once; the order rotates per
-    repetition so no command always runs first (or right after a cache-heavy one)."""
+    repetition so no command always runs first (or right after a cache-heavy one).
+    With `settle_s`, a command's reset is followed by a wait for the disk to go quiet."""
     cmds = [c for c in group.commands if c.available]
     for rep in range(reps):
         shift = rep % len(cmds) if cmds else 0
@@ -304,6 +346,8 @@ def run_group(group: Group, reps: int, log: Any, out_dir: Path) -> None:
                         cmd.facts["check_error"] = f"{type(exc).__name__}: {exc}"
             if cmd.reset:
                 cmd.reset()
+                if settle_s:
+                    cmd.settled_s.append(round(settle(out_dir, settle_s), 1))
 
 
 # --------------------------------------------------------------------------- helpers on trees
@@ -405,6 +449,7 @@ class Bench:
         self.scale = args.scale
         self.reps = args.reps
         self.workdir = Path(args.workdir or DEFAULT_WORKDIR / args.scale).resolve()
+        self.out = self.workdir / "out"  # manifests and outputs (one per install in --before runs)
         self.out_dir = Path(args.out_dir).resolve()
         self.kvm = self._find_kvmigrate(args.kvmigrate)
         self.kvm_python = self._interpreter_of(self.kvm)
@@ -559,8 +604,8 @@ class Bench:
 
     def _scan_cmd(self, key: str, label: str, tree: str, verify: str) -> Command:
         root = self.tree_root(tree)
-        out = self.workdir / "out" / f"{key}.parquet"
-        stdout = str(self.workdir / "out" / f"{key}.json")
+        out = self.out / f"{key}.parquet"
+        stdout = str(self.out / f"{key}.json")
         argv = [self.kvm, "scan", str(root), "--verify", verify, "-q", "--json", "-o", str(out), *FACTS]
         if self.args.threads:
             argv += ["--threads", str(self.args.threads)]
@@ -588,7 +633,7 @@ class Bench:
                 "nulls = c.null_count\n"
                 "t = t.filter(pc.is_valid(c)).group_by('content_xxh3_128').aggregate([([], 'count_all')])\n"
                 "print(pc.sum(pc.greater_equal(t.column('count_all'), 2)).as_py() or 0, nulls)\n")
-        p = subprocess.run([self.kvm_python, "-c", code, str(manifest)], capture_output=True, text=True)
+        p = subprocess.run([self.kvm_python, "-c", code, str(manifest)], capture_output=True, text=True, cwd="/")
         if p.returncode != 0:
             return f"not counted ({(p.stderr.strip().splitlines() or ['?'])[-1]})"
         groups, nulls = p.stdout.split()
@@ -624,7 +669,7 @@ class Bench:
 
     def group_hash(self, key: str, tree: str) -> Group:
         root = self.tree_root(tree)
-        out = self.workdir / "out"
+        out = self.out
         jd_out = str(out / f"{key}_jdupes.txt")
         rd_out = str(out / f"{key}_rdfind.txt")
         xx_out = str(out / f"{key}_xxhsum.count")
@@ -654,7 +699,7 @@ class Bench:
     def group_migrate(self) -> Group:
         tree = "files4k"
         root = self.tree_root(tree)
-        out = self.workdir / "out"
+        out = self.out
         manifest = out / "migrate_source.parquet"  # scan --verify hash: replicas proven equal by the scan
         manifest_size = out / "migrate_source_size.parquet"  # scan --verify size: apply reads the replicas
         rank0 = [p for p in sorted(root.iterdir()) if p.name.endswith("_r0")]
@@ -787,7 +832,7 @@ class Bench:
         real run (parent and worker processes, scripts/profile_spy.py) when py-spy is
         installed, else cProfile of every thread of one process (scripts/profile_scan.py)."""
         root = self.tree_root("files4k")
-        out = self.workdir / "out"
+        out = self.out
         top = ["--top", str(self.args.profile_top)]
         if profile_spy.find_py_spy(self.kvm_python):
             res: dict[str, Any] = {"tool": "py-spy (sampling, parent and worker processes; scripts/profile_spy.py)",
@@ -868,7 +913,7 @@ class Bench:
         argv_line = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])
         machine = self.machine()
         space = self.check_space()
-        (self.workdir / "out").mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
         need_trees = {"files4k"} if {"meta", "hash4k", "migrate"} & set(self.groups_wanted) else set()
         if "hash1m" in self.groups_wanted:
             need_trees.add("files1m")
@@ -912,7 +957,7 @@ class Bench:
                     self.log(f"    {c.label}: not available: {c.why_unavailable}")
             reps = self.args.migrate_reps if key == "migrate" and self.args.migrate_reps else self.reps
             group.reps = reps
-            run_group(group, reps, self.log, self.workdir / "out")
+            run_group(group, reps, self.log, self.out, self.args.settle)
             group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
             self.groups.append(group)
             free_now = fs_free(self.workdir)["bytes"]
@@ -1347,9 +1392,13 @@ def render(result: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Benchmark kvmigrate side by side with find, fdfind, xxhsum, jdupes, "
                                             "rdfind and cp -al on synthetic cache trees.")
-    p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per command (default 5)")
-    p.add_argument("--workdir", help=f"where trees and outputs go (default {DEFAULT_WORKDIR}/SCALE)")
+    p.add_argument("--scale", choices=sorted(set(SCALES) | {"normal"}), default=None,
+                   help="tree sizes: small (default) or large; with --before: small (a quick try), normal "
+                        "(the default: this script's small trees) or large")
+    p.add_argument("--reps", type=int, default=None,
+                   help="repetitions per command (default 5; with --before: 6, at --scale small 3)")
+    p.add_argument("--workdir", help=f"where trees and outputs go (default {DEFAULT_WORKDIR}/SCALE; with --before: "
+                                     f"{DEFAULT_WORKDIR}/SCALE-before-after)")
     p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
@@ -1360,8 +1409,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="repetitions of the migrate group (default: --reps); each one deletes the created "
                         "folders, which is slow on a filesystem mounted with `discard`")
     p.add_argument("--startup-runs", type=int, default=20)
+    p.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                   help="after a command's reset (the migrate group's deletes), wait up to SECONDS for the disk "
+                        "to write and discard nothing for 1 s, untimed (default 0; with --before: 15)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
-    p.add_argument("--out-dir", default=str(REPORTS), help="where BENCHMARKS.md and benchmarks.json go")
+    p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
+                                      "with --before: reports/redesign/)")
+    p.add_argument("--before", "--compare", metavar="REV",
+                   help="before/after in one run (scripts/bench_compare.py): install REV and --after into their "
+                        "own venvs and time every kvmigrate figure with both, alternating; writes "
+                        "BEFORE_AFTER.md and before_after.json; exit 1 when a figure is more than 5%% slower")
+    p.add_argument("--after", metavar="REV", default="HEAD", help="the new side of --before (default HEAD)")
+    p.add_argument("--install-dir", help=f"where --before keeps its installs by commit (default "
+                                         f"{DEFAULT_WORKDIR}/installs)")
+    p.add_argument("--self-check", action="store_true",
+                   help="check the before/after report's ratios and verdicts on given timings, then exit")
     p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
     p.add_argument("--render-only", action="store_true",
                    help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir, run nothing")
@@ -1371,6 +1433,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-space", action="store_true",
                    help="print the trees' sizes and the space they need, then exit")
     a = p.parse_args(argv)
+    if a.before:
+        a.scale = a.scale or "normal"
+        a.reps = a.reps or (3 if a.scale == "small" else 6)  # even: each side goes first as often
+        a.settle = 15.0 if a.settle is None else a.settle
+    elif a.scale == "normal":
+        p.error("--scale normal is a scale of --before runs; here: small or large")
+    a.scale = a.scale or "small"
+    a.reps = a.reps or 5
+    a.settle = a.settle or 0.0
     if a.reps < 1:
         p.error("--reps must be >= 1")
     return a
@@ -1417,6 +1488,10 @@ def render_spy_profile(prof: dict, add) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.self_check or args.before:
+        import bench_compare  # scripts/bench_compare.py (it imports this module)
+        return bench_compare.self_check() if args.self_check else bench_compare.main(args)
+    args.out_dir = args.out_dir or str(REPORTS)
     if args.render_only:
         out = Path(args.out_dir)
         (out / "BENCHMARKS.md").write_text(render(json.loads((out / "benchmarks.json").read_text())))
