@@ -199,9 +199,10 @@ class Family:
         """What `discover` is shown of one claimed file (the scan fills head, hash, zeros)."""
         raise NotImplementedError
 
-    def model_key_matches(self, key: str, model: str) -> bool:
-        """Whether a FACTS.json key names the model of a name (the writer's rewrite applied)."""
-        return key == model
+    def model_key_matches(self, key: str, name_key: str) -> bool:
+        """Whether a FACTS.json key names the model a name key carries (the writer's
+        rewrite of model names applied)."""
+        return False
 
     def discover(self, files: list[Any], facts_for: Any) -> list[Any]:
         """A flat directory's files grouped into deployments (each becomes a namespace);

@@ -206,6 +206,7 @@ class Deployment:
     label: str  # source_base / deployment column
     deployment: str
     notes: list[str] = field(default_factory=list)
+    decided: dict[str, str] = field(default_factory=dict)  # suffix -> how the facts decided its reading
     files: list[tuple[FlatFile, Reading]] = field(default_factory=list)
 
 
@@ -235,8 +236,10 @@ class SGLang(families.Family):
     def flat_file(self, name: str, size: int) -> FlatFile:
         return FlatFile(name, size, page=parse_page_name(name))
 
-    def model_key_matches(self, key: str, model: str) -> bool:
-        return sanitise(key) == model
+    def model_key_matches(self, key: str, suffix: str) -> bool:
+        """A FACTS.json model name fits a suffix `_{model}` + the groups after it."""
+        head = "_" + sanitise(key)
+        return suffix == head or suffix.startswith(head + "_")
 
     # --- discovery ---------------------------------------------------------------------
 
@@ -264,8 +267,10 @@ class SGLang(families.Family):
             dep = out.get(key)
             if dep is None:
                 dep = out[key] = self._deployment(key, reading, pool, facts, model_fact)
-            if note and note not in dep.notes:
-                dep.notes.append(note)
+            if note:
+                dep.decided[suffix] = note
+                if note not in dep.notes:
+                    dep.notes.append(note)
             dep.files.extend((f, reading) for f in group)
         for dep in out.values():
             if dep.scheme == "sgl-e3" and all(f.head and f.head.startswith(ZIP_MAGIC) for f, _ in dep.files):
@@ -356,6 +361,9 @@ class SGLang(families.Family):
                                  "the engine needs every rank's file")
                 continue
             self._action(dep, f, r, row, names, replicas, copies, hashed)
+            decided = dep.decided.get(f.page.suffix)
+            if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
+                row["reason"] += f"; {decided}"
         return rows
 
     def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], replicas: bool,

@@ -65,10 +65,10 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
 def _facts_for(fam: Any, resolver: FactsResolver):
     """facts of one suffix: FACTS.json by exact suffix, then model name (matched after the
     family's rewrite), then "*"; flags fill gaps."""
-    keys = resolver.keys()
+    keys = sorted(resolver.keys(), key=len, reverse=True)  # the longest model name that fits wins
 
     def facts_for(model: str | None, suffix: str):
-        model_key = next((k for k in keys if model is not None and fam.model_key_matches(k, model)), model or "")
+        model_key = next((k for k in keys if k != "*" and fam.model_key_matches(k, suffix)), model or "")
         return resolver.for_namespace(model_key, suffix)
     return facts_for
 
