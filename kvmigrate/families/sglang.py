@@ -263,7 +263,8 @@ class SGLang(families.Family):
             if greedy is not None and reading != greedy:
                 note = (f"suffix {suffix!r} read with the model name {model_fact!r} from "
                         f"{facts.sources.get('model_name') or facts.sources.get('kv_kind', 'the facts')}")
-            key = (pool,) + reading.shape()
+            model = reading.model if reading.era == "e4" else (sanitise(model_fact) if model_fact else None)
+            key = (pool, model) + reading.shape()  # (e1-e3: the model the facts give)
             dep = out.get(key)
             if dep is None:
                 dep = out[key] = self._deployment(key, reading, pool, facts, model_fact)

@@ -68,8 +68,8 @@ def _facts_for(fam: Any, resolver: FactsResolver):
     keys = sorted(resolver.keys(), key=len, reverse=True)  # the longest model name that fits wins
 
     def facts_for(model: str | None, suffix: str):
-        model_key = next((k for k in keys if k != "*" and fam.model_key_matches(k, suffix)), model or "")
-        return resolver.for_namespace(model_key, suffix)
+        model_key = next((k for k in keys if k != "*" and fam.model_key_matches(k, suffix)), model)
+        return resolver.for_namespace(model_key, suffix)  # (no model: only the suffix and "*" apply)
     return facts_for
 
 
