@@ -72,7 +72,7 @@ def command(directory: str, as_json: bool, hash_len: str, **options: object) -> 
         print_json(result.to_dict())
         return
     for ns in result.namespaces:
-        if ns["family"] == "sglang":
+        if ns.get("base_name") is None:  # a flat directory (SGLang HiCache): no base folder
             click.echo(f"{result.root}  sglang {ns['scheme']} tp={ns['tp']} pp={ns['pp']} {ns['kv_kind']} "
                        f"{ns['layout']} file={ns['file_size']}B")
             continue
