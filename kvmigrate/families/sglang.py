@@ -274,6 +274,7 @@ class SGLang(families.Family):
                     dep.notes.append(note)
             dep.files.extend((f, reading) for f in group)
         for dep in out.values():
+            dep.notes.extend(_hazards(dep))
             if dep.scheme == "sgl-e3" and all(f.head and f.head.startswith(ZIP_MAGIC) for f, _ in dep.files):
                 dep.scheme = "sgl-e1"  # bare names of torch.save archives: 0.4.9.post3 (or 0.4.9.post4+ at TP=1)
                 dep.label = dep.label.replace(":sgl-e3", ":sgl-e1")
@@ -439,6 +440,27 @@ class SGLang(families.Family):
 
     def unknown_keys(self, fields: Mapping[str, Any]) -> list[str]:
         return []
+
+
+def _hazards(dep: Deployment) -> list[str]:
+    """What the engine does to this directory that an offline tool must respect (sglang.md §4)."""
+    facts = dep.facts
+    writer = getattr(facts, "writer_layout", None) or _layout_of_release(getattr(facts, "writer_release", None))
+    source = facts.sources.get("writer_layout") or facts.sources.get("writer_release")
+    if writer is None and dep.reading.era == "e23":
+        writer, source = LAYOUT_DEFAULT_BEFORE, "the default of every e1-e3 release"
+    target = getattr(facts, "target_layout", None) or LAYOUT_DEFAULT_AFTER
+    out = []
+    if dep.reading.era == "e23" and dep.reading.tp is not None:
+        out.append("a running SGLang 0.4.9.post4 - 0.5.1.post3 engine rewrites its `_{r}_{N}` pages in place, on the "
+                   "same inode (its exists() check adds the suffix twice): link from this directory only while that "
+                   "engine is stopped, or use --mode copy")
+    out.append("no file records dtype, layout, revision or page size: assumed writer layout "
+               f"{writer or 'unknown'}{f' ({source})' if writer and source else ''}, target layout {target}; "
+               "SGLang's LRU evictor (0.5.14+) orders by mtime and evicts by unlink (links share one mtime, "
+               "unlinking one name frees nothing), clear() deletes every regular file of the directory (other "
+               "models' too), and the metadata cache (0.5.16+) may show a file removed offline for its TTL")
+    return out
 
 
 def _copy_ranks(dep: Deployment, hexh: str) -> list[int]:

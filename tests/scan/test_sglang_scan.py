@@ -247,3 +247,14 @@ def test_cli_synth_scan_report_and_audit(tmp_path):
     assert code == 1 and "sglang:org-m:tp2:sgl-e2" in out
     code, out = run("scan", d, "-o", tmp_path / "m2.parquet", "-q", "--writer-layout", "sideways")
     assert code == 2 and "sideways" in out
+
+
+def test_report_names_the_engine_hazards(synth_root, scan_root):
+    root, _ = synth_root({**SGL, "sgl_era": "e2", "tp": 2})
+    result, _ = scan_root(root, flags={"kv_kind": "full", "model_name": "m"})
+    code, out = run("report", result.output)
+    text = " ".join(out.split())
+    assert "rewrites its `_{r}_{N}` pages in place" in text and "only while that engine is stopped" in text
+    assert "assumed writer layout layer_first (the default of every e1-e3 release), target layout page_first" in text
+    for hazard in ("orders by mtime and evicts by unlink", "clear() deletes every regular file", "for its TTL"):
+        assert hazard in text
