@@ -190,9 +190,9 @@ class Family:
         """A claimed file that is a temp leftover of the writer (never read)."""
         return False
 
-    def wants_head(self, name: str) -> bool:
+    def wants_head(self, file: Any) -> bool:
         """Whether the scan reads a claimed file's first bytes even under --verify size
-        (the family's verdict depends on them)."""
+        (the family's verdict depends on them); `file` is its `flat_file` record."""
         return False
 
     def flat_file(self, name: str, size: int) -> Any:
@@ -209,9 +209,9 @@ class Family:
         `facts_for(model, key)` resolves the facts of one name key."""
         return []
 
-    def flat_verdicts(self, deployment: Any, names: set[str], hashed: bool) -> list[dict[str, Any]]:
+    def flat_verdicts(self, deployment: Any, names: set[str], hashed: bool) -> Iterable[dict[str, Any]]:
         """The row of every file of a deployment: name, rank, hex, status, action, reason, target."""
-        return []
+        return ()
 
     # --- blocks ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from kvmigrate import families
 from kvmigrate.findings import NEEDS_FACT, REPLICA_OF_PRIMARY, asks
@@ -36,6 +36,7 @@ _HASH_RE = re.compile(r"^[0-9a-f]{64}")
 _DCP_RE = re.compile(r"_tp(\d+)_dcp(\d+)_(\d+)_page(\d+)$")
 _CP_RE = re.compile(r"_cp(\d+)_(\d+)$")
 _PAIR_RE = re.compile(r"_(\d+)_(\d+)$")
+_E2_SUFFIX = re.compile(r"_\d+_\d+")
 _TMP_NEW_RE = re.compile(r"^\.[0-9a-f]{32}\.tmp$")  # 0.5.20+
 _TMP_OLD_RE = re.compile(r"^[0-9a-f]{64}.*\.bin\.tmp\.\d+\.\d+\.[0-9a-f]+$", re.S)  # 0.5.14 - 0.5.19
 LAYOUT_DEFAULT_BEFORE = "layer_first"  # --hicache-mem-layout default <= 0.5.13
@@ -88,6 +89,8 @@ def parse_page_name(name: str) -> PageName | None:
     if not name.endswith(".bin") or not _HASH_RE.match(name):
         return None
     hexh, rest = name[:64], name[64:-4]
+    if rest[:1] == "_" or rest == "":  # the KV pool (most files): no pool tag to match
+        return PageName(hexh, None, rest)
     pool = None
     if rest.startswith("."):
         m = _POOL_RE.match(rest, 1)
@@ -180,7 +183,7 @@ def target_suffix(reading: Reading, model: str, mla: bool, pool: str | None) -> 
     return f"_{m}_{r}_{n}"
 
 
-@dataclass
+@dataclass(slots=True)
 class FlatFile:
     """One page file of the directory as the scan saw it (scan/flat.py)."""
 
@@ -224,11 +227,11 @@ class SGLang(families.Family):
     def is_temp(self, name: str) -> bool:
         return is_temp(name)
 
-    def wants_head(self, name: str) -> bool:
+    def wants_head(self, file: FlatFile) -> bool:
         """Names whose payload the zip magic decides (e1 and early e2 wrote torch.save
         archives): their first bytes are read even under --verify size."""
-        p = parse_page_name(name)
-        return p is not None and (p.suffix == "" or re.fullmatch(r"_\d+_\d+", p.suffix) is not None)
+        p = file.page
+        return p is not None and (p.suffix == "" or _E2_SUFFIX.fullmatch(p.suffix) is not None)
 
     def target_profile(self, profile: str) -> str:
         return PROFILE
@@ -308,7 +311,7 @@ class SGLang(families.Family):
 
     # --- verdicts ----------------------------------------------------------------------
 
-    def flat_verdicts(self, dep: Deployment, names: set[str], hashed: bool) -> list[dict[str, Any]]:
+    def flat_verdicts(self, dep: Deployment, names: set[str], hashed: bool) -> Iterator[dict[str, Any]]:
         """The row of every file of a deployment (sglang.md §3): status, action, reason,
         rank and target name. `names`: every entry of the directory (a target that
         exists is already present)."""
@@ -317,56 +320,62 @@ class SGLang(families.Family):
         sizes = Counter(f.size for f, _ in files if f.size > 0 and f.name not in zipped)
         modal = sizes.most_common(1)[0][0] if sizes else None
         ranks_of: dict[str, set[int]] = defaultdict(set)
+        worker: dict[Reading, tuple[int, int]] = {}  # (few readings: one per suffix)
         writers = 1
         for f, r in files:
-            rank, writers = r.worker()
+            w = worker.get(r) or worker.setdefault(r, r.worker())
+            rank, writers = w
             ranks_of[f.page.hex].add(rank)
         replicas = dep.reading.era == "e23" and dep.reading.tp is not None and dep.kv_kind == "mla"
         copies: dict[str, list[bytes | None]] = defaultdict(list)
         if replicas:
             for f, _ in files:
                 copies[f.page.hex].append(f.content)
-        rows = []
-        for f, r in sorted(files, key=lambda fr: (fr[0].page.hex, fr[1].worker()[0])):
-            rank = r.worker()[0]
-            row = {"name": f.name, "rank": rank, "hex": f.page.hex, "status": "ok", "action": "none",
-                   "reason": "", "target": None}
-            rows.append(row)
-            if f.size == 0:
-                row["status"], row["reason"] = "short", "empty file"
-                continue
-            if f.all_zero:
-                row["status"], row["reason"] = "zero_filled", f"all {f.size} bytes are zero (crash residue)"
-                continue
-            if f.name in zipped:
-                row["status"] = "unsupported_layout"
-                row["reason"] = ("torch.save zip payload (SGLang 0.4.9.post3 - 0.4.10.post1): pickled tensors, "
-                                 "no raw reader; never migrated")
-                continue
-            if modal is not None and f.size != modal:
-                row["status"] = "size_mismatch"
-                row["reason"] = (f"{f.size} bytes, the deployment's other pages have {modal} "
-                                 "(SGLang 0.5.23 raises on a short read and truncates a long one)")
-                continue
-            if replicas:
-                agree = Counter(c for c in copies[f.page.hex] if c is not None)
-                if len(agree) > 1:
-                    top, n = agree.most_common(1)[0]
-                    if n * 2 <= sum(agree.values()) or f.content != top:
-                        row["status"] = "replica_mismatch"
-                        row["reason"] = "MLA copy differs from the other ranks' copies of this page"
-                        continue
-            elif dep.kv_kind is not None and len(ranks_of[f.page.hex]) < writers:
-                missing = sorted(set(range(writers)) - ranks_of[f.page.hex])
-                row["status"] = "incomplete"
-                row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "
-                                 "the engine needs every rank's file")
-                continue
-            self._action(dep, f, r, row, names, replicas, copies, hashed)
-            decided = dep.decided.get(f.page.suffix)
-            if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
-                row["reason"] += f"; {decided}"
-        return rows
+        files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
+        for f, r in files:
+            row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
+                   "action": "none", "reason": "", "target": None}
+            self._verdict(dep, f, r, row, names, hashed, zipped, modal, replicas, copies, ranks_of, writers)
+            yield row
+
+    def _verdict(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], hashed: bool,
+                 zipped: set[str], modal: int | None, replicas: bool, copies: Mapping[str, list],
+                 ranks_of: Mapping[str, set[int]], writers: int) -> None:
+        """One file's status, action, reason and target (sglang.md §3), written into `row`."""
+        if f.size == 0:
+            row["status"], row["reason"] = "short", "empty file"
+            return
+        if f.all_zero:
+            row["status"], row["reason"] = "zero_filled", f"all {f.size} bytes are zero (crash residue)"
+            return
+        if f.name in zipped:
+            row["status"] = "unsupported_layout"
+            row["reason"] = ("torch.save zip payload (SGLang 0.4.9.post3 - 0.4.10.post1): pickled tensors, "
+                             "no raw reader; never migrated")
+            return
+        if modal is not None and f.size != modal:
+            row["status"] = "size_mismatch"
+            row["reason"] = (f"{f.size} bytes, the deployment's other pages have {modal} "
+                             "(SGLang 0.5.23 raises on a short read and truncates a long one)")
+            return
+        if replicas:
+            agree = Counter(c for c in copies[f.page.hex] if c is not None)
+            if len(agree) > 1:
+                top, n = agree.most_common(1)[0]
+                if n * 2 <= sum(agree.values()) or f.content != top:
+                    row["status"] = "replica_mismatch"
+                    row["reason"] = "MLA copy differs from the other ranks' copies of this page"
+                    return
+        elif dep.kv_kind is not None and len(ranks_of[f.page.hex]) < writers:
+            missing = sorted(set(range(writers)) - ranks_of[f.page.hex])
+            row["status"] = "incomplete"
+            row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "
+                             "the engine needs every rank's file")
+            return
+        self._action(dep, f, r, row, names, replicas, copies, hashed)
+        decided = dep.decided.get(f.page.suffix)
+        if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
+            row["reason"] += f"; {decided}"
 
     def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], replicas: bool,
                 copies: Mapping[str, list], hashed: bool) -> None:

@@ -37,6 +37,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
                 continue
             records[e.name] = rec
             flat_files.append(ff)
+        entries.clear()  # (the records hold what the rows need: a million DirEntry objects less)
         deployments = fam.discover(flat_files, _facts_for(fam, resolver))
         names = listing.names
         for dep in deployments:
@@ -86,7 +87,7 @@ def _read(fam: Any, e: os.DirEntry, verify: str) -> tuple[FileRecord | None, Any
     rec = FileRecord(e.name, None, None, None, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink)
     ff = fam.flat_file(e.name, st.st_size)
     hashed = verify == "hash"
-    if verify != "none" and (hashed or fam.wants_head(e.name)) and st.st_size:
+    if verify != "none" and (hashed or fam.wants_head(ff)) and st.st_size:
         try:
             r = read_file(e.path, want_hash=hashed, header_len=HEAD_BYTES)
         except Vanished:
