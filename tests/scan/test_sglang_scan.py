@@ -59,9 +59,10 @@ def test_e4_layout_unrecorded_needs_writer_layout(synth_root, scan_root):
                                                                        "--writer-layout")
 
 
-def test_e4_equal_layouts_are_already_present(synth_root, scan_root):
+@pytest.mark.parametrize("release", ["0.5.14", "0.5.20"])
+def test_e4_equal_layouts_are_already_present(synth_root, scan_root, release):
     root, _ = synth_root({**SGL, "tp": 2, "model_name": "m"})
-    _, rows = scan_root(root, flags={"writer_release": "0.5.20"})  # page_first default, the target's
+    _, rows = scan_root(root, flags={"writer_release": release})  # page_first default from 0.5.14, the target's
     for rel, r in pages(rows).items():
         assert (r["action"], r["target_relpath"]) == ("already_present", rel)
 
