@@ -27,6 +27,8 @@ Groups (see GROUPS below):
             --apply (apply reads what it places)  vs  the same safety by hand: xxhsum -H2 of the
             legacy folders, then cp -al; plain cp -al and a `scan --verify hash` manifest's apply
             beside                                                          (4 KiB tree)
+  flat      an SGLang HiCache directory (one flat folder of page files, MLA, 1 KiB pages):
+            scan --verify size vs find -printf, scan --verify hash vs find|xargs xxhsum -H2
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
@@ -72,7 +74,7 @@ TOOLS = {
 }
 # tools every run uses (warm-up, counts, residency), then each group's own
 BASE_TOOLS = ("find", "xargs", "fincore")
-GROUP_TOOLS = {"meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
+GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
                "migrate": ("xxhsum", "cp"), "startup": ()}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
@@ -93,6 +95,7 @@ class TreeSpec:
     page_bytes: int
     tp: int = 2
     layers: int = 4
+    family: str = "llmd"  # "sglang": a flat HiCache directory, MLA (one file per page, no config.json)
 
     @property
     def file_bytes(self) -> int:
@@ -100,18 +103,27 @@ class TreeSpec:
 
     @property
     def files(self) -> int:
-        return self.tp * self.blocks
+        return self.blocks if self.family == "sglang" else self.tp * self.blocks
+
+    @property
+    def other_files(self) -> int:
+        """Files besides the blocks: the namespace's config.json (none in a flat directory)."""
+        return 0 if self.family == "sglang" else 1
 
     def synth_args(self, blocks: int, seed: int) -> list[str]:
+        if self.family == "sglang":  # latent pages of 4 layers x 16 tokens x 8 x 2 B = 1 KiB
+            return ["--family", "sglang", "--sgl-era", "e4", "--kv-kind", "mla", "--tp", str(self.tp),
+                    "--layers", str(self.layers), "--blocks", str(blocks), "--seed", str(seed),
+                    "--model", "deepseek-ai/DeepSeek-V3"]
         return ["--family", "llmd", "--tp", str(self.tp), "--kv-kind", "mla", "--layers", str(self.layers),
                 "--block-bytes", str(self.page_bytes), "--blocks", str(blocks), "--seed", str(seed)]
 
 
 SCALES = {
     # quick run: ~50k small files + 256 MiB of 1 MiB files
-    "small": {"files4k": 25_000, "files1m": 128},
-    # the issue's sizes: >= 1M small files, >= 4 GiB of 1 MiB files
-    "large": {"files4k": 500_000, "files1m": 2_048},
+    "small": {"files4k": 25_000, "files1m": 128, "flat": 50_000},
+    # the issue's sizes: >= 1M small files, >= 4 GiB of 1 MiB files, a 1M-file HiCache directory
+    "large": {"files4k": 500_000, "files1m": 2_048, "flat": 1_000_000},
 }
 
 
@@ -120,6 +132,8 @@ def tree_specs(scale: str) -> dict[str, TreeSpec]:
     return {
         "files4k": TreeSpec("files4k", "4 KiB files (per-file overhead)", s["files4k"], 1024),
         "files1m": TreeSpec("files1m", "1 MiB files (bandwidth)", s["files1m"], 256 * 1024),
+        "flat": TreeSpec("flat", "SGLang HiCache directory (1 KiB page files in one folder)", s["flat"], 256,
+                         tp=8, family="sglang"),
     }
 
 
@@ -395,7 +409,7 @@ def residency(paths: list[str]) -> float | None:
     return round(res / size, 4) if size else None
 
 
-GROUP_TREES = {"meta": "files4k", "hash4k": "files4k", "hash1m": "files1m", "migrate": "files4k"}
+GROUP_TREES = {"meta": "files4k", "hash4k": "files4k", "hash1m": "files1m", "migrate": "files4k", "flat": "flat"}
 
 
 def warm(root: Path) -> float:
@@ -585,9 +599,9 @@ class Bench:
                 sys.exit(f"bench: `{' '.join(argv)}` failed (exit {p.returncode}); see {logs[procs.index((argv, p))]}")
         seconds = time.perf_counter() - start
         counts = walk_counts(root)
-        if counts["files"] != spec.files + 1:
-            sys.exit(f"bench: {root} has {counts['files']} files, expected {spec.files + 1} "
-                     "(block files + config.json)")
+        if counts["files"] != spec.files + spec.other_files:
+            sys.exit(f"bench: {root} has {counts['files']} files, expected {spec.files + spec.other_files} "
+                     "(block files + config.json, none in a flat directory)")
         info = {
             "spec": spec.__dict__, "root": str(root), "build_s": round(seconds, 2),
             "build_files_per_s": round(spec.files / seconds), "build_method": f"kvmigrate synth x{jobs} processes",
@@ -602,11 +616,11 @@ class Bench:
 
     # ---- groups
 
-    def _scan_cmd(self, key: str, label: str, tree: str, verify: str) -> Command:
+    def _scan_cmd(self, key: str, label: str, tree: str, verify: str, facts: tuple[str, ...] = ()) -> Command:
         root = self.tree_root(tree)
         out = self.out / f"{key}.parquet"
         stdout = str(self.out / f"{key}.json")
-        argv = [self.kvm, "scan", str(root), "--verify", verify, "-q", "--json", "-o", str(out), *FACTS]
+        argv = [self.kvm, "scan", str(root), "--verify", verify, "-q", "--json", "-o", str(out), *FACTS, *facts]
         if self.args.threads:
             argv += ["--threads", str(self.args.threads)]
         ok, why = self.kvm_has("scan")
@@ -695,6 +709,25 @@ class Bench:
                           "kvmigrate compares each block's rank replicas and writes the manifest; jdupes and "
                           "rdfind group equal files (their group counts are checked against the manifest's). "
                           + FLOOR_NOTE)
+
+    def group_flat(self) -> Group:
+        """A flat HiCache directory: the scan's flat path (scan/flat.py) against listing
+        and hashing the same folder."""
+        root = self.tree_root("flat")
+        facts = ("--writer-layout", "page_first")  # the pages are then already_present for sglang-0.5.23
+        cmds = [
+            self._scan_cmd("flat_kvm_size", "kvmigrate scan --verify size", "flat", "size", facts),
+            Command("flat_find", "find -printf",
+                    sh(f"find {q(root)} -maxdepth 1 -type f -printf '%s %i %T@ %p\\n' > /dev/null"), "baseline"),
+            self._scan_cmd("flat_kvm_hash", "kvmigrate scan --verify hash", "flat", "hash", facts),
+            Command("flat_xxhsum", "find | xargs xxhsum -H2",
+                    sh(f"find {q(root)} -maxdepth 1 -type f -print0 | xargs -0 xxhsum -H2 > /dev/null"), "baseline"),
+        ]
+        return Group("flat", f"Flat directory: {self.specs['flat'].title}", "flat", cmds,
+                     [("flat_kvm_size", "flat_find"), ("flat_kvm_hash", "flat_xxhsum")],
+                     note="One folder, no rank or bucket folders: kvmigrate parses every name, groups the files "
+                          "into deployments and writes the manifest (its flat path holds a record per file; "
+                          "it runs in one process, part 0); find and xxhsum only list or hash.")
 
     def group_migrate(self) -> Group:
         tree = "files4k"
@@ -917,6 +950,8 @@ class Bench:
         need_trees = {"files4k"} if {"meta", "hash4k", "migrate"} & set(self.groups_wanted) else set()
         if "hash1m" in self.groups_wanted:
             need_trees.add("files1m")
+        if "flat" in self.groups_wanted:
+            need_trees.add("flat")
         if self.args.profile:
             need_trees.add("files4k")
         for name in sorted(need_trees):
@@ -935,13 +970,14 @@ class Bench:
             self.log(f"tree {name}: warm-up pass {secs:.1f} s; sampled pages resident before {before}, after {after}")
 
         builders = {"meta": self.group_meta, "hash4k": lambda: self.group_hash("hash4k", "files4k"),
-                    "hash1m": lambda: self.group_hash("hash1m", "files1m"), "migrate": self.group_migrate}
+                    "hash1m": lambda: self.group_hash("hash1m", "files1m"), "migrate": self.group_migrate,
+                    "flat": self.group_flat}
         for key in self.groups_wanted:
             if key == "startup":
                 self.startup = self.run_startup()
                 continue
             if key not in builders:
-                sys.exit(f"bench: unknown group {key!r}; known: meta, hash4k, hash1m, migrate, startup")
+                sys.exit(f"bench: unknown group {key!r}; known: meta, hash4k, hash1m, migrate, flat, startup")
             group = builders[key]()
             self.log(f"group {key}: {group.title}")
             tree = GROUP_TREES.get(key)
@@ -1402,7 +1438,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
-    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,startup")
+    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup")
     p.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="parallel synth processes")
     p.add_argument("--threads", type=int, help="--threads for kvmigrate scan (default: its own default)")
     p.add_argument("--migrate-reps", type=int,

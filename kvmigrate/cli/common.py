@@ -12,7 +12,7 @@ import click
 
 from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError
 from kvmigrate.identity.values import (CACHE_DTYPES, DEFAULT_PROFILE, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS,
-                                      MODEL_DTYPES, PROFILES, RUNNERS)
+                                      MODEL_DTYPES, PROFILES, RUNNERS, SGLANG_LAYOUTS)
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -52,6 +52,14 @@ _FACT_OPTIONS = [
     click.option("--page-bytes", type=click.IntRange(min=1), help="Bytes of one tensor's page for one GPU block on one rank."),
     click.option("--tensors-per-layer", type=click.IntRange(min=1), help="Full attention: 2 when K and V are separate tensors."),
     click.option("--family", type=click.Choice(FAMILIES), help="Force the writer family (S1 trees can be ambiguous)."),
+    click.option("--model-name", metavar="NAME",
+                 help="SGLang: the served model name (e1-e3 names carry none; decides a name read two ways)."),
+    click.option("--writer-layout", type=click.Choice(SGLANG_LAYOUTS),
+                 help="SGLang: --hicache-mem-layout of the writer (e4 names record none)."),
+    click.option("--target-layout", type=click.Choice(SGLANG_LAYOUTS),
+                 help="SGLang: --hicache-mem-layout of the target (assumed page_first, 0.5.14+ default)."),
+    click.option("--writer-release", metavar="VERSION", callback=_checked,
+                 help="SGLang: release of the writer (its layout default: layer_first up to 0.5.13)."),
     click.option("--facts", "facts_file", type=click.Path(dir_okay=False),
                  help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\"."),
 ]

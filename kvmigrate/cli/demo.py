@@ -17,6 +17,7 @@ DEMO_FACTS = {
     "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
     "meta-llama/Llama-3.1-8B-Instruct": {"kv_kind": "full", "total_kv_heads": 8, "family": "vllm"},
     "Qwen/Qwen2.5-7B-Instruct": {"kv_kind": "full", "total_kv_heads": 4},
+    "Qwen/Qwen3-8B": {"writer_release": "0.5.20"},  # the SGLang directory's writer (its layout default)
 }
 
 # step title, arguments after `kvmigrate`, the exit codes that step is expected to give

@@ -17,7 +17,7 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.command("synth")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(FAMILIES), default="vllm", show_default=True,
-              help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp.")
+              help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp, SGLang HiCache file backend.")
 @click.option("--scheme", type=click.Choice(["S1", "S2", "S3"]), default="S1", show_default=True,
               help="vLLM identity era (llm-d is always S1; vllm.cpp ignores it).")
 @click.option("--model", "model_name", default="meta-llama/Llama-3.1-8B-Instruct", show_default=True)
@@ -44,6 +44,12 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
               help="vLLM S3 MLA tp>1: the replicated_layout namespace (rows hold one cell).")
 @click.option("--agnostic", is_flag=True, help="vLLM: the collapsed parallel-agnostic namespace.")
 @click.option("--canonical-format", default=None, help="vLLM S3: canonical rows, e.g. v1-nhd.")
+@click.option("--sgl-era", type=click.Choice(["e1", "e2", "e3", "e4"]), default="e4", show_default=True,
+              help="sglang: writer era (e1 0.4.9.post3, e2 0.4.9.post4-0.5.0rc2, e3 0.5.1.x, e4 0.5.2-0.5.23).")
+@click.option("--sgl-layout", type=click.Choice(["layer_first", "page_first"]), default=None,
+              help="sglang: --hicache-mem-layout of the writer (default: layer_first up to e3, page_first e4).")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="sglang e4: attention-CP size.")
+@click.option("--pools", default="", metavar="A,B", help="sglang e4: side pools (mamba, swa, indexer, draft, ...).")
 @click.option("--defects", callback=_defect_list, default=None, metavar="A,B,...",
               help="Defects to inject (see kvmigrate.synth.defects), e.g. missing_rank,tmp_vllm.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
@@ -66,6 +72,10 @@ def command(directory: str, as_json: bool, hash_len: str, **options: object) -> 
         print_json(result.to_dict())
         return
     for ns in result.namespaces:
+        if ns.get("base_name") is None:  # a flat directory (SGLang HiCache): no base folder
+            click.echo(f"{result.root}  sglang {ns['scheme']} tp={ns['tp']} pp={ns['pp']} {ns['kv_kind']} "
+                       f"{ns['layout']} file={ns['file_size']}B")
+            continue
         ranks = ",".join(str(r) for r in ns["ranks"])
         click.echo(f"{ns['base_name']}  {ns['family']} {ns['scheme']} tp={ns['tp']} {ns['kv_kind']} "
                    f"ranks={ranks} file={ns['file_size']}B")

@@ -184,6 +184,35 @@ class Family:
         """Where a block of a target namespace of this family is written, from the root."""
         return f"{rank_dir}/{layout.block_relpath_in_rank(hex_hash, group)}"
 
+    # --- a flat family (root_layout "flat", docs/families.md §3) -------------------------
+
+    def is_temp(self, name: str) -> bool:
+        """A claimed file that is a temp leftover of the writer (never read)."""
+        return False
+
+    def wants_head(self, file: Any) -> bool:
+        """Whether the scan reads a claimed file's first bytes even under --verify size
+        (the family's verdict depends on them); `file` is its `flat_file` record."""
+        return False
+
+    def flat_file(self, name: str, size: int) -> Any:
+        """What `discover` is shown of one claimed file (the scan fills head, hash, zeros)."""
+        raise NotImplementedError
+
+    def model_key_matches(self, key: str, name_key: str) -> bool:
+        """Whether a FACTS.json key names the model a name key carries (the writer's
+        rewrite of model names applied)."""
+        return False
+
+    def discover(self, files: list[Any], facts_for: Any) -> list[Any]:
+        """A flat directory's files grouped into deployments (each becomes a namespace);
+        `facts_for(model, key)` resolves the facts of one name key."""
+        return []
+
+    def flat_verdicts(self, deployment: Any, names: set[str], hashed: bool) -> Iterable[dict[str, Any]]:
+        """The row of every file of a deployment: name, rank, hex, status, action, reason, target."""
+        return ()
+
     # --- blocks ------------------------------------------------------------------------
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:

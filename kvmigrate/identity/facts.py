@@ -18,11 +18,13 @@ from typing import Any
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import hfconfig
 from kvmigrate.identity.values import (CACHE_DTYPES, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS, MODEL_DTYPES,
-                                      RUNNERS)
+                                      RUNNERS, SGLANG_LAYOUTS)
 
 # fact -> the values the engine accepts (the string facts)
 CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dtype": MODEL_DTYPES,
-           "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS}
+           "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS,
+           "writer_layout": SGLANG_LAYOUTS, "target_layout": SGLANG_LAYOUTS}
+_RELEASE = re.compile(r"\d+\.\d+(\.\d+)?((\.post|rc)\d+)?")  # an SGLang release (writer_release)
 _QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an Executor class vLLM imports by name
 
 FLAGS = FACT_FLAGS  # fact -> the flag naming it in messages
@@ -42,7 +44,13 @@ class Facts:
     per_token_head_quant: bool | None = None
     page_bytes: int | None = None
     tensors_per_layer: int | None = None
-    family: str | None = None  # vllm | llmd | vllmcpp (forced)
+    family: str | None = None  # vllm | llmd | vllmcpp | sglang (forced)
+    # SGLang HiCache (sglang.md §3): the served model name (e1-e3 names carry none), the
+    # page layout of writer and target, or the writer's release (its layout default)
+    model_name: str | None = None
+    writer_layout: str | None = None
+    target_layout: str | None = None
+    writer_release: str | None = None
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None
@@ -66,6 +74,10 @@ def allowed_values(name: str) -> str:
         return "one of " + ", ".join(CHOICES[name]) + extra
     if name in _INT_FACTS:
         return "a positive integer"
+    if name == "model_name":
+        return "a non-empty served model name"
+    if name == "writer_release":
+        return "an SGLang release such as 0.5.13"
     return "true or false"  # per_token_head_quant
 
 
@@ -83,6 +95,10 @@ def check_fact(name: str, value: Any, where: str) -> Any:
                                          or (name == "executor" and _QUALNAME.fullmatch(value) is not None))
     elif name in _INT_FACTS:
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    elif name == "model_name":
+        ok = isinstance(value, str) and value != ""
+    elif name == "writer_release":
+        ok = isinstance(value, str) and _RELEASE.fullmatch(value) is not None
     else:  # per_token_head_quant
         ok = isinstance(value, bool)
     if not ok:
@@ -184,6 +200,10 @@ class FactsResolver:
         return (f"model config {layer.model_config} ({given_by}) refused for namespace {base_name}: {conflict}; "
                 f"its blocks are not planned. --facts keys by model name: give each model its "
                 f"own config, e.g. --facts FACTS.json with {example}")
+
+    def keys(self) -> list[str]:
+        """The FACTS.json keys (a flat family matches model names after its own rewrite)."""
+        return list(self._entries)
 
     def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
         """Places facts come from for one namespace, most specific first."""

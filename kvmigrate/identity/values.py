@@ -11,7 +11,7 @@ from __future__ import annotations
 # The writer families, in the order of the --family choices (the first is synth's default).
 # A new family: its module `kvmigrate/families/<name>.py` defining FAMILY, its name here and
 # its digest recipe below.
-NAMES = ("vllm", "llmd", "vllmcpp")
+NAMES = ("vllm", "llmd", "vllmcpp", "sglang")
 AMBIGUOUS = "ambiguous"  # the reading of an S1 identity vLLM and llm-d write alike
 UNKNOWN = "unknown"  # no scheme keys, or a name no module has: nothing is migrated
 # How each writer serialises an identity to name its namespace (identity.md §1): Python's
@@ -23,7 +23,8 @@ ENSURE_ASCII = {"vllm": True, "llmd": True, "vllmcpp": False,
 
 VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
 VLLMCPP_PROFILE = "vllmcpp"
-PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE,)
+SGLANG_PROFILE = "sglang-0.5.23"  # what SGLang 0.5.23's HiCacheFile looks up (sglang.md §3)
+PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE)
 DEFAULT_PROFILE = "vllm-0.28"
 
 # fact (as in FACTS.json) -> the command-line flag stating it
@@ -40,7 +41,15 @@ FACT_FLAGS = {
     "page_bytes": "--page-bytes",
     "tensors_per_layer": "--tensors-per-layer",
     "family": "--family",
+    # SGLang HiCache (docs/sglang.md §3)
+    "model_name": "--model-name",
+    "writer_layout": "--writer-layout",
+    "target_layout": "--target-layout",
+    "writer_release": "--writer-release",
 }
+
+# SGLang --hicache-mem-layout values whose page shape kvmigrate knows (sglang.md §2)
+SGLANG_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
 FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/

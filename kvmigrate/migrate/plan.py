@@ -553,8 +553,19 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
+    # a flat family's namespaces have no target folder: their actions are planned by the
+    # scan and counted here, never placed (docs/families.md §3: migrate does not place them yet)
+    flat = {sb: families.get(ns.get("family")) for sb, ns in namespaces.items()
+            if families.get(ns.get("family")).root_layout == "flat"}
     for chunk in rows.chunks():
         c = _creating(chunk)
+        if flat and c.num_rows:
+            in_flat = pc.fill_null(pc.is_in(c.column("source_base").cast(pa.string()),
+                                            pa.array(list(flat), pa.string())), False)
+            for row in c.filter(in_flat).select(["source_base", "action"]).to_pylist():
+                untargeted[f"{row['action']}: migrate does not place {flat[row['source_base']].title} files yet "
+                           "(scan, audit and report plan them)"] += 1
+            c = c.filter(pc.invert(in_flat))
         _validate(ctx, c)
         cands = _candidates(ctx, chunk, c)
         _validate_replicas(ctx, cands, c)

@@ -50,6 +50,7 @@ class Namespace:
     notes: list[str] = field(default_factory=list)
     sampled_sizes: list[int] = field(default_factory=list)  # rank 0's, for family evidence
     size_sample: dict[tuple[int, int], Counter] = field(default_factory=dict)  # (rank, group) -> sizes
+    flat_rows: list[Any] = field(default_factory=list)  # a flat family's deployment: its files' records (scan/flat.py)
 
     def columns(self) -> tuple:
         t = self.target
@@ -94,6 +95,10 @@ class RootListing:
     foreign_dirs: list[str] = field(default_factory=list)
     files: list[os.DirEntry] = field(default_factory=list)  # top-level non-directories
     names: set[str] = field(default_factory=set)
+    # flat families (docs/families.md §3): family name -> the regular files it claims
+    flat: dict[str, list[os.DirEntry]] = field(default_factory=dict)
+    flat_temps: list[tuple[Any, os.DirEntry]] = field(default_factory=list)  # (family, temp file), by scan/flat.py
+    flat_loose: list[Any] = field(default_factory=list)  # claimed files that could not be stat-ed
 
 
 def _looks_deep(path: str, depth: int = 3) -> bool:
@@ -116,10 +121,15 @@ def list_root(root: str) -> RootListing:
     listing = RootListing()
     with os.scandir(root) as it:
         entries = sorted(it, key=lambda e: e.name)
+    flat = [f for f in families.writers() if f.root_layout == "flat"]
     for e in entries:
         listing.names.add(e.name)
         if not e.is_dir(follow_symlinks=False):
-            listing.files.append(e)
+            fam = next((f for f in flat if e.is_file(follow_symlinks=False) and f.claims_entry(e.name, False)), None)
+            if fam is not None:
+                listing.flat.setdefault(fam.name, []).append(e)
+            else:
+                listing.files.append(e)
             continue
         if e.name == layout.OWN_DIR:
             listing.own_dirs.append(e.name)

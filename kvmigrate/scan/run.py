@@ -25,6 +25,7 @@ from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
+from kvmigrate.scan import flat
 from kvmigrate.scan.roots import list_root, resolve_namespaces
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.sizes import finalize
@@ -116,6 +117,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     except OSError as exc:
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
+    namespaces += flat.resolve(root_path, listing, resolver, target, verify)  # flat families: their deployments
     units = build_units(root_path, namespaces, verify == "hash", target)
     walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output)
     walker.prepare(namespaces, units)

@@ -9,6 +9,7 @@ import xxhash
 
 from kvmigrate import layout
 from kvmigrate.fsio import errno_reason
+from kvmigrate.scan import flat
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.units import Member, Unit
@@ -42,6 +43,7 @@ def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Names
             _rank_top_level(walker, m, out, emit=part0)
     if not part0:
         return out
+    flat.rows(walker, listing, namespaces, out)
     cols_of = {ns.source_base: ns.columns() for ns in namespaces}
     for ns in namespaces:
         if not ns.has_base:

@@ -33,6 +33,9 @@ def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
                   blocks=3, seed=1, replicated_layout=True),
         SynthSpec(family="vllmcpp", model_name="Qwen/Qwen3-4B", tp=1, layers=4, page_bytes=128, blocks=4, seed=4,
                   defects=defects("tmp_cpp_block")),
+        # an SGLang 0.5.20 HiCache directory's pages at the top of the volume (TP=2): read in place by 0.5.23
+        SynthSpec(family="sglang", sgl_era="e4", model_name="Qwen/Qwen3-8B", tp=2, layers=4, blocks=3, seed=5,
+                  defects=defects("tmp_sglang")),
     ]
 
 

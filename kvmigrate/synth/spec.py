@@ -10,17 +10,18 @@ from typing import Any
 from kvmigrate.identity.values import FAMILIES  # noqa: F401  (re-exported: synth writes every family)
 
 SCHEMES = ("S1", "S2", "S3")
+TREES = tuple(f for f in FAMILIES if f != "sglang")  # the families that write base and rank folders
 KV_KINDS = ("full", "mla")
 
 # Defects that damage one block (each takes its own victim block) and the families
 # they make sense for. The others add or break files and folders around the blocks.
 BLOCK_DEFECTS = {
-    "missing_rank": ("llmd", "vllmcpp"),
-    "replica_differs": ("llmd", "vllmcpp"),
+    "missing_rank": ("llmd", "vllmcpp", "sglang"),
+    "replica_differs": ("llmd", "vllmcpp", "sglang"),
     "size_mismatch": FAMILIES,
     "short": FAMILIES,
     "zero_filled": FAMILIES,
-    "misfiled": FAMILIES,
+    "misfiled": TREES,
     "unreadable": FAMILIES,
     "padded_legacy": ("llmd",),
     "header_magic": ("vllmcpp",),
@@ -31,21 +32,24 @@ BLOCK_DEFECTS = {
     "header_key": ("vllmcpp",),
 }
 TREE_DEFECTS = {
-    "tmp_vllm": FAMILIES,
-    "tmp_cpp_block": FAMILIES,
-    "tmp_cpp_config": FAMILIES,
-    "tmp_probe": FAMILIES,
+    "tmp_vllm": TREES,
+    "tmp_cpp_block": TREES,
+    "tmp_cpp_config": TREES,
+    "tmp_probe": TREES,
     "foreign": FAMILIES,
     "symlink": FAMILIES,
-    "fifo": FAMILIES,
-    "config_missing": FAMILIES,
-    "config_unparsable": FAMILIES,
-    "digest_mismatch": FAMILIES,
-    "deep_layout": FAMILIES,
+    "fifo": TREES,
+    "config_missing": TREES,
+    "config_unparsable": TREES,
+    "digest_mismatch": TREES,
+    "deep_layout": TREES,
     "pp_stage": ("llmd",),
-    "orphan_rank": FAMILIES,
+    "orphan_rank": TREES,
 }
-DEFECTS = tuple(BLOCK_DEFECTS) + tuple(TREE_DEFECTS)
+# SGLang HiCache directories only (synth/sglang.py): temp files of 0.5.20+ and 0.5.14-0.5.19,
+# a torch.save payload (0.4.9.post3 - 0.4.10.post1)
+FLAT_DEFECTS = {"tmp_sglang": ("sglang",), "tmp_sglang_old": ("sglang",), "zip_payload": ("sglang",)}
+DEFECTS = tuple(BLOCK_DEFECTS) + tuple(TREE_DEFECTS) + tuple(FLAT_DEFECTS)
 
 
 @dataclass
@@ -74,6 +78,12 @@ class SynthSpec:
     canonical_format: str | None = None  # vllm S3: canonical rows (full pages, one copy)
     seed: int = 0
     defects: tuple[str, ...] = ()
+    # sglang (synth/sglang.py): the writer era e1..e4, --hicache-mem-layout (None: the
+    # era's default, layer_first up to e3, page_first for e4), attention-CP size, side pools
+    sgl_era: str = "e4"
+    sgl_layout: str | None = None
+    cp: int = 1
+    pools: tuple[str, ...] = ()
     extra_fields: dict = field(default_factory=dict)  # unknown identity keys
 
     def __post_init__(self) -> None:
@@ -82,6 +92,11 @@ class SynthSpec:
         else:
             self.defects = tuple(self.defects)
         self.extra_fields = dict(self.extra_fields or {})
+        if isinstance(self.pools, str):
+            self.pools = tuple(p.strip() for p in self.pools.split(",") if p.strip())
+        self.pools = tuple(self.pools)
+        if self.sgl_layout is None:
+            self.sgl_layout = "page_first" if self.sgl_era == "e4" else "layer_first"
 
     @property
     def tensors_per_group(self) -> int:
@@ -116,12 +131,17 @@ def check_spec(spec: SynthSpec) -> None:
     if unknown:
         bad(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(DEFECTS)}")
     for d in spec.defects:
-        families = BLOCK_DEFECTS.get(d) or TREE_DEFECTS[d]
+        families = BLOCK_DEFECTS.get(d) or TREE_DEFECTS.get(d) or FLAT_DEFECTS[d]
         if spec.family not in families:
             bad(f"defect {d!r} applies to family {'/'.join(families)}, not {spec.family!r}")
     if len(set(spec.defects)) != len(spec.defects):
         bad("each defect may be listed once")
 
+    if spec.family == "sglang":
+        from kvmigrate.synth import sglang
+
+        sglang.check(spec)
+        return
     if spec.family == "vllm":
         if spec.pp != 1:
             bad("vllm rows with pp > 1 are not synthesised (use family llmd for pipeline stages)")

@@ -87,7 +87,9 @@ def test_every_family_list_is_the_registry():
     for name in families.NAMES:
         fam = families.get(name)
         assert fam.name == name and (PACKAGE / "families" / f"{name}.py").is_file()
-    assert {spec["family"] for spec, _ in ERAS.values()} == set(families.NAMES)  # the synth matrix builds each
+    # the synth matrix builds each tree family (a flat family's migrate is not in it yet: docs/sglang.md)
+    assert {spec["family"] for spec, _ in ERAS.values()} == {f.name for f in families.writers()
+                                                             if f.root_layout == "tree"}
 
 
 def test_nothing_below_the_registry_imports_it():
@@ -114,21 +116,21 @@ def test_a_pickled_family_is_the_registrys_object():
     family object: it unpickles to the registry's own object, not a copy."""
     import pickle
 
-    for name in (*families.NAMES, families.AMBIGUOUS, "sglang"):
+    for name in (*families.NAMES, families.AMBIGUOUS, "trtllm"):
         assert pickle.loads(pickle.dumps(families.get(name))) is families.get(name)
     ctx = classify.UnitPlan(fam=families.get("llmd"))
     assert pickle.loads(pickle.dumps(ctx)).fam is families.get("llmd")
 
 
 def test_an_unlisted_name_reads_as_unknown_and_migrates_nothing():
-    fam = families.get("sglang")  # planned (docs/sglang.md), no module yet
-    assert fam.name == "sglang" and fam.transforms == ()
-    with pytest.raises(ValueError, match="unknown family 'sglang'"):
-        canonical.d12({"model_name": "m"}, "sglang")
+    fam = families.get("trtllm")  # a writer with no module
+    assert fam.name == "trtllm" and fam.transforms == ()
+    with pytest.raises(ValueError, match="unknown family 'trtllm'"):
+        canonical.d12({"model_name": "m"}, "trtllm")
     plan = classify.UnitPlan(fam=fam, target=classify.TargetInfo("p", "b", "d", "b_r0", False, False))
     rec = classify.FileRecord("b_r0/abc/0", 0, 0, "abc", 4096, 0, 0, 0, 1)
-    assert classify.plan_action(plan, [rec], 0, "abc") == ("none", "unknown writer family 'sglang'")
-    assert context.block_ranks("sglang", {"tp_size": 4}) == (0,)
+    assert classify.plan_action(plan, [rec], 0, "abc") == ("none", "unknown writer family 'trtllm'")
+    assert context.block_ranks("trtllm", {"tp_size": 4}) == (0,)
 
 
 @pytest.mark.parametrize("era", sorted(ERAS))

@@ -247,7 +247,8 @@ def test_facts_to_dict_has_every_fact_and_no_sources():
     d = Facts(kv_kind="full", sources={"kv_kind": "flag"}).to_dict()
     assert d["kv_kind"] == "full" and "sources" not in d
     assert set(d) == {"kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor", "nnodes",
-                      "per_token_head_quant", "page_bytes", "tensors_per_layer", "family"}
+                      "per_token_head_quant", "page_bytes", "tensors_per_layer", "family",
+                      "model_name", "writer_layout", "target_layout", "writer_release"}
     assert json.loads(json.dumps(d)) == d
 
 
@@ -260,7 +261,10 @@ BAD_VALUES = [  # (fact, a value no engine takes, text of the allowed values)
     ("executor", "potato", "mp, ray, uni, external_launcher, or an Executor class"),
     ("runner", "v3", "one of v1, v2"),
     ("kv_kind", "linear", "one of full, mla, sliding, hybrid, mamba"),
-    ("family", "sglang", "one of vllm, llmd, vllmcpp"),
+    ("family", "trtllm", "one of vllm, llmd, vllmcpp, sglang"),
+    ("target_layout", "page_head", "one of layer_first, page_first, page_first_direct"),
+    ("writer_release", "latest", "an SGLang release such as 0.5.13"),
+    ("model_name", 7, "a non-empty served model name"),
     ("nnodes", 0, "a positive integer"),
     ("total_kv_heads", -8, "a positive integer"),
     ("page_bytes", "4096", "a positive integer"),

@@ -1,0 +1,488 @@
+"""SGLang HiCache `file` storage backend: one flat directory of page files (docs/sglang.md).
+
+Writer: `sglang/srt/mem_cache/hicache_storage.py`, class `HiCacheFile` (0.4.9.post3 ...
+0.5.23; 0.5.23 L728-1108: suffixes L748-771, key -> stem L822-831, path L853/L891), read
+release by release in /work/shared/reference/sglang-format.md. Every file is
+`<hash64>[.<pool>]<suffix>.bin`; the suffix carries the parallel layout and, from 0.5.2,
+the served model name, so the *name* is the identity: there are no folders and no
+config.json. Schemes (sglang.md §1): `sgl-e1` (0.4.9.post3, `{hash}.bin`, torch.save zip),
+`sgl-e2` (0.4.9.post4 - 0.5.0rc2, `{hash}[_{r}_{N}]`), `sgl-e3` (0.5.1.x: MLA `{hash}`),
+`sgl-e4` (0.5.2 - 0.5.23, `_{model}[_{r}_{N}][_{pp}_{pr}][_cp..][_tp.._dcp.._page..]`).
+
+The grammar is parsed from the right (model names keep `_` and digits); a `model_name`
+fact decides a name that could be read two ways. Files are grouped into deployments
+(model, pool, TP, PP, CP, DCP): a deployment is the namespace of this family
+(`discover`), its files the rows (`flat_verdicts`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+from kvmigrate import families
+from kvmigrate.findings import NEEDS_FACT, REPLICA_OF_PRIMARY, asks
+from kvmigrate.findings import reason as finding_reason
+from kvmigrate.identity.vllm_target import Target
+
+PROFILE = "sglang-0.5.23"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save archives (0.4.9.post3 - 0.4.10.post1)
+# PoolName of 0.5.23 (hicache_storage.py L85-121); the KV pool has no tag
+POOLS = ("auxiliary_swa", "draft_indexer", "draft_swa", "indexer", "mamba", "draft", "swa")
+_POOL_RE = re.compile(r"(deepseek_v4_[a-z0-9]+|" + "|".join(POOLS) + r")(?=_|$)")
+_HASH_RE = re.compile(r"^[0-9a-f]{64}")
+_DCP_RE = re.compile(r"_tp(\d+)_dcp(\d+)_(\d+)_page(\d+)$")
+_CP_RE = re.compile(r"_cp(\d+)_(\d+)$")
+_PAIR_RE = re.compile(r"_(\d+)_(\d+)$")
+_E2_SUFFIX = re.compile(r"_\d+_\d+")
+_TMP_NEW_RE = re.compile(r"^\.[0-9a-f]{32}\.tmp$")  # 0.5.20+
+_TMP_OLD_RE = re.compile(r"^[0-9a-f]{64}.*\.bin\.tmp\.\d+\.\d+\.[0-9a-f]+$", re.S)  # 0.5.14 - 0.5.19
+LAYOUT_DEFAULT_BEFORE = "layer_first"  # --hicache-mem-layout default <= 0.5.13
+LAYOUT_DEFAULT_AFTER = "page_first"  # >= 0.5.14 (server_args.py L1798-1810)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of a name's suffix (the part between hash[.pool] and `.bin`)."""
+
+    era: str  # "e4" (model in the name) or "e23" (no model: e1, e2 or e3)
+    model: str | None  # the sanitised model name (only `/` -> `-`), None for e1-e3
+    tp: tuple[int, int] | None = None  # (rank, size)
+    pp: tuple[int, int] | None = None  # (size, rank): the writer's order
+    cp: tuple[int, int] | None = None  # (rank, size)
+    dcp: tuple[int, int, int, int] | None = None  # (tp size, dcp rank, dcp size, page)
+
+    @property
+    def mla(self) -> bool | None:
+        """MLA as the name proves it (None: the name cannot tell)."""
+        if self.era != "e4":
+            return None
+        return self.tp is None or None  # e4 without a TP pair is MLA; with one: non-MLA, or a .mamba side file
+
+    def shape(self) -> tuple:
+        """What all files of one deployment share (ranks left out)."""
+        return (self.era, self.model, self.tp[1] if self.tp else None, self.pp[0] if self.pp else None,
+                self.cp[1] if self.cp else None, self.dcp[::2] if self.dcp else None)
+
+    def worker(self) -> tuple[int, int]:
+        """(rank, writers): the writer's index in the deployment, mixed radix over
+        (pp rank, cp rank, dcp rank, tp rank), and how many writers a page needs."""
+        parts = [(self.pp[1], self.pp[0]) if self.pp else (0, 1), self.cp or (0, 1),
+                 (self.dcp[1], self.dcp[2]) if self.dcp else (0, 1), self.tp or (0, 1)]
+        rank, n = 0, 1
+        for r, s in parts:
+            rank, n = rank * s + r, n * s
+        return rank, n
+
+
+@dataclass(frozen=True)
+class PageName:
+    hex: str
+    pool: str | None
+    suffix: str
+
+
+def parse_page_name(name: str) -> PageName | None:
+    """hash, pool and raw suffix of a page file name, None when it is none."""
+    if not name.endswith(".bin") or not _HASH_RE.match(name):
+        return None
+    hexh, rest = name[:64], name[64:-4]
+    if rest[:1] == "_" or rest == "":  # the KV pool (most files): no pool tag to match
+        return PageName(hexh, None, rest)
+    pool = None
+    if rest.startswith("."):
+        m = _POOL_RE.match(rest, 1)
+        if m is None:
+            return None
+        pool, rest = m.group(1), rest[m.end():]
+    if rest and not rest.startswith("_"):
+        return None
+    return PageName(hexh, pool, rest)
+
+
+def is_temp(name: str) -> bool:
+    """A HiCache temp file (never reused): `.<32 hex>.tmp` (0.5.20+) or
+    `<final>.bin.tmp.<pid>.<tid>.<hex>` (0.5.14 - 0.5.19)."""
+    return bool(_TMP_NEW_RE.match(name) or _TMP_OLD_RE.match(name))
+
+
+def sanitise(model: str) -> str:
+    """The model name as HiCacheFile puts it in a name (L748: only `/` is replaced)."""
+    return model.replace("/", "-")
+
+
+def _pair(s: str, ok) -> tuple[str, tuple[int, int] | None]:
+    m = _PAIR_RE.search(s)
+    if m and ok(int(m.group(1)), int(m.group(2))):
+        return s[:m.start()], (int(m.group(1)), int(m.group(2)))
+    return s, None
+
+
+def _is_tp(r: int, n: int) -> bool:
+    return r < n
+
+
+def _is_pp(size: int, rank: int) -> bool:
+    return size >= 2 and rank < size
+
+
+def read_suffix(suffix: str, pool: str | None, *, model: str | None = None,
+                kv_kind: str | None = None) -> Reading | None:
+    """The reading of a suffix, numeric groups taken from the right (sglang.md §1).
+
+    `model` (the model_name fact, sanitised here) decides a name whose model could end in
+    numeric groups; `kv_kind` "mla" says a KV name carries no TP pair (a `.mamba` file
+    keeps it). None: no valid reading."""
+    if suffix == "":
+        return Reading("e23", None)
+    m = re.fullmatch(r"_(\d+)_(\d+)", suffix)
+    if m and _is_tp(int(m.group(1)), int(m.group(2))) and int(m.group(2)) > 1:
+        if model is None or not suffix.startswith("_" + sanitise(model) + "_"):
+            return Reading("e23", None, tp=(int(m.group(1)), int(m.group(2))))
+    s = suffix
+    dcp = cp = None
+    d = _DCP_RE.search(s)
+    if d:
+        t, r, n, p = map(int, d.groups())
+        if not (r < n and n >= 2):
+            return None
+        dcp, s = (t, r, n, p), s[:d.start()]
+    c = _CP_RE.search(s)
+    if c:
+        r, n = int(c.group(1)), int(c.group(2))
+        if not (r < n and n >= 2):
+            return None
+        cp, s = (r, n), s[:c.start()]
+    if model is not None:
+        head = "_" + sanitise(model)
+        if s.startswith(head):
+            rest = s[len(head):]
+            rest, pp = _pair(rest, _is_pp)
+            rest, tp = _pair(rest, _is_tp)
+            if rest == "":
+                return Reading("e4", sanitise(model), tp, pp, cp, dcp)
+    mla = kv_kind == "mla" and pool != "mamba"
+    s, pp = _pair(s, _is_pp)
+    tp = None
+    if not mla:
+        s, tp = _pair(s, _is_tp)
+    if not s.startswith("_"):
+        return None
+    return Reading("e4", s[1:], tp, pp, cp, dcp)
+
+
+def target_suffix(reading: Reading, model: str, mla: bool, pool: str | None) -> str:
+    """The suffix 0.5.23 looks up for the deployment that wrote a name of e2/e3 (L748-760):
+    non-MLA `_{model}_{r}_{N}` (also at N=1), MLA `_{model}` (a .mamba file keeps the TP pair)."""
+    m = sanitise(model)
+    if mla and pool != "mamba":
+        return f"_{m}"
+    r, n = reading.tp or (0, 1)
+    return f"_{m}_{r}_{n}"
+
+
+@dataclass(slots=True)
+class FlatFile:
+    """One page file of the directory as the scan saw it (scan/flat.py)."""
+
+    name: str
+    size: int
+    head: bytes | None = None  # the first bytes, read for names the header decides (e1-e3)
+    content: bytes | None = None  # XXH3-128 (--verify hash)
+    all_zero: bool | None = None
+    page: PageName | None = None
+
+
+@dataclass
+class Deployment:
+    """One deployment (and pool) of the directory: this family's namespace."""
+
+    key: tuple
+    reading: Reading
+    pool: str | None
+    facts: Any
+    model: str | None  # sanitised
+    kv_kind: str | None
+    scheme: str
+    label: str  # source_base / deployment column
+    deployment: str
+    notes: list[str] = field(default_factory=list)
+    decided: dict[str, str] = field(default_factory=dict)  # suffix -> how the facts decided its reading
+    files: list[tuple[FlatFile, Reading]] = field(default_factory=list)
+
+
+class SGLang(families.Family):
+    name = "sglang"
+    title = "SGLang HiCache file backend"
+    reads_s1 = False
+    target_engine = "sglang"
+    root_layout = "flat"
+    majority_sizes = True
+
+    def claims_entry(self, name: str, is_dir: bool) -> bool:
+        return not is_dir and (parse_page_name(name) is not None or is_temp(name))
+
+    def is_temp(self, name: str) -> bool:
+        return is_temp(name)
+
+    def wants_head(self, file: FlatFile) -> bool:
+        """Names whose payload the zip magic decides (e1 and early e2 wrote torch.save
+        archives): their first bytes are read even under --verify size."""
+        p = file.page
+        return p is not None and (p.suffix == "" or _E2_SUFFIX.fullmatch(p.suffix) is not None)
+
+    def target_profile(self, profile: str) -> str:
+        return PROFILE
+
+    def flat_file(self, name: str, size: int) -> FlatFile:
+        return FlatFile(name, size, page=parse_page_name(name))
+
+    def model_key_matches(self, key: str, suffix: str) -> bool:
+        """A FACTS.json model name fits a suffix `_{model}` + the groups after it."""
+        head = "_" + sanitise(key)
+        return suffix == head or suffix.startswith(head + "_")
+
+    # --- discovery ---------------------------------------------------------------------
+
+    def discover(self, files: list[FlatFile], facts_for) -> list[Deployment]:
+        """Group the directory's page files into deployments. `facts_for(model, suffix)`
+        gives the facts of a suffix (FACTS.json: exact suffix, then model name, then "*";
+        flags fill gaps). Each distinct suffix is read once."""
+        by_suffix: dict[tuple[str | None, str], list[FlatFile]] = defaultdict(list)
+        for f in files:
+            f.page = f.page or parse_page_name(f.name)
+            by_suffix[(f.page.pool, f.page.suffix)].append(f)
+        out: dict[tuple, Deployment] = {}
+        for (pool, suffix), group in sorted(by_suffix.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+            greedy = read_suffix(suffix, pool)
+            facts = facts_for(greedy.model if greedy else None, suffix)
+            model_fact = getattr(facts, "model_name", None)
+            reading = read_suffix(suffix, pool, model=model_fact, kv_kind=facts.kv_kind)
+            if reading is None:
+                reading = Reading("e23", None)  # (never: every parsed name has a reading)
+            note = None
+            if greedy is not None and reading != greedy:
+                note = (f"suffix {suffix!r} read with the model name {model_fact!r} from "
+                        f"{facts.sources.get('model_name') or facts.sources.get('kv_kind', 'the facts')}")
+            model = reading.model if reading.era == "e4" else (sanitise(model_fact) if model_fact else None)
+            key = (pool, model) + reading.shape()  # (e1-e3: the model the facts give)
+            dep = out.get(key)
+            if dep is None:
+                dep = out[key] = self._deployment(key, reading, pool, facts, model_fact)
+            if note:
+                dep.decided[suffix] = note
+                if note not in dep.notes:
+                    dep.notes.append(note)
+            dep.files.extend((f, reading) for f in group)
+        for dep in out.values():
+            dep.notes.extend(_hazards(dep))
+            if dep.scheme == "sgl-e3" and all(f.head and f.head.startswith(ZIP_MAGIC) for f, _ in dep.files):
+                dep.scheme = "sgl-e1"  # bare names of torch.save archives: 0.4.9.post3 (or 0.4.9.post4+ at TP=1)
+                dep.label = dep.label.replace(":sgl-e3", ":sgl-e1")
+                dep.deployment = dep.deployment.replace(":sgl-e3", ":sgl-e1")
+        return [out[k] for k in sorted(out, key=lambda k: out[k].label)]
+
+    def _deployment(self, key: tuple, reading: Reading, pool: str | None, facts: Any, model_fact: str | None
+                    ) -> Deployment:
+        model = reading.model if reading.era == "e4" else (sanitise(model_fact) if model_fact else None)
+        mla = reading.mla
+        kv_kind = "mla" if mla else facts.kv_kind
+        if reading.era == "e4" and reading.tp is not None and pool != "mamba":
+            kv_kind = "full" if facts.kv_kind in (None, "mla") else facts.kv_kind
+        if reading.era == "e4" and reading.dcp is not None:
+            kv_kind = "mla"
+        scheme = "sgl-e4" if reading.era == "e4" else ("sgl-e2" if reading.tp else "sgl-e3")
+        parts = [model if model is not None else "?"]
+        if reading.tp:
+            parts.append(f"tp{reading.tp[1]}")
+        if reading.pp:
+            parts.append(f"pp{reading.pp[0]}")
+        if reading.cp:
+            parts.append(f"cp{reading.cp[1]}")
+        if reading.dcp:
+            parts.append(f"tp{reading.dcp[0]}dcp{reading.dcp[2]}page{reading.dcp[3]}")
+        if reading.era != "e4":
+            parts.append(scheme)
+        deployment = "sglang:" + ":".join(parts)
+        label = deployment + (f".{pool}" if pool else "")
+        return Deployment(key, reading, pool, facts, model, kv_kind, scheme, label, deployment)
+
+    # --- verdicts ----------------------------------------------------------------------
+
+    def flat_verdicts(self, dep: Deployment, names: set[str], hashed: bool) -> Iterator[dict[str, Any]]:
+        """The row of every file of a deployment (sglang.md §3): status, action, reason,
+        rank and target name. `names`: every entry of the directory (a target that
+        exists is already present)."""
+        files = dep.files
+        zipped = {f.name for f, _ in files if f.head is not None and f.head.startswith(ZIP_MAGIC)}
+        sizes = Counter(f.size for f, _ in files if f.size > 0 and f.name not in zipped)
+        modal = sizes.most_common(1)[0][0] if sizes else None
+        ranks_of: dict[str, set[int]] = defaultdict(set)
+        worker: dict[Reading, tuple[int, int]] = {}  # (few readings: one per suffix)
+        writers = 1
+        for f, r in files:
+            w = worker.get(r) or worker.setdefault(r, r.worker())
+            rank, writers = w
+            ranks_of[f.page.hex].add(rank)
+        replicas = dep.reading.era == "e23" and dep.reading.tp is not None and dep.kv_kind == "mla"
+        copies: dict[str, list[bytes | None]] = defaultdict(list)
+        if replicas:
+            for f, _ in files:
+                copies[f.page.hex].append(f.content)
+        files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
+        for f, r in files:
+            row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
+                   "action": "none", "reason": "", "target": None}
+            self._verdict(dep, f, r, row, names, hashed, zipped, modal, replicas, copies, ranks_of, writers)
+            yield row
+
+    def _verdict(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], hashed: bool,
+                 zipped: set[str], modal: int | None, replicas: bool, copies: Mapping[str, list],
+                 ranks_of: Mapping[str, set[int]], writers: int) -> None:
+        """One file's status, action, reason and target (sglang.md §3), written into `row`."""
+        if f.size == 0:
+            row["status"], row["reason"] = "short", "empty file"
+            return
+        if f.all_zero:
+            row["status"], row["reason"] = "zero_filled", f"all {f.size} bytes are zero (crash residue)"
+            return
+        if f.name in zipped:
+            row["status"] = "unsupported_layout"
+            row["reason"] = ("torch.save zip payload (SGLang 0.4.9.post3 - 0.4.10.post1): pickled tensors, "
+                             "no raw reader; never migrated")
+            return
+        if modal is not None and f.size != modal:
+            row["status"] = "size_mismatch"
+            row["reason"] = (f"{f.size} bytes, the deployment's other pages have {modal} "
+                             "(SGLang 0.5.23 raises on a short read and truncates a long one)")
+            return
+        if replicas:
+            agree = Counter(c for c in copies[f.page.hex] if c is not None)
+            if len(agree) > 1:
+                top, n = agree.most_common(1)[0]
+                if n * 2 <= sum(agree.values()) or f.content != top:
+                    row["status"] = "replica_mismatch"
+                    row["reason"] = "MLA copy differs from the other ranks' copies of this page"
+                    return
+        elif dep.kv_kind is not None and len(ranks_of[f.page.hex]) < writers:
+            missing = sorted(set(range(writers)) - ranks_of[f.page.hex])
+            row["status"] = "incomplete"
+            row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "
+                             "the engine needs every rank's file")
+            return
+        self._action(dep, f, r, row, names, replicas, copies, hashed)
+        decided = dep.decided.get(f.page.suffix)
+        if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
+            row["reason"] += f"; {decided}"
+
+    def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], replicas: bool,
+                copies: Mapping[str, list], hashed: bool) -> None:
+        facts = dep.facts
+        if dep.reading.era == "e23":
+            if dep.kv_kind is None:
+                row["reason"] = finding_reason(
+                    f"{f.name[64:]!r} is read several ways (e1, e2 or e3; MLA copies or head shards): "
+                    f"set 'kv_kind' for key {f.page.suffix!r} in --facts (or --kv-kind)", NEEDS_FACT,
+                    asks=asks("--kv-kind"))
+                return
+            if dep.model is None:
+                row["reason"] = finding_reason(
+                    f"e1-e3 names carry no model name: set 'model_name' for key {f.page.suffix!r} in --facts "
+                    "(or --model-name), the served model name of the deployment", NEEDS_FACT,
+                    asks=asks("--model-name"))
+                return
+        writer = getattr(facts, "writer_layout", None) or _layout_of_release(getattr(facts, "writer_release", None))
+        if writer is None and dep.reading.era == "e23":
+            writer = LAYOUT_DEFAULT_BEFORE  # every e1-e3 release defaulted to layer_first
+        target_layout = getattr(facts, "target_layout", None) or LAYOUT_DEFAULT_AFTER
+        if writer is None:
+            row["action"] = "needs_relayout"
+            row["reason"] = finding_reason(
+                "the page layout of 0.5.2 - 0.5.23 writers is unrecorded (layer_first up to 0.5.13, page_first "
+                "from 0.5.14): set 'writer_layout' or 'writer_release' in --facts (or --writer-layout); "
+                "SGLang would read these pages in place, possibly wrongly", NEEDS_FACT,
+                asks=asks("--writer-layout"))
+            return
+        if writer != target_layout:
+            row["action"] = "needs_relayout"
+            row["reason"] = (f"written {writer}, read {target_layout} by the target: a relayout of the L and P "
+                             "axes into --dest DIR (not implemented yet for this family)")
+            return
+        pool = f".{dep.pool}" if dep.pool else ""
+        if dep.reading.era == "e4":
+            row["action"], row["reason"], row["target"] = "already_present", "SGLang 0.5.23 reads this name", f.name
+            return
+        if replicas and r.tp and r.tp[0] != min(_copy_ranks(dep, f.page.hex)):
+            first = min(_copy_ranks(dep, f.page.hex))
+            row["reason"] = finding_reason(f"replica of rank {first} (one link places the page)", REPLICA_OF_PRIMARY,
+                                           primary_rank=first)
+            return
+        target = f"{f.page.hex}{pool}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
+        row["target"] = target
+        if target in names:
+            row["action"], row["reason"] = "already_present", f"{target} exists"
+            return
+        row["action"] = "link"
+        row["reason"] = f"SGLang 0.5.23 reads this page as {target}"
+        if replicas and not hashed:
+            row["reason"] += "; MLA copies not yet compared (scan --verify hash)"
+
+    # --- the Family interface for the shared stages -------------------------------------
+
+    def target(self, fields: dict, facts: Any, profile: str) -> Target:
+        return Target(profile=PROFILE, family=self.name, fields=None, d12=None, base_name=None, rank_dir=None,
+                      parallel_agnostic=False, replicated_layout=False, reasons=[])
+
+    def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
+        return tuple(range(int(fields.get("writers", 1))))
+
+    def kv_kind(self, fields: Mapping[str, Any], facts: Mapping[str, Any]) -> str | None:
+        return fields.get("kv_kind") or facts.get("kv_kind")
+
+    def scheme_of(self, fields: Mapping[str, Any]) -> str:
+        return fields.get("scheme", "sgl-e4")
+
+    def source_problems(self, fields: Mapping[str, Any]) -> list[str]:
+        return []
+
+    def unknown_keys(self, fields: Mapping[str, Any]) -> list[str]:
+        return []
+
+
+def _hazards(dep: Deployment) -> list[str]:
+    """What the engine does to this directory that an offline tool must respect (sglang.md §4)."""
+    facts = dep.facts
+    writer = getattr(facts, "writer_layout", None) or _layout_of_release(getattr(facts, "writer_release", None))
+    source = facts.sources.get("writer_layout") or facts.sources.get("writer_release")
+    if writer is None and dep.reading.era == "e23":
+        writer, source = LAYOUT_DEFAULT_BEFORE, "the default of every e1-e3 release"
+    target = getattr(facts, "target_layout", None) or LAYOUT_DEFAULT_AFTER
+    out = []
+    if dep.reading.era == "e23" and dep.reading.tp is not None:
+        out.append("a running SGLang 0.4.9.post4 - 0.5.1.post3 engine rewrites its `_{r}_{N}` pages in place, on the "
+                   "same inode (its exists() check adds the suffix twice): link from this directory only while that "
+                   "engine is stopped, or use --mode copy")
+    out.append("no file records dtype, layout, revision or page size: assumed writer layout "
+               f"{writer or 'unknown'}{f' ({source})' if writer and source else ''}, target layout {target}; "
+               "SGLang's LRU evictor (0.5.14+) orders by mtime and evicts by unlink (links share one mtime, "
+               "unlinking one name frees nothing), clear() deletes every regular file of the directory (other "
+               "models' too), and the metadata cache (0.5.16+) may show a file removed offline for its TTL")
+    return out
+
+
+def _copy_ranks(dep: Deployment, hexh: str) -> list[int]:
+    return [r.tp[0] for f, r in dep.files if f.page.hex == hexh and r.tp]
+
+
+def _layout_of_release(release: str | None) -> str | None:
+    """The --hicache-mem-layout default of a release: layer_first up to 0.5.13, page_first from 0.5.14."""
+    if not release:
+        return None
+    nums = [int(x) for x in re.findall(r"\d+", release)[:3]]
+    nums += [0] * (3 - len(nums))
+    return LAYOUT_DEFAULT_BEFORE if tuple(nums) <= (0, 5, 13) else LAYOUT_DEFAULT_AFTER
+
+
+FAMILY = SGLang()
