@@ -1,0 +1,148 @@
+"""`--only PATTERN` / `--exclude PATTERN`: which namespaces a run works on (interface.md §5).
+
+A namespace is known by three names: its model name, its source base folder name and its
+target base folder name. A pattern is a glob (fnmatch, case-sensitive) matched against
+each of them; `/` in a pattern also matches the `_` that stands for it in folder names.
+A namespace is selected when some --only pattern matches one of its names (or no --only
+is given) and no --exclude pattern matches any of them.
+
+The scan decides from the folder name first (`by_folder`), so an excluded namespace is
+never read: only a namespace whose target name could still decide is read up to its
+config.json (the target is computed from it), never its blocks.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from kvmigrate import layout
+
+HEX = "0123456789abcdef"
+D12_LEN = 12
+
+
+@dataclass(frozen=True)
+class Selection:
+    only: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.only or self.exclude)
+
+    def admits(self, names: Iterable[str | None]) -> bool:
+        """Selected, given every name the namespace is known by."""
+        known = [n for n in names if n]
+        if any(_matches(p, n) for p in self.exclude for n in known):
+            return False
+        return not self.only or any(_matches(p, n) for p in self.only for n in known)
+
+    def admits_namespace(self, base: str, meta: dict[str, Any]) -> bool:
+        """Selected, for a namespace of a manifest's metadata (its names are all known)."""
+        return self.admits(namespace_names(base, meta))
+
+    def by_folder(self, base: str) -> bool | None:
+        """The decision from the base folder name alone: True or False when no other name
+        can change it, None when the target base name (not known yet) still could."""
+        parsed = layout.parse_folder(base)
+        names = [base] + ([parsed.safe_model] if parsed is not None else [])
+        if any(_matches(p, n) for p in self.exclude for n in names):
+            return False
+        safe_model = parsed.safe_model if parsed is not None else None
+
+        def target_may_match(patterns: tuple[str, ...]) -> bool:
+            return safe_model is not None and any(_could_match_base(p, safe_model) for p in patterns)
+
+        if self.only and not any(_matches(p, n) for p in self.only for n in names):
+            return None if target_may_match(self.only) else False
+        return None if target_may_match(self.exclude) else True
+
+    def metadata(self) -> dict[str, list[str]]:
+        return {"only": list(self.only), "exclude": list(self.exclude)}
+
+    def flags(self) -> str:
+        """The selection as command-line flags, e.g. `--only 'qwen*' --exclude x` (for hints)."""
+        import shlex
+
+        return " ".join([f"--only {shlex.quote(p)}" for p in self.only]
+                        + [f"--exclude {shlex.quote(p)}" for p in self.exclude])
+
+    @classmethod
+    def of(cls, only: Iterable[str] = (), exclude: Iterable[str] = ()) -> "Selection":
+        return cls(tuple(only or ()), tuple(exclude or ()))
+
+
+def namespace_names(base: str, meta: dict[str, Any]) -> list[str | None]:
+    """Model name, source base and target base of a namespace's manifest metadata."""
+    parsed = layout.parse_folder(base)
+    return [meta.get("model_name"), parsed.safe_model if parsed is not None else None, base,
+            (meta.get("target") or {}).get("base_name")]
+
+
+def selected_bases(namespaces: dict[str, dict[str, Any]], selection: Selection) -> set[str]:
+    """The selected source bases of a manifest's metadata, widened to whole deployments:
+    a vllm.cpp deployment (one namespace per rank) is migrated or skipped as one."""
+    chosen = {b for b, m in namespaces.items() if selection.admits_namespace(b, m)}
+    deployments = {namespaces[b].get("deployment") for b in chosen} - {None}
+    return chosen | {b for b, m in namespaces.items() if m.get("deployment") in deployments}
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return fnmatch.fnmatchcase(name, pattern) or ("/" in pattern and fnmatch.fnmatchcase(name, pattern.replace("/", "_")))
+
+
+def _could_match_base(pattern: str, safe_model: str) -> bool:
+    """Whether the glob can match `<safe_model>_<12 hex digits>` for some digits: the
+    target base folder of a namespace of this model, whatever its digest."""
+    positions = [{c} for c in safe_model + "_"] + [set(HEX)] * D12_LEN
+    return any(_glob_fits(_tokens(p), positions) for p in {pattern, pattern.replace("/", "_")})
+
+
+def _tokens(pattern: str) -> list[str]:
+    """A glob split into tokens: `*`, `?`, a `[...]` set or one literal character."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        if pattern[i] == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j < n:
+                out.append(pattern[i:j + 1])
+                i = j + 1
+                continue
+        out.append(pattern[i])
+        i += 1
+    return out
+
+
+def _glob_fits(tokens: list[str], positions: list[set[str]]) -> bool:
+    """Glob matching over positions that may each be any of a set of characters."""
+    reach = {0}  # token indexes reachable after the characters consumed so far
+    def closure(states: set[int]) -> set[int]:
+        out = set(states)
+        for s in sorted(states):
+            k = s
+            while k < len(tokens) and tokens[k] == "*":
+                k += 1
+                out.add(k)
+        return out
+    reach = closure(reach)
+    for chars in positions:
+        nxt: set[int] = set()
+        for s in reach:
+            if s >= len(tokens):
+                continue
+            tok = tokens[s]
+            if tok == "*":
+                nxt.add(s)
+            elif any(fnmatch.fnmatchcase(c, tok) for c in chars):
+                nxt.add(s + 1)
+        reach = closure(nxt)
+        if not reach:
+            return False
+    return len(tokens) in reach
