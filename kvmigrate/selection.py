@@ -14,6 +14,7 @@ config.json (the target is computed from it), never its blocks.
 from __future__ import annotations
 
 import fnmatch
+import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -61,12 +62,13 @@ class Selection:
     def metadata(self) -> dict[str, list[str]]:
         return {"only": list(self.only), "exclude": list(self.exclude)}
 
-    def flags(self) -> str:
-        """The selection as command-line flags, e.g. `--only 'qwen*' --exclude x` (for hints)."""
-        import shlex
+    def args(self) -> list[str]:
+        """The selection as command-line arguments, e.g. ["--only", "Qwen/*"] (for hints)."""
+        return [a for p in self.only for a in ("--only", p)] + [a for p in self.exclude for a in ("--exclude", p)]
 
-        return " ".join([f"--only {shlex.quote(p)}" for p in self.only]
-                        + [f"--exclude {shlex.quote(p)}" for p in self.exclude])
+    def flags(self) -> str:
+        """`args()` quoted for a shell: `--only 'Qwen/*' --exclude x`."""
+        return " ".join(shlex.quote(a) for a in self.args())
 
     @classmethod
     def of(cls, only: Iterable[str] = (), exclude: Iterable[str] = ()) -> "Selection":
@@ -146,3 +148,19 @@ def _glob_fits(tokens: list[str], positions: list[set[str]]) -> bool:
         if not reach:
             return False
     return len(tokens) in reach
+
+
+def journal_bases(targets: dict[str, dict[str, Any]], selection: Selection) -> set[str]:
+    """The target bases of a journal's `target` records that a selection keeps: a target
+    is known by its base, its sources' bases and the model name in them."""
+    def names(base: str, rec: dict[str, Any]) -> list[str | None]:
+        bases = [base, *(rec.get("sources") or ())]
+        return bases + [p.safe_model for p in map(layout.parse_folder, bases) if p is not None]
+
+    return {b for b, rec in targets.items() if selection.admits(names(b, rec))}
+
+
+def base_of_path(relpath: str) -> str | None:
+    """The namespace (base folder name) a path under the root belongs to, or None."""
+    folder = layout.parse_folder(relpath.split("/", 1)[0])
+    return folder.base if folder is not None else None

@@ -72,6 +72,10 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
     totals = summary["totals"]
     click.echo(f"scanned {summary['root']}: {totals['files']} files, {totals['bytes']} bytes "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")
+    if summary.get("selection"):
+        from kvmigrate.report.view import selection_note
+
+        click.echo("partial: " + "; ".join(selection_note(step) for step in summary["selection"]))
     for ns in summary["namespaces"]:
         actions = ", ".join(f"{a} {v['blocks']}" for a, v in sorted(ns["by_action"].items())) or "no blocks"
         line = f"  {ns['source_base']}: {ns['family']} {ns['scheme']} ranks {ns['ranks']} [{ns['status']}]"

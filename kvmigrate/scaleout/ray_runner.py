@@ -287,7 +287,7 @@ def default_journal_dir(root: str, identity: dict[str, Any]) -> str:
 
 def _apply_part(manifest_path: str, dest: str, k: int, n: int, mode: str, journal: str, command: str,
                 identity: dict[str, Any], fail_after: int | None,
-                target_sizes: dict | None = None) -> dict[str, Any]:
+                target_sizes: dict | None = None, selection: Any = None) -> dict[str, Any]:
     """Ray task: plan part K of N of the manifest and apply it (no namespace locks: the
     driver holds them for the whole run). Competing sources are judged by the whole
     plan's target sizes (`target_sizes`), as in one process."""
@@ -295,7 +295,7 @@ def _apply_part(manifest_path: str, dest: str, k: int, n: int, mode: str, journa
     from kvmigrate.migrate.plan import build_plan
 
     plan = build_plan(manifest_path, dest=dest, table=dataset.part_rows(manifest_path, k, n),
-                      metadata=manifest.read_metadata(manifest_path), target_sizes=target_sizes)
+                      metadata=manifest.read_metadata(manifest_path), target_sizes=target_sizes, selection=selection)
     progress = None
     if fail_after is not None:
         left = [fail_after]
@@ -336,7 +336,7 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
             def args_of(k: int) -> tuple:
                 return (manifest_path, plan.dest, k, shards, mode,
                         os.path.join(jdir, dataset.journal_name(k, shards)), command,
-                        {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes)
+                        {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes, plan.selection)
             reports.extend(run_parts(ray, _apply_part, args_of, shards, on_part))
 
         done = Applier(plan, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL), command=command,
