@@ -91,7 +91,8 @@ def selected_bases(namespaces: dict[str, dict[str, Any]], selection: Selection) 
 
 
 def _matches(pattern: str, name: str) -> bool:
-    return fnmatch.fnmatchcase(name, pattern) or ("/" in pattern and fnmatch.fnmatchcase(name, pattern.replace("/", "_")))
+    return fnmatch.fnmatchcase(name, pattern) or ("/" in pattern
+                                                  and fnmatch.fnmatchcase(name, pattern.replace("/", "_")))
 
 
 def _could_match_base(pattern: str, safe_model: str) -> bool:
@@ -123,44 +124,24 @@ def _tokens(pattern: str) -> list[str]:
 
 
 def _glob_fits(tokens: list[str], positions: list[set[str]]) -> bool:
-    """Glob matching over positions that may each be any of a set of characters."""
-    reach = {0}  # token indexes reachable after the characters consumed so far
-    def closure(states: set[int]) -> set[int]:
+    """Glob matching over positions that may each be any of a set of characters: the
+    token indexes reachable after each position (a `*` may match nothing, so it is skipped
+    over as well as kept)."""
+    def past_stars(states: set[int]) -> set[int]:
         out = set(states)
-        for s in sorted(states):
-            k = s
+        for k in states:
             while k < len(tokens) and tokens[k] == "*":
                 k += 1
                 out.add(k)
         return out
-    reach = closure(reach)
+
+    reach = past_stars({0})
     for chars in positions:
-        nxt: set[int] = set()
-        for s in reach:
-            if s >= len(tokens):
-                continue
-            tok = tokens[s]
-            if tok == "*":
-                nxt.add(s)
-            elif any(fnmatch.fnmatchcase(c, tok) for c in chars):
-                nxt.add(s + 1)
-        reach = closure(nxt)
+        step = set()
+        for k in reach:
+            if k < len(tokens) and (tokens[k] == "*" or any(fnmatch.fnmatchcase(c, tokens[k]) for c in chars)):
+                step.add(k if tokens[k] == "*" else k + 1)
+        reach = past_stars(step)
         if not reach:
             return False
     return len(tokens) in reach
-
-
-def journal_bases(targets: dict[str, dict[str, Any]], selection: Selection) -> set[str]:
-    """The target bases of a journal's `target` records that a selection keeps: a target
-    is known by its base, its sources' bases and the model name in them."""
-    def names(base: str, rec: dict[str, Any]) -> list[str | None]:
-        bases = [base, *(rec.get("sources") or ())]
-        return bases + [p.safe_model for p in map(layout.parse_folder, bases) if p is not None]
-
-    return {b for b, rec in targets.items() if selection.admits(names(b, rec))}
-
-
-def base_of_path(relpath: str) -> str | None:
-    """The namespace (base folder name) a path under the root belongs to, or None."""
-    folder = layout.parse_folder(relpath.split("/", 1)[0])
-    return folder.base if folder is not None else None

@@ -407,7 +407,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
     outside = per_ns.get(OUTSIDE)
     if selection:
-        kept = [n for n in namespaces if selection.admits_namespace(n["source_base"], ns_meta.get(n["source_base"], {}))]
+        kept = [n for n in namespaces
+                if selection.admits_namespace(n["source_base"], ns_meta.get(n["source_base"], {}))]
         steps.append(dict(selection.metadata(), partial=True, by="report",
                           skipped_namespaces=[n["source_base"] for n in namespaces if n not in kept]))
         namespaces, outside = kept, None

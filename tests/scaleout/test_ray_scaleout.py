@@ -245,7 +245,8 @@ def test_a_selection_runs_on_ray_as_in_one_process(ray_cluster, migrate_tree, tm
     """--only/--exclude reach every part: the scan's rows, and the apply's targets."""
     one, out = tmp_path / "one.parquet", tmp_path / "parts"
     code_one, _, _ = run("scan", migrate_tree, *MLA, "--exclude", "Qwen/*", "-o", one)
-    code, _, err = run("scan", migrate_tree, *MLA, "--exclude", "Qwen/*", "--run-on", "ray", "--shards", 3, "-o", out)
+    code, _, err = run("scan", migrate_tree, *MLA, "--exclude", "Qwen/*", "--run-on", "ray", "--shards", 3,
+                       "-o", out)
     assert code == code_one, err
     assert rows(out) == rows(one) and not any(r["model_name"] == "Qwen/Qwen3-4B" for r in rows(out))
     assert manifest.read_metadata(out)["selection"]["exclude"] == ["Qwen/*"]
