@@ -145,3 +145,19 @@ def _glob_fits(tokens: list[str], positions: list[set[str]]) -> bool:
         if not reach:
             return False
     return len(tokens) in reach
+
+
+def journal_bases(targets: dict[str, dict[str, Any]], selection: Selection) -> set[str]:
+    """The target bases of a journal's `target` records that a selection keeps: a target
+    is known by its base, its sources' bases and the model name in them."""
+    def names(base: str, rec: dict[str, Any]) -> list[str | None]:
+        bases = [base, *(rec.get("sources") or ())]
+        return bases + [p.safe_model for p in map(layout.parse_folder, bases) if p is not None]
+
+    return {b for b, rec in targets.items() if selection.admits(names(b, rec))}
+
+
+def base_of_path(relpath: str) -> str | None:
+    """The namespace (base folder name) a path under the root belongs to, or None."""
+    folder = layout.parse_folder(relpath.split("/", 1)[0])
+    return folder.base if folder is not None else None
