@@ -115,19 +115,21 @@ def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] 
 
 
 def verify(root: str, journal: str | None = None, *, target_profile: str | None = None, summary: bool = True,
-           threads: int | None = None, strict: bool = False) -> VerifyResult:
+           threads: int | None = None, strict: bool = False, selection: Any = None) -> VerifyResult:
     """`verify`: the migration stage's checks (namespaces, journal), then with `summary`
     the root's totals from a stat-only scan into a temporary manifest, in the keys every
-    `--json` command prints (verify's findings and exit code stay its own)."""
+    `--json` command prints (verify's findings and exit code stay its own). `selection`:
+    --only/--exclude, for the checks and the scan alike."""
     from kvmigrate.migrate import verify as verify_stage
 
-    result = verify_stage.verify_root(root, journal, strict=strict)
+    result = verify_stage.verify_root(root, journal, strict=strict, selection=selection)
     if summary:
         from kvmigrate.identity.facts import FactsResolver
 
         profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
         with scanned(result.root, target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
-                     verify="size", threads=threads, prefix="kvmigrate-verify-") as scan_result:
+                     verify="size", threads=threads, prefix="kvmigrate-verify-",
+                     selection=selection) as scan_result:
             result.summary = {k: scan_result.summary[k] for k in verify_stage.SUMMARY_KEYS if k in scan_result.summary}
     return result
 
@@ -173,11 +175,13 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
               manifest_out: str | None = None, verify: str | None = None, target: str = DEFAULT_PROFILE,
               explicit_target: bool = False, facts_resolver: Any = None, threads: int | None = None,
               parts: int | None = None, address: str | None = None, progress: bool = False,
-              command: str | None = None) -> Iterator[Migration]:
+              command: str | None = None, selection: Any = None) -> Iterator[Migration]:
     """`migrate`: plan from `manifest`, or from a scan of ROOT of its own (kept at
     `manifest_out`, else temporary). Its own scan hashes by default, in the dry run and
     with --apply alike: the plan is proven and the apply links what the scan read (never
-    bytes nobody checked). With `parts`, one Ray session serves the scan and the apply."""
+    bytes nobody checked). With `parts`, one Ray session serves the scan and the apply.
+    `selection` (--only/--exclude): its own scan reads, and the plan takes, only those
+    namespaces."""
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
@@ -192,12 +196,12 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
             scan_result = stack.enter_context(scanned(
                 root, manifest_out, prefix="kvmigrate-migrate-", parts=parts, address=address, target=target,
                 facts_resolver=facts_resolver, verify=verify or "hash", threads=threads, progress=progress,
-                command=command))
-            yield Migration(build_plan(scan_result.output, dest=dest), str(scan_result.output),
+                command=command, selection=selection))
+            yield Migration(build_plan(scan_result.output, dest=dest, selection=selection), str(scan_result.output),
                             kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
             return
         check_manifest_facts(manifest, facts_resolver)
-        plan = build_plan(manifest, dest=dest)
+        plan = build_plan(manifest, dest=dest, selection=selection)
         if explicit_target and plan.target_profile != target:
             raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
                              path=manifest, hint=f"rescan with --target {target}, or drop --target")

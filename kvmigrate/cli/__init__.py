@@ -26,6 +26,7 @@ COMMANDS = {
     "verify": "verify",
     "rollback": "rollback",
     "identity": "identity",
+    "explain": "explain",
     "demo": "demo",
     "synth": "synth",
 }

@@ -8,7 +8,8 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, prefer_arrow_pool, scaleout_options, walk_options)
+                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, scaleout_options,
+                                  selection_options, walk_options)
 
 
 @click.command("audit")
@@ -21,6 +22,7 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
               help="Keep the manifest at this path (default: a temporary file, removed afterwards). DIR/ or an "
                    "existing directory: a dataset directory (with --run-on ray, always).")
 @facts_options
+@selection_options
 @walk_options
 @scaleout_options
 @output_options
@@ -49,10 +51,12 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         fmt = "json"
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
+    selection = pop_selection(kwargs)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     parts = check_scaleout(run_on, shards, ray_address, shard)
-    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
+    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
+                   selection=selection)
     if parts is not None:
         result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
                        on_part=None if quiet else part_done, **options)

@@ -173,3 +173,22 @@ def prefer_arrow_pool(pool: str) -> None:
     """
     if "pyarrow" not in sys.modules:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", pool)
+
+
+def selection_options(fn: Callable) -> Callable:
+    """--only PATTERN / --exclude PATTERN (repeatable): the namespaces to work on (kvmigrate.selection)."""
+    fn = click.option("--exclude", "exclude", multiple=True, metavar="PATTERN",
+                      help="Leave out namespaces whose model name, source or target base folder name matches "
+                           "this glob (repeatable).")(fn)
+    fn = click.option("--only", "only", multiple=True, metavar="PATTERN",
+                      help="Work only on namespaces whose model name, source or target base folder name matches "
+                           "this glob (repeatable; e.g. 'meta-llama/*'). A filtered scan's manifest is partial.")(fn)
+    return fn
+
+
+def pop_selection(kwargs: dict[str, Any]) -> Any:
+    """Remove --only/--exclude from a command's kwargs: a kvmigrate.selection.Selection, or None."""
+    from kvmigrate.selection import Selection
+
+    selection = Selection.of(kwargs.pop("only", ()), kwargs.pop("exclude", ()))
+    return selection or None

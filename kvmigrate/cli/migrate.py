@@ -10,7 +10,8 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, part_done,
-                                  pop_fact_flags, prefer_arrow_pool, print_json, scaleout_options)
+                                  pop_fact_flags, pop_selection, prefer_arrow_pool, print_json, scaleout_options,
+                                  selection_options)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
@@ -40,6 +41,7 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
                    "it instead.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Scan worker threads.")
 @facts_options
+@selection_options
 @scaleout_options
 @output_options
 @handle_errors
@@ -82,13 +84,14 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     ctx = click.get_current_context()
     facts_file = kwargs.pop("facts_file", None)
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
+    selection = pop_selection(kwargs)
     parts = check_scaleout(run_on, shards, ray_address)
     apply_command = _apply_command(ctx)
     with pipeline.migration(
             root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
             facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
-            progress=not quiet and sys.stderr.isatty(),
+            progress=not quiet and sys.stderr.isatty(), selection=selection,
             command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
         if print_commands:
             from kvmigrate.migrate.actions import render_commands
@@ -195,7 +198,8 @@ def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
     from kvmigrate.report.hints import Commands, fact_hint
 
     cmd = Commands({"root": plan.root, "facts": plan.metadata.get("facts"), "target_profile": plan.target_profile,
-                    "verify": plan.metadata.get("verify")}, "migrate")
+                    "verify": plan.metadata.get("verify"),
+                    "selection": [dict(plan.selection.metadata(), by="scan")] if plan.selection else None}, "migrate")
     facts = sorted({f for fs in guesses.values() for f in fs})
     command, _ = fact_hint(cmd, facts, None)
     if plan.dest != plan.root:
@@ -240,6 +244,10 @@ def _apply_command(ctx: click.Context) -> str:
                 args.append(flag)
             continue
         if value is None:
+            continue
+        if isinstance(value, tuple):  # a repeatable option (--only, --exclude)
+            for v in value:
+                args += [param.opts[0], str(v)]
             continue
         if name in ("dest", "journal", "facts_file", "model_config"):
             value = os.path.abspath(value)

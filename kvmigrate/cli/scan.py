@@ -9,8 +9,8 @@ import sys
 import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, prefer_arrow_pool, print_json, scaleout_options,
-                                  walk_options)
+                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
+                                  scaleout_options, selection_options, walk_options)
 
 
 @click.command("scan")
@@ -21,6 +21,7 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
                    "this part's file in it (part-K-of-N.parquet); with --run-on ray always a directory "
                    "(default there: kvmigrate-manifest/).")
 @facts_options
+@selection_options
 @walk_options
 @scaleout_options
 @output_options
@@ -43,11 +44,13 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
 
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
+    selection = pop_selection(kwargs)
     parts = check_scaleout(run_on, shards, ray_address, shard)
     k, n = parse_shard(shard)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
+    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
+                   selection=selection)
     if parts is not None:
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
         result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,
@@ -69,6 +72,10 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
     totals = summary["totals"]
     click.echo(f"scanned {summary['root']}: {totals['files']} files, {totals['bytes']} bytes "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")
+    if summary.get("selection"):
+        from kvmigrate.report.view import selection_note
+
+        click.echo("partial: " + "; ".join(selection_note(step) for step in summary["selection"]))
     for ns in summary["namespaces"]:
         actions = ", ".join(f"{a} {v['blocks']}" for a, v in sorted(ns["by_action"].items())) or "no blocks"
         line = f"  {ns['source_base']}: {ns['family']} {ns['scheme']} ranks {ns['ranks']} [{ns['status']}]"

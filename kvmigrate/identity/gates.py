@@ -58,6 +58,17 @@ class GateDecision:
     assumed_facts: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Condition:
+    """One gate condition as evaluated (kvmigrate explain lists them all, passed or not)."""
+
+    gate: str  # G1, G2, canonical, R
+    needs: str  # what the engine requires, e.g. "the V1 model runner"
+    passed: bool
+    reason: str  # why it failed, as the target's reasons say it ("" when it passed)
+    facts: tuple[str, ...] = ()  # the deployment facts it reads (none: the source identity alone)
+
+
 def _fact(facts: Facts, name: str, assumed: dict[str, Any]) -> Any:
     value = getattr(facts, name)
     if value is None:
@@ -66,95 +77,97 @@ def _fact(facts: Facts, name: str, assumed: dict[str, Any]) -> Any:
     return value
 
 
-def g1(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic") -> tuple[bool, list[str]]:
-    """is_parallelism_agnostic of vLLM 0.24-0.27: V1 runner, one group, full attention, not MLA."""
-    reasons: list[str] = []
-    runner = _fact(facts, "runner", assumed)
-    if runner != "v1":
-        reasons.append(f"{prefix}: runner is {runner} (needs the V1 model runner)")
-    if dep.num_groups != 1:
-        reasons.append(f"{prefix}: {dep.num_groups} KV cache groups (needs exactly one)")
-    kind = facts.kv_kind
+def _check(conds: list[Condition] | None, gate: str, needs: str, passed: bool, reason: str,
+           *facts: str) -> list[str]:
+    """The reason of a failed condition (as a list to add), noting the condition in `conds`."""
+    if conds is not None:
+        conds.append(Condition(gate, needs, passed, "" if passed else reason, facts))
+    return [] if passed else [reason]
+
+
+def _kind_reason(prefix: str, kind: str | None, wrong: str) -> str:
     if kind is None:
-        reasons.append(f"{prefix}: kv kind unknown ({_KIND_HINT})")
-    elif kind == "mla":
-        reasons.append(f"{prefix}: kv kind is mla (MLA exclusion)")
-    elif kind != "full":
-        reasons.append(f"{prefix}: kv kind is {kind} (needs full attention)")
+        return f"{prefix}: kv kind unknown ({_KIND_HINT})"
+    return f"{prefix}: kv kind is {kind} ({wrong})"
+
+
+def g1(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic",
+       conds: list[Condition] | None = None, gate: str = "G1") -> tuple[bool, list[str]]:
+    """is_parallelism_agnostic of vLLM 0.24-0.27: V1 runner, one group, full attention, not MLA."""
+    runner = _fact(facts, "runner", assumed)
+    kind = facts.kv_kind
+    reasons = _check(conds, gate, "the V1 model runner", runner == "v1",
+                     f"{prefix}: runner is {runner} (needs the V1 model runner)", "runner")
+    reasons += _check(conds, gate, "exactly one KV cache group", dep.num_groups == 1,
+                      f"{prefix}: {dep.num_groups} KV cache groups (needs exactly one)")
+    reasons += _check(conds, gate, "full attention, not MLA", kind == "full",
+                      _kind_reason(prefix, kind, "MLA exclusion" if kind == "mla" else "needs full attention"),
+                      "kv_kind")
     return not reasons, reasons
 
 
-def g2(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic") -> tuple[bool, list[str]]:
+def g2(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic",
+       conds: list[Condition] | None = None) -> tuple[bool, list[str]]:
     """vLLM 0.28+: G1, tp divides the total KV heads, no per-token-head quant, dcp = pcp = 1."""
-    _, reasons = g1(dep, facts, assumed, prefix)
+    _, reasons = g1(dep, facts, assumed, prefix, conds, gate="G2")
     heads = facts.total_kv_heads
-    if heads is None:
-        reasons.append(f"{prefix}: total kv heads unknown (tp must divide them; "
-                       "pass --total-kv-heads or --model-config)")
-    elif heads % dep.tp != 0:
-        reasons.append(f"{prefix}: tp {dep.tp} does not divide {heads} total kv heads (replicated GQA heads)")
-    if _fact(facts, "per_token_head_quant", assumed):
-        reasons.append(f"{prefix}: per-token-head KV quantization")
-    if dep.dcp != 1:
-        reasons.append(f"{prefix}: dcp is {dep.dcp} (needs 1)")
-    if dep.pcp != 1:
-        reasons.append(f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    reasons += _check(conds, "G2", "tp divides the total KV heads", heads is not None and heads % dep.tp == 0,
+                      f"{prefix}: total kv heads unknown (tp must divide them; pass --total-kv-heads or --model-config)"
+                      if heads is None else
+                      f"{prefix}: tp {dep.tp} does not divide {heads} total kv heads (replicated GQA heads)",
+                      "total_kv_heads")
+    reasons += _check(conds, "G2", "no per-token-head KV quantization",
+                      not _fact(facts, "per_token_head_quant", assumed),
+                      f"{prefix}: per-token-head KV quantization", "per_token_head_quant")
+    reasons += _check(conds, "G2", "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
+    reasons += _check(conds, "G2", "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
     return not reasons, reasons
 
 
 def canonical_gate(dep: Deployment, facts: Facts, assumed: dict[str, Any],
-                   prefix: str = "not agnostic (canonical layout)") -> tuple[bool, list[str]]:
+                   prefix: str = "not agnostic (canonical layout)",
+                   conds: list[Condition] | None = None) -> tuple[bool, list[str]]:
     """0.28+ widening for canonical rows: certifiable attention (incl. plain MLA),
     world_size == tp, no context parallelism."""
-    reasons: list[str] = []
     runner = _fact(facts, "runner", assumed)
-    if runner != "v1":
-        reasons.append(f"{prefix}: runner is {runner} (needs the V1 model runner)")
     kind = facts.kv_kind
-    if kind is None:
-        reasons.append(f"{prefix}: kv kind unknown ({_KIND_HINT})")
-    elif kind not in ("full", "mla"):
-        reasons.append(f"{prefix}: kv kind is {kind} (needs full attention or plain MLA)")
-    if dep.world_size != dep.tp:
-        reasons.append(f"{prefix}: world size {dep.world_size} is not tp {dep.tp} (pp {dep.pp}, pcp {dep.pcp})")
-    if dep.dcp != 1:
-        reasons.append(f"{prefix}: dcp is {dep.dcp} (needs no context parallelism)")
+    reasons = _check(conds, "canonical", "the V1 model runner", runner == "v1",
+                     f"{prefix}: runner is {runner} (needs the V1 model runner)", "runner")
+    reasons += _check(conds, "canonical", "full attention or plain MLA", kind in ("full", "mla"),
+                      _kind_reason(prefix, kind, "needs full attention or plain MLA"), "kv_kind")
+    reasons += _check(conds, "canonical", "world size = tp", dep.world_size == dep.tp,
+                      f"{prefix}: world size {dep.world_size} is not tp {dep.tp} (pp {dep.pp}, pcp {dep.pcp})")
+    reasons += _check(conds, "canonical", "no context parallelism (dcp 1)", dep.dcp == 1,
+                      f"{prefix}: dcp is {dep.dcp} (needs no context parallelism)")
     return not reasons, reasons
 
 
 def replicated_gate(dep: Deployment, facts: Facts, assumed: dict[str, Any],
-                    prefix: str = "not replicated") -> tuple[bool, list[str]]:
+                    prefix: str = "not replicated", conds: list[Condition] | None = None) -> tuple[bool, list[str]]:
     """R (0.27+): a single pure-MLA group, tp > 1, pp = pcp = dcp = 1, world_size == tp,
     executor mp, one node per data-parallel replica."""
-    reasons: list[str] = []
     kind = facts.kv_kind
-    if kind is None:
-        reasons.append(f"{prefix}: kv kind unknown ({_KIND_HINT})")
-    elif kind != "mla":
-        reasons.append(f"{prefix}: kv kind is {kind} (needs pure MLA)")
-    if dep.num_groups != 1:
-        reasons.append(f"{prefix}: {dep.num_groups} KV cache groups (needs a single MLA group)")
-    if dep.tp <= 1:
-        reasons.append(f"{prefix}: tp is {dep.tp} (needs tp > 1)")
-    if dep.pp != 1:
-        reasons.append(f"{prefix}: pp is {dep.pp} (needs 1)")
-    if dep.pcp != 1:
-        reasons.append(f"{prefix}: pcp is {dep.pcp} (needs 1)")
-    if dep.dcp != 1:
-        reasons.append(f"{prefix}: dcp is {dep.dcp} (needs 1)")
+    reasons = _check(conds, "R", "pure MLA", kind == "mla", _kind_reason(prefix, kind, "needs pure MLA"), "kv_kind")
+    reasons += _check(conds, "R", "a single MLA group", dep.num_groups == 1,
+                      f"{prefix}: {dep.num_groups} KV cache groups (needs a single MLA group)")
+    reasons += _check(conds, "R", "tp > 1", dep.tp > 1, f"{prefix}: tp is {dep.tp} (needs tp > 1)")
+    reasons += _check(conds, "R", "pp 1", dep.pp == 1, f"{prefix}: pp is {dep.pp} (needs 1)")
+    reasons += _check(conds, "R", "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    reasons += _check(conds, "R", "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
     executor = _fact(facts, "executor", assumed)
-    if executor != "mp":
-        reasons.append(f"{prefix}: executor is {executor} (needs mp)")
+    reasons += _check(conds, "R", "the mp executor", executor == "mp",
+                      f"{prefix}: executor is {executor} (needs mp)", "executor")
     nnodes = _fact(facts, "nnodes", assumed)
-    if nnodes != 1:
-        reasons.append(f"{prefix}: {nnodes} nodes per data-parallel replica (needs 1)")
+    reasons += _check(conds, "R", "one node per data-parallel replica", nnodes == 1,
+                      f"{prefix}: {nnodes} nodes per data-parallel replica (needs 1)", "nnodes")
     return not reasons, reasons
 
 
-def evaluate(profile: str, dep: Deployment, facts: Facts) -> GateDecision:
+def evaluate(profile: str, dep: Deployment, facts: Facts, conds: list[Condition] | None = None) -> GateDecision:
     """The target engine's decision for the writer's deployment (its fs tier always opts in).
 
-    Reasons are listed only when the namespace is not collapsed (they explain why not).
+    Reasons are listed only when the namespace is not collapsed (they explain why not);
+    `conds` collects every condition evaluated, passed or not.
     """
     if profile not in PROFILE_GATES:
         raise ValueError(f"unknown vLLM profile {profile!r}")
@@ -163,14 +176,14 @@ def evaluate(profile: str, dep: Deployment, facts: Facts) -> GateDecision:
     if agnostic_gate is None:
         return GateDecision(False, False, [f"not agnostic: {profile} has no parallel-agnostic namespaces"], assumed)
     gate = g1 if agnostic_gate == "G1" else g2
-    agnostic, reasons = gate(dep, facts, assumed)
+    agnostic, reasons = gate(dep, facts, assumed, conds=conds)
     if widens and dep.canonical:
-        wide_ok, wide_reasons = canonical_gate(dep, facts, assumed)
+        wide_ok, wide_reasons = canonical_gate(dep, facts, assumed, conds=conds)
         agnostic = agnostic or wide_ok
         reasons = reasons + wide_reasons
     replicated = False
     if has_r:
-        replicated, r_reasons = replicated_gate(dep, facts, assumed)
+        replicated, r_reasons = replicated_gate(dep, facts, assumed, conds=conds)
         reasons = reasons + r_reasons
     collapsed = agnostic or replicated
     return GateDecision(collapsed, replicated, [] if collapsed else reasons, assumed)

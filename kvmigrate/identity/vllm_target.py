@@ -128,18 +128,16 @@ def vllm_target(src: dict[str, Any], family: Any, facts: Facts, profile: str) ->
 
     dtype = _target_dtype(src, scheme, target_scheme, facts)
 
-    already_collapsed = (scheme == "S3" and "parallel_agnostic" not in src) or src.get("replicated_layout") is True
+    dep = gate_deployment(src)
     missing: list[str] = []
     decisive: dict[str, Any] = {}
-    if already_collapsed:
+    if dep is None:
         if _has_agnostic_namespaces(profile):
             decision = gates.GateDecision(True, src.get("replicated_layout") is True, [], {})
         else:
             decision = gates.GateDecision(False, False, [f"not agnostic: {profile} has no parallel-agnostic "
                                                          "namespaces (source already collapsed)"], {})
     else:
-        dep = gates.Deployment(tp=tp, pp=pp, pcp=pcp, dcp=dcp, num_groups=len(groups),
-                               canonical="canonical_format" in src)
         decision = gates.evaluate(profile, dep, facts)
         missing, decisive = gates.open_facts(profile, dep, facts)
 
@@ -159,6 +157,16 @@ def vllm_target(src: dict[str, Any], family: Any, facts: Facts, profile: str) ->
                   reasons=decision.reasons, assumed_facts=decision.assumed_facts,
                   unreachable=unreachable[0] if unreachable else None, missing_facts=missing,
                   decisive_assumptions=decisive)
+
+
+def gate_deployment(src: dict[str, Any]) -> gates.Deployment | None:
+    """The deployment the gates judge for a vLLM or llm-d source identity; None for a
+    source already collapsed (an S3 agnostic or replicated folder: no gate is evaluated)."""
+    if (schemes.scheme_of(src) == "S3" and "parallel_agnostic" not in src) or src.get("replicated_layout") is True:
+        return None
+    tp, pp, pcp, dcp = (src[k] for k in schemes.PARALLEL_KEYS)
+    return gates.Deployment(tp=tp, pp=pp, pcp=pcp, dcp=dcp, num_groups=len(src["kv_cache_groups"]),
+                            canonical="canonical_format" in src)
 
 
 def _has_agnostic_namespaces(profile: str) -> bool:

@@ -155,6 +155,7 @@ class Plan:
     # (target base, group) -> the block size competing sources are judged by (None: unknown)
     target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
     placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
+    selection: Any = None  # --only/--exclude (kvmigrate.selection.Selection): the namespaces planned
 
     @property
     def pending(self) -> int:

@@ -27,6 +27,7 @@ from kvmigrate import families, findings, layout, manifest
 from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
+from kvmigrate.selection import selected_bases
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
@@ -477,7 +478,7 @@ class ActionStream:
 
 def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None,
                table: pa.Table | None = None, metadata: dict[str, Any] | None = None,
-               target_sizes: dict[tuple[str, int], int | None] | None = None) -> Plan:
+               target_sizes: dict[tuple[str, int], int | None] | None = None, selection: Any = None) -> Plan:
     """Read a manifest (file or dataset directory) and build the plan.
 
     `dest` defaults to the scanned root. Raises UsageError for a manifest that is not
@@ -499,11 +500,12 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     root = os.path.abspath(metadata["root"])
     namespaces: dict[str, dict[str, Any]] = metadata.get("namespaces") or {}
     where = str(manifest_path)
+    chosen = selected_bases(namespaces, selection) if selection else None
 
     # Target namespaces, keyed by target base name; sources merge in base-name order.
     targets: dict[str, TargetPlan] = {}
     target_of: dict[str, TargetPlan] = {}
-    for src_base in sorted(namespaces):
+    for src_base in sorted(chosen if chosen is not None else namespaces):
         ns = namespaces[src_base]
         tgt = ns.get("target")
         if not tgt or not tgt.get("base_name") or tgt.get("fields") is None:
@@ -540,7 +542,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
     ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
     try:
-        rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS)
+        rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS, sources=chosen)
     except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
@@ -606,7 +608,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
                 integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
-                placed_integrity_rows=rows.placed_integrity_rows)
+                placed_integrity_rows=rows.placed_integrity_rows, selection=selection)
 
 
 def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, str | None, int, int]]:

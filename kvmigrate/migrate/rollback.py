@@ -27,6 +27,7 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.selection import Selection, base_of_path, journal_bases
 
 
 @dataclass
@@ -46,8 +47,10 @@ class RollbackResult:
                 "notes": self.notes, "journals": self.journals, "exit_code": self.exit_code}
 
 
-def rollback(journal: str) -> RollbackResult:
-    """Python API: roll back every run of a journal file or directory (newest first)."""
+def rollback(journal: str, selection: Selection | None = None) -> RollbackResult:
+    """Python API: roll back every run of a journal file or directory (newest first).
+    `selection` (--only/--exclude): only the targets it keeps; the journal is then not
+    marked rolled back (a later rollback without it removes the rest)."""
     result = RollbackResult()
     files = jn.journal_files(journal)
     for path in reversed(files):
@@ -58,12 +61,22 @@ def rollback(journal: str) -> RollbackResult:
         result.journals.append(path)
         for run in reversed(runs):
             if not run.rolled_back:
-                _rollback_run(run, result)
+                _rollback_run(run, result, selection)
+        if selection:
+            result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
+                                "stays usable for the rest")
+            continue
         _append_rolled_back(path, result)
     return result
 
 
-def _rollback_run(run: jn.Run, result: RollbackResult) -> None:
+def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None) -> None:
+    if selection:  # the records of the kept targets only
+        kept = journal_bases(run.targets, selection)
+        run.targets = {b: r for b, r in run.targets.items() if b in kept}
+        run.locks = [p for p in run.locks if _base_of(p) in kept]
+        run.done = {p: r for p, r in run.done.items() if base_of_path(p) in kept}
+        run.intents = {p: r for p, r in run.intents.items() if base_of_path(p) in kept}
     dest = run.dest
     if not os.path.isdir(dest):
         result.kept.append(f"{dest}: destination root of run {run.header.get('run_id')} is missing; nothing removed")

@@ -73,8 +73,10 @@ class ManifestRows:
     _read_errors = (pa.ArrowException, OSError, ValueError, KeyError)
 
     def __init__(self, path: str | os.PathLike[str] | None, table: pa.Table | None, where: str,
-                 chunk_rows: int):
+                 chunk_rows: int, sources: Iterable[str] | None = None):
+        """`sources`: keep only the rows of these source namespaces (--only/--exclude)."""
         self.where = where
+        self._sources = None if sources is None else pa.array(sorted(sources), pa.string())
         self.chunk_rows = chunk_rows
         self.status_counts: Counter = Counter()
         self.placed_integrity_rows = 0  # rows with a creating action and an integrity state
@@ -86,7 +88,7 @@ class ManifestRows:
         try:
             if table is not None:
                 cols = [c for c in _READ_COLUMNS if c in table.column_names]
-                self._table = _plain(table.select(cols))
+                self._table = self._mine(_plain(table.select(cols)))
                 self._table = self._table.append_column("_bucket", _buckets(self._table.column("block_hash")))
                 self._survey([self._table], -1, 0, hist)
             else:
@@ -95,7 +97,8 @@ class ManifestRows:
                     pf = self._files[-1][0]
                     for i in range(pf.num_row_groups):
                         self._survey(pf.iter_batches(batch_size=_SURVEY_BATCH, row_groups=[i], use_threads=False,
-                                                     columns=["status", "action", "block_hash"]),
+                                                     columns=["status", "action", "block_hash"]
+                                                     + (["source_base"] if self._sources is not None else [])),
                                      len(self._files) - 1, i, hist)
         except (UsageError, PendingRowCheck):
             raise
@@ -106,7 +109,7 @@ class ManifestRows:
     def _survey(self, batches: Iterable[Any], file: int, index: int, hist: list[int]) -> None:
         """Status counts, a bucket histogram and the bucket range of one row group."""
         seen: list[int] = []
-        for t in batches:
+        for t in map(self._mine, batches):
             values, counts = _value_counts(pc.cast(t.column("status"), pa.string()))
             self.status_counts.update(dict(zip(values, counts)))
             bh = t.column("block_hash")
@@ -128,7 +131,7 @@ class ManifestRows:
         """All rows of one row group (plain strings)."""
         if file < 0:
             return self._table
-        return _plain(_read_row_group(self._checked(file), index, list(_READ_COLUMNS)))
+        return self._mine(_plain(_read_row_group(self._checked(file), index, list(_READ_COLUMNS))))
 
     def _checked(self, file: int) -> Any:
         pf, path, ident = self._files[file]
@@ -146,7 +149,7 @@ class ManifestRows:
         later: list[pa.Table] | None = []
         for batch in self._checked(file).iter_batches(batch_size=_READ_BATCH, row_groups=[index],
                                                       columns=list(_READ_COLUMNS), use_threads=False):
-            t = _in_buckets(_plain(pa.Table.from_batches([batch])), lo, BUCKETS - 1)
+            t = _in_buckets(self._mine(_plain(pa.Table.from_batches([batch]))), lo, BUCKETS - 1)
             after = pc.greater(t.column("_bucket"), hi)
             mine.append(t.filter(pc.invert(after)))
             if later is not None:
@@ -154,6 +157,13 @@ class ManifestRows:
                 room -= rest.num_rows
                 later = (later + [rest]) if room >= 0 else None
         return mine, later
+
+    def _mine(self, t: Any) -> Any:
+        """A table or batch narrowed to the kept source namespaces (all of it without)."""
+        if self._sources is None:
+            return t
+        return t.filter(pc.fill_null(pc.is_in(pc.cast(t.column("source_base"), pa.string()),
+                                              value_set=self._sources), False))
 
     @staticmethod
     def _orphan_block_row(t: pa.Table) -> None:

@@ -25,6 +25,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
+from kvmigrate.selection import Selection, base_of_path, journal_bases
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class VerifyResult:
         return out
 
 
-def check_namespaces(root: str, result: VerifyResult) -> None:
+def check_namespaces(root: str, result: VerifyResult, selection: Selection | None = None) -> None:
     """Phase 1: every base folder's config.json proves its digest."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -96,6 +97,8 @@ def check_namespaces(root: str, result: VerifyResult) -> None:
     for entry in entries:
         folder = layout.parse_folder(entry.name)
         if folder is None or folder.rank is not None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if selection and not selection.admits([folder.safe_model, entry.name]):  # known by its folder name
             continue
         cfg = os.path.join(entry.path, layout.CONFIG_NAME)
         try:
@@ -128,7 +131,7 @@ def check_namespaces(root: str, result: VerifyResult) -> None:
                                            f"({family} recipe)"))
 
 
-def check_journal(journal: str, result: VerifyResult) -> None:
+def check_journal(journal: str, result: VerifyResult, selection: Selection | None = None) -> None:
     """Phase 2: every journaled output is still what the migration wrote."""
     for path, run in jn.iter_runs(journal):
         _check_same_root(path, run, result.root)
@@ -139,10 +142,11 @@ def check_journal(journal: str, result: VerifyResult) -> None:
         if not os.path.isdir(run.dest):
             result.findings.append(Finding("dest_missing", run.dest, "destination root of the journal is missing"))
             continue
+        kept = journal_bases(run.targets, selection) if selection else None
         with DestTree(run.dest) as tree:
             for rec in run.done.values():
                 kind = rec.get("kind")
-                if kind not in ("block", "config"):
+                if kind not in ("block", "config") or kept is not None and base_of_path(rec["path"]) not in kept:
                     continue
                 check_relpath(rec["path"], f"{path}: journal path")
                 if kind == "block":
@@ -221,13 +225,15 @@ def journal_target_profile(journal: str) -> str | None:
     return next((p for p in reversed(profiles) if p), None)
 
 
-def verify_root(root: str, journal: str | None = None, *, strict: bool = False) -> VerifyResult:
+def verify_root(root: str, journal: str | None = None, *, strict: bool = False,
+                selection: Selection | None = None) -> VerifyResult:
     """The checks of `kvmigrate verify` (strict=True makes evicted blocks integrity
-    findings); kvmigrate.pipeline.verify adds the root's scan summary."""
+    findings); kvmigrate.pipeline.verify adds the root's scan summary. `selection`
+    (--only/--exclude): the namespaces and journaled targets it keeps only."""
     result = VerifyResult(root=os.path.abspath(root), strict=strict)
-    check_namespaces(result.root, result)
+    check_namespaces(result.root, result, selection)
     if journal is not None:
-        check_journal(journal, result)
+        check_journal(journal, result, selection)
     return result
 
 

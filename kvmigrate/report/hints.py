@@ -16,6 +16,7 @@ from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.selection import Selection
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -120,6 +121,9 @@ class Commands:
                 args += [flag, str(value)]
         if facts.get("facts_file"):
             args += ["--facts", str(facts["facts_file"])]
+        for step in summary.get("selection") or ():  # a partial scan's rerun stays as partial
+            if step.get("by") == "scan":
+                args += Selection.of(step.get("only"), step.get("exclude")).args()
         self.fact_args = args
         self.verify = summary.get("verify")
 

@@ -76,10 +76,10 @@ def render_summary(summary: dict[str, Any], fmt: str) -> str:
     return _renderer(fmt).render(summary)
 
 
-def report(path: str | os.PathLike[str], fmt: str = "text") -> tuple[str, int]:
-    """(rendered report, exit code = the manifest's bits)."""
+def report(path: str | os.PathLike[str], fmt: str = "text", selection: Any = None) -> tuple[str, int]:
+    """(rendered report, exit code = the bits of the manifest, or of its `selection`)."""
     renderer = _renderer(fmt)
-    summary = summary_of(path)
+    summary = summary_of(path, selection=selection)
     return renderer.render(summary), summary["exit_code"]
 
 
@@ -114,20 +114,44 @@ def emit(text: str, output: str | os.PathLike[str] | None) -> None:
         raise OperationalError(f"cannot write the report: {exc.strerror or exc}", path=str(out)) from None
 
 
-def list_files(path: str | os.PathLike[str], status: str, out: IO[str], *, end: str = "\n") -> int:
-    """Print ROOT/relpath of every row with `status` (each followed by `end`); returns how many."""
-    if status not in STATUS_BITS:
-        raise UsageError(f"unknown status {status!r}", hint=f"use one of: {', '.join(STATUS_BITS)}")
+def list_files(path: str | os.PathLike[str], status: str | None, out: IO[str], *, end: str = "\n",
+               action: str | None = None, namespace: str | None = None, selection: Any = None) -> int:
+    """Print ROOT/relpath of every row with `status` (None or "any": every status), and
+    with `action`, of namespaces matching the `namespace` glob and the `selection` (each
+    path followed by `end`); returns how many."""
+    from kvmigrate.classify import ACTIONS
+    from kvmigrate.selection import Selection
+
+    if status == "any":
+        status = None
+    if status is not None and status not in STATUS_BITS:
+        raise UsageError(f"unknown status {status!r}", hint=f"use one of: any, {', '.join(STATUS_BITS)}")
+    if action is not None and action not in ACTIONS:
+        raise UsageError(f"unknown action {action!r}", hint=f"use one of: {', '.join(ACTIONS)}")
     meta = check_manifest(path)
     root = meta.get("root") or ""
+    bases = None
+    if namespace is not None or selection:
+        wanted = Selection.of(selection.only if selection else (), selection.exclude if selection else ())
+        ns_meta = meta.get("namespaces") or {}
+        bases = pa.array(sorted(b for b, m in ns_meta.items() if wanted.admits_namespace(b, m)
+                                and (namespace is None or Selection.of([namespace]).admits_namespace(b, m))),
+                         pa.string())
     n = 0
-    for batch in mf.iter_batches(path, columns=["relpath", "status"]):
-        status_col = batch.column(1)
-        if pa.types.is_dictionary(status_col.type):
-            status_col = pc.cast(status_col, pa.string())
-        rel = batch.column(0).filter(pc.fill_null(pc.equal(status_col, status), False))
+    for batch in mf.iter_batches(path, columns=["relpath", "status", "action", "source_base"]):
+        mask = pc.is_valid(batch.column(0))  # every row
+        for name, value in (("status", status), ("action", action)):
+            if value is not None:
+                mask = pc.and_(mask, pc.fill_null(pc.equal(_plain(batch.column(name)), value), False))
+        if bases is not None:
+            mask = pc.and_(mask, pc.is_in(_plain(batch.column("source_base")), value_set=bases))
+        rel = batch.column(0).filter(mask)
         for r in rel.to_pylist():
             out.write(os.path.join(root, r) + end)
         n += len(rel)
     out.flush()
     return n
+
+
+def _plain(col: pa.Array) -> pa.Array:
+    return pc.cast(col, pa.string()) if pa.types.is_dictionary(col.type) else col

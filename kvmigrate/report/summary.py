@@ -380,13 +380,15 @@ def totals_for(meta: dict[str, Any]) -> _Totals:
 
 
 def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
-              verb: str = "scan", totals: _Totals | None = None) -> dict[str, Any]:
+              verb: str = "scan", totals: _Totals | None = None, selection: Any = None) -> dict[str, Any]:
     """The summary of a manifest file or dataset directory.
 
     `manifest` is the manifest path that hints may tell the user to reuse (True: `path`
     itself; None: it will not survive, e.g. audit's temporary manifest). `verb` is the
     command a hint re-runs with a missing fact (`scan` or `audit`). `totals`: the rows
-    already aggregated (see `totals_for`).
+    already aggregated (see `totals_for`). `selection` (kvmigrate.selection, report
+    --only/--exclude): the namespaces to report; the totals are theirs, rows outside any
+    namespace are left out, and `selection` in the summary says the report is partial.
     """
     from kvmigrate.report.hints import findings_and_hints, target_is_guess
 
@@ -402,7 +404,14 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), extra_blocks)
         for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
     ]
+    steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
     outside = per_ns.get(OUTSIDE)
+    if selection:
+        kept = [n for n in namespaces
+                if selection.admits_namespace(n["source_base"], ns_meta.get(n["source_base"], {}))]
+        steps.append(dict(selection.metadata(), partial=True, by="report",
+                          skipped_namespaces=[n["source_base"] for n in namespaces if n not in kept]))
+        namespaces, outside = kept, None
     outside_entry = None
     if outside:
         outside_entry = {
@@ -443,6 +452,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "verify": meta.get("verify"),
         "shard": meta.get("shard"),
         "facts": meta.get("facts") or {},
+        "selection": steps or None,  # --only/--exclude of the scan, then of the report: a partial view
         "manifest": str(Path(path).resolve()) if manifest is True else (manifest or None),
         "totals": totals_entry,
         "namespaces": namespaces,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, human_count, percent
 
 EXIT_BITS = ((1, "findings"), (4, "integrity"), (8, "operational"))
@@ -196,7 +197,15 @@ def header_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("verify", or_dash(s["verify"])),
         ("scanned by", or_dash(s["command"])),
         ("manifest", or_dash(s["manifest"])),
-    ]
+    ] + [("partial", selection_note(step)) for step in s.get("selection") or ()]
+
+
+def selection_note(step: dict[str, Any]) -> str:
+    """One --only/--exclude step of a partial scan or report, e.g. "scan --only 'Qwen/*': 2 namespaces left out"."""
+    skipped = len(step.get("skipped_namespaces") or ())
+    outside = ", and every file outside namespaces" if step["by"] == "scan" else ""
+    return (f"{step['by']} {Selection.of(step.get('only'), step.get('exclude')).flags()}: "
+            f"{skipped} namespace{'' if skipped == 1 else 's'} left out{outside}")
 
 
 # --- diff -----------------------------------------------------------------------------

@@ -188,14 +188,15 @@ def run_parts(ray: Any, fn: Callable[..., dict], args_of: Callable[[int], tuple]
 
 
 def _scan_part(scan: Callable[..., Any], root: str, staging: str, k: int, n: int, target: str, resolver: Any,
-               verify: str, threads: int | None, command: str | None, fail: bool) -> dict[str, Any]:
+               verify: str, threads: int | None, command: str | None, fail: bool,
+               selection: Any = None) -> dict[str, Any]:
     """Ray task: scan part K of N into the staging folder with `scan` (the pipeline's scan,
     passed in: scale-out runs the pipeline's stages and never imports the pipeline)."""
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
     res = scan(root, os.path.join(staging, dataset.part_name(k, n)), target=target, facts_resolver=resolver,
                verify=verify, threads=threads, shard=(k, n), progress=False, command=command,
-               workers=1)  # a part holds one Ray CPU: no walk processes of its own
+               workers=1, selection=selection)  # a part holds one Ray CPU: no walk processes of its own
     return {"exit_code": res.exit_code, "rows": res.rows, "files": res.files, "bytes": res.bytes,
             "seconds": res.seconds, "walk_errors": len(res.walk_errors)}
 
@@ -230,9 +231,10 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
                 target: str = DEFAULT_PROFILE,
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
                 command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
-                manifest: str | None | bool = True, verb: str = "scan") -> DatasetScan:
+                manifest: str | None | bool = True, verb: str = "scan", selection: Any = None) -> DatasetScan:
     """Scan ROOT as `shards` Ray tasks (each runs `scan`, the pipeline's) into the dataset directory `output`, then
     summarize it (`manifest`, `verb`: what its hints name, see report.summary.summarize).
+    `selection` (--only/--exclude): every part scans those namespaces only.
 
     Parts are staged inside `output` and published only when all succeeded; otherwise
     PartsFailed (exit 8) names them and `output` is left as it was."""
@@ -254,7 +256,8 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
             raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
         try:
             reports = run_parts(ray, _scan_part, lambda k: (scan, root_path, staging, k, shards, target, resolver,
-                                                            verify, threads, command, k in fail), shards, on_part)
+                                                            verify, threads, command, k in fail, selection),
+                               shards, on_part)
             failed = [(r, r.error) for r in reports if r.error is not None]
             if failed:
                 raise PartsFailed("scan", failed, hint=f"fix the cause and rerun the same command (it scans every "
@@ -287,7 +290,7 @@ def default_journal_dir(root: str, identity: dict[str, Any]) -> str:
 
 def _apply_part(manifest_path: str, dest: str, k: int, n: int, mode: str, journal: str, command: str,
                 identity: dict[str, Any], fail_after: int | None,
-                target_sizes: dict | None = None) -> dict[str, Any]:
+                target_sizes: dict | None = None, selection: Any = None) -> dict[str, Any]:
     """Ray task: plan part K of N of the manifest and apply it (no namespace locks: the
     driver holds them for the whole run). Competing sources are judged by the whole
     plan's target sizes (`target_sizes`), as in one process."""
@@ -295,7 +298,7 @@ def _apply_part(manifest_path: str, dest: str, k: int, n: int, mode: str, journa
     from kvmigrate.migrate.plan import build_plan
 
     plan = build_plan(manifest_path, dest=dest, table=dataset.part_rows(manifest_path, k, n),
-                      metadata=manifest.read_metadata(manifest_path), target_sizes=target_sizes)
+                      metadata=manifest.read_metadata(manifest_path), target_sizes=target_sizes, selection=selection)
     progress = None
     if fail_after is not None:
         left = [fail_after]
@@ -336,7 +339,7 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
             def args_of(k: int) -> tuple:
                 return (manifest_path, plan.dest, k, shards, mode,
                         os.path.join(jdir, dataset.journal_name(k, shards)), command,
-                        {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes)
+                        {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes, plan.selection)
             reports.extend(run_parts(ray, _apply_part, args_of, shards, on_part))
 
         done = Applier(plan, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL), command=command,

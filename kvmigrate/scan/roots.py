@@ -327,3 +327,26 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
                                           asks=findings.asks(exc.flag))
     except UsageError as exc:
         ns.target_error = str(exc).split("\n")[0]
+
+
+def select_folders(listing: RootListing, selection: Any) -> tuple[RootListing, list[str]]:
+    """The listing narrowed to the namespaces a selection (kvmigrate.selection) may keep,
+    decided by folder name before anything in them is opened, and the bases it skipped.
+    A filtered scan covers namespaces only: top-level files, foreign, deep and own folders
+    are left out too (its manifest is partial). `names` stays whole: a target folder that
+    exists is still seen."""
+    keep = {b for b in set(listing.bases) | set(listing.rank_folders) if selection.by_folder(b) is not False}
+    narrowed = RootListing(bases={b: e for b, e in listing.bases.items() if b in keep},
+                           rank_folders={b: r for b, r in listing.rank_folders.items() if b in keep},
+                           names=listing.names)
+    return narrowed, sorted((set(listing.bases) | set(listing.rank_folders)) - keep)
+
+
+def select_namespaces(namespaces: list[Namespace], selection: Any) -> tuple[list[Namespace], list[str]]:
+    """The namespaces a selection keeps once their model name and target are known, and
+    the bases it skipped (only their config.json was read)."""
+    def names(ns: Namespace) -> list[str | None]:
+        return [ns.model_name, ns.safe_model, ns.source_base, ns.target.base_name if ns.target is not None else None]
+
+    kept = [ns for ns in namespaces if selection.admits(names(ns))]
+    return kept, sorted(ns.source_base for ns in namespaces if ns not in kept)

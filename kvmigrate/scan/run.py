@@ -24,9 +24,10 @@ from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.selection import Selection
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
 from kvmigrate.scan import flat
-from kvmigrate.scan.roots import list_root, resolve_namespaces
+from kvmigrate.scan.roots import list_root, resolve_namespaces, select_folders, select_namespaces
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
@@ -82,7 +83,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
          batch_sink: Callable[[dict[str, Any]], Any] | None = None,
          target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None) -> WalkResult:
+         command: str | None = None, workers: int | None = None, selection: Selection | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -96,6 +97,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     `workers` processes walk the buckets (default: one per core when the tree is large
     enough to pay for the fork); `threads` is the I/O concurrency (threads in all).
     Every choice of workers and threads writes the same manifest.
+    `selection` (--only/--exclude) narrows the scan to some namespaces, decided before
+    they are read; the manifest's metadata then says it is partial (`selection`).
     """
     if verify not in ("none", "size", "hash"):
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
@@ -116,8 +119,14 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         listing = list_root(root_path)
     except OSError as exc:
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
+    skipped: list[str] = []
+    if selection:
+        listing, skipped = select_folders(listing, selection)
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
     namespaces += flat.resolve(root_path, listing, resolver, target, verify)  # flat families: their deployments
+    if selection:
+        namespaces, skipped_late = select_namespaces(namespaces, selection)
+        skipped = sorted(skipped + skipped_late)
     units = build_units(root_path, namespaces, verify == "hash", target)
     walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output)
     walker.prepare(namespaces, units)
@@ -134,6 +143,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         "walk_errors": [],  # a walk with errors rewrites the metadata (see _finalize)
         "walk_failed": False,
     }
+    if selection:
+        meta["selection"] = dict(selection.metadata(), partial=True, skipped_namespaces=skipped)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     _lean_arrow_allocator()
     head = non_bucket_rows(walker, listing, namespaces, units, shard)  # also lists every unit's buckets

@@ -203,3 +203,26 @@ def test_a_target_is_a_guess_only_where_an_unstated_fact_changes_it(deployment, 
     target = decide("vllm-0.28", deployment, facts)
     assert target.missing_facts == missing
     assert target.decisive_assumptions == decisive
+
+
+def test_conditions_are_every_check_and_their_failures_are_the_reasons():
+    """kvmigrate explain lists each condition: the failed ones are exactly the decision's
+    reasons (in order), for every profile and a grid of deployments and facts."""
+    from itertools import product
+
+    for profile, tp, groups, kind, heads, runner, canonical in product(
+            gates.PROFILE_GATES, (1, 2, 3), (1, 2), (None, "full", "mla", "sliding"), (None, 8), ("v1", "v2"),
+            (False, True)):
+        dep = gates.Deployment(tp=tp, num_groups=groups, canonical=canonical)
+        facts = Facts(kv_kind=kind, total_kv_heads=heads, runner=runner)
+        conds: list = []
+        decision = gates.evaluate(profile, dep, facts, conds)
+        assert decision == gates.evaluate(profile, dep, facts)  # collecting changes nothing
+        if gates.PROFILE_GATES[profile][0] is None:
+            assert conds == []
+            continue
+        failed = [c.reason for c in conds if not c.passed]
+        assert all(c.reason == "" for c in conds if c.passed)
+        if not decision.parallel_agnostic:
+            assert failed == decision.reasons, (profile, dep, facts)
+        assert {c.gate for c in conds} >= {gates.PROFILE_GATES[profile][0]}

@@ -239,3 +239,21 @@ def test_an_address_nobody_listens_at_fails_fast(synth_root, tmp_path):
                        "-o", tmp_path / "parts")
     assert code == 8 and "cannot reach the Ray cluster at 127.0.0.1:1" in err
     assert not (tmp_path / "parts").exists()
+
+
+def test_a_selection_runs_on_ray_as_in_one_process(ray_cluster, migrate_tree, tmp_path):
+    """--only/--exclude reach every part: the scan's rows, and the apply's targets."""
+    one, out = tmp_path / "one.parquet", tmp_path / "parts"
+    code_one, _, _ = run("scan", migrate_tree, *MLA, "--exclude", "Qwen/*", "-o", one)
+    code, _, err = run("scan", migrate_tree, *MLA, "--exclude", "Qwen/*", "--run-on", "ray", "--shards", 3,
+                       "-o", out)
+    assert code == code_one, err
+    assert rows(out) == rows(one) and not any(r["model_name"] == "Qwen/Qwen3-4B" for r in rows(out))
+    assert manifest.read_metadata(out)["selection"]["exclude"] == ["Qwen/*"]
+    before = set(os.listdir(migrate_tree))
+    code, text, err = run("migrate", migrate_tree, *MLA, "--only", "Qwen/*", "--apply", "--run-on", "ray",
+                          "--shards", 2, "--json")
+    assert code == 0, err
+    created = set(os.listdir(migrate_tree)) - before - {".kvmigrate"}
+    assert created and all(name.startswith("Qwen_Qwen3-4B_") for name in created)
+    assert json.loads(text)["outcomes"]["created"] > 0

@@ -1,0 +1,275 @@
+"""`kvmigrate explain MANIFEST NAMESPACE`: from a manifest alone, why a namespace has the
+target it has and what keeps its other blocks from being reused (interface.md §1).
+
+The target's gates are evaluated again from what the manifest recorded (the source
+config.json, the resolved facts, the profile): every condition is listed, passed or
+not, with the facts it read and where each came from (a flag, a FACTS.json key, a model
+config, or assumed). The blocks that are not reusable are grouped by their typed columns
+(status, action, finding, asks), each class with its reason and the command that would
+change it, taken from the report's hints (kvmigrate.report.hints), so `explain` and
+`report` never advise differently. Nothing under the cache root is read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvmigrate import findings as fd
+from kvmigrate import manifest as mf
+from kvmigrate.errors import UsageError
+from kvmigrate.identity import gates
+from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
+from kvmigrate.identity.vllm_target import gate_deployment
+from kvmigrate.report.hints import fact_flag
+from kvmigrate.report.render import check_manifest, summary_of
+from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
+from kvmigrate.units import human_bytes
+
+GATE_NAMES = {"G1": "parallel-agnostic namespace (G1)", "G2": "parallel-agnostic namespace (G2)",
+              "canonical": "parallel-agnostic namespace, canonical rows", "R": "replicated layout (R)"}
+_COLUMNS = ["source_base", "status", "action", "finding", "asks", "reason", "size", "group", "block_hash", "rank"]
+
+
+def explain(path: str | os.PathLike[str], namespace: str) -> dict[str, Any]:
+    """The object `kvmigrate explain MANIFEST NAMESPACE --json` prints."""
+    meta = check_manifest(path)
+    namespaces: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
+    base = _resolve(namespace, namespaces, str(path))
+    ns = namespaces[base]
+    summary = summary_of(path)
+    entry = next(n for n in summary["namespaces"] if n["source_base"] == base)
+    hints = [h for h in summary["hints"] if base in h["namespaces"]]
+    facts = _facts(ns, meta)
+    target = ns.get("target") or None
+    conditions, gate_note = _conditions(ns, target, facts)
+    result = {
+        "manifest": os.path.abspath(path), "namespace": base, "model_name": ns.get("model_name"),
+        "family": ns.get("family"), "scheme": ns.get("scheme"), "ranks": list(ns.get("ranks") or []),
+        "status": ns.get("status"), "status_reason": ns.get("status_reason") or None,
+        "target_profile": meta.get("target_profile"),
+        "target": None if target is None else {
+            k: target.get(k) for k in ("profile", "family", "base_name", "rank_dir", "parallel_agnostic",
+                                       "replicated_layout", "unreachable", "missing_facts", "decisive_assumptions")},
+        "target_error": ns.get("target_error"),
+        "gates": conditions, "gate_note": gate_note, "facts": list(facts.values()),
+        "blocks": entry["blocks"], "reusable": entry["reusable"], "pending": entry["pending"],
+        "not_reusable": _classes(path, base, entry, hints),
+    }
+    result["why"], result["command"] = _why(result, entry, hints)
+    return result
+
+
+def _resolve(name: str, namespaces: dict[str, dict[str, Any]], path: str) -> str:
+    """The source base NAME means: itself, or the one namespace with that model or target name."""
+    if name in namespaces:
+        return name
+    found = sorted(b for b, m in namespaces.items()
+                   if name in (m.get("model_name"), (m.get("target") or {}).get("base_name")))
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(found or sorted(namespaces)[:5]) or "none"
+    if found:
+        raise UsageError(f"{name!r} names {len(found)} namespaces of the manifest: {shown}", path=path,
+                         hint="pass one source base folder name")
+    raise UsageError(f"no namespace {name!r} in the manifest (namespaces: {shown}"
+                     + (", ..." if len(namespaces) > 5 else "") + ")", path=path,
+                     hint=f"pass a source base folder name, a model name or a target base name; "
+                          f"`kvmigrate report {path}` lists them")
+
+
+def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every deployment fact with its value and where it came from."""
+    given = ns.get("facts") or {}
+    sources = ns.get("facts_source") or {}
+    assumed = ns.get("assumed_facts") or {}
+    facts_file = (meta.get("facts") or {}).get("facts_file")
+    out = {}
+    for name in FACT_NAMES:
+        source = sources.get(name)
+        if source == "flag":
+            where = f"flag {FLAGS.get(name, fact_flag(name))}"
+        elif source and source.startswith("facts:"):
+            where = f"FACTS.json key {source.removeprefix('facts:')!r}" + (f" ({facts_file})" if facts_file else "")
+        elif source and source.startswith("model_config:"):
+            where = f"model config {source.removeprefix('model_config:')}"
+        elif name in assumed:
+            where = "assumed: vLLM's default"
+        else:
+            where = "not given"
+        value = given.get(name) if given.get(name) is not None else assumed.get(name)
+        out[name] = {"name": name, "value": value, "source": where, "flag": fact_flag(name)}
+    return out
+
+
+def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
+                facts: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """The gate conditions evaluated again from the recorded identity and facts, and a note
+    when no gate decides (no target, vllm.cpp, a profile without gates, a collapsed source)."""
+    if target is None:
+        return [], None
+    profile = target.get("profile")
+    if profile not in gates.PROFILE_GATES:
+        return [], f"{profile}: the target is the same deployment's namespace (no parallel-agnostic gate)"
+    dep = gate_deployment(ns.get("config_json") or {})
+    if dep is None:
+        return [], "the source is already collapsed (parallel-agnostic or replicated): no gate is evaluated"
+    if gates.PROFILE_GATES[profile][0] is None:
+        return [], f"{profile} has no parallel-agnostic namespaces: every deployment keeps its own"
+    recorded = Facts(**{name: (ns.get("facts") or {}).get(name) for name in FACT_NAMES})
+    conds: list[gates.Condition] = []
+    decision = gates.evaluate(profile, dep, recorded, conds)
+    note = None
+    if (decision.parallel_agnostic, decision.replicated_layout) != (target.get("parallel_agnostic"),
+                                                                    target.get("replicated_layout")):
+        note = ("the manifest's decision differs from this version's gates: it was written by another version "
+                "(rescan to decide again)")
+    return [{"gate": c.gate, "gate_name": GATE_NAMES.get(c.gate, c.gate), "needs": c.needs, "passed": c.passed,
+             "reason": c.reason or None, "facts": [facts[f] for f in c.facts]} for c in conds], note
+
+
+def _classes(path: str | os.PathLike[str], base: str, entry: dict[str, Any],
+             hints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Blocks not reusable, by (status, action, finding, asks) of their lowest-rank row
+    that is not only a pointer to another (the row the summary counts a block by), with the
+    bytes of all their rank files, the most common reason and the hint that would change it."""
+    parts = []
+    for batch in mf.iter_batches(path, columns=_COLUMNS):
+        t = pa.Table.from_batches([batch])
+        t = pa.table({c: pc.cast(t[c], pa.string()) if pa.types.is_dictionary(t[c].type) else t[c]
+                      for c in _COLUMNS})
+        keep = pc.and_(pc.equal(t["source_base"], base), pc.is_valid(t["block_hash"]))
+        keep = pc.and_(keep, pc.invert(pc.is_in(t["status"], pa.array(sorted(NOT_BLOCK_STATUSES)))))
+        keep = pc.and_(keep, pc.invert(pc.is_in(t["action"], pa.array(list(REUSABLE_ACTIONS)))))
+        t = t.append_column("secondary", pc.fill_null(pc.is_in(t["finding"], pa.array(list(fd.SECONDARY))), False))
+        parts.append(t.filter(pc.fill_null(keep, False)))
+    rows = pa.concat_tables(parts) if parts else None
+    if rows is None or not rows.num_rows:
+        return []
+    keys = ["status", "action", "finding", "asks", "reason"]
+    rows = rows.sort_by([("secondary", "ascending"), ("rank", "ascending")])
+    blocks = rows.group_by(["group", "block_hash"], use_threads=False).aggregate(
+        [(k, "first") for k in (*keys, "secondary")] + [("size", "sum")])
+    blocks = blocks.filter(pc.invert(blocks["secondary_first"]))  # a block whose lead row is reusable
+    classes = blocks.group_by([f"{k}_first" for k in keys[:4]], use_threads=False).aggregate(
+        [("size_sum", "sum"), ([], "count_all")])
+    out = []
+    for status, action, finding, asks, nbytes, count in zip(*(classes[c].to_pylist() for c in (
+            *(f"{k}_first" for k in keys[:4]), "size_sum_sum", "count_all"))):
+        mask = _same(blocks["status_first"], status)
+        for k, v in (("action", action), ("finding", finding), ("asks", asks)):
+            mask = pc.and_(mask, _same(blocks[f"{k}_first"], v))
+        reasons = pc.value_counts(blocks.filter(mask)["reason_first"]).to_pylist()
+        reason = max(reasons, key=lambda r: (r["counts"], r["values"] or ""))["values"] if reasons else None
+        command, why = _command_for(status, action, finding, asks, entry, hints)
+        out.append({"status": status, "action": action, "finding": finding, "asks": asks, "blocks": count,
+                    "bytes": nbytes or 0, "reason": reason, "command": command, "why": why})
+    return sorted(out, key=lambda c: (-c["blocks"], c["status"] or "", c["action"] or ""))
+
+
+def _same(col: pa.ChunkedArray, value: Any) -> pa.ChunkedArray:
+    return pc.is_null(col) if value is None else pc.fill_null(pc.equal(col, value), False)
+
+
+def _command_for(status: str, action: str, finding: str | None, asks: str | None, entry: dict[str, Any],
+                 hints: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """The report's hint for a class of blocks (by the codes it answers), else why none can."""
+    codes = [status] if status not in (None, "ok") else []
+    if asks and "--family" in asks:
+        codes.append("family_ambiguous")
+    codes += [action, finding]
+    if status in (None, "ok") and action == "none":
+        codes.append("target_refused")  # a namespace without a target: all its blocks
+    for code in codes:
+        hint = next((h for h in hints if code and code in h["codes"]), None)
+        if hint is not None:
+            return hint["command"], hint["why"]
+    if finding == fd.TARGET_OCCUPIED:
+        return None, "the target path holds other bytes: kvmigrate never overwrites it (a conflict)"
+    if entry.get("target_unreachable"):
+        return None, f"no command changes it: {entry['target_unreachable']}"
+    if action in NEEDS_ACTIONS:
+        return None, "their numbers are not proven: migrate --apply skips them (the reason says why)"
+    return None, "no command changes it (the reason says why)"
+
+
+def _why(result: dict[str, Any], entry: dict[str, Any], hints: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One sentence on the target, and the command that would change it (if one would)."""
+    target = result["target"]
+    if target is None:
+        hint = next((h for h in hints if {"target_refused", result["status"]} & set(h["codes"])), None)
+        why = (f"no target namespace: {result['target_error']}" if result["target_error"] else
+               f"no target namespace: the namespace is {result['status']} ({result['status_reason']})")
+        return why, hint["command"] if hint else None
+    failed = sorted({c["gate"] for c in result["gates"] if not c["passed"]})
+    if target["replicated_layout"]:
+        kind = "the replicated-layout namespace (gate R passed)"
+    elif target["parallel_agnostic"]:
+        kind = "the parallel-agnostic namespace" + (" (its gates passed)" if result["gates"] else "")
+    elif result["gates"]:
+        kind = "the writer's own deployment namespace: " + ", ".join(f"gate {g} failed" for g in failed)
+    else:
+        kind = "the writer's own deployment namespace"
+    why = f"{target['base_name']} is {kind}"
+    if target.get("missing_facts"):
+        hint = next((h for h in hints if "target_guessed" in h["codes"]), None)
+        return (why + "; a guess: " + ", ".join(fact_flag(f) for f in target["missing_facts"])
+                + " not given would change it"), hint["command"] if hint else None
+    if target.get("decisive_assumptions"):
+        why += "; it rests on the assumed " + ", ".join(f"{k}={v}" for k, v in
+                                                       sorted(target["decisive_assumptions"].items()))
+    return why, None
+
+
+def render_text(r: dict[str, Any]) -> str:
+    lines = [f"namespace    {r['namespace']}   ({r['family']} {r['scheme']}, model {r['model_name']}, "
+             f"ranks {r['ranks']})"]
+    if r["status"] not in (None, "ok"):
+        lines.append(f"status       {r['status']}: {r['status_reason']}")
+    t = r["target"]
+    if t is not None:
+        lines.append(f"target       {t['profile']}: {t['base_name']}   blocks under {t['rank_dir']}/")
+    lines.append(f"why          {r['why']}")
+    if r["command"]:
+        lines.append(f"             $ {r['command']}")
+    if r["gate_note"]:
+        lines.append(f"gates        {r['gate_note']}")
+    gate = None
+    for c in r["gates"]:
+        if c["gate"] != gate:
+            gate = c["gate"]
+            lines.append(f"gate {c['gate_name']}:")
+        facts = "; ".join(f"{f['name']}={_value(f['value'])} ({f['source']})" for f in c["facts"]) or "config.json"
+        mark = "pass" if c["passed"] else "FAIL"
+        lines.append(f"  [{mark}] {c['needs']}: " + (facts if c["passed"] else f"{c['reason']}; {facts}"))
+    lines.append("facts:")
+    width = max(len(f["name"]) for f in r["facts"])
+    for f in r["facts"]:
+        lines.append(f"  {f['name'].ljust(width)}  {_value(f['value'])}  ({f['source']}; {f['flag']})")
+    lines.append(f"blocks       {_count(r['blocks'])}: {_count(r['reusable']['blocks'])} reusable "
+                 f"({_count(r['pending']['blocks'])} pending)")
+    if r["not_reusable"]:
+        lines.append("not reusable:")
+    for c in r["not_reusable"]:
+        what = ", ".join(x for x in (f"status {c['status']}", f"action {c['action']}",
+                                     f"finding {c['finding']}" if c["finding"] else "",
+                                     f"asks {c['asks']}" if c["asks"] else "") if x)
+        lines.append(f"  {_count(c['blocks'])} block{'' if c['blocks'] == 1 else 's'} "
+                     f"({human_bytes(c['bytes'])}): {what}")
+        if c["reason"]:
+            lines.append(f"    reason: {c['reason']}")
+        lines.append(f"    {'$ ' + c['command'] if c['command'] else c['why']}")
+    return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"  # exact: a person compares these with the report's and the plan's
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "unknown"
+    return str(v).lower() if isinstance(v, bool) else str(v)
