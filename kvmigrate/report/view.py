@@ -179,15 +179,37 @@ def _yes_no(v: Any) -> str:
     return "-" if v is None else ("yes" if v else "no")
 
 
-def findings_table(s: dict[str, Any]) -> Table:
+def findings_table(s: dict[str, Any], *, notes: bool = True) -> Table:
+    """Every finding, one row each; `notes=False` leaves the notes out (folded_notes_table)."""
     t = Table("findings", "Findings", ["Severity", "Code", "Namespace", "Files", "Bytes", "Finding"],
               numeric={3, 4}, names={1, 2})
     for f in s["findings"]:
+        if not notes and f["severity"] == "note":
+            continue
         t.rows.append([f["severity"], f["code"], or_dash(f["namespace"]),
                        "-" if f["files"] is None else human_count(f["files"]),
                        "-" if f["bytes"] is None else human_bytes(f["bytes"]),
                        f["message"] + (f" (e.g. {f['example']})" if f.get("example") else "")])
     return t
+
+
+def folded_notes_table(s: dict[str, Any]) -> Table:
+    """The notes (severity `note`), one row per distinct message: the same assumed facts in
+    five namespaces are one row naming the five, so notes do not drown the findings."""
+    t = Table("notes", "Notes", ["Code", "Namespaces", "Note"], names={0, 1})
+    folded: dict[tuple[str, str], list[str]] = {}
+    for f in s["findings"]:
+        if f["severity"] == "note":
+            folded.setdefault((f["code"], f["message"]), []).append(or_dash(f["namespace"]))
+    for (code, message), where in folded.items():
+        t.rows.append([code, ", ".join(where), message])
+    return t
+
+
+def exit_bits_label(code: int) -> str:
+    """5 -> '1 findings + 4 integrity' (each bit with its value: interface.md §4)."""
+    names = [f"{bit} {name}" for bit, name in EXIT_BITS if code & bit]
+    return " + ".join(names) if names else "clean"
 
 
 def header_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
