@@ -14,7 +14,7 @@ from typing import Any
 
 from kvmigrate.report import view
 from kvmigrate.report.summary import NEEDS_ACTIONS, REUSABLE_ACTIONS, STATUS_BITS
-from kvmigrate.units import human_bytes, human_count, percent
+from kvmigrate.units import human_bytes, human_count, percent, plural
 from kvmigrate.report.view import Table
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
@@ -171,7 +171,7 @@ def status_chart(s: dict[str, Any]) -> str:
         color = SEVERITY_COLORS["ok"] if status == "ok" else SEVERITY_COLORS[
             "operational" if bits & 8 else "integrity" if bits & 4 else "finding" if bits & 1 else "note"]
         w = log_bar(c["bytes"], widest, bar_w)
-        files = f"{c['files']:,} {'file' if c['files'] == 1 else 'files'}"
+        files = plural(c["files"], "file")
         out.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{esc(status)}</text>'
                    f'<rect class="status-{esc(status)}" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="16" '
                    f'fill="{color}"><title>{esc(status)}: {esc(files)}, {c["bytes"]:,} bytes</title></rect>'
@@ -198,13 +198,13 @@ def _tiles(s: dict[str, Any]) -> str:
     severities = Counter(f["severity"] for f in s["findings"] if f["severity"] != "note")
     by_severity = ", ".join(f"{n} {sev}" for sev, n in severities.items())
     tiles = [
-        ("", human_bytes(t["bytes"]), f"{human_count(t['files'])} files in {t['namespaces']} namespaces"),
+        ("", human_bytes(t["bytes"]), f"{plural(t['files'], 'file')} in {plural(t['namespaces'], 'namespace')}"),
         ("good" if t["reusable"]["bytes"] else "", human_bytes(t["reusable"]["bytes"]),
          f"reusable ({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])}, "
-         f"{human_count(t['reusable']['blocks'])} blocks)"),
+         f"{plural(t['reusable']['blocks'], 'block')})"),
         ("warn" if t["pending"]["blocks"] else "", human_count(t["pending"]["blocks"]),
-         f"blocks pending ({human_bytes(t['pending']['bytes'])})"),
-        ("", human_bytes(t["not_reusable"]["bytes"]), f"not reusable ({human_count(t['not_reusable']['blocks'])} blocks)"),
+         f"{'block' if t['pending']['blocks'] == 1 else 'blocks'} pending ({human_bytes(t['pending']['bytes'])})"),
+        ("", human_bytes(t["not_reusable"]["bytes"]), f"not reusable ({plural(t['not_reusable']['blocks'], 'block')})"),
         ("bad" if any(f["bits"] & 12 for f in s["findings"]) else "warn" if problems else "good", str(problems),
          f"{'finding' if problems == 1 else 'findings'} to act on" + (f" ({by_severity})" if by_severity else "")
          + (f", {notes} {'note' if notes == 1 else 'notes'}" if notes else "")),
