@@ -60,7 +60,8 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
-            "finding", "of_action", "output_bytes", "asks", "target_base", "target_relpath"]
+            "finding", "of_action", "output_bytes", "asks"]
+_MERGE_COLUMNS = ["target_base", "target_relpath"]  # read only when source namespaces share a target
 # the finding columns a group of rows is told apart by (besides its reason)
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
@@ -113,11 +114,16 @@ class _Totals:
             "hash_len": pc.binary_length(t["block_hash"]),
             "at_lowest": at_lowest,
             "size": pc.fill_null(t["size"], 0),
+            # the file's share of its inode's bytes (data_bytes: a hard-linked file counted once)
+            "share": pc.divide(pc.cast(pc.fill_null(t["size"], 0), pa.float64()),
+                               pc.cast(pc.max_element_wise(pc.fill_null(nlink, 1), pa.scalar(1, nlink.type)),
+                                       pa.float64())),
         })
         keys = ["ns", "status", "action", "reason", *_FINDING_KEYS, "shared", "hash_len", "at_lowest"]
-        agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all")])
+        agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all"), ("share", "sum")])
         for (ns_, status, action, reason, finding, of_action, out, asks, sh, hl, low, nbytes,
-             nfiles) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all"))):
+             nfiles, share) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all", "share_sum"))):
+            self.data_bytes[ns_] += share or 0.0
             seen = self.reasons_seen[(ns_, status, action)]
             if reason not in seen:
                 if len(seen) >= _REASONS_KEPT and finding not in fd.SECONDARY:
@@ -130,11 +136,6 @@ class _Totals:
         self._add_examples(work, t["relpath"])
         self._add_block_keys(work, t)
         self._add_target_paths(work, t)
-        share = pc.divide(pc.cast(work["size"], pa.float64()),
-                          pc.cast(pc.max_element_wise(pc.fill_null(nlink, 1), pa.scalar(1, nlink.type)), pa.float64()))
-        per_ns = pa.table({"ns": ns, "share": share}).group_by(["ns"]).aggregate([("share", "sum")])
-        for base, nbytes in zip(per_ns["ns"].to_pylist(), per_ns["share_sum"].to_pylist()):
-            self.data_bytes[base] += nbytes or 0.0
 
     def _add_target_paths(self, work: pa.Table, t: pa.Table) -> None:
         """Target paths of the pending rows of namespaces that share their target (merges)."""
@@ -153,9 +154,14 @@ class _Totals:
         if not self._paths:
             return {}
         rows = pa.concat_tables(self._paths).combine_chunks()
-        first = rows.group_by(["target_base", "target_relpath"]).aggregate([("ns", "min")])
-        rows = rows.join(first, ["target_base", "target_relpath"])
-        dup = rows.filter(pc.not_equal(rows["ns"], rows["ns_min"]))
+        if rows.num_rows < 2:
+            return {}
+        # sorted by path then source: a row whose path is its predecessor's is a duplicate
+        rows = rows.take(pc.sort_indices(rows, [("target_base", "ascending"), ("target_relpath", "ascending"),
+                                                ("ns", "ascending")]))
+        same = pc.and_(pc.equal(rows["target_relpath"][1:], rows["target_relpath"][:-1]),
+                       pc.equal(rows["target_base"][1:], rows["target_base"][:-1]))
+        dup = rows.slice(1).filter(pc.fill_null(same, False))
         if not dup.num_rows:
             return {}
         counts = dup.group_by(["ns"]).aggregate([([], "count_all"), ("size", "sum")])
@@ -451,7 +457,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
     if totals is None:
         totals = totals_for(meta)
-        for batch in _batches(path, _COLUMNS):
+        for batch in _batches(path, _COLUMNS + (_MERGE_COLUMNS if len(totals.shared_target) else [])):
             totals.add(batch)
     per_ns = _namespace_aggregates(totals.groups)
     extra_blocks = totals.blocks_without_lowest_row()
