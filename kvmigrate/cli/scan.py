@@ -72,7 +72,8 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
     click.echo(f"scanned {summary['root']}: {plural(totals['files'], 'file')}, {human_bytes(totals['bytes'])} "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")
     for ns in summary["namespaces"]:
-        actions = ", ".join(f"{a} {human_count(v['blocks'])}" for a, v in sorted(ns["by_action"].items())) or "no blocks"
+        actions = (", ".join(f"{a} {human_count(v['blocks'])}" for a, v in sorted(ns["by_action"].items()))
+                   or "no blocks")
         line = f"  {ns['source_base']}: {identity_label(ns)} ranks {ns['ranks']} [{ns['status']}]"
         if ns.get("target_base"):
             line += f" -> {ns['target_base']}"

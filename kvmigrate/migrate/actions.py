@@ -55,7 +55,8 @@ class ActionKind:
         raise NotImplementedError
 
     def text(self, blocks: int, nbytes: int) -> str:
-        return f"  {self.label:<40} {human_count(blocks):>9} {'block ' if blocks == 1 else 'blocks'}  {human_bytes(nbytes):>10}"
+        noun = "block " if blocks == 1 else "blocks"
+        return f"  {self.label:<40} {human_count(blocks):>9} {noun}  {human_bytes(nbytes):>10}"
 
     def output_size(self, act: BlockAction) -> int:
         """The bytes the block's file will hold."""
@@ -220,7 +221,8 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
             lines.append(f"  skipped {action}: {plural(n, 'block')} ({human_bytes(tp.skipped_bytes[(action, reason)])})"
                          f" - {reason}")
         for reason, n in sorted(tp.not_reusable.items()):
-            lines.append(f"  not reusable: {plural(n, 'block')} ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
+            lines.append(f"  not reusable: {plural(n, 'block')} ({human_bytes(tp.not_reusable_bytes[reason])})"
+                         f" - {reason}")
         causes = _conflict_causes(tp.conflicts)
         for reason, n in sorted(causes.items())[:10]:
             lines.append(f"  conflict: {plural(n, 'block')} - {reason}")

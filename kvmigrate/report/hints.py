@@ -293,8 +293,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             blocks = sum(c["blocks"] for c in planned.values())
             findings.append(_finding("target_guessed", 1, base,
                                      f"target {n['target_base']} is a guess: it depends on "
-                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; {plural(blocks, 'block')} "
-                                     f"{'is' if blocks == 1 else 'are'} planned there, where the target engine may never read them",
+                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; "
+                                     f"{plural(blocks, 'block')} {'is' if blocks == 1 else 'are'} planned there, "
+                                     "where the target engine may never read them",
                                      blocks=blocks, bytes=sum(c["bytes"] for c in planned.values()), facts=missing))
             command, why = fact_hint(cmd, missing, base)
             hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
@@ -324,11 +325,13 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if action == "none" and "--family" in flags:
                 findings.append(_finding("family_ambiguous", 1, base,
                                          "S1 folder could be vllm or llm-d and the two readings give different bytes: "
-                                         f"{plural(blocks, 'file')} stay{'s' if blocks == 1 else ''} unmigrated until the family is given",
+                                         f"{plural(blocks, 'file')} stay{'s' if blocks == 1 else ''} unmigrated "
+                                         "until the family is given",
                                          evidence=n["family_evidence"], files=blocks))
             elif action == "none" and set(flags) != {n.get("target_error_flag")}:
                 findings.append(_finding("fact_needed", 0, base,
-                                         f"{plural(blocks, 'file')} need{'s' if blocks == 1 else ''} {', '.join(sorted(flags))} to be planned"))
+                                         f"{plural(blocks, 'file')} need{'s' if blocks == 1 else ''} "
+                                         f"{', '.join(sorted(flags))} to be planned"))
             extra: list[str] = []
             for flag in sorted(flags):
                 extra += [flag, FLAG_VALUES.get(flag, "<value>")]
@@ -341,8 +344,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                      "finds the one size giving N equal cells (`kvmigrate migrate ROOT` scans so)", action, base, 2)
         if n.get("aliases_source_blocks"):
             findings.append(_finding("aliases_source", 0, base,
-                                     f"{plural(n['aliases_source_blocks'], 'block')}: the target path equals a source path "
-                                     "holding other bytes", blocks=n["aliases_source_blocks"]))
+                                     f"{plural(n['aliases_source_blocks'], 'block')}: the target path equals a "
+                                     "source path holding other bytes", blocks=n["aliases_source_blocks"]))
         if n.get("aliases_source_blocks") and base not in guessed:
             hint(cmd.migrate("--dest", "<DIR>", "--apply"),
                  "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
@@ -350,7 +353,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
         if multi_rank and summary.get("verify") != "hash" and relies:
             findings.append(_finding("replicas_unverified", 0, base,
-                                     f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared by size "
+                                     f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared "
+                                     "by size "
                                      f"only (verify={summary.get('verify')}): differing replicas are not "
                                      "detected until hashed", blocks=relies))
             hint(cmd.rerun("--verify", "hash"), "hash every replica so mismatches are found before migrating",

@@ -251,12 +251,13 @@ def render(s: dict[str, Any]) -> str:
             '<section id="charts"><h2>At a glance</h2>',
             '<figure id="chart-reuse"><figcaption>Reusable vs not, per namespace (bytes of block files)'
             "</figcaption>", reuse_chart(s), "</figure>",
-            '<figure id="chart-status"><figcaption>Bytes by status (log scale, so a small defect is still a bar: the exact values are beside each bar)</figcaption>', status_chart(s), "</figure>",
+            '<figure id="chart-status"><figcaption>Bytes by status (log scale, so a small defect is still a bar: '
+            "the exact values are beside each bar)</figcaption>", status_chart(s), "</figure>",
             "</section>",
             '<section id="next"><h2>What to do next</h2>', _hints(s["hints"]), "</section>",
             '<section id="totals"><h2>Totals</h2>', pairs_html(view.totals_pairs(s)), "</section>"]
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
-              view.action_table(s["totals"]["by_action"])):
+              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates"))):
         body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
     body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
                 f'{_notes(view.folded_notes_table(s))}</section>')
@@ -266,7 +267,8 @@ def render(s: dict[str, Any]) -> str:
                     f' — {esc(view.gate_label(n))}, {esc(human_bytes(n["bytes"]))}</summary>'
                     + pairs_html(view.namespace_details(n), cls="")
                     + table_html(view.status_table(n["by_status"], key=f"status-{n['source_base']}"))
-                    + (table_html(view.action_table(n["by_action"], key=f"actions-{n['source_base']}"))
+                    + (table_html(view.action_table(n["by_action"], key=f"actions-{n['source_base']}",
+                                                   merges=n.get("merge_duplicates")))
                        if n["by_action"] else "")
                     + "</details>")
     body.append("</section>")

@@ -144,13 +144,13 @@ class _Totals:
         mask = pc.and_(pc.fill_null(pc.is_in(work["action"], value_set=pa.array(PENDING_ACTIONS)), False),
                        pc.fill_null(pc.is_in(work["ns"], value_set=self.shared_target), False))
         rows = pa.table({"target_base": _as_str(t["target_base"]), "target_relpath": t["target_relpath"],
-                         "ns": work["ns"], "size": work["size"]}).filter(mask)
+                         "ns": work["ns"], "action": work["action"], "size": work["size"]}).filter(mask)
         if rows.num_rows:
             self._paths.append(rows)
 
-    def merge_duplicates(self) -> dict[str, list[int]]:
-        """Per source namespace: [blocks, bytes] of its pending rows at a target path that a
-        namespace before it in merge order (base-name order) fills: merge duplicates."""
+    def merge_duplicates(self) -> dict[str, dict[str, list[int]]]:
+        """Per source namespace and action: [blocks, bytes] of its pending rows at a target
+        path that a namespace before it in merge order (base-name order) fills."""
         if not self._paths:
             return {}
         rows = pa.concat_tables(self._paths).combine_chunks()
@@ -164,9 +164,11 @@ class _Totals:
         dup = rows.slice(1).filter(pc.fill_null(same, False))
         if not dup.num_rows:
             return {}
-        counts = dup.group_by(["ns"]).aggregate([([], "count_all"), ("size", "sum")])
-        return {ns: [n, b] for ns, n, b in zip(counts["ns"].to_pylist(), counts["count_all"].to_pylist(),
-                                               counts["size_sum"].to_pylist())}
+        counts = dup.group_by(["ns", "action"]).aggregate([([], "count_all"), ("size", "sum")])
+        out: dict[str, dict[str, list[int]]] = defaultdict(dict)
+        for ns, action, n, b in zip(*(counts[c].to_pylist() for c in ("ns", "action", "count_all", "size_sum"))):
+            out[ns][action] = [n, b]
+        return out
 
     def _add_examples(self, work: pa.Table, relpath: pa.ChunkedArray) -> None:
         mask = pc.invert(pc.is_in(work["status"], value_set=pa.array(["ok", "own_artifact"])))
@@ -323,7 +325,7 @@ _NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_al
 
 
 def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
-                     extra_blocks: dict[Any, int], merges: list[int] | None = None,
+                     extra_blocks: dict[Any, int], merges: dict[str, list[int]] | None = None,
                      data_bytes: float = 0.0) -> dict[str, Any]:
     agg = agg or _NO_ROWS
     target = meta.get("target") or None
@@ -335,7 +337,9 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
     by_action = _ordered(by_action, ACTION_ORDER, "blocks")
     reusable = _sum_actions(by_action, REUSABLE_ACTIONS)
     pending = _sum_actions(by_action, PENDING_ACTIONS)
-    merged = {"blocks": (merges or [0, 0])[0], "bytes": (merges or [0, 0])[1]}
+    merged = {"blocks": sum(n for n, _ in (merges or {}).values()),
+              "bytes": sum(b for _, b in (merges or {}).values()),
+              "by_action": {a: {"blocks": n, "bytes": b} for a, (n, b) in sorted((merges or {}).items())}}
     pending = {k: pending[k] - merged[k] for k in pending}  # a merge duplicate is placed by another source
     reasons = {a: sorted(([r, n] for r, n in rs.items()), key=lambda x: (-x[1], x[0]))[:5]
                for a, rs in agg["reasons"].items()}
@@ -485,7 +489,9 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "bytes_alone": sum(n["bytes_alone"] for n in namespaces) + (outside["bytes_alone"] if outside else 0),
         "bytes_shared": sum(n["bytes_shared"] for n in namespaces) + (outside["bytes_shared"] if outside else 0),
         "data_bytes": sum(n["data_bytes"] for n in namespaces) + round(totals.data_bytes.get(OUTSIDE, 0.0)),
-        "merge_duplicates": {k: sum(n["merge_duplicates"][k] for n in namespaces) for k in ("blocks", "bytes")},
+        "merge_duplicates": {**{k: sum(n["merge_duplicates"][k] for n in namespaces) for k in ("blocks", "bytes")},
+                             "by_action": _merge_counts([n["merge_duplicates"]["by_action"] for n in namespaces],
+                                                        ACTION_ORDER, "blocks")},
         "by_status": _merge_counts([n["by_status"] for n in every], STATUS_ORDER, "files"),
         "by_action": _merge_counts([n["by_action"] for n in namespaces], ACTION_ORDER, "blocks"),
         "namespaces": len(namespaces),

@@ -153,10 +153,17 @@ def status_table(by_status: dict[str, dict[str, int]], key: str = "status", titl
 
 
 def action_table(by_action: dict[str, dict[str, int]], key: str = "actions",
-                 title: str = "Blocks by action") -> Table:
-    t = Table(key, title, ["Action", "Blocks", "Bytes"], numeric={1, 2}, names={0})
+                 title: str = "Blocks by action", merges: dict[str, Any] | None = None) -> Table:
+    """Blocks per action; with merge duplicates, a column of how many of them another source
+    places (the dry run's "merge" line: its action lines count the rest)."""
+    merged = (merges or {}).get("by_action") or {}
+    t = Table(key, title, ["Action", "Blocks", "Bytes"] + (["Of which merge duplicates"] if merged else []),
+              numeric={1, 2, 3}, names={0})
     for action, c in by_action.items():
-        t.rows.append([action, human_count(c["blocks"]), human_bytes(c["bytes"])])
+        row = [action, human_count(c["blocks"]), human_bytes(c["bytes"])]
+        if merged:
+            row.append(human_count(merged.get(action, {}).get("blocks", 0)))
+        t.rows.append(row)
     return t
 
 

@@ -73,6 +73,13 @@ def test_dry_run_and_report_count_merged_replicas_alike(synth_root, tmp_path):
     assert re.search(rf"^  merge duplicates +{merges} blocks", text, re.M)
     _, dry = run("migrate", "--manifest", m)
     assert f"{plan['pending']} blocks would be created" in dry
+    # Blocks by action: each action's blocks less its merge duplicates are the dry run's action lines
+    planned = {a: sum(t["actions"][a]["blocks"] for t in plan["targets"]) for a in ("link", "copy_pad")}
+    table = text[text.index("BLOCKS BY ACTION"):text.index("NAMESPACE DETAILS")]
+    assert "OF WHICH MERGE DUPLICATES" in table
+    for action, n in planned.items():
+        blocks, merged = re.search(rf"^{action} +(\d+) +\S+ \S+ +(\d+)$", table, re.M).groups()
+        assert int(blocks) - int(merged) == n > 0, action
 
 
 def test_diff_tells_new_data_from_new_hard_links(synth_root, tmp_path):
