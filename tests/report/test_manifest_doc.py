@@ -150,5 +150,5 @@ def test_pending_by_action_counts_blocks_like_the_dry_run(manifests):
     plan = build_plan(before)
     planned = {a: sum(tp.counts()[a]["blocks"] for tp in plan.targets) for a in CREATING}
     assert {a: n for a, n, _ in rows} == {a: n for a, n in planned.items() if n}
-    assert sum(n for _, n, _ in rows) == plan.pending
+    assert sum(n for _, n, _ in rows) == plan.pending == summarize(before)["totals"]["pending"]["blocks"]
     assert sql("pending_by_action", after) == [] == polars("pending_by_action", after)
