@@ -216,15 +216,15 @@ def _tiles(s: dict[str, Any]) -> str:
         for c, v, label in tiles) + "</section>"
 
 
-def _notes(t: Table) -> str:
+def _notes(s: dict[str, Any]) -> str:
     """The notes folded under one closed <details>: one line per distinct note, with the
     namespaces it applies to, so repeated assumed facts do not push the findings away."""
+    t = view.folded_notes_table(s)
     if not t.rows:
         return ""
-    n = sum(len(r[1].split(", ")) for r in t.rows)
-    codes = Counter(r[0] for r in t.rows for _ in r[1].split(", "))
+    codes = Counter(f["code"] for f in s["findings"] if f["severity"] == "note")
     what = ", ".join(f"{code} ×{k}" if k > 1 else code for code, k in codes.items())
-    return (f'<details class="notes"><summary>{n} {"note" if n == 1 else "notes"} ({esc(what)}), '
+    return (f'<details class="notes"><summary>{plural(sum(codes.values()), "note")} ({esc(what)}), '
             f'{len(t.rows)} distinct</summary>{table_html(t)}</details>')
 
 
@@ -260,7 +260,7 @@ def render(s: dict[str, Any]) -> str:
               view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates"))):
         body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
     body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
-                f'{_notes(view.folded_notes_table(s))}</section>')
+                f'{_notes(s)}</section>')
     body.append('<section id="details"><h2>Namespace details</h2>')
     for n in s["namespaces"]:
         body.append(f'<details class="namespace" open><summary><h3 class="mono">{esc(n["source_base"])}</h3>'
