@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from kvmigrate.units import plural
+
 TRANSFORMS = ("slice", "concat", "relayout")
 # The bytes a transform writes per block are the manifest's `output_bytes` column (the
 # finding classify gives its row): reports, which only have the manifest, read it there.
@@ -47,7 +49,7 @@ def human_seconds(seconds: float) -> str:
 def cost_line(action: str, cost: dict, fmt_bytes: Callable[[int], str]) -> str:
     """One sentence for reports and the dry run."""
     rate = TRANSFORM_BYTES_PER_SECOND // 10**6
-    text = (f"{action}: {cost['blocks']} blocks, writes {fmt_bytes(int(cost['output_bytes']))} "
+    text = (f"{action}: {plural(cost['blocks'], 'block')}, writes {fmt_bytes(int(cost['output_bytes']))} "
             f"(est. {human_seconds(float(cost['seconds_estimate']))} at an assumed {rate} MB/s)")
     if "saves_bytes" in cost:
         return text + f"; saves {fmt_bytes(int(cost['saves_bytes']))} against the legacy rows (once those are removed)"

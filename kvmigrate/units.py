@@ -2,7 +2,8 @@
 
 One formatter per kind of number, used by every human renderer, so the same summary
 always prints the same strings; `parse_bytes` / `parse_count` invert them for tests and
-for anyone reading a pasted report back.
+for anyone reading a pasted report back. Counts are exact (`human_count`, `plural`);
+bytes are binary units with three significant digits (`human_bytes`), everywhere.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import re
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-_COUNT_UNITS = ("", "k", "M", "G", "T")
 
 
 def _three_digits(value: float) -> str:
@@ -41,21 +41,18 @@ def human_bytes(n: int | None) -> str:
 
 
 def human_count(n: int | None) -> str:
-    """12345 -> '12.3k'; exact below 10 000 (small counts are read, not estimated)."""
+    """20897 -> '20,897': counts are exact (people compare totals across reports and with
+    the dry run; '20.9k' hides the difference of a few blocks)."""
     if n is None:
         return "-"
-    n = int(n)
-    if abs(n) < 10_000:
-        return str(n)
-    value = float(abs(n))
-    unit = 0
-    while value >= 1000 and unit < len(_COUNT_UNITS) - 1:
-        value /= 1000
-        unit += 1
-    text = _three_digits(value)
-    if text == "1000" and unit < len(_COUNT_UNITS) - 1:
-        text, unit = "1.00", unit + 1
-    return f"{'-' if n < 0 else ''}{text}{_COUNT_UNITS[unit]}"
+    return f"{int(n):,}"
+
+
+def plural(n: int | None, noun: str, nouns: str | None = None) -> str:
+    """(1, 'block') -> '1 block'; (20897, 'block') -> '20,897 blocks' (the count exact)."""
+    if n is None:
+        return f"- {nouns or noun + 's'}"
+    return f"{human_count(n)} {noun if int(n) == 1 else (nouns or noun + 's')}"
 
 
 def signed(text: str, n: int) -> str:
@@ -70,7 +67,7 @@ def percent(part: int, whole: int) -> str:
 
 
 _BYTES_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB|PiB|EiB)$")
-_COUNT_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?)(k|M|G|T)?$")
+_COUNT_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})*$")
 
 
 def parse_bytes(text: str) -> float:
@@ -81,9 +78,9 @@ def parse_bytes(text: str) -> float:
     return float(m.group(1)) * 1024 ** _BYTE_UNITS.index(m.group(2))
 
 
-def parse_count(text: str) -> float:
-    """Inverse of human_count (approximate at 10 000 and above)."""
-    m = _COUNT_RE.match(text.strip())
-    if not m:
+def parse_count(text: str) -> int:
+    """Inverse of human_count ('20,897' -> 20897)."""
+    text = text.strip()
+    if not _COUNT_RE.match(text):
         raise ValueError(f"not a count: {text!r}")
-    return float(m.group(1)) * 1000 ** _COUNT_UNITS.index(m.group(2) or "")
+    return int(text.replace(",", ""))

@@ -11,6 +11,8 @@ import click
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
                                   part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
                                   scaleout_options, selection_options, walk_options)
+from kvmigrate.report.view import identity_label
+from kvmigrate.units import human_bytes, human_count, plural
 
 
 @click.command("scan")
@@ -70,15 +72,16 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
 
 def _print_text(summary: dict, result, quiet: bool) -> None:
     totals = summary["totals"]
-    click.echo(f"scanned {summary['root']}: {totals['files']} files, {totals['bytes']} bytes "
+    click.echo(f"scanned {summary['root']}: {plural(totals['files'], 'file')}, {human_bytes(totals['bytes'])} "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")
     if summary.get("selection"):
         from kvmigrate.report.view import selection_note
 
         click.echo("partial: " + "; ".join(selection_note(step) for step in summary["selection"]))
     for ns in summary["namespaces"]:
-        actions = ", ".join(f"{a} {v['blocks']}" for a, v in sorted(ns["by_action"].items())) or "no blocks"
-        line = f"  {ns['source_base']}: {ns['family']} {ns['scheme']} ranks {ns['ranks']} [{ns['status']}]"
+        actions = (", ".join(f"{a} {human_count(v['blocks'])}" for a, v in sorted(ns["by_action"].items()))
+                   or "no blocks")
+        line = f"  {ns['source_base']}: {identity_label(ns)} ranks {ns['ranks']} [{ns['status']}]"
         if ns.get("target_base"):
             line += f" -> {ns['target_base']}"
         click.echo(line)
@@ -90,9 +93,10 @@ def _print_text(summary: dict, result, quiet: bool) -> None:
     findings = {s: v for s, v in totals["by_status"].items() if s not in ("ok", "own_artifact")}
     pending = totals["pending"]["blocks"]
     if findings:
-        click.echo("findings: " + ", ".join(f"{s} {v['files']}" for s, v in sorted(findings.items())))
+        click.echo("findings: " + ", ".join(f"{s} {human_count(v['files'])}" for s, v in sorted(findings.items())))
     if pending:  # exit bit 1 too
-        click.echo(f"pending: {pending} reusable blocks are not yet in their target namespaces")
+        click.echo(f"pending: {plural(pending, 'reusable block')} {'is' if pending == 1 else 'are'} not yet in their "
+                   "target namespaces")
     if findings or pending:
         click.echo(f"details and what to do next: kvmigrate report {shlex.quote(os.path.relpath(result.output))}")
     for err in summary.get("walk_errors", [])[:5]:

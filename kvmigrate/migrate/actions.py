@@ -20,7 +20,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.migrate.competing import COMPETING
 from kvmigrate.migrate.fsops import padded_size
 from kvmigrate.migrate.model import MERGE
-from kvmigrate.units import human_bytes
+from kvmigrate.units import human_bytes, human_count, plural
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
@@ -55,7 +55,8 @@ class ActionKind:
         raise NotImplementedError
 
     def text(self, blocks: int, nbytes: int) -> str:
-        return f"  {self.label:<40} {blocks:>9} blocks  {human_bytes(nbytes):>10}"
+        noun = "block " if blocks == 1 else "blocks"
+        return f"  {self.label:<40} {human_count(blocks):>9} {noun}  {human_bytes(nbytes):>10}"
 
     def output_size(self, act: BlockAction) -> int:
         """The bytes the block's file will hold."""
@@ -206,23 +207,25 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
         for a, kind in ACTIONS.items():
             if c[a]["blocks"]:
                 lines.append(kind.text(c[a]["blocks"], c[a]["bytes"]))
-        lines.append(f"  {'already present':<40} {tp.already_present[0]:>9} blocks  "
+        lines.append(f"  {'already present':<40} {human_count(tp.already_present[0]):>9} "
+                     f"{'block ' if tp.already_present[0] == 1 else 'blocks'}  "
                      f"{human_bytes(tp.already_present[1]):>10}")
         if c[MERGE]["blocks"]:
-            lines.append(f"  {MERGE_LABEL}: {c[MERGE]['blocks']} blocks ({human_bytes(c[MERGE]['bytes'])})")
+            lines.append(f"  {MERGE_LABEL}: {plural(c[MERGE]['blocks'], 'block')} ({human_bytes(c[MERGE]['bytes'])})")
         if tp.unverified_merges:
             lines.append(f"    of which {tp.unverified_merges} only by size (the manifest has no content hashes): "
                          "their bytes are compared at apply, a difference is a conflict")
         for action, cost in tp.transform_costs().items():
             lines.append(f"  cost of {cost_line(action, cost, human_bytes)}")
         for (action, reason), n in sorted(tp.skipped.items()):
-            lines.append(f"  skipped {action}: {n} blocks ({human_bytes(tp.skipped_bytes[(action, reason)])})"
+            lines.append(f"  skipped {action}: {plural(n, 'block')} ({human_bytes(tp.skipped_bytes[(action, reason)])})"
                          f" - {reason}")
         for reason, n in sorted(tp.not_reusable.items()):
-            lines.append(f"  not reusable: {n} blocks ({human_bytes(tp.not_reusable_bytes[reason])}) - {reason}")
+            lines.append(f"  not reusable: {plural(n, 'block')} ({human_bytes(tp.not_reusable_bytes[reason])})"
+                         f" - {reason}")
         causes = _conflict_causes(tp.conflicts)
         for reason, n in sorted(causes.items())[:10]:
-            lines.append(f"  conflict: {n} blocks - {reason}")
+            lines.append(f"  conflict: {plural(n, 'block')} - {reason}")
         if len(causes) > 10:
             lines.append(f"  ... and {len(causes) - 10} more causes of conflicts")
         if any(r.startswith(COMPETING) for r in tp.conflicts):
@@ -234,15 +237,15 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
         lines.append("")
         lines.append("namespaces without a target identity:")
         for reason, n in sorted(plan.untargeted.items()):
-            lines.append(f"  not reusable: {n} blocks - {reason}")
+            lines.append(f"  not reusable: {plural(n, 'block')} - {reason}")
     lines.append("")
     if plan.integrity_rows:
-        lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files "
+        lines.append(f"integrity findings in the manifest: {plural(plan.integrity_rows, 'file')} "
                      "(see `kvmigrate report` for details)")
     lines.append("outcomes if applied: " + ", ".join(f"{k} {n}" for k, n in plan.outcomes().items())
                  + " (changed_since_scan and failed are only known when applying)")
     if plan.pending:
-        lines.append(f"{plan.pending} blocks would be created. Nothing was written (dry run).")
+        lines.append(f"{plural(plan.pending, 'block')} would be created. Nothing was written (dry run).")
         if apply_command:
             lines.append(f"to apply: {apply_command}")
     else:

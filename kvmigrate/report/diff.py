@@ -2,7 +2,9 @@
 
 Works on two summaries (so it costs two streaming passes, never a join of manifests).
 A finding is a non-ok state per namespace; it is *new* when its file count appeared or
-grew, *resolved* when it shrank or vanished.
+grew, *resolved* when it shrank or vanished. Bytes are split into held alone and shared
+through hard links, with the data on disk (a hard-linked file counted once): a migration
+by hard links adds shared bytes, not data.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ _QUIET_STATUSES = ("ok", "own_artifact")
 
 def _ns_numbers(n: dict[str, Any] | None) -> dict[str, int]:
     if not n:
-        return {"files": 0, "bytes": 0, "blocks": 0, "reusable_blocks": 0, "reusable_bytes": 0, "pending_blocks": 0}
-    return {"files": n["files"], "bytes": n["bytes"], "blocks": n["blocks"],
+        return {"files": 0, "bytes": 0, "bytes_alone": 0, "bytes_shared": 0, "blocks": 0, "reusable_blocks": 0,
+                "reusable_bytes": 0, "pending_blocks": 0}
+    return {"files": n["files"], "bytes": n["bytes"], "bytes_alone": n["bytes_alone"],
+            "bytes_shared": n["bytes_shared"], "blocks": n["blocks"],
             "reusable_blocks": n["reusable"]["blocks"], "reusable_bytes": n["reusable"]["bytes"],
             "pending_blocks": n["pending"]["blocks"]}
 
@@ -25,7 +29,8 @@ def _run(s: dict[str, Any]) -> dict[str, Any]:
     t = s["totals"]
     return {"manifest": s.get("manifest"), "root": s.get("root"), "command": s.get("command"),
             "exit_code": s["exit_code"],
-            "totals": {"files": t["files"], "bytes": t["bytes"], "blocks": t["blocks"],
+            "totals": {"files": t["files"], "bytes": t["bytes"], "bytes_alone": t["bytes_alone"],
+                       "bytes_shared": t["bytes_shared"], "data_bytes": t["data_bytes"], "blocks": t["blocks"],
                        "reusable_blocks": t["reusable"]["blocks"], "reusable_bytes": t["reusable"]["bytes"]}}
 
 

@@ -17,6 +17,7 @@ from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.selection import Selection
+from kvmigrate.units import plural
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -171,7 +172,7 @@ def _finding(code: str, bits: int, namespace: str | None, message: str, **extra:
 
 
 def _files(n: int) -> str:
-    return f"{n} file" if n == 1 else f"{n} files"
+    return plural(n, "file")
 
 
 def _flag_of(target_error: str, family: str | None) -> str | None:
@@ -296,8 +297,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             blocks = sum(c["blocks"] for c in planned.values())
             findings.append(_finding("target_guessed", 1, base,
                                      f"target {n['target_base']} is a guess: it depends on "
-                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; {blocks} blocks are "
-                                     "planned there, where the target engine may never read them",
+                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; "
+                                     f"{plural(blocks, 'block')} {'is' if blocks == 1 else 'are'} planned there, "
+                                     "where the target engine may never read them",
                                      blocks=blocks, bytes=sum(c["bytes"] for c in planned.values()), facts=missing))
             command, why = fact_hint(cmd, missing, base)
             hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
@@ -316,7 +318,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             waits = not asked.get(action)
             findings.append(_finding(
                 action, 0, base,
-                f"{count['blocks']} blocks need the {action.removeprefix('needs_')} transform"
+                f"{plural(count['blocks'], 'block')} need{'s' if count['blocks'] == 1 else ''} the "
+                f"{action.removeprefix('needs_')} transform"
                 + (" but their numbers are not proven (migrate --apply skips them; the reason says why)" if waits else
                    f" and the facts {', '.join(sorted(asked[action]))}")
                 + (f"; e.g. {reasons[0]}" if reasons else ""),
@@ -326,11 +329,13 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if action == "none" and "--family" in flags:
                 findings.append(_finding("family_ambiguous", 1, base,
                                          "S1 folder could be vllm or llm-d and the two readings give different bytes: "
-                                         f"{blocks} files stay unmigrated until the family is given",
+                                         f"{plural(blocks, 'file')} stay{'s' if blocks == 1 else ''} unmigrated "
+                                         "until the family is given",
                                          evidence=n["family_evidence"], files=blocks))
             elif action == "none" and set(flags) != {n.get("target_error_flag")}:
                 findings.append(_finding("fact_needed", 0, base,
-                                         f"{blocks} files need {', '.join(sorted(flags))} to be planned"))
+                                         f"{plural(blocks, 'file')} need{'s' if blocks == 1 else ''} "
+                                         f"{', '.join(sorted(flags))} to be planned"))
             extra: list[str] = []
             for flag in sorted(flags):
                 extra += [flag, FLAG_VALUES.get(flag, "<value>")]
@@ -343,8 +348,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                      "finds the one size giving N equal cells (`kvmigrate migrate ROOT` scans so)", action, base, 2)
         if n.get("aliases_source_blocks"):
             findings.append(_finding("aliases_source", 0, base,
-                                     f"{n['aliases_source_blocks']} blocks: the target path equals a source path "
-                                     "holding other bytes", blocks=n["aliases_source_blocks"]))
+                                     f"{plural(n['aliases_source_blocks'], 'block')}: the target path equals a "
+                                     "source path holding other bytes", blocks=n["aliases_source_blocks"]))
         if n.get("aliases_source_blocks") and base not in guessed:
             hint(cmd.migrate("--dest", "<DIR>", "--apply"),
                  "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
@@ -352,7 +357,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
         if multi_rank and summary.get("verify") != "hash" and relies:
             findings.append(_finding("replicas_unverified", 0, base,
-                                     f"{relies} blocks would be taken from rank 0 of replicas compared by size "
+                                     f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared "
+                                     "by size "
                                      f"only (verify={summary.get('verify')}): differing replicas are not "
                                      "detected until hashed", blocks=relies))
             hint(cmd.rerun("--verify", "hash"), "hash every replica so mismatches are found before migrating",
@@ -393,7 +399,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     pending = summary["totals"]["pending"]
     if pending["blocks"]:
         guessed_pending = sum(guessed.values())
-        message = f"{pending['blocks']} reusable blocks are not yet in their target namespaces"
+        message = (f"{plural(pending['blocks'], 'reusable block')} {'is' if pending['blocks'] == 1 else 'are'} "
+                   "not yet in their target namespaces")
         if summary.get("verify") != "hash":  # reusable by name and size only: nobody read them yet
             message += (f" (judged by size: this scan (--verify {summary.get('verify')}) did not read them; "
                         "a migration reads and checks each before placing it)")

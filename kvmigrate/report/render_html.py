@@ -8,11 +8,13 @@ are the same ones the text and Markdown reports print (kvmigrate.report.view).
 from __future__ import annotations
 
 import html
+import math
+from collections import Counter
 from typing import Any
 
 from kvmigrate.report import view
 from kvmigrate.report.summary import NEEDS_ACTIONS, REUSABLE_ACTIONS, STATUS_BITS
-from kvmigrate.units import human_bytes, human_count, percent
+from kvmigrate.units import human_bytes, human_count, percent, plural
 from kvmigrate.report.view import Table
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
@@ -52,10 +54,14 @@ svg text.muted { fill: #59636e; }
 table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: var(--soft); font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; white-space: nowrap; }
-td.msg { min-width: 480px; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { white-space: nowrap; }
+td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px;
+          overflow-wrap: anywhere; min-width: 9em; }  /* long folder names wrap: the last columns stay on screen */
+td.msg { min-width: 16em; overflow-wrap: anywhere; }
 .scroll { overflow-x: auto; }
+svg.chart { max-width: 100%; height: auto; }
+details.notes { margin-top: 12px; }
 ol.hints li { margin-bottom: 10px; }
 ol.hints pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px;
                margin: 4px 0 0; white-space: pre-wrap; word-break: break-all; }
@@ -114,7 +120,7 @@ def reuse_chart(s: dict[str, Any]) -> str:
     used = [k for k in keys if any(p[k] for _, p, _ in rows)] or ["none"]
     height = top + row_h * max(len(rows), 1) + 10
     width = label_w + bar_w + value_w
-    out = [f'<svg role="img" id="svg-reuse" width="{width}" height="{height}" '
+    out = [f'<svg role="img" id="svg-reuse" class="chart" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" aria-label="Reusable versus not reusable bytes per namespace">']
     x = label_w
     for k in used:  # legend
@@ -132,7 +138,7 @@ def reuse_chart(s: dict[str, Any]) -> str:
         for k in keys:
             if not parts[k]:
                 continue
-            w = max(bar_w * parts[k] / widest, 1.5)
+            w = max(bar_w * parts[k] / widest, 3)
             label = "replica copies" if k == "replicas" else k
             out.append(f'<rect class="seg-{esc(k)}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
                        f'fill="{ACTION_COLORS[k]}"><title>{esc(name)}: {esc(label)} {esc(human_bytes(parts[k]))}'
@@ -148,47 +154,78 @@ def reuse_chart(s: dict[str, Any]) -> str:
 
 
 def status_chart(s: dict[str, Any]) -> str:
-    """Horizontal bars: bytes by status, coloured by the severity of the status."""
+    """Horizontal bars: bytes by status, coloured by the severity of the status. The scale
+    is logarithmic with a floor (`STATUS_MIN_BAR`) so a defect of a few KiB beside
+    terabytes of healthy blocks is still a bar, not an invisible sliver; the exact bytes
+    and files are printed beside each bar."""
     label_w, bar_w, value_w, row_h, top = 170, 600, 230, 24, 8
     items = list(s["totals"]["by_status"].items())
-    widest = max((c["bytes"] for _, c in items), default=0) or 1
+    widest = max((c["bytes"] for _, c in items), default=0)
     height = top + row_h * max(len(items), 1) + 8
     width = label_w + bar_w + value_w
-    out = [f'<svg role="img" id="svg-status" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" aria-label="Bytes by status">']
+    out = [f'<svg role="img" id="svg-status" class="chart" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" aria-label="Bytes by status (log scale)">']
     for i, (status, c) in enumerate(items):
         y = top + i * row_h
         bits = STATUS_BITS.get(status, 1)
         color = SEVERITY_COLORS["ok"] if status == "ok" else SEVERITY_COLORS[
             "operational" if bits & 8 else "integrity" if bits & 4 else "finding" if bits & 1 else "note"]
-        w = max(bar_w * c["bytes"] / widest, 1.5)
+        w = log_bar(c["bytes"], widest, bar_w)
+        files = plural(c["files"], "file")
         out.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{esc(status)}</text>'
                    f'<rect class="status-{esc(status)}" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="16" '
-                   f'fill="{color}"><title>{esc(status)}: {esc(human_count(c["files"]))} files, '
-                   f'{esc(human_bytes(c["bytes"]))}</title></rect>'
+                   f'fill="{color}"><title>{esc(status)}: {esc(files)}, {c["bytes"]:,} bytes</title></rect>'
                    f'<text x="{label_w + w + 8:.1f}" y="{y + 15}">{esc(human_bytes(c["bytes"]))} · '
-                   f'{esc(human_count(c["files"]))} files</text>')
+                   f'{esc(files)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+STATUS_MIN_BAR = 6  # viewBox units: >= 4 px even when the chart is scaled to an 800 px screen
+
+
+def log_bar(value: int, widest: int, bar_w: float) -> float:
+    """Width of a bar on a log scale from STATUS_MIN_BAR (0 bytes, 1 byte) to bar_w (the widest)."""
+    if widest <= 1 or value <= 1:
+        return float(STATUS_MIN_BAR)
+    return STATUS_MIN_BAR + (bar_w - STATUS_MIN_BAR) * math.log(value) / math.log(widest)
 
 
 def _tiles(s: dict[str, Any]) -> str:
     t = s["totals"]
     problems = sum(1 for f in s["findings"] if f["severity"] != "note")
+    notes = len(s["findings"]) - problems
+    severities = Counter(f["severity"] for f in s["findings"] if f["severity"] != "note")
+    by_severity = ", ".join(f"{n} {sev}" for sev, n in severities.items())
     tiles = [
-        ("", human_bytes(t["bytes"]), f"{human_count(t['files'])} files in {t['namespaces']} namespaces"),
+        ("", human_bytes(t["bytes"]), f"{plural(t['files'], 'file')} in {plural(t['namespaces'], 'namespace')}"),
         ("good" if t["reusable"]["bytes"] else "", human_bytes(t["reusable"]["bytes"]),
          f"reusable ({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])}, "
-         f"{human_count(t['reusable']['blocks'])} blocks)"),
+         f"{plural(t['reusable']['blocks'], 'block')})"),
         ("warn" if t["pending"]["blocks"] else "", human_count(t["pending"]["blocks"]),
-         f"blocks pending ({human_bytes(t['pending']['bytes'])})"),
-        ("", human_bytes(t["not_reusable"]["bytes"]), f"not reusable ({human_count(t['not_reusable']['blocks'])} blocks)"),
-        ("bad" if s["exit_code"] & 12 else "warn" if s["exit_code"] else "good", str(problems),
-         f"findings · exit {view.exit_label(s['exit_code'])}"),
+         f"{'block' if t['pending']['blocks'] == 1 else 'blocks'} pending ({human_bytes(t['pending']['bytes'])})"),
+        ("", human_bytes(t["not_reusable"]["bytes"]), f"not reusable ({plural(t['not_reusable']['blocks'], 'block')})"),
+        ("bad" if any(f["bits"] & 12 for f in s["findings"]) else "warn" if problems else "good", str(problems),
+         f"{'finding' if problems == 1 else 'findings'} to act on" + (f" ({by_severity})" if by_severity else "")
+         + (f", {notes} {'note' if notes == 1 else 'notes'}" if notes else "")),
+        ("bad" if s["exit_code"] & 12 else "warn" if s["exit_code"] else "good", f"exit {s['exit_code']}",
+         f"exit code = {view.exit_bits_label(s['exit_code'])}"),
     ]
     return '<section class="tiles">' + "".join(
         f'<div class="tile {c}"><div class="v">{esc(v)}</div><div class="l">{esc(label)}</div></div>'
         for c, v, label in tiles) + "</section>"
+
+
+def _notes(s: dict[str, Any]) -> str:
+    """The notes folded under one closed <details>: one line per distinct note, with the
+    namespaces it applies to, so repeated assumed facts do not push the findings away."""
+    t = view.folded_notes_table(s)
+    if not t.rows:
+        return ""
+    codes = Counter(f["code"] for f in s["findings"] if f["severity"] == "note")
+    what = ", ".join(f"{code} ×{k}" if k > 1 else code for code, k in codes.items())
+    return (f'<details class="notes"><summary>{plural(sum(codes.values()), "note")} ({esc(what)}), '
+            f'{len(t.rows)} distinct</summary>{table_html(t)}</details>')
 
 
 def _hints(hints: list[dict[str, Any]]) -> str:
@@ -214,20 +251,24 @@ def render(s: dict[str, Any]) -> str:
             '<section id="charts"><h2>At a glance</h2>',
             '<figure id="chart-reuse"><figcaption>Reusable vs not, per namespace (bytes of block files)'
             "</figcaption>", reuse_chart(s), "</figure>",
-            '<figure id="chart-status"><figcaption>Bytes by status</figcaption>', status_chart(s), "</figure>",
+            '<figure id="chart-status"><figcaption>Bytes by status (log scale, so a small defect is still a bar: '
+            "the exact values are beside each bar)</figcaption>", status_chart(s), "</figure>",
             "</section>",
             '<section id="next"><h2>What to do next</h2>', _hints(s["hints"]), "</section>",
             '<section id="totals"><h2>Totals</h2>', pairs_html(view.totals_pairs(s)), "</section>"]
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
-              view.action_table(s["totals"]["by_action"]), view.findings_table(s)):
+              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates"))):
         body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
+    body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
+                f'{_notes(s)}</section>')
     body.append('<section id="details"><h2>Namespace details</h2>')
     for n in s["namespaces"]:
         body.append(f'<details class="namespace" open><summary><h3 class="mono">{esc(n["source_base"])}</h3>'
                     f' — {esc(view.gate_label(n))}, {esc(human_bytes(n["bytes"]))}</summary>'
                     + pairs_html(view.namespace_details(n), cls="")
                     + table_html(view.status_table(n["by_status"], key=f"status-{n['source_base']}"))
-                    + (table_html(view.action_table(n["by_action"], key=f"actions-{n['source_base']}"))
+                    + (table_html(view.action_table(n["by_action"], key=f"actions-{n['source_base']}",
+                                                   merges=n.get("merge_duplicates")))
                        if n["by_action"] else "")
                     + "</details>")
     body.append("</section>")

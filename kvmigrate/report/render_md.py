@@ -51,7 +51,8 @@ def render(s: dict[str, Any]) -> str:
     lines += pairs_table(view.header_pairs(s)) + ["", "## Totals", ""]
     lines += pairs_table(view.totals_pairs(s))
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
-              view.action_table(s["totals"]["by_action"]), view.findings_table(s)):
+              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates")),
+              view.findings_table(s)):
         lines += ["", f"## {t.title}", ""] + table_lines(t)
     lines += ["", "## What to do next", ""] + hint_lines(s["hints"])
     lines += ["", "## Namespace details"]
@@ -59,7 +60,7 @@ def render(s: dict[str, Any]) -> str:
         lines += ["", f"### {code(n['source_base'])}", ""] + pairs_table(view.namespace_details(n))
         lines += [""] + table_lines(view.status_table(n["by_status"]))
         if n["by_action"]:
-            lines += [""] + table_lines(view.action_table(n["by_action"]))
+            lines += [""] + table_lines(view.action_table(n["by_action"], merges=n.get("merge_duplicates")))
     return "\n".join(lines).rstrip() + "\n"
 
 

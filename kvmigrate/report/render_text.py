@@ -49,7 +49,7 @@ def render(s: dict[str, Any]) -> str:
     lines += pairs_lines(view.header_pairs(s))
     lines += _section("Totals") + pairs_lines(view.totals_pairs(s))
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
-              view.action_table(s["totals"]["by_action"])):
+              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates"))):
         lines += _section(t.title) + table_lines(t)
     lines += _section("Namespace details")
     for n in s["namespaces"]:
@@ -59,7 +59,7 @@ def render(s: dict[str, Any]) -> str:
         lines += table_lines(view.status_table(n["by_status"]), indent="  ")
         if n["by_action"]:
             lines.append("")
-            lines += table_lines(view.action_table(n["by_action"]), indent="  ")
+            lines += table_lines(view.action_table(n["by_action"], merges=n.get("merge_duplicates")), indent="  ")
         lines.append("")
     findings = view.findings_table(s)
     lines += _section("Findings") + (table_lines(findings) if findings.rows else ["  none"])

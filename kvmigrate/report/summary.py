@@ -15,6 +15,18 @@ Bytes of `part_of_action` rows count for their `of_action` (a concat reads every
 bytes of `replica_of_primary` rows are reported as `replica_bytes`: copies of a block that
 is taken from rank 0.
 
+Merges are counted as the dry run counts them (migrate/plan.py): when several source
+namespaces share a target, a target path that more than one of their pending rows would
+fill is one block, placed from the first source in merge order (base-name order); each
+other row is a *merge duplicate* (`merge_duplicates`), not pending. Only the target paths
+of namespaces that share a target are kept for this (compact Arrow tables). Unlike the
+dry run, the summary does not compare the candidates' bytes: differing candidates (a
+conflict there) count as merge duplicates here.
+
+`data_bytes` counts each file's bytes divided by its link count, so a file hard-linked
+into its target counts once across both paths (exact when every link is under ROOT): a
+migration by hard links leaves it unchanged, where `bytes` grows by every linked block.
+
 `summarize(path)` returns a JSON-able dict with stable keys (documented in the README of
 `interface.md` §1 plus the per-namespace fields of §3); renderers only format it.
 """
@@ -49,6 +61,7 @@ NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
             "finding", "of_action", "output_bytes", "asks"]
+_MERGE_COLUMNS = ["target_base", "target_relpath"]  # read only when source namespaces share a target
 # the finding columns a group of rows is told apart by (besides its reason)
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
@@ -68,7 +81,7 @@ def _as_str(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 class _Totals:
     """Aggregates merged across batches: small dicts keyed by group, never by row."""
 
-    def __init__(self, lowest_rank: dict[str, int]):
+    def __init__(self, lowest_rank: dict[str, int], shared_target: frozenset[str] = frozenset()):
         # (ns, status, action, reason, shared, hash_len, at_lowest) -> [files, bytes]
         self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
         self.reasons_seen: dict[tuple, set] = defaultdict(set)
@@ -79,6 +92,9 @@ class _Totals:
         self._lowest = pa.array([lowest_rank[b] for b in sorted(lowest_rank)], pa.int32())
         self._keys: list[pa.Table] = []
         self._key_rows = 0
+        self.shared_target = pa.array(sorted(shared_target), pa.string())  # sources sharing their target
+        self._paths: list[pa.Table] = []  # (target_base, target_relpath, ns, size) of their pending rows
+        self.data_bytes: dict[str | None, float] = defaultdict(float)
 
     def add(self, batch: pa.RecordBatch) -> None:
         t = pa.Table.from_batches([batch])
@@ -98,11 +114,16 @@ class _Totals:
             "hash_len": pc.binary_length(t["block_hash"]),
             "at_lowest": at_lowest,
             "size": pc.fill_null(t["size"], 0),
+            # the file's share of its inode's bytes (data_bytes: a hard-linked file counted once)
+            "share": pc.divide(pc.cast(pc.fill_null(t["size"], 0), pa.float64()),
+                               pc.cast(pc.max_element_wise(pc.fill_null(nlink, 1), pa.scalar(1, nlink.type)),
+                                       pa.float64())),
         })
         keys = ["ns", "status", "action", "reason", *_FINDING_KEYS, "shared", "hash_len", "at_lowest"]
-        agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all")])
+        agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all"), ("share", "sum")])
         for (ns_, status, action, reason, finding, of_action, out, asks, sh, hl, low, nbytes,
-             nfiles) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all"))):
+             nfiles, share) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all", "share_sum"))):
+            self.data_bytes[ns_] += share or 0.0
             seen = self.reasons_seen[(ns_, status, action)]
             if reason not in seen:
                 if len(seen) >= _REASONS_KEPT and finding not in fd.SECONDARY:
@@ -114,6 +135,40 @@ class _Totals:
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
         self._add_block_keys(work, t)
+        self._add_target_paths(work, t)
+
+    def _add_target_paths(self, work: pa.Table, t: pa.Table) -> None:
+        """Target paths of the pending rows of namespaces that share their target (merges)."""
+        if not len(self.shared_target):
+            return
+        mask = pc.and_(pc.fill_null(pc.is_in(work["action"], value_set=pa.array(PENDING_ACTIONS)), False),
+                       pc.fill_null(pc.is_in(work["ns"], value_set=self.shared_target), False))
+        rows = pa.table({"target_base": _as_str(t["target_base"]), "target_relpath": t["target_relpath"],
+                         "ns": work["ns"], "action": work["action"], "size": work["size"]}).filter(mask)
+        if rows.num_rows:
+            self._paths.append(rows)
+
+    def merge_duplicates(self) -> dict[str, dict[str, list[int]]]:
+        """Per source namespace and action: [blocks, bytes] of its pending rows at a target
+        path that a namespace before it in merge order (base-name order) fills."""
+        if not self._paths:
+            return {}
+        rows = pa.concat_tables(self._paths).combine_chunks()
+        if rows.num_rows < 2:
+            return {}
+        # sorted by path then source: a row whose path is its predecessor's is a duplicate
+        rows = rows.take(pc.sort_indices(rows, [("target_base", "ascending"), ("target_relpath", "ascending"),
+                                                ("ns", "ascending")]))
+        same = pc.and_(pc.equal(rows["target_relpath"][1:], rows["target_relpath"][:-1]),
+                       pc.equal(rows["target_base"][1:], rows["target_base"][:-1]))
+        dup = rows.slice(1).filter(pc.fill_null(same, False))
+        if not dup.num_rows:
+            return {}
+        counts = dup.group_by(["ns", "action"]).aggregate([([], "count_all"), ("size", "sum")])
+        out: dict[str, dict[str, list[int]]] = defaultdict(dict)
+        for ns, action, n, b in zip(*(counts[c].to_pylist() for c in ("ns", "action", "count_all", "size_sum"))):
+            out[ns][action] = [n, b]
+        return out
 
     def _add_examples(self, work: pa.Table, relpath: pa.ChunkedArray) -> None:
         mask = pc.invert(pc.is_in(work["status"], value_set=pa.array(["ok", "own_artifact"])))
@@ -270,7 +325,8 @@ _NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_al
 
 
 def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
-                     extra_blocks: dict[Any, int]) -> dict[str, Any]:
+                     extra_blocks: dict[Any, int], merges: dict[str, list[int]] | None = None,
+                     data_bytes: float = 0.0) -> dict[str, Any]:
     agg = agg or _NO_ROWS
     target = meta.get("target") or None
     none_blocks = agg["none_rows"] + extra_blocks.get(base, 0)
@@ -281,6 +337,10 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
     by_action = _ordered(by_action, ACTION_ORDER, "blocks")
     reusable = _sum_actions(by_action, REUSABLE_ACTIONS)
     pending = _sum_actions(by_action, PENDING_ACTIONS)
+    merged = {"blocks": sum(n for n, _ in (merges or {}).values()),
+              "bytes": sum(b for _, b in (merges or {}).values()),
+              "by_action": {a: {"blocks": n, "bytes": b} for a, (n, b) in sorted((merges or {}).items())}}
+    pending = {k: pending[k] - merged[k] for k in pending}  # a merge duplicate is placed by another source
     reasons = {a: sorted(([r, n] for r, n in rs.items()), key=lambda x: (-x[1], x[0]))[:5]
                for a, rs in agg["reasons"].items()}
     return {
@@ -320,10 +380,12 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "block_bytes": agg["block_bytes"],
         "bytes_alone": agg["bytes_alone"],
         "bytes_shared": agg["bytes_shared"],
+        "data_bytes": round(data_bytes),
         "by_status": _ordered({k: dict(v) for k, v in agg["by_status"].items()}, STATUS_ORDER, "files"),
         "by_action": by_action,
         "reusable": reusable,
         "pending": pending,
+        "merge_duplicates": merged,
         "not_reusable": {"blocks": blocks - reusable["blocks"],
                          "bytes": agg["block_bytes"] - reusable["bytes"] - agg["replica_bytes"]},
         "replicas": {"files": agg["replica_files"], "bytes": agg["replica_bytes"]},
@@ -376,7 +438,12 @@ def totals_for(meta: dict[str, Any]) -> _Totals:
     `add`s every batch it writes can pass it to `summarize(..., totals=)`, which then does
     not read the rows back (scan: no second pass over a million rows)."""
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
-    return _Totals({b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")})
+    sources: dict[str, list[str]] = defaultdict(list)  # target base -> its source namespaces
+    for b, m in ns_meta.items():
+        if (m.get("target") or {}).get("base_name"):
+            sources[m["target"]["base_name"]].append(b)
+    shared = frozenset(b for bs in sources.values() if len(bs) > 1 for b in bs)
+    return _Totals({b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")}, shared)
 
 
 def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
@@ -396,12 +463,14 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
     if totals is None:
         totals = totals_for(meta)
-        for batch in _batches(path, _COLUMNS):
+        for batch in _batches(path, _COLUMNS + (_MERGE_COLUMNS if len(totals.shared_target) else [])):
             totals.add(batch)
     per_ns = _namespace_aggregates(totals.groups)
     extra_blocks = totals.blocks_without_lowest_row()
+    merges = totals.merge_duplicates()
     namespaces = [
-        _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), extra_blocks)
+        _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), extra_blocks, merges.get(base),
+                         totals.data_bytes.get(base, 0.0))
         for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
     ]
     steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
@@ -428,6 +497,10 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
                      "bytes": sum(n["replicas"]["bytes"] for n in namespaces)},
         "bytes_alone": sum(n["bytes_alone"] for n in namespaces) + (outside["bytes_alone"] if outside else 0),
         "bytes_shared": sum(n["bytes_shared"] for n in namespaces) + (outside["bytes_shared"] if outside else 0),
+        "data_bytes": sum(n["data_bytes"] for n in namespaces) + round(totals.data_bytes.get(OUTSIDE, 0.0)),
+        "merge_duplicates": {**{k: sum(n["merge_duplicates"][k] for n in namespaces) for k in ("blocks", "bytes")},
+                             "by_action": _merge_counts([n["merge_duplicates"]["by_action"] for n in namespaces],
+                                                        ACTION_ORDER, "blocks")},
         "by_status": _merge_counts([n["by_status"] for n in every], STATUS_ORDER, "files"),
         "by_action": _merge_counts([n["by_action"] for n in namespaces], ACTION_ORDER, "blocks"),
         "namespaces": len(namespaces),
@@ -437,7 +510,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
                                for k in ("blocks", "source_bytes", "output_bytes")))
         for a in TRANSFORMS if any(a in n["transform_cost"] for n in namespaces)}
     totals_entry["reusable"] = _sum_actions(totals_entry["by_action"], REUSABLE_ACTIONS)
-    totals_entry["pending"] = _sum_actions(totals_entry["by_action"], PENDING_ACTIONS)
+    totals_entry["pending"] = {k: v - totals_entry["merge_duplicates"][k]
+                               for k, v in _sum_actions(totals_entry["by_action"], PENDING_ACTIONS).items()}
     totals_entry["not_reusable"] = {"blocks": totals_entry["blocks"] - totals_entry["reusable"]["blocks"],
                                     "bytes": totals_entry["block_bytes"] - totals_entry["reusable"]["bytes"]
                                     - totals_entry["replicas"]["bytes"]}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate.selection import Selection
-from kvmigrate.units import human_bytes, human_count, percent
+from kvmigrate.units import human_bytes, human_count, percent, plural
 
 EXIT_BITS = ((1, "findings"), (4, "integrity"), (8, "operational"))
 
@@ -52,6 +52,25 @@ def exit_label(code: int) -> str:
     return f"{code} ({' + '.join(names)})" if names else "0 (clean)"
 
 
+_UNKNOWN_BECAUSE = {"config_invalid": "config.json invalid", "orphan_namespace": "no config.json",
+                    "digest_mismatch": "config.json does not match the folder"}
+
+
+def family_label(n: dict[str, Any]) -> str:
+    """The namespace's family, or why it is unknown ('unknown (config.json invalid)'), never 'None'."""
+    if n.get("family"):
+        return str(n["family"])
+    why = _UNKNOWN_BECAUSE.get(n.get("status") or "")
+    return f"unknown ({why})" if why else "unknown"
+
+
+def identity_label(n: dict[str, Any]) -> str:
+    """'vllm S2', 'vllmcpp vllmcpp-v1', or 'unknown (config.json invalid)' (one line per namespace)."""
+    if not n.get("family"):
+        return family_label(n)
+    return f"{n['family']} {n['scheme']}" if n.get("scheme") else f"{n['family']} (scheme unknown)"
+
+
 def or_dash(value: Any) -> str:
     return "-" if value in (None, "") else str(value)
 
@@ -68,15 +87,27 @@ def totals_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
                            f"({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])})"),
         ("pending blocks", human_count(t["pending"]["blocks"])),
         ("pending bytes", human_bytes(t["pending"]["bytes"])),
+        *merge_pairs(t),
         ("not reusable blocks", human_count(t["not_reusable"]["blocks"])),
         ("not reusable bytes", human_bytes(t["not_reusable"]["bytes"])),
-        ("replica copies", f"{human_count(t['replicas']['files'])} files, {human_bytes(t['replicas']['bytes'])} "
+        ("replica copies", f"{plural(t['replicas']['files'], 'file')}, {human_bytes(t['replicas']['bytes'])} "
                            "(other ranks of blocks taken from rank 0)"),
         ("held alone", human_bytes(t["bytes_alone"])),
         ("shared (hard links)", human_bytes(t["bytes_shared"])),
+        ("data on disk", f"{human_bytes(t['data_bytes'])} (a hard-linked file counted once)"),
         *transform_pairs(t.get("transform_cost") or {}),
         ("exit code", exit_label(s["exit_code"])),
     ]
+
+
+def merge_pairs(c: dict[str, Any]) -> list[tuple[str, str]]:
+    """The merge duplicates line, when there are any: blocks another source namespace places
+    at the same target path (not pending; the dry run's "merge" line)."""
+    m = c.get("merge_duplicates") or {}
+    if not m.get("blocks"):
+        return []
+    return [("merge duplicates", f"{plural(m['blocks'], 'block')}, {human_bytes(m['bytes'])} (another source "
+                                 "namespace places the same block: not pending, as in migrate's dry run)")]
 
 
 def transform_pairs(costs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
@@ -91,7 +122,7 @@ def namespace_table(s: dict[str, Any]) -> Table:
               ["Namespace", "Family", "Scheme", "Ranks", "Files", "Blocks", "Bytes", "Held alone", "Shared"],
               numeric={4, 5, 6, 7, 8}, names={0})
     for n in s["namespaces"]:
-        t.rows.append([n["source_base"], or_dash(n["family"]), or_dash(n["scheme"]), ranks_label(n["ranks"]),
+        t.rows.append([n["source_base"], family_label(n), or_dash(n["scheme"]), ranks_label(n["ranks"]),
                        human_count(n["files"]), human_count(n["blocks"]), human_bytes(n["bytes"]),
                        human_bytes(n["bytes_alone"]), human_bytes(n["bytes_shared"])])
     o = s.get("outside_namespaces")
@@ -123,10 +154,17 @@ def status_table(by_status: dict[str, dict[str, int]], key: str = "status", titl
 
 
 def action_table(by_action: dict[str, dict[str, int]], key: str = "actions",
-                 title: str = "Blocks by action") -> Table:
-    t = Table(key, title, ["Action", "Blocks", "Bytes"], numeric={1, 2}, names={0})
+                 title: str = "Blocks by action", merges: dict[str, Any] | None = None) -> Table:
+    """Blocks per action; with merge duplicates, a column of how many of them another source
+    places (the dry run's "merge" line: its action lines count the rest)."""
+    merged = (merges or {}).get("by_action") or {}
+    t = Table(key, title, ["Action", "Blocks", "Bytes"] + (["Of which merge duplicates"] if merged else []),
+              numeric={1, 2, 3}, names={0})
     for action, c in by_action.items():
-        t.rows.append([action, human_count(c["blocks"]), human_bytes(c["bytes"])])
+        row = [action, human_count(c["blocks"]), human_bytes(c["bytes"])]
+        if merged:
+            row.append(human_count(merged.get(action, {}).get("blocks", 0)))
+        t.rows.append(row)
     return t
 
 
@@ -134,7 +172,7 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
     """Key/value lines of one namespace (model, evidence, target, gate, facts, warnings)."""
     pairs = [
         ("model", or_dash(n["model_name"])),
-        ("family", or_dash(n["family"]) + (f" (evidence: {'; '.join(n['family_evidence'])})"
+        ("family", family_label(n) + (f" (evidence: {'; '.join(n['family_evidence'])})"
                                            if n["family_evidence"] else "")),
         ("scheme", or_dash(n["scheme"])),
         ("ranks", ranks_label(n["ranks"])),
@@ -158,8 +196,9 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
     for reason in gate["reasons"]:
         pairs.append(("gate reason", reason))
     if n["replicas"]["files"]:
-        pairs.append(("replica copies", f"{human_count(n['replicas']['files'])} files, "
+        pairs.append(("replica copies", f"{plural(n['replicas']['files'], 'file')}, "
                                         f"{human_bytes(n['replicas']['bytes'])}"))
+    pairs += merge_pairs(n)
     pairs.append(("held alone", human_bytes(n["bytes_alone"])))
     pairs.append(("shared (hard links)", human_bytes(n["bytes_shared"])))
     pairs += transform_pairs(n.get("transform_cost") or {})
@@ -172,7 +211,7 @@ def namespace_details(n: dict[str, Any]) -> list[tuple[str, str]]:
         pairs.append(("warning", claim))
     for action, reasons in n["top_reasons"].items():
         for reason, count in reasons:
-            pairs.append((f"{action} reason", f"{human_count(count)} {'file' if count == 1 else 'files'}: {reason}"))
+            pairs.append((f"{action} reason", f"{plural(count, 'file')}: {reason}"))
     return pairs
 
 
@@ -180,15 +219,37 @@ def _yes_no(v: Any) -> str:
     return "-" if v is None else ("yes" if v else "no")
 
 
-def findings_table(s: dict[str, Any]) -> Table:
+def findings_table(s: dict[str, Any], *, notes: bool = True) -> Table:
+    """Every finding, one row each; `notes=False` leaves the notes out (folded_notes_table)."""
     t = Table("findings", "Findings", ["Severity", "Code", "Namespace", "Files", "Bytes", "Finding"],
               numeric={3, 4}, names={1, 2})
     for f in s["findings"]:
+        if not notes and f["severity"] == "note":
+            continue
         t.rows.append([f["severity"], f["code"], or_dash(f["namespace"]),
                        "-" if f["files"] is None else human_count(f["files"]),
                        "-" if f["bytes"] is None else human_bytes(f["bytes"]),
                        f["message"] + (f" (e.g. {f['example']})" if f.get("example") else "")])
     return t
+
+
+def folded_notes_table(s: dict[str, Any]) -> Table:
+    """The notes (severity `note`), one row per distinct message: the same assumed facts in
+    five namespaces are one row naming the five, so notes do not drown the findings."""
+    t = Table("notes", "Notes", ["Code", "Namespaces", "Note"], names={0, 1})
+    folded: dict[tuple[str, str], list[str]] = {}
+    for f in s["findings"]:
+        if f["severity"] == "note":
+            folded.setdefault((f["code"], f["message"]), []).append(or_dash(f["namespace"]))
+    for (code, message), where in folded.items():
+        t.rows.append([code, ", ".join(where), message])
+    return t
+
+
+def exit_bits_label(code: int) -> str:
+    """5 -> '1 findings + 4 integrity' (each bit with its value: interface.md §4)."""
+    names = [f"{bit} {name}" for bit, name in EXIT_BITS if code & bit]
+    return " + ".join(names) if names else "clean"
 
 
 def header_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
@@ -220,12 +281,14 @@ def _signed_bytes(n: int) -> str:
 
 def diff_tables(d: dict[str, Any]) -> list[Table]:
     changes = Table("diff_namespaces", "Namespaces",
-                    ["Namespace", "Change", "Files", "Files Δ", "Bytes", "Bytes Δ", "Blocks Δ", "Reusable blocks Δ"],
-                    numeric={2, 3, 4, 5, 6, 7}, names={0})
+                    ["Namespace", "Change", "Files", "Files Δ", "Bytes", "Bytes Δ", "Held alone Δ", "Shared Δ",
+                     "Blocks Δ", "Reusable blocks Δ"],
+                    numeric={2, 3, 4, 5, 6, 7, 8, 9}, names={0})
     for n in d["namespaces"]:
         changes.rows.append([n["source_base"], n["change"], human_count(n["new"]["files"]),
                              _signed_count(n["delta"]["files"]), human_bytes(n["new"]["bytes"]),
-                             _signed_bytes(n["delta"]["bytes"]), _signed_count(n["delta"]["blocks"]),
+                             _signed_bytes(n["delta"]["bytes"]), _signed_bytes(n["delta"]["bytes_alone"]),
+                             _signed_bytes(n["delta"]["bytes_shared"]), _signed_count(n["delta"]["blocks"]),
                              _signed_count(n["delta"]["reusable_blocks"])])
     findings = Table("diff_findings", "New or grown findings",
                      ["Namespace", "Status", "Files before", "Files now", "Files Δ", "Bytes Δ"],
@@ -242,6 +305,10 @@ def diff_tables(d: dict[str, Any]) -> list[Table]:
     return [changes, findings, gone]
 
 
+def _from_to(old: int, new: int) -> str:
+    return f"{human_bytes(old)} -> {human_bytes(new)} ({_signed_bytes(new - old)})"
+
+
 def diff_totals_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
     o, n = d["old"]["totals"], d["new"]["totals"]
     return [
@@ -249,6 +316,10 @@ def diff_totals_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
         ("new", f"{or_dash(d['new']['manifest'])} ({or_dash(d['new']['root'])})"),
         ("files", f"{human_count(o['files'])} -> {human_count(n['files'])} ({_signed_count(n['files'] - o['files'])})"),
         ("bytes", f"{human_bytes(o['bytes'])} -> {human_bytes(n['bytes'])} ({_signed_bytes(n['bytes'] - o['bytes'])})"),
+        ("held alone", _from_to(o["bytes_alone"], n["bytes_alone"])),
+        ("shared (hard links)", _from_to(o["bytes_shared"], n["bytes_shared"])),
+        ("data on disk", _from_to(o["data_bytes"], n["data_bytes"]) + " (a hard-linked file counted once: "
+                                                                    "new data, not new paths)"),
         ("blocks", f"{human_count(o['blocks'])} -> {human_count(n['blocks'])} "
                    f"({_signed_count(n['blocks'] - o['blocks'])})"),
         ("reusable blocks", f"{human_count(o['reusable_blocks'])} -> {human_count(n['reusable_blocks'])} "

@@ -106,7 +106,7 @@ def test_sources_merge_in_base_name_order_and_duplicates_are_counted_once(tree, 
     assert counts["merge_duplicate"]["blocks"] == 1
     assert plan.pending == 2 and plan.dry_run_exit_code() == 1
     text = render_text(plan, "kvmigrate migrate --apply")
-    assert "merge (already present: the same block from another source): 1 blocks" in text
+    assert "merge (already present: the same block from another source): 1 block (" in text
     assert "of which 1 only by size" in text  # no content hashes: compared at apply
     assert "to apply: kvmigrate migrate --apply" in text
 

@@ -93,7 +93,7 @@ def test_dry_run_reports_integrity_states_of_blocks_it_does_not_place(synth_root
     assert summary["pending"] > 0 and summary["exit_code"] == 1
     assert summary["totals"]["by_status"]["short"]["files"] == 1
     code, out = run("migrate", root, *MLA)
-    assert code == 1 and "integrity findings in the manifest: 1 files" in out
+    assert code == 1 and "integrity findings in the manifest: 1 file " in out
 
 
 def test_existing_different_block_is_a_conflict_and_never_overwritten(tmp_path, synth_root):

@@ -6,6 +6,7 @@ Chromium is a hard requirement of this test (Debian package `chromium`, installe
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import subprocess
@@ -100,3 +101,108 @@ def test_html_escapes_names(tmp_path):
     text = render_html.render(summarize(write_sample_manifest(tmp_path / "m.parquet", metadata=meta)))
     assert "&lt;b&gt;not agnostic&lt;/b&gt; &amp; more" in text
     assert "<b>not agnostic" not in text
+
+
+# --- fits a screen (1400 px and 800 px) -------------------------------------------------
+
+# Injected into a copy of the page (the report itself has no script): the document's and
+# each table container's widths, and the on-screen width of every bytes-by-status bar.
+PROBE = """<script>
+const box = e => e.getBoundingClientRect();
+const r = {scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
+  bars: Object.fromEntries([...document.querySelectorAll('#svg-status rect')].map(
+    e => [e.getAttribute('class').replace('status-', ''), box(e).width])),
+  tables: Object.fromEntries([...document.querySelectorAll('.scroll')].map(
+    e => [e.firstElementChild.id, [e.scrollWidth, e.clientWidth]]))};
+const p = document.createElement('pre'); p.id = 'probe'; p.textContent = JSON.stringify(r);
+document.body.appendChild(p);
+</script>"""
+
+
+def measure(tmp_path: Path, html_text: str, width: int) -> dict:
+    import json
+
+    probe = tmp_path / f"probe-{width}.html"
+    probe.write_text(html_text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    res = run_chromium(tmp_path, probe, f"--window-size={width},1000", "--virtual-time-budget=5000", "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = re.search(r'<pre id="probe">(.*?)</pre>', res.stdout, re.S)
+    assert m, res.stdout[-2000:]
+    return json.loads(html.unescape(m.group(1)))
+
+
+@pytest.fixture(scope="module")
+def synth_page(tmp_path_factory) -> tuple[Path, dict, str]:
+    """The HTML report of a scanned synth tree: four families, defects, a refused target."""
+    from cli_helpers import run
+    from kvmigrate.synth import SynthSpec, build
+
+    from conftest import SMALL
+
+    d = tmp_path_factory.mktemp("html-synth")
+    root = d / "root"
+    root.mkdir()
+    for spec in ({"family": "vllm", "scheme": "S2", "tp": 2, "defects": ("tmp_vllm",)},
+                 {"family": "llmd", "tp": 2, "seed": 2, "defects": ("missing_rank",)},
+                 {"family": "llmd", "tp": 4, "kv_kind": "mla", "seed": 4, "model_name": "org/deep-mla"},
+                 {"family": "vllmcpp", "seed": 3, "defects": ("zero_filled", "header_magic")}):
+        build(root, SynthSpec(**{**SMALL, **spec}))
+    m, out = d / "m.parquet", d / "report.html"
+    run("scan", root, "--verify", "hash", "-o", m, "-q")
+    code, text = run("report", m, "--format", "html", "-o", out)
+    assert code & 1, text
+    return out, summarize(m), out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("which", ["sample", "synth"])
+@pytest.mark.parametrize("width", [1400, 800])
+def test_no_horizontal_overflow(which, width, page, synth_page, tmp_path):
+    html_path, _, text = page if which == "sample" else synth_page
+    shot = tmp_path / f"report-{width}.png"
+    res = run_chromium(tmp_path, html_path, f"--screenshot={shot}", f"--window-size={width},1600")
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == width
+    got = measure(tmp_path, text, width)
+    assert got["scrollWidth"] <= got["innerWidth"], f"the page is {got['scrollWidth']} px wide at {width} px"
+    if width == 1400:  # the Target and Finding columns are on screen, not behind a scroll bar
+        for table in ("t-reuse", "t-findings"):
+            scroll, client = got["tables"][table]
+            assert scroll <= client, f"{table} is {scroll} px wide in a {client} px column"
+
+
+@pytest.mark.parametrize("which", ["sample", "synth"])
+@pytest.mark.parametrize("width", [1400, 800])
+def test_every_status_has_a_visible_bar(which, width, page, synth_page, tmp_path):
+    _, s, text = page if which == "sample" else synth_page
+    got = measure(tmp_path, text, width)
+    assert len(s["totals"]["by_status"]) >= 4  # healthy blocks and several defects side by side
+    for status in s["totals"]["by_status"]:
+        assert got["bars"].get(status, 0) >= 2, f"status {status}: bar {got['bars'].get(status)} px at {width} px"
+
+
+def test_tiles_say_findings_and_exit_code_apart(page):
+    _, s, text = page
+    tiles = text[text.index('<section class="tiles">'):text.index("</section>", text.index('class="tiles"'))]
+    problems = [f for f in s["findings"] if f["severity"] != "note"]
+    notes = len(s["findings"]) - len(problems)
+    assert s["exit_code"] == 5 and len(problems) == 9
+    assert '<div class="v">9</div><div class="l">findings to act on (3 integrity, 6 finding)' \
+           f", {notes} notes</div>" in tiles
+    assert '<div class="v">exit 5</div><div class="l">exit code = 1 findings + 4 integrity</div>' in tiles
+    assert "findings · exit" not in tiles
+
+
+def test_repeated_notes_are_folded_under_the_findings(page):
+    _, s, text = page
+    findings = text[text.index('<section id="findings">'):text.index("</section>", text.index('id="findings"'))]
+    table = findings[:findings.index("<details")]
+    assert "assumed_facts" not in table and 'class="sev" style="background:#78909c"' not in table
+    notes = findings[findings.index('<details class="notes">'):]
+    assert "<details class=\"notes\" open" not in findings  # closed: the real findings come first
+    assumed = [f for f in s["findings"] if f["code"] == "assumed_facts"]
+    assert len(assumed) == 2 and len({f["message"] for f in assumed}) == 2
+    assert "assumed_facts ×2" in notes
+    for f in s["findings"]:
+        if f["severity"] == "note":
+            assert html.escape(f["message"], quote=True) in notes
