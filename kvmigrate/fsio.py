@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from kvmigrate import pacing
 from kvmigrate.errors import OperationalError, UsageError
 
 CHUNK = 1 << 20  # bytes per read when hashing a file chunk by chunk
@@ -52,6 +53,7 @@ def hash_fd(fd: int, limit: int | None = None) -> tuple[bytes, int]:
         buf = os.read(fd, want)
         if not buf:
             break
+        pacing.charge(len(buf))
         h.update(buf)
         n += len(buf)
     return h.digest(), n
@@ -63,6 +65,7 @@ def hash_file(path: str, *, dir_fd: int | None = None) -> tuple[bytes, int]:
     try:
         return hash_fd(fd)
     finally:
+        pacing.drop_cache(fd)
         os.close(fd)
 
 
@@ -151,6 +154,17 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
 
 def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
             ) -> tuple[bytes, bytes | None, bytes, int, bool]:
+    """`_read_fd`, then the bytes read charged to --bwlimit and the file's pages let go
+    (`pacing.drop_cache`: a hash scan leaves the engine's page cache as it found it)."""
+    try:
+        result = _read_fd(fd, size, header_len, payload)
+    finally:
+        pacing.drop_cache(fd)
+    pacing.charge(result[3])
+    return result
+
+
+def _read_fd(fd: int, size: int, header_len: int, payload: bool) -> tuple[bytes, bytes | None, bytes, int, bool]:
     """One sequential read of an open block file from its start, the check every stage
     makes of a block: (XXH3-128 of its bytes, XXH3-128 after the first `header_len` bytes
     if `payload`, those first bytes, bytes read, every byte zero).

@@ -146,7 +146,8 @@ def handle_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except KvMigrateError as exc:
-            click.echo(f"kvmigrate: error: {exc}", err=True)
+            said = "stopped" if exc.exit_code == EXIT_INTERRUPTED else "error"  # --max-duration: not a failure
+            click.echo(f"kvmigrate: {said}: {exc}", err=True)
             sys.exit(exc.exit_code)
         except (KeyboardInterrupt, click.Abort):
             click.echo("kvmigrate: interrupted", err=True)
@@ -165,3 +166,42 @@ def prefer_arrow_pool(pool: str) -> None:
     """
     if "pyarrow" not in sys.modules:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", pool)
+
+
+def pacing_options(fn: Callable) -> Callable:
+    """--max-duration, --bwlimit, --idle-io: stay out of the engine's way (kvmigrate.pacing)."""
+    fn = click.option("--idle-io", "idle_io", is_flag=True,
+                      help="Idle I/O priority (ionice -c 3): the disk serves this run only when the engine "
+                           "does not ask.")(fn)
+    fn = click.option("--bwlimit", metavar="RATE", default=None,
+                      help="Read at most RATE bytes/s for hashing and copies (200M, 1.5G; K, M, G = 1024 "
+                           "powers), all threads and worker processes together.")(fn)
+    fn = click.option("--max-duration", "max_duration", metavar="DURATION", default=None,
+                      help="Stop cleanly at a batch boundary after DURATION (2h, 90m, 1h30m, 45s) and exit 32 "
+                           "with the command that goes on.")(fn)
+    return fn
+
+
+def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, quiet: bool,
+                 parts: int | None = None) -> None:
+    """Set the run's limits before anything is read (a bad value is a usage error, exit 2)."""
+    from kvmigrate import pacing
+    from kvmigrate.errors import UsageError
+
+    if parts is not None and (max_duration or bwlimit):
+        raise click.UsageError("--max-duration and --bwlimit pace a run in this process, not --run-on ray parts")
+    try:
+        pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    if idle_io:
+        note = pacing.idle_io_priority()
+        if note and not quiet:
+            click.echo(f"kvmigrate: note: {note}", err=True)
+
+
+def command_line() -> str | None:
+    """The command as typed, quoted for a shell (None when run without arguments)."""
+    import shlex
+
+    return "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.cli.common import handle_errors, output_options, pacing_options, print_json, start_pacing
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
@@ -19,10 +19,11 @@ from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
 @click.option("--strict", is_flag=True,
               help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")
+@pacing_options
 @output_options
 @handle_errors
 def command(root: str, journal: str | None, target: str | None, threads: int | None, strict: bool, as_json: bool,
-            quiet: bool, verbose: int) -> None:
+            quiet: bool, verbose: int, max_duration: str | None, bwlimit: str | None, idle_io: bool) -> None:
     """Check that every namespace's config.json under ROOT hashes to its folder name and,
     with --journal, that every block the migration created still has the journaled
     inode, size and XXH3-128 (and, for vllm.cpp, a header the engine accepts). A block
@@ -38,6 +39,7 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
     from kvmigrate.pipeline import verify
 
     check_root(root)
+    start_pacing(max_duration, bwlimit, idle_io, quiet)
     result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
     if as_json:
         print_json(result.to_dict())

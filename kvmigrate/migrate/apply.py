@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 import xxhash
 
-from kvmigrate import layout
+from kvmigrate import layout, pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import all_holes, open_noatime
@@ -156,12 +156,14 @@ class Applier(FolderMaker, Placer):
             self._drain()  # helper threads finish their batch before the run says it stopped
             if self.journal is not None:
                 self.journal.write({"t": "stopped", "error": str(stop.error)}, sync=True)
-        except KeyboardInterrupt:
-            # Ctrl-C / SIGTERM: leave the run resumable (locks released, journal synced)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C / SIGTERM / --max-duration: leave the run resumable (locks released,
+            # journal synced), and say where its journal is
             self._drain()
             if self.journal is not None:
                 self.journal.write({"t": "interrupted"}, sync=True)
-            raise
+            why = str(exc) if isinstance(exc, pacing.OutOfTime) else "interrupted (Ctrl-C or SIGTERM)"
+            raise pacing.Interrupted(why, journal=self.result.journal_path) from exc
         finally:
             self._drain()  # nothing is made under a namespace lock once it is released
             for lock in reversed(locks):
@@ -286,8 +288,14 @@ class Applier(FolderMaker, Placer):
         # a pipeline: while this thread links the blocks of one batch, helper threads make
         # the folders of the next (its intent is already fsynced) and read its replicas.
         # Outcomes are judged here, in order: folders before the blocks they hold.
+        # --max-duration stops between batches: the batch begun is placed and synced first.
+        pacing.check_deadline()
         prepared = None
+        out_of_time = False
         for batch in _batches(tp.actions, self.batch_size):
+            if pacing.expired():
+                out_of_time = True
+                break
             upcoming = self._prepare(tp, batch)
             if prepared is not None:
                 self._blocks(tp, prepared)
@@ -295,6 +303,8 @@ class Applier(FolderMaker, Placer):
             prepared = upcoming
         if prepared is not None:
             self._blocks(tp, prepared)
+        if out_of_time:
+            pacing.check_deadline()
 
     def _config(self, tp: TargetPlan) -> str | None:
         """Write the target config.json (byte-exact) unless one exists; an existing one

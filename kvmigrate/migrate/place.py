@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from kvmigrate import pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK
@@ -112,6 +113,7 @@ class Placer:
                 unlink_quiet(self.tree, tmp)
                 raise oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
         finally:
+            pacing.drop_cache(src_fd)
             os.close(src_fd)
         if src_hash is not None and src_h.digest() != src_hash:
             unlink_quiet(self.tree, tmp)
@@ -239,6 +241,7 @@ class Placer:
         size = 0
         try:
             for chunk in chunks:
+                pacing.charge(len(chunk))  # a copy's read bandwidth (--bwlimit)
                 view = memoryview(chunk)
                 while view:
                     n = os.write(fd, view)

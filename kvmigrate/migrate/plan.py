@@ -18,7 +18,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -478,7 +478,8 @@ class ActionStream:
 
 def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None,
                table: pa.Table | None = None, metadata: dict[str, Any] | None = None,
-               target_sizes: dict[tuple[str, int], int | None] | None = None) -> Plan:
+               target_sizes: dict[tuple[str, int], int | None] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Plan:
     """Read a manifest (file or dataset directory) and build the plan.
 
     `dest` defaults to the scanned root. Raises UsageError for a manifest that is not
@@ -487,6 +488,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     from the manifest again when a target's `actions` are iterated (`ActionStream`).
     `target_sizes` (a whole plan's `Plan.target_sizes`) lets a plan of some rows of a
     manifest (a scale-out part) judge competing sources as the whole plan does.
+    `progress(rows_done, rows)` after each chunk (the planning bar).
     """
     if metadata is None:
         try:
@@ -554,7 +556,11 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
     dest_elsewhere = dest is not None and os.path.abspath(dest) != root
+    total_rows, done_rows = sum(status_counts.values()), 0
     for chunk in rows.chunks():
+        if progress is not None:
+            done_rows += chunk.num_rows
+            progress(min(done_rows, total_rows), total_rows)
         c = _creating(chunk)
         _validate(ctx, c)
         cands = _candidates(ctx, chunk, c)
