@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "xxhash.h"
@@ -252,6 +253,15 @@ static int fill_stat(Record *rec, const struct stat *st) {
     return 1;
 }
 
+/* Is the file's first page in the page cache (someone read or wrote it lately)? One
+ * byte read with RWF_NOWAIT: EAGAIN when it would have to go to the disk. Where the flag
+ * is not supported: no (the pages read are let go). */
+static int first_page_cached(int fd) {
+    char byte;
+    struct iovec v = {&byte, 1};
+    return preadv2(fd, &v, 1, 0, RWF_NOWAIT) == 1;
+}
+
 /* Open, fstat and read one block file whole; fill rec. */
 static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec) {
     int fd = open_block(dirfd, name);
@@ -279,6 +289,7 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         goto done;
     }
     size_t size = (size_t)st.st_size;
+    int cached = first_page_cached(fd);
     size_t chunk = buflen - 1 < STREAM_CHUNK ? buflen - 1 : STREAM_CHUNK;
     XXH128_hash_t h = {0, 0};
     XXH3_state_t *state = NULL; /* only for files read in more than one piece */
@@ -324,8 +335,9 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         rec->has_hash = 1;
     }
     /* what was read will not be needed again: let the pages go, so a hash scan of a big
-     * cache does not evict the engine's hot pages (kvmigrate.pacing.drop_cache) */
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+     * cache does not evict the engine's hot pages; a file that was in the page cache
+     * before (the engine's) stays there (kvmigrate.pacing.drop_cache) */
+    if (!cached) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 done:
     close(fd);
     return verdict;

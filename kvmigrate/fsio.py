@@ -62,10 +62,12 @@ def hash_fd(fd: int, limit: int | None = None) -> tuple[bytes, int]:
 def hash_file(path: str, *, dir_fd: int | None = None) -> tuple[bytes, int]:
     """XXH3-128 and size of a whole file (opened by `open_noatime`)."""
     fd = open_noatime(path, dir_fd=dir_fd)
+    was_cached = pacing.cached(fd)
     try:
         return hash_fd(fd)
     finally:
-        pacing.drop_cache(fd)
+        if not was_cached:
+            pacing.drop_cache(fd)
         os.close(fd)
 
 
@@ -154,12 +156,15 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
 
 def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
             ) -> tuple[bytes, bytes | None, bytes, int, bool]:
-    """`_read_fd`, then the bytes read charged to --bwlimit and the file's pages let go
-    (`pacing.drop_cache`: a hash scan leaves the engine's page cache as it found it)."""
+    """`_read_fd`, then the bytes read charged to --bwlimit and, unless the file was
+    cached before, its pages let go (`pacing.drop_cache`: a hash scan leaves the engine's
+    page cache as it found it)."""
+    was_cached = pacing.cached(fd)
     try:
         result = _read_fd(fd, size, header_len, payload)
     finally:
-        pacing.drop_cache(fd)
+        if not was_cached:
+            pacing.drop_cache(fd)
     pacing.charge(result[3])
     return result
 

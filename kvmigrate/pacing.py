@@ -149,10 +149,20 @@ def check_deadline() -> None:
         raise OutOfTime(f"--max-duration {_LIMITS.max_duration} elapsed; stopped at a batch boundary")
 
 
+def cached(fd: int) -> bool:
+    """Is the file's first page in the page cache (the engine read or wrote it lately)?
+    One byte read with RWF_NOWAIT, which fails with EAGAIN rather than go to the disk.
+    Where the flag is not supported: False (the pages read are let go)."""
+    try:
+        return os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT) == 1
+    except (AttributeError, OSError):
+        return False
+
+
 def drop_cache(fd: int) -> None:
-    """After a hashing read: tell the kernel the file's pages will not be needed again,
-    so reading a 20 TB cache does not evict the engine's hot pages (only clean pages go;
-    a page the engine reads next comes back from disk)."""
+    """After a hashing read of a file that was not cached before (`cached`): tell the
+    kernel its pages will not be needed again, so reading a 20 TB cache does not evict
+    the engine's hot pages. A file that was cached stays cached."""
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except (AttributeError, OSError):

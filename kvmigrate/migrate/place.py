@@ -99,6 +99,7 @@ class Placer:
             return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
             return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
+        was_cached = pacing.cached(src_fd)
         try:
             why = stat_differs(os.fstat(src_fd), act.source)
             if why:
@@ -113,7 +114,8 @@ class Placer:
                 unlink_quiet(self.tree, tmp)
                 raise oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
         finally:
-            pacing.drop_cache(src_fd)
+            if not was_cached:
+                pacing.drop_cache(src_fd)
             os.close(src_fd)
         if src_hash is not None and src_h.digest() != src_hash:
             unlink_quiet(self.tree, tmp)

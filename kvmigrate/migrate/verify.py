@@ -146,12 +146,12 @@ def check_journal(journal: str, result: VerifyResult) -> None:
                     continue
                 check_relpath(rec["path"], f"{path}: journal path")
                 if kind == "block":
-                    result.blocks += 1
                     if pacing.expired():  # (a clock read: cheap next to a hash)
                         raise pacing.OutOfTime(
                             f"--max-duration elapsed after {result.blocks:,} journaled blocks were checked "
                             f"({len(result.findings)} findings so far); verify writes nothing and starts over",
                             hint="rerun the same command in a longer window")
+                    result.blocks += 1
                 else:
                     result.configs += 1
                 _check_output(tree, run, rec, result)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -66,14 +67,42 @@ def test_bwlimit_throttles_the_hash_scan_reads(synth_root, tmp_path, no_limits):
     assert {k: r["content_xxh3_128"] for k, r in rows.items()} == same  # the same manifest, only slower
 
 
-def test_every_hashed_block_file_is_fadvised_dontneed(synth_root, tmp_path, walk):
-    """strace counts posix_fadvise(DONTNEED) calls of the scan (C walk and Python walk)."""
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _resident(paths: list[Path]) -> int:
+    """Bytes of these files in the page cache (fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *map(str, paths)],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(x) for x in out.split())
+
+
+def test_every_cold_hashed_block_file_is_fadvised_dontneed_and_the_engines_stay_cached(synth_root, tmp_path,
+                                                                                        walk):
+    """strace counts posix_fadvise(DONTNEED) calls of the scan (C walk and Python walk):
+    one per block file that was not in the page cache; the 10 the "engine" just read
+    are left alone, and stay cached."""
     root, results = synth_root({**TREE, "blocks": 40})
+    blocks = [root / r for r in results[0].block_files()]
+    os.sync()
+    for path in blocks:
+        _evict(path)
+    hot = blocks[:10]
+    for path in hot:
+        path.read_bytes()
+    assert _resident(blocks[10:]) == 0 and _resident(hot) == sum(p.stat().st_size for p in hot)
     log = tmp_path / "strace.log"
     subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
                     "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
     calls = [line for line in log.read_text().splitlines() if "POSIX_FADV_DONTNEED" in line]
-    assert len(calls) == len(results[0].block_files()) == 40
+    assert len(calls) == len(blocks) - len(hot) == 30
+    assert _resident(blocks[10:]) == 0  # read, hashed and let go
+    assert _resident(hot) == sum(p.stat().st_size for p in hot)
 
 
 def test_max_duration_stops_the_scan_with_exit_32_and_a_rerun_completes(synth_root, tmp_path, no_limits):
