@@ -200,8 +200,23 @@ def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, q
             click.echo(f"kvmigrate: note: {note}", err=True)
 
 
-def command_line() -> str | None:
-    """The command as typed, quoted for a shell (None when run without arguments)."""
+def rerun_command(ctx: click.Context, paths: tuple[str, ...] = ()) -> str:
+    """The command of this invocation for a shell: its arguments and the options given on
+    the command line (the parameters named in `paths` made absolute)."""
     import shlex
 
-    return "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    args = ["kvmigrate", ctx.info_name or ""]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            args += [os.path.abspath(v) if param.name in paths else str(v)
+                     for v in (value if isinstance(value, tuple) else (value,)) if v is not None]
+            continue
+        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE or value is None:
+            continue
+        if isinstance(value, bool):
+            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
+            args += [flag] if flag else []
+        else:
+            args += [param.opts[0], os.path.abspath(value) if param.name in paths else str(value)]
+    return " ".join(shlex.quote(a) for a in args)

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, pacing_options, print_json, start_pacing
+from kvmigrate.cli.common import (handle_errors, output_options, pacing_options, print_json, rerun_command,
+                                  start_pacing)
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
@@ -40,7 +41,13 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
 
     check_root(root)
     start_pacing(max_duration, bwlimit, idle_io, quiet)
-    result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
+    from kvmigrate.pacing import OutOfTime
+
+    try:
+        result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict)
+    except OutOfTime as exc:
+        raise OutOfTime(str(exc), hint=f"rerun `{rerun_command(click.get_current_context(), ('root', 'journal'))}` "
+                                           "in a longer window") from None
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

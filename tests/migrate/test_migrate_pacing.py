@@ -124,6 +124,7 @@ def test_max_duration_stops_verify_with_exit_32(scanned, no_limits):
     code, text = run("verify", root, "--journal", journal, "--max-duration", "2500s")
     assert code == 32, text
     assert "kvmigrate: stopped: --max-duration elapsed after 2 journaled blocks were checked" in text
+    assert f"hint: rerun `kvmigrate verify {root} --journal {journal} --max-duration 2500s` in a longer window" in text
     pacing._LIMITS.clock = pacing.time.monotonic
     assert run("verify", root, "--journal", journal, "--max-duration", "1h", "-q") == (0, "")
 
