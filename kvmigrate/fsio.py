@@ -154,12 +154,13 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
     return buf == _ZEROS if n == len(buf) else buf[:n] == _ZEROS[:n]
 
 
-def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
+def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False, let_go: bool = True
             ) -> tuple[bytes, bytes | None, bytes, int, bool]:
     """`_read_fd`, then the bytes read charged to --bwlimit and, unless the file was
     cached before, its pages let go (`pacing.drop_cache`: a hash scan leaves the engine's
-    page cache as it found it)."""
-    was_cached = pacing.cached(fd)
+    page cache as it found it). `let_go=False`: the caller reads the file again next
+    (and lets go of it then)."""
+    was_cached = not let_go or pacing.cached(fd)
     try:
         result = _read_fd(fd, size, header_len, payload)
     finally:

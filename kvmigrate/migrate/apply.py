@@ -602,6 +602,7 @@ class Applier(FolderMaker, Placer):
         if spec.action == "slice":
             h = xxhash.xxh3_128()
             problem = slice_row_problem(fds[0], spec, h)
+            pacing.charge(act.source.size)  # the row read whole (--bwlimit)
             if act.source.content_hash is not None and h.digest() != act.source.content_hash:
                 self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
                 return False
@@ -616,7 +617,7 @@ class Applier(FolderMaker, Placer):
         hashes = []
         for f, fd in zip(files, fds):
             os.lseek(fd, 0, os.SEEK_SET)
-            got = _FileRead(None, *_read_fd(fd, f.size))
+            got = _FileRead(None, *_read_fd(fd, f.size, let_go=False))  # the writer reads it next
             if f.content_hash is not None and got.content != f.content_hash:
                 self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: content differs from the scan's hash")
                 return False
@@ -713,14 +714,14 @@ def _stat_and_read(path: str, src, cpp: bool, payload: bool) -> _FileRead:
         os.close(fd)
 
 
-def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
+def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False, let_go: bool = True
              ) -> tuple[bytes, bytes | None, bytes, int, bool]:
     """The scan's block reader (`kvmigrate.fsio.read_fd`) on an open source file: (its
     XXH3-128, the XXH3-128 after `header_len` bytes if `payload`, those bytes, bytes read,
     every byte zero); reading stops once more than `size` bytes came (it grew)."""
     from kvmigrate.fsio import read_fd
 
-    return read_fd(fd, size, header_len, payload)
+    return read_fd(fd, size, header_len, payload, let_go=let_go)
 
 
 def _content_problem(got: _FileRead, size: int, where: str = "") -> str | None:

@@ -160,6 +160,7 @@ class Placer:
         fds = self._open_sources(tp, act)
         if fds is None:
             return
+        cold = [fd for fd in fds if not pacing.cached(fd)]  # let go of once written (the check reads them too)
         tmp = tmp_name(target)
         try:
             if not self._check_transform_sources(tp, act, fds):
@@ -180,6 +181,8 @@ class Placer:
                     return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
         finally:
             for fd in fds:
+                if fd in cold:
+                    pacing.drop_cache(fd)
                 os.close(fd)
         if size != spec.output_size:
             unlink_quiet(self.tree, tmp)

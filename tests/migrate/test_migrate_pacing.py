@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run, run_json
-from kvmigrate import pacing
+from kvmigrate import manifest, pacing
 from kvmigrate.migrate.apply import BATCH, CRASH_ENV
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
@@ -137,3 +137,21 @@ def test_planning_has_its_own_bar(scanned, capsys):
         assert sum(tp.pending for tp in planned.plan.targets) == blocks
     err = capsys.readouterr().err
     assert re.search(r"plan: 100%\|[^|]*\| [\d.]+k?/[\d.]+k? \[", err), err[-400:]
+
+
+def test_bwlimit_throttles_transforms(synth_root, tmp_path, monkeypatch, no_limits):
+    """llm-d TP=2 full attention: every block is a concat of two rank files (a transform)."""
+    root, _ = synth_root({"family": "llmd", "tp": 2, "blocks": 200})
+    m = tmp_path / "t.parquet"
+    code, text = run("scan", root, *FACTS, "--verify", "hash", "-o", m, "-q")
+    assert code == 1, text
+    clock = FakeClock()
+    bucket = pacing.TokenBucket
+    monkeypatch.setattr(pacing, "TokenBucket", lambda rate: bucket(rate, clock=clock, sleep=clock.sleep))
+    code, summary = run_json("migrate", "--manifest", m, "--apply", "--bwlimit", "64K")
+    assert code == 0 and summary["apply"]["transformed"] == 200, summary["outcomes"]
+    read = sum(r["size"] for r in manifest.read_table(m).to_pylist() if r["block_hash"] is not None)  # both ranks
+    assert read > 5 * (64 << 10)
+    # every source byte read was paid for at the rate; none twice (the writer's read of what the
+    # check read comes from the page cache)
+    assert read - (64 << 10) <= clock.slept * (64 << 10) <= read + (64 << 10)
