@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "xxhash.h"
@@ -252,6 +253,33 @@ static int fill_stat(Record *rec, const struct stat *st) {
     return 1;
 }
 
+/* Is the file's first page in the page cache (someone read or wrote it lately)? Asked
+ * with cachestat(2) (Linux 6.5), else mmap + mincore: neither starts a read (a read with
+ * RWF_NOWAIT does, and a small file on a fast disk then looks cached). If neither can
+ * tell: no (the pages read are let go). */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct kvm_cachestat_range { uint64_t off, len; };
+struct kvm_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; };
+static int cachestat_missing = 0;
+
+static int first_page_cached(int fd) {
+    if (!cachestat_missing) {
+        struct kvm_cachestat_range range = {0, 4096};
+        struct kvm_cachestat cs;
+        if (syscall(__NR_cachestat, fd, &range, &cs, 0) == 0) return cs.nr_cache > 0;
+        if (errno != ENOSYS) return 0;
+        cachestat_missing = 1;
+    }
+    void *map = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) return 0;
+    unsigned char vec = 0;
+    int cached = mincore(map, 4096, &vec) == 0 && (vec & 1);
+    munmap(map, 4096);
+    return cached;
+}
+
 /* Open, fstat and read one block file whole; fill rec. */
 static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec) {
     int fd = open_block(dirfd, name);
@@ -279,6 +307,7 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         goto done;
     }
     size_t size = (size_t)st.st_size;
+    int cached = first_page_cached(fd);
     size_t chunk = buflen - 1 < STREAM_CHUNK ? buflen - 1 : STREAM_CHUNK;
     XXH128_hash_t h = {0, 0};
     XXH3_state_t *state = NULL; /* only for files read in more than one piece */
@@ -323,6 +352,10 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
         memcpy(rec->digest, c.digest, 16);
         rec->has_hash = 1;
     }
+    /* what was read will not be needed again: let the pages go, so a hash scan of a big
+     * cache does not evict the engine's hot pages; a file that was in the page cache
+     * before (the engine's) stays there (kvmigrate.pacing.drop_cache) */
+    if (!cached) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 done:
     close(fd);
     return verdict;

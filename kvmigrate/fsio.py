@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from kvmigrate import pacing
 from kvmigrate.errors import OperationalError, UsageError
 
 CHUNK = 1 << 20  # bytes per read when hashing a file chunk by chunk
@@ -52,6 +53,7 @@ def hash_fd(fd: int, limit: int | None = None) -> tuple[bytes, int]:
         buf = os.read(fd, want)
         if not buf:
             break
+        pacing.charge(len(buf))
         h.update(buf)
         n += len(buf)
     return h.digest(), n
@@ -60,9 +62,12 @@ def hash_fd(fd: int, limit: int | None = None) -> tuple[bytes, int]:
 def hash_file(path: str, *, dir_fd: int | None = None) -> tuple[bytes, int]:
     """XXH3-128 and size of a whole file (opened by `open_noatime`)."""
     fd = open_noatime(path, dir_fd=dir_fd)
+    was_cached = pacing.cached(fd)
     try:
         return hash_fd(fd)
     finally:
+        if not was_cached:
+            pacing.drop_cache(fd)
         os.close(fd)
 
 
@@ -149,8 +154,23 @@ def _zero_prefix(buf: bytearray, n: int) -> bool:
     return buf == _ZEROS if n == len(buf) else buf[:n] == _ZEROS[:n]
 
 
-def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
+def read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False, let_go: bool = True
             ) -> tuple[bytes, bytes | None, bytes, int, bool]:
+    """`_read_fd`, then the bytes read charged to --bwlimit and, unless the file was
+    cached before, its pages let go (`pacing.drop_cache`: a hash scan leaves the engine's
+    page cache as it found it). `let_go=False`: the caller reads the file again next
+    (and lets go of it then)."""
+    was_cached = not let_go or pacing.cached(fd)
+    try:
+        result = _read_fd(fd, size, header_len, payload)
+    finally:
+        if not was_cached:
+            pacing.drop_cache(fd)
+    pacing.charge(result[3])
+    return result
+
+
+def _read_fd(fd: int, size: int, header_len: int, payload: bool) -> tuple[bytes, bytes | None, bytes, int, bool]:
     """One sequential read of an open block file from its start, the check every stage
     makes of a block: (XXH3-128 of its bytes, XXH3-128 after the first `header_len` bytes
     if `payload`, those first bytes, bytes read, every byte zero).

@@ -197,11 +197,11 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
                 root, manifest_out, prefix="kvmigrate-migrate-", parts=parts, address=address, target=target,
                 facts_resolver=facts_resolver, verify=verify or "hash", threads=threads, progress=progress,
                 command=command, selection=selection))
-            yield Migration(build_plan(scan_result.output, dest=dest, selection=selection), str(scan_result.output),
+            yield Migration(_plan(build_plan, scan_result.output, dest, progress, selection), str(scan_result.output),
                             kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
             return
         check_manifest_facts(manifest, facts_resolver)
-        plan = build_plan(manifest, dest=dest, selection=selection)
+        plan = _plan(build_plan, manifest, dest, progress, selection)
         if explicit_target and plan.target_profile != target:
             raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
                              path=manifest, hint=f"rescan with --target {target}, or drop --target")
@@ -210,6 +210,18 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
                              path=manifest, hint="drop ROOT or use the manifest of that root")
         yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=parts,
                         address=address)
+
+
+def _plan(build_plan: Callable[..., "Plan"], manifest: Any, dest: str | None, progress: bool,
+          selection: Any = None) -> "Plan":
+    """The plan, with its own bar (rows checked of the manifest's) on a terminal."""
+    from kvmigrate.progress import Bar
+
+    bar = Bar(progress, "plan", " rows")
+    try:
+        return build_plan(manifest, dest=dest, selection=selection, progress=bar.update if progress else None)
+    finally:
+        bar.close()
 
 
 def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:

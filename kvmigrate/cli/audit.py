@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, scaleout_options,
-                                  selection_options, walk_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
+                                  parse_shard, part_done, pop_fact_flags, pop_selection, prefer_arrow_pool,
+                                  scaleout_options, selection_options, start_pacing, walk_options)
 
 
 @click.command("audit")
@@ -25,11 +25,13 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
 @selection_options
 @walk_options
 @scaleout_options
+@pacing_options
 @output_options
 @handle_errors
 def command(root: str, fmt: str | None, output: str | None, manifest_out: str | None, verify: str,
             threads: int | None, shard: str | None, as_json: bool, quiet: bool, verbose: int, target: str,
-            run_on: str, shards: int | None, ray_address: str | None, **kwargs) -> None:
+            run_on: str, shards: int | None, ray_address: str | None, max_duration: str | None,
+            bwlimit: str | None, idle_io: bool, **kwargs) -> None:
     """Scan ROOT and report what is reusable, what is broken, and the exact command for
     each finding. Read-only on ROOT. No progress bar unless stderr is a terminal.
 
@@ -55,6 +57,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     parts = check_scaleout(run_on, shards, ray_address, shard)
+    start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
                    selection=selection)
     if parts is not None:
@@ -66,5 +69,6 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         k_n = parse_shard(shard)
         result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, shard=k_n,
                        progress=(not quiet and sys.stderr.isatty()), **options)
-    emit(render_summary(result.summary, fmt or "text"), output)
+    if not quiet or output is not None or fmt == "json":  # -q: the exit code says it (a file still written)
+        emit(render_summary(result.summary, fmt or "text"), output)
     sys.exit(result.exit_code)

@@ -154,7 +154,8 @@ def handle_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except KvMigrateError as exc:
-            click.echo(f"kvmigrate: error: {exc}", err=True)
+            said = "stopped" if exc.exit_code == EXIT_INTERRUPTED else "error"  # --max-duration: not a failure
+            click.echo(f"kvmigrate: {said}: {exc}", err=True)
             sys.exit(exc.exit_code)
         except (KeyboardInterrupt, click.Abort):
             click.echo("kvmigrate: interrupted", err=True)
@@ -192,3 +193,57 @@ def pop_selection(kwargs: dict[str, Any]) -> Any:
 
     selection = Selection.of(kwargs.pop("only", ()), kwargs.pop("exclude", ()))
     return selection or None
+
+
+def pacing_options(fn: Callable) -> Callable:
+    """--max-duration, --bwlimit, --idle-io: stay out of the engine's way (kvmigrate.pacing)."""
+    fn = click.option("--idle-io", "idle_io", is_flag=True,
+                      help="Idle I/O priority (ionice -c 3): the disk serves this run only when the engine "
+                           "does not ask.")(fn)
+    fn = click.option("--bwlimit", metavar="RATE", default=None,
+                      help="Read at most RATE bytes/s for hashing and copies (200M, 1.5G; K, M, G = 1024 "
+                           "powers), all threads and worker processes together.")(fn)
+    fn = click.option("--max-duration", "max_duration", metavar="DURATION", default=None,
+                      help="Stop cleanly at a batch boundary after DURATION (2h, 90m, 1h30m, 45s) and exit 32 "
+                           "with the command that goes on.")(fn)
+    return fn
+
+
+def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, quiet: bool,
+                 parts: int | None = None) -> None:
+    """Set the run's limits before anything is read (a bad value is a usage error, exit 2)."""
+    from kvmigrate import pacing
+    from kvmigrate.errors import UsageError
+
+    if parts is not None and (max_duration or bwlimit):
+        raise click.UsageError("--max-duration and --bwlimit pace a run in this process, not --run-on ray parts")
+    try:
+        pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    if idle_io:
+        note = pacing.idle_io_priority()
+        if note and not quiet:
+            click.echo(f"kvmigrate: note: {note}", err=True)
+
+
+def rerun_command(ctx: click.Context, paths: tuple[str, ...] = ()) -> str:
+    """The command of this invocation for a shell: its arguments and the options given on
+    the command line (the parameters named in `paths` made absolute)."""
+    import shlex
+
+    args = ["kvmigrate", ctx.info_name or ""]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            args += [os.path.abspath(v) if param.name in paths else str(v)
+                     for v in (value if isinstance(value, tuple) else (value,)) if v is not None]
+            continue
+        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE or value is None:
+            continue
+        if isinstance(value, bool):
+            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
+            args += [flag] if flag else []
+        else:
+            args += [param.opts[0], os.path.abspath(value) if param.name in paths else str(value)]
+    return " ".join(shlex.quote(a) for a in args)

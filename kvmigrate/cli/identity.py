@@ -27,5 +27,5 @@ def command(config_json: str, target: str, as_json: bool, quiet: bool, verbose: 
     result = explain_identity(config_json, flags=flags, facts_file=facts_file, profile=target)
     if as_json:
         print_json(result)
-    else:
+    elif not quiet:
         click.echo(render_text(result, config_json))

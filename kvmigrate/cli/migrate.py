@@ -9,9 +9,9 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, part_done,
-                                  pop_fact_flags, pop_selection, prefer_arrow_pool, print_json, scaleout_options,
-                                  selection_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
+                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
+                                  scaleout_options, selection_options, start_pacing)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
@@ -43,12 +43,14 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
 @facts_options
 @selection_options
 @scaleout_options
+@pacing_options
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
             journal: str | None, print_commands: bool, manifest_out: str | None, verify: str | None,
             threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, run_on: str,
-            shards: int | None, ray_address: str | None, **kwargs) -> None:
+            shards: int | None, ray_address: str | None, max_duration: str | None, bwlimit: str | None,
+            idle_io: bool, **kwargs) -> None:
     """Migrate reusable blocks into the namespaces the target engine reads.
 
     Without --apply this is a dry run: it prints, per target namespace, how many blocks
@@ -86,6 +88,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     selection = pop_selection(kwargs)
     parts = check_scaleout(run_on, shards, ray_address)
+    start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
     with pipeline.migration(
             root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
@@ -118,10 +121,17 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
 
         bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr, desc="migrate")
         progress = bar.update
+    from kvmigrate.pacing import Interrupted
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run.apply(mode=mode, journal=journal, command=apply_command, progress=progress,
                            on_part=None if quiet else part_done)
+    except Interrupted as stopped:
+        if bar is not None:
+            bar.close()
+            bar = None
+        _stopped(stopped, apply_command)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if bar is not None:
@@ -144,6 +154,18 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
                    + (f"; {failed[0]}" if failed else ""), err=True)
         click.echo(f"  journal: {result.journal_path}", err=True)
     sys.exit(code)
+
+
+def _stopped(stopped, apply_command: str) -> None:
+    """A run stopped by Ctrl-C, SIGTERM or --max-duration: its journal is consistent; the
+    same command goes on where it stopped (exit 32). Printed with -q too: it is the error."""
+    click.echo(f"kvmigrate: stopped: {stopped.why}; the journal is consistent", err=True)
+    if stopped.journal:
+        click.echo(f"  journal: {stopped.journal}", err=True)
+    click.echo(f"  resume:  {apply_command}", err=True)
+    if stopped.journal:
+        click.echo(f"  undo:    kvmigrate rollback {shlex.quote(stopped.journal)}", err=True)
+    sys.exit(stopped.exit_code)
 
 
 def _interrupt(signum, frame) -> None:

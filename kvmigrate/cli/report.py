@@ -80,7 +80,8 @@ def command(manifests: tuple[str, ...], fmt: str | None, output: str | None, as_
         if len(manifests) != 1:
             raise UsageError(f"report takes one MANIFEST (got {len(manifests)}); to compare two, pass --diff")
         text, code = render.report(manifests[0], fmt, selection=selection)
-    render.emit(text, output)
+    if not quiet or output is not None or fmt == "json":  # -q: the exit code says it (a file still written)
+        render.emit(text, output)
     if output is not None and code and not quiet:  # stdout is empty: say where the findings are
         click.echo(f"kvmigrate: findings (exit {code}): see {output} for each one and what to do next", err=True)
     sys.exit(code)

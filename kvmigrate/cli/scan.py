@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
-                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
-                                  scaleout_options, selection_options, walk_options)
+from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
+                                  parse_shard, part_done, pop_fact_flags, pop_selection, prefer_arrow_pool,
+                                  print_json, scaleout_options, selection_options, start_pacing, walk_options)
 from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
 
@@ -26,11 +26,12 @@ from kvmigrate.units import human_bytes, human_count, plural
 @selection_options
 @walk_options
 @scaleout_options
+@pacing_options
 @output_options
 @handle_errors
 def command(root: str, output: str, verify: str, threads: int | None, shard: str | None, as_json: bool,
             quiet: bool, verbose: int, target: str, run_on: str, shards: int | None, ray_address: str | None,
-            **kwargs) -> None:
+            max_duration: str | None, bwlimit: str | None, idle_io: bool, **kwargs) -> None:
     """Walk ROOT (the engine's cache root_dir): identify namespaces, prove their digests,
     stat (and with --verify hash, hash) every file, compare replicas and decide a target
     and an action for every block. Writes the manifest; never modifies ROOT.
@@ -49,6 +50,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     selection = pop_selection(kwargs)
     parts = check_scaleout(run_on, shards, ray_address, shard)
     k, n = parse_shard(shard)
+    start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
@@ -65,12 +67,12 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     summary = result.summary
     if as_json:
         print_json(summary)
-    else:
-        _print_text(summary, result, quiet)
+    elif not quiet:  # -q: the exit code says it (interface.md §4)
+        _print_text(summary, result)
     sys.exit(result.exit_code)
 
 
-def _print_text(summary: dict, result, quiet: bool) -> None:
+def _print_text(summary: dict, result) -> None:
     totals = summary["totals"]
     click.echo(f"scanned {summary['root']}: {plural(totals['files'], 'file')}, {human_bytes(totals['bytes'])} "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")

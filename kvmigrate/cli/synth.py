@@ -54,8 +54,9 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
               help="Defects to inject (see kvmigrate.synth.defects), e.g. missing_rank,tmp_vllm.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the SynthResult as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing (the tree is still built).")
 @handle_errors
-def command(directory: str, as_json: bool, hash_len: str, **options: object) -> None:
+def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options: object) -> None:
     """Generate a synthetic cache tree under DIR (for tests, the demo and benchmarks).
 
     Deterministic for a given seed. Run it several times on one DIR to put several
@@ -70,6 +71,8 @@ def command(directory: str, as_json: bool, hash_len: str, **options: object) -> 
         raise UsageError(str(exc), path=directory) from None
     if as_json:
         print_json(result.to_dict())
+        return
+    if quiet:
         return
     for ns in result.namespaces:
         if ns.get("base_name") is None:  # a flat directory (SGLang HiCache): no base folder

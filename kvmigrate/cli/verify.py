@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, pop_selection, print_json, selection_options
+from kvmigrate.cli.common import (handle_errors, output_options, pacing_options, pop_selection, print_json,
+                                  rerun_command, selection_options, start_pacing)
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 
@@ -20,10 +21,12 @@ from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 @click.option("--strict", is_flag=True,
               help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")
 @selection_options
+@pacing_options
 @output_options
 @handle_errors
 def command(root: str, journal: str | None, target: str | None, threads: int | None, strict: bool, as_json: bool,
-            quiet: bool, verbose: int, **kwargs) -> None:
+            quiet: bool, verbose: int, max_duration: str | None, bwlimit: str | None, idle_io: bool,
+            **kwargs) -> None:
     """Check that every namespace's config.json under ROOT hashes to its folder name and,
     with --journal, that every block the migration created still has the journaled
     inode, size and XXH3-128 (and, for vllm.cpp, a header the engine accepts). A block
@@ -39,8 +42,15 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
     from kvmigrate.pipeline import verify
 
     check_root(root)
-    result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict,
-                    selection=pop_selection(kwargs))
+    start_pacing(max_duration, bwlimit, idle_io, quiet)
+    from kvmigrate.pacing import OutOfTime
+
+    try:
+        result = verify(root, journal, target_profile=target, summary=as_json, threads=threads, strict=strict,
+                        selection=pop_selection(kwargs))
+    except OutOfTime as exc:
+        raise OutOfTime(str(exc), hint=f"rerun `{rerun_command(click.get_current_context(), ('root', 'journal'))}` "
+                                           "in a longer window") from None
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 import xxhash
 
-from kvmigrate import families, layout
+from kvmigrate import families, layout, pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.migrate import journal as jn
@@ -154,12 +154,14 @@ class Applier(FolderMaker, Placer):
             self._drain()  # helper threads finish their batch before the run says it stopped
             if self.journal is not None:
                 self.journal.write({"t": "stopped", "error": str(stop.error)}, sync=True)
-        except KeyboardInterrupt:
-            # Ctrl-C / SIGTERM: leave the run resumable (locks released, journal synced)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C / SIGTERM / --max-duration: leave the run resumable (locks released,
+            # journal synced), and say where its journal is
             self._drain()
             if self.journal is not None:
                 self.journal.write({"t": "interrupted"}, sync=True)
-            raise
+            why = str(exc) if isinstance(exc, pacing.OutOfTime) else "interrupted (Ctrl-C or SIGTERM)"
+            raise pacing.Interrupted(why, journal=self.result.journal_path) from exc
         finally:
             self._drain()  # nothing is made under a namespace lock once it is released
             for lock in reversed(locks):
@@ -284,8 +286,14 @@ class Applier(FolderMaker, Placer):
         # a pipeline: while this thread links the blocks of one batch, helper threads make
         # the folders of the next (its intent is already fsynced) and read its replicas.
         # Outcomes are judged here, in order: folders before the blocks they hold.
+        # --max-duration stops between batches: the batch begun is placed and synced first.
+        pacing.check_deadline()
         prepared = None
+        out_of_time = False
         for batch in _batches(tp.actions, self.batch_size):
+            if pacing.expired():
+                out_of_time = True
+                break
             upcoming = self._prepare(tp, batch)
             if prepared is not None:
                 self._blocks(tp, prepared)
@@ -293,6 +301,8 @@ class Applier(FolderMaker, Placer):
             prepared = upcoming
         if prepared is not None:
             self._blocks(tp, prepared)
+        if out_of_time:
+            pacing.check_deadline()
 
     def _config(self, tp: TargetPlan) -> str | None:
         """Write the target config.json (byte-exact) unless one exists; an existing one
@@ -585,6 +595,7 @@ class Applier(FolderMaker, Placer):
         if spec.action == "slice":
             h = xxhash.xxh3_128()
             problem = slice_row_problem(fds[0], spec, h)
+            pacing.charge(act.source.size)  # the row read whole (--bwlimit)
             if act.source.content_hash is not None and h.digest() != act.source.content_hash:
                 self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash")
                 return False
@@ -599,7 +610,7 @@ class Applier(FolderMaker, Placer):
         hashes = []
         for f, fd in zip(files, fds):
             os.lseek(fd, 0, os.SEEK_SET)
-            got = _FileRead(None, *_read_fd(fd, f.size))
+            got = _FileRead(None, *_read_fd(fd, f.size, let_go=False))  # the writer reads it next
             if f.content_hash is not None and got.content != f.content_hash:
                 self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: content differs from the scan's hash")
                 return False
@@ -697,14 +708,14 @@ def _stat_and_read(path: str, src, header_len: int, payload: bool) -> _FileRead:
         os.close(fd)
 
 
-def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False
+def _read_fd(fd: int, size: int, header_len: int = 0, payload: bool = False, let_go: bool = True
              ) -> tuple[bytes, bytes | None, bytes, int, bool]:
     """The scan's block reader (`kvmigrate.fsio.read_fd`) on an open source file: (its
     XXH3-128, the XXH3-128 after `header_len` bytes if `payload`, those bytes, bytes read,
     every byte zero); reading stops once more than `size` bytes came (it grew)."""
     from kvmigrate.fsio import read_fd
 
-    return read_fd(fd, size, header_len, payload)
+    return read_fd(fd, size, header_len, payload, let_go=let_go)
 
 
 def _content_problem(got: _FileRead, size: int, where: str = "") -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from kvmigrate import pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK
@@ -98,6 +99,7 @@ class Placer:
             return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
             return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
+        was_cached = pacing.cached(src_fd)
         try:
             why = stat_differs(os.fstat(src_fd), act.source)
             if why:
@@ -112,6 +114,8 @@ class Placer:
                 unlink_quiet(self.tree, tmp)
                 raise oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
         finally:
+            if not was_cached:
+                pacing.drop_cache(src_fd)
             os.close(src_fd)
         if src_hash is not None and src_h.digest() != src_hash:
             unlink_quiet(self.tree, tmp)
@@ -156,6 +160,7 @@ class Placer:
         fds = self._open_sources(tp, act)
         if fds is None:
             return
+        cold = [fd for fd in fds if not pacing.cached(fd)]  # let go of once written (the check reads them too)
         tmp = tmp_name(target)
         try:
             if not self._check_transform_sources(tp, act, fds):
@@ -176,6 +181,8 @@ class Placer:
                     return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
         finally:
             for fd in fds:
+                if fd in cold:
+                    pacing.drop_cache(fd)
                 os.close(fd)
         if size != spec.output_size:
             unlink_quiet(self.tree, tmp)
@@ -239,6 +246,7 @@ class Placer:
         size = 0
         try:
             for chunk in chunks:
+                pacing.charge(len(chunk))  # a copy's read bandwidth (--bwlimit)
                 view = memoryview(chunk)
                 while view:
                     n = os.write(fd, view)

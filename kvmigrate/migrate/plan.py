@@ -18,7 +18,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -478,7 +478,8 @@ class ActionStream:
 
 def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None,
                table: pa.Table | None = None, metadata: dict[str, Any] | None = None,
-               target_sizes: dict[tuple[str, int], int | None] | None = None, selection: Any = None) -> Plan:
+               target_sizes: dict[tuple[str, int], int | None] | None = None, selection: Any = None,
+               progress: Callable[[int, int], None] | None = None) -> Plan:
     """Read a manifest (file or dataset directory) and build the plan.
 
     `dest` defaults to the scanned root. Raises UsageError for a manifest that is not
@@ -487,6 +488,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     from the manifest again when a target's `actions` are iterated (`ActionStream`).
     `target_sizes` (a whole plan's `Plan.target_sizes`) lets a plan of some rows of a
     manifest (a scale-out part) judge competing sources as the whole plan does.
+    `progress(rows_done, rows)` after each chunk (the planning bar).
     """
     if metadata is None:
         try:
@@ -559,7 +561,11 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     # scan and counted here, never placed (docs/families.md §3: migrate does not place them yet)
     flat = {sb: families.get(ns.get("family")) for sb, ns in namespaces.items()
             if families.get(ns.get("family")).root_layout == "flat"}
+    total_rows, done_rows = sum(status_counts.values()), 0
     for chunk in rows.chunks():
+        if progress is not None:
+            done_rows += chunk.num_rows
+            progress(min(done_rows, total_rows), total_rows)
         c = _creating(chunk)
         if flat and c.num_rows:
             in_flat = pc.fill_null(pc.is_in(c.column("source_base").cast(pa.string()),

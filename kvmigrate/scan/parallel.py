@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from kvmigrate import pacing
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.units import Unit
 from kvmigrate.scan.walker import Walker, leaf_walk, shard_part
@@ -100,6 +101,7 @@ class Walk:
     def __enter__(self) -> Iterator[tuple[pa.Table, dict, list[str]]]:
         if self.workers > 1 and self.tasks:
             _WORKER.walker, _WORKER.threads, _WORKER.parent = self.walker, self.threads, os.getpid()
+            _WORKER.workers = self.workers
             import multiprocessing
 
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
@@ -158,6 +160,7 @@ class _WorkerState:
 
     walker: Walker | None = None
     threads: int = 1  # walker threads per worker process
+    workers: int = 1  # walk worker processes side by side (they share --bwlimit)
     parent: int = 0  # the parent's pid (a worker whose parent died exits)
     pool: ThreadPoolExecutor | None = None  # the worker's thread pool, made by its first task
 
@@ -183,6 +186,7 @@ def _worker_init() -> None:
         pass
     if os.getppid() != _WORKER.parent:  # the parent died before prctl
         os._exit(1)
+    pacing.share(_WORKER.workers)  # the workers' reads together stay under --bwlimit
 
 
 _PR_SET_PDEATHSIG = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvmigrate import __version__, manifest
+from kvmigrate import __version__, manifest, pacing
 from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
@@ -55,23 +56,27 @@ class WalkResult:
 
 
 class Progress:
-    """tqdm on stderr (files, bytes, rate); silent when stderr is not a TTY or -q."""
+    """tqdm on stderr: bucket visits done of the total known up front (so a percentage and
+    an ETA), files, bytes and rate; silent when stderr is not a TTY or -q."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, total: int = 0):
         self.bar = None
-        self.bytes = 0
+        self.bytes = self.files = 0
         self.t0 = time.monotonic()
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(unit=" files", file=sys.stderr, desc="scan", dynamic_ncols=True, leave=True)
+            self.bar = tqdm(total=total, unit=" buckets", file=sys.stderr, desc="scan", dynamic_ncols=True,
+                            leave=True)
 
-    def update(self, files: int, nbytes: int) -> None:
+    def update(self, buckets: int, files: int, nbytes: int) -> None:
         self.bytes += nbytes
+        self.files += files
         if self.bar is not None:
-            self.bar.update(files)
             dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{human_bytes(self.bytes)}, {human_bytes(self.bytes / dt)}/s", refresh=False)
+            self.bar.set_postfix_str(f"{self.files:,} files, {human_bytes(self.bytes)}, "
+                                     f"{human_bytes(self.bytes / dt)}/s", refresh=False)
+            self.bar.update(buckets)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -165,13 +170,14 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
     rewritten = False
     with Walk(walker, tasks, workers, threads) as batches:  # forks the workers first
         totals = batch_sink(meta) if batch_sink else None  # e.g. the summary, aggregated as batches are written
-        bar = Progress(progress)
+        visits = sum(len(b) for _, b in tasks)
+        bar = Progress(progress, visits)
         writer = manifest.ManifestWriter(output, meta)
         try:
             pending: list[pa.Table] = []
             pending_rows = 0
 
-            def take(table: pa.Table, task_sizes: dict, task_errors: list[str]) -> None:
+            def take(table: pa.Table, task_sizes: dict, task_errors: list[str], buckets: int = 0) -> None:
                 nonlocal files, nbytes, pending_rows
                 for key, cnt in task_sizes.items():
                     sizes[key].update(cnt)
@@ -180,7 +186,7 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
                 size = pc.sum(table["size"]).as_py() or 0 if rows else 0
                 files += rows
                 nbytes += size
-                bar.update(rows, size)
+                bar.update(buckets, rows, size)
                 if rows:
                     pending.append(table)
                     pending_rows += rows
@@ -198,8 +204,12 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
                 pending, pending_rows = [], 0
 
             take(head.table(walker.ns_arrays), head.sizes, head.errors)
-            for table, task_sizes, task_errors in batches:
-                take(table, task_sizes, task_errors)
+            done = 0
+            for (table, task_sizes, task_errors), (_, buckets) in zip(batches, tasks):
+                take(table, task_sizes, task_errors, len(buckets))
+                done += len(buckets)
+                if done < visits and pacing.expired():
+                    raise _out_of_time(meta["command"], done, visits)
             flush()
             bar.close()
             rewritten = finalize(writer, meta, walker, units, sizes, errors)
@@ -210,6 +220,26 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
     pa.default_memory_pool().release_unused()
     return WalkResult(root_path, output, files, nbytes, time.monotonic() - t0, errors,
                       None if rewritten else totals)
+
+
+def _out_of_time(command: str, done: int, visits: int) -> pacing.OutOfTime:
+    """--max-duration ended a scan: no manifest (a partial one would read as a clean tree
+    missing files). A scan starts over, so the hint splits it into parts that fit the
+    window: --shard K/N, with N from the share this one walked."""
+    parts = max(2, -(-visits // max(done, 1)) + 1)
+    base = re.sub(r"\s--max-duration(?:=|\s+)\S+", "", command)
+    verb = base.split()[1] if len(base.split()) > 1 else "scan"
+    if verb in ("scan", "audit"):
+        out = "-o DIR/" if verb == "scan" else "--manifest-out DIR/"
+        parted = re.sub(r"\s(?:-o|--output|--manifest-out)(?:=|\s+)\S+", "", base)
+        hint = (f"a scan starts over: rerun `{base}` in a longer window, or in {parts} parts that each fit this "
+                f"one: `{parted} --shard K/{parts} {out}` for K = 0 .. {parts - 1} (one manifest dataset in DIR)")
+    else:
+        hint = (f"a scan starts over: scan first (`kvmigrate scan ROOT --verify hash -o M.parquet`, in parts with "
+                f"--shard K/{parts} -o DIR/ if it does not fit), then `kvmigrate migrate --manifest M.parquet "
+                "--apply --max-duration ...` places blocks window after window")
+    return pacing.OutOfTime(f"--max-duration elapsed after {done:,} of {visits:,} bucket visits "
+                            f"({100 * done // visits}%); no manifest was written", hint=hint)
 
 
 class _terminate_as_interrupt:

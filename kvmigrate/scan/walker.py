@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from kvmigrate import classify, layout
 from kvmigrate.classify import FileRecord, UnitPlan
+from kvmigrate import pacing
 from kvmigrate.fsio import Vanished, errno_reason, kind_of, read_buffer, read_file
 from kvmigrate.scan.blocks import BlockVerdicts
 from kvmigrate.scan.roots import Namespace, RootListing
@@ -82,7 +83,9 @@ class Walker(BlockVerdicts):
         self.ns_arrays: list[tuple[pa.Array, pa.Array]] = []
         self.units: list[Unit] = []
         self._fanouts: dict[str, tuple[int, str] | None] = {}  # fan-out folder name -> (group, hh)
-        self.leaf = leaf_walk()
+        # with --bwlimit the Python walk reads, file by file, where every read is charged
+        # (the C walk reads a whole bucket between two charges: too coarse a burst)
+        self.leaf = None if pacing.limited() else leaf_walk()
 
     def prepare(self, namespaces: list[Namespace], units: list[Unit]) -> None:
         """Number the namespaces (rows carry a code, batches a dictionary) and note per

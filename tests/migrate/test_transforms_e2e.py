@@ -273,7 +273,7 @@ def test_a_source_that_cannot_be_read_fails_its_block_and_writes_nothing(tmp_pat
 
     from kvmigrate.migrate import apply as apply_mod
 
-    def eio(fd, size, header_len=0, payload=False):
+    def eio(fd, size, header_len=0, payload=False, let_go=True):
         raise OSError(errno.EIO, "Input/output error")
 
     root, (res,) = synth_root(MLA_B4)

@@ -241,8 +241,8 @@ def test_cli_synth_scan_report_and_audit(tmp_path):
     d = tmp_path / "hicache"
     code, out = run("synth", d, "--family", "sglang", "--sgl-era", "e2", "--tp", "2", "--blocks", "2")
     assert code == 0, out
-    code, out = run("scan", d, "-o", tmp_path / "m.parquet", "-q", "--kv-kind", "full", "--model-name", "org/m",
-                    "--target-layout", "layer_first")
+    code, out = run("scan", d, "-o", tmp_path / "m.parquet", "--kv-kind", "full", "--model-name", "org/m",
+                    "--target-layout", "layer_first")  # not -q: it prints nothing
     assert code == 1 and "sglang:org-m:tp2:sgl-e2" in out  # pending links
     code, out = run("report", tmp_path / "m.parquet")
     assert code == 1 and "sglang:org-m:tp2:sgl-e2" in out

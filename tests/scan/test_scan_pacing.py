@@ -1,0 +1,128 @@
+"""The scan stays out of the engine's way and says how far it is (issue 18 items 4, 5):
+--bwlimit throttles its reads, every hashed file's pages are let go (fadvise DONTNEED),
+--max-duration stops it at a batch boundary with exit 32, and its bar has a total."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run
+from kvmigrate import manifest, pacing
+from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.pipeline import scan
+
+KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+TREE = {"family": "vllm", "scheme": "S1", "tp": 1, "blocks": 300}  # ~300 bucket visits
+
+
+class FakeClock:
+    """Moves by `step` at every look (the deadline) or by what the bucket sleeps."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now, self.step, self.slept = 0.0, step, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.now += seconds
+
+
+@pytest.fixture
+def no_limits():
+    yield
+    pacing._LIMITS.clock = pacing.time.monotonic
+    pacing.configure()
+
+
+def _block_bytes(rows: dict) -> int:
+    return sum(r["size"] for r in rows.values() if r["block_hash"] is not None and r["content_xxh3_128"] is not None)
+
+
+def test_bwlimit_throttles_the_hash_scan_reads(synth_root, tmp_path, no_limits):
+    root, _ = synth_root(TREE)
+    free = scan(root, tmp_path / "free.parquet", verify="hash", workers=1, facts_resolver=FactsResolver({}, None))
+    rate = 4096
+    clock = FakeClock()
+    pacing.configure(bwlimit=rate)
+    pacing._LIMITS.bucket = pacing.TokenBucket(rate, clock=clock, sleep=clock.sleep)
+    limited = scan(root, tmp_path / "limited.parquet", verify="hash", workers=1,
+                   facts_resolver=FactsResolver({}, None))
+    rows = {r["relpath"]: r for r in manifest.read_table(limited.output).to_pylist()}
+    read = _block_bytes(rows)
+    assert read > 20 * rate
+    # every byte past the one-second burst was paid for by sleeping at `rate`
+    assert clock.slept * rate >= read - rate
+    assert clock.slept * rate <= read + rate
+    same = {r["relpath"]: r["content_xxh3_128"] for r in manifest.read_table(free.output).to_pylist()}
+    assert {k: r["content_xxh3_128"] for k, r in rows.items()} == same  # the same manifest, only slower
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _resident(paths: list[Path]) -> int:
+    """Bytes of these files in the page cache (fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *map(str, paths)],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(x) for x in out.split())
+
+
+def test_every_cold_hashed_block_file_is_fadvised_dontneed_and_the_engines_stay_cached(synth_root, tmp_path,
+                                                                                        walk):
+    """strace counts posix_fadvise(DONTNEED) calls of the scan (C walk and Python walk):
+    one per block file that was not in the page cache; the 10 the "engine" just read
+    are left alone, and stay cached."""
+    root, results = synth_root({**TREE, "blocks": 40})
+    blocks = [root / r for r in results[0].block_files()]
+    os.sync()
+    for path in blocks:
+        _evict(path)
+    hot = blocks[:10]
+    for path in hot:
+        path.read_bytes()
+    assert _resident(blocks[10:]) == 0 and _resident(hot) == sum(p.stat().st_size for p in hot)
+    log = tmp_path / "strace.log"
+    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
+                    "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
+    calls = [line for line in log.read_text().splitlines() if "POSIX_FADV_DONTNEED" in line]
+    assert len(calls) == len(blocks) - len(hot) == 30
+    assert _resident(blocks[10:]) == 0  # read, hashed and let go
+    assert _resident(hot) == sum(p.stat().st_size for p in hot)
+
+
+def test_max_duration_stops_the_scan_with_exit_32_and_a_rerun_completes(synth_root, tmp_path, no_limits):
+    root, _ = synth_root(TREE)
+    out = tmp_path / "m.parquet"
+    pacing._LIMITS.clock = FakeClock(step=1.0)  # every look at the deadline is one second later
+    code, text = run("scan", root, *FACTS, "-o", out, "--max-duration", "3s")
+    assert code == 32, text
+    assert not out.exists()  # no manifest that would read as a tree missing files
+    assert re.search(r"kvmigrate: stopped: --max-duration elapsed after [\d,]+ of [\d,]+ bucket visits", text)
+    assert re.search(r"--shard K/\d+ -o DIR/", text)
+    pacing._LIMITS.clock = pacing.time.monotonic
+    code, text = run("scan", root, *FACTS, "-o", out, "--max-duration", "1h", "-q")
+    assert code in (0, 1) and text == ""
+    assert manifest.read_table(out).num_rows > 300
+
+
+def test_the_scan_bar_has_a_total_a_percentage_and_an_eta(synth_root, tmp_path, capsys):
+    root, _ = synth_root(TREE)
+    scan(root, tmp_path / "m.parquet", verify="size", progress=True, facts_resolver=FactsResolver({}, None))
+    err = capsys.readouterr().err
+    m = re.search(r"scan: 100%\|[^|]*\| (\d+)/(\d+) \[[\d:]+<[\d:]+", err)  # done/total [elapsed<ETA
+    assert m and m.group(1) == m.group(2) and int(m.group(2)) >= 256, err[-500:]
