@@ -87,3 +87,15 @@ def parse_count(text: str) -> float:
     if not m:
         raise ValueError(f"not a count: {text!r}")
     return float(m.group(1)) * 1000 ** _COUNT_UNITS.index(m.group(2) or "")
+
+
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)?$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of an age like `90s`, `10m`, `1h`, `7d`, `2w` (a bare number: seconds)."""
+    m = _DURATION_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1h, 7d)")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]

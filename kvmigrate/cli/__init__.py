@@ -28,6 +28,8 @@ COMMANDS = {
     "identity": "identity",
     "demo": "demo",
     "synth": "synth",
+    "prune": "prune",
+    "restore": "restore",
 }
 
 

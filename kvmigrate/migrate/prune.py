@@ -1,0 +1,498 @@
+"""`kvmigrate prune`: reclaim what no engine will read, reversibly (migration.md §7).
+
+A prune plan is read from a manifest's typed columns (never its `reason` prose) and the
+migration journals (through `journal.iter_runs`). Classes, each opt-in by name:
+
+    migrated               legacy block files whose bytes the scan found at a target path
+                           (`already_present`: the same inode, or the exact bytes the action
+                           writes), their rank files (replicas proven equal by hash, parts
+                           of a transform), and the namespace's config.json once nothing
+                           else of it is left
+    unreadable_namespaces  namespaces no target reads and no migration used, whole
+    residue                engine temp files older than --older-than, zero_filled, short,
+                           misfiled files
+
+Never: an `ok` block not migrated, a target namespace (every `target_base` of the
+manifest and of the journals), kvmigrate's own files, a file changed since the scan
+(size, mtime, inode, dev, or a ctime after the scan), a namespace whose target is under
+a held migration lock or that was written within the quiet period, anything outside
+ROOT, a symlink (its target is never followed: every step goes through O_NOFOLLOW
+folder fds of `fsops.DestTree`).
+
+`apply_prune` moves each file into `ROOT/.kvmigrate/quarantine/<run>/<relpath>` by
+rename (same inode, nothing copied), journaled write-ahead in its own journal
+(`ROOT/.kvmigrate/journals/prune/<run>.jsonl`, beside, not among, the migration
+journals); `restore.py` puts it back or purges it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple
+
+from kvmigrate import findings, layout
+from kvmigrate import manifest as mf
+from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
+from kvmigrate.migrate.lock import NamespaceLock
+
+CLASSES = ("migrated", "unreadable_namespaces", "residue")
+QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
+PRUNE_JOURNALS_DIR = os.path.join(jn.JOURNALS_DIR, "prune")
+KIND = "prune"  # the header's `kind`: a prune journal, not a migration's
+
+# a namespace of one of these states is read by no target (formats.md §3, interface.md §2)
+UNREADABLE_STATUSES = ("orphan_namespace", "digest_mismatch", "config_invalid", "unsupported_layout")
+RESIDUE_STATUSES = ("zero_filled", "short", "misfiled")  # tmp_leftover too, when older than --older-than
+MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at its target
+DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
+DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
+_BATCH = 4096  # moves per fsynced intent record
+
+_COLUMNS = ("relpath", "source_base", "target_base", "status", "action", "finding", "primary_rank", "rank", "group",
+            "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128", "target_relpath")
+
+
+def prune_journal_dir(root: str) -> str:
+    return os.path.join(root, PRUNE_JOURNALS_DIR)
+
+
+class Item(NamedTuple):
+    """One file to move, with the stat the scan saw (re-checked before it moves) and, for
+    a migrated block, the target path that keeps its bytes and that path's stat."""
+
+    relpath: str
+    cls: str
+    namespace: str
+    dev: int
+    inode: int
+    size: int
+    mtime_ns: int
+    nlink: int
+    target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
+
+
+@dataclass
+class PrunePlan:
+    root: str
+    manifest: str
+    classes: tuple[str, ...]
+    items: list[Item]
+    skipped: dict[str, str]  # namespace -> why nothing of it is pruned
+    target_bases: set[str]
+    emptied: set[str] = field(default_factory=set)  # namespaces pruned whole (their folders go too)
+    locks: dict[str, set[str]] = field(default_factory=dict)  # target base -> source namespaces pruned into it
+    scan_started_ns: int | None = None
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Per class: files, bytes, bytes freed once purged (every name of the inode goes)
+        and files unlinked only (another name, e.g. the target link, keeps the bytes)."""
+        out = {c: {"files": 0, "bytes": 0, "freed_bytes": 0, "unlinked_files": 0} for c in self.classes}
+        names = Counter((i.dev, i.inode) for i in self.items)
+        for i in self.items:
+            t = out[i.cls]
+            t["files"] += 1
+            t["bytes"] += i.size
+            if i.nlink <= names[(i.dev, i.inode)]:
+                t["freed_bytes"] += i.size
+            else:
+                t["unlinked_files"] += 1
+        return out
+
+    def by_namespace(self) -> dict[tuple[str, str], dict[str, int]]:
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for i in self.items:
+            t = out.setdefault((i.cls, i.namespace), {"files": 0, "bytes": 0})
+            t["files"] += 1
+            t["bytes"] += i.size
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        """Dry run: 1 when something would be pruned (interface.md §4)."""
+        return 1 if self.items else 0
+
+
+def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
+               quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
+               older_than: float | None = None, now: float | None = None) -> PrunePlan:
+    """Select what to prune from the manifest (typed columns) and the migration journals."""
+    classes = tuple(c for c in CLASSES if c in set(classes))
+    if not classes:
+        raise UsageError("nothing to select: give --migrated, --unreadable-namespaces or --residue")
+    meta = mf.read_metadata(manifest_path)
+    root = meta.get("root")
+    if not isinstance(root, str) or not os.path.isdir(root):
+        raise UsageError(f"the manifest's root {root!r} is not a folder", path=manifest_path,
+                         hint="rescan the cache root with `kvmigrate scan ROOT`")
+    now = time.time() if now is None else now
+    cols = mf.read_table(manifest_path, columns=_COLUMNS).to_pydict()
+    n = len(cols["relpath"])
+    c = cols
+    targets, used = _journal_namespaces(migration_journal or jn.default_journal_dir(root))
+    target_bases = {b for b in c["target_base"] if b} | targets
+    rows_of: dict[str, list[int]] = {}
+    for i in range(n):
+        ns = c["source_base"][i]
+        if ns:
+            rows_of.setdefault(ns, []).append(i)
+
+    chosen: dict[int, str] = {}  # row -> class
+    target_of: dict[int, int] = {}  # migrated row -> its target's row
+    if "migrated" in classes:
+        by_relpath = {c["relpath"][i]: i for ns in target_bases for i in rows_of.get(ns, ())}
+        primary: dict[tuple, int] = {}
+        for i in range(n):
+            ns = c["source_base"][i]
+            if not ns or ns in target_bases or c["action"][i] != "already_present" \
+                    or c["status"][i] not in MIGRATED_STATUSES:
+                continue
+            j = by_relpath.get(c["target_relpath"][i] or "")
+            if j is None or c["status"][j] != "ok":
+                continue  # the target path is not a target namespace's healthy file
+            chosen[i], target_of[i] = "migrated", j
+            primary[(ns, c["group"][i], c["block_hash"][i], c["rank"][i])] = i
+        for i in range(n):
+            code = c["finding"][i]
+            if code not in findings.SECONDARY or c["status"][i] != "ok":
+                continue
+            p = primary.get((c["source_base"][i], c["group"][i], c["block_hash"][i], c["primary_rank"][i]))
+            if p is None:
+                continue
+            if code == findings.REPLICA_OF_PRIMARY and (c["content_xxh3_128"][i] is None
+                                                        or c["content_xxh3_128"][i] != c["content_xxh3_128"][p]):
+                continue  # a replica's equality is proven by its hash only (a scan at --verify hash)
+            chosen[i], target_of[i] = "migrated", target_of[p]
+    if "unreadable_namespaces" in classes:
+        for ns, rows in rows_of.items():
+            if ns in target_bases or ns in used:
+                continue
+            if all(c["status"][i] in UNREADABLE_STATUSES or c["status"][i] in ("tmp_leftover", *RESIDUE_STATUSES)
+                   for i in rows) and any(c["status"][i] in UNREADABLE_STATUSES for i in rows) \
+                    and not any(c["target_relpath"][i] for i in rows):
+                for i in rows:
+                    chosen.setdefault(i, "unreadable_namespaces")
+    if "residue" in classes:
+        age_ns = int((DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9)
+        for i in range(n):
+            st = c["status"][i]
+            if c["source_base"][i] in target_bases or i in chosen:
+                continue
+            if st in RESIDUE_STATUSES or st == "tmp_leftover" and now * 1e9 - (c["mtime_ns"][i] or 0) >= age_ns:
+                chosen[i] = "residue"
+    # a namespace pruned whole (for its migrated blocks: once nothing else of it is left)
+    # takes its config.json and folders with it
+    emptied = set()
+    for ns, rows in rows_of.items():
+        if ns in target_bases or not any(i in chosen for i in rows):
+            continue
+        config = [i for i in rows if c["relpath"][i] == f"{ns}/{layout.CONFIG_NAME}"]
+        rest = [i for i in rows if i not in config]
+        if all(i in chosen for i in rest):
+            emptied.add(ns)
+            cls = chosen[rest[0]] if rest else "migrated"
+            for i in config:
+                if c["status"][i] not in ("own_artifact", "foreign"):
+                    chosen.setdefault(i, cls)
+    skipped = {}
+    names = {c["source_base"][i] for i in chosen}
+    for ns in sorted(names):
+        why = None if force_live else _live(root, ns, [c["relpath"][i] for i in rows_of[ns]], quiet_period, now,
+                                            max(c["mtime_ns"][i] or 0 for i in rows_of[ns]))
+        if why:
+            skipped[ns] = why
+    items = []
+    locks: dict[str, set[str]] = {}
+    for i in sorted(chosen, key=lambda i: c["relpath"][i]):
+        ns = c["source_base"][i]
+        rel = c["relpath"][i]
+        if ns in skipped or c["status"][i] in ("own_artifact", "foreign") or rel.startswith(layout.OWN_DIR + "/"):
+            continue
+        check_relpath(rel, "manifest path")
+        j = target_of.get(i)
+        target = None
+        if j is not None:
+            target = (c["relpath"][j], c["dev"][j], c["inode"][j], c["size"][j], c["mtime_ns"][j])
+            locks.setdefault(c["source_base"][j], set()).add(ns)
+        items.append(Item(rel, chosen[i], ns, c["dev"][i], c["inode"][i], c["size"][i], c["mtime_ns"][i],
+                          c["nlink"][i] or 1, target))
+    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
+
+
+def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
+    """(target bases, source namespaces) of every migration run in the journal file or
+    directory (none when there is none yet)."""
+    if not os.path.exists(journal) or os.path.isdir(journal) and not any(
+            f.endswith(".jsonl") for f in os.listdir(journal)):
+        return set(), set()
+    targets: set[str] = set()
+    sources: set[str] = set()
+    for _, run in jn.iter_runs(journal):
+        if run.rolled_back:
+            continue
+        for base, rec in run.targets.items():
+            targets.add(base)
+            sources.update(rec.get("sources") or ())
+    return targets, sources
+
+
+def _live(root: str, ns: str, relpaths: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
+    """Why a namespace counts as live: written (its newest file mtime, or the mtime or
+    ctime of a folder of it) within the quiet period; None when it is quiet."""
+    newest = newest_file_ns / 1e9
+    folders = set()
+    for rel in relpaths:
+        parts = rel.split("/")[:-1]
+        for k in range(1, len(parts) + 1):
+            folders.add("/".join(parts[:k]))
+    for d in folders:
+        try:
+            st = os.lstat(os.path.join(root, d))
+        except OSError:
+            continue
+        newest = max(newest, st.st_mtime, st.st_ctime)
+    age = now - newest
+    if age < quiet_period:
+        return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
+                "engine may use it); rerun later, or pass --force-live")
+    return None
+
+
+# --- apply ---------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneResult:
+    journal: str
+    run_id: str
+    quarantine: str | None  # relpath of the run's quarantine folder (None with --no-quarantine)
+    moved: Counter = field(default_factory=Counter)  # class -> files
+    moved_bytes: Counter = field(default_factory=Counter)
+    freed_bytes: int = 0  # bytes no other name holds (freed when the quarantine is purged)
+    unlinked: int = 0  # files whose bytes another name keeps (a file-count slot only)
+    dirs_removed: int = 0
+    kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
+    failed: list[str] = field(default_factory=list)  # operational problems
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OPERATIONAL if self.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"journal": self.journal, "run_id": self.run_id, "quarantine": self.quarantine,
+                "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
+                "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "kept": self.kept,
+                "failed": self.failed, "exit_code": self.exit_code}
+
+
+class _Changed(Exception):
+    """A file (or its target) is not what the scan saw: kept."""
+
+
+def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool = True, command: str = "",
+                crash: Any = None) -> PruneResult:
+    """Move the plan's files into the quarantine (or unlink them: --no-quarantine, for
+    migrated blocks only), each re-checked first, journaled write-ahead. `crash`: a test
+    hook with `hit(step)` (reliability tests kill the process there)."""
+    if not quarantine and set(plan.classes) - {"migrated"}:
+        raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
+                         "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    run_id = jn.new_run_id()
+    root = plan.root
+    path = journal or os.path.join(prune_journal_dir(root), f"{run_id}.jsonl")
+    if os.path.isdir(path):
+        path = os.path.join(path, f"{run_id}.jsonl")
+    qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
+    w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
+                                       "dest": root, "manifest": os.path.abspath(plan.manifest),
+                                       "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
+                                       "time": time.time()})
+    result = PruneResult(path, run_id, qdir)
+    hit = crash.hit if crash is not None else (lambda step: None)
+    with DestTree(root) as tree:
+        locks = []
+        held = set()
+        try:
+            for base in sorted(plan.locks):
+                try:
+                    if tree.lstat(base) is not None:
+                        locks.append(NamespaceLock.acquire(tree, base, purpose="prune"))
+                except OperationalError as exc:
+                    held.update(plan.locks[base])
+                    result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: {exc}".split("\n")[0])
+            if qdir:
+                _makedirs(tree, qdir)
+            items = [i for i in plan.items if i.namespace not in held]
+            moved: list[str] = []
+            for start in range(0, len(items), _BATCH):
+                batch = items[start:start + _BATCH]
+                w.intent([{"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None,
+                           "dev": i.dev, "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "class": i.cls,
+                           "target": i.target[0] if i.target else None, "ns": i.namespace} for i in batch])
+                hit("intent")
+                for item in batch:
+                    if _move(tree, item, qdir, plan, w, result):
+                        moved.append(item.relpath)
+                    hit("move")
+                w.sync()
+            _remove_folders(tree, moved, w, result)
+            hit("dirs")
+        finally:
+            for lock in locks:
+                lock.release()
+    w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept), "failed": len(result.failed),
+             "time": time.time()}, sync=True)
+    w.close()
+    return result
+
+
+def _move(tree: DestTree, item: Item, qdir: str | None, plan: PrunePlan, w: jn.JournalWriter,
+          result: PruneResult) -> bool:
+    """Move (or unlink) one file after re-checking it; False when it was kept."""
+    where = tree.abspath(item.relpath)
+    try:
+        st = _check_unchanged(tree, item, plan.scan_started_ns)
+        if qdir is None:
+            tree.unlink(item.relpath)
+        else:
+            dest = f"{qdir}/{item.relpath}"
+            _makedirs(tree, dest.rpartition("/")[0])
+            spfd, sname = tree.split(item.relpath)
+            dpfd, dname = tree.split(dest)
+            os.rename(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd)
+            moved = tree.lstat(dest)
+            if moved is None or (moved.st_dev, moved.st_ino) != (st.st_dev, st.st_ino):
+                # replaced between the check and the rename: put that file back, untouched
+                _put_back(tree, dest, item.relpath)
+                raise _Changed("replaced while pruning")
+    except _Changed as exc:
+        result.kept.append(f"{where}: {exc}; kept")
+        return False
+    except (SymlinkInPath, NotADirectoryError):
+        result.kept.append(f"{where}: a folder on its path is now a symlink or file (never followed); kept")
+        return False
+    except FileNotFoundError:
+        result.kept.append(f"{where}: gone since the scan; nothing to do")
+        return False
+    except OSError as exc:
+        why = "another filesystem (EXDEV): the quarantine must be on the same filesystem as the file" \
+            if exc.errno == errno.EXDEV else (exc.strerror or str(exc))
+        result.failed.append(f"{where}: cannot move: {why}; kept")
+        return False
+    w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": st.st_ino, "dev": st.st_dev})
+    result.moved[item.cls] += 1
+    result.moved_bytes[item.cls] += item.size
+    if st.st_nlink <= 1:
+        result.freed_bytes += item.size
+    else:
+        result.unlinked += 1
+    return True
+
+
+def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None) -> os.stat_result:
+    """A fresh lstat equal to the scan's (a regular file, same dev, inode, size, mtime, no
+    ctime after the scan), and for a migrated block its target unchanged too (the same
+    inode for a link)."""
+    st = tree.lstat(item.relpath)
+    if st is None:
+        raise FileNotFoundError(item.relpath)
+    if not stat.S_ISREG(st.st_mode):
+        raise _Changed("no longer a regular file (a symlink is never followed)")
+    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (item.dev, item.inode, item.size, item.mtime_ns):
+        raise _Changed("changed since the scan (size, mtime or inode differ)")
+    if scan_started_ns is not None and st.st_ctime_ns > scan_started_ns:
+        raise _Changed("changed since the scan (ctime is newer than the scan)")
+    if item.target is not None:
+        trel, tdev, tino, tsize, tmtime = item.target
+        tst = tree.lstat(trel)
+        if tst is None or not stat.S_ISREG(tst.st_mode) or \
+                (tst.st_dev, tst.st_ino, tst.st_size, tst.st_mtime_ns) != (tdev, tino, tsize, tmtime):
+            raise _Changed(f"its target {tree.abspath(trel)} changed or went since the scan")
+    return st
+
+
+def _put_back(tree: DestTree, src: str, dest: str) -> None:
+    """link + unlink: never over a name that exists again."""
+    spfd, sname = tree.split(src)
+    _makedirs(tree, dest.rpartition("/")[0])
+    dpfd, dname = tree.split(dest)
+    os.link(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
+    os.unlink(sname, dir_fd=spfd)
+
+
+def _makedirs(tree: DestTree, reldir: str) -> None:
+    parts = reldir.split("/") if reldir else []
+    for k in range(1, len(parts) + 1):
+        tree.mkdir("/".join(parts[:k]))
+
+
+def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult) -> None:
+    """The folders the moves left empty, deepest first (a folder still holding anything
+    stays); each one journaled so `restore` makes it again."""
+    folders = set()
+    for rel in moved:
+        parts = rel.split("/")[:-1]
+        for k in range(1, len(parts) + 1):
+            folders.add("/".join(parts[:k]))
+    removed = []
+    for d in sorted(folders, key=lambda d: (d.count("/"), d), reverse=True):
+        try:
+            tree.rmdir(d)
+            removed.append(d)
+        except OSError:
+            continue
+    if removed:
+        w.write({"t": "done", "kind": "rmdirs", "paths": removed}, sync=True)
+    result.dirs_removed += len(removed)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
+    from kvmigrate.units import human_bytes
+
+    lines = [f"prune plan for {plan.root}"]
+    totals = plan.totals()
+    for cls in plan.classes:
+        t = totals[cls]
+        lines.append(f"  {cls.replace('_', '-'):<24} {t['files']:>8} files {human_bytes(t['bytes']):>10}; frees "
+                     f"{human_bytes(t['freed_bytes'])} once purged, {t['unlinked_files']} files only unlinked "
+                     "(their bytes stay under another name: a file-count slot each)")
+        for (c, ns), v in sorted(plan.by_namespace().items()):
+            if c == cls:
+                lines.append(f"    {ns}: {v['files']} files, {human_bytes(v['bytes'])}")
+    for ns, why in sorted(plan.skipped.items()):
+        lines.append(f"  skipped {ns}: {why}")
+    if plan.items:
+        lines.append(f"{len(plan.items)} files would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
+                     "(reversible: `kvmigrate restore JOURNAL`). Nothing was moved (dry run).")
+        if apply_command:
+            lines.append(f"to apply: {apply_command}")
+    else:
+        lines.append("nothing to prune.")
+    return "\n".join(lines)
+
+
+def render_result(result: PruneResult) -> str:
+    from kvmigrate.units import human_bytes
+
+    moved = sum(result.moved.values())
+    where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
+    lines = [f"pruned {moved} files ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
+             f"{human_bytes(result.freed_bytes)} freed once purged, {result.unlinked} files only unlinked; "
+             f"{result.dirs_removed} empty folders removed"]
+    for cls, k in sorted(result.moved.items()):
+        lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
+    lines.append(f"journal: {result.journal}  (undo: kvmigrate restore {result.journal})")
+    for what, rows in (("kept", result.kept), ("failed", result.failed)):
+        if rows:
+            lines.append(f"{what} {len(rows)}:")
+            lines += [f"  {r}" for r in rows[:50]] + ([f"  ... and {len(rows) - 50} more"] if len(rows) > 50 else [])
+    return "\n".join(lines)
