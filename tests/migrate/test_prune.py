@@ -332,3 +332,14 @@ def test_prune_journals_do_not_disturb_the_migration_readers(migrated):
     code, out = run("restore", root / ".kvmigrate" / "journals" / next(
         f for f in os.listdir(root / ".kvmigrate" / "journals") if f.endswith(".jsonl")))
     assert code == 2 and "not a prune journal" in out
+
+
+def test_audit_names_prune_for_migrated_legacy_blocks_and_not_after(migrated):
+    root, _ = migrated
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    hint = next(h for h in summary["hints"] if "reclaimable" in h["codes"])
+    assert hint["command"] == f"kvmigrate prune {root} --kv-kind mla --model-dtype bfloat16"
+    assert len(hint["namespaces"]) == 2
+    run_json("prune", root, *MLA, *NOW, "--apply")
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    assert not [h for h in summary["hints"] if "reclaimable" in h["codes"]]
