@@ -108,7 +108,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                           quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
                           explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
                           facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                          progress=not quiet and sys.stderr.isatty(), command=command_line) as plan:
+                          progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
         if not apply:
             code = plan.exit_code
             apply_command = _apply_command(ctx)
@@ -122,13 +122,19 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                 click.echo(render_plan(plan, apply_command))
             sys.exit(code)
         result = apply_prune(plan, journal=journal, quarantine=not no_quarantine, command=_apply_command(ctx))
+    finished = [r.to_dict() for r in plan.finished]
     if as_json:
-        print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped, **result.to_dict()})
+        print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
+                    "finished_interrupted": finished, **result.to_dict()})
     elif not quiet:
+        for r in plan.finished:
+            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved "
+                       f"({r.journal})")
         click.echo(render_result(result))
-    if result.failed:
-        click.echo(f"kvmigrate: error: {len(result.failed)} file(s) could not be moved; {result.failed[0]}", err=True)
-    sys.exit(result.exit_code)
+    failed = result.failed + [f for r in plan.finished for f in r.failed]
+    if failed:
+        click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
+    sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))
 
 
 def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:

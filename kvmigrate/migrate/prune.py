@@ -39,6 +39,7 @@ from kvmigrate import findings, layout
 from kvmigrate import manifest as mf
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (KVMIGRATE_CRASH_AT), shared
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 
@@ -53,7 +54,7 @@ RESIDUE_STATUSES = ("zero_filled", "short", "misfiled")  # tmp_leftover too, whe
 MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at its target
 DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
 DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
-_BATCH = 4096  # moves per fsynced intent record
+_BATCH = 4096  # files per intent record, and moves per fsync of their done records
 
 _COLUMNS = ("relpath", "source_base", "target_base", "status", "action", "finding", "primary_rank", "rank", "group",
             "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128", "target_relpath")
@@ -89,6 +90,7 @@ class PrunePlan:
     emptied: set[str] = field(default_factory=set)  # namespaces pruned whole (their folders go too)
     locks: dict[str, set[str]] = field(default_factory=dict)  # target base -> source namespaces pruned into it
     scan_started_ns: int | None = None
+    finished: list["PruneResult"] = field(default_factory=list)  # interrupted runs finished before the scan
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Per class: files, bytes, bytes freed once purged (every name of the inode goes)
@@ -298,8 +300,10 @@ class _Changed(Exception):
 def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool = True, command: str = "",
                 crash: Any = None) -> PruneResult:
     """Move the plan's files into the quarantine (or unlink them: --no-quarantine, for
-    migrated blocks only), each re-checked first, journaled write-ahead. `crash`: a test
-    hook with `hit(step)` (reliability tests kill the process there)."""
+    migrated blocks only), each re-checked first. The whole run is journaled before the
+    first file moves, so a killed run is finished by `finish_interrupted` (every file of
+    a block goes, never one rank of it). `crash`: the test seam whose `hit(point)` the
+    kill -9 tests stop the process at (default: KVMIGRATE_CRASH_AT, as for migrate)."""
     if not quarantine and set(plan.classes) - {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
@@ -312,52 +316,179 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
                                        "dest": root, "manifest": os.path.abspath(plan.manifest),
                                        "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
-                                       "time": time.time()})
+                                       "time": time.time(), "scan_started_ns": plan.scan_started_ns})
     result = PruneResult(path, run_id, qdir)
-    hit = crash.hit if crash is not None else (lambda step: None)
-    with DestTree(root) as tree:
-        locks = []
-        held = set()
-        try:
-            for base in sorted(plan.locks):
-                try:
-                    if tree.lstat(base) is not None:
-                        locks.append(NamespaceLock.acquire(tree, base, purpose="prune"))
-                except OperationalError as exc:
-                    held.update(plan.locks[base])
-                    result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: {exc}".split("\n")[0])
-            if qdir:
-                _makedirs(tree, qdir)
-            items = [i for i in plan.items if i.namespace not in held]
-            moved: list[str] = []
-            for start in range(0, len(items), _BATCH):
-                batch = items[start:start + _BATCH]
-                w.intent([{"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None,
-                           "dev": i.dev, "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "class": i.cls,
-                           "target": i.target[0] if i.target else None, "ns": i.namespace} for i in batch])
-                hit("intent")
-                for item in batch:
-                    if _move(tree, item, qdir, plan, w, result):
-                        moved.append(item.relpath)
-                    hit("move")
-                w.sync()
-            _remove_folders(tree, moved, w, result)
-            hit("dirs")
-        finally:
-            for lock in locks:
-                lock.release()
-    w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept), "failed": len(result.failed),
-             "time": time.time()}, sync=True)
-    w.close()
+    hit = (crash or _CrashSeam()).hit  # points: prune_intent, prune_move, prune_dirs
+    try:
+        with DestTree(root) as tree:
+            locks = []
+            held = set()
+            try:
+                for base in sorted(plan.locks):
+                    try:
+                        if tree.lstat(base) is not None:
+                            locks.append(NamespaceLock.acquire(tree, base, purpose="prune"))
+                    except OperationalError as exc:
+                        held.update(plan.locks[base])
+                        result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: "
+                                           f"{str(exc).splitlines()[0]}")
+                items = [i for i in plan.items if i.namespace not in held]
+                for start in range(0, len(items), _BATCH):
+                    w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
+                hit("prune_intent")
+                _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+            finally:
+                for lock in locks:
+                    lock.release()
+        w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
+                 "failed": len(result.failed), "time": time.time()}, sync=True)
+    finally:
+        w.close()
     return result
 
 
-def _move(tree: DestTree, item: Item, qdir: str | None, plan: PrunePlan, w: jn.JournalWriter,
+def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
+    rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None, "dev": i.dev,
+           "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "nlink": i.nlink, "class": i.cls,
+           "ns": i.namespace, "target": None}
+    if i.target is not None:
+        rec.update(target=i.target[0], tdev=i.target[1], tino=i.target[2], tsize=i.target[3], tmtime_ns=i.target[4])
+    return rec
+
+
+def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
+           result: PruneResult, hit: Any) -> None:
+    if qdir:
+        _makedirs(tree, qdir)
+    moved: list[str] = []
+    for n, item in enumerate(items, 1):
+        if _move(tree, item, qdir, scan_started_ns, w, result):
+            moved.append(item.relpath)
+        hit("prune_move")
+        if n % _BATCH == 0:
+            w.sync()
+    w.sync()
+    _remove_folders(tree, moved, w, result)
+    hit("prune_dirs")
+
+
+def finish_interrupted(root: str) -> list[PruneResult]:
+    """Finish every prune run of ROOT that was stopped (kill -9, a crash) before its
+    `complete` record: the files it journaled and did not move yet are re-checked against
+    the journaled stat and moved, as the run would have. A run still going holds its
+    journal's flock: that refusal names its pid."""
+    out = []
+    for run in load_prune_runs(prune_journal_dir(root)) if _has_journals(prune_journal_dir(root)) else []:
+        if run.complete or run.restored or run.purge_started:
+            continue
+        w = jn.JournalWriter.append(run.path)
+        try:
+            w.write({"t": "resume", "pid": os.getpid(), "time": time.time()}, sync=True)
+            result = PruneResult(run.path, str(run.header.get("run_id")), run.quarantine)
+            items = [_item(rec) for path, rec in run.moves.items() if path not in run.moved]
+            with DestTree(run.root) as tree:
+                settled = [i for i in items if _settled(tree, i, run.quarantine, w, result)]
+                pending = [i for i in items if i not in settled]
+                _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
+                       _CrashSeam().hit)
+                _remove_folders(tree, [i.relpath for i in settled], w, result)
+            w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
+                     "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
+        finally:
+            w.close()
+        out.append(result)
+    return out
+
+
+def _item(rec: dict[str, Any]) -> Item:
+    target = (check_relpath(rec["target"], "journal path"), rec["tdev"], rec["tino"], rec["tsize"],
+              rec["tmtime_ns"]) if rec.get("target") else None
+    return Item(rec["path"], rec["class"], rec.get("ns") or "", rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"],
+                rec.get("nlink") or 1, target)
+
+
+def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> bool:
+    """Moved before the kill, its done record lost with it: at its quarantine path."""
+    if tree.lstat(item.relpath) is not None:
+        return False
+    if qdir is not None:
+        st = tree.lstat(f"{qdir}/{item.relpath}")
+        if st is None or (st.st_dev, st.st_ino) != (item.dev, item.inode):
+            return False
+    w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
+    result.moved[item.cls] += 1
+    result.moved_bytes[item.cls] += item.size
+    return True
+
+
+def _has_journals(jdir: str) -> bool:
+    return os.path.isdir(jdir) and any(f.endswith(".jsonl") for f in os.listdir(jdir))
+
+
+@dataclass
+class PruneRun:
+    """One prune run of a journal file, as its records say."""
+
+    path: str
+    header: dict[str, Any]
+    moves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
+    moved: set[str] = field(default_factory=set)  # paths with a done record
+    rmdirs: list[str] = field(default_factory=list)
+    complete: bool = False
+    restored: bool = False
+    purged: bool = False
+    purge_started: bool = False
+
+    @property
+    def root(self) -> str:
+        return self.header["root"]
+
+    @property
+    def quarantine(self) -> str | None:
+        return self.header.get("quarantine")
+
+
+def load_prune_runs(journal: str) -> list[PruneRun]:
+    """The prune runs of a journal file or directory (oldest first), read with the
+    journal module's reader; a migration journal is refused."""
+    runs = []
+    for path in jn.journal_files(journal):
+        for rec in jn.iter_records(path):
+            t = rec.get("t")
+            if t == "header":
+                if rec.get("kind") != KIND or not isinstance(rec.get("root"), str):
+                    raise UsageError(f"{path} is not a prune journal", path=path,
+                                     hint="pass the journal `kvmigrate prune --apply` printed (a migration is "
+                                          "undone with `kvmigrate rollback`)")
+                runs.append(PruneRun(path, rec))
+                continue
+            run = runs[-1]
+            if t == "intent":
+                for item in rec.get("items", []):
+                    run.moves[check_relpath(item.get("path"), "journal path")] = item
+            elif t == "done" and rec.get("kind") == "rmdirs":
+                run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
+            elif t == "done":
+                run.moved.add(rec.get("path"))
+            elif t == "complete":
+                run.complete = True
+            elif t == "resume":
+                run.complete = False
+            elif t == "restored":
+                run.restored = True
+            elif t == "purge":
+                run.purge_started = True
+            elif t == "purged":
+                run.purged = True
+    return runs
+
+
+def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
           result: PruneResult) -> bool:
     """Move (or unlink) one file after re-checking it; False when it was kept."""
     where = tree.abspath(item.relpath)
     try:
-        st = _check_unchanged(tree, item, plan.scan_started_ns)
+        st = _check_unchanged(tree, item, scan_started_ns)
         if qdir is None:
             tree.unlink(item.relpath)
         else:

@@ -17,65 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.migrate.prune import KIND, QUARANTINE_DIR, prune_journal_dir
-
-
-@dataclass
-class PruneRun:
-    """One prune run of a journal file, as its records say."""
-
-    path: str
-    header: dict[str, Any]
-    moves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
-    moved: set[str] = field(default_factory=set)  # paths with a done record
-    rmdirs: list[str] = field(default_factory=list)
-    complete: bool = False
-    restored: bool = False
-    purged: bool = False
-    purge_started: bool = False
-
-    @property
-    def root(self) -> str:
-        return self.header["root"]
-
-    @property
-    def quarantine(self) -> str | None:
-        return self.header.get("quarantine")
-
-
-def load_prune_runs(journal: str) -> list[PruneRun]:
-    """The prune runs of a journal file or directory (oldest first); a migration journal is refused."""
-    runs = []
-    for path in jn.journal_files(journal):
-        for rec in jn.iter_records(path):
-            t = rec.get("t")
-            if t == "header":
-                if rec.get("kind") != KIND or not isinstance(rec.get("root"), str):
-                    raise UsageError(f"{path} is not a prune journal", path=path,
-                                     hint="pass the journal `kvmigrate prune --apply` printed (a migration is "
-                                          "undone with `kvmigrate rollback`)")
-                runs.append(PruneRun(path, rec))
-                continue
-            run = runs[-1]
-            if t == "intent":
-                for item in rec.get("items", []):
-                    run.moves[check_relpath(item.get("path"), "journal path")] = item
-            elif t == "done" and rec.get("kind") == "rmdirs":
-                run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
-            elif t == "done":
-                run.moved.add(rec.get("path"))
-            elif t == "complete":
-                run.complete = True
-            elif t == "restored":
-                run.restored = True
-            elif t == "purge":
-                run.purge_started = True
-            elif t == "purged":
-                run.purged = True
-    return runs
+from kvmigrate.migrate.prune import QUARANTINE_DIR, load_prune_runs, prune_journal_dir
 
 
 @dataclass
@@ -100,6 +46,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     `namespaces`, only the files of those source namespaces (a migration's rollback)."""
     only = set(namespaces) if namespaces is not None else None
     result = RestoreResult()
+    crash = _CrashSeam()
     for run in reversed(load_prune_runs(journal)):
         items = [i for i in run.moves.values() if only is None or i.get("ns") in only]
         if not items:
@@ -118,6 +65,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
                         result.dirs_made += _makedirs(tree, d)
                 for item in items:
                     _restore_item(tree, item, result)
+                    crash.hit("restore")
                 if only is None and run.quarantine:
                     _remove_empty(tree, run.quarantine)
             w.write({"t": "restored", "time": time.time(), "restored": result.restored, "kept": len(result.kept),
@@ -213,12 +161,13 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
     root = os.path.abspath(root)
     now = time.time() if now is None else now
     result = PurgeResult()
+    crash = _CrashSeam()
     jdir = prune_journal_dir(root)
     if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
         return result
     for run in load_prune_runs(jdir):
-        if run.purged or not run.quarantine:
-            continue
+        if run.purged or not run.quarantine or not run.complete and not run.purge_started:
+            continue  # (an interrupted prune is finished by the next `prune --apply` first)
         if now - float(run.header.get("time") or now) < older_than:
             result.young += 1
             continue
@@ -239,6 +188,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
             continue
         try:
             w.write({"t": "purge", "time": time.time(), "files": files}, sync=True)
+            crash.hit("purge")
             errors: list[str] = []
             shutil.rmtree(qpath, onerror=lambda fn, p, exc: errors.append(f"{p}: {exc[1]}"))
             if errors and os.path.exists(qpath):
