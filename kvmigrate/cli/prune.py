@@ -134,6 +134,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     failed = result.failed + [f for r in plan.finished for f in r.failed]
     if failed:
         click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
+        click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
+                   f"command; `kvmigrate restore {result.journal}` puts back what moved", err=True)
     sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))
 
 

@@ -28,6 +28,7 @@ journals); `restore.py` puts it back or purges it.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 import time
@@ -77,6 +78,7 @@ class Item(NamedTuple):
     mtime_ns: int
     nlink: int
     target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
+    key: str = ""  # the block's rank files share it: they move together or not at all
 
 
 @dataclass
@@ -211,7 +213,12 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             skipped[ns] = why
     items = []
     locks: dict[str, set[str]] = {}
-    for i in sorted(chosen, key=lambda i: c["relpath"][i]):
+    def order(i: int) -> tuple:
+        """A namespace's blocks with their rank files side by side, its config.json last."""
+        config = c["relpath"][i] == f"{c['source_base'][i]}/{layout.CONFIG_NAME}"
+        return c["source_base"][i] or "", config, _key(c, i), c["relpath"][i]
+
+    for i in sorted(chosen, key=order):
         ns = c["source_base"][i]
         rel = c["relpath"][i]
         if ns in skipped or c["status"][i] in ("own_artifact", "foreign") or rel.startswith(layout.OWN_DIR + "/"):
@@ -223,8 +230,13 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             target = (c["relpath"][j], c["dev"][j], c["inode"][j], c["size"][j], c["mtime_ns"][j])
             locks.setdefault(c["source_base"][j], set()).add(ns)
         items.append(Item(rel, chosen[i], ns, c["dev"][i], c["inode"][i], c["size"][i], c["mtime_ns"][i],
-                          c["nlink"][i] or 1, target))
+                          c["nlink"][i] or 1, target, _key(c, i)))
     return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
+
+
+def _key(c: dict[str, list], i: int) -> str:
+    h = c["block_hash"][i]
+    return f"{c['group'][i]}:{h.hex()}" if h is not None else c["relpath"][i]
 
 
 def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
@@ -350,7 +362,7 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
 def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
     rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None, "dev": i.dev,
            "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "nlink": i.nlink, "class": i.cls,
-           "ns": i.namespace, "target": None}
+           "ns": i.namespace, "key": i.key, "target": None}
     if i.target is not None:
         rec.update(target=i.target[0], tdev=i.target[1], tino=i.target[2], tsize=i.target[3], tmtime_ns=i.target[4])
     return rec
@@ -358,18 +370,55 @@ def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
 
 def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
            result: PruneResult, hit: Any) -> None:
+    """Move the items block by block: when one rank file of a block stays (changed, or
+    the move failed), the others of that block are put back, and a namespace's
+    config.json goes only if all else of it went (nothing is left half-moved)."""
     if qdir:
         _makedirs(tree, qdir)
     moved: list[str] = []
-    for n, item in enumerate(items, 1):
-        if _move(tree, item, qdir, scan_started_ns, w, result):
-            moved.append(item.relpath)
-        hit("prune_move")
-        if n % _BATCH == 0:
-            w.sync()
+    held_back: set[str] = set()
+    n = 0
+    for (ns, key), group in itertools.groupby(items, key=lambda i: (i.namespace, i.key)):
+        group = list(group)
+        if key == f"{ns}/{layout.CONFIG_NAME}" and ns in held_back:
+            result.kept.append(f"{tree.abspath(key)}: kept, since other files of {ns} stay (listed above)")
+            continue
+        done = []
+        for item in group:
+            if not _move(tree, item, qdir, scan_started_ns, w, result):
+                break
+            done.append(item)
+            hit("prune_move")
+            n += 1
+            if n % _BATCH == 0:
+                w.sync()
+        if len(done) < len(group):
+            held_back.add(ns)
+            for item in done:
+                _undo(tree, item, qdir, w, result)
+        else:
+            moved += [i.relpath for i in done]
     w.sync()
     _remove_folders(tree, moved, w, result)
     hit("prune_dirs")
+
+
+def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> None:
+    """Put back a rank file whose block cannot go whole (journaled: `returned`)."""
+    if qdir is None:
+        return  # unlinked (--no-quarantine): its bytes are at the target, nothing to put back
+    try:
+        _put_back(tree, f"{qdir}/{item.relpath}", item.relpath)
+    except OSError as exc:
+        result.failed.append(f"{tree.abspath(item.relpath)}: cannot put back into its block ({exc.strerror or exc});"
+                             f" it is at {tree.abspath(qdir + '/' + item.relpath)}")
+        return
+    w.done({"kind": "returned", "path": item.relpath})
+    result.moved[item.cls] -= 1
+    result.moved_bytes[item.cls] -= item.size
+    result.kept.append(f"{tree.abspath(item.relpath)}: put back, since another rank file of its block stays")
+    if not result.moved[item.cls]:
+        del result.moved[item.cls], result.moved_bytes[item.cls]
 
 
 def finish_interrupted(root: str) -> list[PruneResult]:
@@ -404,7 +453,7 @@ def _item(rec: dict[str, Any]) -> Item:
     target = (check_relpath(rec["target"], "journal path"), rec["tdev"], rec["tino"], rec["tsize"],
               rec["tmtime_ns"]) if rec.get("target") else None
     return Item(rec["path"], rec["class"], rec.get("ns") or "", rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"],
-                rec.get("nlink") or 1, target)
+                rec.get("nlink") or 1, target, rec.get("key") or rec["path"])
 
 
 def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> bool:
@@ -468,6 +517,8 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
                     run.moves[check_relpath(item.get("path"), "journal path")] = item
             elif t == "done" and rec.get("kind") == "rmdirs":
                 run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
+            elif t == "done" and rec.get("kind") == "returned":
+                run.moved.discard(rec.get("path"))
             elif t == "done":
                 run.moved.add(rec.get("path"))
             elif t == "complete":

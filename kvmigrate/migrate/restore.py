@@ -47,7 +47,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     only = set(namespaces) if namespaces is not None else None
     result = RestoreResult()
     crash = _CrashSeam()
-    for run in reversed(load_prune_runs(journal)):
+    for run in sorted(load_prune_runs(journal), key=lambda r: float(r.header.get("time") or 0), reverse=True):
         items = [i for i in run.moves.values() if only is None or i.get("ns") in only]
         if not items:
             continue
@@ -64,7 +64,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
                     if only is None or any(i["path"].startswith(d + "/") for i in items):
                         result.dirs_made += _makedirs(tree, d)
                 for item in items:
-                    _restore_item(tree, item, result)
+                    _restore_item(tree, item, item["path"] in run.moved, result)
                     crash.hit("restore")
                 if only is None and run.quarantine:
                     _remove_empty(tree, run.quarantine)
@@ -75,7 +75,9 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     return result
 
 
-def _restore_item(tree: DestTree, item: dict[str, Any], result: RestoreResult) -> None:
+def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result: RestoreResult) -> None:
+    """Put one file back. `journaled`: its move has a done record; one without (a kill
+    before the record, or a file this run kept) is restored only from where it is."""
     path = item["path"]
     where = tree.abspath(path)
     ino, dev = item.get("ino"), item.get("dev")
@@ -95,6 +97,8 @@ def _restore_item(tree: DestTree, item: dict[str, Any], result: RestoreResult) -
         result.kept.append(f"{where}: re-created since the prune (another file is there now); the pruned file "
                            f"stays at {tree.abspath(source) if source else 'nowhere'}: conflict, not overwritten")
         return
+    if not journaled and (src is None or (src.st_dev, src.st_ino) != (dev, ino)):
+        return  # this run never moved it (kept, or killed before): nothing of it to put back
     if src is None or (src.st_dev, src.st_ino) != (dev, ino):
         what = "missing from the quarantine" if item.get("to") else \
             "removed with --no-quarantine and its target no longer holds its inode"

@@ -128,7 +128,9 @@ def test_a_file_changed_since_the_scan_is_kept(migrated, tmp_path):
     assert code == 0
     assert changed.exists() and os.lstat(changed).st_ino == st.st_ino
     assert [k for k in res["kept"] if str(changed) in k and "changed since the scan" in k]
-    assert res["moved"]["migrated"] == 19
+    # the other blocks went; the namespace's config.json stays with the kept block
+    assert res["moved"]["migrated"] == 18
+    assert (root / changed.relative_to(root).parts[0].rsplit("_r", 1)[0] / "config.json").exists()
 
 
 def test_a_file_whose_ctime_is_newer_than_prunes_own_scan_is_kept(migrated, monkeypatch):
@@ -343,3 +345,19 @@ def test_audit_names_prune_for_migrated_legacy_blocks_and_not_after(migrated):
     run_json("prune", root, *MLA, *NOW, "--apply")
     code, summary = run_json("audit", root, *MLA, "--verify", "hash")
     assert not [h for h in summary["hints"] if "reclaimable" in h["codes"]]
+
+
+def test_a_blocks_rank_files_go_together_or_not_at_all(migrated, tmp_path):
+    """llm-d TP=2: when rank 1's file changed since the scan, rank 0's file of that block
+    stays too (a rerun would see the block incomplete and keep its half for ever)."""
+    root, legacy = migrated
+    manifest, _ = _manifest(tmp_path, root)
+    rank1 = next(r for r in legacy if "_r1/" in r and r.endswith(".bin") and not r.startswith("org_v_"))
+    rank0 = rank1.replace("_r1/", "_r0/", 1)
+    st = os.lstat(root / rank1)
+    os.utime(root / rank1, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert (root / rank0).exists() and (root / rank1).exists()
+    assert [k for k in res["kept"] if str(root / rank0) in k and "put back" in k]
+    assert res["moved"]["migrated"] == 20 - 3  # the block's two files and the namespace's config.json stay

@@ -121,3 +121,52 @@ def test_kill_9_during_purge_then_rerun_finishes_it(tmp_path):
     assert said.returncode == 8 and "purged" in said.stdout
     # the migrated targets still hold every block: nothing was lost by prune + purge
     assert _kvmigrate("verify", root).returncode == 0
+
+
+@pytest.mark.parametrize("err", ["EXDEV", "EACCES", "EROFS"])
+def test_a_move_that_fails_is_kept_named_and_the_rerun_converges(tmp_path, monkeypatch, err):
+    import errno
+
+    root, legacy = _migrated_root(tmp_path)
+    real, calls = os.rename, []
+
+    def failing(src, dst, *args, **kwargs):
+        calls.append(src)
+        if len(calls) == 3:
+            raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)), src)
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", failing)
+    code, out = run(*PRUNE[:1], root, *PRUNE[1:-1])
+    monkeypatch.setattr(os, "rename", real)
+    assert code == 8, out
+    assert "could not be moved" in out and "hint:" in out and str(root) in out
+    if err == "EXDEV":
+        assert "same filesystem" in out
+    where = _where(root, legacy)
+    assert list(where.values()).count("home") >= 1 and not [v for v in where.values() if v.startswith("violation")]
+    code, out = run(*PRUNE[:1], root, *PRUNE[1:-1])
+    assert code == 0, out
+    assert set(_where(root, legacy).values()) == {"quarantine"}
+    code, out = run("restore", root / JOURNALS)
+    assert code == 0, out
+    assert set(_where(root, legacy).values()) == {"home"}
+
+
+def test_no_space_for_the_journal_moves_nothing(tmp_path, monkeypatch):
+    """Write-ahead: the intent must be on disk before the first file moves."""
+    import errno
+
+    from kvmigrate.migrate import journal
+
+    root, legacy = _migrated_root(tmp_path)
+    real = journal.os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(journal.os, "fsync", full)
+    code, out = run(*PRUNE[:1], root, *PRUNE[1:-1])
+    monkeypatch.setattr(journal.os, "fsync", real)
+    assert code == 8 and "no space" in out and "hint:" in out
+    assert set(_where(root, legacy).values()) == {"home"}
