@@ -291,6 +291,7 @@ class PruneResult:
     freed_bytes: int = 0  # bytes no other name holds (freed when the quarantine is purged)
     unlinked: int = 0  # files whose bytes another name keeps (a file-count slot only)
     dirs_removed: int = 0
+    left: Counter = field(default_factory=Counter)  # class -> files of the plan not moved (kept, failed)
     kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
     failed: list[str] = field(default_factory=list)  # operational problems
 
@@ -301,7 +302,8 @@ class PruneResult:
     def to_dict(self) -> dict[str, Any]:
         return {"journal": self.journal, "run_id": self.run_id, "quarantine": self.quarantine,
                 "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
-                "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "kept": self.kept,
+                "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),
+                "kept": self.kept,
                 "failed": self.failed, "exit_code": self.exit_code}
 
 
@@ -399,6 +401,8 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
         else:
             moved += [i.relpath for i in done]
     w.sync()
+    gone = set(moved)
+    result.left.update(i.cls for i in items if i.relpath not in gone)
     _remove_folders(tree, moved, w, result)
     hit("prune_dirs")
 
@@ -672,6 +676,11 @@ def render_result(result: PruneResult) -> str:
              f"{result.dirs_removed} empty folders removed"]
     for cls, k in sorted(result.moved.items()):
         lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
+    if result.moved.get("migrated"):
+        lines.append("  the target namespaces' blocks now have one name each in the cache: file-count evictors count "
+                     "them once" if not result.left.get("migrated") else
+                     f"  {result.left['migrated']} legacy names of migrated blocks stay (below): evictors still count "
+                     "those blocks twice")
     lines.append(f"journal: {result.journal}  (undo: kvmigrate restore {result.journal})")
     for what, rows in (("kept", result.kept), ("failed", result.failed)):
         if rows:
