@@ -376,7 +376,8 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     the move failed), the others of that block are put back, and a namespace's
     config.json goes only if all else of it went (nothing is left half-moved)."""
     if qdir:
-        _makedirs(tree, qdir)
+        makedirs(tree, qdir)
+    known: set[str] = set()  # quarantine folders made or seen by this run
     moved: list[str] = []
     held_back: set[str] = set()
     n = 0
@@ -387,7 +388,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
             continue
         done = []
         for item in group:
-            if not _move(tree, item, qdir, scan_started_ns, w, result):
+            if not _move(tree, item, qdir, scan_started_ns, w, result, known):
                 break
             done.append(item)
             hit("prune_move")
@@ -539,7 +540,7 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
 
 
 def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
-          result: PruneResult) -> bool:
+          result: PruneResult, known: set[str]) -> bool:
     """Move (or unlink) one file after re-checking it; False when it was kept."""
     where = tree.abspath(item.relpath)
     try:
@@ -548,7 +549,7 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
             tree.unlink(item.relpath)
         else:
             dest = f"{qdir}/{item.relpath}"
-            _makedirs(tree, dest.rpartition("/")[0])
+            makedirs(tree, dest.rpartition("/")[0], known)
             spfd, sname = tree.split(item.relpath)
             dpfd, dname = tree.split(dest)
             os.rename(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd)
@@ -606,16 +607,29 @@ def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None) ->
 def _put_back(tree: DestTree, src: str, dest: str) -> None:
     """link + unlink: never over a name that exists again."""
     spfd, sname = tree.split(src)
-    _makedirs(tree, dest.rpartition("/")[0])
+    makedirs(tree, dest.rpartition("/")[0])
     dpfd, dname = tree.split(dest)
     os.link(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
     os.unlink(sname, dir_fd=spfd)
 
 
-def _makedirs(tree: DestTree, reldir: str) -> None:
+def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
+    """Make `reldir` and its missing parents under the tree (no symlink followed); the
+    folders in `known` are not asked again (one mkdir per folder, not per file). Returns
+    how many it made."""
+    made = 0
     parts = reldir.split("/") if reldir else []
-    for k in range(1, len(parts) + 1):
-        tree.mkdir("/".join(parts[:k]))
+    for k in range(len(parts), 0, -1):  # the deepest known folder: only below it is asked
+        if "/".join(parts[:k]) in (known or ()):
+            break
+    else:
+        k = 0
+    for n in range(k + 1, len(parts) + 1):
+        d = "/".join(parts[:n])
+        made += tree.mkdir(d)
+        if known is not None:
+            known.add(d)
+    return made
 
 
 def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult) -> None:

@@ -21,7 +21,7 @@ from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.migrate.prune import QUARANTINE_DIR, load_prune_runs, prune_journal_dir
+from kvmigrate.migrate.prune import QUARANTINE_DIR, load_prune_runs, makedirs, prune_journal_dir
 
 
 @dataclass
@@ -60,11 +60,12 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
         w = jn.JournalWriter.append(run.path)  # the flock: not while that prune (or a purge) still runs
         try:
             with DestTree(run.root) as tree:
+                known: set[str] = set()  # folders made or seen by this restore
                 for d in sorted(run.rmdirs, key=lambda d: d.count("/")):
                     if only is None or any(i["path"].startswith(d + "/") for i in items):
-                        result.dirs_made += _makedirs(tree, d)
+                        result.dirs_made += makedirs(tree, d, known)
                 for item in items:
-                    _restore_item(tree, item, item["path"] in run.moved, result)
+                    _restore_item(tree, item, item["path"] in run.moved, result, known)
                     crash.hit("restore")
                 if only is None and run.quarantine:
                     _remove_empty(tree, run.quarantine)
@@ -75,7 +76,8 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     return result
 
 
-def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result: RestoreResult) -> None:
+def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result: RestoreResult,
+                  known: set[str]) -> None:
     """Put one file back. `journaled`: its move has a done record; one without (a kill
     before the record, or a file this run kept) is restored only from where it is."""
     path = item["path"]
@@ -105,7 +107,7 @@ def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result:
         result.kept.append(f"{where}: {what}; cannot be restored")
         return
     try:
-        _makedirs(tree, path.rpartition("/")[0])
+        makedirs(tree, path.rpartition("/")[0], known)
         spfd, sname = tree.split(source)
         dpfd, dname = tree.split(path)
         os.link(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
@@ -118,14 +120,6 @@ def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result:
         result.kept.append(f"{where}: cannot restore: {exc.strerror or exc}")
         return
     result.restored += 1
-
-
-def _makedirs(tree: DestTree, reldir: str) -> int:
-    made = 0
-    parts = reldir.split("/") if reldir else []
-    for k in range(1, len(parts) + 1):
-        made += tree.mkdir("/".join(parts[:k]))
-    return made
 
 
 def _remove_empty(tree: DestTree, reldir: str) -> None:
