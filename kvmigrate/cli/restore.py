@@ -29,4 +29,9 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
         print_json(result.to_dict())
     elif not quiet:
         click.echo(render_restore(result))
+    if result.kept:
+        click.echo(f"kvmigrate: error: {len(result.kept)} file(s) not restored; {result.kept[0]}", err=True)
+        click.echo("  hint: a re-created path is kept as it is: move it aside and rerun `kvmigrate restore "
+                   f"{journal}` to put the pruned file back; a purged file is gone (its migrated bytes are in "
+                   "the target namespace)", err=True)
     sys.exit(result.exit_code)

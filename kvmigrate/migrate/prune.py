@@ -57,8 +57,9 @@ DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minu
 DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
 
-_COLUMNS = ("relpath", "source_base", "target_base", "status", "action", "finding", "primary_rank", "rank", "group",
-            "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128", "target_relpath")
+_COLUMNS = ("relpath", "source_base", "deployment", "target_base", "status", "action", "finding", "primary_rank",
+            "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
+            "payload_xxh3_128", "target_relpath")
 
 
 def prune_journal_dir(root: str) -> str:
@@ -161,16 +162,17 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             if j is None or c["status"][j] != "ok":
                 continue  # the target path is not a target namespace's healthy file
             chosen[i], target_of[i] = "migrated", j
-            primary[(ns, c["group"][i], c["block_hash"][i], c["rank"][i])] = i
+            primary[(_deployment(c, i), c["group"][i], c["block_hash"][i], c["rank"][i])] = i
         for i in range(n):
             code = c["finding"][i]
             if code not in findings.SECONDARY or c["status"][i] != "ok":
                 continue
-            p = primary.get((c["source_base"][i], c["group"][i], c["block_hash"][i], c["primary_rank"][i]))
+            # (a vllm.cpp rank folder is a namespace of its own: its block's primary is
+            # found through the deployment, which groups the ranks' namespaces)
+            p = primary.get((_deployment(c, i), c["group"][i], c["block_hash"][i], c["primary_rank"][i]))
             if p is None:
                 continue
-            if code == findings.REPLICA_OF_PRIMARY and (c["content_xxh3_128"][i] is None
-                                                        or c["content_xxh3_128"][i] != c["content_xxh3_128"][p]):
+            if code == findings.REPLICA_OF_PRIMARY and not _same_bytes(c, i, p):
                 continue  # a replica's equality is proven by its hash only (a scan at --verify hash)
             chosen[i], target_of[i] = "migrated", target_of[p]
     if "unreadable_namespaces" in classes:
@@ -214,9 +216,9 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     items = []
     locks: dict[str, set[str]] = {}
     def order(i: int) -> tuple:
-        """A namespace's blocks with their rank files side by side, its config.json last."""
+        """A deployment's blocks with their rank files side by side, its config.json files last."""
         config = c["relpath"][i] == f"{c['source_base'][i]}/{layout.CONFIG_NAME}"
-        return c["source_base"][i] or "", config, _key(c, i), c["relpath"][i]
+        return _deployment(c, i), config, _key(c, i), c["relpath"][i]
 
     for i in sorted(chosen, key=order):
         ns = c["source_base"][i]
@@ -234,9 +236,21 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
 
 
+def _same_bytes(c: dict[str, list], i: int, p: int) -> bool:
+    """Row i holds the data of row p, by hash: the payload for vllm.cpp (each rank's header
+    names its own identity), the whole file otherwise."""
+    col = "payload_xxh3_128" if c["payload_xxh3_128"][i] is not None else "content_xxh3_128"
+    return c[col][i] is not None and c[col][i] == c[col][p]
+
+
+def _deployment(c: dict[str, list], i: int) -> str:
+    return c["deployment"][i] or c["source_base"][i] or ""
+
+
 def _key(c: dict[str, list], i: int) -> str:
+    """The block a row is a rank file of (its deployment, group and hash); else its path."""
     h = c["block_hash"][i]
-    return f"{c['group'][i]}:{h.hex()}" if h is not None else c["relpath"][i]
+    return f"{_deployment(c, i)}/{c['group'][i]}:{h.hex()}" if h is not None else c["relpath"][i]
 
 
 def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
@@ -381,8 +395,9 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     moved: list[str] = []
     held_back: set[str] = set()
     n = 0
-    for (ns, key), group in itertools.groupby(items, key=lambda i: (i.namespace, i.key)):
+    for key, group in itertools.groupby(items, key=lambda i: i.key):
         group = list(group)
+        ns = group[0].namespace
         if key == f"{ns}/{layout.CONFIG_NAME}" and ns in held_back:
             result.kept.append(f"{tree.abspath(key)}: kept, since other files of {ns} stay (listed above)")
             continue
@@ -396,7 +411,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
             if n % _BATCH == 0:
                 w.sync()
         if len(done) < len(group):
-            held_back.add(ns)
+            held_back.update(i.namespace for i in group)
             for item in done:
                 _undo(tree, item, qdir, w, result)
         else:

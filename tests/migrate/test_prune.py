@@ -361,3 +361,16 @@ def test_a_blocks_rank_files_go_together_or_not_at_all(migrated, tmp_path):
     assert (root / rank0).exists() and (root / rank1).exists()
     assert [k for k in res["kept"] if str(root / rank0) in k and "put back" in k]
     assert res["moved"]["migrated"] == 20 - 3  # the block's two files and the namespace's config.json stay
+
+
+def test_a_vllmcpp_rank_namespace_goes_with_its_deployment(synth_root):
+    """vllm.cpp TP=2: each rank folder is a namespace of its own, rank 1's header names its
+    own identity; its blocks are replicas of rank 0's (equal payload hashes), found through
+    the deployment column, and go with them."""
+    root, _ = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    legacy = _files(root)
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": len(legacy)} == {"migrated": 14}
+    assert not any((root / r).exists() for r in legacy)
