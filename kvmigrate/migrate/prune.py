@@ -215,6 +215,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             skipped[ns] = why
     items = []
     locks: dict[str, set[str]] = {}
+
     def order(i: int) -> tuple:
         """A deployment's blocks with their rank files side by side, its config.json files last."""
         config = c["relpath"][i] == f"{c['source_base'][i]}/{layout.CONFIG_NAME}"
@@ -223,17 +224,34 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     for i in sorted(chosen, key=order):
         ns = c["source_base"][i]
         rel = c["relpath"][i]
-        if ns in skipped or c["status"][i] in ("own_artifact", "foreign") or rel.startswith(layout.OWN_DIR + "/"):
+        if c["status"][i] in ("own_artifact", "foreign") or rel.startswith(layout.OWN_DIR + "/"):
             continue
         check_relpath(rel, "manifest path")
         j = target_of.get(i)
         target = None
         if j is not None:
             target = (c["relpath"][j], c["dev"][j], c["inode"][j], c["size"][j], c["mtime_ns"][j])
-            locks.setdefault(c["source_base"][j], set()).add(ns)
         items.append(Item(rel, chosen[i], ns, c["dev"][i], c["inode"][i], c["size"][i], c["mtime_ns"][i],
                           c["nlink"][i] or 1, target, _key(c, i)))
+    items = without_namespaces(items, set(skipped))
+    for item in items:  # the target namespaces to lock while pruning into them: their base folders
+        if item.target is not None:
+            folder = layout.parse_folder(item.target[0].split("/", 1)[0])
+            if folder is not None:
+                locks.setdefault(folder.base, set()).add(item.namespace)
     return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
+
+
+def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
+    """The items minus those of `namespaces`, minus every block one of them holds a rank
+    file of (a vllm.cpp block spans one namespace per rank), minus the config.json of any
+    namespace that keeps something."""
+    if not namespaces:
+        return items
+    dropped = {i.key for i in items if i.namespace in namespaces}
+    keeps = {i.namespace for i in items if i.key in dropped} | namespaces
+    return [i for i in items if i.key not in dropped
+            and not (i.namespace in keeps and i.relpath == f"{i.namespace}/{layout.CONFIG_NAME}")]
 
 
 def _same_bytes(c: dict[str, list], i: int, p: int) -> bool:
@@ -360,7 +378,7 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
                         held.update(plan.locks[base])
                         result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: "
                                            f"{str(exc).splitlines()[0]}")
-                items = [i for i in plan.items if i.namespace not in held]
+                items = without_namespaces(plan.items, held)
                 for start in range(0, len(items), _BATCH):
                     w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
                 hit("prune_intent")

@@ -374,3 +374,18 @@ def test_a_vllmcpp_rank_namespace_goes_with_its_deployment(synth_root):
     code, res = run_json("prune", root, *MLA, *NOW, "--apply")
     assert code == 0 and res["moved"] == {"migrated": len(legacy)} == {"migrated": 14}
     assert not any((root / r).exists() for r in legacy)
+
+
+def test_a_skipped_vllmcpp_rank_namespace_keeps_its_siblings_blocks(synth_root, tmp_path):
+    """When one rank namespace of a vllm.cpp block is skipped (live, or locked), the other
+    ranks' files of those blocks stay too, and so do both config.json files."""
+    from kvmigrate.migrate import prune
+
+    root, _ = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    manifest, _ = _manifest(tmp_path, root)
+    plan = prune.build_plan(manifest, force_live=True)
+    rank1 = {i.namespace for i in plan.items if "_r1/" in i.relpath}
+    assert len(plan.items) == 14 and len(rank1) == 1
+    assert prune.without_namespaces(plan.items, rank1) == []
