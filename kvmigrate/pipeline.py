@@ -243,7 +243,8 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
                          hint="kvmigrate prune /cache/root   or   kvmigrate prune --manifest m.parquet")
     import time
 
-    from kvmigrate.migrate.prune import DEFAULT_QUIET_PERIOD, build_plan, finish_interrupted
+    from kvmigrate.migrate.prune import DEFAULT_QUIET_PERIOD, build_plan
+    from kvmigrate.migrate.quarantine import finish_interrupted
 
     finished = []
     if apply:

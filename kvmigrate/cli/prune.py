@@ -93,7 +93,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
         return
     from kvmigrate import pipeline
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.migrate.prune import apply_prune, render_plan, render_result
+    from kvmigrate.migrate.prune import render_plan
+    from kvmigrate.migrate.quarantine import apply_prune, render_result
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),

@@ -1,7 +1,7 @@
-"""Undo or finish a prune (migration.md §7): `restore` puts quarantined files back,
+"""Undo or finish a prune (migration.md §6): `restore` puts quarantined files back,
 `purge` empties old quarantines for real.
 
-Both read the prune journal (`prune.apply_prune` writes it through `journal.JournalWriter`;
+Both read the prune journal (`quarantine.apply_prune` writes it through `journal.JournalWriter`;
 its records are read back with `journal.iter_records`). Restore trusts the tree, not the
 done records: a file is back when its path holds the journaled inode, so a rerun after a
 kill -9 converges. A path re-created meanwhile (the engine wrote the block again) is a
@@ -21,7 +21,8 @@ from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.migrate.prune import QUARANTINE_DIR, load_prune_runs, makedirs, prune_journal_dir
+from kvmigrate.migrate.prune import QUARANTINE_DIR, prune_journal_dir
+from kvmigrate.migrate.quarantine import load_prune_runs, makedirs
 
 
 @dataclass
