@@ -27,6 +27,7 @@ beside, not among, the migration journals); `restore.py` puts it back or purges 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections import Counter
@@ -233,6 +234,12 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             folder = layout.parse_folder(item.target[0].split("/", 1)[0])
             if folder is not None:
                 locks.setdefault(folder.base, set()).add(item.namespace)
+    held = {ns for base, names in locks.items() if _lock_held(root, base) for ns in names}
+    if held:  # the dry run says what --apply will skip (the apply takes the locks itself)
+        skipped.update({ns: "its target is locked by a running kvmigrate migration; rerun when it is done"
+                        for ns in held})
+        items = without_namespaces(items, held)
+        locks = {b: names - held for b, names in locks.items() if names - held}
     return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
 
 
@@ -246,6 +253,21 @@ def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
     keeps = {i.namespace for i in items if i.key in dropped} | namespaces
     return [i for i in items if i.key not in dropped
             and not (i.namespace in keeps and i.relpath == f"{i.namespace}/{layout.CONFIG_NAME}")]
+
+
+def _lock_held(root: str, base: str) -> bool:
+    """A migration holds the flock of the target's lock file (migrate/lock.py) right now."""
+    try:
+        fd = os.open(os.path.join(root, base, layout.LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _same_bytes(c: dict[str, list], i: int, p: int) -> bool:

@@ -225,11 +225,13 @@ def test_a_namespace_under_a_held_migration_lock_is_skipped(migrated):
     fd = os.open(root / base / layout.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # a migration into org/v's target is running
+        code, plan = run_json("prune", root, *MLA, *NOW)
         code, res = run_json("prune", root, *MLA, *NOW, "--apply")
     finally:
         os.close(fd)
+    assert plan["files"] == 13 and [why for why in plan["skipped"].values() if "locked" in why]  # the dry run says so
     assert res["moved"] == {"migrated": 13}  # the llm-d namespace only
-    assert [k for k in res["kept"] if "locked" in k]
+    assert [why for why in res["skipped"].values() if "locked" in why]
     assert all((root / r).exists() for r in legacy if r.startswith("org_v_"))
 
 
