@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from kvmigrate import units
 from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError, UsageError
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?(?:/s)?$", re.IGNORECASE)
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 class OutOfTime(KvMigrateError, KeyboardInterrupt):
@@ -55,15 +54,12 @@ def parse_rate(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """'2h' -> 7200.0 seconds; '1h30m', '90m', '45s', '0.5s' or a bare number of seconds."""
-    s = str(text).strip().lower()
+    """--max-duration: '2h' -> 7200.0 seconds; '1h30m', '90m', '45s', '0.5s' or a bare
+    number of seconds (units.parse_duration), above zero."""
     try:
-        seconds = float(s)
+        seconds = units.parse_duration(text)
     except ValueError:
-        parts = _DURATION_RE.findall(s)
-        if not parts or "".join(a + b for a, b in parts) != s:
-            raise UsageError(f"--max-duration {text!r}: expected a duration such as 2h, 1h30m, 90m or 45s") from None
-        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+        raise UsageError(f"--max-duration {text!r}: expected a duration such as 2h, 1h30m, 90m or 45s") from None
     if seconds <= 0:
         raise UsageError(f"--max-duration {text!r}: expected a duration above zero")
     return seconds

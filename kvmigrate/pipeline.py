@@ -238,3 +238,51 @@ def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
         raise UsageError("these facts differ from the ones the manifest was scanned with; targets are decided "
                          "at scan time", path=manifest_path,
                          hint="rescan: `kvmigrate migrate ROOT --<facts>` (or `kvmigrate scan`), or drop the facts")
+
+
+# --- prune -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str, ...] = ("migrated",),
+            migration_journal: str | None = None, quiet_period: float | None = None, force_live: bool = False,
+            older_than: float | None = None, target: str = DEFAULT_PROFILE, explicit_target: bool = False,
+            facts_resolver: Any = None, verify: str | None = None, threads: int | None = None,
+            manifest_out: str | None = None, progress: bool = False, command: str | None = None,
+            apply: bool = False) -> Iterator[Any]:
+    """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own (at `hash` by
+    default, like migrate's: a replica is pruned only where its equality is proven).
+    The scan's start time goes into the plan, so a file whose ctime is newer is kept.
+    With `apply`, prune runs that were interrupted are finished first (before the scan)."""
+    if manifest is None and root is None:
+        raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
+                         hint="kvmigrate prune /cache/root   or   kvmigrate prune --manifest m.parquet")
+    import time
+
+    from kvmigrate.migrate.prune import DEFAULT_QUIET_PERIOD, build_plan
+    from kvmigrate.migrate.quarantine import finish_interrupted
+
+    finished = []
+    if apply:
+        where = root if root is not None else mf.read_metadata(manifest).get("root")
+        finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
+    options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
+                   quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than)
+    if manifest is None:
+        started = time.time_ns()
+        with scanned(root, manifest_out, prefix="kvmigrate-prune-", target=target, facts_resolver=facts_resolver,
+                     verify=verify or "hash", threads=threads, progress=progress, command=command) as scan_result:
+            plan = build_plan(str(scan_result.output), **options)
+            plan.scan_started_ns, plan.finished = started, finished
+            yield plan
+        return
+    check_manifest_facts(manifest, facts_resolver)
+    plan = build_plan(manifest, **options)
+    plan.finished = finished
+    if explicit_target and (mf.read_metadata(manifest).get("target_profile") or target) != target:
+        raise UsageError(f"the manifest was scanned for another --target than {target}", path=manifest,
+                         hint=f"rescan with --target {target}, or drop --target")
+    if root is not None and os.path.abspath(root) != plan.root:
+        raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
+                         path=manifest, hint="drop ROOT or use the manifest of that root")
+    yield plan

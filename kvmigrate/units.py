@@ -84,3 +84,21 @@ def parse_count(text: str) -> int:
     if not _COUNT_RE.match(text):
         raise ValueError(f"not a count: {text!r}")
     return int(text.replace(",", ""))
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration or age: `45s`, `90m`, `2h`, `1h30m`, `7d`, `2w`, or a bare
+    number of seconds (the one parser: --max-duration, --older-than, --quiet-period)."""
+    s = str(text).strip().lower()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(s)
+    if not parts or "".join(n + u for n, u in parts) != s:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 45s, 10m, 1h30m, 7d)")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)

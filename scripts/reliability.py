@@ -24,6 +24,12 @@ What it does (issue 8; migration.md §3 is the rule book):
              uninterrupted run.
 3. engine    tests/engine_sim.py writes, loads and evicts blocks like each engine while
              `scan --verify hash` and `migrate --apply` run on the same root.
+5. prune     (issue 19) `prune --apply`, `restore` and `prune --purge` on a migrated root of the
+             three families, killed with SIGKILL at a random step (KVMIGRATE_CRASH_AT:
+             prune_intent, prune_move:<n>, prune_dirs, restore:<n>, purge), then rerun: every
+             legacy file's inode and bytes at exactly one name (its path or its quarantine
+             path), the rerun converges (all pruned / all restored / the quarantine gone and
+             `verify` clean through the targets).
 4. hostile   hypothesis-built roots (garbage config.json, wrong types, deep nesting, names
              with `..`, non-UTF-8 names, symlink loops and links out of the root, FIFOs,
              device files, empty and 1 TiB sparse block files): scan, audit, migrate (dry
@@ -71,7 +77,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from reliability_harness import (  # noqa: E402  (tests/reliability_harness.py)
     SCENARIOS, CrashBench, Ledger, Scenario, engine_round, fault_eacces, fault_emlink, fault_enospc,
     fault_enospc_journal, fault_eperm_hardlink, fault_erofs, fault_erofs_root, fault_exdev_bind, fault_exdev_shm,
-    hostile_recipes, hostile_trial, sh)
+    hostile_recipes, hostile_trial, prune_trial, sh)
 
 # ---------------------------------------------------------------------------------------
 # The four parts at campaign size
@@ -111,6 +117,11 @@ def fault_campaign(work: Path, ledger: Ledger, *, real_emlink: bool = True) -> l
 
 def engine_campaign(work: Path, ledger: Ledger, *, rounds: int, seed: int) -> list[dict]:
     return [engine_round(work, ledger, seed + i, verify=("hash", "size")[i % 2]) for i in range(rounds)]
+
+
+def prune_campaign(work: Path, ledger: Ledger, *, trials: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [prune_trial(work, ledger, rng.randrange(2 ** 32)) for _ in range(trials)]
 
 
 def hostile_campaign(work: Path, ledger: Ledger, *, examples: int, seed: int) -> list[dict]:
@@ -231,7 +242,7 @@ def _machine() -> dict[str, Any]:
 
 def _figures(ledger: Ledger) -> dict[str, int]:
     c = ledger.counts
-    return {"kill points": c["kill_points"], "tracebacks": c["violation:traceback"],
+    return {"kill points": c["kill_points"], "prune kill points": c["prune_kill_points"], "tracebacks": c["violation:traceback"],
             "files lost": c["violation:lost_source"] + c["violation:lost_block"],
             "files clobbered or partial": c["violation:clobbered"],
             "non-zero exits without a path and a remedy": c["violation:message"],
@@ -263,8 +274,9 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
            f"| live-engine rounds | {c['engine_rounds']} ({c['engine_writes']} block files written, "
            f"{c['engine_deletes']} deleted by the engines meanwhile) |",
            f"| fuzzed hostile trees | {c['fuzzed_trees']} |",
+           f"| prune / restore / purge trials (SIGKILLs landed) | {c['prune_trials']} ({c['prune_kill_points']}) |",
            f"| kvmigrate commands run | {c['commands']} ({c['nonzero_exits']} non-zero exits) |"]
-    out += [f"| **{k}** | **{v}** |" for k, v in fig.items() if k != "kill points"]
+    out += [f"| **{k}** | **{v}** |" for k, v in fig.items() if k not in ("kill points", "prune kill points")]
     out += [""]
     if ledger.violations:
         out += ["## Violations", ""] + [f"- {textwrap.shorten(v, 600)}" for v in ledger.violations[:50]] + [""]
@@ -338,6 +350,21 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
                 "outside the target namespaces, rollback restores the root.", "",
                 "Elements generated (occurrences over all trees):", "",
                 ", ".join(f"{k} {v}" for k, v in sorted(made.items())), ""]
+    pruned = results.get("prune", [])
+    if pruned:
+        out += ["## 5. Prune, restore, purge (kill -9, then the same command again)", "",
+                "Every trial: a migrated root of the three families (vLLM link, llm-d copy_pad, vllm.cpp "
+                "rewrite_header), one step killed at a random point, the tree checked (every legacy file's inode "
+                "and bytes at exactly one name), the step rerun, then `restore` (or, after a purge, `verify`).", "",
+                "| step | trials | SIGKILLs landed | kill points | failed |", "|---|---|---|---|---|"]
+        for step in ("prune", "restore", "purge"):
+            ts = [t for t in pruned if t["step"] == step]
+            if ts:
+                points = Counter(t["at"].split(":")[0] for t in ts if t["killed"])
+                out.append(f"| {step} | {len(ts)} | {sum(t['killed'] for t in ts)} | "
+                           f"{', '.join(f'{p} {n}' for p, n in sorted(points.items()))} | "
+                           f"{sum(1 for t in ts if not t['ok'])} |")
+        out += [""]
     out += ["## Defects found and fixed", "",
             "| defect | fix | regression test |", "|---|---|---|"]
     out += [f"| {a} | {b} | `{t}` |" for a, b, t in FOUND]
@@ -363,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=None, help="SIGKILL points to reach (full: 220, quick: 12)")
     ap.add_argument("--fuzz", type=int, default=None, help="hostile trees (full: 120, quick: 10)")
     ap.add_argument("--engine-rounds", type=int, default=None, help="live-engine rounds (full: 6, quick: 1)")
-    ap.add_argument("--only", choices=["crash", "faults", "engine", "hostile"], action="append",
+    ap.add_argument("--prune-trials", type=int, default=None, help="prune/restore/purge kill trials (full: 30, "
+                    "quick: 3)")
+    ap.add_argument("--only", choices=["crash", "faults", "engine", "hostile", "prune"], action="append",
                     help="run only these parts (repeatable)")
     ap.add_argument("--out", help="report path (full: reports/RELIABILITY.md; quick: <workdir>/RELIABILITY.md)")
     ap.add_argument("--workdir", help="where trees are built (default: a new temp folder, removed unless --keep)")
@@ -373,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     kills = args.kills if args.kills is not None else (12 if quick else 220)
     fuzz = args.fuzz if args.fuzz is not None else (10 if quick else 120)
     rounds = args.engine_rounds if args.engine_rounds is not None else (1 if quick else 6)
-    parts = args.only or ["crash", "faults", "engine", "hostile"]
+    prune_trials = args.prune_trials if args.prune_trials is not None else (3 if quick else 30)
+    parts = args.only or ["crash", "faults", "engine", "hostile", "prune"]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="kvm-reliability-"))
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else (work / "RELIABILITY.md" if quick else REPO / "reports" / "RELIABILITY.md")
@@ -387,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = [("crash", lambda: crash_campaign(work, ledger, kills=kills, seed=args.seed)),
              ("faults", lambda: fault_campaign(work, ledger)),
              ("engine", lambda: engine_campaign(work, ledger, rounds=rounds, seed=args.seed)),
-             ("hostile", lambda: hostile_campaign(work, ledger, examples=fuzz, seed=args.seed))]
+             ("hostile", lambda: hostile_campaign(work, ledger, examples=fuzz, seed=args.seed)),
+             ("prune", lambda: prune_campaign(work, ledger, trials=prune_trials, seed=args.seed))]
     try:
         for name, step in steps:
             if name not in parts:

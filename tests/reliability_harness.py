@@ -1623,3 +1623,106 @@ def _plant_traps(root: Path, outside: Path, traps: list[dict], dry: Run) -> list
 
 def _rmtree_hostile(d: Path) -> None:
     shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# 5. Prune, restore, purge (issue 19): kill -9 at every step, then rerun
+
+PRUNE_SPECS = [VLLM_LINK, LLMD_COPY_PAD, CPP_REWRITE]
+# step -> its kill points (KVMIGRATE_CRASH_AT) and how many times each can be hit at most
+PRUNE_POINTS = {"prune": ("prune_intent", "prune_move", "prune_dirs"), "restore": ("restore",), "purge": ("purge",)}
+
+
+def prune_files(root: Path) -> dict[str, tuple[int, str]]:
+    """(inode, SHA-256) of every file outside .kvmigrate/."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        if os.path.relpath(d, root) == ".":
+            dirs[:] = [x for x in dirs if x != OWN]
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, root)] = (os.lstat(p).st_ino, sha256_file(p))
+    return out
+
+
+def prune_where(root: Path, legacy: dict[str, tuple[int, str]]) -> tuple[Counter, list[str]]:
+    """Where each legacy file is (home / quarantine) and what is wrong: a file with no
+    name left holding its inode and bytes is lost; two names, half-moved."""
+    quarantined: dict[str, list[Path]] = {}
+    qroot = root / OWN / "quarantine"
+    if qroot.is_dir():
+        for run_dir in qroot.iterdir():
+            for rel in prune_files(run_dir):
+                quarantined.setdefault(rel, []).append(run_dir / rel)
+    where: Counter = Counter()
+    problems = []
+    for rel, facts in legacy.items():
+        places = [p for p in [root / rel, *quarantined.get(rel, [])] if p.exists()]
+        good = [p for p in places if (os.lstat(p).st_ino, sha256_file(str(p))) == facts]
+        if not good:
+            problems.append(f"lost_source: {rel}")
+        elif len(places) > 1:
+            problems.append(f"clobbered: {rel} has {len(places)} names (half-moved)")
+        else:
+            where["home" if good[0] == root / rel else "quarantine"] += 1
+    return where, problems
+
+
+def prune_trial(work: Path, ledger: Ledger, seed: int, blocks: int = 6) -> dict:
+    """One trial: a migrated three-family root, one step (prune, restore or purge) killed
+    at a random point, the tree checked, the step rerun to convergence, then restored
+    (or, after purge, verified through the targets)."""
+    rng = random.Random(seed)
+    d = work / f"prune-{seed}"
+    root = d / "root"
+    build_root(root, PRUNE_SPECS, blocks, seed)
+    facts = d / "facts.json"
+    facts.write_text(json.dumps(FACTS))
+    legacy = prune_files(root)
+    ledger.cli("prune:migrate", "migrate", root, "--facts", facts, "--apply", "-q", allowed=bits_only(0))
+    step = rng.choice(sorted(PRUNE_POINTS))
+    point = rng.choice(PRUNE_POINTS[step])
+    n = rng.randint(1, len(legacy)) if point in ("prune_move", "restore") else 1
+    prune = ["prune", root, "--facts", facts, "--quiet-period", "0", "--apply", "-q"]
+    purge = ["prune", root, "--purge", "--older-than", "0s", "--apply", "-q"]
+    restore = ["restore", root / OWN / "journals" / "prune", "-q"]
+    record = {"seed": seed, "step": step, "at": f"{point}:{n}", "killed": False, "ok": True}
+    problems: list[str] = []
+
+    def check(label: str, want: str | None = None) -> None:
+        where, bad = prune_where(root, legacy)
+        problems.extend(f"{label}: {b}" for b in bad)
+        if want and where[want] != len(legacy):
+            problems.append(f"{label}: not converged: {dict(where)} (want every legacy file {want})")
+
+    if step != "prune":
+        ledger.cli("prune:prune", *prune, allowed=bits_only(0))
+    killed = ledger.cli(f"prune:{step}-killed", *({"prune": prune, "restore": restore, "purge": purge}[step]),
+                        env={CRASH_ENV: f"{point}:{n}"})
+    record["killed"] = killed.rc == -signal.SIGKILL
+    ledger.counts["prune_kill_points"] += record["killed"]
+    ledger.counts[f"prune_kill_points:{step}"] += record["killed"]
+    check(f"after the kill in {step}")
+    if step == "prune":
+        ledger.cli("prune:rerun", *prune, allowed=bits_only(0))
+        check("after the rerun", "quarantine")
+        ledger.cli("prune:restore", *restore, allowed=bits_only(0))
+        check("after restore", "home")
+    elif step == "restore":
+        ledger.cli("prune:rerun", *restore, allowed=bits_only(0))
+        check("after the rerun", "home")
+    else:
+        ledger.cli("prune:rerun", *purge, allowed=bits_only(0))
+        left = [p for p in (root / OWN / "quarantine").iterdir()]
+        if left:
+            problems.append(f"after the rerun of purge: quarantine folders left: {left}")
+        said = ledger.cli("prune:restore-after-purge", *restore[:-1], allowed=bits_only(8))
+        if "purged" not in said.stdout:
+            problems.append("restore after purge does not say the files were purged")
+        ledger.cli("prune:verify", "verify", root, allowed=bits_only(0))
+    for p in problems:
+        ledger.violate(p.split(": ", 2)[1] if p.count(": ") >= 2 else "prune", p)
+    record["ok"] = not problems
+    ledger.counts["prune_trials"] += 1
+    shutil.rmtree(d, ignore_errors=True)
+    return record

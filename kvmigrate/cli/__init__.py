@@ -29,6 +29,8 @@ COMMANDS = {
     "explain": "explain",
     "demo": "demo",
     "synth": "synth",
+    "prune": "prune",
+    "restore": "restore",
 }
 
 

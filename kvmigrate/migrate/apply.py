@@ -66,6 +66,7 @@ _HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the
 _NOT_SEEN = object()
 CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
 # points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
+# (prune: prune_intent, prune_move, prune_dirs; restore: restore; purge: purge)
 
 class _CrashSeam:
     """Lets the kill -9 tests stop the process at an exact point of the protocol."""

@@ -27,6 +27,7 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.migrate.restore import restore_before_rollback
 from kvmigrate.selection import Selection, base_of_path, journal_bases
 
 
@@ -53,6 +54,7 @@ def rollback(journal: str, selection: Selection | None = None) -> RollbackResult
     marked rolled back (a later rollback without it removes the rest)."""
     result = RollbackResult()
     files = jn.journal_files(journal)
+    _restore_pruned_sources(files, result)
     for path in reversed(files):
         runs = jn.load_runs(path)
         if all(r.rolled_back for r in runs):
@@ -68,6 +70,23 @@ def rollback(journal: str, selection: Selection | None = None) -> RollbackResult
             continue
         _append_rolled_back(path, result)
     return result
+
+
+def _restore_pruned_sources(files: list[str], result: RollbackResult) -> None:
+    """A prune may have moved these migrations' sources into its quarantine: put them
+    back before any target goes (or raise, removing nothing: the targets may hold the
+    last copy)."""
+    sources: dict[str, set[str]] = {}
+    for path in files:
+        for run in jn.load_runs(path):
+            if not run.rolled_back:
+                for rec in run.targets.values():
+                    sources.setdefault(run.root, set()).update(rec.get("sources") or ())
+    for root, namespaces in sources.items():
+        restored = restore_before_rollback(root, namespaces)
+        if restored is not None and restored.restored:
+            result.notes.append(f"first restored {restored.restored} pruned source file(s) from "
+                                f"{', '.join(restored.journals)}")
 
 
 def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None) -> None:

@@ -2,8 +2,9 @@
 
 Like restic's check output, every finding ends in the exact command that deals with it:
 listing the affected files, re-running with the missing deployment fact, hashing the
-replicas, or applying the migration. kvmigrate never deletes cache data itself, so the
-hints for leftovers print a command the operator runs once no engine writes the root.
+replicas, or applying the migration. Leftovers and what the targets already hold are
+reclaimed with `kvmigrate prune` (a dry run first; `--apply` moves them into a quarantine
+that `kvmigrate restore` undoes), never with a hand-run `rm`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kvmigrate.units import plural
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
-# status -> (what it is, what follows, how to act: "list" | "identity" | "delete" | "rerun")
+# status -> (what it is, what follows, how to act: "list" | "identity" | "prune" | "rerun")
 STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
     "incomplete": ("blocks with a rank file missing",
                    "never migrated; llm-d silently serves stale KV for the missing rank, so remove the "
@@ -40,11 +41,12 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
     "unreadable": ("files that could not be read (I/O or permission error)",
                    "fix the permissions or the disk, then audit again", "list"),
     "tmp_leftover": ("temp files of interrupted engine writes",
-                     "never reused; remove them only when no engine writes to the root", "delete"),
+                     "never reused; prune moves those older than an hour into the quarantine", "prune"),
     "foreign": ("files that are not part of the cache (incl. symlinks, FIFOs, devices)",
                 "kvmigrate ignores them", "list"),
     "orphan_namespace": ("rank folders without their base folder or config.json",
-                         "never migrated: restore the base folder's config.json or remove the rank folder", "list"),
+                         "never migrated: restore the base folder's config.json, or prune the rank folder",
+                         "prune"),
     "digest_mismatch": ("files of a namespace (its config.json and blocks) whose config.json does not hash to its "
                         "folder name", "never migrated; see why with", "identity"),
     "config_invalid": ("files of a namespace (its config.json and blocks) whose config.json is unreadable, not JSON, "
@@ -160,6 +162,10 @@ class Commands:
             return self._join("kvmigrate migrate --manifest", self.q(self.manifest), *extra)
         return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), *extra)
 
+    def prune(self, *extra: str) -> str:
+        """The prune dry run of the root (its own scan, with the same target and facts)."""
+        return self._join("kvmigrate prune", self.q(self.root, *self.fact_args), *extra)
+
     def identity(self, base: str) -> str:
         return self._join("kvmigrate identity", self.q(f"{self.root.rstrip('/')}/{base}/config.json"))
 
@@ -257,14 +263,22 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             rank = 0 if bits & 12 else 1
             if how == "identity" and base is not None:
                 hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
-            elif how == "delete":
-                hint(cmd.list_files(status, "-0") + " | xargs -0 rm -f --",
-                     f"{what}: remove them, only when no engine writes to {cmd.root}", status, base, 3)
+            elif how == "prune":
+                what_class = "--unreadable-namespaces" if status == "orphan_namespace" else "--residue"
+                hint(cmd.prune(what_class), f"{what}: see what prune would move (dry run), then add --apply; "
+                     f"a namespace written in the last 10 minutes is skipped; `kvmigrate restore` undoes it",
+                     status, base, 3)
             else:
                 hint(cmd.list_files(status), f"{what}: list them ({then})", status, base, rank)
             if status == "unreadable":
                 hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
 
+    for n in summary["namespaces"]:
+        placed = n["by_action"].get("already_present") or {}
+        if placed.get("blocks") and n.get("target_base") and n["target_base"] != n["source_base"]:
+            hint(cmd.prune(), f"{placed['blocks']} legacy block files ({placed['bytes']} bytes) are already in "
+                 "their target: the engine's evictors count both names; see what prune reclaims (dry run), then "
+                 "add --apply", "reclaimable", n["source_base"], 3)
     guessed: dict[str, int] = {}  # source base -> pending blocks, of namespaces whose target is a guess
     deployments: dict[str, int] = {}
     for n in summary["namespaces"]:

@@ -48,11 +48,13 @@ def make_tree(tmp_path: Path, defect: str | None, **changes):
     return root, build(root, spec)
 
 
-def expected_hint(status: str, manifest: Path, root: Path, base: str) -> str:
+def expected_hint(status: str, manifest: Path, root: Path, base: str, flags: list[str] = ()) -> str:
     if status in ("digest_mismatch", "config_invalid"):
         return f"kvmigrate identity {root}/{base}/config.json"
     if status == "tmp_leftover":
-        return f"kvmigrate report {manifest} --list tmp_leftover -0 | xargs -0 rm -f --"
+        return " ".join(["kvmigrate prune", str(root), *flags, "--residue"])  # a dry run: never a hand-run rm
+    if status == "orphan_namespace":
+        return " ".join(["kvmigrate prune", str(root), *flags, "--unreadable-namespaces"])
     return f"kvmigrate report {manifest} --list {status}"
 
 
@@ -86,7 +88,7 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
     assert status in summary["totals"]["by_status"], summary["totals"]["by_status"]
     assert code == DOCUMENTED_BITS[status] == summary["exit_code"]
     commands = [h["command"] for h in summary["hints"]]
-    want = expected_hint(status, manifest, root, record["base_name"])
+    want = expected_hint(status, manifest, root, record["base_name"], flags)
     assert want in commands, commands
     hint = next(h for h in summary["hints"] if h["command"] == want)
     assert status in hint["codes"]

@@ -117,11 +117,11 @@ def test_unverified_replicas_hint_verify_hash_only_for_replica_actions(tmp_path)
     assert hint["namespaces"] == [MLA]  # the concat namespace holds shards, not replicas
 
 
-def test_tmp_leftovers_are_removed_only_by_the_operator(tmp_path):
+def test_tmp_leftovers_are_reclaimed_with_prune_not_rm(tmp_path):
     s = summarize(write_sample_manifest(tmp_path / "m.parquet"))
     hint = next(h for h in s["hints"] if "tmp_leftover" in h["codes"])
-    assert hint["command"] == f"kvmigrate report {tmp_path / 'm.parquet'} --list tmp_leftover -0 | xargs -0 rm -f --"
-    assert "only when no engine writes" in hint["why"]
+    assert hint["command"].startswith(f"kvmigrate prune {ROOT} ") and hint["command"].endswith(" --residue")
+    assert "rm " not in hint["command"] and "dry run" in hint["why"] and "restore" in hint["why"]
 
 
 def test_digest_mismatch_hints_identity_of_that_config(tmp_path):

@@ -1,0 +1,186 @@
+"""`kvmigrate prune ROOT | --manifest M`: plan (dry run, the default) or `--apply` moving
+what no engine will read into the quarantine; `--purge` empties old quarantines."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
+
+_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "root", "manifest_path", "manifest_out"}
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from kvmigrate.units import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("prune")
+@click.argument("root", required=False, type=click.Path(file_okay=False, path_type=str))
+@click.option("--manifest", "manifest_path", type=click.Path(exists=True, path_type=str),
+              help="Plan from this manifest instead of scanning ROOT (a file changed since is kept).")
+@click.option("--migrated", is_flag=True, help="Legacy block files whose bytes a verified target path holds "
+              "(the default class), with the namespace's config.json and folders once nothing else is left.")
+@click.option("--unreadable-namespaces", "unreadable", is_flag=True,
+              help="Namespaces no target reads and no migration used (orphan_namespace, digest_mismatch, "
+                   "config_invalid, unsupported_layout), whole.")
+@click.option("--residue", is_flag=True, help="Engine temp files older than --older-than, zero_filled, short "
+              "and misfiled files.")
+@click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "
+              "(default: dry run).")
+@click.option("--journal", type=click.Path(path_type=str),
+              help="Prune journal file or directory (default: ROOT/.kvmigrate/journals/prune/<run-id>.jsonl).")
+@click.option("--migration-journal", type=click.Path(exists=True, path_type=str),
+              help="The migrations' journal file or directory (default: ROOT/.kvmigrate/journals/): their "
+                   "targets are never pruned, their sources never count as unreadable.")
+@click.option("--no-quarantine", is_flag=True,
+              help="Unlink instead of moving (--migrated only: the bytes stay reachable through the target).")
+@click.option("--quiet-period", callback=_duration, default=None, metavar="AGE",
+              help="Skip a namespace written within AGE (newest file mtime, folder mtime or ctime) "
+                   "[default: 10m].")
+@click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too.")
+@click.option("--older-than", callback=_duration, default=None, metavar="AGE",
+              help="--residue: temp files older than AGE [default: 1h]; --purge: quarantines older than AGE "
+                   "[default: 7d].")
+@click.option("--purge", is_flag=True, help="Delete the quarantines of prune runs older than --older-than for "
+              "real (with --apply; a dry run says what it would free).")
+@click.option("--manifest-out", type=click.Path(path_type=str), help="Keep the manifest of the scan prune runs first.")
+@click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default=None,
+              help="Scan depth when scanning ROOT first [default: hash: replicas are pruned only where proven "
+                   "equal].")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Scan worker threads.")
+@facts_options
+@output_options
+@handle_errors
+def command(root: str | None, manifest_path: str | None, migrated: bool, unreadable: bool, residue: bool,
+            apply: bool, journal: str | None, migration_journal: str | None, no_quarantine: bool,
+            quiet_period: float | None, force_live: bool, older_than: float | None, purge: bool,
+            manifest_out: str | None, verify: str | None, threads: int | None, as_json: bool, quiet: bool,
+            verbose: int, target: str, **kwargs) -> None:
+    """Reclaim what no engine will read, reversibly.
+
+    Without --apply this is a dry run: per class and namespace, the files and bytes it
+    would move and the bytes that frees (a legacy name of a hard-linked target frees no
+    bytes, only a file-count slot). --apply renames each file, re-checked against the
+    scan first, into ROOT/.kvmigrate/quarantine/<run>/ (same filesystem, same inode,
+    nothing copied), journaled before it moves; `kvmigrate restore JOURNAL` puts them
+    back. `prune ROOT --purge --older-than 7d --apply` deletes old quarantines.
+
+    Never pruned: an `ok` block that is not migrated, a target namespace, kvmigrate's
+    journals, a file changed since the scan, a namespace under a held migration lock or
+    written within --quiet-period, anything outside ROOT, a symlink's target.
+
+    \b
+    Exit code: dry run 1 if something would be pruned (0 if nothing); --apply 0, or 8
+    if a file could not be moved (listed; the journal stays consistent); 2 usage error.
+    """
+    from kvmigrate.errors import UsageError
+
+    if purge:
+        if root is None:
+            raise UsageError("--purge needs ROOT (the root whose quarantines to empty)")
+        _purge(root, 7 * 86400.0 if older_than is None else older_than, apply, as_json, quiet)
+        return
+    from kvmigrate import pipeline
+    from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.migrate.prune import render_plan
+    from kvmigrate.migrate.quarantine import apply_prune, render_result
+
+    ctx = click.get_current_context()
+    classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
+                                    ("residue", residue)) if on) or ("migrated",)
+    if no_quarantine and set(classes) != {"migrated"}:
+        raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
+                         "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    facts_file = kwargs.pop("facts_file", None)
+    resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
+    command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    with pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
+                          quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
+                          explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
+                          facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
+                          progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
+        if not apply:
+            code = plan.exit_code
+            apply_command = _apply_command(ctx)
+            if as_json:
+                print_json({"root": plan.root, "classes": list(plan.classes), "totals": plan.totals(),
+                            "namespaces": [{"class": c, "namespace": ns, **v}
+                                           for (c, ns), v in sorted(plan.by_namespace().items())],
+                            "skipped": plan.skipped, "files": len(plan.items),
+                            "apply_command": apply_command if plan.items else None, "exit_code": code})
+            elif not quiet:
+                click.echo(render_plan(plan, apply_command))
+            sys.exit(code)
+        result = apply_prune(plan, journal=journal, quarantine=not no_quarantine, command=_apply_command(ctx))
+    finished = [r.to_dict() for r in plan.finished]
+    if as_json:
+        print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
+                    "finished_interrupted": finished, **result.to_dict()})
+    elif not quiet:
+        for r in plan.finished:
+            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved "
+                       f"({r.journal})")
+        click.echo(render_result(result))
+    failed = result.failed + [f for r in plan.finished for f in r.failed]
+    if failed:
+        click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
+        click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
+                   f"command; `kvmigrate restore {result.journal}` puts back what moved", err=True)
+    sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))
+
+
+def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:
+    from kvmigrate.migrate.restore import purge, render_purge
+
+    if not os.path.isdir(root):
+        from kvmigrate.errors import UsageError
+
+        raise UsageError(f"{root}: no such folder", path=root, hint="pass the cache root that was pruned")
+    result = purge(root, older_than, dry_run=not apply)
+    if as_json:
+        print_json({"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()})
+    elif not quiet:
+        click.echo(render_purge(result, os.path.abspath(root), not apply))
+    sys.exit(result.exit_code or (1 if not apply and result.runs else 0))
+
+
+def _apply_command(ctx: click.Context) -> str:
+    """The exact command that applies this plan: the same inputs and options, + --apply."""
+    params = ctx.params
+    args = ["kvmigrate", "prune"]
+    if params.get("manifest_path"):
+        args += ["--manifest", os.path.abspath(params["manifest_path"])]
+    elif params.get("root"):
+        args.append(os.path.abspath(params["root"]))
+    for param in ctx.command.params:
+        name = param.name
+        if name in _NOT_IN_APPLY_COMMAND or not isinstance(param, click.Option):
+            continue
+        if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = params.get(name)
+        if isinstance(value, bool):
+            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
+            if flag:
+                args.append(flag)
+            continue
+        if value is None:
+            continue
+        if name in ("quiet_period", "older_than"):
+            value = f"{value:g}s"
+        if name in ("journal", "migration_journal", "facts_file", "model_config"):
+            value = os.path.abspath(value)
+        args += [param.opts[0], str(value)]
+    args.append("--apply")
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,37 @@
+"""`kvmigrate restore JOURNAL`: put back exactly what a prune moved into the quarantine."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kvmigrate.cli.common import handle_errors, output_options, print_json
+
+
+@click.command("restore")
+@click.argument("journal", type=click.Path(exists=True, path_type=str))
+@output_options
+@handle_errors
+def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
+    """Undo `prune --apply` from its JOURNAL (a file, or the directory
+    ROOT/.kvmigrate/journals/prune/): every file goes back to its path, same inode,
+    and the folders the prune removed are made again. A path re-created meanwhile is a
+    conflict: the pruned file stays in the quarantine, reported, never overwritten.
+
+    \b
+    Exit code: 0, or 8 if something could not be put back (listed with the reason).
+    """
+    from kvmigrate.migrate.restore import render_restore, restore
+
+    result = restore(journal)
+    if as_json:
+        print_json(result.to_dict())
+    elif not quiet:
+        click.echo(render_restore(result))
+    if result.kept:
+        click.echo(f"kvmigrate: error: {len(result.kept)} file(s) not restored; {result.kept[0]}", err=True)
+        click.echo("  hint: a re-created path is kept as it is: move it aside and rerun `kvmigrate restore "
+                   f"{journal}` to put the pruned file back; a purged file is gone (its migrated bytes are in "
+                   "the target namespace)", err=True)
+    sys.exit(result.exit_code)

@@ -1,0 +1,426 @@
+"""The quarantine of `kvmigrate prune --apply` (migration.md §6): move a prune plan's
+files into `ROOT/.kvmigrate/quarantine/<run>/<relpath>` by rename, journaled before the
+first move, block by block; finish a run a kill interrupted; read the prune journal.
+
+The plan comes from `prune.build_plan`; `restore.py` undoes or purges what this moved.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmigrate import layout
+from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
+from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (KVMIGRATE_CRASH_AT), shared
+from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
+from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, prune_journal_dir,
+                                     without_namespaces)
+
+_BATCH = 4096  # files per intent record, and moves per fsync of their done records
+
+
+@dataclass
+class PruneResult:
+    journal: str
+    run_id: str
+    quarantine: str | None  # relpath of the run's quarantine folder (None with --no-quarantine)
+    moved: Counter = field(default_factory=Counter)  # class -> files
+    moved_bytes: Counter = field(default_factory=Counter)
+    freed_bytes: int = 0  # bytes no other name holds (freed when the quarantine is purged)
+    unlinked: int = 0  # files whose bytes another name keeps (a file-count slot only)
+    dirs_removed: int = 0
+    left: Counter = field(default_factory=Counter)  # class -> files of the plan not moved (kept, failed)
+    kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
+    failed: list[str] = field(default_factory=list)  # operational problems
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OPERATIONAL if self.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"journal": self.journal, "run_id": self.run_id, "quarantine": self.quarantine,
+                "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
+                "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),
+                "kept": self.kept,
+                "failed": self.failed, "exit_code": self.exit_code}
+
+
+class _Changed(Exception):
+    """A file (or its target) is not what the scan saw: kept."""
+
+
+def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool = True, command: str = "",
+                crash: Any = None) -> PruneResult:
+    """Move the plan's files into the quarantine (or unlink them: --no-quarantine, for
+    migrated blocks only), each re-checked first. The whole run is journaled before the
+    first file moves, so a killed run is finished by `finish_interrupted` (every file of
+    a block goes, never one rank of it). `crash`: the test seam whose `hit(point)` the
+    kill -9 tests stop the process at (default: KVMIGRATE_CRASH_AT, as for migrate)."""
+    if not quarantine and set(plan.classes) - {"migrated"}:
+        raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
+                         "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    run_id = jn.new_run_id()
+    root = plan.root
+    path = journal or os.path.join(prune_journal_dir(root), f"{run_id}.jsonl")
+    if os.path.isdir(path):
+        path = os.path.join(path, f"{run_id}.jsonl")
+    qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
+    w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
+                                       "dest": root, "manifest": os.path.abspath(plan.manifest),
+                                       "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
+                                       "time": time.time(), "scan_started_ns": plan.scan_started_ns})
+    result = PruneResult(path, run_id, qdir)
+    hit = (crash or _CrashSeam()).hit  # points: prune_intent, prune_move, prune_dirs
+    try:
+        with DestTree(root) as tree:
+            locks = []
+            held = set()
+            try:
+                for base in sorted(plan.locks):
+                    try:
+                        if tree.lstat(base) is not None:
+                            locks.append(NamespaceLock.acquire(tree, base, purpose="prune"))
+                    except OperationalError as exc:
+                        held.update(plan.locks[base])
+                        result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: "
+                                           f"{str(exc).splitlines()[0]}")
+                items = without_namespaces(plan.items, held)
+                for start in range(0, len(items), _BATCH):
+                    w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
+                hit("prune_intent")
+                _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+            finally:
+                for lock in locks:
+                    lock.release()
+        w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
+                 "failed": len(result.failed), "time": time.time()}, sync=True)
+    finally:
+        w.close()
+    return result
+
+
+def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
+    rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None, "dev": i.dev,
+           "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "nlink": i.nlink, "class": i.cls,
+           "ns": i.namespace, "key": i.key, "target": None}
+    if i.target is not None:
+        rec.update(target=i.target[0], tdev=i.target[1], tino=i.target[2], tsize=i.target[3], tmtime_ns=i.target[4])
+    return rec
+
+
+def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
+           result: PruneResult, hit: Any) -> None:
+    """Move the items block by block: when one rank file of a block stays (changed, or
+    the move failed), the others of that block are put back, and a namespace's
+    config.json goes only if all else of it went (nothing is left half-moved)."""
+    if qdir:
+        makedirs(tree, qdir)
+    known: set[str] = set()  # quarantine folders made or seen by this run
+    moved: list[str] = []
+    held_back: set[str] = set()
+    n = 0
+    for key, group in itertools.groupby(items, key=lambda i: i.key):
+        group = list(group)
+        ns = group[0].namespace
+        if key == f"{ns}/{layout.CONFIG_NAME}" and ns in held_back:
+            result.kept.append(f"{tree.abspath(key)}: kept, since other files of {ns} stay (listed above)")
+            continue
+        done = []
+        for item in group:
+            if not _move(tree, item, qdir, scan_started_ns, w, result, known):
+                break
+            done.append(item)
+            hit("prune_move")
+            n += 1
+            if n % _BATCH == 0:
+                w.sync()
+        if len(done) < len(group):
+            held_back.update(i.namespace for i in group)
+            for item in done:
+                _undo(tree, item, qdir, w, result)
+        else:
+            moved += [i.relpath for i in done]
+    w.sync()
+    gone = set(moved)
+    result.left.update(i.cls for i in items if i.relpath not in gone)
+    _remove_folders(tree, moved, w, result)
+    hit("prune_dirs")
+
+
+def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> None:
+    """Put back a rank file whose block cannot go whole (journaled: `returned`)."""
+    if qdir is None:
+        return  # unlinked (--no-quarantine): its bytes are at the target, nothing to put back
+    try:
+        _put_back(tree, f"{qdir}/{item.relpath}", item.relpath)
+    except OSError as exc:
+        result.failed.append(f"{tree.abspath(item.relpath)}: cannot put back into its block ({exc.strerror or exc});"
+                             f" it is at {tree.abspath(qdir + '/' + item.relpath)}")
+        return
+    w.done({"kind": "returned", "path": item.relpath})
+    result.moved[item.cls] -= 1
+    result.moved_bytes[item.cls] -= item.size
+    result.kept.append(f"{tree.abspath(item.relpath)}: put back, since another rank file of its block stays")
+    if not result.moved[item.cls]:
+        del result.moved[item.cls], result.moved_bytes[item.cls]
+
+
+def finish_interrupted(root: str) -> list[PruneResult]:
+    """Finish every prune run of ROOT that was stopped (kill -9, a crash) before its
+    `complete` record: the files it journaled and did not move yet are re-checked against
+    the journaled stat and moved, as the run would have. A run still going holds its
+    journal's flock: that refusal names its pid."""
+    out = []
+    for run in load_prune_runs(prune_journal_dir(root)) if _has_journals(prune_journal_dir(root)) else []:
+        if run.complete or run.restored or run.purge_started:
+            continue
+        w = jn.JournalWriter.append(run.path)
+        try:
+            w.write({"t": "resume", "pid": os.getpid(), "time": time.time()}, sync=True)
+            result = PruneResult(run.path, str(run.header.get("run_id")), run.quarantine)
+            items = [_item(rec) for path, rec in run.moves.items() if path not in run.moved]
+            with DestTree(run.root) as tree:
+                settled = [i for i in items if _settled(tree, i, run.quarantine, w, result)]
+                pending = [i for i in items if i not in settled]
+                _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
+                       _CrashSeam().hit)
+                _remove_folders(tree, [i.relpath for i in settled], w, result)
+            w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
+                     "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
+        finally:
+            w.close()
+        out.append(result)
+    return out
+
+
+def _item(rec: dict[str, Any]) -> Item:
+    target = (check_relpath(rec["target"], "journal path"), rec["tdev"], rec["tino"], rec["tsize"],
+              rec["tmtime_ns"]) if rec.get("target") else None
+    return Item(rec["path"], rec["class"], rec.get("ns") or "", rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"],
+                rec.get("nlink") or 1, target, rec.get("key") or rec["path"])
+
+
+def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> bool:
+    """Moved before the kill, its done record lost with it: at its quarantine path."""
+    if tree.lstat(item.relpath) is not None:
+        return False
+    if qdir is not None:
+        st = tree.lstat(f"{qdir}/{item.relpath}")
+        if st is None or (st.st_dev, st.st_ino) != (item.dev, item.inode):
+            return False
+    w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
+    result.moved[item.cls] += 1
+    result.moved_bytes[item.cls] += item.size
+    return True
+
+
+def _has_journals(jdir: str) -> bool:
+    return os.path.isdir(jdir) and any(f.endswith(".jsonl") for f in os.listdir(jdir))
+
+
+@dataclass
+class PruneRun:
+    """One prune run of a journal file, as its records say."""
+
+    path: str
+    header: dict[str, Any]
+    moves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
+    moved: set[str] = field(default_factory=set)  # paths with a done record
+    rmdirs: list[str] = field(default_factory=list)
+    complete: bool = False
+    restored: bool = False
+    purged: bool = False
+    purge_started: bool = False
+
+    @property
+    def root(self) -> str:
+        return self.header["root"]
+
+    @property
+    def quarantine(self) -> str | None:
+        return self.header.get("quarantine")
+
+
+def load_prune_runs(journal: str) -> list[PruneRun]:
+    """The prune runs of a journal file or directory (oldest first), read with the
+    journal module's reader; a migration journal is refused."""
+    runs = []
+    for path in jn.journal_files(journal):
+        for rec in jn.iter_records(path):
+            t = rec.get("t")
+            if t == "header":
+                if rec.get("kind") != KIND or not isinstance(rec.get("root"), str):
+                    raise UsageError(f"{path} is not a prune journal", path=path,
+                                     hint="pass the journal `kvmigrate prune --apply` printed (a migration is "
+                                          "undone with `kvmigrate rollback`)")
+                runs.append(PruneRun(path, rec))
+                continue
+            run = runs[-1]
+            if t == "intent":
+                for item in rec.get("items", []):
+                    run.moves[check_relpath(item.get("path"), "journal path")] = item
+            elif t == "done" and rec.get("kind") == "rmdirs":
+                run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
+            elif t == "done" and rec.get("kind") == "returned":
+                run.moved.discard(rec.get("path"))
+            elif t == "done":
+                run.moved.add(rec.get("path"))
+            elif t == "complete":
+                run.complete = True
+            elif t == "resume":
+                run.complete = False
+            elif t == "restored":
+                run.restored = True
+            elif t == "purge":
+                run.purge_started = True
+            elif t == "purged":
+                run.purged = True
+    return runs
+
+
+def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
+          result: PruneResult, known: set[str]) -> bool:
+    """Move (or unlink) one file after re-checking it; False when it was kept."""
+    where = tree.abspath(item.relpath)
+    try:
+        st = _check_unchanged(tree, item, scan_started_ns)
+        if qdir is None:
+            tree.unlink(item.relpath)
+        else:
+            dest = f"{qdir}/{item.relpath}"
+            makedirs(tree, dest.rpartition("/")[0], known)
+            spfd, sname = tree.split(item.relpath)
+            dpfd, dname = tree.split(dest)
+            os.rename(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd)
+            moved = tree.lstat(dest)
+            if moved is None or (moved.st_dev, moved.st_ino) != (st.st_dev, st.st_ino):
+                # replaced between the check and the rename: put that file back, untouched
+                _put_back(tree, dest, item.relpath)
+                raise _Changed("replaced while pruning")
+    except _Changed as exc:
+        result.kept.append(f"{where}: {exc}; kept")
+        return False
+    except (SymlinkInPath, NotADirectoryError):
+        result.kept.append(f"{where}: a folder on its path is now a symlink or file (never followed); kept")
+        return False
+    except FileNotFoundError:
+        result.kept.append(f"{where}: gone since the scan; nothing to do")
+        return False
+    except OSError as exc:
+        why = "another filesystem (EXDEV): the quarantine must be on the same filesystem as the file" \
+            if exc.errno == errno.EXDEV else (exc.strerror or str(exc))
+        result.failed.append(f"{where}: cannot move: {why}; kept")
+        return False
+    w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": st.st_ino, "dev": st.st_dev})
+    result.moved[item.cls] += 1
+    result.moved_bytes[item.cls] += item.size
+    if st.st_nlink <= 1:
+        result.freed_bytes += item.size
+    else:
+        result.unlinked += 1
+    return True
+
+
+def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None) -> os.stat_result:
+    """A fresh lstat equal to the scan's (a regular file, same dev, inode, size, mtime, no
+    ctime after the scan), and for a migrated block its target unchanged too (the same
+    inode for a link)."""
+    st = tree.lstat(item.relpath)
+    if st is None:
+        raise FileNotFoundError(item.relpath)
+    if not stat.S_ISREG(st.st_mode):
+        raise _Changed("no longer a regular file (a symlink is never followed)")
+    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (item.dev, item.inode, item.size, item.mtime_ns):
+        raise _Changed("changed since the scan (size, mtime or inode differ)")
+    if scan_started_ns is not None and st.st_ctime_ns > scan_started_ns:
+        raise _Changed("changed since the scan (ctime is newer than the scan)")
+    if item.target is not None:
+        trel, tdev, tino, tsize, tmtime = item.target
+        tst = tree.lstat(trel)
+        if tst is None or not stat.S_ISREG(tst.st_mode) or \
+                (tst.st_dev, tst.st_ino, tst.st_size, tst.st_mtime_ns) != (tdev, tino, tsize, tmtime):
+            raise _Changed(f"its target {tree.abspath(trel)} changed or went since the scan")
+    return st
+
+
+def _put_back(tree: DestTree, src: str, dest: str) -> None:
+    """link + unlink: never over a name that exists again."""
+    spfd, sname = tree.split(src)
+    makedirs(tree, dest.rpartition("/")[0])
+    dpfd, dname = tree.split(dest)
+    os.link(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
+    os.unlink(sname, dir_fd=spfd)
+
+
+def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
+    """Make `reldir` and its missing parents under the tree (no symlink followed); the
+    folders in `known` are not asked again (one mkdir per folder, not per file). Returns
+    how many it made."""
+    made = 0
+    parts = reldir.split("/") if reldir else []
+    for k in range(len(parts), 0, -1):  # the deepest known folder: only below it is asked
+        if "/".join(parts[:k]) in (known or ()):
+            break
+    else:
+        k = 0
+    for n in range(k + 1, len(parts) + 1):
+        d = "/".join(parts[:n])
+        made += tree.mkdir(d)
+        if known is not None:
+            known.add(d)
+    return made
+
+
+def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult) -> None:
+    """The folders the moves left empty, deepest first (a folder still holding anything
+    stays); each one journaled so `restore` makes it again."""
+    folders = set()
+    for rel in moved:
+        parts = rel.split("/")[:-1]
+        for k in range(1, len(parts) + 1):
+            folders.add("/".join(parts[:k]))
+    removed = []
+    for d in sorted(folders, key=lambda d: (d.count("/"), d), reverse=True):
+        try:
+            tree.rmdir(d)
+            removed.append(d)
+        except OSError:
+            continue
+    if removed:
+        w.write({"t": "done", "kind": "rmdirs", "paths": removed}, sync=True)
+    result.dirs_removed += len(removed)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def render_result(result: PruneResult) -> str:
+    from kvmigrate.units import human_bytes
+
+    moved = sum(result.moved.values())
+    where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
+    lines = [f"pruned {moved} files ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
+             f"{human_bytes(result.freed_bytes)} freed once purged, {result.unlinked} files only unlinked; "
+             f"{result.dirs_removed} empty folders removed"]
+    for cls, k in sorted(result.moved.items()):
+        lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
+    if result.moved.get("migrated"):
+        lines.append("  the target namespaces' blocks now have one name each in the cache: file-count evictors count "
+                     "them once" if not result.left.get("migrated") else
+                     f"  {result.left['migrated']} legacy names of migrated blocks stay (below): evictors still count "
+                     "those blocks twice")
+    lines.append(f"journal: {result.journal}  (undo: kvmigrate restore {result.journal})")
+    for what, rows in (("kept", result.kept), ("failed", result.failed)):
+        if rows:
+            lines.append(f"{what} {len(rows)}:")
+            lines += [f"  {r}" for r in rows[:50]] + ([f"  ... and {len(rows) - 50} more"] if len(rows) > 50 else [])
+    return "\n".join(lines)

@@ -1,0 +1,393 @@
+"""`kvmigrate prune` and `restore`: one test per selection and safety rule (issue 19).
+
+The trees: an llm-d MLA TP=2 namespace (copy_pad of rank 0, rank 1 a proven replica)
+and a vLLM S2 MLA namespace (a hard link), migrated into the same root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run, run_json
+from kvmigrate import layout
+from kvmigrate import manifest as mf
+from reference_reader import ReferenceReader, file_facts, listing
+
+MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+NOW = ["--quiet-period", "0"]  # synthetic trees were written just now: every test but the quiet-period one
+LLMD = {"family": "llmd", "tp": 2, "kv_kind": "mla"}
+VLLM = {"family": "vllm", "scheme": "S2", "kv_kind": "mla", "model_name": "org/v"}
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, ds, fs in os.walk(root)
+                  if not os.path.relpath(d, root).startswith(layout.OWN_DIR) for f in fs)
+
+
+@pytest.fixture
+def migrated(synth_root):
+    """(root, the legacy files' bytes before the migration, the migration journal dir)."""
+    root, _ = synth_root(LLMD, VLLM)
+    legacy = {rel: (root / rel).read_bytes() for rel in _files(root)}
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    return root, legacy
+
+
+def _manifest(tmp_path: Path, root: Path) -> tuple[str, list[dict]]:
+    out = tmp_path / "m.parquet"
+    code, text = run("scan", root, *MLA, "--verify", "hash", "-o", out, "-q")
+    assert code in (0, 1), text
+    return str(out), mf.read_table(out).to_pylist()
+
+
+def _readable_through_targets(root: Path, manifest: str, legacy: dict[str, bytes]) -> None:
+    """Every legacy block's bytes load at its target path through the reference reader
+    (a copy_pad target holds them padded; a replica is rank 0's bytes)."""
+    meta = mf.read_metadata(manifest)
+    rows = {r["relpath"]: r for r in mf.read_table(manifest).to_pylist()}
+    checked = 0
+    for rel, data in legacy.items():
+        row = rows.get(rel)
+        parsed = layout.parse_block_relpath(rel)
+        if row is None or parsed is None:
+            continue
+        target = meta["namespaces"][row["source_base"]]["target"]
+        got = ReferenceReader(root, target).load(parsed[1].hex_hash, parsed[1].group, row_size=len(data))
+        assert got.data == data, (rel, got.why)
+        checked += 1
+    assert checked == 18  # 6 llm-d blocks x 2 ranks + 6 vLLM blocks
+
+
+def test_dry_run_selects_migrated_blocks_and_writes_nothing(migrated):
+    root, legacy = migrated
+    before = listing(root)
+    code, plan = run_json("prune", root, *MLA, *NOW)
+    assert code == 1
+    assert listing(root) == before
+    ns = {(n["namespace"], n["files"]) for n in plan["namespaces"]}
+    # llm-d: 6 blocks x 2 ranks + config.json; vLLM: 6 linked blocks + config.json
+    assert {n for _, n in ns} == {13, 7} and plan["files"] == 20
+    t = plan["totals"]["migrated"]
+    assert t["unlinked_files"] == 6  # the vLLM links: the target name keeps their bytes
+    assert t["freed_bytes"] == t["bytes"] - sum(len(legacy[r]) for r in legacy if r.startswith("org_v_")
+                                                and r.endswith(".bin"))
+
+
+def test_apply_quarantines_then_restore_puts_every_path_back(migrated, tmp_path):
+    root, legacy = migrated
+    manifest, _ = _manifest(tmp_path, root)
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0, res
+    assert res["moved"] == {"migrated": 20} and res["kept"] == [] and res["failed"] == []
+    assert not any((root / rel).exists() for rel in legacy)  # every legacy file and folder went
+    quarantine = root / res["quarantine"]
+    assert sorted(_files(quarantine)) == sorted(legacy)
+    # nothing was copied: the quarantined names are the legacy inodes
+    assert {os.lstat(quarantine / r).st_ino for r in legacy} == {before[r][2] for r in legacy}
+    _readable_through_targets(root, manifest, legacy)
+    code, out = run("restore", res["journal"])
+    assert code == 0, out
+    after = listing(root, exclude_top=(layout.OWN_DIR,))
+    assert after.keys() == before.keys()  # every file and folder, none more
+    # files: the same inode, size, mtime and bytes (folders are made again: new inodes)
+    assert {k: v for k, v in after.items() if k in legacy} == {k: v for k, v in before.items() if k in legacy}
+    assert {r: (root / r).read_bytes() for r in legacy} == legacy
+    assert {r: os.lstat(root / r).st_ino for r in legacy} == {r: before[r][2] for r in legacy}
+
+
+def test_an_ok_block_not_migrated_is_never_selected(migrated, synth_root):
+    root, legacy = migrated
+    # the engine wrote one more block into the legacy vLLM namespace after the migration
+    block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    rank, name = block.split("/")[0], block.rsplit("/", 1)[1]
+    fresh = root / rank / "abc" / "de_g0" / ("abcdef" + name[6:])
+    fresh.parent.mkdir(parents=True)
+    fresh.write_bytes((root / block).read_bytes())
+    code, plan = run_json("prune", root, *MLA, *NOW)
+    selected = {n["namespace"]: n["files"] for n in plan["namespaces"]}
+    base = block.split("/")[0].rsplit("_r", 1)[0]
+    assert selected[base] == 6  # the six migrated blocks; not the new one, and not config.json
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert fresh.exists() and (root / base / "config.json").exists()
+
+
+def test_a_file_changed_since_the_scan_is_kept(migrated, tmp_path):
+    root, legacy = migrated
+    manifest, _ = _manifest(tmp_path, root)
+    changed = root / next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    st = os.lstat(changed)
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the engine touched it
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert changed.exists() and os.lstat(changed).st_ino == st.st_ino
+    assert [k for k in res["kept"] if str(changed) in k and "changed since the scan" in k]
+    # the other blocks went; the namespace's config.json stays with the kept block
+    assert res["moved"]["migrated"] == 18
+    assert (root / changed.relative_to(root).parts[0].rsplit("_r", 1)[0] / "config.json").exists()
+
+
+def test_a_file_whose_ctime_is_newer_than_prunes_own_scan_is_kept(migrated, monkeypatch):
+    """prune ROOT stamps its scan's start: a chmod (ctime only) after it keeps the file."""
+    root, legacy = migrated
+    from kvmigrate import pipeline
+    from kvmigrate.migrate import prune, quarantine
+
+    target = root / next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    original = prune.build_plan
+
+    def build_then_touch(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        os.chmod(target, 0o640)  # after the scan: only the ctime says so
+        return plan
+
+    monkeypatch.setattr(prune, "build_plan", build_then_touch)
+    with pipeline.pruning(str(root), force_live=True, facts_resolver=_resolver()) as plan:
+        res = quarantine.apply_prune(plan)
+    assert target.exists()
+    assert [k for k in res.kept if str(target) in k and "ctime" in k]
+
+
+def _resolver():
+    from kvmigrate.identity.facts import FactsResolver
+
+    return FactsResolver({"kv_kind": "mla", "model_dtype": "bfloat16"}, None)
+
+
+def test_a_target_namespace_is_never_touched(migrated, tmp_path):
+    root, legacy = migrated
+    # residue inside the target namespace (an old engine temp file) stays too
+    targets = sorted({p.split("/")[0] for p in _files(root)} - {p.split("/")[0] for p in legacy})
+    assert len(targets) == 4  # two target base folders and their _r0
+    rank = next(t for t in targets if t.endswith("_r0"))
+    tmp = root / rank / "abc" / "de_g0" / ("abcdef" * 2 + ".bin_1234.tmp")
+    tmp.parent.mkdir(parents=True)
+    tmp.write_bytes(b"x" * 100)
+    os.utime(tmp, (1_000_000_000, 1_000_000_000))
+    target_files = [p for p in _files(root) if p.split("/")[0] in targets]
+    facts = file_facts(root, target_files)
+    code, res = run_json("prune", root, *MLA, *NOW, "--migrated", "--unreadable-namespaces", "--residue", "--apply")
+    assert code == 0, res
+    assert file_facts(root, target_files) == facts
+
+
+def test_a_symlink_is_never_followed(migrated, tmp_path):
+    root, legacy = migrated
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"precious")
+    block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    link = root / block.rsplit("/", 1)[0] / ("ab" * 16 + ".bin")
+    os.symlink(outside, link)
+    old = (1_000_000_000, 1_000_000_000)
+    os.utime(link, old, follow_symlinks=False)
+    code, res = run_json("prune", root, *MLA, *NOW, "--migrated", "--residue", "--unreadable-namespaces", "--apply")
+    assert code == 0
+    assert os.path.islink(link) and os.readlink(link) == str(outside)
+    assert outside.read_bytes() == b"precious"
+    # a rank folder replaced by a symlink after the scan: nothing is moved through it
+    code, out = run("restore", res["journal"])
+    assert code == 0, out
+    manifest, _ = _manifest(tmp_path, root)
+    rank = root / block.split("/")[0]
+    os.rename(rank, tmp_path / "moved-away")
+    os.symlink(tmp_path / "moved-away", rank)
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert [k for k in res["kept"] if "symlink" in k]
+    assert sorted(_files(tmp_path / "moved-away")) == sorted(
+        [r.split("/", 1)[1] for r in legacy if r.startswith(block.split("/")[0] + "/")]
+        + [os.path.relpath(link, rank)])
+
+
+def test_a_namespace_written_within_the_quiet_period_is_skipped(migrated):
+    root, legacy = migrated
+    before = listing(root)
+    code, res = run_json("prune", root, *MLA, "--apply")  # default quiet period: 10 min, the tree is newer
+    assert code == 0
+    assert res["moved"] == {} and len(res["skipped"]) == 2
+    assert all("quiet period" in why and "--force-live" in why for why in res["skipped"].values())
+    assert {k: v for k, v in listing(root).items() if not k.startswith(layout.OWN_DIR)} == \
+        {k: v for k, v in before.items() if not k.startswith(layout.OWN_DIR)}
+    code, res = run_json("prune", root, *MLA, "--force-live", "--apply")
+    assert res["moved"] == {"migrated": 20}
+
+
+def test_a_namespace_under_a_held_migration_lock_is_skipped(migrated):
+    root, legacy = migrated
+    targets = sorted({p.split("/")[0] for p in _files(root)} - {p.split("/")[0] for p in legacy})
+    base = next(t for t in targets if not t.endswith("_r0") and t.startswith("org_v_"))
+    fd = os.open(root / base / layout.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a migration into org/v's target is running
+        code, plan = run_json("prune", root, *MLA, *NOW)
+        code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    finally:
+        os.close(fd)
+    assert plan["files"] == 13 and [why for why in plan["skipped"].values() if "locked" in why]  # the dry run says so
+    assert res["moved"] == {"migrated": 13}  # the llm-d namespace only
+    assert [why for why in res["skipped"].values() if "locked" in why]
+    assert all((root / r).exists() for r in legacy if r.startswith("org_v_"))
+
+
+def test_restore_refuses_a_path_recreated_meanwhile(migrated):
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    (root / block).parent.mkdir(parents=True)
+    (root / block).write_bytes(b"the engine wrote it again")
+    code, out = run("restore", res["journal"])
+    assert code == 8
+    assert str(root / block) in out and "conflict" in out
+    assert (root / block).read_bytes() == b"the engine wrote it again"
+    assert (root / res["quarantine"] / block).read_bytes() == legacy[block]
+    assert sum((root / r).exists() for r in legacy) == len(legacy)
+
+
+def test_no_quarantine_is_for_migrated_only(migrated):
+    root, _ = migrated
+    code, out = run("prune", root, *MLA, *NOW, "--residue", "--no-quarantine", "--apply")
+    assert code == 2 and "--migrated only" in out
+
+
+def test_no_quarantine_unlinks_and_restore_relinks_from_the_target(migrated):
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--no-quarantine", "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 20} and res["quarantine"] is None
+    code, out = run("restore", res["journal"])
+    assert code == 8  # the copy_pad sources and configs are gone for good (their bytes live on in the targets)
+    linked = [r for r in legacy if r.startswith("org_v_") and r.endswith(".bin")]
+    assert all((root / r).read_bytes() == legacy[r] for r in linked)
+
+
+def test_unreadable_namespaces_are_pruned_whole_and_only_when_asked(synth_root):
+    root, _ = synth_root({**VLLM, "defects": ("orphan_rank",)})
+    orphan = [p for p in _files(root) if not (root / layout.parse_folder(p.split("/")[0]).base).is_dir()]
+    assert len(orphan) == 2  # a rank folder of another dtype, two blocks, no base folder
+    code, plan = run_json("prune", root, *MLA, *NOW)
+    assert plan["files"] == 0  # nothing migrated; an orphan is not selected by default
+    code, res = run_json("prune", root, *MLA, *NOW, "--unreadable-namespaces", "--apply")
+    assert code == 0
+    assert res["moved"] == {"unreadable_namespaces": len(orphan)}
+    assert not any((root / p).exists() for p in orphan)
+    assert len(_files(root)) == 7  # the healthy namespace: config.json and its 6 blocks
+
+
+def test_residue_takes_old_temp_files_only(synth_root):
+    root, _ = synth_root({**VLLM, "defects": ("tmp_vllm",)})
+    tmp = next(root / p for p in _files(root) if p.endswith(".tmp"))
+    code, plan = run_json("prune", root, *MLA, *NOW, "--residue")
+    assert plan["files"] == 0  # written just now: the engine may still be renaming it
+    os.utime(tmp, (1_000_000_000, 1_000_000_000))
+    code, res = run_json("prune", root, *MLA, *NOW, "--residue", "--apply")
+    assert res["moved"] == {"residue": 1} and not tmp.exists()
+
+
+def test_purge_empties_old_quarantines_and_restore_then_says_so(migrated):
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    quarantine = root / res["quarantine"]
+    code, kept = run_json("prune", root, "--purge", "--older-than", "7d", "--apply")
+    assert code == 0 and kept["purged_runs"] == [] and quarantine.is_dir()
+    code, dry = run_json("prune", root, "--purge", "--older-than", "0s")
+    assert code == 1 and quarantine.is_dir()
+    code, purged = run_json("prune", root, "--purge", "--older-than", "0s", "--apply")
+    assert code == 0 and purged["purged_runs"] == [res["run_id"]] and purged["files"] == 20
+    assert purged["freed_bytes"] == dry["freed_bytes"] > 0
+    assert not quarantine.exists()
+    code, out = run("restore", res["journal"])
+    assert code == 8 and "purged" in out
+
+
+def test_rollback_after_prune_restores_the_sources_first(migrated):
+    root, legacy = migrated
+    journals = root / ".kvmigrate" / "journals"
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    code, out = run("rollback", journals)
+    assert code == 0, out
+    assert {r: (root / r).read_bytes() for r in legacy} == legacy
+    assert sorted(p for p in _files(root)) == sorted(legacy)  # the targets went, the sources came back
+
+
+def test_rollback_refuses_when_pruned_sources_cannot_come_back(migrated):
+    root, legacy = migrated
+    journals = root / ".kvmigrate" / "journals"
+    run_json("prune", root, *MLA, *NOW, "--apply")
+    run_json("prune", root, "--purge", "--older-than", "0s", "--apply")
+    targets_before = {p for p in _files(root)}
+    code, out = run("rollback", journals)
+    assert code == 8
+    assert "kvmigrate restore" in out and "nothing was rolled back" in out
+    assert {p for p in _files(root)} == targets_before  # the targets hold the last copy: kept
+
+
+def test_prune_journals_do_not_disturb_the_migration_readers(migrated):
+    """Prune journals sit in journals/prune/: verify and rollback read the migrations' only."""
+    root, _ = migrated
+    run_json("prune", root, *MLA, *NOW, "--apply")
+    code, out = run("verify", root, "--journal", root / ".kvmigrate" / "journals")
+    assert code == 0, out
+    code, out = run("restore", root / ".kvmigrate" / "journals" / next(
+        f for f in os.listdir(root / ".kvmigrate" / "journals") if f.endswith(".jsonl")))
+    assert code == 2 and "not a prune journal" in out
+
+
+def test_audit_names_prune_for_migrated_legacy_blocks_and_not_after(migrated):
+    root, _ = migrated
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    hint = next(h for h in summary["hints"] if "reclaimable" in h["codes"])
+    assert hint["command"] == f"kvmigrate prune {root} --kv-kind mla --model-dtype bfloat16"
+    assert len(hint["namespaces"]) == 2
+    run_json("prune", root, *MLA, *NOW, "--apply")
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    assert not [h for h in summary["hints"] if "reclaimable" in h["codes"]]
+
+
+def test_a_blocks_rank_files_go_together_or_not_at_all(migrated, tmp_path):
+    """llm-d TP=2: when rank 1's file changed since the scan, rank 0's file of that block
+    stays too (a rerun would see the block incomplete and keep its half for ever)."""
+    root, legacy = migrated
+    manifest, _ = _manifest(tmp_path, root)
+    rank1 = next(r for r in legacy if "_r1/" in r and r.endswith(".bin") and not r.startswith("org_v_"))
+    rank0 = rank1.replace("_r1/", "_r0/", 1)
+    st = os.lstat(root / rank1)
+    os.utime(root / rank1, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert (root / rank0).exists() and (root / rank1).exists()
+    assert [k for k in res["kept"] if str(root / rank0) in k and "put back" in k]
+    assert res["moved"]["migrated"] == 20 - 3  # the block's two files and the namespace's config.json stay
+
+
+def test_a_vllmcpp_rank_namespace_goes_with_its_deployment(synth_root):
+    """vllm.cpp TP=2: each rank folder is a namespace of its own, rank 1's header names its
+    own identity; its blocks are replicas of rank 0's (equal payload hashes), found through
+    the deployment column, and go with them."""
+    root, _ = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    legacy = _files(root)
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": len(legacy)} == {"migrated": 14}
+    assert not any((root / r).exists() for r in legacy)
+
+
+def test_a_skipped_vllmcpp_rank_namespace_keeps_its_siblings_blocks(synth_root, tmp_path):
+    """When one rank namespace of a vllm.cpp block is skipped (live, or locked), the other
+    ranks' files of those blocks stay too, and so do both config.json files."""
+    from kvmigrate.migrate import prune
+
+    root, _ = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    manifest, _ = _manifest(tmp_path, root)
+    plan = prune.build_plan(manifest, force_live=True)
+    rank1 = {i.namespace for i in plan.items if "_r1/" in i.relpath}
+    assert len(plan.items) == 14 and len(rank1) == 1
+    assert prune.without_namespaces(plan.items, rank1) == []
