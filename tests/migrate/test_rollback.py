@@ -13,13 +13,14 @@ import pytest
 from kvmigrate import layout
 from reference_reader import file_facts, listing
 from cli_helpers import run, run_json
+from kvmigrate.migrate.journal import read_records
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 
 
 def journal_records(path) -> list[dict]:
-    return [json.loads(line) for line in open(path)]
+    return read_records(path)
 
 
 def created_blocks(journal) -> list[str]:
