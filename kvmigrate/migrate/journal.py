@@ -52,7 +52,7 @@ VERSION = 2
 FRAME = struct.Struct("<4sII")  # magic, payload length, crc32 of the payload
 MAGIC = b"KVJF"
 V1_RELEASE = "kvmigrate 0.1.0 before journal format 2"  # who wrote JSON-lines journals
-_ZLEVEL = 6
+_ZLEVEL = 4  # 20k-link journal: level 4 90.8 B and 5.6 µs per block, level 6 89.8 B and 27.9 µs
 JOURNALS_DIR = os.path.join(layout.OWN_DIR, "journals")
 
 
