@@ -413,6 +413,13 @@ class JournalWriter:
             return
         end = valid_end(self.path)
         if os.fstat(self._fd).st_size != end:
+            if _whole_frame_after(self.path, end):
+                os.close(self._fd)
+                self._fd = -1
+                raise OperationalError(f"the journal is damaged at byte {end} (whole records follow a bad one: "
+                                       "not a torn tail); not writing to it", path=self.path,
+                                       hint="keep it for inspection; `kvmigrate verify` and `rollback --dry-run` "
+                                            "read the records before the damage")
             os.ftruncate(self._fd, end)
             os.fsync(self._fd)
         self._end = end
@@ -517,6 +524,22 @@ class JournalWriter:
                 self._flush()
             os.close(self._fd)
             self._fd = -1
+
+
+def _whole_frame_after(path: str, end: int) -> bool:
+    """A whole frame starts somewhere after byte `end` (so the bad bytes at `end` are
+    damage in the middle, never a torn tail: truncating would drop journaled records)."""
+    with open(path, "rb") as f:
+        f.seek(end + 1)
+        rest = f.read()
+    at = rest.find(MAGIC)
+    while at >= 0:
+        with open(path, "rb") as f:
+            f.seek(end + 1 + at)
+            if next(_frames(f), None) is not None:
+                return True
+        at = rest.find(MAGIC, at + 1)
+    return False
 
 
 def _framed_file(path: str) -> bool:

@@ -98,3 +98,20 @@ def test_an_unfinished_format_1_run_is_not_resumed_and_names_its_release(tmp_pat
     code, out = run("migrate", root, *MLA, "--apply", "--journal", jdir)
     assert code == 2, out
     assert str(old) in out and jn.V1_RELEASE in out and f"kvmigrate rollback {old}" in out
+
+
+def test_a_damaged_middle_frame_is_never_truncated_away(tmp_path, synth_root):
+    """Bad bytes followed by whole frames are damage, not a torn tail: the rerun refuses
+    to append (exit 8) instead of cutting the journaled records after it."""
+    root, _ = synth_root({**LINKS, "blocks": 300})
+    killed = kvmigrate("migrate", root, *MLA, "--apply", env_extra={CRASH_ENV: "created:200"})
+    assert killed.returncode == -signal.SIGKILL
+    (journal,) = (root / layout.OWN_DIR / "journals").iterdir()
+    data = bytearray(journal.read_bytes())
+    second = data.find(jn.MAGIC, 1)
+    data[second + jn.FRAME.size + 2] ^= 0xFF  # a byte of the second frame's payload: its CRC fails
+    journal.write_bytes(bytes(data))
+    rerun = kvmigrate("migrate", root, *MLA, "--apply")
+    assert rerun.returncode == 8, rerun.stderr
+    assert "damaged at byte" in rerun.stderr and str(journal) in rerun.stderr
+    assert journal.read_bytes() == bytes(data)  # nothing cut, nothing appended
