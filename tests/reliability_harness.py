@@ -25,8 +25,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+import struct
 import textwrap
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -318,9 +320,11 @@ def journal_paths(where: Path) -> list[Path]:
 
 def parse_journal(path: Path) -> tuple[list[dict], list[str]]:
     """Records and problems: every complete line must be a JSON object with a type, the
-    first a header; only the last line may be torn (a kill mid-write)."""
-    problems = []
+    first a header; only the last line (format 2: frame) may be torn (a kill mid-write)."""
     data = path.read_bytes()
+    if data[:4] == b"KVJF":
+        return _parse_frames(path, data)
+    problems = []
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     records = []
@@ -340,6 +344,54 @@ def parse_journal(path: Path) -> tuple[list[dict], list[str]]:
             problems.append(f"{path.name}: a complete record lacks its newline")
         except ValueError:
             pass  # a torn last line is allowed
+    if records and records[0]["t"] != "header":
+        problems.append(f"{path.name}: first record is {records[0]['t']}, not header")
+    return records, problems
+
+
+def _parse_frames(path: Path, data: bytes) -> tuple[list[dict], list[str]]:
+    """Format 2: `KVJF` u32 length u32 crc32, a zlib payload of JSON lines; only the last
+    frame may be cut short. `linked` records become one `done` per link (from the
+    intent frame at byte offset `at`: path, inode, dev, size, action; mtimes as deltas)."""
+    problems, records = [], []
+    intents: dict[int, list] = {}
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < 12:
+            break  # a torn frame header
+        magic, length, crc = struct.unpack_from("<4sII", data, pos)
+        payload = data[pos + 12:pos + 12 + length]
+        if magic != b"KVJF":
+            problems.append(f"{path.name}: no frame at byte {pos}")
+            break
+        if len(payload) < length:
+            break  # the torn last frame
+        if zlib.crc32(payload) != crc:
+            if pos + 12 + length < len(data):
+                problems.append(f"{path.name}: frame at byte {pos} fails its CRC and is not the last")
+            break
+        for i, line in enumerate(zlib.decompress(payload).splitlines()):
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "t" not in rec:
+                problems.append(f"{path.name}: frame at byte {pos}, line {i + 1} has no record type")
+                continue
+            if rec["t"] == "intent":
+                intents[pos] = rec["items"]
+            if rec["t"] == "linked":
+                items, mtime, k = intents[rec["at"]], 0, 0
+                for start, count in rec["i"]:
+                    for item in items[start:start + count]:
+                        mtime += rec["mtime_ns"][k]
+                        done = {"t": "done", "kind": "block", "path": item["path"], "ino": item["ino"],
+                                "dev": item["dev"], "size": item["size"], "mtime_ns": mtime, "how": "link",
+                                "action": item["action"]}
+                        if rec["xxh3_128"][k]:
+                            done["xxh3_128"] = rec["xxh3_128"][k]
+                        records.append(done)
+                        k += 1
+                continue
+            records.append(rec)
+        pos += 12 + length
     if records and records[0]["t"] != "header":
         problems.append(f"{path.name}: first record is {records[0]['t']}, not header")
     return records, problems

@@ -11,23 +11,36 @@ from kvmigrate.cli.common import handle_errors, output_options, pop_selection, p
 
 @click.command("rollback")
 @click.argument("journal", type=click.Path(exists=True, path_type=str))
+@click.option("--dry-run", is_flag=True, help="Check and count what would be removed, per namespace; remove nothing.")
+@click.option("--list", "as_list", is_flag=True,
+              help="With --dry-run: print the removals as a shell script (rm -f, rmdir) to review or run by hand.")
 @selection_options
 @output_options
 @handle_errors
-def command(journal: str, as_json: bool, quiet: bool, verbose: int, **kwargs) -> None:
+def command(journal: str, dry_run: bool, as_list: bool, as_json: bool, quiet: bool, verbose: int, **kwargs) -> None:
     """Undo `migrate --apply` from its JOURNAL (a file, or a directory of journals):
     remove the block files it created whose inode and hash still match, then the
     config.json files it created that are unchanged, then its temp files and lock, then
     the folders it created if empty. Nothing else is touched. --only/--exclude: only the
     target namespaces they select (by target or source base folder name, or model).
 
-    \b
-    Exit code: 0, or 8 if something could not be removed (listed with the reason).
-    """
-    from kvmigrate.migrate.rollback import render, rollback
+    With --dry-run, nothing is removed or written (not even the journal's rolled-back
+    mark): it prints what would go, per namespace; --list prints it as a shell script.
 
-    result = rollback(journal, pop_selection(kwargs))
-    if as_json:
+    \b
+    Exit code: 0, or 8 if something could not (dry run: would not) be removed (listed
+    with the reason); 2 for --list without --dry-run.
+    """
+    from kvmigrate.errors import UsageError
+    from kvmigrate.migrate.rollback import render, render_commands, rollback
+
+    if as_list and not dry_run:
+        raise UsageError("--list shows what a dry run would remove", hint="add --dry-run (nothing is removed)")
+    result = rollback(journal, pop_selection(kwargs), dry_run=dry_run, listing=as_list)
+    if as_list:
+        for line in render_commands(result, journal):
+            click.echo(line)
+    elif as_json:
         print_json(result.to_dict())
     elif not quiet:
         click.echo(render(result))

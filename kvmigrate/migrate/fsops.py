@@ -154,7 +154,14 @@ class DestTree:
         os.rmdir(name, dir_fd=pfd)
 
     def forget(self, reldir: str) -> None:
-        """Close cached fds of `reldir` and everything below it (before removing it)."""
+        """Close cached fds of `reldir` and everything below it (before removing it);
+        '' closes them all."""
+        if reldir == "":
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            self._made.clear()
+            return
         for key in [k for k in self._fds if k == reldir or k.startswith(reldir + "/")]:
             os.close(self._fds.pop(key))
         self._made -= {k for k in self._made if k == reldir or k.startswith(reldir + "/")}

@@ -1,25 +1,33 @@
 """Undo a migration from its journal (migration.md §3.5): remove exactly what it created.
 
-Order: block files whose inode, size and hash (a hard link journaled without a hash:
-its mtime) still match the journal; then config.json
-files it created that are unchanged; then its own temp files and the namespace lock;
-then the folders it created, deepest first, if empty. The lock goes before the folders
-only because it sits inside the target base folder (spec order otherwise). Anything
-that no longer matches is kept and reported (exit 8): a file someone changed or
-replaced after the migration is not ours to delete. Paths come from the journal and
-are checked like manifest paths; removal happens through O_NOFOLLOW directory fds
-under the journal's destination root.
+Order: block files whose identity still matches the journal (a hard link: inode, size and
+mtime, the source's own file, so no read; a written file: inode, size and hash); then
+config.json files it created that are unchanged; then its own temp files and the
+namespace lock; then the folders it created, deepest first, if empty. The lock goes
+before the folders only because it sits inside the target base folder (spec order
+otherwise). Anything that no longer matches is kept and reported (exit 8): a file
+someone changed or replaced after the migration is not ours to delete. Paths come from
+the journal and are checked like manifest paths; removal happens through O_NOFOLLOW
+directory fds under the journal's destination root, by a few threads (one folder's files
+or subfolders per task: the disk, not the CPU, is what a removal waits for).
+
+`dry_run=True` makes the same checks and removes nothing: it counts what would go per
+namespace and lists it as shell commands (`rm -f --`, `rmdir --`) a person can review
+and run (folders only where they would be empty).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shlex
 import stat
+import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
@@ -30,31 +38,43 @@ from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.restore import restore_before_rollback
 from kvmigrate.selection import Selection, base_of_path, journal_bases
 
+_THREADS = 8  # removals in flight (each waits on the filesystem's journal, not the CPU)
+_CHUNK = 256  # records per worker task
+KINDS = ("block", "config", "temp", "lock", "dir")
+
 
 @dataclass
 class RollbackResult:
-    removed: Counter = field(default_factory=Counter)  # kind -> count
+    removed: Counter = field(default_factory=Counter)  # kind -> count (dry run: would be removed)
     already_gone: int = 0
     kept: list[str] = field(default_factory=list)  # could not / must not be removed, with why
     notes: list[str] = field(default_factory=list)
     journals: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    per_namespace: dict[str, Counter] = field(default_factory=dict)  # target base folder -> kind -> count
+    commands: list[str] | None = None  # dry run with listing: the removals as shell commands
 
     @property
     def exit_code(self) -> int:
         return EXIT_OPERATIONAL if self.kept else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"removed": dict(self.removed), "already_gone": self.already_gone, "kept": self.kept,
-                "notes": self.notes, "journals": self.journals, "exit_code": self.exit_code}
+        return {"dry_run": self.dry_run, "removed": dict(self.removed), "already_gone": self.already_gone,
+                "kept": self.kept, "notes": self.notes, "journals": self.journals,
+                "per_namespace": {ns: dict(c) for ns, c in sorted(self.per_namespace.items())},
+                "exit_code": self.exit_code}
 
 
-def rollback(journal: str, selection: Selection | None = None) -> RollbackResult:
+def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool = False,
+             listing: bool = False) -> RollbackResult:
     """Python API: roll back every run of a journal file or directory (newest first).
     `selection` (--only/--exclude): only the targets it keeps; the journal is then not
-    marked rolled back (a later rollback without it removes the rest)."""
-    result = RollbackResult()
+    marked rolled back (a later rollback without it removes the rest). `dry_run`: check
+    and count only; `listing` also keeps the shell commands."""
+    result = RollbackResult(dry_run=dry_run, commands=[] if listing else None)
     files = jn.journal_files(journal)
-    _restore_pruned_sources(files, result)
+    if not dry_run:
+        _restore_pruned_sources(files, result)
     for path in reversed(files):
         runs = jn.load_runs(path)
         if all(r.rolled_back for r in runs):
@@ -68,7 +88,8 @@ def rollback(journal: str, selection: Selection | None = None) -> RollbackResult
             result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
                                 "stays usable for the rest")
             continue
-        _append_rolled_back(path, result)
+        if not dry_run:
+            _append_rolled_back(path, result)
     return result
 
 
@@ -89,6 +110,110 @@ def _restore_pruned_sources(files: list[str], result: RollbackResult) -> None:
                                 f"{', '.join(restored.journals)}")
 
 
+class _Removal:
+    """One run's removals under its destination root: the checks and (unless a dry
+    run) the unlink/rmdir, folder by folder in worker threads; counts per namespace."""
+
+    def __init__(self, run: jn.Run, tree: DestTree, result: RollbackResult):
+        self.tree = tree
+        self.result = result
+        self.dry = result.dry_run
+        self.ns_of = {}  # first path component -> target base folder
+        for base, rec in run.targets.items():
+            self.ns_of[base] = base
+            if isinstance(rec.get("rank_dir"), str):
+                self.ns_of[rec["rank_dir"]] = base
+        self.gone: set[str] = set()  # dry run: paths that would be removed (for folder emptiness)
+
+    def namespace(self, relpath: str) -> str:
+        top = relpath.split("/", 1)[0]
+        return self.ns_of.get(top, top)
+
+    def count(self, kind: str, relpath: str) -> None:
+        self.result.removed[kind] += 1
+        self.result.per_namespace.setdefault(self.namespace(relpath), Counter())[kind] += 1
+        if self.dry:
+            self.gone.add(relpath)
+            if self.result.commands is not None:
+                cmd = "rmdir" if kind == "dir" else "rm -f"
+                self.result.commands.append(f"{cmd} -- {shlex.quote(self.tree.abspath(relpath))}")
+
+    def files(self, recs: list[dict[str, Any]], kind: str) -> None:
+        """Check and remove files (in path order, so each worker's folder fds are reused)."""
+        recs = sorted(recs, key=lambda r: r["path"])
+        self._in_threads(recs, lambda tree, rec: _check_file(tree, rec, self.dry), kind)
+
+    def dirs(self, reldirs: Iterable[str]) -> None:
+        """Remove folders deepest first, if empty (dry run: if all they hold would go)."""
+        self.tree.forget("")  # no fd of a folder about to go stays open
+        by_depth: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for d in sorted(set(reldirs)):
+            by_depth[d.count("/")].append({"path": d})
+        for depth in sorted(by_depth, reverse=True):
+            self._in_threads(by_depth[depth], self._rmdir, "dir")
+
+    def _rmdir(self, tree: DestTree, rec: dict[str, Any]) -> tuple[str, str | None]:
+        path = rec["path"]
+        try:
+            if self.dry:
+                st = tree.lstat(path)
+                if st is None:
+                    return "gone", None
+                if not stat.S_ISDIR(st.st_mode):
+                    return "kept", f"{tree.abspath(path)}: no longer a folder; left in place"
+                pfd, name = tree.split(path)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
+                try:
+                    left = [e for e in os.listdir(fd) if f"{path}/{e}" not in self.gone]
+                finally:
+                    os.close(fd)
+                if left:
+                    raise OSError(errno.ENOTEMPTY, "not empty")
+            else:
+                tree.rmdir(path)
+            return "removed", None
+        except FileNotFoundError:
+            return "gone", None
+        except (SymlinkInPath, NotADirectoryError):
+            return "kept", f"{tree.abspath(path)}: a parent folder is now a symlink or file; not touched"
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                return "kept", (f"{tree.abspath(path)}: folder not empty (holds files this migration did not "
+                                "create, or kept ones listed above); left in place")
+            return "kept", f"{tree.abspath(path)}: cannot remove folder: {exc.strerror}"
+
+    def _in_threads(self, recs: list[dict[str, Any]], check, kind: str) -> None:
+        """`check(tree, record)` for every record, by `_THREADS` workers each with its own
+        DestTree (O_NOFOLLOW folder fds, not shared), a chunk of consecutive records per
+        task; then the outcomes are tallied in record order."""
+        if not recs:
+            return
+        trees: list[DestTree] = []
+        local = threading.local()
+
+        def task(chunk: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+            tree = getattr(local, "tree", None)
+            if tree is None:
+                tree = local.tree = DestTree(self.tree.root)
+                trees.append(tree)
+            return [check(tree, rec) for rec in chunk]
+
+        try:
+            with ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="kvmigrate-rollback") as pool:
+                chunks = [recs[i:i + _CHUNK] for i in range(0, len(recs), _CHUNK)]
+                outcomes = [out for chunk_out in pool.map(task, chunks) for out in chunk_out]
+        finally:
+            for tree in trees:
+                tree.close()
+        for rec, (what, why) in zip(recs, outcomes):
+            if what == "removed":
+                self.count(kind, rec["path"])
+            elif what == "gone":
+                self.result.already_gone += 1
+            else:
+                self.result.kept.append(why)
+
+
 def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None) -> None:
     if selection:  # the records of the kept targets only
         kept = journal_bases(run.targets, selection)
@@ -102,12 +227,16 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         return
     digests = {b: bytes.fromhex(r["digest"]) for b, r in run.targets.items() if r.get("digest")}
     with DestTree(dest) as tree:
+        rm = _Removal(run, tree, result)
         locks = []
+        bases = []
         try:
             for base in sorted({*run.targets, *(_base_of(p) for p in run.locks)}):
                 check_relpath(base, "journal target")
                 if tree.lstat(base) is not None:
-                    locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
+                    bases.append(base)
+                    if not result.dry_run:
+                        locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
             created = dict(run.done)
             for item in run.pending():
                 adopted = reconcile_item(tree, run.root, item, digests)
@@ -118,89 +247,82 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                 if rec.get("kind") in by_kind:
                     check_relpath(rec["path"], "journal path")
                     by_kind[rec["kind"]].append(rec)
-            for rec in by_kind["block"]:
-                _remove_file(tree, rec, "block", result)
-            for rec in by_kind["config"]:
-                _remove_file(tree, rec, "config", result)
+            rm.files(by_kind["block"], "block")
+            rm.files(by_kind["config"], "config")
+            temps = []
             for item in run.intents.values():
                 tmp = item.get("tmp")
                 if tmp and layout.OWN_TMP_RE.search(tmp):
                     check_relpath(tmp, "journal temp path")
-                    _remove_quiet(tree, tmp, "temp", result)
+                    if _exists(tree, tmp):
+                        temps.append({"path": tmp, "temp": True})
+            rm.files(temps, "temp")
+            if result.dry_run:  # a lock file left by an interrupted run would go too
+                rm.files([{"path": f"{b}/{layout.LOCK_NAME}", "temp": True} for b in bases
+                          if _exists(tree, f"{b}/{layout.LOCK_NAME}")], "lock")
         finally:
             for lock in locks:  # a lock file left by an interrupted run goes too
                 lock.release()
-        for rec in sorted(by_kind["dir"], key=lambda r: r["path"].count("/"), reverse=True):
-            try:
-                tree.rmdir(rec["path"])
-                result.removed["dir"] += 1
-            except FileNotFoundError:
-                result.already_gone += 1
-            except OSError as exc:
-                if exc.errno == errno.ENOTEMPTY:
-                    result.kept.append(f"{tree.abspath(rec['path'])}: folder not empty (holds files this migration "
-                                       "did not create, or kept ones listed above); left in place")
-                else:
-                    result.kept.append(f"{tree.abspath(rec['path'])}: cannot remove folder: {exc.strerror}")
+        rm.dirs(rec["path"] for rec in by_kind["dir"])
+
+
+def _exists(tree: DestTree, relpath: str) -> bool:
+    try:
+        return tree.lstat(relpath) is not None
+    except (SymlinkInPath, NotADirectoryError):
+        return False
 
 
 def _base_of(lock_relpath: str) -> str:
     return lock_relpath.rsplit("/", 1)[0]
 
 
-def _remove_file(tree: DestTree, rec: dict[str, Any], kind: str, result: RollbackResult) -> None:
+def _check_file(tree: DestTree, rec: dict[str, Any], dry: bool) -> tuple[str, str | None]:
+    """("removed" | "gone" | "kept", why kept) for one journaled file."""
     path = rec["path"]
     where = tree.abspath(path)
     try:
         st = tree.lstat(path)
     except (SymlinkInPath, NotADirectoryError):
-        result.kept.append(f"{where}: a parent folder is now a symlink or file; not touched")
-        return
+        return "kept", f"{where}: a parent folder is now a symlink or file; not touched"
+    except OSError as exc:
+        return "kept", f"{where}: cannot check it: {exc.strerror}; kept"
     if st is None:
-        result.already_gone += 1
-        return
+        return "gone", None
+    if not rec.get("temp"):
+        why = _changed(tree, path, st, rec)
+        if why:
+            return "kept", f"{where}: {why}"
+    if dry:
+        return "removed", None
+    try:
+        tree.unlink(path)
+        return "removed", None
+    except FileNotFoundError:
+        return "gone", None
+    except OSError as exc:
+        return "kept", f"{where}: cannot remove: {exc.strerror}"
+
+
+def _changed(tree: DestTree, path: str, st: os.stat_result, rec: dict[str, Any]) -> str | None:
+    """Why a journaled output is no longer what the migration made, or None."""
     if not stat.S_ISREG(st.st_mode) or st.st_ino != rec.get("ino") or st.st_dev != rec.get("dev", st.st_dev):
-        result.kept.append(f"{where}: replaced since the migration (inode differs); kept")
-        return
+        return "replaced since the migration (inode differs); kept"
     if st.st_size != rec.get("size"):
-        result.kept.append(f"{where}: size changed since the migration ({st.st_size} != {rec.get('size')}); kept")
-        return
-    if rec.get("xxh3_128") is None and rec.get("how") == "link":
-        # a hard link journaled by identity (no hash was taken): its inode is the source's,
-        # unchanged while the mtime is
+        return f"size changed since the migration ({st.st_size} != {rec.get('size')}); kept"
+    if rec.get("how") == "link" and "mtime_ns" in rec:
+        # a hard link is the source's own inode: unchanged while its mtime is (the bytes
+        # stay under the source name, so removing this name loses nothing): no read
         if st.st_mtime_ns != rec.get("mtime_ns"):
-            result.kept.append(f"{where}: modified since the migration (mtime differs); kept")
-            return
-        return _unlink_counted(tree, path, where, kind, result)
+            return "modified since the migration (mtime differs); kept"
+        return None
     try:
         have, _ = tree.hash(path)
     except OSError as exc:
-        result.kept.append(f"{where}: cannot read to check it: {exc.strerror}; kept")
-        return
+        return f"cannot read to check it: {exc.strerror}; kept"
     if have.hex() != rec.get("xxh3_128"):
-        result.kept.append(f"{where}: content changed since the migration (hash differs); kept")
-        return
-    _unlink_counted(tree, path, where, kind, result)
-
-
-def _unlink_counted(tree: DestTree, path: str, where: str, kind: str, result: RollbackResult) -> None:
-    try:
-        tree.unlink(path)
-        result.removed[kind] += 1
-    except FileNotFoundError:
-        result.already_gone += 1
-    except OSError as exc:
-        result.kept.append(f"{where}: cannot remove: {exc.strerror}")
-
-
-def _remove_quiet(tree: DestTree, path: str, kind: str, result: RollbackResult) -> None:
-    try:
-        tree.unlink(path)
-        result.removed[kind] += 1
-    except (FileNotFoundError, SymlinkInPath, NotADirectoryError):
-        pass
-    except OSError as exc:
-        result.kept.append(f"{tree.abspath(path)}: cannot remove temp file: {exc.strerror}")
+        return "content changed since the migration (hash differs); kept"
+    return None
 
 
 def _append_rolled_back(path: str, result: RollbackResult) -> None:
@@ -214,13 +336,35 @@ def _append_rolled_back(path: str, result: RollbackResult) -> None:
         result.kept.append(f"{path}: cannot mark the journal as rolled back: {exc}")
 
 
+def _counts(c: Counter) -> str:
+    return (f"{c.get('block', 0)} blocks, {c.get('config', 0)} config.json, {c.get('dir', 0)} folders, "
+            f"{c.get('temp', 0)} temp files" + (f", {c['lock']} lock files" if c.get("lock") else ""))
+
+
 def render(result: RollbackResult) -> str:
-    r = result.removed
-    lines = [f"rolled back {len(result.journals)} journal(s): removed {r.get('block', 0)} blocks, "
-             f"{r.get('config', 0)} config.json, {r.get('dir', 0)} folders, {r.get('temp', 0)} temp files"
-             + (f"; {result.already_gone} already gone" if result.already_gone else "")]
+    if result.dry_run:
+        lines = [f"rollback dry run of {len(result.journals)} journal(s): nothing was removed; it would remove "
+                 f"{_counts(result.removed)}" + (f"; {result.already_gone} already gone" if result.already_gone else "")]
+        for ns, c in sorted(result.per_namespace.items()):
+            lines.append(f"  {ns}: {_counts(c)}")
+    else:
+        lines = [f"rolled back {len(result.journals)} journal(s): removed {_counts(result.removed)}"
+                 + (f"; {result.already_gone} already gone" if result.already_gone else "")]
     lines += [f"  note: {n}" for n in result.notes]
     if result.kept:
-        lines.append(f"kept {len(result.kept)} path(s):")
+        lines.append(f"{'would keep' if result.dry_run else 'kept'} {len(result.kept)} path(s):")
         lines += [f"  {k}" for k in result.kept]
     return "\n".join(lines)
+
+
+def render_commands(result: RollbackResult, journal: str) -> Iterable[str]:
+    """A dry run's removals as a POSIX shell script, in the order rollback removes
+    them (files, then folders deepest first); what it would keep, as comments."""
+    yield "#!/bin/sh"
+    yield f"# kvmigrate rollback --dry-run --list {shlex.quote(journal)}: nothing has been removed."
+    yield "# The same removals by hand (without rollback's lock and its re-check just before each removal):"
+    for ns, c in sorted(result.per_namespace.items()):
+        yield f"#   {ns}: {_counts(c)}"
+    for k in result.kept:
+        yield f"# keep: {k}"
+    yield from result.commands or []

@@ -22,6 +22,7 @@ import pytest
 from kvmigrate import layout, manifest
 from kvmigrate.migrate.journal import default_journal_dir
 from cli_helpers import run
+from kvmigrate.migrate.journal import read_records
 
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]  # a vLLM S1 full-attention tree, no guessed target
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1}
@@ -48,7 +49,7 @@ def _manifest_of(root: Path, tmp_path: Path) -> Path:
 def _target_blocks(root: Path) -> list[Path]:
     """The block files migrate created (under the target rank folder, not the source's)."""
     journal = next(_journal(root).glob("*.jsonl"))
-    done = [json.loads(line) for line in journal.read_text().splitlines()]
+    done = read_records(journal)
     return [root / r["path"] for r in done if r.get("t") == "done" and r.get("kind") == "block"]
 
 

@@ -11,6 +11,7 @@ from kvmigrate import layout
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.apply import Applier
 from kvmigrate.pipeline import migration
+from kvmigrate.migrate.journal import read_records
 
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
 
@@ -24,7 +25,7 @@ def _plan(synth_root, tmp_path):
 
 def _records(journal_dir) -> list[dict]:
     (name,) = os.listdir(journal_dir)
-    return [json.loads(line) for line in open(journal_dir / name)]
+    return read_records(journal_dir / name)
 
 
 def test_a_part_takes_no_namespace_lock(synth_root, tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run, run_json
+from kvmigrate.migrate.journal import read_records
 from kvmigrate import manifest, pacing
 from kvmigrate.migrate.apply import BATCH, CRASH_ENV
 
@@ -57,7 +58,7 @@ def scanned(synth_root, tmp_path):
 
 def _journal_records(root: Path) -> list[dict]:
     (journal,) = (root / ".kvmigrate" / "journals").glob("*.jsonl")
-    return [json.loads(line) for line in journal.read_text().splitlines()]
+    return read_records(str(journal))
 
 
 def _resume_command(text: str) -> list[str]:
@@ -95,7 +96,7 @@ def test_an_interrupted_apply_prints_its_journal_and_the_resume_command(scanned)
                              env={**env, CRASH_ENV: "created:5:TERM"}, timeout=120)
     assert stopped.returncode == 32, stopped.stderr
     journal = re.search(r"^  journal: (\S+)$", stopped.stderr, re.M).group(1)
-    assert Path(journal).is_file() and json.loads(Path(journal).read_text().splitlines()[-1])["t"] == "interrupted"
+    assert Path(journal).is_file() and read_records(journal)[-1]["t"] == "interrupted"
     assert f"undo:    kvmigrate rollback {journal}" in stopped.stderr
     resumed = subprocess.run([KVMIGRATE, *_resume_command(stopped.stderr), "--json"], capture_output=True,
                              text=True, env=env, timeout=120)

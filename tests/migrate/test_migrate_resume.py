@@ -15,6 +15,7 @@ import pytest
 from kvmigrate import layout
 from kvmigrate.migrate.apply import CRASH_ENV
 from reference_reader import content_listing, listing
+from kvmigrate.migrate.journal import read_records
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 SPECS = (
@@ -65,8 +66,7 @@ def test_kill_9_then_rerun_ends_like_an_uninterrupted_run(two_roots, crash_at):
     killed = kvmigrate("migrate", b, *facts, "--apply", env_extra={CRASH_ENV: crash_at})
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
     (journal,) = (b / layout.OWN_DIR / "journals").iterdir()
-    assert not any(json.loads(line)["t"] == "complete" for line in journal.read_text().splitlines()
-                   if line.endswith("}"))
+    assert not any(r["t"] == "complete" for r in read_records(journal))
 
     resumed = kvmigrate("migrate", b, *facts, "--apply", "--json")
     assert resumed.returncode == 0, resumed.stderr
@@ -76,7 +76,7 @@ def test_kill_9_then_rerun_ends_like_an_uninterrupted_run(two_roots, crash_at):
 
     assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)
     assert not list(b.rglob("*.kvmigrate-*.tmp")) and not list(b.rglob(layout.LOCK_NAME))
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_records(journal)
     assert records[-1]["t"] == "complete"
 
     # every file the two processes created is accounted for: rollback restores the tree
@@ -118,7 +118,7 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(two_roots):
     assert stopped.returncode == 32 and "interrupted" in stopped.stderr
     assert not list(b.rglob(layout.LOCK_NAME))  # released on the way out
     (journal,) = (b / layout.OWN_DIR / "journals").iterdir()
-    assert json.loads(journal.read_text().splitlines()[-1])["t"] == "interrupted"
+    assert read_records(journal)[-1]["t"] == "interrupted"
     resumed = kvmigrate("migrate", b, *facts, "--apply", "--json")
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["apply"]["resumed"] is True
     assert content_listing(b, sources=map_b) == content_listing(a, sources=map_a)

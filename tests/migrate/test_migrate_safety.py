@@ -18,6 +18,7 @@ import pytest
 from kvmigrate import layout, manifest
 from reference_reader import content_listing, file_facts, listing
 from cli_helpers import run, run_json
+from kvmigrate.migrate.journal import read_records
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
@@ -68,7 +69,7 @@ def test_source_files_unchanged_by_every_command(tmp_path, mixed_root):
         assert code in (0, 1), (step, code, out)
         assert file_facts(root, sources) == before, step
     # the migration really happened in between (the test is not vacuous)
-    assert json.loads(Path(tmp_path / "j.jsonl").read_text().splitlines()[-1])["t"] == "rolled_back"
+    assert read_records(tmp_path / "j.jsonl")[-1]["t"] == "rolled_back"
 
 
 def test_dry_run_writes_nothing(tmp_path, mixed_root):
@@ -363,7 +364,7 @@ def test_operational_errors_stop_with_a_message_and_a_consistent_journal(tmp_pat
     journal = tmp_path / "j.jsonl"
     code, out = run("migrate", root, *flags, "--apply", "--journal", journal)
     assert code == 8 and expect in out, out
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_records(journal)
     done = [r for r in records if r["t"] == "done" and r["kind"] == "block"]
     assert len(done) == 2 and not any(r["t"] == "complete" for r in records)
     for r in done:
@@ -371,7 +372,7 @@ def test_operational_errors_stop_with_a_message_and_a_consistent_journal(tmp_pat
     monkeypatch.setattr(fsops.DestTree, "link_in", real)
     code, summary = run_json("migrate", root, *flags, "--apply", "--journal", journal)
     assert code == 0 and summary["apply"]["resumed"] and summary["outcomes"]["created"] == 4
-    assert json.loads(journal.read_text().splitlines()[-1])["t"] == "complete"
+    assert read_records(journal)[-1]["t"] == "complete"
 
 
 def test_emlink_in_link_mode_fails_the_block_and_auto_copies_it(tmp_path, synth_root, monkeypatch):
@@ -441,7 +442,7 @@ def test_an_existing_equivalent_vllm_config_json_is_kept_as_it_is(tmp_path, synt
     code, summary = run_json("migrate", "--manifest", m, "--apply", "--journal", journal)
     assert code == 0 and summary["outcomes"]["created"] == 6
     assert (root / base / "config.json").read_bytes() == compact
-    assert not [r for r in map(json.loads, open(journal)) if r["t"] == "done" and r.get("kind") == "config"]
+    assert not [r for r in read_records(journal) if r["t"] == "done" and r.get("kind") == "config"]
     assert run("rollback", journal)[0] == 0  # removes the blocks, not a config.json it did not create
     assert (root / base / "config.json").read_bytes() == compact
     assert not (root / f"{base}_r0").exists()

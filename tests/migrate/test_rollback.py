@@ -13,13 +13,14 @@ import pytest
 from kvmigrate import layout
 from reference_reader import file_facts, listing
 from cli_helpers import run, run_json
+from kvmigrate.migrate.journal import read_records
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 
 
 def journal_records(path) -> list[dict]:
-    return [json.loads(line) for line in open(path)]
+    return read_records(path)
 
 
 def created_blocks(journal) -> list[str]:
@@ -166,3 +167,51 @@ def test_a_journal_path_that_leaves_the_destination_is_refused(migrated, tmp_pat
 def test_rollback_of_a_missing_journal_is_a_usage_error(tmp_path):
     code, out = run("rollback", tmp_path / "nope.jsonl")
     assert code == 2
+
+
+def test_rollback_dry_run_counts_per_namespace_and_writes_nothing(migrated):
+    root, journal, *_ = migrated
+    tree, journal_bytes = listing(root, with_times=True), journal.read_bytes()
+    code, dry = run_json("rollback", journal, "--dry-run")
+    assert code == 0 and dry["dry_run"] is True
+    assert listing(root, with_times=True) == tree and journal.read_bytes() == journal_bytes  # nothing written
+    namespaces = {p.split("/")[0] for p in created_blocks(journal)}
+    assert len(dry["per_namespace"]) == 2 and all(ns in namespaces or ns + "_r0" in namespaces
+                                                   for ns in dry["per_namespace"])
+    assert sum(c["block"] for c in dry["per_namespace"].values()) == 12
+    code, done = run_json("rollback", journal)
+    assert code == 0 and done["removed"] == dry["removed"] and done["per_namespace"] == dry["per_namespace"]
+
+
+def test_rollback_dry_run_list_run_by_sh_gives_the_tree_rollback_gives(migrated):
+    root, journal, before, sources, facts = migrated
+    code, script = run("rollback", journal, "--dry-run", "--list")
+    assert code == 0 and script.startswith("#!/bin/sh\n")
+    assert sum(line.startswith("rm -f -- ") for line in script.splitlines()) == 12 + 2  # blocks, config.json
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # the tree `rollback` restores (test_rollback_returns_the_tree_to_its_pre_migration_state)
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+    assert file_facts(root, sources) == facts
+    code, result = run_json("rollback", journal)  # nothing left to remove
+    assert code == 0 and result["removed"] == {} and result["already_gone"] >= 14
+
+
+def test_rollback_dry_run_list_leaves_a_changed_block_out_and_says_why(migrated):
+    root, journal, *_ = migrated
+    changed = root / created_blocks(journal)[0]
+    with open(changed, "r+b") as f:
+        f.write(b"\xee")
+    code, script = run("rollback", journal, "--dry-run", "--list")
+    assert code == 8
+    lines = script.splitlines()
+    assert not [line for line in lines if str(changed) in line and not line.startswith("#")]
+    assert any(line.startswith("# keep: ") and str(changed) in line and "content changed" in line for line in lines)
+    assert not any(line == f"rmdir -- {changed.parent}" for line in lines)  # its folder stays
+
+
+def test_rollback_list_without_dry_run_is_a_usage_error(migrated):
+    root, journal, *_ = migrated
+    code, out = run("rollback", journal, "--list")
+    assert code == 2 and "--dry-run" in out
+    assert (root / created_blocks(journal)[0]).exists()

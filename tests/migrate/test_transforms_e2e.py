@@ -26,6 +26,7 @@ from kvmigrate import layout, manifest
 from kvmigrate.cli import cli
 from kvmigrate.migrate.apply import CRASH_ENV
 from reference_reader import ReferenceReader, content_listing, file_facts, listing, row_page_errors
+from kvmigrate.migrate.journal import read_records
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
@@ -440,7 +441,7 @@ def test_verify_finds_a_tampered_transformed_output(two_mixed_roots):
     done = kvmigrate("migrate", b, *facts, "--apply", "--json")
     journal = json.loads(done.stdout)["apply"]["journal"]
     assert kvmigrate("verify", b, "--journal", journal).returncode == 0
-    records = [json.loads(line) for line in open(journal)]
+    records = read_records(journal)
     rec = next(r for r in records if r["t"] == "done" and r.get("action") == "relayout")
     assert rec["how"] == "transform"
     path = b / rec["path"]

@@ -8,12 +8,13 @@ import os
 import pytest
 
 from cli_helpers import run, run_json
+from kvmigrate.migrate.journal import read_records
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 
 
 def done_records(journal, kind="block") -> list[dict]:
-    return [r for r in map(json.loads, open(journal)) if r["t"] == "done" and r["kind"] == kind]
+    return [r for r in read_records(journal) if r["t"] == "done" and r["kind"] == kind]
 
 
 @pytest.fixture

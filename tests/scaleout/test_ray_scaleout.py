@@ -23,6 +23,7 @@ from kvmigrate.cli import cli
 from kvmigrate.scaleout import dataset
 from kvmigrate.scaleout.ray_runner import FAIL_ENV, LOCAL_OBJECT_STORE_BYTES
 from test_ray_dataset_dir import comparable, tree_state
+from kvmigrate.migrate.journal import read_records
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
@@ -148,7 +149,7 @@ def test_folders_config_and_locks_are_the_drivers_alone(ray_cluster, migrate_tre
 
     def created(name):
         kinds: dict[str, list[str]] = {"dir": [], "config": [], "lock": [], "block": []}
-        for rec in map(json.loads, open(journals / name)):
+        for rec in read_records(journals / name):
             if rec["t"] == "lock":
                 kinds["lock"].append(rec["path"])
             elif rec["t"] == "done" and rec.get("kind") == "dirs":
@@ -202,7 +203,7 @@ def test_a_failed_migration_part_is_named_and_a_rerun_resumes_it(ray_cluster, mi
     assert code == 4, err
     assert json.loads(text)["apply"]["resumed"] is True
     assert tree_state(root) == tree_state(other)
-    records = [json.loads(line) for line in open(journals / dataset.journal_name(1, 3))]
+    records = read_records(journals / dataset.journal_name(1, 3))
     assert [r["t"] for r in records].count("resume") == 1
 
 
