@@ -22,7 +22,8 @@ typedef struct {
     int32_t code, rank, group;
     int32_t status, action, reason; /* index in that column's values; -1: None */
     int has_hash;
-    long long size, mtime_ns;
+    int carried; /* hash taken from the --baseline row (the file was not opened) */
+    long long size, mtime_ns, ctime_ns;
     unsigned long long ino, dev;
     unsigned long nlink;
     unsigned char digest[16];
@@ -527,10 +528,12 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
     PyObject *size = NEW_BUF(int64_t, n), *mtime = NEW_BUF(int64_t, n), *ino = NEW_BUF(uint64_t, n);
     PyObject *dev = NEW_BUF(uint64_t, n), *nlink = NEW_BUF(uint32_t, n), *content = NEW_BUF(char[16], n);
     PyObject *content_valid = BITMAP(n ? n : 1);
+    PyObject *ctime = NEW_BUF(int64_t, n), *carried = BITMAP(n ? n : 1);
     PyObject *all[] = {rel_off, rel_data, h_off, h_data, ns, rank, group, size, mtime, ino, dev, nlink, content,
-                       content_valid};
+                       content_valid, ctime, carried};
     const char *keys[] = {"relpath_offsets", "relpath_data", "hash_offsets", "hash_data", "ns", "rank", "group",
-                          "size", "mtime_ns", "inode", "dev", "nlink", "content", "content_valid"};
+                          "size", "mtime_ns", "inode", "dev", "nlink", "content", "content_valid", "ctime_ns",
+                          "carried"};
     int ok = 1;
     for (size_t k = 0; k < sizeof all / sizeof *all; k++) ok = ok && all[k];
     if (ok) {
@@ -539,6 +542,8 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
         unsigned char *hd = (unsigned char *)PyBytes_AS_STRING(h_data);
         unsigned char *cv = (unsigned char *)PyBytes_AS_STRING(content_valid);
         memset(cv, 0, (size_t)PyBytes_GET_SIZE(content_valid));
+        unsigned char *cb = (unsigned char *)PyBytes_AS_STRING(carried);
+        memset(cb, 0, (size_t)PyBytes_GET_SIZE(carried));
         size_t rpos = 0, hpos = 0;
         int hashed_all = 1;
         ro[0] = ho[0] = 0;
@@ -558,6 +563,8 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
             ((int32_t *)PyBytes_AS_STRING(group))[j] = r->group;
             ((int64_t *)PyBytes_AS_STRING(size))[j] = r->size;
             ((int64_t *)PyBytes_AS_STRING(mtime))[j] = r->mtime_ns;
+            ((int64_t *)PyBytes_AS_STRING(ctime))[j] = r->ctime_ns;
+            if (r->carried) cb[j >> 3] |= (unsigned char)(1u << (j & 7));
             ((uint64_t *)PyBytes_AS_STRING(ino))[j] = r->ino;
             ((uint64_t *)PyBytes_AS_STRING(dev))[j] = r->dev;
             ((uint32_t *)PyBytes_AS_STRING(nlink))[j] = (uint32_t)r->nlink;
@@ -666,7 +673,76 @@ static PyObject *br_targets(BlockRows *s, PyObject *args) {
 
 static PyObject *br_bases(BlockRows *s, void *unused) { return Py_NewRef(s->bases); }
 
+PyDoc_STRVAR(br_carry_doc,
+"carry(j0, lookup, check) -> [j]: the rows from j0 on against the --baseline rows.\n"
+"\n"
+"`lookup`: {relpath: bytes}, each value dev, inode, size, mtime_ns, ctime_ns (five native\n"
+"int64) then the 16-byte content hash (kvmigrate.scan.baseline). check false: a row whose\n"
+"five stat fields equal its baseline row takes the baseline's hash (carried over, never\n"
+"opened); returns the rows that must be read. check true (rows just hashed): returns the\n"
+"rows whose stat fields are unchanged but whose hash differs (silent change).");
+
+static PyObject *br_carry(BlockRows *s, PyObject *args) {
+    Py_ssize_t j0;
+    PyObject *lookup;
+    int check;
+    if (!PyArg_ParseTuple(args, "nO!p", &j0, &PyDict_Type, &lookup, &check)) return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t j = j0 < 0 ? 0 : j0; out && j < s->n; j++) {
+        BRow *r = &s->rows[j];
+        PyObject *key = br_relpath(s, r);
+        PyObject *v = key ? PyDict_GetItemWithError(lookup, key) : NULL;
+        Py_XDECREF(key);
+        int same = 0, differs = 0;
+        if (v) {
+            if (!PyBytes_Check(v) || PyBytes_GET_SIZE(v) < 56) {
+                PyErr_SetString(PyExc_TypeError, "carry: 56-byte baseline values expected");
+                Py_CLEAR(out);
+                break;
+            }
+            int64_t f[5];
+            memcpy(f, PyBytes_AS_STRING(v), sizeof f);
+            same = (unsigned long long)f[0] == r->dev && (unsigned long long)f[1] == r->ino && f[2] == r->size &&
+                   f[3] == r->mtime_ns && f[4] == r->ctime_ns;
+            if (same && !check) {
+                memcpy(r->digest, PyBytes_AS_STRING(v) + 40, 16);
+                r->has_hash = 1;
+                r->carried = 1;
+            }
+            differs = same && check && r->has_hash && memcmp(r->digest, PyBytes_AS_STRING(v) + 40, 16) != 0;
+        } else if (PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (check ? differs : !same) {
+            PyObject *i = PyLong_FromSsize_t(j);
+            if (!i || PyList_Append(out, i) < 0) Py_CLEAR(out);
+            Py_XDECREF(i);
+        }
+    }
+    return out;
+}
+
+PyDoc_STRVAR(br_set_content_doc, "set_content(j, digest): row j's content hash (16 bytes), read by Python.");
+
+static PyObject *br_set_content(BlockRows *s, PyObject *args) {
+    Py_ssize_t j;
+    const char *digest;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "ny#", &j, &digest, &len)) return NULL;
+    if (br_check(s, j) < 0) return NULL;
+    if (len != 16) {
+        PyErr_SetString(PyExc_ValueError, "set_content: a 16-byte digest expected");
+        return NULL;
+    }
+    memcpy(s->rows[j].digest, digest, 16);
+    s->rows[j].has_hash = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef br_methods[] = {
+    {"carry", (PyCFunction)br_carry, METH_VARARGS, br_carry_doc},
+    {"set_content", (PyCFunction)br_set_content, METH_VARARGS, br_set_content_doc},
     {"row", (PyCFunction)br_row, METH_O, br_row_doc},
     {"export_blocks", (PyCFunction)br_export_blocks, METH_O, br_export_doc},
     {"set", (PyCFunction)br_set, METH_VARARGS, br_set_doc},

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, parse_shard,
+from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors, output_options, parse_shard,
                                   part_done, pop_fact_flags, prefer_arrow_pool, scaleout_options, walk_options)
 
 
@@ -22,12 +22,14 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
                    "existing directory: a dataset directory (with --run-on ray, always).")
 @facts_options
 @walk_options
+@baseline_options
 @scaleout_options
 @output_options
 @handle_errors
 def command(root: str, fmt: str | None, output: str | None, manifest_out: str | None, verify: str,
             threads: int | None, shard: str | None, as_json: bool, quiet: bool, verbose: int, target: str,
-            run_on: str, shards: int | None, ray_address: str | None, **kwargs) -> None:
+            run_on: str, shards: int | None, ray_address: str | None, baseline: str | None, recheck: str | None,
+            history: str | None, **kwargs) -> None:
     """Scan ROOT and report what is reusable, what is broken, and the exact command for
     each finding. Read-only on ROOT. No progress bar unless stderr is a terminal.
 
@@ -52,7 +54,8 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     parts = check_scaleout(run_on, shards, ray_address, shard)
-    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line)
+    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
+                   **baseline_kwargs(baseline, recheck, history))
     if parts is not None:
         result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
                        on_part=None if quiet else part_done, **options)

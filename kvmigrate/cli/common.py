@@ -165,3 +165,27 @@ def prefer_arrow_pool(pool: str) -> None:
     """
     if "pyarrow" not in sys.modules:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", pool)
+
+
+def baseline_options(fn: Callable) -> Callable:
+    """--baseline PREV|auto, --recheck F, --history DIR (kvmigrate.scan.baseline)."""
+    fn = click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
+                      help="Where audits are kept (--keep) and --baseline auto looks "
+                           "(default: ROOT/.kvmigrate/audits).")(fn)
+    fn = click.option("--recheck", default=None, metavar="F",
+                      help="With --baseline: re-read this fraction of the carried-over files anyway, by bucket, "
+                           "a different part each run (default 1/30: 30 runs cover the tree); a hash that "
+                           "changed under unchanged metadata is a silent_change (exit bit 4).")(fn)
+    fn = click.option("--baseline", default=None, metavar="PREV|auto",
+                      help="With --verify hash: a previous manifest of this root (or auto: the newest kept "
+                           "audit); files whose dev, inode, size, mtime and ctime are unchanged keep its hashes "
+                           "without being read.")(fn)
+    return fn
+
+
+def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None) -> dict[str, Any]:
+    """The scan keyword arguments of baseline_options."""
+    from kvmigrate.scan.baseline import parse_fraction
+
+    return dict(baseline=baseline, recheck=parse_fraction(recheck) if recheck is not None else None,
+                history=history)

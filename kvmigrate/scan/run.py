@@ -24,6 +24,8 @@ from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.scan.baseline import DEFAULT_RECHECK
+from kvmigrate.scan.baseline import load as load_baseline
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
 from kvmigrate.scan.roots import list_root, resolve_namespaces
 from kvmigrate.scan.rows import Rows
@@ -81,7 +83,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
          batch_sink: Callable[[dict[str, Any]], Any] | None = None,
          target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None) -> WalkResult:
+         command: str | None = None, workers: int | None = None, baseline: str | None = None,
+         recheck: Any = None, history: str | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -95,6 +98,11 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     `workers` processes walk the buckets (default: one per core when the tree is large
     enough to pay for the fork); `threads` is the I/O concurrency (threads in all).
     Every choice of workers and threads writes the same manifest.
+
+    `baseline` (a manifest, a dataset directory or "auto": the newest audit kept in
+    `history`, default ROOT/.kvmigrate/audits) with --verify hash: files unchanged since
+    it keep its hashes unopened; `recheck` (a fraction, default 1/30) of its buckets are
+    re-read all the same (kvmigrate.scan.baseline).
     """
     if verify not in ("none", "size", "hash"):
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
@@ -106,6 +114,12 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     t0 = time.monotonic()
     root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
+    prev = None
+    if baseline is not None:
+        prev = load_baseline(baseline, root=root_path, target=target, verify=verify, history=history,
+                             recheck=DEFAULT_RECHECK if recheck is None else recheck)
+    elif recheck is not None:
+        raise UsageError("--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto")
     output = os.path.abspath(output)
     if os.path.isdir(output):
         raise UsageError("the manifest path is a directory", path=output,
@@ -117,7 +131,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
     units = build_units(root_path, namespaces, verify == "hash", target)
-    walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output)
+    walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output, baseline=prev)
     walker.prepare(namespaces, units)
 
     meta = {
@@ -131,6 +145,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         "namespaces": {ns.source_base: ns.metadata() for ns in namespaces},
         "walk_errors": [],  # a walk with errors rewrites the metadata (see _finalize)
         "walk_failed": False,
+        # the baseline used (None: every file was read); rows it carried over have `carried`
+        "baseline": prev.metadata() if prev is not None else None,
     }
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     _lean_arrow_allocator()
