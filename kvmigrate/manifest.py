@@ -241,3 +241,10 @@ def iter_batches(path: str | os.PathLike[str], columns: Iterable[str] | None = N
     cols = list(columns) if columns is not None else None
     for f in _parquet_files(path):
         yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=cols)
+
+
+def count_true(path: str | os.PathLike[str], column: str) -> int:
+    """Rows of a manifest file or dataset directory where a bool column is true."""
+    import pyarrow.compute as pc
+
+    return sum(pc.sum(pc.cast(b.column(0), pa.int64())).as_py() or 0 for b in iter_batches(path, columns=[column]))

@@ -14,17 +14,16 @@ from __future__ import annotations
 import os
 import struct
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-from kvmigrate import layout, manifest
+from kvmigrate import manifest
 from kvmigrate.errors import UsageError
+from kvmigrate.history import history_dir, kept_audits
 
 # dev, inode, size, mtime_ns, ctime_ns (native int64: the C walk's BlockRows.carry reads
 # them so), then the 16-byte content hash and, for vllm.cpp files, the payload hash
 PACK = struct.Struct("=QQqqq16s")
 DEFAULT_RECHECK = Fraction(1, 30)
-HISTORY = f"{layout.OWN_DIR}/audits"  # under ROOT: the kept audits (`audit --keep N`)
 # Rows whose hashes a run never takes over: what the read itself found (a later read may
 # find otherwise), and rows the walk could not read or hash.
 READ_FINDINGS = frozenset({"short", "zero_filled", "unreadable", "header_invalid", "silent_change"})
@@ -41,21 +40,6 @@ def parse_fraction(text: str) -> Fraction:
     if not 0 <= f <= 1:
         raise UsageError(f"--recheck must be between 0 and 1, got {text!r}")
     return f
-
-
-def history_dir(root: str, history: str | None) -> Path:
-    """Where kept audits live: --history DIR, else ROOT/.kvmigrate/audits."""
-    return Path(history) if history else Path(root) / HISTORY
-
-
-def kept_audits(directory: Path) -> list[Path]:
-    """The kept audit manifests, oldest first (their names start with the UTC time)."""
-    try:
-        return sorted(p for p in directory.iterdir() if p.suffix == ".parquet" and p.is_file())
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise UsageError(f"cannot list the audit history: {exc.strerror}", path=str(directory)) from None
 
 
 class Baseline:
