@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors, output_options, parse_shard,
+from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options,
+                                  handle_errors, output_options, parse_shard,
                                   part_done, pop_fact_flags, prefer_arrow_pool, scaleout_options, walk_options)
 
 
@@ -79,7 +80,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         click.echo(log_line({"event": "start", "root": os.path.abspath(root), "command": command_line,
                              "verify": verify, "baseline": baseline}), err=True)
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   **baseline_kwargs(baseline, recheck, history))
+                   **baseline_kwargs(baseline, recheck, history, parts))
     if parts is not None:
         result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
                        on_part=None if quiet else part_done, **options)

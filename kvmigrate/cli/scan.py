@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors, output_options, parse_shard,
+from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options,
+                                  handle_errors, output_options, parse_shard,
                                   part_done, pop_fact_flags, prefer_arrow_pool, print_json, scaleout_options,
                                   walk_options)
 
@@ -49,7 +50,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   **baseline_kwargs(baseline, recheck, history))
+                   **baseline_kwargs(baseline, recheck, history, parts))
     if parts is not None:
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
         result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,
