@@ -674,52 +674,66 @@ static PyObject *br_targets(BlockRows *s, PyObject *args) {
 static PyObject *br_bases(BlockRows *s, void *unused) { return Py_NewRef(s->bases); }
 
 PyDoc_STRVAR(br_carry_doc,
-"carry(j0, lookup, check) -> [j]: the rows from j0 on against the --baseline rows.\n"
+"carry(j0, index, dev, inode, size, mtime_ns, ctime_ns, content, check) -> [j]: the rows\n"
+"from j0 on against the --baseline rows (kvmigrate.scan.baseline).\n"
 "\n"
-"`lookup`: {relpath: bytes}, each value dev, inode, size, mtime_ns, ctime_ns (five native\n"
-"int64) then the 16-byte content hash (kvmigrate.scan.baseline). check false: a row whose\n"
-"five stat fields equal its baseline row takes the baseline's hash (carried over, never\n"
-"opened); returns the rows that must be read. check true (rows just hashed): returns the\n"
-"rows whose stat fields are unchanged but whose hash differs (silent change).");
+"`index`: {relpath: baseline row i}; dev ... ctime_ns: buffers of 8-byte values, content\n"
+"one of 16 bytes a row. check false: a row whose five stat fields equal baseline row i\n"
+"takes its hash (carried over, never opened); returns the rows that must be read. check\n"
+"true (rows just hashed): returns the rows whose stat fields are unchanged but whose hash\n"
+"differs (a silent change).");
 
 static PyObject *br_carry(BlockRows *s, PyObject *args) {
     Py_ssize_t j0;
-    PyObject *lookup;
+    PyObject *index;
+    Py_buffer b[6];
     int check;
-    if (!PyArg_ParseTuple(args, "nO!p", &j0, &PyDict_Type, &lookup, &check)) return NULL;
-    PyObject *out = PyList_New(0);
+    if (!PyArg_ParseTuple(args, "nO!y*y*y*y*y*y*p", &j0, &PyDict_Type, &index, &b[0], &b[1], &b[2], &b[3], &b[4],
+                          &b[5], &check))
+        return NULL;
+    Py_ssize_t nb = b[0].len / 8;
+    PyObject *out = NULL;
+    for (int k = 1; k < 5; k++)
+        if (b[k].len / 8 != nb) goto done;
+    if (b[5].len / 16 != nb) goto done;
+    const int64_t *col[5];
+    for (int k = 0; k < 5; k++) col[k] = (const int64_t *)b[k].buf;
+    const unsigned char *content = (const unsigned char *)b[5].buf;
+    out = PyList_New(0);
     for (Py_ssize_t j = j0 < 0 ? 0 : j0; out && j < s->n; j++) {
         BRow *r = &s->rows[j];
         PyObject *key = br_relpath(s, r);
-        PyObject *v = key ? PyDict_GetItemWithError(lookup, key) : NULL;
+        PyObject *v = key ? PyDict_GetItemWithError(index, key) : NULL;
         Py_XDECREF(key);
         int same = 0, differs = 0;
         if (v) {
-            if (!PyBytes_Check(v) || PyBytes_GET_SIZE(v) < 56) {
-                PyErr_SetString(PyExc_TypeError, "carry: 56-byte baseline values expected");
+            Py_ssize_t i = PyLong_AsSsize_t(v);
+            if (i < 0 || i >= nb) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "carry: a baseline row out of range");
                 Py_CLEAR(out);
                 break;
             }
-            int64_t f[5];
-            memcpy(f, PyBytes_AS_STRING(v), sizeof f);
-            same = (unsigned long long)f[0] == r->dev && (unsigned long long)f[1] == r->ino && f[2] == r->size &&
-                   f[3] == r->mtime_ns && f[4] == r->ctime_ns;
+            same = (unsigned long long)col[0][i] == r->dev && (unsigned long long)col[1][i] == r->ino &&
+                   col[2][i] == r->size && col[3][i] == r->mtime_ns && col[4][i] == r->ctime_ns;
             if (same && !check) {
-                memcpy(r->digest, PyBytes_AS_STRING(v) + 40, 16);
+                memcpy(r->digest, content + 16 * i, 16);
                 r->has_hash = 1;
                 r->carried = 1;
             }
-            differs = same && check && r->has_hash && memcmp(r->digest, PyBytes_AS_STRING(v) + 40, 16) != 0;
-        } else if (PyErr_Occurred()) {
+            differs = same && check && r->has_hash && memcmp(r->digest, content + 16 * i, 16) != 0;
+        } else if (!key || PyErr_Occurred()) {
             Py_CLEAR(out);
             break;
         }
         if (check ? differs : !same) {
-            PyObject *i = PyLong_FromSsize_t(j);
-            if (!i || PyList_Append(out, i) < 0) Py_CLEAR(out);
-            Py_XDECREF(i);
+            PyObject *jj = PyLong_FromSsize_t(j);
+            if (!jj || PyList_Append(out, jj) < 0) Py_CLEAR(out);
+            Py_XDECREF(jj);
         }
     }
+done:
+    if (!out && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "carry: baseline columns of unequal length");
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
     return out;
 }
 

@@ -12,17 +12,16 @@ each run), so P runs cover the tree; a hash that changed under unchanged metadat
 from __future__ import annotations
 
 import os
-import struct
 from fractions import Fraction
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvmigrate import manifest
 from kvmigrate.errors import UsageError
 from kvmigrate.history import history_dir, kept_audits
 
-# dev, inode, size, mtime_ns, ctime_ns (native int64: the C walk's BlockRows.carry reads
-# them so), then the 16-byte content hash and, for vllm.cpp files, the payload hash
-PACK = struct.Struct("=QQqqq16s")
 DEFAULT_RECHECK = Fraction(1, 30)
 # Rows whose hashes a run never takes over: what the read itself found (a later read may
 # find otherwise), and rows the walk could not read or hash.
@@ -43,12 +42,16 @@ def parse_fraction(text: str) -> Fraction:
 
 
 class Baseline:
-    """A previous manifest of this root, checked, as a lookup {relpath: packed row}."""
+    """A previous manifest of this root, checked: `index` {relpath: row} of the rows whose
+    hashes may be carried over, and their columns as flat buffers (`stat`: dev, inode,
+    size, mtime_ns, ctime_ns, 8 bytes a row each; `content`: 16 bytes a row) that the C
+    walk's BlockRows.carry reads without a Python object per row."""
 
-    def __init__(self, path: str, meta: dict[str, Any], lookup: dict[str, bytes], recheck: Fraction):
+    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction):
         self.path = path
         self.meta = meta
-        self.lookup = lookup
+        self.index, self.stat, self.content, self.payload = columns
+        self._stat = [memoryview(b).cast("Q" if k < 2 else "q") for k, b in enumerate(self.stat)]
         self.recheck = recheck
         self.period = 0 if recheck == 0 else max(1, round(1 / recheck))
         previous = (meta.get("baseline") or {}).get("recheck_slot")
@@ -60,24 +63,25 @@ class Baseline:
             return False
         return int(bucket, 16) % self.period == self.slot
 
-    def unchanged(self, relpath: str, st: os.stat_result) -> bytes | None:
-        """The packed baseline row of a file whose stat fields did not change, or None."""
-        packed = self.lookup.get(relpath)
-        if packed is None:
-            return None
-        if PACK.unpack_from(packed)[:5] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-            return None
-        return packed
+    def unchanged(self, relpath: str, dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int | None) -> int:
+        """The baseline row of a file whose stat fields did not change, or -1."""
+        i = self.index.get(relpath)
+        if i is None:
+            return -1
+        d, n, z, m, c = self._stat
+        return i if (d[i] == dev and n[i] == ino and z[i] == size and m[i] == mtime_ns and c[i] == ctime_ns) else -1
+
+    def hashes(self, i: int) -> tuple[bytes, bytes | None]:
+        """(content hash, payload hash or None) of baseline row i."""
+        return bytes(self.content[16 * i:16 * i + 16]), self.payload.get(i)
 
     def metadata(self) -> dict[str, Any]:
-        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": len(self.lookup),
+        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": len(self.index),
                 "recheck": str(self.recheck), "recheck_period": self.period,
                 "recheck_slot": self.slot if self.period else None}
 
 
-def content_of(packed: bytes) -> tuple[bytes, bytes | None]:
-    """(content hash, payload hash or None) of a packed baseline row."""
-    return packed[40:56], packed[56:72] if len(packed) >= 72 else None
+Columns = tuple  # (index, (dev, inode, size, mtime_ns, ctime_ns) buffers, content buffer, {row: payload})
 
 
 def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
@@ -111,7 +115,7 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     if meta.get("verify") != "hash":
         raise UsageError(f"baseline refused: a --verify {meta.get('verify')} scan has no hashes to carry over",
                          path=path, hint=rescan)
-    return Baseline(path, meta, _lookup(path), recheck)
+    return Baseline(path, meta, _columns(path), recheck)
 
 
 def _version(path: str) -> Any:
@@ -130,15 +134,26 @@ def _version(path: str) -> Any:
     return json.loads(raw).get("manifest_version", 1)
 
 
-def _lookup(path: str) -> dict[str, bytes]:
-    """{relpath: packed row} of the rows whose hashes may be carried over."""
-    lookup: dict[str, bytes] = {}
-    pack = PACK.pack
-    for batch in manifest.iter_batches(path, columns=_COLUMNS):
-        cols = [batch.column(i).to_pylist() for i in range(len(_COLUMNS))]
-        for rel, dev, ino, size, mtime, ctime, content, payload, status in zip(*cols):
-            if content is None or ctime is None or status in READ_FINDINGS:
-                continue
-            packed = pack(dev, ino, size, mtime, ctime, content)
-            lookup[rel] = packed + payload if payload is not None else packed
-    return lookup
+def _columns(path: str) -> Columns:
+    """The rows whose hashes may be carried over, as `Baseline` keeps them: with Arrow
+    kernels and buffers (100k rows: ~0.1 s, where a Python loop over rows took ~1 s)."""
+    t = manifest.read_table(path, columns=_COLUMNS)
+    status = pc.cast(t["status"], pa.string())
+    keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
+                   pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
+    t = t.filter(keep).combine_chunks()
+    index = dict(zip(t["relpath"].to_pylist(), range(t.num_rows)))
+    stat = tuple(_flat(t[name], 8) for name in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
+    payload_col = t["payload_xxh3_128"]
+    payload = ({} if payload_col.null_count == t.num_rows else
+               {i: v for i, v in enumerate(payload_col.to_pylist()) if v is not None})
+    return index, stat, _flat(t["content_xxh3_128"], 16), payload
+
+
+def _flat(column: Any, width: int) -> memoryview:
+    """The values of a null-free fixed-width column as one flat buffer."""
+    arr = column.chunk(0) if column.num_chunks else pa.array([], column.type)
+    if arr.null_count:
+        arr = pc.fill_null(arr, 0 if width == 8 else b"\0" * width)
+    data = memoryview(arr.buffers()[1])
+    return data[arr.offset * width:(arr.offset + len(arr)) * width]

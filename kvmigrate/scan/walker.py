@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-import struct
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -20,7 +19,7 @@ from kvmigrate import classify, findings, layout
 from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import Vanished, errno_reason, kind_of, read_buffer, read_file
-from kvmigrate.scan.baseline import Baseline, content_of
+from kvmigrate.scan.baseline import Baseline
 from kvmigrate.scan.blocks import BlockVerdicts
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows, ns_arrays
@@ -277,12 +276,13 @@ class Walker(BlockVerdicts):
         stat()ed them): unchanged files take the baseline's hash, the others are read
         here. Re-checking (the walk hashed them): unchanged metadata with another hash is
         a silent change."""
-        assert self.baseline is not None
+        b = self.baseline
+        assert b is not None
         if not carry:
-            for j in store.carry(j0, self.baseline.lookup, True):
+            for j in store.carry(j0, b.index, *b.stat, b.content, True):
                 store.set(j, "silent_change", "none", SILENT_CHANGE, None)
             return
-        for j in store.carry(j0, self.baseline.lookup, False):
+        for j in store.carry(j0, b.index, *b.stat, b.content, False):
             rel = store.row(j)[0]
             try:
                 r = read_file(f"{self.root}/{rel}", want_hash=True)
@@ -303,10 +303,10 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or b.rechecks(_bucket_of(rec.relpath)):
             return False
-        packed = b.lookup.get(rec.relpath)
-        if packed is None or packed[:40] != _stat_key(rec):
+        i = b.unchanged(rec.relpath, rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        if i < 0:
             return False
-        rec.content, rec.payload = content_of(packed)
+        rec.content, rec.payload = b.hashes(i)
         rec.carried = True
         return True
 
@@ -315,8 +315,8 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or rec.status != "ok" or rec.content is None:
             return False
-        packed = b.lookup.get(rec.relpath)
-        if packed is not None and packed[:40] == _stat_key(rec) and content_of(packed)[0] != rec.content:
+        i = b.unchanged(rec.relpath, rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        if i >= 0 and b.hashes(i)[0] != rec.content:
             rec.status, rec.reason = "silent_change", SILENT_CHANGE
             return True
         return False
@@ -403,7 +403,7 @@ class Walker(BlockVerdicts):
         ctimes, carries = out.ctime_ns, out.carried
         baseline = self.baseline
         recheck = baseline is not None and baseline.rechecks(v.hhh)
-        lookup = baseline.lookup if baseline is not None else None
+        unchanged = baseline.unchanged if baseline is not None else None
         prefix = v.hhh + hh  # a block file in its right place starts with these 5 hex
         if files is None:
             files = self._listing(fpath, frel, out, m.columns)
@@ -428,13 +428,12 @@ class Walker(BlockVerdicts):
                 reason = ""
                 carried = False
                 try:
-                    if lookup is not None and not recheck:  # --baseline: stat, read only if it changed
+                    if unchanged is not None and not recheck:  # --baseline: stat, read only if it changed
                         st = e.stat(follow_symlinks=False)
-                        packed = lookup.get(rel)
-                        carried = packed is not None and packed[:40] == _STAT_KEY.pack(
-                            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                        was = unchanged(rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                        carried = was >= 0
                     if carried:
-                        content = packed[40:56]
+                        content = baseline.hashes(was)[0]
                     elif hashed:
                         r = read_file(e.path, want_hash=True)  # open + fstat + read: no lstat
                         st = r.st
@@ -457,9 +456,8 @@ class Walker(BlockVerdicts):
                         status = "unreadable"
                         reason = (f"cannot read {rel}: [EACCES] permission denied "
                                   f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
-                    elif recheck and (packed := lookup.get(rel)) is not None and packed[40:56] != content and (
-                            packed[:40] == _STAT_KEY.pack(st.st_dev, st.st_ino, size, st.st_mtime_ns,
-                                                          st.st_ctime_ns)):
+                    elif recheck and (was := unchanged(rel, st.st_dev, st.st_ino, size, st.st_mtime_ns,
+                                                       st.st_ctime_ns)) >= 0 and baseline.hashes(was)[0] != content:
                         status, reason = "silent_change", SILENT_CHANGE
                     elif check_size:
                         key = (group, size)
@@ -605,15 +603,6 @@ class Walker(BlockVerdicts):
         if st.st_gid in self._groups:
             return bool(st.st_mode & stat_mod.S_IRGRP)
         return bool(st.st_mode & stat_mod.S_IROTH)
-
-_STAT_KEY = struct.Struct("=QQqqq")  # the head of a packed baseline row (kvmigrate.scan.baseline.PACK)
-
-
-def _stat_key(rec: FileRecord) -> bytes:
-    if rec.ctime_ns is None:
-        return b""
-    return _STAT_KEY.pack(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
-
 
 def _bucket_of(relpath: str) -> str | None:
     """The innermost `<hhh>` folder of a path (the --recheck rotation goes by bucket)."""
