@@ -3,10 +3,12 @@
 a full hash scan: wall time, CPU, and bytes read (rchar of the command and its children:
 Linux adds a reaped child's I/O counters to its parent's /proc/self/io).
 
-    python3 scripts/bench_baseline.py TREE [--kvmigrate PATH] [--facts ...]
+    python3 scripts/bench_baseline.py TREE [--kvmigrate PATH] [--facts ...] [--out reports/BASELINE.md]
 
-One run of each, warm tree (it is read once first). Prints a Markdown table for
-reports/BENCHMARKS.md.
+One run of each, warm tree (it is read once first). Writes a Markdown page (method and
+table; scripts/bench.py copies the table into reports/BENCHMARKS.md).
+A tree: `kvmigrate synth TREE --family llmd --tp 2 --kv-kind mla --blocks 50000
+--block-bytes 1024` (100k files of 4 KiB).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> None:
     p.add_argument("tree")
     p.add_argument("--kvmigrate", default=shutil.which("kvmigrate") or "kvmigrate")
     p.add_argument("--facts", nargs="*", default=["--model-dtype", "bfloat16", "--kv-kind", "mla"])
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "reports", "BASELINE.md"))
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="kvmigrate-bench-baseline-")
     full, again = os.path.join(work, "full.parquet"), os.path.join(work, "again.parquet")
@@ -67,13 +70,26 @@ def main() -> None:
     manifest_bytes = os.path.getsize(full)
     find_wall = results["find -printf (stat only)"][0]
     floor = results["scan --verify size (stat only)"][2]  # what a scan reads besides files: Python, manifest
-    print(f"tree: {files} files, {tree_bytes} bytes in files; baseline manifest {manifest_bytes} bytes\n")
-    print("| command | wall s | CPU s | vs find | bytes read (rchar) | beyond --verify size | % of tree |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    load = os.getloadavg()[0]
+    out = ["# `--baseline`: a scheduled hash audit of an unchanged tree", "",
+           "Measured by `scripts/bench_baseline.py` (one run of each command, warm tree, "
+           f"{os.cpu_count()} CPUs, load average {load:.1f} when it ran: other jobs shared the machine, so wall "
+           "times are noisy; CPU seconds and bytes read are not). Bytes read: `rchar` of the command and "
+           "its children from /proc/self/io (Linux adds a reaped child's counters to its parent's).", "",
+           f"Tree: {files} files, {tree_bytes} bytes in files; the baseline manifest: {manifest_bytes} bytes.", "",
+           "| command | wall s | CPU s | wall vs find | bytes read (rchar) | beyond --verify size | of the tree |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for name, (wall, cpu, nread) in results.items():
         extra = nread - floor if name.startswith("scan") else None
-        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {wall / find_wall:.2f}x | {nread} | "
-              f"{'' if extra is None else extra} | {'' if extra is None else f'{100 * extra / tree_bytes:.2f}%'} |")
+        out.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {wall / find_wall:.2f}x | {nread} | "
+                   f"{'' if extra is None else extra} | {'' if extra is None else f'{100 * extra / tree_bytes:.2f}%'} |")
+    out += ["", "\"beyond --verify size\": bytes a scan reads besides what a stat-only scan of the same tree "
+            "reads (Python's own files, the manifest it summarizes): for the --baseline rows, the baseline "
+            "manifest's columns; with --recheck 1/30, also the re-read thirtieth of the files.", ""]
+    text = "\n".join(out)
+    print(text)
+    with open(a.out, "w") as f:
+        f.write(text)
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -94,6 +94,18 @@ def test_prometheus_textfile_parses_and_carries_the_audit(synth_root, tmp_path):
     assert set(findings) == {"integrity", "operational", "finding"} and findings["finding"] >= 1
 
 
+def test_prometheus_textfile_passes_promtool(synth_root, tmp_path):
+    """Debian's prometheus package ships promtool (.ci/run installs it): its linter checks
+    names, types, HELP lines and label syntax the way Prometheus reads them."""
+    import subprocess
+
+    root, _ = synth_root(SPEC, dict(family="vllm", tp=1, defects=("tmp_vllm",)))
+    prom = tmp_path / "kvmigrate.prom"
+    audit(root, "--prometheus", prom)
+    proc = subprocess.run(["promtool", "check", "metrics"], input=prom.read_text(), capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc.stdout + proc.stderr
+
+
 def test_prometheus_label_values_are_escaped():
     from kvmigrate.report.prometheus import textfile
 
