@@ -24,7 +24,7 @@ FORMATS = ("text", "json", "md", "html")
                    "kept audits of --history DIR.")
 @click.option("--trend", "as_trend", is_flag=True,
               help="Files and bytes by status, blocks by action, over the kept audits (audit --keep N) of "
-                   "--history DIR, or of the folder of the MANIFEST given (text or json).")
+                   "--history DIR, or of the folder of the MANIFEST given (text, json, or html: a chart).")
 @click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
               help="The folder of kept audits (audit --keep N: ROOT/.kvmigrate/audits by default).")
 @click.option("--list", "list_status", metavar="STATUS", default=None,
@@ -111,8 +111,8 @@ def _trend(manifests: tuple[str, ...], history: str | None, fmt: str, output: st
     from kvmigrate.history import kept_audits
     from kvmigrate.report import render, trend
 
-    if fmt not in ("text", "json"):
-        raise UsageError(f"--trend renders text or json, not {fmt}")
+    if fmt not in ("text", "json", "html"):
+        raise UsageError(f"--trend renders text, json or html, not {fmt}")
     if history is None and len(manifests) != 1:
         raise UsageError("--trend needs --history DIR (the kept audits) or one kept MANIFEST",
                          hint="kvmigrate report --trend --history ROOT/.kvmigrate/audits")
@@ -121,5 +121,11 @@ def _trend(manifests: tuple[str, ...], history: str | None, fmt: str, output: st
     if not paths:
         raise UsageError("no kept audits here", path=folder, hint="keep audits with `kvmigrate audit ROOT --keep N`")
     tr = trend.trend(paths, render.summary_of)
-    render.emit(trend.render_json(tr) if fmt == "json" else trend.render_text(tr), output)
+    if fmt == "html":
+        from kvmigrate.report.render_html import render_trend
+
+        text = render_trend(tr)
+    else:
+        text = trend.render_json(tr) if fmt == "json" else trend.render_text(tr)
+    render.emit(text, output)
     sys.exit(0)

@@ -128,3 +128,29 @@ def test_log_format_json_writes_one_object_per_event(synth_root, tmp_path):
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end" and "findings" in kinds and kinds.count("namespace") == 1
     assert events[-1]["exit_code"] == res.exit_code
+
+
+def test_report_trend_html_renders_in_headless_chromium(synth_root, tmp_path):
+    import shutil
+    import subprocess
+
+    root, _ = synth_root(SPEC)
+    hist = tmp_path / "hist"
+    audit(root, "--keep", "3", "--history", hist)
+    (root / "notes.txt").write_text("a foreign file\n")
+    audit(root, "--keep", "3", "--history", hist)
+    page = tmp_path / "trend.html"
+    code, _ = run("report", "--trend", "--history", hist, "--format", "html", "-o", page)
+    assert code == 0
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "headless Chromium not found: apt-get install -y chromium (.ci/run installs it)"
+    res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    assert 'id="svg-trend"' in dom and 'class="status-foreign"' in dom
+    for p in history.kept_audits(hist):
+        assert p.name in dom
