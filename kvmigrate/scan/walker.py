@@ -604,6 +604,7 @@ class Walker(BlockVerdicts):
             return bool(st.st_mode & stat_mod.S_IRGRP)
         return bool(st.st_mode & stat_mod.S_IROTH)
 
+
 def _bucket_of(relpath: str) -> str | None:
     """The innermost `<hhh>` folder of a path (the --recheck rotation goes by bucket)."""
     parts = relpath.split("/")
