@@ -674,58 +674,50 @@ static PyObject *br_targets(BlockRows *s, PyObject *args) {
 static PyObject *br_bases(BlockRows *s, void *unused) { return Py_NewRef(s->bases); }
 
 PyDoc_STRVAR(br_carry_doc,
-"carry(j0, index, dev, inode, size, mtime_ns, ctime_ns, content, check) -> [j]: the rows\n"
-"from j0 on against the --baseline rows (kvmigrate.scan.baseline).\n"
+"carry(j0, dev, inode, size, mtime_ns, ctime_ns, content, check) -> [j]: the rows from\n"
+"j0 on against the --baseline rows (kvmigrate.scan.baseline), sorted by inode.\n"
 "\n"
-"`index`: {relpath: baseline row i}; dev ... ctime_ns: buffers of 8-byte values, content\n"
-"one of 16 bytes a row. check false: a row whose five stat fields equal baseline row i\n"
-"takes its hash (carried over, never opened); returns the rows that must be read. check\n"
-"true (rows just hashed): returns the rows whose stat fields are unchanged but whose hash\n"
-"differs (a silent change).");
+"dev ... ctime_ns: buffers of 8-byte values, content one of 16 bytes a row. check false:\n"
+"a row whose five stat fields equal a baseline row's takes its hash (carried over, never\n"
+"opened); returns the rows that must be read. check true (rows just hashed): returns the\n"
+"rows whose stat fields are unchanged but whose hash differs (a silent change).");
 
 static PyObject *br_carry(BlockRows *s, PyObject *args) {
     Py_ssize_t j0;
-    PyObject *index;
     Py_buffer b[6];
     int check;
-    if (!PyArg_ParseTuple(args, "nO!y*y*y*y*y*y*p", &j0, &PyDict_Type, &index, &b[0], &b[1], &b[2], &b[3], &b[4],
-                          &b[5], &check))
+    if (!PyArg_ParseTuple(args, "ny*y*y*y*y*y*p", &j0, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &check))
         return NULL;
     Py_ssize_t nb = b[0].len / 8;
     PyObject *out = NULL;
     for (int k = 1; k < 5; k++)
         if (b[k].len / 8 != nb) goto done;
     if (b[5].len / 16 != nb) goto done;
-    const int64_t *col[5];
-    for (int k = 0; k < 5; k++) col[k] = (const int64_t *)b[k].buf;
+    const uint64_t *dev = (const uint64_t *)b[0].buf, *ino = (const uint64_t *)b[1].buf;
+    const int64_t *size = (const int64_t *)b[2].buf, *mtime = (const int64_t *)b[3].buf;
+    const int64_t *ctime = (const int64_t *)b[4].buf;
     const unsigned char *content = (const unsigned char *)b[5].buf;
     out = PyList_New(0);
     for (Py_ssize_t j = j0 < 0 ? 0 : j0; out && j < s->n; j++) {
         BRow *r = &s->rows[j];
-        PyObject *key = br_relpath(s, r);
-        PyObject *v = key ? PyDict_GetItemWithError(index, key) : NULL;
-        Py_XDECREF(key);
-        int same = 0, differs = 0;
-        if (v) {
-            Py_ssize_t i = PyLong_AsSsize_t(v);
-            if (i < 0 || i >= nb) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "carry: a baseline row out of range");
-                Py_CLEAR(out);
-                break;
-            }
-            same = (unsigned long long)col[0][i] == r->dev && (unsigned long long)col[1][i] == r->ino &&
-                   col[2][i] == r->size && col[3][i] == r->mtime_ns && col[4][i] == r->ctime_ns;
-            if (same && !check) {
-                memcpy(r->digest, content + 16 * i, 16);
-                r->has_hash = 1;
-                r->carried = 1;
-            }
-            differs = same && check && r->has_hash && memcmp(r->digest, content + 16 * i, 16) != 0;
-        } else if (!key || PyErr_Occurred()) {
-            Py_CLEAR(out);
-            break;
+        Py_ssize_t lo = 0, hi = nb; /* the first baseline row with this inode */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (ino[mid] < r->ino) lo = mid + 1;
+            else hi = mid;
         }
-        if (check ? differs : !same) {
+        Py_ssize_t found = -1;
+        for (Py_ssize_t i = lo; i < nb && ino[i] == r->ino && found < 0; i++)
+            if (dev[i] == r->dev && size[i] == r->size && mtime[i] == r->mtime_ns && ctime[i] == r->ctime_ns)
+                found = i;
+        int differs = 0;
+        if (found >= 0 && !check) {
+            memcpy(r->digest, content + 16 * found, 16);
+            r->has_hash = 1;
+            r->carried = 1;
+        }
+        if (found >= 0 && check) differs = r->has_hash && memcmp(r->digest, content + 16 * found, 16) != 0;
+        if (check ? differs : found < 0) {
             PyObject *jj = PyLong_FromSsize_t(j);
             if (!jj || PyList_Append(out, jj) < 0) Py_CLEAR(out);
             Py_XDECREF(jj);

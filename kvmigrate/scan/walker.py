@@ -279,10 +279,10 @@ class Walker(BlockVerdicts):
         b = self.baseline
         assert b is not None
         if not carry:
-            for j in store.carry(j0, b.index, *b.stat, b.content, True):
+            for j in store.carry(j0, *b.stat, b.content, True):
                 store.set(j, "silent_change", "none", SILENT_CHANGE, None)
             return
-        for j in store.carry(j0, b.index, *b.stat, b.content, False):
+        for j in store.carry(j0, *b.stat, b.content, False):
             rel = store.row(j)[0]
             try:
                 r = read_file(f"{self.root}/{rel}", want_hash=True)
@@ -303,7 +303,7 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or b.rechecks(_bucket_of(rec.relpath)):
             return False
-        i = b.unchanged(rec.relpath, rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
         if i < 0:
             return False
         rec.content, rec.payload = b.hashes(i)
@@ -315,7 +315,7 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or rec.status != "ok" or rec.content is None:
             return False
-        i = b.unchanged(rec.relpath, rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
         if i >= 0 and b.hashes(i)[0] != rec.content:
             rec.status, rec.reason = "silent_change", SILENT_CHANGE
             return True
@@ -430,7 +430,7 @@ class Walker(BlockVerdicts):
                 try:
                     if unchanged is not None and not recheck:  # --baseline: stat, read only if it changed
                         st = e.stat(follow_symlinks=False)
-                        was = unchanged(rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                        was = unchanged(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                         carried = was >= 0
                     if carried:
                         content = baseline.hashes(was)[0]
@@ -456,7 +456,7 @@ class Walker(BlockVerdicts):
                         status = "unreadable"
                         reason = (f"cannot read {rel}: [EACCES] permission denied "
                                   f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
-                    elif recheck and (was := unchanged(rel, st.st_dev, st.st_ino, size, st.st_mtime_ns,
+                    elif recheck and (was := unchanged(st.st_dev, st.st_ino, size, st.st_mtime_ns,
                                                        st.st_ctime_ns)) >= 0 and baseline.hashes(was)[0] != content:
                         status, reason = "silent_change", SILENT_CHANGE
                     elif check_size:
