@@ -22,7 +22,8 @@ typedef struct {
     int32_t code, rank, group;
     int32_t status, action, reason; /* index in that column's values; -1: None */
     int has_hash;
-    long long size, mtime_ns;
+    int carried; /* hash taken from the --baseline row (the file was not opened) */
+    long long size, mtime_ns, ctime_ns;
     unsigned long long ino, dev;
     unsigned long nlink;
     unsigned char digest[16];
@@ -527,10 +528,12 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
     PyObject *size = NEW_BUF(int64_t, n), *mtime = NEW_BUF(int64_t, n), *ino = NEW_BUF(uint64_t, n);
     PyObject *dev = NEW_BUF(uint64_t, n), *nlink = NEW_BUF(uint32_t, n), *content = NEW_BUF(char[16], n);
     PyObject *content_valid = BITMAP(n ? n : 1);
+    PyObject *ctime = NEW_BUF(int64_t, n), *carried = BITMAP(n ? n : 1);
     PyObject *all[] = {rel_off, rel_data, h_off, h_data, ns, rank, group, size, mtime, ino, dev, nlink, content,
-                       content_valid};
+                       content_valid, ctime, carried};
     const char *keys[] = {"relpath_offsets", "relpath_data", "hash_offsets", "hash_data", "ns", "rank", "group",
-                          "size", "mtime_ns", "inode", "dev", "nlink", "content", "content_valid"};
+                          "size", "mtime_ns", "inode", "dev", "nlink", "content", "content_valid", "ctime_ns",
+                          "carried"};
     int ok = 1;
     for (size_t k = 0; k < sizeof all / sizeof *all; k++) ok = ok && all[k];
     if (ok) {
@@ -539,6 +542,8 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
         unsigned char *hd = (unsigned char *)PyBytes_AS_STRING(h_data);
         unsigned char *cv = (unsigned char *)PyBytes_AS_STRING(content_valid);
         memset(cv, 0, (size_t)PyBytes_GET_SIZE(content_valid));
+        unsigned char *cb = (unsigned char *)PyBytes_AS_STRING(carried);
+        memset(cb, 0, (size_t)PyBytes_GET_SIZE(carried));
         size_t rpos = 0, hpos = 0;
         int hashed_all = 1;
         ro[0] = ho[0] = 0;
@@ -558,6 +563,8 @@ static PyObject *br_arrays(BlockRows *s, PyObject *args) {
             ((int32_t *)PyBytes_AS_STRING(group))[j] = r->group;
             ((int64_t *)PyBytes_AS_STRING(size))[j] = r->size;
             ((int64_t *)PyBytes_AS_STRING(mtime))[j] = r->mtime_ns;
+            ((int64_t *)PyBytes_AS_STRING(ctime))[j] = r->ctime_ns;
+            if (r->carried) cb[j >> 3] |= (unsigned char)(1u << (j & 7));
             ((uint64_t *)PyBytes_AS_STRING(ino))[j] = r->ino;
             ((uint64_t *)PyBytes_AS_STRING(dev))[j] = r->dev;
             ((uint32_t *)PyBytes_AS_STRING(nlink))[j] = (uint32_t)r->nlink;
@@ -666,7 +673,82 @@ static PyObject *br_targets(BlockRows *s, PyObject *args) {
 
 static PyObject *br_bases(BlockRows *s, void *unused) { return Py_NewRef(s->bases); }
 
+PyDoc_STRVAR(br_carry_doc,
+"carry(j0, dev, inode, size, mtime_ns, ctime_ns, content, check) -> [j]: the rows from\n"
+"j0 on against the --baseline rows (kvmigrate.scan.baseline), sorted by inode.\n"
+"\n"
+"dev ... ctime_ns: buffers of 8-byte values, content one of 16 bytes a row. check false:\n"
+"a row whose five stat fields equal a baseline row's takes its hash (carried over, never\n"
+"opened); returns the rows that must be read. check true (rows just hashed): returns the\n"
+"rows whose stat fields are unchanged but whose hash differs (a silent change).");
+
+static PyObject *br_carry(BlockRows *s, PyObject *args) {
+    Py_ssize_t j0;
+    Py_buffer b[6];
+    int check;
+    if (!PyArg_ParseTuple(args, "ny*y*y*y*y*y*p", &j0, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &check))
+        return NULL;
+    Py_ssize_t nb = b[0].len / 8;
+    PyObject *out = NULL;
+    for (int k = 1; k < 5; k++)
+        if (b[k].len / 8 != nb) goto done;
+    if (b[5].len / 16 != nb) goto done;
+    const uint64_t *dev = (const uint64_t *)b[0].buf, *ino = (const uint64_t *)b[1].buf;
+    const int64_t *size = (const int64_t *)b[2].buf, *mtime = (const int64_t *)b[3].buf;
+    const int64_t *ctime = (const int64_t *)b[4].buf;
+    const unsigned char *content = (const unsigned char *)b[5].buf;
+    out = PyList_New(0);
+    for (Py_ssize_t j = j0 < 0 ? 0 : j0; out && j < s->n; j++) {
+        BRow *r = &s->rows[j];
+        Py_ssize_t lo = 0, hi = nb; /* the first baseline row with this inode */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (ino[mid] < r->ino) lo = mid + 1;
+            else hi = mid;
+        }
+        Py_ssize_t found = -1;
+        for (Py_ssize_t i = lo; i < nb && ino[i] == r->ino && found < 0; i++)
+            if (dev[i] == r->dev && size[i] == r->size && mtime[i] == r->mtime_ns && ctime[i] == r->ctime_ns)
+                found = i;
+        int differs = 0;
+        if (found >= 0 && !check) {
+            memcpy(r->digest, content + 16 * found, 16);
+            r->has_hash = 1;
+            r->carried = 1;
+        }
+        if (found >= 0 && check) differs = r->has_hash && memcmp(r->digest, content + 16 * found, 16) != 0;
+        if (check ? differs : found < 0) {
+            PyObject *jj = PyLong_FromSsize_t(j);
+            if (!jj || PyList_Append(out, jj) < 0) Py_CLEAR(out);
+            Py_XDECREF(jj);
+        }
+    }
+done:
+    if (!out && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "carry: baseline columns of unequal length");
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
+    return out;
+}
+
+PyDoc_STRVAR(br_set_content_doc, "set_content(j, digest): row j's content hash (16 bytes), read by Python.");
+
+static PyObject *br_set_content(BlockRows *s, PyObject *args) {
+    Py_ssize_t j;
+    const char *digest;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "ny#", &j, &digest, &len)) return NULL;
+    if (br_check(s, j) < 0) return NULL;
+    if (len != 16) {
+        PyErr_SetString(PyExc_ValueError, "set_content: a 16-byte digest expected");
+        return NULL;
+    }
+    memcpy(s->rows[j].digest, digest, 16);
+    s->rows[j].has_hash = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef br_methods[] = {
+    {"carry", (PyCFunction)br_carry, METH_VARARGS, br_carry_doc},
+    {"set_content", (PyCFunction)br_set_content, METH_VARARGS, br_set_content_doc},
     {"row", (PyCFunction)br_row, METH_O, br_row_doc},
     {"export_blocks", (PyCFunction)br_export_blocks, METH_O, br_export_doc},
     {"set", (PyCFunction)br_set, METH_VARARGS, br_set_doc},

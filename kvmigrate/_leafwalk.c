@@ -74,7 +74,7 @@ typedef struct {
     size_t name;       /* offset of the file name in names */
     int group;
     int has_hash;
-    long long size, mtime_ns;
+    long long size, mtime_ns, ctime_ns;
     unsigned long long ino, dev;
     unsigned long nlink;
     unsigned char digest[16];
@@ -247,6 +247,7 @@ static int fill_stat(Record *rec, const struct stat *st) {
     if (st->st_mtim.tv_sec > 9000000000LL || st->st_mtim.tv_sec < -9000000000LL) return 0;
     rec->size = (long long)st->st_size;
     rec->mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    rec->ctime_ns = (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
     rec->ino = (unsigned long long)st->st_ino;
     rec->dev = (unsigned long long)st->st_dev;
     rec->nlink = (unsigned long)st->st_nlink;
@@ -664,6 +665,7 @@ static PyObject *walk_bucket(PyObject *self, PyObject *args) {
         store->rows[j] = (BRow){.tail = tail, .base = (uint32_t)base, .code = code, .rank = rank,
                                 .group = rec->group, .status = status, .action = none_code, .reason = reason,
                                 .has_hash = rec->has_hash, .size = rec->size, .mtime_ns = rec->mtime_ns,
+                                .ctime_ns = rec->ctime_ns,
                                 .ino = rec->ino, .dev = rec->dev, .nlink = rec->nlink};
         memcpy(store->rows[j].digest, rec->digest, 16);
         store->targets[j] = NULL;

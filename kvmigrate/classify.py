@@ -38,6 +38,7 @@ STATUS_BITS: dict[str, int] = {
     "zero_filled": 1 | 4,
     "misfiled": 1 | 4,
     "header_invalid": 1 | 4,
+    "silent_change": 1 | 4,
     "unreadable": 1 | 8,
     "tmp_leftover": 1,
     "own_artifact": 0,
@@ -180,6 +181,8 @@ class FileRecord:
     reason: str = ""
     action: str = "none"
     target_relpath: str | None = None
+    ctime_ns: int | None = None  # the inode change time (a --baseline trusts a row only if it is unchanged)
+    carried: bool = False  # hashes taken from the --baseline row: not opened
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,7 +37,11 @@ TRANSFORM = "transform"
 """A proven transform (the row's action) that writes `output_bytes` per block; a slice
 keeps cell 0 of `row_cells` cells of `cell_bytes` bytes."""
 
-CODES = (REPLICA_OF_PRIMARY, PART_OF_ACTION, ALIASES_SOURCE, TARGET_OCCUPIED, NEEDS_FACT, TRANSFORM)
+SILENT_CHANGE = "silent_change"
+"""Re-read under `--baseline --recheck`: the file's hash differs from its baseline row
+although dev, inode, size, mtime and ctime did not change (disk or filesystem corruption)."""
+
+CODES = (REPLICA_OF_PRIMARY, PART_OF_ACTION, ALIASES_SOURCE, TARGET_OCCUPIED, NEEDS_FACT, TRANSFORM, SILENT_CHANGE)
 SECONDARY = (REPLICA_OF_PRIMARY, PART_OF_ACTION)
 """Rows that only point at their block's primary row (the rank-row rule, migration.md §1)."""
 ALIASING = (ALIASES_SOURCE, TARGET_OCCUPIED)

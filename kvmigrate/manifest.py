@@ -47,6 +47,10 @@ SCHEMA = pa.schema([
     ("reason", _DICT),
     ("target_relpath", pa.string()),
     *findings.FIELDS,  # the typed finding of the reason (kvmigrate.findings)
+    # 3: the inode change time (user space cannot set it: a rewrite that restores size and
+    # mtime still moves it), so a later `--baseline` run can trust an unchanged row
+    ("ctime_ns", pa.int64()),
+    ("carried", pa.bool_()),  # the hashes were taken from the --baseline row: the file was not opened
 ])
 COLUMNS = tuple(SCHEMA.names)
 # zstd level 1: on a 1M-row manifest the writer takes 0.79 s of CPU against 1.12 s at the
@@ -61,7 +65,8 @@ DICTIONARY_COLUMNS = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)] 
 META_KEY = b"kvmigrate"  # JSON: {"manifest_version", "tool_version", "command", "root", "facts", "namespaces": {...}}
 # 2: the finding columns (kvmigrate.findings). A manifest without them is refused: its
 # reasons are prose, and no stage reads prose back.
-MANIFEST_VERSION = 2
+# 3: ctime_ns and carried (--baseline needs the ctime of every row it trusts).
+MANIFEST_VERSION = 3
 
 
 def columns_to_table(cols: dict[str, list[Any]]) -> pa.Table:
@@ -169,7 +174,8 @@ def check_version(meta: dict[str, Any], path: str | os.PathLike[str]) -> None:
     version = meta.get("manifest_version", 1)
     if version != MANIFEST_VERSION:
         raise UsageError(f"manifest format version {version}, this kvmigrate reads version {MANIFEST_VERSION}"
-                         + (" (an older manifest has no finding columns)"
+                         + (" (an older manifest has no finding columns)" if isinstance(version, int) and version < 2
+                            else " (an older manifest has no ctime_ns column)"
                             if isinstance(version, int) and version < MANIFEST_VERSION else ""),
                          path=str(path), hint="rescan with `kvmigrate scan ROOT -o MANIFEST`")
 
@@ -235,3 +241,10 @@ def iter_batches(path: str | os.PathLike[str], columns: Iterable[str] | None = N
     cols = list(columns) if columns is not None else None
     for f in _parquet_files(path):
         yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=cols)
+
+
+def count_true(path: str | os.PathLike[str], column: str) -> int:
+    """Rows of a manifest file or dataset directory where a bool column is true."""
+    import pyarrow.compute as pc
+
+    return sum(pc.sum(pc.cast(b.column(0), pa.int64())).as_py() or 0 for b in iter_batches(path, columns=[column]))

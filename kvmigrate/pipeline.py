@@ -100,6 +100,8 @@ class AuditResult:
     summary: dict[str, Any]
     exit_code: int
     manifest: str | None  # None when the manifest was temporary
+    seconds: float = 0.0  # the scan's wall time
+    carried: int = 0  # rows whose hashes a --baseline carried over (files not opened)
 
 
 def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] | None = None,
@@ -108,7 +110,8 @@ def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] 
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
     at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
     with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
-        return AuditResult(result.summary, result.exit_code, str(result.output) if manifest_out is not None else None)
+        return AuditResult(result.summary, result.exit_code, str(result.output) if manifest_out is not None else None,
+                           result.seconds, mf.count_true(result.output, "carried"))
 
 
 # --- verify ------------------------------------------------------------------------------

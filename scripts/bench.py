@@ -1404,6 +1404,16 @@ def render(result: dict) -> str:
             if tail_start >= 0:
                 add("")
                 add(text[tail_start:text.find("\n\n", tail_start)].strip())
+    baseline = Path(__file__).resolve().parent.parent / "reports" / "BASELINE.md"
+    if baseline.is_file():  # scripts/bench_baseline.py: a --baseline audit of an unchanged tree
+        text = baseline.read_text()
+        add("")
+        add("## Scheduled audits: `--baseline` on an unchanged tree")
+        add("")
+        add("Measured separately by `scripts/bench_baseline.py` (method in [BASELINE.md](BASELINE.md)):")
+        add("")
+        start = text.find("Tree:")
+        add(text[start:].rstrip() if start >= 0 else text.rstrip())
     add("")
     add("## How to rerun")
     add("")

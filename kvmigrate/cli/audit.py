@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
-                                  parse_shard, part_done, pop_fact_flags, pop_selection, prefer_arrow_pool,
-                                  scaleout_options, selection_options, start_pacing, walk_options)
+from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
+                                  output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
+                                  pop_selection, prefer_arrow_pool, scaleout_options, selection_options,
+                                  start_pacing, walk_options)
 
 
 @click.command("audit")
@@ -21,9 +23,18 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
 @click.option("--manifest-out", type=click.Path(path_type=str), default=None,
               help="Keep the manifest at this path (default: a temporary file, removed afterwards). DIR/ or an "
                    "existing directory: a dataset directory (with --run-on ray, always).")
+@click.option("--keep", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep this audit's manifest in the history (ROOT/.kvmigrate/audits, or --history DIR) and the "
+                   "last N in all: what --baseline auto, report --diff and report --trend read.")
+@click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE", help="Write the audit's gauges in the node_exporter textfile format to FILE "
+                                   "(atomically: temp + rename in its folder).")
+@click.option("--log-format", "log_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object per event (start, each namespace, finding classes, end) on stderr.")
 @facts_options
 @selection_options
 @walk_options
+@baseline_options
 @scaleout_options
 @pacing_options
 @output_options
@@ -31,7 +42,8 @@ from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, 
 def command(root: str, fmt: str | None, output: str | None, manifest_out: str | None, verify: str,
             threads: int | None, shard: str | None, as_json: bool, quiet: bool, verbose: int, target: str,
             run_on: str, shards: int | None, ray_address: str | None, max_duration: str | None,
-            bwlimit: str | None, idle_io: bool, **kwargs) -> None:
+            bwlimit: str | None, idle_io: bool, baseline: str | None, recheck: str | None,
+            history: str | None, keep: int | None, prometheus: str | None, log_format: str, **kwargs) -> None:
     """Scan ROOT and report what is reusable, what is broken, and the exact command for
     each finding. Read-only on ROOT. No progress bar unless stderr is a terminal.
 
@@ -57,9 +69,24 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     parts = check_scaleout(run_on, shards, ray_address, shard)
+    kept_in = None
+    if keep is not None:
+        from kvmigrate.history import history_dir, new_audit_path
+
+        if manifest_out is not None or parts is not None:
+            raise UsageError("--keep writes the manifest into the audit history: drop "
+                             + ("--manifest-out" if manifest_out is not None else "--run-on ray (not supported "
+                                                                                  "with --keep yet)"))
+        kept_in = history_dir(os.path.abspath(root), history)
+        manifest_out = str(new_audit_path(kept_in))
+    if log_format == "json":
+        from kvmigrate.report.prometheus import log_line
+
+        click.echo(log_line({"event": "start", "root": os.path.abspath(root), "command": command_line,
+                             "verify": verify, "baseline": baseline}), err=True)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection)
+                   selection=selection, **baseline_kwargs(baseline, recheck, history, parts))
     if parts is not None:
         result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
                        on_part=None if quiet else part_done, **options)
@@ -69,6 +96,19 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         k_n = parse_shard(shard)
         result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, shard=k_n,
                        progress=(not quiet and sys.stderr.isatty()), **options)
+    if kept_in is not None:
+        from kvmigrate.history import prune
+
+        prune(kept_in, keep)
+    if prometheus is not None:
+        from kvmigrate.report.prometheus import textfile
+
+        emit(textfile(result.summary, seconds=result.seconds, carried=result.carried), prometheus)
+    if log_format == "json":
+        from kvmigrate.report.prometheus import events, log_line
+
+        for event in events(result.summary, seconds=result.seconds, carried=result.carried):
+            click.echo(log_line(event), err=True)
     if not quiet or output is not None or fmt == "json":  # -q: the exit code says it (a file still written)
         emit(render_summary(result.summary, fmt or "text"), output)
     sys.exit(result.exit_code)

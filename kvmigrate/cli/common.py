@@ -247,3 +247,32 @@ def rerun_command(ctx: click.Context, paths: tuple[str, ...] = ()) -> str:
         else:
             args += [param.opts[0], os.path.abspath(value) if param.name in paths else str(value)]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def baseline_options(fn: Callable) -> Callable:
+    """--baseline PREV|auto, --recheck F, --history DIR (kvmigrate.scan.baseline)."""
+    fn = click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
+                      help="Where audits are kept (--keep) and --baseline auto looks "
+                           "(default: ROOT/.kvmigrate/audits).")(fn)
+    fn = click.option("--recheck", default=None, metavar="F",
+                      help="With --baseline: re-read this fraction of the carried-over files anyway, by bucket, "
+                           "a different part each run (default 1/30: 30 runs cover the tree); a hash that "
+                           "changed under unchanged metadata is a silent_change (exit bit 4).")(fn)
+    fn = click.option("--baseline", default=None, metavar="PREV|auto",
+                      help="With --verify hash: a previous manifest of this root (or auto: the newest kept "
+                           "audit); files whose dev, inode, size, mtime and ctime are unchanged keep its hashes "
+                           "without being read.")(fn)
+    return fn
+
+
+def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None,
+                    parts: int | None = None) -> dict[str, Any]:
+    """The scan keyword arguments of baseline_options (none when none was given)."""
+    from kvmigrate.scan.baseline import parse_fraction
+
+    given = {k: v for k, v in dict(baseline=baseline, recheck=recheck).items() if v is not None}
+    if given and parts is not None:
+        raise click.UsageError("--baseline and --recheck run in this process only (not with --run-on ray yet)")
+    if recheck is not None:
+        given["recheck"] = parse_fraction(recheck)
+    return {**given, "history": history} if given else {}

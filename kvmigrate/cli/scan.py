@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
-                                  parse_shard, part_done, pop_fact_flags, pop_selection, prefer_arrow_pool,
-                                  print_json, scaleout_options, selection_options, start_pacing, walk_options)
+from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
+                                  output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
+                                  pop_selection, prefer_arrow_pool, print_json, scaleout_options, selection_options,
+                                  start_pacing, walk_options)
 from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
 
@@ -25,13 +26,15 @@ from kvmigrate.units import human_bytes, human_count, plural
 @facts_options
 @selection_options
 @walk_options
+@baseline_options
 @scaleout_options
 @pacing_options
 @output_options
 @handle_errors
 def command(root: str, output: str, verify: str, threads: int | None, shard: str | None, as_json: bool,
             quiet: bool, verbose: int, target: str, run_on: str, shards: int | None, ray_address: str | None,
-            max_duration: str | None, bwlimit: str | None, idle_io: bool, **kwargs) -> None:
+            max_duration: str | None, bwlimit: str | None, idle_io: bool, baseline: str | None,
+            recheck: str | None, history: str | None, **kwargs) -> None:
     """Walk ROOT (the engine's cache root_dir): identify namespaces, prove their digests,
     stat (and with --verify hash, hash) every file, compare replicas and decide a target
     and an action for every block. Writes the manifest; never modifies ROOT.
@@ -54,7 +57,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection)
+                   selection=selection, **baseline_kwargs(baseline, recheck, history, parts))
     if parts is not None:
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
         result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,

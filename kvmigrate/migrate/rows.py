@@ -22,7 +22,7 @@ from kvmigrate.migrate.model import CREATING
 BUCKETS = 4096
 # Row states with the integrity bit (interface.md §2).
 INTEGRITY_STATES = frozenset({"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled",
-                              "header_invalid", "digest_mismatch", "config_invalid"})
+                              "header_invalid", "digest_mismatch", "config_invalid", "silent_change"})
 
 _READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "inode",
                  "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath",

@@ -38,6 +38,9 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
     "misfiled": ("files whose fan-out folders do not match their name", "never migrated", "list"),
     "header_invalid": ("vllm.cpp files whose header check fails", "never migrated; vllm.cpp deletes them on load",
                        "list"),
+    "silent_change": ("files whose bytes changed although size, mtime, ctime and inode did not (found by "
+                      "--recheck)", "never migrated; suspect disk or filesystem corruption: check the device "
+                      "(smartctl, the filesystem's scrub) and restore or remove the listed files", "list"),
     "unreadable": ("files that could not be read (I/O or permission error)",
                    "fix the permissions or the disk, then audit again", "list"),
     "tmp_leftover": ("temp files of interrupted engine writes",

@@ -281,3 +281,43 @@ def render_diff(d: dict[str, Any]) -> str:
         body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
     body.append(f'<section id="next"><h2>What to do next</h2>{_hints(d["hints"])}</section>')
     return _page("kvmigrate report --diff", "".join(body))
+
+
+def render_trend(tr: dict[str, Any]) -> str:
+    """report --trend --format html: one stacked bar per kept audit (bytes by status,
+    coloured by severity) and the trend table, self-contained like the report."""
+    audits = tr["audits"]
+    statuses = sorted({st for a in audits for st in a["by_status"]})
+    label_w, bar_w, value_w, row_h, top = 260, 560, 150, 24, 8
+    widest = max((a["bytes"] for a in audits), default=0) or 1
+    height = top + row_h * max(len(audits), 1) + 8
+    width = label_w + bar_w + value_w
+    out = [f'<svg role="img" id="svg-trend" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" aria-label="Bytes by status, per kept audit">']
+    for i, a in enumerate(audits):
+        y = top + i * row_h
+        x = float(label_w)
+        out.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{esc(_short(a["name"], 40))}</text>')
+        for st in statuses:
+            c = a["by_status"].get(st)
+            if not c or not c["bytes"]:
+                continue
+            bits = STATUS_BITS.get(st, 1)
+            color = SEVERITY_COLORS["ok"] if st == "ok" else SEVERITY_COLORS[
+                "operational" if bits & 8 else "integrity" if bits & 4 else "finding" if bits & 1 else "note"]
+            w = max(bar_w * c["bytes"] / widest, 1.5)
+            out.append(f'<rect class="status-{esc(st)}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
+                       f'fill="{color}"><title>{esc(a["name"])} {esc(st)}: {esc(human_count(c["files"]))} files, '
+                       f'{esc(human_bytes(c["bytes"]))}</title></rect>')
+            x += w
+        out.append(f'<text x="{x + 8:.1f}" y="{y + 15}">{esc(human_bytes(a["bytes"]))} · exit {a["exit_code"]}</text>')
+    out.append("</svg>")
+    head = ["audit", "exit", "files", "bytes", *[f"{st} files" for st in statuses]]
+    rows = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in (
+        a["name"], a["exit_code"], human_count(a["files"]), human_bytes(a["bytes"]),
+        *[human_count(a["by_status"].get(st, {}).get("files", 0)) for st in statuses])) + "</tr>" for a in audits)
+    table = ("<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>"
+             + rows + "</tbody></table>")
+    body = (f"<h1>kvmigrate: {len(audits)} kept audits</h1><h2>Bytes by status</h2>{''.join(out)}"
+            f"<h2>Files by status</h2>{table}")
+    return _page("kvmigrate audit trend", body)

@@ -29,10 +29,12 @@ class Rows:
 
     COLUMNS = ("relpath", "ns", "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink",
                "content", "payload", "status", "action", "reason", "target")
-    __slots__ = COLUMNS + ("order", "sizes", "errors", "store")
+    # (not in COLUMNS, which the C walk's finish_blocks takes: it never reads these two)
+    EXTRA = ("ctime_ns", "carried")
+    __slots__ = COLUMNS + EXTRA + ("order", "sizes", "errors", "store")
 
     def __init__(self) -> None:
-        for name in self.COLUMNS:
+        for name in self.COLUMNS + self.EXTRA:
             setattr(self, name, [])
         self.order: list[int] = []
         self.sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
@@ -61,6 +63,8 @@ class Rows:
         self.action.append(rec.action)
         self.reason.append(rec.reason)
         self.target.append(rec.target_relpath)
+        self.ctime_ns.append(rec.ctime_ns)
+        self.carried.append(rec.carried)
         if emit:
             self.order.append(i)
         return i
@@ -97,7 +101,7 @@ class Rows:
 
     def extend(self, other: "Rows") -> None:
         base, c_base = len(self.relpath), len(self.store) if self.store is not None else 0
-        for name in self.COLUMNS:
+        for name in self.COLUMNS + self.EXTRA:
             getattr(self, name).extend(getattr(other, name))
         if other.store is not None and len(other.store):
             if self.store is None:
@@ -137,6 +141,7 @@ class Rows:
                    utf8_safe(self.status).dictionary_encode(), utf8_safe(self.action).dictionary_encode(),
                    utf8_safe(self.reason).dictionary_encode(), utf8_safe(self.target)]
         arrays += findings.arrays([findings.finding_of(r) for r in self.reason])
+        arrays += [pa.array(self.ctime_ns, pa.int64()), pa.array(self.carried, pa.bool_())]
         return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -173,6 +178,7 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
                coded(0, "status"), coded(1, "action"), coded(2, "reason"), target]
     # the finding columns: one Finding per distinct reason, taken by the rows' reason index
     arrays += findings.arrays_by_code(store.values(2), fixed("reason", pa.int32(), "reason_valid"))
+    arrays += [fixed("ctime_ns", pa.int64()), pa.Array.from_buffers(pa.bool_(), n, [None, buf("carried")])]
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 

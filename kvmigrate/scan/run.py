@@ -26,6 +26,8 @@ from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.selection import Selection
+from kvmigrate.scan.baseline import DEFAULT_RECHECK
+from kvmigrate.scan.baseline import load as load_baseline
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
 from kvmigrate.scan import flat
 from kvmigrate.scan.roots import list_root, resolve_namespaces, select_folders, select_namespaces
@@ -88,7 +90,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
          batch_sink: Callable[[dict[str, Any]], Any] | None = None,
          target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None, selection: Selection | None = None) -> WalkResult:
+         command: str | None = None, workers: int | None = None, selection: Selection | None = None,
+         baseline: str | None = None, recheck: Any = None, history: str | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -104,6 +107,11 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     Every choice of workers and threads writes the same manifest.
     `selection` (--only/--exclude) narrows the scan to some namespaces, decided before
     they are read; the manifest's metadata then says it is partial (`selection`).
+
+    `baseline` (a manifest, a dataset directory or "auto": the newest audit kept in
+    `history`, default ROOT/.kvmigrate/audits) with --verify hash: files unchanged since
+    it keep its hashes unopened; `recheck` (a fraction, default 1/30) of its buckets are
+    re-read all the same (kvmigrate.scan.baseline).
     """
     if verify not in ("none", "size", "hash"):
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
@@ -115,6 +123,12 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     t0 = time.monotonic()
     root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
+    prev = None
+    if baseline is not None:
+        prev = load_baseline(baseline, root=root_path, target=target, verify=verify, history=history,
+                             recheck=DEFAULT_RECHECK if recheck is None else recheck)
+    elif recheck is not None:
+        raise UsageError("--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto")
     output = os.path.abspath(output)
     if os.path.isdir(output):
         raise UsageError("the manifest path is a directory", path=output,
@@ -133,7 +147,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)
     units = build_units(root_path, namespaces, verify == "hash", target)
-    walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output)
+    walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output, baseline=prev)
     walker.prepare(namespaces, units)
 
     meta = {
@@ -147,6 +161,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         "namespaces": {ns.source_base: ns.metadata() for ns in namespaces},
         "walk_errors": [],  # a walk with errors rewrites the metadata (see _finalize)
         "walk_failed": False,
+        # the baseline used (None: every file was read); rows it carried over have `carried`
+        "baseline": prev.metadata() if prev is not None else None,
     }
     if selection:
         meta["selection"] = dict(selection.metadata(), partial=True, skipped_namespaces=skipped)

@@ -22,7 +22,7 @@ from kvmigrate.scan.walker import Walker
 # block-level verdict on a file that was fine by itself: the re-classification of odd-size
 # blocks recovers the file-level state from the manifest row this way.
 FILE_LEVEL_STATUSES = frozenset({"short", "zero_filled", "header_invalid", "size_mismatch", "padded_legacy",
-                                 "unreadable", "misfiled"})
+                                 "unreadable", "misfiled", "silent_change"})
 
 
 def _outliers(walker: Walker, units: list[Unit], sizes: dict[tuple[str, int, int], Counter]

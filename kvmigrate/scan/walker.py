@@ -15,16 +15,20 @@ from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
 
-from kvmigrate import classify, layout
+from kvmigrate import classify, findings, layout
 from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate import pacing
 from kvmigrate.fsio import Vanished, errno_reason, kind_of, read_buffer, read_file
+from kvmigrate.scan.baseline import Baseline
 from kvmigrate.scan.blocks import BlockVerdicts
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows, ns_arrays
 from kvmigrate.scan.units import Member, Unit
 
 ZERO_SCAN_MAX = 64 << 20  # --verify size reads a zero-header vllm.cpp file whole only up to this size
+SILENT_CHANGE = findings.reason("content hash changed although size, mtime, ctime and inode did not: disk or "
+                                "filesystem corruption (silent data change); never migrated",
+                                findings.SILENT_CHANGE)
 
 
 def leaf_walk() -> Any:
@@ -57,7 +61,7 @@ class Visit(NamedTuple):
 def stat_record(relpath: str, st: os.stat_result, rank: int | None = None, group: int | None = None,
             hex_hash: str | None = None) -> FileRecord:
     return FileRecord(relpath, rank, group, hex_hash, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev,
-                      st.st_nlink)
+                      st.st_nlink, ctime_ns=st.st_ctime_ns)
 
 
 class Walker(BlockVerdicts):
@@ -65,8 +69,12 @@ class Walker(BlockVerdicts):
     block-level verdicts are `BlockVerdicts`'s)."""
 
     def __init__(self, root: str, *, verify: str, listing: RootListing,
-                 transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]]):
+                 transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]],
+                 baseline: Baseline | None = None):
         self.root = root
+        # --baseline (hash scans only): unchanged files keep its hashes unopened, except in
+        # the buckets re-read this run (--recheck), where a changed hash is a silent change
+        self.baseline = baseline if verify == "hash" else None
         self.transform_output = transform_output  # see `scan`
         self.verify = verify
         self.hashed = verify == "hash"
@@ -129,6 +137,8 @@ class Walker(BlockVerdicts):
     def hash_plain(self, rec: FileRecord, path: str) -> bool:
         """Hash a non-block regular file in --verify hash mode; False if it vanished."""
         if not self.hashed:
+            return True
+        if self._carry(rec):
             return True
         try:
             r = read_file(path, want_hash=True)
@@ -226,7 +236,10 @@ class Walker(BlockVerdicts):
         """
         blocks: dict[tuple[int, str], list[int]] = {}
         misc: list[int] = []
-        leaf = self.leaf if unit.plan.fam.header_len == 0 else None  # the C walk checks no headers
+        leaf = self.leaf if unit.plan.fam.header_len == 0 else None
+        baseline = self.baseline
+        recheck = baseline is not None and baseline.rechecks(hhh)
+        carry = baseline is not None and not recheck  # (stat first: read only what changed)
         if leaf is not None:
             verdict = partial(self._size_verdict, unit) if self._checks_size(unit) else None
             buf = read_buffer()
@@ -241,8 +254,11 @@ class Walker(BlockVerdicts):
                 continue
             if leaf is not None:
                 store = out.block_rows(leaf)
-                unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed, self.leaf_perm, m.code, m.rank,
-                                           store, verdict, buf)
+                j0 = len(store)
+                unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed and not carry, self.leaf_perm, m.code,
+                                           m.rank, store, verdict, buf)
+                if baseline is not None:
+                    self._against_baseline(store, j0, carry)
                 if unusual == []:
                     continue
                 store.export_blocks(blocks)  # Python rows join the blocks: after the C walk's rows so far
@@ -256,6 +272,56 @@ class Walker(BlockVerdicts):
         out.order.extend(misc)
         if blocks or leaf is not None:  # (the C walk files its rows' blocks in out.store)
             self._finish_blocks(unit, blocks, out)
+
+    def _against_baseline(self, store: Any, j0: int, carry: bool) -> None:
+        """The C walk's rows from j0 on against the baseline. Carrying (the walk only
+        stat()ed them): unchanged files take the baseline's hash, the others are read
+        here. Re-checking (the walk hashed them): unchanged metadata with another hash is
+        a silent change."""
+        b = self.baseline
+        assert b is not None
+        if not carry:
+            for j in store.carry(j0, *b.stat, b.content, True):
+                store.set(j, "silent_change", "none", SILENT_CHANGE, None)
+            return
+        for j in store.carry(j0, *b.stat, b.content, False):
+            rel = store.row(j)[0]
+            try:
+                r = read_file(f"{self.root}/{rel}", want_hash=True)
+            except (Vanished, OSError) as exc:  # (gone or unreadable since its stat: the row keeps no hash)
+                if not isinstance(exc, (Vanished, FileNotFoundError)):
+                    store.set(j, "unreadable", "none", errno_reason(exc, "cannot read", rel), None)
+                continue
+            if r.st.st_size == 0:
+                store.set(j, "short", "none", "empty file", None)
+            elif r.all_zero:
+                store.set(j, "zero_filled", "none", f"all {r.st.st_size} bytes are zero (crash residue)", None)
+            else:
+                store.set_content(j, r.content)
+
+    def _carry(self, rec: FileRecord) -> bool:
+        """A file through the Python walk against the baseline: True when unchanged and
+        carried over (rec has the baseline's hashes; not to be read)."""
+        b = self.baseline
+        if b is None or b.rechecks(_bucket_of(rec.relpath)):
+            return False
+        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        if i < 0:
+            return False
+        rec.content, rec.payload = b.hashes(i)
+        rec.carried = True
+        return True
+
+    def _rechecked(self, rec: FileRecord) -> bool:
+        """A file just hashed in a re-checked bucket: True (a silent change) if only its bytes moved."""
+        b = self.baseline
+        if b is None or rec.status != "ok" or rec.content is None:
+            return False
+        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        if i >= 0 and b.hashes(i)[0] != rec.content:
+            rec.status, rec.reason = "silent_change", SILENT_CHANGE
+            return True
+        return False
 
     def _unusual(self, v: Visit, unusual: list[tuple[str | None, str]]) -> None:
         """The entries the leaf walk left to Python (fan-out folder None: an entry of the
@@ -336,6 +402,10 @@ class Walker(BlockVerdicts):
         contents, payloads, statuses, actions, reasons, targets = (out.content, out.payload, out.status, out.action,
                                                                    out.reason, out.target)
         code, rank = m.code, m.rank
+        ctimes, carries = out.ctime_ns, out.carried
+        baseline = self.baseline
+        recheck = baseline is not None and baseline.rechecks(v.hhh)
+        unchanged = baseline.unchanged if baseline is not None else None
         prefix = v.hhh + hh  # a block file in its right place starts with these 5 hex
         if files is None:
             files = self._listing(fpath, frel, out, m.columns)
@@ -358,8 +428,15 @@ class Walker(BlockVerdicts):
             else:
                 status = "ok"
                 reason = ""
+                carried = False
                 try:
-                    if hashed:
+                    if unchanged is not None and not recheck:  # --baseline: stat, read only if it changed
+                        st = e.stat(follow_symlinks=False)
+                        was = unchanged(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                        carried = was >= 0
+                    if carried:
+                        content = baseline.hashes(was)[0]
+                    elif hashed:
                         r = read_file(e.path, want_hash=True)  # open + fstat + read: no lstat
                         st = r.st
                         content = r.content
@@ -374,13 +451,16 @@ class Walker(BlockVerdicts):
                     i = self._block_file(v, e, rel, group, hex_hash, False)
                 else:
                     size = st.st_size
-                    if hashed and (size == 0 or r.all_zero):
+                    if hashed and not carried and (size == 0 or r.all_zero):
                         status, reason = ("short", "empty file") if size == 0 else (
                             "zero_filled", f"all {size} bytes are zero (crash residue)")
                     elif check_perm and not self._may_read(st):
                         status = "unreadable"
                         reason = (f"cannot read {rel}: [EACCES] permission denied "
                                   f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
+                    elif recheck and (was := unchanged(st.st_dev, st.st_ino, size, st.st_mtime_ns,
+                                                       st.st_ctime_ns)) >= 0 and baseline.hashes(was)[0] != content:
+                        status, reason = "silent_change", SILENT_CHANGE
                     elif check_size:
                         key = (group, size)
                         try:
@@ -406,6 +486,8 @@ class Walker(BlockVerdicts):
                     actions.append("none")
                     reasons.append(reason)
                     targets.append(None)
+                    ctimes.append(st.st_ctime_ns)
+                    carries.append(carried)
             if i is None:
                 continue  # vanished
             if misfiled:
@@ -457,6 +539,8 @@ class Walker(BlockVerdicts):
                 rec.reason = (f"cannot read {rec.relpath}: [EACCES] permission denied "
                               f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
                 return True
+        elif self.hashed and self._carry(rec):
+            pass  # unchanged since the baseline: its hashes, and its header was valid then
         else:
             try:
                 r = read_file(path, want_hash=self.hashed, header_len=header_len)
@@ -470,6 +554,7 @@ class Walker(BlockVerdicts):
                 # replaced (temp + rename) between listing and reading: report what is there now
                 rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink = (st.st_size, st.st_mtime_ns, st.st_ino,
                                                                          st.st_dev, st.st_nlink)
+                rec.ctime_ns = st.st_ctime_ns
             rec.content = r.content
             if has_header:
                 rec.payload = r.payload
@@ -502,6 +587,8 @@ class Walker(BlockVerdicts):
                     rec.status = "header_invalid"
                     rec.reason = f"header check '{check}' failed: the {fam.title} reader deletes this file"
                     return True
+            if self.baseline is not None and self._rechecked(rec):
+                return True
         if self.verify == "none" or plan.block_status is not None:
             return True
         bad = classify.size_status(plan, rec.group or 0, rec.size)
@@ -519,6 +606,16 @@ class Walker(BlockVerdicts):
         if st.st_gid in self._groups:
             return bool(st.st_mode & stat_mod.S_IRGRP)
         return bool(st.st_mode & stat_mod.S_IROTH)
+
+
+def _bucket_of(relpath: str) -> str | None:
+    """The innermost `<hhh>` folder of a path (the --recheck rotation goes by bucket)."""
+    parts = relpath.split("/")
+    for name in reversed(parts[:-1]):
+        if layout.BUCKET_RE.match(name):
+            return name
+    return None
+
 
 def shard_part(bucket: str | None, n: int) -> int:
     """Shard part of a bucket: int(hhh, 16) % N; files outside buckets belong to part 0."""

@@ -25,6 +25,8 @@ CONTRACT = {
     # the typed finding of the reason (manifest version 2, kvmigrate.findings)
     "finding": pa.string(), "primary_rank": pa.int32(), "of_action": pa.string(), "cell_bytes": pa.int64(),
     "row_cells": pa.int32(), "output_bytes": pa.int64(), "asks": pa.string(), "aliases_relpath": pa.string(),
+    # manifest version 3: the inode change time and whether a --baseline carried the row's hashes
+    "ctime_ns": pa.int64(), "carried": pa.bool_(),
 }
 MIXED = (dict(family="llmd", tp=2, kv_kind="mla", defects=("missing_rank", "tmp_vllm", "size_mismatch")),
          dict(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, model_name="deepseek/V2",

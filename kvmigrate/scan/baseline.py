@@ -1,0 +1,168 @@
+"""`--baseline PREV`: the previous manifest of this root, so a scheduled `--verify hash`
+reads only what changed (fclones' `--cache`, jdupes' hash database).
+
+A file whose dev, inode, size, mtime_ns and ctime_ns equal its baseline row keeps the
+baseline's hashes without being opened (ctime cannot be set from user space: a rewrite
+that restores size and mtime still moves it). `--recheck F` re-reads a rotating part of
+those files anyway, by bucket (int(hhh, 16) % P == slot, P = 1/F, the slot one further
+each run), so P runs cover the tree; a hash that changed under unchanged metadata is a
+`silent_change` (disk or filesystem corruption).
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from fractions import Fraction
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvmigrate import manifest
+from kvmigrate.errors import UsageError
+from kvmigrate.history import history_dir, kept_audits
+
+DEFAULT_RECHECK = Fraction(1, 30)
+# Rows whose hashes a run never takes over: what the read itself found (a later read may
+# find otherwise), and rows the walk could not read or hash.
+READ_FINDINGS = frozenset({"short", "zero_filled", "unreadable", "header_invalid", "silent_change"})
+_COLUMNS = ("dev", "inode", "size", "mtime_ns", "ctime_ns", "content_xxh3_128", "payload_xxh3_128",
+            "status")
+
+
+def parse_fraction(text: str) -> Fraction:
+    """`--recheck F`: 1/30, 0.05, 0 (never) or 1 (every carried file)."""
+    try:
+        f = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(f"--recheck must be a fraction between 0 and 1 (e.g. 1/30 or 0.05), got {text!r}") from None
+    if not 0 <= f <= 1:
+        raise UsageError(f"--recheck must be between 0 and 1, got {text!r}")
+    return f
+
+
+class Baseline:
+    """A previous manifest of this root, checked: the rows whose hashes may be carried
+    over, sorted by inode, as flat buffers (`stat`: dev, inode, size, mtime_ns, ctime_ns,
+    8 bytes a row each; `content`: 16 bytes a row) that the C walk's BlockRows.carry
+    searches without a Python object per row.
+
+    Rows are found by inode, not by path: a file whose dev, inode, size, mtime and ctime
+    all equal a row's is that row's file, under whatever name (a hard link of it has the
+    same bytes), and a sorted inode column costs 8 bytes a row where a dict of 1M paths
+    cost a scan ~700 MB."""
+
+    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction):
+        self.path = path
+        self.meta = meta
+        self.stat, self.content, self.payload = columns
+        self._stat = [memoryview(b).cast("Q" if k < 2 else "q") for k, b in enumerate(self.stat)]
+        self.rows = len(self._stat[1])
+        self.recheck = recheck
+        self.period = 0 if recheck == 0 else max(1, round(1 / recheck))
+        previous = (meta.get("baseline") or {}).get("recheck_slot")
+        self.slot = 0 if not self.period or previous is None else (int(previous) + 1) % self.period
+
+    def rechecks(self, bucket: str | None) -> bool:
+        """Files of this bucket are re-read this run (their hashes compared to the baseline's)."""
+        if not self.period or bucket is None:
+            return False
+        return int(bucket, 16) % self.period == self.slot
+
+    def unchanged(self, dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int | None) -> int:
+        """The baseline row of a file whose stat fields did not change, or -1."""
+        d, n, z, m, c = self._stat
+        i = bisect_left(n, ino)
+        while i < self.rows and n[i] == ino:
+            if d[i] == dev and z[i] == size and m[i] == mtime_ns and c[i] == ctime_ns:
+                return i
+            i += 1
+        return -1
+
+    def hashes(self, i: int) -> tuple[bytes, bytes | None]:
+        """(content hash, payload hash or None) of baseline row i."""
+        return bytes(self.content[16 * i:16 * i + 16]), self.payload.get(i)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": self.rows,
+                "recheck": str(self.recheck), "recheck_period": self.period,
+                "recheck_slot": self.slot if self.period else None}
+
+
+Columns = tuple  # ((dev, inode, size, mtime_ns, ctime_ns) buffers, content buffer, {row: payload})
+
+
+def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
+         history: str | None = None) -> Baseline | None:
+    """The baseline named by `--baseline` (a manifest, a dataset directory, or `auto`: the
+    newest kept audit of ROOT), checked against this run; None for `auto` with no kept
+    audit yet (the first run reads everything)."""
+    if verify != "hash":
+        raise UsageError(f"--baseline carries hashes over: it needs --verify hash (got --verify {verify})",
+                         hint="add --verify hash, or drop --baseline")
+    if spec == "auto":
+        kept = kept_audits(history_dir(root, history))
+        if not kept:
+            return None
+        path = str(kept[-1])
+    else:
+        path = os.path.abspath(spec)
+        if not os.path.exists(path):
+            raise UsageError("no such baseline manifest", path=path,
+                             hint="pass a manifest written by `kvmigrate scan --verify hash`, or --baseline auto")
+    rescan = f"rescan with `kvmigrate scan {root} --verify hash -o MANIFEST` and pass that manifest"
+    version = _version(path)
+    if version != manifest.MANIFEST_VERSION:
+        raise UsageError(f"baseline refused: manifest format version {version}, a baseline needs version "
+                         f"{manifest.MANIFEST_VERSION} (its ctime_ns column)", path=path, hint=rescan)
+    meta = manifest.read_metadata(path)
+    for key, ours, what in (("root", root, "cache root"), ("target_profile", target, "target profile")):
+        if meta.get(key) != ours:
+            raise UsageError(f"baseline refused: it is a scan of {what} {meta.get(key)!r}, this run's is {ours!r}",
+                             path=path, hint="pass a manifest of this root and --target, or --baseline auto")
+    if meta.get("verify") != "hash":
+        raise UsageError(f"baseline refused: a --verify {meta.get('verify')} scan has no hashes to carry over",
+                         path=path, hint=rescan)
+    return Baseline(path, meta, _columns(path), recheck)
+
+
+def _version(path: str) -> Any:
+    """The manifest_version of a manifest (the first part of a dataset directory)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        files = manifest._parquet_files(path)
+        raw = (pq.read_schema(files[0]).metadata or {}).get(manifest.META_KEY)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"baseline refused: cannot read it as a Parquet manifest ({exc})", path=path) from None
+    if raw is None:
+        raise UsageError("baseline refused: not a kvmigrate manifest (no kvmigrate metadata)", path=path)
+    return json.loads(raw).get("manifest_version", 1)
+
+
+def _columns(path: str) -> Columns:
+    """The rows whose hashes may be carried over, sorted by inode, as `Baseline` keeps
+    them: with Arrow kernels and buffers, never a Python object per row."""
+    t = manifest.read_table(path, columns=_COLUMNS)
+    status = pc.cast(t["status"], pa.string())
+    keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
+                   pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
+    t = t.filter(keep).drop_columns(["status"])
+    t = t.take(pc.sort_indices(t["inode"])).combine_chunks()
+    stat = tuple(_flat(t[name], 8) for name in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
+    payload_col = t["payload_xxh3_128"]
+    payload = ({} if payload_col.null_count == t.num_rows else
+               {i: v for i, v in enumerate(payload_col.to_pylist()) if v is not None})
+    return stat, _flat(t["content_xxh3_128"], 16), payload
+
+
+def _flat(column: Any, width: int) -> memoryview:
+    """The values of a null-free fixed-width column as one flat buffer."""
+    arr = column.chunk(0) if column.num_chunks else pa.array([], column.type)
+    if arr.null_count:
+        arr = pc.fill_null(arr, 0 if width == 8 else b"\0" * width)
+    data = memoryview(arr.buffers()[1])
+    return data[arr.offset * width:(arr.offset + len(arr)) * width]

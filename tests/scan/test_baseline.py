@@ -1,0 +1,173 @@
+"""`scan --baseline PREV`: unchanged files keep the baseline's hashes unopened, a rewrite
+that restores size and mtime is read again (ctime), `--recheck` re-reads a rotating part
+and finds silent changes, and a baseline of another root, profile or version is refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kvmigrate import manifest
+from tests.cli_helpers import run
+
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "mla"]
+SPECS = (dict(family="llmd", tp=2, kv_kind="mla", blocks=12),)
+
+
+def scan(root: Path, out: Path, *extra: object) -> tuple[int, str]:
+    return run("scan", root, "-o", out, "--verify", "hash", "-q", *FACTS, *extra)
+
+
+def rows(path: Path) -> dict[str, dict]:
+    return {r["relpath"]: r for r in manifest.read_table(path).to_pylist()}
+
+
+def block_rows(path: Path) -> dict[str, dict]:
+    return {k: r for k, r in rows(path).items() if k.endswith(".bin")}
+
+
+def opened_blocks(root: Path, out: Path, *extra: str) -> int:
+    """Block files the scan opens, counted by strace (both walks: the C walk's openat too)."""
+    log = out.with_suffix(".strace")
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(log), sys.executable, "-m",
+                    "kvmigrate", "scan", str(root), "-o", str(out), "--verify", "hash", "-q", *FACTS, *extra],
+                   check=False, capture_output=True, env=dict(os.environ))
+    opens = [line for line in log.read_text().splitlines() if re.search(r'\.bin", ', line) and "= -1" not in line]
+    return len(opens)
+
+
+def test_unchanged_tree_opens_no_block_file(synth_root, tmp_path, walk):
+    root, _ = synth_root(*SPECS)
+    full = tmp_path / "full.parquet"
+    assert opened_blocks(root, full) == len(block_rows(full)) > 0  # (strace sees the opens of a full read)
+    again = tmp_path / "again.parquet"
+    assert opened_blocks(root, again, "--baseline", str(full), "--recheck", "0") == 0
+    before, after = block_rows(full), block_rows(again)
+    assert {k: r["content_xxh3_128"] for k, r in after.items()} == {k: r["content_xxh3_128"] for k, r in before.items()}
+    assert all(r["carried"] for r in after.values()) and not any(r["carried"] for r in before.values())
+    assert {k: (r["status"], r["action"]) for k, r in after.items()} == {
+        k: (r["status"], r["action"]) for k, r in before.items()}
+    assert manifest.read_metadata(again)["baseline"]["path"] == str(full)
+
+
+def test_rewrite_with_restored_size_and_mtime_is_read_again(synth_root, tmp_path, walk):
+    root, _ = synth_root(*SPECS)
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    victim = sorted(block_rows(full))[3]
+    path = root / victim
+    st = path.stat()
+    path.write_bytes(b"\x5a" * st.st_size)  # other bytes, same size ...
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: only the ctime moved
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ctime_ns != st.st_ctime_ns
+    again = tmp_path / "again.parquet"
+    scan(root, again, "--baseline", full, "--recheck", "0")
+    after = block_rows(again)
+    assert not after[victim]["carried"]
+    assert after[victim]["content_xxh3_128"] != block_rows(full)[victim]["content_xxh3_128"]
+    assert after[victim]["status"] == "replica_mismatch"  # (the other rank's replica still has the old bytes)
+    assert all(r["carried"] for k, r in after.items() if k != victim)
+
+
+def _with_hash_edited(src: Path, dst: Path, relpath: str) -> None:
+    """A copy of manifest `src` whose row `relpath` claims other bytes (as if the disk
+    changed them under unchanged metadata)."""
+    t = pq.read_table(src)
+    i = t.schema.get_field_index("content_xxh3_128")
+    hashes = t.column(i).to_pylist()
+    k = t.column("relpath").to_pylist().index(relpath)
+    hashes[k] = bytes(16)
+    pq.write_table(t.set_column(i, t.schema.field(i), pa.array(hashes, pa.binary(16))), dst)
+
+
+def test_sampled_bucket_finds_a_silent_change(synth_root, tmp_path, walk):
+    root, _ = synth_root(*SPECS)
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    victim = sorted(block_rows(full))[5]
+    edited = tmp_path / "edited.parquet"
+    _with_hash_edited(full, edited, victim)
+    skipped = tmp_path / "skipped.parquet"
+    scan(root, skipped, "--baseline", edited, "--recheck", "0")
+    assert block_rows(skipped)[victim]["carried"]  # not re-read: the baseline's word is taken
+    assert block_rows(skipped)[victim]["status"] != "silent_change"
+    sampled = tmp_path / "sampled.parquet"
+    code, _ = scan(root, sampled, "--baseline", edited, "--recheck", "1")
+    got = block_rows(sampled)[victim]
+    assert got["status"] == "silent_change" and got["finding"] == "silent_change" and got["action"] == "none"
+    assert code & 4
+    assert not [k for k, r in block_rows(sampled).items() if r["status"] == "silent_change" and k != victim]
+    code, out = run("audit", root, "--verify", "hash", *FACTS, "--baseline", edited, "--recheck", "1")
+    assert code & 4 and "disk or filesystem corruption" in out
+
+
+def test_recheck_rotates_over_the_buckets(synth_root, tmp_path, walk):
+    root, _ = synth_root(*SPECS)
+    full, first, second = tmp_path / "full.parquet", tmp_path / "first.parquet", tmp_path / "second.parquet"
+    scan(root, full)
+    scan(root, first, "--baseline", full, "--recheck", "1/2")
+    scan(root, second, "--baseline", first, "--recheck", "1/2")
+    assert manifest.read_metadata(first)["baseline"]["recheck_slot"] == 0
+    assert manifest.read_metadata(second)["baseline"]["recheck_slot"] == 1
+    a, b = block_rows(first), block_rows(second)
+    assert set(a) == set(b)
+    read_a = {k for k, r in a.items() if not r["carried"]}
+    read_b = {k for k, r in b.items() if not r["carried"]}
+    assert read_a and read_b and not read_a & read_b and read_a | read_b == set(a)  # two runs: every file once
+
+
+def test_baseline_of_another_root_is_refused(synth_root, tmp_path):
+    root, _ = synth_root(*SPECS)
+    other, _ = synth_root(*SPECS, root_name="other")
+    theirs = tmp_path / "other.parquet"
+    scan(other, theirs)
+    code, out = scan(root, tmp_path / "x.parquet", "--baseline", theirs)
+    assert code == 2 and "baseline refused" in out and str(other) in out and "cache root" in out
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_baseline_of_another_target_profile_or_verify_is_refused(synth_root, tmp_path):
+    root, _ = synth_root(*SPECS)
+    sized = tmp_path / "sized.parquet"
+    run("scan", root, "-o", sized, "-q", *FACTS)
+    code, out = scan(root, tmp_path / "x.parquet", "--baseline", sized)
+    assert code == 2 and "--verify size scan has no hashes" in out
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    code, out = run("scan", root, "-o", tmp_path / "y.parquet", "--verify", "size", "-q", *FACTS,
+                    "--baseline", full)
+    assert code == 2 and "needs --verify hash" in out
+    assert manifest.read_metadata(full)["target_profile"] == "vllm-0.28"
+    code, out = scan(root, tmp_path / "z.parquet", "--baseline", full, "--target", "vllm-0.26")
+    assert code == 2 and "target profile 'vllm-0.28'" in out and "'vllm-0.26'" in out
+
+
+def test_baseline_of_an_older_manifest_version_is_refused(synth_root, tmp_path):
+    import json
+
+    root, _ = synth_root(*SPECS)
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    t = pq.read_table(full)
+    meta = json.loads(t.schema.metadata[manifest.META_KEY])
+    meta["manifest_version"] = 2
+    old = tmp_path / "old.parquet"
+    pq.write_table(t.drop_columns(["ctime_ns", "carried"]).replace_schema_metadata(
+        {manifest.META_KEY: json.dumps(meta).encode()}), old)
+    code, out = scan(root, tmp_path / "x.parquet", "--baseline", old)
+    assert code == 2 and "format version 2" in out and "rescan with" in out
+
+
+def test_baseline_auto_without_kept_audits_reads_everything(synth_root, tmp_path):
+    root, _ = synth_root(*SPECS)
+    out = tmp_path / "auto.parquet"
+    code, _ = scan(root, out, "--baseline", "auto", "--history", tmp_path / "none-yet")
+    assert code in (0, 1) and manifest.read_metadata(out)["baseline"] is None
+    assert not any(r["carried"] for r in rows(out).values())
