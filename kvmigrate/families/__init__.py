@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from kvmigrate import layout
 from kvmigrate.errors import UsageError
-from kvmigrate.identity import canonical, gates, schemes
-from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.values import AMBIGUOUS, ENSURE_ASCII, NAMES, UNKNOWN  # noqa: F401  (the registry's names)
-from kvmigrate.identity.vllm_target import Target, vllm_target
+from kvmigrate.identity import canonical, schemes
+from kvmigrate.identity.values import (AMBIGUOUS, DEFAULT_PROFILE, ENSURE_ASCII, NAMES,  # noqa: F401 (the registry's
+                                       UNKNOWN)  # names)
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvmigrate.classify import FileRecord, UnitPlan
+    from kvmigrate.identity.facts import Facts
+    from kvmigrate.identity.vllm_target import Target
 
 PAGE = 4096
 
@@ -162,6 +163,10 @@ class Family:
 
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
         """The `Target` of a namespace of this family for a target profile."""
+        # imported here, not at the top: the gates are loaded by the commands that compute
+        # targets only (a report asks the registry for settled_by alone: 3 ms of its start-up)
+        from kvmigrate.identity.vllm_target import vllm_target
+
         return vllm_target(fields, self, facts, profile)
 
     def target_digest(self, fields: Mapping[str, Any] | None) -> bytes | None:
@@ -354,7 +359,7 @@ def source_problems(fields: Mapping[str, Any]) -> list[str]:
     return of_identity(fields).source_problems(fields)
 
 
-def compute_target(source_fields: dict, family: str, facts: Facts, profile: str = gates.DEFAULT_PROFILE) -> Target:
+def compute_target(source_fields: dict, family: str, facts: Facts, profile: str = DEFAULT_PROFILE) -> Target:
     """Target identity of an existing namespace (identity.md §4): the `target` of its
     family, or of the family its keys prove when that one is read by another engine.
 
