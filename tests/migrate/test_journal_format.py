@@ -115,3 +115,35 @@ def test_a_damaged_middle_frame_is_never_truncated_away(tmp_path, synth_root):
     assert rerun.returncode == 8, rerun.stderr
     assert "damaged at byte" in rerun.stderr and str(journal) in rerun.stderr
     assert journal.read_bytes() == bytes(data)  # nothing cut, nothing appended
+
+
+def test_a_journal_on_another_filesystem_migrates_verifies_and_rolls_back(tmp_path, synth_root):
+    """`--journal DIR` on another filesystem (issue 18 item 2): /dev/shm is a tmpfs, the tree
+    is on tmp_path's filesystem. The journal lives there, the lock stays beside the target,
+    and verify and rollback read it from there."""
+    import shutil
+    import tempfile
+
+    root, _ = synth_root({**LINKS, "blocks": 60})
+    shm = Path(tempfile.mkdtemp(prefix="kvmigrate-journal-", dir="/dev/shm"))
+    try:
+        assert os.stat(shm).st_dev != os.stat(root).st_dev, "the test needs /dev/shm on another filesystem"
+        journal = shm / "journals"
+        before = listing(root, with_times=False)
+        code, summary = run_json("migrate", root, *MLA, "--apply", "--journal", journal)
+        assert code == 0 and summary["apply"]["outcomes"]["created"] == 60
+        (jfile,) = journal.glob("*.jsonl")
+        assert not (root / ".kvmigrate" / "journals").exists()  # nothing journaled on the cache's filesystem
+        locks = [r["path"] for r in read_records(jfile) if r["t"] == "lock"]
+        targets = {r["base"] for r in read_records(jfile) if r["t"] == "target"}
+        # the lock was taken beside the target, on the cache's filesystem (and released)
+        assert locks and {p.split("/")[0] for p in locks} <= targets, (locks, targets)
+        assert all(p.endswith("/" + layout.LOCK_NAME) and not (root / p).exists() for p in locks)
+        code, out = run("verify", root, "--journal", jfile)
+        assert code == 0, out
+        code, out = run("rollback", jfile)
+        assert code == 0, out
+        after = {k: v for k, v in listing(root, with_times=False).items() if ".kvmigrate" not in k}
+        assert after == {k: v for k, v in before.items() if ".kvmigrate" not in k}
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
