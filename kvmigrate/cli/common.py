@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -227,26 +227,35 @@ def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, q
             click.echo(f"kvmigrate: note: {note}", err=True)
 
 
-def rerun_command(ctx: click.Context, paths: tuple[str, ...] = ()) -> str:
-    """The command of this invocation for a shell: its arguments and the options given on
-    the command line (the parameters named in `paths` made absolute)."""
+def rerun_command(ctx: click.Context, paths: Iterable[str] = (), *, skip: Iterable[str] = (),
+                  extra: tuple[str, ...] = (), formats: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """The command of this invocation for a shell (the apply command a dry run prints, the
+    resume command of a stop): its arguments and the options given on the command line,
+    in declaration order; `paths` made absolute, `skip` left out, `formats` writing a
+    parsed value back (a duration), a repeatable option once per value; then `extra`."""
     import shlex
 
+    paths, skip, formats = set(paths), set(skip), formats or {}
     args = ["kvmigrate", ctx.info_name or ""]
     for param in ctx.command.params:
-        value = ctx.params.get(param.name)
+        name = param.name
+        value = ctx.params.get(name)
+        if name in skip or value is None:
+            continue
         if isinstance(param, click.Argument):
-            args += [os.path.abspath(v) if param.name in paths else str(v)
+            args += [os.path.abspath(v) if name in paths else str(v)
                      for v in (value if isinstance(value, tuple) else (value,)) if v is not None]
             continue
-        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE or value is None:
+        if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
             continue
         if isinstance(value, bool):
             flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
             args += [flag] if flag else []
-        else:
-            args += [param.opts[0], os.path.abspath(value) if param.name in paths else str(value)]
-    return " ".join(shlex.quote(a) for a in args)
+            continue
+        for v in (value if isinstance(value, tuple) else (value,)):
+            text = formats[name](v) if name in formats else os.path.abspath(v) if name in paths else str(v)
+            args += [param.opts[0], text]
+    return " ".join(shlex.quote(a) for a in [*args, *extra])
 
 
 def baseline_options(fn: Callable) -> Callable:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
@@ -11,11 +10,10 @@ import click
 
 from kvmigrate.cli.common import (check_scaleout, facts_options, handle_errors, output_options, pacing_options,
                                   part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
-                                  scaleout_options, selection_options, start_pacing)
+                                  rerun_command, scaleout_options, selection_options, start_pacing)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
-_NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out", "root",
-                         "manifest_path"}
+_NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out"}
 
 
 @click.command("migrate")
@@ -248,32 +246,5 @@ def _targets_json(plan) -> list[dict]:
 
 def _apply_command(ctx: click.Context) -> str:
     """The exact command that applies this plan: the same inputs and options, + --apply."""
-    params = ctx.params
-    args = ["kvmigrate", "migrate"]
-    if params.get("manifest_path"):
-        args += ["--manifest", os.path.abspath(params["manifest_path"])]
-    elif params.get("root"):
-        args.append(os.path.abspath(params["root"]))
-    for param in ctx.command.params:
-        name = param.name
-        if name in _NOT_IN_APPLY_COMMAND or not isinstance(param, click.Option):
-            continue
-        if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
-            continue
-        value = params.get(name)
-        if isinstance(value, bool):
-            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
-            if flag:
-                args.append(flag)
-            continue
-        if value is None:
-            continue
-        if isinstance(value, tuple):  # a repeatable option (--only, --exclude)
-            for v in value:
-                args += [param.opts[0], str(v)]
-            continue
-        if name in ("dest", "journal", "facts_file", "model_config"):
-            value = os.path.abspath(value)
-        args += [param.opts[0], str(value)]
-    args.append("--apply")
-    return " ".join(shlex.quote(a) for a in args)
+    return rerun_command(ctx, ("root", "manifest_path", "dest", "journal", "facts_file", "model_config"),
+                         skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))

@@ -9,9 +9,10 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
+from kvmigrate.cli.common import (facts_options, handle_errors, output_options, pop_fact_flags, print_json,
+                                  rerun_command)
 
-_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "root", "manifest_path", "manifest_out"}
+_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -157,30 +158,10 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
 
 def _apply_command(ctx: click.Context) -> str:
     """The exact command that applies this plan: the same inputs and options, + --apply."""
-    params = ctx.params
-    args = ["kvmigrate", "prune"]
-    if params.get("manifest_path"):
-        args += ["--manifest", os.path.abspath(params["manifest_path"])]
-    elif params.get("root"):
-        args.append(os.path.abspath(params["root"]))
-    for param in ctx.command.params:
-        name = param.name
-        if name in _NOT_IN_APPLY_COMMAND or not isinstance(param, click.Option):
-            continue
-        if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE:
-            continue
-        value = params.get(name)
-        if isinstance(value, bool):
-            flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
-            if flag:
-                args.append(flag)
-            continue
-        if value is None:
-            continue
-        if name in ("quiet_period", "older_than"):
-            value = f"{value:g}s"
-        if name in ("journal", "migration_journal", "facts_file", "model_config"):
-            value = os.path.abspath(value)
-        args += [param.opts[0], str(value)]
-    args.append("--apply")
-    return " ".join(shlex.quote(a) for a in args)
+    return rerun_command(ctx, ("root", "manifest_path", "journal", "migration_journal", "facts_file", "model_config"),
+                         skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",),
+                         formats={"quiet_period": _seconds, "older_than": _seconds})
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
