@@ -1473,15 +1473,17 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
         log(f"journal: synth {blocks:,} blocks (x{spec.tp} rank files)")
         subprocess.run([kvm, "synth", str(root), *spec.synth_args(blocks, 0)], check=True, capture_output=True)
         stamp.write_text("ok\n")
-    manifest = workdir / "m.parquet"
-    r = run_measured([kvm, "scan", str(root), "--verify", "hash", "-q", "-o", str(manifest), *FACTS])
-    if r.rc not in (0, 1):
-        sys.exit(f"bench: journal: the scan failed (exit {r.rc})")
     before = set(os.listdir(root))
     versions = {"after": (kvm, subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                                                text=True).stdout.strip())}
     if args.journal_before:
         versions = {"before": before_kvmigrate(args.journal_before, workdir, log), **versions}
+    manifests = {}  # each version migrates from a manifest of its own scan (the format versions differ)
+    for name, (exe, _) in versions.items():
+        manifests[name] = workdir / f"m-{name}.parquet"
+        r = run_measured([exe, "scan", str(root), "--verify", "hash", "-q", "-o", str(manifests[name]), *FACTS])
+        if r.rc not in (0, 1):
+            sys.exit(f"bench: journal: the {name} scan failed (exit {r.rc})")
     out: dict[str, Any] = {"blocks": blocks, "tree": f"llm-d TP=2 MLA, {blocks:,} blocks of 4 KiB, every action "
                                                      "`link`", "reps": args.reps, "versions": {}}
     runs: dict[str, list[dict]] = {k: [] for k in versions}
@@ -1493,7 +1495,10 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
             rmtree(jdir)
             for extra in sorted(set(os.listdir(root)) - before):
                 rmtree(root / extra)
-            ap = run_measured([exe, "migrate", "--manifest", str(manifest), "--apply", "-q", "--journal", str(jdir)])
+            ap = run_measured([exe, "migrate", "--manifest", str(manifests[name]), "--apply", "-q", "--journal",
+                               str(jdir)])
+            if ap.rc != 0:
+                sys.exit(f"bench: journal: the {name} apply failed (exit {ap.rc})")
             jbytes = sum(f.stat().st_size for f in jdir.iterdir())
             os.sync()
             rb = run_measured([exe, "rollback", str(jdir), "-q"])
