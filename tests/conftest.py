@@ -98,3 +98,29 @@ def ray():
     import ray  # noqa: F811  (fails here, clearly, where CI lacks the extra)
 
     return ray
+
+
+class FakeClock:
+    """A clock the pacing tests move by hand (kvmigrate.pacing's deadline and token bucket):
+    by `step` at every look at the deadline, and by what a bucket sleeps."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now, self.step, self.slept = 0.0, step, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.now += seconds
+
+
+@pytest.fixture
+def no_limits():
+    """Reset kvmigrate.pacing's process-wide limits and clock after a test that set them."""
+    from kvmigrate import pacing
+
+    yield
+    pacing._LIMITS.clock = pacing.time.monotonic
+    pacing.configure()

@@ -20,30 +20,9 @@ from kvmigrate.migrate.journal import read_records
 from kvmigrate import manifest, pacing
 from kvmigrate.migrate.apply import BATCH, CRASH_ENV
 
+from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
-
-
-class FakeClock:
-    """Moves by `step` at every look at the deadline, or by what a bucket sleeps."""
-
-    def __init__(self, step: float = 0.0) -> None:
-        self.now, self.step, self.slept = 0.0, step, 0.0
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept += seconds
-        self.now += seconds
-
-
-@pytest.fixture
-def no_limits():
-    yield
-    pacing._LIMITS.clock = pacing.time.monotonic
-    pacing.configure()
 
 
 @pytest.fixture

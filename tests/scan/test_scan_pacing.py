@@ -10,38 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from cli_helpers import run
 from kvmigrate import manifest, pacing
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.pipeline import scan
 
+from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1, "blocks": 300}  # ~300 bucket visits
-
-
-class FakeClock:
-    """Moves by `step` at every look (the deadline) or by what the bucket sleeps."""
-
-    def __init__(self, step: float = 0.0) -> None:
-        self.now, self.step, self.slept = 0.0, step, 0.0
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept += seconds
-        self.now += seconds
-
-
-@pytest.fixture
-def no_limits():
-    yield
-    pacing._LIMITS.clock = pacing.time.monotonic
-    pacing.configure()
 
 
 def _block_bytes(rows: dict) -> int:
