@@ -18,7 +18,7 @@ from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.selection import Selection
-from kvmigrate.units import plural
+from kvmigrate.units import human_bytes, plural
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -279,9 +279,9 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     for n in summary["namespaces"]:
         placed = n["by_action"].get("already_present") or {}
         if placed.get("blocks") and n.get("target_base") and n["target_base"] != n["source_base"]:
-            hint(cmd.prune(), f"{placed['blocks']} legacy block files ({placed['bytes']} bytes) are already in "
-                 "their target: the engine's evictors count both names; see what prune reclaims (dry run), then "
-                 "add --apply", "reclaimable", n["source_base"], 3)
+            hint(cmd.prune(), f"{plural(placed['blocks'], 'legacy block file')} ({human_bytes(placed['bytes'])}) "
+                 "already in their target: the engine's evictors count both names; see what prune reclaims (dry "
+                 "run), then add --apply", "reclaimable", n["source_base"], 3)
     guessed: dict[str, int] = {}  # source base -> pending blocks, of namespaces whose target is a guess
     deployments: dict[str, int] = {}
     for n in summary["namespaces"]:
