@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate.model import OUTCOMES
+from kvmigrate.units import plural
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import Plan
@@ -84,7 +85,7 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
         lines.append(f"target namespace {base}: {parts or 'nothing to do'}")
     for tp in plan.targets:
         for (action, reason), n in sorted(tp.skipped.items()):
-            lines.append(f"  skipped {n} blocks ({action}): {reason}")
+            lines.append(f"  skipped {plural(n, 'block')} ({action}): {reason}")
     o = result.outcomes
     lines.append("outcomes: " + ", ".join(f"{k} {o.get(k, 0)}" for k in OUTCOMES))
     lines.append(f"  created as hard links {result.linked}, as new files {result.copied}"
@@ -92,8 +93,10 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
     for err in result.namespace_errors:
         lines.append(f"error: {err}")
     if plan.integrity_rows:  # not migrated, not failed on (audit's exit code): say where they are
-        lines.append(f"integrity findings in the manifest: {plan.integrity_rows} files are damaged or suspect and "
-                     f"were not migrated; details: kvmigrate audit {shlex.quote(plan.root)}")
+        one = plan.integrity_rows == 1
+        lines.append(f"integrity findings in the manifest: {plural(plan.integrity_rows, 'file')} "
+                     f"{'is' if one else 'are'} damaged or suspect and {'was' if one else 'were'} not migrated; "
+                     f"details: kvmigrate audit {shlex.quote(plan.root)}")
     shown = result.findings[:20]
     for f in shown:
         lines.append(f"  {f}")

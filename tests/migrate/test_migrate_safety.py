@@ -503,3 +503,12 @@ def test_no_space_while_writing_a_copy_leaves_no_temp_and_resumes(tmp_path, synt
     monkeypatch.setattr(apply_mod.Applier, "_write_new", real)
     code, summary = run_json("migrate", root, *MLA, "--apply", "--journal", journal)
     assert code == 0 and summary["apply"]["resumed"] and summary["outcomes"]["created"] == 4
+
+
+def test_apply_summary_counts_integrity_files_and_skips_in_agreement(synth_root):
+    """The applied summary says '1 file is damaged', not '1 files are' (the dry run's
+    wording and the one plural formatter)."""
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "defects": ("short",)})
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert "integrity findings in the manifest: 1 file is damaged or suspect and was not migrated" in out, out
+    assert "1 files" not in out and "1 blocks" not in out, out
