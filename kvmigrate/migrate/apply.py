@@ -356,10 +356,16 @@ class Applier(FolderMaker, Placer):
         """Journal a batch's intent (fsynced), then hand its folders and block reads to
         the helper threads."""
         missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
+        fresh = set(missing)
         items: list[dict[str, Any]] = [{"kind": "dir", "path": d} for d in missing]
         for act in batch:
             item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
+            folder = act.target_relpath.rsplit("/", 1)[0]
+            if folder not in fresh and not self.tree.was_made(folder) and self._present(act.target_relpath):
+                # there before this run (an earlier run's link, say): never this run's to
+                # adopt on resume or to remove on rollback (`reconcile_item`)
+                item["pre"] = True
             if ACTIONS[act.action].writes_temp(self.mode):
                 item["tmp"] = tmp_name(act.target_relpath)
             if act.transform is not None:
@@ -372,6 +378,12 @@ class Applier(FolderMaker, Placer):
         self.crash.hit("intent")
         reads = self._helpers().submit(_read_batch, self._src_prefix, batch, tp.fam.header_len)
         return Batch(batch, missing, self._start_dirs(missing), reads)
+
+    def _present(self, relpath: str) -> bool:
+        try:
+            return self.tree.lstat(relpath) is not None
+        except (SymlinkInPath, NotADirectoryError):
+            return True  # something is in the way: placing will say what
 
     def _blocks(self, tp: TargetPlan, prepared: Batch) -> None:
         """Materialize the blocks of a batch whose folders exist, in order; one fsync."""

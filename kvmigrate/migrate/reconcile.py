@@ -35,10 +35,12 @@ def unlink_quiet(tree: DestTree, relpath: str) -> None:
 
 def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dict[str, bytes]) -> dict | None:
     """Prove that a path an intent lists (but no done record covers) holds this run's
-    output; return the done record to adopt it, or None. Proof: a folder that did not
-    exist at intent time; a link with the source's inode; a copy that shares its inode
+    output; return the done record to adopt it, or None. Never a path the intent marks
+    `pre` (it existed when the batch began). Proof: a folder that did not exist at intent time; a link with the source's inode; a copy that shares its inode
     with the run's own temp file or holds exactly the bytes the action produces."""
     path = item["path"]
+    if item.get("pre"):
+        return None  # the path held a file before the run began: not its output
     try:
         st = tree.lstat(path)
     except (SymlinkInPath, NotADirectoryError):

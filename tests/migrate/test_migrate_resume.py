@@ -183,3 +183,28 @@ def test_a_link_done_record_reads_back_like_the_generic_one(tmp_path, digest):
     wa.sync(), wb.sync()
     assert read_records(str(a))[1:] == read_records(str(b))[1:] == [{"t": "done", **rec}]
     wa.close(), wb.close()
+
+
+def test_an_interrupted_rerun_never_adopts_blocks_an_earlier_run_made(tmp_path, two_roots):
+    """kill -9 right after the intent of a rerun of one manifest: its intent lists blocks
+    the first run made; neither the resumed run nor a rollback of its journal may take
+    them as its own (rollback would remove the first run's links)."""
+    a, _, facts = two_roots
+    manifest = tmp_path / "m.parquet"
+    assert kvmigrate("scan", a, *facts, "-o", manifest).returncode in (0, 1)
+    assert kvmigrate("migrate", "--manifest", manifest, "--apply").returncode == 0
+    migrated = listing(a, exclude_top=(layout.OWN_DIR,), with_times=False)
+    second = tmp_path / "second.jsonl"
+    killed = kvmigrate("migrate", "--manifest", manifest, "--apply", "--journal", second,
+                       env_extra={CRASH_ENV: "intent:1"})
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
+    dry = json.loads(kvmigrate("rollback", "--dry-run", "--json", second).stdout)
+    assert dry["removed"].get("block", 0) == 0, dry
+    resumed = kvmigrate("migrate", "--manifest", manifest, "--apply", "--journal", second, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["apply"]["resumed"] is True and summary["outcomes"]["created"] == 0
+    assert summary["apply"]["recovered"] == 0, summary["apply"]
+    rb = json.loads(kvmigrate("rollback", "--json", second).stdout)
+    assert rb["removed"].get("block", 0) == 0, rb
+    assert listing(a, exclude_top=(layout.OWN_DIR,), with_times=False) == migrated

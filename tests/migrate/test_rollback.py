@@ -215,3 +215,24 @@ def test_rollback_list_without_dry_run_is_a_usage_error(migrated):
     code, out = run("rollback", journal, "--list")
     assert code == 2 and "--dry-run" in out
     assert (root / created_blocks(journal)[0]).exists()
+
+
+def test_rollback_of_a_rerun_from_the_same_manifest_removes_nothing_it_did_not_create(tmp_path, synth_root):
+    """A second `--apply` of one manifest finds every block already present and creates
+    nothing; rolling back its journal must not remove the blocks the first run made
+    (its intents list them, but the paths were there before it began)."""
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    manifest = tmp_path / "m.parquet"
+    assert run("scan", root, *MLA, "-o", manifest)[0] in (0, 1)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert run("migrate", "--manifest", manifest, "--apply", "--journal", first)[0] == 0
+    migrated = listing(root, exclude_top=(layout.OWN_DIR,), with_times=False)
+    code, summary = run_json("migrate", "--manifest", manifest, "--apply", "--journal", second)
+    assert code == 0 and summary["outcomes"]["created"] == 0 and summary["outcomes"]["already_present"] > 0
+    code, dry = run_json("rollback", "--dry-run", second)
+    assert code == 0 and dry["removed"].get("block", 0) == 0, dry
+    code, result = run_json("rollback", second)
+    assert code == 0 and result["removed"].get("block", 0) == 0 and result["already_gone"] == 0, result
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == migrated
+    code, result = run_json("rollback", first)
+    assert code == 0 and result["removed"]["block"] == len(created_blocks(first)) and result["already_gone"] == 0
