@@ -48,7 +48,8 @@ def explain(path: str | os.PathLike[str], namespace: str) -> dict[str, Any]:
     conditions, gate_note = _conditions(ns, target, facts)
     result = {
         "manifest": os.path.abspath(path), "namespace": base, "model_name": ns.get("model_name"),
-        "family": ns.get("family"), "scheme": ns.get("scheme"), "ranks": list(ns.get("ranks") or []),
+        "family": ns.get("family"), "scheme": ns.get("scheme"),
+        "ranks": list(ns.get("ranks") or []) or _row_ranks(path, base),
         "status": ns.get("status"), "status_reason": ns.get("status_reason") or None,
         "target_profile": meta.get("target_profile"),
         "target": None if target is None else {
@@ -170,6 +171,18 @@ def _classes(path: str | os.PathLike[str], base: str, entry: dict[str, Any],
     return sorted(out, key=lambda c: (-c["blocks"], c["status"] or "", c["action"] or ""))
 
 
+def _row_ranks(path: str | os.PathLike[str], base: str) -> list[int]:
+    """The ranks a namespace's rows carry (a flat family's deployment records none: its
+    ranks are in the file names)."""
+    ranks: set[int] = set()
+    for batch in mf.iter_batches(path, columns=["source_base", "rank"]):
+        t = pa.Table.from_batches([batch])
+        sb = t["source_base"]
+        sb = pc.cast(sb, pa.string()) if pa.types.is_dictionary(sb.type) else sb
+        ranks.update(r for r in t.filter(pc.fill_null(pc.equal(sb, base), False))["rank"].to_pylist() if r is not None)
+    return sorted(ranks)
+
+
 def _same(col: pa.ChunkedArray, value: Any) -> pa.ChunkedArray:
     return pc.is_null(col) if value is None else pc.fill_null(pc.equal(col, value), False)
 
@@ -204,6 +217,9 @@ def _why(result: dict[str, Any], entry: dict[str, Any], hints: list[dict[str, An
         why = (f"no target namespace: {result['target_error']}" if result["target_error"] else
                f"no target namespace: the namespace is {result['status']} ({result['status_reason']})")
         return why, hint["command"] if hint else None
+    if target["base_name"] is None:  # a flat family: pages, not folders (docs/families.md §3)
+        return (f"a flat directory: {target['profile']} opens each page of {result['namespace']} by name, in the "
+                "same directory (each row's target_relpath in the manifest); no folder or gate decides it"), None
     failed = sorted({c["gate"] for c in result["gates"] if not c["passed"]})
     if target["replicated_layout"]:
         kind = "the replicated-layout namespace (gate R passed)"
@@ -230,7 +246,10 @@ def render_text(r: dict[str, Any]) -> str:
     if r["status"] not in (None, "ok"):
         lines.append(f"status       {r['status']}: {r['status_reason']}")
     t = r["target"]
-    if t is not None:
+    if t is not None and t["base_name"] is None:
+        lines.append(f"target       {t['profile']}: the pages of deployment {r['namespace']}, by name, in the "
+                     "same directory")
+    elif t is not None:
         lines.append(f"target       {t['profile']}: {t['base_name']}   blocks under {t['rank_dir']}/")
     lines.append(f"why          {r['why']}")
     if r["command"]:

@@ -93,3 +93,20 @@ def test_unknown_namespace_or_not_a_manifest_is_a_usage_error(tmp_path, synth_ro
     bogus.write_text("not parquet")
     code, text = run("explain", bogus, base)
     assert code == 2 and "not a Parquet manifest" in text
+
+
+def test_a_flat_deployment_names_its_target_without_a_folder(tmp_path, synth_root):
+    """An SGLang deployment has no target folder: explain says where its pages are read
+    (by name, in the same directory), never 'None' (seen: 'target sglang-0.5.23: None
+    blocks under None/' and 'None is the writer's own deployment namespace')."""
+    root, _ = synth_root({"family": "sglang", "blocks": 3, "layers": 2, "tp": 2, "model_name": "m"})
+    out = tmp_path / "m.parquet"
+    code, text = run("scan", root, "-o", out, "--writer-layout", "page_first")
+    assert code in (0, 1), text
+    code, text = run("explain", out, "sglang:m:tp2")
+    assert code == 0, text
+    assert "None" not in text, text
+    assert "target       sglang-0.5.23: the pages of deployment sglang:m:tp2" in text, text
+    assert "ranks [0, 1])" in text, text
+    code, r = run_json("explain", out, "sglang:m:tp2")
+    assert "None" not in r["why"] and "by name" in r["why"], r["why"]
