@@ -25,7 +25,7 @@ from kvmigrate.migrate.outputs import expected_transform_output
 from kvmigrate.report.summary import summarize, totals_for
 
 if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
-    from kvmigrate.migrate.apply import ApplyResult
+    from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.model import Plan
     from kvmigrate.migrate.verify import VerifyResult
 

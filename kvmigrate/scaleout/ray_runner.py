@@ -38,7 +38,8 @@ from typing import Any, Callable, Iterator
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.values import DEFAULT_PROFILE
-from kvmigrate.migrate.apply import Applier, ApplyResult
+from kvmigrate.migrate.apply import Applier
+from kvmigrate.migrate.result import ApplyResult
 from kvmigrate.scaleout import dataset
 
 INSTALL_HINT = "pip install 'kvmigrate[ray]'"
