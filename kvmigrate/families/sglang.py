@@ -220,6 +220,7 @@ class SGLang(families.Family):
     target_engine = "sglang"
     root_layout = "flat"
     majority_sizes = True
+    copies_whole = True  # e2 MLA: every rank wrote the whole page (sglang.md §3: a missing copy does not block)
 
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         return not is_dir and (parse_page_name(name) is not None or is_temp(name))
@@ -436,7 +437,27 @@ class SGLang(families.Family):
                       parallel_agnostic=False, replicated_layout=False, reasons=[])
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
-        return tuple(range(int(fields.get("writers", 1))))
+        """The ranks whose files are copies of one page: the e2 MLA writers (each wrote
+        the whole page under its `_{r}_{N}` name); any other file is a page of its own
+        (a head shard, a stage, a pool), placed by its own link."""
+        if fields.get("scheme") == "sgl-e2" and fields.get("kv_kind") == "mla":
+            return tuple(range(int(fields.get("writers", 1))))
+        return (0,)
+
+    def flat_page_hex(self, name: str) -> str | None:
+        page = parse_page_name(name) if "/" not in name else None
+        return page.hex if page is not None else None
+
+    def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
+        """An e4 deployment is its own target; an e1-e3 one becomes the e4 deployment of
+        its model: `sglang:{model}:tp{N}` (non-MLA, and `.mamba` files), `sglang:{model}`
+        (MLA), the pool appended, as `discover` labels the names `target_suffix` makes."""
+        model = fields.get("model")
+        if fields.get("scheme") == "sgl-e4" or not model:
+            return source_base
+        pool = fields.get("pool")
+        mla = fields.get("kv_kind") == "mla" and pool != "mamba"
+        return f"sglang:{model}" + ("" if mla else f":tp{int(fields.get('writers', 1))}") + (f".{pool}" if pool else "")
 
     def kv_kind(self, fields: Mapping[str, Any], facts: Mapping[str, Any]) -> str | None:
         return fields.get("kv_kind") or facts.get("kv_kind")

@@ -202,7 +202,8 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
     for tp in plan.targets:
         c = tp.counts()
         lines.append("")
-        lines.append(f"target namespace {tp.base_name}  ({tp.family}, files in {tp.rank_dir}/)")
+        where = f"page files in the destination directory, {tp.profile}" if tp.flat else f"files in {tp.rank_dir}/"
+        lines.append(f"target namespace {tp.base_name}  ({tp.family}, {where})")
         lines.append(f"  from: {', '.join(tp.sources)}")
         for a, kind in ACTIONS.items():
             if c[a]["blocks"]:
@@ -279,10 +280,13 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
         base = os.path.join(plan.dest, tp.base_name)
         yield ""
         yield f"# target namespace {tp.base_name} (from {', '.join(tp.sources)})"
-        yield f"mkdir -p -- {q(base)}"
-        cfg = os.path.join(base, layout.CONFIG_NAME)
-        yield f"[ -e {q(cfg)} ] || printf {_printf_bytes(tp.config_bytes)} > {q(cfg)}"
         made: set[str] = set()
+        if tp.flat:
+            made.add(plan.dest)  # page files in the destination directory: no folder, no config.json
+        else:
+            yield f"mkdir -p -- {q(base)}"
+            cfg = os.path.join(base, layout.CONFIG_NAME)
+            yield f"[ -e {q(cfg)} ] || printf {_printf_bytes(tp.config_bytes)} > {q(cfg)}"
         for act in tp.actions:
             dst = os.path.join(plan.dest, act.target_relpath)
             parent = os.path.dirname(dst)

@@ -95,6 +95,10 @@ class _Context:
     # (target base, group) -> the size competing sources are judged by (`competing.target_sizes`);
     # None until the first pass has seen every row
     target_size: dict[tuple[str, int], int | None] | None = None
+    # source bases of a flat family (its family object): rows named by file name, not path grammar
+    flat: dict[str, Any] = field(default_factory=dict)
+    dest_elsewhere: bool = False  # --dest is not the scanned root
+    whole: set[str] = field(default_factory=set)  # deployments whose rank files are whole copies
 
     def __post_init__(self) -> None:
         self.rank_dir = {sb: tp.rank_dir for sb, tp in self.target_of.items()}
@@ -138,6 +142,44 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
                          f"{have!r}; refusing this manifest", hint="regenerate it with `kvmigrate scan`")
 
 
+def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_hash: bytes | None) -> None:
+    """A flat family's creating row: its source and target are page file names of the
+    directory (one component each) that name the row's page; a target equal to its
+    source only goes to --dest (a relayout keeps the name)."""
+    fam = ctx.flat[sb]
+    rowname = f"{ctx.where}: row {relpath!r}"
+    for what, name in (("relpath", relpath), ("target_relpath", target)):
+        check_relpath(name, rowname)
+        page = fam.flat_page_hex(name)
+        if page is None:
+            raise UsageError(f"{rowname}: {what} {name!r} is not a page file name of the {fam.title} directory; "
+                             "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+        if block_hash is None or page != block_hash.hex():
+            raise UsageError(f"{rowname}: {what} {name!r} does not name the row's page "
+                             f"{block_hash.hex() if block_hash is not None else None!r}; refusing this manifest",
+                             hint="regenerate it with `kvmigrate scan`")
+    if target == relpath and not ctx.dest_elsewhere:
+        raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest",
+                         hint="regenerate it with `kvmigrate scan`")
+
+
+def _into_dest(flat: list[str]) -> Callable[[pa.Table], pa.Table]:
+    """With --dest DIR, the pages a flat family's engine reads in place (`already_present`,
+    target = source) are linked into DIR too: DIR becomes a complete storage directory
+    (sglang.md §3). Rewrites those rows' action to `link` as each chunk is read."""
+    bases = pa.array(flat, pa.string())
+
+    def adjust(chunk: pa.Table) -> pa.Table:
+        hit = pc.and_(pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=bases), False),
+                      pc.fill_null(pc.and_(pc.equal(chunk.column("action"), "already_present"),
+                                           pc.equal(chunk.column("target_relpath"), chunk.column("relpath"))), False))
+        if not pc.any(hit).as_py():
+            return chunk
+        i = chunk.schema.get_field_index("action")
+        return chunk.set_column(i, "action", pc.if_else(hit, pa.scalar("link"), chunk.column("action")))
+    return adjust
+
+
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """The block paths the scanner writes: a path of this shape passes `_check_source_path`
     (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
@@ -157,6 +199,9 @@ def _validate(ctx: _Context, c: pa.Table) -> None:
                                               "target_relpath"))
     rank_dir, bases = ctx.rank_dir, ctx.base_folders
     for i, (sb, rank, g, h, rel, tr) in enumerate(zip(*cols)):
+        if sb in ctx.flat:
+            _check_flat_row(ctx, sb, rel, tr, h)
+            continue
         if (sb in bases and h is not None and len(h) >= 3 and g is not None and g >= 0 and rank is not None
                 and rank >= 0):
             x = h.hex()
@@ -199,7 +244,13 @@ def _validate_replicas(ctx: _Context, cands: pa.Table | None, c: pa.Table) -> No
     for r in bad.to_pylist():
         sources = keys.get((r["deployment"], r["group"], r["block_hash"]))
         if sources and any(s != r["relpath"] for s in sources):
-            _check_source_path(r["relpath"], f"{ctx.where}: replica {r['relpath']!r}")
+            where = f"{ctx.where}: replica {r['relpath']!r}"
+            fam = ctx.flat.get(r["source_base"])
+            if fam is None:
+                _check_source_path(r["relpath"], where)
+            elif "/" in check_relpath(r["relpath"], where) or fam.flat_page_hex(r["relpath"]) is None:
+                raise UsageError(f"{where} is not a page file name of the {fam.title} directory; refusing this "
+                                 "manifest", hint="regenerate it with `kvmigrate scan`")
 
 
 def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
@@ -421,6 +472,10 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
         mask = pc.and_(mask, pc.not_equal(chunk.column("status"), "misfiled"))
         mask = pc.and_(mask, pc.invert(pc.and_(mine, pc.fill_null(
             pc.is_in(chunk.column("action"), pa.array(list(CREATING))), False))))
+        if ctx.whole:  # whole copies: one the scan flagged (a differing or damaged copy) is no replica
+            flagged = pc.and_(pc.is_in(chunk.column("deployment"), pa.array(sorted(ctx.whole))),
+                              pc.not_equal(chunk.column("status"), "ok"))
+            mask = pc.and_(mask, pc.invert(pc.fill_null(flagged, False)))
         cands = chunk.filter(mask)
     if cands is not None and cands.num_rows:
         cands = cands.take(pc.sort_indices(pc.fill_null(cands.column("rank"), 0)))
@@ -507,8 +562,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     # Target namespaces, keyed by target base name; sources merge in base-name order.
     targets: dict[str, TargetPlan] = {}
     target_of: dict[str, TargetPlan] = {}
+    flat: dict[str, Any] = {}
     for src_base in sorted(chosen if chosen is not None else namespaces):
         ns = namespaces[src_base]
+        fam = families.get(ns.get("family"))
+        if fam.root_layout == "flat":
+            flat[src_base] = fam
+            _flat_target(targets, target_of, src_base, ns, fam, where)
+            continue
         tgt = ns.get("target")
         if not tgt or not tgt.get("base_name") or tgt.get("fields") is None:
             continue
@@ -542,9 +603,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for b, ns in namespaces.items():
         world_of[ns.get("deployment") or b] = max(world_of.get(ns.get("deployment") or b, 1), _world(ns))
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
-    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
+    dest_elsewhere = dest is not None and os.path.abspath(dest) != root
+    whole = {ns.get("deployment") or b for b, ns in namespaces.items() if families.get(ns.get("family")).copies_whole}
+    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash",
+                   flat=flat, dest_elsewhere=dest_elsewhere, whole=whole)
     try:
         rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS, sources=chosen)
+        if flat and dest_elsewhere:
+            rows.adjust = _into_dest(sorted(flat))
     except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
@@ -556,24 +622,12 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     # streamed later), and count what is not created (Arrow group_by).
     tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
-    dest_elsewhere = dest is not None and os.path.abspath(dest) != root
-    # a flat family's namespaces have no target folder: their actions are planned by the
-    # scan and counted here, never placed (docs/families.md §3: migrate does not place them yet)
-    flat = {sb: families.get(ns.get("family")) for sb, ns in namespaces.items()
-            if families.get(ns.get("family")).root_layout == "flat"}
     total_rows, done_rows = sum(status_counts.values()), 0
     for chunk in rows.chunks():
         if progress is not None:
             done_rows += chunk.num_rows
             progress(min(done_rows, total_rows), total_rows)
         c = _creating(chunk)
-        if flat and c.num_rows:
-            in_flat = pc.fill_null(pc.is_in(c.column("source_base").cast(pa.string()),
-                                            pa.array(list(flat), pa.string())), False)
-            for row in c.filter(in_flat).select(["source_base", "action"]).to_pylist():
-                untargeted[f"{row['action']}: migrate does not place {flat[row['source_base']].title} files yet "
-                           "(scan, audit and report plan them)"] += 1
-            c = c.filter(pc.invert(in_flat))
         _validate(ctx, c)
         cands = _candidates(ctx, chunk, c)
         _validate_replicas(ctx, cands, c)
@@ -615,6 +669,24 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
                 integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
                 placed_integrity_rows=rows.placed_integrity_rows, selection=selection)
+
+
+def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan], src_base: str,
+                 ns: dict[str, Any], fam: Any, where: str) -> None:
+    """The target of a flat family's deployment: file names in the destination directory
+    (no folder, no config.json), labelled as a rescan labels the names it creates; the
+    deployments whose names become one deployment's share it."""
+    fields = ns.get("config_json") or {}
+    base = fam.flat_target(src_base, fields)
+    tp = targets.get(base)
+    if tp is None:
+        tp = targets[base] = TargetPlan(base_name=base, rank_dir="", profile=(ns.get("target") or {}).get("profile", ""),
+                                        family=fam.name, fields=dict(fields), sources=[], flat=True)
+    elif not tp.flat:
+        raise UsageError(f"{where}: namespace {src_base!r} maps to target {base!r}, a base folder of another family; "
+                         "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+    tp.sources.append(src_base)
+    target_of[src_base] = tp
 
 
 def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, str | None, int, int]]:
