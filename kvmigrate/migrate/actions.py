@@ -168,11 +168,17 @@ class Concat(Transform):
 
 
 class Relayout(Transform):
-    """Each page, with dd, in [T][B][P] (tensor-major) order."""
+    """Each page, with dd, in [T][B][P] (tensor-major) order (an SGLang page: L and P
+    swapped, per K/V half)."""
 
-    name, label = "relayout", "relayout (block-major to tensor-major)"
+    name, label = "relayout", "relayout (block-major to tensor-major; SGLang: L and P axes)"
 
     def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        if spec.halves > 1:  # an SGLang MHA page: the K half, then the V half, each transposed
+            return [f"h=0; while [ $h -lt {spec.halves} ]; do t=0; while [ $t -lt {spec.T} ]; do b=0; "
+                    f"while [ $b -lt {spec.B} ]; do dd if={src} bs={spec.P} "
+                    f"skip=$((h*{spec.B * spec.T}+b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
+                    f"t=$((t+1)); done; h=$((h+1)); done;" for src in files[:spec.cells]]
         return [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
                 f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
                 f"t=$((t+1)); done;" for src in files[:spec.cells]]

@@ -558,7 +558,8 @@ class Applier(FolderMaker, Placer):
         (dev, inode, size, mtime on the open fd). None: the block has its outcome."""
         spec = act.transform
         files = act.sources if spec.action != "slice" else (act.source,)
-        if spec.action != "slice" and [f.rank for f in files] != list(range(spec.ranks)):
+        # (a flat family's page is one file; its whole copies, if any, are compared, not read into it)
+        if spec.action != "slice" and not spec.flat and [f.rank for f in files] != list(range(spec.ranks)):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {[f.rank for f in files]} of "
                           f"{spec.ranks}", bits=EXIT_INTEGRITY)
             return None
@@ -627,7 +628,7 @@ class Applier(FolderMaker, Placer):
                 self._outcome(tp, act, "failed", f"{act.action}: {problem}; not placed", bits=EXIT_INTEGRITY)
                 return False
             hashes.append(got.content)
-        if spec.replicas:
+        if spec.replicas or spec.flat and len(files) > 1:
             differing = [f.relpath for f, h in zip(files, hashes) if h != hashes[0]]
             if differing:
                 self._outcome(tp, act, "failed", "MLA replicas differ (content): " + ", ".join(differing)

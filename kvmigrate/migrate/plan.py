@@ -32,7 +32,7 @@ from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, BlockAction, Plan, SourceFile, Tally, TargetPlan
-from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
+from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
@@ -107,9 +107,22 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
-    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str) -> TransformSpec:
+    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str,
+             relpath: str = "") -> TransformSpec:
         """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
-        proven from the data)."""
+        proven from the data); a flat family's page (`relpath`: its name) is re-proven by
+        its family from the namespace's fields and facts."""
+        if sb in self.flat:
+            ns = self.namespaces[sb]
+            fields = ns.get("config_json") or {}
+            try:
+                if action != "relayout":
+                    raise ValueError(f"{action} is not defined for a {self.flat[sb].title} page")
+                geometry = self.flat[sb].flat_relayout(fields, ns.get("facts") or {}, relpath, size)
+                return flat_relayout_spec(fields.get("kv_kind"), size, geometry)
+            except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
+                raise UsageError(f"{rowname}: {action} is not proven by the namespace's facts ({exc}); refusing "
+                                 "this manifest", hint="regenerate it with `kvmigrate scan`") from None
         try:
             if not self.units:  # the scan's contexts, rebuilt from the metadata (one builder)
                 self.units = unit_contexts(self.namespaces, self.hashed)
@@ -163,20 +176,35 @@ def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_has
                          hint="regenerate it with `kvmigrate scan`")
 
 
-def _into_dest(flat: list[str]) -> Callable[[pa.Table], pa.Table]:
-    """With --dest DIR, the pages a flat family's engine reads in place (`already_present`,
-    target = source) are linked into DIR too: DIR becomes a complete storage directory
-    (sglang.md §3). Rewrites those rows' action to `link` as each chunk is read."""
+NEEDS_DEST = ("a relayout into --dest DIR: the page keeps its name, so it is written into a new storage "
+              "directory, never over a source; rerun with --dest DIR")
+
+
+def _flat_rows(flat: list[str], dest_elsewhere: bool) -> Callable[[pa.Table], pa.Table]:
+    """A flat family's rows as the destination makes them, rewritten as each chunk is
+    read (sglang.md §3). With --dest DIR, the pages the engine reads in place
+    (`already_present`, target = source) are linked into DIR too: DIR becomes a complete
+    storage directory. Without it, a transform (its output keeps the name) stays pending:
+    `needs_relayout` saying to pass --dest."""
     bases = pa.array(flat, pa.string())
 
     def adjust(chunk: pa.Table) -> pa.Table:
-        hit = pc.and_(pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=bases), False),
-                      pc.fill_null(pc.and_(pc.equal(chunk.column("action"), "already_present"),
-                                           pc.equal(chunk.column("target_relpath"), chunk.column("relpath"))), False))
+        mine = pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=bases), False)
+        action = chunk.column("action")
+        if dest_elsewhere:
+            hit = pc.and_(mine, pc.fill_null(pc.and_(pc.equal(action, "already_present"), pc.equal(
+                chunk.column("target_relpath"), chunk.column("relpath"))), False))
+            new, reason = pa.scalar("link"), None
+        else:
+            hit = pc.and_(mine, pc.fill_null(pc.is_in(action, pa.array(list(TRANSFORMS))), False))
+            new, reason = pa.scalar("needs_relayout"), pa.scalar(NEEDS_DEST)
         if not pc.any(hit).as_py():
             return chunk
-        i = chunk.schema.get_field_index("action")
-        return chunk.set_column(i, "action", pc.if_else(hit, pa.scalar("link"), chunk.column("action")))
+        chunk = chunk.set_column(chunk.schema.get_field_index("action"), "action", pc.if_else(hit, new, action))
+        if reason is not None:
+            i = chunk.schema.get_field_index("reason")
+            chunk = chunk.set_column(i, "reason", pc.if_else(hit, reason, chunk.column("reason")))
+        return chunk
     return adjust
 
 
@@ -333,7 +361,7 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         spec = None
         if action in TRANSFORMS:
             spec = ctx.spec(sb, action, cols["group"][i], size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                            f"{ctx.where}: row {cols['relpath'][i]!r}")
+                            f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i])
             out = spec.output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
@@ -384,7 +412,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
         if action in TRANSFORMS:
             out = ctx.spec(sb, action, group, size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                           f"{ctx.where}: row {cols['relpath'][i]!r}").output_size
+                           f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i]).output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
         digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
@@ -495,7 +523,7 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
             reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
             if action in TRANSFORMS:
-                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}")
+                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}", src.relpath)
             yield _block_action((action, target, src, reps, sb, world, spec))
 
 
@@ -609,8 +637,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                    flat=flat, dest_elsewhere=dest_elsewhere, whole=whole)
     try:
         rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS, sources=chosen)
-        if flat and dest_elsewhere:
-            rows.adjust = _into_dest(sorted(flat))
+        if flat:
+            rows.adjust = _flat_rows(sorted(flat), dest_elsewhere)
     except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
