@@ -191,3 +191,30 @@ def test_tree_namespaces_of_the_same_root_migrate_beside_it(tmp_path):
     code, out = run("scan", root, "-o", tmp_path / "m2.parquet", "--kv-kind", "full", "--total-kv-heads", "8",
                     "--model-dtype", "bfloat16", *OLD)
     assert "already_present" in out  # the vLLM target was created too
+
+
+@pytest.mark.parametrize("crash_at", ["intent:1", "created:3", "tmp_written:2"])
+def test_kill_9_mid_apply_then_rerun_ends_like_an_uninterrupted_run(synth_root, tmp_path, crash_at):
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    spec = _spec(sgl_era="e2", tp=2)
+    root, res = synth_root(spec)
+    before = _listing(root)
+    m = tmp_path / "m.parquet"
+    _scan(root, m, "--kv-kind", "full", *OLD)
+    mode = ["--mode", "copy"] if crash_at.startswith("tmp_written") else []  # (a copy writes a temp first)
+    kvm = os.path.join(os.path.dirname(sys.executable), "kvmigrate")
+    killed = subprocess.run([kvm, "migrate", "--manifest", str(m), "--apply", *mode], capture_output=True, text=True,
+                            env={**os.environ, CRASH_ENV: crash_at}, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    code, out = run("migrate", "--manifest", m, "--apply", *mode)
+    assert code == 0, out
+    after = _listing(root)
+    assert set(after) - set(before) == _read_all(root, spec, res[0], model="org/m", layout="layer_first", mla=False)
+    assert not [n for n in os.listdir(root) if n.endswith(".tmp") or n == ".kvmigrate.lock"]
+    code, out = run("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0, out
+    assert _listing(root) == before
