@@ -165,3 +165,13 @@ def test_mla_copies_that_differ_are_not_relayouted(synth_root, tmp_path):
     assert code == 4 and "MLA replicas differ (content)" in out, out
     bad = next(d["block"] for d in res[0].defects if d["name"] == "replica_differs")
     assert len(_names(dest)) == 2 and not any(n.startswith(bad) for n in _names(dest))
+
+
+def test_the_report_says_a_relayout_needs_dest(synth_root, tmp_path):
+    spec = _spec(tp=2, sgl_layout="layer_first", model_name="m")
+    root, _ = synth_root(spec)
+    m = tmp_path / "m.parquet"
+    _scan(root, m, "--writer-release", "0.5.13", *_geometry_flags(spec))
+    code, out = run("report", m)
+    assert f"$ kvmigrate migrate --manifest {m} --dest <DIR> --apply" in out, out
+    assert "a relayout keeps the page's file name" in out
