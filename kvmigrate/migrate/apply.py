@@ -276,7 +276,8 @@ class Applier(FolderMaker, Placer):
         self.result.per_target.setdefault(tp.base_name, Counter())
         if tp.flat:  # file names in the destination directory: no identity digest, no config.json
             self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": "",
-                                "lock_dir": tp.lock_dir, "flat": True, "sources": tp.sources}, sync=True)
+                                "lock_dir": tp.lock_dir, "flat": True, "sources": tp.sources,
+                                "model_name": tp.fields.get("model")}, sync=True)
         else:
             self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
                                 "digest": tp.digest.hex(), "sources": tp.sources,

@@ -218,3 +218,18 @@ def test_kill_9_mid_apply_then_rerun_ends_like_an_uninterrupted_run(synth_root, 
     code, out = run("rollback", root / ".kvmigrate" / "journals")
     assert code == 0, out
     assert _listing(root) == before
+
+
+def test_only_selects_a_deployment_by_its_model_name_in_migrate_verify_and_rollback(synth_root, tmp_path):
+    root, _ = synth_root(_spec(sgl_era="e3", tp=2))
+    before = _listing(root)
+    m = tmp_path / "m.parquet"
+    _scan(root, m, "--kv-kind", "full", *OLD)
+    assert run("migrate", "--manifest", m, "--only", "org-m", "--apply")[0] == 0
+    assert len(_listing(root)) == 2 * len(before)
+    journal = root / ".kvmigrate" / "journals"
+    code, out = run("verify", root, "--journal", journal, "--only", "org-m")
+    assert code == 0 and f"{len(before)} journaled blocks" in out, out
+    code, out = run("rollback", journal, "--only", "org-m")
+    assert code == 0 and f"removed {len(before)} blocks" in out, out
+    assert _listing(root) == before
