@@ -210,6 +210,7 @@ class Deployment:
     deployment: str
     notes: list[str] = field(default_factory=list)
     decided: dict[str, str] = field(default_factory=dict)  # suffix -> how the facts decided its reading
+    primary: dict[str, int] = field(default_factory=dict)  # e2 MLA copies: page hash -> the rank placed
     files: list[tuple[FlatFile, Reading]] = field(default_factory=list)
 
 
@@ -332,6 +333,7 @@ class SGLang(families.Family):
         if replicas:
             for f, _ in files:
                 copies[f.page.hex].append(f.content)
+            dep.primary = _primaries(files, copies, zipped, modal)
         files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
         for f, r in files:
             row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
@@ -407,8 +409,8 @@ class SGLang(families.Family):
                 asks=asks("--writer-layout"))
             return
         pool = f".{dep.pool}" if dep.pool else ""
-        if replicas and r.tp and r.tp[0] != min(_copy_ranks(dep, f.page.hex)):
-            first = min(_copy_ranks(dep, f.page.hex))
+        if replicas and r.tp and r.tp[0] != dep.primary.get(f.page.hex, r.tp[0]):
+            first = dep.primary[f.page.hex]
             row["reason"] = finding_reason(f"replica of rank {first} (one file places the page)", REPLICA_OF_PRIMARY,
                                            primary_rank=first)
             return
@@ -584,8 +586,25 @@ def _geometry(facts: Mapping[str, Any], reading: Reading, kv_kind: str | None, p
     return _Geometry({"halves": halves, "B": rows, "T": cols, "P": cell}, f"{formula} = {size} bytes")
 
 
-def _copy_ranks(dep: Deployment, hexh: str) -> list[int]:
-    return [r.tp[0] for f, r in dep.files if f.page.hex == hexh and r.tp]
+def _primaries(files: list[tuple[FlatFile, Reading]], copies: Mapping[str, list], zipped: set[str],
+               modal: int | None) -> dict[str, int]:
+    """page hash -> the rank of the e2 MLA copy one link places: the lowest whose copy is
+    healthy (not empty, all zero, a zip payload or off-size) and agrees with the others'
+    majority (any healthy one when they were not compared: the apply compares them)."""
+    top = {}
+    for hexh, contents in copies.items():
+        agree = Counter(c for c in contents if c is not None)
+        if len(agree) > 1:
+            value, n = agree.most_common(1)[0]
+            top[hexh] = value if n * 2 > sum(agree.values()) else None  # (no majority: none agrees)
+    out: dict[str, int] = {}
+    for f, r in files:
+        hexh = f.page.hex
+        if (not r.tp or f.size == 0 or f.all_zero or f.name in zipped or modal is not None and f.size != modal
+                or hexh in top and f.content != top[hexh]):
+            continue
+        out[hexh] = min(out.get(hexh, r.tp[0]), r.tp[0])
+    return out
 
 
 def _layout_of_release(release: str | None) -> str | None:

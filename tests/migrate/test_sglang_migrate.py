@@ -233,3 +233,17 @@ def test_only_selects_a_deployment_by_its_model_name_in_migrate_verify_and_rollb
     code, out = run("rollback", journal, "--only", "org-m")
     assert code == 0 and f"removed {len(before)} blocks" in out, out
     assert _listing(root) == before
+
+
+def test_the_copy_placed_is_one_the_majority_agrees_with_even_when_rank_0_differs(synth_root, tmp_path):
+    spec = _spec(sgl_era="e2", kv_kind="mla", tp=4)
+    root, res = synth_root(spec)
+    first = root / res[0].blocks[0]["files"][0]  # rank 0's copy of one page: the odd one out
+    data = bytearray(first.read_bytes())
+    data[0] ^= 0xFF
+    first.write_bytes(bytes(data))
+    m = tmp_path / "m.parquet"
+    _scan(root, m, "--kv-kind", "mla", "--verify", "hash", *OLD)
+    code, out = run("migrate", "--manifest", m, "--apply")
+    assert code == 0, out
+    assert len(_read_all(root, spec, res[0], model="org/m", layout="layer_first", mla=True)) == 3
