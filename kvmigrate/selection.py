@@ -149,10 +149,12 @@ def _glob_fits(tokens: list[str], positions: list[set[str]]) -> bool:
 
 def journal_bases(targets: dict[str, dict[str, Any]], selection: Selection) -> set[str]:
     """The target bases of a journal's `target` records that a selection keeps: a target
-    is known by its base, its sources' bases and the model name in them."""
+    is known by its base, its sources' bases and the model name in them (or in the
+    record: a flat family's)."""
     def names(base: str, rec: dict[str, Any]) -> list[str | None]:
         bases = [base, *(rec.get("sources") or ())]
-        return bases + [p.safe_model for p in map(layout.parse_folder, bases) if p is not None]
+        # (a flat family's target has no folder to read the model from: its record names it)
+        return bases + [p.safe_model for p in map(layout.parse_folder, bases) if p is not None] + [rec.get("model_name")]
 
     return {b for b, rec in targets.items() if selection.admits(names(b, rec))}
 

@@ -406,20 +406,28 @@ def write_pad(dst: _Writer, length: int) -> int:
     return pad
 
 
-def write_relayout(src: int | BinaryIO, dst: _Writer, *, B: int, T: int, P: int) -> int:
-    """Stream ``[B][T][P]`` from ``src`` as ``[T][B][P]`` into ``dst`` in output order.
+def write_relayout(src: int | BinaryIO, dst: _Writer, *, B: int, T: int, P: int, halves: int = 1) -> int:
+    """Stream ``[B][T][P]`` from ``src`` as ``[T][B][P]`` into ``dst`` in output order;
+    with ``halves`` (an SGLang MHA page: the K half, then the V half) each half of
+    B·T·P bytes is transposed on its own, ``[h][B][T][P]`` -> ``[h][T][B][P]``.
 
     Memory stays at one P-byte buffer whatever the file size; output is sequential, so
-    ``dst`` may be a hashing writer. Returns the bytes written (B·T·P, no pad).
+    ``dst`` may be a hashing writer. Returns the bytes written (halves·B·T·P, no pad).
     """
     fd = _fd(src)
-    _check_geometry(os.fstat(fd).st_size, B, T, P, "block-major file")
+    _require_int("halves", halves, minimum=1)
+    size = os.fstat(fd).st_size
+    if size % halves:
+        raise TransformError(f"a {size}-byte file is not {halves} equal halves")
+    _check_geometry(size // halves, B, T, P, "block-major file" if halves == 1 else "each half of the page")
     buf = bytearray(P)
-    for t in range(T):
-        for b in range(B):
-            _pread_exact(fd, buf, (b * T + t) * P)
-            dst.write(buf)
-    return B * T * P
+    for h in range(halves):
+        base = h * B * T * P
+        for t in range(T):
+            for b in range(B):
+                _pread_exact(fd, buf, base + (b * T + t) * P)
+                dst.write(buf)
+    return halves * B * T * P
 
 
 def _write_copy(fd: int, dst: _Writer, length: int) -> None:

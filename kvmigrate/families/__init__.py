@@ -80,6 +80,9 @@ class Family:
     # directory of files whose names carry the identity and the parallel layout (SGLang
     # HiCache, docs/sglang.md: planned). The scan's roots phase asks `claims_entry`.
     root_layout: str = "tree"
+    # a block's rank files are whole copies of it (SGLang e2 MLA pages): the apply
+    # compares those present, and a missing copy does not block the others
+    copies_whole: bool = False
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"
@@ -217,6 +220,16 @@ class Family:
     def flat_verdicts(self, deployment: Any, names: set[str], hashed: bool) -> Iterable[dict[str, Any]]:
         """The row of every file of a deployment: name, rank, hex, status, action, reason, target."""
         return ()
+
+    def flat_page_hex(self, name: str) -> str | None:
+        """The page hash a file name of the flat directory carries (the plan checks that
+        a row's source and target names name its block); None: not a page name."""
+        return None
+
+    def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
+        """The namespace the target names of a deployment belong to, as a rescan labels
+        them (the migration's target; prune finds the migrated sources by it)."""
+        return source_base
 
     # --- blocks ------------------------------------------------------------------------
 

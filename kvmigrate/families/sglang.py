@@ -210,6 +210,7 @@ class Deployment:
     deployment: str
     notes: list[str] = field(default_factory=list)
     decided: dict[str, str] = field(default_factory=dict)  # suffix -> how the facts decided its reading
+    primary: dict[str, int] = field(default_factory=dict)  # e2 MLA copies: page hash -> the rank placed
     files: list[tuple[FlatFile, Reading]] = field(default_factory=list)
 
 
@@ -220,6 +221,7 @@ class SGLang(families.Family):
     target_engine = "sglang"
     root_layout = "flat"
     majority_sizes = True
+    copies_whole = True  # e2 MLA: every rank wrote the whole page (sglang.md §3: a missing copy does not block)
 
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         return not is_dir and (parse_page_name(name) is not None or is_temp(name))
@@ -331,6 +333,7 @@ class SGLang(families.Family):
         if replicas:
             for f, _ in files:
                 copies[f.page.hex].append(f.content)
+            dep.primary = _primaries(files, copies, zipped, modal)
         files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
         for f, r in files:
             row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
@@ -405,19 +408,17 @@ class SGLang(families.Family):
                 "SGLang would read these pages in place, possibly wrongly", NEEDS_FACT,
                 asks=asks("--writer-layout"))
             return
-        if writer != target_layout:
-            row["action"] = "needs_relayout"
-            row["reason"] = (f"written {writer}, read {target_layout} by the target: a relayout of the L and P "
-                             "axes into --dest DIR (not implemented yet for this family)")
-            return
         pool = f".{dep.pool}" if dep.pool else ""
+        if replicas and r.tp and r.tp[0] != dep.primary.get(f.page.hex, r.tp[0]):
+            first = dep.primary[f.page.hex]
+            row["reason"] = finding_reason(f"replica of rank {first} (one file places the page)", REPLICA_OF_PRIMARY,
+                                           primary_rank=first)
+            return
+        if _byte_order(writer) != _byte_order(target_layout):
+            self._relayout(dep, f, r, row, writer, target_layout)
+            return
         if dep.reading.era == "e4":
             row["action"], row["reason"], row["target"] = "already_present", "SGLang 0.5.23 reads this name", f.name
-            return
-        if replicas and r.tp and r.tp[0] != min(_copy_ranks(dep, f.page.hex)):
-            first = min(_copy_ranks(dep, f.page.hex))
-            row["reason"] = finding_reason(f"replica of rank {first} (one link places the page)", REPLICA_OF_PRIMARY,
-                                           primary_rank=first)
             return
         target = f"{f.page.hex}{pool}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
         row["target"] = target
@@ -429,6 +430,44 @@ class SGLang(families.Family):
         if replicas and not hashed:
             row["reason"] += "; MLA copies not yet compared (scan --verify hash)"
 
+    def _relayout(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, writer: str, target: str) -> None:
+        """A page whose layout the target reads differently (sglang.md §3): `relayout` into
+        --dest DIR when the geometry proves its size, else `needs_relayout` naming the facts."""
+        head = f"written {writer}, read {target} by the target: a relayout of the L and P axes"
+        geo = _geometry(_fact_values(dep.facts), r, dep.kv_kind, dep.pool, writer, f.size)
+        if geo.spec is None and geo.size_off:
+            row["status"], row["reason"] = "size_mismatch", f"{head} cannot apply: {geo.why}"
+            return
+        if geo.spec is None:
+            row["action"] = "needs_relayout"
+            row["reason"] = finding_reason(f"{head} {geo.why}", NEEDS_FACT, asks=asks(*geo.flags)) if geo.flags \
+                else f"{head}: {geo.why}"
+            return
+        row["action"] = "relayout"
+        row["target"] = f.name if dep.reading.era == "e4" else \
+            f"{f.page.hex}{f'.{dep.pool}' if dep.pool else ''}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
+        row["reason"] = f"{head} ({geo.why}), written into --dest DIR as {row['target']}"
+
+    def flat_relayout(self, fields: Mapping[str, Any], facts: Mapping[str, Any], name: str, size: int
+                      ) -> dict[str, int]:
+        """The relayout geometry of a page file, re-proven from the namespace's fields and
+        facts (the plan's check of a `relayout` row): {halves, B, T, P} of the source's
+        order; raises ValueError naming what is not proven."""
+        page = parse_page_name(name)
+        reading = read_suffix(page.suffix, page.pool, model=facts.get("model_name"),
+                              kv_kind=fields.get("kv_kind")) if page is not None else None
+        if reading is None:
+            raise ValueError(f"{name!r} is not a page name")
+        writer = facts.get("writer_layout") or _layout_of_release(facts.get("writer_release")) or (
+            LAYOUT_DEFAULT_BEFORE if reading.era == "e23" else None)
+        target = facts.get("target_layout") or LAYOUT_DEFAULT_AFTER
+        if writer is None or _byte_order(writer) == _byte_order(target):
+            raise ValueError(f"the facts give no layout change ({writer or 'unknown'} -> {target})")
+        geo = _geometry(facts, reading, fields.get("kv_kind"), page.pool, writer, size)
+        if geo.spec is None:
+            raise ValueError(geo.why)
+        return geo.spec
+
     # --- the Family interface for the shared stages -------------------------------------
 
     def target(self, fields: dict, facts: Any, profile: str) -> Target:
@@ -436,7 +475,27 @@ class SGLang(families.Family):
                       parallel_agnostic=False, replicated_layout=False, reasons=[])
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
-        return tuple(range(int(fields.get("writers", 1))))
+        """The ranks whose files are copies of one page: the e2 MLA writers (each wrote
+        the whole page under its `_{r}_{N}` name); any other file is a page of its own
+        (a head shard, a stage, a pool), placed by its own link."""
+        if fields.get("scheme") == "sgl-e2" and fields.get("kv_kind") == "mla":
+            return tuple(range(int(fields.get("writers", 1))))
+        return (0,)
+
+    def flat_page_hex(self, name: str) -> str | None:
+        page = parse_page_name(name) if "/" not in name else None
+        return page.hex if page is not None else None
+
+    def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
+        """An e4 deployment is its own target; an e1-e3 one becomes the e4 deployment of
+        its model: `sglang:{model}:tp{N}` (non-MLA, and `.mamba` files), `sglang:{model}`
+        (MLA), the pool appended, as `discover` labels the names `target_suffix` makes."""
+        model = fields.get("model")
+        if fields.get("scheme") == "sgl-e4" or not model:
+            return source_base
+        pool = fields.get("pool")
+        mla = fields.get("kv_kind") == "mla" and pool != "mamba"
+        return f"sglang:{model}" + ("" if mla else f":tp{int(fields.get('writers', 1))}") + (f".{pool}" if pool else "")
 
     def kv_kind(self, fields: Mapping[str, Any], facts: Mapping[str, Any]) -> str | None:
         return fields.get("kv_kind") or facts.get("kv_kind")
@@ -472,8 +531,80 @@ def _hazards(dep: Deployment) -> list[str]:
     return out
 
 
-def _copy_ranks(dep: Deployment, hexh: str) -> list[int]:
-    return [r.tp[0] for f, r in dep.files if f.page.hex == hexh and r.tp]
+DTYPE_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}  # model_dtype -> element bytes
+GEOMETRY_FLAGS = {"layers": "--layers", "page_tokens": "--page-tokens", "kv_heads": "--kv-heads",
+                  "head_dim": "--head-dim", "latent_dim": "--latent-dim", "dtype_bytes": "--dtype-bytes"}
+
+
+def _byte_order(layout: str) -> str:
+    """The byte order of a page layout (sglang.md §2): `page_first_direct`, [2, 1, L, P, H, D]
+    or [1, L, P, 1, dim], holds its bytes in `layer_first` order (its extra axis is 1)."""
+    return "page_first" if layout == "page_first" else "layer_first"
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    spec: dict[str, int] | None  # halves, B, T, P of the source's order (B x T cells of P bytes per half)
+    why: str  # the numbers (proven), or what is missing or disagrees
+    flags: tuple[str, ...] = ()  # the flags of the missing facts
+    size_off: bool = False  # every fact is given and the file's size is not the page's
+
+
+def _fact_values(facts: Any) -> dict[str, Any]:
+    return facts.to_dict() if hasattr(facts, "to_dict") else dict(facts)
+
+
+def _geometry(facts: Mapping[str, Any], reading: Reading, kv_kind: str | None, pool: str | None, writer: str,
+              size: int) -> _Geometry:
+    """A KV page's relayout, proven from the facts (sglang.md §2): MHA [2, L, P, H, D] or MLA
+    [L, P, 1, dim] in layer_first order (L and P swapped in page_first), of b-byte elements."""
+    if pool is not None:
+        return _Geometry(None, f"is not defined for the {pool} pool (sglang.md §2 gives the KV pool's pages)")
+    if kv_kind not in ("mla", "full"):
+        return _Geometry(None, "needs the kv kind: set 'kv_kind' (--kv-kind)", ("--kv-kind",))
+    got = {k: facts.get(k) for k in ("layers", "page_tokens", "latent_dim" if kv_kind == "mla" else "head_dim")}
+    got["dtype_bytes"] = facts.get("dtype_bytes") or DTYPE_BYTES.get(facts.get("model_dtype") or "")
+    tp = reading.tp[1] if reading.tp else 1
+    if kv_kind != "mla":
+        total = facts.get("total_kv_heads")
+        got["kv_heads"] = facts.get("kv_heads") or (max(1, total // tp) if total else None)
+    missing = [k for k, v in got.items() if not v]
+    if missing:
+        return _Geometry(None, "needs the geometry facts " + ", ".join(missing) + " (--facts, or "
+                         + " ".join(GEOMETRY_FLAGS[k] for k in missing) + ")",
+                         tuple(GEOMETRY_FLAGS[k] for k in missing))
+    L, P, b = got["layers"], got["page_tokens"], got["dtype_bytes"]
+    if kv_kind == "mla":
+        halves, cell, formula = 1, got["latent_dim"] * b, f"L·P·dim·b = {L}·{P}·{got['latent_dim']}·{b}"
+    else:
+        halves, cell = 2, got["kv_heads"] * got["head_dim"] * b
+        formula = f"2·L·P·H·D·b = 2·{L}·{P}·{got['kv_heads']}·{got['head_dim']}·{b}"
+    want = halves * L * P * cell
+    if want != size:
+        return _Geometry(None, f"the geometry gives {formula} = {want} bytes, the file has {size}", size_off=True)
+    rows, cols = (L, P) if _byte_order(writer) == "layer_first" else (P, L)
+    return _Geometry({"halves": halves, "B": rows, "T": cols, "P": cell}, f"{formula} = {size} bytes")
+
+
+def _primaries(files: list[tuple[FlatFile, Reading]], copies: Mapping[str, list], zipped: set[str],
+               modal: int | None) -> dict[str, int]:
+    """page hash -> the rank of the e2 MLA copy one link places: the lowest whose copy is
+    healthy (not empty, all zero, a zip payload or off-size) and agrees with the others'
+    majority (any healthy one when they were not compared: the apply compares them)."""
+    top = {}
+    for hexh, contents in copies.items():
+        agree = Counter(c for c in contents if c is not None)
+        if len(agree) > 1:
+            value, n = agree.most_common(1)[0]
+            top[hexh] = value if n * 2 > sum(agree.values()) else None  # (no majority: none agrees)
+    out: dict[str, int] = {}
+    for f, r in files:
+        hexh = f.page.hex
+        if (not r.tp or f.size == 0 or f.all_zero or f.name in zipped or modal is not None and f.size != modal
+                or hexh in top and f.content != top[hexh]):
+            continue
+        out[hexh] = min(out.get(hexh, r.tp[0]), r.tp[0])
+    return out
 
 
 def _layout_of_release(release: str | None) -> str | None:

@@ -51,6 +51,15 @@ class Facts:
     writer_layout: str | None = None
     target_layout: str | None = None
     writer_release: str | None = None
+    # SGLang page geometry, for a relayout (sglang.md §2-3): host layers of the stage, page
+    # tokens, KV heads on one rank (or total_kv_heads and the TP size), head dim or MLA
+    # latent width, dtype bytes (or model_dtype)
+    layers: int | None = None
+    page_tokens: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    latent_dim: int | None = None
+    dtype_bytes: int | None = None
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None
@@ -63,7 +72,8 @@ class Facts:
 
 
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
-_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer")
+_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "layers", "page_tokens", "kv_heads",
+              "head_dim", "latent_dim", "dtype_bytes")
 
 
 def allowed_values(name: str) -> str:

@@ -46,6 +46,13 @@ FACT_FLAGS = {
     "writer_layout": "--writer-layout",
     "target_layout": "--target-layout",
     "writer_release": "--writer-release",
+    # SGLang page geometry (a relayout, docs/sglang.md §3)
+    "layers": "--layers",
+    "page_tokens": "--page-tokens",
+    "kv_heads": "--kv-heads",
+    "head_dim": "--head-dim",
+    "latent_dim": "--latent-dim",
+    "dtype_bytes": "--dtype-bytes",
 }
 
 # SGLang --hicache-mem-layout values whose page shape kvmigrate knows (sglang.md §2)

@@ -168,11 +168,17 @@ class Concat(Transform):
 
 
 class Relayout(Transform):
-    """Each page, with dd, in [T][B][P] (tensor-major) order."""
+    """Each page, with dd, in [T][B][P] (tensor-major) order (an SGLang page: L and P
+    swapped, per K/V half)."""
 
-    name, label = "relayout", "relayout (block-major to tensor-major)"
+    name, label = "relayout", "relayout (block-major to tensor-major; SGLang: L and P axes)"
 
     def cells(self, spec: TransformSpec, files: list[str]) -> list[str]:
+        if spec.halves > 1:  # an SGLang MHA page: the K half, then the V half, each transposed
+            return [f"h=0; while [ $h -lt {spec.halves} ]; do t=0; while [ $t -lt {spec.T} ]; do b=0; "
+                    f"while [ $b -lt {spec.B} ]; do dd if={src} bs={spec.P} "
+                    f"skip=$((h*{spec.B * spec.T}+b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
+                    f"t=$((t+1)); done; h=$((h+1)); done;" for src in files[:spec.cells]]
         return [f"t=0; while [ $t -lt {spec.T} ]; do b=0; while [ $b -lt {spec.B} ]; do "
                 f"dd if={src} bs={spec.P} skip=$((b*{spec.T}+t)) count=1 2>/dev/null; b=$((b+1)); done; "
                 f"t=$((t+1)); done;" for src in files[:spec.cells]]
@@ -202,7 +208,8 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
     for tp in plan.targets:
         c = tp.counts()
         lines.append("")
-        lines.append(f"target namespace {tp.base_name}  ({tp.family}, files in {tp.rank_dir}/)")
+        where = f"page files in the destination directory, {tp.profile}" if tp.flat else f"files in {tp.rank_dir}/"
+        lines.append(f"target namespace {tp.base_name}  ({tp.family}, {where})")
         lines.append(f"  from: {', '.join(tp.sources)}")
         for a, kind in ACTIONS.items():
             if c[a]["blocks"]:
@@ -279,10 +286,13 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
         base = os.path.join(plan.dest, tp.base_name)
         yield ""
         yield f"# target namespace {tp.base_name} (from {', '.join(tp.sources)})"
-        yield f"mkdir -p -- {q(base)}"
-        cfg = os.path.join(base, layout.CONFIG_NAME)
-        yield f"[ -e {q(cfg)} ] || printf {_printf_bytes(tp.config_bytes)} > {q(cfg)}"
         made: set[str] = set()
+        if tp.flat:
+            made.add(plan.dest)  # page files in the destination directory: no folder, no config.json
+        else:
+            yield f"mkdir -p -- {q(base)}"
+            cfg = os.path.join(base, layout.CONFIG_NAME)
+            yield f"[ -e {q(cfg)} ] || printf {_printf_bytes(tp.config_bytes)} > {q(cfg)}"
         for act in tp.actions:
             dst = os.path.join(plan.dest, act.target_relpath)
             parent = os.path.dirname(dst)

@@ -134,7 +134,8 @@ class Applier(FolderMaker, Placer):
             self._open_journal()
             try:
                 for tp in work:
-                    self._ensure_dirs([tp.base_name])
+                    if not tp.flat:  # (a flat target's files go into the destination directory itself)
+                        self._ensure_dirs([tp.base_name])
                 if self.take_locks:
                     self._lock_namespaces(work, locks)
                 self._resume_pending()
@@ -179,7 +180,7 @@ class Applier(FolderMaker, Placer):
         """Every namespace this run or the run it resumes touches is locked before
         anything is reconciled or written (a lock left by a killed run is taken over,
         and removed on release). A scale-out part skips this (`take_locks`): its driver holds them."""
-        for base in sorted({tp.base_name for tp in work} | self._resumed_bases()):
+        for base in sorted({tp.lock_dir for tp in work} | self._resumed_bases()):
             lock = NamespaceLock.acquire(self.tree, base)
             locks.append(lock)
             if lock.created:
@@ -196,7 +197,7 @@ class Applier(FolderMaker, Placer):
         for tp in work:
             errors = len(self.result.namespace_errors)
             self._target(replace(tp, actions=[]))  # its journal record and config.json only
-            if len(self.result.namespace_errors) == errors:
+            if len(self.result.namespace_errors) == errors and not tp.flat:
                 ready.append(tp.rank_dir)  # a refused namespace gets no folder, as in one process
         self._ensure_dirs(ready)
         self.place_blocks()
@@ -260,23 +261,29 @@ class Applier(FolderMaker, Placer):
         if not self._resume_runs:
             return set()
         run = self._resume_runs[-1]
-        bases = set(run.targets) | {p.rsplit("/", 1)[0] for p in run.locks}
-        out = set()
-        for base in bases:
-            check_relpath(base, "journal target")
-            if "/" not in base and self.tree.is_dir(base):
-                out.add(base)
+        bases = {rec.get("lock_dir", base) for base, rec in run.targets.items()}
+        out = {""} if "" in bases or layout.LOCK_NAME in run.locks else set()  # a flat target's lock
+        for base in bases | {p.rsplit("/", 1)[0] for p in run.locks if "/" in p}:
+            if base:
+                check_relpath(base, "journal target")
+                if "/" not in base and self.tree.is_dir(base):
+                    out.add(base)
         return out
 
     # --- config.json (the folders: `dirs.FolderMaker`) -----------------------------------
 
     def _target(self, tp: TargetPlan) -> None:
         self.result.per_target.setdefault(tp.base_name, Counter())
-        self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
-                            "digest": tp.digest.hex(), "sources": tp.sources,
-                            "payload_size": tp.fam.payload_bytes(tp.fields)},
-                           sync=True)
-        problem = self._config(tp)
+        if tp.flat:  # file names in the destination directory: no identity digest, no config.json
+            self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": "",
+                                "lock_dir": tp.lock_dir, "flat": True, "sources": tp.sources,
+                                "model_name": tp.fields.get("model")}, sync=True)
+        else:
+            self.journal.write({"t": "target", "base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
+                                "digest": tp.digest.hex(), "sources": tp.sources,
+                                "payload_size": tp.fam.payload_bytes(tp.fields)},
+                               sync=True)
+        problem = None if tp.flat else self._config(tp)
         if problem:
             self.result.namespace_errors.append(problem)
             self.result.bits |= EXIT_INTEGRITY
@@ -355,13 +362,14 @@ class Applier(FolderMaker, Placer):
     def _prepare(self, tp: TargetPlan, batch: list[BlockAction]) -> Batch:
         """Journal a batch's intent (fsynced), then hand its folders and block reads to
         the helper threads."""
-        missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch}))
+        missing = self._missing_dirs(sorted({act.target_relpath.rsplit("/", 1)[0] for act in batch
+                                             if "/" in act.target_relpath}))
         fresh = set(missing)
         items: list[dict[str, Any]] = [{"kind": "dir", "path": d} for d in missing]
         for act in batch:
             item = {"kind": "block", "path": act.target_relpath, "action": act.action, "src": act.source.relpath,
                     "dev": act.source.dev, "ino": act.source.inode, "size": act.source.size, "base": tp.base_name}
-            folder = act.target_relpath.rsplit("/", 1)[0]
+            folder = act.target_relpath.rsplit("/", 1)[0] if "/" in act.target_relpath else ""
             if folder not in fresh and not self.tree.was_made(folder) and self._present(act.target_relpath):
                 # there before this run (an earlier run's link, say): never this run's to
                 # adopt on resume or to remove on rollback (`reconcile_item`)
@@ -457,7 +465,7 @@ class Applier(FolderMaker, Placer):
         lacking them is read instead: `_read_checked`). Returns (ok, None); when not ok
         the block already has its outcome."""
         ranks = {act.source.rank, *(r.rank for r in act.replicas)}
-        if ranks != set(range(act.world)):
+        if _incomplete(tp, act, ranks):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
                           bits=EXIT_INTEGRITY)
             return False, None
@@ -491,7 +499,7 @@ class Applier(FolderMaker, Placer):
             self._outcome(tp, act, "changed_since_scan", first.stale)
             return False, None
         ranks = {act.source.rank, *(r.rank for r in act.replicas)}
-        if ranks != set(range(act.world)):
+        if _incomplete(tp, act, ranks):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {sorted(ranks)} of {act.world}",
                           bits=EXIT_INTEGRITY)
             return False, None
@@ -563,7 +571,8 @@ class Applier(FolderMaker, Placer):
         (dev, inode, size, mtime on the open fd). None: the block has its outcome."""
         spec = act.transform
         files = act.sources if spec.action != "slice" else (act.source,)
-        if spec.action != "slice" and [f.rank for f in files] != list(range(spec.ranks)):
+        # (a flat family's page is one file; its whole copies, if any, are compared, not read into it)
+        if spec.action != "slice" and not spec.flat and [f.rank for f in files] != list(range(spec.ranks)):
             self._outcome(tp, act, "failed", f"block incomplete: rank files {[f.rank for f in files]} of "
                           f"{spec.ranks}", bits=EXIT_INTEGRITY)
             return None
@@ -632,13 +641,21 @@ class Applier(FolderMaker, Placer):
                 self._outcome(tp, act, "failed", f"{act.action}: {problem}; not placed", bits=EXIT_INTEGRITY)
                 return False
             hashes.append(got.content)
-        if spec.replicas:
+        if spec.replicas or spec.flat and len(files) > 1:
             differing = [f.relpath for f, h in zip(files, hashes) if h != hashes[0]]
             if differing:
                 self._outcome(tp, act, "failed", "MLA replicas differ (content): " + ", ".join(differing)
                               + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
                 return False
         return True
+
+
+def _incomplete(tp: TargetPlan, act: BlockAction, ranks: set[int]) -> bool:
+    """The block lacks a rank file it needs: every rank's; for a family whose rank files
+    are whole copies, none (a page of one file, world 1, is whole whatever its rank)."""
+    if tp.fam.copies_whole:
+        return act.world > 1 and not ranks <= set(range(act.world))
+    return ranks != set(range(act.world))
 
 
 def _link_devices(tp: TargetPlan) -> list[tuple[int, str]]:

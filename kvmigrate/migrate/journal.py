@@ -233,6 +233,12 @@ class Run:
         """Intent items without a done record, in intent order."""
         return [item for path, item in self.intents.items() if path not in self.done]
 
+    def target_of(self, relpath: str) -> str | None:
+        """The target a journaled path belongs to: its base folder, or the target its
+        intent names (a flat target's page files sit in the destination directory)."""
+        folder = layout.parse_folder(relpath.split("/", 1)[0])
+        return folder.base if folder is not None else (self.intents.get(relpath) or {}).get("base")
+
     def created(self, kind: str) -> list[dict[str, Any]]:
         return [d for d in self.done.values() if d.get("kind") == kind]
 

@@ -1,6 +1,7 @@
 """One migration at a time per target namespace (migration.md §3.6).
 
-An advisory `flock` on `.kvmigrate.lock` in the target base folder, with the holder's pid
+An advisory `flock` on `.kvmigrate.lock` in the target base folder (a flat family's
+target: the destination directory itself, `lock_relpath("")`), with the holder's pid
 inside so the refusal can name it. The kernel drops the lock when its holder dies (kill -9
 included), so a stale lock file never blocks a rerun. After locking, the file's inode is
 compared with the name's: a lock taken on a file another process just unlinked is
@@ -18,17 +19,22 @@ from kvmigrate.errors import OperationalError
 from kvmigrate.migrate.fsops import DestTree
 
 
+def lock_relpath(base: str) -> str:
+    """The lock file of a target folder ("" = the destination directory)."""
+    return f"{base}/{layout.LOCK_NAME}" if base else layout.LOCK_NAME
+
+
 class NamespaceLock:
     def __init__(self, tree: DestTree, base: str, fd: int, created: bool):
         self.tree = tree
         self.base = base
-        self.relpath = f"{base}/{layout.LOCK_NAME}"
+        self.relpath = lock_relpath(base)
         self._fd = fd
         self.created = created
 
     @classmethod
     def acquire(cls, tree: DestTree, base: str, purpose: str = "migration") -> "NamespaceLock":
-        relpath = f"{base}/{layout.LOCK_NAME}"
+        relpath = lock_relpath(base)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(10):
             pfd, name = tree.split(relpath)
@@ -52,10 +58,10 @@ class NamespaceLock:
                 os.close(fd)
                 who = f"pid {holder}" if holder else "another process"
                 raise OperationalError(
-                    f"target namespace {base} is locked by another kvmigrate run ({who}): "
+                    f"target namespace {base or tree.root} is locked by another kvmigrate run ({who}): "
                     f"{tree.abspath(relpath)}", path=tree.abspath(relpath),
                     hint=f"wait for {who} to finish, then rerun; the lock is released automatically when "
-                         f"its holder exits (this {purpose} did not change anything in {base})") from None
+                         f"its holder exits (this {purpose} did not change anything in {base or tree.root})") from None
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False) if _exists(pfd, name) else None
             if st is None or st.st_ino != os.fstat(fd).st_ino:
                 os.close(fd)  # the file was unlinked by its previous holder: take the new one

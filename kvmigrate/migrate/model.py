@@ -85,6 +85,15 @@ class TargetPlan:
     not_reusable: Counter = field(default_factory=Counter)  # reason -> blocks
     not_reusable_bytes: Counter = field(default_factory=Counter)
     conflicts: Counter = field(default_factory=Counter)  # reason -> blocks whose target path is taken
+    # a flat family's target (docs/families.md §3): file names in the destination directory
+    # itself, no base folder, rank folder or config.json; `base_name` is its label
+    flat: bool = False
+
+    @property
+    def lock_dir(self) -> str:
+        """The folder whose lock file serialises runs into this target ("" = the
+        destination directory, for a flat target: one lock for all of its deployments)."""
+        return "" if self.flat else self.base_name
 
     @property
     def fam(self) -> Family:

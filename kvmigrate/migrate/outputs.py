@@ -22,7 +22,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.cost import TRANSFORMS
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK, PAGE, padded_size
-from kvmigrate.transforms import TransformError, write_llmd_row, write_slice
+from kvmigrate.transforms import TransformError, write_llmd_row, write_relayout, write_slice
 
 
 class SourceInvalid(ValueError):
@@ -110,6 +110,8 @@ class TransformSpec:
     concat:   `ranks` files of `cell` bytes (B = 1) -> all of them in rank order + pad.
     relayout: `ranks` files of B·T·P bytes, each [B][T][P] -> [T][B][P]; the row holds
               `cells` of them (1: rank 0's, for one rank or an MLA replicated target) + pad.
+              `flat`: one page file of a flat family (sglang.md §2), `halves` of B·T·P
+              bytes each transposed on its own, written at its exact size (no pad).
     """
 
     action: str
@@ -121,10 +123,12 @@ class TransformSpec:
     T: int = 1
     P: int = 0
     row_cells: int = 1
+    halves: int = 1
+    flat: bool = False
 
     @property
     def output_size(self) -> int:
-        return padded_size(self.cells * self.cell)
+        return self.cell if self.flat else padded_size(self.cells * self.cell)
 
     @property
     def replicas(self) -> bool:
@@ -132,20 +136,35 @@ class TransformSpec:
         return self.kv_kind == "mla" and self.ranks > 1
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.flat:  # (the journal items of the tree families stay as they were)
+            del d["halves"], d["flat"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TransformSpec":
-        spec = cls(**{k: d[k] for k in ("action", "kv_kind", "ranks", "cells", "cell", "B", "T", "P", "row_cells")})
+        spec = cls(**{k: d[k] for k in ("action", "kv_kind", "ranks", "cells", "cell", "B", "T", "P", "row_cells")},
+                   halves=d.get("halves", 1), flat=d.get("flat", False))
         spec.check()
         return spec
 
     def check(self) -> None:
-        ints = (self.ranks, self.cells, self.cell, self.B, self.T, self.row_cells)
+        ints = (self.ranks, self.cells, self.cell, self.B, self.T, self.row_cells, self.halves)
         if (self.action not in TRANSFORMS or self.kv_kind not in ("mla", "full")
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in ints)
-                or self.cells > self.ranks or (self.action == "relayout" and self.B * self.T * self.P != self.cell)):
+                or not isinstance(self.flat, bool) or self.flat and (self.action != "relayout" or self.ranks != 1)
+                or self.cells > self.ranks
+                or (self.action == "relayout" and self.halves * self.B * self.T * self.P != self.cell)):
             raise SourceInvalid(f"inconsistent transform geometry {self.to_json()}")
+
+
+def flat_relayout_spec(kv_kind: str, size: int, geometry: dict[str, int]) -> TransformSpec:
+    """The relayout of one page file of a flat family, from the geometry its family proved
+    (`Family.flat_relayout`: halves, B, T, P of the source's order)."""
+    spec = TransformSpec("relayout", kv_kind, ranks=1, cells=1, cell=size, B=geometry["B"], T=geometry["T"],
+                         P=geometry["P"], halves=geometry["halves"], flat=True)
+    spec.check()
+    return spec
 
 
 def transform_spec(plan: UnitPlan, action: str, group: int, size: int,
@@ -237,6 +256,8 @@ def write_transform(spec: TransformSpec, fds: list[int], dst) -> int:
     Geometry is re-checked against every file's size by the writers."""
     if spec.action == "slice":
         return write_slice(fds[0], dst, cell=spec.cell)
+    if spec.flat:  # one page file (its whole copies, if any, were compared by the caller)
+        return write_relayout(fds[0], dst, B=spec.B, T=spec.T, P=spec.P, halves=spec.halves)
     if len(fds) != spec.ranks:
         raise SourceInvalid(f"{spec.action}: {len(fds)} rank files given, {spec.ranks} expected")
     return write_llmd_row(fds, dst, B=spec.B, T=spec.T, P=spec.P, kv_kind=spec.kv_kind,

@@ -218,7 +218,7 @@ class Placer:
             return None
         try:
             spec = act.transform
-            if spec.action == "slice" or spec.replicas:
+            if spec.action == "slice" or spec.replicas or spec.flat and len(act.sources) > 1:
                 if not self._check_transform_sources(tp, act, fds):
                     return None
             out_digest, size = transform_output_hash(spec, fds)

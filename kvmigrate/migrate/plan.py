@@ -32,7 +32,7 @@ from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
 from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, BlockAction, Plan, SourceFile, Tally, TargetPlan
-from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, transform_spec
+from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
@@ -95,6 +95,10 @@ class _Context:
     # (target base, group) -> the size competing sources are judged by (`competing.target_sizes`);
     # None until the first pass has seen every row
     target_size: dict[tuple[str, int], int | None] | None = None
+    # source bases of a flat family (its family object): rows named by file name, not path grammar
+    flat: dict[str, Any] = field(default_factory=dict)
+    dest_elsewhere: bool = False  # --dest is not the scanned root
+    whole: set[str] = field(default_factory=set)  # deployments whose rank files are whole copies
 
     def __post_init__(self) -> None:
         self.rank_dir = {sb: tp.rank_dir for sb, tp in self.target_of.items()}
@@ -103,9 +107,22 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
-    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str) -> TransformSpec:
+    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str,
+             relpath: str = "") -> TransformSpec:
         """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
-        proven from the data)."""
+        proven from the data); a flat family's page (`relpath`: its name) is re-proven by
+        its family from the namespace's fields and facts."""
+        if sb in self.flat:
+            ns = self.namespaces[sb]
+            fields = ns.get("config_json") or {}
+            try:
+                if action != "relayout":
+                    raise ValueError(f"{action} is not defined for a {self.flat[sb].title} page")
+                geometry = self.flat[sb].flat_relayout(fields, ns.get("facts") or {}, relpath, size)
+                return flat_relayout_spec(fields.get("kv_kind"), size, geometry)
+            except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
+                raise UsageError(f"{rowname}: {action} is not proven by the namespace's facts ({exc}); refusing "
+                                 "this manifest", hint="regenerate it with `kvmigrate scan`") from None
         try:
             if not self.units:  # the scan's contexts, rebuilt from the metadata (one builder)
                 self.units = unit_contexts(self.namespaces, self.hashed)
@@ -138,6 +155,59 @@ def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
                          f"{have!r}; refusing this manifest", hint="regenerate it with `kvmigrate scan`")
 
 
+def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_hash: bytes | None) -> None:
+    """A flat family's creating row: its source and target are page file names of the
+    directory (one component each) that name the row's page; a target equal to its
+    source only goes to --dest (a relayout keeps the name)."""
+    fam = ctx.flat[sb]
+    rowname = f"{ctx.where}: row {relpath!r}"
+    for what, name in (("relpath", relpath), ("target_relpath", target)):
+        check_relpath(name, rowname)
+        page = fam.flat_page_hex(name)
+        if page is None:
+            raise UsageError(f"{rowname}: {what} {name!r} is not a page file name of the {fam.title} directory; "
+                             "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+        if block_hash is None or page != block_hash.hex():
+            raise UsageError(f"{rowname}: {what} {name!r} does not name the row's page "
+                             f"{block_hash.hex() if block_hash is not None else None!r}; refusing this manifest",
+                             hint="regenerate it with `kvmigrate scan`")
+    if target == relpath and not ctx.dest_elsewhere:
+        raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest",
+                         hint="regenerate it with `kvmigrate scan`")
+
+
+NEEDS_DEST = ("a relayout into --dest DIR: the page keeps its name, so it is written into a new storage "
+              "directory, never over a source; rerun with --dest DIR")
+
+
+def _flat_rows(flat: list[str], dest_elsewhere: bool) -> Callable[[pa.Table], pa.Table]:
+    """A flat family's rows as the destination makes them, rewritten as each chunk is
+    read (sglang.md §3). With --dest DIR, the pages the engine reads in place
+    (`already_present`, target = source) are linked into DIR too: DIR becomes a complete
+    storage directory. Without it, a transform (its output keeps the name) stays pending:
+    `needs_relayout` saying to pass --dest."""
+    bases = pa.array(flat, pa.string())
+
+    def adjust(chunk: pa.Table) -> pa.Table:
+        mine = pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=bases), False)
+        action = chunk.column("action")
+        if dest_elsewhere:
+            hit = pc.and_(mine, pc.fill_null(pc.and_(pc.equal(action, "already_present"), pc.equal(
+                chunk.column("target_relpath"), chunk.column("relpath"))), False))
+            new, reason = pa.scalar("link"), None
+        else:
+            hit = pc.and_(mine, pc.fill_null(pc.is_in(action, pa.array(list(TRANSFORMS))), False))
+            new, reason = pa.scalar("needs_relayout"), pa.scalar(NEEDS_DEST)
+        if not pc.any(hit).as_py():
+            return chunk
+        chunk = chunk.set_column(chunk.schema.get_field_index("action"), "action", pc.if_else(hit, new, action))
+        if reason is not None:
+            i = chunk.schema.get_field_index("reason")
+            chunk = chunk.set_column(i, "reason", pc.if_else(hit, reason, chunk.column("reason")))
+        return chunk
+    return adjust
+
+
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """The block paths the scanner writes: a path of this shape passes `_check_source_path`
     (a rank folder, then components that are neither empty, "." nor ".." and hold no NUL);
@@ -157,6 +227,9 @@ def _validate(ctx: _Context, c: pa.Table) -> None:
                                               "target_relpath"))
     rank_dir, bases = ctx.rank_dir, ctx.base_folders
     for i, (sb, rank, g, h, rel, tr) in enumerate(zip(*cols)):
+        if sb in ctx.flat:
+            _check_flat_row(ctx, sb, rel, tr, h)
+            continue
         if (sb in bases and h is not None and len(h) >= 3 and g is not None and g >= 0 and rank is not None
                 and rank >= 0):
             x = h.hex()
@@ -199,7 +272,13 @@ def _validate_replicas(ctx: _Context, cands: pa.Table | None, c: pa.Table) -> No
     for r in bad.to_pylist():
         sources = keys.get((r["deployment"], r["group"], r["block_hash"]))
         if sources and any(s != r["relpath"] for s in sources):
-            _check_source_path(r["relpath"], f"{ctx.where}: replica {r['relpath']!r}")
+            where = f"{ctx.where}: replica {r['relpath']!r}"
+            fam = ctx.flat.get(r["source_base"])
+            if fam is None:
+                _check_source_path(r["relpath"], where)
+            elif "/" in check_relpath(r["relpath"], where) or fam.flat_page_hex(r["relpath"]) is None:
+                raise UsageError(f"{where} is not a page file name of the {fam.title} directory; refusing this "
+                                 "manifest", hint="regenerate it with `kvmigrate scan`")
 
 
 def _by_merge_order(c: pa.Table, *, with_source: bool) -> pa.Table:
@@ -282,7 +361,7 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         spec = None
         if action in TRANSFORMS:
             spec = ctx.spec(sb, action, cols["group"][i], size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                            f"{ctx.where}: row {cols['relpath'][i]!r}")
+                            f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i])
             out = spec.output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
@@ -333,7 +412,7 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
         if action in TRANSFORMS:
             out = ctx.spec(sb, action, group, size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                           f"{ctx.where}: row {cols['relpath'][i]!r}").output_size
+                           f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i]).output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
         digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
@@ -421,6 +500,10 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
         mask = pc.and_(mask, pc.not_equal(chunk.column("status"), "misfiled"))
         mask = pc.and_(mask, pc.invert(pc.and_(mine, pc.fill_null(
             pc.is_in(chunk.column("action"), pa.array(list(CREATING))), False))))
+        if ctx.whole:  # whole copies: one the scan flagged (a differing or damaged copy) is no replica
+            flagged = pc.and_(pc.is_in(chunk.column("deployment"), pa.array(sorted(ctx.whole))),
+                              pc.not_equal(chunk.column("status"), "ok"))
+            mask = pc.and_(mask, pc.invert(pc.fill_null(flagged, False)))
         cands = chunk.filter(mask)
     if cands is not None and cands.num_rows:
         cands = cands.take(pc.sort_indices(pc.fill_null(cands.column("rank"), 0)))
@@ -440,7 +523,7 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
             reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
             if action in TRANSFORMS:
-                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}")
+                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}", src.relpath)
             yield _block_action((action, target, src, reps, sb, world, spec))
 
 
@@ -507,8 +590,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     # Target namespaces, keyed by target base name; sources merge in base-name order.
     targets: dict[str, TargetPlan] = {}
     target_of: dict[str, TargetPlan] = {}
+    flat: dict[str, Any] = {}
     for src_base in sorted(chosen if chosen is not None else namespaces):
         ns = namespaces[src_base]
+        fam = families.get(ns.get("family"))
+        if fam.root_layout == "flat":
+            flat[src_base] = fam
+            _flat_target(targets, target_of, src_base, ns, fam, where)
+            continue
         tgt = ns.get("target")
         if not tgt or not tgt.get("base_name") or tgt.get("fields") is None:
             continue
@@ -542,9 +631,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for b, ns in namespaces.items():
         world_of[ns.get("deployment") or b] = max(world_of.get(ns.get("deployment") or b, 1), _world(ns))
     multi = sorted({ns.get("deployment") or b for b, ns in namespaces.items() if _world(ns) > 1})
-    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash")
+    dest_elsewhere = dest is not None and os.path.abspath(dest) != root
+    whole = {ns.get("deployment") or b for b, ns in namespaces.items() if families.get(ns.get("family")).copies_whole}
+    ctx = _Context(where, namespaces, target_of, world_of, multi, hashed=metadata.get("verify") == "hash",
+                   flat=flat, dest_elsewhere=dest_elsewhere, whole=whole)
     try:
         rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS, sources=chosen)
+        if flat:
+            rows.adjust = _flat_rows(sorted(flat), dest_elsewhere)
     except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
@@ -556,24 +650,12 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     # streamed later), and count what is not created (Arrow group_by).
     tallies = {base: Tally() for base in targets}
     untargeted: Counter = Counter()
-    dest_elsewhere = dest is not None and os.path.abspath(dest) != root
-    # a flat family's namespaces have no target folder: their actions are planned by the
-    # scan and counted here, never placed (docs/families.md §3: migrate does not place them yet)
-    flat = {sb: families.get(ns.get("family")) for sb, ns in namespaces.items()
-            if families.get(ns.get("family")).root_layout == "flat"}
     total_rows, done_rows = sum(status_counts.values()), 0
     for chunk in rows.chunks():
         if progress is not None:
             done_rows += chunk.num_rows
             progress(min(done_rows, total_rows), total_rows)
         c = _creating(chunk)
-        if flat and c.num_rows:
-            in_flat = pc.fill_null(pc.is_in(c.column("source_base").cast(pa.string()),
-                                            pa.array(list(flat), pa.string())), False)
-            for row in c.filter(in_flat).select(["source_base", "action"]).to_pylist():
-                untargeted[f"{row['action']}: migrate does not place {flat[row['source_base']].title} files yet "
-                           "(scan, audit and report plan them)"] += 1
-            c = c.filter(pc.invert(in_flat))
         _validate(ctx, c)
         cands = _candidates(ctx, chunk, c)
         _validate_replicas(ctx, cands, c)
@@ -615,6 +697,24 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
                 integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
                 placed_integrity_rows=rows.placed_integrity_rows, selection=selection)
+
+
+def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan], src_base: str,
+                 ns: dict[str, Any], fam: Any, where: str) -> None:
+    """The target of a flat family's deployment: file names in the destination directory
+    (no folder, no config.json), labelled as a rescan labels the names it creates; the
+    deployments whose names become one deployment's share it."""
+    fields = ns.get("config_json") or {}
+    base = fam.flat_target(src_base, fields)
+    tp = targets.get(base)
+    if tp is None:
+        tp = targets[base] = TargetPlan(base_name=base, rank_dir="", profile=(ns.get("target") or {}).get("profile", ""),
+                                        family=fam.name, fields=dict(fields), sources=[], flat=True)
+    elif not tp.flat:
+        raise UsageError(f"{where}: namespace {src_base!r} maps to target {base!r}, a base folder of another family; "
+                         "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+    tp.sources.append(src_base)
+    target_of[src_base] = tp
 
 
 def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, str | None, int, int]]:

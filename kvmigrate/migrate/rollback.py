@@ -34,9 +34,9 @@ from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
 from kvmigrate.migrate.restore import restore_before_rollback
-from kvmigrate.selection import Selection, base_of_path, journal_bases
+from kvmigrate.selection import Selection, journal_bases
 
 _THREADS = 8  # removals in flight (each waits on the filesystem's journal, not the CPU)
 _CHUNK = 256  # records per worker task
@@ -123,11 +123,12 @@ class _Removal:
             self.ns_of[base] = base
             if isinstance(rec.get("rank_dir"), str):
                 self.ns_of[rec["rank_dir"]] = base
+        self.intents = run.intents  # a block's intent names its target (a flat target's files have no folder)
         self.gone: set[str] = set()  # dry run: paths that would be removed (for folder emptiness)
 
     def namespace(self, relpath: str) -> str:
         top = relpath.split("/", 1)[0]
-        return self.ns_of.get(top, top)
+        return self.ns_of.get(top) or (self.intents.get(relpath) or {}).get("base") or top
 
     def count(self, kind: str, relpath: str) -> None:
         self.result.removed[kind] += 1
@@ -219,8 +220,8 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         kept = journal_bases(run.targets, selection)
         run.targets = {b: r for b, r in run.targets.items() if b in kept}
         run.locks = [p for p in run.locks if _base_of(p) in kept]
-        run.done = {p: r for p, r in run.done.items() if base_of_path(p) in kept}
-        run.intents = {p: r for p, r in run.intents.items() if base_of_path(p) in kept}
+        run.done = {p: r for p, r in run.done.items() if run.target_of(p) in kept}
+        run.intents = {p: r for p, r in run.intents.items() if run.target_of(p) in kept}
     dest = run.dest
     if not os.path.isdir(dest):
         result.kept.append(f"{dest}: destination root of run {run.header.get('run_id')} is missing; nothing removed")
@@ -231,9 +232,11 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         locks = []
         bases = []
         try:
-            for base in sorted({*run.targets, *(_base_of(p) for p in run.locks)}):
-                check_relpath(base, "journal target")
-                if tree.lstat(base) is not None:
+            for base in sorted({*(r.get("lock_dir", b) for b, r in run.targets.items()),
+                                *(_base_of(p) for p in run.locks)}):
+                if base:  # ("": a flat target's lock, in the destination directory itself)
+                    check_relpath(base, "journal target")
+                if base == "" or tree.lstat(base) is not None:
                     bases.append(base)
                     if not result.dry_run:
                         locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
@@ -258,8 +261,8 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                         temps.append({"path": tmp, "temp": True})
             rm.files(temps, "temp")
             if result.dry_run:  # a lock file left by an interrupted run would go too
-                rm.files([{"path": f"{b}/{layout.LOCK_NAME}", "temp": True} for b in bases
-                          if _exists(tree, f"{b}/{layout.LOCK_NAME}")], "lock")
+                rm.files([{"path": lock_relpath(b), "temp": True} for b in bases
+                          if _exists(tree, lock_relpath(b))], "lock")
         finally:
             for lock in locks:  # a lock file left by an interrupted run goes too
                 lock.release()
@@ -273,8 +276,9 @@ def _exists(tree: DestTree, relpath: str) -> bool:
         return False
 
 
-def _base_of(lock_relpath: str) -> str:
-    return lock_relpath.rsplit("/", 1)[0]
+def _base_of(lock_path: str) -> str:
+    return lock_path.rsplit("/", 1)[0] if "/" in lock_path else ""
+
 
 
 def _check_file(tree: DestTree, rec: dict[str, Any], dry: bool) -> tuple[str, str | None]:

@@ -84,6 +84,7 @@ class ManifestRows:
         self._files: list[tuple[Any, str, tuple[int, ...]]] = []  # (ParquetFile, path, stat identity)
         self._parts: list[tuple[int, int, int, int]] = []  # (file, row group, first bucket, last bucket)
         self._cache: tuple[int, pa.Table | None] | None = None
+        self.adjust: Any = None  # chunk -> chunk, applied as each is handed out (plan._into_dest)
         hist = [0] * BUCKETS
         try:
             if table is not None:
@@ -185,7 +186,7 @@ class ManifestRows:
                 t = self._read(lo, hi, carry)
                 self._cache = (k, t)
             if t is not None and t.num_rows:
-                yield t
+                yield self.adjust(t) if self.adjust is not None else t
 
     def _read(self, lo: int, hi: int, carry: dict[tuple[int, int], pa.Table]) -> pa.Table | None:
         """Rows of buckets lo..hi. A row group read for one chunk keeps its rows of later

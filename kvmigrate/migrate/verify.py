@@ -25,7 +25,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.selection import Selection, base_of_path, journal_bases
+from kvmigrate.selection import Selection, journal_bases
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
         with DestTree(run.dest) as tree:
             for rec in run.done.values():
                 kind = rec.get("kind")
-                if kind not in ("block", "config") or kept is not None and base_of_path(rec["path"]) not in kept:
+                if kind not in ("block", "config") or kept is not None and run.target_of(rec["path"]) not in kept:
                     continue
                 check_relpath(rec["path"], f"{path}: journal path")
                 if kind == "block":

@@ -370,6 +370,10 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         if n.get("aliases_source_blocks") and base not in guessed:
             hint(cmd.migrate("--dest", "<DIR>", "--apply"),
                  "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
+        if n["by_action"].get("relayout", {}).get("blocks") and families.get(n.get("family")).root_layout == "flat":
+            hint(cmd.migrate("--dest", "<DIR>", "--apply"),
+                 "a relayout keeps the page's file name: it is written into a new storage directory DIR (with links "
+                 "to the pages kept as they are), never over a source", "relayout", base, 4)
         multi_rank = len(n["ranks"]) > 1 or deployments.get(n["deployment"], 0) > 1
         relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
         if multi_rank and summary.get("verify") != "hash" and relies:

@@ -248,7 +248,8 @@ def test_facts_to_dict_has_every_fact_and_no_sources():
     assert d["kv_kind"] == "full" and "sources" not in d
     assert set(d) == {"kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor", "nnodes",
                       "per_token_head_quant", "page_bytes", "tensors_per_layer", "family",
-                      "model_name", "writer_layout", "target_layout", "writer_release"}
+                      "model_name", "writer_layout", "target_layout", "writer_release",
+                      "layers", "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes"}
     assert json.loads(json.dumps(d)) == d
 
 

@@ -1,7 +1,8 @@
 """End to end against the 0.5.23 reader (tests/sglang_reader.py): what the scan calls
 `already_present` is what SGLang 0.5.23 reads, with the bytes the writer stored; a
-planned `link` target is the name it opens (placed here by hand: migrate does not place
-HiCache files yet, docs/sglang.md), after which a rescan finds it already present."""
+planned `link` target is the name it opens (placed here by hand: a check of the scan alone;
+tests/migrate/test_sglang_migrate.py lets migrate place them), after which a rescan finds
+it already present."""
 
 from __future__ import annotations
 
