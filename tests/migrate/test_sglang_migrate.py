@@ -247,3 +247,20 @@ def test_the_copy_placed_is_one_the_majority_agrees_with_even_when_rank_0_differ
     code, out = run("migrate", "--manifest", m, "--apply")
     assert code == 0, out
     assert len(_read_all(root, spec, res[0], model="org/m", layout="layer_first", mla=True)) == 3
+
+
+def test_rollback_of_a_rerun_of_one_manifest_keeps_the_first_runs_pages(synth_root, tmp_path):
+    """The second --apply of one manifest finds every page present and creates none: its
+    rollback removes nothing (its intent lists the pages the first run linked)."""
+    spec = _spec(sgl_era="e2", kv_kind="full", tp=2)
+    root, _ = synth_root(spec)
+    m = tmp_path / "m.parquet"
+    _scan(root, m, "--kv-kind", "full", *OLD)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert run("migrate", "--manifest", m, "--apply", "--journal", first)[0] == 0
+    migrated = _listing(root)
+    code, out = run("migrate", "--manifest", m, "--apply", "--journal", second)
+    assert code == 0 and "created 0, already_present " in out, out
+    code, out = run("rollback", second)
+    assert code == 0 and "removed 0 blocks" in out, out
+    assert _listing(root) == migrated
