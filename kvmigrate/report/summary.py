@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvmigrate import families
 from kvmigrate import findings as fd
 from kvmigrate import manifest as mf
 # The status enum with its exit-code bits (interface.md §2) and the actions in preference
@@ -288,10 +289,21 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
 
 def _gate(target: dict[str, Any] | None) -> dict[str, Any]:
     if not target:
-        return {"parallel_agnostic": None, "replicated_layout": None, "reasons": []}
+        return {"parallel_agnostic": None, "replicated_layout": None, "reasons": [], "by_name": False}
     return {"parallel_agnostic": target.get("parallel_agnostic"),
             "replicated_layout": target.get("replicated_layout"),
-            "reasons": list(target.get("reasons") or [])}
+            "reasons": list(target.get("reasons") or []),
+            # a flat family's target is page names, not a folder a gate picks (docs/families.md §3)
+            "by_name": bool(target.get("profile")) and not target.get("base_name")}
+
+
+def _target_base(base: str, meta: dict[str, Any], target: dict[str, Any] | None) -> str | None:
+    """The target namespace's name: a flat deployment's is the one its pages are named
+    into (as a rescan labels them), since it has no folder."""
+    if not target or target.get("base_name") or not target.get("profile"):
+        return (target or {}).get("base_name")
+    fam = families.get(meta.get("family"))
+    return fam.flat_target(base, meta.get("config_json") or {}) if fam.root_layout == "flat" else None
 
 
 def _claims(meta: dict[str, Any]) -> list[str]:
@@ -360,7 +372,7 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "hash_bytes": sorted(agg["hash_bytes"]),
         "target_profile": (target or {}).get("profile"),
         "target_family": (target or {}).get("family"),
-        "target_base": (target or {}).get("base_name"),
+        "target_base": _target_base(base, meta, target),
         "target_rank_dir": (target or {}).get("rank_dir"),
         "target_d12": (target or {}).get("d12"),
         "target_error": meta.get("target_error"),

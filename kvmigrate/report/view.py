@@ -40,6 +40,8 @@ def gate_label(n: dict[str, Any]) -> str:
     if not n.get("target_base"):
         return "no target"
     gate = n["gate"]
+    if gate.get("by_name"):
+        return "by name"
     if gate.get("replicated_layout"):
         return "replicated"
     if gate.get("parallel_agnostic"):

@@ -245,7 +245,7 @@ def test_interface_keys_present(sample):
         for key in ("source_base", "family", "scheme", "model_name", "ranks", "target_base", "gate",
                     "assumed_facts", "by_status", "by_action"):
             assert key in n, key
-        assert set(n["gate"]) == {"parallel_agnostic", "replicated_layout", "reasons"}
+        assert set(n["gate"]) == {"parallel_agnostic", "replicated_layout", "reasons", "by_name"}
     json.dumps(s)  # JSON-able
 
 
@@ -376,7 +376,8 @@ def test_target_error_sets_findings_bit(tmp_path):
     s = summarize(tmp_path / "m.parquet")
     assert s["exit_code"] == 1
     assert _ns(s, AUTO)["target_base"] is None
-    assert _ns(s, AUTO)["gate"] == {"parallel_agnostic": None, "replicated_layout": None, "reasons": []}
+    assert _ns(s, AUTO)["gate"] == {"parallel_agnostic": None, "replicated_layout": None, "reasons": [],
+                                    "by_name": False}
 
 
 def test_namespace_status_from_metadata(sample):
@@ -426,3 +427,21 @@ def test_small_batches_give_the_same_summary(sample, monkeypatch):
     monkeypatch.setattr(sm._Totals, "add", lambda self, b: (seen.append(b.num_rows), real_add(self, b)))
     assert summarize(sample) == whole
     assert max(seen) == 7 and len(seen) > 20
+
+
+def test_a_flat_deployment_reports_its_target_names_not_no_target(tmp_path, synth_root):
+    """An SGLang e2 deployment migrates into the e4 names of its model: the report's target
+    column names that deployment and the gate column says 'by name' (was 'no target' and
+    '-' beside 6 reusable pages)."""
+    from cli_helpers import run, run_json
+    root, _ = synth_root({"family": "sglang", "blocks": 3, "layers": 2, "tp": 2, "sgl_era": "e2"})
+    m = tmp_path / "m.parquet"
+    code, out = run("scan", root, "-o", m, "--kv-kind", "full", "--model-name", "org/m",
+                    "--target-layout", "layer_first")
+    assert code in (0, 1), out
+    code, s = run_json("report", m)
+    (n,) = [n for n in s["namespaces"] if n["family"] == "sglang"]
+    assert n["target_base"] == "sglang:org-m:tp2" and n["gate"]["by_name"] is True, (n["target_base"], n["gate"])
+    code, text = run("report", m)
+    row = next(line for line in text.splitlines() if line.startswith(n["source_base"]) and "by name" in line)
+    assert row.rstrip().endswith("sglang:org-m:tp2"), row
