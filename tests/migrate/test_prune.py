@@ -391,3 +391,19 @@ def test_a_skipped_vllmcpp_rank_namespace_keeps_its_siblings_blocks(synth_root, 
     rank1 = {i.namespace for i in plan.items if "_r1/" in i.relpath}
     assert len(plan.items) == 14 and len(rank1) == 1
     assert prune.without_namespaces(plan.items, rank1) == []
+
+
+def test_the_apply_summary_says_each_target_now_holds_only_its_own_files(migrated):
+    root, legacy = migrated
+    code, out = run("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0, out
+    # 6 llm-d blocks x 2 rank files (copy_pad) + 6 vLLM links: every legacy name of a placed block
+    assert "legacy names removed: 18; each target namespace now holds only its own files" in out
+    targets = {layout.parse_folder(p.split("/")[0]).base for p in _files(root)}
+    assert len(targets) == 2 and not targets & {layout.parse_folder(p.split("/")[0]).base for p in legacy}
+    for base in targets:  # what is left in the cache is the targets' own files, no legacy name
+        assert f"  {base}: " in out and ": its file count is its own" in out.split(f"  {base}: ", 1)[1].split("\n")[0]
+    code, res = run_json("restore", next((root / ".kvmigrate" / "journals" / "prune").iterdir()))
+    assert code == 0
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert sum(res["legacy_names_removed"].values()) == 18 and res["legacy_names_left"] == {}
