@@ -8,7 +8,8 @@ migration journals (through `journal.iter_runs`). Classes, each opt-in by name:
                            writes), their rank files (replicas proven equal by hash, parts
                            of a transform), and the namespace's config.json once nothing
                            else of it is left
-    unreadable_namespaces  namespaces no target reads and no migration used, whole
+    unreadable_namespaces  namespaces no target reads and no migration used, whole (also
+                           superseded eras whose every block a target namespace holds)
     residue                engine temp files older than --older-than, zero_filled, short,
                            misfiled files
 
@@ -118,7 +119,7 @@ class _Selected(NamedTuple):
 
 
 def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_journal: str | None,
-            older_than: float | None, now: float) -> _Selected:
+            older_than: float | None, now: float, meta: dict[str, Any]) -> _Selected:
     """The selection rules (migration.md §6), from the manifest's typed columns and the
     migration journals: the one selection `prune` and the reports' reclaimable figures use."""
     cols = _plain_columns(mf.read_table(manifest_path, columns=_COLUMNS))
@@ -169,6 +170,9 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
                     and not any(c["target_relpath"][i] for i in rows):
                 for i in rows:
                     chosen.setdefault(i, "unreadable_namespaces")
+        for ns in superseded(c, rows_of, meta.get("namespaces") or {}, target_bases, used):
+            for i in rows_of[ns]:
+                chosen.setdefault(i, "unreadable_namespaces")
     if "residue" in classes:
         age_ns = int((DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9)
         for i in range(n):
@@ -203,6 +207,33 @@ def _plain_columns(table: Any) -> dict[str, list]:
             for name, col in zip(table.column_names, table.columns)}
 
 
+def superseded(c: dict[str, list], rows_of: dict[str, list[int]], ns_meta: dict[str, dict], target_bases: set[str],
+               used: set[str]) -> list[str]:
+    """Namespaces of a superseded era (migration.md §6): the target profile can never read
+    them (their target is `unreachable`: e.g. the hash granularity changed, a key the target
+    lacks), no migration used them, and every block file of them is `ok` with its bytes
+    (content hash, a --verify hash scan) in a healthy file of a target namespace of the same
+    model: the newer era holds them. A block whose bytes are nowhere else keeps the whole
+    namespace (never the last copy); so does a file of any other status but residue."""
+    out = []
+    present: dict[str, set[bytes]] = {}  # model name -> content hashes of its target namespaces' ok files
+    for ns, rows in rows_of.items():
+        m = ns_meta.get(ns) or {}
+        if ns in target_bases or ns in used or not (m.get("target") or {}).get("unreachable"):
+            continue
+        model = m.get("model_name")
+        if model not in present:
+            present[model] = {c["content_xxh3_128"][i] for base in target_bases
+                              if (ns_meta.get(base) or {}).get("model_name") == model
+                              for i in rows_of.get(base, ()) if c["status"][i] == "ok"} - {None}
+        held = present[model]
+        if held and all(c["status"][i] in ("tmp_leftover", *RESIDUE_STATUSES) or c["status"][i] == "ok" and (
+                c["block_hash"][i] is None or c["content_xxh3_128"][i] in held) for i in rows) \
+                and any(c["block_hash"][i] is not None for i in rows):
+            out.append(ns)
+    return out
+
+
 def _prunable(c: dict[str, list], i: int) -> bool:
     """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs)."""
     return c["status"][i] not in ("own_artifact", "foreign") and not c["relpath"][i].startswith(layout.OWN_DIR + "/")
@@ -223,7 +254,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                          hint="rescan the cache root with `kvmigrate scan ROOT`")
     now = time.time() if now is None else now
     root, c, rows_of, chosen, target_of, target_bases, emptied = _select(manifest_path, classes, root,
-                                                                         migration_journal, older_than, now)
+                                                                         migration_journal, older_than, now, meta)
     skipped = {}
     names = {c["source_base"][i] for i in chosen}
     for ns in sorted(names):
@@ -327,7 +358,8 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     root = meta.get("root") if isinstance(meta.get("root"), str) else ""
     rows: list[tuple[str, str, int, int, int, int]] = []
     if _any_candidate(manifest_path):
-        sel = _select(manifest_path, CLASSES, root, migration_journal, None, time.time() if now is None else now)
+        sel = _select(manifest_path, CLASSES, root, migration_journal, None, time.time() if now is None else now,
+                      meta)
         c = sel.c
         rows = [(cls, c["source_base"][i], c["dev"][i], c["inode"][i], c["size"][i] or 0, c["nlink"][i] or 1)
                 for i, cls in sel.chosen.items() if _prunable(c, i)]

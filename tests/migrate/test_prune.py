@@ -407,3 +407,41 @@ def test_the_apply_summary_says_each_target_now_holds_only_its_own_files(migrate
     assert code == 0
     code, res = run_json("prune", root, *MLA, *NOW, "--apply")
     assert sum(res["legacy_names_removed"].values()) == 18 and res["legacy_names_left"] == {}
+
+
+# an S1 namespace the target profile cannot read (a key vllm-0.28 lacks: target unreachable),
+# beside the S3 namespace of the same deployment, which holds the same blocks (same seed)
+OLD_ERA = {"family": "vllm", "scheme": "S1", "kv_kind": "mla", "extra_fields": {"future_key": 1}}
+NEW_ERA = {"family": "vllm", "scheme": "S3", "kv_kind": "mla"}
+
+
+def _era_namespaces(root: Path, manifest: str) -> tuple[str, str]:
+    meta = mf.read_metadata(manifest)["namespaces"]
+    old = next(b for b, n in meta.items() if n["scheme"] == "S1")
+    assert meta[old]["target"]["unreachable"] == "target_lacks_future_key"
+    return old, next(b for b, n in meta.items() if n["scheme"] == "S3")
+
+
+def test_a_superseded_era_namespace_is_pruned_whole_with_unreadable_namespaces(synth_root, tmp_path):
+    root, _ = synth_root(OLD_ERA, NEW_ERA)
+    manifest, _ = _manifest(tmp_path, root)
+    old, new = _era_namespaces(root, manifest)
+    code, plan = run_json("prune", "--manifest", manifest, *NOW)
+    assert plan["files"] == 0  # not migrated: --migrated never takes it
+    code, res = run_json("prune", "--manifest", manifest, *NOW, "--unreadable-namespaces", "--apply")
+    assert code == 0 and res["moved"] == {"unreadable_namespaces": 7}  # its 6 blocks and config.json
+    assert {layout.parse_folder(p.split("/")[0]).base for p in _files(root)} == {new}
+    assert len(_files(root)) == 7  # the newer era, untouched
+
+
+def test_a_superseded_namespace_holding_the_last_copy_of_a_block_is_kept(synth_root, tmp_path):
+    root, _ = synth_root(OLD_ERA, NEW_ERA)
+    manifest, _ = _manifest(tmp_path, root)
+    old, new = _era_namespaces(root, manifest)
+    # one block of the newer era is gone: the old namespace holds its only copy
+    os.unlink(root / next(p for p in _files(root) if p.startswith(new + "_r0/") and p.endswith(".bin")))
+    manifest, _ = _manifest(tmp_path, root)
+    code, plan = run_json("prune", "--manifest", manifest, *NOW, "--unreadable-namespaces")
+    assert code == 0 and plan["files"] == 0
+    code, s = run_json("report", manifest)
+    assert s["reclaimable"]["files"] == 0
