@@ -1622,8 +1622,6 @@ def run_prune_group(args: argparse.Namespace, bench: "Bench", log: Any) -> dict:
     out["loadavg"]["end"] = [round(x, 2) for x in os.getloadavg()]
     out["when"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     out["command"] = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])
-    if not args.keep:
-        rmtree(workdir)
     return out
 
 
@@ -1813,6 +1811,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
         (out / "BENCHMARKS.md").write_text(text)
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+        if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
+            rmtree(bench.workdir)
         return 0
     if args.profile_only:
         out = Path(args.out_dir)
