@@ -110,8 +110,33 @@ def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] 
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
     at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
     with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
+        with_reclaimable(result.summary, result.output)
         return AuditResult(result.summary, result.exit_code, str(result.output) if manifest_out is not None else None,
                            result.seconds, mf.count_true(result.output, "carried"))
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def with_reclaimable(summary: dict[str, Any], manifest: str | os.PathLike[str], *,
+                     partial: bool = False) -> dict[str, Any]:
+    """The summary plus `reclaimable`: what `prune` of every class would take from the
+    manifest, freed vs only unlinked (migrate.prune.reclaimable: prune's own selection).
+    `partial` (report --only/--exclude): of the summary's namespaces only."""
+    from kvmigrate.migrate.prune import reclaimable
+
+    keep = {n["source_base"] for n in summary["namespaces"]} if partial else None
+    summary["reclaimable"] = reclaimable(str(manifest), namespaces=keep)
+    return summary
+
+
+def report(path: str, fmt: str = "text", selection: Any = None) -> tuple[str, int]:
+    """`report`: (the rendered summary of the manifest with its reclaimable figures, exit
+    code = the bits of the manifest, or of its `selection`)."""
+    from kvmigrate.report import render
+
+    summary = with_reclaimable(render.summary_of(path, selection=selection), path, partial=bool(selection))
+    return render.render_summary(summary, fmt), summary["exit_code"]
 
 
 # --- verify ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --scale large --profile-only  # profile a kept tree, add to the report
     python3 scripts/bench.py --before b0bf138              # before/after in one run (bench_compare.py)
     python3 scripts/bench.py --before b0bf138 --scale small   # the same, a quick try (~2-3 min)
+    python3 scripts/bench.py --only prune --prune-files 20000  # prune vs rm -rf, restore (issue 19)
 
 `--before REV` (alias `--compare`) installs REV and `--after` (default HEAD) into their own
 venvs and times each kvmigrate figure below with both, alternating old/new every repetition
@@ -33,6 +34,10 @@ Groups (see GROUPS below):
   journal   (alone: `--only journal [--before REV]`) journal bytes per linked block and
             `rollback` time at 100,000 blocks, this checkout against REV (a git worktree of
             it with its own venv); merged into an existing benchmarks.json
+  prune     (alone: `--only prune [--prune-files N]`) `kvmigrate prune --apply` of N migrated
+            legacy block files (default 500,000) vs `rm -rf` of the same legacy folders (one run,
+            the ratio) and `kvmigrate restore` of that prune; merged into an existing
+            benchmarks.json, or a prune-only report in a fresh --out-dir
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
 Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
@@ -1387,6 +1392,8 @@ def render(result: dict) -> str:
             add(f"- {n}")
     if result.get("journal"):
         render_journal(result["journal"], add)
+    if result.get("prune"):
+        render_prune(result["prune"], add)
     transforms = Path(__file__).resolve().parent.parent / "reports" / "TRANSFORMS.md"
     if transforms.is_file():
         add("")
@@ -1557,6 +1564,107 @@ def render_journal(j: dict, add: Any) -> None:
             "depend on the order: an apply right after a rollback waits for that rollback's writeback.")
 
 
+# --------------------------------------------------------------------------- prune group
+
+def run_prune_group(args: argparse.Namespace, bench: "Bench", log: Any) -> dict:
+    """`prune --apply` of `--prune-files` migrated legacy block files against `rm -rf` of
+    the same legacy folders, and `restore` of that prune (issue 19; one run, as it asks).
+
+    A vLLM S2 MLA tree of N blocks (1 KiB each, one layer) is migrated by hard links and
+    scanned (`--verify size`: the timed figure is prune's own work, not a hash scan); on the
+    warm tree, each after `sync`: prune (a fresh lstat of every legacy file and of its
+    target, the journal fsynced before the first move, one rename per file into the
+    quarantine, the emptied folders removed), restore (every file and folder back, checked
+    by count), then rm -rf of the legacy folders (what the hints used to print)."""
+    n = args.prune_files
+    kvm = bench.kvm
+    workdir = Path(args.workdir or DEFAULT_WORKDIR / "prune").resolve()
+    rmtree(workdir)
+    workdir.mkdir(parents=True)
+    root = workdir / "root"
+    out: dict[str, Any] = {"files": n, "tree": f"vLLM S2 MLA, {n:,} blocks of 1 KiB (one layer), migrated by hard "
+                                               "links", "steps": {}, "loadavg": {}}
+
+    def step(name: str, argv: list[str], ok: tuple[int, ...] = (0,), stdout: str | None = None) -> Run:
+        os.sync()
+        out["loadavg"][name] = [round(x, 2) for x in os.getloadavg()]
+        r = run_measured(argv, stdout=stdout, stderr=str(workdir / f"{name}.err"))
+        if r.rc not in ok:
+            sys.exit(f"bench: prune: {name} exited {r.rc}: {tail(workdir / f'{name}.err')}")
+        out["steps"][name] = {**r.as_dict(), "wall_s": round(r.wall_s, 2)}
+        log(f"prune: {name} {r.wall_s:.2f} s (load {out['loadavg'][name][0]})")
+        return r
+
+    step("synth", [kvm, "synth", str(root), "--family", "vllm", "--scheme", "S2", "--kv-kind", "mla", "--blocks",
+                   str(n), "--layers", "1", "--block-bytes", "1024"])
+    legacy = sorted(os.listdir(root))  # the folders synth wrote: the migration's sources
+    step("migrate", [kvm, "migrate", str(root), *FACTS, "--verify", "size", "--apply", "-q"])
+    manifest = workdir / "m.parquet"
+    step("scan", [kvm, "scan", str(root), *FACTS, "--verify", "size", "-o", str(manifest), "-q"], ok=(0, 1))
+    files_before = sum(len(fs) for name in legacy for _, _, fs in os.walk(root / name))
+    warm(root)
+    res_path = workdir / "prune.json"
+    prune = step("prune_apply", [kvm, "prune", "--manifest", str(manifest), *FACTS, "--force-live", "--apply",
+                                 "--json", "-q"], stdout=str(res_path))
+    res = json.loads(res_path.read_text())
+    out["pruned_files"] = sum(res["moved"].values())
+    out["legacy_names_removed"] = sum(res.get("legacy_names_removed", {}).values())
+    restore = step("restore", [kvm, "restore", res["journal"], "-q"])
+    out["restored_files"] = sum(len(fs) for name in legacy for _, _, fs in os.walk(root / name))
+    if out["restored_files"] != files_before or out["pruned_files"] != files_before:
+        sys.exit(f"bench: prune: {files_before} legacy files, {out['pruned_files']} pruned, "
+                 f"{out['restored_files']} back after restore")
+    warm(root)
+    rm = step("rm_rf", ["rm", "-rf", *[str(root / name) for name in legacy]])
+    out["legacy_files"] = files_before
+    out["prune_vs_rm"] = round(prune.wall_s / rm.wall_s, 2) if rm.wall_s else None
+    out["restore_vs_prune"] = round(restore.wall_s / prune.wall_s, 2) if prune.wall_s else None
+    out["loadavg"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    out["when"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out["command"] = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])
+    return out
+
+
+def render_prune(p: dict, add: Any) -> None:
+    st = p["steps"]
+    add("")
+    add("## prune --apply against rm -rf of the same legacy folders, and restore (issue 19)")
+    add("")
+    add(f"{p['tree']}; one run of `{p['command']}` at {p['when']}. On the warm tree, each after `sync`: "
+        "`kvmigrate prune --manifest M --force-live --apply` (a fresh lstat of every legacy file and its target, "
+        "the journal fsynced before the first move, one rename per file into the quarantine, the emptied folders "
+        "removed), `kvmigrate restore JOURNAL` (every file and folder back: counted), then `rm -rf` of the same "
+        "legacy folders (no check, no undo).")
+    add("")
+    add("| step | wall (s) | user (s) | sys (s) | peak RSS (MiB) | 1-min load before |")
+    add("|---|---:|---:|---:|---:|---:|")
+    for name in ("synth", "migrate", "scan", "prune_apply", "restore", "rm_rf"):
+        r = st[name]
+        add(f"| {name.replace('_', ' ')} | {r['wall_s']:.2f} | {r['user_s']:.2f} | {r['sys_s']:.2f} | "
+            f"{r['maxrss_kib'] / 1024:,.1f} | {p['loadavg'][name][0]} |")
+    add("")
+    add(f"{p['legacy_files']:,} legacy files (the blocks and the namespace's config.json, which goes with its last "
+        f"block): {p['pruned_files']:,} pruned ({p['legacy_names_removed']:,} legacy names of blocks the target "
+        f"holds), {p['restored_files']:,} back after restore. **prune / rm -rf = {p['prune_vs_rm']}**, "
+        f"restore / prune = {p['restore_vs_prune']}; load average at the end {p['loadavg']['end']}.")
+
+
+def render_prune_only(result: dict) -> str:
+    """BENCHMARKS.md of a run of the prune group alone (a fresh --out-dir)."""
+    m = result["machine"]
+    L: list[str] = []
+    add = L.append
+    add("# kvmigrate benchmarks: the prune group")
+    add("")
+    add(f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['mem_total_bytes'] / 2**30:.1f} GiB, kernel "
+        f"{m['kernel']}, {m['os']}; work folder on {m['workdir_fs']} ({m['workdir_device']}, "
+        f"{m['workdir_mount_options']}); Python {m['python']}; kvmigrate at `{m['git_head'].split()[0]}`"
+        + (f" (uncommitted: {', '.join(m['git_uncommitted_under_kvmigrate'])})"
+           if m["git_uncommitted_under_kvmigrate"] else "") + ". Raw figures: [`benchmarks.json`](benchmarks.json).")
+    render_prune(result["prune"], add)
+    return "\n".join(L).rstrip() + "\n"
+
+
 # --------------------------------------------------------------------------- CLI
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1585,6 +1693,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--journal-before", metavar="REV", help="journal group: the git revision to compare with (built in a "
                                                    "worktree under the workdir with its own venv)")
     p.add_argument("--journal-blocks", type=int, default=100_000, help="journal group: blocks (default 100,000)")
+    p.add_argument("--prune-files", type=int, default=500_000,
+                   help="prune group: migrated legacy block files to prune (default 500,000)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
     p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
                                       "with --before: reports/redesign/)")
@@ -1683,6 +1793,26 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
         (out / "BENCHMARKS.md").write_text(render(result))
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+        return 0
+    if args.only and args.only.strip() == "prune":  # merged into the existing report, or a report of its own
+        out = Path(args.out_dir)
+        path = out / "benchmarks.json"
+        result = json.loads(path.read_text()) if path.is_file() else None
+        bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "prune").resolve()
+        machine = bench.machine()
+        prune = run_prune_group(args, bench, bench.log)
+        out.mkdir(parents=True, exist_ok=True)
+        if result is None or "targets" not in result:
+            result = {"machine": machine, "prune": prune}
+            text = render_prune_only(result)
+        else:
+            result["prune"] = prune
+            text = render(result)
+        path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+        (out / "BENCHMARKS.md").write_text(text)
+        bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+        if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
+            rmtree(bench.workdir)
         return 0
     if args.profile_only:
         out = Path(args.out_dir)

@@ -34,7 +34,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               "(the default class), with the namespace's config.json and folders once nothing else is left.")
 @click.option("--unreadable-namespaces", "unreadable", is_flag=True,
               help="Namespaces no target reads and no migration used (orphan_namespace, digest_mismatch, "
-                   "config_invalid, unsupported_layout), whole.")
+                   "config_invalid, unsupported_layout, and superseded eras: unreachable for the target, every "
+                   "block's bytes in a target namespace of the same model), whole.")
 @click.option("--residue", is_flag=True, help="Engine temp files older than --older-than, zero_filled, short "
               "and misfiled files.")
 @click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "

@@ -92,7 +92,9 @@ def command(manifests: tuple[str, ...], fmt: str | None, output: str | None, as_
     else:
         if len(manifests) != 1:
             raise UsageError(f"report takes one MANIFEST (got {len(manifests)}); to compare two, pass --diff")
-        text, code = render.report(manifests[0], fmt, selection=selection)
+        from kvmigrate.pipeline import report
+
+        text, code = report(manifests[0], fmt, selection=selection)
     if not quiet or output is not None or fmt == "json":  # -q: the exit code says it (a file still written)
         render.emit(text, output)
     if output is not None and code and not quiet:  # stdout is empty: say where the findings are

@@ -22,7 +22,7 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (KVMIGRATE_CRASH_AT), shared
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
-from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, prune_journal_dir,
+from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, frees, prune_journal_dir, target_base,
                                      without_namespaces)
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
@@ -39,6 +39,10 @@ class PruneResult:
     unlinked: int = 0  # files whose bytes another name keeps (a file-count slot only)
     dirs_removed: int = 0
     left: Counter = field(default_factory=Counter)  # class -> files of the plan not moved (kept, failed)
+    targets: Counter = field(default_factory=Counter)  # target base -> legacy names of its blocks removed
+    left_targets: Counter = field(default_factory=Counter)  # target base -> legacy names of its blocks kept
+    names: Counter = field(default_factory=Counter, repr=False)  # (dev, inode) -> its names in the run (frees)
+    moved_inodes: set = field(default_factory=set, repr=False)  # (dev, inode) this run moved a name of
     kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
     failed: list[str] = field(default_factory=list)  # operational problems
 
@@ -50,6 +54,7 @@ class PruneResult:
         return {"journal": self.journal, "run_id": self.run_id, "quarantine": self.quarantine,
                 "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
                 "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),
+                "legacy_names_removed": dict(self.targets), "legacy_names_left": dict(self.left_targets),
                 "kept": self.kept,
                 "failed": self.failed, "exit_code": self.exit_code}
 
@@ -94,6 +99,7 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
                         result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: "
                                            f"{str(exc).splitlines()[0]}")
                 items = without_namespaces(plan.items, held)
+                result.names.update((i.dev, i.inode) for i in items)
                 for start in range(0, len(items), _BATCH):
                     w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
                 hit("prune_intent")
@@ -152,6 +158,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     w.sync()
     gone = set(moved)
     result.left.update(i.cls for i in items if i.relpath not in gone)
+    result.left_targets.update(b for i in items if i.relpath not in gone and (b := target_base(i)))
     _remove_folders(tree, moved, w, result)
     hit("prune_dirs")
 
@@ -169,6 +176,10 @@ def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, res
     w.done({"kind": "returned", "path": item.relpath})
     result.moved[item.cls] -= 1
     result.moved_bytes[item.cls] -= item.size
+    if target_base(item):
+        result.targets[target_base(item)] -= 1
+        if not result.targets[target_base(item)]:
+            del result.targets[target_base(item)]
     result.kept.append(f"{tree.abspath(item.relpath)}: put back, since another rank file of its block stays")
     if not result.moved[item.cls]:
         del result.moved[item.cls], result.moved_bytes[item.cls]
@@ -187,6 +198,8 @@ def finish_interrupted(root: str) -> list[PruneResult]:
         try:
             w.write({"t": "resume", "pid": os.getpid(), "time": time.time()}, sync=True)
             result = PruneResult(run.path, str(run.header.get("run_id")), run.quarantine)
+            result.names.update((rec["dev"], rec["ino"]) for rec in run.moves.values())
+            result.moved_inodes.update((rec["dev"], rec["ino"]) for path, rec in run.moves.items() if path in run.moved)
             items = [_item(rec) for path, rec in run.moves.items() if path not in run.moved]
             with DestTree(run.root) as tree:
                 settled = [i for i in items if _settled(tree, i, run.quarantine, w, result)]
@@ -218,8 +231,11 @@ def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, 
         if st is None or (st.st_dev, st.st_ino) != (item.dev, item.inode):
             return False
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
+    result.moved_inodes.add((item.dev, item.inode))
     result.moved[item.cls] += 1
     result.moved_bytes[item.cls] += item.size
+    if target_base(item):
+        result.targets[target_base(item)] += 1
     return True
 
 
@@ -292,7 +308,7 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
     """Move (or unlink) one file after re-checking it; False when it was kept."""
     where = tree.abspath(item.relpath)
     try:
-        st = _check_unchanged(tree, item, scan_started_ns)
+        st = _check_unchanged(tree, item, scan_started_ns, result.moved_inodes)
         if qdir is None:
             tree.unlink(item.relpath)
         else:
@@ -321,19 +337,25 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
         result.failed.append(f"{where}: cannot move: {why}; kept")
         return False
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": st.st_ino, "dev": st.st_dev})
+    first = (st.st_dev, st.st_ino) not in result.moved_inodes  # (another name of it moved: its bytes counted)
+    result.moved_inodes.add((st.st_dev, st.st_ino))
     result.moved[item.cls] += 1
     result.moved_bytes[item.cls] += item.size
-    if st.st_nlink <= 1:
-        result.freed_bytes += item.size
+    if target_base(item):
+        result.targets[target_base(item)] += 1
+    if frees(st.st_nlink, result.names[(st.st_dev, st.st_ino)]):
+        result.freed_bytes += item.size if first else 0
     else:
         result.unlinked += 1
     return True
 
 
-def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None) -> os.stat_result:
+def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None,
+                     ours: set[tuple[int, int]] = frozenset()) -> os.stat_result:
     """A fresh lstat equal to the scan's (a regular file, same dev, inode, size, mtime, no
     ctime after the scan), and for a migrated block its target unchanged too (the same
-    inode for a link)."""
+    inode for a link). `ours`: inodes this run moved another name of (that rename set
+    their ctime: not a change since the scan)."""
     st = tree.lstat(item.relpath)
     if st is None:
         raise FileNotFoundError(item.relpath)
@@ -341,7 +363,7 @@ def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None) ->
         raise _Changed("no longer a regular file (a symlink is never followed)")
     if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (item.dev, item.inode, item.size, item.mtime_ns):
         raise _Changed("changed since the scan (size, mtime or inode differ)")
-    if scan_started_ns is not None and st.st_ctime_ns > scan_started_ns:
+    if scan_started_ns is not None and st.st_ctime_ns > scan_started_ns and (st.st_dev, st.st_ino) not in ours:
         raise _Changed("changed since the scan (ctime is newer than the scan)")
     if item.target is not None:
         trel, tdev, tino, tsize, tmtime = item.target
@@ -404,7 +426,7 @@ def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, resul
 
 
 def render_result(result: PruneResult) -> str:
-    from kvmigrate.units import human_bytes
+    from kvmigrate.units import human_bytes, plural
 
     moved = sum(result.moved.values())
     where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
@@ -413,11 +435,15 @@ def render_result(result: PruneResult) -> str:
              f"{result.dirs_removed} empty folders removed"]
     for cls, k in sorted(result.moved.items()):
         lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
-    if result.moved.get("migrated"):
-        lines.append("  the target namespaces' blocks now have one name each in the cache: file-count evictors count "
-                     "them once" if not result.left.get("migrated") else
-                     f"  {result.left['migrated']} legacy names of migrated blocks stay (below): evictors still count "
-                     "those blocks twice")
+    if result.targets or result.left_targets:
+        lines.append(f"legacy names removed: {sum(result.targets.values())}; " + (
+            "each target namespace now holds only its own files (a file-count evictor counts each block once)"
+            if not result.left_targets else f"{sum(result.left_targets.values())} stay (below): file-count evictors "
+                                           "still count those blocks twice"))
+        for base in sorted(set(result.targets) | set(result.left_targets)):
+            lines.append(f"  {base}: {plural(result.targets[base], 'legacy name')} removed" + (
+                f", {result.left_targets[base]} left" if result.left_targets[base] else
+                ": its file count is its own"))
     lines.append(f"journal: {result.journal}  (undo: kvmigrate restore {result.journal})")
     for what, rows in (("kept", result.kept), ("failed", result.failed)):
         if rows:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -21,7 +22,7 @@ from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
-from kvmigrate.migrate.prune import QUARANTINE_DIR, prune_journal_dir
+from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
 from kvmigrate.migrate.quarantine import load_prune_runs, makedirs
 
 
@@ -200,18 +201,19 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
 
 
 def _count(path: str) -> tuple[int, int]:
-    """(files, bytes whose only name is in the quarantine) under a quarantine folder."""
-    files = freed = 0
+    """(files, bytes whose every name is in the quarantine) under a quarantine folder:
+    the bytes its removal frees (`prune.frees`: two quarantined names of one inode free it)."""
+    stats = []
     for dirpath, _, names in os.walk(path):
         for name in names:
             try:
-                st = os.lstat(os.path.join(dirpath, name))
+                stats.append(os.lstat(os.path.join(dirpath, name)))
             except OSError:
                 continue
-            files += 1
-            if st.st_nlink <= 1:
-                freed += st.st_size
-    return files, freed
+    names_of = Counter((st.st_dev, st.st_ino) for st in stats)
+    freed = sum({(st.st_dev, st.st_ino): st.st_size for st in stats
+                 if frees(st.st_nlink, names_of[(st.st_dev, st.st_ino)])}.values())  # each inode once
+    return len(stats), freed
 
 
 # --- rollback after prune ------------------------------------------------------------------

@@ -257,8 +257,10 @@ def render(s: dict[str, Any]) -> str:
             '<section id="next"><h2>What to do next</h2>', _hints(s["hints"]), "</section>",
             '<section id="totals"><h2>Totals</h2>', pairs_html(view.totals_pairs(s)), "</section>"]
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
-              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates"))):
-        body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
+              view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates")),
+              view.reclaim_table(s)):
+        if t is not None:
+            body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
     body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
                 f'{_notes(s)}</section>')
     body.append('<section id="details"><h2>Namespace details</h2>')

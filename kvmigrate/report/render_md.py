@@ -52,8 +52,9 @@ def render(s: dict[str, Any]) -> str:
     lines += pairs_table(view.totals_pairs(s))
     for t in (view.namespace_table(s), view.reuse_table(s), view.status_table(s["totals"]["by_status"]),
               view.action_table(s["totals"]["by_action"], merges=s["totals"].get("merge_duplicates")),
-              view.findings_table(s)):
-        lines += ["", f"## {t.title}", ""] + table_lines(t)
+              view.reclaim_table(s), view.findings_table(s)):
+        if t is not None:
+            lines += ["", f"## {t.title}", ""] + table_lines(t)
     lines += ["", "## What to do next", ""] + hint_lines(s["hints"])
     lines += ["", "## Namespace details"]
     for n in s["namespaces"]:

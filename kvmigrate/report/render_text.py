@@ -61,6 +61,9 @@ def render(s: dict[str, Any]) -> str:
             lines.append("")
             lines += table_lines(view.action_table(n["by_action"], merges=n.get("merge_duplicates")), indent="  ")
         lines.append("")
+    reclaim = view.reclaim_table(s)
+    if reclaim is not None:
+        lines += _section(reclaim.title) + (table_lines(reclaim) if reclaim.rows else ["  nothing"])
     findings = view.findings_table(s)
     lines += _section("Findings") + (table_lines(findings) if findings.rows else ["  none"])
     lines += _section("What to do next") + hint_lines(s["hints"])

@@ -134,6 +134,34 @@ def namespace_table(s: dict[str, Any]) -> Table:
     return t
 
 
+RECLAIM_CLASSES = {"migrated": "--migrated", "unreadable_namespaces": "--unreadable-namespaces",
+                   "residue": "--residue"}
+
+
+def reclaim_table(s: dict[str, Any]) -> Table | None:
+    """What `kvmigrate prune` would take, per class, then per class and namespace: bytes it
+    frees once purged (no other name holds them) apart from files it only unlinks (the
+    target's hard link keeps their bytes: a file-count slot each). None when the summary
+    carries no `reclaimable` (a summary not made by `report` or `audit`)."""
+    r = s.get("reclaimable")
+    if r is None:
+        return None
+    t = Table("reclaimable", "Reclaimable with prune",
+              ["Class", "Namespace", "Files", "Bytes", "Freed files", "Freed bytes", "Unlinked files",
+               "Unlinked bytes"], numeric={2, 3, 4, 5, 6, 7}, names={0, 1})
+
+    def cells(v: dict[str, int]) -> list[str]:
+        return [human_count(v["files"]), human_bytes(v["bytes"]), human_count(v["freed_files"]),
+                human_bytes(v["freed_bytes"]), human_count(v["unlinked_files"]), human_bytes(v["unlinked_bytes"])]
+
+    for cls, flag in RECLAIM_CLASSES.items():
+        v = r["classes"].get(cls)
+        if v and v["files"]:
+            t.rows.append([flag, "(all)", *cells(v)])
+            t.rows += [[flag, n["namespace"], *cells(n)] for n in r["namespaces"] if n["class"] == cls]
+    return t
+
+
 def reuse_table(s: dict[str, Any]) -> Table:
     t = Table("reuse", "Reuse",
               ["Namespace", "Reusable blocks", "Reusable bytes", "Pending blocks", "Not reusable blocks",

@@ -391,3 +391,57 @@ def test_a_skipped_vllmcpp_rank_namespace_keeps_its_siblings_blocks(synth_root, 
     rank1 = {i.namespace for i in plan.items if "_r1/" in i.relpath}
     assert len(plan.items) == 14 and len(rank1) == 1
     assert prune.without_namespaces(plan.items, rank1) == []
+
+
+def test_the_apply_summary_says_each_target_now_holds_only_its_own_files(migrated):
+    root, legacy = migrated
+    code, out = run("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0, out
+    # 6 llm-d blocks x 2 rank files (copy_pad) + 6 vLLM links: every legacy name of a placed block
+    assert "legacy names removed: 18; each target namespace now holds only its own files" in out
+    targets = {layout.parse_folder(p.split("/")[0]).base for p in _files(root)}
+    assert len(targets) == 2 and not targets & {layout.parse_folder(p.split("/")[0]).base for p in legacy}
+    for base in targets:  # what is left in the cache is the targets' own files, no legacy name
+        assert f"  {base}: " in out and ": its file count is its own" in out.split(f"  {base}: ", 1)[1].split("\n")[0]
+    code, res = run_json("restore", next((root / ".kvmigrate" / "journals" / "prune").iterdir()))
+    assert code == 0
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert sum(res["legacy_names_removed"].values()) == 18 and res["legacy_names_left"] == {}
+
+
+# an S1 namespace the target profile cannot read (a key vllm-0.28 lacks: target unreachable),
+# beside the S3 namespace of the same deployment, which holds the same blocks (same seed)
+OLD_ERA = {"family": "vllm", "scheme": "S1", "kv_kind": "mla", "extra_fields": {"future_key": 1}}
+NEW_ERA = {"family": "vllm", "scheme": "S3", "kv_kind": "mla"}
+
+
+def _era_namespaces(root: Path, manifest: str) -> tuple[str, str]:
+    meta = mf.read_metadata(manifest)["namespaces"]
+    old = next(b for b, n in meta.items() if n["scheme"] == "S1")
+    assert meta[old]["target"]["unreachable"] == "target_lacks_future_key"
+    return old, next(b for b, n in meta.items() if n["scheme"] == "S3")
+
+
+def test_a_superseded_era_namespace_is_pruned_whole_with_unreadable_namespaces(synth_root, tmp_path):
+    root, _ = synth_root(OLD_ERA, NEW_ERA)
+    manifest, _ = _manifest(tmp_path, root)
+    old, new = _era_namespaces(root, manifest)
+    code, plan = run_json("prune", "--manifest", manifest, *NOW)
+    assert plan["files"] == 0  # not migrated: --migrated never takes it
+    code, res = run_json("prune", "--manifest", manifest, *NOW, "--unreadable-namespaces", "--apply")
+    assert code == 0 and res["moved"] == {"unreadable_namespaces": 7}  # its 6 blocks and config.json
+    assert {layout.parse_folder(p.split("/")[0]).base for p in _files(root)} == {new}
+    assert len(_files(root)) == 7  # the newer era, untouched
+
+
+def test_a_superseded_namespace_holding_the_last_copy_of_a_block_is_kept(synth_root, tmp_path):
+    root, _ = synth_root(OLD_ERA, NEW_ERA)
+    manifest, _ = _manifest(tmp_path, root)
+    old, new = _era_namespaces(root, manifest)
+    # one block of the newer era is gone: the old namespace holds its only copy
+    os.unlink(root / next(p for p in _files(root) if p.startswith(new + "_r0/") and p.endswith(".bin")))
+    manifest, _ = _manifest(tmp_path, root)
+    code, plan = run_json("prune", "--manifest", manifest, *NOW, "--unreadable-namespaces")
+    assert code == 0 and plan["files"] == 0
+    code, s = run_json("report", manifest)
+    assert s["reclaimable"]["files"] == 0
