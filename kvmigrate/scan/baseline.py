@@ -53,12 +53,14 @@ class Baseline:
     same bytes), and a sorted inode column costs 8 bytes a row where a dict of 1M paths
     cost a scan ~700 MB."""
 
-    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction):
+    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction,
+                 total: int | None = None):
         self.path = path
         self.meta = meta
         self.stat, self.content, self.payload = columns
         self._stat = [memoryview(b).cast("Q" if k < 2 else "q") for k, b in enumerate(self.stat)]
         self.rows = len(self._stat[1])
+        self.total = self.rows if total is None else total  # (a part's: the whole baseline's rows)
         self.recheck = recheck
         self.period = 0 if recheck == 0 else max(1, round(1 / recheck))
         previous = (meta.get("baseline") or {}).get("recheck_slot")
@@ -84,8 +86,13 @@ class Baseline:
         """(content hash, payload hash or None) of baseline row i."""
         return bytes(self.content[16 * i:16 * i + 16]), self.payload.get(i)
 
+    def __reduce__(self) -> tuple:
+        """Pickled as bytes (a part's rows go to its Ray task; memoryviews do not pickle)."""
+        columns = (tuple(bytes(b) for b in self.stat), bytes(self.content), self.payload)
+        return Baseline, (self.path, self.meta, columns, self.recheck, self.total)
+
     def metadata(self) -> dict[str, Any]:
-        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": self.rows,
+        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": self.total,
                 "recheck": str(self.recheck), "recheck_period": self.period,
                 "recheck_slot": self.slot if self.period else None}
 
@@ -98,6 +105,54 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     """The baseline named by `--baseline` (a manifest, a dataset directory, or `auto`: the
     newest kept audit of ROOT), checked against this run; None for `auto` with no kept
     audit yet (the first run reads everything)."""
+    found = _checked(spec, root=root, target=target, verify=verify, history=history)
+    if found is None:
+        return None
+    path, meta = found
+    return Baseline(path, meta, _columns(_table(path)), recheck)
+
+
+def load_parts(spec: str, parts: int, *, root: str, target: str, verify: str, recheck: Fraction,
+               history: str | None = None) -> list[Baseline] | None:
+    """`load`, split for the N parts of a `--run-on ray` scan: part K gets the rows of
+    the files it walks (those in its buckets, int(hhh, 16) % N == K; files outside
+    buckets: part 0), so each task is sent 1/N of the baseline, and the driver checks and
+    reads it once (one recheck slot for all). The rows' metadata names the whole baseline.
+
+    A row's part is that of its path's outermost and of its innermost `<hhh>` folder
+    (a bucket walk visits the outer one, a deep layout's files go by the inner one). A
+    file found under another path than its baseline row's (renamed, linked anew) moved
+    its ctime and is read in either case."""
+    found = _checked(spec, root=root, target=target, verify=verify, history=history)
+    if found is None:
+        return None
+    path, meta = found
+    table = _table(path, with_relpath=True)
+    relpath = table["relpath"]
+    table = table.drop_columns(["relpath"])
+    outer, inner = (_bucket_parts(relpath, pattern, parts) for pattern in (_OUTER_BUCKET, _INNER_BUCKET))
+    return [Baseline(path, meta, _columns(table.filter(pc.or_(pc.equal(outer, k), pc.equal(inner, k)))), recheck,
+                     total=table.num_rows) for k in range(parts)]
+
+
+LONE_RECHECK = "--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto"
+# the outermost and the innermost folder of a relpath named like a bucket (three hex digits)
+_OUTER_BUCKET = r"^(?:[^/]*/)*?(?P<hhh>[0-9a-f]{3})/"
+_INNER_BUCKET = r"^(?:.*/)?(?P<hhh>[0-9a-f]{3})/"
+
+
+def _bucket_parts(relpath: Any, pattern: str, parts: int) -> Any:
+    """int(hhh, 16) % parts of each relpath's bucket folder found by `pattern`; 0 without one."""
+    hhh = pc.struct_field(pc.extract_regex(relpath, pattern), [0])
+    value = pc.index_in(hhh, value_set=pa.array([f"{i:03x}" for i in range(1 << 12)]))  # (its value)
+    return pc.fill_null(pc.modulo(value.cast(pa.int64()), parts), 0)
+
+
+def _checked(spec: str, *, root: str, target: str, verify: str,
+             history: str | None) -> tuple[str, dict[str, Any]] | None:
+    """(path, metadata) of the baseline `--baseline` names, once its version, root,
+    target profile and verify mode are checked against this run; None: `auto` finds no
+    kept audit."""
     if verify != "hash":
         raise UsageError(f"--baseline carries hashes over: it needs --verify hash (got --verify {verify})",
                          hint="add --verify hash, or drop --baseline")
@@ -124,7 +179,7 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     if meta.get("verify") != "hash":
         raise UsageError(f"baseline refused: a --verify {meta.get('verify')} scan has no hashes to carry over",
                          path=path, hint=rescan)
-    return Baseline(path, meta, _columns(path), recheck)
+    return path, meta
 
 
 def _version(path: str) -> Any:
@@ -143,14 +198,19 @@ def _version(path: str) -> Any:
     return json.loads(raw).get("manifest_version", 1)
 
 
-def _columns(path: str) -> Columns:
-    """The rows whose hashes may be carried over, sorted by inode, as `Baseline` keeps
-    them: with Arrow kernels and buffers, never a Python object per row."""
-    t = manifest.read_table(path, columns=_COLUMNS)
+def _table(path: str, with_relpath: bool = False) -> pa.Table:
+    """The baseline rows whose hashes may be carried over (`with_relpath`: and their
+    paths, to split them by part)."""
+    t = manifest.read_table(path, columns=_COLUMNS + (("relpath",) if with_relpath else ()))
     status = pc.cast(t["status"], pa.string())
     keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
                    pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
-    t = t.filter(keep).drop_columns(["status"])
+    return t.filter(keep).drop_columns(["status"])
+
+
+def _columns(t: pa.Table) -> Columns:
+    """Rows sorted by inode, as `Baseline` keeps them: with Arrow kernels and buffers,
+    never a Python object per row."""
     t = t.take(pc.sort_indices(t["inode"])).combine_chunks()
     stat = tuple(_flat(t[name], 8) for name in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
     payload_col = t["payload_xxh3_128"]

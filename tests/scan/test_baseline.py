@@ -171,3 +171,23 @@ def test_baseline_auto_without_kept_audits_reads_everything(synth_root, tmp_path
     code, _ = scan(root, out, "--baseline", "auto", "--history", tmp_path / "none-yet")
     assert code in (0, 1) and manifest.read_metadata(out)["baseline"] is None
     assert not any(r["carried"] for r in rows(out).values())
+
+
+def test_parts_of_a_baseline_hold_the_rows_of_their_buckets(synth_root, tmp_path):
+    """--run-on ray: each part is sent only the baseline rows of the files it walks."""
+    from fractions import Fraction
+
+    from kvmigrate.scan.baseline import load, load_parts
+    from kvmigrate.scan.walker import _bucket_of, shard_part
+
+    root, _ = synth_root(*SPECS)
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    checks = dict(root=str(root), target="vllm-0.28", verify="hash", recheck=Fraction(0))
+    whole = load(str(full), **checks)
+    parts = load_parts(str(full), 3, **checks)
+    assert sum(p.rows for p in parts) == whole.rows > 20 and all(p.metadata() == whole.metadata() for p in parts)
+    inode_part = {r["inode"]: shard_part(_bucket_of(k), 3) for k, r in rows(full).items()}
+    for k, part in enumerate(parts):
+        inodes = memoryview(part.stat[1]).cast("Q").tolist()
+        assert inodes and {inode_part[i] for i in inodes} == {k}
