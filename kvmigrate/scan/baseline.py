@@ -109,43 +109,36 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     if found is None:
         return None
     path, meta = found
-    return Baseline(path, meta, _columns(_table(path)), recheck)
+    return Baseline(path, meta, _columns(_carriable(manifest.read_table(path, columns=_COLUMNS))), recheck)
 
 
 def load_parts(spec: str, parts: int, *, root: str, target: str, verify: str, recheck: Fraction,
                history: str | None = None) -> list[Baseline] | None:
-    """`load`, split for the N parts of a `--run-on ray` scan: part K gets the rows of
-    the files it walks (those in its buckets, int(hhh, 16) % N == K; files outside
-    buckets: part 0), so each task is sent 1/N of the baseline, and the driver checks and
-    reads it once (one recheck slot for all). The rows' metadata names the whole baseline.
+    """`load`, split for the N parts of a `--run-on ray` scan, so each task is sent about
+    1/N of the baseline, and the driver checks and reads it once (one recheck slot for
+    all). The parts' metadata names the whole baseline.
 
-    A row's part is that of its path's outermost and of its innermost `<hhh>` folder
-    (a bucket walk visits the outer one, a deep layout's files go by the inner one). A
-    file found under another path than its baseline row's (renamed, linked anew) moved
-    its ctime and is read in either case."""
+    A block file of a rank folder (`<rank folder>/<hhh>/<fan-out>/<file>`) is walked by
+    part int(hhh, 16) % N: its row goes to that part alone. Every other row (config.json,
+    temp and foreign files, deep layouts, flat families: few) goes to every part, so
+    whichever part walks that file finds it (a part's extra rows are never matched by a
+    file it does not walk: rows are matched by dev, inode, size, mtime and ctime)."""
     found = _checked(spec, root=root, target=target, verify=verify, history=history)
     if found is None:
         return None
     path, meta = found
-    table = _table(path, with_relpath=True)
-    relpath = table["relpath"]
-    table = table.drop_columns(["relpath"])
-    outer, inner = (_bucket_parts(relpath, pattern, parts) for pattern in (_OUTER_BUCKET, _INNER_BUCKET))
-    return [Baseline(path, meta, _columns(table.filter(pc.or_(pc.equal(outer, k), pc.equal(inner, k)))), recheck,
-                     total=table.num_rows) for k in range(parts)]
+    table = manifest.read_table(path, columns=_COLUMNS + ("relpath", "rank"))
+    hhh = pc.struct_field(pc.extract_regex(table["relpath"], _BLOCK_PATH), [0])  # null: not a block path
+    value = pc.index_in(hhh, value_set=pa.array([f"{i:03x}" for i in range(1 << 12)]))  # (its value)
+    part = pc.if_else(pc.is_valid(table["rank"]), pc.modulo(value.cast(pa.int64()), parts), None)
+    table = _carriable(table.drop_columns(["relpath", "rank"]).append_column("part", part))  # (paths: not copied)
+    table = table.take(pc.sort_indices(table["inode"]))  # (once: a filter keeps the order)
+    return [Baseline(path, meta, _columns(table.filter(pc.fill_null(pc.equal(table["part"], k), True)),
+                                          presorted=True), recheck, total=table.num_rows) for k in range(parts)]
 
 
 LONE_RECHECK = "--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto"
-# the outermost and the innermost folder of a relpath named like a bucket (three hex digits)
-_OUTER_BUCKET = r"^(?:[^/]*/)*?(?P<hhh>[0-9a-f]{3})/"
-_INNER_BUCKET = r"^(?:.*/)?(?P<hhh>[0-9a-f]{3})/"
-
-
-def _bucket_parts(relpath: Any, pattern: str, parts: int) -> Any:
-    """int(hhh, 16) % parts of each relpath's bucket folder found by `pattern`; 0 without one."""
-    hhh = pc.struct_field(pc.extract_regex(relpath, pattern), [0])
-    value = pc.index_in(hhh, value_set=pa.array([f"{i:03x}" for i in range(1 << 12)]))  # (its value)
-    return pc.fill_null(pc.modulo(value.cast(pa.int64()), parts), 0)
+_BLOCK_PATH = r"^[^/]+/(?P<hhh>[0-9a-f]{3})/[^/]+/[^/]+$"  # <rank folder>/<hhh>/<fan-out>/<file>
 
 
 def _checked(spec: str, *, root: str, target: str, verify: str,
@@ -198,20 +191,18 @@ def _version(path: str) -> Any:
     return json.loads(raw).get("manifest_version", 1)
 
 
-def _table(path: str, with_relpath: bool = False) -> pa.Table:
-    """The baseline rows whose hashes may be carried over (`with_relpath`: and their
-    paths, to split them by part)."""
-    t = manifest.read_table(path, columns=_COLUMNS + (("relpath",) if with_relpath else ()))
+def _carriable(t: pa.Table) -> pa.Table:
+    """The baseline rows whose hashes may be carried over."""
     status = pc.cast(t["status"], pa.string())
     keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
                    pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
     return t.filter(keep).drop_columns(["status"])
 
 
-def _columns(t: pa.Table) -> Columns:
+def _columns(t: pa.Table, presorted: bool = False) -> Columns:
     """Rows sorted by inode, as `Baseline` keeps them: with Arrow kernels and buffers,
     never a Python object per row."""
-    t = t.take(pc.sort_indices(t["inode"])).combine_chunks()
+    t = (t if presorted else t.take(pc.sort_indices(t["inode"]))).combine_chunks()
     stat = tuple(_flat(t[name], 8) for name in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
     payload_col = t["payload_xxh3_128"]
     payload = ({} if payload_col.null_count == t.num_rows else
