@@ -105,3 +105,21 @@ def test_ray_parts_open_no_block_file_of_an_unchanged_tree_and_read_a_changed_on
     after = block_rows(changed)
     assert not after[victim]["carried"] and after[victim]["status"] == "replica_mismatch"
     assert all(r["carried"] for k, r in after.items() if k != victim)
+
+
+def test_ray_with_a_baseline_carries_the_files_of_a_foreign_folder_as_one_process_does(ray_cluster, synth_root,
+                                                                                        tmp_path):
+    """A folder that is not a cache namespace is walked by part 0 whatever the bucket-like
+    names inside it: its rows reach part 0 (every part), so they are carried there too."""
+    root, _ = synth_root(*SMALL_TREE)
+    for bucket in ("abd", "abe"):  # parts 1 and 2 of 3 by their names
+        (root / "backup" / bucket / "x").mkdir(parents=True)
+        (root / "backup" / bucket / "x" / "old.bin").write_bytes(b"kept by hand")
+    full = tmp_path / "full.parquet"
+    hash_scan(root, full)
+    one, parts = tmp_path / "one.parquet", tmp_path / "parts"
+    hash_scan(root, one, "--baseline", full, "--recheck", "0")
+    hash_scan(root, parts, "--baseline", full, "--recheck", "0", "--run-on", "ray", "--shards", 3)
+    assert rows(parts) == rows(one)
+    foreign = [r for r in rows(parts) if r["relpath"].startswith("backup/")]
+    assert len(foreign) == 2 and all(r["carried"] and r["status"] == "foreign" for r in foreign)
