@@ -1759,7 +1759,7 @@ def render_baseline(b: dict, m: dict, add: Any) -> None:
     add("## Scheduled audits: `audit --verify hash --baseline auto` of an unchanged tree (issue 20)")
     add("")
     add(f"`{b['command']}` at {b['when']}: {b['files']:,} files, {b['tree_bytes']:,} bytes in files, "
-        f"**{'cold' if b['cold'] else 'warm'}** ({b['warmth']}); {b['reps']} repetitions of each command, the "
+        f"**{b['warmth']}**; {b['reps']} repetitions of each command, the "
         f"order rotating, medians. The baseline manifest (the kept full audit): {b['manifest_bytes']:,} bytes "
         f"({100 * b['manifest_bytes'] / b['tree_bytes']:.2f}% of the tree). `uptime` before: "
         f"`{b['uptime_before']}`; after: `{b['uptime_after']}`.")
@@ -1772,7 +1772,8 @@ def render_baseline(b: dict, m: dict, add: Any) -> None:
     add("")
     add("Bytes read, from /proc/self/io around each command (Linux adds a reaped child's counters to its "
         "parent's): `rchar` counts every byte read() or pread() returned, from the page cache too; `read_bytes` "
-        "the bytes the block layer fetched (page cache misses: near 0 on a warm tree). \"Without the manifest\": "
+        "the bytes the block layer fetched (page cache misses: on a warm tree, what was evicted since the warm-up). "
+        "\"Without the manifest\": "
         "minus the baseline manifest's size, which a baseline run reads (its columns) besides the tree.")
     add("")
     add("| command | rchar | of the tree | without the manifest | read_bytes | of the tree | rchar beyond "
