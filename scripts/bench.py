@@ -38,6 +38,12 @@ Groups (see GROUPS below):
             legacy block files (default 500,000) vs `rm -rf` of the same legacy folders (one run,
             the ratio) and `kvmigrate restore` of that prune; merged into an existing
             benchmarks.json, or a prune-only report in a fresh --out-dir
+  baseline  (alone: `--only baseline [--baseline-files N] [--baseline-cold]`) `audit --verify
+            hash --baseline auto` of an unchanged tree of N files of 4 KiB (default 1,000,000)
+            vs `find -printf` and the full hash audit, with the default --recheck and 0;
+            bytes read (rchar, read_bytes) as a share of the tree's; warm unless
+            --baseline-cold; merged into the --out-dir's benchmarks.json if it has a full
+            report, else a report of its own there
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
 Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
@@ -83,7 +89,7 @@ TOOLS = {
 # tools every run uses (warm-up, counts, residency), then each group's own
 BASE_TOOLS = ("find", "xargs", "fincore")
 GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
-               "migrate": ("xxhsum", "cp"), "startup": ()}
+               "migrate": ("xxhsum", "cp"), "startup": (), "baseline": ()}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
 FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -191,10 +197,26 @@ class Run:
     sys_s: float
     maxrss_kib: int
     rc: int
+    rchar: int | None = None       # bytes read by read()/pread() calls (page cache hits too), /proc/self/io
+    read_bytes: int | None = None  # bytes the block layer fetched for it (page cache misses)
 
     def as_dict(self) -> dict:
-        return {"wall_s": round(self.wall_s, 4), "user_s": round(self.user_s, 4), "sys_s": round(self.sys_s, 4),
-                "maxrss_kib": self.maxrss_kib, "rc": self.rc}
+        d = {"wall_s": round(self.wall_s, 4), "user_s": round(self.user_s, 4), "sys_s": round(self.sys_s, 4),
+             "maxrss_kib": self.maxrss_kib, "rc": self.rc}
+        if self.rchar is not None:
+            d.update(rchar=self.rchar, read_bytes=self.read_bytes)
+        return d
+
+
+def proc_io() -> dict[str, int]:
+    """This process's I/O counters (/proc/self/io). Linux adds a reaped child's counters
+    (and its reaped children's) to its parent's, so the difference around a wait4 is the
+    command's and its children's; {} where the file is unreadable."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(":") for line in f)}
+    except (OSError, ValueError):
+        return {}
 
 
 def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | None = None,
@@ -203,16 +225,19 @@ def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | No
     out = open(stdout, "wb") if stdout else subprocess.DEVNULL
     err = open(stderr, "wb") if stderr else subprocess.DEVNULL
     try:
+        io0 = proc_io()
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
         _pid, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
+        io1 = proc_io()
         proc.returncode = os.waitstatus_to_exitcode(status)
     finally:
         for f in (out, err):
             if not isinstance(f, int):
                 f.close()
-    return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode)
+    io = {k: io1[k] - io0[k] for k in ("rchar", "read_bytes") if k in io0 and k in io1}
+    return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode, io.get("rchar"), io.get("read_bytes"))
 
 
 def sh(cmd: str) -> list[str]:
@@ -287,6 +312,9 @@ class Command:
                 "peak_rss_mib": round(max(r.maxrss_kib for r in self.runs) / 1024, 1),
                 "runs": [r.as_dict() for r in self.runs],
             })
+            if all(r.rchar is not None for r in self.runs):
+                d["median_rchar"] = round(statistics.median(r.rchar for r in self.runs))
+                d["median_read_bytes"] = round(statistics.median(r.read_bytes for r in self.runs))
         if self.facts:
             d["facts"] = self.facts
         if self.settled_s:
@@ -1162,7 +1190,91 @@ def fmt_int(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) else ("—" if x is None else str(x))
 
 
+def render_machine(result: dict, add: Any) -> None:
+    """The "Machine" table of a report."""
+    m = result["machine"]
+    add("## Machine")
+    add("")
+    add("| | |")
+    add("|---|---|")
+    add(f"| CPU | {m['cpu_model']}, {m['cores']} cores |")
+    add(f"| RAM | {m['mem_total_bytes'] / 2**30:.1f} GiB (available at start "
+        f"{(m['mem_available_bytes_at_start'] or 0) / 2**30:.1f} GiB) |")
+    add(f"| workdir filesystem | {m['workdir_fs']} on {m['workdir_device']} (mounted at {m['workdir_mount']}, "
+        f"options `{m.get('workdir_mount_options', '')}`) |")
+    add(f"| kernel / OS | {m['kernel']} / {m['os']} |")
+    add(f"| Python | {m['python']} (`{m['python_executable']}`) |")
+    add(f"| Python packages | {', '.join(f'{k} {v}' for k, v in m['python_packages'].items())} |")
+    add(f"| Debian packages | {', '.join(f'{k} {v}' for k, v in m['debian_packages'].items())} |")
+    add(f"| kvmigrate source | `{m['git_head']}`"
+        + (f"; working tree had {len(m['git_uncommitted_under_kvmigrate'])} uncommitted change(s) under "
+           f"kvmigrate/" if m["git_uncommitted_under_kvmigrate"] else "; clean") + " |")
+    add(f"| kvmigrate threads | {result['kvmigrate_threads']} |")
+    if result.get("kvmigrate_leaf_walk"):
+        add(f"| scan leaf walk | {result['kvmigrate_leaf_walk']} |")
+    add("")
+
+
+def render_group(g: dict, m: dict, add: Any) -> None:
+    """One group's section: its table of commands, ratios, facts and exact commands."""
+    add("")
+    add(f"### {g['title']}")
+    add("")
+    add(g["note"])
+    la = g.get("loadavg", {})
+    add("")
+    add(f"{g.get('reps')} repetitions; {fmt_int(g['items'])} {g['item_name']} per run. Load average "
+        f"(1/5/15 min) before the group {la.get('before')}, after {la.get('after')}.")
+    busy = max((la.get("before") or [0])[0], (la.get("after") or [0])[0])
+    if busy > (m.get("cores") or 1):
+        add("")
+        add(f"> The machine was busy during this group (1-min load {busy} on {m.get('cores')} cores, other "
+            "processes): expect noisy figures; compare min with min as well as the medians.")
+    add("")
+    add(f"| command | median s | min s | max s | {g['item_name']}/s | MiB/s | user s | sys s | peak RSS MiB |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in g["commands"]:
+        label = cell(c["label"])
+        if not c["available"]:
+            add(f"| {label} | not available: {cell(c['why_unavailable'])} | | | | | | | |")
+            continue
+        if "median_s" not in c:
+            add(f"| {label} | failed (see below) | | | | | | | |")
+            continue
+        add(f"| {label} | {fmt_s(c['median_s'])} | {fmt_s(c['min_s'])} | {fmt_s(c['max_s'])} | "
+            f"{fmt_int(c.get('items_per_s'))} | {c.get('mib_per_s', '—')} | {fmt_s(c['median_user_s'])} | "
+            f"{fmt_s(c['median_sys_s'])} | {c['peak_rss_mib']} |")
+    add("")
+    add("| pair | ratio (A/B time) |")
+    add("|---|---:|")
+    for r in g["ratios"]:
+        ratio = "—" if r["ratio_a_over_b"] is None else f"{r['ratio_a_over_b']:.2f}x"
+        add(f"| {cell(r['a_label'])} / {cell(r['b_label'])} | {ratio} |")
+    facts = [(c["label"], c["facts"]) for c in g["commands"] if c.get("facts")]
+    if facts:
+        add("")
+        for label, f in facts:
+            add(f"- {label}: `{json.dumps(f, sort_keys=True)}`")
+    errors = [(c["label"], c["error"]) for c in g["commands"] if c.get("error")]
+    for label, e in errors:
+        runs = len(next(c for c in g["commands"] if c["label"] == label).get("runs", []))
+        add(f"- **{label} failed** after {runs} good run(s); its later repetitions were skipped:")
+        add("")
+        add("```")
+        add(e)
+        add("```")
+    add("")
+    add("<details><summary>exact commands</summary>")
+    add("")
+    for c in g["commands"]:
+        add(f"- {c['label']}: `{c['command']}`")
+    add("")
+    add("</details>")
+
+
 def render(result: dict) -> str:
+    if "groups" not in result:  # a `--only baseline` run on its own
+        return render_baseline_page(result)
     m = result["machine"]
     L: list[str] = []
     add = L.append
@@ -1204,26 +1316,7 @@ def render(result: dict) -> str:
     add("Ratios for throughput targets are tool time / kvmigrate time (above 1 = kvmigrate faster).")
     add("")
 
-    add("## Machine")
-    add("")
-    add("| | |")
-    add("|---|---|")
-    add(f"| CPU | {m['cpu_model']}, {m['cores']} cores |")
-    add(f"| RAM | {m['mem_total_bytes'] / 2**30:.1f} GiB (available at start "
-        f"{(m['mem_available_bytes_at_start'] or 0) / 2**30:.1f} GiB) |")
-    add(f"| workdir filesystem | {m['workdir_fs']} on {m['workdir_device']} (mounted at {m['workdir_mount']}, "
-        f"options `{m.get('workdir_mount_options', '')}`) |")
-    add(f"| kernel / OS | {m['kernel']} / {m['os']} |")
-    add(f"| Python | {m['python']} (`{m['python_executable']}`) |")
-    add(f"| Python packages | {', '.join(f'{k} {v}' for k, v in m['python_packages'].items())} |")
-    add(f"| Debian packages | {', '.join(f'{k} {v}' for k, v in m['debian_packages'].items())} |")
-    add(f"| kvmigrate source | `{m['git_head']}`"
-        + (f"; working tree had {len(m['git_uncommitted_under_kvmigrate'])} uncommitted change(s) under "
-           f"kvmigrate/" if m["git_uncommitted_under_kvmigrate"] else "; clean") + " |")
-    add(f"| kvmigrate threads | {result['kvmigrate_threads']} |")
-    if result.get("kvmigrate_leaf_walk"):
-        add(f"| scan leaf walk | {result['kvmigrate_leaf_walk']} |")
-    add("")
+    render_machine(result, add)
 
     add("## Trees")
     add("")
@@ -1257,59 +1350,7 @@ def render(result: dict) -> str:
 
     add("## Results")
     for g in result["groups"]:
-        add("")
-        add(f"### {g['title']}")
-        add("")
-        add(g["note"])
-        la = g.get("loadavg", {})
-        add("")
-        add(f"{g.get('reps')} repetitions; {fmt_int(g['items'])} {g['item_name']} per run. Load average "
-            f"(1/5/15 min) before the group {la.get('before')}, after {la.get('after')}.")
-        busy = max((la.get("before") or [0])[0], (la.get("after") or [0])[0])
-        if busy > (m.get("cores") or 1):
-            add("")
-            add(f"> The machine was busy during this group (1-min load {busy} on {m.get('cores')} cores, other "
-                "processes): expect noisy figures; compare min with min as well as the medians.")
-        add("")
-        add(f"| command | median s | min s | max s | {g['item_name']}/s | MiB/s | user s | sys s | peak RSS MiB |")
-        add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for c in g["commands"]:
-            label = cell(c["label"])
-            if not c["available"]:
-                add(f"| {label} | not available: {cell(c['why_unavailable'])} | | | | | | | |")
-                continue
-            if "median_s" not in c:
-                add(f"| {label} | failed (see below) | | | | | | | |")
-                continue
-            add(f"| {label} | {fmt_s(c['median_s'])} | {fmt_s(c['min_s'])} | {fmt_s(c['max_s'])} | "
-                f"{fmt_int(c.get('items_per_s'))} | {c.get('mib_per_s', '—')} | {fmt_s(c['median_user_s'])} | "
-                f"{fmt_s(c['median_sys_s'])} | {c['peak_rss_mib']} |")
-        add("")
-        add("| pair | ratio (A/B time) |")
-        add("|---|---:|")
-        for r in g["ratios"]:
-            ratio = "—" if r["ratio_a_over_b"] is None else f"{r['ratio_a_over_b']:.2f}x"
-            add(f"| {cell(r['a_label'])} / {cell(r['b_label'])} | {ratio} |")
-        facts = [(c["label"], c["facts"]) for c in g["commands"] if c.get("facts")]
-        if facts:
-            add("")
-            for label, f in facts:
-                add(f"- {label}: `{json.dumps(f, sort_keys=True)}`")
-        errors = [(c["label"], c["error"]) for c in g["commands"] if c.get("error")]
-        for label, e in errors:
-            runs = len(next(c for c in g["commands"] if c["label"] == label).get("runs", []))
-            add(f"- **{label} failed** after {runs} good run(s); its later repetitions were skipped:")
-            add("")
-            add("```")
-            add(e)
-            add("```")
-        add("")
-        add("<details><summary>exact commands</summary>")
-        add("")
-        for c in g["commands"]:
-            add(f"- {c['label']}: `{c['command']}`")
-        add("")
-        add("</details>")
+        render_group(g, m, add)
 
     rg = result["replica_groups"]
     if rg:
@@ -1412,12 +1453,15 @@ def render(result: dict) -> str:
                 add("")
                 add(text[tail_start:text.find("\n\n", tail_start)].strip())
     baseline = Path(__file__).resolve().parent.parent / "reports" / "BASELINE.md"
-    if baseline.is_file():  # scripts/bench_baseline.py: a --baseline audit of an unchanged tree
+    if result.get("baseline"):  # `--only baseline`, merged
+        render_baseline(result["baseline"], m, add)
+    elif baseline.is_file():  # the earlier, separate measure of a --baseline scan
         text = baseline.read_text()
         add("")
         add("## Scheduled audits: `--baseline` on an unchanged tree")
         add("")
-        add("Measured separately by `scripts/bench_baseline.py` (method in [BASELINE.md](BASELINE.md)):")
+        add("Measured separately by the former `scripts/bench_baseline.py` (now `--only baseline`; method in "
+            "[BASELINE.md](BASELINE.md)):")
         add("")
         start = text.find("Tree:")
         add(text[start:].rstrip() if start >= 0 else text.rstrip())
@@ -1431,6 +1475,7 @@ def render(result: dict) -> str:
     add("python3 scripts/bench.py --scale small --profile            # + py-spy (else cProfile) of scan (Where the time goes)")
     add("python3 scripts/bench.py --only meta,startup                # some groups only")
     add("python3 scripts/bench.py --scale small --only migrate --reps 2   # the migrate group alone")
+    add("python3 scripts/bench.py --only baseline --baseline-files 50000   # --baseline auto of an unchanged tree")
     add("```")
     add("")
     add("Options: `--workdir DIR` (default /work/bench-tmp/SCALE, outside the repo), `--keep` (keep the trees and "
@@ -1665,6 +1710,223 @@ def render_prune_only(result: dict) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
+# --------------------------------------------------------------------------- baseline group
+
+MANIFEST_FACTS = ("import json, sys, pyarrow.compute as pc\n"
+                  "from kvmigrate.manifest import read_table\n"
+                  "t = read_table(sys.argv[1], columns=['carried', 'status'])\n"
+                  "s = pc.value_counts(pc.cast(t['status'], 'string')).to_pylist()\n"
+                  "print(json.dumps({'rows': t.num_rows, 'carried': pc.sum(pc.cast(t['carried'], 'int64')).as_py() "
+                  "or 0, 'by_status': {d['values']: d['counts'] for d in s}}))\n")
+
+
+def drop_page_cache() -> None:
+    """sync, then drop the page cache, dentries and inodes (root only)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        sys.exit(f"bench: baseline --baseline-cold drops the page cache and cannot ({exc.strerror}): run as root, "
+                 "or drop --baseline-cold (a warm run)")
+
+
+def run_baseline_group(args: argparse.Namespace, bench: "Bench") -> dict:
+    """`audit --verify hash --baseline auto` of an unchanged tree (issue 20) against `find
+    -printf` of it and the full hash audit, on `--baseline-files` llm-d TP=2 MLA files of
+    4 KiB: wall, CPU and bytes read (rchar and read_bytes of /proc/self/io around each
+    command: the command's and its children's), with the default --recheck (1/30) and
+    with --recheck 0. The baseline is one untimed full hash audit kept with `--keep 1
+    --history DIR` outside the tree: every timed run uses that one (same recheck slot),
+    and none hashes it as a file of the tree. Warm unless `--baseline-cold`, which drops
+    the page cache before each timed command."""
+    n = args.baseline_files
+    bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "baseline").resolve()
+    bench.out = bench.workdir / "out"
+    bench.out.mkdir(parents=True, exist_ok=True)
+    bench.check_tools()
+    spec = TreeSpec(f"baseline-{n}", f"{n:,} files of 4 KiB", blocks=max(1, n // 2), page_bytes=1024)
+    free = fs_free(bench.workdir)
+    need = spec.files * (spec.file_bytes + 1024) * 2  # files, their folders, five manifests, headroom
+    if not bench._stamp_ok(spec) and (need > free["bytes"] or 2 * spec.files > free["inodes"]) and not args.force:
+        sys.exit(f"bench: baseline: not enough room in {bench.workdir} for {spec.files:,} files (~{need / 2**30:.1f} "
+                 f"GiB, {2 * spec.files:,} inodes; free {free['bytes'] / 2**30:.1f} GiB, {free['inodes']:,} inodes): "
+                 "use --workdir elsewhere, a smaller --baseline-files, or --force")
+    machine = bench.machine()
+    tree = bench.build_tree(spec)
+    bench.trees[spec.name] = tree
+    root = bench.tree_root(spec.name)
+    history = bench.out / "audits"
+    rmtree(history)
+    kvm = bench.kvm
+
+    def audit(key: str, label: str, *extra: str, verify: str = "hash") -> Command:
+        manifest = bench.out / f"{key}.parquet"
+        stdout = str(bench.out / f"{key}.json")
+
+        def check(_run: Run) -> dict:
+            facts = json.loads(subprocess.run([bench.kvm_python, "-c", MANIFEST_FACTS, str(manifest)],
+                                              capture_output=True, text=True, check=True, cwd="/").stdout)
+            facts["exit_code"] = json.loads(Path(stdout).read_text()).get("exit_code")
+            return facts
+
+        argv = [kvm, "audit", str(root), "--verify", verify, "-q", "--format", "json", *FACTS, "--history",
+                str(history), "--manifest-out", str(manifest), *extra]
+        return Command(key, label, argv, "kvmigrate", ok_rcs=(0, 1), stdout=stdout, check=check)
+
+    bench.log(f"baseline: the baseline, an untimed full hash audit kept in {history}")
+    first = run_measured([kvm, "audit", str(root), "--verify", "hash", "-q", *FACTS, "--history", str(history),
+                          "--keep", "1"])
+    kept = sorted(history.glob("*.parquet")) if history.is_dir() else []
+    if first.rc not in (0, 1) or len(kept) != 1:
+        sys.exit(f"bench: baseline: the first audit failed (exit {first.rc}, {len(kept)} kept manifests in {history})")
+    cmds = [
+        Command("bl_find", "find -printf (stat only)", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"),
+                "baseline"),
+        audit("bl_size", "audit --verify size (stat only, reference)", verify="size"),
+        audit("bl_full", "audit --verify hash (full)"),
+        audit("bl_auto", "audit --verify hash --baseline auto (default --recheck 1/30)", "--baseline", "auto"),
+        audit("bl_auto_r0", "audit --verify hash --baseline auto --recheck 0", "--baseline", "auto", "--recheck", "0"),
+    ]
+    cold = bool(args.baseline_cold)
+    for c in cmds:
+        c.reset = drop_page_cache if cold else None
+    pairs = [("bl_auto", "bl_find"), ("bl_auto_r0", "bl_find"), ("bl_auto", "bl_full"), ("bl_auto_r0", "bl_full"),
+             ("bl_full", "bl_find"), ("bl_size", "bl_find")]
+    group = Group("baseline", f"Scheduled audit of an unchanged tree ({spec.files:,} files of 4 KiB, "
+                              f"{'cold: page cache dropped before each command' if cold else 'warm'})",
+                  spec.name, cmds, pairs,
+                  note="The baseline: one full `audit --verify hash --keep 1 --history DIR` before the timed runs "
+                       "(DIR outside the tree, so no run hashes a kept manifest as a file of the tree). Every "
+                       "timed audit writes its manifest with --manifest-out (what a temporary one costs too).")
+    if cold:
+        drop_page_cache()
+        warmth = "cold"
+    else:
+        warmth = f"warm (warm-up pass {warm(root):.1f} s, untimed)"
+    bench.log(f"baseline: {group.title}; {warmth}")
+    group.loadavg["before"] = [round(x, 2) for x in os.getloadavg()]
+    uptime_before = capture(["uptime"])
+    run_group(group, args.reps, bench.log, bench.out, args.settle)
+    group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
+    group.reps = args.reps
+    # bytes alone, once each, in one process (--threads 1): the timed runs' rchar also counts the rows the
+    # walk processes send the parent through pipes (~400 bytes a file), which are no reads of the disk
+    one_process = {}
+    for c in cmds[1:]:
+        if cold:
+            drop_page_cache()
+        r = run_measured(c.argv + ["--threads", "1"], stdout="/dev/null")
+        one_process[c.key] = {"rchar": r.rchar, "read_bytes": r.read_bytes, "wall_s": round(r.wall_s, 2), "rc": r.rc}
+        bench.log(f"    one process: {c.label}: rchar {r.rchar:,}, read_bytes {r.read_bytes:,}")
+    gd = bench.group_dict(group)
+    tree_bytes = tree["counts"]["bytes"]
+    manifest_bytes = kept[0].stat().st_size
+    by_key = {c["key"]: c for c in gd["commands"]}
+    size_rchar = by_key["bl_size"].get("median_rchar")
+    figures = {}
+    for key, c in by_key.items():
+        if c.get("median_rchar") is None:
+            continue
+        f = {"rchar": c["median_rchar"], "read_bytes": c["median_read_bytes"],
+             "rchar_pct_of_tree": round(100 * c["median_rchar"] / tree_bytes, 3),
+             "read_bytes_pct_of_tree": round(100 * c["median_read_bytes"] / tree_bytes, 3)}
+        if key.startswith("bl_auto"):
+            f["rchar_without_manifest_pct_of_tree"] = round(100 * (c["median_rchar"] - manifest_bytes) / tree_bytes, 3)
+            f["read_bytes_without_manifest_pct_of_tree"] = round(
+                100 * max(0, c["median_read_bytes"] - manifest_bytes) / tree_bytes, 3)
+        if key != "bl_find" and size_rchar is not None:
+            f["rchar_beyond_size_audit"] = c["median_rchar"] - size_rchar
+        figures[key] = f
+    floor = one_process["bl_size"]["rchar"]
+    for key, f in one_process.items():
+        f["rchar_pct_of_tree"] = round(100 * f["rchar"] / tree_bytes, 3)
+        f["rchar_beyond_size_audit"] = f["rchar"] - floor
+        f["rchar_beyond_size_audit_pct_of_tree"] = round(100 * (f["rchar"] - floor) / tree_bytes, 3)
+    ratio = {(r["a"], r["b"]): r["ratio_a_over_b"] for r in gd["ratios"]}
+    targets = []
+    for key, what in (("bl_auto", "default --recheck 1/30"), ("bl_auto_r0", "--recheck 0")):
+        r = ratio.get((key, "bl_find"))
+        targets.append({"target": f"audit --baseline auto ({what}) vs find -printf", "figure": r, "unit": "x",
+                        "limit": 1.0, "kind": "max", "result": "—" if r is None else "pass" if r <= 1.0 else "miss"})
+        pct = one_process[key]["rchar_beyond_size_audit_pct_of_tree"]
+        targets.append({"target": f"bytes read (rchar, one process) beyond the stat-only audit, the baseline "
+                                  f"manifest's columns included, {what}", "figure": pct,
+                        "unit": "% of the tree", "limit": 1.0, "kind": "max", "strict": True,
+                        "result": "pass" if pct < 1.0 else "miss"})
+    return {"files": spec.files, "tree_bytes": tree_bytes, "tree": tree, "cold": cold, "warmth": warmth,
+            "manifest_bytes": manifest_bytes, "baseline_audit_s": round(first.wall_s, 2), "group": gd,
+            "bytes": figures, "one_process": one_process, "targets": targets, "machine": machine, "uptime_before": uptime_before,
+            "uptime_after": capture(["uptime"]), "reps": args.reps,
+            "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])}
+
+
+def render_baseline(b: dict, m: dict, add: Any) -> None:
+    """The baseline group's section: targets, bytes read, then the group's table."""
+    add("")
+    add("## Scheduled audits: `audit --verify hash --baseline auto` of an unchanged tree (issue 20)")
+    add("")
+    add(f"`{b['command']}` at {b['when']}: {b['files']:,} files, {b['tree_bytes']:,} bytes in files, "
+        f"**{b['warmth']}**; {b['reps']} repetitions of each command, the "
+        f"order rotating, medians. The baseline manifest (the kept full audit): {b['manifest_bytes']:,} bytes "
+        f"({100 * b['manifest_bytes'] / b['tree_bytes']:.2f}% of the tree). `uptime` before: "
+        f"`{b['uptime_before']}`; after: `{b['uptime_after']}`.")
+    add("")
+    add("| target | measured | limit | result |")
+    add("|---|---:|---:|---|")
+    for t in b["targets"]:
+        fig = "—" if t["figure"] is None else f"{t['figure']:.3f} {t['unit']}"
+        add(f"| {t['target']} | {fig} | {'<' if t.get('strict') else '≤'} {t['limit']:g} | **{t['result']}** |")
+    add("")
+    add("Bytes read, from /proc/self/io around each command (Linux adds a reaped child's counters to its "
+        "parent's): `rchar` counts every byte read() or pread() returned, from the page cache too; `read_bytes` "
+        "the bytes the block layer fetched (page cache misses: on a warm tree, what was evicted since the warm-up). "
+        "\"Without the manifest\": "
+        "minus the baseline manifest's size, which a baseline run reads (its columns) besides the tree.")
+    add("")
+    add("| command | rchar | of the tree | without the manifest | read_bytes | of the tree | rchar beyond "
+        "`audit --verify size` |")
+    add("|---|---:|---:|---:|---:|---:|---:|")
+    labels = {c["key"]: c["label"] for c in b["group"]["commands"]}
+    for key, f in b["bytes"].items():
+        without = f.get("rchar_without_manifest_pct_of_tree")
+        beyond = f.get("rchar_beyond_size_audit")
+        add(f"| {cell(labels[key])} | {f['rchar']:,} | {f['rchar_pct_of_tree']:.3f}% | "
+            f"{'' if without is None else f'{without:.3f}%'} | {f['read_bytes']:,} | "
+            f"{f['read_bytes_pct_of_tree']:.3f}% | {'' if beyond is None else f'{beyond:,}'} |")
+    one = b.get("one_process")
+    if one:
+        add("")
+        add("The same audits once more each, in one process (`--threads 1`), for their bytes alone: in the timed "
+            "runs `rchar` also counts the rows the walk processes send the parent through pipes (about 400 "
+            "bytes a file), which read nothing from the disk. Beyond the stat-only audit, what a baseline run "
+            "reads is the baseline manifest's columns and the files it opens.")
+        add("")
+        add("| command (one process) | rchar | of the tree | beyond `audit --verify size` | of the tree | "
+            "read_bytes |")
+        add("|---|---:|---:|---:|---:|---:|")
+        for key, f in one.items():
+            add(f"| {cell(labels[key])} | {f['rchar']:,} | {f['rchar_pct_of_tree']:.3f}% | "
+                f"{f['rchar_beyond_size_audit']:,} | {f['rchar_beyond_size_audit_pct_of_tree']:.3f}% | "
+                f"{f['read_bytes']:,} |")
+    render_group(b["group"], m, add)
+
+
+def render_baseline_page(result: dict) -> str:
+    """BENCHMARKS.md of a `--only baseline` run into an out-dir without a full report."""
+    L: list[str] = []
+    add = L.append
+    add("# kvmigrate benchmarks: the baseline group")
+    add("")
+    add(f"Generated {result['generated_utc']} by `{result['command']}`. Raw figures: "
+        "[`benchmarks.json`](benchmarks.json).")
+    add("")
+    render_machine(result, add)
+    render_baseline(result["baseline"], result["machine"], add)
+    add("")
+    return "\n".join(L)
+
+
 # --------------------------------------------------------------------------- CLI
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1680,7 +1942,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
-    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup")
+    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup; "
+                                  "journal, prune or baseline alone")
     p.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="parallel synth processes")
     p.add_argument("--threads", type=int, help="--threads for kvmigrate scan (default: its own default)")
     p.add_argument("--migrate-reps", type=int,
@@ -1695,6 +1958,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--journal-blocks", type=int, default=100_000, help="journal group: blocks (default 100,000)")
     p.add_argument("--prune-files", type=int, default=500_000,
                    help="prune group: migrated legacy block files to prune (default 500,000)")
+    p.add_argument("--baseline-files", type=int, default=1_000_000,
+                   help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
+    p.add_argument("--baseline-cold", action="store_true",
+                   help="baseline group: drop the page cache before each timed command (root; default: warm)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
     p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
                                       "with --before: reports/redesign/)")
@@ -1769,6 +2036,39 @@ def render_spy_profile(prof: dict, add) -> None:
             add(f"| `{name}` | {share}% |")
 
 
+def baseline_only(args: argparse.Namespace, bench: "Bench") -> int:
+    """`--only baseline`: its section is merged into the full report of --out-dir when
+    there is one (other groups kept), else it is a report of its own there."""
+    if args.baseline_files < 2:
+        sys.exit("bench: --baseline-files must be at least 2 (one block on each of two ranks)")
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "benchmarks.json"
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        baseline = run_baseline_group(args, bench)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; the tree is left in {bench.workdir}", file=sys.stderr)
+        return 32
+    if "groups" in result:
+        baseline.pop("machine")
+    else:
+        result = {"schema": 1, "generated_utc": baseline["when"], "command": baseline["command"],
+                  "machine": baseline.pop("machine"),
+                  "kvmigrate_threads": args.threads or "default (kvmigrate.scan.parallel.parallelism)",
+                  "kvmigrate_leaf_walk": bench.leaf_walk()}
+    result["baseline"] = baseline
+    path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    (out / "BENCHMARKS.md").write_text(render(result))
+    bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+    for t in baseline["targets"]:
+        print(f"  {t['result']:>6}  {t['target']}: {t['figure']}")
+    if not args.keep:
+        bench.log(f"removing {bench.workdir} (use --keep to reuse the tree)")
+        rmtree(bench.workdir)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.self_check or args.before:
@@ -1814,6 +2114,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
             rmtree(bench.workdir)
         return 0
+    if args.only and args.only.strip() == "baseline":  # merged into a full report there, else a page of its own
+        return baseline_only(args, bench)
     if args.profile_only:
         out = Path(args.out_dir)
         result = json.loads((out / "benchmarks.json").read_text())

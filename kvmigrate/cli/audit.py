@@ -86,7 +86,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
                              "verify": verify, "baseline": baseline}), err=True)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection, **baseline_kwargs(baseline, recheck, history, parts))
+                   selection=selection, **baseline_kwargs(baseline, recheck, history))
     if parts is not None:
         result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
                        on_part=None if quiet else part_done, **options)

@@ -284,14 +284,11 @@ def baseline_options(fn: Callable) -> Callable:
     return fn
 
 
-def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None,
-                    parts: int | None = None) -> dict[str, Any]:
+def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None) -> dict[str, Any]:
     """The scan keyword arguments of baseline_options (none when none was given)."""
     from kvmigrate.scan.baseline import parse_fraction
 
     given = {k: v for k, v in dict(baseline=baseline, recheck=recheck).items() if v is not None}
-    if given and parts is not None:
-        raise click.UsageError("--baseline and --recheck run in this process only (not with --run-on ray yet)")
     if recheck is not None:
         given["recheck"] = parse_fraction(recheck)
     return {**given, "history": history} if given else {}

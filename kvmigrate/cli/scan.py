@@ -57,7 +57,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection, **baseline_kwargs(baseline, recheck, history, parts))
+                   selection=selection, **baseline_kwargs(baseline, recheck, history))
     if parts is not None:
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
         result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,

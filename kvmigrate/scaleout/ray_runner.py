@@ -190,14 +190,16 @@ def run_parts(ray: Any, fn: Callable[..., dict], args_of: Callable[[int], tuple]
 
 def _scan_part(scan: Callable[..., Any], root: str, staging: str, k: int, n: int, target: str, resolver: Any,
                verify: str, threads: int | None, command: str | None, fail: bool,
-               selection: Any = None) -> dict[str, Any]:
+               selection: Any = None, baseline: Any = None) -> dict[str, Any]:
     """Ray task: scan part K of N into the staging folder with `scan` (the pipeline's scan,
-    passed in: scale-out runs the pipeline's stages and never imports the pipeline)."""
+    passed in: scale-out runs the pipeline's stages and never imports the pipeline).
+    `baseline`: this part's rows of the --baseline (scan.baseline.load_parts), or None."""
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
     res = scan(root, os.path.join(staging, dataset.part_name(k, n)), target=target, facts_resolver=resolver,
                verify=verify, threads=threads, shard=(k, n), progress=False, command=command,
-               workers=1, selection=selection)  # a part holds one Ray CPU: no walk processes of its own
+               workers=1, selection=selection,  # a part holds one Ray CPU: no walk processes of its own
+               **({"baseline": baseline} if baseline is not None else {}))
     return {"exit_code": res.exit_code, "rows": res.rows, "files": res.files, "bytes": res.bytes,
             "seconds": res.seconds, "walk_errors": len(res.walk_errors)}
 
@@ -232,10 +234,13 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
                 target: str = DEFAULT_PROFILE,
                 facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
                 command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
-                manifest: str | None | bool = True, verb: str = "scan", selection: Any = None) -> DatasetScan:
+                manifest: str | None | bool = True, verb: str = "scan", selection: Any = None,
+                baseline: str | None = None, recheck: Any = None, history: str | None = None) -> DatasetScan:
     """Scan ROOT as `shards` Ray tasks (each runs `scan`, the pipeline's) into the dataset directory `output`, then
     summarize it (`manifest`, `verb`: what its hints name, see report.summary.summarize).
     `selection` (--only/--exclude): every part scans those namespaces only.
+    `baseline`, `recheck`, `history` (--baseline PREV|auto): the driver checks and reads
+    the baseline once and sends each part the rows of its own buckets only.
 
     Parts are staged inside `output` and published only when all succeeded; otherwise
     PartsFailed (exit 8) names them and `output` is left as it was."""
@@ -248,6 +253,7 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
     root_path = check_root(root)  # the scanner's own check, before any part starts
     out = _check_dataset_dir(output)
     resolver = facts_resolver or FactsResolver({}, None)
+    baselines = _baseline_parts(baseline, recheck, history, shards, root=root_path, target=target, verify=verify)
     fail = _injected("scan")
     with session(address) as ray:
         try:
@@ -257,7 +263,8 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
             raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
         try:
             reports = run_parts(ray, _scan_part, lambda k: (scan, root_path, staging, k, shards, target, resolver,
-                                                            verify, threads, command, k in fail, selection),
+                                                            verify, threads, command, k in fail, selection,
+                                                            baselines[k] if baselines else None),
                                shards, on_part)
             failed = [(r, r.error) for r in reports if r.error is not None]
             if failed:
@@ -275,6 +282,20 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
     for r in reports:
         code |= r.detail["exit_code"]
     return DatasetScan(root_path, out, summary, code, reports, time.monotonic() - t0)
+
+
+def _baseline_parts(baseline: str | None, recheck: Any, history: str | None, shards: int, **run: str) -> list | None:
+    """Each part's rows of the --baseline, checked and read by the driver before any part
+    starts (a refused baseline is a usage error, exit 2); None: no baseline, or `auto`
+    with no kept audit yet (every part reads everything)."""
+    from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, load_parts
+
+    if baseline is None:
+        if recheck is not None:
+            raise UsageError(LONE_RECHECK)
+        return None
+    return load_parts(baseline, shards, history=history, recheck=DEFAULT_RECHECK if recheck is None else recheck,
+                      **run)
 
 
 # --- migrate --apply ---------------------------------------------------------------------

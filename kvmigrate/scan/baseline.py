@@ -53,12 +53,14 @@ class Baseline:
     same bytes), and a sorted inode column costs 8 bytes a row where a dict of 1M paths
     cost a scan ~700 MB."""
 
-    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction):
+    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction,
+                 total: int | None = None):
         self.path = path
         self.meta = meta
         self.stat, self.content, self.payload = columns
         self._stat = [memoryview(b).cast("Q" if k < 2 else "q") for k, b in enumerate(self.stat)]
         self.rows = len(self._stat[1])
+        self.total = self.rows if total is None else total  # (a part's: the whole baseline's rows)
         self.recheck = recheck
         self.period = 0 if recheck == 0 else max(1, round(1 / recheck))
         previous = (meta.get("baseline") or {}).get("recheck_slot")
@@ -84,8 +86,13 @@ class Baseline:
         """(content hash, payload hash or None) of baseline row i."""
         return bytes(self.content[16 * i:16 * i + 16]), self.payload.get(i)
 
+    def __reduce__(self) -> tuple:
+        """Pickled as bytes (a part's rows go to its Ray task; memoryviews do not pickle)."""
+        columns = (tuple(bytes(b) for b in self.stat), bytes(self.content), self.payload)
+        return Baseline, (self.path, self.meta, columns, self.recheck, self.total)
+
     def metadata(self) -> dict[str, Any]:
-        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": self.rows,
+        return {"path": self.path, "tool_version": self.meta.get("tool_version"), "rows": self.total,
                 "recheck": str(self.recheck), "recheck_period": self.period,
                 "recheck_slot": self.slot if self.period else None}
 
@@ -98,6 +105,47 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     """The baseline named by `--baseline` (a manifest, a dataset directory, or `auto`: the
     newest kept audit of ROOT), checked against this run; None for `auto` with no kept
     audit yet (the first run reads everything)."""
+    found = _checked(spec, root=root, target=target, verify=verify, history=history)
+    if found is None:
+        return None
+    path, meta = found
+    return Baseline(path, meta, _columns(_carriable(manifest.read_table(path, columns=_COLUMNS))), recheck)
+
+
+def load_parts(spec: str, parts: int, *, root: str, target: str, verify: str, recheck: Fraction,
+               history: str | None = None) -> list[Baseline] | None:
+    """`load`, split for the N parts of a `--run-on ray` scan, so each task is sent about
+    1/N of the baseline, and the driver checks and reads it once (one recheck slot for
+    all). The parts' metadata names the whole baseline.
+
+    A block file of a rank folder (`<rank folder>/<hhh>/<fan-out>/<file>`) is walked by
+    part int(hhh, 16) % N: its row goes to that part alone. Every other row (config.json,
+    temp and foreign files, deep layouts, flat families: few) goes to every part, so
+    whichever part walks that file finds it (a part's extra rows are never matched by a
+    file it does not walk: rows are matched by dev, inode, size, mtime and ctime)."""
+    found = _checked(spec, root=root, target=target, verify=verify, history=history)
+    if found is None:
+        return None
+    path, meta = found
+    table = manifest.read_table(path, columns=_COLUMNS + ("relpath", "rank"))
+    hhh = pc.struct_field(pc.extract_regex(table["relpath"], _BLOCK_PATH), [0])  # null: not a block path
+    value = pc.index_in(hhh, value_set=pa.array([f"{i:03x}" for i in range(1 << 12)]))  # (its value)
+    part = pc.if_else(pc.is_valid(table["rank"]), pc.modulo(value.cast(pa.int64()), parts), None)
+    table = _carriable(table.drop_columns(["relpath", "rank"]).append_column("part", part))  # (paths: not copied)
+    table = table.take(pc.sort_indices(table["inode"]))  # (once: a filter keeps the order)
+    return [Baseline(path, meta, _columns(table.filter(pc.fill_null(pc.equal(table["part"], k), True)),
+                                          presorted=True), recheck, total=table.num_rows) for k in range(parts)]
+
+
+LONE_RECHECK = "--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto"
+_BLOCK_PATH = r"^[^/]+/(?P<hhh>[0-9a-f]{3})/[^/]+/[^/]+$"  # <rank folder>/<hhh>/<fan-out>/<file>
+
+
+def _checked(spec: str, *, root: str, target: str, verify: str,
+             history: str | None) -> tuple[str, dict[str, Any]] | None:
+    """(path, metadata) of the baseline `--baseline` names, once its version, root,
+    target profile and verify mode are checked against this run; None: `auto` finds no
+    kept audit."""
     if verify != "hash":
         raise UsageError(f"--baseline carries hashes over: it needs --verify hash (got --verify {verify})",
                          hint="add --verify hash, or drop --baseline")
@@ -124,7 +172,7 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
     if meta.get("verify") != "hash":
         raise UsageError(f"baseline refused: a --verify {meta.get('verify')} scan has no hashes to carry over",
                          path=path, hint=rescan)
-    return Baseline(path, meta, _columns(path), recheck)
+    return path, meta
 
 
 def _version(path: str) -> Any:
@@ -143,15 +191,18 @@ def _version(path: str) -> Any:
     return json.loads(raw).get("manifest_version", 1)
 
 
-def _columns(path: str) -> Columns:
-    """The rows whose hashes may be carried over, sorted by inode, as `Baseline` keeps
-    them: with Arrow kernels and buffers, never a Python object per row."""
-    t = manifest.read_table(path, columns=_COLUMNS)
+def _carriable(t: pa.Table) -> pa.Table:
+    """The baseline rows whose hashes may be carried over."""
     status = pc.cast(t["status"], pa.string())
     keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
                    pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
-    t = t.filter(keep).drop_columns(["status"])
-    t = t.take(pc.sort_indices(t["inode"])).combine_chunks()
+    return t.filter(keep).drop_columns(["status"])
+
+
+def _columns(t: pa.Table, presorted: bool = False) -> Columns:
+    """Rows sorted by inode, as `Baseline` keeps them: with Arrow kernels and buffers,
+    never a Python object per row."""
+    t = (t if presorted else t.take(pc.sort_indices(t["inode"]))).combine_chunks()
     stat = tuple(_flat(t[name], 8) for name in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
     payload_col = t["payload_xxh3_128"]
     payload = ({} if payload_col.null_count == t.num_rows else

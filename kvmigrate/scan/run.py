@@ -26,7 +26,7 @@ from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.selection import Selection
-from kvmigrate.scan.baseline import DEFAULT_RECHECK
+from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
 from kvmigrate.scan import flat
@@ -91,7 +91,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
          target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
          threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
          command: str | None = None, workers: int | None = None, selection: Selection | None = None,
-         baseline: str | None = None, recheck: Any = None, history: str | None = None) -> WalkResult:
+         baseline: str | Baseline | None = None, recheck: Any = None,
+         history: str | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -111,7 +112,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     `baseline` (a manifest, a dataset directory or "auto": the newest audit kept in
     `history`, default ROOT/.kvmigrate/audits) with --verify hash: files unchanged since
     it keep its hashes unopened; `recheck` (a fraction, default 1/30) of its buckets are
-    re-read all the same (kvmigrate.scan.baseline).
+    re-read all the same (kvmigrate.scan.baseline). A `Baseline` already loaded is a
+    part's share of it (scan.baseline.load_parts).
     """
     if verify not in ("none", "size", "hash"):
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
@@ -124,11 +126,13 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     root_path = check_root(str(root))
     resolver = facts_resolver or FactsResolver({}, None)
     prev = None
-    if baseline is not None:
+    if isinstance(baseline, Baseline):  # a part of a --run-on ray scan: its rows, loaded and checked by the driver
+        prev = baseline
+    elif baseline is not None:
         prev = load_baseline(baseline, root=root_path, target=target, verify=verify, history=history,
                              recheck=DEFAULT_RECHECK if recheck is None else recheck)
     elif recheck is not None:
-        raise UsageError("--recheck re-reads files a --baseline carries over: it needs --baseline PREV|auto")
+        raise UsageError(LONE_RECHECK)
     output = os.path.abspath(output)
     if os.path.isdir(output):
         raise UsageError("the manifest path is a directory", path=output,

@@ -171,3 +171,29 @@ def test_baseline_auto_without_kept_audits_reads_everything(synth_root, tmp_path
     code, _ = scan(root, out, "--baseline", "auto", "--history", tmp_path / "none-yet")
     assert code in (0, 1) and manifest.read_metadata(out)["baseline"] is None
     assert not any(r["carried"] for r in rows(out).values())
+
+
+def test_parts_of_a_baseline_hold_the_rows_of_their_buckets(synth_root, tmp_path):
+    """--run-on ray: a part is sent the baseline rows of the block files it walks (those of
+    its buckets) and the few other rows (config.json, temp files: every part)."""
+    from fractions import Fraction
+
+    from kvmigrate.scan.baseline import load, load_parts
+    from kvmigrate.scan.walker import _bucket_of, shard_part
+
+    root, _ = synth_root(*SPECS)
+    next(root.rglob("*.bin")).with_name("x.tmp").write_bytes(b"t")  # a file in a fan-out folder, not a block
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    checks = dict(root=str(root), target="vllm-0.28", verify="hash", recheck=Fraction(0))
+    whole = load(str(full), **checks)
+    parts = load_parts(str(full), 3, **checks)
+    assert all(p.metadata() == whole.metadata() for p in parts)
+    blocks = {r["inode"]: shard_part(_bucket_of(k), 3) for k, r in block_rows(full).items()}
+    others = {r["inode"] for k, r in rows(full).items() if k not in block_rows(full)}
+    assert len(blocks) > 20 and len(others) >= 2  # (config.json, x.tmp)
+    for k, part in enumerate(parts):
+        inodes = set(memoryview(part.stat[1]).cast("Q").tolist())
+        assert {i for i in inodes if i in blocks} == {i for i, p in blocks.items() if p == k} != set()
+        assert others <= inodes
+    assert sum(p.rows for p in parts) == len(blocks) + 3 * len(others) == whole.rows + 2 * len(others)
