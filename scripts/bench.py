@@ -130,8 +130,11 @@ SCALES = {
 }
 
 
-def tree_specs(scale: str) -> dict[str, TreeSpec]:
-    s = SCALES[scale]
+def tree_specs(scale: str, flat_files: int | None = None) -> dict[str, TreeSpec]:
+    """The trees of a scale; `flat_files` (--flat-files) sizes the flat HiCache directory."""
+    s = dict(SCALES[scale])
+    if flat_files:
+        s["flat"] = flat_files
     return {
         "files4k": TreeSpec("files4k", "4 KiB files (per-file overhead)", s["files4k"], 1024),
         "files1m": TreeSpec("files1m", "1 MiB files (bandwidth)", s["files1m"], 256 * 1024),
@@ -470,7 +473,7 @@ class Bench:
         self.out_dir = Path(args.out_dir).resolve()
         self.kvm = self._find_kvmigrate(args.kvmigrate)
         self.kvm_python = self._interpreter_of(self.kvm)
-        self.specs = tree_specs(self.scale)
+        self.specs = tree_specs(self.scale, getattr(args, "flat_files", None))
         self.groups_wanted = [g.strip() for g in args.only.split(",")] if args.only else \
             ["meta", "hash4k", "hash1m", "migrate", "startup"]
         self.trees: dict[str, dict] = {}
@@ -715,7 +718,8 @@ class Bench:
 
     def group_flat(self) -> Group:
         """A flat HiCache directory: the scan's flat path (scan/flat.py) against listing
-        and hashing the same folder."""
+        and hashing the same folder (xxhsum serial, and 8 processes of 512 files as a
+        parallel hasher would)."""
         root = self.tree_root("flat")
         facts = ("--writer-layout", "page_first")  # the pages are then already_present for sglang-0.5.23
         cmds = [
@@ -725,12 +729,18 @@ class Bench:
             self._scan_cmd("flat_kvm_hash", "kvmigrate scan --verify hash", "flat", "hash", facts),
             Command("flat_xxhsum", "find | xargs xxhsum -H2",
                     sh(f"find {q(root)} -maxdepth 1 -type f -print0 | xargs -0 xxhsum -H2 > /dev/null"), "baseline"),
+            Command("flat_xxhsum_p8", "find | xargs -P8 -n512 xxhsum -H2",
+                    sh(f"find {q(root)} -maxdepth 1 -type f -print0 | xargs -0 -P8 -n512 xxhsum -H2 > /dev/null"),
+                    "baseline"),
         ]
         return Group("flat", f"Flat directory: {self.specs['flat'].title}", "flat", cmds,
-                     [("flat_kvm_size", "flat_find"), ("flat_kvm_hash", "flat_xxhsum")],
+                     [("flat_kvm_size", "flat_find"), ("flat_kvm_hash", "flat_xxhsum"),
+                      ("flat_kvm_hash", "flat_xxhsum_p8")],
                      note="One folder, no rank or bucket folders: kvmigrate parses every name, groups the files "
-                          "into deployments and writes the manifest (its flat path holds a record per file; "
-                          "it runs in one process, part 0); find and xxhsum only list or hash.")
+                          "into deployments and writes the manifest (in one process, part 0: the C extension "
+                          "stats or reads and hashes the pages by file descriptor in a few threads, the family's "
+                          "Python code holds one record a file for its verdicts); find and xxhsum only list or "
+                          "hash (xargs -P8 -n512: eight xxhsum processes at a time, 512 files each).")
 
     def group_migrate(self) -> Group:
         tree = "files4k"
@@ -1130,6 +1140,18 @@ class Bench:
                           ("mig_kvm_size", "migrate --manifest M(size) --apply")):
             add(f"{what} <= 1.0x xxhsum -H2 + cp -al by hand (issue 16)", ratio(key, "mig_byhand"), 1.0, "max",
                 "x", f"kvmigrate {what} / (xxhsum -H2 of the legacy folders, then cp -al), medians")
+        if self._cmd("flat_kvm_size"):
+            add("flat directory: scan --verify size <= 1.0x find -printf (issue 21)",
+                ratio("flat_kvm_size", "flat_find"), 1.0, "max", "x",
+                "kvmigrate scan --verify size / find -printf, medians, flat HiCache directory")
+            add("flat directory: hash throughput >= 1.0x xxhsum -H2 (serial)", ratio("flat_xxhsum", "flat_kvm_hash"),
+                1.0, "min", "x", "xxhsum time / kvmigrate scan --verify hash time, flat HiCache directory")
+            flat_rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("flat_kvm_size"),
+                                                                   self._cmd("flat_kvm_hash")) if c]
+            flat_rss = [x for x in flat_rss if x is not None]
+            add("flat directory: scan peak RSS < 256 MiB", max(flat_rss) if flat_rss else None, 256, "max", "MiB",
+                "max over the flat group's scan --verify size and --verify hash runs (os.wait4 ru_maxrss)",
+                strict=True)
         rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("meta_kvm"), self._cmd("hash4k_kvm")) if c]
         rss = [x for x in rss if x is not None]
         add("scan peak RSS < 256 MiB (4 KiB-file tree)", max(rss) if rss else None, 256, "max", "MiB",
@@ -1573,6 +1595,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup")
+    p.add_argument("--flat-files", type=int, metavar="N",
+                   help="page files of the flat group's HiCache directory (default: 50,000 at --scale small, "
+                        "1,000,000 at large)")
     p.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="parallel synth processes")
     p.add_argument("--threads", type=int, help="--threads for kvmigrate scan (default: its own default)")
     p.add_argument("--migrate-reps", type=int,
