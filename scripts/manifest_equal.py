@@ -120,7 +120,8 @@ SGL_ERAS = {
     "sgl-e4-tp8-mla": ({"family": "sglang", "sgl_era": "e4", "tp": 8, "kv_kind": "mla", "model_name": SGL_MODEL},
                        ["--writer-layout", "page_first"]),
     "sgl-e4-tp2-pp2-full": ({"family": "sglang", "sgl_era": "e4", "tp": 2, "pp": 2, "pools": ("mamba",)}, []),
-    "sgl-e4-tp2-cp2-full": ({"family": "sglang", "sgl_era": "e4", "tp": 2, "cp": 2}, ["--writer-layout", "layer_first"]),
+    "sgl-e4-tp2-cp2-full": ({"family": "sglang", "sgl_era": "e4", "tp": 2, "cp": 2},
+                            ["--writer-layout", "layer_first"]),
 }
 SGL_ALL = "sgl-all"
 

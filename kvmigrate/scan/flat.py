@@ -122,44 +122,51 @@ def _facts_for(fam: Any, resolver: FactsResolver):
 
 def _stat_pages(fam: Any, files: FlatFiles, verify: str, listing: RootListing) -> list[Any]:
     """Every page's stat columns and the family's `flat_file` of it (what it is shown:
-    size, and the head or hash it asks for)."""
+    size, and the head or hash it asks for), a chunk at a time as the C side delivers
+    them (it stats the next chunks meanwhile, without the GIL)."""
     names = files.names
     hashed = verify == "hash"
-    codes, digests, heads = _c_stat(files, hashed)
     sizes = files.stats[0]
     size_of: dict[int, int] = {}  # (one int object per distinct size, not one a file)
     flat_files = []
-    for i, name in enumerate(names):
-        if codes is not None and codes[i] == 0:
-            size = sizes[i]
-            size = size_of.setdefault(size, size)
-            ff = fam.flat_file(name, size)
-            if hashed:
-                ff.head, ff.content, ff.all_zero = heads[4 * i:4 * i + min(4, size)], digests[16 * i:16 * i + 16], False
-            elif verify != "none" and size and fam.wants_head(ff):
-                rec, ff = _read(fam, files.root, name, verify, ff)
+    for start, codes, digests, heads in _c_stat(files, hashed):
+        end = start + (len(codes) if codes is not None else len(names))
+        for i in range(start, end):
+            name = names[i]
+            if codes is not None and codes[i - start] == 0:
+                size = sizes[i]
+                size = size_of.setdefault(size, size)
+                ff = fam.flat_file(name, size)
+                if hashed:
+                    j = i - start
+                    ff.head, ff.content = heads[4 * j:4 * j + min(4, size)], digests[16 * j:16 * j + 16]
+                    ff.all_zero = False
+                elif verify != "none" and size and fam.wants_head(ff):
+                    rec, ff = _read(fam, files.root, name, verify, ff)
+                    if rec is None:
+                        continue
+                    files.records[i] = rec
+                    files.set_stat(i, rec)
+            else:
+                rec, ff = _read(fam, files.root, name, verify)
                 if rec is None:
                     continue
                 files.records[i] = rec
                 files.set_stat(i, rec)
-        else:
-            rec, ff = _read(fam, files.root, name, verify)
-            if rec is None:
-                continue
-            files.records[i] = rec
-            files.set_stat(i, rec)
-            if ff is None:  # could not even be stat-ed: a row of its own
-                listing.flat_loose.append(rec)
-                continue
-        ff.index = i
-        flat_files.append(ff)
+                if ff is None:  # could not even be stat-ed: a row of its own
+                    listing.flat_loose.append(rec)
+                    continue
+            ff.index = i
+            flat_files.append(ff)
     return flat_files
 
 
-def _c_stat(files: FlatFiles, hashed: bool) -> tuple[bytes | None, bytes | None, bytes | None]:
+def _c_stat(files: FlatFiles, hashed: bool) -> Iterator[tuple[int, bytes | None, bytes | None, bytes | None]]:
     """stat (hashed: read and hash) every page in C, a chunk of names per call, in a few
-    threads; (None, None, None) where the Python walk runs (no C extension,
-    KVMIGRATE_PURE_PYTHON=1, or --bwlimit with --verify hash: every read is charged)."""
+    threads: (first index, codes, digests, heads) of each chunk in order, its stat columns
+    appended to `files.stats`. One chunk of codes None where the Python walk runs (no C
+    extension, KVMIGRATE_PURE_PYTHON=1, or --bwlimit with --verify hash: every read is
+    charged)."""
     from kvmigrate.scan.walker import leaf_walk  # (the one switch between the C and the Python walk)
 
     n = len(files.names)
@@ -167,23 +174,20 @@ def _c_stat(files: FlatFiles, hashed: bool) -> tuple[bytes | None, bytes | None,
     if leaf is None or not hasattr(leaf, "stat_flat") or (hashed and pacing.limited()):
         for col in files.stats:
             col.frombytes(bytes(8 * n))
-        return None, None, None
-    chunks = [tuple(files.names[a:a + CHUNK_NAMES]) for a in range(0, n, CHUNK_NAMES)]
-    threads = min(len(chunks), 2 * (os.cpu_count() or 1) if hashed else os.cpu_count() or 1, 8)
-    call = lambda names: leaf.stat_flat(files.root, names, hashed)  # noqa: E731
-    if threads > 1:
-        with ThreadPoolExecutor(threads, thread_name_prefix="kvmigrate-flat") as pool:
-            parts = list(pool.map(call, chunks))
-    else:
-        parts = [call(c) for c in chunks]
-    for chunk, (_, st, _, _) in zip(chunks, parts):
-        m = 8 * len(chunk)
-        for k, col in enumerate(files.stats):
-            col.frombytes(st[k * m:(k + 1) * m])
-    codes = b"".join(p[0] for p in parts)
-    if not hashed:
-        return codes, None, None
-    return codes, b"".join(p[2] for p in parts), b"".join(p[3] for p in parts)
+        yield 0, None, None, None
+        return
+    starts = range(0, n, CHUNK_NAMES)
+    threads = min(len(starts), 2 * (os.cpu_count() or 1) if hashed else os.cpu_count() or 1, 8)
+
+    def call(start: int) -> tuple:
+        return leaf.stat_flat(files.root, tuple(files.names[start:start + CHUNK_NAMES]), hashed)
+
+    with ThreadPoolExecutor(max(threads, 1), thread_name_prefix="kvmigrate-flat") as pool:
+        for start, (codes, st, digests, heads) in zip(starts, pool.map(call, starts)):
+            m = len(st) // _STAT_FIELDS
+            for k, col in enumerate(files.stats):
+                col.frombytes(st[k * m:(k + 1) * m])
+            yield start, codes, digests, heads
 
 
 def _read(fam: Any, root: str, name: str, verify: str, ff: Any = None) -> tuple[FileRecord | None, Any]:
