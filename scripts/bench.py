@@ -27,8 +27,9 @@ Groups (see GROUPS below):
             --apply (apply reads what it places)  vs  the same safety by hand: xxhsum -H2 of the
             legacy folders, then cp -al; plain cp -al and a `scan --verify hash` manifest's apply
             beside                                                          (4 KiB tree)
-  flat      an SGLang HiCache directory (one flat folder of page files, MLA, 1 KiB pages):
-            scan --verify size vs find -printf, scan --verify hash vs find|xargs xxhsum -H2
+  flat      an SGLang HiCache directory (one flat folder of page files, MLA, 1 KiB pages; 50,000 at
+            small, 1,000,000 at large, or --flat-files N): scan --verify size vs find -printf,
+            scan --verify hash vs find|xargs xxhsum -H2 (serial) and xargs -P8 -n512 (parallel)
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
   journal   (alone: `--only journal [--before REV]`) journal bytes per linked block and
             `rollback` time at 100,000 blocks, this checkout against REV (a git worktree of
