@@ -154,6 +154,12 @@ def expected_dirs(blocks: int) -> int:
     return int(hhh + leaves) + 1
 
 
+def trees_of(groups: list[str]) -> set[str]:
+    """The trees these groups run on (all of them when no group names one)."""
+    wanted = {GROUP_TREES[g] for g in groups if g in GROUP_TREES}
+    return wanted or set(GROUP_TREES.values())
+
+
 def space_needed(specs: dict[str, TreeSpec], groups: list[str]) -> dict[str, int]:
     """Bytes and inodes the run needs at its peak: both trees, one extra copy of a rank
     folder's folders (cp -al or the migrated namespace, removed between repetitions),
@@ -161,8 +167,11 @@ def space_needed(specs: dict[str, TreeSpec], groups: list[str]) -> dict[str, int
     block = 4096
     inodes = 0
     nbytes = 0
-    for spec in specs.values():
-        dirs = spec.tp * expected_dirs(spec.blocks) + spec.tp + 2
+    wanted = trees_of(groups)
+    for name, spec in specs.items():
+        if name not in wanted:
+            continue
+        dirs = 1 if spec.family == "sglang" else spec.tp * expected_dirs(spec.blocks) + spec.tp + 2
         inodes += spec.files + 1 + dirs
         nbytes += spec.files * max(block, -(-spec.file_bytes // block) * block) + dirs * block
         manifests = 4 if "migrate" in groups else 2
@@ -550,7 +559,8 @@ class Bench:
                 "fs_total_inodes": free["total_inodes"], "trees_reused": reuse}
         self.log(f"workdir {self.workdir}: needs about {need['bytes'] / 2**30:.1f} GiB and "
                  f"{need['inodes']:,} inodes; free {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,} inodes")
-        if not all(reuse.values()) and (need["bytes"] > free["bytes"] or need["inodes"] > free["inodes"]):
+        rebuilt = [name for name in trees_of(self.groups_wanted) if not reuse.get(name)]
+        if rebuilt and (need["bytes"] > free["bytes"] or need["inodes"] > free["inodes"]):
             msg = (f"bench: not enough room in {self.workdir}: need ~{need['bytes'] / 2**30:.1f} GiB and "
                    f"{need['inodes']:,} inodes, have {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,}. "
                    "Use --workdir on a bigger filesystem or --scale small.")
