@@ -281,8 +281,11 @@ static int first_page_cached(int fd) {
     return cached;
 }
 
-/* Open, fstat and read one block file whole; fill rec. */
-static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec) {
+/* Open, fstat and read one block file whole; fill rec (and `head`, when not NULL: its
+ * first HEAD_BYTES bytes, or fewer when the file is shorter). */
+#define HEAD_BYTES 4
+static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t buflen, Record *rec,
+                      unsigned char *head) {
     int fd = open_block(dirfd, name);
     if (fd < 0) {
         if (errno == ENOENT || errno == ELOOP || errno == ENXIO || errno == ENOTDIR) return DROPPED;
@@ -322,6 +325,7 @@ static int hash_block(int dirfd, const char *name, unsigned char *buf, size_t bu
             verdict = UNUSUAL;
             break;
         }
+        if (head && total == 0) memcpy(head, buf, (size_t)n < HEAD_BYTES ? (size_t)n : HEAD_BYTES);
         total += (size_t)n;
         if (!state && (size_t)n < want) { /* the whole file in one read: one-shot hash */
             h = XXH3_128bits(buf, (size_t)n);
@@ -467,7 +471,7 @@ static void walk_fanout(Walk *w, int bucketfd, const char *fname, int group, con
         if (!rec) break;
         rec->fanout = fi;
         rec->group = group;
-        int v = hashed ? hash_block(fd, name, buf, buflen, rec) : stat_block(fd, name, perm, rec);
+        int v = hashed ? hash_block(fd, name, buf, buflen, rec, NULL) : stat_block(fd, name, perm, rec);
         if (v != TAKEN) {
             w->nrecs--;
             if (v == UNUSUAL) odd_add(w, fi, name);
@@ -1233,11 +1237,103 @@ static PyObject *xxh3_128_digest(PyObject *self, PyObject *arg) {
     return PyBytes_FromStringAndSize((const char *)c.digest, 16);
 }
 
+/* --- one flat directory (scan/flat.py) ------------------------------------------------ */
+
+PyDoc_STRVAR(stat_flat_doc,
+"stat_flat(dir_path, names, hashed) -> (codes, stats, digests, heads)\n"
+"\n"
+"lstat (hashed: open, fstat, read whole and XXH3-128) every name of `names` (a tuple of\n"
+"str) in one folder, by file descriptor, with the GIL released: a flat family's page files\n"
+"(scan/flat.py), where a million names share one folder. `codes[i]` is 0 when file i is\n"
+"plain (a regular file; hashed: non-empty, not sparse, not zero-filled, unchanged while\n"
+"read), else 1: the caller reads it in Python, which words what it is. `stats` holds five\n"
+"int64 columns of len(names) each: size, mtime_ns, inode, dev, nlink; hashed: `digests` 16 bytes and\n"
+"`heads` 4 bytes (the first bytes, fewer when the file is shorter) per name, else None.\n"
+"A name that is not ASCII is left to the caller (code 1).");
+
+static PyObject *stat_flat(PyObject *self, PyObject *args) {
+    PyObject *dpath_obj, *names;
+    int hashed;
+    if (!PyArg_ParseTuple(args, "O&O!p", PyUnicode_FSConverter, &dpath_obj, &PyTuple_Type, &names, &hashed))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *codes = NULL, *stats = NULL, *digests = NULL, *heads = NULL, *result = NULL;
+    const char **cnames = NULL;
+    unsigned char *buf = NULL;
+    int dfd = -1;
+    codes = PyBytes_FromStringAndSize(NULL, n);
+    stats = PyBytes_FromStringAndSize(NULL, n * 5 * (Py_ssize_t)sizeof(int64_t));
+    if (hashed) {
+        digests = PyBytes_FromStringAndSize(NULL, n * 16);
+        heads = PyBytes_FromStringAndSize(NULL, n * HEAD_BYTES);
+    }
+    cnames = malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    if (hashed) buf = malloc(STREAM_CHUNK + 64);
+    if (!codes || !stats || (hashed && (!digests || !heads))) goto out;
+    if (!cnames || (hashed && !buf)) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(names, i);
+        cnames[i] = PyUnicode_Check(s) && PyUnicode_IS_ASCII(s) ? (const char *)PyUnicode_DATA(s) : NULL;
+    }
+    char *code = PyBytes_AS_STRING(codes);
+    int64_t *st_out = (int64_t *)PyBytes_AS_STRING(stats);
+    unsigned char *dg = hashed ? (unsigned char *)PyBytes_AS_STRING(digests) : NULL;
+    unsigned char *hd = hashed ? (unsigned char *)PyBytes_AS_STRING(heads) : NULL;
+    const char *dpath = PyBytes_AS_STRING(dpath_obj);
+    int open_errno = 0;
+    Py_BEGIN_ALLOW_THREADS
+    dfd = open(dpath, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) open_errno = errno;
+    for (Py_ssize_t i = 0; dfd >= 0 && i < n; i++) {
+        Record rec;
+        int v = UNUSUAL;
+        for (int k = 0; k < 5; k++) st_out[k * n + i] = 0;
+        if (cnames[i]) {
+            if (hashed) {
+                v = hash_block(dfd, cnames[i], buf, STREAM_CHUNK + 1, &rec, hd + HEAD_BYTES * i);
+            } else {
+                struct stat st;
+                v = fstatat(dfd, cnames[i], &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+                    fill_stat(&rec, &st) ? TAKEN : UNUSUAL;
+            }
+        }
+        code[i] = v == TAKEN ? 0 : 1; /* (vanished too: the caller's lstat says so, as it always has) */
+        if (v != TAKEN) continue;
+        st_out[i] = rec.size;
+        st_out[n + i] = rec.mtime_ns;
+        st_out[2 * n + i] = (int64_t)rec.ino;
+        st_out[3 * n + i] = (int64_t)rec.dev;
+        st_out[4 * n + i] = (int64_t)rec.nlink;
+        if (hashed) memcpy(dg + 16 * i, rec.digest, 16);
+    }
+    if (dfd >= 0) close(dfd);
+    Py_END_ALLOW_THREADS
+    if (dfd < 0) {
+        errno = open_errno;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, dpath_obj);
+        goto out;
+    }
+    result = PyTuple_Pack(4, codes, stats, digests ? digests : Py_None, heads ? heads : Py_None);
+out:
+    Py_XDECREF(codes);
+    Py_XDECREF(stats);
+    Py_XDECREF(digests);
+    Py_XDECREF(heads);
+    Py_DECREF(dpath_obj);
+    free(cnames);
+    free(buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"walk_bucket", walk_bucket, METH_VARARGS, walk_bucket_doc},
     {"finish_blocks", finish_blocks, METH_VARARGS, finish_blocks_doc},
     {"die_with_parent", die_with_parent, METH_O, pdeath_doc},
     {"xxh3_128_digest", xxh3_128_digest, METH_O, hash_doc},
+    {"stat_flat", stat_flat, METH_VARARGS, stat_flat_doc},
     {NULL, NULL, 0, NULL},
 };
 

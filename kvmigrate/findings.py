@@ -115,6 +115,8 @@ def asked_flags(value: str | None) -> list[str]:
 
 def arrays(findings: list[Finding | None]) -> list[pa.Array]:
     """The finding columns (FIELDS order) of rows with these findings."""
+    if not any(findings):  # (most batches: plain reasons only)
+        return null_arrays(len(findings))
     cols: list[list[Any]] = [[] for _ in FIELDS]
     for f in findings:
         values = f if f is not None else (None,) * len(FIELDS)

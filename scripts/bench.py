@@ -28,8 +28,9 @@ Groups (see GROUPS below):
             --apply (apply reads what it places)  vs  the same safety by hand: xxhsum -H2 of the
             legacy folders, then cp -al; plain cp -al and a `scan --verify hash` manifest's apply
             beside                                                          (4 KiB tree)
-  flat      an SGLang HiCache directory (one flat folder of page files, MLA, 1 KiB pages):
-            scan --verify size vs find -printf, scan --verify hash vs find|xargs xxhsum -H2
+  flat      an SGLang HiCache directory (one flat folder of page files, MLA, 1 KiB pages; 50,000 at
+            small, 1,000,000 at large, or --flat-files N): scan --verify size vs find -printf,
+            scan --verify hash vs find|xargs xxhsum -H2 (serial) and xargs -P8 -n512 (parallel)
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
   journal   (alone: `--only journal [--before REV]`) journal bytes per linked block and
             `rollback` time at 100,000 blocks, this checkout against REV (a git worktree of
@@ -141,8 +142,11 @@ SCALES = {
 }
 
 
-def tree_specs(scale: str) -> dict[str, TreeSpec]:
-    s = SCALES[scale]
+def tree_specs(scale: str, flat_files: int | None = None) -> dict[str, TreeSpec]:
+    """The trees of a scale; `flat_files` (--flat-files) sizes the flat HiCache directory."""
+    s = dict(SCALES[scale])
+    if flat_files:
+        s["flat"] = flat_files
     return {
         "files4k": TreeSpec("files4k", "4 KiB files (per-file overhead)", s["files4k"], 1024),
         "files1m": TreeSpec("files1m", "1 MiB files (bandwidth)", s["files1m"], 256 * 1024),
@@ -161,6 +165,12 @@ def expected_dirs(blocks: int) -> int:
     return int(hhh + leaves) + 1
 
 
+def trees_of(groups: list[str]) -> set[str]:
+    """The trees these groups run on (all of them when no group names one)."""
+    wanted = {GROUP_TREES[g] for g in groups if g in GROUP_TREES}
+    return wanted or set(GROUP_TREES.values())
+
+
 def space_needed(specs: dict[str, TreeSpec], groups: list[str]) -> dict[str, int]:
     """Bytes and inodes the run needs at its peak: both trees, one extra copy of a rank
     folder's folders (cp -al or the migrated namespace, removed between repetitions),
@@ -168,8 +178,11 @@ def space_needed(specs: dict[str, TreeSpec], groups: list[str]) -> dict[str, int
     block = 4096
     inodes = 0
     nbytes = 0
-    for spec in specs.values():
-        dirs = spec.tp * expected_dirs(spec.blocks) + spec.tp + 2
+    wanted = trees_of(groups)
+    for name, spec in specs.items():
+        if name not in wanted:
+            continue
+        dirs = 1 if spec.family == "sglang" else spec.tp * expected_dirs(spec.blocks) + spec.tp + 2
         inodes += spec.files + 1 + dirs
         nbytes += spec.files * max(block, -(-spec.file_bytes // block) * block) + dirs * block
         manifests = 4 if "migrate" in groups else 2
@@ -503,7 +516,7 @@ class Bench:
         self.out_dir = Path(args.out_dir).resolve()
         self.kvm = self._find_kvmigrate(args.kvmigrate)
         self.kvm_python = self._interpreter_of(self.kvm)
-        self.specs = tree_specs(self.scale)
+        self.specs = tree_specs(self.scale, getattr(args, "flat_files", None))
         self.groups_wanted = [g.strip() for g in args.only.split(",")] if args.only else \
             ["meta", "hash4k", "hash1m", "migrate", "startup"]
         self.trees: dict[str, dict] = {}
@@ -579,7 +592,8 @@ class Bench:
                 "fs_total_inodes": free["total_inodes"], "trees_reused": reuse}
         self.log(f"workdir {self.workdir}: needs about {need['bytes'] / 2**30:.1f} GiB and "
                  f"{need['inodes']:,} inodes; free {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,} inodes")
-        if not all(reuse.values()) and (need["bytes"] > free["bytes"] or need["inodes"] > free["inodes"]):
+        rebuilt = [name for name in trees_of(self.groups_wanted) if not reuse.get(name)]
+        if rebuilt and (need["bytes"] > free["bytes"] or need["inodes"] > free["inodes"]):
             msg = (f"bench: not enough room in {self.workdir}: need ~{need['bytes'] / 2**30:.1f} GiB and "
                    f"{need['inodes']:,} inodes, have {free['bytes'] / 2**30:.1f} GiB and {free['inodes']:,}. "
                    "Use --workdir on a bigger filesystem or --scale small.")
@@ -748,7 +762,8 @@ class Bench:
 
     def group_flat(self) -> Group:
         """A flat HiCache directory: the scan's flat path (scan/flat.py) against listing
-        and hashing the same folder."""
+        and hashing the same folder (xxhsum serial, and 8 processes of 512 files as a
+        parallel hasher would)."""
         root = self.tree_root("flat")
         facts = ("--writer-layout", "page_first")  # the pages are then already_present for sglang-0.5.23
         cmds = [
@@ -758,12 +773,18 @@ class Bench:
             self._scan_cmd("flat_kvm_hash", "kvmigrate scan --verify hash", "flat", "hash", facts),
             Command("flat_xxhsum", "find | xargs xxhsum -H2",
                     sh(f"find {q(root)} -maxdepth 1 -type f -print0 | xargs -0 xxhsum -H2 > /dev/null"), "baseline"),
+            Command("flat_xxhsum_p8", "find | xargs -P8 -n512 xxhsum -H2",
+                    sh(f"find {q(root)} -maxdepth 1 -type f -print0 | xargs -0 -P8 -n512 xxhsum -H2 > /dev/null"),
+                    "baseline"),
         ]
         return Group("flat", f"Flat directory: {self.specs['flat'].title}", "flat", cmds,
-                     [("flat_kvm_size", "flat_find"), ("flat_kvm_hash", "flat_xxhsum")],
+                     [("flat_kvm_size", "flat_find"), ("flat_kvm_hash", "flat_xxhsum"),
+                      ("flat_kvm_hash", "flat_xxhsum_p8")],
                      note="One folder, no rank or bucket folders: kvmigrate parses every name, groups the files "
-                          "into deployments and writes the manifest (its flat path holds a record per file; "
-                          "it runs in one process, part 0); find and xxhsum only list or hash.")
+                          "into deployments and writes the manifest (in one process, part 0: the C extension "
+                          "stats or reads and hashes the pages by file descriptor in a few threads, the family's "
+                          "Python code holds one record a file for its verdicts); find and xxhsum only list or "
+                          "hash (xargs -P8 -n512: eight xxhsum processes at a time, 512 files each).")
 
     def group_migrate(self) -> Group:
         tree = "files4k"
@@ -1163,6 +1184,18 @@ class Bench:
                           ("mig_kvm_size", "migrate --manifest M(size) --apply")):
             add(f"{what} <= 1.0x xxhsum -H2 + cp -al by hand (issue 16)", ratio(key, "mig_byhand"), 1.0, "max",
                 "x", f"kvmigrate {what} / (xxhsum -H2 of the legacy folders, then cp -al), medians")
+        if self._cmd("flat_kvm_size"):
+            add("flat directory: scan --verify size <= 1.0x find -printf (issue 21)",
+                ratio("flat_kvm_size", "flat_find"), 1.0, "max", "x",
+                "kvmigrate scan --verify size / find -printf, medians, flat HiCache directory")
+            add("flat directory: hash throughput >= 1.0x xxhsum -H2 (serial)", ratio("flat_xxhsum", "flat_kvm_hash"),
+                1.0, "min", "x", "xxhsum time / kvmigrate scan --verify hash time, flat HiCache directory")
+            flat_rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("flat_kvm_size"),
+                                                                   self._cmd("flat_kvm_hash")) if c]
+            flat_rss = [x for x in flat_rss if x is not None]
+            add("flat directory: scan peak RSS < 256 MiB", max(flat_rss) if flat_rss else None, 256, "max", "MiB",
+                "max over the flat group's scan --verify size and --verify hash runs (os.wait4 ru_maxrss)",
+                strict=True)
         rss = [c.summary().get("peak_rss_mib") for c in (self._cmd("meta_kvm"), self._cmd("hash4k_kvm")) if c]
         rss = [x for x in rss if x is not None]
         add("scan peak RSS < 256 MiB (4 KiB-file tree)", max(rss) if rss else None, 256, "max", "MiB",
@@ -1944,6 +1977,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup; "
                                   "journal, prune or baseline alone")
+    p.add_argument("--flat-files", type=int, metavar="N",
+                   help="page files of the flat group's HiCache directory (default: 50,000 at --scale small, "
+                        "1,000,000 at large)")
     p.add_argument("--jobs", type=int, default=max(2, os.cpu_count() or 2), help="parallel synth processes")
     p.add_argument("--threads", type=int, help="--threads for kvmigrate scan (default: its own default)")
     p.add_argument("--migrate-reps", type=int,

@@ -13,7 +13,8 @@ script's Python with PYTHONPATH pointing at the export).
 
 The trees are built once, by this checkout's synth: every family and era of
 tests/synth_matrix.py, clean and with each defect synth can inject into it (one per
-tree). Each tree is scanned with every --verify mode by both sides (one process per
+tree), and the SGLang HiCache directories of SGL_ERAS the same way, plus one directory
+holding all of them at once. Each tree is scanned with every --verify mode by both sides (one process per
 side runs its scans through `kvmigrate.cli`, the two sides side by side), and the
 manifests are compared sorted by relpath over the columns both have: columns only one
 side has are listed and ignored (issue 17's typed findings add columns), as are the
@@ -104,6 +105,46 @@ def side_of(spec: str, work: Path, name: str) -> Side:
     return Side(spec, sys.executable, env={"PYTHONPATH": str(src)})
 
 
+# SGLang HiCache directories (synth/sglang.py; not in tests/synth_matrix.py, whose
+# migrate test needs a target for every era): every scheme, MLA and not, TP, PP, CP and
+# pools, each with every defect synth can put in it; "sgl-all" is one directory holding
+# every era at once (several deployments side by side, each with defects).
+SGL_MODEL = "deepseek-ai/DeepSeek-V3"
+SGL_ERAS = {
+    "sgl-e1-tp2-full": ({"family": "sglang", "sgl_era": "e1", "tp": 2}, ["--kv-kind", "full", "--model-name", "m"]),
+    "sgl-e2-tp2-mla": ({"family": "sglang", "sgl_era": "e2", "tp": 2, "kv_kind": "mla"},
+                       ["--kv-kind", "mla", "--model-name", SGL_MODEL]),
+    "sgl-e2-tp4-full": ({"family": "sglang", "sgl_era": "e2", "tp": 4}, ["--kv-kind", "full"]),
+    "sgl-e3-tp2-mla": ({"family": "sglang", "sgl_era": "e3", "tp": 2, "kv_kind": "mla"},
+                       ["--kv-kind", "mla", "--model-name", SGL_MODEL]),
+    "sgl-e4-tp8-mla": ({"family": "sglang", "sgl_era": "e4", "tp": 8, "kv_kind": "mla", "model_name": SGL_MODEL},
+                       ["--writer-layout", "page_first"]),
+    "sgl-e4-tp2-pp2-full": ({"family": "sglang", "sgl_era": "e4", "tp": 2, "pp": 2, "pools": ("mamba",)}, []),
+    "sgl-e4-tp2-cp2-full": ({"family": "sglang", "sgl_era": "e4", "tp": 2, "cp": 2},
+                            ["--writer-layout", "layer_first"]),
+}
+SGL_ALL = "sgl-all"
+
+
+def sgl_cases() -> list[tuple[str, str | None]]:
+    """(era, defect) of the SGLang eras: clean, then each defect synth accepts for it."""
+    from kvmigrate.synth import sglang
+    from kvmigrate.synth.spec import check_spec
+
+    out: list[tuple[str, str | None]] = [(era, None) for era in SGL_ERAS]
+    for era, (spec, _) in SGL_ERAS.items():
+        for defect in sglang.DEFECTS:
+            try:
+                check_spec(SynthSpec(**{**GEOMETRY_SGL, **spec, "defects": (defect,)}))
+            except ValueError:
+                continue
+            out.append((era, defect))
+    return out
+
+
+GEOMETRY_SGL = {"layers": 2, "blocks": 6}
+
+
 def build_trees(work: Path) -> list[tuple[str, str | None, Path]]:
     """(era, defect or None, root) for every era, clean and with each defect."""
     trees = []
@@ -112,11 +153,33 @@ def build_trees(work: Path) -> list[tuple[str, str | None, Path]]:
         root.mkdir(parents=True)
         build(root, SynthSpec(**spec_of(era, defect)))
         trees.append((era, defect, root))
+    sgl = sgl_cases()
+    for era, defect in sgl:
+        root = work / "trees" / era / (defect or "clean") / "root"
+        root.mkdir(parents=True)
+        build(root, SynthSpec(**{**GEOMETRY_SGL, **SGL_ERAS[era][0], "defects": (defect,) if defect else ()}))
+        trees.append((era, defect, root))
+    root = work / "trees" / SGL_ALL / "clean" / "root"  # every era and defect in one directory
+    root.mkdir(parents=True)
+    seen: set[str] = set()
+    for seed, (era, defect) in enumerate(sgl):
+        if defect is not None and defect in seen:  # (one of each: some defects write a fixed name)
+            continue
+        seen.add(defect)
+        build(root, SynthSpec(**{**GEOMETRY_SGL, **SGL_ERAS[era][0], "seed": seed,
+                                 "defects": (defect,) if defect else ()}))
+    trees.append((SGL_ALL, None, root))
     return trees
 
 
+def facts_of(era: str) -> list[str]:
+    if era == SGL_ALL:
+        return ["--kv-kind", "mla", "--model-name", SGL_MODEL]
+    return (SGL_ERAS.get(era) or ERAS[era])[1]
+
+
 def scan_argv(root: Path, era: str, verify: str, out: Path) -> list[str]:
-    return ["scan", str(root), *ERAS[era][1], "--verify", verify, "-o", str(out), "-q"]
+    return ["scan", str(root), *facts_of(era), "--verify", verify, "-o", str(out), "-q"]
 
 
 def start(side: Side, jobs: list[list[str]], work: Path, name: str) -> subprocess.Popen | list[int]:
@@ -280,7 +343,9 @@ def run(args: argparse.Namespace, modes: list[str], work: Path) -> int:
 
     print(f"old: {args.old} (kvmigrate from {sides['old'].module})")
     print(f"new: {args.new} (kvmigrate from {sides['new'].module})")
-    print(f"{len(trees)} trees ({len(ERAS)} eras clean, {len(trees) - len(ERAS)} with one defect each), "
+    eras = len(ERAS) + len(SGL_ERAS) + 1
+    print(f"{len(trees)} trees ({eras} eras clean, {len(SGL_ERAS)} of them SGLang plus one directory of every "
+          f"SGLang era and defect; {len(trees) - eras} with one defect each), "
           f"{2 * len(keys)} scans in {time.monotonic() - t0:.0f} s\n")
     print(f"{'verify':<8}{'trees':>7}{'manifests compared':>20}{'equal':>8}{'different':>11}")
     for verify in modes:

@@ -17,7 +17,9 @@ fact decides a name that could be read two ways. Files are grouped into deployme
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -33,6 +35,7 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save archives (0.4.9.post3 - 0.4.10.post1)
 POOLS = ("auxiliary_swa", "draft_indexer", "draft_swa", "indexer", "mamba", "draft", "swa")
 _POOL_RE = re.compile(r"(deepseek_v4_[a-z0-9]+|" + "|".join(POOLS) + r")(?=_|$)")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}")
+_KV_NAME_RE = re.compile(r"[0-9a-f]{64}(?:_.*)?\.bin", re.S)  # <hash64>[_<suffix>].bin: the KV pool
 _DCP_RE = re.compile(r"_tp(\d+)_dcp(\d+)_(\d+)_page(\d+)$")
 _CP_RE = re.compile(r"_cp(\d+)_(\d+)$")
 _PAIR_RE = re.compile(r"_(\d+)_(\d+)$")
@@ -77,7 +80,7 @@ class Reading:
         return rank, n
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PageName:
     hex: str
     pool: str | None
@@ -85,11 +88,15 @@ class PageName:
 
 
 def parse_page_name(name: str) -> PageName | None:
-    """hash, pool and raw suffix of a page file name, None when it is none."""
+    """hash, pool and raw suffix of a page file name, None when it is none. (A flat
+    directory holds a million names: the KV pool's, most of them, take one regex match;
+    the suffix, shared by every page of a deployment, is interned.)"""
+    if _KV_NAME_RE.fullmatch(name):  # the KV pool: no pool tag to match
+        return PageName(name[:64], None, sys.intern(name[64:-4]))
     if not name.endswith(".bin") or not _HASH_RE.match(name):
         return None
     hexh, rest = name[:64], name[64:-4]
-    if rest[:1] == "_" or rest == "":  # the KV pool (most files): no pool tag to match
+    if rest[:1] == "_" or rest == "":  # (not reached: the KV pool's names matched above)
         return PageName(hexh, None, rest)
     pool = None
     if rest.startswith("."):
@@ -99,13 +106,22 @@ def parse_page_name(name: str) -> PageName | None:
         pool, rest = m.group(1), rest[m.end():]
     if rest and not rest.startswith("_"):
         return None
-    return PageName(hexh, pool, rest)
+    return PageName(hexh, pool, sys.intern(rest))
 
 
 def is_temp(name: str) -> bool:
     """A HiCache temp file (never reused): `.<32 hex>.tmp` (0.5.20+) or
     `<final>.bin.tmp.<pid>.<tid>.<hex>` (0.5.14 - 0.5.19)."""
+    if name[:1] != "." and ".bin.tmp." not in name:  # (neither pattern can match: most names)
+        return False
     return bool(_TMP_NEW_RE.match(name) or _TMP_OLD_RE.match(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _zip_era_suffix(suffix: str) -> bool:
+    """A suffix of the names e1 and early e2 wrote (bare, or `_{r}_{N}`), once per suffix:
+    every page of a deployment shares it."""
+    return suffix == "" or _E2_SUFFIX.fullmatch(suffix) is not None
 
 
 def sanitise(model: str) -> str:
@@ -193,6 +209,7 @@ class FlatFile:
     content: bytes | None = None  # XXH3-128 (--verify hash)
     all_zero: bool | None = None
     page: PageName | None = None
+    index: int = -1  # the scan's index of this file (scan/flat.py: its stat columns)
 
 
 @dataclass
@@ -224,7 +241,9 @@ class SGLang(families.Family):
     copies_whole = True  # e2 MLA: every rank wrote the whole page (sglang.md §3: a missing copy does not block)
 
     def claims_entry(self, name: str, is_dir: bool) -> bool:
-        return not is_dir and (parse_page_name(name) is not None or is_temp(name))
+        if is_dir:
+            return False
+        return _KV_NAME_RE.fullmatch(name) is not None or parse_page_name(name) is not None or is_temp(name)
 
     def is_temp(self, name: str) -> bool:
         return is_temp(name)
@@ -233,7 +252,7 @@ class SGLang(families.Family):
         """Names whose payload the zip magic decides (e1 and early e2 wrote torch.save
         archives): their first bytes are read even under --verify size."""
         p = file.page
-        return p is not None and (p.suffix == "" or _E2_SUFFIX.fullmatch(p.suffix) is not None)
+        return p is not None and _zip_era_suffix(p.suffix)
 
     def target_profile(self, profile: str) -> str:
         return PROFILE
@@ -327,14 +346,18 @@ class SGLang(families.Family):
         for f, r in files:
             w = worker.get(r) or worker.setdefault(r, r.worker())
             rank, writers = w
-            ranks_of[f.page.hex].add(rank)
+            if writers > 1:  # (one writer: every page is whole; no set a page, a million in a directory)
+                ranks_of[f.page.hex].add(rank)
         replicas = dep.reading.era == "e23" and dep.reading.tp is not None and dep.kv_kind == "mla"
         copies: dict[str, list[bytes | None]] = defaultdict(list)
         if replicas:
             for f, _ in files:
                 copies[f.page.hex].append(f.content)
             dep.primary = _primaries(files, copies, zipped, modal)
-        files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
+        if writers > 1:
+            files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
+        else:  # (every rank is 0: the same order, without a key tuple a file)
+            files.sort(key=lambda fr: fr[0].page.hex)
         for f, r in files:
             row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
                    "action": "none", "reason": "", "target": None}
@@ -369,7 +392,7 @@ class SGLang(families.Family):
                     row["status"] = "replica_mismatch"
                     row["reason"] = "MLA copy differs from the other ranks' copies of this page"
                     return
-        elif dep.kv_kind is not None and len(ranks_of[f.page.hex]) < writers:
+        elif dep.kv_kind is not None and writers > 1 and len(ranks_of[f.page.hex]) < writers:
             missing = sorted(set(range(writers)) - ranks_of[f.page.hex])
             row["status"] = "incomplete"
             row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "

@@ -1,44 +1,98 @@
 """The files of a flat family (docs/families.md §3): one directory whose file names are
-the identity (SGLang HiCache, docs/sglang.md). The roots phase sorts the claimed files of
-the cache root here (`RootListing.flat`); `resolve` reads what the names and the facts
-need (size, the first bytes the family asks for, the hash with --verify hash) and lets
-the family group them into deployments, each a `Namespace` of its own (no base folder);
-`rows` writes their rows in part 0 (no buckets to shard)."""
+the identity (SGLang HiCache, docs/sglang.md). The roots phase sorts the claimed page
+names of the cache root here (`RootListing.flat`); `resolve` reads what the names and
+the facts need (size, the first bytes the family asks for, the hash with --verify hash)
+and lets the family group them into deployments, each a `Namespace` of its own (no base
+folder); `rows` writes their rows in part 0 (no buckets to shard).
+
+A HiCache directory holds a million pages in one folder, so this path keeps per file
+only what the family's verdicts need: the name, its `FlatFile` and the stat columns
+(five int64 a file, filled by the compiled `stat_flat`, by file descriptor with the GIL
+released, in a few threads), and writes the rows in batches of Arrow columns
+(`rows`), never one Python record a file. A file the C side does not take (not plain,
+not ASCII, vanished, or no C extension, KVMIGRATE_PURE_PYTHON=1) is read here in Python,
+which words what it is."""
 
 from __future__ import annotations
 
+import gc
 import os
-from typing import Any
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
 
-from kvmigrate import families
+import pyarrow as pa
+
+from kvmigrate import families, pacing
 from kvmigrate.classify import FileRecord
 from kvmigrate.fsio import Vanished, errno_reason, read_file
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
+from kvmigrate.scan.rows import Rows
 
 HEAD_BYTES = 4  # enough for a zip magic
+BATCH_ROWS = 32_768  # rows of one Arrow batch (scan/run.py writes a row group from 32,768 rows on)
+CHUNK_NAMES = 8_192  # names per stat_flat call (threads take chunks)
+_STAT_FIELDS = 5  # size, mtime_ns, inode, dev, nlink
+
+
+class FlatFiles:
+    """The page files of one family in the root, in name order: their names and stat
+    columns (`stats[k][i]`, k in size, mtime_ns, inode, dev, nlink), plus the records of
+    the few files Python read (`records[i]`: a status, reason or head of their own)."""
+
+    def __init__(self, root: str, names: list[str]) -> None:
+        self.root = root
+        self.names = names
+        self.stats = [array("q") for _ in range(_STAT_FIELDS)]
+        self.records: dict[int, FileRecord] = {}
+
+    def set_stat(self, i: int, rec: FileRecord) -> None:
+        for col, value in zip(self.stats, (rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink)):
+            col[i] = value
+
+    def arrow_stats(self) -> list[pa.Array]:
+        """The stat columns as Arrow arrays of the manifest's types (no copy but nlink's)."""
+        n = len(self.names)
+        arrays = [pa.Array.from_buffers(typ, n, [None, pa.py_buffer(col)])
+                  for typ, col in zip((pa.int64(), pa.int64(), pa.uint64(), pa.uint64(), pa.int64()), self.stats)]
+        arrays[4] = arrays[4].cast(pa.uint32())
+        return arrays
 
 
 def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str) -> list[Namespace]:
     """The namespaces (deployments) of every flat family's files in the root."""
+    if not listing.flat:
+        return []
+    with _gc_paused():
+        out = _resolve(root, listing, resolver, profile, verify)
+    gc.freeze()  # (what the pages hold lives until their rows are written: `rows` unfreezes)
+    return out
+
+
+class _gc_paused:
+    """No cyclic garbage collection while a million page records are made (none of them is
+    in a cycle): with it, 17% of a 100,000-page scan's CPU time went to full collections
+    that traverse every record made so far."""
+
+    def __enter__(self) -> None:
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            gc.enable()
+
+
+def _resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str
+             ) -> list[Namespace]:
     out: list[Namespace] = []
-    for name, entries in sorted(listing.flat.items()):
+    for name, pages in sorted(listing.flat.items()):
         fam = families.get(name)
-        pages, others = [], []
-        for e in entries:
-            (others if fam.is_temp(e.name) else pages).append(e)
-        flat_files, records = [], {}
-        for e in pages:
-            rec, ff = _read(fam, e, verify)
-            if rec is None:
-                continue
-            if ff is None:  # could not even be stat-ed: a row of its own
-                listing.flat_loose.append(rec)
-                continue
-            records[e.name] = rec
-            flat_files.append(ff)
-        entries.clear()  # (the records hold what the rows need: a million DirEntry objects less)
+        files = FlatFiles(root, pages)
+        flat_files = _stat_pages(fam, files, verify, listing)
         deployments = fam.discover(flat_files, _facts_for(fam, resolver))
+        del flat_files  # (the deployments hold them)
         names = listing.names
         for dep in deployments:
             ns = Namespace(dep.label, dep.model or "", "", has_base=False)
@@ -50,16 +104,8 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.fields = {"family": fam.name, "scheme": dep.scheme, "kv_kind": dep.kv_kind, "pool": dep.pool,
                          "model": dep.model, "writers": dep.reading.worker()[1]}
             ns.target = fam.target(ns.fields, dep.facts, fam.target_profile(profile))
-            ns.flat_rows = []
-            for row in fam.flat_verdicts(dep, names, verify == "hash"):
-                rec = records[row["name"]]
-                if rec.status == "ok":
-                    rec.status, rec.reason, rec.action = row["status"], row["reason"], row["action"]
-                    rec.target_relpath = row["target"]
-                rec.rank, rec.group, rec.hex = row["rank"], 0, row["hex"]
-                ns.flat_rows.append(rec)
+            ns.flat_rows = _FlatRows(fam, dep, files, names, verify == "hash")
             out.append(ns)
-        listing.flat_temps.extend((fam, e) for e in others)
     return out
 
 
@@ -74,41 +120,180 @@ def _facts_for(fam: Any, resolver: FactsResolver):
     return facts_for
 
 
-def _read(fam: Any, e: os.DirEntry, verify: str) -> tuple[FileRecord | None, Any]:
-    """A page file's record and what the family is shown of it (None, None: it vanished)."""
+def _stat_pages(fam: Any, files: FlatFiles, verify: str, listing: RootListing) -> list[Any]:
+    """Every page's stat columns and the family's `flat_file` of it (what it is shown:
+    size, and the head or hash it asks for), a chunk at a time as the C side delivers
+    them (it stats the next chunks meanwhile, without the GIL)."""
+    names = files.names
+    hashed = verify == "hash"
+    sizes = files.stats[0]
+    size_of: dict[int, int] = {}  # (one int object per distinct size, not one a file)
+    flat_files = []
+    for start, codes, digests, heads in _c_stat(files, hashed):
+        end = start + (len(codes) if codes is not None else len(names))
+        for i in range(start, end):
+            name = names[i]
+            if codes is not None and codes[i - start] == 0:
+                size = sizes[i]
+                size = size_of.setdefault(size, size)
+                ff = fam.flat_file(name, size)
+                if hashed:
+                    j = i - start
+                    ff.head, ff.content = heads[4 * j:4 * j + min(4, size)], digests[16 * j:16 * j + 16]
+                    ff.all_zero = False
+                elif verify != "none" and size and fam.wants_head(ff):
+                    rec, ff = _read(fam, files.root, name, verify, ff)
+                    if rec is None:
+                        continue
+                    files.records[i] = rec
+                    files.set_stat(i, rec)
+            else:
+                rec, ff = _read(fam, files.root, name, verify)
+                if rec is None:
+                    continue
+                files.records[i] = rec
+                files.set_stat(i, rec)
+                if ff is None:  # could not even be stat-ed: a row of its own
+                    listing.flat_loose.append(rec)
+                    continue
+            ff.index = i
+            flat_files.append(ff)
+    return flat_files
+
+
+def _c_stat(files: FlatFiles, hashed: bool) -> Iterator[tuple[int, bytes | None, bytes | None, bytes | None]]:
+    """stat (hashed: read and hash) every page in C, a chunk of names per call, in a few
+    threads: (first index, codes, digests, heads) of each chunk in order, its stat columns
+    appended to `files.stats`. One chunk of codes None where the Python walk runs (no C
+    extension, KVMIGRATE_PURE_PYTHON=1, or --bwlimit with --verify hash: every read is
+    charged)."""
+    from kvmigrate.scan.walker import leaf_walk  # (the one switch between the C and the Python walk)
+
+    n = len(files.names)
+    leaf = leaf_walk()
+    if leaf is None or not hasattr(leaf, "stat_flat") or (hashed and pacing.limited()):
+        for col in files.stats:
+            col.frombytes(bytes(8 * n))
+        yield 0, None, None, None
+        return
+    starts = range(0, n, CHUNK_NAMES)
+    threads = min(len(starts), 2 * (os.cpu_count() or 1) if hashed else os.cpu_count() or 1, 8)
+
+    def call(start: int) -> tuple:
+        return leaf.stat_flat(files.root, tuple(files.names[start:start + CHUNK_NAMES]), hashed)
+
+    with ThreadPoolExecutor(max(threads, 1), thread_name_prefix="kvmigrate-flat") as pool:
+        for start, (codes, st, digests, heads) in zip(starts, pool.map(call, starts)):
+            m = len(st) // _STAT_FIELDS
+            for k, col in enumerate(files.stats):
+                col.frombytes(st[k * m:(k + 1) * m])
+            yield start, codes, digests, heads
+
+
+def _read(fam: Any, root: str, name: str, verify: str, ff: Any = None) -> tuple[FileRecord | None, Any]:
+    """A page file's record and what the family is shown of it, read in Python (None,
+    None: it vanished). `ff`: the family's record of it when the C side stat-ed it (only
+    the head is then read)."""
+    path = os.path.join(root, name)
     try:
-        st = e.stat(follow_symlinks=False)
+        st = os.lstat(path)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
-        rec = FileRecord(e.name, None, None, None, 0, 0, 0, 0, 0)
-        rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot stat", e.name)
+        rec = FileRecord(name, None, None, None, 0, 0, 0, 0, 0)
+        rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot stat", name)
         return rec, None
-    rec = FileRecord(e.name, None, None, None, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink)
-    ff = fam.flat_file(e.name, st.st_size)
+    rec = FileRecord(name, None, None, None, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink)
+    if ff is None:
+        ff = fam.flat_file(name, st.st_size)
     hashed = verify == "hash"
     if verify != "none" and (hashed or fam.wants_head(ff)) and st.st_size:
         try:
-            r = read_file(e.path, want_hash=hashed, header_len=HEAD_BYTES)
+            r = read_file(path, want_hash=hashed, header_len=HEAD_BYTES)
         except Vanished:
             return None, None
         except OSError as exc:
-            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot read", e.name)
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot read", name)
             return rec, ff
         rec.content = r.content
         ff.head, ff.content, ff.all_zero = r.header, r.content, (r.all_zero if hashed else None)
     return rec, ff
 
 
-def rows(walker: Any, listing: RootListing, namespaces: list[Namespace], out: Any) -> None:
-    """Part 0's rows of the flat families: every page file with its deployment's columns,
-    temp leftovers outside any namespace."""
-    for ns in namespaces:
-        cols = ns.columns()
-        for rec in getattr(ns, "flat_rows", None) or ():
-            walker.emit(out, rec, cols)
+class _FlatRows:
+    """A deployment's rows, made when written (`tables`): the family's verdicts in its
+    order, in batches of Arrow columns."""
+
+    def __init__(self, fam: Any, dep: Any, files: FlatFiles, names: Any, hashed: bool) -> None:
+        self.fam, self.dep, self.files, self.names, self.hashed = fam, dep, files, names, hashed
+
+    def __bool__(self) -> bool:
+        return bool(self.dep.files)
+
+    def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
+        stats = self.files.arrow_stats()
+        by_name = None
+        rows, flat_files = [], []
+        for j, row in enumerate(self.fam.flat_verdicts(self.dep, self.names, self.hashed)):
+            dep_files = self.dep.files
+            ff = dep_files[j][0] if j < len(dep_files) else None  # (the verdicts come in the files' order)
+            if ff is None or ff.name != row["name"]:
+                by_name = by_name or {f.name: f for f, _ in dep_files}
+                ff = by_name[row["name"]]
+            rows.append(row)
+            flat_files.append(ff)
+            if len(rows) >= BATCH_ROWS:
+                yield self._table(rows, flat_files, stats, code, ns_arrays)
+                rows, flat_files = [], []
+        if rows:
+            yield self._table(rows, flat_files, stats, code, ns_arrays)
+
+    def _table(self, rows: list[dict], flat_files: list[Any], stats: list[pa.Array], code: int,
+               ns_arrays: list) -> pa.Table:
+        """One batch: the verdicts' columns, the stat columns taken by the files' index."""
+        n = len(rows)
+        out = Rows()
+        out.relpath = [f.name for f in flat_files]
+        out.rank = [r["rank"] for r in rows]
+        out.block_hash = [bytes.fromhex(r["hex"]) if r["hex"] else None for r in rows]
+        out.content = [f.content for f in flat_files]
+        out.status = [r["status"] for r in rows]
+        out.action = [r["action"] for r in rows]
+        out.reason = [r["reason"] for r in rows]
+        out.target = [r["target"] for r in rows]
+        records = self.files.records
+        if records:  # a file Python read keeps its own status (unreadable), action and reason
+            for k, f in enumerate(flat_files):
+                rec = records.get(f.index)
+                if rec is not None and rec.status != "ok":
+                    out.status[k], out.action[k], out.reason[k], out.target[k] = (
+                        rec.status, rec.action, rec.reason, rec.target_relpath)
+        index = pa.array([f.index for f in flat_files], pa.int64())
+        out.size, out.mtime_ns, out.inode, out.dev, out.nlink = (col.take(index) for col in stats)
+        out.ns = [code] * n
+        out.group = [0] * n
+        out.payload = out.ctime_ns = [None] * n
+        out.carried = [False] * n
+        out.order = list(range(n))
+        return out.table(ns_arrays)
+
+
+def rows(walker: Any, listing: RootListing, namespaces: list[Namespace], out: Rows) -> Iterator[pa.Table]:
+    """Part 0's rows of the flat families, in batches: every page file with its
+    deployment's columns, then files that could not be stat-ed and temp leftovers
+    (outside any namespace, in `out`, which is yielded last as a table)."""
+    try:
+        for ns in namespaces:
+            flat_rows = getattr(ns, "flat_rows", None)
+            if flat_rows:
+                yield from flat_rows.tables(walker.ns_codes[ns.columns()], walker.ns_arrays)
+    finally:
+        if listing.flat:
+            gc.unfreeze()
     for rec in listing.flat_loose:
         walker.emit(out, rec, None)
     for fam, e in listing.flat_temps:
         walker.other_file(e, e.name, out, where="the cache root", status="tmp_leftover",
                           reason=f"temp leftover of an interrupted {fam.title} write (never read by the engine)")
+    if len(out):
+        yield out.table(walker.ns_arrays)

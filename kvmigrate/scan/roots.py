@@ -3,6 +3,7 @@ with config, digest, family, facts and target resolved (`resolve_namespaces`).""
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat as stat_mod
 from collections import Counter
@@ -84,6 +85,31 @@ class Namespace:
         }
 
 
+class ListingNames:
+    """Every entry name of the top level: a set, plus each flat family's sorted page names
+    (a million in one HiCache directory: a set of them would cost ~60 MiB more)."""
+
+    __slots__ = ("names", "sorted_lists")
+
+    def __init__(self, names: Any = ()) -> None:
+        self.names: set[str] = set(names)
+        self.sorted_lists: list[list[str]] = []
+
+    def add(self, name: str) -> None:
+        self.names.add(name)
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.names:
+            return True
+        if not isinstance(name, str):
+            return False
+        for names in self.sorted_lists:
+            i = bisect.bisect_left(names, name)
+            if i < len(names) and names[i] == name:
+                return True
+        return False
+
+
 @dataclass
 class RootListing:
     """The top level of ROOT, sorted into what each entry is."""
@@ -94,10 +120,11 @@ class RootListing:
     deep_dirs: list[str] = field(default_factory=list)
     foreign_dirs: list[str] = field(default_factory=list)
     files: list[os.DirEntry] = field(default_factory=list)  # top-level non-directories
-    names: set[str] = field(default_factory=set)
-    # flat families (docs/families.md §3): family name -> the regular files it claims
-    flat: dict[str, list[os.DirEntry]] = field(default_factory=dict)
-    flat_temps: list[tuple[Any, os.DirEntry]] = field(default_factory=list)  # (family, temp file), by scan/flat.py
+    names: ListingNames = field(default_factory=ListingNames)
+    # flat families (docs/families.md §3): family name -> the sorted names of the page files it
+    # claims (names only: a DirEntry each would hold a million paths)
+    flat: dict[str, list[str]] = field(default_factory=dict)
+    flat_temps: list[tuple[Any, os.DirEntry]] = field(default_factory=list)  # (family, temp file), in name order
     flat_loose: list[Any] = field(default_factory=list)  # claimed files that could not be stat-ed
 
 
@@ -119,15 +146,29 @@ def _looks_deep(path: str, depth: int = 3) -> bool:
 
 def list_root(root: str) -> RootListing:
     listing = RootListing()
-    with os.scandir(root) as it:
-        entries = sorted(it, key=lambda e: e.name)
     flat = [f for f in families.writers() if f.root_layout == "flat"]
+    entries = []
+    pages: dict[str, list[str]] = {f.name: [] for f in flat}
+    with os.scandir(root) as it:
+        for e in it:  # a flat family's page files keep only their name (see RootListing.flat)
+            if flat and e.is_file(follow_symlinks=False):
+                name = e.name
+                fam = next((f for f in flat if f.claims_entry(name, False)), None)
+                if fam is not None and not fam.is_temp(name):
+                    pages[fam.name].append(name)
+                    continue
+            entries.append(e)
+    listing.flat = {name: names for name, names in pages.items() if names}
+    entries.sort(key=lambda e: e.name)
+    for names in listing.flat.values():
+        names.sort()
+        listing.names.sorted_lists.append(names)
     for e in entries:
         listing.names.add(e.name)
         if not e.is_dir(follow_symlinks=False):
             fam = next((f for f in flat if e.is_file(follow_symlinks=False) and f.claims_entry(e.name, False)), None)
-            if fam is not None:
-                listing.flat.setdefault(fam.name, []).append(e)
+            if fam is not None:  # (a temp file: its pages are listed above)
+                listing.flat_temps.append((fam, e))
             else:
                 listing.files.append(e)
             continue
@@ -143,6 +184,7 @@ def list_root(root: str) -> RootListing:
             listing.deep_dirs.append(e.name)
         else:
             listing.foreign_dirs.append(e.name)
+    listing.flat_temps.sort(key=lambda fe: fe[0].name)  # (stable: by family, then name, as they were written)
     return listing
 
 

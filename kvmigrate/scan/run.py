@@ -180,8 +180,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
                       batch_sink)
 
 
-def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int, list[str]]], workers: int,
-           threads: int, meta: dict[str, Any], output: str, progress: bool, root_path: str,
+def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: list[tuple[int, list[str]]],
+           workers: int, threads: int, meta: dict[str, Any], output: str, progress: bool, root_path: str,
            t0: float, batch_sink: Callable[[dict[str, Any]], Any] | None) -> WalkResult:
     """Walk the tasks and write the manifest."""
     sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
@@ -223,7 +223,12 @@ def _write(walker: Walker, units: list[Unit], head: Rows, tasks: list[tuple[int,
                             totals.add(batch)
                 pending, pending_rows = [], 0
 
-            take(head.table(walker.ns_arrays), head.sizes, head.errors)
+            for part in head:  # Rows, or batches of a flat directory's rows (scan/flat.py)
+                if isinstance(part, Rows):
+                    take(part.table(walker.ns_arrays), part.sizes, part.errors)
+                else:
+                    for table in part:
+                        take(table, {}, [])
             done = 0
             for (table, task_sizes, task_errors), (_, buckets) in zip(batches, tasks):
                 take(table, task_sizes, task_errors, len(buckets))

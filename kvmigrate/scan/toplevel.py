@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
+import pyarrow as pa
 import xxhash
 
 from kvmigrate import layout
@@ -17,10 +19,12 @@ from kvmigrate.scan.walker import Walker, stat_record
 
 
 def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Namespace],
-                     units: list[Unit], shard: tuple[int, int]) -> Rows:
+                    units: list[Unit], shard: tuple[int, int]) -> list[Rows | Iterator[pa.Table]]:
     """Rows of files outside buckets: top-level files, .kvmigrate/, base folders
     (config.json, probe and config temp files), rank-folder top level, deep layouts and
-    foreign folders. Everything here is part 0 (except bucket files of deep layouts)."""
+    foreign folders. Everything here is part 0 (except bucket files of deep layouts).
+    In written order: Rows, then the flat families' pages as batches of Arrow tables
+    (a million in one folder: never one list of them), then Rows of the base folders."""
     out = Rows()
     root = walker.root
     part0 = shard[0] == 0
@@ -42,8 +46,11 @@ def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Names
         for m in unit.members:
             _rank_top_level(walker, m, out, emit=part0)
     if not part0:
-        return out
-    flat.rows(walker, listing, namespaces, out)
+        return [out]
+    flat_tables = flat.rows(walker, listing, namespaces, Rows())
+    parts: list[Rows | Iterator[pa.Table]] = [out, flat_tables]
+    out = Rows()
+    parts.append(out)
     cols_of = {ns.source_base: ns.columns() for ns in namespaces}
     for ns in namespaces:
         if not ns.has_base:
@@ -68,7 +75,7 @@ def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Names
                 _config_row(walker, ns, e, rel, out, cols_of[ns.source_base])
             else:
                 walker.other_file(e, rel, out, where="base folder", ns_cols=cols_of[ns.source_base])
-    return out
+    return parts
 
 
 def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out: Rows,
