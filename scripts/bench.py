@@ -72,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1543,6 +1544,42 @@ def before_kvmigrate(rev: str, workdir: Path, log: Any) -> tuple[str, str]:
     return str(exe), commit
 
 
+# the floor of a rollback: the same removals by plain tools, after a migration by this checkout
+FLOORS = {
+    "floor rm -rf": "`rm -rf` of the folders the migration created whole (the target base folder and its "
+                    "rank folder): one process, one removal at a time",
+    "floor xargs -P": "the paths of `rollback --dry-run --list` (listed untimed): `xargs -0 -P 8 -n 256 rm -f` of "
+                      "the files, then `xargs -0 -P 64 -n 256 rmdir` of the folders level by level, deepest first",
+}
+
+
+def run_floor(name: str, exe: str, jdir: Path, root: Path, before: set[str], workdir: Path) -> Run:
+    """Time the floor `name` (FLOORS) on a freshly migrated tree: exactly the paths the
+    migration created, removed by plain tools."""
+    if name == "floor rm -rf":
+        created = sorted(set(os.listdir(root)) - before - {".kvmigrate"})
+        return run_measured(["rm", "-rf", "--", *(str(root / n) for n in created)])
+    listing = subprocess.run([exe, "rollback", str(jdir), "--dry-run", "--list"], capture_output=True, text=True)
+    if listing.returncode != 0:
+        sys.exit(f"bench: journal: rollback --dry-run --list failed (exit {listing.returncode})")
+    files, dirs = [], defaultdict(list)
+    for line in listing.stdout.splitlines():
+        if line.startswith("rm -f -- "):
+            files.append(shlex.split(line)[-1])
+        elif line.startswith("rmdir -- "):
+            path = shlex.split(line)[-1]
+            dirs[path.count("/")].append(path)
+    lists = workdir / "floor-lists"
+    rmtree(lists)
+    lists.mkdir()
+    (lists / "files").write_text("\0".join(files) + "\0")
+    script = [f"xargs -0 -P 8 -n 256 rm -f -- < {q(lists / 'files')}"]
+    for depth in sorted(dirs, reverse=True):
+        (lists / f"dirs-{depth}").write_text("\0".join(dirs[depth]) + "\0")
+        script.append(f"xargs -0 -P 64 -n 256 rmdir -- < {q(lists / f'dirs-{depth}')}")
+    return run_measured(sh(" && ".join(script)))
+
+
 def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
     """Journal size per linked block and rollback time, before (REV) and after (this
     checkout), on one tree of `--journal-blocks` llm-d TP=2 MLA blocks (every action a
@@ -1563,6 +1600,8 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
                                                text=True).stdout.strip())}
     if args.journal_before:
         versions = {"before": before_kvmigrate(args.journal_before, workdir, log), **versions}
+    names = [*versions, *FLOORS]
+    load_before = os.getloadavg()[0]
     manifests = {}  # each version migrates from a manifest of its own scan (the format versions differ)
     for name, (exe, _) in versions.items():
         manifests[name] = workdir / f"m-{name}.parquet"
@@ -1571,22 +1610,26 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
             sys.exit(f"bench: journal: the {name} scan failed (exit {r.rc})")
     out: dict[str, Any] = {"blocks": blocks, "tree": f"llm-d TP=2 MLA, {blocks:,} blocks of 4 KiB, every action "
                                                      "`link`", "reps": args.reps, "versions": {}}
-    runs: dict[str, list[dict]] = {k: [] for k in versions}
+    runs: dict[str, list[dict]] = {k: [] for k in names}
     for rep in range(args.reps):
-        order = list(versions) if rep % 2 == 0 else list(reversed(versions))
+        order = names[rep % len(names):] + names[:rep % len(names)]  # each goes first in turn
         for name in order:
-            exe = versions[name][0]
-            jdir = workdir / f"journal-{name}"
+            version = "after" if name in FLOORS else name  # a floor removes what this checkout created
+            exe = versions[version][0]
+            jdir = workdir / f"journal-{name.replace(' ', '-')}"
             rmtree(jdir)
             for extra in sorted(set(os.listdir(root)) - before):
                 rmtree(root / extra)
-            ap = run_measured([exe, "migrate", "--manifest", str(manifests[name]), "--apply", "-q", "--journal",
+            ap = run_measured([exe, "migrate", "--manifest", str(manifests[version]), "--apply", "-q", "--journal",
                                str(jdir)])
             if ap.rc != 0:
                 sys.exit(f"bench: journal: the {name} apply failed (exit {ap.rc})")
             jbytes = sum(f.stat().st_size for f in jdir.iterdir())
             os.sync()
-            rb = run_measured([exe, "rollback", str(jdir), "-q"])
+            if name in FLOORS:
+                rb = run_floor(name, exe, jdir, root, before, workdir)
+            else:
+                rb = run_measured([exe, "rollback", str(jdir), "-q"])
             left = sorted(set(os.listdir(root)) - before)
             rec = {"apply_s": round(ap.wall_s, 2), "apply_rc": ap.rc, "journal_bytes": jbytes,
                    "bytes_per_block": round(jbytes / blocks, 1), "rollback_s": round(rb.wall_s, 2),
@@ -1594,9 +1637,10 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
                    "left_after_rollback": [n for n in left if n != ".kvmigrate"]}
             runs[name].append(rec)
             log(f"journal: {name} rep {rep + 1}: {rec}")
-    for name, (exe, commit) in versions.items():
+    for name in names:
+        exe, commit = versions["after" if name in FLOORS else name]
         rs = runs[name]
-        out["versions"][name] = {"kvmigrate": exe, "commit": commit, "runs": rs,
+        out["versions"][name] = {"kvmigrate": exe, "commit": commit, "runs": rs, "how": FLOORS.get(name),
                                  "bytes_per_block": statistics.median(r["bytes_per_block"] for r in rs),
                                  "rollback_s": statistics.median(r["rollback_s"] for r in rs),
                                  "apply_s": statistics.median(r["apply_s"] for r in rs)}
@@ -1604,6 +1648,10 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
         b, a = out["versions"]["before"], out["versions"]["after"]
         out["rollback_speedup"] = round(b["rollback_s"] / a["rollback_s"], 2) if a["rollback_s"] else None
         out["size_ratio"] = round(b["bytes_per_block"] / a["bytes_per_block"], 1) if a["bytes_per_block"] else None
+    floor = min(FLOORS, key=lambda n: out["versions"][n]["rollback_s"])
+    f_s, a_s = out["versions"][floor]["rollback_s"], out["versions"]["after"]["rollback_s"]
+    out["floor"] = {"name": floor, "rollback_s": f_s, "after_over_floor": round(a_s / f_s, 2) if f_s else None}
+    out["load_before"], out["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
     out["when"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     out["command"] = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])
     return out
@@ -1614,16 +1662,28 @@ def render_journal(j: dict, add: Any) -> None:
     add("## Journal: bytes per block and rollback time (issue 18)")
     add("")
     add(f"{j['tree']}; `migrate --manifest M --apply --journal DIR`, then `sync`, then the timed "
-        f"`rollback DIR`; median of {j['reps']} repetitions alternating the two versions, from one run of "
-        f"`{j['command']}` at {j['when']} on the shared 2-core VM (other sessions were running tests: the "
-        "wall times are noisy, removals wait on the disk).")
+        f"`rollback DIR`; median of {j['reps']} repetitions rotating the versions (each goes first in turn), "
+        f"from one run of `{j['command']}` at {j['when']} on the shared 2-core VM (other sessions were running "
+        "tests: the wall times are noisy, removals wait on the disk)"
+        + (f"; load average {j['load_before']} before the group, {j['load_after']} after." if "load_before" in j
+           else "."))
     add("")
     add("| version | commit | journal bytes / block | rollback (s) | apply (s) | rollback peak RSS (MiB) |")
     add("|---|---|---:|---:|---:|---:|")
     for name, v in j["versions"].items():
         rss = statistics.median(r["rollback_peak_rss_mib"] for r in v["runs"])
-        add(f"| {name} | `{v['commit'][:10]}` | {v['bytes_per_block']:,.1f} | {v['rollback_s']:.2f} | "
+        jb = "—" if v.get("how") else f"{v['bytes_per_block']:,.1f}"  # a floor: the after's journal
+        add(f"| {name} | `{v['commit'][:10]}` | {jb} | {v['rollback_s']:.2f} | "
             f"{v['apply_s']:.2f} | {rss:,.1f} |")
+    floors = [(name, v) for name, v in j["versions"].items() if v.get("how")]
+    if floors:
+        add("")
+        add("The floor rows remove exactly what the migration (by `after`) created, with plain tools, timed the "
+            "same way: " + "; ".join(f"**{name}**: {v['how']}" for name, v in floors) + ".")
+        if j.get("floor"):
+            f = j["floor"]
+            add(f"Rollback (after) takes **{f['after_over_floor']}x** the fastest floor ({f['name']}, "
+                f"{f['rollback_s']:.2f} s).")
     if j.get("rollback_speedup"):
         add("")
         add(f"Rollback **{j['rollback_speedup']}x** faster (goal >= 5x); the journal **{j['size_ratio']}x** "
@@ -1637,8 +1697,10 @@ def render_journal(j: dict, add: Any) -> None:
             f"{', '.join(f'{x}x' for x in pairs)}. The load of the other sessions moved the before times from "
             f"{min(r['rollback_s'] for r in j['versions']['before']['runs'])} to "
             f"{max(r['rollback_s'] for r in j['versions']['before']['runs'])} s within one run. Almost all of a rollback is the filesystem's: `rmdir` of the ~100,000 "
-            "folders the migration created (ext4 mounted with `discard`: each freed folder block is discarded "
-            "at commit); the new rollback keeps 8 removals in flight and reads no linked block. The apply times "
+            "folders the migration created (ext4 mounted with `discard`: each rmdir waits for the discard of the "
+            "folder's freed block, inside the call and under its parent folder's lock: `ext4_evict_inode` -> "
+            "`ext4_free_blocks` -> `blkdev_issue_discard`); the new rollback keeps 8 file and 32 folder removals "
+            "in flight, reads the journal once and reads no linked block. The apply times "
             "depend on the order: an apply right after a rollback waits for that rollback's writeback.")
 
 
@@ -2122,8 +2184,14 @@ def main(argv: list[str] | None = None) -> int:
         path = out / "benchmarks.json"
         result = json.loads(path.read_text()) if path.is_file() else None
         journal = run_journal_group(args, bench.kvm, bench.log)
-        if result is None:
-            print(json.dumps(journal, indent=1))
+        if result is None or "machine" not in result:  # a folder of its own: the journal section alone
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"journal": journal}, indent=1) + "\n")
+            lines = ["# kvmigrate journal and rollback benchmark", "", "Raw figures: "
+                     "[`benchmarks.json`](benchmarks.json)."]
+            render_journal(journal, lines.append)
+            (out / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
+            bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
             return 0
         result["journal"] = journal
         path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
