@@ -38,6 +38,7 @@ from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
 from kvmigrate.migrate.restore import restore_before_rollback
 from kvmigrate.selection import Selection, journal_bases
+from kvmigrate.units import plural
 
 _THREADS = 8  # file removals in flight (each waits on the filesystem's journal, not the CPU)
 # folder removals in flight: an rmdir frees the folder's block, and on a filesystem mounted
@@ -356,8 +357,9 @@ def _append_rolled_back(path: str, result: RollbackResult) -> None:
 
 
 def _counts(c: Counter) -> str:
-    return (f"{c.get('block', 0)} blocks, {c.get('config', 0)} config.json, {c.get('dir', 0)} folders, "
-            f"{c.get('temp', 0)} temp files" + (f", {c['lock']} lock files" if c.get("lock") else ""))
+    return (f"{plural(c.get('block', 0), 'block')}, {c.get('config', 0)} config.json, "
+            f"{plural(c.get('dir', 0), 'folder')}, {plural(c.get('temp', 0), 'temp file')}"
+            + (f", {plural(c['lock'], 'lock file')}" if c.get("lock") else ""))
 
 
 def render(result: RollbackResult) -> str:

@@ -290,3 +290,14 @@ def test_rollback_removes_the_folders_of_a_level_several_at_once(migrated, monke
     assert not alone, f"rmdir of {alone} ran alone: a level's folders went to one worker"
     assert len(set(first)) == 2 and result.exit_code == 0
     assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+
+
+def test_rollback_counts_agree_in_number(tmp_path, synth_root):
+    """'removed 1 block, ..., 1 folder' (was '1 blocks', '1 folders'), per namespace too."""
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 1})
+    journal = tmp_path / "j.jsonl"
+    assert run("migrate", root, *MLA, "--apply", "--journal", journal)[0] == 0
+    code, out = run("rollback", "--dry-run", journal)
+    assert code == 0 and "1 block," in out and "1 blocks" not in out, out
+    code, out = run("rollback", journal)
+    assert code == 0 and "removed 1 block," in out, out
