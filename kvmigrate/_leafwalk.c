@@ -1246,8 +1246,8 @@ PyDoc_STRVAR(stat_flat_doc,
 "str) in one folder, by file descriptor, with the GIL released: a flat family's page files\n"
 "(scan/flat.py), where a million names share one folder. `codes[i]` is 0 when file i is\n"
 "plain (a regular file; hashed: non-empty, not sparse, not zero-filled, unchanged while\n"
-"read), else 1: the caller reads it in Python, which words what it is. `stats` holds five\n"
-"int64 columns of len(names) each: size, mtime_ns, inode, dev, nlink; hashed: `digests` 16 bytes and\n"
+"read), else 1: the caller reads it in Python, which words what it is. `stats` holds six\n"
+"int64 columns of len(names) each: size, mtime_ns, inode, dev, nlink, ctime_ns; hashed: `digests` 16 bytes and\n"
 "`heads` 4 bytes (the first bytes, fewer when the file is shorter) per name, else None.\n"
 "A name that is not ASCII is left to the caller (code 1).");
 
@@ -1262,7 +1262,7 @@ static PyObject *stat_flat(PyObject *self, PyObject *args) {
     unsigned char *buf = NULL;
     int dfd = -1;
     codes = PyBytes_FromStringAndSize(NULL, n);
-    stats = PyBytes_FromStringAndSize(NULL, n * 5 * (Py_ssize_t)sizeof(int64_t));
+    stats = PyBytes_FromStringAndSize(NULL, n * 6 * (Py_ssize_t)sizeof(int64_t));
     if (hashed) {
         digests = PyBytes_FromStringAndSize(NULL, n * 16);
         heads = PyBytes_FromStringAndSize(NULL, n * HEAD_BYTES);
@@ -1290,7 +1290,7 @@ static PyObject *stat_flat(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; dfd >= 0 && i < n; i++) {
         Record rec;
         int v = UNUSUAL;
-        for (int k = 0; k < 5; k++) st_out[k * n + i] = 0;
+        for (int k = 0; k < 6; k++) st_out[k * n + i] = 0;
         if (cnames[i]) {
             if (hashed) {
                 v = hash_block(dfd, cnames[i], buf, STREAM_CHUNK + 1, &rec, hd + HEAD_BYTES * i);
@@ -1307,6 +1307,7 @@ static PyObject *stat_flat(PyObject *self, PyObject *args) {
         st_out[2 * n + i] = (int64_t)rec.ino;
         st_out[3 * n + i] = (int64_t)rec.dev;
         st_out[4 * n + i] = (int64_t)rec.nlink;
+        st_out[5 * n + i] = rec.ctime_ns; /* (a --baseline trusts a row only if it is unchanged) */
         if (hashed) memcpy(dg + 16 * i, rec.digest, 16);
     }
     if (dfd >= 0) close(dfd);

@@ -254,6 +254,12 @@ class SGLang(families.Family):
         p = file.page
         return p is not None and _zip_era_suffix(p.suffix)
 
+    def carried_head(self, unsupported: bool) -> bytes:
+        """The head shown a page whose bytes did not change since the --baseline row that
+        judged it (scan/flat.py): the zip magic where that row was the zip payload's
+        unsupported_layout, else none of it."""
+        return ZIP_MAGIC if unsupported else b""
+
     def target_profile(self, profile: str) -> str:
         return PROFILE
 

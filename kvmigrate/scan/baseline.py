@@ -57,7 +57,7 @@ class Baseline:
                  total: int | None = None):
         self.path = path
         self.meta = meta
-        self.stat, self.content, self.payload = columns
+        self.stat, self.content, self.payload, self.unsupported = columns
         self._stat = [memoryview(b).cast("Q" if k < 2 else "q") for k, b in enumerate(self.stat)]
         self.rows = len(self._stat[1])
         self.total = self.rows if total is None else total  # (a part's: the whole baseline's rows)
@@ -86,9 +86,14 @@ class Baseline:
         """(content hash, payload hash or None) of baseline row i."""
         return bytes(self.content[16 * i:16 * i + 16]), self.payload.get(i)
 
+    def was_unsupported(self, i: int) -> bool:
+        """Baseline row i's status was unsupported_layout (a flat page's head decided it:
+        scan/flat.py shows a carried page the head its unchanged bytes start with)."""
+        return self.unsupported[i] == 1
+
     def __reduce__(self) -> tuple:
         """Pickled as bytes (a part's rows go to its Ray task; memoryviews do not pickle)."""
-        columns = (tuple(bytes(b) for b in self.stat), bytes(self.content), self.payload)
+        columns = (tuple(bytes(b) for b in self.stat), bytes(self.content), self.payload, bytes(self.unsupported))
         return Baseline, (self.path, self.meta, columns, self.recheck, self.total)
 
     def metadata(self) -> dict[str, Any]:
@@ -97,7 +102,8 @@ class Baseline:
                 "recheck_slot": self.slot if self.period else None}
 
 
-Columns = tuple  # ((dev, inode, size, mtime_ns, ctime_ns) buffers, content buffer, {row: payload})
+Columns = tuple  # ((dev, inode, size, mtime_ns, ctime_ns) buffers, content buffer, {row: payload},
+# one byte a row: 1 where its status was unsupported_layout)
 
 
 def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
@@ -196,7 +202,7 @@ def _carriable(t: pa.Table) -> pa.Table:
     status = pc.cast(t["status"], pa.string())
     keep = pc.and_(pc.and_(pc.is_valid(t["content_xxh3_128"]), pc.is_valid(t["ctime_ns"])),
                    pc.invert(pc.fill_null(pc.is_in(status, pa.array(sorted(READ_FINDINGS))), False)))
-    return t.filter(keep).drop_columns(["status"])
+    return t.filter(keep)
 
 
 def _columns(t: pa.Table, presorted: bool = False) -> Columns:
@@ -207,7 +213,8 @@ def _columns(t: pa.Table, presorted: bool = False) -> Columns:
     payload_col = t["payload_xxh3_128"]
     payload = ({} if payload_col.null_count == t.num_rows else
                {i: v for i, v in enumerate(payload_col.to_pylist()) if v is not None})
-    return stat, _flat(t["content_xxh3_128"], 16), payload
+    unsupported = pc.fill_null(pc.equal(pc.cast(t["status"], pa.string()), "unsupported_layout"), False)
+    return stat, _flat(t["content_xxh3_128"], 16), payload, _flat(pc.cast(unsupported, pa.uint8()), 1)
 
 
 def _flat(column: Any, width: int) -> memoryview:

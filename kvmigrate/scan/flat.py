@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
+import stat as stat_mod
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
@@ -27,45 +28,52 @@ from kvmigrate import families, pacing
 from kvmigrate.classify import FileRecord
 from kvmigrate.fsio import Vanished, errno_reason, read_file
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.layout import BUCKET_RE
+from kvmigrate.scan.baseline import Baseline
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows
 
 HEAD_BYTES = 4  # enough for a zip magic
 BATCH_ROWS = 32_768  # rows of one Arrow batch (scan/run.py writes a row group from 32,768 rows on)
 CHUNK_NAMES = 8_192  # names per stat_flat call (threads take chunks)
-_STAT_FIELDS = 5  # size, mtime_ns, inode, dev, nlink
+_STAT_FIELDS = 6  # size, mtime_ns, inode, dev, nlink, ctime_ns
 
 
 class FlatFiles:
     """The page files of one family in the root, in name order: their names and stat
-    columns (`stats[k][i]`, k in size, mtime_ns, inode, dev, nlink), plus the records of
-    the few files Python read (`records[i]`: a status, reason or head of their own)."""
+    columns (`stats[k][i]`, k in size, mtime_ns, inode, dev, nlink, ctime_ns), plus the
+    records of the few files Python read (`records[i]`: a status, reason or head of their
+    own) and, with --baseline, which pages kept the baseline's hash (`carried[i]`)."""
 
     def __init__(self, root: str, names: list[str]) -> None:
         self.root = root
         self.names = names
         self.stats = [array("q") for _ in range(_STAT_FIELDS)]
         self.records: dict[int, FileRecord] = {}
+        self.carried: bytearray | None = None
 
     def set_stat(self, i: int, rec: FileRecord) -> None:
-        for col, value in zip(self.stats, (rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink)):
+        for col, value in zip(self.stats, (rec.size, rec.mtime_ns, rec.inode, rec.dev, rec.nlink, rec.ctime_ns or 0)):
             col[i] = value
 
     def arrow_stats(self) -> list[pa.Array]:
         """The stat columns as Arrow arrays of the manifest's types (no copy but nlink's)."""
         n = len(self.names)
         arrays = [pa.Array.from_buffers(typ, n, [None, pa.py_buffer(col)])
-                  for typ, col in zip((pa.int64(), pa.int64(), pa.uint64(), pa.uint64(), pa.int64()), self.stats)]
+                  for typ, col in zip((pa.int64(), pa.int64(), pa.uint64(), pa.uint64(), pa.int64(), pa.int64()),
+                                      self.stats)]
         arrays[4] = arrays[4].cast(pa.uint32())
         return arrays
 
 
-def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str) -> list[Namespace]:
-    """The namespaces (deployments) of every flat family's files in the root."""
+def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str,
+            baseline: Baseline | None = None) -> list[Namespace]:
+    """The namespaces (deployments) of every flat family's files in the root (`baseline`:
+    --baseline, a hash scan's pages that did not change keep its hashes unopened)."""
     if not listing.flat:
         return []
     with _gc_paused():
-        out = _resolve(root, listing, resolver, profile, verify)
+        out = _resolve(root, listing, resolver, profile, verify, baseline if verify == "hash" else None)
     gc.freeze()  # (what the pages hold lives until their rows are written: `rows` unfreezes)
     return out
 
@@ -84,13 +92,14 @@ class _gc_paused:
             gc.enable()
 
 
-def _resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str
-             ) -> list[Namespace]:
+def _resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str,
+             baseline: Baseline | None) -> list[Namespace]:
     out: list[Namespace] = []
     for name, pages in sorted(listing.flat.items()):
         fam = families.get(name)
         files = FlatFiles(root, pages)
-        flat_files = _stat_pages(fam, files, verify, listing)
+        flat_files = (_stat_pages(fam, files, verify, listing) if baseline is None else
+                      _stat_against_baseline(fam, files, baseline, listing))
         deployments = fam.discover(flat_files, _facts_for(fam, resolver))
         del flat_files  # (the deployments hold them)
         names = listing.names
@@ -161,6 +170,114 @@ def _stat_pages(fam: Any, files: FlatFiles, verify: str, listing: RootListing) -
     return flat_files
 
 
+def flat_bucket(name: str) -> str | None:
+    """The --recheck bucket of a page: the first 3 hex digits of its name (its hash), as a
+    tree's `<hhh>` folder, so 1/F runs re-read the whole directory."""
+    hhh = name[:3]
+    return hhh if BUCKET_RE.match(hhh) else None
+
+
+def _stat_against_baseline(fam: Any, files: FlatFiles, baseline: Baseline, listing: RootListing) -> list[Any]:
+    """`_stat_pages` of a --baseline scan: every page stat-ed first; one whose dev, inode,
+    size, mtime_ns and ctime_ns equal a baseline row keeps that row's hash unopened
+    (`files.carried`), unless its bucket is re-read this run (--recheck); every other page
+    is read and hashed, and one whose hash moved under unchanged metadata is a silent change."""
+    from kvmigrate.scan.walker import SILENT_CHANGE
+
+    names, root = files.names, files.root
+    n = len(names)
+    files.carried = bytearray(n)
+    codes = _stat_only(files)
+    size, mtime, ino, dev, _, ctime = files.stats
+    out: list[Any] = [None] * n
+    read: list[int] = []
+    for i, name in enumerate(names):
+        was = -1 if codes[i] else baseline.unchanged(dev[i], ino[i], size[i], mtime[i], ctime[i])
+        if was < 0 or baseline.rechecks(flat_bucket(name)):
+            read.append(i)
+            continue
+        ff = fam.flat_file(name, size[i])
+        ff.content, ff.all_zero = baseline.hashes(was)[0], False
+        if fam.wants_head(ff):
+            ff.head = fam.carried_head(baseline.was_unsupported(was))
+        ff.index, out[i] = i, ff
+        files.carried[i] = 1
+    for i, code, digest, head in _hash_pages(files, read):
+        name = names[i]
+        if code == 0:
+            ff = fam.flat_file(name, size[i])
+            ff.head, ff.content, ff.all_zero = head[:min(HEAD_BYTES, size[i])], digest, False
+        else:
+            rec, ff = _read(fam, root, name, "hash")
+            if rec is None:
+                continue
+            files.records[i] = rec
+            files.set_stat(i, rec)
+            if ff is None:  # could not even be stat-ed: a row of its own
+                listing.flat_loose.append(rec)
+                continue
+        read_rec = files.records.get(i)
+        if ((read_rec is None or read_rec.status == "ok") and ff.content is not None and not ff.all_zero
+                and (was := baseline.unchanged(dev[i], ino[i], size[i], mtime[i], ctime[i])) >= 0
+                and baseline.hashes(was)[0] != ff.content):
+            rec = FileRecord(name, None, None, None, size[i], mtime[i], ino[i], dev[i], files.stats[4][i],
+                             ctime_ns=ctime[i])
+            rec.status, rec.action, rec.reason = "silent_change", "none", SILENT_CHANGE
+            files.records[i] = rec
+        ff.index, out[i] = i, ff
+    return [ff for ff in out if ff is not None]
+
+
+def _stat_only(files: FlatFiles) -> bytes:
+    """lstat every page (in C where built) into `files.stats`: a code a page, 0 for a
+    plain file, 1 for one the hashing pass words (not plain, vanished, not ASCII)."""
+    codes = bytearray()
+    for _, chunk, _, _ in _c_stat(files, False):
+        if chunk is not None:
+            codes += chunk
+            continue
+        for i, name in enumerate(files.names):  # the Python walk
+            try:
+                st = os.lstat(os.path.join(files.root, name))
+            except OSError:
+                codes.append(1)
+                continue
+            for col, value in zip(files.stats, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink,
+                                                st.st_ctime_ns)):
+                col[i] = value
+            codes.append(0 if stat_mod.S_ISREG(st.st_mode) else 1)
+    return bytes(codes)
+
+
+def _hash_pages(files: FlatFiles, picked: list[int]) -> Iterator[tuple[int, int, bytes, bytes]]:
+    """(index, code, digest, head) of each picked page, read and hashed in C where built
+    (its stat columns replaced by what was read), in order; code 1 where the Python walk
+    reads it (no C extension, KVMIGRATE_PURE_PYTHON=1, --bwlimit) or the C side left it."""
+    from kvmigrate.scan.walker import leaf_walk
+
+    leaf = leaf_walk()
+    if leaf is None or not hasattr(leaf, "stat_flat") or pacing.limited():
+        for i in picked:
+            yield i, 1, b"", b""
+        return
+    names, stats = files.names, files.stats
+    chunks = [picked[s:s + CHUNK_NAMES] for s in range(0, len(picked), CHUNK_NAMES)]
+
+    def call(chunk: list[int]) -> tuple:
+        return leaf.stat_flat(files.root, tuple(names[i] for i in chunk), True)
+
+    threads = max(1, min(len(chunks), 2 * (os.cpu_count() or 1), 8))
+    with ThreadPoolExecutor(threads, thread_name_prefix="kvmigrate-flat") as pool:
+        for chunk, (codes, st, digests, heads) in zip(chunks, pool.map(call, chunks)):
+            m = len(chunk)
+            got = memoryview(st).cast("q")
+            for j, i in enumerate(chunk):
+                if codes[j] == 0:
+                    for k, col in enumerate(stats):
+                        col[i] = got[k * m + j]
+                yield i, codes[j], digests[16 * j:16 * j + 16], heads[HEAD_BYTES * j:HEAD_BYTES * (j + 1)]
+
+
 def _c_stat(files: FlatFiles, hashed: bool) -> Iterator[tuple[int, bytes | None, bytes | None, bytes | None]]:
     """stat (hashed: read and hash) every page in C, a chunk of names per call, in a few
     threads: (first index, codes, digests, heads) of each chunk in order, its stat columns
@@ -203,7 +320,8 @@ def _read(fam: Any, root: str, name: str, verify: str, ff: Any = None) -> tuple[
         rec = FileRecord(name, None, None, None, 0, 0, 0, 0, 0)
         rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot stat", name)
         return rec, None
-    rec = FileRecord(name, None, None, None, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink)
+    rec = FileRecord(name, None, None, None, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink,
+                     ctime_ns=st.st_ctime_ns)
     if ff is None:
         ff = fam.flat_file(name, st.st_size)
     hashed = verify == "hash"
@@ -269,11 +387,12 @@ class _FlatRows:
                     out.status[k], out.action[k], out.reason[k], out.target[k] = (
                         rec.status, rec.action, rec.reason, rec.target_relpath)
         index = pa.array([f.index for f in flat_files], pa.int64())
-        out.size, out.mtime_ns, out.inode, out.dev, out.nlink = (col.take(index) for col in stats)
         out.ns = [code] * n
         out.group = [0] * n
-        out.payload = out.ctime_ns = [None] * n
-        out.carried = [False] * n
+        out.size, out.mtime_ns, out.inode, out.dev, out.nlink, out.ctime_ns = (col.take(index) for col in stats)
+        out.payload = [None] * n
+        carried = self.files.carried
+        out.carried = [False] * n if carried is None else [carried[f.index] == 1 for f in flat_files]
         out.order = list(range(n))
         return out.table(ns_arrays)
 

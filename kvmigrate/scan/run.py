@@ -146,7 +146,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if selection:
         listing, skipped = select_folders(listing, selection)
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
-    namespaces += flat.resolve(root_path, listing, resolver, target, verify)  # flat families: their deployments
+    namespaces += flat.resolve(root_path, listing, resolver, target, verify, prev)  # flat families: their deployments
     if selection:
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)

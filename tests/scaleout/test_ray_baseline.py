@@ -123,3 +123,22 @@ def test_ray_with_a_baseline_carries_the_files_of_a_foreign_folder_as_one_proces
     assert rows(parts) == rows(one)
     foreign = [r for r in rows(parts) if r["relpath"].startswith("backup/")]
     assert len(foreign) == 2 and all(r["carried"] and r["status"] == "foreign" for r in foreign)
+
+
+@pytest.mark.parametrize("recheck", ["0", "1/3"])
+def test_ray_with_a_baseline_carries_the_pages_of_a_flat_directory_as_one_process_does(ray_cluster, synth_root,
+                                                                                        tmp_path, recheck):
+    """An SGLang directory's pages are written by part 0, whose share of the baseline holds
+    every flat row (scan.baseline.load_parts): carried, or re-read by bucket, as in one process."""
+    root, _ = synth_root(dict(family="sglang", sgl_era="e2", tp=2, blocks=40, layers=2))
+    sgl = ["--kv-kind", "full", "--model-name", "org/m", "--target-layout", "layer_first", "--verify", "hash", "-q"]
+    full, one, parts = tmp_path / "full.parquet", tmp_path / "one.parquet", tmp_path / "parts"
+    run("scan", root, *sgl, "-o", full)
+    code_one, _, _ = run("scan", root, *sgl, "-o", one, "--baseline", full, "--recheck", recheck)
+    code, _, err = run("scan", root, *sgl, "-o", parts, "--baseline", full, "--recheck", recheck,
+                       "--run-on", "ray", "--shards", 3)
+    assert code == code_one != 2, err
+    assert rows(parts) == rows(one)
+    read = [r["relpath"] for r in block_rows(parts).values() if not r["carried"]]
+    assert len(block_rows(parts)) - len(read) > 40  # carried over
+    assert bool(read) == (recheck == "1/3") and {int(k[:3], 16) % 3 for k in read} <= {0}

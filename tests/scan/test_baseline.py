@@ -21,8 +21,8 @@ FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "mla"]
 SPECS = (dict(family="llmd", tp=2, kv_kind="mla", blocks=12),)
 
 
-def scan(root: Path, out: Path, *extra: object) -> tuple[int, str]:
-    return run("scan", root, "-o", out, "--verify", "hash", "-q", *FACTS, *extra)
+def scan(root: Path, out: Path, *extra: object, facts: list[str] = FACTS) -> tuple[int, str]:
+    return run("scan", root, "-o", out, "--verify", "hash", "-q", *facts, *extra)
 
 
 def rows(path: Path) -> dict[str, dict]:
@@ -33,11 +33,11 @@ def block_rows(path: Path) -> dict[str, dict]:
     return {k: r for k, r in rows(path).items() if k.endswith(".bin")}
 
 
-def opened_blocks(root: Path, out: Path, *extra: str) -> int:
-    """Block files the scan opens, counted by strace (both walks: the C walk's openat too)."""
+def opened_blocks(root: Path, out: Path, *extra: str, facts: list[str] = FACTS) -> int:
+    """Block (or page) files the scan opens, counted by strace (both walks: the C walk's openat too)."""
     log = out.with_suffix(".strace")
     subprocess.run(["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(log), sys.executable, "-m",
-                    "kvmigrate", "scan", str(root), "-o", str(out), "--verify", "hash", "-q", *FACTS, *extra],
+                    "kvmigrate", "scan", str(root), "-o", str(out), "--verify", "hash", "-q", *facts, *extra],
                    check=False, capture_output=True, env=dict(os.environ))
     opens = [line for line in log.read_text().splitlines() if re.search(r'\.bin", ', line) and "= -1" not in line]
     return len(opens)
