@@ -146,7 +146,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if selection:
         listing, skipped = select_folders(listing, selection)
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
-    namespaces += flat.resolve(root_path, listing, resolver, target, verify, prev)  # flat families: their deployments
+    if k == 0:  # flat families' deployments: part 0 writes their rows (outside buckets), so only it reads them
+        namespaces += flat.resolve(root_path, listing, resolver, target, verify, prev)
     if selection:
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)

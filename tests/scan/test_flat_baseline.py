@@ -113,3 +113,19 @@ def test_baseline_scan_of_a_directory_with_defects_is_the_full_scans(synth_root,
     assert _same_rows(full, again)
     carried = {r["status"] for r in pages(again).values() if r["carried"]}
     assert {"ok", "replica_mismatch"} <= carried and not carried & {"short", "zero_filled"}
+
+
+def test_a_shard_other_than_0_never_reads_a_flat_directory(synth_root, tmp_path):
+    """Part 0 writes a flat directory's rows; part 1 of 2 must not open its pages (it did:
+    every page hashed by every part, the rows then dropped); the two parts' dataset holds
+    every page once."""
+    root, _ = synth_root(E2)
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    assert opened_blocks(root, ds / "part-1.parquet", "--shard", "1/2", facts=FACTS) == 0
+    assert opened_blocks(root, ds / "part-0.parquet", "--shard", "0/2", facts=FACTS) == 80
+    full = tmp_path / "full.parquet"
+    scan(root, full, facts=FACTS)
+    assert sorted(pages(full)) == sorted(k for p in ("part-0", "part-1") for k in pages(ds / f"{p}.parquet"))
+    assert set(manifest.read_metadata(ds / "part-0.parquet")["namespaces"]) == set(
+        manifest.read_metadata(full)["namespaces"])
