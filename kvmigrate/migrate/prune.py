@@ -562,15 +562,18 @@ def _namespace_folders(c: dict[str, Any], names: set[str]) -> dict[str, tuple[li
 
 
 def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
-    """Why a namespace counts as live: written (its newest file mtime, or the mtime or
-    ctime of a folder of it) within the quiet period; None when it is quiet."""
+    """Why a namespace counts as live: written (its newest file mtime, or the mtime of a
+    folder of it) within the quiet period; None when it is quiet. An engine's write
+    changes a file's mtime (in place) or its folder's mtime (a new file, a rename into
+    place, an eviction); never a ctime alone, which kvmigrate's own hard link (the source
+    inode), a chmod or an mtime restored from backup change (migration.md §6)."""
     newest = newest_file_ns / 1e9
     for d in folders:
         try:
             st = os.lstat(os.path.join(root, d))
         except OSError:
             continue
-        newest = max(newest, st.st_mtime, st.st_ctime)
+        newest = max(newest, st.st_mtime)
     age = now - newest
     if age < quiet_period:
         return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
