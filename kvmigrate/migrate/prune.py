@@ -425,9 +425,28 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
             per_ns[(cls, ns)] = v
             for k in TOTAL_KEYS:
                 per_class[cls][k] += v[k]
+        skipped = _skipped_now(sel, {ns for _, ns in per_ns}, time.time() if now is None else now)
+    else:
+        skipped = []
     out: dict[str, Any] = {k: sum(t[k] for t in per_class.values()) for k in TOTAL_KEYS}
     out["classes"] = per_class
     out["namespaces"] = [{"class": cls, "namespace": ns, **v} for (cls, ns), v in sorted(per_ns.items())]
+    out["skipped"] = skipped
+    return out
+
+
+def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[dict[str, str]]:
+    """The namespaces counted above that `prune` run now would skip (written within the
+    default quiet period), with the reason it would give: the reports say so rather than
+    promise what a prune run now leaves."""
+    if not sel.root or not os.path.isdir(sel.root):
+        return []
+    out = []
+    for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
+        age = now - _newest_write(sel.root, folders, newest_ns)
+        if age < DEFAULT_QUIET_PERIOD:
+            out.append({"namespace": ns, "written_s_ago": round(max(age, 0)), "quiet_period_s": DEFAULT_QUIET_PERIOD,
+                        "reason": _live(sel.root, ns, folders, DEFAULT_QUIET_PERIOD, now, newest_ns)})
     return out
 
 
@@ -561,20 +580,24 @@ def _namespace_folders(c: dict[str, Any], names: set[str]) -> dict[str, tuple[li
     return {ns: (sorted(f), m) for ns, (f, m) in out.items()}
 
 
+def _newest_write(root: str, folders: list[str], newest_file_ns: int) -> float:
+    """The newest file mtime (the scan's) or folder mtime (a fresh lstat), in seconds."""
+    newest = newest_file_ns / 1e9
+    for d in folders:
+        try:
+            newest = max(newest, os.lstat(os.path.join(root, d)).st_mtime)
+        except OSError:
+            continue
+    return newest
+
+
 def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
     """Why a namespace counts as live: written (its newest file mtime, or the mtime of a
     folder of it) within the quiet period; None when it is quiet. An engine's write
     changes a file's mtime (in place) or its folder's mtime (a new file, a rename into
     place, an eviction); never a ctime alone, which kvmigrate's own hard link (the source
     inode), a chmod or an mtime restored from backup change (migration.md §6)."""
-    newest = newest_file_ns / 1e9
-    for d in folders:
-        try:
-            st = os.lstat(os.path.join(root, d))
-        except OSError:
-            continue
-        newest = max(newest, st.st_mtime)
-    age = now - newest
+    age = now - _newest_write(root, folders, newest_file_ns)
     if age < quiet_period:
         return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
                 "engine may use it); rerun later, or pass --force-live")
