@@ -139,9 +139,12 @@ def _columns(table: Any) -> dict[str, Any]:
     import pyarrow as pa
 
     out = {}
-    for name, col in zip(table.column_names, table.columns):
+    for name in list(table.column_names):  # each column dropped from the table once copied: the peak is one column
+        col = table.column(name)
+        table = table.drop_columns([name])
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         out[name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+        del col
     return out
 
 
@@ -311,20 +314,24 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                          hint="rescan the cache root with `kvmigrate scan ROOT`")
     now = time.time() if now is None else now
     sel = _select(manifest_path, classes, root, migration_journal, older_than, now, meta)
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     sel = sel._replace(code=pc.if_else(_prunable(sel.c), sel.code, 0))
-    r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
-                 "nlink")
-    targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
-    t = {k: pc.take(sel.c[k], targets).to_pylist()
-         for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
     skipped = {}
     if not force_live:
-        for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, set(r["source_base"])).items()):
+        names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
+        for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
             why = _live(root, ns, folders, quiet_period, now, newest_ns)
             if why:
                 skipped[ns] = why
+    r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
+                 "nlink")
+    targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
+    t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
+    target_bases, emptied = sel.target_bases, sel.emptied
+    del sel, targets  # the manifest's columns, before the items grow
+    pa.default_memory_pool().release_unused()
     locks: dict[str, set[str]] = {}
 
     def order(k: int) -> tuple:
@@ -351,8 +358,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
-    return PrunePlan(root, manifest_path, classes, items, skipped, sel.target_bases, sel.emptied - set(skipped),
-                     locks)
+    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
 
 
 def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
