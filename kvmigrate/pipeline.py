@@ -124,10 +124,11 @@ def with_reclaimable(summary: dict[str, Any], manifest: str | os.PathLike[str], 
     manifest, freed vs only unlinked (migrate.prune.reclaimable: prune's own selection).
     `partial` (report --only/--exclude): of the summary's namespaces only."""
     from kvmigrate.migrate.prune import reclaimable
+    from kvmigrate.report.hints import with_reclaimable_figures
 
     keep = {n["source_base"] for n in summary["namespaces"]} if partial else None
     summary["reclaimable"] = reclaimable(str(manifest), namespaces=keep)
-    return summary
+    return with_reclaimable_figures(summary)
 
 
 def report(path: str, fmt: str = "text", selection: Any = None) -> tuple[str, int]:

@@ -48,8 +48,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--no-quarantine", is_flag=True,
               help="Unlink instead of moving (--migrated only: the bytes stay reachable through the target).")
 @click.option("--quiet-period", callback=_duration, default=None, metavar="AGE",
-              help="Skip a namespace written within AGE (newest file mtime, folder mtime or ctime) "
-                   "[default: 10m].")
+              help="Skip a namespace written within AGE (newest file or folder mtime; a ctime alone, e.g. of "
+                   "migrate's own links, is no write) [default: 10m].")
 @click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too.")
 @click.option("--older-than", callback=_duration, default=None, metavar="AGE",
               help="--residue: temp files older than AGE [default: 1h]; --purge: quarantines older than AGE "

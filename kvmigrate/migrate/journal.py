@@ -253,9 +253,35 @@ def load_runs(path: str, *, paths: bool = True) -> list[Run]:
                          hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
 
 
-def _load_runs(path: str, keep: bool = True) -> list[Run]:
+# the records that make a run's state (`load_runs(paths=False)` of them alone is the same):
+# a framed journal's other lines (intents, links: ~all of its bytes) are never parsed
+_STATE_RECORDS = tuple(b'{"t":"%s"' % t for t in (b"header", b"target", b"lock", b"complete", b"rolled_back",
+                                                  b"resume"))
+
+
+def run_states(path: str) -> list[Run]:
+    """The runs of a journal file, their states only (headers, targets, completion,
+    rollback), without parsing a path record: what `prune` and the reports' reclaimable
+    figures need (0.8 s for a journal of 200,000 links through `load_runs`)."""
+    with open(path, "rb") as f:
+        if not is_framed(f):
+            return load_runs(path, paths=False)
+        recs = [json.loads(line) for _, data in _frames(f) for line in data.splitlines()
+                if line.startswith(_STATE_RECORDS)]
+    if not recs or recs[0].get("t") != "header":
+        return []
+    if isinstance(recs[0].get("v"), int) and recs[0]["v"] > VERSION:
+        return load_runs(path, paths=False)  # says which release to use
+    try:
+        return _load_runs(path, False, recs)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
+                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+
+
+def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
     runs: list[Run] = []
-    for rec in iter_records(path):
+    for rec in iter_records(path) if records is None else records:
         t = rec["t"]
         if t == "header":
             if not isinstance(rec.get("root"), str) or not isinstance(rec.get("dest"), str):

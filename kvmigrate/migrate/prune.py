@@ -106,108 +106,160 @@ class PrunePlan:
         return 1 if self.items else 0
 
 
+CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
+
+
 class _Selected(NamedTuple):
-    """The rows a prune of `classes` takes (row -> class), before the run-time checks."""
+    """The rows a prune of `classes` takes, before the run-time checks: Arrow columns,
+    never a Python object per manifest row (a migrated 200,000-row manifest costs the
+    report its reading and a few vectorized passes)."""
 
     root: str
-    c: dict[str, list]  # the manifest's columns
-    rows_of: dict[str, list[int]]  # namespace -> its rows
-    chosen: dict[int, str]  # row -> class
-    target_of: dict[int, int]  # migrated row -> its target's row
+    c: dict[str, Any]  # the manifest's columns (pyarrow arrays, dictionaries decoded)
+    code: Any  # int8 per row: CODES[class], 0 when not selected
+    target_of: Any  # int64 per row: a migrated row's target row, else null
     target_bases: set[str]
     emptied: set[str]
+
+    def rows(self, *names: str) -> dict[str, list]:
+        """The selected rows' columns as Python lists (plus `row`: the manifest row and
+        `class`), in manifest order."""
+        import pyarrow.compute as pc
+
+        idx = pc.indices_nonzero(self.code)
+        out = {name: pc.take(self.c[name], idx).to_pylist() for name in names}
+        out["row"] = idx.to_pylist()
+        out["class"] = [CLASSES[k - 1] for k in pc.take(self.code, idx).to_pylist()]
+        return out
+
+
+def _columns(table: Any) -> dict[str, Any]:
+    """The columns as single arrays, dictionary-encoded strings decoded (the compute
+    kernels then compare plain strings)."""
+    import pyarrow as pa
+
+    out = {}
+    for name in list(table.column_names):  # each column dropped from the table once copied: the peak is one column
+        col = table.column(name)
+        table = table.drop_columns([name])
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        out[name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+        del col
+    return out
+
+
+def _b(mask: Any) -> Any:
+    """A boolean mask whose nulls (a null column value) are False, as Python's `in` /
+    `==` on None would be."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(mask, False)
+
+
+def _in(col: Any, values: Iterable) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return _b(pc.is_in(col, value_set=pa.array(sorted(set(values)), col.type)))
 
 
 def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_journal: str | None,
             older_than: float | None, now: float, meta: dict[str, Any]) -> _Selected:
     """The selection rules (migration.md §6), from the manifest's typed columns and the
     migration journals: the one selection `prune` and the reports' reclaimable figures use."""
-    cols = _plain_columns(mf.read_table(manifest_path, columns=_COLUMNS))
-    n = len(cols["relpath"])
-    c = cols
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+    n = len(c["relpath"])
+    idx = pa.array(range(n), pa.int64())  # the row numbers
     targets, used = _journal_namespaces(migration_journal or jn.default_journal_dir(root)) \
         if migration_journal or root else (set(), set())
-    target_bases = {b for b in c["target_base"] if b} | targets
-    rows_of: dict[str, list[int]] = {}
-    for i in range(n):
-        ns = c["source_base"][i]
-        if ns:
-            rows_of.setdefault(ns, []).append(i)
+    target_bases = set(pc.unique(c["target_base"]).drop_null().to_pylist()) - {""} | targets
+    src, status = c["source_base"], c["status"]
+    has_ns = _b(pc.not_equal(src, ""))
+    in_target = _in(src, target_bases)
+    none = pa.nulls(n, pa.int64())
+    code = pc.fill_null(pa.nulls(n, pa.int8()), 0)
+    target_of = none
 
-    chosen: dict[int, str] = {}  # row -> class
-    target_of: dict[int, int] = {}  # migrated row -> its target's row
+    def assign(mask: Any, cls: str) -> Any:
+        """`chosen.setdefault(row, cls)` for the rows of mask."""
+        return pc.if_else(pc.and_(mask, pc.equal(code, 0)), pa.scalar(CODES[cls], pa.int8()), code)
+
     if "migrated" in classes:
-        by_relpath = {c["relpath"][i]: i for ns in target_bases for i in rows_of.get(ns, ())}
-        primary: dict[tuple, int] = {}
-        for i in range(n):
-            ns = c["source_base"][i]
-            if not ns or ns in target_bases or c["action"][i] != "already_present" \
-                    or c["status"][i] not in MIGRATED_STATUSES:
-                continue
-            j = by_relpath.get(c["target_relpath"][i] or "")
-            if j is None or c["status"][j] != "ok":
-                continue  # the target path is not a target namespace's healthy file
-            chosen[i], target_of[i] = "migrated", j
-            primary[(_deployment(c, i), c["group"][i], c["block_hash"][i], c["rank"][i])] = i
-        for i in range(n):
-            code = c["finding"][i]
-            if code not in findings.SECONDARY or c["status"][i] != "ok":
-                continue
-            # (a vllm.cpp rank folder is a namespace of its own: its block's primary is
-            # found through the deployment, which groups the ranks' namespaces)
-            p = primary.get((_deployment(c, i), c["group"][i], c["block_hash"][i], c["primary_rank"][i]))
-            if p is None:
-                continue
-            if code == findings.REPLICA_OF_PRIMARY and not _same_bytes(c, i, p):
-                continue  # a replica's equality is proven by its hash only (a scan at --verify hash)
-            chosen[i], target_of[i] = "migrated", target_of[p]
+        cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
+                       pc.and_(_b(pc.equal(c["action"], "already_present")), _in(status, MIGRATED_STATUSES)))
+        t_idx = pc.indices_nonzero(in_target).cast(pa.int64())
+        pos = pc.index_in(c["target_relpath"], value_set=pc.take(c["relpath"], t_idx))
+        j = pc.take(t_idx, pos)  # the target path's row (null: no target namespace's file)
+        mig = pc.and_(cand, _b(pc.equal(pc.take(status, j), "ok")))  # a healthy file of a target namespace
+        target_of = pc.if_else(mig, j, none)
+        sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(status, "ok")))
+        if pc.any(sec).as_py() and pc.any(mig).as_py():
+            mig, target_of = _with_secondaries(c, idx, mig, sec, target_of)
+        code = pc.if_else(mig, pa.scalar(CODES["migrated"], pa.int8()), code)
+    residueish = _in(status, ("tmp_leftover", *RESIDUE_STATUSES))
     if "unreadable_namespaces" in classes:
-        for ns, rows in rows_of.items():
-            if ns in target_bases or ns in used:
-                continue
-            if all(c["status"][i] in UNREADABLE_STATUSES or c["status"][i] in ("tmp_leftover", *RESIDUE_STATUSES)
-                   for i in rows) and any(c["status"][i] in UNREADABLE_STATUSES for i in rows) \
-                    and not any(c["target_relpath"][i] for i in rows):
-                for i in rows:
-                    chosen.setdefault(i, "unreadable_namespaces")
-        for ns in superseded(c, rows_of, meta.get("namespaces") or {}, target_bases, used):
-            for i in rows_of[ns]:
-                chosen.setdefault(i, "unreadable_namespaces")
+        unread = _in(status, UNREADABLE_STATUSES)
+        per_ns = pa.table({"ns": src, "all": pc.or_(unread, residueish), "any": unread,
+                           "tr": _b(pc.not_equal(c["target_relpath"], ""))}).filter(has_ns) \
+            .group_by("ns").aggregate([("all", "all"), ("any", "any"), ("tr", "any")])
+        whole = {ns for ns, a, u, tr in zip(*(per_ns[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any")))
+                 if a and u and not tr and ns not in target_bases and ns not in used}
+        whole.update(superseded(c, per_ns["ns"].to_pylist(), meta.get("namespaces") or {}, target_bases, used))
+        code = assign(_in(src, whole), "unreadable_namespaces")
     if "residue" in classes:
-        age_ns = int((DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9)
-        for i in range(n):
-            st = c["status"][i]
-            if c["source_base"][i] in target_bases or i in chosen:
-                continue
-            if st in RESIDUE_STATUSES or st == "tmp_leftover" and now * 1e9 - (c["mtime_ns"][i] or 0) >= age_ns:
-                chosen[i] = "residue"
+        age_ns = (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9
+        old = _b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), int(now * 1e9 - age_ns)))
+        res = pc.or_(_in(status, RESIDUE_STATUSES), pc.and_(_b(pc.equal(status, "tmp_leftover")), old))
+        code = assign(pc.and_(res, pc.invert(in_target)), "residue")
     # a namespace pruned whole (for its migrated blocks: once nothing else of it is left)
     # takes its config.json and folders with it
-    emptied = set()
-    for ns, rows in rows_of.items():
-        if ns in target_bases or not any(i in chosen for i in rows):
-            continue
-        config = [i for i in rows if c["relpath"][i] == f"{ns}/{layout.CONFIG_NAME}"]
-        rest = [i for i in rows if i not in config]
-        if all(i in chosen for i in rest):
-            emptied.add(ns)
-            cls = chosen[rest[0]] if rest else "migrated"
-            for i in config:
-                if c["status"][i] not in ("own_artifact", "foreign"):
-                    chosen.setdefault(i, cls)
-    return _Selected(root, c, rows_of, chosen, target_of, target_bases, emptied)
+    config = _b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
+    rest = pc.invert(config)
+    chosen = pc.not_equal(code, 0)
+    per_ns = pa.table({"ns": src, "chosen": chosen, "rest": pc.cast(rest, pa.int64()),
+                       "rest_chosen": pc.cast(pc.and_(rest, chosen), pa.int64()),
+                       "first": pc.if_else(rest, idx, none)}).filter(pc.and_(has_ns, pc.invert(in_target))) \
+        .group_by("ns").aggregate([("chosen", "any"), ("rest", "sum"), ("rest_chosen", "sum"), ("first", "min")])
+    per_ns = per_ns.filter(pc.and_(per_ns["chosen_any"], pc.equal(per_ns["rest_sum"], per_ns["rest_chosen_sum"])))
+    emptied = set(per_ns["ns"].to_pylist())
+    if emptied:
+        cls = pc.fill_null(pc.take(code, per_ns["first_min"]), CODES["migrated"])  # the class of its first file
+        cls_of_row = pc.take(cls, pc.index_in(src, value_set=per_ns["ns"]))
+        cfg = pc.and_(pc.and_(config, pc.is_valid(cls_of_row)), pc.invert(_in(status, ("own_artifact", "foreign"))))
+        code = pc.if_else(pc.and_(cfg, pc.equal(code, 0)), cls_of_row, code)
+    return _Selected(root, c, code, target_of, target_bases, emptied)
 
 
-def _plain_columns(table: Any) -> dict[str, list]:
-    """The columns as Python lists, dictionary-encoded strings decoded first (their
-    per-value conversion is 10x slower: 2.7 of 4 s for a manifest of 200,000 rows)."""
+def _with_secondaries(c: dict[str, Any], idx: Any, mig: Any, sec: Any, target_of: Any) -> tuple[Any, Any]:
+    """The rank files of migrated blocks (`findings.SECONDARY`: a proven replica, a part of
+    a transform) join their primary's selection and target: matched by (deployment,
+    group, block hash, rank) -- a vllm.cpp rank folder is a namespace of its own, its
+    block's primary found through the deployment, which groups the ranks' namespaces."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    return {name: (col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col).to_pylist()
-            for name, col in zip(table.column_names, table.columns)}
+    dep = pc.if_else(_b(pc.not_equal(c["deployment"], "")), c["deployment"], pc.fill_null(c["source_base"], ""))
+    keys = {"d": dep, "g": pc.fill_null(c["group"], -1), "h": pc.fill_null(c["block_hash"], b"\0none")}
+    prim = pa.table({**keys, "r": pc.fill_null(c["rank"], -1), "p": idx}).filter(mig) \
+        .group_by(["d", "g", "h", "r"]).aggregate([("p", "max")])  # the last primary of a key, as a dict would
+    secs = pa.table({**keys, "r": pc.fill_null(c["primary_rank"], -1), "i": idx}).filter(sec)
+    pairs = secs.join(prim, keys=["d", "g", "h", "r"], join_type="inner")
+    i, p = pairs["i"].combine_chunks(), pairs["p_max"].combine_chunks()
+    # a replica's equality is proven by its hash only (a scan at --verify hash): the payload
+    # for vllm.cpp (each rank's header names its own identity), the whole file otherwise
+    pay_i, pay_p = pc.take(c["payload_xxh3_128"], i), pc.take(c["payload_xxh3_128"], p)
+    same = pc.if_else(pc.is_valid(pay_i), _b(pc.equal(pay_i, pay_p)),
+                      _b(pc.equal(pc.take(c["content_xxh3_128"], i), pc.take(c["content_xxh3_128"], p))))
+    keep = pc.or_(pc.invert(_b(pc.equal(pc.take(c["finding"], i), findings.REPLICA_OF_PRIMARY))), same)
+    i, p = pc.filter(i, keep), pc.filter(p, keep)
+    pos = pc.index_in(idx, value_set=i)
+    return pc.or_(mig, pc.is_valid(pos)), pc.if_else(pc.is_valid(pos), pc.take(pc.take(target_of, p), pos), target_of)
 
 
-def superseded(c: dict[str, list], rows_of: dict[str, list[int]], ns_meta: dict[str, dict], target_bases: set[str],
+def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, dict], target_bases: set[str],
                used: set[str]) -> list[str]:
     """Namespaces of a superseded era (migration.md §6): the target profile can never read
     them (their target is `unreachable`: e.g. the hash granularity changed, a key the target
@@ -215,28 +267,36 @@ def superseded(c: dict[str, list], rows_of: dict[str, list[int]], ns_meta: dict[
     (content hash, a --verify hash scan) in a healthy file of a target namespace of the same
     model: the newer era holds them. A block whose bytes are nowhere else keeps the whole
     namespace (never the last copy); so does a file of any other status but residue."""
-    out = []
-    present: dict[str, set[bytes]] = {}  # model name -> content hashes of its target namespaces' ok files
-    for ns, rows in rows_of.items():
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    by_model: dict[Any, list[str]] = {}
+    for ns in namespaces:
         m = ns_meta.get(ns) or {}
-        if ns in target_bases or ns in used or not (m.get("target") or {}).get("unreachable"):
-            continue
-        model = m.get("model_name")
-        if model not in present:
-            present[model] = {c["content_xxh3_128"][i] for base in target_bases
-                              if (ns_meta.get(base) or {}).get("model_name") == model
-                              for i in rows_of.get(base, ()) if c["status"][i] == "ok"} - {None}
-        held = present[model]
-        if held and all(c["status"][i] in ("tmp_leftover", *RESIDUE_STATUSES) or c["status"][i] == "ok" and (
-                c["block_hash"][i] is None or c["content_xxh3_128"][i] in held) for i in rows) \
-                and any(c["block_hash"][i] is not None for i in rows):
-            out.append(ns)
+        if ns not in target_bases and ns not in used and (m.get("target") or {}).get("unreachable"):
+            by_model.setdefault(m.get("model_name"), []).append(ns)
+    out = []
+    src, status = c["source_base"], c["status"]
+    ok = _b(pc.equal(status, "ok"))
+    for model, names in by_model.items():
+        bases = [b for b in target_bases if (ns_meta.get(b) or {}).get("model_name") == model]
+        held = pc.unique(pc.filter(c["content_xxh3_128"], pc.and_(_in(src, bases), ok))).drop_null()
+        if not len(held):
+            continue  # no target namespace of the model holds anything
+        good = pc.or_(_in(status, ("tmp_leftover", *RESIDUE_STATUSES)), pc.and_(ok, pc.or_(
+            pc.is_null(c["block_hash"]), _b(pc.is_in(c["content_xxh3_128"], value_set=held)))))
+        per_ns = pa.table({"ns": src, "good": good, "block": pc.is_valid(c["block_hash"])}) \
+            .filter(_in(src, names)).group_by("ns").aggregate([("good", "all"), ("block", "any")])
+        out += [ns for ns, g, b in zip(*(per_ns[k].to_pylist() for k in ("ns", "good_all", "block_any"))) if g and b]
     return out
 
 
-def _prunable(c: dict[str, list], i: int) -> bool:
-    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs)."""
-    return c["status"][i] not in ("own_artifact", "foreign") and not c["relpath"][i].startswith(layout.OWN_DIR + "/")
+def _prunable(c: dict[str, Any]) -> Any:
+    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs): a mask per row."""
+    import pyarrow.compute as pc
+
+    return pc.invert(pc.or_(_in(c["status"], ("own_artifact", "foreign")),
+                            _b(pc.starts_with(c["relpath"], layout.OWN_DIR + "/"))))
 
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
@@ -253,35 +313,40 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         raise UsageError(f"the manifest's root {root!r} is not a folder", path=manifest_path,
                          hint="rescan the cache root with `kvmigrate scan ROOT`")
     now = time.time() if now is None else now
-    root, c, rows_of, chosen, target_of, target_bases, emptied = _select(manifest_path, classes, root,
-                                                                         migration_journal, older_than, now, meta)
+    sel = _select(manifest_path, classes, root, migration_journal, older_than, now, meta)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sel = sel._replace(code=pc.if_else(_prunable(sel.c), sel.code, 0))
     skipped = {}
-    names = {c["source_base"][i] for i in chosen}
-    for ns in sorted(names):
-        why = None if force_live else _live(root, ns, [c["relpath"][i] for i in rows_of[ns]], quiet_period, now,
-                                            max(c["mtime_ns"][i] or 0 for i in rows_of[ns]))
-        if why:
-            skipped[ns] = why
-    items = []
+    if not force_live:
+        names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
+        for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
+            why = _live(root, ns, folders, quiet_period, now, newest_ns)
+            if why:
+                skipped[ns] = why
+    r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
+                 "nlink")
+    targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
+    t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
+    target_bases, emptied = sel.target_bases, sel.emptied
+    del sel, targets  # the manifest's columns, before the items grow
+    pa.default_memory_pool().release_unused()
     locks: dict[str, set[str]] = {}
 
-    def order(i: int) -> tuple:
+    def order(k: int) -> tuple:
         """A deployment's blocks with their rank files side by side, its config.json files last."""
-        config = c["relpath"][i] == f"{c['source_base'][i]}/{layout.CONFIG_NAME}"
-        return _deployment(c, i), config, _key(c, i), c["relpath"][i]
+        config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
+        return _deployment(r, k), config, _key(r, k), r["relpath"][k]
 
-    for i in sorted(chosen, key=order):
-        ns = c["source_base"][i]
-        rel = c["relpath"][i]
-        if not _prunable(c, i):
-            continue
-        check_relpath(rel, "manifest path")
-        j = target_of.get(i)
-        target = None
-        if j is not None:
-            target = (c["relpath"][j], c["dev"][j], c["inode"][j], c["size"][j], c["mtime_ns"][j])
-        items.append(Item(rel, chosen[i], ns, c["dev"][i], c["inode"][i], c["size"][i], c["mtime_ns"][i],
-                          c["nlink"][i] or 1, target, _key(c, i)))
+    items = []
+    for k in sorted(range(len(r["row"])), key=order):
+        check_relpath(r["relpath"][k], "manifest path")
+        target = None if t["relpath"][k] is None else \
+            (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
+        items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
+                          r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k)))
+    del r, t
     items = without_namespaces(items, set(skipped))
     for item in items:  # the target namespaces to lock while pruning into them: their base folders
         base = target_base(item)
@@ -353,21 +418,78 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     """What `prune --migrated --unreadable-namespaces --residue` selects in this manifest
     (the same `_select`), per class and namespace, freed vs only unlinked, for `report`
     and `audit`. Read-only: the run-time checks (quiet period, held locks, a fresh stat)
-    are prune's own. `namespaces`: only those (--only/--exclude)."""
+    are prune's own. `namespaces`: only those (--only/--exclude). Tallied in Arrow, as
+    `reclaim_totals` tallies a plan's items."""
     meta = mf.read_metadata(manifest_path)
     root = meta.get("root") if isinstance(meta.get("root"), str) else ""
-    rows: list[tuple[str, str, int, int, int, int]] = []
+    per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
+    per_ns: dict[tuple[str, str], dict[str, int]] = {}
     if _any_candidate(manifest_path):
         sel = _select(manifest_path, CLASSES, root, migration_journal, None, time.time() if now is None else now,
                       meta)
-        c = sel.c
-        rows = [(cls, c["source_base"][i], c["dev"][i], c["inode"][i], c["size"][i] or 0, c["nlink"][i] or 1)
-                for i, cls in sel.chosen.items() if _prunable(c, i)]
-    per_class, per_ns = reclaim_totals(rows, CLASSES, keep=namespaces)
+        for (cls, ns), v in _tally(sel, namespaces).items():
+            per_ns[(cls, ns)] = v
+            for k in TOTAL_KEYS:
+                per_class[cls][k] += v[k]
+        skipped = _skipped_now(sel, {ns for _, ns in per_ns}, time.time() if now is None else now)
+    else:
+        skipped = []
     out: dict[str, Any] = {k: sum(t[k] for t in per_class.values()) for k in TOTAL_KEYS}
     out["classes"] = per_class
     out["namespaces"] = [{"class": cls, "namespace": ns, **v} for (cls, ns), v in sorted(per_ns.items())]
+    out["skipped"] = skipped
     return out
+
+
+def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[dict[str, str]]:
+    """The namespaces counted above that `prune` run now would skip (written within the
+    default quiet period), with the reason it would give: the reports say so rather than
+    promise what a prune run now leaves."""
+    if not sel.root or not os.path.isdir(sel.root):
+        return []
+    out = []
+    for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
+        age = now - _newest_write(sel.root, folders, newest_ns)
+        if age < DEFAULT_QUIET_PERIOD:
+            out.append({"namespace": ns, "written_s_ago": round(max(age, 0)), "quiet_period_s": DEFAULT_QUIET_PERIOD,
+                        "reason": _live(sel.root, ns, folders, DEFAULT_QUIET_PERIOD, now, newest_ns)})
+    return out
+
+
+def _tally(sel: _Selected, keep: set[str] | None) -> dict[tuple[str, str], dict[str, int]]:
+    """Per (class, namespace) the files and bytes of the selection, freed vs only unlinked
+    (`frees`: every name of the inode selected; its bytes counted once, on its first
+    name), of the namespaces `keep` only (an inode's names counted over every row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    c = sel.c
+    mask = pc.and_(pc.not_equal(sel.code, 0), _prunable(c))
+    nlink = pc.fill_null(c["nlink"], 1).cast(pa.int64())
+    t = pa.table({"cls": sel.code, "ns": c["source_base"], "dev": pc.fill_null(c["dev"], 0),
+                  "ino": pc.fill_null(c["inode"], 0), "size": pc.fill_null(c["size"], 0),
+                  "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
+                  "ord": pa.array(range(len(mask)), pa.int64())}).filter(mask)
+    # the plan's order of names: class by class, rows in manifest order
+    t = t.set_column(6, "ord", pc.add(pc.multiply(t["cls"].cast(pa.int64()), len(mask)), t["ord"]))
+    names = t.group_by(["dev", "ino"]).aggregate([("ord", "count")])
+    if keep is not None:
+        t = t.filter(_in(t["ns"], keep))
+    first = t.group_by(["dev", "ino"]).aggregate([("ord", "min")])
+    t = t.join(names, keys=["dev", "ino"]).join(first, keys=["dev", "ino"])
+    freed = pc.less_equal(t["nlink"], t["ord_count"])
+    once = pc.or_(pc.invert(freed), pc.equal(t["ord"], t["ord_min"]))
+    zero = pa.scalar(0, pa.int64())
+    t = pa.table({"cls": t["cls"], "ns": t["ns"], "size": t["size"], "freed": freed.cast(pa.int64()),
+                  "freed_bytes": pc.if_else(pc.and_(freed, once), t["size"], zero),
+                  "unlinked": pc.invert(freed).cast(pa.int64()),
+                  "unlinked_bytes": pc.if_else(freed, zero, t["size"])})
+    g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
+                                             ("freed_bytes", "sum"), ("unlinked", "sum"), ("unlinked_bytes", "sum")])
+    cols = [g[k].to_pylist() for k in ("cls", "ns", "size_count", "size_sum", "freed_sum", "freed_bytes_sum",
+                                       "unlinked_sum", "unlinked_bytes_sum")]
+    return {(CLASSES[cls - 1], ns): dict(zip(TOTAL_KEYS, (files, size, ff, fb, uf, ub)))
+            for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
 
 
 def _any_candidate(manifest_path: str) -> bool:
@@ -412,13 +534,6 @@ def _lock_held(root: str, base: str) -> bool:
         os.close(fd)
 
 
-def _same_bytes(c: dict[str, list], i: int, p: int) -> bool:
-    """Row i holds the data of row p, by hash: the payload for vllm.cpp (each rank's header
-    names its own identity), the whole file otherwise."""
-    col = "payload_xxh3_128" if c["payload_xxh3_128"][i] is not None else "content_xxh3_128"
-    return c[col][i] is not None and c[col][i] == c[col][p]
-
-
 def _deployment(c: dict[str, list], i: int) -> str:
     return c["deployment"][i] or c["source_base"][i] or ""
 
@@ -437,7 +552,7 @@ def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
         return set(), set()
     targets: set[str] = set()
     sources: set[str] = set()
-    runs = (run for f in jn.journal_files(journal) for run in jn.load_runs(f, paths=False))  # run states only
+    runs = (run for f in jn.journal_files(journal) for run in jn.run_states(f))
     for run in runs:
         if run.rolled_back:
             continue
@@ -447,28 +562,52 @@ def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
     return targets, sources
 
 
-def _live(root: str, ns: str, relpaths: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
-    """Why a namespace counts as live: written (its newest file mtime, or the mtime or
-    ctime of a folder of it) within the quiet period; None when it is quiet."""
+def _namespace_folders(c: dict[str, Any], names: set[str]) -> dict[str, tuple[list[str], int]]:
+    """Per namespace of `names`: its folders (relative to the root) and its newest file
+    mtime in the manifest, from the unique parent folders of its rows (few: one pass in
+    Arrow, not a Python string per row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = {ns for ns in names if ns}
+    if not names:
+        return {}
+    t = pa.table({"ns": c["source_base"], "dir": pc.replace_substring_regex(c["relpath"], "/[^/]*$", ""),
+                  "slash": pc.match_substring(c["relpath"], "/"), "mtime": pc.fill_null(c["mtime_ns"], 0)}) \
+        .filter(_in(c["source_base"], names))
+    g = t.group_by(["ns", "dir", "slash"]).aggregate([("mtime", "max")])
+    out: dict[str, tuple[set[str], int]] = {ns: (set(), 0) for ns in names}
+    for ns, d, slash, mtime in zip(*(g[k].to_pylist() for k in ("ns", "dir", "slash", "mtime_max"))):
+        folders, newest = out[ns]
+        if slash:
+            parts = d.split("/")
+            folders.update("/".join(parts[:k]) for k in range(1, len(parts) + 1))
+        out[ns] = (folders, max(newest, mtime))
+    return {ns: (sorted(f), m) for ns, (f, m) in out.items()}
+
+
+def _newest_write(root: str, folders: list[str], newest_file_ns: int) -> float:
+    """The newest file mtime (the scan's) or folder mtime (a fresh lstat), in seconds."""
     newest = newest_file_ns / 1e9
-    folders = set()
-    for rel in relpaths:
-        parts = rel.split("/")[:-1]
-        for k in range(1, len(parts) + 1):
-            folders.add("/".join(parts[:k]))
     for d in folders:
         try:
-            st = os.lstat(os.path.join(root, d))
+            newest = max(newest, os.lstat(os.path.join(root, d)).st_mtime)
         except OSError:
             continue
-        newest = max(newest, st.st_mtime, st.st_ctime)
-    age = now - newest
+    return newest
+
+
+def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
+    """Why a namespace counts as live: written (its newest file mtime, or the mtime of a
+    folder of it) within the quiet period; None when it is quiet. An engine's write
+    changes a file's mtime (in place) or its folder's mtime (a new file, a rename into
+    place, an eviction); never a ctime alone, which kvmigrate's own hard link (the source
+    inode), a chmod or an mtime restored from backup change (migration.md §6)."""
+    age = now - _newest_write(root, folders, newest_file_ns)
     if age < quiet_period:
         return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
                 "engine may use it); rerun later, or pass --force-live")
     return None
-
-
 
 
 # --- rendering -------------------------------------------------------------------------------

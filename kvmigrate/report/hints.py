@@ -445,3 +445,22 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         del h["_rank"]
     findings.sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
     return findings, ordered
+
+
+def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The `reclaimable` hint says prune's own figures (summary["reclaimable"]: its
+    selection, the migrated class) summed over every namespace it names; hints merge by
+    command, so the text made for the first namespace would speak for all of them."""
+    r = summary.get("reclaimable") or {}
+    for h in summary.get("hints") or ():
+        if "reclaimable" not in h.get("codes", ()):
+            continue
+        rows = [v for v in r.get("namespaces") or () if v["class"] == "migrated" and v["namespace"] in h["namespaces"]]
+        if not rows:
+            continue
+        t = {k: sum(v[k] for v in rows) for k in ("files", "bytes", "freed_bytes", "unlinked_files")}
+        h["why"] = (f"{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their target: prune "
+                    f"frees {human_bytes(t['freed_bytes'])} once purged and unlinks "
+                    f"{plural(t['unlinked_files'], 'file')} whose bytes the target keeps (the engine's evictors count "
+                    "both names); see what prune reclaims (dry run), then add --apply")
+    return summary

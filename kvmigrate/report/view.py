@@ -159,6 +159,12 @@ def reclaim_table(s: dict[str, Any]) -> Table | None:
         if v and v["files"]:
             t.rows.append([flag, "(all)", *cells(v)])
             t.rows += [[flag, n["namespace"], *cells(n)] for n in r["namespaces"] if n["class"] == cls]
+    # what a prune run now would skip, and why (else an empty table says nothing)
+    t.rows += [["(skipped now)", f"{k['namespace']}: written {k['written_s_ago']} s ago, within prune's quiet period "
+                f"({k['quiet_period_s'] / 60:.0f} min): rerun later or --force-live", *["-"] * 6]
+               for k in r.get("skipped") or ()]
+    if not t.rows:
+        t.rows.append(["(nothing)", "nothing to prune", *["-"] * 6])
     return t
 
 

@@ -445,3 +445,18 @@ def test_a_superseded_namespace_holding_the_last_copy_of_a_block_is_kept(synth_r
     assert code == 0 and plan["files"] == 0
     code, s = run_json("report", manifest)
     assert s["reclaimable"]["files"] == 0
+
+
+def test_the_merged_reclaimable_hint_says_prunes_figures_over_every_namespace_it_names(migrated):
+    from kvmigrate.units import human_bytes, plural
+
+    root, _ = migrated
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    hint = next(h for h in summary["hints"] if "reclaimable" in h["codes"])
+    assert len(hint["namespaces"]) == 2
+    code, plan = run_json("prune", root, *MLA, "--force-live")
+    t = plan["totals"]["migrated"]
+    assert summary["reclaimable"]["classes"]["migrated"] == t
+    assert hint["why"].startswith(f"{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their "
+                                  f"target: prune frees {human_bytes(t['freed_bytes'])} once purged and unlinks "
+                                  f"{plural(t['unlinked_files'], 'file')} ")

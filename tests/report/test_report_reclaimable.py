@@ -127,3 +127,27 @@ def test_the_figures_equal_what_prune_and_purge_free(synth_root):
 
 def _source(s: dict) -> str:
     return next(n["source_base"] for n in s["namespaces"] if n["target_base"] and n["target_base"] != n["source_base"])
+
+
+def test_the_table_says_what_prune_would_skip_now_and_why(synth_root, tmp_path):
+    root = _migrated_tree(synth_root)  # written just now: within prune's quiet period
+    m = tmp_path / "m.parquet"
+    run("scan", root, *MLA, "-o", m, "-q")
+    code, s = run_json("report", m)
+    skipped = s["reclaimable"]["skipped"]
+    assert [k["namespace"] for k in skipped] == [_source(s)]
+    assert skipped[0]["quiet_period_s"] == 600 and "--force-live" in skipped[0]["reason"]
+    code, text = run("report", m)
+    table = text.split("RECLAIMABLE WITH PRUNE", 1)[1]
+    assert f"(skipped now)  {_source(s)}: written " in table and "rerun later or --force-live" in table
+    for fmt in ("md", "html"):
+        code, out = run("report", m, "--format", fmt)
+        assert "(skipped now)" in out and "rerun later or --force-live" in out
+
+
+def test_an_empty_table_says_nothing_to_prune(synth_root):
+    root, _ = synth_root(VLLM)  # not migrated: nothing reclaimable
+    code, s = run_json("audit", root, *MLA)
+    assert s["reclaimable"]["files"] == 0 and s["reclaimable"]["skipped"] == []
+    code, text = run("audit", root, *MLA)
+    assert "nothing to prune" in text.split("RECLAIMABLE WITH PRUNE", 1)[1].split("\n\n", 2)[1]
