@@ -157,17 +157,25 @@ def _stat_pages(fam: Any, files: FlatFiles, verify: str, listing: RootListing) -
                     files.records[i] = rec
                     files.set_stat(i, rec)
             else:
-                rec, ff = _read(fam, files.root, name, verify)
-                if rec is None:
-                    continue
-                files.records[i] = rec
-                files.set_stat(i, rec)
-                if ff is None:  # could not even be stat-ed: a row of its own
-                    listing.flat_loose.append(rec)
+                ff = _read_in_python(fam, files, listing, i, verify)
+                if ff is None:
                     continue
             ff.index = i
             flat_files.append(ff)
     return flat_files
+
+
+def _read_in_python(fam: Any, files: FlatFiles, listing: RootListing, i: int, verify: str) -> Any:
+    """Page i through the Python reader (what the C stat left to it): its record is kept;
+    the page's flat_file, or None when it is no page (gone, or a row of its own)."""
+    rec, ff = _read(fam, files.root, files.names[i], verify)
+    if rec is None:
+        return None
+    files.records[i] = rec
+    files.set_stat(i, rec)
+    if ff is None:  # could not even be stat-ed: a row of its own
+        listing.flat_loose.append(rec)
+    return ff
 
 
 def flat_bucket(name: str) -> str | None:
@@ -184,7 +192,7 @@ def _stat_against_baseline(fam: Any, files: FlatFiles, baseline: Baseline, listi
     is read and hashed, and one whose hash moved under unchanged metadata is a silent change."""
     from kvmigrate.scan.walker import SILENT_CHANGE
 
-    names, root = files.names, files.root
+    names = files.names
     n = len(names)
     files.carried = bytearray(n)
     codes = _stat_only(files)
@@ -208,13 +216,8 @@ def _stat_against_baseline(fam: Any, files: FlatFiles, baseline: Baseline, listi
             ff = fam.flat_file(name, size[i])
             ff.head, ff.content, ff.all_zero = head[:min(HEAD_BYTES, size[i])], digest, False
         else:
-            rec, ff = _read(fam, root, name, "hash")
-            if rec is None:
-                continue
-            files.records[i] = rec
-            files.set_stat(i, rec)
-            if ff is None:  # could not even be stat-ed: a row of its own
-                listing.flat_loose.append(rec)
+            ff = _read_in_python(fam, files, listing, i, "hash")
+            if ff is None:
                 continue
         read_rec = files.records.get(i)
         if ((read_rec is None or read_rec.status == "ok") and ff.content is not None and not ff.all_zero
