@@ -43,6 +43,14 @@ def opened_blocks(root: Path, out: Path, *extra: str, facts: list[str] = FACTS) 
     return len(opens)
 
 
+def rewrite_keeping_size_and_mtime(path: Path) -> None:
+    """Other bytes of the same size under the old mtime: only the ctime moves."""
+    st = path.stat()
+    path.write_bytes(b"\x5a" * st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ctime_ns != st.st_ctime_ns
+
+
 def test_unchanged_tree_opens_no_block_file(synth_root, tmp_path, walk):
     root, _ = synth_root(*SPECS)
     full = tmp_path / "full.parquet"
@@ -63,10 +71,7 @@ def test_rewrite_with_restored_size_and_mtime_is_read_again(synth_root, tmp_path
     scan(root, full)
     victim = sorted(block_rows(full))[3]
     path = root / victim
-    st = path.stat()
-    path.write_bytes(b"\x5a" * st.st_size)  # other bytes, same size ...
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: only the ctime moved
-    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ctime_ns != st.st_ctime_ns
+    rewrite_keeping_size_and_mtime(path)
     again = tmp_path / "again.parquet"
     scan(root, again, "--baseline", full, "--recheck", "0")
     after = block_rows(again)

@@ -6,14 +6,13 @@ finds silent changes, and the manifest is a full hash scan's."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from kvmigrate import manifest
 from tests.cli_helpers import run
-from tests.scan.test_baseline import _with_hash_edited, opened_blocks, rows, scan
+from tests.scan.test_baseline import _with_hash_edited, opened_blocks, rewrite_keeping_size_and_mtime, rows, scan
 
 FACTS = ["--kv-kind", "full", "--model-name", "org/m", "--target-layout", "layer_first"]
 E2 = dict(family="sglang", sgl_era="e2", tp=2, blocks=40, layers=2)
@@ -51,10 +50,7 @@ def test_rewritten_page_with_restored_size_and_mtime_is_read_again(synth_root, t
     scan(root, full, facts=FACTS)
     victim = sorted(pages(full))[3]
     path = root / victim
-    st = path.stat()
-    path.write_bytes(b"\x5a" * st.st_size)  # other bytes, same size ...
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: only the ctime moved
-    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ctime_ns != st.st_ctime_ns
+    rewrite_keeping_size_and_mtime(path)
     again = tmp_path / "again.parquet"
     scan(root, again, "--baseline", full, "--recheck", "0", facts=FACTS)
     after = pages(again)
