@@ -98,13 +98,17 @@ def output_options(fn: Callable) -> Callable:
     return fn
 
 
+IO_DEPTH_HELP = ("Reads in flight: walker threads in all, over one process per core (default with the "
+                 "compiled leaf walk, which waits for the disk without the GIL: 16 a process with --verify "
+                 "hash, 4 otherwise; without it 1, 2 with --verify hash; 1 = a single thread). Raise it for "
+                 "a cold network filesystem or a deep NVMe queue. --threads is the same option.")
+
+
 def walk_options(fn: Callable) -> Callable:
     fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
-    fn = click.option("--threads", type=click.IntRange(min=1), default=None,
-                      help="Walker threads in all, over one process per core (default: four per process "
-                           "with the compiled leaf walk, which waits for the disk without the GIL; without "
-                           "it one, two with --verify hash; 1 = a single thread).")(fn)
+    fn = click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None,
+                      metavar="N", help=IO_DEPTH_HELP)(fn)
     fn = click.option("--shard", default=None, metavar="K/N", help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 

@@ -17,7 +17,8 @@ from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
               help="Journal file or directory of a migration: check every block it created.")
 @click.option("--target", "target", type=click.Choice(PROFILES), default=None,
               help=f"Profile for the summary's target names (default: the journal's, else {DEFAULT_PROFILE}).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Walk threads for the summary.")
+@click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Reads in flight (walker threads) for the summary; --threads is the same option.")
 @click.option("--strict", is_flag=True,
               help="A journaled block evicted since the migration is an integrity finding (exit 4), not 1.")
 @selection_options

@@ -86,6 +86,32 @@ def test_threads_inside_workers_change_nothing(tree, tmp_path, many_tasks):
     assert_same(monkeypatched_single, both)
 
 
+@pytest.mark.parametrize("command", ["scan", "audit", "migrate"])
+def test_io_depth_is_the_walker_count_and_threads_its_other_name(tree, tmp_path, monkeypatch, command):
+    """--io-depth N (issue 22: reads in flight, to tune for a cold NVMe queue or a network
+    filesystem) reaches the walk as its threads in all; --threads is the same option."""
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+
+    seen = []
+    real = parallel.parallelism
+
+    def spy(workers, threads, verify, buckets):
+        seen.append(threads)
+        return real(workers, threads, verify, buckets)
+
+    monkeypatch.setattr(scan_run, "parallelism", spy)
+    for flag, n in (("--io-depth", 3), ("--threads", 5)):
+        args = [command, str(tree), flag, str(n), "-q", "--kv-kind", "mla", "--model-dtype", "bfloat16"]
+        if command != "migrate":
+            args += ["-o", str(tmp_path / f"{command}{n}.parquet")]
+        result = CliRunner().invoke(cli, args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        assert "no such option" not in result.output.lower(), result.output
+    assert seen == [3, 5]
+
+
 @pytest.mark.parametrize("part", [0, 1, 2])
 def test_each_shard_part_is_the_same_with_workers(tree, tmp_path, many_tasks, part):
     one = run(tree, tmp_path / "one.parquet", shard=(part, 3), workers=1, threads=1)
@@ -139,10 +165,11 @@ def test_a_failing_worker_stops_the_scan_and_leaves_no_manifest(tree, tmp_path, 
 def test_one_process_for_small_trees_one_per_core_for_large(monkeypatch, walk):
     monkeypatch.setattr(parallel, "_cpus", lambda: 4)
     small = parallel.PARALLEL_MIN_BUCKETS - 1
-    # default threads per process: the C walk waits for the disk without the GIL (4); the
+    # default threads per process: the C walk waits for the disk without the GIL (4, and 16
+    # when hashing: a read per file, and a cold disk serves more the more are queued); the
     # Python walk holds it (1, 2 when hashing)
-    size, hashing = (1, 2) if walk == "python" else (parallel.LEAF_THREADS, parallel.LEAF_THREADS)
-    assert parallel.LEAF_THREADS == 4
+    size, hashing = (1, 2) if walk == "python" else (parallel.LEAF_THREADS, parallel.LEAF_HASH_THREADS)
+    assert (parallel.LEAF_THREADS, parallel.LEAF_HASH_THREADS) == (4, 16)
     assert parallel.parallelism(None, None, "size", small) == (1, size)
     assert parallel.parallelism(None, None, "size", parallel.PARALLEL_MIN_BUCKETS) == (4, size)
     assert parallel.parallelism(None, None, "hash", parallel.PARALLEL_MIN_BUCKETS) == (4, hashing)
