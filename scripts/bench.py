@@ -32,6 +32,13 @@ Groups (see GROUPS below):
             small, 1,000,000 at large, or --flat-files N): scan --verify size vs find -printf,
             scan --verify hash vs find|xargs xxhsum -H2 (serial) and xargs -P8 -n512 (parallel)
   startup   kvmigrate --help (20 runs) and python3 -c pass for reference
+  cold4k    (issue 22) the page cache dropped before every command, 4 KiB tree: scan --verify size vs
+            find -printf; scan --verify hash vs find|xargs -P(4 x cores) -n512 xxhsum -H2 and rmlint
+            -T df (one run, stopped at --rmlint-timeout: a lower bound)
+  cold1m    the same on the 1 MiB tree, plus fio's O_DIRECT sequential read of the same files with
+            kvmigrate's reads in flight (the device's limit)
+  scale     scan --verify size, report and migrate --manifest M --apply at a tenth, three tenths and
+            all of the 4 KiB tree (100k, 300k, 1M files at large): per-file and marginal cost, peak RSS
   journal   (alone: `--only journal [--before REV]`) journal bytes per linked block and
             `rollback` time at 100,000 blocks, this checkout against REV (a git worktree of
             it with its own venv); merged into an existing benchmarks.json
@@ -45,10 +52,12 @@ Groups (see GROUPS below):
             bytes read (rchar, read_bytes) as a share of the tree's; warm unless
             --baseline-cold; merged into the --out-dir's benchmarks.json if it has a full
             report, else a report of its own there
+baseline, journal and prune also run after the other groups of a full run (`--only
+meta,...,baseline,journal,prune`): one run, one report (baseline then on the run's 4 KiB tree).
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.
 
 Needs only the Python standard library plus the Debian packages xxhash, jdupes, rdfind,
-fd-find, findutils, coreutils and util-linux (fincore); a run checks only the tools of
+fd-find, findutils, coreutils, util-linux (fincore), and rmlint and fio for the cold groups; a run checks only the tools of
 its groups (`--only migrate` needs xxhash, findutils, coreutils, util-linux). `--profile` uses py-spy when it is
 installed next to kvmigrate's interpreter or on PATH (`pip install py-spy`: it samples the
 worker processes too), else cProfile. `.ci/run` does not run it.
@@ -86,12 +95,13 @@ DEFAULT_WORKDIR = Path("/work/bench-tmp")
 # tool -> Debian package that ships it
 TOOLS = {
     "find": "findutils", "xargs": "findutils", "cp": "coreutils", "xxhsum": "xxhash", "jdupes": "jdupes",
-    "rdfind": "rdfind", "fdfind": "fd-find", "fincore": "util-linux",
+    "rdfind": "rdfind", "fdfind": "fd-find", "fincore": "util-linux", "rmlint": "rmlint", "fio": "fio",
 }
 # tools every run uses (warm-up, counts, residency), then each group's own
 BASE_TOOLS = ("find", "xargs", "fincore")
 GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
-               "migrate": ("xxhsum", "cp"), "startup": (), "baseline": ()}
+               "migrate": ("xxhsum", "cp"), "startup": (), "baseline": (), "cold4k": ("xxhsum", "rmlint"),
+               "cold1m": ("xxhsum", "rmlint", "fio"), "scale": ()}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
 FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -153,7 +163,13 @@ def tree_specs(scale: str, flat_files: int | None = None) -> dict[str, TreeSpec]
         "files1m": TreeSpec("files1m", "1 MiB files (bandwidth)", s["files1m"], 256 * 1024),
         "flat": TreeSpec("flat", "SGLang HiCache directory (1 KiB page files in one folder)", s["flat"], 256,
                          tp=8, family="sglang"),
+        # the scale group's smaller trees: a tenth and three tenths of files4k (100k and 300k files at large)
+        "files4k-0.1": TreeSpec("files4k-0.1", "4 KiB files, a tenth", s["files4k"] // 10, 1024),
+        "files4k-0.3": TreeSpec("files4k-0.3", "4 KiB files, three tenths", 3 * s["files4k"] // 10, 1024),
     }
+
+
+SCALE_TREES = ("files4k-0.1", "files4k-0.3", "files4k")  # the scale group's trees, smallest first
 
 
 FANOUT_LEAVES = 4096 * 256  # <hhh>/<hh> leaf folders one rank folder can have
@@ -213,10 +229,13 @@ class Run:
     rc: int
     rchar: int | None = None       # bytes read by read()/pread() calls (page cache hits too), /proc/self/io
     read_bytes: int | None = None  # bytes the block layer fetched for it (page cache misses)
+    timed_out: bool = False        # killed at the command's timeout: wall_s is a lower bound
 
     def as_dict(self) -> dict:
         d = {"wall_s": round(self.wall_s, 4), "user_s": round(self.user_s, 4), "sys_s": round(self.sys_s, 4),
              "maxrss_kib": self.maxrss_kib, "rc": self.rc}
+        if self.timed_out:
+            d["timed_out"] = True
         if self.rchar is not None:
             d.update(rchar=self.rchar, read_bytes=self.read_bytes)
         return d
@@ -234,16 +253,33 @@ def proc_io() -> dict[str, int]:
 
 
 def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | None = None,
-                 cwd: str | None = None, env: dict | None = None) -> Run:
-    """Run one command, wait for it with wait4 and return wall time and its rusage."""
+                 cwd: str | None = None, env: dict | None = None, timeout_s: float | None = None) -> Run:
+    """Run one command, wait for it with wait4 and return wall time and its rusage; with
+    `timeout_s`, its process group is killed then (Run.timed_out: the time is a lower bound)."""
+    import threading
+
     out = open(stdout, "wb") if stdout else subprocess.DEVNULL
     err = open(stderr, "wb") if stderr else subprocess.DEVNULL
+    timer = None
+    killed = threading.Event()
     try:
         io0 = proc_io()
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                                start_new_session=timeout_s is not None)
+        if timeout_s is not None:
+            def kill() -> None:
+                killed.set()
+                try:
+                    os.killpg(proc.pid, 9)
+                except OSError:
+                    pass
+            timer = threading.Timer(timeout_s, kill)
+            timer.start()
         _pid, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
+        if timer:
+            timer.cancel()
         io1 = proc_io()
         proc.returncode = os.waitstatus_to_exitcode(status)
     finally:
@@ -251,7 +287,8 @@ def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | No
             if not isinstance(f, int):
                 f.close()
     io = {k: io1[k] - io0[k] for k in ("rchar", "read_bytes") if k in io0 and k in io1}
-    return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode, io.get("rchar"), io.get("read_bytes"))
+    return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode, io.get("rchar"), io.get("read_bytes"),
+               timed_out=killed.is_set())
 
 
 def sh(cmd: str) -> list[str]:
@@ -304,6 +341,8 @@ class Command:
     settled_s: list[float] = field(default_factory=list)  # untimed waits after each reset (--settle)
     facts: dict = field(default_factory=dict)
     error: str = ""
+    max_runs: int | None = None    # fewer repetitions than the group's (a peer that takes many minutes)
+    timeout_s: float | None = None  # killed then; its time is reported as a lower bound
 
     @property
     def shell(self) -> str:
@@ -329,6 +368,8 @@ class Command:
             if all(r.rchar is not None for r in self.runs):
                 d["median_rchar"] = round(statistics.median(r.rchar for r in self.runs))
                 d["median_read_bytes"] = round(statistics.median(r.read_bytes for r in self.runs))
+        if any(r.timed_out for r in self.runs):
+            d["timed_out_after_s"] = self.timeout_s
         if self.facts:
             d["facts"] = self.facts
         if self.settled_s:
@@ -384,20 +425,26 @@ def settle(path: Path, most_s: float, quiet_s: float = 1.0) -> float:
     return time.perf_counter() - start
 
 
-def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float = 0.0) -> None:
+def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float = 0.0, cold: bool = False) -> None:
     """Each repetition runs every available command once; the order rotates per
     repetition so no command always runs first (or right after a cache-heavy one).
-    With `settle_s`, a command's reset is followed by a wait for the disk to go quiet."""
+    With `settle_s`, a command's reset is followed by a wait for the disk to go quiet;
+    `cold` drops the page cache (and dentries, inodes) before every timed command."""
     cmds = [c for c in group.commands if c.available]
     for rep in range(reps):
         shift = rep % len(cmds) if cmds else 0
         for cmd in cmds[shift:] + cmds[:shift]:
-            if cmd.error:
+            if cmd.error or (cmd.max_runs is not None and len(cmd.runs) >= cmd.max_runs):
                 continue
             os.sync()  # nothing of the previous command's writeback lands in this one's time
+            if cold:
+                drop_page_cache()
             errfile = str(out_dir / f"{cmd.key}.stderr")
-            r = run_measured(cmd.argv, stdout=cmd.stdout, stderr=errfile)
-            if r.rc not in cmd.ok_rcs:
+            r = run_measured(cmd.argv, stdout=cmd.stdout, stderr=errfile, timeout_s=cmd.timeout_s)
+            if r.timed_out:
+                cmd.runs.append(r)
+                log(f"    rep {rep + 1} {cmd.label}: stopped at its timeout, {r.wall_s:.1f} s (a lower bound)")
+            elif r.rc not in cmd.ok_rcs:
                 cmd.error = f"exit code {r.rc}: {tail(errfile)}"
                 log(f"    {cmd.label}: FAILED ({cmd.error})")
             else:
@@ -459,7 +506,10 @@ def residency(paths: list[str]) -> float | None:
     return round(res / size, 4) if size else None
 
 
-GROUP_TREES = {"meta": "files4k", "hash4k": "files4k", "hash1m": "files1m", "migrate": "files4k", "flat": "flat"}
+GROUP_TREES = {"meta": "files4k", "hash4k": "files4k", "hash1m": "files1m", "migrate": "files4k", "flat": "flat",
+               "cold4k": "files4k", "cold1m": "files1m", "scale": "files4k"}
+COLD_GROUPS = ("cold4k", "cold1m")
+AFTER_GROUPS = ("baseline", "journal", "prune")  # run after the others (Bench.run_after_groups)
 
 
 def warm(root: Path) -> float:
@@ -493,6 +543,33 @@ def count_jdupes_groups(path: str) -> int:
             else:
                 in_group = False
     return groups
+
+
+def count_rmlint_groups(path: str) -> int | str:
+    """Duplicate sets rmlint reported (its JSON's closing summary)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        return f"not counted ({exc})"
+    tail_ = data[-1] if data and isinstance(data[-1], dict) else {}
+    return tail_.get("duplicate_sets", "not counted (no summary)")
+
+
+def fio_facts(path: str) -> dict:
+    """fio's read bandwidth and bytes (its JSON output)."""
+    job = json.loads(Path(path).read_text())["jobs"][0]["read"]
+    return {"bw_mib_s": round(job["bw_bytes"] / 2**20, 1), "io_bytes": job["io_bytes"],
+            "runtime_s": round(job["runtime"] / 1000, 3)}
+
+
+def can_drop_caches() -> str:
+    """'' when this process may drop the page cache, else why not."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return ""
+    except OSError as exc:
+        return f"cannot write /proc/sys/vm/drop_caches ({exc.strerror}): run as root"
 
 
 def count_rdfind_groups(path: str) -> int:
@@ -787,6 +864,87 @@ class Bench:
                           "Python code holds one record a file for its verdicts); find and xxhsum only list or "
                           "hash (xargs -P8 -n512: eight xxhsum processes at a time, 512 files each).")
 
+    def hash_io_depth(self) -> int:
+        """Reads in flight of the measured kvmigrate's default `scan --verify hash`
+        (processes x threads a process), asked from its own parallelism()."""
+        code = ("from kvmigrate.scan.parallel import parallelism, PARALLEL_MIN_BUCKETS as B\n"
+                "w, t = parallelism(None, None, 'hash', B); print(w * t)")
+        p = subprocess.run([self.kvm_python, "-c", code], capture_output=True, text=True, cwd="/")
+        return int(p.stdout.strip()) if p.returncode == 0 and p.stdout.strip().isdigit() else 8
+
+    def group_cold(self, key: str, tree: str) -> Group:
+        """Cold reads (issue 22): the page cache, dentries and inodes dropped before every
+        timed command (run_group(cold=True)). The peers: find -printf, xxhsum in 4 x cores
+        processes of 512 files (the fastest way a user gets the same hashes), rmlint (a C
+        duplicate finder; capped, the cap is a lower bound) and, on the 1 MiB tree, fio's
+        sequential read of the same files with kvmigrate's reads in flight (the device's
+        limit: O_DIRECT, so no page cache either way)."""
+        root = self.tree_root(tree)
+        out = self.out
+        hashers = 4 * len(os.sched_getaffinity(0))
+        depth = self.hash_io_depth()
+        rm_json = str(out / f"{key}_rmlint.json")
+        fio_json = str(out / f"{key}_fio.json")
+        cmds = [
+            self._scan_cmd(f"{key}_kvm_size", "kvmigrate scan --verify size", tree, "size"),
+            Command(f"{key}_find", "find -printf", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"),
+                    "baseline"),
+            self._scan_cmd(f"{key}_kvm", "kvmigrate scan --verify hash", tree, "hash"),
+            Command(f"{key}_xxhsum", f"find | xargs -P{hashers} -n512 xxhsum -H2",
+                    sh(f"find {q(root)} -type f -print0 | xargs -0 -P{hashers} -n 512 xxhsum -H2 > /dev/null"),
+                    "baseline"),
+            Command(f"{key}_rmlint", "rmlint -T df (duplicate files)",
+                    ["rmlint", "-T", "df", "-o", f"json:{rm_json}", str(root)], "baseline",
+                    ok_rcs=(0, 1), max_runs=1, timeout_s=self.args.rmlint_timeout,
+                    check=lambda _r: {"replica_groups": count_rmlint_groups(rm_json)}),
+        ]
+        pairs = [(f"{key}_kvm_size", f"{key}_find"), (f"{key}_kvm", f"{key}_xxhsum"), (f"{key}_kvm", f"{key}_rmlint")]
+        if tree == "files1m":
+            cmds.append(Command(f"{key}_fio", f"fio sequential read, O_DIRECT, iodepth {depth}",
+                                ["fio", "--name=seqread", f"--opendir={root}", "--rw=read", "--bs=1M", "--direct=1",
+                                 "--ioengine=libaio", f"--iodepth={depth}", "--group_reporting",
+                                 "--output-format=json", f"--output={fio_json}"], "baseline",
+                                check=lambda _r: fio_facts(fio_json)))
+            pairs.append((f"{key}_kvm", f"{key}_fio"))
+        spec = self.specs[tree]
+        return Group(key, f"Cold: {spec.title} (page cache dropped before every command)", tree, cmds, pairs,
+                     note="`sync; echo 3 > /proc/sys/vm/drop_caches` before every timed command: what a nightly "
+                          "job meets on a cache larger than RAM. rmlint runs once (at most "
+                          f"{self.args.rmlint_timeout:.0f} s: a longer run is stopped and its time is a lower "
+                          "bound). fio reads the same files whole (O_DIRECT, 1 MiB requests, as many in flight "
+                          f"as kvmigrate's hash scan has reads: {depth}); its bandwidth is its own (the time it "
+                          "spends opening the files is not in it).")
+
+    def group_scale(self) -> Group:
+        """Scale with size (issue 22 item 4): scan --verify size, migrate --apply and
+        report at 100k, 300k and 1M files (warm), time per file and peak RSS."""
+        cmds = []
+        for name in SCALE_TREES:
+            root = self.tree_root(name)
+            before = set(os.listdir(root))
+            manifest = self.out / f"scale_{name}.parquet"
+
+            def reset(root: Path = root, before: set = before) -> None:
+                for extra in sorted(set(os.listdir(root)) - before):
+                    rmtree(root / extra)
+
+            cmds += [
+                Command(f"scale_{name}_scan", f"scan --verify size ({name})",
+                        [self.kvm, "scan", str(root), "--verify", "size", "-q", "-o", str(manifest), *FACTS],
+                        "kvmigrate", ok_rcs=(0, 1)),
+                Command(f"scale_{name}_report", f"report M ({name})",
+                        [self.kvm, "report", str(manifest), "-q", "--format", "json"], "kvmigrate", ok_rcs=(0, 1)),
+                Command(f"scale_{name}_migrate", f"migrate --manifest M --apply ({name})",
+                        [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q"], "kvmigrate",
+                        reset=reset),
+            ]
+        sizes = ", ".join(f"{self.specs[n].files:,}" for n in SCALE_TREES)
+        return Group("scale", f"Scale with size: {sizes} files of 4 KiB (warm)", SCALE_TREES[-1], cmds, [],
+                     note="Each size is its own tree (llm-d TP=2 MLA, the same shape). `M` is the size scan's "
+                          "manifest; migrate reads and checks both replicas of every block it links (what a "
+                          "size manifest asks), and each run's links are removed after it (untimed). The "
+                          "commands run in order (scan, report, migrate) so each has its manifest.")
+
     def group_migrate(self) -> Group:
         tree = "files4k"
         root = self.tree_root(tree)
@@ -1005,11 +1163,14 @@ class Bench:
         machine = self.machine()
         space = self.check_space()
         self.out.mkdir(parents=True, exist_ok=True)
-        need_trees = {"files4k"} if {"meta", "hash4k", "migrate"} & set(self.groups_wanted) else set()
-        if "hash1m" in self.groups_wanted:
-            need_trees.add("files1m")
-        if "flat" in self.groups_wanted:
-            need_trees.add("flat")
+        cold_why = can_drop_caches() if set(COLD_GROUPS) & set(self.groups_wanted) else ""
+        if cold_why:  # never warm figures reported as cold
+            skipped = [g for g in self.groups_wanted if g in COLD_GROUPS]
+            self.notes.append(f"The cold groups ({', '.join(skipped)}) were skipped: {cold_why}.")
+            self.groups_wanted = [g for g in self.groups_wanted if g not in COLD_GROUPS]
+        need_trees = {GROUP_TREES[g] for g in self.groups_wanted if g in GROUP_TREES}
+        if "scale" in self.groups_wanted:
+            need_trees.update(SCALE_TREES)
         if self.args.profile:
             need_trees.add("files4k")
         for name in sorted(need_trees):
@@ -1029,17 +1190,26 @@ class Bench:
 
         builders = {"meta": self.group_meta, "hash4k": lambda: self.group_hash("hash4k", "files4k"),
                     "hash1m": lambda: self.group_hash("hash1m", "files1m"), "migrate": self.group_migrate,
-                    "flat": self.group_flat}
+                    "flat": self.group_flat, "cold4k": lambda: self.group_cold("cold4k", "files4k"),
+                    "cold1m": lambda: self.group_cold("cold1m", "files1m"), "scale": self.group_scale}
+        after_groups = [g for g in self.groups_wanted if g in AFTER_GROUPS]
         for key in self.groups_wanted:
             if key == "startup":
                 self.startup = self.run_startup()
                 continue
+            if key in AFTER_GROUPS:
+                continue
             if key not in builders:
-                sys.exit(f"bench: unknown group {key!r}; known: meta, hash4k, hash1m, migrate, flat, startup")
+                sys.exit(f"bench: unknown group {key!r}; known: {', '.join([*builders, 'startup', *AFTER_GROUPS])}")
             group = builders[key]()
             self.log(f"group {key}: {group.title}")
             tree = GROUP_TREES.get(key)
-            if tree in warmth:  # again, untimed: the VM reclaims idle page cache while other groups run
+            if key in COLD_GROUPS:
+                pass  # run_group drops the page cache before every command
+            elif key == "scale":
+                for name in SCALE_TREES:
+                    self.log(f"tree {name}: warmed before group scale ({warm(self.tree_root(name)):.1f} s)")
+            elif tree in warmth:  # again, untimed: the VM reclaims idle page cache while other groups run
                 root = self.tree_root(tree)
                 secs = warm(root)
                 warmth[tree].setdefault("rewarm_before_group", {})[key] = {
@@ -1051,7 +1221,10 @@ class Bench:
                     self.log(f"    {c.label}: not available: {c.why_unavailable}")
             reps = self.args.migrate_reps if key == "migrate" and self.args.migrate_reps else self.reps
             group.reps = reps
-            run_group(group, reps, self.log, self.out, self.args.settle)
+            if key == "scale":
+                reps = min(reps, 2)
+                group.reps = reps
+            run_group(group, reps, self.log, self.out, self.args.settle, cold=key in COLD_GROUPS)
             group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
             self.groups.append(group)
             free_now = fs_free(self.workdir)["bytes"]
@@ -1060,6 +1233,7 @@ class Bench:
             self.profile = self.run_profile()
         for name, w in warmth.items():
             w["resident_fraction_at_end"] = residency(w.pop("_sample"))
+        after = self.run_after_groups(after_groups)
         space["free_bytes_at_end"] = fs_free(self.workdir)["bytes"]
         space["free_inodes_at_end"] = fs_free(self.workdir)["inodes"]
 
@@ -1075,10 +1249,42 @@ class Bench:
             "startup": self.startup,
             "replica_groups": self.replica_check(),
             "targets": self.targets(),
+            "scale_figures": self.scale_figures(),
             "profile": self.profile,
             "notes": self.notes,
         }
+        result.update(after)
+        for key in ("baseline",):
+            for t in after.get(key, {}).get("targets", []):
+                result["targets"].append({**t, "target": f"nightly re-audit: {t['target']}"})
         return result
+
+    def run_after_groups(self, keys: list[str]) -> dict:
+        """baseline, journal and prune in the same run as the other groups (issue 22: one
+        run), each as it runs alone; baseline on this run's files4k tree, journal and prune
+        on trees of their own in sub-folders of the workdir."""
+        import copy
+
+        out: dict[str, Any] = {}
+        workdir, results_out = self.workdir, self.out
+        for key in keys:
+            args = copy.copy(self.args)
+            self.log(f"group {key}")
+            if key == "baseline":
+                spec = self.specs["files4k"]
+                args.baseline_files = spec.files
+                out["baseline"] = run_baseline_group(args, self, spec=spec)
+                out["baseline"].pop("machine", None)
+            elif key == "journal":
+                args.workdir = str(workdir / "journal")
+                out["journal"] = run_journal_group(args, self.kvm, self.log)
+            elif key == "prune":
+                args.workdir = str(workdir / "prune")
+                self.workdir = Path(args.workdir)
+                out["prune"] = run_prune_group(args, self, self.log)
+                rmtree(Path(args.workdir))
+            self.workdir, self.out = workdir, results_out
+        return out
 
     def group_dict(self, g: Group) -> dict:
         by_key = {c.key: c for c in g.commands}
@@ -1122,11 +1328,11 @@ class Bench:
     def replica_check(self) -> dict:
         out = {}
         for g in self.groups:
-            if not g.key.startswith("hash"):
+            if not g.key.startswith(("hash", "cold")):
                 continue
             spec = self.specs[g.tree]
             row: dict[str, Any] = {"expected": spec.blocks}
-            for suffix in ("kvm", "jdupes", "rdfind"):
+            for suffix in ("kvm", "jdupes", "rdfind", "rmlint"):
                 c = self._cmd(f"{g.key}_{suffix}")
                 row[suffix] = c.facts.get("replica_groups") if c and c.facts else None
             counted = [v for k, v in row.items() if k != "expected" and v is not None]
@@ -1139,6 +1345,32 @@ class Bench:
                 row["kvmigrate_files"] = kvm.facts.get("files")
                 row["tree_files"] = self.trees[g.tree]["counts"]["files"]
             out[g.key] = row
+        return out
+
+    def scale_figures(self) -> dict:
+        """Per command of the scale group: per-file cost at each size, the ratio of the
+        largest tree's to the smallest's, and the largest tree's peak RSS."""
+        out: dict[str, dict] = {}
+        for cmd in ("scan", "migrate", "report"):
+            rows = []
+            for name in SCALE_TREES:
+                c = self._cmd(f"scale_{name}_{cmd}")
+                files = self.trees.get(name, {}).get("counts", {}).get("files")
+                if not c or not c.median or not files:
+                    break
+                rows.append({"tree": name, "files": files, "median_s": round(c.median, 3),
+                             "us_per_file": round(1e6 * c.median / files, 2),
+                             "peak_rss_mib": c.summary()["peak_rss_mib"]})
+            if len(rows) == len(SCALE_TREES):
+                # per-file cost carries the fixed start-up, which flatters the largest tree; the marginal
+                # cost (seconds per added file between sizes) does not
+                a, b, c = rows[0], rows[1], rows[-1]
+                low = (b["median_s"] - a["median_s"]) / (b["files"] - a["files"])
+                high = (c["median_s"] - b["median_s"]) / (c["files"] - b["files"])
+                out[cmd] = {"sizes": rows, "per_file_ratio": round(rows[-1]["us_per_file"] / rows[0]["us_per_file"], 3),
+                            "marginal_us_per_file": [round(1e6 * low, 2), round(1e6 * high, 2)],
+                            "marginal_ratio": round(high / low, 3) if low > 0 else None,
+                            "largest_files": rows[-1]["files"], "largest_rss_mib": rows[-1]["peak_rss_mib"]}
         return out
 
     def targets(self) -> list[dict]:
@@ -1177,6 +1409,8 @@ class Bench:
             add(f"hash throughput >= 1.0x xxhsum -H2 ({what})", r, 1.0, "min", "x",
                 "xxhsum time / kvmigrate scan --verify hash time (throughput ratio)")
             for tool in ("jdupes", "rdfind"):
+                if (key, tool) == ("hash1m", "jdupes"):
+                    continue  # retired (issue 22): under the start-up floor of any tool started in Python
                 add(f"replica groups >= 3x faster than {tool} ({what})", ratio(f"{key}_{tool}", f"{key}_kvm"), 3.0,
                     "min", "x", f"{tool} time / kvmigrate scan --verify hash time")
         add("migrate --apply (links) <= 1.5x cp -al", ratio("mig_kvm", "mig_cpal"), 1.5, "max", "x",
@@ -1201,6 +1435,35 @@ class Bench:
         rss = [x for x in rss if x is not None]
         add("scan peak RSS < 256 MiB (4 KiB-file tree)", max(rss) if rss else None, 256, "max", "MiB",
             "max over scan --verify size and --verify hash runs (os.wait4 ru_maxrss)", strict=True)
+        for key, what in (("cold4k", "1M files of 4 KiB" if large else "4 KiB files"), ("cold1m", "1 MiB files")):
+            if not self._cmd(f"{key}_kvm"):
+                continue
+            add(f"cold: scan --verify size <= 0.5x find -printf ({what})", ratio(f"{key}_kvm_size", f"{key}_find"),
+                0.5, "max", "x", "kvmigrate scan --verify size / find -printf, medians, page cache dropped before each")
+            add(f"cold: hash throughput >= 1.5x xargs -P xxhsum -H2 ({what})", ratio(f"{key}_xxhsum", f"{key}_kvm"),
+                1.5, "min", "x", "find | xargs -P(4 x cores) -n512 xxhsum -H2 time / kvmigrate scan --verify hash time")
+            rm = self._cmd(f"{key}_rmlint")
+            lower = bool(rm and any(r.timed_out for r in rm.runs))
+            add(f"cold: replica groups >= 5x faster than rmlint ({what})", ratio(f"{key}_rmlint", f"{key}_kvm"), 5.0,
+                "min", "x", "rmlint -T df time / kvmigrate scan --verify hash time"
+                + (" (rmlint stopped at its timeout: the figure is a lower bound)" if lower else ""))
+            if lower and res[-1].get("figure") is not None:
+                res[-1]["lower_bound"] = True
+            fio, kvm = self._cmd(f"{key}_fio"), self._cmd(f"{key}_kvm")
+            if fio and kvm and kvm.median and fio.facts.get("bw_mib_s"):
+                kvm_bw = self.trees[GROUP_TREES[key]]["counts"]["bytes"] / kvm.median / 2**20
+                add(f"cold: hash scan bandwidth >= 0.8x fio sequential read ({what})", kvm_bw / fio.facts["bw_mib_s"],
+                    0.8, "min", "x", f"kvmigrate {kvm_bw:.0f} MiB/s (tree bytes / median) / fio "
+                    f"{fio.facts['bw_mib_s']:.0f} MiB/s (its own bandwidth, O_DIRECT, same reads in flight)")
+        scale = self.scale_figures()
+        for cmd, f in scale.items():
+            add(f"scale: {cmd} time per file at {SCALE_TREES[-1]} / at {SCALE_TREES[0]} <= 1.1", f.get("per_file_ratio"),
+                1.1, "max", "x", "median seconds per file, largest tree over smallest (linear: 1.0)")
+            add(f"scale: {cmd} marginal time per file, {SCALE_TREES[1]} to {SCALE_TREES[-1]} / {SCALE_TREES[0]} to "
+                f"{SCALE_TREES[1]} <= 1.1", f.get("marginal_ratio"), 1.1, "max", "x",
+                "seconds per added file between sizes (the fixed start-up left out)")
+            add(f"scale: {cmd} peak RSS < 256 MiB at {f['largest_files']:,} files", f.get("largest_rss_mib"), 256,
+                "max", "MiB", "os.wait4 ru_maxrss, largest tree", strict=True)
         help_s = self.startup.get("kvmigrate_help", {}).get("median_s") if self.startup else None
         add("kvmigrate --help < 0.3 s", help_s, 0.3, "max", "s", f"median of {self.args.startup_runs} runs",
             strict=True)
@@ -1249,12 +1512,30 @@ def render_machine(result: dict, add: Any) -> None:
     add("")
 
 
-def render_group(g: dict, m: dict, add: Any) -> None:
+def render_scale(figures: dict, add: Any) -> None:
+    """The scale group's table: time per file and peak RSS at each size."""
+    if not figures:
+        return
+    add("")
+    add("| command | " + " | ".join(f"{r['files']:,} files: s, µs/file, peak RSS MiB"
+                                  for r in next(iter(figures.values()))["sizes"])
+        + " | per-file cost, largest / smallest | marginal µs/file (low, high) | marginal high / low |")
+    add("|---|" + "---:|" * (len(next(iter(figures.values()))["sizes"]) + 3))
+    for cmd, f in figures.items():
+        lo, hi = f["marginal_us_per_file"]
+        mr = "—" if f["marginal_ratio"] is None else f"{f['marginal_ratio']:.3f}"
+        add(f"| {cmd} | " + " | ".join(f"{fmt_s(r['median_s'])}, {r['us_per_file']:.2f}, {r['peak_rss_mib']}"
+                                       for r in f["sizes"]) + f" | {f['per_file_ratio']:.3f} | {lo}, {hi} | {mr} |")
+
+
+def render_group(g: dict, m: dict, add: Any, scale_figures: dict | None = None) -> None:
     """One group's section: its table of commands, ratios, facts and exact commands."""
     add("")
     add(f"### {g['title']}")
     add("")
     add(g["note"])
+    if g["key"] == "scale":
+        render_scale(scale_figures or {}, add)
     la = g.get("loadavg", {})
     add("")
     add(f"{g.get('reps')} repetitions; {fmt_int(g['items'])} {g['item_name']} per run. Load average "
@@ -1322,8 +1603,10 @@ def render(result: dict) -> str:
         add("> This is a **small-scale** run (quick check). The issue's targets are defined on the large "
             "trees (1M files, 4 GiB); rerun with `--scale large` for the figures that count.")
     add("")
-    add("Method: each group runs on one warm tree (an untimed warm-up pass reads every folder, inode and byte "
-        "first, and again just before each group: the VM reclaims idle page cache; page-cache residency is "
+    add("Method: the *Cold* groups drop the page cache, dentries and inodes (`sync; echo 3 > "
+        "/proc/sys/vm/drop_caches`, as root) before every timed command; the nightly re-audit group does the "
+        "same when its title says cold. Every other group runs on one warm tree (an untimed warm-up pass reads "
+        "every folder, inode and byte first, and again just before each group: the VM reclaims idle page cache; page-cache residency is "
         "sampled with `fincore`). Every repetition runs each command once and the "
         "order rotates between repetitions (A,B,… then B,…,A), `sync` before each timed command. Figures are "
         "medians of wall time; ratios are kvmigrate median / tool median (below 1 = kvmigrate faster). Peak RSS "
@@ -1331,7 +1614,8 @@ def render(result: dict) -> str:
         "`/usr/bin/time -v` \"Maximum resident set size\").")
     add("")
 
-    add("## Targets (issue 6, \"Done means\"; issue 16 for migrate against the same safety by hand)")
+    add("## Targets (issue 6, \"Done means\"; issue 16 for migrate against the same safety by hand; issue 22 for "
+        "the cold, scale and nightly re-audit figures)")
     add("")
     add("| target | measured | limit | result | |")
     add("|---|---:|---:|---|---|")
@@ -1339,7 +1623,7 @@ def render(result: dict) -> str:
         if t["figure"] is None:
             fig = "—"
         elif t.get("unit") == "x":  # ratios to three decimals: 3.001 must not read as a round 3
-            fig = f"{t['figure']:.3f} x"
+            fig = f"{'≥ ' if t.get('lower_bound') else ''}{t['figure']:.3f} x"
         else:
             fig = f"{t['figure']:.3g} {t.get('unit', '')}".strip()
         sign = {"max": "<" if t.get("strict") else "≤", "min": "≥"}.get(t.get("kind", ""), "")
@@ -1384,7 +1668,7 @@ def render(result: dict) -> str:
 
     add("## Results")
     for g in result["groups"]:
-        render_group(g, m, add)
+        render_group(g, m, add, result.get("scale_figures"))
 
     rg = result["replica_groups"]
     if rg:
@@ -1392,12 +1676,12 @@ def render(result: dict) -> str:
         add("### Replica groups found (same answer check)")
         add("")
         add("| tree | expected (blocks with 2 identical replicas) | kvmigrate (manifest: files sharing an XXH3-128) "
-            "| jdupes | rdfind | agree | files in manifest / in tree |")
-        add("|---|---:|---:|---:|---:|---|---|")
+            "| jdupes | rdfind | rmlint | agree | files in manifest / in tree |")
+        add("|---|---:|---:|---:|---:|---:|---|---|")
         for key, r in rg.items():
             agree = {True: "yes", False: "NO"}.get(r["agree"], "not checked")
             add(f"| {key} | {fmt_int(r['expected'])} | {fmt_int(r.get('kvm'))} | {fmt_int(r.get('jdupes'))} | "
-                f"{fmt_int(r.get('rdfind'))} | {agree} | "
+                f"{fmt_int(r.get('rdfind'))} | {fmt_int(r.get('rmlint'))} | {agree} | "
                 f"{fmt_int(r.get('kvmigrate_files'))} / {fmt_int(r.get('tree_files'))} |")
 
     st = result["startup"]
@@ -1825,7 +2109,7 @@ def drop_page_cache() -> None:
                  "or drop --baseline-cold (a warm run)")
 
 
-def run_baseline_group(args: argparse.Namespace, bench: "Bench") -> dict:
+def run_baseline_group(args: argparse.Namespace, bench: "Bench", spec: TreeSpec | None = None) -> dict:
     """`audit --verify hash --baseline auto` of an unchanged tree (issue 20) against `find
     -printf` of it and the full hash audit, on `--baseline-files` llm-d TP=2 MLA files of
     4 KiB: wall, CPU and bytes read (rchar and read_bytes of /proc/self/io around each
@@ -1835,11 +2119,12 @@ def run_baseline_group(args: argparse.Namespace, bench: "Bench") -> dict:
     and none hashes it as a file of the tree. Warm unless `--baseline-cold`, which drops
     the page cache before each timed command."""
     n = args.baseline_files
-    bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "baseline").resolve()
-    bench.out = bench.workdir / "out"
+    if spec is None:  # alone: a tree of its own; in a full run, the run's files4k tree (`spec`)
+        bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "baseline").resolve()
+        bench.out = bench.workdir / "out"
+        spec = TreeSpec(f"baseline-{n}", f"{n:,} files of 4 KiB", blocks=max(1, n // 2), page_bytes=1024)
     bench.out.mkdir(parents=True, exist_ok=True)
     bench.check_tools()
-    spec = TreeSpec(f"baseline-{n}", f"{n:,} files of 4 KiB", blocks=max(1, n // 2), page_bytes=1024)
     free = fs_free(bench.workdir)
     need = spec.files * (spec.file_bytes + 1024) * 2  # files, their folders, five manifests, headroom
     if not bench._stamp_ok(spec) and (need > free["bytes"] or 2 * spec.files > free["inodes"]) and not args.force:
@@ -1905,11 +2190,11 @@ def run_baseline_group(args: argparse.Namespace, bench: "Bench") -> dict:
     group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
     group.reps = args.reps
     # bytes alone, once each, in one process (--threads 1): the timed runs' rchar also counts the rows the
-    # walk processes send the parent through pipes (~400 bytes a file), which are no reads of the disk
+    # walk processes send the parent through pipes (~400 bytes a file), which are no reads of the disk.
+    # Warm even in a cold run: rchar counts read calls whatever the page cache holds, and a one-thread
+    # cold hash audit of 1M files would take longer than the rest of the group
     one_process = {}
     for c in cmds[1:]:
-        if cold:
-            drop_page_cache()
         r = run_measured(c.argv + ["--threads", "1"], stdout="/dev/null")
         one_process[c.key] = {"rchar": r.rchar, "read_bytes": r.read_bytes, "wall_s": round(r.wall_s, 2), "rc": r.rc}
         bench.log(f"    one process: {c.label}: rchar {r.rchar:,}, read_bytes {r.read_bytes:,}")
@@ -1995,7 +2280,8 @@ def render_baseline(b: dict, m: dict, add: Any) -> None:
         add("The same audits once more each, in one process (`--threads 1`), for their bytes alone: in the timed "
             "runs `rchar` also counts the rows the walk processes send the parent through pipes (about 400 "
             "bytes a file), which read nothing from the disk. Beyond the stat-only audit, what a baseline run "
-            "reads is the baseline manifest's columns and the files it opens.")
+            "reads is the baseline manifest's columns and the files it opens. These runs are warm even in a "
+            "cold group (`rchar` counts read calls, cached or not; `read_bytes` here is then near 0).")
         add("")
         add("| command (one process) | rchar | of the tree | beyond `audit --verify size` | of the tree | "
             "read_bytes |")
@@ -2037,8 +2323,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the workdir (trees are reused by the next run)")
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
-    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup; "
-                                  "journal, prune or baseline alone")
+    p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup,cold4k,cold1m,"
+                                  "scale and baseline,journal,prune (run after the others; each alone merges "
+                                  "into the --out-dir's report)")
     p.add_argument("--flat-files", type=int, metavar="N",
                    help="page files of the flat group's HiCache directory (default: 50,000 at --scale small, "
                         "1,000,000 at large)")
@@ -2058,6 +2345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prune group: migrated legacy block files to prune (default 500,000)")
     p.add_argument("--baseline-files", type=int, default=1_000_000,
                    help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
+    p.add_argument("--rmlint-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="cold groups: stop rmlint after this long (its time is then a lower bound; default 600)")
     p.add_argument("--baseline-cold", action="store_true",
                    help="baseline group: drop the page cache before each timed command (root; default: warm)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")

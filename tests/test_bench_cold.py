@@ -1,0 +1,42 @@
+"""scripts/bench.py's cold and scale arithmetic (issue 22) on given commands: a peer stopped
+at its timeout is a lower bound, never a time; the scale figures leave the start-up out of
+the marginal cost. No trees are built and nothing is timed against a limit."""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench  # noqa: E402
+
+
+def test_a_command_stopped_at_its_timeout_says_so(tmp_path):
+    r = bench.run_measured(["sleep", "30"], timeout_s=0.3)
+    assert r.timed_out and r.wall_s < 10
+    done = bench.run_measured(["true"], timeout_s=30)
+    assert not done.timed_out and done.rc == 0
+
+
+def test_scale_figures_per_file_and_marginal_cost(tmp_path):
+    b = bench.Bench.__new__(bench.Bench)
+    b.groups, b.trees = [], {}
+    times = {"files4k-0.1": 1.5, "files4k-0.3": 2.5, "files4k": 6.0}  # 0.5 s start-up + 10 us a file
+    files = {"files4k-0.1": 100_000, "files4k-0.3": 300_000, "files4k": 1_000_000}
+    cmds = []
+    for name in bench.SCALE_TREES:
+        b.trees[name] = {"counts": {"files": files[name]}}
+        c = bench.Command(f"scale_{name}_scan", name, ["true"], "kvmigrate")
+        c.runs.append(bench.Run(times[name], 0, 0, 100 * 1024, 0))
+        cmds.append(c)
+    b.groups.append(bench.Group("scale", "t", "files4k", cmds, []))
+    f = b.scale_figures()["scan"]
+    assert f["per_file_ratio"] == round(6.0 / 1_000_000 / (1.5 / 100_000), 3)
+    assert f["marginal_us_per_file"] == [5.0, 5.0] and f["marginal_ratio"] == 1.0
+    assert f["largest_rss_mib"] == 100.0
+
+
+def test_rmlint_groups_from_its_json_summary(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text('[{"type": "duplicate_file"}, {"aborted": false, "duplicate_sets": 7}]')
+    assert bench.count_rmlint_groups(str(out)) == 7
+    assert bench.count_rmlint_groups(str(tmp_path / "missing.json")).startswith("not counted")
