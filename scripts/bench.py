@@ -2102,11 +2102,10 @@ MANIFEST_FACTS = ("import json, sys, pyarrow.compute as pc\n"
 def drop_page_cache() -> None:
     """sync, then drop the page cache, dentries and inodes (root only)."""
     os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as exc:
-        sys.exit(f"bench: baseline --baseline-cold drops the page cache and cannot ({exc.strerror}): run as root, "
-                 "or drop --baseline-cold (a warm run)")
+    why = can_drop_caches()
+    if why:
+        sys.exit(f"bench: a cold group drops the page cache and {why}, or leave the cold groups and "
+                 "--baseline-cold out (a warm run)")
 
 
 def run_baseline_group(args: argparse.Namespace, bench: "Bench", spec: TreeSpec | None = None) -> dict:

@@ -104,11 +104,16 @@ IO_DEPTH_HELP = ("Reads in flight: walker threads in all, over one process per c
                  "a cold network filesystem or a deep NVMe queue. --threads is the same option.")
 
 
+def io_depth_option(fn: Callable) -> Callable:
+    """--io-depth N (alias --threads): the walker threads in all, passed as `threads`."""
+    return click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None,
+                        metavar="N", help=IO_DEPTH_HELP)(fn)
+
+
 def walk_options(fn: Callable) -> Callable:
     fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
-    fn = click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None,
-                      metavar="N", help=IO_DEPTH_HELP)(fn)
+    fn = io_depth_option(fn)
     fn = click.option("--shard", default=None, metavar="K/N", help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (IO_DEPTH_HELP, check_scaleout, facts_options, handle_errors, output_options, pacing_options,
+from kvmigrate.cli.common import (io_depth_option, check_scaleout, facts_options, handle_errors, output_options, pacing_options,
                                   part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
                                   rerun_command, scaleout_options, selection_options, start_pacing)
 
@@ -38,8 +38,7 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
                    "is proven (crash residue, replica equality, vllm.cpp headers, slice cell sizes) and the dry "
                    "run shows what --apply does]. With size or none, --apply reads each block before placing "
                    "it instead.")
-@click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None, metavar="N",
-              help=IO_DEPTH_HELP)
+@io_depth_option
 @facts_options
 @selection_options
 @scaleout_options

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (IO_DEPTH_HELP, facts_options, handle_errors, output_options, pop_fact_flags, print_json,
+from kvmigrate.cli.common import (io_depth_option, facts_options, handle_errors, output_options, pop_fact_flags, print_json,
                                   rerun_command)
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
@@ -60,8 +60,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default=None,
               help="Scan depth when scanning ROOT first [default: hash: replicas are pruned only where proven "
                    "equal].")
-@click.option("--io-depth", "--threads", "threads", type=click.IntRange(min=1), default=None, metavar="N",
-              help=IO_DEPTH_HELP)
+@io_depth_option
 @facts_options
 @output_options
 @handle_errors
