@@ -2,8 +2,8 @@
 """Side-by-side benchmarks of kvmigrate against the standard tools, on the same trees.
 
 Builds synthetic cache trees with `kvmigrate synth` (several processes in parallel),
-warms them, then runs each comparison group on the same warm tree, rotating the order
-of the commands every repetition (A,B then B,A ...), and writes `reports/BENCHMARKS.md`
+warms them, then runs each comparison group on the same warm tree, changing the order
+of the commands every repetition (A,B,C; C,B,A; B,C,A; A,C,B ...), and writes `reports/BENCHMARKS.md`
 and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's targets.
 
     python3 scripts/bench.py --scale small --reps 2        # ~1-2 minutes
@@ -425,15 +425,27 @@ def settle(path: Path, most_s: float, quiet_s: float = 1.0) -> float:
     return time.perf_counter() - start
 
 
+def rep_order(cmds: list, rep: int) -> list:
+    """The order of repetition `rep`: rotated by one every second repetition, and every
+    odd repetition the one before it reversed (A,B,C; C,B,A; B,C,A; A,C,B; ...). Each
+    command goes first in turn, and each one runs as often right after a neighbour as
+    right before it: a plain rotation kept B always right after A, so B could read what A
+    left in a cache that drop_caches cannot empty (the VM host's, behind the virtual disk)."""
+    if not cmds:
+        return []
+    shift = (rep // 2) % len(cmds)
+    order = cmds[shift:] + cmds[:shift]
+    return order[::-1] if rep % 2 else order
+
+
 def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float = 0.0, cold: bool = False) -> None:
-    """Each repetition runs every available command once; the order rotates per
-    repetition so no command always runs first (or right after a cache-heavy one).
+    """Each repetition runs every available command once, in `rep_order`, so no command
+    always runs first (or right after a cache-heavy one).
     With `settle_s`, a command's reset is followed by a wait for the disk to go quiet;
     `cold` drops the page cache (and dentries, inodes) before every timed command."""
     cmds = [c for c in group.commands if c.available]
     for rep in range(reps):
-        shift = rep % len(cmds) if cmds else 0
-        for cmd in cmds[shift:] + cmds[:shift]:
+        for cmd in rep_order(cmds, rep):
             if cmd.error or (cmd.max_runs is not None and len(cmd.runs) >= cmd.max_runs):
                 continue
             os.sync()  # nothing of the previous command's writeback lands in this one's time
@@ -1608,7 +1620,8 @@ def render(result: dict) -> str:
         "same when its title says cold. Every other group runs on one warm tree (an untimed warm-up pass reads "
         "every folder, inode and byte first, and again just before each group: the VM reclaims idle page cache; page-cache residency is "
         "sampled with `fincore`). Every repetition runs each command once and the "
-        "order rotates between repetitions (A,B,… then B,…,A), `sync` before each timed command. Figures are "
+        "order changes between repetitions (A,B,C; C,B,A; B,C,A; A,C,B: each command goes first in turn, and runs as "
+        "often right after each neighbour as right before it), `sync` before each timed command. Figures are "
         "medians of wall time; ratios are kvmigrate median / tool median (below 1 = kvmigrate faster). Peak RSS "
         "and CPU times come from `os.wait4` on each command (process + reaped children; the same figure as "
         "`/usr/bin/time -v` \"Maximum resident set size\").")
@@ -1896,7 +1909,7 @@ def run_journal_group(args: argparse.Namespace, kvm: str, log: Any) -> dict:
                                                      "`link`", "reps": args.reps, "versions": {}}
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for rep in range(args.reps):
-        order = names[rep % len(names):] + names[:rep % len(names)]  # each goes first in turn
+        order = rep_order(names, rep)  # each goes first in turn, neighbours both ways round
         for name in order:
             version = "after" if name in FLOORS else name  # a floor removes what this checkout created
             exe = versions[version][0]
@@ -1946,7 +1959,8 @@ def render_journal(j: dict, add: Any) -> None:
     add("## Journal: bytes per block and rollback time (issue 18)")
     add("")
     add(f"{j['tree']}; `migrate --manifest M --apply --journal DIR`, then `sync`, then the timed "
-        f"`rollback DIR`; median of {j['reps']} repetitions rotating the versions (each goes first in turn), "
+        f"`rollback DIR`; median of {j['reps']} repetitions changing the order of the versions (each goes first in turn, neighbours "
+        f"both ways round), "
         f"from one run of `{j['command']}` at {j['when']} on the shared 2-core VM (other sessions were running "
         "tests: the wall times are noisy, removals wait on the disk)"
         + (f"; load average {j['load_before']} before the group, {j['load_after']} after." if "load_before" in j
@@ -2247,7 +2261,7 @@ def render_baseline(b: dict, m: dict, add: Any) -> None:
     add("")
     add(f"`{b['command']}` at {b['when']}: {b['files']:,} files, {b['tree_bytes']:,} bytes in files, "
         f"**{b['warmth']}**; {b['reps']} repetitions of each command, the "
-        f"order rotating, medians. The baseline manifest (the kept full audit): {b['manifest_bytes']:,} bytes "
+        f"order changing (each first in turn, neighbours both ways round), medians. The baseline manifest (the kept full audit): {b['manifest_bytes']:,} bytes "
         f"({100 * b['manifest_bytes'] / b['tree_bytes']:.2f}% of the tree). `uptime` before: "
         f"`{b['uptime_before']}`; after: `{b['uptime_after']}`.")
     add("")

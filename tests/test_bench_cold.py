@@ -40,3 +40,17 @@ def test_rmlint_groups_from_its_json_summary(tmp_path):
     out.write_text('[{"type": "duplicate_file"}, {"aborted": false, "duplicate_sets": 7}]')
     assert bench.count_rmlint_groups(str(out)) == 7
     assert bench.count_rmlint_groups(str(tmp_path / "missing.json")).startswith("not counted")
+
+
+def test_each_command_goes_first_and_neighbours_run_both_ways_round():
+    """A plain rotation (A,B,C then B,C,A) kept B always right after A: B could read what A
+    left in a cache drop_caches cannot empty. Over two repetitions each pair that meets
+    meets both ways round, and over 2n each command goes first."""
+    cmds = ["A", "B", "C"]
+    orders = [bench.rep_order(cmds, rep) for rep in range(6)]
+    assert all(sorted(o) == cmds for o in orders)
+    assert {o[0] for o in orders} == set(cmds)
+    for rep in (0, 2, 4):
+        after = {(x, y) for o in orders[rep:rep + 2] for x, y in zip(o, o[1:])}
+        assert all((y, x) in after for x, y in after), (rep, orders[rep:rep + 2])
+    assert bench.rep_order([], 3) == []

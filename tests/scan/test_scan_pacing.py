@@ -103,3 +103,28 @@ def test_the_scan_bar_has_a_total_a_percentage_and_an_eta(synth_root, tmp_path, 
     err = capsys.readouterr().err
     m = re.search(r"scan: 100%\|[^|]*\| (\d+)/(\d+) \[[\d:]+<[\d:]+", err)  # done/total [elapsed<ETA
     assert m and m.group(1) == m.group(2) and int(m.group(2)) >= 256, err[-500:]
+
+
+def test_the_c_walk_asks_ahead_for_cold_big_blocks_only(synth_root, tmp_path, monkeypatch):
+    """A block read in pieces (> STREAM_CHUNK) gets posix_fadvise(WILLNEED) when it is
+    cold, so the disk sees one large request; one already in the page cache (the
+    engine's, or a warm tree) is not asked for again: the advice would walk its pages for
+    nothing (a warm 4 GiB scan paid for that)."""
+    from kvmigrate import _leafwalk
+
+    monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
+    root, results = synth_root({**TREE, "blocks": 12, "page_bytes": 65536, "layers": 4})
+    blocks = [root / r for r in results[0].block_files()]
+    assert min(p.stat().st_size for p in blocks) > _leafwalk.STREAM_CHUNK
+    os.sync()
+    for path in blocks:
+        _evict(path)
+    hot = blocks[:5]
+    for path in hot:
+        path.read_bytes()
+    log = tmp_path / "strace.log"
+    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
+                    "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
+    asked = [line for line in log.read_text().splitlines() if "POSIX_FADV_WILLNEED" in line]
+    assert len(asked) == len(blocks) - len(hot) == 7
+    assert _resident(hot) == sum(p.stat().st_size for p in hot)
