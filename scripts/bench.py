@@ -101,7 +101,7 @@ TOOLS = {
 BASE_TOOLS = ("find", "xargs", "fincore")
 GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
                "migrate": ("xxhsum", "cp"), "startup": (), "baseline": (), "cold4k": ("xxhsum", "rmlint"),
-               "cold1m": ("xxhsum", "rmlint", "fio"), "scale": ()}
+               "cold1m": ("xxhsum", "rmlint", "fio"), "scale": ("cp",)}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
 FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -940,6 +940,12 @@ class Bench:
                 for extra in sorted(set(os.listdir(root)) - before):
                     rmtree(root / extra)
 
+            rank0 = next((root / n for n in sorted(before) if n.endswith("_r0")), root)
+            cp_dest = self.workdir / f"scale-cpal-{name}"
+
+            def reset_cp(dest: Path = cp_dest) -> None:
+                rmtree(dest)
+
             cmds += [
                 Command(f"scale_{name}_scan", f"scan --verify size ({name})",
                         [self.kvm, "scan", str(root), "--verify", "size", "-q", "-o", str(manifest), *FACTS],
@@ -949,13 +955,20 @@ class Bench:
                 Command(f"scale_{name}_migrate", f"migrate --manifest M --apply ({name})",
                         [self.kvm, "migrate", "--manifest", str(manifest), "--apply", "-q"], "kvmigrate",
                         reset=reset),
+                # the filesystem's own growth: as many hard links into a fresh tree of the same shape
+                Command(f"scale_{name}_cpal", f"cp -al of the rank-0 folder ({name})",
+                        ["cp", "-al", str(rank0), str(cp_dest)], "baseline", reset=reset_cp),
             ]
         sizes = ", ".join(f"{self.specs[n].files:,}" for n in SCALE_TREES)
-        return Group("scale", f"Scale with size: {sizes} files of 4 KiB (warm)", SCALE_TREES[-1], cmds, [],
+        pairs = [(f"scale_{n}_migrate", f"scale_{n}_cpal") for n in SCALE_TREES]
+        return Group("scale", f"Scale with size: {sizes} files of 4 KiB (warm)", SCALE_TREES[-1], cmds, pairs,
                      note="Each size is its own tree (llm-d TP=2 MLA, the same shape). `M` is the size scan's "
                           "manifest; migrate reads and checks both replicas of every block it links (what a "
                           "size manifest asks), and each run's links are removed after it (untimed). The "
-                          "commands run in order (scan, report, migrate) so each has its manifest.")
+                          "commands run in order (scan, report, migrate) the first time, so each has its manifest. `cp -al` "
+                          "of the rank-0 folder makes as many hard links (one per block) into a fresh tree of the "
+                          "same folder shape: the filesystem's own cost of linking at each size, for the migrate "
+                          "row to be read against.")
 
     def group_migrate(self) -> Group:
         tree = "files4k"
@@ -1363,7 +1376,7 @@ class Bench:
         """Per command of the scale group: per-file cost at each size, the ratio of the
         largest tree's to the smallest's, and the largest tree's peak RSS."""
         out: dict[str, dict] = {}
-        for cmd in ("scan", "migrate", "report"):
+        for cmd in ("scan", "migrate", "report", "cpal"):
             rows = []
             for name in SCALE_TREES:
                 c = self._cmd(f"scale_{name}_{cmd}")
@@ -1468,6 +1481,7 @@ class Bench:
                     0.8, "min", "x", f"kvmigrate {kvm_bw:.0f} MiB/s (tree bytes / median) / fio "
                     f"{fio.facts['bw_mib_s']:.0f} MiB/s (its own bandwidth, O_DIRECT, same reads in flight)")
         scale = self.scale_figures()
+        scale.pop("cpal", None)  # a reference for migrate's row, not a target of ours
         for cmd, f in scale.items():
             add(f"scale: {cmd} time per file at {SCALE_TREES[-1]} / at {SCALE_TREES[0]} <= 1.1", f.get("per_file_ratio"),
                 1.1, "max", "x", "median seconds per file, largest tree over smallest (linear: 1.0)")
@@ -1536,7 +1550,8 @@ def render_scale(figures: dict, add: Any) -> None:
     for cmd, f in figures.items():
         lo, hi = f["marginal_us_per_file"]
         mr = "—" if f["marginal_ratio"] is None else f"{f['marginal_ratio']:.3f}"
-        add(f"| {cmd} | " + " | ".join(f"{fmt_s(r['median_s'])}, {r['us_per_file']:.2f}, {r['peak_rss_mib']}"
+        label = {"cpal": "cp -al of rank 0 (the filesystem's own linking cost)"}.get(cmd, cmd)
+        add(f"| {label} | " + " | ".join(f"{fmt_s(r['median_s'])}, {r['us_per_file']:.2f}, {r['peak_rss_mib']}"
                                        for r in f["sizes"]) + f" | {f['per_file_ratio']:.3f} | {lo}, {hi} | {mr} |")
 
 

@@ -54,3 +54,23 @@ def test_each_command_goes_first_and_neighbours_run_both_ways_round():
         after = {(x, y) for o in orders[rep:rep + 2] for x, y in zip(o, o[1:])}
         assert all((y, x) in after for x, y in after), (rep, orders[rep:rep + 2])
     assert bench.rep_order([], 3) == []
+
+
+def test_scale_reports_cp_al_beside_migrate_but_not_as_a_target_of_ours(tmp_path):
+    """The scale group's `cp -al` rows are the filesystem's own linking cost at each size:
+    their figures are reported (scale_figures) and paired with migrate, never judged."""
+    b = bench.Bench.__new__(bench.Bench)
+    b.groups, b.trees, b.scale, b.startup = [], {}, "large", {}
+    b.args = argparse.Namespace(startup_runs=5)
+    files = {"files4k-0.1": 100_000, "files4k-0.3": 300_000, "files4k": 1_000_000}
+    cmds = []
+    for name in bench.SCALE_TREES:
+        b.trees[name] = {"counts": {"files": files[name]}}
+        for cmd, per_file in (("migrate", 100e-6), ("cpal", 80e-6)):
+            c = bench.Command(f"scale_{name}_{cmd}", name, ["true"], "kvmigrate" if cmd == "migrate" else "baseline")
+            c.runs.append(bench.Run(files[name] * per_file, 0, 0, 100 * 1024, 0))
+            cmds.append(c)
+    b.groups.append(bench.Group("scale", "t", "files4k", cmds, []))
+    assert set(b.scale_figures()) == {"migrate", "cpal"}
+    scale_targets = [t["target"] for t in b.targets() if t["target"].startswith("scale:")]
+    assert scale_targets and all(" migrate " in t for t in scale_targets)
