@@ -59,24 +59,31 @@ def _resident(paths: list[Path]) -> int:
     return sum(int(x) for x in out.split())
 
 
+def _hash_scan_with_some_hot(synth_root, tmp_path, spec: dict, hot: int) -> tuple[list[Path], list[Path], list[str]]:
+    """A tree whose block files are all evicted but the first `hot` (read, as an engine
+    would), then `scan --verify hash` under strace: (blocks, the hot ones, its
+    posix_fadvise calls)."""
+    root, results = synth_root(spec)
+    blocks = [root / r for r in results[0].block_files()]
+    os.sync()
+    for path in blocks:
+        _evict(path)
+    for path in blocks[:hot]:
+        path.read_bytes()
+    assert _resident(blocks[hot:]) == 0 and _resident(blocks[:hot]) == sum(p.stat().st_size for p in blocks[:hot])
+    log = tmp_path / "strace.log"
+    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
+                    "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
+    return blocks, blocks[:hot], log.read_text().splitlines()
+
+
 def test_every_cold_hashed_block_file_is_fadvised_dontneed_and_the_engines_stay_cached(synth_root, tmp_path,
                                                                                         walk):
     """strace counts posix_fadvise(DONTNEED) calls of the scan (C walk and Python walk):
     one per block file that was not in the page cache; the 10 the "engine" just read
     are left alone, and stay cached."""
-    root, results = synth_root({**TREE, "blocks": 40})
-    blocks = [root / r for r in results[0].block_files()]
-    os.sync()
-    for path in blocks:
-        _evict(path)
-    hot = blocks[:10]
-    for path in hot:
-        path.read_bytes()
-    assert _resident(blocks[10:]) == 0 and _resident(hot) == sum(p.stat().st_size for p in hot)
-    log = tmp_path / "strace.log"
-    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
-                    "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
-    calls = [line for line in log.read_text().splitlines() if "POSIX_FADV_DONTNEED" in line]
+    blocks, hot, advice = _hash_scan_with_some_hot(synth_root, tmp_path, {**TREE, "blocks": 40}, hot=10)
+    calls = [line for line in advice if "POSIX_FADV_DONTNEED" in line]
     assert len(calls) == len(blocks) - len(hot) == 30
     assert _resident(blocks[10:]) == 0  # read, hashed and let go
     assert _resident(hot) == sum(p.stat().st_size for p in hot)
@@ -113,18 +120,9 @@ def test_the_c_walk_asks_ahead_for_cold_big_blocks_only(synth_root, tmp_path, mo
     from kvmigrate import _leafwalk
 
     monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
-    root, results = synth_root({**TREE, "blocks": 12, "page_bytes": 65536, "layers": 4})
-    blocks = [root / r for r in results[0].block_files()]
+    blocks, hot, advice = _hash_scan_with_some_hot(
+        synth_root, tmp_path, {**TREE, "blocks": 12, "page_bytes": 65536, "layers": 4}, hot=5)
     assert min(p.stat().st_size for p in blocks) > _leafwalk.STREAM_CHUNK
-    os.sync()
-    for path in blocks:
-        _evict(path)
-    hot = blocks[:5]
-    for path in hot:
-        path.read_bytes()
-    log = tmp_path / "strace.log"
-    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
-                    "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
-    asked = [line for line in log.read_text().splitlines() if "POSIX_FADV_WILLNEED" in line]
+    asked = [line for line in advice if "POSIX_FADV_WILLNEED" in line]
     assert len(asked) == len(blocks) - len(hot) == 7
     assert _resident(hot) == sum(p.stat().st_size for p in hot)
