@@ -63,7 +63,8 @@ installed next to kvmigrate's interpreter or on PATH (`pip install py-spy`: it s
 worker processes too), else cProfile. `.ci/run` does not run it.
 Peak RSS and CPU times come from os.wait4() on each command (the rusage of the process
 and its reaped children, the same figure `/usr/bin/time -v` prints as "Maximum resident
-set size").
+set size"); the bench resets its own peak RSS before each command, because a child starts
+with its parent's high-water mark.
 """
 
 from __future__ import annotations
@@ -252,6 +253,44 @@ def proc_io() -> dict[str, int]:
         return {}
 
 
+def damon_pageout() -> str:
+    """Whether a DAMON pageout scheme runs (some VMs ship one): it evicts idle page cache, so a
+    tree warmed for a warm group may be partly cold again by the time the group times it."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    found = []
+    for state in sorted(root.glob("*/state")):
+        try:
+            actions = {a.read_text().strip() for a in state.parent.glob("contexts/*/schemes/*/action")}
+            if "pageout" in actions:
+                found.append(f"kdamond {state.parent.name} (pageout) {state.read_text().strip()}")
+        except OSError:
+            continue
+    return "; ".join(found)
+
+
+def reset_peak_rss() -> None:
+    """Set this process's peak RSS back to its current RSS (/proc/self/clear_refs, 5). A child
+    started by vfork + exec begins with its parent's high-water mark as its own, so without
+    this a small command shows the bench's largest moment as its peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_kib() -> int | None:
+    """This process's peak RSS since the last reset (VmHWM), None where unreadable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | None = None,
                  cwd: str | None = None, env: dict | None = None, timeout_s: float | None = None) -> Run:
     """Run one command, wait for it with wait4 and return wall time and its rusage; with
@@ -263,6 +302,7 @@ def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | No
     timer = None
     killed = threading.Event()
     try:
+        reset_peak_rss()
         io0 = proc_io()
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
@@ -558,13 +598,22 @@ def count_jdupes_groups(path: str) -> int:
 
 
 def count_rmlint_groups(path: str) -> int | str:
-    """Duplicate sets rmlint reported (its JSON's closing summary)."""
+    """Duplicate sets rmlint reported: its JSON's closing summary, read from the file's end.
+    The whole JSON of a 1M-file tree is hundreds of MiB; loading it would raise this process's
+    peak RSS, which the kernel hands on to every command started after (see reset_peak_rss)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail_text = f.read().decode("utf-8", "replace")
+    except OSError as exc:
         return f"not counted ({exc})"
-    tail_ = data[-1] if data and isinstance(data[-1], dict) else {}
-    return tail_.get("duplicate_sets", "not counted (no summary)")
+    start, end = tail_text.rfind("{"), tail_text.rfind("}")
+    try:
+        summary = json.loads(tail_text[start:end + 1]) if 0 <= start < end else {}
+    except ValueError as exc:
+        return f"not counted ({exc})"
+    return summary.get("duplicate_sets", "not counted (no summary)")
 
 
 def fio_facts(path: str) -> dict:
@@ -1172,6 +1221,7 @@ class Bench:
         dirty = capture(["git", "-C", str(REPO), "status", "--porcelain", "--", "kvmigrate"])
         return {
             "cpu_model": cpu, "cores": os.cpu_count(), "mem_total_bytes": mem.get("MemTotal"),
+            "page_reclaim": damon_pageout(),
             "mem_available_bytes_at_start": mem.get("MemAvailable"), "kernel": platform.release(),
             "os": capture(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
             "workdir_fs": fstype, "workdir_mount": mnt, "workdir_device": dev, "workdir_mount_options": opts,
@@ -1526,6 +1576,8 @@ def render_machine(result: dict, add: Any) -> None:
     add(f"| workdir filesystem | {m['workdir_fs']} on {m['workdir_device']} (mounted at {m['workdir_mount']}, "
         f"options `{m.get('workdir_mount_options', '')}`) |")
     add(f"| kernel / OS | {m['kernel']} / {m['os']} |")
+    if m.get("page_reclaim"):
+        add(f"| proactive page reclaim | {m['page_reclaim']} |")
     add(f"| Python | {m['python']} (`{m['python_executable']}`) |")
     add(f"| Python packages | {', '.join(f'{k} {v}' for k, v in m['python_packages'].items())} |")
     add(f"| Debian packages | {', '.join(f'{k} {v}' for k, v in m['debian_packages'].items())} |")
@@ -1639,7 +1691,8 @@ def render(result: dict) -> str:
         "often right after each neighbour as right before it), `sync` before each timed command. Figures are "
         "medians of wall time; ratios are kvmigrate median / tool median (below 1 = kvmigrate faster). Peak RSS "
         "and CPU times come from `os.wait4` on each command (process + reaped children; the same figure as "
-        "`/usr/bin/time -v` \"Maximum resident set size\").")
+        "`/usr/bin/time -v` \"Maximum resident set size\"); the bench resets its own peak RSS "
+        "(`/proc/self/clear_refs`) before each command, since a child starts with its parent's high-water mark.")
     add("")
 
     add("## Targets (issue 6, \"Done means\"; issue 16 for migrate against the same safety by hand; issue 22 for "

@@ -74,3 +74,30 @@ def test_scale_reports_cp_al_beside_migrate_but_not_as_a_target_of_ours(tmp_path
     assert set(b.scale_figures()) == {"migrate", "cpal"}
     scale_targets = [t["target"] for t in b.targets() if t["target"].startswith("scale:")]
     assert scale_targets and all(" migrate " in t for t in scale_targets)
+
+
+def test_a_small_command_is_not_charged_the_bench_s_own_peak_memory():
+    """The kernel starts a child's peak RSS at its parent's high-water mark (vfork + exec), so
+    after the bench once held 400 MiB every later `true` showed 400 MiB (rmlint's JSON did this
+    to every cold row). The figure is the command's own."""
+    big = bytearray(400 * 2**20)
+    big[:: 4096] = b"x" * len(big[:: 4096])  # touch every page
+    del big
+    r = bench.run_measured(["true"])
+    assert r.maxrss_kib < 200 * 1024, r.maxrss_kib
+
+
+def test_rmlint_groups_are_counted_without_loading_its_whole_json(tmp_path):
+    """rmlint's JSON for a 1M-file tree is hundreds of MiB; the count reads only its summary
+    at the end, so the bench's own memory stays small."""
+    out = tmp_path / "r.json"
+    entry = '{"type": "duplicate_file", "path": "/' + "p" * 200 + '", "size": 4096},\n'
+    with open(out, "w") as f:
+        f.write("[\n")
+        for _ in range(100_000):
+            f.write(entry)
+        f.write('{\n  "aborted": false,\n  "progress": 100,\n  "duplicate_sets": 42,\n  "duplicates": 9\n}\n]\n')
+    bench.reset_peak_rss()
+    before = bench.peak_rss_kib()
+    assert bench.count_rmlint_groups(str(out)) == 42
+    assert bench.peak_rss_kib() - before < 10 * 1024
