@@ -279,12 +279,13 @@ def reset_peak_rss() -> None:
         pass
 
 
-def peak_rss_kib() -> int | None:
-    """This process's peak RSS since the last reset (VmHWM), None where unreadable."""
+def status_kib(field: str) -> int | None:
+    """One kB field of /proc/self/status (VmHWM: peak RSS since the last reset, VmRSS: now),
+    None where unreadable."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (OSError, ValueError):
         pass
