@@ -283,6 +283,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                  "already in their target: the engine's evictors count both names; see what prune reclaims (dry "
                  "run), then add --apply", "reclaimable", n["source_base"], 3)
     guessed: dict[str, int] = {}  # source base -> pending blocks, of namespaces whose target is a guess
+    unproven = 0  # pending blocks taken from rank 0 of replicas this scan compared by size only
     deployments: dict[str, int] = {}
     for n in summary["namespaces"]:
         if n.get("deployment"):
@@ -377,12 +378,14 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         multi_rank = len(n["ranks"]) > 1 or deployments.get(n["deployment"], 0) > 1
         relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
         if multi_rank and summary.get("verify") != "hash" and relies:
+            unproven += relies
             findings.append(_finding("replicas_unverified", 0, base,
                                      f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared "
                                      "by size "
                                      f"only (verify={summary.get('verify')}): differing replicas are not "
                                      "detected until hashed", blocks=relies))
-            hint(cmd.rerun("--verify", "hash"), "hash every replica so mismatches are found before migrating",
+            hint(cmd.rerun("--verify", "hash"), "hash every replica: it names the blocks whose replicas differ "
+                 "(replica_mismatch, never migrated) and shows which pending blocks a migration can place",
                  "replicas_unverified", base, 3)
         if len(n["hash_bytes"]) > 1:
             findings.append(_finding("hash_lengths", 0, base,
@@ -425,13 +428,21 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         if summary.get("verify") != "hash":  # reusable by name and size only: nobody read them yet
             message += (f" (judged by size: this scan (--verify {summary.get('verify')}) did not read them; "
                         "a migration reads and checks each before placing it)")
+        if unproven:  # a migration hashes them and refuses differing replicas, which then stay "pending" here
+            message += (f"; {unproven} of them {'is' if unproven == 1 else 'are'} pending only if {'its' if unproven == 1 else 'their'} "
+                        "replicas are equal, which this scan did not compare: a migration refuses replicas that "
+                        "differ, and blocks it refused stay counted here until a hash audit names them "
+                        "replica_mismatch")
         if guessed_pending:
             message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
                         "(no migrate command until then)")
         findings.append(_finding("migration_pending", 1, None, message,
-                                 blocks=pending["blocks"], bytes=pending["bytes"]))
+                                 blocks=pending["blocks"], bytes=pending["bytes"], unproven_replicas=unproven))
         if not guessed_pending:
-            why = "migrate the reusable blocks (without --apply it prints the plan only)"
+            why = ("then migrate the blocks whose replicas hash equal (without --apply it prints the plan only; "
+                   "it refuses differing replicas, so running it again does not place the blocks a migration "
+                   "already refused)" if unproven == pending["blocks"] else
+                   "migrate the reusable blocks (without --apply it prints the plan only)")
             assumes = {k: v for n in summary["namespaces"] if n["pending"]["blocks"]
                        for k, v in (n.get("target_decisive_assumptions") or {}).items()}
             if assumes:
@@ -459,8 +470,16 @@ def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
         if not rows:
             continue
         t = {k: sum(v[k] for v in rows) for k in ("files", "bytes", "freed_bytes", "unlinked_files")}
-        h["why"] = (f"{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their target: prune "
-                    f"frees {human_bytes(t['freed_bytes'])} once purged and unlinks "
+        # a size scan has not proven the other ranks' replicas equal, so it counts rank 0's
+        # files only; prune's own scan hashes them and takes those found equal as well
+        floor = "at least " if summary.get("verify") != "hash" and any(
+            len(n["ranks"]) > 1 and n["replicas"]["files"] for n in summary["namespaces"]
+            if n["source_base"] in h["namespaces"]) else ""
+        h["why"] = (f"{floor}{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their target: "
+                    f"prune frees {floor}{human_bytes(t['freed_bytes'])} once purged and unlinks "
                     f"{plural(t['unlinked_files'], 'file')} whose bytes the target keeps (the engine's evictors count "
-                    "both names); see what prune reclaims (dry run), then add --apply")
+                    "both names)"
+                    + ("; this scan did not hash the other ranks' replicas: prune, which does, also takes those it "
+                       "proves equal" if floor else "")
+                    + "; see what prune reclaims (dry run), then add --apply")
     return summary

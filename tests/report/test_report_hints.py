@@ -257,3 +257,62 @@ def test_pending_blocks_of_a_size_scan_are_not_called_proven(synth_root, tmp_pat
         messages[verify] = pending["message"]
     assert "did not read them" in messages["size"] and "reads and checks each" in messages["size"]
     assert "did not read" not in messages["hash"]
+
+
+MLA_FACTS = ["--kv-kind", "mla", "--total-kv-heads", "1", "--model-dtype", "bfloat16"]
+
+
+def _migrated_mla_tree_with_differing_replicas(synth_root):
+    """An llm-d TP=2 MLA tree with one block whose replicas differ, after the default
+    migration (which hashes, places the equal replicas and refuses the other)."""
+    from cli_helpers import run_json
+
+    root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla", blocks=6, defects=("replica_differs",)))
+    code, applied = run_json("migrate", root, *MLA_FACTS, "--apply")
+    assert code == 0
+    return root, applied
+
+
+def test_a_size_audit_after_migrating_does_not_call_refused_replicas_migratable(synth_root):
+    """After a migration refused a block whose replicas differ, a size audit (the default)
+    cannot tell it from a migratable one: it says the block is pending only if its replicas
+    are equal, puts the hash audit (which names it) before the migrate step, and does not
+    offer migrate --apply as what places it."""
+    from cli_helpers import run_json
+
+    root, _ = _migrated_mla_tree_with_differing_replicas(synth_root)
+    _, summary = run_json("audit", root, *MLA_FACTS)
+    assert summary["verify"] == "size"
+    (pending,) = [f for f in summary["findings"] if f["code"] == "migration_pending"]
+    assert pending["blocks"] == 1 and pending["unproven_replicas"] == 1
+    assert "pending only if its replicas are equal" in pending["message"]
+    commands = [h["command"] for h in summary["hints"]]
+    hashing = commands.index(f"kvmigrate audit {root} --kv-kind mla --model-dtype bfloat16 --total-kv-heads 1 "
+                             "--verify hash")
+    (migrate,) = [h for h in summary["hints"] if "migration_pending" in h["codes"]]
+    assert hashing < commands.index(migrate["command"])
+    assert not migrate["why"].startswith("migrate the reusable blocks")
+    assert "does not place the blocks a migration already refused" in migrate["why"]
+    # what the hint promises: the hash audit names the block and nothing is left pending
+    _, hashed = run_json("audit", root, *MLA_FACTS, "--verify", "hash")
+    assert hashed["totals"]["pending"]["blocks"] == 0
+    assert not [f for f in hashed["findings"] if f["code"] == "migration_pending"]
+    assert [f["files"] for f in hashed["findings"] if f["code"] == "replica_mismatch"] == [2]
+
+
+def test_a_size_audit_says_its_prune_figure_is_a_floor_where_replicas_are_unhashed(synth_root):
+    """A size audit proves rank 0's placed files only, but `kvmigrate prune ROOT` hashes and
+    takes the other ranks' equal replicas too: the audit's figure says "at least", and a hash
+    audit's figure is what prune's dry run selects."""
+    from cli_helpers import run_json
+
+    root, _ = _migrated_mla_tree_with_differing_replicas(synth_root)
+    figures = {}
+    for verify in ("size", "hash"):
+        _, summary = run_json("audit", root, *MLA_FACTS, "--verify", verify)
+        (h,) = [h for h in summary["hints"] if "reclaimable" in h["codes"]]
+        figures[verify] = (h["why"], summary["reclaimable"]["classes"]["migrated"]["files"])
+    assert figures["size"][0].startswith("at least 5 legacy files") and "prune frees at least" in figures["size"][0]
+    assert figures["hash"][0].startswith("10 legacy files") and "at least" not in figures["hash"][0]
+    _, plan = run_json("prune", root, *MLA_FACTS, "--force-live")
+    assert plan["totals"]["migrated"]["files"] == figures["hash"][1] == 10
