@@ -429,7 +429,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             message += (f" (judged by size: this scan (--verify {summary.get('verify')}) did not read them; "
                         "a migration reads and checks each before placing it)")
         if unproven:  # a migration hashes them and refuses differing replicas, which then stay "pending" here
-            message += (f"; {unproven} of them {'is' if unproven == 1 else 'are'} pending only if {'its' if unproven == 1 else 'their'} "
+            one = unproven == 1
+            message += (f"; {unproven} of them {'is' if one else 'are'} pending only if {'its' if one else 'their'} "
                         "replicas are equal, which this scan did not compare: a migration refuses replicas that "
                         "differ, and blocks it refused stay counted here until a hash audit names them "
                         "replica_mismatch")
@@ -458,6 +459,13 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     return findings, ordered
 
 
+def replicas_unhashed(summary: dict[str, Any], n: dict[str, Any]) -> bool:
+    """A size scan has not proven namespace `n`'s other-rank replicas equal, so prune's
+    figures from it count rank 0's files only; prune's own scan hashes them and takes
+    those found equal as well (its figure from this summary is a floor)."""
+    return summary.get("verify") != "hash" and len(n["ranks"]) > 1 and bool(n["replicas"]["files"])
+
+
 def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The `reclaimable` hint says prune's own figures (summary["reclaimable"]: its
     selection, the migrated class) summed over every namespace it names; hints merge by
@@ -470,11 +478,8 @@ def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
         if not rows:
             continue
         t = {k: sum(v[k] for v in rows) for k in ("files", "bytes", "freed_bytes", "unlinked_files")}
-        # a size scan has not proven the other ranks' replicas equal, so it counts rank 0's
-        # files only; prune's own scan hashes them and takes those found equal as well
-        floor = "at least " if summary.get("verify") != "hash" and any(
-            len(n["ranks"]) > 1 and n["replicas"]["files"] for n in summary["namespaces"]
-            if n["source_base"] in h["namespaces"]) else ""
+        floor = "at least " if any(replicas_unhashed(summary, n) for n in summary["namespaces"]
+                                   if n["source_base"] in h["namespaces"]) else ""
         h["why"] = (f"{floor}{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their target: "
                     f"prune frees {floor}{human_bytes(t['freed_bytes'])} once purged and unlinks "
                     f"{plural(t['unlinked_files'], 'file')} whose bytes the target keeps (the engine's evictors count "
