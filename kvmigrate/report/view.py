@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmigrate.report.hints import replicas_unhashed
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, human_count, percent, plural
 
@@ -164,6 +163,8 @@ def reclaim_table(s: dict[str, Any]) -> Table | None:
     t.rows += [["(skipped now)", f"{k['namespace']}: written {k['written_s_ago']} s ago, within prune's quiet period "
                 f"({k['quiet_period_s'] / 60:.0f} min): rerun later or --force-live", *["-"] * 6]
                for k in r.get("skipped") or ()]
+    from kvmigrate.report.hints import replicas_unhashed  # lazily: hints loads pyarrow (see cli.common.prefer_arrow_pool)
+
     listed = {v["namespace"] for v in r["namespaces"]}
     unhashed = [n["source_base"] for n in s["namespaces"] if n["source_base"] in listed and replicas_unhashed(s, n)]
     t.rows += [["(at least)", f"{base}: rank 0's files only (the other ranks' replicas are not "

@@ -221,6 +221,22 @@ def test_scan_commands_choose_the_pool_before_pyarrow_loads(tree, tmp_path, comm
     assert int(mimalloc_peak) == 0
 
 
+@pytest.mark.parametrize("command", ["scan", "audit"])
+def test_loading_a_scan_command_leaves_pyarrow_unloaded(command):
+    """The scan and audit commands can choose Arrow's pool only while pyarrow is unloaded,
+    so loading the command (and everything it imports at top level) must not load it. A
+    top-level import of a module that needs pyarrow, anywhere below the command, broke this
+    once (the report's view importing the hints)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom kvmigrate.cli import cli\n"
+            f"try:\n    cli([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('pyarrow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "False"
+
+
 # -- the single-file fast paths the parallel walk relies on ---------------------------------
 
 
