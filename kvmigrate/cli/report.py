@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, pop_selection, selection_options
+from kvmigrate.cli.common import handle_errors, output_options, pop_selection, prefer_arrow_pool, selection_options
 
 FORMATS = ("text", "json", "md", "html")
 
@@ -54,6 +54,10 @@ def command(manifests: tuple[str, ...], fmt: str | None, output: str | None, as_
     --only/--exclude report some namespaces (the totals and exit code are theirs; the
     report says it is partial). --list, --action, --namespace: list files instead.
     """
+    # mimalloc (Arrow's default) keeps the pages every batch of the summary freed: 283 MiB
+    # peak for a 1M-row manifest against 205 MiB (and 1.5 s against 1.0 s) on the C
+    # library's malloc, as scan and audit (see kvmigrate.scan.run._lean_arrow_allocator)
+    prefer_arrow_pool("system")
     from kvmigrate.errors import UsageError
     from kvmigrate.report import render
 

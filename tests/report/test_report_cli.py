@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from kvmigrate.cli import cli
 from kvmigrate.report.diff import diff
 from kvmigrate.report.summary import summarize
+
+from cli_helpers import arrow_pool_after, loads_pyarrow
+from cli_helpers import run as run_cli
 
 from test_report_summary import (AUTO, CPP, MLA, ROOT, VLLM, Rows, _hex, sample_metadata,
                                  write_sample_manifest)
@@ -170,3 +174,21 @@ def test_auto_namespace_is_listed_in_every_format(tmp_path):
     m = write_sample_manifest(tmp_path / "m.parquet")
     for fmt in ("text", "md", "html", "json"):
         assert AUTO in run("report", str(m), "--format", fmt).output
+
+
+@pytest.mark.parametrize("env, backend", [(None, "system"), ("jemalloc", "jemalloc")])
+def test_report_reads_the_manifest_on_the_c_library_malloc(synth_root, tmp_path, env, backend):
+    """mimalloc, Arrow's default, keeps the pages each batch of the summary freed: on a
+    1M-row manifest the report peaked at 283 MiB with it, 205 MiB on the C library's malloc.
+    report chooses that pool before pyarrow loads, as scan and audit do (nothing goes
+    through mimalloc); an explicit ARROW_DEFAULT_MEMORY_POOL is kept."""
+    root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla", blocks=24, defects=("zero_filled",)))
+    m = tmp_path / "m.parquet"
+    code, out = run_cli("scan", root, "--kv-kind", "mla", "--model-dtype", "bfloat16", "-q", "-o", m)
+    assert code in (1, 5), out
+    assert arrow_pool_after(["report", str(m), "--format", "json", "-q"], env) == (backend, 0)
+
+
+def test_loading_the_report_command_leaves_pyarrow_unloaded():
+    """report can choose Arrow's pool only while pyarrow is unloaded."""
+    assert not loads_pyarrow(["report", "--help"])

@@ -20,6 +20,8 @@ from kvmigrate.scan import blocks as scan_blocks
 from kvmigrate.scan import parallel
 from kvmigrate.scan import run as scan_run
 
+from cli_helpers import arrow_pool_after, loads_pyarrow
+
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
 TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24,
              defects=("missing_rank", "tmp_vllm", "size_mismatch", "misfiled", "zero_filled", "short",
@@ -204,21 +206,8 @@ def test_scan_commands_choose_the_pool_before_pyarrow_loads(tree, tmp_path, comm
     """The scan and audit commands set ARROW_DEFAULT_MEMORY_POOL before pyarrow loads, so
     Arrow's C++ internals (IPC, compute, the Parquet writer) use the C library's malloc
     too: nothing at all is allocated through mimalloc. An explicit choice is kept."""
-    import subprocess
-    import sys
-
     args = [command, str(tree), "--verify", "hash", "-q", "-o", str(tmp_path / "m.parquet")]
-    code = ("from kvmigrate.cli import cli\n"
-            f"try:\n    cli({args!r})\nexcept SystemExit:\n    pass\n"
-            "import pyarrow as pa\n"
-            "print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory())\n")
-    env_vars = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    if env:
-        env_vars["ARROW_DEFAULT_MEMORY_POOL"] = env
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, check=True)
-    name, mimalloc_peak = out.stdout.split()[-2:]
-    assert name == backend
-    assert int(mimalloc_peak) == 0
+    assert arrow_pool_after(args, env) == (backend, 0)
 
 
 @pytest.mark.parametrize("command", ["scan", "audit"])
@@ -227,14 +216,7 @@ def test_loading_a_scan_command_leaves_pyarrow_unloaded(command):
     so loading the command (and everything it imports at top level) must not load it. A
     top-level import of a module that needs pyarrow, anywhere below the command, broke this
     once (the report's view importing the hints)."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nfrom kvmigrate.cli import cli\n"
-            f"try:\n    cli([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
-            "print('pyarrow' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split()[-1] == "False"
+    assert not loads_pyarrow([command, "--help"])
 
 
 # -- the single-file fast paths the parallel walk relies on ---------------------------------
