@@ -93,7 +93,9 @@ def pop_fact_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def output_options(fn: Callable) -> Callable:
     fn = click.option("-v", "--verbose", count=True, help="More log lines on stderr.")(fn)
-    fn = click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")(fn)
+    fn = click.option("-q", "--quiet", is_flag=True,
+                      help="Print nothing but errors; the exit code says the rest (files asked for, "
+                           "such as -o, are still written, and --json still prints).")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="One JSON summary object on stdout.")(fn)
     return fn
 
