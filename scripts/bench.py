@@ -1623,8 +1623,9 @@ def render_group(g: dict, m: dict, add: Any, scale_figures: dict | None = None) 
     busy = max((la.get("before") or [0])[0], (la.get("after") or [0])[0])
     if busy > (m.get("cores") or 1):
         add("")
-        add(f"> The machine was busy during this group (1-min load {busy} on {m.get('cores')} cores, other "
-            "processes): expect noisy figures; compare min with min as well as the medians.")
+        add(f"> The 1-min load reached {busy} on {m.get('cores')} cores in this group (it counts the group's own "
+            "commands, and every process waiting on the disk): expect noisy figures; compare min with min "
+            "as well as the medians.")
     add("")
     add(f"| command | median s | min s | max s | {g['item_name']}/s | MiB/s | user s | sys s | peak RSS MiB |")
     add("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -2030,8 +2031,7 @@ def render_journal(j: dict, add: Any) -> None:
     add(f"{j['tree']}; `migrate --manifest M --apply --journal DIR`, then `sync`, then the timed "
         f"`rollback DIR`; median of {j['reps']} repetitions changing the order of the versions (each goes first in turn, neighbours "
         f"both ways round), "
-        f"from one run of `{j['command']}` at {j['when']} on the shared 2-core VM (other sessions were running "
-        "tests: the wall times are noisy, removals wait on the disk)"
+        f"from one run of `{j['command']}` at {j['when']} (removals wait on the disk: the wall times are noisy)"
         + (f"; load average {j['load_before']} before the group, {j['load_after']} after." if "load_before" in j
            else "."))
     add("")

@@ -102,3 +102,17 @@ def test_rmlint_groups_are_counted_without_loading_its_whole_json(tmp_path):
     before = bench.status_kib("VmHWM")
     assert bench.count_rmlint_groups(str(out)) == 42
     assert bench.status_kib("VmHWM") - before < 10 * 1024
+
+
+def test_the_report_claims_only_what_it_measured():
+    """The journal section once said 'other sessions were running tests' in every run, and
+    a busy group blamed 'other processes' where the load was the cold group's own readers
+    waiting on the disk: the report states the load averages it measured, not a cause."""
+    import json
+
+    result = json.loads((Path(__file__).resolve().parent.parent / "reports" / "benchmarks.json").read_text())
+    lines: list[str] = []
+    bench.render_journal(result["journal"], lines.append)
+    text = "\n".join(lines) + bench.render(result)
+    assert "other sessions" not in text and "other processes" not in text
+    assert f"load average {result['journal']['load_before']} before the group" in text
