@@ -21,34 +21,32 @@ def run_json(*args) -> tuple[int, dict]:
     return res.exit_code, json.loads(res.stdout)
 
 
-def arrow_pool_after(args: list[str], pool: str | None = None) -> tuple[str, int]:
+def _after_cli(args: list[str], then: str, pool: str | None = None) -> list[str]:
     """Run `kvmigrate ARGS` in a fresh interpreter (ARROW_DEFAULT_MEMORY_POOL=`pool`, or
-    unset) and return Arrow's default pool there afterwards and the bytes mimalloc ever
-    held: what a command chose before pyarrow loaded, and whether anything slipped past it."""
+    unset), then the Python `then`; the words it printed last."""
     import os
     import subprocess
     import sys
 
     code = ("from kvmigrate.cli import cli\n"
-            f"try:\n    cli({[str(a) for a in args]!r})\nexcept SystemExit:\n    pass\n"
-            "import pyarrow as pa\n"
-            "print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory())\n")
+            f"try:\n    cli({[str(a) for a in args]!r})\nexcept SystemExit:\n    pass\n" + then)
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if pool:
         env["ARROW_DEFAULT_MEMORY_POOL"] = pool
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    name, mimalloc_peak = out.stdout.split()[-2:]
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=True).stdout.split()
+
+
+def arrow_pool_after(args: list[str], pool: str | None = None) -> tuple[str, int]:
+    """Arrow's default pool after `kvmigrate ARGS` and the bytes mimalloc ever held: what a
+    command chose before pyarrow loaded, and whether anything slipped past it."""
+    name, mimalloc_peak = _after_cli(args, "import pyarrow as pa\n"
+                                     "print(pa.default_memory_pool().backend_name, "
+                                     "pa.mimalloc_memory_pool().max_memory())\n", pool)[-2:]
     return name, int(mimalloc_peak)
 
 
 def loads_pyarrow(args: list[str]) -> bool:
-    """Whether `kvmigrate ARGS` (in a fresh interpreter) leaves pyarrow loaded: a command
-    that chooses Arrow's pool must do it before anything it imports loads pyarrow."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nfrom kvmigrate.cli import cli\n"
-            f"try:\n    cli({[str(a) for a in args]!r})\nexcept SystemExit:\n    pass\n"
-            "print('pyarrow' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return out.stdout.split()[-1] == "True"
+    """Whether `kvmigrate ARGS` leaves pyarrow loaded: a command that chooses Arrow's pool
+    must do it before anything it imports loads pyarrow."""
+    return _after_cli(args, "import sys\nprint('pyarrow' in sys.modules)\n")[-1] == "True"
