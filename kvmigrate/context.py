@@ -70,6 +70,9 @@ def unit_context(members: list[Mapping[str, Any]], hashed: bool) -> UnitPlan:
         plan.block_status, plan.block_reason = status, ns.get("status_reason") or ""
         return plan
     tp, pp, pcp = (fields.get(k, 1) for k in ("tp_size", "pp_size", "pcp_size"))
+    writer = (ns.get("target") or {}).get("writer_topology")
+    if writer:  # a collapsed folder's rows hold the cells of the topology the operator stated
+        tp, pp = writer
     plan.world = tp * pp * pcp
     plan.expected_ranks = fam.block_ranks(fields, ns.get("ranks") or (0,))
     if fam.rank_namespaces:  # a rank whose namespace is absent or invalid leaves the deployment incomplete

@@ -51,7 +51,8 @@ SETPRIV = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"
 OWN = layout.OWN_DIR
 TMP_RE = layout.OWN_TMP_RE
 GEOMETRY = dict(layers=2, page_bytes=256)
-FACTS = {"org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"},
+FACTS = {"org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16", "writer_tp": 1,
+                            "writer_pp": 1},
          "org/mla-model": {"kv_kind": "mla", "model_dtype": "bfloat16"},
          "org/cpp-model": {"kv_kind": "mla", "model_dtype": "bfloat16"}}
 VLLM_LINK = {"family": "vllm", "scheme": "S1", "tp": 1, "model_name": "org/full-model"}

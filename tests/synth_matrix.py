@@ -15,7 +15,7 @@ from pathlib import Path
 from kvmigrate.synth import SynthSpec, build
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, check_spec
 
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 # family, era and geometry -> the facts the operator states (vllm.cpp needs none)
 ERAS = {

@@ -52,6 +52,11 @@ _FACT_OPTIONS = [
     click.option("--page-bytes", type=click.IntRange(min=1), help="Bytes of one tensor's page for one GPU block on one rank."),
     click.option("--tensors-per-layer", type=click.IntRange(min=1), help="Full attention: 2 when K and V are separate tensors."),
     click.option("--family", type=click.Choice(FAMILIES), help="Force the writer family (S1 trees can be ambiguous)."),
+    click.option("--writer-tp", type=click.IntRange(min=1),
+                 help="vLLM folder collapsed by 0.24-0.33's parallel-agnostic gate: the one TP size that wrote "
+                      "every row (vLLM 0.34 reads it only under that topology's name; with --writer-pp)."),
+    click.option("--writer-pp", type=click.IntRange(min=1),
+                 help="The one PP size that wrote every row of such a folder (with --writer-tp)."),
     click.option("--model-name", metavar="NAME",
                  help="SGLang: the served model name (e1-e3 names carry none; decides a name read two ways)."),
     click.option("--writer-layout", type=click.Choice(SGLANG_LAYOUTS),
@@ -81,7 +86,8 @@ def facts_options(fn: Callable) -> Callable:
     for opt in reversed(_FACT_OPTIONS):
         fn = opt(fn)
     fn = click.option("--target", "target", type=click.Choice(PROFILES), default=DEFAULT_PROFILE, show_default=True,
-                      help="Engine profile whose namespaces to compute (vllmcpp sources always target vllmcpp).")(fn)
+                      help="Engine profile whose namespaces to compute: vllm-0.34 is vLLM 0.34+ (direct layouts "
+                           "topology-specific again), vllm-0.28 is 0.28-0.33 (vllmcpp sources always target vllmcpp).")(fn)
     return fn
 
 

@@ -15,8 +15,11 @@ from kvmigrate.errors import OperationalError
 DEMO_FACTS = {
     "*": {"model_dtype": "bfloat16"},
     "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
-    "meta-llama/Llama-3.1-8B-Instruct": {"kv_kind": "full", "total_kv_heads": 8, "family": "vllm"},
-    "Qwen/Qwen2.5-7B-Instruct": {"kv_kind": "full", "total_kv_heads": 4},
+    # tp = pp = 1 folders of full-attention models: a vLLM 0.24-0.33 gate may have folded
+    # any topology to 1, so the operator states the one that wrote them (identity.md §4.1)
+    "meta-llama/Llama-3.1-8B-Instruct": {"kv_kind": "full", "total_kv_heads": 8, "family": "vllm",
+                                         "writer_tp": 1, "writer_pp": 1},
+    "Qwen/Qwen2.5-7B-Instruct": {"kv_kind": "full", "total_kv_heads": 4, "writer_tp": 1, "writer_pp": 1},
     "Qwen/Qwen3-8B": {"writer_release": "0.5.20"},  # the SGLang directory's writer (its layout default)
 }
 

@@ -232,7 +232,8 @@ def _targets_json(plan) -> list[dict]:
     out = []
     for tp in plan.targets:
         out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
-                    "sources": tp.sources, "actions": tp.counts(), "outcomes": tp.outcomes(),
+                    "sources": tp.sources, "claims": list(tp.claims), "actions": tp.counts(),
+                    "outcomes": tp.outcomes(),
                     "merges_checked_at_apply": tp.unverified_merges,
                     "transform_cost": tp.transform_costs(),
                     "already_present": {"blocks": tp.already_present[0], "bytes": tp.already_present[1]},

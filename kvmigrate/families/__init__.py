@@ -71,6 +71,11 @@ class Family:
     # the same base folder name as the vLLM target may hold other bytes (llm-d shards
     # under vLLM's names): planning there would alias the source
     aliases_vllm_names: bool = False
+    # the scheduler writes one row per block through vLLM's FileMapper, which collapses a
+    # namespace passing the parallel-agnostic gate (tp/pp folded to 1: the identity then
+    # does not record the topology that wrote the rows) and, on a multi-node engine, lacks
+    # the remote ranks' slots (identity.md §4.1)
+    scheduler_rows: bool = False
     # off-size files are found against the majority size of their (namespace, rank,
     # group) (classify.majority_size): families whose sizes vary with the data they hold
     majority_sizes: bool = False

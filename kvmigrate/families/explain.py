@@ -114,7 +114,8 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
                    "d12": target.d12, "base_name": target.base_name, "rank_dir": target.rank_dir,
                    "parallel_agnostic": target.parallel_agnostic, "replicated_layout": target.replicated_layout,
                    "reasons": target.reasons, "unreachable": target.unreachable,
-                   "missing_facts": target.missing_facts, "decisive_assumptions": target.decisive_assumptions},
+                   "missing_facts": target.missing_facts, "decisive_assumptions": target.decisive_assumptions,
+                   "writer_topology": target.writer_topology, "claims": target.claims},
         "assumed_facts": target.assumed_facts,
     }
 
@@ -128,11 +129,17 @@ def render_text(result: dict[str, Any], config_path: str) -> str:
     digest = {True: "matches its folder", False: "DOES NOT match its folder (digest_mismatch: never migrated)",
               None: "not in a namespace folder"}[src["digest_ok"]]
     lines.append(f"source       {src['base_name']}   (d12 {src['d12']}, {digest})")
-    lines.append(f"target       {tgt['profile']}: {tgt['base_name']}   blocks under {tgt['rank_dir']}/")
+    profile = tgt["profile"] + (" (the default: vLLM 0.34 and newer)" if tgt["profile"] == DEFAULT_PROFILE else "")
+    if tgt["fields"] is None:
+        lines.append(f"target       {profile}: none")
+        lines.append(f"             {tgt['unreachable']}")
+        return _printable(lines)
+    lines.append(f"target       {profile}: {tgt['base_name']}   blocks under {tgt['rank_dir']}/")
     same = tgt["base_name"] == src["base_name"]
     lines.append("             parallel-agnostic: " + ("yes" if tgt["parallel_agnostic"] else "no")
                  + "   replicated layout: " + ("yes" if tgt["replicated_layout"] else "no")
-                 + ("   (same folder as the source)" if same else ""))
+                 + ("   (same folder as the source: already in place)" if same else ""))
+    lines += [f"rests on     {claim}" for claim in tgt.get("claims") or ()]
     if tgt.get("unreachable"):
         lines.append(f"             unreachable: {tgt['unreachable']} (its blocks get action none)")
     if tgt["reasons"]:
@@ -152,6 +159,10 @@ def render_text(result: dict[str, Any], config_path: str) -> str:
     dropped = sorted(k for k in src["fields"] if k not in tgt["fields"])
     if dropped:
         lines.append("  - dropped: " + ", ".join(dropped))
+    return _printable(lines)
+
+
+def _printable(lines: list[str]) -> str:
     # a lone surrogate escape in a config.json string cannot be printed as UTF-8: escape it
     return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
 

@@ -16,6 +16,7 @@ class Vllm(Family):
     title = "vLLM"
     transforms = ("slice",)
     majority_sizes = True
+    scheduler_rows = True
 
     def proof(self, fields: Mapping[str, Any]) -> str | None:
         if "tokens_per_hash" in fields:

@@ -45,6 +45,10 @@ class Facts:
     page_bytes: int | None = None
     tensors_per_layer: int | None = None
     family: str | None = None  # vllm | llmd | vllmcpp | sglang (forced)
+    # the one topology that wrote every row of a folder collapsed by vLLM 0.24-0.33's
+    # direct gate, which the identity does not record (identity.md §4.1)
+    writer_tp: int | None = None
+    writer_pp: int | None = None
     # SGLang HiCache (sglang.md §3): the served model name (e1-e3 names carry none), the
     # page layout of writer and target, or the writer's release (its layout default)
     model_name: str | None = None
@@ -72,7 +76,7 @@ class Facts:
 
 
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
-_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "layers", "page_tokens", "kv_heads",
+_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers", "page_tokens", "kv_heads",
               "head_dim", "latent_dim", "dtype_bytes")
 
 

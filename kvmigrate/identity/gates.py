@@ -16,14 +16,22 @@ from typing import Any
 from kvmigrate.identity.facts import Facts
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES, VLLM_PROFILES, VLLMCPP_PROFILE  # noqa: F401
 
-# profile -> (agnostic gate, replicated gate R?, canonical widening?)
+# profile -> (agnostic gate, replicated gate R?, canonical widening?). G0 (vLLM 0.34,
+# vllm#55191): a direct layout is never agnostic, only a certified canonical one.
 PROFILE_GATES: dict[str, tuple[str | None, bool, bool]] = {
     "vllm-0.22": (None, False, False),
     "vllm-0.24": ("G1", False, False),
     "vllm-0.26": ("G1", False, False),
     "vllm-0.27": ("G1", True, False),
     "vllm-0.28": ("G2", True, True),
+    "vllm-0.34": ("G0", True, False),
 }
+
+
+def orphans_direct_collapse(profile: str) -> bool:
+    """The profile's engine has parallel-agnostic namespaces but never for a direct layout
+    (G0, vLLM 0.34): a folder a 0.24-0.33 direct gate collapsed is orphaned under it."""
+    return PROFILE_GATES[profile][0] == "G0"
 
 # defaults the gates may assume (identity.md §4), with the value reports show
 DEFAULTS: dict[str, Any] = {"runner": "v1", "executor": "mp", "nnodes": 1, "per_token_head_quant": False}
@@ -142,6 +150,58 @@ def canonical_gate(dep: Deployment, facts: Facts, assumed: dict[str, Any],
     return not reasons, reasons
 
 
+def g0(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic",
+       conds: list[Condition] | None = None) -> tuple[bool, list[str]]:
+    """vLLM 0.34 (offloading/config.py:208-249 of the 0.34.0 wheel): only a canonical layout
+    can be agnostic, when every layer is certifiable (attention; full or sliding with
+    heads that tp splits or replicates; plain MLA; no per-token-head quantization),
+    dcp = pcp = 1 and world size = tp. No runner condition (unlike 0.28's widening)."""
+    reasons = _check(conds, "G0", "a canonical layout (the source carries canonical_format)", dep.canonical,
+                     f"{prefix}: direct (non-canonical) layout, which vLLM 0.34 keeps topology-specific "
+                     "(vllm#55191)")
+    if not dep.canonical:
+        return False, reasons
+    kind = facts.kv_kind
+    reasons += _check(conds, "G0", "certifiable layers (full, sliding or plain MLA attention)",
+                      kind in ("full", "sliding", "mla"),
+                      _kind_reason(prefix, kind, "no certifiable layout: needs full, sliding or plain MLA attention"),
+                      "kv_kind")
+    if kind != "mla":
+        heads = facts.total_kv_heads
+        reasons += _check(conds, "G0", "tp splits or replicates the KV heads",
+                          heads is not None and (heads % dep.tp == 0 or dep.tp % heads == 0),
+                          f"{prefix}: total kv heads unknown (pass --total-kv-heads or --model-config)"
+                          if heads is None else
+                          f"{prefix}: tp {dep.tp} neither divides nor is a multiple of {heads} total kv heads",
+                          "total_kv_heads")
+    reasons += _check(conds, "G0", "no per-token-head KV quantization",
+                      not _fact(facts, "per_token_head_quant", assumed),
+                      f"{prefix}: per-token-head KV quantization", "per_token_head_quant")
+    reasons += _check(conds, "G0", "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
+    reasons += _check(conds, "G0", "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    reasons += _check(conds, "G0", "world size = tp", dep.world_size == dep.tp,
+                      f"{prefix}: world size {dep.world_size} is not tp {dep.tp} (pp {dep.pp}, pcp {dep.pcp})")
+    return not reasons, reasons
+
+
+def canonical_replicated(dep: Deployment, facts: Facts, assumed: dict[str, Any], agnostic: bool,
+                         prefix: str = "not replicated", conds: list[Condition] | None = None
+                         ) -> tuple[bool, list[str]]:
+    """vLLM 0.34 with a canonical layout (offloading/config.py:251-264): replicated when the
+    certified canonical layout is pure MLA on one node, single-process or the mp executor."""
+    kind = facts.kv_kind
+    reasons = _check(conds, "R", "a certified canonical layout", agnostic,
+                     f"{prefix}: the canonical layout is not certified")
+    reasons += _check(conds, "R", "pure MLA", kind == "mla", _kind_reason(prefix, kind, "needs pure MLA"), "kv_kind")
+    nnodes = _fact(facts, "nnodes", assumed)
+    reasons += _check(conds, "R", "one node per data-parallel replica", nnodes == 1,
+                      f"{prefix}: {nnodes} nodes per data-parallel replica (needs 1)", "nnodes")
+    executor = _fact(facts, "executor", assumed) if dep.world_size > 1 else "mp"
+    reasons += _check(conds, "R", "one process or the mp executor", executor == "mp",
+                      f"{prefix}: executor is {executor} (needs mp, or world size 1)", "executor")
+    return not reasons, reasons
+
+
 def replicated_gate(dep: Deployment, facts: Facts, assumed: dict[str, Any],
                     prefix: str = "not replicated", conds: list[Condition] | None = None) -> tuple[bool, list[str]]:
     """R (0.27+): a single pure-MLA group, tp > 1, pp = pcp = dcp = 1, world_size == tp,
@@ -175,14 +235,17 @@ def evaluate(profile: str, dep: Deployment, facts: Facts, conds: list[Condition]
     assumed: dict[str, Any] = {}
     if agnostic_gate is None:
         return GateDecision(False, False, [f"not agnostic: {profile} has no parallel-agnostic namespaces"], assumed)
-    gate = g1 if agnostic_gate == "G1" else g2
+    gate = {"G0": g0, "G1": g1, "G2": g2}[agnostic_gate]
     agnostic, reasons = gate(dep, facts, assumed, conds=conds)
     if widens and dep.canonical:
         wide_ok, wide_reasons = canonical_gate(dep, facts, assumed, conds=conds)
         agnostic = agnostic or wide_ok
         reasons = reasons + wide_reasons
     replicated = False
-    if has_r:
+    if has_r and agnostic_gate == "G0" and dep.canonical:
+        replicated, r_reasons = canonical_replicated(dep, facts, assumed, agnostic, conds=conds)
+        reasons = reasons + r_reasons
+    elif has_r:
         replicated, r_reasons = replicated_gate(dep, facts, assumed, conds=conds)
         reasons = reasons + r_reasons
     collapsed = agnostic or replicated
@@ -202,8 +265,9 @@ def open_facts(profile: str, dep: Deployment, facts: Facts) -> tuple[list[str], 
         return d.parallel_agnostic, d.replicated_layout
 
     unknown = [name for name in UNDEFAULTED if getattr(facts, name) is None]
-    # the values that can pass a gate: full attention or MLA; kv heads that tp divides
-    choices = {"kv_kind": ("full", "mla"), "total_kv_heads": (dep.tp,)}
+    # the values that can pass a gate: full attention, MLA or (canonical, 0.34) sliding;
+    # kv heads that tp divides
+    choices = {"kv_kind": ("full", "mla", "sliding"), "total_kv_heads": (dep.tp,)}
     fills = [dict(zip(unknown, combo)) for combo in product(*[(None, *choices[n]) for n in unknown])]
     missing = [name for name in unknown
                if any(f[name] is not None and outcome(**f) != outcome(**{**f, name: None}) for f in fills)]

@@ -21,11 +21,16 @@ UNKNOWN = "unknown"  # no scheme keys, or a name no module has: nothing is migra
 ENSURE_ASCII = {"vllm": True, "llmd": True, "vllmcpp": False,
                 AMBIGUOUS: True}  # an S1 identity: vLLM and llm-d hash it alike
 
-VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28")
+# vllm-0.28 is vLLM 0.28-0.33; vllm-0.34 the newest release, whose direct layouts are
+# topology-specific again (identity.md §4.1)
+VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28", "vllm-0.34")
 VLLMCPP_PROFILE = "vllmcpp"
 SGLANG_PROFILE = "sglang-0.5.23"  # what SGLang 0.5.23's HiCacheFile looks up (sglang.md §3)
 PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE)
-DEFAULT_PROFILE = "vllm-0.28"
+DEFAULT_PROFILE = "vllm-0.34"
+# how a target's `unreachable` starts when the namespace is a folder a vLLM 0.24-0.33 gate
+# collapsed, which the profile reads only under its writer's topology, not given
+ORPHANED = "orphaned by vLLM"
 
 # fact (as in FACTS.json) -> the command-line flag stating it
 FACT_FLAGS = {
@@ -41,6 +46,9 @@ FACT_FLAGS = {
     "page_bytes": "--page-bytes",
     "tensors_per_layer": "--tensors-per-layer",
     "family": "--family",
+    # the one topology that wrote every row of a collapsed vLLM folder (identity.md §4.1)
+    "writer_tp": "--writer-tp",
+    "writer_pp": "--writer-pp",
     # SGLang HiCache (docs/sglang.md §3)
     "model_name": "--model-name",
     "writer_layout": "--writer-layout",

@@ -211,6 +211,7 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
         where = f"page files in the destination directory, {tp.profile}" if tp.flat else f"files in {tp.rank_dir}/"
         lines.append(f"target namespace {tp.base_name}  ({tp.family}, {where})")
         lines.append(f"  from: {', '.join(tp.sources)}")
+        lines += [f"  rests on: {claim}" for claim in tp.claims]
         for a, kind in ACTIONS.items():
             if c[a]["blocks"]:
                 lines.append(kind.text(c[a]["blocks"], c[a]["bytes"]))

@@ -88,6 +88,8 @@ class TargetPlan:
     # a flat family's target (docs/families.md §3): file names in the destination directory
     # itself, no base folder, rank folder or config.json; `base_name` is its label
     flat: bool = False
+    # the operator's statements the target rests on (a collapsed folder's writer topology)
+    claims: list[str] = field(default_factory=list)
 
     @property
     def lock_dir(self) -> str:

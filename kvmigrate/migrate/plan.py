@@ -624,6 +624,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
         elif tp.fam.canonical_bytes(tp.fields) != families.get(family).canonical_bytes(tgt["fields"]):
             raise UsageError(f"{where}: namespaces map to target {base!r} with different identities")
         tp.sources.append(src_base)
+        tp.claims += [c for c in tgt.get("claims") or () if c not in tp.claims]
         target_of[src_base] = tp
 
     # Replicas of multi-rank deployments are looked up by (deployment, group, block hash).

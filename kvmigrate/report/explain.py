@@ -23,6 +23,7 @@ from kvmigrate import manifest as mf
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import gates
 from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
+from kvmigrate.identity.values import ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
@@ -115,7 +116,13 @@ def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
     profile = target.get("profile")
     if profile not in gates.PROFILE_GATES:
         return [], f"{profile}: the target is the same deployment's namespace (no parallel-agnostic gate)"
+    if str(target.get("unreachable") or "").startswith(ORPHANED):
+        return [], target["unreachable"]
     dep = gate_deployment(ns.get("config_json") or {})
+    writer = target.get("writer_topology")
+    if writer:  # a collapsed folder, judged at the topology the operator stated
+        dep = gates.Deployment(tp=writer[0], pp=writer[1], num_groups=len((ns.get("config_json") or {})
+                                                                         .get("kv_cache_groups") or []))
     if dep is None:
         return [], "the source is already collapsed (parallel-agnostic or replicated): no gate is evaluated"
     if gates.PROFILE_GATES[profile][0] is None:

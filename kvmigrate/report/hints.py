@@ -16,7 +16,7 @@ from typing import Any
 from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
-from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
 
@@ -71,6 +71,8 @@ FLAG_VALUES = {
     "--runner": "<v1|v2>",
     "--executor": "<mp|ray|uni>",
     "--nnodes": "<N>",
+    "--writer-tp": "<N>",
+    "--writer-pp": "<N>",
 }
 # fact -> where its value is, for hints that ask for it (identity.md §4)
 FACT_HELP = {
@@ -86,6 +88,9 @@ FACT_HELP = {
     "page_bytes": "bytes of one tensor's page for one GPU block on one rank",
     "tensors_per_layer": "2 when K and V are separate tensors",
     "family": "the engine that wrote the folder",
+    "writer_tp": "the one TP size that wrote every row of the folder (a vLLM 0.24-0.33 gate folded it to 1); "
+                 "state it only if no other TP ever wrote there",
+    "writer_pp": "the one PP size that wrote every row of the folder",
 }
 # the facts --model-config reads from a Hugging Face config.json
 MODEL_CONFIG_FACTS = ("kv_kind", "total_kv_heads", "model_dtype")
@@ -217,6 +222,12 @@ def guessed_targets(namespaces: dict[str, dict[str, Any]]) -> dict[str, list[str
     metadata (`namespaces`): a migration there is a guess until they are stated."""
     return {base: list(t["missing_facts"]) for base, meta in namespaces.items()
             if (t := meta.get("target") or {}).get("missing_facts") and not t.get("unreachable")}
+
+
+def target_orphaned(n: dict[str, Any]) -> bool:
+    """A namespace with blocks that the target profile reads only under the name of the
+    topology that wrote it, which neither the folder nor the facts say (identity.md §4.1)."""
+    return bool(n.get("blocks")) and str(n.get("target_unreachable") or "").startswith(ORPHANED)
 
 
 def target_is_guess(n: dict[str, Any]) -> bool:
@@ -393,7 +404,13 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                                      + ", ".join(f"{b * 2} hex" for b in n["hash_bytes"])))
         for note in n.get("notes") or []:
             findings.append(_finding("note", 0, base, note))
-        if n.get("target_unreachable"):
+        if target_orphaned(n):
+            findings.append(_finding("orphaned", 1, base,
+                                     f"{plural(n['blocks'], 'block')} ({human_bytes(n['block_bytes'])}) "
+                                     f"{n['target_unreachable']}", blocks=n["blocks"], bytes=n["block_bytes"]))
+            command, why = fact_hint(cmd, ["writer_tp", "writer_pp"], base)
+            hint(command, f"{why}; then {verb} again (no migrate command until then)", "orphaned", base, 1)
+        elif n.get("target_unreachable"):
             findings.append(_finding("unreachable", 0, base,
                                      f"no block can be reused: {n['target_unreachable']}"))
         for claim in n["claims"]:

@@ -321,12 +321,14 @@ def _claims(meta: dict[str, Any]) -> list[str]:
         claims.append(
             f're-keying dtype "auto" as {tfields["dtype"]} trusts the model dtype claim ({how}): '
             'a folder with dtype "auto" may mix fp16 and bf16 pages written by different engines (vLLM #49438)')
-    if meta.get("scheme") == "S2" and source.get("tp_size") == 1 and target.get("d12") != meta.get("source_d12"):
+    if (meta.get("scheme") == "S2" and source.get("tp_size") == 1 and target.get("d12") is not None
+            and target.get("d12") != meta.get("source_d12")):
         runner = (meta.get("facts") or {}).get("runner") or assumed.get("runner") or "v1"
         how = "assumed" if "runner" in assumed else sources.get("runner", "--runner")
         claims.append(
             f"re-keying a TP=1 S2 folder trusts that every page was written by the {runner} model runner "
             f"({how}): such folders may mix V1 and V2 runner pages (vLLM #49440)")
+    claims += list(target.get("claims") or ())  # the operator's statements the target itself rests on
     return claims
 
 
@@ -469,7 +471,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     --only/--exclude): the namespaces to report; the totals are theirs, rows outside any
     namespace are left out, and `selection` in the summary says the report is partial.
     """
-    from kvmigrate.report.hints import findings_and_hints, target_is_guess
+    from kvmigrate.report.hints import findings_and_hints, target_is_guess, target_orphaned
 
     meta = mf.read_metadata(path)
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
@@ -548,7 +550,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
                           for n in namespaces if n["target_error"]],
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
-                                                               for n in namespaces))
+                                                               or target_orphaned(n) for n in namespaces))
                       | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)
                       | (8 if meta.get("walk_failed") else 0)),
     }

@@ -78,7 +78,8 @@ class Namespace:
                 "base_name": t.base_name, "rank_dir": t.rank_dir, "parallel_agnostic": t.parallel_agnostic,
                 "replicated_layout": t.replicated_layout, "reasons": list(t.reasons),
                 "unreachable": t.unreachable, "missing_facts": list(t.missing_facts),
-                "decisive_assumptions": dict(t.decisive_assumptions)},
+                "decisive_assumptions": dict(t.decisive_assumptions),
+                "writer_topology": t.writer_topology, "claims": list(t.claims)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
             "block_sizes": _modal_sizes(self.sampled_sizes),  # rank 0's sample (family evidence)

@@ -24,7 +24,7 @@ from kvmigrate.migrate.journal import default_journal_dir
 from cli_helpers import run
 from kvmigrate.migrate.journal import read_records
 
-FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]  # a vLLM S1 full-attention tree, no guessed target
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]  # a vLLM S1 full-attention tree, no guessed target
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cli_helpers import run
 
-FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 
 
 def test_every_command_is_silent_with_q_on_a_clean_tree(synth_root, tmp_path):

@@ -25,8 +25,8 @@ HF_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_a
 TOP_KEYS = {"family", "family_evidence", "scheme", "source", "target", "assumed_facts"}
 SOURCE_KEYS = {"fields", "d12", "base_name", "digest_ok"}
 TARGET_KEYS = {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
-               "replicated_layout", "reasons", "unreachable", "missing_facts", "decisive_assumptions"}
-DEFAULTS = {"runner": "v1", "executor": "mp", "nnodes": 1, "per_token_head_quant": False}
+               "replicated_layout", "reasons", "unreachable", "missing_facts", "decisive_assumptions",
+               "writer_topology", "claims"}
 
 
 def run(*args: str) -> tuple[int, dict | str, str]:
@@ -70,20 +70,23 @@ def test_llmd_tree_prints_the_documented_json(tmp_path, hf_llama):
     assert out["source"] == {"fields": ns["fields"], "d12": ns["d12"], "base_name": ns["base_name"],
                              "digest_ok": True}
     src = ns["fields"]
-    expected = {"model_name": src["model_name"], "tp_size": 1, "pp_size": 1, "pcp_size": 1, "dcp_size": 1,
+    # vLLM 0.34 (the default) keeps a direct layout topology-specific: the TP2 namespace
+    expected = {"model_name": src["model_name"], "tp_size": 2, "pp_size": 1, "pcp_size": 1, "dcp_size": 1,
                 "dtype": "bfloat16", "tokens_per_hash": src["hash_block_size"],
                 "blocks_per_file": src["gpu_blocks_per_file"], "inference_engine": "vllm",
                 "kv_cache_groups": [{"tokens_per_block": g["block_size"], "layer_names": g["layer_names"]}
-                                    for g in src["kv_cache_groups"]]}
+                                    for g in src["kv_cache_groups"]], "parallel_agnostic": False}
     d12 = ref_d12(expected)
     assert out["target"]["fields"] == expected
     assert out["target"]["d12"] == d12
     assert out["target"]["base_name"] == src["model_name"].replace("/", "_") + "_" + d12
     assert out["target"]["rank_dir"] == out["target"]["base_name"] + "_r0"
-    assert out["target"]["profile"] == "vllm-0.28"
-    assert out["target"]["parallel_agnostic"] is True and out["target"]["replicated_layout"] is False
-    assert out["target"]["reasons"] == []
-    assert out["assumed_facts"] == DEFAULTS
+    assert out["target"]["profile"] == "vllm-0.34"
+    assert out["target"]["parallel_agnostic"] is False and out["target"]["replicated_layout"] is False
+    assert out["target"]["reasons"] == [
+        "not agnostic: direct (non-canonical) layout, which vLLM 0.34 keeps topology-specific (vllm#55191)",
+        "not replicated: kv kind is full (needs pure MLA)"]
+    assert out["assumed_facts"] == {"executor": "mp", "nnodes": 1}
 
 
 def test_vllm_s3_tree_with_gate_reasons(tmp_path):
@@ -95,9 +98,10 @@ def test_vllm_s3_tree_with_gate_reasons(tmp_path):
     assert out["source"]["digest_ok"] is True
     target = out["target"]
     assert target["parallel_agnostic"] is False and target["replicated_layout"] is False
-    assert "not agnostic: kv kind is mla (MLA exclusion)" in target["reasons"]
+    assert "not agnostic: direct (non-canonical) layout, which vLLM 0.34 keeps topology-specific (vllm#55191)" \
+        in target["reasons"]
     assert "not replicated: executor is ray (needs mp)" in target["reasons"]
-    assert target["fields"] == ns["fields"]  # already a 0.28 identity of that deployment: in place
+    assert target["fields"] == ns["fields"]  # a 0.28-0.33 identity of that deployment, the same in 0.34: in place
     assert "executor" not in out["assumed_facts"] and out["assumed_facts"]["nnodes"] == 1
 
 
@@ -118,7 +122,8 @@ def test_vllmcpp_tree_always_targets_vllmcpp(tmp_path):
 def test_s1_vllm_tree_is_ambiguous_until_family_is_given(tmp_path, hf_llama):
     root = tmp_path / "cache"
     ns = synth(root, family="vllm", scheme="S1")
-    code, out, _ = run(config_path(root, ns), "--json", "--model-config", hf_llama)
+    code, out, _ = run(config_path(root, ns), "--json", "--model-config", hf_llama, "--writer-tp", "1",
+                       "--writer-pp", "1")
     assert code == 0
     assert out["family"] == "ambiguous"
     assert any("--family" in e for e in out["family_evidence"])
@@ -191,7 +196,7 @@ def test_missing_config_file_is_a_usage_error(tmp_path):
 def test_text_output_lists_target_reasons_and_assumed_defaults(tmp_path):
     root = tmp_path / "cache"
     ns = synth(root, family="vllm", scheme="S2", tp=2)
-    code, text, _ = run(config_path(root, ns), "--model-dtype", "bfloat16")
+    code, text, _ = run(config_path(root, ns), "--model-dtype", "bfloat16", "--target", "vllm-0.28")
     assert code == 0
     assert "family       vllm   scheme S2" in text
     assert "not agnostic: kv kind unknown" in text
@@ -207,7 +212,7 @@ def test_real_subprocess_prints_the_documented_json(tmp_path, hf_llama):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out) == TOP_KEYS and out["family"] == "llmd"
-    assert out["target"]["parallel_agnostic"] is True
+    assert out["target"]["profile"] == "vllm-0.34" and out["target"]["parallel_agnostic"] is False
     missing = subprocess.run([sys.executable, "-m", "kvmigrate", "identity", config_path(root, ns)],
                              capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 2 and "--model-dtype" in missing.stderr

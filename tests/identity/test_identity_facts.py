@@ -247,7 +247,7 @@ def test_facts_to_dict_has_every_fact_and_no_sources():
     d = Facts(kv_kind="full", sources={"kv_kind": "flag"}).to_dict()
     assert d["kv_kind"] == "full" and "sources" not in d
     assert set(d) == {"kv_kind", "total_kv_heads", "model_dtype", "cache_dtype", "runner", "executor", "nnodes",
-                      "per_token_head_quant", "page_bytes", "tensors_per_layer", "family",
+                      "per_token_head_quant", "page_bytes", "tensors_per_layer", "family", "writer_tp", "writer_pp",
                       "model_name", "writer_layout", "target_layout", "writer_release",
                       "layers", "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes"}
     assert json.loads(json.dumps(d)) == d

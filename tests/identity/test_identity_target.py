@@ -88,7 +88,8 @@ def test_auto_dtype_is_kept_for_026_and_earlier():
 
 
 def test_model_dtype_spellings_are_normalized():
-    target = compute_target(s2(), "vllm", Facts(kv_kind="full", total_kv_heads=8, model_dtype="torch.bfloat16"))
+    target = compute_target(s2(), "vllm", Facts(kv_kind="full", total_kv_heads=8, model_dtype="torch.bfloat16",
+                                                writer_tp=1, writer_pp=1))
     assert target.fields["dtype"] == "bfloat16"
 
 
@@ -337,4 +338,4 @@ def test_target_to_dict_is_json_serializable():
     assert json.loads(json.dumps(d)) == d
     assert set(d) == {"profile", "family", "fields", "d12", "base_name", "rank_dir", "parallel_agnostic",
                       "replicated_layout", "reasons", "assumed_facts", "unreachable", "missing_facts",
-                      "decisive_assumptions"}
+                      "decisive_assumptions", "writer_topology", "claims"}

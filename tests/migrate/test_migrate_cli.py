@@ -24,7 +24,7 @@ def test_manifest_inputs_must_agree_with_the_manifest(tmp_path, synth_root):
     code, out = run("migrate", other, "--manifest", m)
     assert code == 2 and "differs from the manifest's root" in out
     code, out = run("migrate", "--manifest", m, "--target", "vllm-0.27")
-    assert code == 2 and "scanned for --target vllm-0.28" in out
+    assert code == 2 and "scanned for --target vllm-0.34" in out
     code, out = run("migrate", "--manifest", m, "--kv-kind", "full")
     assert code == 2 and "differ from the ones the manifest was scanned with" in out
     code, out = run("migrate", "--manifest", m, *MLA)  # the same facts are fine
@@ -51,7 +51,8 @@ def test_the_printed_apply_command_applies_the_plan(tmp_path, synth_root):
 
 def test_print_commands_in_copy_mode_copies_instead_of_linking(synth_root):
     root, _ = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",
+             "--writer-pp", "1"]
     code, link_script = run("migrate", root, *flags, "--print-commands")
     code2, copy_script = run("migrate", root, *flags, "--print-commands", "--mode", "copy")
     assert code == code2 == 0

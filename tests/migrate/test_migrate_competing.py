@@ -17,7 +17,10 @@ import pytest
 from cli_helpers import run, run_json
 from kvmigrate import manifest
 
-FULL = ["--family", "vllm", "--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+# vLLM 0.28-0.33 collapse every TP of a full-attention model into one namespace, where the
+# rows of several TP sizes compete (0.34 keeps each TP's rows in its own namespace)
+FULL = ["--family", "vllm", "--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16",
+        "--target", "vllm-0.28"]
 # rows of 2 layers x 2 tensors x 1024 bytes per rank: TP=2 8192 bytes, TP=4 16384
 ROWS = {"family": "vllm", "scheme": "S1", "layers": 2, "page_bytes": 1024, "seed": 1}
 
@@ -128,7 +131,7 @@ def test_a_scale_out_part_judges_competing_sources_by_the_whole_plans_sizes(tmp_
     root, _ = synth_root({**ROWS, "tp": 2, "blocks": 3}, {**ROWS, "tp": 4, "blocks": 4})
     m = tmp_path / "m.parquet"
     scan(root, m, facts_resolver=FactsResolver({"family": "vllm", "kv_kind": "full", "total_kv_heads": 8,
-                                                "model_dtype": "bfloat16"}, None), threads=2)
+                                                "model_dtype": "bfloat16"}, None), threads=2, target="vllm-0.28")
     whole = build_plan(m)
     assert whole.outcomes()["created"] == 4 and whole.outcomes()["conflict"] == 3
     meta = manifest.read_metadata(m)

@@ -18,7 +18,7 @@ from kvmigrate import manifest
 from kvmigrate.cli import cli
 from reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 
 
@@ -61,12 +61,17 @@ def _target_of(meta, base):
     return meta["namespaces"][base]["target"]
 
 
-def test_s1_vllm_tp1_full_attention_rekeys_into_agnostic_namespace(tmp_path, synth_root):
+# vLLM 0.28-0.33 collapse a direct full-attention deployment; 0.34 keeps it topology-specific
+PROFILES = [("vllm-0.28", True), ("vllm-0.34", False)]
+
+
+@pytest.mark.parametrize("profile,agnostic", PROFILES)
+def test_s1_vllm_tp1_full_attention_rekeys_into_the_profiles_namespace(tmp_path, synth_root, profile, agnostic):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
-    summary, meta = migrate_and_read(tmp_path, root, FULL, expect_created=6)
+    summary, meta = migrate_and_read(tmp_path, root, [*FULL, "--target", profile], expect_created=6)
     ns = res.namespaces[0]
     target = _target_of(meta, ns["base_name"])
-    assert target["parallel_agnostic"] and "parallel_agnostic" not in target["fields"]
+    assert target["parallel_agnostic"] is agnostic and ("parallel_agnostic" not in target["fields"]) is agnostic
     assert_reader_finds(root, target, ns, res.blocks, cells=1)
     # a re-key is a hard link of the very same row
     for blk in res.blocks:
@@ -75,12 +80,14 @@ def test_s1_vllm_tp1_full_attention_rekeys_into_agnostic_namespace(tmp_path, syn
         assert (src.st_ino, src.st_dev) == (dst.st_ino, dst.st_dev)
 
 
-def test_s1_vllm_tp4_full_attention_rekeys_rows_of_four_cells(tmp_path, synth_root):
+@pytest.mark.parametrize("profile,agnostic", PROFILES)
+def test_s1_vllm_tp4_full_attention_rekeys_rows_of_four_cells(tmp_path, synth_root, profile, agnostic):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 4})
-    summary, meta = migrate_and_read(tmp_path, root, [*FULL, "--family", "vllm"], expect_created=6)
+    summary, meta = migrate_and_read(tmp_path, root, [*FULL, "--family", "vllm", "--target", profile],
+                                     expect_created=6)
     ns = res.namespaces[0]
     target = _target_of(meta, ns["base_name"])
-    assert target["parallel_agnostic"] and target["fields"]["tp_size"] == 1
+    assert target["parallel_agnostic"] is agnostic and target["fields"]["tp_size"] == (1 if agnostic else 4)
     assert_reader_finds(root, target, ns, res.blocks, cells=4)
 
 
@@ -111,12 +118,13 @@ def test_llmd_tp1_file_is_padded_into_the_agnostic_row(tmp_path, synth_root):
     assert_reader_finds(root, _target_of(meta, ns["base_name"]), ns, res.blocks, cells=1)
 
 
-def test_s2_to_s3_agnostic_rekey(tmp_path, synth_root):
+@pytest.mark.parametrize("profile,agnostic", PROFILES)
+def test_s2_to_s3_rekey(tmp_path, synth_root, profile, agnostic):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
-    summary, meta = migrate_and_read(tmp_path, root, FULL, expect_created=6)
+    summary, meta = migrate_and_read(tmp_path, root, [*FULL, "--target", profile], expect_created=6)
     ns = res.namespaces[0]
     target = _target_of(meta, ns["base_name"])
-    assert target["fields"]["dtype"] == "bfloat16" and "parallel_agnostic" not in target["fields"]
+    assert target["fields"]["dtype"] == "bfloat16" and ("parallel_agnostic" not in target["fields"]) is agnostic
     assert target["base_name"] != ns["base_name"]
     assert_reader_finds(root, target, ns, res.blocks, cells=1)
 
@@ -133,11 +141,13 @@ def test_s2_to_s3_specific_rekey_when_the_gate_fails(tmp_path, synth_root):
 
 
 def test_s3_namespace_already_in_place_is_all_already_present(tmp_path, synth_root):
+    """Under vLLM 0.28-0.33 (0.34 orphans this collapsed folder: tests/migrate/test_migrate_vllm034.py)."""
     root, (res,) = synth_root({"family": "vllm", "scheme": "S3", "tp": 1, "agnostic": True})
     ns = res.namespaces[0]
-    code, summary = run("migrate", root, *FULL, "--json")
+    flags = [*FULL, "--target", "vllm-0.28"]
+    code, summary = run("migrate", root, *flags, "--json")
     assert code == 0 and summary["pending"] == 0  # dry run: nothing to do
-    summary, meta = migrate_and_read(tmp_path, root, FULL, expect_created=0)
+    summary, meta = migrate_and_read(tmp_path, root, flags, expect_created=0)
     assert summary["outcomes"]["already_present"] == 6
     target = _target_of(meta, ns["base_name"])
     assert target["base_name"] == ns["base_name"]

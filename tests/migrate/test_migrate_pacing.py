@@ -22,7 +22,7 @@ from kvmigrate.migrate.apply import BATCH, CRASH_ENV
 
 from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
-FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 
 
 @pytest.fixture

@@ -47,7 +47,8 @@ def mixed_root(tmp_path, synth_root):
     facts = tmp_path / "facts.json"
     facts.write_text(json.dumps({
         "org/mla-model": {"kv_kind": "mla", "model_dtype": "bfloat16"},
-        "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"},
+        "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16", "writer_tp": 1,
+                           "writer_pp": 1},
     }))
     return root, results, ["--facts", str(facts)]
 
@@ -117,7 +118,8 @@ def test_existing_different_block_is_a_conflict_and_never_overwritten(tmp_path, 
 def test_source_changed_since_scan_is_skipped(tmp_path, synth_root):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
     m = tmp_path / "m.parquet"
-    scan_to(root, m, "--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16")
+    scan_to(root, m, "--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",
+            "--writer-pp", "1")
     rows = [r for r in manifest.read_table(m).to_pylist() if r["action"] == "link"]
     changed = root / rows[0]["relpath"]
     changed.write_bytes(changed.read_bytes()[::-1])  # a live engine rewrote it (new mtime)
@@ -297,7 +299,7 @@ def shm_dest():
 def test_cross_filesystem_destination(tmp_path, synth_root, shm_dest):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
     assert os.stat(root).st_dev != os.stat(shm_dest).st_dev  # the premise of this test
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     code, out = run("migrate", root, *flags, "--apply", "--dest", shm_dest)
     assert code == 8
     assert "--mode copy" in out and "--mode auto" in out and "nothing was written" in out
@@ -316,7 +318,7 @@ def test_cross_filesystem_destination(tmp_path, synth_root, shm_dest):
 
 def test_mode_auto_links_on_the_same_filesystem_and_mode_copy_copies(tmp_path, synth_root):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     dest_auto, dest_copy = tmp_path / "auto", tmp_path / "copy"
     dest_auto.mkdir(), dest_copy.mkdir()
     code, auto = run_json("migrate", root, *flags, "--apply", "--dest", dest_auto, "--mode", "auto")
@@ -350,7 +352,7 @@ def test_operational_errors_stop_with_a_message_and_a_consistent_journal(tmp_pat
     from kvmigrate.migrate import fsops
 
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     calls = {"n": 0}
     real = fsops.DestTree.link_in
 
@@ -379,7 +381,7 @@ def test_emlink_in_link_mode_fails_the_block_and_auto_copies_it(tmp_path, synth_
     from kvmigrate.migrate import fsops
 
     root, (res,) = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     victim = res.blocks[0]["hex"]
     real = fsops.DestTree.link_in
 
@@ -415,7 +417,7 @@ def _target_base(meta) -> str:
 
 def test_an_existing_config_json_of_another_identity_stops_that_namespace(tmp_path, synth_root):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     m = tmp_path / "m.parquet"
     base = _target_base(scan_to(root, m, *flags))
     (root / base).mkdir()
@@ -431,7 +433,7 @@ def test_an_existing_config_json_of_another_identity_stops_that_namespace(tmp_pa
 
 def test_an_existing_equivalent_vllm_config_json_is_kept_as_it_is(tmp_path, synth_root):
     root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1})
-    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+    flags = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
     m = tmp_path / "m.parquet"
     meta = scan_to(root, m, *flags)
     base = _target_base(meta)

@@ -16,7 +16,7 @@ from reference_reader import file_facts, listing
 from cli_helpers import run, run_json
 from kvmigrate.migrate.journal import read_records
 
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 
 

@@ -29,7 +29,7 @@ from reference_reader import ReferenceReader, content_listing, file_facts, listi
 from kvmigrate.migrate.journal import read_records
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 KiB = 1024
 
@@ -138,7 +138,7 @@ def test_llmd_tp2_full_attention_b1_is_concatenated(tmp_path, synth_root):
     summary, meta = apply(tmp_path, root, FULL, action="concat")
     ns = res.namespaces[0]
     target = target_of(meta, ns)
-    assert target["parallel_agnostic"] is True
+    assert target["parallel_agnostic"] is False and target["fields"]["tp_size"] == 2  # vLLM 0.34: the TP2 row
     assert_every_page_found(root, target, ns, res.blocks, cells=2)
     cost = summary["targets"][0]["transform_cost"]["concat"]
     assert (cost["blocks"], cost["source_bytes"], cost["output_bytes"], cost["new_bytes"]) == \

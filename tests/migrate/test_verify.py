@@ -119,7 +119,7 @@ def test_verify_json_has_the_interface_summary_keys(migrated):
     assert code == 0
     for key in ("root", "target_profile", "totals", "namespaces", "exit_code"):
         assert key in result
-    assert result["target_profile"] == "vllm-0.28"
+    assert result["target_profile"] == "vllm-0.34"
     assert result["totals"]["files"] > 0 and len(result["namespaces"]) == 7
 
 

@@ -13,7 +13,7 @@ from kvmigrate import layout
 from kvmigrate.cli import cli
 from reference_reader import listing
 
-FLAGS = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FLAGS = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 
 
 def invoke(*args):

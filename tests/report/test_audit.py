@@ -24,7 +24,7 @@ DOCUMENTED_BITS = {
 SMALL = dict(blocks=3, page_bytes=64, layers=2)
 DTYPE = ["--model-dtype", "bfloat16"]
 # the facts the vLLM 0.28 gate needs: without them a target is a guess (no apply hint)
-DECIDED = ["--kv-kind", "full", "--total-kv-heads", "8"]
+DECIDED = ["--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 # defect -> (spec changes, fact flags the scanner needs to see the defect)
 CASES = {
     "missing_rank": (dict(family="llmd", tp=2), DTYPE),
@@ -107,7 +107,7 @@ def test_pending_work_exits_1_and_hints_the_migration(tmp_path):
 
 
 def test_already_migrated_tree_has_nothing_to_do(tmp_path):
-    root, _ = make_tree(tmp_path, None, family="vllm", scheme="S3", dtype="bfloat16", agnostic=True)
+    root, _ = make_tree(tmp_path, None, family="vllm", scheme="S3", dtype="bfloat16")  # what 0.34 writes at TP1
     res = run("audit", str(root), *DECIDED)
     assert res.exit_code == 0
     assert "nothing to do" in res.stdout
@@ -124,7 +124,7 @@ def test_missing_fact_exits_1_and_names_the_flag(tmp_path):
 
 def test_unverified_replicas_hint_verify_hash(tmp_path):
     root, _ = make_tree(tmp_path, None, family="llmd", tp=2, kv_kind="mla")
-    target = ["--kv-kind", "mla", "--target", "vllm-0.28"] + DTYPE
+    target = ["--kv-kind", "mla"] + DTYPE
     manifest = tmp_path / "m.parquet"
     res = run("audit", str(root), "--json", "--manifest-out", str(manifest), *target)
     summary = json.loads(res.stdout)

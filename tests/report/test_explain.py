@@ -24,7 +24,7 @@ def test_every_gate_condition_with_the_source_of_each_fact(tmp_path, synth_root)
     hf.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8,
                               "torch_dtype": "bfloat16"}))
     root, out, base = scanned(tmp_path, synth_root, {"scheme": "S2", "tp": 2}, "--kv-kind", "full",
-                              "--facts", facts, "--model-config", hf)
+                              "--facts", facts, "--model-config", hf, "--target", "vllm-0.28")
     code, r = run_json("explain", out, base)
     assert code == 0
     assert r["target"]["parallel_agnostic"] is True and "parallel-agnostic namespace" in r["why"]
@@ -46,7 +46,8 @@ def test_every_gate_condition_with_the_source_of_each_fact(tmp_path, synth_root)
 
 
 def test_failed_conditions_are_the_targets_reasons_and_a_guess_names_its_command(tmp_path, synth_root):
-    root, out, base = scanned(tmp_path, synth_root, {"scheme": "S2"}, "--model-dtype", "bfloat16")
+    root, out, base = scanned(tmp_path, synth_root, {"scheme": "S2"}, "--model-dtype", "bfloat16",
+                              "--target", "vllm-0.28")
     code, r = run_json("explain", out, base)
     code, summary = run_json("report", out)
     entry = next(n for n in summary["namespaces"] if n["source_base"] == base)

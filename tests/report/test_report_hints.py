@@ -187,18 +187,19 @@ def test_guessed_target_hints_the_facts_to_state_never_an_apply(synth_root, tmp_
     def invoke(argv):
         return CliRunner().invoke(cli, argv, catch_exceptions=False)
 
-    root, (res,) = synth_root(dict(family="vllm", scheme="S3", agnostic=True))
+    # a TP2 folder of vLLM 0.27+: an MLA model's would be replicated, so the kv kind decides
+    root, (res,) = synth_root(dict(family="vllm", scheme="S3", tp=2))
     base = res.namespaces[0]["base_name"]
     manifest = tmp_path / "audit.parquet"
     audit = invoke(["audit", str(root), "--json", "--manifest-out", str(manifest)])
     summary = json.loads(audit.stdout)
     assert audit.exit_code == 1
-    assert summary["namespaces"][0]["target_missing_facts"] == ["kv_kind", "total_kv_heads"]
+    assert summary["namespaces"][0]["target_missing_facts"] == ["kv_kind"]
     assert not any("--apply" in h["command"] for h in summary["hints"]), summary["hints"]
     hint = next(h for h in summary["hints"] if "target_guessed" in h["codes"])
     assert hint["command"] == (f"kvmigrate audit {root} --kv-kind <full|mla|sliding|hybrid|mamba> "
-                               f"--total-kv-heads <N> --manifest-out {manifest}")
-    assert "num_key_value_heads in the model's config.json" in hint["why"] and "--model-config PATH" in hint["why"]
+                               f"--manifest-out {manifest}")
+    assert "kv_lora_rank" in hint["why"] and "--model-config PATH" in hint["why"]
     assert f'--facts FACTS.json: {{"{base}": {{"kv_kind": ' in hint["why"]
     for argv in (["audit", str(root)], ["report", str(manifest)], ["migrate", str(root)],
                  ["migrate", "--manifest", str(manifest)]):
@@ -206,7 +207,7 @@ def test_guessed_target_hints_the_facts_to_state_never_an_apply(synth_root, tmp_
         assert "--apply" not in out and "--kv-kind" in out, (argv, out)
     dry = json.loads(invoke(["migrate", str(root), "--json"]).stdout)
     assert dry["apply_command"] is None
-    assert dry["guessed_targets"] == [{"namespace": base, "facts": ["kv_kind", "total_kv_heads"]}]
+    assert dry["guessed_targets"] == [{"namespace": base, "facts": ["kv_kind"]}]
 
     # the printed commands run once the values are stated, and then nothing is guessed
     for command in (hint["command"], dry["facts_command"]):
@@ -231,11 +232,11 @@ def test_apply_hint_names_the_assumed_defaults_its_target_rests_on(synth_root, t
     from kvmigrate.cli import cli
 
     root, _ = synth_root(dict(family="vllm", scheme="S2"))
-    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--target", "vllm-0.28"]
     audit = CliRunner().invoke(cli, ["audit", str(root), "--json", *facts], catch_exceptions=False)
     hint = next(h for h in json.loads(audit.stdout)["hints"] if "migration_pending" in h["codes"])
-    assert hint["command"] == (f"kvmigrate migrate {root} --kv-kind full --model-dtype bfloat16 --total-kv-heads 8 "
-                               "--apply")
+    assert hint["command"] == (f"kvmigrate migrate {root} --target vllm-0.28 --kv-kind full --model-dtype bfloat16 "
+                               "--total-kv-heads 8 --apply")
     assert "per_token_head_quant=False, runner=v1 (vLLM's defaults)" in hint["why"]
     assert "--per-token-head-quant, --runner first" in hint["why"] and "executor" not in hint["why"]
     applied = CliRunner().invoke(cli, shlex.split(hint["command"])[1:], catch_exceptions=False)
@@ -249,7 +250,8 @@ def test_pending_blocks_of_a_size_scan_are_not_called_proven(synth_root, tmp_pat
     from cli_helpers import run_json
 
     root, _ = synth_root(dict(family="vllm", scheme="S2", defects=("zero_filled",)))
-    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"]
+    facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1",
+             "--writer-pp", "1"]
     messages = {}
     for verify in ("size", "hash"):
         code, summary = run_json("audit", root, *facts, "--verify", verify)

@@ -137,7 +137,7 @@ def sample_metadata() -> dict:
                  "status": "orphan_namespace"},
     }
     return {"tool_version": "0.1.0", "command": f"kvmigrate scan {ROOT}", "root": ROOT,
-            "target_profile": "vllm-0.28", "verify": "size", "shard": "0/1",
+            "target_profile": "vllm-0.34", "verify": "size", "shard": "0/1",
             "facts": {"flags": {"kv_kind": "full"}, "facts_file": None}, "namespaces": ns}
 
 

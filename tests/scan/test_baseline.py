@@ -149,9 +149,9 @@ def test_baseline_of_another_target_profile_or_verify_is_refused(synth_root, tmp
     code, out = run("scan", root, "-o", tmp_path / "y.parquet", "--verify", "size", "-q", *FACTS,
                     "--baseline", full)
     assert code == 2 and "needs --verify hash" in out
-    assert manifest.read_metadata(full)["target_profile"] == "vllm-0.28"
+    assert manifest.read_metadata(full)["target_profile"] == "vllm-0.34"
     code, out = scan(root, tmp_path / "z.parquet", "--baseline", full, "--target", "vllm-0.26")
-    assert code == 2 and "target profile 'vllm-0.28'" in out and "'vllm-0.26'" in out
+    assert code == 2 and "target profile 'vllm-0.34'" in out and "'vllm-0.26'" in out
 
 
 def test_baseline_of_an_older_manifest_version_is_refused(synth_root, tmp_path):
@@ -190,7 +190,7 @@ def test_parts_of_a_baseline_hold_the_rows_of_their_buckets(synth_root, tmp_path
     next(root.rglob("*.bin")).with_name("x.tmp").write_bytes(b"t")  # a file in a fan-out folder, not a block
     full = tmp_path / "full.parquet"
     scan(root, full)
-    checks = dict(root=str(root), target="vllm-0.28", verify="hash", recheck=Fraction(0))
+    checks = dict(root=str(root), target="vllm-0.34", verify="hash", recheck=Fraction(0))
     whole = load(str(full), **checks)
     parts = load_parts(str(full), 3, **checks)
     assert all(p.metadata() == whole.metadata() for p in parts)

@@ -11,7 +11,9 @@ from kvmigrate.classify import UNVERIFIED
 from kvmigrate.identity.canonical import full_digest
 
 DTYPE = {"model_dtype": "bfloat16"}
-FULL_FACTS = {**DTYPE, "kv_kind": "full", "total_kv_heads": 8}
+# a vLLM tp = pp = 1 folder may have been collapsed by a 0.24-0.33 gate: the synth writer's topology
+TP1 = {**DTYPE, "writer_tp": 1, "writer_pp": 1}
+FULL_FACTS = {**TP1, "kv_kind": "full", "total_kv_heads": 8}
 
 
 def blocks(rows: dict, rank: int | None = None) -> list[dict]:
@@ -55,7 +57,7 @@ def only_action(rows: dict, action: str, fragment: str = "", rank: int = 0) -> l
 @pytest.mark.parametrize("scheme,family", [("S1", "ambiguous"), ("S2", "vllm")])
 def test_vllm_tp1_legacy_rows_are_linked(synth_root, scan_root, scheme, family):
     root, results = synth_root(dict(family="vllm", scheme=scheme))
-    scan, rows = scan_root(root, flags=DTYPE)
+    scan, rows = scan_root(root, flags=TP1)
     check_namespaces(scan, results)
     first = only_action(rows, "link", "re-key")
     assert all(r["target_base"] != r["source_base"] for r in first)
@@ -74,8 +76,11 @@ def test_vllm_s3_specific_namespace_is_already_present(synth_root, scan_root):
 
 
 def test_vllm_s3_specific_to_agnostic_is_a_link(synth_root, scan_root):
+    """vLLM 0.28-0.33 collapse a direct full-attention TP1 deployment; 0.34 reads its own name."""
     root, results = synth_root(dict(family="vllm", scheme="S3"))
-    scan, rows = scan_root(root, flags=FULL_FACTS)
+    _, rows = scan_root(root, flags=FULL_FACTS)
+    only_action(rows, "already_present")
+    scan, rows = scan_root(root, flags=FULL_FACTS, target="vllm-0.28")
     only_action(rows, "link")
     ns = namespace(scan, results[0].namespaces[0]["base_name"])
     assert ns["gate"]["parallel_agnostic"] is True and ns["target_base"] != ns["source_base"]
@@ -84,9 +89,9 @@ def test_vllm_s3_specific_to_agnostic_is_a_link(synth_root, scan_root):
 @pytest.mark.parametrize("scheme", ["S2", "S3"])
 def test_vllm_tp4_full_attention_rows_are_linked(synth_root, scan_root, scheme):
     root, results = synth_root(dict(family="vllm", scheme=scheme, tp=4))
-    scan, rows = scan_root(root, flags=FULL_FACTS)
+    scan, rows = scan_root(root, flags=FULL_FACTS, target="vllm-0.28")
     check_namespaces(scan, results)
-    only_action(rows, "link", "re-key")  # the agnostic target holds the same 4-cell rows
+    only_action(rows, "link", "re-key")  # vLLM 0.28-0.33's agnostic target holds the same 4-cell rows
 
 
 def test_vllm_s1_tp4_is_ambiguous_and_waits_for_family(synth_root, scan_root):
@@ -151,7 +156,7 @@ def test_llmd_tp1_unaligned_file_is_copy_padded(synth_root, scan_root):
 
 def test_llmd_tp1_aligned_file_is_linked(synth_root, scan_root):
     root, results = synth_root(dict(family="llmd", page_bytes=1024))  # 2 layers x 2 tensors x 1024 = 4096
-    scan, rows = scan_root(root, flags=DTYPE)
+    scan, rows = scan_root(root, flags=TP1)  # (read as vLLM, it may be a collapsed folder)
     check_namespaces(scan, results)  # ambiguous, but harmless
     only_action(rows, "link")
 
@@ -243,7 +248,7 @@ def test_vllmcpp_tp2_full_attention_is_a_rank_private_shard(synth_root, scan_roo
 
 def test_target_already_holding_the_bytes_is_already_present(synth_root, scan_root):
     root, results = synth_root(dict(family="vllm", scheme="S2"))
-    _, rows = scan_root(root, flags=DTYPE)
+    _, rows = scan_root(root, flags=TP1)
     first = blocks(rows, 0)
     hard, copied, other = first[0], first[1], first[2]
     for r in (hard, copied, other):
@@ -251,7 +256,7 @@ def test_target_already_holding_the_bytes_is_already_present(synth_root, scan_ro
     os.link(root / hard["relpath"], root / hard["target_relpath"])
     (root / copied["target_relpath"]).write_bytes((root / copied["relpath"]).read_bytes())
     (root / other["target_relpath"]).write_bytes(b"\1" * 4096)
-    _, rows = scan_root(root, flags=DTYPE)
+    _, rows = scan_root(root, flags=TP1)
     assert rows[hard["relpath"]]["action"] == "already_present"
     assert "hard link" in rows[hard["relpath"]]["reason"]
     assert rows[copied["relpath"]]["action"] == "already_present"

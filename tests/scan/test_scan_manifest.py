@@ -87,7 +87,7 @@ def test_metadata_reads_back(mixed_root, scan_root):
                            command="kvmigrate scan ROOT --kv-kind mla")
     meta = manifest.read_metadata(scan.output)
     assert meta["tool_version"] and meta["command"] == "kvmigrate scan ROOT --kv-kind mla"
-    assert meta["root"] == str(root) and meta["target_profile"] == "vllm-0.28"
+    assert meta["root"] == str(root) and meta["target_profile"] == "vllm-0.34"
     assert meta["verify"] == "size" and meta["shard"] == "0/1"
     assert meta["facts"]["flags"] == {"model_dtype": "bfloat16", "kv_kind": "mla"}
     bases = {ns["base_name"] for r in results for ns in r.namespaces}
@@ -228,7 +228,8 @@ def test_cli_subprocess_no_progress_when_not_a_tty(synth_root, tmp_path):
     """stdout holds only the JSON, stderr no progress bar when it is not a terminal."""
     root, _ = synth_root(dict(family="vllm", scheme="S2"))
     proc = subprocess.run([sys.executable, "-m", "kvmigrate", "scan", str(root), "-o", str(tmp_path / "m.parquet"),
-                           "--json", "--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8"],
+                           "--json", "--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8",
+                           "--writer-tp", "1", "--writer-pp", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr  # 6 blocks pending
     assert json.loads(proc.stdout)["totals"]["by_action"]["link"]["blocks"] == 6

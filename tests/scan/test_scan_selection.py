@@ -12,7 +12,7 @@ from kvmigrate.selection import Selection
 from cli_helpers import run, run_json
 
 KVMIGRATE = str(Path(sys.executable).parent / "kvmigrate")
-FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 LLAMA, QWEN = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B"
 
 
@@ -68,7 +68,8 @@ def test_filtered_manifest_says_it_is_partial(tmp_path, synth_root):
 def test_a_pattern_may_name_the_target_folder(tmp_path, synth_root, scan_root):
     """The target base name is known only once config.json is read: such a pattern still selects."""
     root, llama, qwen = two_models(synth_root)
-    full, _ = scan_root(root, flags={"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"})
+    full, _ = scan_root(root, flags={"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16", "writer_tp": 1,
+                                     "writer_pp": 1})
     target = next(n["target_base"] for n in full.summary["namespaces"] if n["source_base"] == qwen)
     assert target != qwen
     out = tmp_path / "t.parquet"

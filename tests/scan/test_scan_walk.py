@@ -21,7 +21,7 @@ def test_base_folder_without_rank_folder_is_noted_not_failed(synth_root, scan_ro
         for f in filenames:
             os.unlink(os.path.join(dirpath, f))
         os.rmdir(dirpath)
-    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16"})
+    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "writer_tp": 1, "writer_pp": 1})
     assert list(rows) == [ns["config_relpath"]]
     assert rows[ns["config_relpath"]]["status"] == "ok" and "no rank folder" in rows[ns["config_relpath"]]["reason"]
     assert scan.exit_code == 0
@@ -36,7 +36,7 @@ def test_vllm_rank_folder_beyond_r0_is_foreign(synth_root, scan_root):
     extra = root / layout.rank_dir_name(ns["base_name"], 1) / src.relative_to(root / ns["rank_dirs"][0])
     extra.parent.mkdir(parents=True)
     extra.write_bytes(src.read_bytes())
-    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16"})
+    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "writer_tp": 1, "writer_pp": 1})
     row = rows[str(extra.relative_to(root))]
     assert row["status"] == "foreign" and "outside the writer's ranks" in row["reason"]
     assert rows[result.block_files()[0]]["action"] == "link"
@@ -70,7 +70,8 @@ def test_own_artifacts_anywhere_are_not_findings(synth_root, scan_root):
     (root / ns["base_name"] / layout.LOCK_NAME).write_text("pid 1\n")
     (block.parent / (block.name + ".kvmigrate-4242.tmp")).write_bytes(b"partial")
     (root / "m.parquet.kvmigrate-77.tmp").write_bytes(b"partial manifest")
-    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "kv_kind": "full", "total_kv_heads": 8})
+    scan, rows = scan_root(root, flags={"model_dtype": "bfloat16", "kv_kind": "full", "total_kv_heads": 8,
+                                        "writer_tp": 1, "writer_pp": 1})
     own = {rel for rel, r in rows.items() if r["status"] == "own_artifact"}
     assert len(own) == 3 and scan.exit_code == 1  # no finding: the blocks are pending migration only
 
