@@ -47,8 +47,12 @@ STATUS_BITS: dict[str, int] = {
     "digest_mismatch": 1 | 4,
     "config_invalid": 1 | 4,
     "unsupported_layout": 1,
+    "missing_slots": 1 | 4,
 }
 STATUSES = tuple(STATUS_BITS)
+# a namespace of one of these states is read by no target (formats.md §3, interface.md §2):
+# prune's opt-in class unreadable_namespaces takes it whole
+UNREADABLE_STATUSES = ("orphan_namespace", "digest_mismatch", "config_invalid", "unsupported_layout", "missing_slots")
 
 ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout",
            "needs_slice", "needs_concat", "needs_relayout", "none")

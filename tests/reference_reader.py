@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -183,6 +184,56 @@ def expected_vllmcpp_payload(ns: dict[str, Any], hex_hash: str, group: int, rank
 
     return b"".join(page_bytes_for(ns, hex_hash=hex_hash, group=group, rank=rank, tensor=t, gpu_block=0)
                     for t in ns["tensors"])
+
+
+# --- the namespace vLLM 0.34 reads --------------------------------------------------------
+
+def vllm034_fields(ns: dict[str, Any]) -> dict[str, Any]:
+    """The identity vLLM 0.34 computes for the deployment that wrote synth namespace `ns`
+    (a vLLM writer: its true tp, pp, kind, canonical and replicated settings), from the
+    engine's own rules (identity.md §4.1; offloading/config.py:191-264 and FileMapper of
+    the 0.34.0 wheel), not from kvmigrate's code. Direct layouts are never agnostic; a
+    canonical one is when certified (synth MLA, or heads that tp splits, and pp = dcp = 1);
+    MLA is replicated at tp > 1 with pp = dcp = 1 (mp executor, one node), and a certified
+    canonical MLA layout always."""
+    src = ns["fields"]
+    tp, pp, dcp, mla = ns["tp"], ns["pp"], ns["dcp"], ns["kv_kind"] == "mla"
+    if ns["canonical"]:
+        agnostic = pp == 1 and dcp == 1 and (mla or 8 % tp == 0)
+        replicated = agnostic and mla
+    else:
+        agnostic, replicated = False, mla and tp > 1 and pp == 1 and dcp == 1
+    collapsed = agnostic or replicated
+    if "hash_block_size" in src:  # an S1 writer: block size x dcp tokens per block
+        groups = [{"tokens_per_block": g["block_size"] * dcp, "layer_names": g["layer_names"]}
+                  for g in src["kv_cache_groups"]]
+        per_hash, per_file = src["hash_block_size"] * dcp, src["gpu_blocks_per_file"]
+    else:
+        groups, per_hash, per_file = src["kv_cache_groups"], src["tokens_per_hash"], src["blocks_per_file"]
+    fields: dict[str, Any] = {
+        "model_name": src["model_name"], "tokens_per_hash": per_hash, "blocks_per_file": per_file,
+        "tp_size": 1 if collapsed else tp, "pp_size": 1 if collapsed else pp, "pcp_size": 1,
+        "dcp_size": 1 if collapsed else dcp, "dtype": "bfloat16" if src["dtype"] == "auto" else src["dtype"],
+        "kv_cache_groups": groups, "inference_engine": "vllm"}
+    if not collapsed:
+        fields["parallel_agnostic"] = False
+    if replicated:
+        fields["replicated_layout"] = True
+    if ns["canonical"]:
+        fields["canonical_format"] = src["canonical_format"]
+    return fields
+
+
+def vllm034_base(ns: dict[str, Any]) -> str:
+    """The base folder vLLM 0.34 reads for the writer of synth namespace `ns`."""
+    fields = vllm034_fields(ns)
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return f"{fields['model_name'].replace('/', '_')}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def vllm034_config_bytes(ns: dict[str, Any]) -> bytes:
+    """The config.json the 0.34 fs tier writes into that folder (json.dump, indent 2, sorted keys)."""
+    return json.dumps(vllm034_fields(ns), indent=2, sort_keys=True).encode()
 
 
 # --- tree snapshots -----------------------------------------------------------------------

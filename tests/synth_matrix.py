@@ -22,7 +22,10 @@ ERAS = {
     "vllm-S1-tp1-full": ({"family": "vllm", "scheme": "S1", "tp": 1}, FULL),
     "vllm-S2-tp2-full": ({"family": "vllm", "scheme": "S2", "tp": 2}, FULL),
     "vllm-S2-tp4-mla-slice": ({"family": "vllm", "scheme": "S2", "tp": 4, "kv_kind": "mla"}, MLA),
-    "vllm-S3-tp1-in-place": ({"family": "vllm", "scheme": "S3", "tp": 1, "agnostic": True}, FULL),
+    # folders a vLLM 0.24-0.33 gate collapsed: 0.34 reads them under their writer's topology
+    "vllm-S3-tp1-collapsed": ({"family": "vllm", "scheme": "S3", "tp": 1, "agnostic": True}, FULL),
+    "vllm-S3-tp2-collapsed": ({"family": "vllm", "scheme": "S3", "tp": 2, "agnostic": True},
+                              [*FULL[:6], "--writer-tp", "2", "--writer-pp", "1"]),
     "llmd-tp1-full": ({"family": "llmd", "tp": 1}, FULL),
     "llmd-tp2-mla": ({"family": "llmd", "tp": 2, "kv_kind": "mla"}, MLA),
     "vllmcpp-tp2-mla": ({"family": "vllmcpp", "tp": 2, "kv_kind": "mla"}, []),

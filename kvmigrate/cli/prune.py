@@ -119,7 +119,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                 print_json({"root": plan.root, "classes": list(plan.classes), "totals": plan.totals(),
                             "namespaces": [{"class": c, "namespace": ns, **v}
                                            for (c, ns), v in sorted(plan.by_namespace().items())],
-                            "skipped": plan.skipped, "files": len(plan.items),
+                            "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
                             "apply_command": apply_command if plan.items else None, "exit_code": code})
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))

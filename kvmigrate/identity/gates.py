@@ -99,6 +99,16 @@ def _kind_reason(prefix: str, kind: str | None, wrong: str) -> str:
     return f"{prefix}: kv kind is {kind} ({wrong})"
 
 
+def _unquantized_no_cp(conds: list[Condition] | None, gate: str, dep: Deployment, facts: Facts,
+                       assumed: dict[str, Any], prefix: str) -> list[str]:
+    """The conditions G2 and G0 share: no per-token-head KV quantization, dcp = pcp = 1."""
+    reasons = _check(conds, gate, "no per-token-head KV quantization", not _fact(facts, "per_token_head_quant", assumed),
+                     f"{prefix}: per-token-head KV quantization", "per_token_head_quant")
+    reasons += _check(conds, gate, "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
+    reasons += _check(conds, gate, "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    return reasons
+
+
 def g1(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "not agnostic",
        conds: list[Condition] | None = None, gate: str = "G1") -> tuple[bool, list[str]]:
     """is_parallelism_agnostic of vLLM 0.24-0.27: V1 runner, one group, full attention, not MLA."""
@@ -124,11 +134,7 @@ def g2(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "no
                       if heads is None else
                       f"{prefix}: tp {dep.tp} does not divide {heads} total kv heads (replicated GQA heads)",
                       "total_kv_heads")
-    reasons += _check(conds, "G2", "no per-token-head KV quantization",
-                      not _fact(facts, "per_token_head_quant", assumed),
-                      f"{prefix}: per-token-head KV quantization", "per_token_head_quant")
-    reasons += _check(conds, "G2", "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
-    reasons += _check(conds, "G2", "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    reasons += _unquantized_no_cp(conds, "G2", dep, facts, assumed, prefix)
     return not reasons, reasons
 
 
@@ -174,11 +180,7 @@ def g0(dep: Deployment, facts: Facts, assumed: dict[str, Any], prefix: str = "no
                           if heads is None else
                           f"{prefix}: tp {dep.tp} neither divides nor is a multiple of {heads} total kv heads",
                           "total_kv_heads")
-    reasons += _check(conds, "G0", "no per-token-head KV quantization",
-                      not _fact(facts, "per_token_head_quant", assumed),
-                      f"{prefix}: per-token-head KV quantization", "per_token_head_quant")
-    reasons += _check(conds, "G0", "dcp 1", dep.dcp == 1, f"{prefix}: dcp is {dep.dcp} (needs 1)")
-    reasons += _check(conds, "G0", "pcp 1", dep.pcp == 1, f"{prefix}: pcp is {dep.pcp} (needs 1)")
+    reasons += _unquantized_no_cp(conds, "G0", dep, facts, assumed, prefix)
     reasons += _check(conds, "G0", "world size = tp", dep.world_size == dep.tp,
                       f"{prefix}: world size {dep.world_size} is not tp {dep.tp} (pp {dep.pp}, pcp {dep.pcp})")
     return not reasons, reasons

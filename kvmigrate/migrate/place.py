@@ -15,6 +15,7 @@ import xxhash
 
 from kvmigrate import pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
+from kvmigrate.formats import checksum
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK
 from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
@@ -106,7 +107,9 @@ class Placer:
                 return self._outcome(tp, act, "changed_since_scan", why)
             src_h = xxhash.xxh3_128()
             try:
-                ino, size, out_digest = self._write_new(tmp, output_chunks(src_fd, action, digest, src_h))
+                # a copy of the same bytes keeps the engine's checksum attribute; changed bytes never do
+                ino, size, out_digest = self._write_new(tmp, output_chunks(src_fd, action, digest, src_h),
+                                                        same_bytes_as=src_fd if action == "link" else None)
             except SourceInvalid as exc:
                 unlink_quiet(self.tree, tmp)
                 return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
@@ -234,9 +237,11 @@ class Placer:
                 os.close(fd)
         return size, out_digest
 
-    def _write_new(self, tmp: str, chunks) -> Any:
+    def _write_new(self, tmp: str, chunks, same_bytes_as: int | None = None) -> Any:
         """Write chunks to a new file (O_EXCL; a leftover of this pid is replaced), fsync.
-        Returns inode for a bytes list, (inode, size, xxh3) for a generator."""
+        `same_bytes_as`: the fd of a file with the same bytes, whose checksum attributes
+        (formats/checksum.py) the new file takes. Returns inode for a bytes list, (inode,
+        size, xxh3) for a generator."""
         try:
             fd = self.tree.create_excl(tmp)
         except FileExistsError:
@@ -253,6 +258,8 @@ class Placer:
                     view = view[n:]
                 h.update(chunk)
                 size += len(chunk)
+            if same_bytes_as is not None:
+                checksum.copy_values(same_bytes_as, fd)
             os.fsync(fd)
             ino = os.fstat(fd).st_ino
         finally:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple
 
 from kvmigrate import findings, layout
+from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate import manifest as mf
 from kvmigrate.errors import UsageError
 from kvmigrate.migrate import journal as jn
@@ -47,8 +48,6 @@ QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
 PRUNE_JOURNALS_DIR = os.path.join(jn.JOURNALS_DIR, "prune")
 KIND = "prune"  # the header's `kind`: a prune journal, not a migration's
 
-# a namespace of one of these states is read by no target (formats.md §3, interface.md §2)
-UNREADABLE_STATUSES = ("orphan_namespace", "digest_mismatch", "config_invalid", "unsupported_layout")
 RESIDUE_STATUSES = ("zero_filled", "short", "misfiled")  # tmp_leftover too, when older than --older-than
 MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at its target
 DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
@@ -91,6 +90,9 @@ class PrunePlan:
     locks: dict[str, set[str]] = field(default_factory=dict)  # target base -> source namespaces pruned into it
     scan_started_ns: int | None = None
     finished: list = field(default_factory=list)  # quarantine.PruneResult of interrupted runs finished first
+    # namespaces kept because the target profile reads them only under their writer's
+    # topology, not stated (`orphaned_namespaces`): reusable once it is, so never pruned
+    orphaned: list = field(default_factory=list)
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Per class: files and bytes, those freed once purged and those only unlinked
@@ -270,10 +272,14 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from kvmigrate.identity.values import ORPHANED
+
     by_model: dict[Any, list[str]] = {}
     for ns in namespaces:
         m = ns_meta.get(ns) or {}
-        if ns not in target_bases and ns not in used and (m.get("target") or {}).get("unreachable"):
+        why = str((m.get("target") or {}).get("unreachable") or "")
+        # (a folder orphaned by its writer's unstated topology is reusable once it is stated: kept)
+        if ns not in target_bases and ns not in used and why and not why.startswith(ORPHANED):
             by_model.setdefault(m.get("model_name"), []).append(ns)
     out = []
     src, status = c["source_base"], c["status"]
@@ -358,7 +364,32 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
-    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks)
+    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks,
+                     orphaned=orphaned_namespaces(manifest_path, meta))
+
+
+def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
+                        namespaces: set[str] | None = None) -> list[dict[str, Any]]:
+    """Namespaces orphaned by the target profile (a folder a vLLM 0.24-0.33 gate collapsed,
+    read by 0.34 only under the topology that wrote it, which nobody stated), with their
+    files and bytes: no class prunes them (their blocks are `ok`, reusable once
+    --writer-tp/--writer-pp are stated; after that migration `--migrated` takes them), but
+    the figures name them, as what the target engine will not read until then."""
+    from kvmigrate.identity.values import ORPHANED
+
+    names = {base: (m.get("target") or {}).get("unreachable") for base, m in (meta.get("namespaces") or {}).items()
+             if str((m.get("target") or {}).get("unreachable") or "").startswith(ORPHANED)
+             and (namespaces is None or base in namespaces)}
+    if not names:
+        return []
+    import pyarrow as pa
+
+    c = _columns(mf.read_table(manifest_path, columns=["source_base", "size"]))
+    per = pa.table({"ns": c["source_base"], "size": c["size"]}).filter(_in(c["source_base"], names)) \
+        .group_by("ns").aggregate([("size", "sum"), ([], "count_all")])
+    figures = {b: (n, z or 0) for b, z, n in zip(*(per[k].to_pylist() for k in ("ns", "size_sum", "count_all")))}
+    return [{"namespace": base, "files": figures.get(base, (0, 0))[0], "bytes": figures.get(base, (0, 0))[1],
+             "reason": why} for base, why in sorted(names.items())]
 
 
 def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
@@ -372,6 +403,11 @@ def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
     return [i for i in items if i.key not in dropped
             and not (i.namespace in keeps and i.relpath == f"{i.namespace}/{layout.CONFIG_NAME}")]
 
+
+# what prune says of a namespace it keeps because the target reads it only under its
+# writer's topology (orphaned_namespaces)
+ORPHANED_KEPT = ("orphaned by vLLM 0.34 (the folder does not record the topology that wrote it): state "
+                 "--writer-tp/--writer-pp and migrate it, then --migrated takes it; no class prunes it before")
 
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
 
@@ -438,6 +474,7 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     out["classes"] = per_class
     out["namespaces"] = [{"class": cls, "namespace": ns, **v} for (cls, ns), v in sorted(per_ns.items())]
     out["skipped"] = skipped
+    out["orphaned"] = orphaned_namespaces(manifest_path, meta, namespaces)
     return out
 
 
@@ -629,6 +666,8 @@ def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
                              f"{human_bytes(v['freed_bytes'])}, {v['unlinked_files']} only unlinked")
     for ns, why in sorted(plan.skipped.items()):
         lines.append(f"  skipped {ns}: {why}")
+    lines += [f"  kept {o['namespace']}: {o['files']} files, {human_bytes(o['bytes'])}, {ORPHANED_KEPT}"
+              for o in plan.orphaned]
     if plan.items:
         lines.append(f"{len(plan.items)} files would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
                      "(reversible: `kvmigrate restore JOURNAL`). Nothing was moved (dry run).")

@@ -6,7 +6,8 @@ Phases, restic-check style, each with typed findings:
   2. journal (if given): every block the migration created still exists with the
      journaled inode, size and XXH3-128 (a hard link journaled without a hash: its
      mtime); a vllm.cpp output must pass the engine's
-     header checks for its namespace; a created config.json is unchanged. A journaled
+     header checks for its namespace, and the checksum attribute vLLM may keep
+     (formats/checksum.py) must match its bytes; a created config.json is unchanged. A journaled
      block that is gone was removed by the engine's evictor: `evicted` (bit 1; bit 4
      with strict=True). A journal of a migration into another root is refused (2).
 Exit: 0 clean, 1 evicted blocks, 4 integrity findings, +8 when something could not be read.
@@ -21,7 +22,7 @@ from typing import Any
 
 from kvmigrate import families, layout, pacing
 from kvmigrate.errors import EXIT_FINDINGS, EXIT_INTEGRITY, EXIT_OPERATIONAL, UsageError
-from kvmigrate.formats import vllmcpp
+from kvmigrate.formats import checksum, vllmcpp
 from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
@@ -211,6 +212,14 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         return
     if rec["kind"] != "block":
         return
+    try:
+        bad_sum = _checksum_mismatch(tree, path)
+    except OSError as exc:
+        result.findings.append(Finding("unreadable", where, exc.strerror or str(exc), EXIT_OPERATIONAL))
+        return
+    if bad_sum:
+        result.findings.append(Finding("checksum_mismatch", where, bad_sum))
+        return
     parsed = layout.parse_block_relpath(path)
     folder = layout.parse_folder(path.split("/", 1)[0])
     target = run.targets.get(folder.base if folder is not None else None)
@@ -220,6 +229,16 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
             head, st.st_size, target, block.hex_hash if block else None, block.group if block else 0)
         if found:
             result.findings.append(Finding(found[0], where, found[1]))
+
+
+def _checksum_mismatch(tree: DestTree, path: str) -> str | None:
+    """The engine's checksum attribute of a block, where it has one, against its bytes."""
+    dfd, name = tree.split(path)
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        return checksum.mismatch(fd)
+    finally:
+        os.close(fd)
 
 
 def journal_target_profile(journal: str) -> str | None:

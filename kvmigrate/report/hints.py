@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 from kvmigrate import families
-from kvmigrate.classify import STATUS_BITS
+from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
 from kvmigrate.selection import Selection
@@ -56,6 +56,10 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                        "or of wrong types", "never migrated; see why with", "identity"),
     "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
                            "kvmigrate does not migrate it", "list"),
+    "missing_slots": ("rows of a multi-node engine (--nnodes > 1: a TP/PP/PCP group across nodes), full-size but "
+                      "without the remote ranks' slots (vllm#54415)",
+                      "never migrated: they serve wrong KV to any reader; vLLM 0.34 refuses such deployments",
+                      "prune"),
 }
 
 # Placeholder values for a fact flag the user must supply.
@@ -278,7 +282,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if how == "identity" and base is not None:
                 hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
             elif how == "prune":
-                what_class = "--unreadable-namespaces" if status == "orphan_namespace" else "--residue"
+                what_class = "--unreadable-namespaces" if status in UNREADABLE_STATUSES else "--residue"
                 hint(cmd.prune(what_class), f"{what}: see what prune would move (dry run), then add --apply; "
                      f"a namespace written in the last 10 minutes is skipped; `kvmigrate restore` undoes it",
                      status, base, 3)

@@ -163,6 +163,11 @@ def reclaim_table(s: dict[str, Any]) -> Table | None:
     t.rows += [["(skipped now)", f"{k['namespace']}: written {k['written_s_ago']} s ago, within prune's quiet period "
                 f"({k['quiet_period_s'] / 60:.0f} min): rerun later or --force-live", *["-"] * 6]
                for k in r.get("skipped") or ()]
+    # kept by every class: the target reads them only under their writer's topology, not stated
+    t.rows += [["(orphaned by vLLM 0.34)", f"{o['namespace']}: reusable once --writer-tp/--writer-pp are stated "
+                "(then migrate, and --migrated takes it); no class prunes it before",
+                human_count(o["files"]), human_bytes(o["bytes"]), *["-"] * 4]
+               for o in r.get("orphaned") or ()]
     from kvmigrate.report.hints import replicas_unhashed  # lazily: hints loads pyarrow (see cli.common.prefer_arrow_pool)
 
     listed = {v["namespace"] for v in r["namespaces"]}

@@ -359,6 +359,12 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
     out_of_scope = fam.unsupported(fields)
     if out_of_scope:
         ns.status, ns.status_reason = "unsupported_layout", out_of_scope
+    elif fam.scheduler_rows and (facts.nnodes or 1) > 1:
+        # the engine core wrote rows from its own node's region: the remote workers' slots
+        # are missing from rows of full size (vllm#54415; vLLM 0.34 refuses such deployments)
+        ns.status, ns.status_reason = "missing_slots", (
+            f"written by a multi-node engine (nnodes {facts.nnodes}, from {facts.sources.get('nnodes', 'flag')}): "
+            "its rows lack the remote ranks' slots (vllm#54415); never reused")
     if ns.status != "ok":
         return
     try:

@@ -83,7 +83,7 @@ def _config_row(walker: Walker, ns: Namespace, entry: os.DirEntry, rel: str, out
     rec = walker.entry_record(entry, rel, out)
     if rec is None:
         return
-    if ns.status in ("config_invalid", "digest_mismatch"):
+    if ns.status in ("config_invalid", "digest_mismatch", "missing_slots"):
         rec.status, rec.reason = ns.status, ns.status_reason
     elif ns.status == "unsupported_layout":
         rec.reason = f"identity proved, but the namespace is out of scope: {ns.status_reason}"

@@ -24,7 +24,8 @@ SPECS = (
     {"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": "org/mla-model"},      # copy_pad
 )
 FACTS = {"org/mla-model": {"kv_kind": "mla", "model_dtype": "bfloat16"},
-         "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16"}}
+         "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype": "bfloat16", "writer_tp": 1,
+                            "writer_pp": 1}}
 
 
 def kvmigrate(*args, env_extra=None) -> subprocess.CompletedProcess:

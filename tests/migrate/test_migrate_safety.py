@@ -488,13 +488,13 @@ def test_no_space_while_writing_a_copy_leaves_no_temp_and_resumes(tmp_path, synt
     real = apply_mod.Applier._write_new
     calls = {"n": 0}
 
-    def full_disk(self, tmp, chunks):
+    def full_disk(self, tmp, chunks, **kwargs):
         calls["n"] += 1
         if calls["n"] == 4:  # config.json, then two blocks, then the disk is full
             fd = self.tree.create_excl(tmp)  # a partial temp file exists when ENOSPC hits
             os.close(fd)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, tmp, chunks)
+        return real(self, tmp, chunks, **kwargs)
 
     monkeypatch.setattr(apply_mod.Applier, "_write_new", full_disk)
     journal = tmp_path / "j.jsonl"

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors
+from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors, vllm034_base
 from synth_matrix import ERAS, GEOMETRY, cases
 
 pytestmark = pytest.mark.slow
@@ -35,11 +35,16 @@ def wrong_reads(root: Path, meta: dict, res) -> tuple[list[str], int]:
     synth_ns = {ns["base_name"]: ns for ns in res.namespaces}
     source_dirs = {d for ns in meta["namespaces"].values() for d in ns.get("rank_dirs") or ()}
     by_target: dict[str, list[dict]] = {}
+    errors, loaded = [], 0
     for base, ns in meta["namespaces"].items():
         target = ns.get("target")
-        if target and base in synth_ns and target["rank_dir"] not in source_dirs:
+        if target and target.get("base_name") and base in synth_ns and target["rank_dir"] not in source_dirs:
             by_target.setdefault(target["base_name"], []).append((synth_ns[base], target))
-    errors, loaded = [], 0
+            writer = synth_ns[base]
+            if meta["target_profile"] == "vllm-0.34" and writer["family"] == "vllm" \
+                    and target["base_name"] != vllm034_base(writer):
+                errors.append(f"{base}: placed into {target['base_name']}, but vLLM 0.34 reads "
+                              f"{vllm034_base(writer)} for the deployment that wrote it")
     for sources in by_target.values():
         ns, target = min(sources, key=lambda s: min(s[0]["ranks"]))  # MLA: rank 0's bytes are every rank's
         reader = ReferenceReader(root, target)
