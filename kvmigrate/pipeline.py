@@ -187,16 +187,43 @@ class Migration:
               on_part: Callable[[Any], None] | None = None) -> "ApplyResult":
         from kvmigrate.migrate.apply import apply_plan
 
-        plan = self.plan
+        plan, guessed = self._without_guesses()
         identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
                     "manifest": self.identity_manifest}
         if self.parts is None:
-            return apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
-                              progress=progress)
-        from kvmigrate.scaleout.ray_runner import apply_on_ray
+            result = apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
+                                progress=progress)
+        else:
+            from kvmigrate.scaleout.ray_runner import apply_on_ray
 
-        return apply_on_ray(plan, self.manifest, shards=self.parts, address=self.address, mode=mode,
-                            journal=journal, command=command, identity=identity, on_part=on_part)
+            result = apply_on_ray(plan, self.manifest, shards=self.parts, address=self.address, mode=mode,
+                                  journal=journal, command=command, identity=identity, on_part=on_part)
+        result.left_out = guessed
+        if guessed:
+            result.bits |= 1  # a finding: blocks wait for facts (interface.md §4)
+        return result
+
+    def guessed_sources(self) -> dict[str, list[str]]:
+        """Source namespace -> facts not given, of the sources of the plan's targets: their
+        target is a guess (identity.md §4), which no --apply fills."""
+        from kvmigrate.report.hints import guessed_targets
+
+        guessed = guessed_targets(self.plan.metadata.get("namespaces") or {})
+        return {src: guessed[src] for tp in self.plan.targets for src in tp.sources if src in guessed}
+
+    def _without_guesses(self) -> tuple["Plan", dict[str, list[str]]]:
+        """The plan to apply: without the namespaces whose target is a guess (the dry run
+        printed no apply command for them; an --apply typed anyway must not place them)."""
+        guessed = self.guessed_sources()
+        if not guessed:
+            return self.plan, {}
+        from dataclasses import replace
+
+        from kvmigrate.migrate.plan import build_plan
+        from kvmigrate.selection import Selection
+
+        selection = replace(self.plan.selection or Selection(), left_out=tuple(sorted(guessed)))
+        return _plan(build_plan, self.manifest, self.plan.dest, False, selection), guessed
 
 
 @contextlib.contextmanager

@@ -28,9 +28,12 @@ D12_LEN = 12
 class Selection:
     only: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    # source namespaces (base names) a run leaves out although the patterns select them:
+    # `migrate --apply` never places blocks into a guessed target (not a pattern: never printed)
+    left_out: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.only or self.exclude)
+        return bool(self.only or self.exclude or self.left_out)
 
     def admits(self, names: Iterable[str | None]) -> bool:
         """Selected, given every name the namespace is known by."""
@@ -87,7 +90,7 @@ def selected_bases(namespaces: dict[str, dict[str, Any]], selection: Selection) 
     a vllm.cpp deployment (one namespace per rank) is migrated or skipped as one."""
     chosen = {b for b, m in namespaces.items() if selection.admits_namespace(b, m)}
     deployments = {namespaces[b].get("deployment") for b in chosen} - {None}
-    return chosen | {b for b, m in namespaces.items() if m.get("deployment") in deployments}
+    return (chosen | {b for b, m in namespaces.items() if m.get("deployment") in deployments}) - set(selection.left_out)
 
 
 def _matches(pattern: str, name: str) -> bool:

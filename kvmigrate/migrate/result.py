@@ -58,6 +58,8 @@ class ApplyResult:
     journal_path: str | None = None
     resumed: bool = False
     recovered: int = 0  # outputs of an interrupted run proven and adopted on resume
+    # source namespace -> facts not given: left out, their target is a guess (exit bit 1)
+    left_out: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -72,6 +74,7 @@ class ApplyResult:
                 "per_target": {k: dict(v) for k, v in self.per_target.items()},
                 "findings": self.findings, "namespace_errors": self.namespace_errors,
                 "journal": self.journal_path, "resumed": self.resumed, "recovered": self.recovered,
+                "left_out_guessed": [{"namespace": b, "facts": f} for b, f in sorted(self.left_out.items())],
                 "stopped": str(self.stop) if self.stop else None}
 
 
@@ -92,6 +95,13 @@ def render_result(plan: Plan, result: ApplyResult) -> str:
                  f" ({result.link_copies} links copied by --mode, {result.transformed} by transforms)")
     for err in result.namespace_errors:
         lines.append(f"error: {err}")
+    if result.left_out:
+        from kvmigrate.identity.facts import FLAGS
+
+        lines.append(f"not placed: {plural(len(result.left_out), 'namespace')} whose target is a guess (it depends on "
+                     "facts not given; the dry run prints the command that states them):")
+        lines += [f"  {base}: state {', '.join(FLAGS.get(f, f) for f in facts)}"
+                  for base, facts in sorted(result.left_out.items())]
     if plan.integrity_rows:  # not migrated, not failed on (audit's exit code): say where they are
         one = plan.integrity_rows == 1
         lines.append(f"integrity findings in the manifest: {plural(plan.integrity_rows, 'file')} "
