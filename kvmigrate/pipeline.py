@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from kvmigrate import manifest as mf
 from kvmigrate import scan as scan_stage
 from kvmigrate.errors import UsageError
-from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
 from kvmigrate.report.summary import summarize, totals_for
 
@@ -111,8 +111,64 @@ def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] 
     at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
     with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
         with_reclaimable(result.summary, result.output)
-        return AuditResult(result.summary, result.exit_code, str(result.output) if manifest_out is not None else None,
+        code = result.exit_code | (with_runs(result.summary)["exit_code"] & 1)
+        return AuditResult(result.summary, code, str(result.output) if manifest_out is not None else None,
                            result.seconds, mf.count_true(result.output, "carried"))
+
+
+def with_runs(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary plus the unfinished runs journaled under its root (running, or
+    interrupted: a finding with the command that resumes it)."""
+    from kvmigrate.migrate.runs import unfinished
+    from kvmigrate.report.hints import with_unfinished_runs
+
+    root = summary.get("root")
+    runs = [r.to_dict() for r in unfinished(root)] if isinstance(root, str) and os.path.isdir(root) else []
+    return with_unfinished_runs(summary, runs)
+
+
+# --- facts -------------------------------------------------------------------------------
+
+
+def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE) -> dict[str, dict[str, Any]]:
+    """`facts`: one FACTS.json entry per namespace of ROOT (keyed by its base folder; a
+    flat family's deployment by its model name), with every fact its target needs: the
+    value where a flag, an entry or a model config states it, else null (not stated:
+    kvmigrate treats null as unknown). Reads config.json files only, no block."""
+    from kvmigrate.identity.values import ORPHANED
+    from kvmigrate.scan import flat
+    from kvmigrate.scan.roots import list_root, resolve_namespaces
+    from kvmigrate import families
+    from kvmigrate.fsio import check_root
+
+    root_path = check_root(str(root))
+    listing = list_root(root_path)
+    namespaces = resolve_namespaces(root_path, listing, facts_resolver, target)
+    namespaces += flat.resolve(root_path, listing, facts_resolver, target, "none")
+    out: dict[str, dict[str, Any]] = {}
+    for ns in sorted(namespaces, key=lambda n: n.source_base):
+        if ns.status != "ok" or ns.facts is None:
+            continue
+        needed: list[str] = []
+        t = ns.target
+        if ns.target_error_flag:
+            needed += [f for f, flag in FACT_FLAGS.items() if flag == ns.target_error_flag]
+        if t is not None:
+            needed += list(t.missing_facts)
+            if str(t.unreachable or "").startswith(ORPHANED) or t.writer_topology:
+                needed += ["kv_kind", "writer_tp", "writer_pp"]
+        if families.get(ns.family).settled_by == "--family" and \
+                not families.get(ns.family).harmless_ambiguity(ns.fields or {}, ns.sampled_sizes):
+            needed.append("family")  # the two readings give different bytes
+        given = {f for f in ns.facts.sources if not ns.facts.sources[f].startswith("model_config:")}
+        needed += sorted(given)  # what is stated stays stated, per namespace
+        flat_family = families.get(ns.family).root_layout == "flat"
+        key = (ns.model_name or ns.source_base) if flat_family else ns.source_base
+        entry = out.setdefault(key, {})
+        for name in dict.fromkeys(needed):
+            if name in FACT_FLAGS and name != "model_config":
+                entry[name] = getattr(ns.facts, name, None)
+    return out
 
 
 # --- report ------------------------------------------------------------------------------
@@ -136,7 +192,7 @@ def report(path: str, fmt: str = "text", selection: Any = None) -> tuple[str, in
     code = the bits of the manifest, or of its `selection`)."""
     from kvmigrate.report import render
 
-    summary = with_reclaimable(render.summary_of(path, selection=selection), path, partial=bool(selection))
+    summary = with_runs(with_reclaimable(render.summary_of(path, selection=selection), path, partial=bool(selection)))
     return render.render_summary(summary, fmt), summary["exit_code"]
 
 
@@ -190,6 +246,11 @@ class Migration:
         plan, guessed = self._without_guesses()
         identity = {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
                     "manifest": self.identity_manifest}
+        from kvmigrate.migrate.journal import default_journal_dir
+        from kvmigrate.migrate.runs import check_no_interrupted_run
+
+        check_no_interrupted_run([default_journal_dir(plan.root), *([journal] if journal else [])],
+                                 {tp.base_name for tp in plan.targets if tp.actions}, identity)
         if self.parts is None:
             result = apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
                                 progress=progress)

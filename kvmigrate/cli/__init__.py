@@ -31,6 +31,8 @@ COMMANDS = {
     "synth": "synth",
     "prune": "prune",
     "restore": "restore",
+    "runs": "runs",
+    "facts": "facts",
 }
 
 

@@ -165,6 +165,7 @@ class FactsResolver:
         flag_cfg = self.flags.get("model_config")
         self._flags = _Layer("flag", flag_values, os.path.abspath(flag_cfg) if flag_cfg else None)
         self._entries: dict[str, _Layer] = {}
+        self.matched: set[str] = set()  # the FACTS.json keys some namespace used (check_keys_matched)
         if facts_file is not None:
             self._entries = self._load_facts_file(facts_file)
         for layer in [self._flags, *self._entries.values()]:
@@ -215,13 +216,39 @@ class FactsResolver:
                 f"its blocks are not planned. --facts keys by model name: give each model its "
                 f"own config, e.g. --facts FACTS.json with {example}")
 
+    def _kind_refusal(self, facts: Facts, model_name: str, base_name: str, conflict: str) -> str:
+        """One line: the stated kind, where it came from, the namespace and the way out."""
+        source = facts.sources.get("kv_kind", "flag")
+        given_by = "--kv-kind" if source == "flag" else \
+            f"'kv_kind' of {self.facts_file} entry {source.removeprefix('facts:')!r}"
+        example = json.dumps({model_name: {"kv_kind": "<its kind>"}})
+        return (f"--kv-kind {facts.kv_kind} ({given_by}) refused for namespace {base_name}: {conflict}; its blocks "
+                f"are not planned. State each model's kind on its own, e.g. --facts FACTS.json with {example}")
+
+    def check_keys_matched(self, names: list[str]) -> None:
+        """A FACTS.json key no namespace of the root used is a typo or a stale entry: its
+        facts would silently apply to nothing. `names`: the root's model and folder names,
+        for the nearest ones the message offers."""
+        import difflib
+
+        stale = sorted(k for k in self._entries if k not in self.matched and k != "*")
+        if not stale:
+            return
+        near = difflib.get_close_matches(stale[0], sorted(set(names)), n=3, cutoff=0.5)
+        raise UsageError(f"{self.facts_file}: key {stale[0]!r} matches no namespace of this root"
+                         + (f" (and {len(stale) - 1} more keys)" if len(stale) > 1 else ""), path=self.facts_file,
+                         hint=("nearest: " + ", ".join(repr(n) for n in near) + "; " if near else "")
+                         + "keys are a model name, a base folder name or \"*\" (`kvmigrate facts ROOT` writes them)")
+
     def keys(self) -> list[str]:
         """The FACTS.json keys (a flat family matches model names after its own rewrite)."""
         return list(self._entries)
 
     def layers_for(self, model_name: str, base_name: str) -> list[_Layer]:
         """Places facts come from for one namespace, most specific first."""
-        layers = [self._entries[k] for k in (base_name, model_name, "*") if k in self._entries]
+        keys = [k for k in (base_name, model_name, "*") if k in self._entries]
+        self.matched.update(keys)
+        layers = [self._entries[k] for k in keys]
         # a FACTS.json key may name both the base folder and the model (same string): once
         unique: list[_Layer] = []
         for layer in layers:
@@ -238,6 +265,10 @@ class FactsResolver:
                     setattr(facts, name, layer.values[name])
                     facts.sources[name] = layer.source
                     break
+        conflict = hfconfig.kind_conflict(model_name, facts.kv_kind)
+        if conflict is not None:  # a flag or FACTS.json entry meant for other models of the root
+            facts.refusal = self._kind_refusal(facts, model_name, base_name, conflict)
+            return facts
         cfg_layer = next((layer for layer in layers if layer.model_config), None)
         if cfg_layer is None:
             return facts

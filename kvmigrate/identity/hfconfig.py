@@ -265,3 +265,25 @@ def family_conflict(cfg: dict[str, Any], model_name: str) -> str | None:
         return None
     return (f"the config is {found[1]} (a {found[0]} model) but model {model_name!r} is a "
             f"{' or '.join(sorted(named))} model")
+
+
+# Families whose attention kind is known from the name alone: DeepSeek V2/V3/R1 and Kimi K2
+# (DeepseekV3 architecture) keep MLA latents (a V3.2-style sparse indexer makes the cache
+# hybrid, identity.md §4); the other well-known families above never use MLA.
+_MLA_NAME = re.compile(r"kimi[-_ ]?k2")
+MLA_FAMILIES = ("deepseek",)
+
+
+def kind_conflict(model_name: str, kv_kind: str | None) -> str | None:
+    """Why a stated attention kind cannot be `model_name`'s (None: it may be). Conservative,
+    as `family_conflict`: only well-known MLA names stated as another kind. That is the
+    claim no data can refute: it makes equal replicas of a latent look like head shards
+    (concatenated, or collapsed as full attention). The opposite claim (a GQA model stated
+    as MLA) is refuted by the rows themselves: shards differ, and replicas must hash
+    equal before one is taken for all (replica_mismatch, a slice's equal cells)."""
+    if kv_kind is None or kv_kind in ("mla", "hybrid") or not model_name:
+        return None
+    if not (name_families(model_name) & set(MLA_FAMILIES) or _MLA_NAME.search(model_name.lower())):
+        return None
+    return (f"model {model_name!r} is an MLA model (its KV cache holds one latent per token, the same on every "
+            f"rank), not {kv_kind}")

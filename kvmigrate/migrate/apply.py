@@ -56,6 +56,7 @@ from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
 from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
 from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts, oserror_stop
+from kvmigrate.migrate.runs import claimed_by_others
 from kvmigrate.migrate.place import Placer, stat_differs as _stat_differs
 from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
 from kvmigrate.migrate.plan import ActionStream
@@ -246,7 +247,14 @@ class Applier(FolderMaker, Placer):
             return
         run = self._resume_runs[-1]
         digests = {b: bytes.fromhex(r["digest"]) for b, r in run.targets.items() if r.get("digest")}
-        for item in run.pending():
+        pending = run.pending()
+        # a path another run journaled as its own is never adopted (its inode may be the very
+        # one this run intended: a hard link of the same source)
+        others = claimed_by_others([jn.default_journal_dir(self.plan.root), os.path.dirname(self.journal.path)],
+                                   [self.journal.path], {item["path"] for item in pending}, self.plan.dest)
+        for item in pending:
+            if item["path"] in others:
+                continue
             adopted = reconcile_item(self.tree, run.root, item, digests)
             if adopted is not None:
                 self.journal.done(adopted)

@@ -214,6 +214,7 @@ class Run:
     """One run inside a journal file, with what it created."""
 
     header: dict[str, Any]
+    journal: str = ""  # the file it was read from
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # base -> target record
     intents: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> done record (last wins)
@@ -286,7 +287,7 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
         if t == "header":
             if not isinstance(rec.get("root"), str) or not isinstance(rec.get("dest"), str):
                 raise KeyError("root/dest in the header")
-            runs.append(Run(header=rec))
+            runs.append(Run(header=rec, journal=path))
             continue
         run = runs[-1]
         if t == "target":

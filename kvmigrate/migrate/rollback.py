@@ -37,6 +37,7 @@ from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
 from kvmigrate.migrate.restore import restore_before_rollback
+from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
 
@@ -93,7 +94,7 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
         result.journals.append(path)
         for run in reversed(runs):
             if not run.rolled_back:
-                _rollback_run(run, result, selection)
+                _rollback_run(run, result, selection, files)
         if selection:
             result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
                                 "stays usable for the rest")
@@ -231,7 +232,11 @@ class _Removal:
                 self.result.kept.append(why)
 
 
-def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None) -> None:
+def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None,
+                  rolling: Iterable[str] = ()) -> None:
+    """Remove what `run` created; `rolling`: the journals this rollback undoes (their
+    runs are not "other runs" whose files or targets must be left)."""
+    rolling = {*rolling, run.journal}
     if selection:  # the records of the kept targets only
         kept = journal_bases(run.targets, selection)
         run.targets = {b: r for b, r in run.targets.items() if b in kept}
@@ -257,10 +262,24 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                     if not result.dry_run:
                         locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
             created = dict(run.done)
-            for item in run.pending():
+            pending = run.pending()
+            # never what another run journaled as its own (a link of the same source has
+            # the inode this run's intent names), nor the config.json of a target another
+            # run still fills (its blocks would be left without their identity)
+            others = claimed_by_others(_journal_dirs(run), rolling, {item["path"] for item in pending}, dest)
+            shared = targets_of_others(_journal_dirs(run), rolling, dest, [run.header.get("run_id")]) \
+                & set(run.targets)
+            for item in pending:
+                if item["path"] in others:
+                    continue
                 adopted = reconcile_item(tree, run.root, item, digests)
                 if adopted is not None:
                     created[item["path"]] = adopted
+            for path, rec in list(created.items()):
+                if rec.get("kind") == "config" and run.target_of(path) in shared:
+                    del created[path]
+                    result.kept.append(f"{tree.abspath(path)}: another migration run (not rolled back) also fills "
+                                       f"target {run.target_of(path)}: its blocks need this config.json; left in place")
             by_kind: dict[str, list[dict]] = {"block": [], "config": [], "dir": []}
             for rec in created.values():
                 if rec.get("kind") in by_kind:
@@ -283,6 +302,12 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
             for lock in locks:  # a lock file left by an interrupted run goes too
                 lock.release()
         rm.dirs(rec["path"] for rec in by_kind["dir"])
+
+
+def _journal_dirs(run: jn.Run) -> list[str]:
+    """Where the other runs of this root are journaled: the root's journal folder and the
+    folder of this run's journal (a --journal elsewhere)."""
+    return [jn.default_journal_dir(run.root), os.path.dirname(run.journal)]
 
 
 def _exists(tree: DestTree, relpath: str) -> bool:

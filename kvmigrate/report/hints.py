@@ -102,6 +102,8 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 # Actions that take one rank's file for all ranks: they need the replicas proven equal.
 REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
+# hints that ask for deployment facts (a rerun with the flags)
+FACT_CODES = {"target_guessed", "target_refused", "orphaned"}
 _FACT_RE = re.compile(r"missing deployment fact '(\w+)'")
 _FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
 
@@ -177,6 +179,16 @@ class Commands:
     def prune(self, *extra: str) -> str:
         """The prune dry run of the root (its own scan, with the same target and facts)."""
         return self._join("kvmigrate prune", self.q(self.root, *self.fact_args), *extra)
+
+    def facts_skeleton(self) -> str:
+        """`kvmigrate facts` of the root with the facts given so far (the skeleton keeps them)."""
+        args, skip = [], False
+        for a in self.fact_args:  # (without --only/--exclude: the skeleton covers the root)
+            if skip or a in ("--only", "--exclude"):
+                skip = not skip
+                continue
+            args.append(a)
+        return self._join("kvmigrate facts", self.q(self.root, *args), "-o FACTS.json")
 
     def identity(self, base: str) -> str:
         return self._join("kvmigrate identity", self.q(f"{self.root.rstrip('/')}/{base}/config.json"))
@@ -473,6 +485,20 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                         + ", ".join(fact_flag(k) for k in sorted(assumes)) + " first")
             hint(cmd.migrate("--apply"), why, "migration_pending", None, 5)
 
+    # facts asked of namespaces of several models: one global flag set would state one
+    # model's facts for all of them; the skeleton holds one entry per namespace instead
+    asking = [h for h in hints.values() if set(h["codes"]) & FACT_CODES]
+    models = {n["model_name"] for n in summary["namespaces"] for h in asking if n["source_base"] in h["namespaces"]}
+    if len(models) > 1:
+        names = sorted({b for h in asking for b in h["namespaces"]})
+        for h in asking:
+            del hints[h["command"]]
+        hint(cmd.facts_skeleton(), f"{len(names)} namespaces of {len(models)} models need facts stated: write one "
+             "FACTS.json entry per namespace (every fact its target needs, null where unknown), fill in the nulls, "
+             f"then {verb} again with --facts FACTS.json (one global flag set would state one model's facts for "
+             "all)", "facts_needed", None, 1)
+        for base in names:
+            hints[cmd.facts_skeleton()]["namespaces"].append(base)
     ordered = sorted(hints.values(), key=lambda h: h["_rank"])
     for h in ordered:
         del h["_rank"]
@@ -508,4 +534,30 @@ def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
                     + ("; this scan did not hash the other ranks' replicas: prune, which does, also takes those it "
                        "proves equal" if floor else "")
                     + "; see what prune reclaims (dry run), then add --apply")
+    return summary
+
+
+def with_unfinished_runs(summary: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary plus the root's unfinished runs (`kvmigrate.migrate.runs`, as dicts):
+    an `unfinished_run` finding each, first among the hints the command that resumes an
+    interrupted one (and the one that undoes it), exit bit 1 while one is interrupted."""
+    summary["unfinished_runs"] = runs
+    findings, hints = [], []
+    for r in runs:
+        if r.get("state") == "running":
+            findings.append(_finding("unfinished_run", 0, None, f"{r['kind']} run {r['run_id']} is running (pid "
+                                     f"{r.get('holder')}; journal {r['journal']})", run=r["run_id"]))
+            continue
+        held = f"; it holds {', '.join(r['targets'])}: a new migration there refuses" if r.get("targets") else ""
+        findings.append(_finding("unfinished_run", 1, None, f"{r['kind']} run {r['run_id']} was interrupted "
+                                 f"(journal {r['journal']}){held}; resume it, or undo it: {r['undo_command']}",
+                                 run=r["run_id"]))
+        if r.get("resume_command"):
+            hints.append({"command": r["resume_command"], "why": f"resume the interrupted {r['kind']} run "
+                          f"{r['run_id']} (or undo it: {r['undo_command']})", "codes": ["unfinished_run"],
+                          "namespaces": []})
+        summary["exit_code"] = summary.get("exit_code", 0) | 1
+    summary["findings"] = findings + list(summary.get("findings") or [])
+    summary["findings"].sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
+    summary["hints"] = hints + list(summary.get("hints") or [])
     return summary

@@ -549,6 +549,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "walk_failed": bool(meta.get("walk_failed")),
         "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
                           for n in namespaces if n["target_error"]],
+
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
                                                                or target_orphaned(n) for n in namespaces))
                       | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)

@@ -148,6 +148,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     namespaces = resolve_namespaces(root_path, listing, resolver, target)
     if k == 0:  # flat families' deployments: part 0 writes their rows (outside buckets), so only it reads them
         namespaces += flat.resolve(root_path, listing, resolver, target, verify, prev)
+        if not selection:  # (a selection leaves namespaces unread that a key may be for)
+            resolver.check_keys_matched([n for ns in namespaces for n in (ns.model_name, ns.source_base) if n])
     if selection:
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)
@@ -306,3 +308,4 @@ def _lean_arrow_allocator() -> None:
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
     pa.set_memory_pool(pa.system_memory_pool())
+

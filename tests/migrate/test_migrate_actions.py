@@ -17,7 +17,7 @@ from reference_reader import content_listing
 from test_transforms_e2e import FACTS, MIXED
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
-LINK = ({"family": "vllm", "scheme": "S2", "tp": 2}, ["--model-dtype", "bfloat16", "--target", "vllm-0.24"])
+LINK = ({"family": "vllm", "scheme": "S2", "tp": 2}, ["--model-dtype", "bfloat16", "--kv-kind", "full", "--target", "vllm-0.24"])
 
 
 def _plan(tmp_path, root, flags):

@@ -206,9 +206,12 @@ def test_symlinks_are_never_followed(tmp_path, mixed_root):
     code, out = run("migrate", "--manifest", m, "--apply")
     assert code == 8 and "symlink" in out
     assert list(outside.iterdir()) == []
-    # without the trap, the symlinked source file is not migrated anywhere
+    # without the trap, the symlinked source file is not migrated anywhere; the stopped run
+    # holds its targets until it is resumed (or undone): another command there refuses
     os.unlink(root / full_ns["target"]["rank_dir"])
     code, out = run("migrate", root, *facts, "--apply")
+    assert code == 8 and "was interrupted" in out, out
+    code, out = run("migrate", "--manifest", m, "--apply")
     assert code == 0, out
     passwd = os.stat(os.readlink(link))
     for rel in all_files(root):
