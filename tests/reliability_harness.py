@@ -55,6 +55,13 @@ FACTS = {"org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "model_dtype
                             "writer_pp": 1},
          "org/mla-model": {"kv_kind": "mla", "model_dtype": "bfloat16"},
          "org/cpp-model": {"kv_kind": "mla", "model_dtype": "bfloat16"}}
+def facts_of(specs) -> dict:
+    """FACTS for the models of these specs only (and "*"): a key no namespace of the root
+    uses is a usage error."""
+    models = {spec.get("model_name") for spec in specs if isinstance(spec, dict)}
+    return {k: v for k, v in FACTS.items() if k == "*" or k in models}
+
+
 VLLM_LINK = {"family": "vllm", "scheme": "S1", "tp": 1, "model_name": "org/full-model"}
 LLMD_COPY_PAD = {"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": "org/mla-model"}
 CPP_REWRITE = {"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp-model"}
@@ -520,7 +527,7 @@ class CrashBench:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         self.facts = self.dir / "facts.json"
-        self.facts.write_text(json.dumps(FACTS))
+        self.facts.write_text(json.dumps(facts_of(scn.specs)))
         self.root = self.dir / "root"
         self.manifest = self.dir / "manifest.parquet"
         self._build_trial_root()
@@ -759,7 +766,7 @@ class FaultBench:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         self.facts = self.dir / "facts.json"
-        self.facts.write_text(json.dumps(FACTS))
+        self.facts.write_text(json.dumps(facts_of(specs)))
         self.root = self.dir / "root"
         build_root(self.root, specs, blocks)
         self.pristine = snapshot(self.root)
@@ -1203,9 +1210,9 @@ def engine_round(work: Path, ledger: Ledger, seed: int, *, verify: str, blocks: 
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     facts = d / "facts.json"
-    facts.write_text(json.dumps(FACTS))
     root = d / "root"
     specs = [VLLM_LINK, LLMD_COPY_PAD, CPP_REWRITE]
+    facts.write_text(json.dumps(facts_of(specs)))
     build_root(root, specs, blocks)
     pristine = snapshot(root)
     pristine_bytes = {rel: (root / rel).read_bytes() for rel, e in pristine.items() if e.kind == "file"}
@@ -1575,8 +1582,9 @@ def hostile_trial(work: Path, ledger: Ledger, recipe: dict, index: int) -> dict:
     tmp.mkdir()
     _outside_tree(outside)
     facts = d / "facts.json"
-    facts.write_text(json.dumps(HOSTILE_FACTS))
     built = build_hostile(root, outside, recipe)
+    models = {HOSTILE_SPECS[key].get("model_name") for key in recipe["namespaces"]}
+    facts.write_text(json.dumps({k: v for k, v in HOSTILE_FACTS.items() if k == "*" or k in models}))
     backdate_atimes(root)
     backdate_atimes(outside)
     outside_before = snapshot(outside)
@@ -1730,7 +1738,7 @@ def prune_trial(work: Path, ledger: Ledger, seed: int, blocks: int = 6) -> dict:
     root = d / "root"
     build_root(root, PRUNE_SPECS, blocks, seed)
     facts = d / "facts.json"
-    facts.write_text(json.dumps(FACTS))
+    facts.write_text(json.dumps(facts_of(PRUNE_SPECS)))
     legacy = prune_files(root)
     ledger.cli("prune:migrate", "migrate", root, "--facts", facts, "--apply", "-q", allowed=bits_only(0))
     step = rng.choice(sorted(PRUNE_POINTS))

@@ -64,6 +64,34 @@ def default_journal_dir(root: str) -> str:
     return os.path.join(root, JOURNALS_DIR)
 
 
+def owning_root(journal_path: str) -> str | None:
+    """The root a journal in a root's own journal folder belongs to: ROOT for
+    ROOT/.kvmigrate/journals/J and ROOT/.kvmigrate/journals/prune/J; None elsewhere (a
+    --journal outside the root names its root in its header only)."""
+    folder = os.path.dirname(os.path.abspath(journal_path))
+    if os.path.basename(folder) == "prune":
+        folder = os.path.dirname(folder)
+    own = os.path.dirname(folder)
+    if os.path.basename(folder) == "journals" and os.path.basename(own) == layout.OWN_DIR:
+        return os.path.dirname(own)
+    return None
+
+
+def rebased(header: dict[str, Any], journal_path: str) -> dict[str, Any]:
+    """The header with its root (and a destination that was the root) moved to where the
+    journal now lives: a root copied or moved with its journals (cp -a, a restored backup)
+    is the copy's, so its rollback, restore and verify act on the copy and consult the
+    copy's other journals, never the original root's. Paths in records are relative."""
+    root = owning_root(journal_path)
+    old = header.get("root")
+    if root is None or not isinstance(old, str) or os.path.realpath(old) == os.path.realpath(root):
+        return header
+    out = {**header, "root": root, "moved_from": old}
+    if isinstance(header.get("dest"), str) and os.path.realpath(header["dest"]) == os.path.realpath(old):
+        out["dest"] = root
+    return out
+
+
 def journal_files(path: str) -> list[str]:
     """A journal file, or every `*.jsonl` in a directory of journals (sorted). In a
     directory, a file whose header line never reached the disk (a run killed between
@@ -287,7 +315,7 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
         if t == "header":
             if not isinstance(rec.get("root"), str) or not isinstance(rec.get("dest"), str):
                 raise KeyError("root/dest in the header")
-            runs.append(Run(header=rec, journal=path))
+            runs.append(Run(header=rebased(rec, path), journal=path))
             continue
         run = runs[-1]
         if t == "target":

@@ -278,7 +278,7 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
                     raise UsageError(f"{path} is not a prune journal", path=path,
                                      hint="pass the journal `kvmigrate prune --apply` printed (a migration is "
                                           "undone with `kvmigrate rollback`)")
-                runs.append(PruneRun(path, rec))
+                runs.append(PruneRun(path, jn.rebased(rec, path)))
                 continue
             run = runs[-1]
             if t == "intent":

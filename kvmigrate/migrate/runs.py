@@ -135,7 +135,7 @@ def prune_runs(journal_dir: str) -> list[RunInfo]:
         except (UsageError, OSError, ValueError):
             continue
         for run in runs:
-            header = run["header"]
+            header = jn.rebased(run["header"], path)
             if header.get("kind") != "prune":
                 continue
             if run["purged"]:

@@ -1,0 +1,268 @@
+"""The operator's lifecycle as a model-based test: a `hypothesis` state machine whose rules
+are the commands an operator runs on a small root of three families (audit, `migrate
+--apply` killed with SIGKILL at a random crash point, its rerun, a second run with
+another journal, verify, rollback and its dry run, `prune --apply`, restore, purge, an
+engine writing and evicting blocks, and the commands audit's hints print), checking after
+every step:
+
+* no source byte changed (except prune's renames into its quarantine, and a restore's back);
+* no command but `purge` deletes the last copy of any source block's bytes;
+* a rollback removes only files its run created (never another run's, never a source);
+* every dry run predicts its command: rollback's counts and exit code, prune's files;
+* every command a hint prints (without placeholders) keeps these invariants when run as
+  printed.
+
+Used by tests/lifecycle/test_lifecycle_model.py (CI-sized, marked slow) and by
+scripts/lifecycle_campaign.py (a longer run; its figures go in reports/RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvmigrate import layout
+from kvmigrate.cli import cli
+from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.apply import CRASH_ENV
+from kvmigrate.synth import SynthSpec, build
+
+KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
+OWN = layout.OWN_DIR
+SPECS = (
+    dict(family="vllm", scheme="S2", tp=1, model_name="org/full-model", layers=2, page_bytes=256, blocks=8),
+    dict(family="llmd", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite-Chat", layers=2,
+         page_bytes=256, blocks=8),
+    dict(family="vllmcpp", tp=2, kv_kind="mla", model_name="org/cpp-model", layers=2, page_bytes=256, blocks=6),
+)
+FACTS = {"*": {"model_dtype": "bfloat16"},
+         "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "writer_tp": 1, "writer_pp": 1},
+         "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"}}
+CRASH_POINTS = ("intent", "created", "tmp_written", "linked")
+STATS = {"steps": 0, "kills": 0, "invariant_checks": 0, "hints_run": 0}
+
+
+def _sha(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files(root: Path) -> dict[str, tuple[int, str]]:
+    """relpath -> (inode, sha256) of every regular file under root (kvmigrate's own included)."""
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            p = os.path.join(d, f)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out[os.path.relpath(p, root)] = (os.lstat(p).st_ino, _sha(p))
+    return out
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """One root per example; every command through the CLI (a kill through a subprocess)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="kvmigrate-model-"))
+        self.root = self.tmp / "root"
+        self.facts = self.tmp / "FACTS.json"
+        self.manifest = self.tmp / "m.parquet"
+        self.violations: list[str] = []
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- running commands -----------------------------------------------------------
+
+    def cli(self, *args: Any) -> tuple[int, str]:
+        res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+        STATS["steps"] += 1
+        return res.exit_code, res.stdout + res.stderr
+
+    def cli_json(self, *args: Any) -> tuple[int, dict]:
+        res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)
+        STATS["steps"] += 1
+        return res.exit_code, json.loads(res.stdout) if res.stdout.strip().startswith("{") else {}
+
+    def killed(self, args: list[Any], crash: str) -> int:
+        env = {**os.environ, CRASH_ENV: crash}
+        p = subprocess.run([KVMIGRATE, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+        STATS["steps"] += 1
+        if p.returncode == -signal.SIGKILL:
+            STATS["kills"] += 1
+        return p.returncode
+
+    def facts_args(self) -> list[Any]:
+        return ["--facts", self.facts]
+
+    def check(self, what: str, ok: bool, detail: str = "") -> None:
+        STATS["invariant_checks"] += 1
+        if not ok:
+            self.violations.append(f"{what}: {detail}")
+        assert ok, f"{what}: {detail}"
+
+    # --- state ----------------------------------------------------------------------
+
+    @initialize()
+    def build_root(self) -> None:
+        self.root.mkdir()
+        for spec in SPECS:
+            build(self.root, SynthSpec(**spec))
+        self.facts.write_text(json.dumps(FACTS))
+        self.sources = {rel: v for rel, v in files(self.root).items() if not rel.startswith(OWN)}
+        self.source_hashes = {h for _, h in self.sources.values()}
+        self.purged = False  # after a purge the last copy of a migrated block may be gone (by design)
+        self.evicted: set[str] = set()  # hashes of target blocks the engine evicted
+        self.before = files(self.root)
+
+    def snapshot(self) -> None:
+        self.before = files(self.root)
+
+    # --- invariants -----------------------------------------------------------------
+
+    @invariant()
+    def sources_unchanged_and_last_copies_kept(self) -> None:
+        if not hasattr(self, "sources"):
+            return
+        now = files(self.root)
+        held = {h for _, h in now.values()}
+        for rel, (ino, h) in self.sources.items():
+            if rel in now:
+                self.check("source bytes unchanged", now[rel][1] == h, rel)
+            elif not self.purged:
+                # moved by prune into its quarantine (same inode), or held elsewhere
+                self.check("no last copy deleted", h in held, f"{rel} is gone and its bytes are nowhere")
+        if not self.purged and not self.evicted:
+            missing = self.source_hashes - held
+            self.check("every source block's bytes kept", not missing, f"{len(missing)} gone")
+
+    # --- rules ----------------------------------------------------------------------
+
+    @rule()
+    def audit(self) -> None:
+        code, out = self.cli_json("audit", self.root, *self.facts_args(), "--verify", "hash")
+        self.check("audit exit code documented", code in range(0, 16), str(code))
+        self.hints = [h["command"] for h in out.get("hints") or () if "<" not in h["command"]]
+
+    @precondition(lambda self: getattr(self, "hints", None))
+    @rule(k=st.integers(min_value=0, max_value=5))
+    def run_a_printed_hint(self, k: int) -> None:
+        command = self.hints[k % len(self.hints)]
+        argv = shlex.split(command)
+        if argv[:2] in (["kvmigrate", "facts"],) or "--apply" in argv and argv[1] == "prune" and "--purge" in argv:
+            return
+        self.snapshot()
+        if argv[1] == "prune" and "--purge" in argv:
+            self.purged = True
+        STATS["hints_run"] += 1
+        self.cli(*argv[1:])
+        self.hints = []
+
+    @rule(crash=st.one_of(st.none(), st.tuples(st.sampled_from(CRASH_POINTS), st.integers(1, 12))),
+          via=st.sampled_from(["root", "manifest"]))
+    def migrate_apply(self, crash, via: str) -> None:
+        if via == "manifest":
+            if self.cli("scan", self.root, "-o", self.manifest, "--verify", "hash", *self.facts_args())[0] & 2:
+                return
+            args = ["migrate", "--manifest", self.manifest, "--apply"]
+        else:
+            args = ["migrate", self.root, *self.facts_args(), "--apply"]
+        self.snapshot()
+        if crash is None:
+            code, _ = self.cli(*args)
+            self.check("migrate exit code", code in (0, 1, 4, 5, 8, 9, 12, 13), str(code))
+        else:
+            self.killed(args, f"{crash[0]}:{crash[1]}")
+
+    @rule(dry_first=st.booleans())
+    def rollback_newest(self, dry_first: bool) -> None:
+        jdir = Path(jn.default_journal_dir(str(self.root)))
+        journals = sorted(jdir.glob("*.jsonl")) if jdir.is_dir() else []
+        if not journals:
+            return
+        journal = journals[-1]
+        created_elsewhere = set()
+        for other in journals[:-1]:
+            created_elsewhere |= {r["path"] for r in jn.read_records(str(other)) if r.get("t") == "done"}
+        intended = {item["path"] for r in jn.read_records(str(journal)) if r.get("t") == "intent"
+                    for item in r.get("items") or ()}
+        dcode, dry = self.cli_json("rollback", journal, "--dry-run")
+        self.snapshot()
+        code, result = self.cli_json("rollback", journal)
+        if dcode != 2 and code != 2:
+            self.check("rollback dry run predicts its exit code", dcode == code, f"{dcode} vs {code}")
+            self.check("rollback dry run predicts its removals", dry.get("removed") == result.get("removed"),
+                       f"{dry.get('removed')} vs {result.get('removed')}")
+        after = files(self.root)
+        removed = {rel for rel in self.before if rel not in after and not rel.startswith(OWN)}
+        restored = {rel for rel in after if rel not in self.before}
+        for rel in removed - restored:
+            self.check("rollback removes only its run's files", rel in intended and rel not in created_elsewhere,
+                       rel)
+            self.check("rollback never removes a source", rel not in self.sources, rel)
+
+    @rule()
+    def prune_apply(self) -> None:
+        dcode, dry = self.cli_json("prune", self.root, *self.facts_args(), "--quiet-period", "0")
+        self.snapshot()
+        code, done = self.cli_json("prune", self.root, *self.facts_args(), "--quiet-period", "0", "--apply")
+        if dcode in (0, 1) and code == 0 and dry and done:
+            self.check("prune dry run predicts its moves", dry.get("files") == sum((done.get("moved") or {}).values()),
+                       f"{dry.get('files')} vs {done.get('moved')}")
+
+    @rule()
+    def restore_all(self) -> None:
+        pdir = Path(jn.default_journal_dir(str(self.root))) / "prune"
+        if pdir.is_dir() and any(pdir.glob("*.jsonl")):
+            self.snapshot()
+            code, _ = self.cli("restore", pdir)
+            self.check("restore exit code", code in (0, 8), str(code))
+
+    @rule()
+    def purge(self) -> None:
+        self.snapshot()
+        code, _ = self.cli("prune", self.root, "--purge", "--older-than", "0s", "--apply")
+        self.check("purge exit code", code in (0, 1, 8), str(code))
+        self.purged = True
+
+    @rule()
+    def verify(self) -> None:
+        jdir = Path(jn.default_journal_dir(str(self.root)))
+        if jdir.is_dir() and any(jdir.glob("*.jsonl")):
+            code, _ = self.cli("verify", self.root, "--journal", jdir)
+            self.check("verify exit code", code in range(0, 16), str(code))
+
+    @rule(k=st.integers(0, 1000), evict=st.booleans())
+    def engine_writes_or_evicts(self, k: int, evict: bool) -> None:
+        """The engine evicts a block of a target namespace, or writes a new one there."""
+        targets = sorted(p for p in self.root.glob("*_r0") if p.is_dir() and not any(
+            rel.startswith(p.name + "/") for rel in self.sources))
+        if not targets:
+            return
+        rank_dir = targets[k % len(targets)]
+        blocks = sorted(rank_dir.rglob("*.bin"))
+        if evict and blocks:
+            victim = blocks[k % len(blocks)]
+            self.evicted.add(_sha(str(victim)))
+            victim.unlink()
+        elif not evict:
+            name = hashlib.sha256(f"engine-{k}".encode()).hexdigest()
+            block = rank_dir / name[:3] / f"{name[3:5]}_g0" / f"{name}.bin"
+            block.parent.mkdir(parents=True, exist_ok=True)
+            block.write_bytes(os.urandom(4096))

@@ -1,0 +1,15 @@
+"""The operator's lifecycle, model-based (tests/lifecycle/lifecycle_model.py): CI-sized
+here; scripts/lifecycle_campaign.py runs it longer for reports/RELIABILITY.md."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from lifecycle_model import Lifecycle
+
+pytestmark = pytest.mark.slow  # a few hundred commands: CI runs it, `-m 'not slow'` leaves it out
+
+TestLifecycle = Lifecycle.TestCase
+TestLifecycle.settings = settings(max_examples=10, stateful_step_count=25, deadline=None, derandomize=True,
+                                  suppress_health_check=list(HealthCheck), database=None)
