@@ -252,6 +252,7 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         rm = _Removal(run, tree, result)
         locks = []
         bases = []
+        left_locks: list[str] = []  # counted as the dry run counts them: removed on release
         try:
             for base in sorted({*(r.get("lock_dir", b) for b, r in run.targets.items()),
                                 *(_base_of(p) for p in run.locks)}):
@@ -260,7 +261,10 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                 if base == "" or tree.lstat(base) is not None:
                     bases.append(base)
                     if not result.dry_run:
+                        left = _exists(tree, lock_relpath(base))  # a lock file an interrupted run left
                         locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
+                        if left:
+                            left_locks.append(base)
             created = dict(run.done)
             pending = run.pending()
             # never what another run journaled as its own (a link of the same source has
@@ -301,6 +305,9 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         finally:
             for lock in locks:  # a lock file left by an interrupted run goes too
                 lock.release()
+            for base in left_locks:
+                if not _exists(tree, lock_relpath(base)):
+                    rm.count("lock", lock_relpath(base))
         rm.dirs(rec["path"] for rec in by_kind["dir"])
 
 

@@ -4,7 +4,7 @@ here; scripts/lifecycle_campaign.py runs it longer for reports/RELIABILITY.md.""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from lifecycle_model import Lifecycle
 
@@ -12,4 +12,5 @@ pytestmark = pytest.mark.slow  # a few hundred commands: CI runs it, `-m 'not sl
 
 TestLifecycle = Lifecycle.TestCase
 TestLifecycle.settings = settings(max_examples=10, stateful_step_count=25, deadline=None, derandomize=True,
-                                  suppress_health_check=list(HealthCheck), database=None)
+                                  suppress_health_check=list(HealthCheck), database=None,
+                                  phases=(Phase.explicit, Phase.generate))  # (no shrinking in CI: minutes)
