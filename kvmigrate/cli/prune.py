@@ -118,7 +118,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             if as_json:
                 print_json({"root": plan.root, "classes": list(plan.classes), "totals": plan.totals(),
                             "namespaces": [{"class": c, "namespace": ns, **v}
-                                           for (c, ns), v in sorted(plan.by_namespace().items())],
+                                           for (c, ns), v in plan.by_namespace().items()],
                             "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
                             "apply_command": apply_command if plan.items else None, "exit_code": code})
             elif not quiet:

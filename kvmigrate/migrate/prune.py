@@ -99,8 +99,9 @@ class PrunePlan:
         (`reclaim_totals`)."""
         return reclaim_totals(_rows_of_items(self.items), self.classes)[0]
 
-    def by_namespace(self) -> dict[tuple[str, str], dict[str, int]]:
-        return reclaim_totals(_rows_of_items(self.items), self.classes)[1]
+    def by_namespace(self) -> dict[tuple[str, str | None], dict[str, int]]:
+        """Per (class, namespace), in order (`namespace_order`)."""
+        return dict(sorted(reclaim_totals(_rows_of_items(self.items), self.classes)[1].items(), key=namespace_order))
 
     @property
     def exit_code(self) -> int:
@@ -410,6 +411,18 @@ ORPHANED_KEPT = ("orphaned by vLLM 0.34 (the folder does not record the topology
                  "--writer-tp/--writer-pp and migrate it, then --migrated takes it; no class prunes it before")
 
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
+OUTSIDE = "(outside namespaces)"  # how the files of no namespace (namespace None) are named
+
+
+def namespace_order(entry: tuple[tuple[str, str | None], Any]) -> tuple[str, str]:
+    """Sort key of a ((class, namespace), figures) entry: files outside any namespace
+    (SGLang temp files at the top of the root: namespace None) sort first."""
+    (cls, ns), _ = entry
+    return cls, ns or ""
+
+
+def namespace_label(ns: str | None) -> str:
+    return ns or OUTSIDE
 
 
 def frees(nlink: int, selected_names: int) -> bool:
@@ -472,7 +485,8 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
         skipped = []
     out: dict[str, Any] = {k: sum(t[k] for t in per_class.values()) for k in TOTAL_KEYS}
     out["classes"] = per_class
-    out["namespaces"] = [{"class": cls, "namespace": ns, **v} for (cls, ns), v in sorted(per_ns.items())]
+    out["namespaces"] = [{"class": cls, "namespace": ns, **v}
+                         for (cls, ns), v in sorted(per_ns.items(), key=namespace_order)]
     out["skipped"] = skipped
     out["orphaned"] = orphaned_namespaces(manifest_path, meta, namespaces)
     return out
@@ -660,9 +674,9 @@ def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
         lines.append(f"  {cls.replace('_', '-'):<24} {t['files']:>8} files {human_bytes(t['bytes']):>10}; frees "
                      f"{human_bytes(t['freed_bytes'])} once purged, {t['unlinked_files']} files only unlinked "
                      "(their bytes stay under another name: a file-count slot each)")
-        for (c, ns), v in sorted(plan.by_namespace().items()):
+        for (c, ns), v in plan.by_namespace().items():
             if c == cls:
-                lines.append(f"    {ns}: {v['files']} files, {human_bytes(v['bytes'])}; frees "
+                lines.append(f"    {namespace_label(ns)}: {v['files']} files, {human_bytes(v['bytes'])}; frees "
                              f"{human_bytes(v['freed_bytes'])}, {v['unlinked_files']} only unlinked")
     for ns, why in sorted(plan.skipped.items()):
         lines.append(f"  skipped {ns}: {why}")

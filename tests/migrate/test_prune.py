@@ -460,3 +460,24 @@ def test_the_merged_reclaimable_hint_says_prunes_figures_over_every_namespace_it
     assert hint["why"].startswith(f"{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their "
                                   f"target: prune frees {human_bytes(t['freed_bytes'])} once purged and unlinks "
                                   f"{plural(t['unlinked_files'], 'file')} ")
+
+
+def test_residue_outside_any_namespace_beside_one_inside_is_planned_and_reported(synth_root, tmp_path):
+    """An SGLang temp file at the top of the root has no namespace; beside a zero-filled
+    block of a namespace, the dry run (text and --json), the apply and audit's
+    reclaimable figures list both: the file outside namespaces under its own label."""
+    root, _ = synth_root({"family": "sglang", "defects": ("tmp_sglang",)}, {**VLLM, "defects": ("zero_filled",)})
+    tmp = next(root / p for p in os.listdir(root) if p.endswith(".tmp"))
+    os.utime(tmp, (1_000_000_000, 1_000_000_000))  # older than --older-than's default hour
+    code, plan = run_json("prune", root, *MLA, *NOW, "--residue")
+    assert code == 1, plan
+    assert sorted((n["namespace"] or "", n["files"]) for n in plan["namespaces"]) == \
+        [("", 1), (next(n["namespace"] for n in plan["namespaces"] if n["namespace"]), 1)]
+    code, text = run("prune", root, *MLA, *NOW, "--residue")
+    assert code == 1 and "(outside namespaces): 1 files" in text, text
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    assert summary["reclaimable"]["classes"]["residue"]["files"] == 2
+    code, text = run("audit", root, *MLA, "--verify", "hash")
+    assert "(outside namespaces)" in text.split("RECLAIMABLE WITH PRUNE", 1)[1].split("FINDINGS", 1)[0]
+    code, res = run_json("prune", root, *MLA, *NOW, "--residue", "--apply")
+    assert code == 0 and res["moved"] == {"residue": 2} and not tmp.exists()
