@@ -85,6 +85,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     \b
     Exit code: dry run 1 if something would be pruned (0 if nothing); --apply 0, or 8
     if a file could not be moved (listed; the journal stays consistent); 2 usage error.
+    --purge: dry run 1 if a quarantine holding files would be purged (0 if nothing);
+    --purge --apply 0, or 8 if something could not be deleted.
     """
     from kvmigrate.errors import UsageError
 
@@ -154,7 +156,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
         print_json({"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()})
     elif not quiet:
         click.echo(render_purge(result, os.path.abspath(root), not apply))
-    sys.exit(result.exit_code or (1 if not apply and result.runs else 0))
+    sys.exit(result.exit_code)
 
 
 def _apply_command(ctx: click.Context) -> str:

@@ -144,10 +144,13 @@ class PurgeResult:
     freed_bytes: int = 0  # bytes whose last name was in the quarantine
     young: int = 0  # runs younger than --older-than, kept
     failed: list[str] = field(default_factory=list)
+    dry_run: bool = False
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OPERATIONAL if self.failed else 0
+        """8 when something could not be deleted; a dry run: 1 when a quarantine holding
+        files would be purged; else 0 (nothing to do is no finding; interface.md §4)."""
+        return EXIT_OPERATIONAL if self.failed else 1 if self.dry_run and self.runs else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"purged_runs": self.runs, "files": self.files, "freed_bytes": self.freed_bytes,
@@ -160,7 +163,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
     restore of that run says what is gone."""
     root = os.path.abspath(root)
     now = time.time() if now is None else now
-    result = PurgeResult()
+    result = PurgeResult(dry_run=dry_run)
     crash = _CrashSeam()
     jdir = prune_journal_dir(root)
     if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
@@ -176,6 +179,11 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
             result.failed.append(f"{run.path}: quarantine {qpath} is not under {root}/{QUARANTINE_DIR}; skipped")
             continue
         files, freed = _count(qpath)
+        if not files:  # a restore emptied it (or it never held a file): nothing to purge
+            if not dry_run and os.path.isdir(qpath):
+                with DestTree(root) as tree:
+                    _remove_empty(tree, run.quarantine)
+            continue
         result.runs.append(str(run.header.get("run_id")))
         result.files += files
         result.freed_bytes += freed
@@ -257,9 +265,12 @@ def render_purge(result: PurgeResult, root: str, dry_run: bool) -> str:
     from kvmigrate.units import human_bytes
 
     verb = "would purge" if dry_run else "purged"
-    lines = [f"{verb} {len(result.runs)} quarantine(s) under {os.path.join(root, QUARANTINE_DIR)}: "
-             f"{result.files} files, {human_bytes(result.freed_bytes)} freed"
-             + (f"; {result.young} younger run(s) kept" if result.young else "")]
+    young = f"; {result.young} younger run(s) kept" if result.young else ""
+    if not result.runs:
+        lines = [f"nothing to purge under {os.path.join(root, QUARANTINE_DIR)}{young}"]
+    else:
+        lines = [f"{verb} {len(result.runs)} quarantine(s) under {os.path.join(root, QUARANTINE_DIR)}: "
+                 f"{result.files} files, {human_bytes(result.freed_bytes)} freed{young}"]
     lines += [f"  failed: {f}" for f in result.failed]
     return "\n".join(lines)
 

@@ -481,3 +481,21 @@ def test_residue_outside_any_namespace_beside_one_inside_is_planned_and_reported
     assert "(outside namespaces)" in text.split("RECLAIMABLE WITH PRUNE", 1)[1].split("FINDINGS", 1)[0]
     code, res = run_json("prune", root, *MLA, *NOW, "--residue", "--apply")
     assert code == 0 and res["moved"] == {"residue": 2} and not tmp.exists()
+
+
+def test_purge_with_nothing_to_free_exits_0(migrated):
+    """A quarantine a restore emptied holds nothing to purge: the dry run and --apply both
+    exit 0 (nothing to do is no finding) and say so; one that holds files: dry run 1."""
+    root, _ = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    code, out = run("restore", res["journal"])
+    assert code == 0, out
+    for apply in ((), ("--apply",)):
+        code, out = run("prune", root, "--purge", "--older-than", "0s", *apply)
+        assert code == 0 and "nothing to purge" in out, (apply, out)
+        code, purged = run_json("prune", root, "--purge", "--older-than", "0s", *apply)
+        assert code == 0 and purged["purged_runs"] == [] and purged["files"] == 0 and purged["exit_code"] == 0
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    code, dry = run_json("prune", root, "--purge", "--older-than", "0s")
+    assert code == 1 and dry["purged_runs"] == [res["run_id"]] and dry["exit_code"] == 1
