@@ -87,6 +87,12 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     hit = (crash or _CrashSeam()).hit  # points: prune_intent, prune_move, prune_dirs
     try:
         with DestTree(root) as tree:
+            try:
+                _make_quarantine(tree, qdir)
+            except OperationalError as exc:  # nothing journaled to move: a complete run that moved nothing
+                w.write({"t": "complete", "moved": {}, "kept": 0, "failed": 1, "error": str(exc).splitlines()[0],
+                         "time": time.time()}, sync=True)
+                raise
             locks = []
             held = set()
             try:
@@ -128,8 +134,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     """Move the items block by block: when one rank file of a block stays (changed, or
     the move failed), the others of that block are put back, and a namespace's
     config.json goes only if all else of it went (nothing is left half-moved)."""
-    if qdir:
-        makedirs(tree, qdir)
+    _make_quarantine(tree, qdir)
     known: set[str] = set()  # quarantine folders made or seen by this run
     moved: list[str] = []
     held_back: set[str] = set()
@@ -161,6 +166,25 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     result.left_targets.update(b for i in items if i.relpath not in gone and (b := target_base(i)))
     _remove_folders(tree, moved, w, result)
     hit("prune_dirs")
+
+
+def _make_quarantine(tree: DestTree, qdir: str | None) -> None:
+    """Make the run's quarantine folder before anything moves: on a read-only root (EROFS)
+    or one kvmigrate may not write, the run stops here, with nothing moved."""
+    if not qdir:
+        return
+    try:
+        makedirs(tree, qdir)
+    except OSError as exc:
+        what = {errno.EROFS: "read-only filesystem", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted", errno.ENOSPC: "no space left on device"}.get(
+            exc.errno or 0, exc.strerror or str(exc))
+        raise OperationalError(
+            f"cannot make the quarantine folder: {what}; nothing was moved", path=tree.abspath(qdir),
+            hint=("remount the cache root read-write (prune renames files within it, so the quarantine is on the "
+                  "same filesystem), then rerun the same command" if exc.errno == errno.EROFS else
+                  "let this user write the cache root's .kvmigrate folder (or free space), then rerun the same "
+                  "command")) from None
 
 
 def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> None:

@@ -499,3 +499,30 @@ def test_purge_with_nothing_to_free_exits_0(migrated):
     code, res = run_json("prune", root, *MLA, *NOW, "--apply")
     code, dry = run_json("prune", root, "--purge", "--older-than", "0s")
     assert code == 1 and dry["purged_runs"] == [res["run_id"]] and dry["exit_code"] == 1
+
+
+def test_a_read_only_root_stops_before_anything_moves(migrated, monkeypatch):
+    """EROFS when the quarantine folder is made (the root mounted read-only, the journal
+    elsewhere): a message naming the path and what to do, exit 8, nothing moved; once
+    writable, the same command prunes everything."""
+    import errno
+
+    from kvmigrate.migrate import fsops
+
+    root, legacy = migrated
+    real = fsops.DestTree.mkdir
+
+    def read_only(self, reldir):
+        if reldir.startswith(layout.OWN_DIR + "/quarantine"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), self.abspath(reldir))
+        return real(self, reldir)
+
+    monkeypatch.setattr(fsops.DestTree, "mkdir", read_only)
+    code, out = run("prune", root, *MLA, *NOW, "--apply")
+    assert code == 8, out
+    assert "Traceback" not in out and f"{root}/.kvmigrate/quarantine" in out
+    assert "read-only" in out and "hint:" in out and "nothing was moved" in out
+    assert all((root / rel).exists() for rel in legacy)
+    monkeypatch.setattr(fsops.DestTree, "mkdir", real)
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 20} and res["finished_interrupted"] == []
