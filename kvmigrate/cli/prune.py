@@ -3,14 +3,17 @@ what no engine will read into the quarantine; `--purge` empties old quarantines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import sys
+from typing import Iterator
 
 import click
 
-from kvmigrate.cli.common import (io_depth_option, facts_options, handle_errors, output_options, pop_fact_flags, print_json,
-                                  rerun_command)
+from kvmigrate.cli.common import (exit_stopped, facts_options, handle_errors, interrupt_on_sigterm, io_depth_option,
+                                  output_options, pop_fact_flags, print_json, rerun_command)
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
@@ -86,7 +89,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     Exit code: dry run 1 if something would be pruned (0 if nothing); --apply 0, or 8
     if a file could not be moved (listed; the journal stays consistent); 2 usage error.
     --purge: dry run 1 if a quarantine holding files would be purged (0 if nothing);
-    --purge --apply 0, or 8 if something could not be deleted.
+    --purge --apply 0, or 8 if something could not be deleted. 32: --apply stopped by
+    Ctrl-C or SIGTERM (it prints the journal, the command that resumes, and restore).
     """
     from kvmigrate.errors import UsageError
 
@@ -109,11 +113,13 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     facts_file = kwargs.pop("facts_file", None)
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    with pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
-                          quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
-                          explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
-                          facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                          progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
+    explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    with _resumable(ctx, apply), \
+            pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
+                             quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
+                             explicit_target=explicit_target,
+                             facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
+                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
         if not apply:
             code = plan.exit_code
             apply_command = _apply_command(ctx)
@@ -132,16 +138,39 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
         print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
                     "finished_interrupted": finished, **result.to_dict()})
     elif not quiet:
-        for r in plan.finished:
-            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved "
-                       f"({r.journal})")
-        click.echo(render_result(result))
+        for r in plan.finished:  # the run this command resumed: its journal is the one to undo
+            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved")
+            click.echo(f"journal: {r.journal}  (undo: kvmigrate restore {r.journal})")
+        if result.journal is not None or not plan.finished:
+            click.echo(render_result(result))
     failed = result.failed + [f for r in plan.finished for f in r.failed]
     if failed:
+        undo = result.journal if result.failed else next(r.journal for r in plan.finished if r.failed)
         click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
         click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
-                   f"command; `kvmigrate restore {result.journal}` puts back what moved", err=True)
+                   f"command; `kvmigrate restore {undo}` puts back what moved", err=True)
     sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))
+
+
+@contextlib.contextmanager
+def _resumable(ctx: click.Context, apply: bool) -> Iterator[None]:
+    """--apply stopped by Ctrl-C or SIGTERM (as Ctrl-C): exit 32 with the journal, the
+    command that resumes (it finishes the run first) and the one that restores, as
+    `migrate` does; stopped in its scan, before any journal, the command only."""
+    if not apply:
+        yield
+        return
+    from kvmigrate.pacing import Interrupted
+
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    try:
+        yield
+    except Interrupted as stopped:
+        exit_stopped(stopped, _apply_command(ctx), "restore")
+    except KeyboardInterrupt:
+        exit_stopped(Interrupted("interrupted (Ctrl-C or SIGTERM)"), _apply_command(ctx), "restore")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:

@@ -526,3 +526,39 @@ def test_a_read_only_root_stops_before_anything_moves(migrated, monkeypatch):
     monkeypatch.setattr(fsops.DestTree, "mkdir", real)
     code, res = run_json("prune", root, *MLA, *NOW, "--apply")
     assert code == 0 and res["moved"] == {"migrated": 20} and res["finished_interrupted"] == []
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_names_its_run(migrated, sig):
+    """Ctrl-C (or SIGTERM) while files move: exit 32 with the journal, the command that
+    resumes and the one that restores; that command finishes the run and names it (no
+    new empty run); the restore command it names puts every file back."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    root, legacy = migrated
+    exe = str(Path(sys.executable).with_name("kvmigrate"))
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    stopped = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
+                             env={**env, CRASH_ENV: f"prune_move:5:{sig}"}, timeout=120)
+    assert stopped.returncode == 32, stopped.stdout + stopped.stderr
+    err = stopped.stderr
+    assert "Traceback" not in err and re.search(r"^kvmigrate: stopped: interrupted", err, re.M), err
+    journal = re.search(r"^  journal: (\S+)$", err, re.M).group(1)
+    assert Path(journal).parent == root / ".kvmigrate" / "journals" / "prune" and Path(journal).is_file()
+    assert f"undo:    kvmigrate restore {journal}" in err
+    resume = re.search(r"^  resume:  (kvmigrate .*)$", err, re.M).group(1)
+    assert shlex.split(resume)[1:3] == ["prune", str(root)] and "--apply" in shlex.split(resume)
+    assert 0 < sum(not (root / rel).exists() for rel in legacy) < len(legacy)  # stopped midway
+    again = subprocess.run([exe, *shlex.split(resume)[1:]], capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not any((root / rel).exists() for rel in legacy)  # the run was finished
+    assert f"journal: {journal}  (undo: kvmigrate restore {journal})" in again.stdout, again.stdout
+    assert os.listdir(root / ".kvmigrate" / "journals" / "prune") == [Path(journal).name]  # no new, empty run
+    code, out = run("restore", journal)
+    assert code == 0, out
+    assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
