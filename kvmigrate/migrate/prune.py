@@ -167,17 +167,18 @@ def _in(col: Any, values: Iterable) -> Any:
 
 
 def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_journal: str | None,
-            older_than: float | None, now: float, meta: dict[str, Any]) -> _Selected:
+            older_than: float | None, now: float, meta: dict[str, Any], *, columns: dict[str, Any] | None = None,
+            journal_namespaces: tuple[set[str], set[str]] | None = None) -> _Selected:
     """The selection rules (migration.md §6), from the manifest's typed columns and the
-    migration journals: the one selection `prune` and the reports' reclaimable figures use."""
+    migration journals: the one selection `prune` and the reports' reclaimable figures use.
+    `columns`, `journal_namespaces`: already read (the reports select once per class)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+    c = columns if columns is not None else _columns(mf.read_table(manifest_path, columns=_COLUMNS))
     n = len(c["relpath"])
     idx = pa.array(range(n), pa.int64())  # the row numbers
-    targets, used = _journal_namespaces(migration_journal or jn.default_journal_dir(root)) \
-        if migration_journal or root else (set(), set())
+    targets, used = journal_namespaces or _used_namespaces(root, migration_journal)
     target_bases = set(pc.unique(c["target_base"]).drop_null().to_pylist()) - {""} | targets
     src, status = c["source_base"], c["status"]
     has_ns = _b(pc.not_equal(src, ""))
@@ -464,26 +465,36 @@ def _rows_of_items(items: Iterable[Item]) -> Iterator[tuple[str, str, int, int, 
 
 def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now: float | None = None,
                 namespaces: set[str] | None = None) -> dict[str, Any]:
-    """What `prune --migrated --unreadable-namespaces --residue` selects in this manifest
-    (the same `_select`), per class and namespace, freed vs only unlinked, for `report`
-    and `audit`. Read-only: the run-time checks (quiet period, held locks, a fresh stat)
+    """What `prune` selects in this manifest (the same `_select`), for `report` and
+    `audit`: per class and namespace, what `prune --<class>` alone takes; the totals, what
+    `prune --migrated --unreadable-namespaces --residue` takes (more than the classes' sum
+    when only the classes together empty a namespace: its config.json goes then). Freed vs
+    only unlinked. Read-only: the run-time checks (quiet period, held locks, a fresh stat)
     are prune's own. `namespaces`: only those (--only/--exclude). Tallied in Arrow, as
     `reclaim_totals` tallies a plan's items."""
     meta = mf.read_metadata(manifest_path)
     root = meta.get("root") if isinstance(meta.get("root"), str) else ""
+    now = time.time() if now is None else now
     per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
     per_ns: dict[tuple[str, str], dict[str, int]] = {}
+    totals = dict.fromkeys(TOTAL_KEYS, 0)
+    skipped: list[dict[str, Any]] = []
     if _any_candidate(manifest_path):
-        sel = _select(manifest_path, CLASSES, root, migration_journal, None, time.time() if now is None else now,
-                      meta)
-        for (cls, ns), v in _tally(sel, namespaces).items():
-            per_ns[(cls, ns)] = v
-            for k in TOTAL_KEYS:
-                per_class[cls][k] += v[k]
-        skipped = _skipped_now(sel, {ns for _, ns in per_ns}, time.time() if now is None else now)
-    else:
-        skipped = []
-    out: dict[str, Any] = {k: sum(t[k] for t in per_class.values()) for k in TOTAL_KEYS}
+        c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+        used = _used_namespaces(root, migration_journal)
+        for cls in CLASSES:  # each class as `prune --<class>` selects it
+            sel = _select(manifest_path, (cls,), root, migration_journal, None, now, meta, columns=c,
+                          journal_namespaces=used)
+            for key, v in _tally(sel, namespaces).items():
+                per_ns[key] = v
+                for k in TOTAL_KEYS:
+                    per_class[cls][k] += v[k]
+        sel = _select(manifest_path, CLASSES, root, migration_journal, None, now, meta, columns=c,
+                      journal_namespaces=used)
+        together = _tally(sel, namespaces)
+        totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
+        skipped = _skipped_now(sel, {ns for _, ns in together}, now)
+    out: dict[str, Any] = dict(totals)
     out["classes"] = per_class
     out["namespaces"] = [{"class": cls, "namespace": ns, **v}
                          for (cls, ns), v in sorted(per_ns.items(), key=namespace_order)]
@@ -593,6 +604,13 @@ def _key(c: dict[str, list], i: int) -> str:
     """The block a row is a rank file of (its deployment, group and hash); else its path."""
     h = c["block_hash"][i]
     return f"{_deployment(c, i)}/{c['group'][i]}:{h.hex()}" if h is not None else c["relpath"][i]
+
+
+def _used_namespaces(root: str, migration_journal: str | None) -> tuple[set[str], set[str]]:
+    """(target bases, source namespaces) of the migrations of `migration_journal`, or of
+    ROOT's default journal folder."""
+    return _journal_namespaces(migration_journal or jn.default_journal_dir(root)) \
+        if migration_journal or root else (set(), set())
 
 
 def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
