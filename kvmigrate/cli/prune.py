@@ -13,7 +13,8 @@ from typing import Iterator
 import click
 
 from kvmigrate.cli.common import (exit_stopped, facts_options, handle_errors, interrupt_on_sigterm, io_depth_option,
-                                  output_options, pop_fact_flags, print_json, rerun_command)
+                                  output_options, pop_fact_flags, pop_selection, print_json, rerun_command,
+                                  selection_options)
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
@@ -63,6 +64,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default=None,
               help="Scan depth when scanning ROOT first [default: hash: replicas are pruned only where proven "
                    "equal].")
+@selection_options
 @io_depth_option
 @facts_options
 @output_options
@@ -84,6 +86,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     Never pruned: an `ok` block that is not migrated, a target namespace, kvmigrate's
     journals, a file changed since the scan, a namespace under a held migration lock or
     written within --quiet-period, anything outside ROOT, a symlink's target.
+    --only/--exclude take only the namespaces they select (by model, source or target
+    base folder name); the scan still reads the whole root, so every target is known.
 
     \b
     Exit code: dry run 1 if something would be pruned (0 if nothing); --apply 0, or 8
@@ -97,6 +101,9 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     if purge:
         if root is None:
             raise UsageError("--purge needs ROOT (the root whose quarantines to empty)")
+        if kwargs.get("only") or kwargs.get("exclude"):
+            raise UsageError("--only/--exclude select namespaces to prune; --purge empties whole quarantines",
+                             hint="drop --only/--exclude")
         _purge(root, 7 * 86400.0 if older_than is None else older_than, apply, as_json, quiet)
         return
     from kvmigrate import pipeline
@@ -110,6 +117,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     if no_quarantine and set(classes) != {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    selection = pop_selection(kwargs)
     facts_file = kwargs.pop("facts_file", None)
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
@@ -119,7 +127,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                              quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
                              explicit_target=explicit_target,
                              facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
+                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply,
+                             selection=selection) as plan:
         if not apply:
             code = plan.exit_code
             apply_command = _apply_command(ctx)

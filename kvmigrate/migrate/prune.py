@@ -309,9 +309,12 @@ def _prunable(c: dict[str, Any]) -> Any:
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
-               older_than: float | None = None, now: float | None = None) -> PrunePlan:
+               older_than: float | None = None, now: float | None = None, selection: Any = None) -> PrunePlan:
     """Select what to prune from the manifest (typed columns) and the migration journals,
-    then skip the namespaces that are live or whose target is locked."""
+    then skip the namespaces that are live or whose target is locked. `selection`
+    (--only/--exclude): take only the namespaces it selects (a vllm.cpp deployment as
+    one; no file outside namespaces), the rules still read over the whole manifest, so a
+    target or a migration's source is known as such whatever is selected."""
     classes = tuple(c for c in CLASSES if c in set(classes))
     if not classes:
         raise UsageError("nothing to select: give --migrated, --unreadable-namespaces or --residue")
@@ -326,6 +329,11 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     import pyarrow.compute as pc
 
     sel = sel._replace(code=pc.if_else(_prunable(sel.c), sel.code, 0))
+    if selection:
+        from kvmigrate.selection import selected_bases
+
+        chosen = selected_bases(meta.get("namespaces") or {}, selection)
+        sel = sel._replace(code=pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0))
     skipped = {}
     if not force_live:
         names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())

@@ -562,3 +562,77 @@ def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_na
     code, out = run("restore", journal)
     assert code == 0, out
     assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
+
+
+def _written_long_ago(root: Path) -> None:
+    """Every file and folder of the tree: mtime in 2001 (outside any quiet period)."""
+    old = (1_000_000_000, 1_000_000_000)
+    for d, ds, fs in os.walk(root, topdown=False):
+        for name in fs + ds:
+            os.utime(os.path.join(d, name), old, follow_symlinks=False)
+    os.utime(root, old)
+
+
+def _hinted(summary: dict, code: str) -> dict:
+    (hint,) = [h for h in summary["hints"] if code in h["codes"]]
+    return hint
+
+
+def test_the_orphan_folder_hint_prunes_exactly_the_folders_it_names(synth_root):
+    """audit's hint for a rank folder without its base folder names a prune command; run
+    as printed (then with --apply), it takes that folder and nothing else: not the
+    namespace whose config.json does not hash to its name, another unreadable one."""
+    import shlex
+
+    root, _ = synth_root({**VLLM, "defects": ("orphan_rank",)},
+                         {**VLLM, "model_name": "org/w", "seed": 1, "defects": ("digest_mismatch",)})
+    _written_long_ago(root)
+    orphan = [p for p in _files(root) if not (root / layout.parse_folder(p.split("/")[0]).base).is_dir()]
+    base = layout.parse_folder(orphan[0].split("/")[0]).base
+    before = {p: (root / p).read_bytes() for p in _files(root) if p not in orphan}
+    code, summary = run_json("audit", root, *MLA)
+    hint = _hinted(summary, "orphan_namespace")
+    assert hint["namespaces"] == [base]
+    args = shlex.split(hint["command"])
+    assert args[:2] == ["kvmigrate", "prune"]
+    code, plan = run_json(*args[1:])
+    assert code == 1 and [(n["class"], n["namespace"]) for n in plan["namespaces"]] == \
+        [("unreadable_namespaces", base)] and plan["files"] == len(orphan) == 2
+    code, res = run_json(*args[1:], "--apply")
+    assert code == 0 and res["moved"] == {"unreadable_namespaces": 2}
+    assert not any((root / p).exists() for p in orphan)
+    assert {p: (root / p).read_bytes() for p in _files(root)} == before  # org/w and org/v untouched
+
+
+def test_the_hint_for_an_orphaned_target_folder_is_no_prune_command(migrated, tmp_path):
+    """The rank folder of a target namespace whose base folder went is orphan_namespace
+    too, but no prune takes a target: its hint lists its files instead of naming a prune
+    (whose plan skipped it and took another unreadable namespace)."""
+    import shlex
+    import shutil
+
+    root, legacy = migrated
+    targets = sorted({p.split("/")[0] for p in _files(root)} - {p.split("/")[0] for p in legacy})
+    target = next(t for t in targets if t.startswith("org_v_") and not t.endswith("_r0"))
+    shutil.rmtree(root / target)  # its config.json and lock folder went; its rank folder stays
+    # and the llm-d source's base folder: its rank folders are a migration journal's source
+    source = next(p.split("/")[0] for p in legacy if p.endswith("/config.json") and not p.startswith("org_v_"))
+    shutil.rmtree(root / source)
+    synth_root_again = {**VLLM, "model_name": "org/w", "seed": 1, "defects": ("digest_mismatch",)}
+    from kvmigrate.synth import SynthSpec, build
+
+    build(root, SynthSpec(**{"layers": 2, "page_bytes": 256, "blocks": 6, **synth_root_again}))
+    _written_long_ago(root)
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash", "--manifest-out", tmp_path / "m.parquet")
+    hint = _hinted(summary, "orphan_namespace")
+    assert sorted(hint["namespaces"]) == sorted([target, source]) and "prune" not in hint["command"]
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+
+    listed = CliRunner().invoke(cli, shlex.split(hint["command"])[1:]).stdout.split()
+    assert {path.split("/")[-4] for path in listed} == {f"{target}_r0", f"{source}_r0", f"{source}_r1"}, listed
+    for h in summary["hints"]:  # no prune hint names a command taking a namespace it does not name
+        if "--unreadable-namespaces" in h["command"]:
+            code, plan = run_json(*shlex.split(h["command"])[1:])
+            assert {n["namespace"] for n in plan["namespaces"]} <= set(h["namespaces"]), h
