@@ -315,6 +315,18 @@ def test_rollback_after_prune_restores_the_sources_first(migrated):
     assert sorted(p for p in _files(root)) == sorted(legacy)  # the targets went, the sources came back
 
 
+def test_a_rollback_that_restores_pruned_files_removes_their_empty_quarantine(migrated):
+    """The quarantine folders the restore emptied go with it (a whole-run restore did that
+    already; a rollback's, restoring its sources' files only, left them behind)."""
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and (root / res["quarantine"]).is_dir()
+    code, out = run("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0, out
+    assert all((root / rel).exists() for rel in legacy)
+    assert not (root / res["quarantine"]).exists()
+
+
 def test_rollback_refuses_when_pruned_sources_cannot_come_back(migrated):
     root, legacy = migrated
     journals = root / ".kvmigrate" / "journals"
@@ -323,7 +335,7 @@ def test_rollback_refuses_when_pruned_sources_cannot_come_back(migrated):
     targets_before = {p for p in _files(root)}
     code, out = run("rollback", journals)
     assert code == 8
-    assert "kvmigrate restore" in out and "nothing was rolled back" in out
+    assert "kvmigrate restore" not in out and "nothing was rolled back" in out  # (a purged quarantine: no restore)
     assert {p for p in _files(root)} == targets_before  # the targets hold the last copy: kept
 
 
@@ -636,3 +648,142 @@ def test_the_hint_for_an_orphaned_target_folder_is_no_prune_command(migrated, tm
         if "--unreadable-namespaces" in h["command"]:
             code, plan = run_json(*shlex.split(h["command"])[1:])
             assert {n["namespace"] for n in plan["namespaces"]} <= set(h["namespaces"]), h
+
+
+def _rollback_three_ways(journals: Path) -> dict[str, tuple[int, str]]:
+    """`rollback --dry-run`, `--dry-run --list` and the real `rollback` of journals (in that
+    order): (exit code, stdout + stderr) each."""
+    return {"dry": run("rollback", journals, "--dry-run"), "list": run("rollback", journals, "--dry-run", "--list"),
+            "real": run("rollback", journals)}
+
+
+def test_after_a_purge_dry_run_list_and_rollback_refuse_alike_and_remove_nothing(migrated):
+    """migrate -> prune -> purge: the copy_pad targets and the linked targets hold the last
+    copy of blocks whose legacy names (and config.json files) were purged. The dry run, its
+    --list script and the rollback refuse with one message and exit 8; no command printed
+    removes a target or names a restore of the purged quarantine; 14 files cannot come back
+    (the 6 linked blocks can: from their targets)."""
+    import re
+
+    root, legacy = migrated
+    journals = root / ".kvmigrate" / "journals"
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 20}
+    code, purged = run_json("prune", root, "--purge", "--older-than", "0s", "--apply")
+    assert code == 0 and purged["purged_runs"] == [res["run_id"]]
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    out = _rollback_three_ways(journals)
+    assert {way: code for way, (code, _) in out.items()} == {"dry": 8, "list": 8, "real": 8}, out
+    errors = {way: text[text.index("kvmigrate: error:"):] for way, (_, text) in out.items()}
+    assert errors["dry"] == errors["list"] == errors["real"], errors
+    error = errors["real"]
+    assert "14 of them cannot be put back" in error and "nothing was rolled back" in error
+    assert "kvmigrate restore" not in "".join(text for _, text in out.values())
+    assert not [line for line in out["list"][1].splitlines() if re.match(r"(rm|rmdir|ln|mkdir) ", line)]
+    assert not re.search(r"`kvmigrate rollback [^`]*`", error)  # every target holds a last copy: keep them all
+    assert listing(root, exclude_top=(layout.OWN_DIR,)) == before  # nothing removed, nothing restored
+    code, out = run("verify", root, "--journal", journals)
+    assert code == 0, out  # the targets still hold every block
+
+
+def _pruned_twin(synth_root, name: str, *, fresh_block: bool, purge: bool) -> tuple[Path, Path, str]:
+    """One of two identical trees: LLMD + VLLM migrated, then (fresh_block) an engine block
+    written into the vLLM legacy namespace (so prune keeps its config.json), pruned, then
+    (purge) purged. (root, migration journals, the llm-d target base)."""
+    root, _ = synth_root(LLMD, VLLM, root_name=name)
+    legacy = _files(root)
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    llmd_target = next(layout.parse_folder(p.split("/")[0]).base for p in _files(root)
+                       if p not in legacy and not p.startswith("org_v_"))
+    if fresh_block:
+        block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+        fresh = root / block.split("/")[0] / "abc" / "de_g0" / ("abcdef" + block.rsplit("/", 1)[1][6:])
+        fresh.parent.mkdir(parents=True)
+        fresh.write_bytes((root / block).read_bytes())
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 19 if fresh_block else 20}, res
+    if purge:
+        assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    return root, root / ".kvmigrate" / "journals", llmd_target
+
+
+def _tree(root: Path) -> dict[str, tuple]:
+    """The tree without kvmigrate's journals (they record the run): type, size, bytes and
+    link count of each entry, so two twin trees compare equal."""
+    return {rel: (kind, size, digest, os.lstat(root / rel).st_nlink if kind != 0o040000 else None)
+            for rel, (kind, size, _, digest) in listing(root, with_times=False).items()
+            if not rel.startswith(os.path.join(layout.OWN_DIR, "journals"))}
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_rollback_after_prune_dry_run_list_and_real_run_agree(synth_root, purge):
+    """Dry run, --list and rollback agree on exit code, counts and what is removed; the
+    --list script run by sh on a twin tree leaves the tree rollback leaves, and neither
+    leaves empty quarantine folders behind. Not purged: every pruned file comes back from
+    the quarantine. Purged: rollback refuses, naming the rollback of the other targets;
+    that command puts the linked vLLM blocks back from their targets (the llm-d target,
+    the last copy of its blocks, is kept)."""
+    import re
+    import subprocess
+
+    a, ja, llmd = _pruned_twin(synth_root, "a", fresh_block=purge, purge=purge)
+    b, jb, _ = _pruned_twin(synth_root, "b", fresh_block=purge, purge=purge)
+    args = []
+    if purge:
+        code, out = run("rollback", ja, "--dry-run")
+        assert code == 8, out
+        command = re.search(r"`(kvmigrate rollback [^`]*)`", out).group(1)
+        assert "--exclude" in command and llmd in command and "kvmigrate restore" not in out
+        args = command.split()[3:]
+    code, dry = run_json("rollback", ja, *args, "--dry-run")
+    code_list, script = run("rollback", ja, *args, "--dry-run", "--list")
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    code_b, real = run_json("rollback", jb, *args)
+    assert code == code_list == code_b == 0, (dry, real)
+    for key in ("removed", "per_namespace", "restored", "already_gone"):
+        assert dry[key] == real[key], key
+    assert dry["restored"] == (6 if purge else 20)
+    assert sum(line.startswith(("rm -f -- ", "rmdir -- ")) and ".kvmigrate" not in line
+               for line in script.splitlines()) == sum(real["removed"].values())
+    assert _tree(a) == _tree(b)  # the script leaves the tree rollback leaves
+    assert not [p for p in _tree(b) if p.startswith(os.path.join(layout.OWN_DIR, "quarantine") + "/")]
+    if purge:  # the llm-d target is kept whole, the vLLM legacy names are back
+        assert any(p.startswith(llmd) for p in _tree(b))
+        assert len([p for p in _tree(b) if p.startswith("org_v_") and p.endswith(".bin")]) == 7
+
+
+def test_a_rollback_whose_pruned_source_path_was_recreated_refuses_alike_until_moved_aside(migrated):
+    """The engine wrote a pruned block's path again: its pruned file cannot go back over it.
+    Dry run, --list and rollback refuse alike (exit 8, nothing removed); once the new file
+    is moved aside, the rollback puts every pruned file back, then removes the targets."""
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    (root / block).parent.mkdir(parents=True)
+    (root / block).write_bytes(b"the engine wrote it again")
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    out = _rollback_three_ways(root / ".kvmigrate" / "journals")
+    assert {way: code for way, (code, _) in out.items()} == {"dry": 8, "list": 8, "real": 8}, out
+    errors = {text[text.index("kvmigrate: error:"):] for _, text in out.values()}
+    assert len(errors) == 1 and "move the re-created files aside" in errors.pop()
+    assert listing(root, exclude_top=(layout.OWN_DIR,)) == before
+    os.rename(root / block, root.parent / "aside.bin")
+    code, done = run_json("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0 and done["restored"] == 20, done
+    assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
+
+
+def test_a_file_restored_then_pruned_again_counts_once_when_it_cannot_come_back(migrated):
+    """prune, restore, prune again, purge: each file is the newer run's (the older run's
+    quarantine never held it again), so the refusal counts 14 files, not 14 + 20."""
+    root, legacy = migrated
+    code, first = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert run("restore", first["journal"])[0] == 0
+    code, second = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and second["moved"] == {"migrated": 20}
+    assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    code, out = run("rollback", root / ".kvmigrate" / "journals", "--dry-run")
+    assert code == 8 and "pruned and 14 of them cannot be put back" in out, out
+    code, out = run("restore", root / ".kvmigrate" / "journals" / "prune")
+    assert code == 8 and "14 file(s) not restored" in out and "re-created" not in out.split("hint:", 1)[1], out
