@@ -366,11 +366,12 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
             older_than: float | None = None, target: str = DEFAULT_PROFILE, explicit_target: bool = False,
             facts_resolver: Any = None, verify: str | None = None, threads: int | None = None,
             manifest_out: str | None = None, progress: bool = False, command: str | None = None,
-            apply: bool = False) -> Iterator[Any]:
+            apply: bool = False, selection: Any = None) -> Iterator[Any]:
     """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own (at `hash` by
     default, like migrate's: a replica is pruned only where its equality is proven).
     The scan's start time goes into the plan, so a file whose ctime is newer is kept.
-    With `apply`, prune runs that were interrupted are finished first (before the scan)."""
+    With `apply`, prune runs that were interrupted are finished first (before the scan).
+    `selection` narrows the plan, never the scan: every target must be known."""
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate prune /cache/root   or   kvmigrate prune --manifest m.parquet")
@@ -384,7 +385,8 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
         where = root if root is not None else mf.read_metadata(manifest).get("root")
         finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
     options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
-                   quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than)
+                   quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than,
+                   selection=selection)
     if manifest is None:
         started = time.time_ns()
         with scanned(root, manifest_out, prefix="kvmigrate-prune-", target=target, facts_resolver=facts_resolver,

@@ -191,6 +191,27 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def exit_stopped(stopped: Any, resume_command: str, undo_verb: str) -> None:
+    """A run stopped by Ctrl-C, SIGTERM or --max-duration (a `pacing.Interrupted`): its
+    journal is consistent; print it, the command that goes on where it stopped and the
+    one that undoes it (`kvmigrate rollback` of a migration, `kvmigrate restore` of a
+    prune), then exit 32. Printed with -q too: it is the error."""
+    import shlex
+
+    click.echo(f"kvmigrate: stopped: {stopped.why}; the journal is consistent", err=True)
+    if stopped.journal:
+        click.echo(f"  journal: {stopped.journal}", err=True)
+    click.echo(f"  resume:  {resume_command}", err=True)
+    if stopped.journal:
+        click.echo(f"  undo:    kvmigrate {undo_verb} {shlex.quote(stopped.journal)}", err=True)
+    sys.exit(stopped.exit_code)
+
+
+def interrupt_on_sigterm(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does (the run stays resumable)."""
+    raise KeyboardInterrupt
+
+
 def prefer_arrow_pool(pool: str) -> None:
     """Choose Arrow's allocator for this process, before pyarrow loads.
 

@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (io_depth_option, check_scaleout, facts_options, handle_errors, output_options, pacing_options,
-                                  part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
-                                  rerun_command, scaleout_options, selection_options, start_pacing)
+from kvmigrate.cli.common import (exit_stopped, interrupt_on_sigterm, io_depth_option, check_scaleout, facts_options,
+                                  handle_errors, output_options, pacing_options, part_done, pop_fact_flags,
+                                  pop_selection, prefer_arrow_pool, print_json, rerun_command, scaleout_options,
+                                  selection_options, start_pacing)
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out"}
@@ -122,7 +123,7 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
         progress = bar.update
     from kvmigrate.pacing import Interrupted
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         result = run.apply(mode=mode, journal=journal, command=apply_command, progress=progress,
                            on_part=None if quiet else part_done)
@@ -156,19 +157,9 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
 
 
 def _stopped(stopped, apply_command: str) -> None:
-    """A run stopped by Ctrl-C, SIGTERM or --max-duration: its journal is consistent; the
-    same command goes on where it stopped (exit 32). Printed with -q too: it is the error."""
-    click.echo(f"kvmigrate: stopped: {stopped.why}; the journal is consistent", err=True)
-    if stopped.journal:
-        click.echo(f"  journal: {stopped.journal}", err=True)
-    click.echo(f"  resume:  {apply_command}", err=True)
-    if stopped.journal:
-        click.echo(f"  undo:    kvmigrate rollback {shlex.quote(stopped.journal)}", err=True)
-    sys.exit(stopped.exit_code)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    """A run stopped by Ctrl-C, SIGTERM or --max-duration: the same command goes on where
+    it stopped, rollback undoes it (exit 32)."""
+    exit_stopped(stopped, apply_command, "rollback")
 
 
 def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:

@@ -3,14 +3,18 @@ what no engine will read into the quarantine; `--purge` empties old quarantines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import sys
+from typing import Iterator
 
 import click
 
-from kvmigrate.cli.common import (io_depth_option, facts_options, handle_errors, output_options, pop_fact_flags, print_json,
-                                  rerun_command)
+from kvmigrate.cli.common import (exit_stopped, facts_options, handle_errors, interrupt_on_sigterm, io_depth_option,
+                                  output_options, pop_fact_flags, pop_selection, print_json, rerun_command,
+                                  selection_options)
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
@@ -60,6 +64,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default=None,
               help="Scan depth when scanning ROOT first [default: hash: replicas are pruned only where proven "
                    "equal].")
+@selection_options
 @io_depth_option
 @facts_options
 @output_options
@@ -81,16 +86,24 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     Never pruned: an `ok` block that is not migrated, a target namespace, kvmigrate's
     journals, a file changed since the scan, a namespace under a held migration lock or
     written within --quiet-period, anything outside ROOT, a symlink's target.
+    --only/--exclude take only the namespaces they select (by model, source or target
+    base folder name); the scan still reads the whole root, so every target is known.
 
     \b
     Exit code: dry run 1 if something would be pruned (0 if nothing); --apply 0, or 8
     if a file could not be moved (listed; the journal stays consistent); 2 usage error.
+    --purge: dry run 1 if a quarantine holding files would be purged (0 if nothing);
+    --purge --apply 0, or 8 if something could not be deleted. 32: --apply stopped by
+    Ctrl-C or SIGTERM (it prints the journal, the command that resumes, and restore).
     """
     from kvmigrate.errors import UsageError
 
     if purge:
         if root is None:
             raise UsageError("--purge needs ROOT (the root whose quarantines to empty)")
+        if kwargs.get("only") or kwargs.get("exclude"):
+            raise UsageError("--only/--exclude select namespaces to prune; --purge empties whole quarantines",
+                             hint="drop --only/--exclude")
         _purge(root, 7 * 86400.0 if older_than is None else older_than, apply, as_json, quiet)
         return
     from kvmigrate import pipeline
@@ -104,21 +117,25 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     if no_quarantine and set(classes) != {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    selection = pop_selection(kwargs)
     facts_file = kwargs.pop("facts_file", None)
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    with pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
-                          quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
-                          explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
-                          facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                          progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply) as plan:
+    explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    with _resumable(ctx, apply), \
+            pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
+                             quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
+                             explicit_target=explicit_target,
+                             facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
+                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply,
+                             selection=selection) as plan:
         if not apply:
             code = plan.exit_code
             apply_command = _apply_command(ctx)
             if as_json:
                 print_json({"root": plan.root, "classes": list(plan.classes), "totals": plan.totals(),
                             "namespaces": [{"class": c, "namespace": ns, **v}
-                                           for (c, ns), v in sorted(plan.by_namespace().items())],
+                                           for (c, ns), v in plan.by_namespace().items()],
                             "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
                             "apply_command": apply_command if plan.items else None, "exit_code": code})
             elif not quiet:
@@ -130,16 +147,39 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
         print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
                     "finished_interrupted": finished, **result.to_dict()})
     elif not quiet:
-        for r in plan.finished:
-            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved "
-                       f"({r.journal})")
-        click.echo(render_result(result))
+        for r in plan.finished:  # the run this command resumed: its journal is the one to undo
+            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved")
+            click.echo(f"journal: {r.journal}  (undo: kvmigrate restore {r.journal})")
+        if result.journal is not None or not plan.finished:
+            click.echo(render_result(result))
     failed = result.failed + [f for r in plan.finished for f in r.failed]
     if failed:
+        undo = result.journal if result.failed else next(r.journal for r in plan.finished if r.failed)
         click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
         click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
-                   f"command; `kvmigrate restore {result.journal}` puts back what moved", err=True)
+                   f"command; `kvmigrate restore {undo}` puts back what moved", err=True)
     sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))
+
+
+@contextlib.contextmanager
+def _resumable(ctx: click.Context, apply: bool) -> Iterator[None]:
+    """--apply stopped by Ctrl-C or SIGTERM (as Ctrl-C): exit 32 with the journal, the
+    command that resumes (it finishes the run first) and the one that restores, as
+    `migrate` does; stopped in its scan, before any journal, the command only."""
+    if not apply:
+        yield
+        return
+    from kvmigrate.pacing import Interrupted
+
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    try:
+        yield
+    except Interrupted as stopped:
+        exit_stopped(stopped, _apply_command(ctx), "restore")
+    except KeyboardInterrupt:
+        exit_stopped(Interrupted("interrupted (Ctrl-C or SIGTERM)"), _apply_command(ctx), "restore")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:
@@ -154,7 +194,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
         print_json({"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()})
     elif not quiet:
         click.echo(render_purge(result, os.path.abspath(root), not apply))
-    sys.exit(result.exit_code or (1 if not apply and result.runs else 0))
+    sys.exit(result.exit_code)
 
 
 def _apply_command(ctx: click.Context) -> str:

@@ -31,7 +31,10 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
         click.echo(render_restore(result))
     if result.kept:
         click.echo(f"kvmigrate: error: {len(result.kept)} file(s) not restored; {result.kept[0]}", err=True)
-        click.echo("  hint: a re-created path is kept as it is: move it aside and rerun `kvmigrate restore "
-                   f"{journal}` to put the pruned file back; a purged file is gone (its migrated bytes are in "
-                   "the target namespace)", err=True)
+        gone = len(result.kept) - result.conflicts
+        hints = ([f"{result.conflicts} re-created path(s) are kept as they are: move them aside and rerun "
+                  f"`kvmigrate restore {journal}` to put the pruned files back"] if result.conflicts else []) + (
+            [f"{gone} file(s) are gone (purged, or removed with --no-quarantine): a migrated block's bytes live on "
+             "in its target namespace"] if gone else [])
+        click.echo(f"  hint: {'; '.join(hints)}", err=True)
     sys.exit(result.exit_code)

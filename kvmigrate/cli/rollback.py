@@ -24,12 +24,17 @@ def command(journal: str, dry_run: bool, as_list: bool, as_json: bool, quiet: bo
     the folders it created if empty. Nothing else is touched. --only/--exclude: only the
     target namespaces they select (by target or source base folder name, or model).
 
+    After `prune --apply` took its source files, they are put back first (from the
+    quarantine, or linked from their target); when any cannot come back (purged, or its
+    path re-created), it refuses and removes nothing.
+
     With --dry-run, nothing is removed or written (not even the journal's rolled-back
     mark): it prints what would go, per namespace; --list prints it as a shell script.
+    Both make the rollback's decision: the same refusals, counts and exit code.
 
     \b
     Exit code: 0, or 8 if something could not (dry run: would not) be removed (listed
-    with the reason); 2 for --list without --dry-run.
+    with the reason) or the rollback refuses; 2 for --list without --dry-run.
     """
     from kvmigrate.errors import UsageError
     from kvmigrate.migrate.rollback import render, render_commands, rollback

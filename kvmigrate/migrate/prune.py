@@ -99,8 +99,9 @@ class PrunePlan:
         (`reclaim_totals`)."""
         return reclaim_totals(_rows_of_items(self.items), self.classes)[0]
 
-    def by_namespace(self) -> dict[tuple[str, str], dict[str, int]]:
-        return reclaim_totals(_rows_of_items(self.items), self.classes)[1]
+    def by_namespace(self) -> dict[tuple[str, str | None], dict[str, int]]:
+        """Per (class, namespace), in order (`namespace_order`)."""
+        return dict(sorted(reclaim_totals(_rows_of_items(self.items), self.classes)[1].items(), key=namespace_order))
 
     @property
     def exit_code(self) -> int:
@@ -166,17 +167,18 @@ def _in(col: Any, values: Iterable) -> Any:
 
 
 def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_journal: str | None,
-            older_than: float | None, now: float, meta: dict[str, Any]) -> _Selected:
+            older_than: float | None, now: float, meta: dict[str, Any], *, columns: dict[str, Any] | None = None,
+            journal_namespaces: tuple[set[str], set[str]] | None = None) -> _Selected:
     """The selection rules (migration.md §6), from the manifest's typed columns and the
-    migration journals: the one selection `prune` and the reports' reclaimable figures use."""
+    migration journals: the one selection `prune` and the reports' reclaimable figures use.
+    `columns`, `journal_namespaces`: already read (the reports select once per class)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+    c = columns if columns is not None else _columns(mf.read_table(manifest_path, columns=_COLUMNS))
     n = len(c["relpath"])
     idx = pa.array(range(n), pa.int64())  # the row numbers
-    targets, used = _journal_namespaces(migration_journal or jn.default_journal_dir(root)) \
-        if migration_journal or root else (set(), set())
+    targets, used = journal_namespaces or _used_namespaces(root, migration_journal)
     target_bases = set(pc.unique(c["target_base"]).drop_null().to_pylist()) - {""} | targets
     src, status = c["source_base"], c["status"]
     has_ns = _b(pc.not_equal(src, ""))
@@ -307,9 +309,12 @@ def _prunable(c: dict[str, Any]) -> Any:
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
-               older_than: float | None = None, now: float | None = None) -> PrunePlan:
+               older_than: float | None = None, now: float | None = None, selection: Any = None) -> PrunePlan:
     """Select what to prune from the manifest (typed columns) and the migration journals,
-    then skip the namespaces that are live or whose target is locked."""
+    then skip the namespaces that are live or whose target is locked. `selection`
+    (--only/--exclude): take only the namespaces it selects (a vllm.cpp deployment as
+    one; no file outside namespaces), the rules still read over the whole manifest, so a
+    target or a migration's source is known as such whatever is selected."""
     classes = tuple(c for c in CLASSES if c in set(classes))
     if not classes:
         raise UsageError("nothing to select: give --migrated, --unreadable-namespaces or --residue")
@@ -324,6 +329,11 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     import pyarrow.compute as pc
 
     sel = sel._replace(code=pc.if_else(_prunable(sel.c), sel.code, 0))
+    if selection:
+        from kvmigrate.selection import selected_bases
+
+        chosen = selected_bases(meta.get("namespaces") or {}, selection)
+        sel = sel._replace(code=pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0))
     skipped = {}
     if not force_live:
         names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
@@ -410,6 +420,18 @@ ORPHANED_KEPT = ("orphaned by vLLM 0.34 (the folder does not record the topology
                  "--writer-tp/--writer-pp and migrate it, then --migrated takes it; no class prunes it before")
 
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
+OUTSIDE = "(outside namespaces)"  # how the files of no namespace (namespace None) are named
+
+
+def namespace_order(entry: tuple[tuple[str, str | None], Any]) -> tuple[str, str]:
+    """Sort key of a ((class, namespace), figures) entry: files outside any namespace
+    (SGLang temp files at the top of the root: namespace None) sort first."""
+    (cls, ns), _ = entry
+    return cls, ns or ""
+
+
+def namespace_label(ns: str | None) -> str:
+    return ns or OUTSIDE
 
 
 def frees(nlink: int, selected_names: int) -> bool:
@@ -451,28 +473,39 @@ def _rows_of_items(items: Iterable[Item]) -> Iterator[tuple[str, str, int, int, 
 
 def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now: float | None = None,
                 namespaces: set[str] | None = None) -> dict[str, Any]:
-    """What `prune --migrated --unreadable-namespaces --residue` selects in this manifest
-    (the same `_select`), per class and namespace, freed vs only unlinked, for `report`
-    and `audit`. Read-only: the run-time checks (quiet period, held locks, a fresh stat)
+    """What `prune` selects in this manifest (the same `_select`), for `report` and
+    `audit`: per class and namespace, what `prune --<class>` alone takes; the totals, what
+    `prune --migrated --unreadable-namespaces --residue` takes (more than the classes' sum
+    when only the classes together empty a namespace: its config.json goes then). Freed vs
+    only unlinked. Read-only: the run-time checks (quiet period, held locks, a fresh stat)
     are prune's own. `namespaces`: only those (--only/--exclude). Tallied in Arrow, as
     `reclaim_totals` tallies a plan's items."""
     meta = mf.read_metadata(manifest_path)
     root = meta.get("root") if isinstance(meta.get("root"), str) else ""
+    now = time.time() if now is None else now
     per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
     per_ns: dict[tuple[str, str], dict[str, int]] = {}
+    totals = dict.fromkeys(TOTAL_KEYS, 0)
+    skipped: list[dict[str, Any]] = []
     if _any_candidate(manifest_path):
-        sel = _select(manifest_path, CLASSES, root, migration_journal, None, time.time() if now is None else now,
-                      meta)
-        for (cls, ns), v in _tally(sel, namespaces).items():
-            per_ns[(cls, ns)] = v
-            for k in TOTAL_KEYS:
-                per_class[cls][k] += v[k]
-        skipped = _skipped_now(sel, {ns for _, ns in per_ns}, time.time() if now is None else now)
-    else:
-        skipped = []
-    out: dict[str, Any] = {k: sum(t[k] for t in per_class.values()) for k in TOTAL_KEYS}
+        c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+        used = _used_namespaces(root, migration_journal)
+        for cls in CLASSES:  # each class as `prune --<class>` selects it
+            sel = _select(manifest_path, (cls,), root, migration_journal, None, now, meta, columns=c,
+                          journal_namespaces=used)
+            for key, v in _tally(sel, namespaces).items():
+                per_ns[key] = v
+                for k in TOTAL_KEYS:
+                    per_class[cls][k] += v[k]
+        sel = _select(manifest_path, CLASSES, root, migration_journal, None, now, meta, columns=c,
+                      journal_namespaces=used)
+        together = _tally(sel, namespaces)
+        totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
+        skipped = _skipped_now(sel, {ns for _, ns in together}, now)
+    out: dict[str, Any] = dict(totals)
     out["classes"] = per_class
-    out["namespaces"] = [{"class": cls, "namespace": ns, **v} for (cls, ns), v in sorted(per_ns.items())]
+    out["namespaces"] = [{"class": cls, "namespace": ns, **v}
+                         for (cls, ns), v in sorted(per_ns.items(), key=namespace_order)]
     out["skipped"] = skipped
     out["orphaned"] = orphaned_namespaces(manifest_path, meta, namespaces)
     return out
@@ -581,6 +614,13 @@ def _key(c: dict[str, list], i: int) -> str:
     return f"{_deployment(c, i)}/{c['group'][i]}:{h.hex()}" if h is not None else c["relpath"][i]
 
 
+def _used_namespaces(root: str, migration_journal: str | None) -> tuple[set[str], set[str]]:
+    """(target bases, source namespaces) of the migrations of `migration_journal`, or of
+    ROOT's default journal folder."""
+    return _journal_namespaces(migration_journal or jn.default_journal_dir(root)) \
+        if migration_journal or root else (set(), set())
+
+
 def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
     """(target bases, source namespaces) of every migration run in the journal file or
     directory (none when there is none yet)."""
@@ -660,9 +700,9 @@ def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
         lines.append(f"  {cls.replace('_', '-'):<24} {t['files']:>8} files {human_bytes(t['bytes']):>10}; frees "
                      f"{human_bytes(t['freed_bytes'])} once purged, {t['unlinked_files']} files only unlinked "
                      "(their bytes stay under another name: a file-count slot each)")
-        for (c, ns), v in sorted(plan.by_namespace().items()):
+        for (c, ns), v in plan.by_namespace().items():
             if c == cls:
-                lines.append(f"    {ns}: {v['files']} files, {human_bytes(v['bytes'])}; frees "
+                lines.append(f"    {namespace_label(ns)}: {v['files']} files, {human_bytes(v['bytes'])}; frees "
                              f"{human_bytes(v['freed_bytes'])}, {v['unlinked_files']} only unlinked")
     for ns, why in sorted(plan.skipped.items()):
         lines.append(f"  skipped {ns}: {why}")

@@ -24,14 +24,15 @@ from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, frees, prune_journal_dir, target_base,
                                      without_namespaces)
+from kvmigrate.pacing import Interrupted
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
 
 
 @dataclass
 class PruneResult:
-    journal: str
-    run_id: str
+    journal: str | None  # None: nothing to move, so no run (and no journal)
+    run_id: str | None
     quarantine: str | None  # relpath of the run's quarantine folder (None with --no-quarantine)
     moved: Counter = field(default_factory=Counter)  # class -> files
     moved_bytes: Counter = field(default_factory=Counter)
@@ -73,6 +74,8 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     if not quarantine and set(plan.classes) - {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
+    if not plan.items:  # nothing to move: no run, so no journal names an empty one as the thing to undo
+        return PruneResult(None, None, None)
     run_id = jn.new_run_id()
     root = plan.root
     path = journal or os.path.join(prune_journal_dir(root), f"{run_id}.jsonl")
@@ -87,6 +90,12 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     hit = (crash or _CrashSeam()).hit  # points: prune_intent, prune_move, prune_dirs
     try:
         with DestTree(root) as tree:
+            try:
+                _make_quarantine(tree, qdir)
+            except OperationalError as exc:  # nothing journaled to move: a complete run that moved nothing
+                w.write({"t": "complete", "moved": {}, "kept": 0, "failed": 1, "error": str(exc).splitlines()[0],
+                         "time": time.time()}, sync=True)
+                raise
             locks = []
             held = set()
             try:
@@ -109,9 +118,21 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
                     lock.release()
         w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                  "failed": len(result.failed), "time": time.time()}, sync=True)
+    except KeyboardInterrupt as exc:
+        raise _interrupted(w, path) from exc
     finally:
         w.close()
     return result
+
+
+def _interrupted(w: jn.JournalWriter, path: str) -> Interrupted:
+    """Ctrl-C or SIGTERM while files move: the journal (its intents written ahead) stays
+    without `complete`, so the next `prune --apply` finishes the run; say where it is."""
+    try:
+        w.write({"t": "interrupted", "time": time.time()}, sync=True)
+    except OperationalError:
+        pass  # (the intents are on disk; the record only says why the run stopped)
+    return Interrupted("interrupted (Ctrl-C or SIGTERM)", journal=path)
 
 
 def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
@@ -128,8 +149,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     """Move the items block by block: when one rank file of a block stays (changed, or
     the move failed), the others of that block are put back, and a namespace's
     config.json goes only if all else of it went (nothing is left half-moved)."""
-    if qdir:
-        makedirs(tree, qdir)
+    _make_quarantine(tree, qdir)
     known: set[str] = set()  # quarantine folders made or seen by this run
     moved: list[str] = []
     held_back: set[str] = set()
@@ -161,6 +181,25 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     result.left_targets.update(b for i in items if i.relpath not in gone and (b := target_base(i)))
     _remove_folders(tree, moved, w, result)
     hit("prune_dirs")
+
+
+def _make_quarantine(tree: DestTree, qdir: str | None) -> None:
+    """Make the run's quarantine folder before anything moves: on a read-only root (EROFS)
+    or one kvmigrate may not write, the run stops here, with nothing moved."""
+    if not qdir:
+        return
+    try:
+        makedirs(tree, qdir)
+    except OSError as exc:
+        what = {errno.EROFS: "read-only filesystem", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted", errno.ENOSPC: "no space left on device"}.get(
+            exc.errno or 0, exc.strerror or str(exc))
+        raise OperationalError(
+            f"cannot make the quarantine folder: {what}; nothing was moved", path=tree.abspath(qdir),
+            hint=("remount the cache root read-write (prune renames files within it, so the quarantine is on the "
+                  "same filesystem), then rerun the same command" if exc.errno == errno.EROFS else
+                  "let this user write the cache root's .kvmigrate folder (or free space), then rerun the same "
+                  "command")) from None
 
 
 def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> None:
@@ -209,6 +248,8 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 _remove_folders(tree, [i.relpath for i in settled], w, result)
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
+        except KeyboardInterrupt as exc:
+            raise _interrupted(w, run.path) from exc
         finally:
             w.close()
         out.append(result)
@@ -428,6 +469,8 @@ def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, resul
 def render_result(result: PruneResult) -> str:
     from kvmigrate.units import human_bytes, plural
 
+    if result.journal is None:
+        return "nothing to prune: no file moved, no prune run journaled"
     moved = sum(result.moved.values())
     where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
     lines = [f"pruned {moved} files ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "

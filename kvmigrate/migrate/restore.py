@@ -3,10 +3,12 @@
 
 Both read the prune journal (`quarantine.apply_prune` writes it through `journal.JournalWriter`;
 its records are read back with `journal.iter_records`). Restore trusts the tree, not the
-done records: a file is back when its path holds the journaled inode, so a rerun after a
-kill -9 converges. A path re-created meanwhile (the engine wrote the block again) is a
-conflict: the pruned file stays in the quarantine and is reported, never overwritten.
-Files go back by link + unlink (no rename: a rename would replace a re-created name).
+done records (`way_back`): a file is back when its path holds the journaled inode, so a
+rerun after a kill -9 converges. A path re-created meanwhile (the engine wrote the block
+again) is a conflict: the pruned file stays where it is and is reported, never
+overwritten. Files go back by link + unlink (no rename: a rename would replace a
+re-created name), from the quarantine or, once that is purged, from their target while it
+is a hard link of them. A rollback reads the same way first (`rollback.decide`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
-from kvmigrate.migrate.quarantine import load_prune_runs, makedirs
+from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, makedirs
 
 
 @dataclass
@@ -33,6 +35,7 @@ class RestoreResult:
     dirs_made: int = 0
     kept: list[str] = field(default_factory=list)  # conflicts and files that cannot go back, with why
     journals: list[str] = field(default_factory=list)
+    conflicts: int = 0  # of `kept`: paths re-created meanwhile, the pruned file still in a quarantine or target
 
     @property
     def exit_code(self) -> int:
@@ -40,36 +43,98 @@ class RestoreResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"restored": self.restored, "already_in_place": self.already_in_place, "dirs_made": self.dirs_made,
-                "kept": self.kept, "journals": self.journals, "exit_code": self.exit_code}
+                "kept": self.kept, "conflicts": self.conflicts, "journals": self.journals, "exit_code": self.exit_code}
+
+
+class WayBack(NamedTuple):
+    """How one file a prune moved comes back: the one reading of the tree that `restore`
+    acts on and a rollback's decision (rollback.decide) counts and lists."""
+
+    path: str  # its path under the root
+    state: str  # in_place | quarantine | target | conflict | lost | not_moved
+    source: str | None  # the name holding its inode now: its quarantine name, or its target (a hard link)
+    why: str | None  # conflict, lost: what to tell (the absolute path first)
+
+
+def way_back(tree: DestTree, run: PruneRun, item: dict[str, Any]) -> WayBack:
+    """Where the file of a prune intent is and how it can come back. Its path holding its
+    inode: back. Else its quarantine name holding it: link it back from there; else (the
+    quarantine purged, or --no-quarantine) its target, a hard link of it: link it back from
+    the target. A path another file holds is a conflict (never overwritten); no name
+    holding the inode: lost. A file whose move has no done record and whose quarantine name
+    lacks it was never moved (kept by the run, or the kill came first)."""
+    path = item["path"]
+    where = tree.abspath(path)
+    inode = (item.get("dev"), item.get("ino"))
+    quarantined, target = item.get("to"), item.get("target")
+    try:
+        now = tree.lstat(path)
+        q = tree.lstat(check_relpath(quarantined, "journal path")) if quarantined else None
+        t = tree.lstat(check_relpath(target, "journal path")) if target else None
+    except (SymlinkInPath, NotADirectoryError):
+        return WayBack(path, "conflict", None, f"{where}: a folder on its path is now a symlink or file (never "
+                                               "followed); not restored")
+    holds = lambda st: st is not None and (st.st_dev, st.st_ino) == inode  # noqa: E731
+    if holds(now):
+        return WayBack(path, "in_place", quarantined if holds(q) else None, None)  # (both names: a kill between)
+    if path not in run.moved and not holds(q):
+        return WayBack(path, "not_moved", None, None)
+    source = quarantined if holds(q) else target if holds(t) else None
+    if source is None:
+        what = (f"purged with the quarantine of run {run.header.get('run_id')}" if run.purge_started and quarantined
+                else "missing from the quarantine" if quarantined
+                else "removed with --no-quarantine and its target no longer holds its inode")
+        return WayBack(path, "lost", None, f"{where}: {what}; cannot be restored")
+    if now is not None:
+        return WayBack(path, "conflict", source, f"{where}: re-created since the prune (another file is there now); "
+                                                 f"the pruned file stays at {tree.abspath(source)}: conflict, not "
+                                                 "overwritten")
+    return WayBack(path, "quarantine" if source == quarantined else "target", source, None)
+
+
+def restore_runs(journal: str, namespaces: Iterable[str] | None = None) -> list[tuple[PruneRun, list[dict]]]:
+    """The prune runs of `journal`, newest first, each with its intents (of the source
+    `namespaces` only, when given)."""
+    only = set(namespaces) if namespaces is not None else None
+    out = []
+    for run in sorted(load_prune_runs(journal), key=lambda r: float(r.header.get("time") or 0), reverse=True):
+        items = [i for i in run.moves.values() if only is None or i.get("ns") in only]
+        if items:
+            out.append((run, items))
+    return out
+
+
+def claimed(run: PruneRun, ways: list[tuple[dict, WayBack]]) -> set[tuple[str, str]]:
+    """The (root, path) a run moved: the newest run that moved a path owns it, so an older
+    run's intent of it (a file restored, then pruned again) is left out."""
+    return {(run.root, item["path"]) for item, way in ways if way.state != "not_moved"}
 
 
 def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> RestoreResult:
     """Put back every file the prune runs of `journal` moved (newest run first); with
-    `namespaces`, only the files of those source namespaces (a migration's rollback)."""
+    `namespaces`, only the files of those source namespaces (a migration's rollback). Each
+    file as `way_back` finds it, under the run journal's flock (not while that prune or a
+    purge still runs); the run's quarantine folders left empty go."""
     only = set(namespaces) if namespaces is not None else None
     result = RestoreResult()
     crash = _CrashSeam()
-    for run in sorted(load_prune_runs(journal), key=lambda r: float(r.header.get("time") or 0), reverse=True):
-        items = [i for i in run.moves.values() if only is None or i.get("ns") in only]
+    owned: set[tuple[str, str]] = set()
+    for run, items in restore_runs(journal, only):
+        items = [i for i in items if (run.root, i["path"]) not in owned]
         if not items:
             continue
         if run.path not in result.journals:
             result.journals.append(run.path)
-        if run.purge_started:
-            result.kept += [f"{os.path.join(run.root, i['path'])}: purged with the quarantine of run "
-                            f"{run.header.get('run_id')}; cannot be restored" for i in items]
-            continue
         w = jn.JournalWriter.append(run.path)  # the flock: not while that prune (or a purge) still runs
         try:
             with DestTree(run.root) as tree:
+                ways = [(item, way_back(tree, run, item)) for item in items]
+                owned |= claimed(run, ways)
                 known: set[str] = set()  # folders made or seen by this restore
-                for d in sorted(run.rmdirs, key=lambda d: d.count("/")):
-                    if only is None or any(i["path"].startswith(d + "/") for i in items):
-                        result.dirs_made += makedirs(tree, d, known)
-                for item in items:
-                    _restore_item(tree, item, item["path"] in run.moved, result, known)
+                for item, way in ways:
+                    _put_back(tree, item, way, result, known)
                     crash.hit("restore")
-                if only is None and run.quarantine:
+                if run.quarantine:
                     _remove_empty(tree, run.quarantine)
             w.write({"t": "restored", "time": time.time(), "restored": result.restored, "kept": len(result.kept),
                      "namespaces": sorted(only) if only is not None else None}, sync=True)
@@ -78,48 +143,35 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     return result
 
 
-def _restore_item(tree: DestTree, item: dict[str, Any], journaled: bool, result: RestoreResult,
-                  known: set[str]) -> None:
-    """Put one file back. `journaled`: its move has a done record; one without (a kill
-    before the record, or a file this run kept) is restored only from where it is."""
+def _put_back(tree: DestTree, item: dict[str, Any], way: WayBack, result: RestoreResult, known: set[str]) -> None:
+    """Act on one file's WayBack: link it back from its source (then drop the quarantine
+    name), making the folders it needs; never over a name that exists (link, not rename)."""
+    if way.state == "in_place":
+        result.already_in_place += 1
+        if way.source:
+            tree.unlink(way.source)  # a kill between link and unlink left both names
+        return
+    if way.state in ("conflict", "lost"):
+        result.kept.append(way.why)
+        if way.state == "conflict" and way.source:
+            result.conflicts += 1
+        return
+    if way.state == "not_moved":
+        return
     path = item["path"]
-    where = tree.abspath(path)
-    ino, dev = item.get("ino"), item.get("dev")
-    source = item.get("to") or item.get("target")  # the quarantined name, or (--no-quarantine) the target
     try:
-        now = tree.lstat(path)
-        src = tree.lstat(check_relpath(source, "journal path")) if source else None
-    except (SymlinkInPath, NotADirectoryError):
-        result.kept.append(f"{where}: a folder on its path is now a symlink or file (never followed); not restored")
-        return
-    if now is not None:
-        if (now.st_dev, now.st_ino) == (dev, ino):
-            result.already_in_place += 1
-            if item.get("to") and src is not None and (src.st_dev, src.st_ino) == (dev, ino):
-                tree.unlink(item["to"])  # a kill between link and unlink left both names
-            return
-        result.kept.append(f"{where}: re-created since the prune (another file is there now); the pruned file "
-                           f"stays at {tree.abspath(source) if source else 'nowhere'}: conflict, not overwritten")
-        return
-    if not journaled and (src is None or (src.st_dev, src.st_ino) != (dev, ino)):
-        return  # this run never moved it (kept, or killed before): nothing of it to put back
-    if src is None or (src.st_dev, src.st_ino) != (dev, ino):
-        what = "missing from the quarantine" if item.get("to") else \
-            "removed with --no-quarantine and its target no longer holds its inode"
-        result.kept.append(f"{where}: {what}; cannot be restored")
-        return
-    try:
-        makedirs(tree, path.rpartition("/")[0], known)
-        spfd, sname = tree.split(source)
+        result.dirs_made += makedirs(tree, path.rpartition("/")[0], known)
+        spfd, sname = tree.split(way.source)
         dpfd, dname = tree.split(path)
         os.link(sname, dname, src_dir_fd=spfd, dst_dir_fd=dpfd, follow_symlinks=False)
-        if item.get("to"):
+        if way.state == "quarantine":
             os.unlink(sname, dir_fd=spfd)
     except FileExistsError:
-        result.kept.append(f"{where}: re-created while restoring; conflict, not overwritten")
+        result.kept.append(f"{tree.abspath(path)}: re-created while restoring; conflict, not overwritten")
+        result.conflicts += 1
         return
     except OSError as exc:
-        result.kept.append(f"{where}: cannot restore: {exc.strerror or exc}")
+        result.kept.append(f"{tree.abspath(path)}: cannot restore: {exc.strerror or exc}")
         return
     result.restored += 1
 
@@ -144,10 +196,13 @@ class PurgeResult:
     freed_bytes: int = 0  # bytes whose last name was in the quarantine
     young: int = 0  # runs younger than --older-than, kept
     failed: list[str] = field(default_factory=list)
+    dry_run: bool = False
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OPERATIONAL if self.failed else 0
+        """8 when something could not be deleted; a dry run: 1 when a quarantine holding
+        files would be purged; else 0 (nothing to do is no finding; interface.md §4)."""
+        return EXIT_OPERATIONAL if self.failed else 1 if self.dry_run and self.runs else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"purged_runs": self.runs, "files": self.files, "freed_bytes": self.freed_bytes,
@@ -160,7 +215,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
     restore of that run says what is gone."""
     root = os.path.abspath(root)
     now = time.time() if now is None else now
-    result = PurgeResult()
+    result = PurgeResult(dry_run=dry_run)
     crash = _CrashSeam()
     jdir = prune_journal_dir(root)
     if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
@@ -176,6 +231,11 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
             result.failed.append(f"{run.path}: quarantine {qpath} is not under {root}/{QUARANTINE_DIR}; skipped")
             continue
         files, freed = _count(qpath)
+        if not files:  # a restore emptied it (or it never held a file): nothing to purge
+            if not dry_run and os.path.isdir(qpath):
+                with DestTree(root) as tree:
+                    _remove_empty(tree, run.quarantine)
+            continue
         result.runs.append(str(run.header.get("run_id")))
         result.files += files
         result.freed_bytes += freed
@@ -216,32 +276,6 @@ def _count(path: str) -> tuple[int, int]:
     return len(stats), freed
 
 
-# --- rollback after prune ------------------------------------------------------------------
-
-
-def restore_before_rollback(root: str, namespaces: Iterable[str]) -> RestoreResult | None:
-    """Before a migration's rollback removes its targets: put back what a prune moved
-    out of its source namespaces. Raises (naming `restore`) when any of it cannot come
-    back, so the rollback removes nothing: no sequence of commands loses a block."""
-    jdir = prune_journal_dir(root)
-    if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
-        return None
-    namespaces = set(namespaces)
-    pending = [r for r in load_prune_runs(jdir) if not r.restored
-               and any(i.get("ns") in namespaces for i in r.moves.values())]
-    if not pending:
-        return None
-    result = restore(jdir, namespaces=namespaces)
-    if result.kept:
-        raise OperationalError(
-            f"the sources of this migration were pruned and {len(result.kept)} file(s) cannot be put back "
-            f"(first: {result.kept[0]}); nothing was rolled back, since the targets hold their last copy",
-            path=result.journals[0] if result.journals else jdir,
-            hint=f"resolve them with `kvmigrate restore {result.journals[0] if result.journals else jdir}`, "
-                 "then rerun the rollback")
-    return result
-
-
 def render_restore(result: RestoreResult) -> str:
     lines = [f"restored {result.restored} file(s) from {len(result.journals)} prune journal(s)"
              + (f"; {result.already_in_place} already in place" if result.already_in_place else "")
@@ -257,9 +291,12 @@ def render_purge(result: PurgeResult, root: str, dry_run: bool) -> str:
     from kvmigrate.units import human_bytes
 
     verb = "would purge" if dry_run else "purged"
-    lines = [f"{verb} {len(result.runs)} quarantine(s) under {os.path.join(root, QUARANTINE_DIR)}: "
-             f"{result.files} files, {human_bytes(result.freed_bytes)} freed"
-             + (f"; {result.young} younger run(s) kept" if result.young else "")]
+    young = f"; {result.young} younger run(s) kept" if result.young else ""
+    if not result.runs:
+        lines = [f"nothing to purge under {os.path.join(root, QUARANTINE_DIR)}{young}"]
+    else:
+        lines = [f"{verb} {len(result.runs)} quarantine(s) under {os.path.join(root, QUARANTINE_DIR)}: "
+                 f"{result.files} files, {human_bytes(result.freed_bytes)} freed{young}"]
     lines += [f"  failed: {f}" for f in result.failed]
     return "\n".join(lines)
 

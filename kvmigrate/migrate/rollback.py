@@ -15,11 +15,16 @@ for its block's discard, so folders have more in flight). The journal is read on
 `dry_run=True` makes the same checks and removes nothing: it counts what would go per
 namespace and lists it as shell commands (`rm -f --`, `rmdir --`) a person can review
 and run (folders only where they would be empty).
+
+Before any of that, `decide` (one decision for the rollback, its dry run and its list)
+reads what a prune moved out of the migrations' sources: it is put back first, or, if any
+cannot come back, the rollback refuses and removes nothing (migration.md §6).
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shlex
 import stat
@@ -36,7 +41,8 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
-from kvmigrate.migrate.restore import restore_before_rollback
+from kvmigrate.migrate.prune import prune_journal_dir
+from kvmigrate.migrate.restore import WayBack, claimed, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
@@ -56,6 +62,7 @@ KINDS = ("block", "config", "temp", "lock", "dir")
 @dataclass
 class RollbackResult:
     removed: Counter = field(default_factory=Counter)  # kind -> count (dry run: would be removed)
+    restored: int = 0  # pruned source files put back first (dry run: would be)
     already_gone: int = 0
     kept: list[str] = field(default_factory=list)  # could not / must not be removed, with why
     notes: list[str] = field(default_factory=list)
@@ -69,7 +76,8 @@ class RollbackResult:
         return EXIT_OPERATIONAL if self.kept else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run, "removed": dict(self.removed), "already_gone": self.already_gone,
+        return {"dry_run": self.dry_run, "removed": dict(self.removed), "restored": self.restored,
+                "already_gone": self.already_gone,
                 "kept": self.kept, "notes": self.notes, "journals": self.journals,
                 "per_namespace": {ns: dict(c) for ns, c in sorted(self.per_namespace.items())},
                 "exit_code": self.exit_code}
@@ -80,12 +88,15 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
     """Python API: roll back every run of a journal file or directory (newest first).
     `selection` (--only/--exclude): only the targets it keeps; the journal is then not
     marked rolled back (a later rollback without it removes the rest). `dry_run`: check
-    and count only; `listing` also keeps the shell commands."""
+    and count only; `listing` also keeps the shell commands. The pruned sources are put
+    back first, or the rollback refuses: `decide` says which, for all three alike."""
     result = RollbackResult(dry_run=dry_run, commands=[] if listing else None)
     files = jn.journal_files(journal)
     newest = {files[-1]: jn.load_runs(files[-1])}  # rolled back first: read once (0.5 s at 100,000 blocks)
-    if not dry_run:
-        _restore_pruned_sources(files, newest, result)
+    decision = decide(journal, files, newest, selection)
+    if decision.refusal is not None:
+        raise decision.refusal
+    decision.put_back(result)
     for path in reversed(files):
         runs = newest.pop(path, None) or jn.load_runs(path)
         if all(r.rolled_back for r in runs):
@@ -104,22 +115,151 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
     return result
 
 
-def _restore_pruned_sources(files: list[str], loaded: dict[str, list[jn.Run]], result: RollbackResult) -> None:
-    """A prune may have moved these migrations' sources into its quarantine: put them
-    back before any target goes (or raise, removing nothing: the targets may hold the
-    last copy). `loaded`: runs already read; the other journals are read for their
-    states only (bounded memory: they are read again when their turn comes)."""
-    sources: dict[str, set[str]] = {}
+# --- before anything goes: the sources a prune moved ------------------------------------------
+
+
+@dataclass
+class Decision:
+    """What a rollback does before it removes a target, decided once for `rollback`, its
+    `--dry-run` and its `--list` (migration.md §6): the files a prune moved out of the
+    migrations' source namespaces come back first (from the quarantine, or linked from
+    their target, a hard link of them), or, when any cannot (purged, or its path re-created
+    meanwhile), the rollback refuses, removing nothing: the targets may hold the last copy."""
+
+    roots: dict[str, set[str]] = field(default_factory=dict)  # root -> source namespaces a prune touched
+    back: list[WayBack] = field(default_factory=list)  # to link back, in restore's order
+    script: list[str] = field(default_factory=list)  # the same as shell commands (--list)
+    refusal: OperationalError | None = None
+
+    def put_back(self, result: RollbackResult) -> None:
+        """Restore (in a dry run: count and list) what the decision found."""
+        if result.dry_run:
+            result.restored = len(self.back)
+            if result.commands is not None:
+                result.commands += self.script
+            return
+        for root, namespaces in sorted(self.roots.items()):
+            restored = restore(prune_journal_dir(root), namespaces=namespaces)
+            if restored.kept:  # changed since the decision: still no target removed
+                raise OperationalError(
+                    f"{len(restored.kept)} pruned source file(s) could not be put back (first: {restored.kept[0]}); "
+                    "no target was removed", path=restored.journals[0] if restored.journals else root,
+                    hint="see why above, then rerun the rollback")
+            result.restored += restored.restored
+            if restored.restored:
+                result.notes.append(f"first restored {restored.restored} pruned source file(s) from "
+                                    f"{', '.join(restored.journals)}")
+
+
+def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
+           selection: Selection | None) -> Decision:
+    """The one decision of `rollback`, `--dry-run` and `--list` (same refusals, counts and
+    exit code): every prune intent of the selected targets' source namespaces, read as
+    `restore` reads it (`way_back`), without a write. `loaded`: runs already read; the
+    other journals are read for their states only."""
+    decision = Decision()
+    targets_of: dict[tuple[str, str], set[str]] = defaultdict(set)  # (root, source) -> target bases
+    selected: set[str] = set()
     for path in files:
         for run in loaded.get(path) or jn.load_runs(path, paths=False):
-            if not run.rolled_back:
-                for rec in run.targets.values():
-                    sources.setdefault(run.root, set()).update(rec.get("sources") or ())
-    for root, namespaces in sources.items():
-        restored = restore_before_rollback(root, namespaces)
-        if restored is not None and restored.restored:
-            result.notes.append(f"first restored {restored.restored} pruned source file(s) from "
-                                f"{', '.join(restored.journals)}")
+            if run.rolled_back:
+                continue
+            for base in journal_bases(run.targets, selection) if selection else set(run.targets):
+                selected.add(base)
+                for source in run.targets[base].get("sources") or ():
+                    targets_of[(run.root, source)].add(base)
+    by_root: dict[str, set[str]] = defaultdict(set)
+    for root, source in targets_of:
+        by_root[root].add(source)
+    lost: list[tuple[str, WayBack]] = []  # (its source namespace, way)
+    conflicts: list[WayBack] = []
+    residue = 0
+    for root, namespaces in sorted(by_root.items()):
+        jdir = prune_journal_dir(root)
+        if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
+            continue
+        owned: set[tuple[str, str]] = set()
+        for run, items in restore_runs(jdir, namespaces):
+            items = [i for i in items if (run.root, i["path"]) not in owned]
+            if not items:
+                continue
+            decision.roots.setdefault(root, set()).update(namespaces)
+            with DestTree(run.root) as tree:
+                ways = [(item, way_back(tree, run, item)) for item in items]
+                owned |= claimed(run, ways)
+                for item, way in ways:
+                    if way.state in ("quarantine", "target"):
+                        decision.back.append(way)
+                    elif way.state == "conflict":
+                        conflicts.append(way)
+                    elif way.state == "lost" and item.get("class") == "residue":
+                        residue += 1  # a temp leftover or crash residue: nothing of value
+                    elif way.state == "lost":
+                        lost.append((item.get("ns") or "", way))
+                decision.script += _restore_script(tree, run, ways)
+    if residue:
+        decision.script.insert(0, f"# {residue} pruned residue file(s) (temp leftovers, zero-filled or short "
+                                  "files) went with a purged quarantine: nothing of value")
+    if lost or conflicts:
+        gone = {ns for ns, _ in lost}
+        held = sorted({b for (_, source), bases in targets_of.items() if source in gone for b in bases})
+        decision.refusal = _refusal(journal, selection, lost, conflicts, held, sorted(selected - set(held)))
+    return decision
+
+
+def _restore_script(tree: DestTree, run: Any, ways: list[tuple[dict, WayBack]]) -> list[str]:
+    """`restore`'s steps for one prune run as shell commands: make the folder a file
+    needs, link it back from its source (`ln` fails on an existing name: never over one),
+    drop its quarantine name; then remove the run's quarantine folders left empty."""
+    q = shlex.quote
+    lines: list[str] = []
+    made: set[str] = set()
+    gone: set[str] = set()  # quarantine names these steps remove
+    for _, way in ways:
+        if way.state == "in_place" and way.source:  # both names (a kill between link and unlink)
+            gone.add(tree.abspath(way.source))
+            lines.append(f"rm -f -- {q(tree.abspath(way.source))}")
+        if way.state not in ("quarantine", "target"):
+            continue
+        parent = way.path.rpartition("/")[0]
+        if parent and parent not in made and not os.path.isdir(tree.abspath(parent)):
+            lines.append(f"mkdir -p -- {q(tree.abspath(parent))}")
+        made.add(parent)
+        lines.append(f"ln -- {q(tree.abspath(way.source))} {q(tree.abspath(way.path))}")
+        if way.state == "quarantine":
+            gone.add(tree.abspath(way.source))
+            lines.append(f"rm -f -- {q(tree.abspath(way.source))}")
+    if run.quarantine and os.path.isdir(tree.abspath(run.quarantine)):
+        empty: dict[str, bool] = {}
+        for d, subdirs, names in os.walk(tree.abspath(run.quarantine), topdown=False):
+            empty[d] = all(os.path.join(d, n) in gone for n in names) and \
+                all(empty.get(os.path.join(d, sub), False) for sub in subdirs)
+            if empty[d]:
+                lines.append(f"rmdir -- {q(d)}")
+    return lines
+
+
+def _refusal(journal: str, selection: Selection | None, lost: list[tuple[str, WayBack]], conflicts: list[WayBack],
+             held: list[str], others: list[str]) -> OperationalError:
+    """Why nothing is rolled back, and what to do instead: never a command that removes
+    the last copy of a block, never a restore of a purged quarantine."""
+    said, hints = [], []
+    if lost:
+        said.append(f"{len(lost)} of them cannot be put back (first: {lost[0][1].why})")
+        keep = f"keep {', '.join(held)}: the migration into {'it' if len(held) == 1 else 'them'} cannot be undone " \
+               "any more (the pruned sources are gone)"
+        if others:
+            command = " ".join(["kvmigrate rollback", shlex.quote(os.path.abspath(journal)),
+                                *([selection.flags()] if selection else []),
+                                *(f"--exclude {shlex.quote(glob.escape(b))}" for b in held)])
+            keep += f"; roll back the other targets with `{command}`"
+        hints.append(keep)
+    if conflicts:
+        said.append(f"{len(conflicts)} cannot go back since their path was re-created (first: {conflicts[0].why})")
+        hints.append("move the re-created files aside, then rerun the rollback: it puts the pruned files back first")
+    why = "the targets hold the last copy of those blocks" if lost else "their targets may hold the last copy"
+    return OperationalError(f"files of this migration's sources were pruned and {'; '.join(said)}; nothing was "
+                            f"rolled back (nothing removed, nothing restored): {why}", hint="; ".join(hints))
 
 
 class _Removal:
@@ -397,7 +537,9 @@ def _counts(c: Counter) -> str:
 def render(result: RollbackResult) -> str:
     if result.dry_run:
         lines = [f"rollback dry run of {len(result.journals)} journal(s): nothing was removed; it would remove "
-                 f"{_counts(result.removed)}" + (f"; {result.already_gone} already gone" if result.already_gone else "")]
+                 f"{_counts(result.removed)}" + (f"; {result.already_gone} already gone" if result.already_gone else "")
+                 + (f", after putting back {result.restored} pruned source file(s) (from the quarantine, or "
+                    "linked from their target)" if result.restored else "")]
         for ns, c in sorted(result.per_namespace.items()):
             lines.append(f"  {ns}: {_counts(c)}")
     else:
@@ -414,7 +556,11 @@ def render_commands(result: RollbackResult, journal: str) -> Iterable[str]:
     """A dry run's removals as a POSIX shell script, in the order rollback removes
     them (files, then folders deepest first); what it would keep, as comments."""
     yield "#!/bin/sh"
+    yield "set -e  # a step that fails stops the script: no target goes while its source is not back"
     yield f"# kvmigrate rollback --dry-run --list {shlex.quote(journal)}: nothing has been removed."
+    if result.restored:
+        yield (f"# First the {result.restored} pruned source file(s) go back (`kvmigrate restore`'s steps: ln never "
+               "replaces a name), then the removals")
     yield "# The same removals by hand (without rollback's lock and its re-check just before each removal):"
     for ns, c in sorted(result.per_namespace.items()):
         yield f"#   {ns}: {_counts(c)}"

@@ -9,6 +9,7 @@ that `kvmigrate restore` undoes), never with a hand-run `rm`.
 
 from __future__ import annotations
 
+import glob
 import re
 import shlex
 from typing import Any
@@ -138,6 +139,7 @@ class Commands:
                 args += [flag, str(value)]
         if facts.get("facts_file"):
             args += ["--facts", str(facts["facts_file"])]
+        self.facts_only = list(args)  # without the selection
         for step in summary.get("selection") or ():  # a partial scan's rerun stays as partial
             if step.get("by") == "scan":
                 args += Selection.of(step.get("only"), step.get("exclude")).args()
@@ -176,9 +178,14 @@ class Commands:
             return self._join("kvmigrate migrate --manifest", self.q(self.manifest), *extra)
         return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), *extra)
 
-    def prune(self, *extra: str) -> str:
-        """The prune dry run of the root (its own scan, with the same target and facts)."""
-        return self._join("kvmigrate prune", self.q(self.root, *self.fact_args), *extra)
+    def prune(self, *extra: str, only: list[str] | None = None) -> str:
+        """The prune dry run of the root (its own scan, with the same target and facts).
+        `only`: of exactly these namespaces (each named by its base folder, glob-escaped),
+        instead of the scan's own --only/--exclude."""
+        if only is None:
+            return self._join("kvmigrate prune", self.q(self.root, *self.fact_args), *extra)
+        names = [a for base in only for a in ("--only", glob.escape(base))]
+        return self._join("kvmigrate prune", self.q(self.root, *self.facts_only), *extra, self.q(*names))
 
     def facts_skeleton(self) -> str:
         """`kvmigrate facts` of the root with the facts given so far (the skeleton keeps them)."""
@@ -278,6 +285,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             h["namespaces"].append(namespace)
 
     entries = [(n["source_base"], n["by_status"]) for n in summary["namespaces"]]
+    unreadable: list[tuple[str, str, str]] = []  # (status, namespace, what) of folders no target reads
     if summary.get("outside_namespaces"):
         entries.append((None, summary["outside_namespaces"]["by_status"]))
     for base, by_status in entries:
@@ -293,9 +301,10 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             rank = 0 if bits & 12 else 1
             if how == "identity" and base is not None:
                 hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
+            elif how == "prune" and status in UNREADABLE_STATUSES:
+                unreadable.append((status, base, what))
             elif how == "prune":
-                what_class = "--unreadable-namespaces" if status in UNREADABLE_STATUSES else "--residue"
-                hint(cmd.prune(what_class), f"{what}: see what prune would move (dry run), then add --apply; "
+                hint(cmd.prune("--residue"), f"{what}: see what prune would move (dry run), then add --apply; "
                      f"a namespace written in the last 10 minutes is skipped; `kvmigrate restore` undoes it",
                      status, base, 3)
             else:
@@ -303,6 +312,18 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if status == "unreadable":
                 hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
 
+    # one prune command taking exactly the folders its hint names (--unreadable-namespaces alone
+    # takes every unreadable namespace of the root); never a target: prune keeps those
+    targets = {n["target_base"] for n in summary["namespaces"] if n.get("target_base")}
+    take = sorted({base for _, base, _ in unreadable if base not in targets})
+    for status, base, what in unreadable:
+        if base in take:
+            hint(cmd.prune("--unreadable-namespaces", only=take), f"{what}: see what prune would move (dry run), "
+                 "then add --apply; a namespace written in the last 10 minutes is skipped; `kvmigrate restore` "
+                 "undoes it", status, base, 3)
+        else:
+            hint(cmd.list_files(status), f"{what}, of a target namespace (prune never takes a target's files): "
+                 "list them", status, base, 1)
     for n in summary["namespaces"]:
         placed = n["by_action"].get("already_present") or {}
         if placed.get("blocks") and n.get("target_base") and n["target_base"] != n["source_base"]:
@@ -513,11 +534,36 @@ def replicas_unhashed(summary: dict[str, Any], n: dict[str, Any]) -> bool:
     return summary.get("verify") != "hash" and len(n["ranks"]) > 1 and bool(n["replicas"]["files"])
 
 
+def _unreadable_as_prune_takes(summary: dict[str, Any], r: dict[str, Any]) -> None:
+    """The hint naming `prune --unreadable-namespaces --only ...` names only folders prune's
+    own selection takes (summary["reclaimable"]): a migration journal's target or source
+    (which the summary alone does not know) is left to a hint listing its files."""
+    taken = {v["namespace"] for v in r.get("namespaces") or () if v["class"] == "unreadable_namespaces"}
+    for h in list(summary.get("hints") or ()):
+        if "--unreadable-namespaces" not in h["command"] or set(h["namespaces"]) <= taken:
+            continue
+        cmd = Commands(summary, "audit")
+        keep = [ns for ns in h["namespaces"] if ns in taken]
+        listing = cmd.list_files(h["codes"][0])
+        other = next((o for o in summary["hints"] if o["command"] == listing), None)
+        if other is None:
+            other = {"command": listing, "codes": [], "namespaces": [],
+                     "why": "folders of a migration's target or source, which prune never takes: list them"}
+            summary["hints"].insert(summary["hints"].index(h), other)
+        other["codes"] += [c for c in h["codes"] if c not in other["codes"]]
+        other["namespaces"] += [ns for ns in h["namespaces"] if ns not in taken and ns not in other["namespaces"]]
+        if keep:
+            h.update(namespaces=keep, command=cmd.prune("--unreadable-namespaces", only=sorted(keep)))
+        else:
+            summary["hints"].remove(h)
+
+
 def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The `reclaimable` hint says prune's own figures (summary["reclaimable"]: its
     selection, the migrated class) summed over every namespace it names; hints merge by
     command, so the text made for the first namespace would speak for all of them."""
     r = summary.get("reclaimable") or {}
+    _unreadable_as_prune_takes(summary, r)
     for h in summary.get("hints") or ():
         if "reclaimable" not in h.get("codes", ()):
             continue

@@ -158,7 +158,8 @@ def reclaim_table(s: dict[str, Any]) -> Table | None:
         v = r["classes"].get(cls)
         if v and v["files"]:
             t.rows.append([flag, "(all)", *cells(v)])
-            t.rows += [[flag, n["namespace"], *cells(n)] for n in r["namespaces"] if n["class"] == cls]
+            t.rows += [[flag, n["namespace"] or "(outside namespaces)", *cells(n)]
+                       for n in r["namespaces"] if n["class"] == cls]
     # what a prune run now would skip, and why (else an empty table says nothing)
     t.rows += [["(skipped now)", f"{k['namespace']}: written {k['written_s_ago']} s ago, within prune's quiet period "
                 f"({k['quiet_period_s'] / 60:.0f} min): rerun later or --force-live", *["-"] * 6]

@@ -315,6 +315,18 @@ def test_rollback_after_prune_restores_the_sources_first(migrated):
     assert sorted(p for p in _files(root)) == sorted(legacy)  # the targets went, the sources came back
 
 
+def test_a_rollback_that_restores_pruned_files_removes_their_empty_quarantine(migrated):
+    """The quarantine folders the restore emptied go with it (a whole-run restore did that
+    already; a rollback's, restoring its sources' files only, left them behind)."""
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and (root / res["quarantine"]).is_dir()
+    code, out = run("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0, out
+    assert all((root / rel).exists() for rel in legacy)
+    assert not (root / res["quarantine"]).exists()
+
+
 def test_rollback_refuses_when_pruned_sources_cannot_come_back(migrated):
     root, legacy = migrated
     journals = root / ".kvmigrate" / "journals"
@@ -323,7 +335,7 @@ def test_rollback_refuses_when_pruned_sources_cannot_come_back(migrated):
     targets_before = {p for p in _files(root)}
     code, out = run("rollback", journals)
     assert code == 8
-    assert "kvmigrate restore" in out and "nothing was rolled back" in out
+    assert "kvmigrate restore" not in out and "nothing was rolled back" in out  # (a purged quarantine: no restore)
     assert {p for p in _files(root)} == targets_before  # the targets hold the last copy: kept
 
 
@@ -460,3 +472,318 @@ def test_the_merged_reclaimable_hint_says_prunes_figures_over_every_namespace_it
     assert hint["why"].startswith(f"{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their "
                                   f"target: prune frees {human_bytes(t['freed_bytes'])} once purged and unlinks "
                                   f"{plural(t['unlinked_files'], 'file')} ")
+
+
+def test_residue_outside_any_namespace_beside_one_inside_is_planned_and_reported(synth_root, tmp_path):
+    """An SGLang temp file at the top of the root has no namespace; beside a zero-filled
+    block of a namespace, the dry run (text and --json), the apply and audit's
+    reclaimable figures list both: the file outside namespaces under its own label."""
+    root, _ = synth_root({"family": "sglang", "defects": ("tmp_sglang",)}, {**VLLM, "defects": ("zero_filled",)})
+    tmp = next(root / p for p in os.listdir(root) if p.endswith(".tmp"))
+    os.utime(tmp, (1_000_000_000, 1_000_000_000))  # older than --older-than's default hour
+    code, plan = run_json("prune", root, *MLA, *NOW, "--residue")
+    assert code == 1, plan
+    assert sorted((n["namespace"] or "", n["files"]) for n in plan["namespaces"]) == \
+        [("", 1), (next(n["namespace"] for n in plan["namespaces"] if n["namespace"]), 1)]
+    code, text = run("prune", root, *MLA, *NOW, "--residue")
+    assert code == 1 and "(outside namespaces): 1 files" in text, text
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash")
+    assert summary["reclaimable"]["classes"]["residue"]["files"] == 2
+    code, text = run("audit", root, *MLA, "--verify", "hash")
+    assert "(outside namespaces)" in text.split("RECLAIMABLE WITH PRUNE", 1)[1].split("FINDINGS", 1)[0]
+    code, res = run_json("prune", root, *MLA, *NOW, "--residue", "--apply")
+    assert code == 0 and res["moved"] == {"residue": 2} and not tmp.exists()
+
+
+def test_purge_with_nothing_to_free_exits_0(migrated):
+    """A quarantine a restore emptied holds nothing to purge: the dry run and --apply both
+    exit 0 (nothing to do is no finding) and say so; one that holds files: dry run 1."""
+    root, _ = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    code, out = run("restore", res["journal"])
+    assert code == 0, out
+    for apply in ((), ("--apply",)):
+        code, out = run("prune", root, "--purge", "--older-than", "0s", *apply)
+        assert code == 0 and "nothing to purge" in out, (apply, out)
+        code, purged = run_json("prune", root, "--purge", "--older-than", "0s", *apply)
+        assert code == 0 and purged["purged_runs"] == [] and purged["files"] == 0 and purged["exit_code"] == 0
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    code, dry = run_json("prune", root, "--purge", "--older-than", "0s")
+    assert code == 1 and dry["purged_runs"] == [res["run_id"]] and dry["exit_code"] == 1
+
+
+def test_a_read_only_root_stops_before_anything_moves(migrated, monkeypatch):
+    """EROFS when the quarantine folder is made (the root mounted read-only, the journal
+    elsewhere): a message naming the path and what to do, exit 8, nothing moved; once
+    writable, the same command prunes everything."""
+    import errno
+
+    from kvmigrate.migrate import fsops
+
+    root, legacy = migrated
+    real = fsops.DestTree.mkdir
+
+    def read_only(self, reldir):
+        if reldir.startswith(layout.OWN_DIR + "/quarantine"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), self.abspath(reldir))
+        return real(self, reldir)
+
+    monkeypatch.setattr(fsops.DestTree, "mkdir", read_only)
+    code, out = run("prune", root, *MLA, *NOW, "--apply")
+    assert code == 8, out
+    assert "Traceback" not in out and f"{root}/.kvmigrate/quarantine" in out
+    assert "read-only" in out and "hint:" in out and "nothing was moved" in out
+    assert all((root / rel).exists() for rel in legacy)
+    monkeypatch.setattr(fsops.DestTree, "mkdir", real)
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 20} and res["finished_interrupted"] == []
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_names_its_run(migrated, sig):
+    """Ctrl-C (or SIGTERM) while files move: exit 32 with the journal, the command that
+    resumes and the one that restores; that command finishes the run and names it (no
+    new empty run); the restore command it names puts every file back."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    root, legacy = migrated
+    exe = str(Path(sys.executable).with_name("kvmigrate"))
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    stopped = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
+                             env={**env, CRASH_ENV: f"prune_move:5:{sig}"}, timeout=120)
+    assert stopped.returncode == 32, stopped.stdout + stopped.stderr
+    err = stopped.stderr
+    assert "Traceback" not in err and re.search(r"^kvmigrate: stopped: interrupted", err, re.M), err
+    journal = re.search(r"^  journal: (\S+)$", err, re.M).group(1)
+    assert Path(journal).parent == root / ".kvmigrate" / "journals" / "prune" and Path(journal).is_file()
+    assert f"undo:    kvmigrate restore {journal}" in err
+    resume = re.search(r"^  resume:  (kvmigrate .*)$", err, re.M).group(1)
+    assert shlex.split(resume)[1:3] == ["prune", str(root)] and "--apply" in shlex.split(resume)
+    assert 0 < sum(not (root / rel).exists() for rel in legacy) < len(legacy)  # stopped midway
+    again = subprocess.run([exe, *shlex.split(resume)[1:]], capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not any((root / rel).exists() for rel in legacy)  # the run was finished
+    assert f"journal: {journal}  (undo: kvmigrate restore {journal})" in again.stdout, again.stdout
+    assert os.listdir(root / ".kvmigrate" / "journals" / "prune") == [Path(journal).name]  # no new, empty run
+    code, out = run("restore", journal)
+    assert code == 0, out
+    assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
+
+
+def _written_long_ago(root: Path) -> None:
+    """Every file and folder of the tree: mtime in 2001 (outside any quiet period)."""
+    old = (1_000_000_000, 1_000_000_000)
+    for d, ds, fs in os.walk(root, topdown=False):
+        for name in fs + ds:
+            os.utime(os.path.join(d, name), old, follow_symlinks=False)
+    os.utime(root, old)
+
+
+def _hinted(summary: dict, code: str) -> dict:
+    (hint,) = [h for h in summary["hints"] if code in h["codes"]]
+    return hint
+
+
+def test_the_orphan_folder_hint_prunes_exactly_the_folders_it_names(synth_root):
+    """audit's hint for a rank folder without its base folder names a prune command; run
+    as printed (then with --apply), it takes that folder and nothing else: not the
+    namespace whose config.json does not hash to its name, another unreadable one."""
+    import shlex
+
+    root, _ = synth_root({**VLLM, "defects": ("orphan_rank",)},
+                         {**VLLM, "model_name": "org/w", "seed": 1, "defects": ("digest_mismatch",)})
+    _written_long_ago(root)
+    orphan = [p for p in _files(root) if not (root / layout.parse_folder(p.split("/")[0]).base).is_dir()]
+    base = layout.parse_folder(orphan[0].split("/")[0]).base
+    before = {p: (root / p).read_bytes() for p in _files(root) if p not in orphan}
+    code, summary = run_json("audit", root, *MLA)
+    hint = _hinted(summary, "orphan_namespace")
+    assert hint["namespaces"] == [base]
+    args = shlex.split(hint["command"])
+    assert args[:2] == ["kvmigrate", "prune"]
+    code, plan = run_json(*args[1:])
+    assert code == 1 and [(n["class"], n["namespace"]) for n in plan["namespaces"]] == \
+        [("unreadable_namespaces", base)] and plan["files"] == len(orphan) == 2
+    code, res = run_json(*args[1:], "--apply")
+    assert code == 0 and res["moved"] == {"unreadable_namespaces": 2}
+    assert not any((root / p).exists() for p in orphan)
+    assert {p: (root / p).read_bytes() for p in _files(root)} == before  # org/w and org/v untouched
+
+
+def test_the_hint_for_an_orphaned_target_folder_is_no_prune_command(migrated, tmp_path):
+    """The rank folder of a target namespace whose base folder went is orphan_namespace
+    too, but no prune takes a target: its hint lists its files instead of naming a prune
+    (whose plan skipped it and took another unreadable namespace)."""
+    import shlex
+    import shutil
+
+    root, legacy = migrated
+    targets = sorted({p.split("/")[0] for p in _files(root)} - {p.split("/")[0] for p in legacy})
+    target = next(t for t in targets if t.startswith("org_v_") and not t.endswith("_r0"))
+    shutil.rmtree(root / target)  # its config.json and lock folder went; its rank folder stays
+    # and the llm-d source's base folder: its rank folders are a migration journal's source
+    source = next(p.split("/")[0] for p in legacy if p.endswith("/config.json") and not p.startswith("org_v_"))
+    shutil.rmtree(root / source)
+    synth_root_again = {**VLLM, "model_name": "org/w", "seed": 1, "defects": ("digest_mismatch",)}
+    from kvmigrate.synth import SynthSpec, build
+
+    build(root, SynthSpec(**{"layers": 2, "page_bytes": 256, "blocks": 6, **synth_root_again}))
+    _written_long_ago(root)
+    code, summary = run_json("audit", root, *MLA, "--verify", "hash", "--manifest-out", tmp_path / "m.parquet")
+    hint = _hinted(summary, "orphan_namespace")
+    assert sorted(hint["namespaces"]) == sorted([target, source]) and "prune" not in hint["command"]
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+
+    listed = CliRunner().invoke(cli, shlex.split(hint["command"])[1:]).stdout.split()
+    assert {path.split("/")[-4] for path in listed} == {f"{target}_r0", f"{source}_r0", f"{source}_r1"}, listed
+    for h in summary["hints"]:  # no prune hint names a command taking a namespace it does not name
+        if "--unreadable-namespaces" in h["command"]:
+            code, plan = run_json(*shlex.split(h["command"])[1:])
+            assert {n["namespace"] for n in plan["namespaces"]} <= set(h["namespaces"]), h
+
+
+def _rollback_three_ways(journals: Path) -> dict[str, tuple[int, str]]:
+    """`rollback --dry-run`, `--dry-run --list` and the real `rollback` of journals (in that
+    order): (exit code, stdout + stderr) each."""
+    return {"dry": run("rollback", journals, "--dry-run"), "list": run("rollback", journals, "--dry-run", "--list"),
+            "real": run("rollback", journals)}
+
+
+def test_after_a_purge_dry_run_list_and_rollback_refuse_alike_and_remove_nothing(migrated):
+    """migrate -> prune -> purge: the copy_pad targets and the linked targets hold the last
+    copy of blocks whose legacy names (and config.json files) were purged. The dry run, its
+    --list script and the rollback refuse with one message and exit 8; no command printed
+    removes a target or names a restore of the purged quarantine; 14 files cannot come back
+    (the 6 linked blocks can: from their targets)."""
+    import re
+
+    root, legacy = migrated
+    journals = root / ".kvmigrate" / "journals"
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 20}
+    code, purged = run_json("prune", root, "--purge", "--older-than", "0s", "--apply")
+    assert code == 0 and purged["purged_runs"] == [res["run_id"]]
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    out = _rollback_three_ways(journals)
+    assert {way: code for way, (code, _) in out.items()} == {"dry": 8, "list": 8, "real": 8}, out
+    errors = {way: text[text.index("kvmigrate: error:"):] for way, (_, text) in out.items()}
+    assert errors["dry"] == errors["list"] == errors["real"], errors
+    error = errors["real"]
+    assert "14 of them cannot be put back" in error and "nothing was rolled back" in error
+    assert "kvmigrate restore" not in "".join(text for _, text in out.values())
+    assert not [line for line in out["list"][1].splitlines() if re.match(r"(rm|rmdir|ln|mkdir) ", line)]
+    assert not re.search(r"`kvmigrate rollback [^`]*`", error)  # every target holds a last copy: keep them all
+    assert listing(root, exclude_top=(layout.OWN_DIR,)) == before  # nothing removed, nothing restored
+    code, out = run("verify", root, "--journal", journals)
+    assert code == 0, out  # the targets still hold every block
+
+
+def _pruned_twin(synth_root, name: str, *, fresh_block: bool, purge: bool) -> tuple[Path, Path, str]:
+    """One of two identical trees: LLMD + VLLM migrated, then (fresh_block) an engine block
+    written into the vLLM legacy namespace (so prune keeps its config.json), pruned, then
+    (purge) purged. (root, migration journals, the llm-d target base)."""
+    root, _ = synth_root(LLMD, VLLM, root_name=name)
+    legacy = _files(root)
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    llmd_target = next(layout.parse_folder(p.split("/")[0]).base for p in _files(root)
+                       if p not in legacy and not p.startswith("org_v_"))
+    if fresh_block:
+        block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+        fresh = root / block.split("/")[0] / "abc" / "de_g0" / ("abcdef" + block.rsplit("/", 1)[1][6:])
+        fresh.parent.mkdir(parents=True)
+        fresh.write_bytes((root / block).read_bytes())
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and res["moved"] == {"migrated": 19 if fresh_block else 20}, res
+    if purge:
+        assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    return root, root / ".kvmigrate" / "journals", llmd_target
+
+
+def _tree(root: Path) -> dict[str, tuple]:
+    """The tree without kvmigrate's journals (they record the run): type, size, bytes and
+    link count of each entry, so two twin trees compare equal."""
+    return {rel: (kind, size, digest, os.lstat(root / rel).st_nlink if kind != 0o040000 else None)
+            for rel, (kind, size, _, digest) in listing(root, with_times=False).items()
+            if not rel.startswith(os.path.join(layout.OWN_DIR, "journals"))}
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_rollback_after_prune_dry_run_list_and_real_run_agree(synth_root, purge):
+    """Dry run, --list and rollback agree on exit code, counts and what is removed; the
+    --list script run by sh on a twin tree leaves the tree rollback leaves, and neither
+    leaves empty quarantine folders behind. Not purged: every pruned file comes back from
+    the quarantine. Purged: rollback refuses, naming the rollback of the other targets;
+    that command puts the linked vLLM blocks back from their targets (the llm-d target,
+    the last copy of its blocks, is kept)."""
+    import re
+    import subprocess
+
+    a, ja, llmd = _pruned_twin(synth_root, "a", fresh_block=purge, purge=purge)
+    b, jb, _ = _pruned_twin(synth_root, "b", fresh_block=purge, purge=purge)
+    args = []
+    if purge:
+        code, out = run("rollback", ja, "--dry-run")
+        assert code == 8, out
+        command = re.search(r"`(kvmigrate rollback [^`]*)`", out).group(1)
+        assert "--exclude" in command and llmd in command and "kvmigrate restore" not in out
+        args = command.split()[3:]
+    code, dry = run_json("rollback", ja, *args, "--dry-run")
+    code_list, script = run("rollback", ja, *args, "--dry-run", "--list")
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    code_b, real = run_json("rollback", jb, *args)
+    assert code == code_list == code_b == 0, (dry, real)
+    for key in ("removed", "per_namespace", "restored", "already_gone"):
+        assert dry[key] == real[key], key
+    assert dry["restored"] == (6 if purge else 20)
+    assert sum(line.startswith(("rm -f -- ", "rmdir -- ")) and ".kvmigrate" not in line
+               for line in script.splitlines()) == sum(real["removed"].values())
+    assert _tree(a) == _tree(b)  # the script leaves the tree rollback leaves
+    assert not [p for p in _tree(b) if p.startswith(os.path.join(layout.OWN_DIR, "quarantine") + "/")]
+    if purge:  # the llm-d target is kept whole, the vLLM legacy names are back
+        assert any(p.startswith(llmd) for p in _tree(b))
+        assert len([p for p in _tree(b) if p.startswith("org_v_") and p.endswith(".bin")]) == 7
+
+
+def test_a_rollback_whose_pruned_source_path_was_recreated_refuses_alike_until_moved_aside(migrated):
+    """The engine wrote a pruned block's path again: its pruned file cannot go back over it.
+    Dry run, --list and rollback refuse alike (exit 8, nothing removed); once the new file
+    is moved aside, the rollback puts every pruned file back, then removes the targets."""
+    root, legacy = migrated
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    block = next(r for r in legacy if r.startswith("org_v_") and r.endswith(".bin"))
+    (root / block).parent.mkdir(parents=True)
+    (root / block).write_bytes(b"the engine wrote it again")
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    out = _rollback_three_ways(root / ".kvmigrate" / "journals")
+    assert {way: code for way, (code, _) in out.items()} == {"dry": 8, "list": 8, "real": 8}, out
+    errors = {text[text.index("kvmigrate: error:"):] for _, text in out.values()}
+    assert len(errors) == 1 and "move the re-created files aside" in errors.pop()
+    assert listing(root, exclude_top=(layout.OWN_DIR,)) == before
+    os.rename(root / block, root.parent / "aside.bin")
+    code, done = run_json("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0 and done["restored"] == 20, done
+    assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
+
+
+def test_a_file_restored_then_pruned_again_counts_once_when_it_cannot_come_back(migrated):
+    """prune, restore, prune again, purge: each file is the newer run's (the older run's
+    quarantine never held it again), so the refusal counts 14 files, not 14 + 20."""
+    root, legacy = migrated
+    code, first = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert run("restore", first["journal"])[0] == 0
+    code, second = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0 and second["moved"] == {"migrated": 20}
+    assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    code, out = run("rollback", root / ".kvmigrate" / "journals", "--dry-run")
+    assert code == 8 and "pruned and 14 of them cannot be put back" in out, out
+    code, out = run("restore", root / ".kvmigrate" / "journals" / "prune")
+    assert code == 8 and "14 file(s) not restored" in out and "re-created" not in out.split("hint:", 1)[1], out

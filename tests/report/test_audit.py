@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvmigrate import layout
 from kvmigrate.cli import cli
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
 from kvmigrate.synth.tree import build
@@ -53,8 +54,8 @@ def expected_hint(status: str, manifest: Path, root: Path, base: str, flags: lis
         return f"kvmigrate identity {root}/{base}/config.json"
     if status == "tmp_leftover":
         return " ".join(["kvmigrate prune", str(root), *flags, "--residue"])  # a dry run: never a hand-run rm
-    if status == "orphan_namespace":
-        return " ".join(["kvmigrate prune", str(root), *flags, "--unreadable-namespaces"])
+    if status == "orphan_namespace":  # that folder only (--unreadable-namespaces alone takes every one)
+        return " ".join(["kvmigrate prune", str(root), *flags, "--unreadable-namespaces", "--only", base])
     return f"kvmigrate report {manifest} --list {status}"
 
 
@@ -88,7 +89,10 @@ def test_each_defect_exit_code_and_hint(tmp_path, defect, monkeypatch):
     assert status in summary["totals"]["by_status"], summary["totals"]["by_status"]
     assert code == DOCUMENTED_BITS[status] == summary["exit_code"]
     commands = [h["command"] for h in summary["hints"]]
-    want = expected_hint(status, manifest, root, record["base_name"], flags)
+    base = record["base_name"]
+    if status == "orphan_namespace" and base is None:  # orphan_rank records its rank folder only
+        base = layout.parse_folder(record["relpath"].split("/")[0]).base
+    want = expected_hint(status, manifest, root, base, flags)
     assert want in commands, commands
     hint = next(h for h in summary["hints"] if h["command"] == want)
     assert status in hint["codes"]

@@ -151,3 +151,27 @@ def test_an_empty_table_says_nothing_to_prune(synth_root):
     assert s["reclaimable"]["files"] == 0 and s["reclaimable"]["skipped"] == []
     code, text = run("audit", root, *MLA)
     assert "nothing to prune" in text.split("RECLAIMABLE WITH PRUNE", 1)[1].split("\n\n", 2)[1]
+
+
+def test_each_class_figure_is_what_prune_of_that_class_takes(synth_root):
+    """A migrated namespace holding an old engine temp file: prune --migrated keeps its
+    config.json (the temp file stays, so the namespace does), prune --migrated --residue
+    takes both. The audit's per-class figures are each class's own prune plan, its
+    total the plan of all classes together (it counted the config.json under migrated)."""
+    root, _ = synth_root({**VLLM, "defects": ("tmp_vllm",)})
+    code, out = run("migrate", root, *MLA, "--apply")
+    assert code == 0, out
+    os.utime(next(root / rel for rel in _files(root) if rel.endswith(".tmp")), (1_000_000_000, 1_000_000_000))
+    code, s = run_json("audit", root, *MLA, "--verify", "hash")
+    r = s["reclaimable"]
+    plans = {}
+    for cls in ("migrated", "residue"):
+        code, plans[cls] = run_json("prune", root, *MLA, "--force-live", f"--{cls}")
+        assert r["classes"][cls] == plans[cls]["totals"][cls], cls
+    assert plans["migrated"]["files"] == 6  # the linked blocks; not config.json
+    code, both = run_json("prune", root, *MLA, "--force-live", "--migrated", "--residue")
+    assert both["files"] == 8 == r["files"]  # with the config.json of the emptied namespace
+    assert {k: r[k] for k in ("bytes", "freed_bytes", "unlinked_files")} == \
+        {k: sum(t[k] for t in both["totals"].values()) for k in ("bytes", "freed_bytes", "unlinked_files")}
+    hint = next(h for h in s["hints"] if "reclaimable" in h["codes"])
+    assert hint["why"].startswith("6 legacy files")
