@@ -322,8 +322,8 @@ def journal_paths(where: Path) -> list[Path]:
         return [where]
     d = where / OWN / "journals"
     if d.is_dir():
-        return sorted(d.glob("*.jsonl"))
-    return sorted(where.glob("*.jsonl")) if where.is_dir() else []
+        return sorted(d.glob("*.journal"))
+    return sorted(where.glob("*.journal")) if where.is_dir() else []
 
 
 def parse_journal(path: Path) -> tuple[list[dict], list[str]]:
@@ -1069,7 +1069,7 @@ def fault_eacces(work: Path, ledger: Ledger) -> dict:
     stopped = ledger.cli("faults/EACCES/dest", *args, user="nobody", allowed=bits_only(8))
     record["message"] = _stop_line(stopped)
     fb.journal_dir = jdir
-    record["created_before_stop"] = sum(1 for j in jdir.glob("*.jsonl") for r in parse_journal(j)[0]
+    record["created_before_stop"] = sum(1 for j in jdir.glob("*.journal") for r in parse_journal(j)[0]
                                         if r["t"] == "done" and r.get("kind") == "block")
     problems += [p for p in fb.problems_after_stop(stopped, "permission denied")]
     os.chown(fb.dest / blocked, NOBODY, NOBODY)

@@ -28,7 +28,7 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
 @click.option("--dest", type=click.Path(exists=True, file_okay=False, path_type=str),
               help="Put target namespaces under this root instead of the scanned one.")
 @click.option("--journal", type=click.Path(path_type=str),
-              help="Journal file or directory, any filesystem (default: ROOT/.kvmigrate/journals/<run-id>.jsonl; "
+              help="Journal file or directory, any filesystem (default: ROOT/.kvmigrate/journals/<run-id>.journal; "
                    "about 90 bytes per linked block).")
 @click.option("--print-commands", is_flag=True, help="Print the plan as a POSIX shell script and exit.")
 @click.option("--manifest-out", type=click.Path(path_type=str),

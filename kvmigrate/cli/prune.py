@@ -45,7 +45,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "
               "(default: dry run).")
 @click.option("--journal", type=click.Path(path_type=str),
-              help="Prune journal file or directory (default: ROOT/.kvmigrate/journals/prune/<run-id>.jsonl).")
+              help="Prune journal file or directory (default: ROOT/.kvmigrate/journals/prune/<run-id>.journal).")
 @click.option("--migration-journal", type=click.Path(exists=True, path_type=str),
               help="The migrations' journal file or directory (default: ROOT/.kvmigrate/journals/): their "
                    "targets are never pruned, their sources never count as unreadable.")

@@ -234,8 +234,8 @@ class Applier(FolderMaker, Placer):
             self._resume_runs = jn.load_runs(found)
         else:
             path = arg
-            if not arg.endswith(".jsonl") and (os.path.isdir(arg) or not os.path.exists(arg)):
-                path = os.path.join(arg, f"{header['run_id']}.jsonl")
+            if not jn.is_journal_name(arg) and (os.path.isdir(arg) or not os.path.exists(arg)):
+                path = os.path.join(arg, f"{header['run_id']}{jn.SUFFIX}")
             self.journal = jn.JournalWriter.create(path, header)
             self._resume_runs = []
         self.result.journal_path = self.journal.path

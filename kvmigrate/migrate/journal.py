@@ -54,6 +54,15 @@ MAGIC = b"KVJF"
 V1_RELEASE = "kvmigrate 0.1.0 before journal format 2"  # who wrote JSON-lines journals
 _ZLEVEL = 4  # 20k-link journal: level 4 90.8 B and 5.6 µs per block, level 6 89.8 B and 27.9 µs
 JOURNALS_DIR = os.path.join(layout.OWN_DIR, "journals")
+# A journal file is compressed binary frames, not JSON lines: new ones are `<run>.journal`;
+# `.jsonl`, the name format 1 (JSON lines) gave them, stays readable where it is found.
+SUFFIX = ".journal"
+LEGACY_SUFFIX = ".jsonl"
+
+
+def is_journal_name(name: str) -> bool:
+    """A journal's file name (either suffix)."""
+    return name.endswith(SUFFIX) or name.endswith(LEGACY_SUFFIX)
 
 
 def new_run_id() -> str:
@@ -93,15 +102,15 @@ def rebased(header: dict[str, Any], journal_path: str) -> dict[str, Any]:
 
 
 def journal_files(path: str) -> list[str]:
-    """A journal file, or every `*.jsonl` in a directory of journals (sorted). In a
+    """A journal file, or every journal (`*.journal`, `*.jsonl`) in a directory (sorted). In a
     directory, a file whose header line never reached the disk (a run killed between
     creating its journal and writing the header) is skipped: the header is fsynced
     before any intent, so that run created nothing."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".jsonl"))
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if is_journal_name(f))
         files = [f for f in files if _has_header_line(f)]
         if not files:
-            raise UsageError(f"no journals (*.jsonl) in {path}", path=path,
+            raise UsageError(f"no journals (*{SUFFIX}) in {path}", path=path,
                              hint="pass the journal or journal directory `migrate --apply` printed")
         return files
     if not os.path.exists(path):
@@ -354,7 +363,7 @@ def find_resumable(journal: str, identity: dict[str, Any]) -> str | None:
     """The newest unfinished journal with the same identity (root, dest, target profile,
     manifest), in a journal file or directory; None if there is none."""
     if os.path.isdir(journal):
-        candidates = sorted((os.path.join(journal, f) for f in os.listdir(journal) if f.endswith(".jsonl")),
+        candidates = sorted((os.path.join(journal, f) for f in os.listdir(journal) if is_journal_name(f)),
                             key=lambda p: os.stat(p).st_mtime_ns, reverse=True)
     elif os.path.isfile(journal):
         candidates = [journal]

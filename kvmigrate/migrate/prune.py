@@ -22,7 +22,7 @@ folder fds of `fsops.DestTree`).
 
 This module selects; `quarantine.py` moves each file into
 `ROOT/.kvmigrate/quarantine/<run>/<relpath>` by rename (same inode, nothing copied),
-journaled write-ahead in its own journal (`ROOT/.kvmigrate/journals/prune/<run>.jsonl`,
+journaled write-ahead in its own journal (`ROOT/.kvmigrate/journals/prune/<run>.journal`,
 beside, not among, the migration journals); `restore.py` puts it back or purges it.
 """
 
@@ -625,7 +625,7 @@ def _journal_namespaces(journal: str) -> tuple[set[str], set[str]]:
     """(target bases, source namespaces) of every migration run in the journal file or
     directory (none when there is none yet)."""
     if not os.path.exists(journal) or os.path.isdir(journal) and not any(
-            f.endswith(".jsonl") for f in os.listdir(journal)):
+            jn.is_journal_name(f) for f in os.listdir(journal)):
         return set(), set()
     targets: set[str] = set()
     sources: set[str] = set()

@@ -78,9 +78,9 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
         return PruneResult(None, None, None)
     run_id = jn.new_run_id()
     root = plan.root
-    path = journal or os.path.join(prune_journal_dir(root), f"{run_id}.jsonl")
+    path = journal or os.path.join(prune_journal_dir(root), f"{run_id}{jn.SUFFIX}")
     if os.path.isdir(path):
-        path = os.path.join(path, f"{run_id}.jsonl")
+        path = os.path.join(path, f"{run_id}{jn.SUFFIX}")
     qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
     w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
                                        "dest": root, "manifest": os.path.abspath(plan.manifest),
@@ -281,7 +281,7 @@ def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, 
 
 
 def _has_journals(jdir: str) -> bool:
-    return os.path.isdir(jdir) and any(f.endswith(".jsonl") for f in os.listdir(jdir))
+    return os.path.isdir(jdir) and any(jn.is_journal_name(f) for f in os.listdir(jdir))
 
 
 @dataclass

@@ -218,7 +218,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
     result = PurgeResult(dry_run=dry_run)
     crash = _CrashSeam()
     jdir = prune_journal_dir(root)
-    if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
+    if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
         return result
     for run in load_prune_runs(jdir):
         if run.purged or not run.quarantine or not run.complete and not run.purge_started:

@@ -176,7 +176,7 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
     residue = 0
     for root, namespaces in sorted(by_root.items()):
         jdir = prune_journal_dir(root)
-        if not os.path.isdir(jdir) or not any(f.endswith(".jsonl") for f in os.listdir(jdir)):
+        if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
             continue
         owned: set[tuple[str, str]] = set()
         for run, items in restore_runs(jdir, namespaces):

@@ -59,7 +59,7 @@ def _journals(jdir: str) -> list[str]:
     if not os.path.isdir(jdir):
         return []
     return sorted(os.path.join(jdir, f) for f in os.listdir(jdir)
-                  if f.endswith(".jsonl") and os.path.isfile(os.path.join(jdir, f)))
+                  if jn.is_journal_name(f) and os.path.isfile(os.path.join(jdir, f)))
 
 
 def _holder(path: str) -> int | None:

@@ -29,7 +29,7 @@ from kvmigrate import manifest
 from kvmigrate.errors import UsageError
 
 PART_RE = re.compile(r"^part-(\d+)-of-(\d+)\.parquet$")
-DRIVER_JOURNAL = "driver.jsonl"
+DRIVER_JOURNAL = "driver.journal"
 
 
 def part_name(k: int, n: int) -> str:
@@ -39,7 +39,7 @@ def part_name(k: int, n: int) -> str:
 
 def journal_name(k: int, n: int) -> str:
     """File name of part K's journal in a migration's journal directory."""
-    return f"part-{k:05d}-of-{n:05d}.jsonl"
+    return f"part-{k:05d}-of-{n:05d}.journal"
 
 
 def names_directory(path: str) -> bool:

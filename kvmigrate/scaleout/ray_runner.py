@@ -11,10 +11,10 @@ into the directory, replacing parts of an earlier scan, so the directory always 
 one complete scan. The driver then summarizes the directory.
 
 migrate --apply: the driver runs an `Applier` whose per-target step creates the target
-base and rank folders and config.json (journaled in `driver.jsonl`) and, while it holds
+base and rank folders and config.json (journaled in `driver.journal`) and, while it holds
 every target namespace lock, runs the parts. Part K plans only its bucket partition of
 the manifest (`dataset.part_rows`) and applies it without taking locks, journaling into
-`part-KKKKK-of-NNNNN.jsonl` of the journal directory: parts never touch the same path,
+`part-KKKKK-of-NNNNN.journal` of the journal directory: parts never touch the same path,
 and a rerun of the same command resumes each part from its journal.
 
 A part that fails (an exception in its task, a crashed worker, or an operational stop)
@@ -39,6 +39,7 @@ from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError,
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.migrate.apply import Applier
+from kvmigrate.migrate.journal import is_journal_name
 from kvmigrate.migrate.result import ApplyResult
 from kvmigrate.scaleout import dataset
 
@@ -348,7 +349,7 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
     identity = dict(identity or {"root": plan.root, "dest": plan.dest, "target_profile": plan.target_profile,
                                  "manifest": manifest_path})
     jdir = os.path.abspath(journal) if journal else default_journal_dir(plan.root, identity)
-    if jdir.endswith(".jsonl") or os.path.isfile(jdir):
+    if is_journal_name(jdir) or os.path.isfile(jdir):
         raise UsageError("with --run-on ray, --journal names a directory (one journal per part)", path=jdir,
                          hint="pass --journal DIR")
     fail = _injected("migrate")

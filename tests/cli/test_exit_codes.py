@@ -48,7 +48,7 @@ def _manifest_of(root: Path, tmp_path: Path) -> Path:
 
 def _target_blocks(root: Path) -> list[Path]:
     """The block files migrate created (under the target rank folder, not the source's)."""
-    journal = next(_journal(root).glob("*.jsonl"))
+    journal = next(_journal(root).glob("*.journal"))
     done = read_records(journal)
     return [root / r["path"] for r in done if r.get("t") == "done" and r.get("kind") == "block"]
 

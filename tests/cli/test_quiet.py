@@ -11,7 +11,7 @@ FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "
 def test_every_command_is_silent_with_q_on_a_clean_tree(synth_root, tmp_path):
     root, _ = synth_root({"family": "vllm", "scheme": "S1", "tp": 1})
     assert run("migrate", root, *FACTS, "--apply", "-q") == (0, "")
-    (journal,) = (root / ".kvmigrate" / "journals").glob("*.jsonl")
+    (journal,) = (root / ".kvmigrate" / "journals").glob("*.journal")
     config = next(root.glob("*/config.json"))
     m = tmp_path / "m.parquet"
     commands = [

@@ -197,7 +197,7 @@ class Lifecycle(RuleBasedStateMachine):
         """The root's migration journals in the order they were made (run ids of one second
         do not sort by time)."""
         jdir = Path(jn.default_journal_dir(str(self.root)))
-        for p in sorted(jdir.glob("*.jsonl")) if jdir.is_dir() else []:
+        for p in sorted(jdir.glob("*.journal")) if jdir.is_dir() else []:
             if p not in self.made:
                 self.made.append(p)
         return [p for p in self.made if p.exists()]
@@ -208,11 +208,18 @@ class Lifecycle(RuleBasedStateMachine):
         if not journals:
             return
         journal = journals[-1]
-        created_elsewhere = set()
+        # path -> inode of what each run journaled as created (the same path may be made again
+        # by a later run once the engine evicted it, or a rollback removed it)
+        own = {r["path"]: r.get("ino") for r in jn.read_records(str(journal)) if r.get("t") == "done" and "path" in r}
+        others: dict[str, set] = {}
         for other in journals[:-1]:
-            created_elsewhere |= {r["path"] for r in jn.read_records(str(other)) if r.get("t") == "done" and "path" in r}
-        intended = {item["path"] for r in jn.read_records(str(journal)) if r.get("t") == "intent"
-                    for item in r.get("items") or ()}
+            if all(r.rolled_back for r in jn.run_states(str(other))):
+                continue
+            for r in jn.read_records(str(other)):
+                if r.get("t") == "done" and "path" in r:
+                    others.setdefault(r["path"], set()).add(r.get("ino"))
+        intended = {p for r in jn.read_records(str(journal)) if r.get("t") == "intent"
+                    for item in r.get("items") or () for p in (item["path"], item.get("tmp")) if p}
         dcode, dry = self.cli_json("rollback", journal, "--dry-run")
         self.snapshot()
         code, result = self.cli_json("rollback", journal)
@@ -226,8 +233,9 @@ class Lifecycle(RuleBasedStateMachine):
         for rel in removed - restored:
             if os.path.basename(rel) == layout.LOCK_NAME:
                 continue  # kvmigrate's own lock file (an interrupted run's is removed with it)
-            self.check("rollback removes only its run's files", rel in intended and rel not in created_elsewhere,
-                       rel)
+            ino = self.before[rel][0]
+            mine = own.get(rel) == ino or (rel in intended and ino not in others.get(rel, ()))
+            self.check("rollback removes only its run's files", mine, rel)
             self.check("rollback never removes a source", rel not in self.sources, rel)
 
     @rule()
@@ -242,7 +250,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def restore_all(self) -> None:
         pdir = Path(jn.default_journal_dir(str(self.root))) / "prune"
-        if pdir.is_dir() and any(pdir.glob("*.jsonl")):
+        if pdir.is_dir() and any(pdir.glob("*.journal")):
             self.snapshot()
             code, _ = self.cli("restore", pdir)
             self.check("restore exit code", code in (0, 8), str(code))
@@ -257,7 +265,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def verify(self) -> None:
         jdir = Path(jn.default_journal_dir(str(self.root)))
-        if jdir.is_dir() and any(jdir.glob("*.jsonl")):
+        if jdir.is_dir() and any(jdir.glob("*.journal")):
             code, _ = self.cli("verify", self.root, "--journal", jdir)
             self.check("verify exit code", code in range(0, 16), str(code))
 

@@ -35,7 +35,7 @@ def interrupted(tmp_path, synth_root):
     sources = target_files(root)
     killed = kvmigrate("migrate", "--manifest", m, "--apply", crash="created:5")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    (journal_a,) = Path(jn.default_journal_dir(str(root))).glob("*.jsonl")
+    (journal_a,) = Path(jn.default_journal_dir(str(root))).glob("*.journal")
     MADE_BY[journal_a] = target_files(root) - sources  # (its done records may not have reached the journal)
     assert len(MADE_BY[journal_a]) == 5
     return root, res, m, journal_a
@@ -55,7 +55,7 @@ def test_a_new_run_refuses_the_targets_an_interrupted_run_holds(tmp_path, synth_
     assert code == 8, out
     assert "was interrupted" in out and f"kvmigrate rollback {journal_a}" in out and "--manifest" in out
     assert target_files(root) == before  # nothing written
-    assert len(list(journal_a.parent.glob("*.jsonl"))) == 1  # and no new journal
+    assert len(list(journal_a.parent.glob("*.journal"))) == 1  # and no new journal
     # resumed as printed, the run ends; then the other command has nothing left to do
     assert kvmigrate("migrate", "--manifest", m, "--apply").returncode == 0
     code, done = run_json("migrate", root, *FACTS, "--apply")
@@ -131,3 +131,16 @@ def test_audit_report_and_runs_name_the_interrupted_run_with_its_resume_command(
     assert code == 0 and listed["runs"][0]["state"] == "done"
     code, audit = run_json("audit", root, *FACTS)
     assert not [f for f in audit["findings"] if f["code"] == "unfinished_run"]
+
+
+def test_journals_are_named_for_what_they_are_and_old_names_still_read(tmp_path, synth_root):
+    """A journal is compressed binary frames, not JSON lines: `<run>.journal`; a journal
+    named `.jsonl` (as earlier releases named them) is still found and rolled back."""
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "blocks": 6})
+    code, done = run_json("migrate", root, *FACTS, "--apply")
+    journal = Path(done["apply"]["journal"])
+    assert code == 0 and journal.suffix == ".journal" and journal.read_bytes()[:4] == b"KVJF"
+    old = journal.with_suffix(".jsonl")
+    journal.rename(old)
+    code, result = run_json("rollback", journal.parent)
+    assert code == 0 and result["removed"]["block"] == len(res.blocks) and result["journals"] == [str(old)]

@@ -132,7 +132,7 @@ def test_a_journal_on_another_filesystem_migrates_verifies_and_rolls_back(tmp_pa
         before = listing(root, with_times=False)
         code, summary = run_json("migrate", root, *MLA, "--apply", "--journal", journal)
         assert code == 0 and summary["apply"]["outcomes"]["created"] == 60
-        (jfile,) = journal.glob("*.jsonl")
+        (jfile,) = journal.glob("*.journal")
         assert not (root / ".kvmigrate" / "journals").exists()  # nothing journaled on the cache's filesystem
         locks = [r["path"] for r in read_records(jfile) if r["t"] == "lock"]
         targets = {r["base"] for r in read_records(jfile) if r["t"] == "target"}

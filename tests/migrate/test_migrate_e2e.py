@@ -208,7 +208,7 @@ def test_a_sharded_manifest_directory_and_a_journal_directory(tmp_path, synth_ro
     code, summary = run("migrate", "--manifest", parts, "--apply", "--journal", journals, "--json")
     assert code == 0 and summary["outcomes"]["created"] == 12
     (journal,) = journals.iterdir()
-    assert journal.suffix == ".jsonl"
+    assert journal.suffix == ".journal"
     meta = manifest.read_metadata(parts)
     ns = res.namespaces[0]
     assert_reader_finds(root, _target_of(meta, ns["base_name"]), ns, res.blocks, cells=1)

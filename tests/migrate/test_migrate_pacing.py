@@ -36,7 +36,7 @@ def scanned(synth_root, tmp_path):
 
 
 def _journal_records(root: Path) -> list[dict]:
-    (journal,) = (root / ".kvmigrate" / "journals").glob("*.jsonl")
+    (journal,) = (root / ".kvmigrate" / "journals").glob("*.journal")
     return read_records(str(journal))
 
 
@@ -56,7 +56,7 @@ def test_max_duration_stops_apply_at_a_batch_boundary_and_the_printed_command_re
     done = [r for r in records if r.get("t") == "done" and r.get("kind") == "block"]
     assert len(done) == BATCH  # the first batch, whole; nothing of the second was begun
     assert re.search(r"^kvmigrate: stopped: --max-duration 2500s elapsed", text, re.M)
-    assert re.search(r"^  journal: \S+\.jsonl$", text, re.M)
+    assert re.search(r"^  journal: \S+\.journal$", text, re.M)
     args = _resume_command(text)
     assert args[:3] == ["migrate", "--manifest", str(m)] and "--apply" in args
     pacing._LIMITS.clock = pacing.time.monotonic
@@ -64,7 +64,7 @@ def test_max_duration_stops_apply_at_a_batch_boundary_and_the_printed_command_re
     assert code == 0 and summary["apply"]["resumed"] is True
     placed = sum(1 for r in _journal_records(root) if r.get("t") == "done" and r.get("kind") == "block")
     assert placed == blocks
-    journal = str(next((root / ".kvmigrate" / "journals").glob("*.jsonl")))
+    journal = str(next((root / ".kvmigrate" / "journals").glob("*.journal")))
     assert run("verify", root, "--journal", journal, "-q") == (0, "")
 
 
@@ -99,7 +99,7 @@ def test_bwlimit_throttles_copies(scanned, monkeypatch, no_limits):
 def test_max_duration_stops_verify_with_exit_32(scanned, no_limits):
     root, m, blocks = scanned
     assert run("migrate", "--manifest", m, "--apply", "-q") == (0, "")
-    journal = str(next((root / ".kvmigrate" / "journals").glob("*.jsonl")))
+    journal = str(next((root / ".kvmigrate" / "journals").glob("*.journal")))
     pacing._LIMITS.clock = FakeClock(step=1000.0)
     code, text = run("verify", root, "--journal", journal, "--max-duration", "2500s")
     assert code == 32, text

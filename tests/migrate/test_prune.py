@@ -346,7 +346,7 @@ def test_prune_journals_do_not_disturb_the_migration_readers(migrated):
     code, out = run("verify", root, "--journal", root / ".kvmigrate" / "journals")
     assert code == 0, out
     code, out = run("restore", root / ".kvmigrate" / "journals" / next(
-        f for f in os.listdir(root / ".kvmigrate" / "journals") if f.endswith(".jsonl")))
+        f for f in os.listdir(root / ".kvmigrate" / "journals") if f.endswith(".journal")))
     assert code == 2 and "not a prune journal" in out
 
 
