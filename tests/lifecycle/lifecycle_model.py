@@ -239,6 +239,22 @@ class Lifecycle(RuleBasedStateMachine):
             self.check("rollback never removes a source", rel not in self.sources, rel)
 
     @rule()
+    def run_the_rollback_list_script(self) -> None:
+        """`rollback --dry-run --list` prints a script a person may run instead: run as
+        printed, it keeps the invariants (it never deletes a last copy)."""
+        journals = self.journals()
+        if not journals:
+            return
+        res = CliRunner().invoke(cli, ["rollback", str(journals[-1]), "--dry-run", "--list"], catch_exceptions=False)
+        STATS["steps"] += 1
+        if res.exit_code != 0 or "rm -f" not in res.stdout:
+            return
+        self.snapshot()
+        proc = subprocess.run(["sh", "-c", res.stdout], capture_output=True, text=True)
+        STATS["steps"] += 1
+        self.check("the --list script runs", proc.returncode == 0, proc.stderr[-500:])
+
+    @rule()
     def prune_apply(self) -> None:
         dcode, dry = self.cli_json("prune", self.root, *self.facts_args(), "--quiet-period", "0")
         self.snapshot()

@@ -11,6 +11,6 @@ from lifecycle_model import Lifecycle
 pytestmark = pytest.mark.slow  # a few hundred commands: CI runs it, `-m 'not slow'` leaves it out
 
 TestLifecycle = Lifecycle.TestCase
-TestLifecycle.settings = settings(max_examples=10, stateful_step_count=25, deadline=None, derandomize=True,
+TestLifecycle.settings = settings(max_examples=30, stateful_step_count=30, deadline=None, derandomize=True,
                                   suppress_health_check=list(HealthCheck), database=None,
                                   phases=(Phase.explicit, Phase.generate))  # (no shrinking in CI: minutes)
