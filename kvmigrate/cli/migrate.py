@@ -11,6 +11,7 @@ import click
 from kvmigrate.cli.common import (io_depth_option, check_scaleout, facts_options, handle_errors, output_options, pacing_options,
                                   part_done, pop_fact_flags, pop_selection, prefer_arrow_pool, print_json,
                                   rerun_command, scaleout_options, selection_options, start_pacing)
+from kvmigrate.units import plural
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out"}
@@ -149,7 +150,7 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
                    f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
     elif code & 8:  # blocks failed on I/O (e.g. EMLINK) without stopping the run: say so on stderr too
         failed = [f for f in result.findings if f.startswith("failed:")]
-        click.echo(f"kvmigrate: error: {result.outcomes.get('failed', 0)} block(s) failed"
+        click.echo(f"kvmigrate: error: {plural(result.outcomes.get('failed', 0), 'block')} failed"
                    + (f"; {failed[0]}" if failed else ""), err=True)
         click.echo(f"  journal: {result.journal_path}", err=True)
     sys.exit(code)

@@ -11,6 +11,7 @@ import click
 
 from kvmigrate.cli.common import (io_depth_option, facts_options, handle_errors, output_options, pop_fact_flags, print_json,
                                   rerun_command)
+from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
@@ -131,12 +132,12 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                     "finished_interrupted": finished, **result.to_dict()})
     elif not quiet:
         for r in plan.finished:
-            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved "
+            click.echo(f"finished the interrupted prune run {r.run_id}: {plural(sum(r.moved.values()), 'more file')} moved "
                        f"({r.journal})")
         click.echo(render_result(result))
     failed = result.failed + [f for r in plan.finished for f in r.failed]
     if failed:
-        click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
+        click.echo(f"kvmigrate: error: {plural(len(failed), 'file')} could not be moved; {failed[0]}", err=True)
         click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
                    f"command; `kvmigrate restore {result.journal}` puts back what moved", err=True)
     sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))

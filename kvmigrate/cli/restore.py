@@ -7,6 +7,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.units import plural
 
 
 @click.command("restore")
@@ -30,7 +31,7 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
     elif not quiet:
         click.echo(render_restore(result))
     if result.kept:
-        click.echo(f"kvmigrate: error: {len(result.kept)} file(s) not restored; {result.kept[0]}", err=True)
+        click.echo(f"kvmigrate: error: {plural(len(result.kept), 'file')} not restored; {result.kept[0]}", err=True)
         click.echo("  hint: a re-created path is kept as it is: move it aside and rerun `kvmigrate restore "
                    f"{journal}` to put the pruned file back; a purged file is gone (its migrated bytes are in "
                    "the target namespace)", err=True)

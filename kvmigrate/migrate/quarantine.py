@@ -430,11 +430,11 @@ def render_result(result: PruneResult) -> str:
 
     moved = sum(result.moved.values())
     where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
-    lines = [f"pruned {moved} files ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
-             f"{human_bytes(result.freed_bytes)} freed once purged, {result.unlinked} files only unlinked; "
-             f"{result.dirs_removed} empty folders removed"]
+    lines = [f"pruned {plural(moved, 'file')} ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
+             f"{human_bytes(result.freed_bytes)} freed once purged, {plural(result.unlinked, 'file')} only unlinked; "
+             f"{plural(result.dirs_removed, 'empty folder')} removed"]
     for cls, k in sorted(result.moved.items()):
-        lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
+        lines.append(f"  {cls.replace('_', '-')}: {plural(k, 'file')}, {human_bytes(result.moved_bytes[cls])}")
     if result.targets or result.left_targets:
         lines.append(f"legacy names removed: {sum(result.targets.values())}; " + (
             "each target namespace now holds only its own files (a file-count evictor counts each block once)"

@@ -124,7 +124,7 @@ def finish_counts(plan: Plan, result: ApplyResult) -> None:
         per = result.per_target.setdefault(tp.base_name, Counter())
         if tp.conflicts:
             per["conflict"] += sum(tp.conflicts.values())
-            result.findings += [f"conflict: {reason} ({n} blocks)" for reason, n in sorted(tp.conflicts.items())]
+            result.findings += [f"conflict: {reason} ({plural(n, 'block')})" for reason, n in sorted(tp.conflicts.items())]
         n = sum(tp.skipped.values())
         if n:
             per["skipped_needs_transform"] += n

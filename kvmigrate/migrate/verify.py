@@ -27,6 +27,7 @@ from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.selection import Selection, journal_bases
+from kvmigrate.units import plural
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,8 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
                 if kind == "block":
                     if pacing.expired():  # (a clock read: cheap next to a hash)
                         raise pacing.OutOfTime(
-                            f"--max-duration elapsed after {result.blocks:,} journaled blocks were checked "
-                            f"({len(result.findings)} findings so far); verify writes nothing and starts over")
+                            f"--max-duration elapsed after {plural(result.blocks, 'journaled block')} were checked "
+                            f"({plural(len(result.findings), 'finding')} so far); verify writes nothing and starts over")
                     result.blocks += 1
                 else:
                     result.configs += 1

@@ -22,6 +22,8 @@ from kvmigrate.units import human_bytes, plural
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
+# what follows for a namespace whose identity is broken; the hint is the exact identity command
+IDENTITY_WHY = "never migrated; `kvmigrate identity` on its config.json shows why"
 # status -> (what it is, what follows, how to act: "list" | "identity" | "prune" | "rerun")
 STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
     "incomplete": ("blocks with a rank file missing",
@@ -51,9 +53,9 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                          "never migrated: restore the base folder's config.json, or prune the rank folder",
                          "prune"),
     "digest_mismatch": ("files of a namespace (its config.json and blocks) whose config.json does not hash to its "
-                        "folder name", "never migrated; see why with", "identity"),
+                        "folder name", IDENTITY_WHY, "identity"),
     "config_invalid": ("files of a namespace (its config.json and blocks) whose config.json is unreadable, not JSON, "
-                       "or of wrong types", "never migrated; see why with", "identity"),
+                       "or of wrong types", IDENTITY_WHY, "identity"),
     "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
                            "kvmigrate does not migrate it", "list"),
     "missing_slots": ("rows of a multi-node engine (--nnodes > 1: a TP/PP/PCP group across nodes), full-size but "
@@ -432,7 +434,7 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     if summary.get("walk_failed") or summary.get("walk_errors"):
         errors = summary.get("walk_errors") or []
         findings.append(_finding("walk_errors", 8, None,
-                                 f"the walk could not read {len(errors)} path(s)"
+                                 f"the walk could not read {plural(len(errors), 'path')}"
                                  + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
         hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 

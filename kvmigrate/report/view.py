@@ -314,7 +314,7 @@ def selection_note(step: dict[str, Any]) -> str:
     skipped = len(step.get("skipped_namespaces") or ())
     outside = ", and every file outside namespaces" if step["by"] == "scan" else ""
     return (f"{step['by']} {Selection.of(step.get('only'), step.get('exclude')).flags()}: "
-            f"{skipped} namespace{'' if skipped == 1 else 's'} left out{outside}")
+            f"{plural(skipped, 'namespace')} left out{outside}")
 
 
 # --- diff -----------------------------------------------------------------------------

@@ -318,3 +318,18 @@ def test_a_size_audit_says_its_prune_figure_is_a_floor_where_replicas_are_unhash
     assert figures["hash"][0].startswith("10 legacy files") and "at least" not in figures["hash"][0]
     _, plan = run_json("prune", root, *MLA_FACTS, "--force-live")
     assert plan["totals"]["migrated"]["files"] == figures["hash"][1] == 10
+
+
+def test_identity_findings_say_why_in_a_whole_sentence(synth_root, tmp_path):
+    # the finding read "...; never migrated; see why with (e.g. <path>)": a sentence cut off
+    from cli_helpers import run, run_json
+
+    root, _ = synth_root({"scheme": "S3", "dtype": "bfloat16", "defects": ["digest_mismatch"]})
+    code, summary = run_json("audit", root)
+    assert code & 4
+    f = next(f for f in summary["findings"] if f["code"] == "digest_mismatch")
+    assert f["message"].endswith("never migrated; `kvmigrate identity` on its config.json shows why"), f["message"]
+    code, out = run("audit", root)
+    assert "see why with" not in out
+    finding = next(line for line in out.splitlines() if line.startswith("integrity") and "digest_mismatch" in line)
+    assert "`kvmigrate identity` on its config.json shows why (e.g. " in finding
