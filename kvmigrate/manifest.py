@@ -140,6 +140,19 @@ def _parquet_files(path: str | os.PathLike[str]) -> list[Path]:
     return [p]
 
 
+# Rows that are no evidence of a cache: kvmigrate's own files (.kvmigrate/) and foreign ones
+NOT_CACHE_STATUSES = frozenset({"own_artifact", "foreign"})
+
+
+def holds_no_cache(meta: dict[str, Any], statuses: Iterable[str]) -> bool:
+    """A scanned root with no cache namespace (not even one a filtered scan left out) and no
+    row but kvmigrate's own and foreign files: an empty or unmounted volume (interface.md
+    §4: exit bit 8). What an engine left outside namespaces (temp files, an orphaned rank
+    folder, an old deep tree) is a cache."""
+    skipped = (meta.get("selection") or {}).get("skipped_namespaces")
+    return not meta.get("namespaces") and not skipped and set(statuses) <= NOT_CACHE_STATUSES
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Run metadata of a manifest file, or the merge of a dataset directory's parts
     (namespaces united, walk errors of every part; the first part's other keys). The

@@ -96,6 +96,13 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
             progress=not quiet and sys.stderr.isatty(), selection=selection,
             command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
+        if run.plan.holds_no_cache:  # an empty or unmounted root: nothing to plan, no journal to write there
+            from kvmigrate.errors import OperationalError
+            from kvmigrate.report.hints import no_cache_message
+
+            raise OperationalError(no_cache_message(run.plan.root, run.plan.status_counts.get("foreign", 0)),
+                                   hint="mount the cache volume (or pass the engine's cache root_dir), then plan "
+                                        "again")
         if print_commands:
             from kvmigrate.migrate.actions import render_commands
 

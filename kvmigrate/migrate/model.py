@@ -17,6 +17,7 @@ from kvmigrate.cost import TRANSFORMS, transform_cost
 from kvmigrate import families
 from kvmigrate.families import Family
 from kvmigrate.migrate.outputs import TransformSpec
+from kvmigrate.manifest import holds_no_cache
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
@@ -171,6 +172,11 @@ class Plan:
     @property
     def pending(self) -> int:
         return sum(t.pending for t in self.targets)
+
+    @property
+    def holds_no_cache(self) -> bool:
+        """The scanned root holds no cache at all: an empty or unmounted volume (manifest.holds_no_cache)."""
+        return holds_no_cache(self.metadata, self.status_counts)
 
     @property
     def conflicts(self) -> int:

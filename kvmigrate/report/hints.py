@@ -108,6 +108,14 @@ _FACT_RE = re.compile(r"missing deployment fact '(\w+)'")
 _FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
 
 
+def no_cache_message(root: str, foreign_files: int = 0) -> str:
+    """The finding (and the scan's error line) of a root with no cache (manifest.holds_no_cache)."""
+    return (f"nothing here: is it mounted? {root} holds no cache: no namespace folder (<model>_<d12>), no "
+            "SGLang HiCache page or temp file" + (f", only {plural(foreign_files, 'foreign file')}"
+                                                 if foreign_files else "")
+            + "; an empty or unmounted volume is an operational error (exit bit 8)")
+
+
 def severity_of(bits: int) -> str:
     if bits & 8:
         return "operational"
@@ -438,7 +446,14 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
                                  + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
         hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 
-    if not summary["namespaces"]:
+    if summary.get("no_cache"):
+        outside = summary.get("outside_namespaces") or {}
+        findings.append(_finding("no_cache", 8, None, no_cache_message(
+            cmd.root, (outside.get("by_status") or {}).get("foreign", {}).get("files", 0))))
+        hint(f"findmnt --target {shlex.quote(cmd.root)}", f"nothing here: is {cmd.root} mounted? see which "
+             f"filesystem holds it; mount the cache volume there (or pass the engine's cache root_dir), then "
+             f"{verb} again", "no_cache", None, 0)
+    elif not summary["namespaces"]:
         findings.append(_finding("no_namespaces", 0, None,
                                  f"no cache namespace (<model>_<d12> folder) under {cmd.root}: is it the engine's "
                                  "cache root_dir?"))

@@ -488,6 +488,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
     ]
     steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
+    no_cache = mf.holds_no_cache(meta, {s for a in per_ns.values() for s in a["by_status"]})
     outside = per_ns.get(OUTSIDE)
     if selection:
         kept = [n for n in namespaces
@@ -547,12 +548,13 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "outside_namespaces": outside_entry,
         "walk_errors": walk_errors,
         "walk_failed": bool(meta.get("walk_failed")),
+        "no_cache": no_cache,  # nothing here: an empty or unmounted root (exit bit 8)
         "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
                           for n in namespaces if n["target_error"]],
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
                                                                or target_orphaned(n) for n in namespaces))
                       | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)
-                      | (8 if meta.get("walk_failed") else 0)),
+                      | (8 if meta.get("walk_failed") or no_cache else 0)),
     }
     findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)
     summary["findings"] = findings
