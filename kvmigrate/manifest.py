@@ -8,6 +8,7 @@ the header of an fclones report, so later steps can re-derive the settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmigrate import findings
-from kvmigrate.errors import UsageError
+from kvmigrate.errors import UsageError, write_error
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -96,9 +97,17 @@ class ManifestWriter:
         self.tmp = self.path.with_name(f"{self.path.name}.kvmigrate-{os.getpid()}.tmp")
         metadata = {**metadata, "manifest_version": MANIFEST_VERSION}
         schema = SCHEMA.with_metadata({META_KEY: json.dumps(metadata, sort_keys=True).encode()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd", compression_level=ZSTD_LEVEL,
-                                        use_dictionary=DICTIONARY_COLUMNS)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # made here, so a folder it cannot be written in fails with our words (pyarrow then truncates it)
+            os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+            self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd", compression_level=ZSTD_LEVEL,
+                                            use_dictionary=DICTIONARY_COLUMNS)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
+            raise write_error(exc, "cannot write the manifest", str(self.path),
+                              elsewhere="write it to a writable filesystem") from None
         self._schema = schema
         self.rows = 0
 

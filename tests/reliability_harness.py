@@ -993,7 +993,7 @@ def fault_erofs_root(work: Path, ledger: Ledger) -> dict:
         journal = fb.dir / "journal.jsonl"
         no_journal = ledger.cli("faults/EROFS-root/journal", "migrate", view, "--facts", fb.facts, "--apply",
                                 allowed=bits_only(8))
-        problems += fb.problems_after_stop(no_journal, "--journal")
+        problems += fb.problems_after_stop(no_journal, "remount it read-write")  # --journal alone would not help
         args = ["migrate", view, "--facts", fb.facts, "--apply", "--journal", journal]
         stopped = ledger.cli("faults/EROFS-root/ro", *args, allowed=bits_only(8))
         record["message"] = _stop_line(no_journal) + " / then with --journal: " + _stop_line(stopped)

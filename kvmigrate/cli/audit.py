@@ -105,7 +105,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         from kvmigrate.report.prometheus import previous_textfile, textfile
 
         emit(textfile(result.summary, seconds=result.seconds, carried=result.carried,
-                      previous=previous_textfile(prometheus)), prometheus)
+                      previous=previous_textfile(prometheus)), prometheus, what="the textfile")
     if log_format == "json":
         from kvmigrate.report.prometheus import events, log_line
 

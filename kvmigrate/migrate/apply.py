@@ -235,9 +235,25 @@ class Applier(FolderMaker, Placer):
             path = arg
             if not arg.endswith(".jsonl") and (os.path.isdir(arg) or not os.path.exists(arg)):
                 path = os.path.join(arg, f"{header['run_id']}.jsonl")
-            self.journal = jn.JournalWriter.create(path, header)
+            self.journal = jn.JournalWriter.create(path, header, read_only=self._read_only_dest)
             self._resume_runs = []
         self.result.journal_path = self.journal.path
+
+    def _read_only_dest(self) -> str | None:
+        """The hint when the journal's filesystem is read-only: if the destination cannot
+        be written either (a probe file), --journal elsewhere alone would not help; None
+        when it can."""
+        probe = os.path.join(self.plan.dest, f".kvmigrate-probe-{os.getpid()}")
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            return None
+        except OSError:
+            return (f"{self.plan.dest} (where the target namespaces go) is on a read-only filesystem too: remount "
+                    "it read-write, then rerun the same command; or migrate onto a writable filesystem: --dest DIR "
+                    "--journal PATH (both there; with --mode copy, since hard links cannot cross filesystems)")
+        os.unlink(probe)
+        return None
 
     def _resume_pending(self) -> None:
         """Adopt what an interrupted run provably created and remove its temp files,

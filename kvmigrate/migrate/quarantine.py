@@ -79,7 +79,9 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     if os.path.isdir(path):
         path = os.path.join(path, f"{run_id}.jsonl")
     qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
-    w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
+    w = jn.JournalWriter.create(path, read_only=lambda: (
+        f"{root} is on a read-only filesystem: remount it read-write, then rerun the same command (prune moves "
+        "files within ROOT, into ROOT/.kvmigrate/quarantine: nothing else can take its place)"), header={"kind": KIND, "run_id": run_id, "command": command, "root": root,
                                        "dest": root, "manifest": os.path.abspath(plan.manifest),
                                        "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
                                        "time": time.time(), "scan_started_ns": plan.scan_started_ns})
