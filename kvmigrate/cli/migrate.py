@@ -90,6 +90,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     parts = check_scaleout(run_on, shards, ray_address)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
+    dest_command = _apply_command(ctx, dest="<DIR>")
     with pipeline.migration(
             root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
@@ -112,7 +113,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
         if apply:
             _apply(run, mode, journal, apply_command, as_json, quiet)
         else:
-            _dry_run(run, apply_command, as_json, quiet)
+            _dry_run(run, apply_command, dest_command, as_json, quiet)
 
 
 def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: bool, quiet: bool) -> None:
@@ -179,9 +180,10 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
-    """The plan, and the command that applies it, unless a target it fills is a guess: then
-    the command that states the missing facts (identity.md §4)."""
+def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: bool) -> None:
+    """The plan, and the command that applies it (with --dest <DIR> for what waits for it),
+    unless a target it fills is a guess: then the command that states the missing facts
+    (identity.md §4)."""
     from kvmigrate.migrate.actions import render_text
 
     plan = run.plan
@@ -189,19 +191,22 @@ def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
     guesses = _guessed_sources(plan)
     facts_command = _facts_command(plan, guesses) if guesses else None
     if facts_command:
-        apply_command = None
+        apply_command = dest_command = None
+    waiting, waiting_bytes = plan.waiting_for_dest
     if as_json:
         summary = run.summary()
         # `outcomes`: what --apply will report, with the same keys and (barring changes
         # meanwhile) the same numbers; merges of equal sizes only are compared at apply
         summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
                         "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
+                        "waiting_for_dest": {"blocks": waiting, "bytes": waiting_bytes},
+                        "dest_command": dest_command if waiting else None,
                         "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets),
                         "guessed_targets": [{"namespace": b, "facts": f} for b, f in sorted(guesses.items())],
                         "facts_command": facts_command})
         print_json(summary)
     elif not quiet:
-        click.echo(render_text(plan, apply_command))
+        click.echo(render_text(plan, apply_command, dest_command))
         if facts_command:
             from kvmigrate.report.hints import ask_facts
 
@@ -253,7 +258,10 @@ def _targets_json(plan) -> list[dict]:
     return out
 
 
-def _apply_command(ctx: click.Context) -> str:
-    """The exact command that applies this plan: the same inputs and options, + --apply."""
-    return rerun_command(ctx, ("root", "manifest_path", "dest", "journal", "facts_file", "model_config"),
-                         skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))
+def _apply_command(ctx: click.Context, dest: str | None = None) -> str:
+    """The exact command that applies this plan: the same inputs and options, + --apply;
+    with `dest`, --dest that placeholder (left unquoted: a shell refuses it, never guesses)."""
+    paths = ("root", "manifest_path", "dest", "journal", "facts_file", "model_config")
+    if dest is None:
+        return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))
+    return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND | {"dest"}) + f" --dest {dest} --apply"

@@ -24,11 +24,11 @@ DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
 # what follows for a namespace whose identity is broken; the hint is the exact identity command
 IDENTITY_WHY = "never migrated; `kvmigrate identity` on its config.json shows why"
+# what follows for a block with a rank file missing depends on the engine that reads it (advice())
+INCOMPLETE = "never migrated"
 # status -> (what it is, what follows, how to act: "list" | "identity" | "prune" | "rerun")
 STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
-    "incomplete": ("blocks with a rank file missing",
-                   "never migrated; llm-d silently serves stale KV for the missing rank, so remove the "
-                   "remaining rank files of these blocks while no engine runs", "list"),
+    "incomplete": ("blocks with a rank file missing", INCOMPLETE, "list"),  # what follows: the family's
     "replica_mismatch": ("replicas that must be equal differ", "never migrated; inspect the listed files", "list"),
     "size_mismatch": ("files whose size differs from their (namespace, group) or the proven geometry",
                       "never migrated; inspect the listed files", "list"),
@@ -63,6 +63,19 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "never migrated: they serve wrong KV to any reader; vLLM 0.34 refuses such deployments",
                       "prune"),
 }
+
+UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
+
+
+def advice(status: str, family: str | None = None) -> tuple[str, str, str]:
+    """STATUS_ADVICE of a status for a namespace of `family`: an incomplete block's hazard
+    is the reading engine's (Family.incomplete_advice: llm-d serves stale KV, SGLang misses
+    the page)."""
+    what, then, how = STATUS_ADVICE.get(status, UNKNOWN_STATE)
+    if status == "incomplete":
+        then = f"{INCOMPLETE}; {families.get(family).incomplete_advice}"
+    return what, then, how
+
 
 # Placeholder values for a fact flag the user must supply.
 FLAG_VALUES = {
@@ -275,14 +288,17 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         if namespace is not None and namespace not in h["namespaces"]:
             h["namespaces"].append(namespace)
 
-    entries = [(n["source_base"], n["by_status"]) for n in summary["namespaces"]]
-    if summary.get("outside_namespaces"):
-        entries.append((None, summary["outside_namespaces"]["by_status"]))
-    for base, by_status in entries:
+    entries = [(n["source_base"], n["by_status"], n["family"]) for n in summary["namespaces"]]
+    outside = summary.get("outside_namespaces")
+    if outside:
+        entries.append((None, outside["by_status"], None))
+    for base, by_status, family in entries:
         for status, counts in by_status.items():
             if status in ("ok", "own_artifact"):
                 continue
-            what, then, how = STATUS_ADVICE.get(status, ("files in an unknown state", "inspect them", "list"))
+            what, then, how = advice(status, family)
+            if base is None and status == "tmp_leftover" and outside.get("families"):  # a flat directory's temps
+                what += " (" + ", ".join(families.get(f).title for f in outside["families"]) + ")"
             bits = STATUS_BITS.get(status, 1)
             ex = examples.get((base, status), (None, None))
             findings.append(_finding(status, bits, base, f"{_files(counts['files'])}: {what}; {then}",
@@ -317,7 +333,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         base = n["source_base"]
         if n["status"] not in (None, "ok") and n["status"] not in n["by_status"]:
             status = n["status"]
-            what, then, how = STATUS_ADVICE.get(status, ("a namespace in an unknown state", "inspect it", "list"))
+            what, then, how = (advice(status, n["family"]) if status in STATUS_ADVICE
+                               else ("a namespace in an unknown state", "inspect it", "list"))
             findings.append(_finding(status, STATUS_BITS.get(status, 1), base, f"namespace: {what}; {then}",
                                      status=status, example_reason=n.get("status_reason") or n.get("config_error")))
             if how == "identity":

@@ -65,7 +65,7 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
-            "finding", "of_action", "output_bytes", "asks"]
+            "finding", "of_action", "output_bytes", "asks", "family"]
 _MERGE_COLUMNS = ["target_base", "target_relpath"]  # read only when source namespaces share a target
 # the finding columns a group of rows is told apart by (besides its reason)
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
@@ -108,6 +108,7 @@ class _Totals:
         self._leads: pa.Table | None = None  # primary rows whose followers have not all come yet
         self._waiting: pa.Table | None = None  # follower rows whose primary has not come yet
         self.part_bytes: dict[tuple[str, str], int] = defaultdict(int)  # (ns, the primary's action) -> bytes
+        self.outside_families: dict[str, int] = defaultdict(int)  # family -> files outside namespaces (temps)
 
     def add(self, batch: pa.RecordBatch) -> None:
         t = pa.Table.from_batches([batch])
@@ -147,10 +148,23 @@ class _Totals:
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
+        self._add_outside_families(work, t)
         self._add_block_keys(work, t)
         self._add_target_paths(work, t)
         if len(self.multi_rank):
             self._add_followers(work, t)
+
+    def _add_outside_families(self, work: pa.Table, t: pa.Table) -> None:
+        """Files outside any namespace that a family's name still claims (an engine's temp
+        leftovers in a flat directory), counted per family."""
+        if "family" not in t.column_names:
+            return
+        rows = pa.table({"family": _as_str(t["family"])}).filter(
+            pc.and_(pc.is_null(work["ns"]), pc.is_valid(t["family"])))
+        if rows.num_rows:
+            counts = rows.group_by(["family"]).aggregate([([], "count_all")])
+            for family, n in zip(counts["family"].to_pylist(), counts["count_all"].to_pylist()):
+                self.outside_families[family] += n
 
     _KEYS = ["ns", "group", "block_hash"]
 
@@ -570,6 +584,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     if outside:
         outside_entry = {
             "files": outside["files"], "bytes": outside["bytes"],
+            "families": dict(sorted(totals.outside_families.items())),  # files a family's name claims
             "by_status": _ordered({k: dict(v) for k, v in outside["by_status"].items()}, STATUS_ORDER, "files"),
         }
     every = namespaces + ([outside_entry] if outside_entry else [])

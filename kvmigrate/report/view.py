@@ -129,7 +129,8 @@ def namespace_table(s: dict[str, Any]) -> Table:
                        human_bytes(n["bytes_alone"]), human_bytes(n["bytes_shared"])])
     o = s.get("outside_namespaces")
     if o:
-        t.rows.append(["(outside namespaces)", "-", "-", "-", human_count(o["files"]), "-", human_bytes(o["bytes"]),
+        t.rows.append(["(outside namespaces)", ",".join(o.get("families") or ()) or "-", "-", "-",
+                       human_count(o["files"]), "-", human_bytes(o["bytes"]),
                        "-", "-"])
     return t
 
