@@ -157,7 +157,10 @@ def holds_no_cache(meta: dict[str, Any], statuses: Iterable[str]) -> bool:
     """A scanned root with no cache namespace (not even one a filtered scan left out) and no
     row but kvmigrate's own and foreign files: an empty or unmounted volume (interface.md
     §4: exit bit 8). What an engine left outside namespaces (temp files, an orphaned rank
-    folder, an old deep tree) is a cache."""
+    folder, an old deep tree) is a cache. Only a whole scan or its part 0 can tell: a flat
+    directory's pages and the files outside buckets are part 0's (`--shard K/N`)."""
+    if not str(meta.get("shard") or "0/1").startswith("0/"):
+        return False
     skipped = (meta.get("selection") or {}).get("skipped_namespaces")
     return not meta.get("namespaces") and not skipped and set(statuses) <= NOT_CACHE_STATUSES
 

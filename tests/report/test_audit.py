@@ -294,3 +294,15 @@ def test_migrate_of_an_empty_root_says_nothing_is_there_and_writes_nothing(tmp_p
     assert res.exit_code == 8, res.output
     assert res.stderr.startswith(f"kvmigrate: error: nothing here: is it mounted? {root} holds no cache")
     assert list(root.iterdir()) == []  # no journal folder made in an empty mount point
+
+
+def test_a_shard_other_than_part_0_never_says_nothing_is_there(tmp_path):
+    """A flat directory's pages are part 0's: part 1 of 2 of a HiCache root has no rows."""
+    root = tmp_path / "cache"
+    build(root, SynthSpec(family="sglang", blocks=3, layers=2))
+    part1 = run("scan", str(root), "-o", str(tmp_path / "p1.parquet"), "--shard", "1/2", "-q")
+    assert part1.exit_code & 8 == 0 and part1.stderr == ""
+    assert run("scan", str(root), "-o", str(tmp_path / "p0.parquet"), "--shard", "0/2", "-q").exit_code & 8 == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run("scan", str(empty), "-o", str(tmp_path / "e0.parquet"), "--shard", "0/2", "-q").exit_code == 8
