@@ -48,6 +48,8 @@ class SourceFile(NamedTuple):
     mtime_ns: int
     content_hash: bytes | None
     payload_hash: bytes | None
+    ctime_ns: int | None = None  # None: the scan did not stat it (never compared)
+    nlink: int | None = None  # the names the scan saw (a hard link added since moves the ctime too)
 
 
 class BlockAction(NamedTuple):

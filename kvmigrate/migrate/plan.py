@@ -451,7 +451,8 @@ def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies
 
 
 # Columns of a source file, nulls read as 0 (as `_as_int` did per row).
-_FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128")
+_FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128",
+                 "ctime_ns", "nlink")
 _INT_COLUMNS = ("rank", "dev", "inode", "size", "mtime_ns")
 
 
