@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmigrate import findings
+from kvmigrate.units import agreeing
 from kvmigrate.errors import UsageError, write_error
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -241,10 +242,10 @@ def _check_partition(directory: Path, parts: list[tuple[Path, dict[str, Any]]]) 
     if missing or doubled:
         what = []
         if missing:
-            what.append(f"missing part(s) {', '.join(f'{k}/{n}' for k in missing[:10])}"
+            what.append(f"missing {agreeing(len(missing), 'part')} {', '.join(f'{k}/{n}' for k in missing[:10])}"
                         + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
         if doubled:
-            what.append("part(s) present twice: " + "; ".join(" ".join(v) for v in doubled.values()))
+            what.append(f"{agreeing(len(doubled), 'part')} present twice: " + "; ".join(" ".join(v) for v in doubled.values()))
         raise UsageError(f"incomplete dataset directory: {', '.join(what)}", path=str(directory),
                          hint=f"run the missing `kvmigrate scan ROOT --shard K/{n} -o {directory}/` part(s), "
                               "or rerun the whole scan")

@@ -117,7 +117,7 @@ def _restore_pruned_sources(files: list[str], loaded: dict[str, list[jn.Run]], r
     for root, namespaces in sources.items():
         restored = restore_before_rollback(root, namespaces)
         if restored is not None and restored.restored:
-            result.notes.append(f"first restored {restored.restored} pruned source file(s) from "
+            result.notes.append(f"first restored {plural(restored.restored, 'pruned source file')} from "
                                 f"{', '.join(restored.journals)}")
 
 

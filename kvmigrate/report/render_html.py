@@ -311,7 +311,7 @@ def render_trend(tr: dict[str, Any]) -> str:
                 "operational" if bits & 8 else "integrity" if bits & 4 else "finding" if bits & 1 else "note"]
             w = max(bar_w * c["bytes"] / widest, 1.5)
             out.append(f'<rect class="status-{esc(st)}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
-                       f'fill="{color}"><title>{esc(a["name"])} {esc(st)}: {esc(human_count(c["files"]))} files, '
+                       f'fill="{color}"><title>{esc(a["name"])} {esc(st)}: {esc(plural(c["files"], "file"))}, '
                        f'{esc(human_bytes(c["bytes"]))}</title></rect>')
             x += w
         out.append(f'<text x="{x + 8:.1f}" y="{y + 15}">{esc(human_bytes(a["bytes"]))} · exit {a["exit_code"]}</text>')
