@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from kvmigrate import layout
-from kvmigrate.errors import UsageError
+from kvmigrate.errors import UsageError, write_error
 
 HISTORY = f"{layout.OWN_DIR}/audits"  # under ROOT
 PREFIX = "audit-"
@@ -36,10 +36,11 @@ def new_audit_path(directory: str | os.PathLike[str], now: dt.datetime | None = 
     d = Path(directory)
     try:
         d.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(d / f".{PREFIX}probe-{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.unlink(d / f".{PREFIX}probe-{os.getpid()}")  # (before the scan: a folder it cannot keep it in fails now)
     except OSError as exc:
-        raise UsageError(f"cannot create the audit history folder: {exc.strerror}", path=str(d),
-                         hint="pass --history DIR on a writable filesystem (the cache may be mounted read-only)"
-                         ) from None
+        raise write_error(exc, "cannot keep the audit in the history folder", str(d),
+                          elsewhere="keep the audits on a writable filesystem: --history DIR") from None
     path = d / f"{PREFIX}{now.strftime('%Y%m%dT%H%M%S.%fZ')}.parquet"
     n = 1
     while path.exists():  # (two audits in one microsecond)

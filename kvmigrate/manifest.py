@@ -8,6 +8,7 @@ the header of an fclones report, so later steps can re-derive the settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmigrate import findings
-from kvmigrate.errors import UsageError
+from kvmigrate.units import agreeing
+from kvmigrate.errors import UsageError, write_error
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -96,9 +98,17 @@ class ManifestWriter:
         self.tmp = self.path.with_name(f"{self.path.name}.kvmigrate-{os.getpid()}.tmp")
         metadata = {**metadata, "manifest_version": MANIFEST_VERSION}
         schema = SCHEMA.with_metadata({META_KEY: json.dumps(metadata, sort_keys=True).encode()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd", compression_level=ZSTD_LEVEL,
-                                        use_dictionary=DICTIONARY_COLUMNS)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # made here, so a folder it cannot be written in fails with our words (pyarrow then truncates it)
+            os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+            self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd", compression_level=ZSTD_LEVEL,
+                                            use_dictionary=DICTIONARY_COLUMNS)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
+            raise write_error(exc, "cannot write the manifest", str(self.path),
+                              elsewhere="write it to a writable filesystem") from None
         self._schema = schema
         self.rows = 0
 
@@ -138,6 +148,22 @@ def _parquet_files(path: str | os.PathLike[str]) -> list[Path]:
             raise FileNotFoundError(f"{p}: no .parquet files in this manifest directory")
         return files
     return [p]
+
+
+# Rows that are no evidence of a cache: kvmigrate's own files (.kvmigrate/) and foreign ones
+NOT_CACHE_STATUSES = frozenset({"own_artifact", "foreign"})
+
+
+def holds_no_cache(meta: dict[str, Any], statuses: Iterable[str]) -> bool:
+    """A scanned root with no cache namespace (not even one a filtered scan left out) and no
+    row but kvmigrate's own and foreign files: an empty or unmounted volume (interface.md
+    §4: exit bit 8). What an engine left outside namespaces (temp files, an orphaned rank
+    folder, an old deep tree) is a cache. Only a whole scan or its part 0 can tell: a flat
+    directory's pages and the files outside buckets are part 0's (`--shard K/N`)."""
+    if not str(meta.get("shard") or "0/1").startswith("0/"):
+        return False
+    skipped = (meta.get("selection") or {}).get("skipped_namespaces")
+    return not meta.get("namespaces") and not skipped and set(statuses) <= NOT_CACHE_STATUSES
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -216,10 +242,10 @@ def _check_partition(directory: Path, parts: list[tuple[Path, dict[str, Any]]]) 
     if missing or doubled:
         what = []
         if missing:
-            what.append(f"missing part(s) {', '.join(f'{k}/{n}' for k in missing[:10])}"
+            what.append(f"missing {agreeing(len(missing), 'part')} {', '.join(f'{k}/{n}' for k in missing[:10])}"
                         + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
         if doubled:
-            what.append("part(s) present twice: " + "; ".join(" ".join(v) for v in doubled.values()))
+            what.append(f"{agreeing(len(doubled), 'part')} present twice: " + "; ".join(" ".join(v) for v in doubled.values()))
         raise UsageError(f"incomplete dataset directory: {', '.join(what)}", path=str(directory),
                          hint=f"run the missing `kvmigrate scan ROOT --shard K/{n} -o {directory}/` part(s), "
                               "or rerun the whole scan")

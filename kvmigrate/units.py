@@ -50,9 +50,13 @@ def human_count(n: int | None) -> str:
 
 def plural(n: int | None, noun: str, nouns: str | None = None) -> str:
     """(1, 'block') -> '1 block'; (20897, 'block') -> '20,897 blocks' (the count exact)."""
-    if n is None:
-        return f"- {nouns or noun + 's'}"
-    return f"{human_count(n)} {noun if int(n) == 1 else (nouns or noun + 's')}"
+    return f"{human_count(n)} {agreeing(n, noun, nouns)}"
+
+
+def agreeing(n: int | None, noun: str, nouns: str | None = None) -> str:
+    """The noun alone, agreeing with n (where the count is printed apart from it):
+    (1, 'block') -> 'block'; (0, 'entry', 'entries') -> 'entries'."""
+    return noun if n is not None and int(n) == 1 else (nouns or noun + "s")
 
 
 def signed(text: str, n: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import select
 import sys
 import threading
 
@@ -52,6 +53,39 @@ class LazyGroup(click.Group):
             raise
         return mod.command
 
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not _reader_gone():
+                raise  # another pipe (not the output's reader): click reports it
+            raise SystemExit(0) from None  # interface.md §4: output cut short by its reader
+
+
+_CUT_SHORT = False  # set once a stream's reader is found gone
+
+
+def _reader_gone() -> bool:
+    """The reader of stdout or stderr closed its end (`kvmigrate report M | head -1`): point
+    the closed stream at /dev/null, so nothing (not even the final flush) writes to it or
+    says so; True when one was. A pipe's write end polls as an error once no reader is left."""
+    global _CUT_SHORT
+    gone = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            if not any(event & select.POLLERR for _, event in poller.poll(0)):
+                continue
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+            gone = _CUT_SHORT = True
+        except (AttributeError, OSError, ValueError):  # no such stream, or no real fd (a test's buffer)
+            continue
+    return gone
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvmigrate")
@@ -80,7 +114,10 @@ def main() -> None:
         code = 0
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code
-    if not isinstance(code, int) or _threads_left() or not _flushed():
+    flushed = _flushed()
+    if _CUT_SHORT:  # the reader closed stdout before the output ended: exit 0, as it stopped reading
+        code = 0
+    if not isinstance(code, int) or _threads_left() or not flushed:
         sys.exit(code)
     atexit._run_exitfuncs()
     os._exit(code if _flushed() else 120)  # 120: what Python exits with when the final flush fails
@@ -96,6 +133,8 @@ def _flushed() -> bool:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
+    except BrokenPipeError:
+        return _reader_gone() and _flushed()  # what was left for a reader that is gone goes to /dev/null
     except (OSError, ValueError):
         return False
     return True

@@ -10,8 +10,8 @@ import click
 
 from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
                                   output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
-                                  pop_selection, prefer_arrow_pool, scaleout_options, selection_options,
-                                  start_pacing, walk_options)
+                                  pop_selection, prefer_arrow_pool, say_no_cache, scaleout_options,
+                                  selection_options, start_pacing, walk_options)
 
 
 @click.command("audit")
@@ -96,14 +96,16 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         k_n = parse_shard(shard)
         result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, shard=k_n,
                        progress=(not quiet and sys.stderr.isatty()), **options)
+    say_no_cache(result.summary)
     if kept_in is not None:
         from kvmigrate.history import prune
 
         prune(kept_in, keep)
     if prometheus is not None:
-        from kvmigrate.report.prometheus import textfile
+        from kvmigrate.report.prometheus import previous_textfile, textfile
 
-        emit(textfile(result.summary, seconds=result.seconds, carried=result.carried), prometheus)
+        emit(textfile(result.summary, seconds=result.seconds, carried=result.carried,
+                      previous=previous_textfile(prometheus)), prometheus, what="the textfile")
     if log_format == "json":
         from kvmigrate.report.prometheus import events, log_line
 

@@ -169,6 +169,17 @@ def parse_shard(value: str | None) -> tuple[int, int]:
     return k, n
 
 
+def say_no_cache(summary: dict[str, Any]) -> None:
+    """The error line of a root that holds no cache (exit bit 8), printed with -q and --json
+    too: an empty or unmounted volume is the error of the run (interface.md §4)."""
+    if summary.get("no_cache"):
+        from kvmigrate.report.hints import no_cache_message
+
+        foreign = ((summary.get("outside_namespaces") or {}).get("by_status") or {}).get("foreign", {})
+        click.echo(f"kvmigrate: error: {no_cache_message(summary.get('root') or '?', foreign.get('files', 0))}",
+                   err=True)
+
+
 def print_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 

@@ -12,6 +12,7 @@ from kvmigrate.cli.common import (exit_stopped, interrupt_on_sigterm, io_depth_o
                                   handle_errors, output_options, pacing_options, part_done, pop_fact_flags,
                                   pop_selection, prefer_arrow_pool, print_json, rerun_command, scaleout_options,
                                   selection_options, start_pacing)
+from kvmigrate.units import plural
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out"}
@@ -90,12 +91,20 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     parts = check_scaleout(run_on, shards, ray_address)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
+    dest_command = _apply_command(ctx, dest="<DIR>")
     with pipeline.migration(
             root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
             facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
             progress=not quiet and sys.stderr.isatty(), selection=selection,
             command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
+        if run.plan.holds_no_cache:  # an empty or unmounted root: nothing to plan, no journal to write there
+            from kvmigrate.errors import OperationalError
+            from kvmigrate.report.hints import no_cache_message
+
+            raise OperationalError(no_cache_message(run.plan.root, run.plan.status_counts.get("foreign", 0)),
+                                   hint="mount the cache volume (or pass the engine's cache root_dir), then plan "
+                                        "again")
         if print_commands:
             from kvmigrate.migrate.actions import render_commands
 
@@ -105,7 +114,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
         if apply:
             _apply(run, mode, journal, apply_command, as_json, quiet)
         else:
-            _dry_run(run, apply_command, as_json, quiet)
+            _dry_run(run, apply_command, dest_command, as_json, quiet)
 
 
 def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: bool, quiet: bool) -> None:
@@ -150,7 +159,7 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
                    f"`kvmigrate rollback {result.journal_path}` to undo)", err=True)
     elif code & 8:  # blocks failed on I/O (e.g. EMLINK) without stopping the run: say so on stderr too
         failed = [f for f in result.findings if f.startswith("failed:")]
-        click.echo(f"kvmigrate: error: {result.outcomes.get('failed', 0)} block(s) failed"
+        click.echo(f"kvmigrate: error: {plural(result.outcomes.get('failed', 0), 'block')} failed"
                    + (f"; {failed[0]}" if failed else ""), err=True)
         click.echo(f"  journal: {result.journal_path}", err=True)
     sys.exit(code)
@@ -162,9 +171,10 @@ def _stopped(stopped, apply_command: str) -> None:
     exit_stopped(stopped, apply_command, "rollback")
 
 
-def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
-    """The plan, and the command that applies it, unless a target it fills is a guess: then
-    the command that states the missing facts (identity.md §4)."""
+def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: bool) -> None:
+    """The plan, and the command that applies it (with --dest <DIR> for what waits for it),
+    unless a target it fills is a guess: then the command that states the missing facts
+    (identity.md §4)."""
     from kvmigrate.migrate.actions import render_text
 
     plan = run.plan
@@ -172,19 +182,22 @@ def _dry_run(run, apply_command: str, as_json: bool, quiet: bool) -> None:
     guesses = _guessed_sources(plan)
     facts_command = _facts_command(plan, guesses) if guesses else None
     if facts_command:
-        apply_command = None
+        apply_command = dest_command = None
+    waiting, waiting_bytes = plan.waiting_for_dest
     if as_json:
         summary = run.summary()
         # `outcomes`: what --apply will report, with the same keys and (barring changes
         # meanwhile) the same numbers; merges of equal sizes only are compared at apply
         summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
                         "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
+                        "waiting_for_dest": {"blocks": waiting, "bytes": waiting_bytes},
+                        "dest_command": dest_command if waiting else None,
                         "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets),
                         "guessed_targets": [{"namespace": b, "facts": f} for b, f in sorted(guesses.items())],
                         "facts_command": facts_command})
         print_json(summary)
     elif not quiet:
-        click.echo(render_text(plan, apply_command))
+        click.echo(render_text(plan, apply_command, dest_command))
         if facts_command:
             from kvmigrate.report.hints import ask_facts
 
@@ -236,7 +249,10 @@ def _targets_json(plan) -> list[dict]:
     return out
 
 
-def _apply_command(ctx: click.Context) -> str:
-    """The exact command that applies this plan: the same inputs and options, + --apply."""
-    return rerun_command(ctx, ("root", "manifest_path", "dest", "journal", "facts_file", "model_config"),
-                         skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))
+def _apply_command(ctx: click.Context, dest: str | None = None) -> str:
+    """The exact command that applies this plan: the same inputs and options, + --apply;
+    with `dest`, --dest that placeholder (left unquoted: a shell refuses it, never guesses)."""
+    paths = ("root", "manifest_path", "dest", "journal", "facts_file", "model_config")
+    if dest is None:
+        return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))
+    return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND | {"dest"}) + f" --dest {dest} --apply"

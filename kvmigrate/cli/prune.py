@@ -15,6 +15,7 @@ import click
 from kvmigrate.cli.common import (exit_stopped, facts_options, handle_errors, interrupt_on_sigterm, io_depth_option,
                                   output_options, pop_fact_flags, pop_selection, print_json, rerun_command,
                                   selection_options)
+from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
 
@@ -148,14 +149,15 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                     "finished_interrupted": finished, **result.to_dict()})
     elif not quiet:
         for r in plan.finished:  # the run this command resumed: its journal is the one to undo
-            click.echo(f"finished the interrupted prune run {r.run_id}: {sum(r.moved.values())} more files moved")
+            click.echo(f"finished the interrupted prune run {r.run_id}: {plural(sum(r.moved.values()), 'more file')} "
+                       "moved")
             click.echo(f"journal: {r.journal}  (undo: kvmigrate restore {r.journal})")
         if result.journal is not None or not plan.finished:
             click.echo(render_result(result))
     failed = result.failed + [f for r in plan.finished for f in r.failed]
     if failed:
         undo = result.journal if result.failed else next(r.journal for r in plan.finished if r.failed)
-        click.echo(f"kvmigrate: error: {len(failed)} file(s) could not be moved; {failed[0]}", err=True)
+        click.echo(f"kvmigrate: error: {plural(len(failed), 'file')} could not be moved; {failed[0]}", err=True)
         click.echo(f"  hint: fix the cause (permissions, a read-only or another filesystem), then rerun the same "
                    f"command; `kvmigrate restore {undo}` puts back what moved", err=True)
     sys.exit(result.exit_code | max([r.exit_code for r in plan.finished], default=0))

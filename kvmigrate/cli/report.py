@@ -7,6 +7,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, pop_selection, prefer_arrow_pool, selection_options
+from kvmigrate.units import plural
 
 FORMATS = ("text", "json", "md", "html")
 
@@ -83,7 +84,7 @@ def command(manifests: tuple[str, ...], fmt: str | None, output: str | None, as_
             what = [w for w in (f"with status {list_status}" if list_status not in (None, "any") else "",
                                 f"with action {list_action}" if list_action else "",
                                 f"in namespaces matching {list_namespace}" if list_namespace else "") if w]
-            click.echo(" ".join([f"kvmigrate: {n} files", *what]), err=True)
+            click.echo(" ".join([f"kvmigrate: {plural(n, 'file')}", *what]), err=True)
         sys.exit(0)
     if as_diff and selection:
         raise UsageError("--only/--exclude report one manifest; --diff compares whole manifests",

@@ -7,6 +7,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.units import plural
 
 
 @click.command("restore")
@@ -30,11 +31,11 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
     elif not quiet:
         click.echo(render_restore(result))
     if result.kept:
-        click.echo(f"kvmigrate: error: {len(result.kept)} file(s) not restored; {result.kept[0]}", err=True)
+        click.echo(f"kvmigrate: error: {plural(len(result.kept), 'file')} not restored; {result.kept[0]}", err=True)
         gone = len(result.kept) - result.conflicts
-        hints = ([f"{result.conflicts} re-created path(s) are kept as they are: move them aside and rerun "
+        hints = ([f"{plural(result.conflicts, 're-created path')} kept as they are: move them aside and rerun "
                   f"`kvmigrate restore {journal}` to put the pruned files back"] if result.conflicts else []) + (
-            [f"{gone} file(s) are gone (purged, or removed with --no-quarantine): a migrated block's bytes live on "
+            [f"{plural(gone, 'file')} gone (purged, or removed with --no-quarantine): a migrated block's bytes live on "
              "in its target namespace"] if gone else [])
         click.echo(f"  hint: {'; '.join(hints)}", err=True)
     sys.exit(result.exit_code)

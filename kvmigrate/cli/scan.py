@@ -10,8 +10,8 @@ import click
 
 from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
                                   output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
-                                  pop_selection, prefer_arrow_pool, print_json, scaleout_options, selection_options,
-                                  start_pacing, walk_options)
+                                  pop_selection, prefer_arrow_pool, print_json, say_no_cache, scaleout_options,
+                                  selection_options, start_pacing, walk_options)
 from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
 
@@ -68,6 +68,7 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
         result = scan_any(root, part_output(output, (k, n)), shard=(k, n),
                           progress=(not quiet and sys.stderr.isatty()), **options)
     summary = result.summary
+    say_no_cache(summary)
     if as_json:
         print_json(summary)
     elif not quiet:  # -q: the exit code says it (interface.md §4)

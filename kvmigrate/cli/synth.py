@@ -6,6 +6,7 @@ import click
 
 from kvmigrate.cli.common import handle_errors, print_json
 from kvmigrate.identity.values import FAMILIES
+from kvmigrate.units import plural
 
 
 def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -83,6 +84,6 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
         click.echo(f"{ns['base_name']}  {ns['family']} {ns['scheme']} tp={ns['tp']} {ns['kv_kind']} "
                    f"ranks={ranks} file={ns['file_size']}B")
     files = len(result.block_files())
-    click.echo(f"{files} block files under {result.root}")
+    click.echo(f"{plural(files, 'block file')} under {result.root}")
     for d in result.defects:
         click.echo(f"defect {d['name']}: {d['relpath']} -> {d['status']}")

@@ -88,6 +88,10 @@ class Family:
     # a block's rank files are whole copies of it (SGLang e2 MLA pages): the apply
     # compares those present, and a missing copy does not block the others
     copies_whole: bool = False
+    # what the reading engine does with a block one of whose rank files is missing (the
+    # `incomplete` finding's advice, report/hints.py)
+    incomplete_advice: str = ("the engine needs every rank's file of a block, so remove the remaining rank files of "
+                              "these blocks while no engine runs")
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"
@@ -202,6 +206,11 @@ class Family:
     def is_temp(self, name: str) -> bool:
         """A claimed file that is a temp leftover of the writer (never read)."""
         return False
+
+    def temp_page(self, name: str) -> str | None:
+        """The page file name a temp leftover was being written as, where its name says
+        (its deployment is then that page's), else None."""
+        return None
 
     def wants_head(self, file: Any) -> bool:
         """Whether the scan reads a claimed file's first bytes even under --verify size

@@ -17,6 +17,8 @@ from kvmigrate.findings import reason as finding_reason
 class Llmd(Family):
     name = "llmd"
     title = "llm-d"
+    incomplete_advice = ("llm-d silently serves stale KV for the missing rank, so remove the remaining rank files "
+                         "of these blocks while no engine runs")
     transforms = ("concat", "relayout")
     aliases_vllm_names = True
     majority_sizes = True

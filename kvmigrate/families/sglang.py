@@ -234,6 +234,8 @@ class Deployment:
 class SGLang(families.Family):
     name = "sglang"
     title = "SGLang HiCache file backend"
+    incomplete_advice = ("SGLang needs every TP rank's file of a page (docs/sglang.md §3): the remaining files are "
+                         "never read as a page, so remove them while no engine runs")
     reads_s1 = False
     target_engine = "sglang"
     root_layout = "flat"
@@ -247,6 +249,10 @@ class SGLang(families.Family):
 
     def is_temp(self, name: str) -> bool:
         return is_temp(name)
+
+    def temp_page(self, name: str) -> str | None:
+        """`<final>.bin.tmp.<pid>.<tid>.<hex>` (0.5.14 - 0.5.19) names its page; `.<32 hex>.tmp` none."""
+        return name[:name.index(".bin.tmp.") + 4] if _TMP_OLD_RE.match(name) else None
 
     def wants_head(self, file: FlatFile) -> bool:
         """Names whose payload the zip magic decides (e1 and early e2 wrote torch.save

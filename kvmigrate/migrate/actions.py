@@ -201,8 +201,9 @@ def _conflict_causes(conflicts: Counter) -> Counter:
     return out
 
 
-def render_text(plan: Plan, apply_command: str | None = None) -> str:
-    """The dry-run report: per target namespace, what would be created and what not."""
+def render_text(plan: Plan, apply_command: str | None = None, dest_command: str | None = None) -> str:
+    """The dry-run report: per target namespace, what would be created and what not;
+    `dest_command`: the apply command with --dest <DIR>, for what only waits for it."""
     lines = [f"migration plan for {plan.root}" + (f" -> {plan.dest}" if plan.dest != plan.root else ""),
              f"target profile: {plan.target_profile}"]
     for tp in plan.targets:
@@ -252,11 +253,19 @@ def render_text(plan: Plan, apply_command: str | None = None) -> str:
                      "(see `kvmigrate report` for details)")
     lines.append("outcomes if applied: " + ", ".join(f"{k} {n}" for k, n in plan.outcomes().items())
                  + " (changed_since_scan and failed are only known when applying)")
+    waiting, waiting_bytes = plan.waiting_for_dest
     if plan.pending:
         lines.append(f"{plural(plan.pending, 'block')} would be created. Nothing was written (dry run).")
         if apply_command:
             lines.append(f"to apply: {apply_command}")
-    else:
+    if waiting:
+        lines.append(f"{plural(waiting, 'block')} ({human_bytes(waiting_bytes)}) wait for --dest DIR: a relayout "
+                     "keeps the page's file name, so it is written into a new storage directory DIR (with links to "
+                     "the pages kept as they are), never over a source." + ("" if plan.pending else
+                                                                            " Nothing was written (dry run)."))
+        if dest_command:
+            lines.append(f"to apply: {dest_command}")
+    if not plan.pending and not waiting:
         lines.append("nothing to do: every reusable block is already in place.")
     return "\n".join(lines)
 

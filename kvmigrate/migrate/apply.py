@@ -57,7 +57,7 @@ from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
 from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
 from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts, oserror_stop
 from kvmigrate.migrate.runs import claimed_by_others
-from kvmigrate.migrate.place import Placer, stat_differs as _stat_differs
+from kvmigrate.migrate.place import CTIME_MOVED, Placer, stat_differs as _stat_differs
 from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
 from kvmigrate.migrate.plan import ActionStream
 
@@ -118,6 +118,8 @@ class Applier(FolderMaker, Placer):
         self._header_ids_of: dict[str, tuple[bytes, int]] | None = None  # see `_header_ids`
         self.tree: DestTree | None = None
         self.journal: jn.JournalWriter | None = None
+        self._ours: dict[tuple[int, int], int] | None = None  # see `_linked_by_us`
+        self._run_id: str | None = None  # the journal run this apply writes (a new one, or the one it resumes)
 
     # --- entry point ------------------------------------------------------------------
 
@@ -232,13 +234,31 @@ class Applier(FolderMaker, Placer):
                                                            "mode": self.mode})
             self.result.resumed = True
             self._resume_runs = jn.load_runs(found)
+            self._run_id = self._resume_runs[-1].header.get("run_id") if self._resume_runs else None
         else:
             path = arg
             if not jn.is_journal_name(arg) and (os.path.isdir(arg) or not os.path.exists(arg)):
                 path = os.path.join(arg, f"{header['run_id']}{jn.SUFFIX}")
-            self.journal = jn.JournalWriter.create(path, header)
+            self.journal = jn.JournalWriter.create(path, header, read_only=self._read_only_dest)
             self._resume_runs = []
+            self._run_id = header["run_id"]
         self.result.journal_path = self.journal.path
+
+    def _read_only_dest(self) -> str | None:
+        """The hint when the journal's filesystem is read-only: if the destination cannot
+        be written either (a probe file), --journal elsewhere alone would not help; None
+        when it can."""
+        probe = os.path.join(self.plan.dest, f".kvmigrate-probe-{os.getpid()}")
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            return None
+        except OSError:
+            return (f"{self.plan.dest} (where the target namespaces go) is on a read-only filesystem too: remount "
+                    "it read-write, then rerun the same command; or migrate onto a writable filesystem: --dest DIR "
+                    "--journal PATH (both there; with --mode copy, since hard links cannot cross filesystems)")
+        os.unlink(probe)
+        return None
 
     def _resume_pending(self) -> None:
         """Adopt what an interrupted run provably created and remove its temp files,
@@ -442,11 +462,64 @@ class Applier(FolderMaker, Placer):
     def _src_abs(self, relpath: str) -> str:
         return self._src_prefix + relpath  # os.path.join(root, relpath) for a checked relpath
 
-    def _stale(self, src) -> str | None:
+    def _stale(self, src, act: BlockAction) -> str | None:
         """Why a source no longer is what the scan saw, or None (lstat-ed by the helper
-        while the batch's folders were made, or now)."""
+        while the batch's folders were made, or now; a moved ctime judged by `_ctime_moved`)."""
         why = self._stats.pop(id(src), _NOT_SEEN)
-        return _stale_at(self._src_abs(src.relpath), src) if why is _NOT_SEEN else why
+        if why is _NOT_SEEN:
+            why = _stale_at(self._src_abs(src.relpath), src)
+        return self._ctime_moved(src, act) if why == CTIME_MOVED else why
+
+    def _ctime_moved(self, src, act: BlockAction) -> str | None:
+        """A source whose ctime alone moved since the scan, no name added (prune re-checks
+        a ctime too; a chmod, an xattr set, a rewrite whose mtime was put back move it): no
+        change when kvmigrate moved it (`_linked_by_us`) or its bytes still hash to the
+        scan's (read now); else changed, or unproven without a hash (CTIME_MOVED)."""
+        if self._linked_by_us(src):
+            return None
+        if src.content_hash is None:
+            return CTIME_MOVED
+        try:
+            fd = open_noatime(self._src_abs(src.relpath))
+        except OSError as exc:
+            return f"source cannot be read: {exc.strerror}"
+        try:
+            why = _stat_differs(os.fstat(fd), src, bytes_checked=True)
+            got = None if why else _read_fd(fd, src.size)[0]
+        except OSError as exc:
+            return f"source cannot be read: {exc.strerror}"
+        finally:
+            os.close(fd)
+        if why or got == src.content_hash:
+            return why
+        return "source changed since the scan: its ctime moved and its bytes differ from the scan's hash"
+
+    def _linked_by_us(self, src) -> bool:
+        """An earlier migration run journaled for this root (its default folder, or
+        --journal) meant to hard-link this inode, and its journal was last written at or
+        after the inode's ctime: link(2) and a rollback's unlink moved it (the same manifest
+        applied after a rollback, or into another --dest), not a rewrite. (The run being
+        written is left out: its intents precede its links.) Read once, when a ctime first
+        needs it."""
+        if self._ours is None:
+            self._ours = {}
+            mine = self._run_id
+            for where in {jn.default_journal_dir(self.plan.root), self.journal_arg} - {None}:
+                if not os.path.exists(where):
+                    continue
+                for path, run in jn.iter_runs(where):
+                    if run.header.get("run_id") == mine:
+                        continue
+                    written = os.stat(path).st_mtime_ns
+                    for item in run.intents.values():
+                        if item.get("kind") == "block" and item.get("action") == "link":
+                            key = (item.get("dev"), item.get("ino"))
+                            self._ours[key] = max(self._ours.get(key, 0), written)
+        try:
+            st = os.lstat(self._src_abs(src.relpath))
+        except OSError:
+            return False
+        return st.st_ctime_ns <= self._ours.get((st.st_dev, st.st_ino), -1)
 
     def _block(self, tp: TargetPlan, act: BlockAction) -> None:
         if _reads_block(act):
@@ -454,7 +527,7 @@ class Applier(FolderMaker, Placer):
             # open (by the batch's reader thread) and checked before anything is published
             ok, computed = self._read_checked(tp, act)
         else:
-            why = self._stale(act.source)
+            why = self._stale(act.source, act)
             if why:
                 return self._outcome(tp, act, "changed_since_scan", why)
             # a transform checks its sources itself (`_check_transform_sources`)
@@ -478,7 +551,7 @@ class Applier(FolderMaker, Placer):
                           bits=EXIT_INTEGRITY)
             return False, None
         for rep in act.replicas:
-            why = self._stale(rep)
+            why = self._stale(rep, act)
             if why:
                 self._outcome(tp, act, "changed_since_scan", f"replica {rep.relpath}: {why}")
                 return False, None
@@ -502,6 +575,9 @@ class Applier(FolderMaker, Placer):
         differ. Returns (ok, the source's content hash, journaled with the block)."""
         payload = act.action == "rewrite_header"
         reads = self._reads.pop(id(act), None) or _read_block_files(self._src_prefix, act, tp.fam.header_len)
+        # a moved ctime alone: read all the same, and no change if kvmigrate moved it (its bytes are checked below)
+        reads = [got._replace(stale=None) if got.stale == CTIME_MOVED and self._linked_by_us(f) else got
+                 for f, got in zip(act.sources, reads)]
         first = reads[0]
         if first.stale:
             self._outcome(tp, act, "changed_since_scan", first.stale)
@@ -597,7 +673,7 @@ class Applier(FolderMaker, Placer):
                                   bits=EXIT_OPERATIONAL)
                     return None
                 fds.append(fd)
-                why = _stat_differs(os.fstat(fd), f)
+                why = _stat_differs(os.fstat(fd), f, bytes_checked=f.content_hash is not None)
                 if why:
                     self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
                     return None
@@ -733,13 +809,13 @@ def _stat_and_read(path: str, src, header_len: int, payload: bool) -> _FileRead:
     try:
         st = os.fstat(fd)
         why = _stat_differs(st, src)
-        if why:
+        if why and why != CTIME_MOVED:  # (a moved ctime alone is judged by the main thread: read it all the same)
             return _FileRead(why, None, None, b"", 0, False)
         try:
             if all_holes(fd, st):  # every byte zero: refused as the scan would, without the read
-                return _FileRead(None, None, None, os.pread(fd, header_len, 0) if header_len else b"",
+                return _FileRead(why, None, None, os.pread(fd, header_len, 0) if header_len else b"",
                                  st.st_size, True)
-            return _FileRead(None, *_read_fd(fd, src.size, header_len, payload))
+            return _FileRead(why, *_read_fd(fd, src.size, header_len, payload))
         except OSError as exc:
             return _FileRead(None, None, None, b"", 0, False, exc)
     finally:

@@ -34,6 +34,7 @@ action produces). Nothing else is ever claimed.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -43,10 +44,10 @@ import uuid
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kvmigrate import layout
-from kvmigrate.errors import OperationalError, UsageError
+from kvmigrate.errors import OperationalError, UsageError, write_error
 
 VERSION = 2
 FRAME = struct.Struct("<4sII")  # magic, payload length, crc32 of the payload
@@ -416,16 +417,20 @@ class JournalWriter:
         self._held = 0
 
     @classmethod
-    def create(cls, path: str, header: dict[str, Any]) -> "JournalWriter":
-        """A new journal file (or a new run appended to an existing journal file)."""
+    def create(cls, path: str, header: dict[str, Any], *,
+               read_only: Callable[[], str | None] | None = None) -> "JournalWriter":
+        """A new journal file (or a new run appended to an existing journal file).
+        `read_only()`: on a read-only filesystem, the hint where --journal elsewhere would
+        not help, or None where it would (errors.write_error)."""
         parent = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(parent, exist_ok=True)
             existed = os.path.exists(path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise OperationalError(f"cannot create the journal: {exc.strerror}", path=path,
-                                   hint="pass --journal PATH on a writable filesystem") from None
+            raise write_error(exc, "cannot create the journal", path,
+                              read_only=read_only() if read_only and exc.errno == errno.EROFS else None,
+                              elsewhere="pass --journal PATH on a writable filesystem") from None
         w = cls(path, fd)
         w._lock()
         if existed and os.fstat(fd).st_size:

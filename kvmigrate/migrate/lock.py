@@ -10,12 +10,11 @@ retried, the classic flock-and-unlink race.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 
 from kvmigrate import layout
-from kvmigrate.errors import OperationalError
+from kvmigrate.errors import OperationalError, write_error
 from kvmigrate.migrate.fsops import DestTree
 
 
@@ -101,7 +100,5 @@ def _read_holder(fd: int) -> str:
 
 
 def _lock_error(tree: DestTree, relpath: str, exc: OSError) -> OperationalError:
-    what = {errno.EACCES: "permission denied", errno.EROFS: "read-only filesystem",
-            errno.ENOSPC: "no space left"}.get(exc.errno or 0, exc.strerror or str(exc))
-    return OperationalError(f"cannot create the lock file: {what}", path=tree.abspath(relpath),
-                            hint="check permissions and space on the destination")
+    return write_error(exc, "cannot create the lock file", tree.abspath(relpath),
+                       elsewhere="migrate onto another filesystem: --dest DIR")

@@ -17,6 +17,12 @@ from kvmigrate.cost import TRANSFORMS, transform_cost
 from kvmigrate import families
 from kvmigrate.families import Family
 from kvmigrate.migrate.outputs import TransformSpec
+from kvmigrate.manifest import holds_no_cache
+
+# The reason of a flat family's relayout planned without --dest (plan._flat_rows): its
+# output keeps the page's name, so it can only be written into another directory.
+NEEDS_DEST = ("a relayout into --dest DIR: the page keeps its name, so it is written into a new storage "
+              "directory, never over a source; rerun with --dest DIR")
 
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
@@ -42,6 +48,8 @@ class SourceFile(NamedTuple):
     mtime_ns: int
     content_hash: bytes | None
     payload_hash: bytes | None
+    ctime_ns: int | None = None  # None: the scan did not stat it (never compared)
+    nlink: int | None = None  # the names the scan saw (a hard link added since moves the ctime too)
 
 
 class BlockAction(NamedTuple):
@@ -173,6 +181,18 @@ class Plan:
         return sum(t.pending for t in self.targets)
 
     @property
+    def waiting_for_dest(self) -> tuple[int, int]:
+        """(blocks, bytes) that only a run with --dest DIR places (NEEDS_DEST)."""
+        hits = [(n, tp.skipped_bytes[key]) for tp in self.targets for key, n in tp.skipped.items()
+                if key[1] == NEEDS_DEST]
+        return sum(n for n, _ in hits), sum(b for _, b in hits)
+
+    @property
+    def holds_no_cache(self) -> bool:
+        """The scanned root holds no cache at all: an empty or unmounted volume (manifest.holds_no_cache)."""
+        return holds_no_cache(self.metadata, self.status_counts)
+
+    @property
     def conflicts(self) -> int:
         """Blocks whose target path the scan found taken by other bytes."""
         return sum(sum(t.conflicts.values()) for t in self.targets)
@@ -186,10 +206,10 @@ class Plan:
         return out
 
     def dry_run_exit_code(self) -> int:
-        """interface.md §4: 1 if anything would be created, +4 for conflicts it would meet
-        or integrity states of blocks it would place. Other rows' findings are reported in
+        """interface.md §4: 1 if anything would be created (here, or with --dest DIR), +4 for
+        conflicts it would meet or integrity states of blocks it would place. Other rows' findings are reported in
         the plan, not failed on (they are `audit`'s exit code)."""
-        code = 1 if self.pending else 0
+        code = 1 if self.pending or self.waiting_for_dest[0] else 0  # (work waiting for --dest DIR too)
         if self.placed_integrity_rows or self.conflicts:
             code |= 4
         return code

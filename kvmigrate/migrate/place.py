@@ -28,11 +28,24 @@ if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction, TargetPlan
 
 
-def stat_differs(st: os.stat_result, src) -> str | None:
+CTIME_MOVED = ("source changed since the scan: its ctime moved while inode, size and mtime did not (rewritten in "
+               "place with its mtime put back?); rescan it to migrate it")
+
+
+def stat_differs(st: os.stat_result, src, *, bytes_checked: bool = False) -> str | None:
+    """Why `st` is not the source file the scan saw, or None: another kind, dev, inode,
+    size or mtime, or a ctime the scan did not see (CTIME_MOVED; user space cannot set a
+    ctime, so a rewrite whose mtime was put back shows there). A ctime also moves for no
+    change of bytes: link(2) sets it, so with a name added since the scan (nlink grew:
+    kvmigrate's own link of it, by an earlier or interrupted run) it is no sign. Nor where
+    the caller compares what it reads with the scan's hash (`bytes_checked`)."""
     if not stat.S_ISREG(st.st_mode):
         return "source is no longer a regular file"
     if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
         return "source changed since the scan (dev, inode, size or mtime differ)"
+    if (not bytes_checked and src.ctime_ns is not None and st.st_ctime_ns != src.ctime_ns
+            and not (src.nlink is not None and st.st_nlink > src.nlink)):
+        return CTIME_MOVED
     return None
 
 
@@ -102,7 +115,7 @@ class Placer:
             return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
         was_cached = pacing.cached(src_fd)
         try:
-            why = stat_differs(os.fstat(src_fd), act.source)
+            why = stat_differs(os.fstat(src_fd), act.source, bytes_checked=src_hash is not None)
             if why:
                 return self._outcome(tp, act, "changed_since_scan", why)
             src_h = xxhash.xxh3_128()
@@ -178,7 +191,7 @@ class Placer:
                 raise oserror_stop(exc, self.tree.abspath(target), f"writing a block ({act.action})") from None
             files = act.sources if spec.action != "slice" else (act.source,)
             for f, fd in zip(files, fds):  # a writer may have appended while we read
-                why = stat_differs(os.fstat(fd), f)
+                why = stat_differs(os.fstat(fd), f, bytes_checked=f.content_hash is not None)
                 if why:
                     unlink_quiet(self.tree, tmp)
                     return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")

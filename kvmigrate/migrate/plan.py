@@ -31,7 +31,8 @@ from kvmigrate.selection import selected_bases
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
-from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, BlockAction, Plan, SourceFile, Tally, TargetPlan
+from kvmigrate.migrate.model import (CREATING, MERGE, NEEDS, NEEDS_DEST, BlockAction, Plan, SourceFile, Tally,
+                                     TargetPlan)
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 
@@ -174,10 +175,6 @@ def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_has
     if target == relpath and not ctx.dest_elsewhere:
         raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest",
                          hint="regenerate it with `kvmigrate scan`")
-
-
-NEEDS_DEST = ("a relayout into --dest DIR: the page keeps its name, so it is written into a new storage "
-              "directory, never over a source; rerun with --dest DIR")
 
 
 def _flat_rows(flat: list[str], dest_elsewhere: bool) -> Callable[[pa.Table], pa.Table]:
@@ -454,7 +451,8 @@ def _tally_competing(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies
 
 
 # Columns of a source file, nulls read as 0 (as `_as_int` did per row).
-_FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128")
+_FILE_COLUMNS = ("relpath", "rank", "dev", "inode", "size", "mtime_ns", "content_xxh3_128", "payload_xxh3_128",
+                 "ctime_ns", "nlink")
 _INT_COLUMNS = ("rank", "dev", "inode", "size", "mtime_ns")
 
 

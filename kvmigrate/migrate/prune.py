@@ -691,25 +691,25 @@ def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: floa
 
 
 def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
-    from kvmigrate.units import human_bytes
+    from kvmigrate.units import human_bytes, plural
 
     lines = [f"prune plan for {plan.root}"]
     totals = plan.totals()
     for cls in plan.classes:
         t = totals[cls]
-        lines.append(f"  {cls.replace('_', '-'):<24} {t['files']:>8} files {human_bytes(t['bytes']):>10}; frees "
-                     f"{human_bytes(t['freed_bytes'])} once purged, {t['unlinked_files']} files only unlinked "
+        lines.append(f"  {cls.replace('_', '-'):<24} {plural(t['files'], 'file'):>14} {human_bytes(t['bytes']):>10}; frees "
+                     f"{human_bytes(t['freed_bytes'])} once purged, {plural(t['unlinked_files'], 'file')} only unlinked "
                      "(their bytes stay under another name: a file-count slot each)")
         for (c, ns), v in plan.by_namespace().items():
             if c == cls:
-                lines.append(f"    {namespace_label(ns)}: {v['files']} files, {human_bytes(v['bytes'])}; frees "
+                lines.append(f"    {namespace_label(ns)}: {plural(v['files'], 'file')}, {human_bytes(v['bytes'])}; frees "
                              f"{human_bytes(v['freed_bytes'])}, {v['unlinked_files']} only unlinked")
     for ns, why in sorted(plan.skipped.items()):
         lines.append(f"  skipped {ns}: {why}")
-    lines += [f"  kept {o['namespace']}: {o['files']} files, {human_bytes(o['bytes'])}, {ORPHANED_KEPT}"
+    lines += [f"  kept {o['namespace']}: {plural(o['files'], 'file')}, {human_bytes(o['bytes'])}, {ORPHANED_KEPT}"
               for o in plan.orphaned]
     if plan.items:
-        lines.append(f"{len(plan.items)} files would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
+        lines.append(f"{plural(len(plan.items), 'file')} would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
                      "(reversible: `kvmigrate restore JOURNAL`). Nothing was moved (dry run).")
         if apply_command:
             lines.append(f"to apply: {apply_command}")

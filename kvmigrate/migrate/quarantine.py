@@ -82,7 +82,9 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     if os.path.isdir(path):
         path = os.path.join(path, f"{run_id}{jn.SUFFIX}")
     qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
-    w = jn.JournalWriter.create(path, {"kind": KIND, "run_id": run_id, "command": command, "root": root,
+    w = jn.JournalWriter.create(path, read_only=lambda: (
+        f"{root} is on a read-only filesystem: remount it read-write, then rerun the same command (prune moves "
+        "files within ROOT, into ROOT/.kvmigrate/quarantine: nothing else can take its place)"), header={"kind": KIND, "run_id": run_id, "command": command, "root": root,
                                        "dest": root, "manifest": os.path.abspath(plan.manifest),
                                        "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
                                        "time": time.time(), "scan_started_ns": plan.scan_started_ns})
@@ -473,11 +475,11 @@ def render_result(result: PruneResult) -> str:
         return "nothing to prune: no file moved, no prune run journaled"
     moved = sum(result.moved.values())
     where = os.path.join("ROOT", result.quarantine) if result.quarantine else "nowhere (--no-quarantine: unlinked)"
-    lines = [f"pruned {moved} files ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
-             f"{human_bytes(result.freed_bytes)} freed once purged, {result.unlinked} files only unlinked; "
-             f"{result.dirs_removed} empty folders removed"]
+    lines = [f"pruned {plural(moved, 'file')} ({human_bytes(sum(result.moved_bytes.values()))}) into {where}: "
+             f"{human_bytes(result.freed_bytes)} freed once purged, {plural(result.unlinked, 'file')} only unlinked; "
+             f"{plural(result.dirs_removed, 'empty folder')} removed"]
     for cls, k in sorted(result.moved.items()):
-        lines.append(f"  {cls.replace('_', '-')}: {k} files, {human_bytes(result.moved_bytes[cls])}")
+        lines.append(f"  {cls.replace('_', '-')}: {plural(k, 'file')}, {human_bytes(result.moved_bytes[cls])}")
     if result.targets or result.left_targets:
         lines.append(f"legacy names removed: {sum(result.targets.values())}; " + (
             "each target namespace now holds only its own files (a file-count evictor counts each block once)"

@@ -26,6 +26,7 @@ from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (point
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
 from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, makedirs
+from kvmigrate.units import plural
 
 
 @dataclass
@@ -277,9 +278,9 @@ def _count(path: str) -> tuple[int, int]:
 
 
 def render_restore(result: RestoreResult) -> str:
-    lines = [f"restored {result.restored} file(s) from {len(result.journals)} prune journal(s)"
+    lines = [f"restored {plural(result.restored, 'file')} from {plural(len(result.journals), 'prune journal')}"
              + (f"; {result.already_in_place} already in place" if result.already_in_place else "")
-             + (f"; {result.dirs_made} folders made again" if result.dirs_made else "")]
+             + (f"; {plural(result.dirs_made, 'folder')} made again" if result.dirs_made else "")]
     if result.kept:
         lines.append(f"not restored {len(result.kept)}:")
         lines += [f"  {k}" for k in result.kept[:50]] + (
@@ -291,12 +292,12 @@ def render_purge(result: PurgeResult, root: str, dry_run: bool) -> str:
     from kvmigrate.units import human_bytes
 
     verb = "would purge" if dry_run else "purged"
-    young = f"; {result.young} younger run(s) kept" if result.young else ""
+    young = f"; {plural(result.young, 'younger run')} kept" if result.young else ""
     if not result.runs:
         lines = [f"nothing to purge under {os.path.join(root, QUARANTINE_DIR)}{young}"]
     else:
-        lines = [f"{verb} {len(result.runs)} quarantine(s) under {os.path.join(root, QUARANTINE_DIR)}: "
-                 f"{result.files} files, {human_bytes(result.freed_bytes)} freed{young}"]
+        lines = [f"{verb} {plural(len(result.runs), 'quarantine')} under {os.path.join(root, QUARANTINE_DIR)}: "
+                 f"{plural(result.files, 'file')}, {human_bytes(result.freed_bytes)} freed{young}"]
     lines += [f"  failed: {f}" for f in result.failed]
     return "\n".join(lines)
 

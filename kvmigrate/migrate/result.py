@@ -9,22 +9,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
+from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OS_WHAT, OperationalError
 from kvmigrate.migrate.model import OUTCOMES
 from kvmigrate.units import plural
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import Plan
 
-_OS_WHAT = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-            errno.EROFS: "read-only filesystem", errno.EXDEV: "destination is on another filesystem",
-            errno.EMLINK: "too many hard links to the source file", errno.EIO: "I/O error"}
 _OS_HINT = {errno.ENOSPC: "free space on the destination, then rerun the same command: it resumes from the journal",
             errno.EDQUOT: "raise the quota or free space, then rerun the same command to resume",
             errno.EACCES: "run as a user that may write the destination, then rerun the same command to resume",
             errno.EPERM: "run as a user that may write the destination, then rerun the same command to resume",
-            errno.EROFS: "remount the destination read-write or pass --dest DIR on a writable filesystem",
+            errno.EROFS: "the destination is on a read-only filesystem: remount it read-write, then rerun the same "
+                         "command to resume; or migrate onto a writable filesystem: --dest DIR (with --mode copy: "
+                         "hard links cannot cross filesystems)",
             errno.EIO: "check the device (dmesg), then rerun the same command to resume"}
 
 
@@ -36,7 +34,7 @@ class Stop(Exception):
 
 
 def oserror_stop(exc: OSError, where: str, doing: str) -> Stop:
-    what = _OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
+    what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
     return Stop(OperationalError(f"{doing} failed: {what}", path=where,
                                   hint=_OS_HINT.get(exc.errno or 0, "fix the cause, then rerun the same command: "
                                                                     "it resumes from the journal")))
@@ -134,7 +132,7 @@ def finish_counts(plan: Plan, result: ApplyResult) -> None:
         per = result.per_target.setdefault(tp.base_name, Counter())
         if tp.conflicts:
             per["conflict"] += sum(tp.conflicts.values())
-            result.findings += [f"conflict: {reason} ({n} blocks)" for reason, n in sorted(tp.conflicts.items())]
+            result.findings += [f"conflict: {reason} ({plural(n, 'block')})" for reason, n in sorted(tp.conflicts.items())]
         n = sum(tp.skipped.values())
         if n:
             per["skipped_needs_transform"] += n

@@ -529,25 +529,25 @@ def _append_rolled_back(path: str, result: RollbackResult) -> None:
 
 
 def _counts(c: Counter) -> str:
-    return (f"{plural(c.get('block', 0), 'block')}, {c.get('config', 0)} config.json, "
+    return (f"{plural(c.get('block', 0), 'block')}, {plural(c.get('config', 0), 'config.json', 'config.json files')}, "
             f"{plural(c.get('dir', 0), 'folder')}, {plural(c.get('temp', 0), 'temp file')}"
             + (f", {plural(c['lock'], 'lock file')}" if c.get("lock") else ""))
 
 
 def render(result: RollbackResult) -> str:
     if result.dry_run:
-        lines = [f"rollback dry run of {len(result.journals)} journal(s): nothing was removed; it would remove "
+        lines = [f"rollback dry run of {plural(len(result.journals), 'journal')}: nothing was removed; it would remove "
                  f"{_counts(result.removed)}" + (f"; {result.already_gone} already gone" if result.already_gone else "")
-                 + (f", after putting back {result.restored} pruned source file(s) (from the quarantine, or "
+                 + (f", after putting back {plural(result.restored, 'pruned source file')} (from the quarantine, or "
                     "linked from their target)" if result.restored else "")]
         for ns, c in sorted(result.per_namespace.items()):
             lines.append(f"  {ns}: {_counts(c)}")
     else:
-        lines = [f"rolled back {len(result.journals)} journal(s): removed {_counts(result.removed)}"
+        lines = [f"rolled back {plural(len(result.journals), 'journal')}: removed {_counts(result.removed)}"
                  + (f"; {result.already_gone} already gone" if result.already_gone else "")]
     lines += [f"  note: {n}" for n in result.notes]
     if result.kept:
-        lines.append(f"{'would keep' if result.dry_run else 'kept'} {len(result.kept)} path(s):")
+        lines.append(f"{'would keep' if result.dry_run else 'kept'} {plural(len(result.kept), 'path')}:")
         lines += [f"  {k}" for k in result.kept]
     return "\n".join(lines)
 

@@ -24,7 +24,8 @@ BUCKETS = 4096
 INTEGRITY_STATES = frozenset({"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled",
                               "header_invalid", "digest_mismatch", "config_invalid", "silent_change"})
 
-_READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "inode",
+_READ_COLUMNS = ("relpath", "source_base", "deployment", "rank", "group", "block_hash", "size", "mtime_ns", "ctime_ns",
+                 "nlink", "inode",
                  "dev", "content_xxh3_128", "payload_xxh3_128", "status", "action", "reason", "target_relpath",
                  *findings.COLUMNS)
 _BYTES: pa.Array | None = None

@@ -2,7 +2,10 @@
 
 Phases, restic-check style, each with typed findings:
   1. namespaces: every base folder with a config.json must hash to its folder name
-     (vllm/llmd recipe, or the vllm.cpp recipe for vllm.cpp identities);
+     (vllm/llmd recipe, or the vllm.cpp recipe for vllm.cpp identities). With a journal,
+     only the target namespaces of its runs are judged (the migration made or wrote into
+     them); a finding of any other namespace is reported as not related (`related`
+     False, no exit bit): it was there before, and `audit` deals with it;
   2. journal (if given): every block the migration created still exists with the
      journaled inode, size and XXH3-128 (a hard link journaled without a hash: its
      mtime); a vllm.cpp output must pass the engine's
@@ -10,7 +13,8 @@ Phases, restic-check style, each with typed findings:
      (formats/checksum.py) must match its bytes; a created config.json is unchanged. A journaled
      block that is gone was removed by the engine's evictor: `evicted` (bit 1; bit 4
      with strict=True). A journal of a migration into another root is refused (2).
-Exit: 0 clean, 1 evicted blocks, 4 integrity findings, +8 when something could not be read.
+Exit: 0 clean, 1 evicted blocks, 4 integrity findings, +8 when something could not be read
+(of what is judged).
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ from kvmigrate.identity import canonical
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.selection import Selection, journal_bases
+from kvmigrate.units import plural
+
+
+# the findings of phase 1: a namespace's config.json does not prove its folder name
+NAMESPACE_CODES = ("config_digest_mismatch", "config_invalid")
 
 
 @dataclass(frozen=True)
@@ -35,9 +44,12 @@ class Finding:
     path: str
     message: str
     bits: int = EXIT_INTEGRITY
+    # judged: the root without a journal, or what the journal's migration created or wrote
+    # into; else a namespace the migration never touched (reported, no exit bit)
+    related: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "path": self.path, "message": self.message}
+        return {"code": self.code, "path": self.path, "message": self.message, "related": self.related}
 
 
 # The scan summary's keys verify prints (interface.md §1): its totals, not its findings,
@@ -61,22 +73,44 @@ class VerifyResult:
     def exit_code(self) -> int:
         code = 0
         for f in self.findings:
-            code |= f.bits
+            code |= f.bits if f.related else 0
         return code
 
     def next_step(self) -> str:
-        """What to do about the findings (the text's last line, the JSON's `next`)."""
+        """What to do about the findings (the text's last line, the JSON's `next`), one
+        clause per kind: each kind has its own remedy."""
         if not self.findings:
             return "no findings"
-        evicted = sum(f.code == "evicted" for f in self.findings)
+        judged = [f for f in self.findings if f.related]
+        evicted = [f for f in judged if f.code == "evicted"]
+        names = [f for f in judged if f.code in NAMESPACE_CODES]
+        unread = [f for f in judged if f.bits & EXIT_OPERATIONAL]
+        outputs = [f for f in judged if f not in evicted and f not in names and f not in unread]
         lines = []
         if evicted:
-            lines.append(f"{evicted} journaled block(s) removed since the migration, as the engine's evictor "
-                         "removes blocks: nothing to repair")
-        if len(self.findings) > evicted:
-            lines.append(f"{len(self.findings) - evicted} finding(s): blocks that no longer match the journal are not "
-                         "what the migration wrote: move them aside or rerun `kvmigrate migrate --apply` after "
-                         "removing them")
+            lines.append(f"{plural(len(evicted), 'journaled block')} removed since the migration, as the engine's "
+                         "evictor removes blocks: nothing to repair")
+        if outputs:
+            lines.append(f"{plural(len(outputs), 'file')} the migration created no longer "
+                         f"{'matches' if len(outputs) == 1 else 'match'} the journal: not what it wrote; move "
+                         f"{'it' if len(outputs) == 1 else 'them'} aside, then rerun `kvmigrate migrate --apply` "
+                         "(or undo the migration with `kvmigrate rollback`)")
+        if names:
+            one = len(names) == 1
+            lines.append(f"{plural(len(names), 'namespace')} whose config.json does not hash to its folder name: "
+                         f"no engine reads {'it' if one else 'them'} under that name; see why with "
+                         + ", ".join(f"`kvmigrate identity {f.path}`" for f in names[:3])
+                         + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+        if unread:
+            lines.append(f"{plural(len(unread), 'path')} could not be read: fix the permissions or the disk, then "
+                         "verify again")
+        if self.journals and not judged:
+            lines.append("what the migration created matches its journal")
+        others = len(self.findings) - len(judged)
+        if others:
+            lines.append(f"{plural(others, 'finding')} outside it (a namespace the migration neither created nor "
+                         "wrote into): not this migration's, so not in the exit code; "
+                         f"`kvmigrate audit {self.root}` reports {'it' if others == 1 else 'them'} with what to do")
         return "; ".join(lines) + "."
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,8 +122,10 @@ class VerifyResult:
         return out
 
 
-def check_namespaces(root: str, result: VerifyResult, selection: Selection | None = None) -> None:
-    """Phase 1: every base folder's config.json proves its digest."""
+def check_namespaces(root: str, result: VerifyResult, selection: Selection | None = None,
+                     judged: set[str] | None = None) -> None:
+    """Phase 1: every base folder's config.json proves its digest. `judged`: the base
+    folders whose findings count (a journal's targets), None for all of them."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as exc:
@@ -101,35 +137,37 @@ def check_namespaces(root: str, result: VerifyResult, selection: Selection | Non
             continue
         if selection and not selection.admits([folder.safe_model, entry.name]):  # known by its folder name
             continue
+        related = judged is None or entry.name in judged
         cfg = os.path.join(entry.path, layout.CONFIG_NAME)
         try:
             st = os.lstat(cfg)
         except FileNotFoundError:
             continue
         except OSError as exc:
-            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL))
+            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL, related))
             continue
         result.namespaces += 1
         if not stat.S_ISREG(st.st_mode):
-            result.findings.append(Finding("config_invalid", cfg, "config.json is not a regular file"))
+            result.findings.append(Finding("config_invalid", cfg, "config.json is not a regular file",
+                                           related=related))
             continue
         try:
             with open(cfg, "rb") as f:
                 data = f.read(1 << 22)
         except OSError as exc:
-            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL))
+            result.findings.append(Finding("unreadable", cfg, exc.strerror or str(exc), EXIT_OPERATIONAL, related))
             continue
         try:
             fields = canonical.fields_from_config_bytes(data)
         except ValueError as exc:
-            result.findings.append(Finding("config_invalid", cfg, str(exc)))
+            result.findings.append(Finding("config_invalid", cfg, str(exc), related=related))
             continue
         family = families.of_identity(fields).name
         got = canonical.d12(fields, family)
         if got != folder.d12:
             result.findings.append(Finding("config_digest_mismatch", cfg,
                                            f"config.json hashes to {got}, the folder name says {folder.d12} "
-                                           f"({family} recipe)"))
+                                           f"({family} recipe)", related=related))
 
 
 def check_journal(journal: str, result: VerifyResult, selection: Selection | None = None) -> None:
@@ -153,8 +191,8 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
                 if kind == "block":
                     if pacing.expired():  # (a clock read: cheap next to a hash)
                         raise pacing.OutOfTime(
-                            f"--max-duration elapsed after {result.blocks:,} journaled blocks were checked "
-                            f"({len(result.findings)} findings so far); verify writes nothing and starts over")
+                            f"--max-duration elapsed after {plural(result.blocks, 'journaled block')} were checked "
+                            f"({plural(len(result.findings), 'finding')} so far); verify writes nothing and starts over")
                     result.blocks += 1
                 else:
                     result.configs += 1
@@ -254,17 +292,25 @@ def verify_root(root: str, journal: str | None = None, *, strict: bool = False,
     findings); kvmigrate.pipeline.verify adds the root's scan summary. `selection`
     (--only/--exclude): the namespaces and journaled targets it keeps only."""
     result = VerifyResult(root=os.path.abspath(root), strict=strict)
-    check_namespaces(result.root, result, selection)
+    check_namespaces(result.root, result, selection, None if journal is None else journal_targets(journal))
     if journal is not None:
         check_journal(journal, result, selection)
     return result
 
 
+def journal_targets(journal: str) -> set[str]:
+    """The target namespaces of a journal's runs that were not rolled back: what its
+    migration created or wrote into (their config.json must prove their name)."""
+    return {base for path in jn.journal_files(journal) for run in jn.run_states(path) if not run.rolled_back
+            for base in run.targets}
+
+
 def render(result: VerifyResult) -> str:
-    lines = [f"verified {result.root}: {result.namespaces} namespace config.json files"
-             + (f", {result.blocks} journaled blocks and {result.configs} config.json from "
-                f"{len(result.journals)} journal(s)" if result.journals else "")]
+    lines = [f"verified {result.root}: {plural(result.namespaces, 'namespace config.json', 'namespace config.json files')}"
+             + (f", {plural(result.blocks, 'journaled block')} and "
+                f"{plural(result.configs, 'config.json', 'config.json files')} from "
+                f"{plural(len(result.journals), 'journal')}" if result.journals else "")]
     for f in result.findings:
-        lines.append(f"  {f.code}: {f.path}: {f.message}")
+        lines.append(f"  {f.code}: {f.path}: {f.message}" + ("" if f.related else " (not this migration's)"))
     lines.append(result.next_step())
     return "\n".join(lines)

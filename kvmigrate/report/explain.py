@@ -28,7 +28,7 @@ from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
 from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
-from kvmigrate.units import human_bytes
+from kvmigrate.units import human_bytes, plural
 
 GATE_NAMES = {"G1": "parallel-agnostic namespace (G1)", "G2": "parallel-agnostic namespace (G2)",
               "canonical": "parallel-agnostic namespace, canonical rows", "R": "replicated layout (R)"}
@@ -283,7 +283,7 @@ def render_text(r: dict[str, Any]) -> str:
         what = ", ".join(x for x in (f"status {c['status']}", f"action {c['action']}",
                                      f"finding {c['finding']}" if c["finding"] else "",
                                      f"asks {c['asks']}" if c["asks"] else "") if x)
-        lines.append(f"  {_count(c['blocks'])} block{'' if c['blocks'] == 1 else 's'} "
+        lines.append(f"  {plural(c['blocks'], 'block')} "
                      f"({human_bytes(c['bytes'])}): {what}")
         if c["reason"]:
             lines.append(f"    reason: {c['reason']}")

@@ -23,11 +23,13 @@ from kvmigrate.units import human_bytes, plural
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
+# what follows for a namespace whose identity is broken; the hint is the exact identity command
+IDENTITY_WHY = "never migrated; `kvmigrate identity` on its config.json shows why"
+# what follows for a block with a rank file missing depends on the engine that reads it (advice())
+INCOMPLETE = "never migrated"
 # status -> (what it is, what follows, how to act: "list" | "identity" | "prune" | "rerun")
 STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
-    "incomplete": ("blocks with a rank file missing",
-                   "never migrated; llm-d silently serves stale KV for the missing rank, so remove the "
-                   "remaining rank files of these blocks while no engine runs", "list"),
+    "incomplete": ("blocks with a rank file missing", INCOMPLETE, "list"),  # what follows: the family's
     "replica_mismatch": ("replicas that must be equal differ", "never migrated; inspect the listed files", "list"),
     "size_mismatch": ("files whose size differs from their (namespace, group) or the proven geometry",
                       "never migrated; inspect the listed files", "list"),
@@ -52,9 +54,9 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                          "never migrated: restore the base folder's config.json, or prune the rank folder",
                          "prune"),
     "digest_mismatch": ("files of a namespace (its config.json and blocks) whose config.json does not hash to its "
-                        "folder name", "never migrated; see why with", "identity"),
+                        "folder name", IDENTITY_WHY, "identity"),
     "config_invalid": ("files of a namespace (its config.json and blocks) whose config.json is unreadable, not JSON, "
-                       "or of wrong types", "never migrated; see why with", "identity"),
+                       "or of wrong types", IDENTITY_WHY, "identity"),
     "unsupported_layout": ("recognised but out of scope (old llm-d deep tree, pipeline stage)",
                            "kvmigrate does not migrate it", "list"),
     "missing_slots": ("rows of a multi-node engine (--nnodes > 1: a TP/PP/PCP group across nodes), full-size but "
@@ -62,6 +64,19 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "never migrated: they serve wrong KV to any reader; vLLM 0.34 refuses such deployments",
                       "prune"),
 }
+
+UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
+
+
+def advice(status: str, family: str | None = None) -> tuple[str, str, str]:
+    """STATUS_ADVICE of a status for a namespace of `family`: an incomplete block's hazard
+    is the reading engine's (Family.incomplete_advice: llm-d serves stale KV, SGLang misses
+    the page)."""
+    what, then, how = STATUS_ADVICE.get(status, UNKNOWN_STATE)
+    if status == "incomplete":
+        then = f"{INCOMPLETE}; {families.get(family).incomplete_advice}"
+    return what, then, how
+
 
 # Placeholder values for a fact flag the user must supply.
 FLAG_VALUES = {
@@ -107,6 +122,14 @@ SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
 FACT_CODES = {"target_guessed", "target_refused", "orphaned"}
 _FACT_RE = re.compile(r"missing deployment fact '(\w+)'")
 _FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
+
+
+def no_cache_message(root: str, foreign_files: int = 0) -> str:
+    """The finding (and the scan's error line) of a root with no cache (manifest.holds_no_cache)."""
+    return (f"nothing here: is it mounted? {root} holds no cache: no namespace folder (<model>_<d12>), no "
+            "SGLang HiCache page or temp file" + (f", only {plural(foreign_files, 'foreign file')}"
+                                                 if foreign_files else "")
+            + "; an empty or unmounted volume is an operational error (exit bit 8)")
 
 
 def severity_of(bits: int) -> str:
@@ -284,15 +307,18 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         if namespace is not None and namespace not in h["namespaces"]:
             h["namespaces"].append(namespace)
 
-    entries = [(n["source_base"], n["by_status"]) for n in summary["namespaces"]]
+    entries = [(n["source_base"], n["by_status"], n["family"]) for n in summary["namespaces"]]
     unreadable: list[tuple[str, str, str]] = []  # (status, namespace, what) of folders no target reads
-    if summary.get("outside_namespaces"):
-        entries.append((None, summary["outside_namespaces"]["by_status"]))
-    for base, by_status in entries:
+    outside = summary.get("outside_namespaces")
+    if outside:
+        entries.append((None, outside["by_status"], None))
+    for base, by_status, family in entries:
         for status, counts in by_status.items():
             if status in ("ok", "own_artifact"):
                 continue
-            what, then, how = STATUS_ADVICE.get(status, ("files in an unknown state", "inspect them", "list"))
+            what, then, how = advice(status, family)
+            if base is None and status == "tmp_leftover" and outside.get("families"):  # a flat directory's temps
+                what += " (" + ", ".join(families.get(f).title for f in outside["families"]) + ")"
             bits = STATUS_BITS.get(status, 1)
             ex = examples.get((base, status), (None, None))
             findings.append(_finding(status, bits, base, f"{_files(counts['files'])}: {what}; {then}",
@@ -340,7 +366,8 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
         base = n["source_base"]
         if n["status"] not in (None, "ok") and n["status"] not in n["by_status"]:
             status = n["status"]
-            what, then, how = STATUS_ADVICE.get(status, ("a namespace in an unknown state", "inspect it", "list"))
+            what, then, how = (advice(status, n["family"]) if status in STATUS_ADVICE
+                               else ("a namespace in an unknown state", "inspect it", "list"))
             findings.append(_finding(status, STATUS_BITS.get(status, 1), base, f"namespace: {what}; {then}",
                                      status=status, example_reason=n.get("status_reason") or n.get("config_error")))
             if how == "identity":
@@ -465,11 +492,18 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
     if summary.get("walk_failed") or summary.get("walk_errors"):
         errors = summary.get("walk_errors") or []
         findings.append(_finding("walk_errors", 8, None,
-                                 f"the walk could not read {len(errors)} path(s)"
+                                 f"the walk could not read {plural(len(errors), 'path')}"
                                  + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
         hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 
-    if not summary["namespaces"]:
+    if summary.get("no_cache"):
+        outside = summary.get("outside_namespaces") or {}
+        findings.append(_finding("no_cache", 8, None, no_cache_message(
+            cmd.root, (outside.get("by_status") or {}).get("foreign", {}).get("files", 0))))
+        hint(f"findmnt --target {shlex.quote(cmd.root)}", f"nothing here: is {cmd.root} mounted? see which "
+             f"filesystem holds it; mount the cache volume there (or pass the engine's cache root_dir), then "
+             f"{verb} again", "no_cache", None, 0)
+    elif not summary["namespaces"]:
         findings.append(_finding("no_namespaces", 0, None,
                                  f"no cache namespace (<model>_<d12> folder) under {cmd.root}: is it the engine's "
                                  "cache root_dir?"))

@@ -37,12 +37,15 @@ def finding_class(status: str) -> str | None:
     return None
 
 
-def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: float | None = None) -> str:
+def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: float | None = None,
+             previous: str | None = None) -> str:
     """The textfile of one audit: gauges per namespace x status and x action, pending and
     not-reusable ("reclaimable") blocks and bytes, findings by class, the run's duration,
     rows carried over from the baseline vs read, the exit code and its bits, and
-    kvmigrate_last_success_timestamp_seconds (set when the audit finished without an
-    operational error, so an alert can fire on a stale value)."""
+    kvmigrate_last_success_timestamp_seconds: now when the audit finished without an
+    operational error (exit bit 8: an empty or unmounted root is one), else the value the
+    `previous` textfile holds for the root (none: left out), so an alert on its age fires
+    instead of losing its series."""
     now = time.time() if now is None else now
     metrics: dict[str, tuple[str, list[str]]] = {}
 
@@ -88,13 +91,35 @@ def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: floa
     gauge("exit_code", "The audit's exit code (OR of the bits).", code, root=root)
     for name, bit in (("findings", 1), ("integrity", 4), ("operational", 8)):
         gauge("exit_bit", "Whether each exit-code bit is set.", 1 if code & bit else 0, root=root, bit=name)
-    if not code & 8:
+    last_success = now if not code & 8 else _last_success(previous, root)
+    if last_success is not None:
         gauge("last_success_timestamp_seconds", "When an audit last finished without an operational error.",
-              now, root=root)
+              last_success, root=root)
     lines = []
     for name, (help_text, samples) in metrics.items():
         lines += [f"# HELP kvmigrate_{name} {help_text}", f"# TYPE kvmigrate_{name} gauge", *samples]
     return "\n".join(lines) + "\n"
+
+
+def previous_textfile(path: str) -> str | None:
+    """The textfile an earlier audit wrote at `path`, if one can be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _last_success(previous: str | None, root: str) -> float | None:
+    """The root's kvmigrate_last_success_timestamp_seconds in an earlier textfile."""
+    prefix = f"kvmigrate_last_success_timestamp_seconds{_labels(root=root)} "
+    for line in (previous or "").splitlines():
+        if line.startswith(prefix):
+            try:
+                return float(line[len(prefix):])
+            except ValueError:
+                return None
+    return None
 
 
 def _number(v: float) -> str:

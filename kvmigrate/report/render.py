@@ -6,6 +6,7 @@ Also the manifest checks that turn "not a manifest" into a clear usage error, an
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -15,7 +16,7 @@ import pyarrow.compute as pc
 
 from kvmigrate import manifest as mf
 from kvmigrate.classify import STATUS_BITS
-from kvmigrate.errors import OperationalError, UsageError
+from kvmigrate.errors import OperationalError, UsageError, write_error
 
 FORMATS = ("text", "json", "md", "html")
 
@@ -91,8 +92,9 @@ def diff_report(old: str | os.PathLike[str], new: str | os.PathLike[str], fmt: s
     return renderer.render_diff(d), d["exit_code"]
 
 
-def emit(text: str, output: str | os.PathLike[str] | None) -> None:
-    """Write to stdout, or atomically to `output` (a reader never sees half a report)."""
+def emit(text: str, output: str | os.PathLike[str] | None, what: str = "the report") -> None:
+    """Write to stdout, or atomically to `output` (a reader never sees half a report);
+    `what` names it in an error."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate from a hostile config.json string: show it escaped
@@ -107,11 +109,15 @@ def emit(text: str, output: str | os.PathLike[str] | None) -> None:
     tmp = out.with_name(f"{out.name}.kvmigrate-{os.getpid()}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), "w",
+                       encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OperationalError(f"cannot write the report: {exc.strerror or exc}", path=str(out)) from None
+        with contextlib.suppress(OSError):  # (on a read-only filesystem there is none to remove)
+            tmp.unlink()
+        raise write_error(exc, f"cannot write {what}", str(out),
+                          elsewhere=f"write {what} to a writable filesystem") from None
 
 
 def list_files(path: str | os.PathLike[str], status: str | None, out: IO[str], *, end: str = "\n",

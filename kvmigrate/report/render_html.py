@@ -14,7 +14,7 @@ from typing import Any
 
 from kvmigrate.report import view
 from kvmigrate.report.summary import NEEDS_ACTIONS, REUSABLE_ACTIONS, STATUS_BITS
-from kvmigrate.units import human_bytes, human_count, percent, plural
+from kvmigrate.units import agreeing, human_bytes, human_count, percent, plural
 from kvmigrate.report.view import Table
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
@@ -25,6 +25,8 @@ ACTION_COLORS = {
     "needs_slice": "#ffb300", "needs_concat": "#ffa000", "needs_relayout": "#ff8f00",
     "none": "#bdbdbd",
 }
+# a count of findings of each severity in words (the tile: "9 findings to act on (3 integrity problems, ...)")
+SEVERITY_NOUNS = {"operational": "operational error", "integrity": "integrity problem", "finding": "other finding"}
 SEVERITY_COLORS = {"note": "#78909c", "finding": "#f9a825", "integrity": "#c62828", "operational": "#6a1b9a",
                    "ok": "#2e7d32"}
 
@@ -196,18 +198,18 @@ def _tiles(s: dict[str, Any]) -> str:
     problems = sum(1 for f in s["findings"] if f["severity"] != "note")
     notes = len(s["findings"]) - problems
     severities = Counter(f["severity"] for f in s["findings"] if f["severity"] != "note")
-    by_severity = ", ".join(f"{n} {sev}" for sev, n in severities.items())
+    by_severity = ", ".join(plural(n, SEVERITY_NOUNS[sev]) for sev, n in severities.items())
     tiles = [
         ("", human_bytes(t["bytes"]), f"{plural(t['files'], 'file')} in {plural(t['namespaces'], 'namespace')}"),
         ("good" if t["reusable"]["bytes"] else "", human_bytes(t["reusable"]["bytes"]),
          f"reusable ({percent(t['reusable']['bytes'], t['block_bytes'] - t['replicas']['bytes'])}, "
          f"{plural(t['reusable']['blocks'], 'block')})"),
         ("warn" if t["pending"]["blocks"] else "", human_count(t["pending"]["blocks"]),
-         f"{'block' if t['pending']['blocks'] == 1 else 'blocks'} pending ({human_bytes(t['pending']['bytes'])})"),
+         f"{agreeing(t['pending']['blocks'], 'block')} pending ({human_bytes(t['pending']['bytes'])})"),
         ("", human_bytes(t["not_reusable"]["bytes"]), f"not reusable ({plural(t['not_reusable']['blocks'], 'block')})"),
         ("bad" if any(f["bits"] & 12 for f in s["findings"]) else "warn" if problems else "good", str(problems),
-         f"{'finding' if problems == 1 else 'findings'} to act on" + (f" ({by_severity})" if by_severity else "")
-         + (f", {notes} {'note' if notes == 1 else 'notes'}" if notes else "")),
+         f"{agreeing(problems, 'finding')} to act on" + (f" ({by_severity})" if by_severity else "")
+         + (f", {plural(notes, 'note')}" if notes else "")),
         ("bad" if s["exit_code"] & 12 else "warn" if s["exit_code"] else "good", f"exit {s['exit_code']}",
          f"exit code = {view.exit_bits_label(s['exit_code'])}"),
     ]
@@ -309,7 +311,7 @@ def render_trend(tr: dict[str, Any]) -> str:
                 "operational" if bits & 8 else "integrity" if bits & 4 else "finding" if bits & 1 else "note"]
             w = max(bar_w * c["bytes"] / widest, 1.5)
             out.append(f'<rect class="status-{esc(st)}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
-                       f'fill="{color}"><title>{esc(a["name"])} {esc(st)}: {esc(human_count(c["files"]))} files, '
+                       f'fill="{color}"><title>{esc(a["name"])} {esc(st)}: {esc(plural(c["files"], "file"))}, '
                        f'{esc(human_bytes(c["bytes"]))}</title></rect>')
             x += w
         out.append(f'<text x="{x + 8:.1f}" y="{y + 15}">{esc(human_bytes(a["bytes"]))} · exit {a["exit_code"]}</text>')

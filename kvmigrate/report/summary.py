@@ -11,9 +11,13 @@ carries it on one row, its other rank files have the finding `replica_of_primary
 <action> from rank 0"). So blocks = rows with an action + the distinct `(group, block_hash)` keys
 of the remaining (`none`) rows of multi-rank namespaces, whose rank files are not told
 apart; only those keys are kept (compact Arrow tables, de-duplicated as they grow).
-Bytes of `part_of_action` rows count for their `of_action` (a concat reads every shard);
-bytes of `replica_of_primary` rows are reported as `replica_bytes`: copies of a block that
-is taken from rank 0.
+Bytes of `part_of_action` rows count for the action their primary row has now (a concat
+reads every shard; once placed, the primary is `already_present` while the part rows
+still name `of_action`, so pending bytes are those of blocks still pending): each such
+row is joined to its primary by (namespace, group, block hash), batch by batch, keeping
+only the rows whose partner has not come yet (a block's rank files are written side by
+side, so few). Bytes of `replica_of_primary` rows are reported as `replica_bytes`: copies
+of a block that is taken from rank 0.
 
 Merges are counted as the dry run counts them (migrate/plan.py): when several source
 namespaces share a target, a target path that more than one of their pending rows would
@@ -61,7 +65,7 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
-            "finding", "of_action", "output_bytes", "asks"]
+            "finding", "of_action", "output_bytes", "asks", "family"]
 _MERGE_COLUMNS = ["target_base", "target_relpath"]  # read only when source namespaces share a target
 # the finding columns a group of rows is told apart by (besides its reason)
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
@@ -82,7 +86,8 @@ def _as_str(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 class _Totals:
     """Aggregates merged across batches: small dicts keyed by group, never by row."""
 
-    def __init__(self, lowest_rank: dict[str, int], shared_target: frozenset[str] = frozenset()):
+    def __init__(self, lowest_rank: dict[str, int], shared_target: frozenset[str] = frozenset(),
+                 rank_folders: dict[str, int] | None = None):
         # (ns, status, action, reason, shared, hash_len, at_lowest) -> [files, bytes]
         self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
         self.reasons_seen: dict[tuple, set] = defaultdict(set)
@@ -96,6 +101,14 @@ class _Totals:
         self.shared_target = pa.array(sorted(shared_target), pa.string())  # sources sharing their target
         self._paths: list[pa.Table] = []  # (target_base, target_relpath, ns, size) of their pending rows
         self.data_bytes: dict[str | None, float] = defaultdict(float)
+        # namespaces with several rank folders: their blocks' other rank files follow a primary row
+        multi = sorted(b for b, n in (rank_folders or {}).items() if n > 1)
+        self.multi_rank = pa.array(multi, pa.string())
+        self._followers = pa.array([rank_folders[b] - 1 for b in multi], pa.int64())  # per block, at most
+        self._leads: pa.Table | None = None  # primary rows whose followers have not all come yet
+        self._waiting: pa.Table | None = None  # follower rows whose primary has not come yet
+        self.part_bytes: dict[tuple[str, str], int] = defaultdict(int)  # (ns, the primary's action) -> bytes
+        self.outside_families: dict[str, int] = defaultdict(int)  # family -> files outside namespaces (temps)
 
     def add(self, batch: pa.RecordBatch) -> None:
         t = pa.Table.from_batches([batch])
@@ -135,8 +148,72 @@ class _Totals:
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
+        self._add_outside_families(work, t)
         self._add_block_keys(work, t)
         self._add_target_paths(work, t)
+        if len(self.multi_rank):
+            self._add_followers(work, t)
+
+    def _add_outside_families(self, work: pa.Table, t: pa.Table) -> None:
+        """Files outside any namespace that a family's name still claims (an engine's temp
+        leftovers in a flat directory), counted per family."""
+        if "family" not in t.column_names:
+            return
+        rows = pa.table({"family": _as_str(t["family"])}).filter(
+            pc.and_(pc.is_null(work["ns"]), pc.is_valid(t["family"])))
+        if rows.num_rows:
+            counts = rows.group_by(["family"]).aggregate([([], "count_all")])
+            for family, n in zip(counts["family"].to_pylist(), counts["count_all"].to_pylist()):
+                self.outside_families[family] += n
+
+    _KEYS = ["ns", "group", "block_hash"]
+
+    def _add_followers(self, work: pa.Table, t: pa.Table) -> None:
+        """Join the rank files of multi-rank blocks (findings.SECONDARY) to their primary
+        row, for the bytes of `part_of_action` rows under the action the primary has now.
+        A primary is let go once all its namespace's other ranks have come, a follower once
+        its primary has: what waits is a block split between batches."""
+        in_multi = pc.fill_null(pc.is_in(work["ns"], value_set=self.multi_rank), False)
+        keyed = pc.and_(in_multi, pc.is_valid(t["block_hash"]))
+        secondary = pc.fill_null(pc.is_in(work["finding"], value_set=pa.array(fd.SECONDARY)), False)
+        acting = pc.or_(pc.fill_null(pc.not_equal(work["action"], "none"), False),
+                        pc.fill_null(pc.equal(work["finding"], fd.TARGET_OCCUPIED), False))  # its followers stay
+        lead = pc.and_(pc.and_(keyed, pc.invert(secondary)),
+                       pc.and_(pc.equal(work["at_lowest"], 1),
+                               pc.and_(pc.fill_null(pc.equal(work["status"], "ok"), False), acting)))
+        keys = {"ns": work["ns"], "group": pc.fill_null(t["group"], -1), "block_hash": t["block_hash"]}
+        leads = pa.table({**keys, "action": work["action"],
+                          "left": pc.take(self._followers, pc.index_in(work["ns"], value_set=self.multi_rank))}
+                         ).filter(lead)
+        follows = pa.table({**keys, "size": work["size"], "of_action": work["of_action"],
+                            "part": pc.fill_null(pc.equal(work["finding"], fd.PART_OF_ACTION), False)}
+                           ).filter(pc.and_(keyed, secondary))
+        leads = pa.concat_tables([x for x in (self._leads, leads) if x is not None])
+        follows = pa.concat_tables([x for x in (self._waiting, follows) if x is not None])
+        if leads.num_rows and follows.num_rows:
+            pairs = follows.join(leads.select([*self._KEYS, "action"]), keys=self._KEYS, join_type="inner")
+            if pairs.num_rows:
+                parts = pairs.filter(pairs["part"]).group_by(["ns", "action"]).aggregate([("size", "sum")])
+                for ns, action, nbytes in zip(*(parts[c].to_pylist() for c in ("ns", "action", "size_sum"))):
+                    self.part_bytes[(ns, action)] += nbytes
+                came = pairs.group_by(self._KEYS).aggregate([([], "count_all")])
+                leads = leads.join(came, keys=self._KEYS, join_type="left outer")
+                left = pc.subtract(leads["left"], pc.fill_null(leads["count_all"], 0))
+                leads = leads.drop_columns(["count_all", "left"]).append_column("left", left)
+                follows = follows.join(came.select(self._KEYS), keys=self._KEYS, join_type="left anti")
+                leads = leads.filter(pc.greater(leads["left"], 0))
+        self._leads, self._waiting = leads, follows
+
+    def followers_unmatched(self) -> None:
+        """After the last batch: part rows whose primary never came count for their
+        `of_action`, as the rows say."""
+        w = self._waiting
+        if w is None or not w.num_rows:
+            return
+        parts = w.filter(w["part"]).group_by(["ns", "of_action"]).aggregate([("size", "sum")])
+        for ns, action, nbytes in zip(*(parts[c].to_pylist() for c in ("ns", "of_action", "size_sum"))):
+            self.part_bytes[(ns, action)] += nbytes
+        self._waiting = None
 
     def _add_target_paths(self, work: pa.Table, t: pa.Table) -> None:
         """Target paths of the pending rows of namespaces that share their target (merges)."""
@@ -234,8 +311,10 @@ def _ordered(d: dict[str, dict[str, int]], order: tuple[str, ...], count_key: st
     return out
 
 
-def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str, Any]]:
-    """Fold the merged groups into per-namespace counters."""
+def _namespace_aggregates(groups: dict[tuple, list[int]], joined: frozenset[str] = frozenset(),
+                          part_bytes: dict[tuple[str, str], int] | None = None) -> dict[Any, dict[str, Any]]:
+    """Fold the merged groups into per-namespace counters; the part rows of the `joined`
+    namespaces count for their primary's action (`part_bytes`, _Totals._add_followers)."""
     per_ns: dict[Any, dict[str, Any]] = {}
     for (ns, status, action, reason, found, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
         a = per_ns.get(ns)
@@ -267,7 +346,7 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
         if action == "none" and found.code == fd.REPLICA_OF_PRIMARY:
             a["replica_files"] += files
             a["replica_bytes"] += nbytes
-        else:
+        elif not (part_of and ns in joined):
             a["action_bytes"][part_of or action] += nbytes
         if action != "none":
             a["lead_blocks"][action] += files
@@ -284,6 +363,9 @@ def _namespace_aggregates(groups: dict[tuple, list[int]]) -> dict[Any, dict[str,
                 a["aliases_source"] += files
             for flag in fd.asked_flags(found.asks):
                 a["flags_asked"][action][flag] += files
+    for (ns, action), nbytes in (part_bytes or {}).items():
+        if ns in per_ns:
+            per_ns[ns]["action_bytes"][action or "none"] += nbytes
     return per_ns
 
 
@@ -457,7 +539,8 @@ def totals_for(meta: dict[str, Any]) -> _Totals:
         if (m.get("target") or {}).get("base_name"):
             sources[m["target"]["base_name"]].append(b)
     shared = frozenset(b for bs in sources.values() if len(bs) > 1 for b in bs)
-    return _Totals({b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")}, shared)
+    return _Totals({b: min(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")}, shared,
+                   {b: len(m["ranks"]) for b, m in ns_meta.items() if m.get("ranks")})
 
 
 def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
@@ -479,7 +562,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         totals = totals_for(meta)
         for batch in _batches(path, _COLUMNS + (_MERGE_COLUMNS if len(totals.shared_target) else [])):
             totals.add(batch)
-    per_ns = _namespace_aggregates(totals.groups)
+    totals.followers_unmatched()
+    per_ns = _namespace_aggregates(totals.groups, frozenset(totals.multi_rank.to_pylist()), totals.part_bytes)
     extra_blocks = totals.blocks_without_lowest_row()
     merges = totals.merge_duplicates()
     namespaces = [
@@ -488,6 +572,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
     ]
     steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
+    no_cache = mf.holds_no_cache(meta, {s for a in per_ns.values() for s in a["by_status"]})
     outside = per_ns.get(OUTSIDE)
     if selection:
         kept = [n for n in namespaces
@@ -499,6 +584,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     if outside:
         outside_entry = {
             "files": outside["files"], "bytes": outside["bytes"],
+            "families": dict(sorted(totals.outside_families.items())),  # files a family's name claims
             "by_status": _ordered({k: dict(v) for k, v in outside["by_status"].items()}, STATUS_ORDER, "files"),
         }
     every = namespaces + ([outside_entry] if outside_entry else [])
@@ -547,13 +633,14 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "outside_namespaces": outside_entry,
         "walk_errors": walk_errors,
         "walk_failed": bool(meta.get("walk_failed")),
+        "no_cache": no_cache,  # nothing here: an empty or unmounted root (exit bit 8)
         "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
                           for n in namespaces if n["target_error"]],
 
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
                                                                or target_orphaned(n) for n in namespaces))
                       | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)
-                      | (8 if meta.get("walk_failed") else 0)),
+                      | (8 if meta.get("walk_failed") or no_cache else 0)),
     }
     findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)
     summary["findings"] = findings

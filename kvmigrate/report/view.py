@@ -129,7 +129,8 @@ def namespace_table(s: dict[str, Any]) -> Table:
                        human_bytes(n["bytes_alone"]), human_bytes(n["bytes_shared"])])
     o = s.get("outside_namespaces")
     if o:
-        t.rows.append(["(outside namespaces)", "-", "-", "-", human_count(o["files"]), "-", human_bytes(o["bytes"]),
+        t.rows.append(["(outside namespaces)", ",".join(o.get("families") or ()) or "-", "-", "-",
+                       human_count(o["files"]), "-", human_bytes(o["bytes"]),
                        "-", "-"])
     return t
 
@@ -315,7 +316,7 @@ def selection_note(step: dict[str, Any]) -> str:
     skipped = len(step.get("skipped_namespaces") or ())
     outside = ", and every file outside namespaces" if step["by"] == "scan" else ""
     return (f"{step['by']} {Selection.of(step.get('only'), step.get('exclude')).flags()}: "
-            f"{skipped} namespace{'' if skipped == 1 else 's'} left out{outside}")
+            f"{plural(skipped, 'namespace')} left out{outside}")
 
 
 # --- diff -----------------------------------------------------------------------------

@@ -70,6 +70,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             baseline: Baseline | None = None) -> list[Namespace]:
     """The namespaces (deployments) of every flat family's files in the root (`baseline`:
     --baseline, a hash scan's pages that did not change keep its hashes unopened)."""
+    listing.flat_temp_cols = temp_columns(listing, resolver)
     if not listing.flat:
         return []
     with _gc_paused():
@@ -115,6 +116,27 @@ def _resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: 
             ns.target = fam.target(ns.fields, dep.facts, fam.target_profile(profile))
             ns.flat_rows = _FlatRows(fam, dep, files, names, verify == "hash")
             out.append(ns)
+    return out
+
+
+def temp_columns(listing: RootListing, resolver: FactsResolver) -> dict[str, tuple]:
+    """The namespace columns (rows.NS_COLUMNS) of the flat families' temp leftovers: the
+    family and, where the name says which page it was being written as, that page's
+    deployment, scheme and model (read as the page's name would be, facts included). No
+    source_base: a temp file is no page of the namespace (it stays prune's residue)."""
+    out: dict[str, tuple] = {}
+    read: dict[tuple[str, str | None, str], tuple] = {}
+    for fam, e in listing.flat_temps:
+        page = fam.temp_page(e.name)
+        cols: tuple = (fam.name, None, None, None, None, None, None, None, None)
+        name = fam.flat_file(page, 0) if page is not None else None
+        if name is not None and name.page is not None:
+            key = (fam.name, name.page.pool, name.page.suffix)
+            if key not in read:
+                (dep,) = fam.discover([name], _facts_for(fam, resolver))
+                read[key] = (fam.name, dep.scheme, dep.model, None, None, dep.deployment, None, None, None)
+            cols = read[key]
+        out[e.name] = cols
     return out
 
 
@@ -416,6 +438,7 @@ def rows(walker: Any, listing: RootListing, namespaces: list[Namespace], out: Ro
         walker.emit(out, rec, None)
     for fam, e in listing.flat_temps:
         walker.other_file(e, e.name, out, where="the cache root", status="tmp_leftover",
-                          reason=f"temp leftover of an interrupted {fam.title} write (never read by the engine)")
+                          reason=f"temp leftover of an interrupted {fam.title} write (never read by the engine)",
+                          ns_cols=listing.flat_temp_cols.get(e.name))
     if len(out):
         yield out.table(walker.ns_arrays)

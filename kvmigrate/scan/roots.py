@@ -126,6 +126,9 @@ class RootListing:
     # claims (names only: a DirEntry each would hold a million paths)
     flat: dict[str, list[str]] = field(default_factory=dict)
     flat_temps: list[tuple[Any, os.DirEntry]] = field(default_factory=list)  # (family, temp file), in name order
+    # temp file name -> its namespace columns: the family, and the deployment its name says
+    # (scan/flat.py temp_columns); never a source_base (no page of a namespace)
+    flat_temp_cols: dict[str, tuple] = field(default_factory=dict)
     flat_loose: list[Any] = field(default_factory=list)  # claimed files that could not be stat-ed
 
 

@@ -36,7 +36,7 @@ from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
 from kvmigrate.scan.units import Unit, build_units
 from kvmigrate.scan.walker import Walker
-from kvmigrate.units import human_bytes
+from kvmigrate.units import human_bytes, plural
 
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 
@@ -76,7 +76,7 @@ class Progress:
         self.files += files
         if self.bar is not None:
             dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{self.files:,} files, {human_bytes(self.bytes)}, "
+            self.bar.set_postfix_str(f"{plural(self.files, 'file')}, {human_bytes(self.bytes)}, "
                                      f"{human_bytes(self.bytes / dt)}/s", refresh=False)
             self.bar.update(buckets)
 

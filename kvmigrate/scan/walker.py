@@ -98,8 +98,7 @@ class Walker(BlockVerdicts):
     def prepare(self, namespaces: list[Namespace], units: list[Unit]) -> None:
         """Number the namespaces (rows carry a code, batches a dictionary) and note per
         unit what the block fast path needs."""
-        for ns in namespaces:
-            cols = ns.columns()
+        for cols in [ns.columns() for ns in namespaces] + list(self.listing.flat_temp_cols.values()):
             if cols not in self.ns_codes:
                 self.ns_codes[cols] = len(self.ns_table)
                 self.ns_table.append(cols)

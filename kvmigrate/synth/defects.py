@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvmigrate import layout
+from kvmigrate.units import plural
 from kvmigrate.formats.vllmcpp import make_key
 from kvmigrate.identity.canonical import config_json_bytes, d12, full_digest
 from kvmigrate.synth import pages
@@ -101,7 +102,7 @@ class Injector:
         index = self.spec.blocks - self.taken
         if index < 1:
             n = sum(1 for d in self.spec.defects if d in BLOCK_DEFECTS)
-            raise _bad(f"{n} block defect(s) need blocks >= {n + 1} (block 0 stays healthy as the size reference)")
+            raise _bad(f"{plural(n, 'block defect')} need{'s' if n == 1 else ''} blocks >= {n + 1} (block 0 stays healthy as the size reference)")
         block = next(b for b in self.result.blocks if b["group"] == 0 and b["index"] == index)
         block["defect"] = name
         return block

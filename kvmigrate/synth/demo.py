@@ -8,6 +8,7 @@ from pathlib import Path
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.synth.spec import SynthResult, SynthSpec
 from kvmigrate.synth.tree import build
+from kvmigrate.units import plural
 
 MLA_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
 
@@ -52,7 +53,7 @@ def require_empty_folder(path: str | Path) -> None:
         raise OperationalError(f"cannot list the folder: {exc.strerror or exc}", path=str(path)) from None
     if entries:
         shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
-        raise UsageError(f"the folder is not empty ({len(entries)} entries: {shown}); the demo writes its "
+        raise UsageError(f"the folder is not empty ({plural(len(entries), 'entry', 'entries')}: {shown}); the demo writes its "
                          f"sample, manifest, journal and report there", path=str(path),
                          hint="pass an empty or new folder (or no folder: a temp dir, removed at the end)")
 

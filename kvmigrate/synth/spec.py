@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmigrate.identity.values import FAMILIES  # noqa: F401  (re-exported: synth writes every family)
+from kvmigrate.units import agreeing
 
 SCHEMES = ("S1", "S2", "S3")
 TREES = tuple(f for f in FAMILIES if f != "sglang")  # the families that write base and rank folders
@@ -129,7 +130,7 @@ def check_spec(spec: SynthSpec) -> None:
         bad("model_name must not be empty")
     unknown = [d for d in spec.defects if d not in DEFECTS]
     if unknown:
-        bad(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(DEFECTS)}")
+        bad(f"unknown {agreeing(len(unknown), 'defect')} {', '.join(unknown)}; known: {', '.join(DEFECTS)}")
     for d in spec.defects:
         families = BLOCK_DEFECTS.get(d) or TREE_DEFECTS.get(d) or FLAT_DEFECTS[d]
         if spec.family not in families:

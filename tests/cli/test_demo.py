@@ -79,3 +79,15 @@ def test_demo_keep_leaves_the_sample_where_it_says(tmp_path):
     assert f"The sample stays in {left[0]}" in proc.stdout
     assert {p.name for p in left[0].iterdir()} >= {"cache", "journal", "FACTS.json", "manifest.parquet",
                                                     "report.html"}
+
+
+def test_demo_refusal_counts_one_entry_in_the_singular(tmp_path):
+    # it said "the folder is not empty (1 entries: notes.txt)"
+    from cli_helpers import run
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    code, out = run("demo", folder)
+    assert code == 2
+    assert "the folder is not empty (1 entry: notes.txt)" in out, out

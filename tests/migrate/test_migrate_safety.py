@@ -130,6 +130,78 @@ def test_source_changed_since_scan_is_skipped(tmp_path, synth_root):
     assert code == 0  # reported, not failed on: the run did all it could
 
 
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",
+        "--writer-pp", "1"]
+
+
+def _rewrite_keeping_mtime(path: Path) -> None:
+    """Other bytes of the same size in place, the mtime put back (a restore tool, `touch -r`):
+    only the ctime, which user space cannot set, says the file changed."""
+    st = os.stat(path)
+    data = path.read_bytes()
+    with open(path, "r+b") as f:
+        f.write(bytes(b ^ 0xFF for b in data[:64]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_ctime_ns != st.st_ctime_ns
+
+
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_a_source_rewritten_with_its_mtime_restored_is_not_linked(tmp_path, synth_root, verify):
+    # the apply re-checked dev, inode, size and mtime only: this block was linked anyway
+    root, _ = synth_root({})
+    m = tmp_path / "m.parquet"
+    scan_to(root, m, *FULL, verify=verify)
+    rows = [r for r in manifest.read_table(m).to_pylist() if r["action"] == "link"]
+    assert all(r["ctime_ns"] for r in rows)
+    _rewrite_keeping_mtime(root / rows[0]["relpath"])
+    code, summary = run_json("migrate", "--manifest", m, "--apply")
+    assert code == 0, summary  # reported, not failed on
+    assert summary["outcomes"]["changed_since_scan"] == 1 and summary["outcomes"]["created"] == len(rows) - 1
+    assert not (root / rows[0]["target_relpath"]).exists()
+    (line,) = [f for f in summary["apply"]["findings"] if f.startswith("changed_since_scan")]
+    assert rows[0]["relpath"] in line and "ctime" in line, line
+
+
+def test_a_ctime_moved_by_kvmigrates_own_link_is_no_change(tmp_path, synth_root):
+    """link(2) moves the source's ctime: applying a size manifest again finds its blocks in
+    place, and a hash manifest proves an unchanged source by its bytes."""
+    root, _ = synth_root({})
+    size, hashed = tmp_path / "size.parquet", tmp_path / "hash.parquet"
+    scan_to(root, size, *FULL)
+    scan_to(root, hashed, *FULL, verify="hash")
+    code, first = run_json("migrate", "--manifest", size, "--apply")
+    assert code == 0 and first["outcomes"]["created"] == 6
+    code, again = run_json("migrate", "--manifest", size, "--apply")
+    assert code == 0 and again["outcomes"]["already_present"] == 6 and again["outcomes"]["changed_since_scan"] == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    code, other = run_json("migrate", "--manifest", hashed, "--apply", "--dest", dest)
+    assert code == 0 and other["outcomes"]["created"] == 6, other["apply"]["findings"]
+
+
+def test_a_ctime_moved_by_a_rollback_or_a_chmod_is_judged_by_journal_and_bytes(tmp_path, synth_root):
+    """A rollback's unlink moves the ctime back with nlink: the root's journals say kvmigrate
+    did it. A chmod moves it too: a hash manifest proves the bytes, a size manifest cannot."""
+    root, _ = synth_root({})
+    size, hashed = tmp_path / "size.parquet", tmp_path / "hash.parquet"
+    scan_to(root, size, *FULL)
+    scan_to(root, hashed, *FULL, verify="hash")
+    assert run_json("migrate", "--manifest", size, "--apply")[1]["outcomes"]["created"] == 6
+    assert run("rollback", root / ".kvmigrate" / "journals")[0] == 0
+    code, again = run_json("migrate", "--manifest", size, "--apply")
+    assert code == 0 and again["outcomes"]["created"] == 6 and again["outcomes"]["changed_since_scan"] == 0
+    assert run("rollback", root / ".kvmigrate" / "journals")[0] == 0
+    shutil.rmtree(root / ".kvmigrate")  # the journals gone: nothing tells who moved the ctimes
+    source = root / next(r["relpath"] for r in manifest.read_table(hashed).to_pylist() if r["action"] == "link")
+    os.chmod(source, 0o640)
+    code, proven = run_json("migrate", "--manifest", hashed, "--apply")
+    assert code == 0 and proven["outcomes"]["created"] == 6, proven["apply"]["findings"]
+    assert run("rollback", root / ".kvmigrate" / "journals")[0] == 0
+    shutil.rmtree(root / ".kvmigrate")
+    code, unproven = run_json("migrate", "--manifest", size, "--apply")
+    assert code == 0 and unproven["outcomes"]["changed_since_scan"] == 6  # rescan: nothing proves their bytes
+
+
 def test_copy_rehashes_the_source_when_the_manifest_has_a_hash(tmp_path, synth_root):
     """Same inode, size and mtime but other bytes: only the re-hash can tell."""
     root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})

@@ -175,3 +175,27 @@ def test_the_report_says_a_relayout_needs_dest(synth_root, tmp_path):
     code, out = run("report", m)
     assert f"$ kvmigrate migrate --manifest {m} --dest <DIR> --apply" in out, out
     assert "a relayout keeps the page's file name" in out
+
+
+@pytest.mark.parametrize("source", ["manifest", "root"])
+def test_a_dry_run_says_what_waits_for_dest_and_prints_that_command(synth_root, tmp_path, source):
+    # the dry run said "nothing to do: every reusable block is already in place" (exit 0)
+    # while every page waited for --dest
+    spec = _spec(tp=2, sgl_layout="layer_first", model_name="m")
+    root, _ = synth_root(spec)
+    flags = ["--writer-release", "0.5.13", *_geometry_flags(spec)]
+    m = tmp_path / "m.parquet"
+    _scan(root, m, *flags)
+    args = ["--manifest", m] if source == "manifest" else [root, *flags]
+    code, out = run("migrate", *args)
+    assert code == 1, out
+    assert "nothing to do" not in out
+    size = synth.page_size(spec) * 6
+    assert f"6 blocks ({size / 1024:.1f} KiB) wait for --dest DIR" in out, out
+    (command,) = [line.removeprefix("to apply: ") for line in out.splitlines() if line.startswith("to apply: ")]
+    assert command.startswith(f"kvmigrate migrate {f'--manifest {m}' if source == 'manifest' else root} ")
+    assert command.endswith(" --dest <DIR> --apply") and all(str(f) in command.split() for f in args)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    code, out = run(*command.replace("<DIR>", str(dest)).split()[1:], "--journal", tmp_path / "j")
+    assert code == 0 and "created 6" in out, out

@@ -228,12 +228,12 @@ def test_a_rank_file_changed_since_the_scan_skips_its_concat(tmp_path, synth_roo
 def test_mla_replicas_that_differ_at_apply_time_are_never_relayouted(tmp_path, synth_root):
     """A size-only scan cannot see it; apply hashes every replica before it acts."""
     root, (res,) = synth_root(MLA_B4)
-    m = _scan(tmp_path, root, [*MLA, "--page-bytes", "256"])
     victim = res.blocks[1]
     rank1 = root / victim["files"][1]
     data = bytearray(rank1.read_bytes())
     data[100] ^= 0xFF
-    _rewrite_keeping_stat(rank1, bytes(data))
+    _rewrite_keeping_stat(rank1, bytes(data))  # before the scan: a size scan never reads it
+    m = _scan(tmp_path, root, [*MLA, "--page-bytes", "256"])
     code, summary = run("migrate", "--manifest", m, "--apply", "--json")
     assert code == 4
     assert summary["outcomes"]["created"] == 5 and summary["outcomes"]["failed"] == 1
@@ -245,12 +245,12 @@ def test_mla_replicas_that_differ_at_apply_time_are_never_relayouted(tmp_path, s
 def test_a_row_whose_cells_differ_is_never_sliced(tmp_path, synth_root):
     """The facts prove the cell size; every row must still hold N equal cells."""
     root, (res,) = synth_root(SLICE)
-    m = _scan(tmp_path, root, [*MLA, "--page-bytes", "1024"])
     victim = res.blocks[4]
     row = root / victim["files"][0]
     data = bytearray(row.read_bytes())
     data[2 * 2048 + 7] ^= 0x01  # cell 2
-    _rewrite_keeping_stat(row, bytes(data))
+    _rewrite_keeping_stat(row, bytes(data))  # before the scan: a size scan never reads it
+    m = _scan(tmp_path, root, [*MLA, "--page-bytes", "1024"])
     code, summary = run("migrate", "--manifest", m, "--apply", "--json")
     assert code == 4
     assert summary["outcomes"]["failed"] == 1 and summary["outcomes"]["created"] == 5

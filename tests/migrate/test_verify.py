@@ -163,3 +163,51 @@ def test_verify_checks_its_root_as_scan_does(tmp_path, what, message):
         code, out = run(command, root)
         assert code == 2, out
         assert f"{root}: {message}" in out and "hint: pass the engine's cache root_dir" in out, (command, out)
+
+
+FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",
+        "--writer-pp", "1"]
+
+
+def test_a_clean_migration_verifies_beside_damaged_namespaces_it_never_touched(tmp_path, synth_root):
+    # verify --journal of a clean migration exited 4 for another namespace's digest_mismatch,
+    # advising to remove "blocks that no longer match the journal"
+    root, _ = synth_root({"defects": ("zero_filled",)},  # a damaged block the migration leaves alone
+                         {"scheme": "S3", "dtype": "bfloat16", "model_name": "Qwen/Qwen2.5-7B",
+                          "defects": ("digest_mismatch",)})
+    journal = tmp_path / "j.jsonl"
+    code, out = run("migrate", root, *FULL, "--apply", "--journal", journal)
+    assert code == 0 and "created 5" in out, out
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 0, result["next"]
+    (other,) = result["findings"]
+    assert other["code"] == "config_digest_mismatch" and "Qwen" in other["path"] and other["related"] is False
+    assert result["checked"]["blocks"] == 5
+    code, text = run("verify", root, "--journal", journal)
+    assert code == 0
+    assert "no longer match the journal" not in text and "finding(s)" not in text
+    assert text.splitlines()[-1] == (
+        "what the migration created matches its journal; 1 finding outside it (a namespace the migration neither "
+        f"created nor wrote into): not this migration's, so not in the exit code; `kvmigrate audit {root}` reports "
+        "it with what to do.")
+
+
+def test_a_target_namespace_whose_config_json_no_longer_proves_its_name_fails_verify(tmp_path, synth_root):
+    root, _ = synth_root({})
+    journal = tmp_path / "j.jsonl"
+    assert run("migrate", root, *FULL, "--apply", "--journal", journal)[0] == 0
+    (cfg,) = [root / r["path"] for r in done_records(journal, "config")]
+    cfg.write_text(cfg.read_text().replace('"bfloat16"', '"float16"'))  # parses, hashes to another name
+    code, result = run_json("verify", root, "--journal", journal)
+    assert code == 4
+    assert {(f["code"], f["related"]) for f in result["findings"]} == {("config_digest_mismatch", True),
+                                                                      ("config_changed", True)}
+
+
+def test_verify_without_a_journal_advises_identity_for_a_digest_mismatch(tmp_path, synth_root):
+    root, (res,) = synth_root({"family": "vllm", "scheme": "S2", "tp": 1, "defects": ("digest_mismatch",)})
+    code, out = run("verify", root)
+    assert code == 4
+    cfg = root / res.namespaces[0]["config_relpath"]
+    assert out.splitlines()[-1] == (f"1 namespace whose config.json does not hash to its folder name: no engine "
+                                    f"reads it under that name; see why with `kvmigrate identity {cfg}`.")

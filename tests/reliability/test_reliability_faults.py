@@ -73,4 +73,4 @@ def test_eperm_hard_links_to_files_of_another_user(tmp_path):
 def test_emlink(tmp_path, real):
     ledger = R.Ledger()
     rec = check(R.fault_emlink(tmp_path, ledger, real=real), ledger)
-    assert "1 block(s) failed" in rec["message"]
+    assert "1 block failed" in rec["message"]

@@ -196,9 +196,117 @@ def test_audit_of_a_missing_root_is_a_usage_error(tmp_path):
     assert "does not exist" in res.output and "Traceback" not in res.output
 
 
-def test_empty_root_is_clean_and_says_nothing_was_found(tmp_path):
-    (tmp_path / "root").mkdir()
-    res = run("audit", str(tmp_path / "root"), "--json")
+def _prometheus(path: Path) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
+
+
+def _last_success(samples: dict[tuple, float]) -> list[float]:
+    return [v for (name, _), v in samples.items() if name == "kvmigrate_last_success_timestamp_seconds"]
+
+
+@pytest.mark.parametrize("holds", ["nothing", "own_folder_only", "foreign_only"])
+def test_a_root_holding_no_cache_is_an_operational_error(tmp_path, holds):
+    # an empty or unmounted root audited clean (exit 0, "nothing to do") and the textfile
+    # got a fresh last-success time: a volume that failed to mount alerted green
+    root = tmp_path / "cache"
+    root.mkdir()
+    if holds == "own_folder_only":
+        (root / ".kvmigrate" / "audits").mkdir(parents=True)
+    if holds == "foreign_only":
+        (root / "lost+found").mkdir()
+        (root / "README").write_text("mount the cache volume here\n")
+    prom = tmp_path / "kvmigrate.prom"
+    res = run("audit", str(root), "--prometheus", str(prom), "--json")
     summary = json.loads(res.stdout)
-    assert res.exit_code == 0
-    assert [f["code"] for f in summary["findings"]] == ["no_namespaces"]
+    assert res.exit_code == (9 if holds == "foreign_only" else 8), res.stderr
+    assert summary["exit_code"] == res.exit_code and summary["no_cache"] is True
+    found = next(f for f in summary["findings"] if f["code"] == "no_cache")
+    assert found["severity"] == "operational" and found["bits"] == 8
+    assert found["message"].startswith(f"nothing here: is it mounted? {root} holds no cache")
+    assert f"kvmigrate: error: nothing here: is it mounted? {root}" in res.stderr
+    samples = _prometheus(prom)
+    assert samples[("kvmigrate_exit_bit", (("bit", "operational"), ("root", str(root))))] == 1
+    assert _last_success(samples) == []  # never a success: no earlier one to carry either
+    text = run("audit", str(root), "-q")
+    assert text.exit_code == res.exit_code and text.stdout == ""
+    assert text.stderr.startswith(f"kvmigrate: error: nothing here: is it mounted? {root}")
+
+
+def test_an_unmounted_root_keeps_the_last_success_time_of_the_textfile(tmp_path):
+    # the textfile keeps the time of the last good audit, so `time() - last_success` grows
+    root, _ = make_tree(tmp_path, None, family="vllm", scheme="S3", dtype="bfloat16")
+    prom = tmp_path / "kvmigrate.prom"
+    assert run("audit", str(root), "--prometheus", str(prom)).exit_code & 8 == 0
+    (good,) = _last_success(_prometheus(prom))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for entry in list(root.iterdir()):  # the volume is gone: its mount point is an empty folder
+        entry.rename(aside / entry.name)
+    res = run("audit", str(root), "--prometheus", str(prom))
+    assert res.exit_code == 8 and "nothing here: is it mounted?" in res.stdout
+    samples = _prometheus(prom)
+    assert _last_success(samples) == [good]
+    assert samples[("kvmigrate_exit_code", (("root", str(root)),))] == 8
+
+
+def test_a_scan_of_an_empty_root_and_its_report_say_nothing_is_there(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    m = tmp_path / "m.parquet"
+    res = run("scan", str(root), "-o", str(m), "-q")
+    assert res.exit_code == 8 and res.stdout == ""
+    assert res.stderr.startswith(f"kvmigrate: error: nothing here: is it mounted? {root} holds no cache")
+    rep = run("report", str(m))
+    assert rep.exit_code == 8
+    assert f"nothing here: is it mounted? {root}" in rep.stdout and "exit code            8" in rep.stdout
+
+
+@pytest.mark.parametrize("holds", ["orphan_rank", "sglang_temp", "excluded"])
+def test_a_root_with_cache_files_is_no_empty_root(tmp_path, holds):
+    """What an engine left (a rank folder, a HiCache temp file), or namespaces a filtered
+    scan left out, are a cache: not "nothing here"."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    args = []
+    if holds == "orphan_rank":
+        import shutil
+
+        result = build(root, SynthSpec(**SMALL, defects=("orphan_rank",)))
+        orphan = result.defects[0]["relpath"].split("/")[0]
+        for entry in root.iterdir():  # the orphaned rank folder alone
+            if entry.name != orphan:
+                shutil.rmtree(entry)
+    elif holds == "sglang_temp":
+        (root / ("a" * 64 + "_m_0_1.bin.tmp.12.34.1a2b")).write_bytes(b"x" * 64)
+    else:
+        build(root, SynthSpec(**SMALL))
+        args = ["--exclude", "*"]
+    res = run("audit", str(root), "--json", *args)
+    summary = json.loads(res.stdout)
+    assert res.exit_code & 8 == 0 and summary["no_cache"] is False, res.stdout
+    assert "no_cache" not in [f["code"] for f in summary["findings"]]
+
+
+@pytest.mark.parametrize("apply", [False, True])
+def test_migrate_of_an_empty_root_says_nothing_is_there_and_writes_nothing(tmp_path, apply):
+    root = tmp_path / "cache"
+    root.mkdir()
+    res = run("migrate", str(root), *(["--apply"] if apply else []))
+    assert res.exit_code == 8, res.output
+    assert res.stderr.startswith(f"kvmigrate: error: nothing here: is it mounted? {root} holds no cache")
+    assert list(root.iterdir()) == []  # no journal folder made in an empty mount point
+
+
+def test_a_shard_other_than_part_0_never_says_nothing_is_there(tmp_path):
+    """A flat directory's pages are part 0's: part 1 of 2 of a HiCache root has no rows."""
+    root = tmp_path / "cache"
+    build(root, SynthSpec(family="sglang", blocks=3, layers=2))
+    part1 = run("scan", str(root), "-o", str(tmp_path / "p1.parquet"), "--shard", "1/2", "-q")
+    assert part1.exit_code & 8 == 0 and part1.stderr == ""
+    assert run("scan", str(root), "-o", str(tmp_path / "p0.parquet"), "--shard", "0/2", "-q").exit_code & 8 == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run("scan", str(empty), "-o", str(tmp_path / "e0.parquet"), "--shard", "0/2", "-q").exit_code == 8

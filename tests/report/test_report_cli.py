@@ -192,3 +192,13 @@ def test_report_reads_the_manifest_on_the_c_library_malloc(synth_root, tmp_path,
 def test_loading_the_report_command_leaves_pyarrow_unloaded():
     """report can choose Arrow's pool only while pyarrow is unloaded."""
     assert not loads_pyarrow(["report", "--help"])
+
+
+def test_list_counts_one_file_in_the_singular(synth_root, tmp_path):
+    # it said "kvmigrate: 1 files with status tmp_leftover": every count goes through units.plural
+    root, _ = synth_root({"defects": ["tmp_vllm"]})
+    m = tmp_path / "m.parquet"
+    assert run("scan", str(root), "-o", str(m), "-q").exit_code & 10 == 0
+    res = run("report", str(m), "--list", "tmp_leftover")
+    assert res.exit_code == 0 and res.stdout.count("\n") == 1
+    assert res.stderr == "kvmigrate: 1 file with status tmp_leftover\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvmigrate import findings
 from kvmigrate.manifest import ManifestWriter
 from kvmigrate.report.summary import summarize
@@ -318,3 +320,35 @@ def test_a_size_audit_says_its_prune_figure_is_a_floor_where_replicas_are_unhash
     assert figures["hash"][0].startswith("10 legacy files") and "at least" not in figures["hash"][0]
     _, plan = run_json("prune", root, *MLA_FACTS, "--force-live")
     assert plan["totals"]["migrated"]["files"] == figures["hash"][1] == 10
+
+
+def test_identity_findings_say_why_in_a_whole_sentence(synth_root, tmp_path):
+    # the finding read "...; never migrated; see why with (e.g. <path>)": a sentence cut off
+    from cli_helpers import run, run_json
+
+    root, _ = synth_root({"scheme": "S3", "dtype": "bfloat16", "defects": ["digest_mismatch"]})
+    code, summary = run_json("audit", root)
+    assert code & 4
+    f = next(f for f in summary["findings"] if f["code"] == "digest_mismatch")
+    assert f["message"].endswith("never migrated; `kvmigrate identity` on its config.json shows why"), f["message"]
+    code, out = run("audit", root)
+    assert "see why with" not in out
+    finding = next(line for line in out.splitlines() if line.startswith("integrity") and "digest_mismatch" in line)
+    assert "`kvmigrate identity` on its config.json shows why (e.g. " in finding
+
+
+@pytest.mark.parametrize("family, says, never", [
+    ("llmd", "llm-d silently serves stale KV for the missing rank", "SGLang"),
+    ("sglang", "SGLang needs every TP rank's file of a page", "llm-d")])
+def test_the_incomplete_finding_speaks_of_the_family_that_wrote_it(synth_root, family, says, never):
+    # an SGLang deployment's incomplete pages were said to make "llm-d silently serve stale KV"
+    from cli_helpers import run_json
+
+    spec = {"family": family, "tp": 2, "defects": ("missing_rank",)}
+    root, _ = synth_root(spec if family == "llmd" else {**spec, "blocks": 3, "layers": 2})
+    code, summary = run_json("audit", root, "--model-dtype", "bfloat16")
+    assert code & 1
+    (f,) = [f for f in summary["findings"] if f["code"] == "incomplete"]
+    assert says in f["message"] and never not in f["message"], f["message"]
+    hint = next(h for h in summary["hints"] if "incomplete" in h["codes"])
+    assert says in hint["why"] and never not in hint["why"]

@@ -187,10 +187,19 @@ def test_tiles_say_findings_and_exit_code_apart(page):
     problems = [f for f in s["findings"] if f["severity"] != "note"]
     notes = len(s["findings"]) - len(problems)
     assert s["exit_code"] == 5 and len(problems) == 9
-    assert '<div class="v">9</div><div class="l">findings to act on (3 integrity, 6 finding)' \
+    assert '<div class="v">9</div><div class="l">findings to act on (3 integrity problems, 6 other findings)' \
            f", {notes} notes</div>" in tiles
     assert '<div class="v">exit 5</div><div class="l">exit code = 1 findings + 4 integrity</div>' in tiles
     assert "findings · exit" not in tiles
+
+
+def test_tiles_count_each_severity_with_its_noun(page):
+    # it said "(1 integrity, 7 finding)": each severity's count agrees with its noun
+    _, s, _ = page
+    one_each = [next(f for f in s["findings"] if f["severity"] == sev) for sev in ("integrity", "finding")]
+    text = render_html.render({**s, "findings": one_each})
+    assert '<div class="v">2</div><div class="l">findings to act on (1 integrity problem, 1 other finding)</div>' \
+           in text
 
 
 def test_repeated_notes_are_folded_under_the_findings(page):

@@ -7,6 +7,7 @@ would write) with `ManifestWriter`; the other report tests import it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -445,3 +446,47 @@ def test_a_flat_deployment_reports_its_target_names_not_no_target(tmp_path, synt
     code, text = run("report", m)
     row = next(line for line in text.splitlines() if line.startswith(n["source_base"]) and "by name" in line)
     assert row.rstrip().endswith("sglang:org-m:tp2"), row
+
+
+LLMD_FULL = ["--kv-kind", "full", "--model-dtype", "bfloat16", "--total-kv-heads", "8"]
+
+
+@pytest.mark.parametrize("batch_rows", [None, 7])
+def test_pending_bytes_are_those_of_the_blocks_still_pending(synth_root, tmp_path, monkeypatch, batch_rows):
+    # after a concat migration, pending bytes counted every other-rank file of the placed
+    # blocks (their rows still say "part of concat"): 19.5 MiB pending where 2 KiB were left
+    from cli_helpers import run, run_json
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvmigrate.report import summary as summary_module
+
+    if batch_rows:  # a block's rank files read in different batches
+        monkeypatch.setattr(summary_module, "_BATCH_ROWS", batch_rows)
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "defects": ("missing_rank",)})
+    code, out = run("migrate", root, *LLMD_FULL, "--apply")
+    assert code == 0 and "created 5" in out, out
+    m = tmp_path / "m.parquet"
+    assert run("scan", root, "-o", m, "-q", *LLMD_FULL)[0] & 10 == 0
+    s = summarize(m) if batch_rows else run_json("report", m)[1]
+    source = next(n for n in s["namespaces"] if n["source_base"] == res.namespaces[0]["base_name"])
+    assert source["pending"] == {"blocks": 0, "bytes": 0} and s["totals"]["pending"] == {"blocks": 0, "bytes": 0}
+    incomplete = source["by_status"]["incomplete"]["bytes"]
+    assert source["not_reusable"] == {"blocks": 1, "bytes": incomplete}
+    assert source["by_action"]["already_present"]["bytes"] == source["block_bytes"] - incomplete
+    prom = tmp_path / "kvmigrate.prom"
+    run("audit", root, "-q", *LLMD_FULL, "--prometheus", prom)
+    gauges = [s for f in text_string_to_metric_families(prom.read_text()) for s in f.samples
+              if s.name == "kvmigrate_pending_bytes"]
+    assert gauges and all(g.value == 0 for g in gauges)
+    # one target block evicted: it alone is pending, with the bytes of both its rank files
+    target = next(n for n in s["namespaces"] if n["source_base"] == source["target_base"])
+    victim = next(p for p in sorted((root / target["target_rank_dir"]).rglob("*.bin")))
+    os.unlink(victim)
+    rank_files = sorted(p for p in root.rglob(victim.name) if p.parent.parent.parent.name.startswith(
+        res.namespaces[0]["base_name"]))
+    assert len(rank_files) == 2
+    m2 = tmp_path / "m2.parquet"
+    assert run("scan", root, "-o", m2, "-q", *LLMD_FULL)[0] & 10 == 0
+    s2 = summarize(m2)
+    source = next(n for n in s2["namespaces"] if n["source_base"] == res.namespaces[0]["base_name"])
+    assert source["pending"] == {"blocks": 1, "bytes": sum(p.stat().st_size for p in rank_files)}

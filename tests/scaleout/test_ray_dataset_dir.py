@@ -141,7 +141,7 @@ def test_a_missing_part_is_refused_by_every_reader(tree, tmp_path):
     for args in (["report", out], ["migrate", "--manifest", out]):
         code, _, err = run(*args)
         assert code == 2, args
-        assert "incomplete dataset directory: missing part(s) 1/3" in err and str(out) in err
+        assert "incomplete dataset directory: missing part 1/3" in err and str(out) in err
 
 
 def test_parts_of_two_different_splits_are_refused(tree, tmp_path):

@@ -7,11 +7,12 @@ import os
 from kvmigrate import layout
 
 
-def test_empty_root_is_clean(tmp_path, scan_root):
+def test_empty_root_has_no_rows_and_says_nothing_is_there(tmp_path, scan_root):
     root = tmp_path / "empty"
     root.mkdir()
     scan, rows = scan_root(root)
-    assert rows == {} and scan.exit_code == 0
+    assert rows == {} and scan.exit_code == 8  # an empty or unmounted root (interface.md §4)
+    assert scan.summary["no_cache"] is True
 
 
 def test_base_folder_without_rank_folder_is_noted_not_failed(synth_root, scan_root):

@@ -187,7 +187,8 @@ def test_files_around_the_pages(synth_root, scan_root, defect, status):
     _, rows = scan_root(root)
     d = res[0].defect(defect)
     r = rows[d["relpath"]]
-    assert (r["status"], r["action"], r["family"]) == (status, "none", None)
+    family = "sglang" if status == "tmp_leftover" else None  # an engine's leftover is the engine's
+    assert (r["status"], r["action"], r["family"], r["source_base"]) == (status, "none", family, None)
 
 
 def test_dcp_and_cp_ranks(synth_root, scan_root):
@@ -259,3 +260,28 @@ def test_report_names_the_engine_hazards(synth_root, scan_root):
     assert "assumed writer layout layer_first (the default of every e1-e3 release), target layout page_first" in text
     for hazard in ("orders by mtime and evicts by unlink", "clear() deletes every regular file", "for its TTL"):
         assert hazard in text
+
+
+def test_temp_files_carry_the_sglang_family_and_the_deployment_their_name_says(synth_root, tmp_path):
+    # temp leftovers had no family (nor deployment) in the manifest and the report
+    import pyarrow.parquet as pq
+
+    root, (res,) = synth_root({"family": "sglang", "tp": 2, "blocks": 3, "layers": 2,
+                               "defects": ("tmp_sglang", "tmp_sglang_old")})
+    m = tmp_path / "m.parquet"
+    code, out = run("scan", root, "-o", m, "-q")
+    assert code & 10 == 0, out
+    rows = {r["relpath"]: r for r in pq.read_table(m).to_pylist()}
+    pages = {r["deployment"] for r in rows.values() if r["status"] == "ok"}
+    (deployment,) = pages
+    temps = {d["name"]: d["relpath"] for d in res.defects}
+    new, old = rows[temps["tmp_sglang"]], rows[temps["tmp_sglang_old"]]
+    assert new["status"] == old["status"] == "tmp_leftover"
+    assert new["family"] == old["family"] == "sglang"
+    assert old["deployment"] == deployment and old["model_name"] == rows[next(
+        r for r in rows if rows[r]["status"] == "ok")]["model_name"]
+    assert new["deployment"] is None  # `.<32 hex>.tmp` names no page
+    assert new["source_base"] is None and old["source_base"] is None  # no page of a namespace: prune's residue
+    code, out = run("report", m)
+    outside = next(line for line in out.splitlines() if line.startswith("(outside namespaces)"))
+    assert outside.split()[2] == "sglang", outside
