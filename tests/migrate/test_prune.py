@@ -486,7 +486,7 @@ def test_residue_outside_any_namespace_beside_one_inside_is_planned_and_reported
     assert sorted((n["namespace"] or "", n["files"]) for n in plan["namespaces"]) == \
         [("", 1), (next(n["namespace"] for n in plan["namespaces"] if n["namespace"]), 1)]
     code, text = run("prune", root, *MLA, *NOW, "--residue")
-    assert code == 1 and "(outside namespaces): 1 files" in text, text
+    assert code == 1 and "(outside namespaces): 1 file," in text, text
     code, summary = run_json("audit", root, *MLA, "--verify", "hash")
     assert summary["reclaimable"]["classes"]["residue"]["files"] == 2
     code, text = run("audit", root, *MLA, "--verify", "hash")
@@ -786,4 +786,4 @@ def test_a_file_restored_then_pruned_again_counts_once_when_it_cannot_come_back(
     code, out = run("rollback", root / ".kvmigrate" / "journals", "--dry-run")
     assert code == 8 and "pruned and 14 of them cannot be put back" in out, out
     code, out = run("restore", root / ".kvmigrate" / "journals" / "prune")
-    assert code == 8 and "14 file(s) not restored" in out and "re-created" not in out.split("hint:", 1)[1], out
+    assert code == 8 and "14 files not restored" in out and "re-created" not in out.split("hint:", 1)[1], out
