@@ -33,11 +33,14 @@ def unlink_quiet(tree: DestTree, relpath: str) -> None:
         pass
 
 
-def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dict[str, bytes]) -> dict | None:
+def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dict[str, bytes],
+                   moved: dict[str, str] | None = None) -> dict | None:
     """Prove that a path an intent lists (but no done record covers) holds this run's
     output; return the done record to adopt it, or None. Never a path the intent marks
     `pre` (it existed when the batch began). Proof: a folder that did not exist at intent time; a link with the source's inode; a copy that shares its inode
-    with the run's own temp file or holds exactly the bytes the action produces."""
+    with the run's own temp file or holds exactly the bytes the action produces. `moved`:
+    sources a prune moved that are read where they are now (a rollback's dry run)."""
+    moved = moved or {}
     path = item["path"]
     if item.get("pre"):
         return None  # the path held a file before the run began: not its output
@@ -67,7 +70,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
     if kind != "block":
         return None
     if item.get("transform"):
-        owned = same_as_tmp or _transform_item_hash(root, item) == have
+        owned = same_as_tmp or _transform_item_hash(root, item, moved) == have
         if not owned:
             return None
         return {"kind": "block", "path": path, "ino": st.st_ino, "size": size, "xxh3_128": have.hex(),
@@ -77,7 +80,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
     how = "link" if linked else "copy"
     if not owned and tmp:
         try:
-            fd = open_noatime(os.path.join(root, item["src"]))
+            fd = open_noatime(os.path.join(root, moved.get(item["src"], item["src"])))
         except OSError:
             return None
         try:
@@ -96,7 +99,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
             "action": item.get("action"), "recovered": True}
 
 
-def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
+def _transform_item_hash(root: str, item: dict[str, Any], moved: dict[str, str]) -> bytes | None:
     """The hash of the row a journaled transform writes, from the very files it named
     (each still with its inode and size); None when that cannot be proven."""
     fds: list[int] = []
@@ -104,7 +107,7 @@ def _transform_item_hash(root: str, item: dict[str, Any]) -> bytes | None:
         spec = TransformSpec.from_json(item["transform"])
         for rel, ino, size in item["srcs"]:
             check_relpath(rel, "journal source")
-            fd = open_noatime(os.path.join(root, rel))
+            fd = open_noatime(os.path.join(root, moved.get(rel, rel)))
             fds.append(fd)
             st = os.fstat(fd)
             if (st.st_ino, st.st_size) != (ino, size):

@@ -105,7 +105,7 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
         result.journals.append(path)
         for run in reversed(runs):
             if not run.rolled_back:
-                _rollback_run(run, result, selection, files)
+                _rollback_run(run, result, selection, files, decision.sources_now(dry_run))
         if selection:
             result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
                                 "stays usable for the rest")
@@ -130,6 +130,11 @@ class Decision:
     back: list[WayBack] = field(default_factory=list)  # to link back, in restore's order
     script: list[str] = field(default_factory=list)  # the same as shell commands (--list)
     refusal: OperationalError | None = None
+
+    def sources_now(self, dry_run: bool) -> dict[str, str]:
+        """Where each pruned source is while a dry run looks (nothing was put back): its
+        quarantine name, or the target that links it; the real run has put them back."""
+        return {} if not dry_run else {w.path: w.source for w in self.back if w.source}
 
     def put_back(self, result: RollbackResult) -> None:
         """Restore (in a dry run: count and list) what the decision found."""
@@ -373,9 +378,10 @@ class _Removal:
 
 
 def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None,
-                  rolling: Iterable[str] = ()) -> None:
+                  rolling: Iterable[str] = (), moved: dict[str, str] | None = None) -> None:
     """Remove what `run` created; `rolling`: the journals this rollback undoes (their
-    runs are not "other runs" whose files or targets must be left)."""
+    runs are not "other runs" whose files or targets must be left); `moved`: a dry run's
+    pruned sources, not yet put back (source path -> the name holding it now)."""
     rolling = {*rolling, run.journal}
     if selection:  # the records of the kept targets only
         kept = journal_bases(run.targets, selection)
@@ -416,7 +422,7 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
             for item in pending:
                 if item["path"] in others:
                     continue
-                adopted = reconcile_item(tree, run.root, item, digests)
+                adopted = reconcile_item(tree, run.root, item, digests, moved)
                 if adopted is not None:
                     created[item["path"]] = adopted
             for path, rec in list(created.items()):

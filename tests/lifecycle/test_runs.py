@@ -144,3 +144,20 @@ def test_journals_are_named_for_what_they_are_and_old_names_still_read(tmp_path,
     journal.rename(old)
     code, result = run_json("rollback", journal.parent)
     assert code == 0 and result["removed"]["block"] == len(res.blocks) and result["journals"] == [str(old)]
+
+
+def test_a_dry_run_reads_a_pruned_source_where_it_is_to_prove_a_killed_runs_copy(tmp_path, synth_root):
+    """Found by the lifecycle model: a killed run's padded copies are proven its own by
+    re-reading their sources; after a prune moved those sources into its quarantine, the
+    dry run (which puts nothing back) read them at their old paths, missed them, and
+    predicted a refusal the real rollback (which puts them back first) did not meet."""
+    mla = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 8})
+    killed = kvmigrate("migrate", root, *mla, "--apply", crash="created:7")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    code, pruned = run_json("prune", root, *mla, "--apply", "--quiet-period", "0")
+    assert code == 0 and pruned["moved"]["migrated"] > 0
+    (journal,) = Path(jn.default_journal_dir(str(root))).glob("*.journal")
+    dcode, dry = run_json("rollback", journal, "--dry-run")
+    code, real = run_json("rollback", journal)
+    assert (dcode, dry["removed"], dry["kept"]) == (code, real["removed"], real["kept"]) and code == 0
