@@ -185,10 +185,15 @@ class Lifecycle(RuleBasedStateMachine):
         else:
             args = ["migrate", self.root, *self.facts_args(), "--apply"]
         self.journals()  # (the order the journals were made in)
+        dcode, dry = self.cli_json(*args[:-1]) if crash is None and via == "manifest" else (None, {})
         self.snapshot()
         if crash is None:
-            code, _ = self.cli(*args)
+            code, done = self.cli_json(*args)
             self.check("migrate exit code", code in (0, 1, 4, 5, 8, 9, 12, 13), str(code))
+            if dry.get("outcomes") and done.get("outcomes") and not code & 8:
+                # (the same manifest: nothing changed between the dry run and the apply)
+                self.check("migrate dry run predicts its outcomes", dry["outcomes"] == done["outcomes"],
+                           f"{dry['outcomes']} vs {done['outcomes']}")
         else:
             self.killed(args, f"{crash[0]}:{crash[1]}")
         self.journals()
