@@ -39,6 +39,7 @@ from kvmigrate.cli import cli
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.synth import SynthSpec, build
+from reference_reader import _sha
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 OWN = layout.OWN_DIR
@@ -53,14 +54,6 @@ FACTS = {"*": {"model_dtype": "bfloat16"},
          "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"}}
 CRASH_POINTS = ("intent", "created", "tmp_written", "linked")
 STATS = {"steps": 0, "kills": 0, "invariant_checks": 0, "hints_run": 0}
-
-
-def _sha(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def files(root: Path) -> dict[str, tuple[int, str]]:
