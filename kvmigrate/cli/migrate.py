@@ -179,7 +179,7 @@ def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: b
 
     plan = run.plan
     code = plan.dry_run_exit_code()
-    guesses = _guessed_sources(plan)
+    guesses = run.guessed_sources()
     facts_command = _facts_command(plan, guesses) if guesses else None
     if facts_command:
         apply_command = dest_command = None
@@ -207,15 +207,6 @@ def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: b
                 click.echo(f"  {base}: {ask_facts(facts, base)}")
             click.echo(f"state them, then plan again: {facts_command}")
     sys.exit(code)
-
-
-def _guessed_sources(plan) -> dict[str, list[str]]:
-    """Source namespace -> facts not given, for the sources of the plan's targets (pending or
-    already present: "nothing to do" would be a guess too)."""
-    from kvmigrate.report.hints import guessed_targets
-
-    guessed = guessed_targets(plan.metadata.get("namespaces") or {})
-    return {src: guessed[src] for tp in plan.targets for src in tp.sources if src in guessed}
 
 
 def _facts_command(plan, guesses: dict[str, list[str]]) -> str:

@@ -36,7 +36,6 @@ it: folders `dirs.py`, placing a block `place.py` (called by each action's kind,
 from __future__ import annotations
 
 import os
-import signal
 import stat
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from kvmigrate import families, layout, pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate.crash import CRASH_ENV, CrashSeam as _CrashSeam  # noqa: F401 (CRASH_ENV: the tests' name)
 from kvmigrate.migrate.actions import ACTIONS
 from kvmigrate.migrate.dirs import Batch, FolderMaker
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
@@ -65,27 +65,6 @@ MODES = ("link", "copy", "auto")
 BATCH = 1024
 _HELPERS = 3  # threads: two folder makers and a block reader (all mostly in the kernel)
 _NOT_SEEN = object()
-CRASH_ENV = "KVMIGRATE_CRASH_AT"  # test seam: "<point>:<n>[:TERM]" -> SIGKILL (or SIGTERM) self at the n-th <point>
-# points: intent, tmp_written, linked, created; transform_write (a write into a transform's temp file)
-# (prune: prune_intent, prune_move, prune_dirs; restore: restore; purge: purge)
-
-class _CrashSeam:
-    """Lets the kill -9 tests stop the process at an exact point of the protocol."""
-
-    def __init__(self) -> None:
-        point, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
-        n, _, sig = rest.partition(":")
-        self.point = point or None
-        self.left = int(n) if n.isdigit() else 1
-        self.signal = getattr(signal, f"SIG{sig}", signal.SIGKILL) if sig else signal.SIGKILL
-
-    def hit(self, point: str) -> None:
-        if point == self.point:
-            self.left -= 1
-            if self.left == 0:
-                os.kill(os.getpid(), self.signal)
-
-
 class Applier(FolderMaker, Placer):
     """Runs a plan. Two hooks let scale-out (kvmigrate.scaleout) split a run into parts:
     `take_locks=False`: a part, whose driver holds every namespace lock for the run;

@@ -19,7 +19,7 @@ from typing import Any
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (KVMIGRATE_CRASH_AT), shared
+from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests' seam
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
 from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, frees, prune_journal_dir, target_base,

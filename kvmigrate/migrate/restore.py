@@ -22,7 +22,7 @@ from typing import Any, Iterable, NamedTuple
 
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.apply import _CrashSeam  # the kill -9 tests' seam (points: restore, purge)
+from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests' seam
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
 from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, makedirs

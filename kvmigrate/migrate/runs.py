@@ -37,6 +37,7 @@ class RunInfo:
     targets: list[str] = field(default_factory=list)  # target base folders it writes (migrate)
     counts: dict[str, int] = field(default_factory=dict)
     holder: int | None = None  # pid holding the journal (running)
+    identity: dict[str, Any] = field(default_factory=dict)  # a migration's header identity (which run resumes it)
 
     @property
     def resume_command(self) -> str | None:
@@ -51,7 +52,9 @@ class RunInfo:
         return f"kvmigrate {verb} {shlex.quote(self.journal)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "resume_command": self.resume_command if self.state in UNFINISHED else None,
+        out = asdict(self)
+        del out["identity"]
+        return {**out, "resume_command": self.resume_command if self.state in UNFINISHED else None,
                 "undo_command": self.undo_command}
 
 
@@ -103,54 +106,37 @@ def migration_runs(journal_dir: str) -> list[RunInfo]:
             counts = dict((run.complete or {}).get("outcomes") or {})
             out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "migrate", state, path,
                                run.header.get("command"), run.header.get("dest") or run.root,
-                               sorted(run.targets), counts, holder if state == "running" else None))
+                               sorted(run.targets), counts, holder if state == "running" else None,
+                               dict(run.header.get("identity") or {})))
     return out
 
 
 def prune_runs(journal_dir: str) -> list[RunInfo]:
-    """The prune runs of a journal directory, their states from the records alone (what
-    `restore` and `purge` add to a prune's journal are its later states)."""
+    """The prune runs of a journal directory, read as `restore` reads them (what `restore`
+    and `purge` add to a prune's journal are its later states)."""
+    from kvmigrate.migrate.quarantine import load_prune_runs
+
     out = []
     for path in _journals(journal_dir):
-        holder = _holder(path)
-        runs: list[dict[str, Any]] = []
         try:
-            for rec in jn.iter_records(path):
-                t = rec.get("t")
-                if t == "header":
-                    runs.append({"header": rec, "moved": 0, "intended": 0, "complete": False, "restored": False,
-                                 "purge": False, "purged": False})
-                elif not runs:
-                    continue
-                elif t == "intent":
-                    runs[-1]["intended"] += len(rec.get("items") or ())
-                elif t == "done" and rec.get("kind") in ("moved", "unlinked"):
-                    runs[-1]["moved"] += 1
-                elif t in ("complete", "restored", "purged"):
-                    runs[-1][t] = True
-                elif t == "purge":
-                    runs[-1]["purge"] = True
-                elif t == "resume":
-                    runs[-1]["complete"] = False
+            runs = load_prune_runs(path)
         except (UsageError, OSError, ValueError):
             continue
+        holder = _holder(path)
         for run in runs:
-            header = jn.rebased(run["header"], path)
-            if header.get("kind") != "prune":
-                continue
-            if run["purged"]:
+            if run.purged:
                 state = "purged"
-            elif run["restored"]:
+            elif run.restored:
                 state = "restored"
-            elif run["complete"] and not run["purge"]:
+            elif run.complete and not run.purge_started:
                 state = "done"
             elif holder is not None:
                 state = "running"
             else:
                 state = "interrupted"
-            out.append(RunInfo(str(header.get("run_id") or os.path.basename(path)), "prune", state, path,
-                               header.get("command"), str(header.get("root")), [],
-                               {"moved": run["moved"], "intended": run["intended"]},
+            out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "prune", state, path,
+                               run.header.get("command"), run.root, [],
+                               {"moved": len(run.moved), "intended": len(run.moves)},
                                holder if state == "running" else None))
     return out
 
@@ -181,8 +167,7 @@ def check_no_interrupted_run(journal_dirs: list[str], targets: set[str], identit
             if run.journal in seen or run.state not in UNFINISHED:
                 continue
             seen.add(run.journal)
-            header_identity = _identity_of(run.journal)
-            if header_identity is not None and _same_run(header_identity, identity):
+            if run.identity and _same_run(run.identity, identity):
                 continue  # the run this command resumes
             held = sorted(targets & set(run.targets))
             if not held:
@@ -195,14 +180,6 @@ def check_no_interrupted_run(journal_dirs: list[str], targets: set[str], identit
                 f"run {run.run_id}, which {what}; a new run there would write files that run's resume or "
                 "rollback takes for its own", path=run.journal,
                 hint=f"{resume}, or undo it with `{run.undo_command}`; then run this command again")
-
-
-def _identity_of(path: str) -> dict[str, Any] | None:
-    try:
-        runs = jn.run_states(path)
-    except (UsageError, OSError, ValueError):
-        return None
-    return runs[-1].header.get("identity") if runs else None
 
 
 def _same_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
