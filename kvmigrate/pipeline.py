@@ -151,8 +151,11 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
             continue
         needed: list[str] = []
         t = ns.target
-        if ns.target_error_flag:
+        flat_family = families.get(ns.family).root_layout == "flat"
+        if ns.target_error_flag:  # the target is not computed yet: the gate's facts are asked too
             needed += [f for f, flag in FACT_FLAGS.items() if flag == ns.target_error_flag]
+            if t is None and ns.facts.kv_kind is None and not flat_family:
+                needed.append("kv_kind")
         if t is not None:
             needed += list(t.missing_facts)
             if str(t.unreachable or "").startswith(ORPHANED) or t.writer_topology:
@@ -162,7 +165,6 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
             needed.append("family")  # the two readings give different bytes
         given = {f for f in ns.facts.sources if not ns.facts.sources[f].startswith("model_config:")}
         needed += sorted(given)  # what is stated stays stated, per namespace
-        flat_family = families.get(ns.family).root_layout == "flat"
         key = (ns.model_name or ns.source_base) if flat_family else ns.source_base
         entry = out.setdefault(key, {})
         for name in dict.fromkeys(needed):

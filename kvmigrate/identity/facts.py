@@ -226,12 +226,20 @@ class FactsResolver:
                 f"are not planned. State each model's kind on its own, e.g. --facts FACTS.json with {example}")
 
     def check_keys_matched(self, names: list[str]) -> None:
-        """A FACTS.json key no namespace of the root used is a typo or a stale entry: its
-        facts would silently apply to nothing. `names`: the root's model and folder names,
-        for the nearest ones the message offers."""
+        """A FACTS.json key no namespace of the root used is a typo: its facts would
+        silently apply to nothing. A key naming a base folder that is gone is not: the
+        lifecycle removes folders (prune and purge, rollback, an engine's eviction), and the
+        nightly audit with the same FACTS.json must not fail for it. `names`: the root's
+        model and folder names, for the nearest ones the message offers."""
         import difflib
 
-        stale = sorted(k for k in self._entries if k not in self.matched and k != "*")
+        from kvmigrate import layout
+
+        def a_folder(key: str) -> bool:
+            folder = layout.parse_folder(key)
+            return folder is not None and folder.rank is None
+
+        stale = sorted(k for k in self._entries if k not in self.matched and k != "*" and not a_folder(k))
         if not stale:
             return
         near = difflib.get_close_matches(stale[0], sorted(set(names)), n=3, cutoff=0.5)

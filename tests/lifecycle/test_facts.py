@@ -62,3 +62,26 @@ def test_a_facts_key_that_matches_nothing_is_a_usage_error_naming_the_nearest(tm
     code, out = run("audit", root, "--facts", facts, "--model-dtype", "bfloat16")
     assert code == 2 and "'deepseek-ai/DeepSeek-V2-Lite' matches no namespace" in out
     assert f"nearest: {DEEPSEEK!r}" in out
+
+
+def test_a_facts_key_of_a_folder_the_lifecycle_removed_is_no_error(tmp_path, synth_root):
+    """Found by running the README's lifecycle: prune and purge remove a migrated
+    namespace's folder, and the nightly audit with the same FACTS.json (keyed by that
+    folder, as `kvmigrate facts` writes it) failed with exit 2 from then on."""
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": DEEPSEEK})
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({res.namespaces[0]["base_name"]: {"kv_kind": "mla", "model_dtype": "bfloat16"}}))
+    assert run("migrate", root, "--facts", facts, "--apply")[0] == 0
+    assert run("prune", root, "--facts", facts, "--apply", "--quiet-period", "0")[0] == 0
+    assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    assert not (root / res.namespaces[0]["base_name"]).exists()
+    code, out = run("audit", root, "--facts", facts)
+    assert code != 2, out
+
+
+def test_the_skeleton_asks_the_kind_of_a_namespace_whose_target_waits_for_another_fact(tmp_path, synth_root):
+    """A namespace refused for a missing fact (its dtype) has no target yet, so the facts its
+    gate will need (the kind) are asked in the same skeleton, not one rerun later."""
+    root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": DEEPSEEK})
+    code, out = run_json("facts", root)
+    assert out["facts"][res.namespaces[0]["base_name"]] == {"kv_kind": None, "model_dtype": None}
