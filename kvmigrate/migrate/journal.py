@@ -347,6 +347,10 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
             run.locks.append(rec["path"])
         elif t == "complete":
             run.complete = rec
+        elif t == "rolled_back" and rec.get("targets") is not None:
+            # a rollback of some targets (--only/--exclude): they are no run's any more
+            for r in runs:
+                _drop_targets(r, set(rec["targets"]))
         elif t == "rolled_back":
             # rollback applies to every run before it in the file
             for r in runs:
@@ -354,6 +358,19 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
         elif t == "resume":
             run.complete = None
     return runs
+
+
+def _drop_targets(run: Run, bases: set[str]) -> None:
+    """Forget what a run made in `bases` (rolled back by a rollback of those targets only):
+    a later rollback, verify or resume must not take what another run makes there since."""
+    if not bases & set(run.targets):
+        return
+    run.done = {p: r for p, r in run.done.items() if run.target_of(p) not in bases}
+    run.intents = {p: r for p, r in run.intents.items() if run.target_of(p) not in bases}
+    run.locks = [p for p in run.locks if (p.rsplit("/", 1)[0] if "/" in p else "") not in bases]
+    run.targets = {b: r for b, r in run.targets.items() if b not in bases}
+    if not run.targets:
+        run.rolled_back = True
 
 
 def identity_matches(header: dict[str, Any], identity: dict[str, Any]) -> bool:

@@ -103,12 +103,17 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
             result.notes.append(f"{path}: already rolled back")
             continue
         result.journals.append(path)
+        undone: set[str] = set()  # the targets a selection rolled back
         for run in reversed(runs):
             if not run.rolled_back:
+                if selection:
+                    undone |= journal_bases(run.targets, selection)
                 _rollback_run(run, result, selection, files, decision.sources_now(dry_run))
         if selection:
             result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
                                 "stays usable for the rest")
+            if not dry_run and undone:
+                _append_rolled_back(path, result, sorted(undone))
             continue
         if not dry_run:
             _append_rolled_back(path, result)
@@ -523,12 +528,13 @@ def _changed(tree: DestTree, path: str, st: os.stat_result, rec: dict[str, Any])
     return None
 
 
-def _append_rolled_back(path: str, result: RollbackResult) -> None:
-    """Mark the journal so a rerun of its command starts afresh instead of resuming."""
+def _append_rolled_back(path: str, result: RollbackResult, targets: list[str] | None = None) -> None:
+    """Mark the journal so a rerun of its command starts afresh instead of resuming; with
+    `targets` (a rollback of those only), so that what its runs made there is forgotten."""
     try:
         w = jn.JournalWriter.append(path)
         w.write({"t": "rolled_back", "time": time.time(), "removed": dict(result.removed),
-                 "kept": len(result.kept)}, sync=True)
+                 "kept": len(result.kept), **({"targets": targets} if targets is not None else {})}, sync=True)
         w.close()
     except OperationalError as exc:
         result.kept.append(f"{path}: cannot mark the journal as rolled back: {exc}")

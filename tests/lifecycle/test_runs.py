@@ -161,3 +161,28 @@ def test_a_dry_run_reads_a_pruned_source_where_it_is_to_prove_a_killed_runs_copy
     dcode, dry = run_json("rollback", journal, "--dry-run")
     code, real = run_json("rollback", journal)
     assert (dcode, dry["removed"], dry["kept"]) == (code, real["removed"], real["kept"]) and code == 0
+
+
+def test_a_target_rolled_back_alone_is_no_longer_the_runs(tmp_path, synth_root):
+    """Found by running the sequence the rollback hint prints (`rollback J --exclude T`):
+    the journal did not record which targets went, so after a new run re-made them, a full
+    `rollback J` took the new run's links (the same inodes) and verify called its config.json
+    replaced."""
+    mla = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+    root, (llmd, vllm) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "model_name": "org/mla"},
+                                    {"family": "vllm", "scheme": "S2", "tp": 2, "kv_kind": "mla",
+                                     "model_name": "org/mla2"})
+    code, first = run_json("migrate", root, *mla, "--apply")
+    assert code == 0
+    journal = first["apply"]["journal"]
+    vllm_target = next(t["target_base"] for t in first["targets"] if vllm.namespaces[0]["base_name"] in t["sources"])
+    llmd_target = next(t["target_base"] for t in first["targets"] if t["target_base"] != vllm_target)
+    assert run("rollback", journal, "--only", vllm_target)[0] == 0
+    code, second = run_json("migrate", root, *mla, "--apply")
+    assert code == 0 and second["outcomes"]["created"] == len(vllm.blocks)
+    made_again = created_blocks(second["apply"]["journal"])
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert made_again <= target_files(root) and not (root / llmd_target).exists()
+    code, verified = run_json("verify", root, "--journal", jn.default_journal_dir(str(root)))
+    assert code == 0, verified["findings"]
