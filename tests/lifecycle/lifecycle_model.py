@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -200,31 +201,25 @@ class Lifecycle(RuleBasedStateMachine):
                 self.made.append(p)
         return [p for p in self.made if p.exists()]
 
-    @rule()
-    def rollback_newest(self) -> None:
-        journals = self.journals()
-        if not journals:
-            return
-        journal = journals[-1]
-        # path -> inode of what each run journaled as created (the same path may be made again
-        # by a later run once the engine evicted it, or a rollback removed it)
-        own = {r["path"]: r.get("ino") for r in jn.read_records(str(journal)) if r.get("t") == "done" and "path" in r}
+    def owned(self, journal: Path) -> tuple[dict[str, Any], dict[str, set], set[str]]:
+        """(path -> inode of what `journal`'s runs created and still own, path -> inodes other
+        journals' runs own, every path `journal` intended): a path may be made again by a
+        later run once the engine evicted it or a rollback (of all, or of some targets)
+        removed it."""
+        own = {p: r.get("ino") for run in jn.load_runs(str(journal)) if not run.rolled_back
+               for p, r in run.done.items()}
         others: dict[str, set] = {}
-        for other in journals[:-1]:
-            if all(r.rolled_back for r in jn.run_states(str(other))):
-                continue
-            for r in jn.read_records(str(other)):
-                if r.get("t") == "done" and "path" in r:
-                    others.setdefault(r["path"], set()).add(r.get("ino"))
+        for other in self.journals():
+            if other != journal:
+                for run in jn.load_runs(str(other)):
+                    if not run.rolled_back:
+                        for p, r in run.done.items():
+                            others.setdefault(p, set()).add(r.get("ino"))
         intended = {p for r in jn.read_records(str(journal)) if r.get("t") == "intent"
                     for item in r.get("items") or () for p in (item["path"], item.get("tmp")) if p}
-        dcode, dry = self.cli_json("rollback", journal, "--dry-run")
-        self.snapshot()
-        code, result = self.cli_json("rollback", journal)
-        if dcode != 2 and code != 2:
-            self.check("rollback dry run predicts its exit code", dcode == code, f"{dcode} vs {code}")
-            self.check("rollback dry run predicts its removals", dry.get("removed") == result.get("removed"),
-                       f"{dry.get('removed')} vs {result.get('removed')}")
+        return own, others, intended
+
+    def judge_removals(self, journal: Path, own: dict, others: dict, intended: set) -> None:
         after = files(self.root)
         removed = {rel for rel in self.before if rel not in after and not rel.startswith(OWN)}
         restored = {rel for rel in after if rel not in self.before}
@@ -235,6 +230,39 @@ class Lifecycle(RuleBasedStateMachine):
             mine = own.get(rel) == ino or (rel in intended and ino not in others.get(rel, ()))
             self.check("rollback removes only its run's files", mine, rel)
             self.check("rollback never removes a source", rel not in self.sources, rel)
+
+    @rule()
+    def rollback_newest(self) -> None:
+        journals = self.journals()
+        if not journals:
+            return
+        journal = journals[-1]
+        own, others, intended = self.owned(journal)
+        dcode, dry = self.cli_json("rollback", journal, "--dry-run")
+        self.snapshot()
+        res = CliRunner().invoke(cli, ["rollback", str(journal), "--json"], catch_exceptions=False)
+        STATS["steps"] += 1
+        code, result = res.exit_code, json.loads(res.stdout) if res.stdout.strip().startswith("{") else {}
+        if dcode != 2 and code != 2:
+            self.check("rollback dry run predicts its exit code", dcode == code, f"{dcode} vs {code}")
+            self.check("rollback dry run predicts its removals", dry.get("removed") == result.get("removed"),
+                       f"{dry.get('removed')} vs {result.get('removed')}")
+        self.judge_removals(journal, own, others, intended)
+        # a refusal names the rollback of the targets that can still go: run it as printed
+        hint = re.search(r"roll back the other targets with `([^`]+)`", res.stderr)
+        self.rollback_hint = (journal, hint.group(1)) if hint else None
+
+    @precondition(lambda self: getattr(self, "rollback_hint", None))
+    @rule()
+    def run_the_refused_rollbacks_hint(self) -> None:
+        journal, command = self.rollback_hint
+        self.rollback_hint = None
+        own, others, intended = self.owned(journal)
+        self.snapshot()
+        STATS["hints_run"] += 1
+        code, _ = self.cli(*shlex.split(command)[1:])
+        self.check("the printed rollback runs", code in (0, 8), str(code))
+        self.judge_removals(journal, own, others, intended)
 
     @rule()
     def run_the_rollback_list_script(self) -> None:
