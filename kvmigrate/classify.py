@@ -17,8 +17,9 @@ Vocabulary:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.findings import ALIASES_SOURCE, PART_OF_ACTION, REPLICA_OF_PRIMARY, TRANSFORM, Reason

@@ -10,10 +10,12 @@ ranks a block must have (`block_ranks`) mean the same to both.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from kvmigrate import families, findings
 from kvmigrate.classify import TargetInfo, UnitPlan
+
 
 def block_ranks(family: str | None, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
     """The ranks that hold a file of each block (formats.md §2; the family says,

@@ -10,7 +10,7 @@ filesystem or a cold HDD does not.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kvmigrate.units import plural
 

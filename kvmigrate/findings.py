@@ -82,7 +82,7 @@ class Reason(str):
     __slots__ = ("finding",)
     finding: Finding | None
 
-    def __new__(cls, text: str, finding: Finding | None = None) -> "Reason":
+    def __new__(cls, text: str, finding: Finding | None = None) -> Reason:
         self = super().__new__(cls, text)
         self.finding = finding
         return self

@@ -11,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmigrate import findings
-from kvmigrate.units import agreeing
 from kvmigrate.errors import UsageError, write_error
+from kvmigrate.units import agreeing
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -130,7 +131,7 @@ class ManifestWriter:
         finally:
             self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "ManifestWriter":
+    def __enter__(self) -> ManifestWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -15,8 +15,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from kvmigrate import units
 from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError, UsageError

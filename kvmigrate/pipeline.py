@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import manifest as mf
 from kvmigrate import scan as scan_stage
@@ -25,8 +26,8 @@ from kvmigrate.migrate.outputs import expected_transform_output
 from kvmigrate.report.summary import summarize, totals_for
 
 if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
-    from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.model import Plan
+    from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.verify import VerifyResult
 
 
@@ -135,11 +136,11 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     flat family's deployment by its model name), with every fact its target needs: the
     value where a flag, an entry or a model config states it, else null (not stated:
     kvmigrate treats null as unknown). Reads config.json files only, no block."""
+    from kvmigrate import families
+    from kvmigrate.fsio import check_root
     from kvmigrate.identity.values import ORPHANED
     from kvmigrate.scan import flat
     from kvmigrate.scan.roots import list_root, resolve_namespaces
-    from kvmigrate import families
-    from kvmigrate.fsio import check_root
 
     root_path = check_root(str(root))
     listing = list_root(root_path)
@@ -229,7 +230,7 @@ class Migration:
     """A plan and the manifest it was built from (kept, or removed when the `with` of
     `migration` ends); `apply` runs it here or as parts."""
 
-    plan: "Plan"
+    plan: Plan
     manifest: str
     kept: bool
     identity_manifest: str  # "scan" for a plan of its own scan, else the manifest's path
@@ -242,7 +243,7 @@ class Migration:
 
     def apply(self, *, mode: str = "link", journal: str | None = None, command: str = "",
               progress: Callable[[int], None] | None = None,
-              on_part: Callable[[Any], None] | None = None) -> "ApplyResult":
+              on_part: Callable[[Any], None] | None = None) -> ApplyResult:
         from kvmigrate.migrate.apply import apply_plan
 
         plan, guessed = self._without_guesses()
@@ -274,7 +275,7 @@ class Migration:
         guessed = guessed_targets(self.plan.metadata.get("namespaces") or {})
         return {src: guessed[src] for tp in self.plan.targets for src in tp.sources if src in guessed}
 
-    def _without_guesses(self) -> tuple["Plan", dict[str, list[str]]]:
+    def _without_guesses(self) -> tuple[Plan, dict[str, list[str]]]:
         """The plan to apply: without the namespaces whose target is a guess (the dry run
         printed no apply command for them; an --apply typed anyway must not place them)."""
         guessed = self.guessed_sources()
@@ -331,8 +332,8 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
                         address=address)
 
 
-def _plan(build_plan: Callable[..., "Plan"], manifest: Any, dest: str | None, progress: bool,
-          selection: Any = None) -> "Plan":
+def _plan(build_plan: Callable[..., Plan], manifest: Any, dest: str | None, progress: bool,
+          selection: Any = None) -> Plan:
     """The plan, with its own bar (rows checked of the manifest's) on a terminal."""
     from kvmigrate.progress import Bar
 

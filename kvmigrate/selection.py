@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import fnmatch
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from kvmigrate import layout
 
@@ -74,7 +75,7 @@ class Selection:
         return " ".join(shlex.quote(a) for a in self.args())
 
     @classmethod
-    def of(cls, only: Iterable[str] = (), exclude: Iterable[str] = ()) -> "Selection":
+    def of(cls, only: Iterable[str] = (), exclude: Iterable[str] = ()) -> Selection:
         return cls(tuple(only or ()), tuple(exclude or ()))
 
 

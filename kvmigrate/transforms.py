@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol, Union
+from typing import BinaryIO, Protocol
 
 from kvmigrate import findings
 from kvmigrate.errors import IntegrityError
@@ -30,7 +30,7 @@ ROW_ALIGN = 4096
 """vLLM rows are mmap'd CPU rows, rounded up to the page size; files keep that padding."""
 
 _STREAM_CHUNK = 1 << 20
-_Buffer = Union[bytes, bytearray, memoryview]
+_Buffer = bytes | bytearray | memoryview
 
 
 class TransformError(IntegrityError, ValueError):

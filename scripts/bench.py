@@ -90,6 +90,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 import profile_spy  # noqa: E402  (scripts/profile_spy.py: py-spy's side of --profile)
+
 REPORTS = REPO / "reports"
 DEFAULT_WORKDIR = Path("/work/bench-tmp")
 
@@ -578,9 +579,8 @@ def rmtree(path: Path) -> None:
     on a million-folder tree)."""
     if path.is_symlink() or path.is_file():
         path.unlink()
-    elif path.exists():
-        if subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)]).returncode != 0:
-            shutil.rmtree(path)
+    elif path.exists() and subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)]).returncode != 0:
+        shutil.rmtree(path)
 
 
 def count_jdupes_groups(path: str) -> int:
@@ -2073,7 +2073,7 @@ def render_journal(j: dict, add: Any) -> None:
 
 # --------------------------------------------------------------------------- prune group
 
-def run_prune_group(args: argparse.Namespace, bench: "Bench", log: Any) -> dict:
+def run_prune_group(args: argparse.Namespace, bench: Bench, log: Any) -> dict:
     """`prune --apply` of `--prune-files` migrated legacy block files against `rm -rf` of
     the same legacy folders, and `restore` of that prune (issue 19; one run, as it asks).
 
@@ -2191,7 +2191,7 @@ def drop_page_cache() -> None:
                  "--baseline-cold out (a warm run)")
 
 
-def run_baseline_group(args: argparse.Namespace, bench: "Bench", spec: TreeSpec | None = None) -> dict:
+def run_baseline_group(args: argparse.Namespace, bench: Bench, spec: TreeSpec | None = None) -> dict:
     """`audit --verify hash --baseline auto` of an unchanged tree (issue 20) against `find
     -printf` of it and the full hash audit, on `--baseline-files` llm-d TP=2 MLA files of
     4 KiB: wall, CPU and bytes read (rchar and read_bytes of /proc/self/io around each
@@ -2505,7 +2505,7 @@ def render_spy_profile(prof: dict, add) -> None:
             add(f"| `{name}` | {share}% |")
 
 
-def baseline_only(args: argparse.Namespace, bench: "Bench") -> int:
+def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
     """`--only baseline`: its section is merged into the full report of --out-dir when
     there is one (other groups kept), else it is a report of its own there."""
     if args.baseline_files < 2:

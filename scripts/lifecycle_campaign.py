@@ -40,10 +40,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "reports" / "RELIABILITY.md"))
     args = ap.parse_args()
 
+    import lifecycle_model as model
     from hypothesis import HealthCheck, Phase, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
-
-    import lifecycle_model as model
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

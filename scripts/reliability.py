@@ -68,16 +68,33 @@ import tempfile
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from reliability_harness import (  # noqa: E402  (tests/reliability_harness.py)
-    SCENARIOS, CrashBench, Ledger, Scenario, engine_round, fault_eacces, fault_emlink, fault_enospc,
-    fault_enospc_journal, fault_eperm_hardlink, fault_erofs, fault_erofs_root, fault_exdev_bind, fault_exdev_shm,
-    hostile_recipes, hostile_trial, prune_trial, sh)
+    SCENARIOS,
+    CrashBench,
+    Ledger,
+    Scenario,
+    engine_round,
+    fault_eacces,
+    fault_emlink,
+    fault_enospc,
+    fault_enospc_journal,
+    fault_eperm_hardlink,
+    fault_erofs,
+    fault_erofs_root,
+    fault_exdev_bind,
+    fault_exdev_shm,
+    hostile_recipes,
+    hostile_trial,
+    prune_trial,
+    sh,
+)
 
 # ---------------------------------------------------------------------------------------
 # The four parts at campaign size

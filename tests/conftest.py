@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,7 @@ def ray():
     so they never silently do not run."""
     if os.environ.get("CI", "").lower() in ("", "0", "false"):
         return pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[test,ray]'")
-    import ray  # noqa: F811  (fails here, clearly, where CI lacks the extra)
+    import ray
 
     return ray
 

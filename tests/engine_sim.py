@@ -37,8 +37,8 @@ from typing import Any
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
 from kvmigrate.synth import SynthSpec
-from kvmigrate.synth.identities import Namespace, file_size, plan_namespaces
 from kvmigrate.synth.files import block_file_bytes
+from kvmigrate.synth.identities import Namespace, file_size, plan_namespaces
 
 ENGINES = {"vllm": "vLLM fs tier", "llmd": "llm-d fs connector", "vllmcpp": "vllm.cpp"}
 
@@ -89,7 +89,7 @@ class Engine:
         self.specs = specs
         self.deps = deployments(specs)
         self.rng = random.Random(seed)
-        self.log = open(log_path, "a", buffering=1)
+        self.log = open(log_path, "a", buffering=1)  # noqa: SIM115  (closed by close())
         self.evict_above = evict_above
         self.residue_every = residue_every
         self.stop = False
@@ -121,7 +121,7 @@ class Engine:
 
     def store(self) -> None:
         dep = self.rng.choice(self.deps)
-        hex_hash = "%0*x" % (dep.spec.hash_len, self.rng.getrandbits(dep.spec.hash_len * 4))
+        hex_hash = f"{self.rng.getrandbits(dep.spec.hash_len * 4):0{dep.spec.hash_len}x}"
         group = self.rng.randrange(dep.spec.groups)
         self.writes += 1
         residue = self.writes % self.residue_every == 0

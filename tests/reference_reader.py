@@ -28,9 +28,10 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp

@@ -22,21 +22,22 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
-import struct
 import textwrap
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import xxhash
+from typing import Any
 
 import engine_sim  # tests/engine_sim.py
+import xxhash
+
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
 from kvmigrate.migrate.apply import CRASH_ENV
@@ -1034,7 +1035,7 @@ def _world_readable_base(work: Path) -> Path:
 
 
 def _chmod_tree(path: Path, dirs: int = 0o755, files: int = 0o644) -> None:
-    for d, ds, fs in os.walk(path):
+    for d, _ds, fs in os.walk(path):
         os.chmod(d, dirs)
         for f in fs:
             os.chmod(os.path.join(d, f), files)
@@ -1289,9 +1290,8 @@ def engine_round(work: Path, ledger: Ledger, seed: int, *, verify: str, blocks: 
             problems.append(("not_identical", f"{rel}: kvmigrate temp or lock file left behind"))
     # sources: unchanged, or deleted by an engine
     for rel, e in pristine.items():
-        if e.kind == "file" and rel not in deleted:
-            if source_changes({rel: e}, root):
-                problems.append(("lost_source", f"{rel}: changed although no engine deleted it"))
+        if e.kind == "file" and rel not in deleted and source_changes({rel: e}, root):
+            problems.append(("lost_source", f"{rel}: changed although no engine deleted it"))
     record["created"] = created
     record["changed_since_scan"] = sum(1 for s in view.skips.values() if s.get("outcome") == "changed_since_scan")
     for kind, detail in problems:
@@ -1623,7 +1623,7 @@ def hostile_trial(work: Path, ledger: Ledger, recipe: dict, index: int) -> dict:
     view = read_journals(root)
     journaled = set(view.targets) | {p.split("/")[0] for p in (*view.intents, *view.done)}
     allowed_tops = {OWN} | journaled | {f"{b}_r{n}" for b in journaled for n in range(64)}
-    for rel, e in snapshot(root, exclude_top=()).items():
+    for rel, _e in snapshot(root, exclude_top=()).items():
         if rel not in root_before and rel.split("/")[0] not in allowed_tops:
             problems.append(("outside_write", f"migrate created {rel!r} outside the target namespaces"))
     for rel in source_changes(root_before, root):

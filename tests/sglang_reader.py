@@ -46,5 +46,5 @@ class HiCacheFile:
         except FileNotFoundError:
             return None
         if n != page_bytes:
-            raise IOError("Short read")
+            raise OSError("Short read")
         return bytes(buf)

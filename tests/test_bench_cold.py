@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import bench  # noqa: E402
+import bench
 
 
 def test_a_command_stopped_at_its_timeout_says_so(tmp_path):

@@ -766,8 +766,8 @@ def test_demo_llmd_mla_tree_lands_in_the_demo_replicated_namespace(tmp_path):
     """The demo's llm-d TP=2 MLA tree and its vLLM S3 replicated tree are one model's cache:
     the identity engine maps the first onto the second, and a padded rank-0 replica equals
     the replicated row byte for byte (so a migration finds those blocks already present)."""
-    from kvmigrate.identity.facts import Facts
     from kvmigrate.families import compute_target
+    from kvmigrate.identity.facts import Facts
     from kvmigrate.synth import pad_row
 
     results = build_demo_root(tmp_path, with_defects=False)

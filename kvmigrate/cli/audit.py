@@ -8,10 +8,25 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
-                                  output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
-                                  pop_selection, prefer_arrow_pool, say_no_cache, scaleout_options,
-                                  selection_options, start_pacing, walk_options)
+from kvmigrate.cli.common import (
+    baseline_kwargs,
+    baseline_options,
+    check_scaleout,
+    facts_options,
+    handle_errors,
+    output_options,
+    pacing_options,
+    parse_shard,
+    part_done,
+    pop_fact_flags,
+    pop_selection,
+    prefer_arrow_pool,
+    say_no_cache,
+    scaleout_options,
+    selection_options,
+    start_pacing,
+    walk_options,
+)
 
 
 @click.command("audit")

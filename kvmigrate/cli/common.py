@@ -6,13 +6,24 @@ import functools
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import click
 
 from kvmigrate.errors import EXIT_INTERRUPTED, KvMigrateError
-from kvmigrate.identity.values import (CACHE_DTYPES, DEFAULT_PROFILE, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS,
-                                      MODEL_DTYPES, PROFILES, RUNNERS, SGLANG_LAYOUTS)
+from kvmigrate.identity.values import (
+    CACHE_DTYPES,
+    DEFAULT_PROFILE,
+    EXECUTORS,
+    FACT_FLAGS,
+    FAMILIES,
+    KV_KINDS,
+    MODEL_DTYPES,
+    PROFILES,
+    RUNNERS,
+    SGLANG_LAYOUTS,
+)
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -122,7 +133,8 @@ def walk_options(fn: Callable) -> Callable:
     fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
     fn = io_depth_option(fn)
-    fn = click.option("--shard", default=None, metavar="K/N", help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
+    fn = click.option("--shard", default=None, metavar="K/N",
+                      help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 
 

@@ -8,10 +8,25 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (exit_stopped, interrupt_on_sigterm, io_depth_option, check_scaleout, facts_options,
-                                  handle_errors, output_options, pacing_options, part_done, pop_fact_flags,
-                                  pop_selection, prefer_arrow_pool, print_json, rerun_command, scaleout_options,
-                                  selection_options, start_pacing)
+from kvmigrate.cli.common import (
+    check_scaleout,
+    exit_stopped,
+    facts_options,
+    handle_errors,
+    interrupt_on_sigterm,
+    io_depth_option,
+    output_options,
+    pacing_options,
+    part_done,
+    pop_fact_flags,
+    pop_selection,
+    prefer_arrow_pool,
+    print_json,
+    rerun_command,
+    scaleout_options,
+    selection_options,
+    start_pacing,
+)
 from kvmigrate.units import plural
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.

@@ -8,13 +8,23 @@ import os
 import shlex
 import signal
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import click
 
-from kvmigrate.cli.common import (exit_stopped, facts_options, handle_errors, interrupt_on_sigterm, io_depth_option,
-                                  output_options, pop_fact_flags, pop_selection, print_json, rerun_command,
-                                  selection_options)
+from kvmigrate.cli.common import (
+    exit_stopped,
+    facts_options,
+    handle_errors,
+    interrupt_on_sigterm,
+    io_depth_option,
+    output_options,
+    pop_fact_flags,
+    pop_selection,
+    print_json,
+    rerun_command,
+    selection_options,
+)
 from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}

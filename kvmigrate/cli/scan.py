@@ -8,10 +8,26 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (baseline_kwargs, baseline_options, check_scaleout, facts_options, handle_errors,
-                                  output_options, pacing_options, parse_shard, part_done, pop_fact_flags,
-                                  pop_selection, prefer_arrow_pool, print_json, say_no_cache, scaleout_options,
-                                  selection_options, start_pacing, walk_options)
+from kvmigrate.cli.common import (
+    baseline_kwargs,
+    baseline_options,
+    check_scaleout,
+    facts_options,
+    handle_errors,
+    output_options,
+    pacing_options,
+    parse_shard,
+    part_done,
+    pop_fact_flags,
+    pop_selection,
+    prefer_arrow_pool,
+    print_json,
+    say_no_cache,
+    scaleout_options,
+    selection_options,
+    start_pacing,
+    walk_options,
+)
 from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
 

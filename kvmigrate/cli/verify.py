@@ -6,8 +6,16 @@ import sys
 
 import click
 
-from kvmigrate.cli.common import (handle_errors, output_options, pacing_options, pop_selection, print_json,
-                                  rerun_command, selection_options, start_pacing)
+from kvmigrate.cli.common import (
+    handle_errors,
+    output_options,
+    pacing_options,
+    pop_selection,
+    print_json,
+    rerun_command,
+    selection_options,
+    start_pacing,
+)
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
 
 

@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical, schemes
-from kvmigrate.identity.values import (AMBIGUOUS, DEFAULT_PROFILE, ENSURE_ASCII, NAMES,  # noqa: F401 (the registry's
-                                       UNKNOWN)  # names)
+from kvmigrate.identity.values import (
+    AMBIGUOUS,
+    DEFAULT_PROFILE,
+    ENSURE_ASCII,
+    NAMES,
+    UNKNOWN,  # names)
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvmigrate.classify import FileRecord, UnitPlan
@@ -272,11 +278,11 @@ class Family:
         alone gives it (a vLLM row's size depends on the deployment that writes it)."""
         return None
 
-    def size_status(self, plan: "UnitPlan", group: int, size: int) -> tuple[str, str] | None:
+    def size_status(self, plan: UnitPlan, group: int, size: int) -> tuple[str, str] | None:
         """What a non-empty block file's size alone proves (None: nothing wrong)."""
         return None
 
-    def plan_action(self, plan: "UnitPlan", by_rank: "list[FileRecord]", group: int) -> tuple[str, str]:
+    def plan_action(self, plan: UnitPlan, by_rank: list[FileRecord], group: int) -> tuple[str, str]:
         """(action, reason) of a complete, healthy block with a reachable target;
         `by_rank`: its files in rank order."""
         return "none", f"unknown writer family {plan.family!r}"

@@ -5,7 +5,8 @@ both readings give the same bytes (`ambiguity_is_harmless`), else every block as
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from kvmigrate.families import AMBIGUOUS, PAGE
 from kvmigrate.families.vllm import Vllm

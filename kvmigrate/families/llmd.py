@@ -5,7 +5,8 @@ vLLM rows by re-key, zero padding, concat or relayout."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from kvmigrate import classify
 from kvmigrate.classify import LEGACY_FLOOR, UNVERIFIED, pad_to_page

@@ -21,8 +21,9 @@ import functools
 import re
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from kvmigrate import families
 from kvmigrate.findings import NEEDS_FACT, REPLICA_OF_PRIMARY, asks
@@ -154,9 +155,9 @@ def read_suffix(suffix: str, pool: str | None, *, model: str | None = None,
     if suffix == "":
         return Reading("e23", None)
     m = re.fullmatch(r"_(\d+)_(\d+)", suffix)
-    if m and _is_tp(int(m.group(1)), int(m.group(2))) and int(m.group(2)) > 1:
-        if model is None or not suffix.startswith("_" + sanitise(model) + "_"):
-            return Reading("e23", None, tp=(int(m.group(1)), int(m.group(2))))
+    if (m and _is_tp(int(m.group(1)), int(m.group(2))) and int(m.group(2)) > 1
+            and (model is None or not suffix.startswith("_" + sanitise(model) + "_"))):
+        return Reading("e23", None, tp=(int(m.group(1)), int(m.group(2))))
     s = suffix
     dcp = cp = None
     d = _DCP_RE.search(s)

@@ -3,7 +3,8 @@ under rank folder `_r0`, padded to 4096 bytes; schemes S1/S2/S3 (identity.md §2
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvmigrate import classify
 from kvmigrate.families import PAGE, Family

@@ -6,15 +6,16 @@ format the synth, the transforms and apply's writer share, with no family decisi
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.classify import UNVERIFIED
 from kvmigrate.families import Family, worker_ranks
 from kvmigrate.formats import vllmcpp as codec
 from kvmigrate.identity import canonical
-from kvmigrate.identity.vllm_target import RANK_PRIVATE_SHARD, Target, target_lacks
 from kvmigrate.identity.values import VLLMCPP_PROFILE
+from kvmigrate.identity.vllm_target import RANK_PRIVATE_SHARD, Target, target_lacks
 
 MARKERS = ("format_version", "hash_algo", "kv_cache_spec_kind")
 KV_KINDS = {"mla": "mla", "full_attention": "full", "sliding_window": "sliding"}

@@ -12,13 +12,22 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields as dc_fields
+from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dc_fields
 from typing import Any
 
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import hfconfig
-from kvmigrate.identity.values import (CACHE_DTYPES, EXECUTORS, FACT_FLAGS, FAMILIES, KV_KINDS, MODEL_DTYPES,
-                                      RUNNERS, SGLANG_LAYOUTS)
+from kvmigrate.identity.values import (
+    CACHE_DTYPES,
+    EXECUTORS,
+    FACT_FLAGS,
+    FAMILIES,
+    KV_KINDS,
+    MODEL_DTYPES,
+    RUNNERS,
+    SGLANG_LAYOUTS,
+)
 
 # fact -> the values the engine accepts (the string facts)
 CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dtype": MODEL_DTYPES,
@@ -76,8 +85,8 @@ class Facts:
 
 
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
-_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers", "page_tokens", "kv_heads",
-              "head_dim", "latent_dim", "dtype_bytes")
+_INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers",
+              "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes")
 
 
 def allowed_values(name: str) -> str:

@@ -94,9 +94,8 @@ def kv_kind_of(cfg: dict[str, Any]) -> tuple[str, str]:
             return "hybrid", "layer_types mixes full and sliding attention"
         return "full", "layer_types all full attention"
     pattern = c.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        if "M" in pattern:
-            return ("hybrid" if "*" in pattern else "mamba"), f"hybrid_override_pattern {pattern!r} has mamba layers"
+    if isinstance(pattern, str) and pattern and "M" in pattern:
+        return ("hybrid" if "*" in pattern else "mamba"), f"hybrid_override_pattern {pattern!r} has mamba layers"
     blocks = c.get("layers_block_type")
     if isinstance(blocks, list) and blocks:
         classes = {_layer_type_class(t) for t in blocks}

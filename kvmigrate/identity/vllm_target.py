@@ -15,12 +15,12 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kvmigrate import layout
 from kvmigrate.errors import MissingFactError, UsageError
 from kvmigrate.identity import canonical, gates, schemes
 from kvmigrate.identity.facts import Facts
 from kvmigrate.identity.hfconfig import normalize_dtype
 from kvmigrate.identity.values import ORPHANED
-from kvmigrate import layout
 
 PROFILE_VERSIONS = {"vllm-0.22": "0.22", "vllm-0.24": "0.24", "vllm-0.26": "0.26",
                     "vllm-0.27": "0.27", "vllm-0.28": "0.28", "vllm-0.34": "0.34"}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shlex
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from kvmigrate import findings, layout
 from kvmigrate.cost import cost_line

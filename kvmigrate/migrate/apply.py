@@ -38,9 +38,10 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -48,18 +49,20 @@ from kvmigrate import families, layout, pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.fsio import all_holes, open_noatime
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.crash import CRASH_ENV, CrashSeam as _CrashSeam  # noqa: F401 (CRASH_ENV: the tests' name)
 from kvmigrate.migrate.actions import ACTIONS
+from kvmigrate.migrate.crash import CRASH_ENV  # noqa: F401 (CRASH_ENV: the tests' name)
+from kvmigrate.migrate.crash import CrashSeam as _CrashSeam
 from kvmigrate.migrate.dirs import Batch, FolderMaker
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
+from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
 from kvmigrate.migrate.outputs import TransformSpec, slice_row_problem
+from kvmigrate.migrate.place import CTIME_MOVED, Placer
+from kvmigrate.migrate.place import stat_differs as _stat_differs
+from kvmigrate.migrate.plan import ActionStream
 from kvmigrate.migrate.reconcile import reconcile_item, tmp_name, tmp_paths, unlink_quiet
 from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts, oserror_stop
 from kvmigrate.migrate.runs import claimed_by_others
-from kvmigrate.migrate.place import CTIME_MOVED, Placer, stat_differs as _stat_differs
-from kvmigrate.migrate.model import BlockAction, Plan, TargetPlan
-from kvmigrate.migrate.plan import ActionStream
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024

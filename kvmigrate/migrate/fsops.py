@@ -67,7 +67,7 @@ class DestTree:
         self._fds.clear()
         os.close(self.root_fd)
 
-    def __enter__(self) -> "DestTree":
+    def __enter__(self) -> DestTree:
         return self
 
     def __exit__(self, *exc: object) -> None:

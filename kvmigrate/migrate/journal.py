@@ -43,8 +43,9 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.errors import OperationalError, UsageError, write_error
@@ -164,7 +165,7 @@ def valid_end(path: str) -> int:
     """Byte length of a format-2 journal's whole frames (where a torn tail begins)."""
     end = 0
     with open(path, "rb") as f:
-        for offset, _data in _frames(f):
+        for _offset, _data in _frames(f):
             end = f.tell()
     return end
 
@@ -435,7 +436,7 @@ class JournalWriter:
 
     @classmethod
     def create(cls, path: str, header: dict[str, Any], *,
-               read_only: Callable[[], str | None] | None = None) -> "JournalWriter":
+               read_only: Callable[[], str | None] | None = None) -> JournalWriter:
         """A new journal file (or a new run appended to an existing journal file).
         `read_only()`: on a read-only filesystem, the hint where --journal elsewhere would
         not help, or None where it would (errors.write_error)."""
@@ -463,7 +464,7 @@ class JournalWriter:
         return w
 
     @classmethod
-    def append(cls, path: str) -> "JournalWriter":
+    def append(cls, path: str) -> JournalWriter:
         """Reopen an existing journal to add records (a torn tail is cut off first)."""
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -489,7 +490,7 @@ class JournalWriter:
                                    hint=f"wait for {who} to finish, then rerun") from None
 
     @classmethod
-    def resume(cls, path: str, record: dict[str, Any]) -> "JournalWriter":
+    def resume(cls, path: str, record: dict[str, Any]) -> JournalWriter:
         w = cls.append(path)
         w.write({"t": "resume", **record}, sync=True)
         return w

@@ -32,7 +32,7 @@ class NamespaceLock:
         self.created = created
 
     @classmethod
-    def acquire(cls, tree: DestTree, base: str, purpose: str = "migration") -> "NamespaceLock":
+    def acquire(cls, tree: DestTree, base: str, purpose: str = "migration") -> NamespaceLock:
         relpath = lock_relpath(base)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(10):

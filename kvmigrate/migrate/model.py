@@ -4,7 +4,8 @@ file, a block action, a target namespace's plan, the plan) and the action names.
 The bottom of migrate's one-way stack (fsops, outputs <- model <- competing, rows, result,
 reconcile <- actions, plan, place, dirs <- apply). It imports none of the modules above it,
 so any of them can name these types; building a plan is `plan.py`, what each action kind
-does (and the bytes it writes: `ActionKind.output_size`) is `actions.py`. A `BlockAction` stays a plain NamedTuple (a plan streams millions).
+does (and the bytes it writes: `ActionKind.output_size`) is `actions.py`. A `BlockAction`
+stays a plain NamedTuple (a plan streams millions).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kvmigrate.cost import TRANSFORMS, transform_cost
 from kvmigrate import families
+from kvmigrate.cost import TRANSFORMS, transform_cost
 from kvmigrate.families import Family
-from kvmigrate.migrate.outputs import TransformSpec
 from kvmigrate.manifest import holds_no_cache
+from kvmigrate.migrate.outputs import TransformSpec
 
 # The reason of a flat family's relayout planned without --dest (plan._flat_rows): its
 # output keeps the page's name, so it can only be written into another directory.

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import xxhash
 
 from kvmigrate import findings
 from kvmigrate.classify import UnitPlan
-from kvmigrate.formats import vllmcpp
 from kvmigrate.cost import TRANSFORMS
+from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK, PAGE, padded_size
 from kvmigrate.transforms import TransformError, write_llmd_row, write_relayout, write_slice
@@ -142,7 +143,7 @@ class TransformSpec:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TransformSpec":
+    def from_json(cls, d: dict[str, Any]) -> TransformSpec:
         spec = cls(**{k: d[k] for k in ("action", "kv_kind", "ranks", "cells", "cell", "B", "T", "P", "row_cells")},
                    halves=d.get("halves", 1), flat=d.get("flat", False))
         spec.check()
@@ -204,7 +205,7 @@ def transform_spec(plan: UnitPlan, action: str, group: int, size: int,
         spec = TransformSpec("concat", kind, ranks=ranks, cells=ranks, cell=size, B=1, T=1, P=size)
     elif action == "relayout":
         B, T, P = plan.blocks_per_file, plan.tensors(group), plan.page_bytes
-        if not (B and B > 1 and T and P) or B * T * P != size:
+        if not (B and B > 1 and T and P) or size != B * T * P:
             raise SourceInvalid(f"relayout: B={B}, T={T}, P={P} do not prove the {size}-byte file")
         one = ranks == 1 or (kind == "mla" and plan.target is not None and plan.target.replicated_layout)
         spec = TransformSpec("relayout", kind, ranks=ranks, cells=1 if one else ranks, cell=size, B=B, T=T, P=P)

@@ -18,8 +18,15 @@ from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
 from kvmigrate.formats import checksum
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK
-from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, output_chunks, output_hash,
-                                       transform_output_hash, write_transform)
+from kvmigrate.migrate.outputs import (
+    HashingWriter,
+    SourceInvalid,
+    TransformSpec,
+    output_chunks,
+    output_hash,
+    transform_output_hash,
+    write_transform,
+)
 from kvmigrate.migrate.reconcile import tmp_name, unlink_quiet
 from kvmigrate.migrate.result import Stop, oserror_stop
 from kvmigrate.transforms import TransformError
@@ -234,9 +241,9 @@ class Placer:
             return None
         try:
             spec = act.transform
-            if spec.action == "slice" or spec.replicas or spec.flat and len(act.sources) > 1:
-                if not self._check_transform_sources(tp, act, fds):
-                    return None
+            if ((spec.action == "slice" or spec.replicas or spec.flat and len(act.sources) > 1)
+                    and not self._check_transform_sources(tp, act, fds)):
+                return None
             out_digest, size = transform_output_hash(spec, fds)
         except SourceInvalid as exc:
             self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)

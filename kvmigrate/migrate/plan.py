@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,14 +28,13 @@ from kvmigrate import families, findings, layout, manifest
 from kvmigrate.classify import UnitPlan
 from kvmigrate.context import block_ranks, unit_contexts
 from kvmigrate.errors import UsageError
-from kvmigrate.selection import selected_bases
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
-from kvmigrate.migrate.model import (CREATING, MERGE, NEEDS, NEEDS_DEST, BlockAction, Plan, SourceFile, Tally,
-                                     TargetPlan)
+from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, NEEDS_DEST, BlockAction, Plan, SourceFile, Tally, TargetPlan
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
+from kvmigrate.selection import selected_bases
 
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
 # have a finding in findings.SECONDARY. The scanner reports a target path that is already

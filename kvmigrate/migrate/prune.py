@@ -33,12 +33,13 @@ import functools
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from kvmigrate import findings, layout
-from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate import manifest as mf
+from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate.errors import UsageError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import check_relpath
@@ -350,7 +351,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     pa.default_memory_pool().release_unused()
     locks: dict[str, set[str]] = {}
 
-    def order(k: int) -> tuple:
+    def order(k: int, r: dict = r) -> tuple:
         """A deployment's blocks with their rank files side by side, its config.json files last."""
         config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
         return _deployment(r, k), config, _key(r, k), r["relpath"][k]

@@ -22,8 +22,16 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests' seam
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
-from kvmigrate.migrate.prune import (KIND, QUARANTINE_DIR, Item, PrunePlan, frees, prune_journal_dir, target_base,
-                                     without_namespaces)
+from kvmigrate.migrate.prune import (
+    KIND,
+    QUARANTINE_DIR,
+    Item,
+    PrunePlan,
+    frees,
+    prune_journal_dir,
+    target_base,
+    without_namespaces,
+)
 from kvmigrate.pacing import Interrupted
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
@@ -84,7 +92,8 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     qdir = f"{QUARANTINE_DIR}/{run_id}" if quarantine else None
     w = jn.JournalWriter.create(path, read_only=lambda: (
         f"{root} is on a read-only filesystem: remount it read-write, then rerun the same command (prune moves "
-        "files within ROOT, into ROOT/.kvmigrate/quarantine: nothing else can take its place)"), header={"kind": KIND, "run_id": run_id, "command": command, "root": root,
+        "files within ROOT, into ROOT/.kvmigrate/quarantine: nothing else can take its place)"),
+        header={"kind": KIND, "run_id": run_id, "command": command, "root": root,
                                        "dest": root, "manifest": os.path.abspath(plan.manifest),
                                        "classes": list(plan.classes), "quarantine": qdir, "pid": os.getpid(),
                                        "time": time.time(), "scan_started_ns": plan.scan_started_ns})

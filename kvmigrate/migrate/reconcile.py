@@ -37,7 +37,8 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
                    moved: dict[str, str] | None = None) -> dict | None:
     """Prove that a path an intent lists (but no done record covers) holds this run's
     output; return the done record to adopt it, or None. Never a path the intent marks
-    `pre` (it existed when the batch began). Proof: a folder that did not exist at intent time; a link with the source's inode; a copy that shares its inode
+    `pre` (it existed when the batch began). Proof: a folder that did not exist at intent time;
+    a link with the source's inode; a copy that shares its inode
     with the run's own temp file or holds exactly the bytes the action produces. `moved`:
     sources a prune moved that are read where they are now (a rollback's dry run)."""
     moved = moved or {}

@@ -17,8 +17,9 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
@@ -251,7 +252,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
             w.write({"t": "purge", "time": time.time(), "files": files}, sync=True)
             crash.hit("purge")
             errors: list[str] = []
-            shutil.rmtree(qpath, onerror=lambda fn, p, exc: errors.append(f"{p}: {exc[1]}"))
+            shutil.rmtree(qpath, onerror=lambda fn, p, exc, errors=errors: errors.append(f"{p}: {exc[1]}"))
             if errors and os.path.exists(qpath):
                 result.failed += errors[:10]
                 continue

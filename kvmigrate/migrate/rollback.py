@@ -31,17 +31,18 @@ import stat
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
-from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
 from kvmigrate.migrate.prune import prune_journal_dir
+from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.restore import WayBack, claimed, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
 from kvmigrate.selection import Selection, journal_bases

@@ -15,8 +15,9 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.migrate import journal as jn

@@ -33,7 +33,6 @@ from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
 
-
 # the findings of phase 1: a namespace's config.json does not prove its folder name
 NAMESPACE_CODES = ("config_digest_mismatch", "config_invalid")
 

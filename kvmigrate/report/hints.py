@@ -282,7 +282,7 @@ def target_is_guess(n: dict[str, Any]) -> bool:
                 and any(c["blocks"] for a, c in n["by_action"].items() if a != "none"))
 
 
-def fact_hint(cmd: "Commands", facts: list[str], base: str | None) -> tuple[str, str]:
+def fact_hint(cmd: Commands, facts: list[str], base: str | None) -> tuple[str, str]:
     """(command, why) of the re-run that states `facts` (placeholders for their values)."""
     flags = [fact_flag(f) for f in facts]
     extra: list[str] = []

@@ -14,8 +14,8 @@ from typing import Any
 
 from kvmigrate.report import view
 from kvmigrate.report.summary import NEEDS_ACTIONS, REUSABLE_ACTIONS, STATUS_BITS
-from kvmigrate.units import agreeing, human_bytes, human_count, percent, plural
 from kvmigrate.report.view import Table
+from kvmigrate.units import agreeing, human_bytes, human_count, percent, plural
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
 ACTION_COLORS = {

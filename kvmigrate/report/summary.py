@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from kvmigrate import families
 from kvmigrate import findings as fd
 from kvmigrate import manifest as mf
+
 # The status enum with its exit-code bits (interface.md §2) and the actions in preference
 # order (migration.md §1) are defined once, by the classifier that assigns them.
 from kvmigrate.classify import ACTIONS as ACTION_ORDER

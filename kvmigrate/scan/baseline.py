@@ -53,7 +53,7 @@ class Baseline:
     same bytes), and a sorted inode column costs 8 bytes a row where a dict of 1M paths
     cost a scan ~700 MB."""
 
-    def __init__(self, path: str, meta: dict[str, Any], columns: "Columns", recheck: Fraction,
+    def __init__(self, path: str, meta: dict[str, Any], columns: Columns, recheck: Fraction,
                  total: int | None = None):
         self.path = path
         self.meta = meta

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import xxhash
 

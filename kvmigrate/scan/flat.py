@@ -19,8 +19,9 @@ import gc
 import os
 import stat as stat_mod
 from array import array
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import signal
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 

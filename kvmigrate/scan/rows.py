@@ -99,7 +99,7 @@ class Rows:
         else:
             self.status[i], self.action[i], self.reason[i], self.target[i] = status, action, reason, target
 
-    def extend(self, other: "Rows") -> None:
+    def extend(self, other: Rows) -> None:
         base, c_base = len(self.relpath), len(self.store) if self.store is not None else 0
         for name in self.COLUMNS + self.EXTRA:
             getattr(self, name).extend(getattr(other, name))

@@ -12,9 +12,10 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,17 +26,17 @@ from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.identity.values import DEFAULT_PROFILE
-from kvmigrate.selection import Selection
+from kvmigrate.scan import flat
 from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
-from kvmigrate.scan import flat
 from kvmigrate.scan.roots import list_root, resolve_namespaces, select_folders, select_namespaces
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
 from kvmigrate.scan.units import Unit, build_units
 from kvmigrate.scan.walker import Walker
+from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
 
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from kvmigrate import classify, findings, layout
+from kvmigrate import classify, findings, layout, pacing
 from kvmigrate.classify import FileRecord, UnitPlan
-from kvmigrate import pacing
 from kvmigrate.fsio import Vanished, errno_reason, kind_of, read_buffer, read_file
 from kvmigrate.scan.baseline import Baseline
 from kvmigrate.scan.blocks import BlockVerdicts

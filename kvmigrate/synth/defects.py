@@ -43,18 +43,19 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvmigrate import layout
-from kvmigrate.units import plural
 from kvmigrate.formats.vllmcpp import make_key
 from kvmigrate.identity.canonical import config_json_bytes, d12, full_digest
 from kvmigrate.synth import pages
+from kvmigrate.synth.files import block_file_bytes, write_file
 from kvmigrate.synth.identities import Namespace, tensors_of
 from kvmigrate.synth.spec import BLOCK_DEFECTS, SynthResult, SynthSpec
-from kvmigrate.synth.files import block_file_bytes, write_file
+from kvmigrate.units import plural
 
 LEGACY_FLOOR = 16 * 1024 * 1024  # llm-d CPU path before 0bdacb2: files padded to >= 16 MiB
 SYMLINK_TARGET = "/etc/passwd"    # outside any test root; a scanner must never follow it
@@ -102,7 +103,8 @@ class Injector:
         index = self.spec.blocks - self.taken
         if index < 1:
             n = sum(1 for d in self.spec.defects if d in BLOCK_DEFECTS)
-            raise _bad(f"{plural(n, 'block defect')} need{'s' if n == 1 else ''} blocks >= {n + 1} (block 0 stays healthy as the size reference)")
+            raise _bad(f"{plural(n, 'block defect')} need{'s' if n == 1 else ''} blocks >= {n + 1} "
+                       "(block 0 stays healthy as the size reference)")
         block = next(b for b in self.result.blocks if b["group"] == 0 and b["index"] == index)
         block["defect"] = name
         return block

@@ -15,8 +15,8 @@ from typing import Any
 from kvmigrate import layout
 from kvmigrate.identity.canonical import config_json_bytes, full_digest
 from kvmigrate.identity.schemes import filemapper, scheme_of
-from kvmigrate.synth.spec import SynthSpec
 from kvmigrate.synth.pages import ROW_ALIGN, geometry
+from kvmigrate.synth.spec import SynthSpec
 
 # The default NONE_HASH chain seed of vllm.cpp (vllmcpp-format.md §2.4 C).
 VLLMCPP_NONE_HASH = "950bc4c76b023aa9f8388d6705b601adfc50516140dd1f2b8fc90bed037b2070"

@@ -70,7 +70,7 @@ def page_bytes(spec: Any, hex_hash: str, *, pool: str | None = None, tp_rank: in
     layers = range(pp_rank * g["L"], (pp_rank + 1) * g["L"])
     if mla:
         head_set = [0]
-    elif TOTAL_KV_HEADS >= spec.tp:
+    elif spec.tp <= TOTAL_KV_HEADS:
         head_set = list(range(tp_rank * g["H"], (tp_rank + 1) * g["H"]))
     else:
         head_set = [tp_rank // (spec.tp // TOTAL_KV_HEADS)]

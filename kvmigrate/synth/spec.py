@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmigrate.identity.values import FAMILIES  # noqa: F401  (re-exported: synth writes every family)
+from kvmigrate.identity.values import FAMILIES
 from kvmigrate.units import agreeing
 
 SCHEMES = ("S1", "S2", "S3")
@@ -104,7 +104,7 @@ class SynthSpec:
         """T: tensors of one KV cache group (MLA: one latent tensor per layer)."""
         return self.layers * (1 if self.kv_kind == "mla" else self.tensors_per_layer)
 
-    def replace(self, **changes: Any) -> "SynthSpec":
+    def replace(self, **changes: Any) -> SynthSpec:
         return dataclasses.replace(self, **changes)
 
 

@@ -9,7 +9,6 @@ cannot list) go through `setpriv` as nobody, since root reads everything.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -18,13 +17,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 from kvmigrate import layout, manifest
-from kvmigrate.migrate.journal import default_journal_dir
-from cli_helpers import run
-from kvmigrate.migrate.journal import read_records
+from kvmigrate.migrate.journal import default_journal_dir, read_records
 
-FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]  # a vLLM S1 full-attention tree, no guessed target
+# a vLLM S1 full-attention tree, no guessed target
+FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1}
 
 

@@ -7,7 +7,8 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvmigrate.identity import canonical
 
@@ -120,28 +121,28 @@ S3_ONE_GROUP = {"model_name": "org/M\u00e9del", "tokens_per_hash": 16, "blocks_p
 
 def test_vllm_config_json_rendering_is_byte_exact():
     expected = (
-        '{\n'
-        '  "blocks_per_file": 1,\n'
-        '  "dcp_size": 1,\n'
-        '  "dtype": "bfloat16",\n'
-        '  "inference_engine": "vllm",\n'
-        '  "kv_cache_groups": [\n'
-        '    {\n'
-        '      "layer_names": [\n'
-        '        "l0",\n'
-        '        "l1"\n'
-        '      ],\n'
-        '      "tokens_per_block": 16\n'
-        '    }\n'
-        '  ],\n'
-        '  "model_name": "org/M\\u00e9del",\n'
-        '  "parallel_agnostic": false,\n'
-        '  "pcp_size": 1,\n'
-        '  "pp_size": 1,\n'
-        '  "tokens_per_hash": 16,\n'
-        '  "tp_size": 1\n'
-        '}'
-    ).encode()
+        b'{\n'
+        b'  "blocks_per_file": 1,\n'
+        b'  "dcp_size": 1,\n'
+        b'  "dtype": "bfloat16",\n'
+        b'  "inference_engine": "vllm",\n'
+        b'  "kv_cache_groups": [\n'
+        b'    {\n'
+        b'      "layer_names": [\n'
+        b'        "l0",\n'
+        b'        "l1"\n'
+        b'      ],\n'
+        b'      "tokens_per_block": 16\n'
+        b'    }\n'
+        b'  ],\n'
+        b'  "model_name": "org/M\\u00e9del",\n'
+        b'  "parallel_agnostic": false,\n'
+        b'  "pcp_size": 1,\n'
+        b'  "pp_size": 1,\n'
+        b'  "tokens_per_hash": 16,\n'
+        b'  "tp_size": 1\n'
+        b'}'
+    )
     for family in ("vllm", "llmd", "ambiguous"):
         assert canonical.config_json_bytes(S3_ONE_GROUP, family) == expected
 

@@ -34,13 +34,13 @@ from typing import Any
 from click.testing import CliRunner
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from reference_reader import _sha
 
 from kvmigrate import layout
 from kvmigrate.cli import cli
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.synth import SynthSpec, build
-from reference_reader import _sha
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 OWN = layout.OWN_DIR
@@ -137,7 +137,7 @@ class Lifecycle(RuleBasedStateMachine):
             return
         now = files(self.root)
         held = {h for _, h in now.values()}
-        for rel, (ino, h) in self.sources.items():
+        for rel, (_ino, h) in self.sources.items():
             if rel in now:
                 self.check("source bytes unchanged", now[rel][1] == h, rel)
             elif not self.purged:

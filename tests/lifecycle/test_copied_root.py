@@ -7,8 +7,9 @@ from __future__ import annotations
 import shutil
 
 from cli_helpers import run, run_json
-from kvmigrate import layout
 from reference_reader import listing
+
+from kvmigrate import layout
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from cli_helpers import run, run_json
+
 from kvmigrate import manifest
 
 
@@ -26,4 +27,4 @@ def test_apply_never_places_blocks_into_a_guessed_target(tmp_path, synth_root):
     assert done["outcomes"]["created"] == len(known.blocks)
     assert not (root / guess_target).exists()  # nothing, not even a folder or config.json
     code, text = run("migrate", root, "--facts", facts, "--apply")
-    assert f"not placed: 1 namespace whose target is a guess" in text and f"{base}: state --kv-kind" in text
+    assert "not placed: 1 namespace whose target is a guess" in text and f"{base}: state --kv-kind" in text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-
 from lifecycle_model import Lifecycle
 
 pytestmark = pytest.mark.slow  # a few hundred commands: CI runs it, `-m 'not slow'` leaves it out

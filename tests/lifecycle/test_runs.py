@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cli_helpers import run, run_json
+
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
 

@@ -4,14 +4,13 @@ folders and hands the blocks to `place_blocks` while it holds every lock."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from kvmigrate import layout
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.apply import Applier
-from kvmigrate.pipeline import migration
 from kvmigrate.migrate.journal import read_records
+from kvmigrate.pipeline import migration
 
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
 

@@ -10,14 +10,13 @@ vLLM MLA row of replica cells is sliced by the default command without --page-by
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from click.testing import CliRunner
+from reference_reader import ReferenceReader, row_page_errors
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from reference_reader import ReferenceReader, row_page_errors
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

@@ -12,8 +12,8 @@ import os
 import random
 
 import pytest
-
 from cli_helpers import run, run_json
+
 from kvmigrate.formats import checksum
 
 NAME = "user.vllm.kv_crc32c"

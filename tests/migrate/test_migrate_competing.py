@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from cli_helpers import run, run_json
+
 from kvmigrate import manifest
 
 # vLLM 0.28-0.33 collapse every TP of a full-attention model into one namespace, where the
@@ -123,8 +123,8 @@ def test_the_dry_run_outcomes_are_the_apply_outcomes(tree, synth_root):
 def test_a_scale_out_part_judges_competing_sources_by_the_whole_plans_sizes(tmp_path, synth_root):
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate.plan import build_plan
-    from kvmigrate.scaleout import dataset
     from kvmigrate.pipeline import scan
+    from kvmigrate.scaleout import dataset
 
     # 3 shared block names, 1 more in TP=4: modal 16384 over the whole target, a tie in a
     # part that holds one shared block only

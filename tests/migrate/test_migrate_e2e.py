@@ -13,10 +13,10 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

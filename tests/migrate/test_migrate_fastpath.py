@@ -20,10 +20,10 @@ import pytest
 import xxhash
 from click.testing import CliRunner
 
-from kvmigrate.migrate.journal import read_records
 from kvmigrate import manifest
 from kvmigrate.cli import cli
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.migrate.journal import read_records
 from kvmigrate.pipeline import scan
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))

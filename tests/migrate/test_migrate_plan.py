@@ -17,8 +17,8 @@ from kvmigrate import findings, layout
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.manifest import ManifestWriter
-from kvmigrate.migrate.apply import apply_plan
 from kvmigrate.migrate.actions import render_commands, render_text
+from kvmigrate.migrate.apply import apply_plan
 from kvmigrate.migrate.plan import ALREADY_AT_ROOT, build_plan
 
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from reference_reader import content_listing, listing
 
 from kvmigrate import layout
 from kvmigrate.migrate.apply import CRASH_ENV
-from reference_reader import content_listing, listing
 from kvmigrate.migrate.journal import read_records
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from cli_helpers import run, run_json
+from reference_reader import content_listing, file_facts, listing
 
 from kvmigrate import layout, manifest
-from reference_reader import content_listing, file_facts, listing
-from cli_helpers import run, run_json
 from kvmigrate.migrate.journal import read_records
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

@@ -14,10 +14,10 @@ import json
 import os
 
 import pytest
-
 from cli_helpers import run, run_json
-from kvmigrate import layout, manifest
 from reference_reader import ReferenceReader, file_facts, row_page_errors, vllm034_base, vllm034_config_bytes
+
+from kvmigrate import layout, manifest
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
 

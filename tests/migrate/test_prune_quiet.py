@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from cli_helpers import run, run_json
-from kvmigrate import layout
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 VLLM = {"family": "vllm", "scheme": "S2", "kv_kind": "mla", "model_name": "org/v"}

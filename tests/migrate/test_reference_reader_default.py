@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors, vllm034_base
+from synth_matrix import ERAS, GEOMETRY, cases
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors, vllm034_base
-from synth_matrix import ERAS, GEOMETRY, cases
 
 pytestmark = pytest.mark.slow
 

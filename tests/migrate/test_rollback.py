@@ -10,10 +10,10 @@ import textwrap
 import threading
 
 import pytest
+from cli_helpers import run, run_json
+from reference_reader import file_facts, listing
 
 from kvmigrate import layout
-from reference_reader import file_facts, listing
-from cli_helpers import run, run_json
 from kvmigrate.migrate.journal import read_records
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]

@@ -91,7 +91,8 @@ def test_relayout_into_dest_is_the_permuted_page(synth_root, tmp_path, era, kv_k
             path = reader.path(b["hex"])
             opened.add(os.path.basename(path))
             source = before[b["files"][0 if mla else rank]]
-            written = open(path, "rb").read()
+            with open(path, "rb") as f:
+                written = f.read()
             assert written == _oracle(source, spec, writer, target)
             if target != "page_first_direct":  # (the synth writes two layouts)
                 want = synth.page_bytes(spec, b["hex"], tp_rank=0 if mla else rank, layout=target)

@@ -16,12 +16,18 @@ import os
 import pytest
 
 from kvmigrate import families
-from kvmigrate.classify import (LEGACY_FLOOR, UNVERIFIED, FileRecord, TargetInfo, UnitPlan, classify_block,
-                                slice_reason)
+from kvmigrate.classify import LEGACY_FLOOR, UNVERIFIED, FileRecord, TargetInfo, UnitPlan, classify_block, slice_reason
 from kvmigrate.cost import TRANSFORM_BYTES_PER_SECOND, transform_cost
 from kvmigrate.findings import TRANSFORM, finding_of
-from kvmigrate.migrate.outputs import (HashingWriter, SourceInvalid, TransformSpec, slice_row_problem,
-                                       transform_output_hash, transform_spec, write_transform)
+from kvmigrate.migrate.outputs import (
+    HashingWriter,
+    SourceInvalid,
+    TransformSpec,
+    slice_row_problem,
+    transform_output_hash,
+    transform_spec,
+    write_transform,
+)
 from kvmigrate.transforms import llmd_to_vllm_row, relayout_block_major_to_tensor_major
 
 HEX = "abcdef" + "0" * 58

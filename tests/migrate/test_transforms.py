@@ -511,7 +511,7 @@ def test_write_relayout_refuses_a_file_of_the_wrong_size(tmp_path):
 def test_write_llmd_row_streams_the_same_row(tmp_path, kind, replicated, B, T, P, ranks):
     files = [llmd_file(rank, B=B, T=T, P=P) for rank in ranks]
     paths = [_write(tmp_path, f"r{i}.bin", data) for i, data in enumerate(files)]
-    handles = [open(p, "rb") for p in paths]
+    handles = [open(p, "rb") for p in paths]  # noqa: SIM115  (closed in finally)
     try:
         out = io.BytesIO()
         written = write_llmd_row(handles, out, B=B, T=T, P=P, kv_kind=kind, replicated_target=replicated)

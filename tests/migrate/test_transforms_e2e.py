@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from reference_reader import ReferenceReader, content_listing, file_facts, listing, row_page_errors
 
 from kvmigrate import layout, manifest
 from kvmigrate.cli import cli
 from kvmigrate.migrate.apply import CRASH_ENV
-from reference_reader import ReferenceReader, content_listing, file_facts, listing, row_page_errors
 from kvmigrate.migrate.journal import read_records
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
-
 from cli_helpers import run, run_json
+
 from kvmigrate.migrate.journal import read_records
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

@@ -10,7 +10,6 @@ import os
 import signal
 
 import pytest
-
 import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
 from kvmigrate.migrate.apply import CRASH_ENV

@@ -10,11 +10,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import engine_sim
 import pytest
-
 import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
-import engine_sim
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
 

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import pytest
+from test_report_summary import (
+    AUTO,
+    LLMD,
+    LLMD_T,
+    MLA,
+    ROOT,
+    VLLM,
+    VLLM_T,
+    MiB,
+    Rows,
+    _hex,
+    sample_metadata,
+    write_sample_manifest,
+)
 
 from kvmigrate import findings
 from kvmigrate.manifest import ManifestWriter
 from kvmigrate.report.summary import summarize
-
-from test_report_summary import (AUTO, LLMD, LLMD_T, MLA, ROOT, VLLM, VLLM_T, MiB, Rows, _hex,
-                                 sample_metadata, write_sample_manifest)
 
 
 def _one_namespace(tmp_path, base, rows: Rows, **meta_changes):

@@ -13,11 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_report_summary import AUTO, CPP, LLMD, MLA, VLLM, write_sample_manifest
 
 from kvmigrate.report import render_html
 from kvmigrate.report.summary import summarize
-
-from test_report_summary import AUTO, CPP, LLMD, MLA, VLLM, write_sample_manifest
 
 
 def chromium() -> str:
@@ -135,9 +134,9 @@ def measure(tmp_path: Path, html_text: str, width: int) -> dict:
 def synth_page(tmp_path_factory) -> tuple[Path, dict, str]:
     """The HTML report of a scanned synth tree: four families, defects, a refused target."""
     from cli_helpers import run
-    from kvmigrate.synth import SynthSpec, build
-
     from conftest import SMALL
+
+    from kvmigrate.synth import SynthSpec, build
 
     d = tmp_path_factory.mktemp("html-synth")
     root = d / "root"

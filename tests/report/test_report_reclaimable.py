@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from cli_helpers import run, run_json
+
 from kvmigrate import layout
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -19,7 +20,7 @@ ALL = ["--migrated", "--unreadable-namespaces", "--residue"]
 def _files(root: Path) -> dict[str, os.stat_result]:
     """Every file of the tree but kvmigrate's own (journals, quarantine), by relpath."""
     out = {}
-    for d, ds, fs in os.walk(root):
+    for d, _ds, fs in os.walk(root):
         if os.path.relpath(d, root).split(os.sep)[0] == layout.OWN_DIR:
             continue
         for f in fs:
@@ -31,7 +32,7 @@ def _disk_bytes(root: Path) -> int:
     """Bytes held on disk under ROOT, each inode once (kvmigrate's own folder included: the
     quarantine holds what a prune moved until it is purged)."""
     seen = {}
-    for d, ds, fs in os.walk(root):
+    for d, _ds, fs in os.walk(root):
         for f in fs:
             st = os.lstat(os.path.join(d, f))
             if not os.path.relpath(d, root).startswith(os.path.join(layout.OWN_DIR, "journals")):

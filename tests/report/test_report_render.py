@@ -9,13 +9,11 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+from test_report_summary import LLMD, MLA, VLLM, write_sample_manifest
 
 from kvmigrate.report import render_html, render_json, render_md, render_text
 from kvmigrate.report.summary import summarize
 from kvmigrate.units import human_bytes, human_count, parse_bytes, parse_count
-
-from test_report_summary import LLMD, MLA, VLLM, write_sample_manifest
-
 
 # --- parsers: one per format, each returning {table title: [row cells]} ------------------
 

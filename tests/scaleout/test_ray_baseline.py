@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from test_ray_scaleout import MLA, SCAN_TREE, rows, run
 
 from kvmigrate import manifest
-from test_ray_scaleout import MLA, SCAN_TREE, ray_cluster, rows, run  # noqa: F401  (ray_cluster: a fixture)
 
 pytestmark = pytest.mark.slow
 

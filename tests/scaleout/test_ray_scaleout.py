@@ -17,13 +17,13 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from test_ray_dataset_dir import comparable, tree_state
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
-from kvmigrate.scaleout import dataset
-from kvmigrate.scaleout.ray_runner import FAIL_ENV, LOCAL_OBJECT_STORE_BYTES
-from test_ray_dataset_dir import comparable, tree_state
 from kvmigrate.migrate.journal import read_records
+from kvmigrate.scaleout import dataset
+from kvmigrate.scaleout.ray_runner import FAIL_ENV
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 
@@ -40,15 +40,6 @@ MIGRATE_TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24),
                 dict(family="llmd", tp=4, kv_kind="mla", blocks=24),
                 dict(family="vllm", scheme="S2", tp=1, kv_kind="mla", model_name="deepseek/V2", blocks=24),
                 dict(family="vllmcpp", tp=2, kv_kind="mla", blocks=24, model_name="Qwen/Qwen3-4B"))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(ray):
-    """One local cluster for the module; the commands find it initialized and use it."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-    yield ray
-    ray.shutdown()
 
 
 def run(*args) -> tuple[int, str, str]:

@@ -7,8 +7,18 @@ from collections import Counter
 import pytest
 
 from kvmigrate import families
-from kvmigrate.classify import (LEGACY_FLOOR, STATUS_BITS, UNVERIFIED, FileRecord, TargetInfo, UnitPlan,
-                                classify_block, exit_bits, majority_size, size_status)
+from kvmigrate.classify import (
+    LEGACY_FLOOR,
+    STATUS_BITS,
+    UNVERIFIED,
+    FileRecord,
+    TargetInfo,
+    UnitPlan,
+    classify_block,
+    exit_bits,
+    majority_size,
+    size_status,
+)
 
 HEX = "abcdef" + "0" * 58
 TARGET = TargetInfo(profile="vllm-0.28", base="m_111111111111", d12="111111111111", rank_dir="m_111111111111_r0",

@@ -4,7 +4,8 @@ misfiled blocks and every known temp-file pattern."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvmigrate import layout
 

@@ -17,17 +17,15 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from conftest import WALKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvmigrate.scan.walker as scan_walker
-from kvmigrate import fsio
-from kvmigrate import manifest, pipeline
+from kvmigrate import fsio, manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
 from kvmigrate.synth.tree import build
-
-from conftest import WALKS
 
 SMALL = dict(blocks=4, page_bytes=64, layers=2)
 FLAGS = {"model_dtype": "bfloat16"}
@@ -228,7 +226,8 @@ def planted_names(draw) -> tuple[str, ...]:
     bucket = one(hhh, "fff", hhh.upper(), h[:2], hhh + "0", hhh + "\n", h[:2] + "\u00e9")
     fanout = one(f"{hh}_g{group}", f"{h[5:7] or 'ff'}_g0", f"{hh}_g", f"{hh}_gx", f"{hh}_g\u0663",
                  f"{hh}_g{group}\n", f"{hh.upper()}_g0", f"{hh[:1]}_g0", f"{hh}-g0", f"{hh}g{group}")
-    name = one(f"{h}.bin", f"{h[:-1]}.bin", f"{h[:4]}.bin", f"{h.upper()}.bin", f"{h}.bin.tmp", f"{h}.bin\n", f"{h}.BIN", f"{h}\u00e9.bin",
+    name = one(f"{h}.bin", f"{h[:-1]}.bin", f"{h[:4]}.bin", f"{h.upper()}.bin", f"{h}.bin.tmp", f"{h}.bin\n", f"{h}.BIN",
+               f"{h}\u00e9.bin",
                f"\u0663{h}.bin", f"{h}.bin_12.tmp", f"{h}bin")
     return (bucket, fanout, name) if draw(st.integers(0, 3)) else (bucket, name)
 

@@ -226,7 +226,7 @@ def test_vllmcpp_tp2_mla_is_rewritten_into_the_collapsed_identity(synth_root, sc
     root, results = synth_root(dict(family="vllmcpp", tp=2, kv_kind="mla"))
     scan, rows = scan_root(root, verify="hash")
     check_namespaces(scan, results)
-    first = only_action(rows, "rewrite_header", "payload hashes verified equal")
+    only_action(rows, "rewrite_header", "payload hashes verified equal")
     assert {r["reason"] for r in blocks(rows, 1)} == {"replica of rank 0"}
     deployment = full_digest(dict(results[0].namespaces[1]["fields"], rank=0), "vllmcpp")
     assert {r["deployment"] for r in blocks(rows)} == {deployment}

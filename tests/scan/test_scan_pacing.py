@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 from cli_helpers import run
+from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
+
 from kvmigrate import manifest, pacing
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.pipeline import scan
 
-from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 TREE = {"family": "vllm", "scheme": "S1", "tp": 1, "blocks": 300}  # ~300 bucket visits

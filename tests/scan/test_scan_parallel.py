@@ -11,16 +11,13 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
+from cli_helpers import arrow_pool_after, loads_pyarrow
 
-from kvmigrate import fsio
-from kvmigrate import manifest
-from kvmigrate import pipeline
+from kvmigrate import fsio, manifest, pipeline
 from kvmigrate import scan as scan_mod
 from kvmigrate.scan import blocks as scan_blocks
 from kvmigrate.scan import parallel
 from kvmigrate.scan import run as scan_run
-
-from cli_helpers import arrow_pool_after, loads_pyarrow
 
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
 TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24,
@@ -410,8 +407,8 @@ def test_workers_die_with_a_killed_scan(tree, tmp_path, walk):
 
 def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
     """A Ray part holds one CPU: it must not fork a walk process per core of the node."""
-    from kvmigrate.identity.facts import FactsResolver
     from kvmigrate import pipeline
+    from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.scaleout import ray_runner
 
     seen = {}

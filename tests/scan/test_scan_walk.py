@@ -18,7 +18,7 @@ def test_empty_root_has_no_rows_and_says_nothing_is_there(tmp_path, scan_root):
 def test_base_folder_without_rank_folder_is_noted_not_failed(synth_root, scan_root):
     root, (result,) = synth_root(dict(family="vllm", scheme="S2"))
     ns = result.namespaces[0]
-    for dirpath, dirnames, filenames in os.walk(root / ns["rank_dirs"][0], topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(root / ns["rank_dirs"][0], topdown=False):
         for f in filenames:
             os.unlink(os.path.join(dirpath, f))
         os.rmdir(dirpath)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvmigrate.formats import vllmcpp
 from kvmigrate.identity import canonical
