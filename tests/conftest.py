@@ -101,6 +101,17 @@ def ray():
     return ray
 
 
+@pytest.fixture(scope="module")
+def ray_cluster(ray):
+    """One local cluster per module (the scale-out tests); the commands find it initialized and use it."""
+    from kvmigrate.scaleout.ray_runner import LOCAL_OBJECT_STORE_BYTES
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    yield ray
+    ray.shutdown()
+
+
 class FakeClock:
     """A clock the pacing tests move by hand (kvmigrate.pacing's deadline and token bucket):
     by `step` at every look at the deadline, and by what a bucket sleeps."""
