@@ -644,6 +644,36 @@ def count_rdfind_groups(path: str) -> int:
     return n
 
 
+def tree_summary(info: dict) -> dict:
+    """A tree's stamp as the report keeps it: its top-level names only counted. The stamp
+    (in the workdir) lists them to find what an earlier run left; a flat directory has a
+    million of them, which once made a 100 MB benchmarks.json."""
+    out = {k: v for k, v in info.items() if k != "top_level"}
+    out["top_level_entries"] = len(info.get("top_level", ()))
+    return out
+
+
+MAX_LIST_ITEMS = 1000  # a longer list in a report is a listing, not a figure
+
+
+def capped(obj: Any, limit: int = MAX_LIST_ITEMS) -> Any:
+    """`obj` with every list longer than `limit` cut to its first `limit` items and a last
+    string saying how many were left out: no listing of a tree reaches a report."""
+    if isinstance(obj, dict):
+        return {k: capped(v, limit) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [capped(v, limit) for v in obj[:limit]]
+        if len(obj) > limit:
+            items.append(f"... {len(obj) - limit:,} more left out (the bench keeps at most {limit:,} items a list)")
+        return items
+    return obj
+
+
+def write_json(path: Path, result: dict) -> None:
+    """A report's JSON, capped (`capped`)."""
+    path.write_text(json.dumps(capped(result), indent=1, sort_keys=False) + "\n")
+
+
 # --------------------------------------------------------------------------- the bench
 
 class Bench:
@@ -767,7 +797,7 @@ class Bench:
                 self.log(f"tree {spec.name}: removing {name} left by an earlier run")
                 rmtree(root / name)
             self.log(f"tree {spec.name}: reusing {root} ({info['counts']['files']:,} files)")
-            return info
+            return tree_summary(info)
         rmtree(root)
         stamp.unlink(missing_ok=True)
         root.mkdir(parents=True)
@@ -802,7 +832,7 @@ class Bench:
         stamp.write_text(json.dumps(info, indent=1))
         self.log(f"tree {spec.name}: {counts['files']:,} files, {counts['dirs']:,} folders, "
                  f"{counts['bytes'] / 2**20:,.0f} MiB in {seconds:.1f} s")
-        return info
+        return tree_summary(info)
 
     # ---- groups
 
@@ -2527,7 +2557,7 @@ def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
                   "kvmigrate_threads": args.threads or "default (kvmigrate.scan.parallel.parallelism)",
                   "kvmigrate_leaf_walk": bench.leaf_walk()}
     result["baseline"] = baseline
-    path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    write_json(path, result)
     (out / "BENCHMARKS.md").write_text(render(result))
     bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
     for t in baseline["targets"]:
@@ -2557,7 +2587,7 @@ def main(argv: list[str] | None = None) -> int:
         journal = run_journal_group(args, bench.kvm, bench.log)
         if result is None or "machine" not in result:  # a folder of its own: the journal section alone
             out.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"journal": journal}, indent=1) + "\n")
+            write_json(path, {"journal": journal})
             lines = ["# kvmigrate journal and rollback benchmark", "", "Raw figures: "
                      "[`benchmarks.json`](benchmarks.json)."]
             render_journal(journal, lines.append)
@@ -2565,7 +2595,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
             return 0
         result["journal"] = journal
-        path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+        write_json(path, result)
         (out / "BENCHMARKS.md").write_text(render(result))
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
         return 0
@@ -2583,7 +2613,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result["prune"] = prune
             text = render(result)
-        path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+        write_json(path, result)
         (out / "BENCHMARKS.md").write_text(text)
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
         if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
@@ -2603,7 +2633,7 @@ def main(argv: list[str] | None = None) -> int:
         result.setdefault("notes", []).append(
             f"\"Where the time goes\" was taken after the timed run ({when}) by `python3 scripts/bench.py "
             f"--profile-only --kvmigrate {bench.kvm}` on the same kept tree.")
-        (out / "benchmarks.json").write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+        write_json(out / "benchmarks.json", result)
         (out / "BENCHMARKS.md").write_text(render(result))
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
         return 0
@@ -2620,7 +2650,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: interrupted; trees and outputs left in {bench.workdir}", file=sys.stderr)
         return 32
     bench.out_dir.mkdir(parents=True, exist_ok=True)
-    (bench.out_dir / "benchmarks.json").write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    write_json(bench.out_dir / "benchmarks.json", result)
     (bench.out_dir / "BENCHMARKS.md").write_text(render(result))
     bench.log(f"wrote {bench.out_dir / 'BENCHMARKS.md'} and benchmarks.json")
     if not args.keep:

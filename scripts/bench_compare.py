@@ -421,7 +421,7 @@ def main(args: Any) -> int:
         print(f"bench: interrupted; trees and outputs left in {args.workdir}", file=sys.stderr)
         return 32
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "before_after.json").write_text(json.dumps(result, indent=1) + "\n")
+    B.write_json(out_dir / "before_after.json", result)
     (out_dir / "BEFORE_AFTER.md").write_text(render(result))
     cmp.log(f"wrote {out_dir / 'BEFORE_AFTER.md'} and before_after.json ({result['overall']})")
     if not args.keep:
