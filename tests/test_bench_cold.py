@@ -3,11 +3,9 @@ at its timeout is a lower bound, never a time; the scale figures leave the start
 the marginal cost. No trees are built and nothing is timed against a limit."""
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import bench
+import kvbench as bench  # scripts/kvbench (pyproject.toml puts scripts/ on pytest's pythonpath)
 
 
 def test_a_command_stopped_at_its_timeout_says_so(tmp_path):

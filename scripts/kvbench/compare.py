@@ -20,23 +20,26 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import bench as B
+from . import trees
+from .core import Bench
+from .harness import DEFAULT_WORKDIR, FACTS, REPORTS, Command, Group, q, rmtree, run_group, run_measured, tail
+from .installs import git, install, resolve
+from .rendering import write_json
+from .trees import GROUP_TREES, warm
 
 LIMIT = 1.05  # new/old at most this: "no figure more than 5% slower"
 # blocks per tree (files = 2 x blocks): small is a quick try, normal is bench.py's small
 # trees (its migrate group takes most of the time: 25,000 links a repetition), large its large
-SCALES = {"small": {"files4k": 6_000, "files1m": 64}, "normal": B.SCALES["small"], "large": B.SCALES["large"]}
+SCALES = {"small": {"files4k": 6_000, "files1m": 64}, "normal": trees.SCALES["small"], "large": trees.SCALES["large"]}
 GROUPS = ("startup", "meta", "hash4k", "hash1m", "report", "migrate")
-DEFAULT_INSTALLS = B.DEFAULT_WORKDIR / "installs"
+DEFAULT_INSTALLS = DEFAULT_WORKDIR / "installs"
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -94,101 +97,42 @@ def self_check() -> int:
     return 1 if bad else 0
 
 
-# --------------------------------------------------------------------------- installs
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(B.REPO), *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def resolve(rev: str) -> dict:
-    try:
-        sha = git("rev-parse", "--verify", f"{rev}^{{commit}}")
-    except subprocess.CalledProcessError:
-        sys.exit(f"bench: {rev!r} is not a commit of {B.REPO} (git rev-parse); give a commit, tag or branch")
-    return {"rev": rev, "commit": sha, "subject": git("log", "-1", "--format=%h %s", sha)[:160],
-            "date": git("log", "-1", "--format=%cI", sha)}
-
-
-def install(side: dict, cache: Path, log: Any) -> str:
-    """kvmigrate of one commit in its own venv (cached by commit); exits naming the log
-    when pip fails or the C leaf walk was not built (an optional extension: pip succeeds
-    without it, and the Python walk would be timed instead)."""
-    dest = cache / side["commit"]
-    exe = dest / "venv" / "bin" / "kvmigrate"
-    stamp = dest / "installed.json"
-    if stamp.is_file() and exe.exists():
-        side.update(json.loads(stamp.read_text()), reused=True)
-        log(f"install {side['commit'][:12]}: reusing {dest}")
-        return str(exe)
-    B.rmtree(dest)
-    src = dest / "src"
-    src.mkdir(parents=True)
-    start = time.perf_counter()
-    archive = subprocess.Popen(["git", "-C", str(B.REPO), "archive", "--format=tar", side["commit"]],
-                               stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(src)], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
-        sys.exit(f"bench: git archive {side['commit']} failed")
-    subprocess.run([sys.executable, "-m", "venv", str(dest / "venv")], check=True)
-    pip_log = dest / "pip.log"
-    log(f"install {side['commit'][:12]}: pip install {src} (log {pip_log})")
-    with open(pip_log, "wb") as f:
-        rc = subprocess.run([str(dest / "venv" / "bin" / "pip"), "install", str(src)], stdout=f,
-                            stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        sys.exit(f"bench: pip install of {side['commit'][:12]} failed (exit {rc}): {B.tail(pip_log)}")
-    py = str(dest / "venv" / "bin" / "python")
-    probe = subprocess.run([py, "-I", "-c", "import kvmigrate, kvmigrate._leafwalk as w; print(w.__file__)"],
-                           capture_output=True, text=True, cwd="/")
-    if probe.returncode != 0:
-        sys.exit(f"bench: {side['commit'][:12]} installed without its C leaf walk (kvmigrate._leafwalk): "
-                 f"{(probe.stderr.strip().splitlines() or ['?'])[-1]}; see {pip_log} (a C compiler and the "
-                 "Python headers are needed: apt-get install -y gcc python3-dev)")
-    facts = {"install_dir": str(dest), "install_s": round(time.perf_counter() - start, 1),
-             "leaf_walk": Path(probe.stdout.strip()).name,
-             "python": B.capture([py, "-c", "import sys; print(sys.version.split()[0])"])}
-    stamp.write_text(json.dumps(facts, indent=1))
-    side.update(facts, reused=False)
-    log(f"install {side['commit'][:12]}: done in {facts['install_s']} s ({facts['leaf_walk']})")
-    return str(exe)
-
 
 # --------------------------------------------------------------------------- figures
 
-def report_group(bench: B.Bench) -> B.Group:
+def report_group(bench: Bench) -> Group:
     """`report` of a hash-level manifest of the 4 KiB tree (written untimed by the same
     install: each revision reads its own manifest format) and `audit ROOT` (scan + report)."""
     root = bench.tree_root("files4k")
     manifest = bench.out / "report_source.parquet"
     err = bench.out / "report_source.stderr"
-    r = B.run_measured([bench.kvm, "scan", str(root), "--verify", "hash", "-q", "-o", str(manifest), *B.FACTS],
+    r = run_measured([bench.kvm, "scan", str(root), "--verify", "hash", "-q", "-o", str(manifest), *FACTS],
                        stderr=str(err))
-    ok, why = (True, "") if r.rc in (0, 1) else (False, f"the scan that makes its manifest failed: {B.tail(err)}")
+    ok, why = (True, "") if r.rc in (0, 1) else (False, f"the scan that makes its manifest failed: {tail(err)}")
     cmds = [
-        B.Command("report_text", "kvmigrate report M(hash)", [bench.kvm, "report", str(manifest), "-q"],
+        Command("report_text", "kvmigrate report M(hash)", [bench.kvm, "report", str(manifest), "-q"],
                   "kvmigrate", ok_rcs=(0, 1), stdout=str(bench.out / "report.txt"), available=ok,
                   why_unavailable=why),
-        B.Command("report_json", "kvmigrate report M(hash) --format json",
+        Command("report_json", "kvmigrate report M(hash) --format json",
                   [bench.kvm, "report", str(manifest), "--format", "json", "-q"], "kvmigrate", ok_rcs=(0, 1),
                   stdout=str(bench.out / "report.json"), available=ok, why_unavailable=why),
-        B.Command("audit_size", "kvmigrate audit ROOT --verify size",
-                  [bench.kvm, "audit", str(root), "--verify", "size", "-q", *B.FACTS], "kvmigrate", ok_rcs=(0, 1),
+        Command("audit_size", "kvmigrate audit ROOT --verify size",
+                  [bench.kvm, "audit", str(root), "--verify", "size", "-q", *FACTS], "kvmigrate", ok_rcs=(0, 1),
                   stdout=str(bench.out / "audit.txt")),
     ]
-    return B.Group("report", "Reports (4 KiB-file tree)", "files4k", cmds, [])
+    return Group("report", "Reports (4 KiB-file tree)", "files4k", cmds, [])
 
 
-def startup_group(bench: B.Bench) -> B.Group:
-    cmds = [B.Command("help", "kvmigrate --help", [bench.kvm, "--help"], "kvmigrate"),
+def startup_group(bench: Bench) -> Group:
+    cmds = [Command("help", "kvmigrate --help", [bench.kvm, "--help"], "kvmigrate"),
             # -I: not the working folder's checkout on sys.path, only the install's
-            B.Command("import_scan", "python -I -c 'import kvmigrate.scan'",
+            Command("import_scan", "python -I -c 'import kvmigrate.scan'",
                       [bench.kvm_python, "-I", "-c", "import kvmigrate.scan"], "kvmigrate")]
-    return B.Group("startup", "Start-up", "", cmds, [])
+    return Group("startup", "Start-up", "", cmds, [])
 
 
-def build_group(bench: B.Bench, key: str) -> B.Group:
-    builders = {"startup": startup_group, "meta": B.Bench.group_meta, "migrate": B.Bench.group_migrate,
+def build_group(bench: Bench, key: str) -> Group:
+    builders = {"startup": startup_group, "meta": Bench.group_meta, "migrate": Bench.group_migrate,
                 "hash4k": lambda b: b.group_hash("hash4k", "files4k"),
                 "hash1m": lambda b: b.group_hash("hash1m", "files1m"), "report": report_group}
     return builders[key](bench)
@@ -218,8 +162,8 @@ class Compare:
         if unknown:
             sys.exit(f"bench: unknown group(s) {', '.join(unknown)} for --before; known: {', '.join(GROUPS)}")
         if args.workdir is None:
-            args.workdir = str(B.DEFAULT_WORKDIR / f"{args.scale}-before-after")
-        self.benches: dict[str, B.Bench] = {}
+            args.workdir = str(DEFAULT_WORKDIR / f"{args.scale}-before-after")
+        self.benches: dict[str, Bench] = {}
         self.figures: list[dict] = []
 
     def log(self, msg: str) -> None:
@@ -231,7 +175,7 @@ class Compare:
         self.cache.mkdir(parents=True, exist_ok=True)
         for tag, side in self.sides.items():
             exe = install(side, self.cache, self.log)
-            bench = B.Bench(_with(self.args, kvmigrate=exe, only=",".join(self.groups), scale="small"))
+            bench = Bench(_with(self.args, kvmigrate=exe, only=",".join(self.groups), scale="small"))
             bench.scale = self.args.scale
             bench.specs = {name: dataclasses.replace(spec, blocks=SCALES[self.args.scale][name])
                            for name, spec in bench.specs.items()}
@@ -245,15 +189,15 @@ class Compare:
             b.out.mkdir(parents=True, exist_ok=True)
         pair_out = new.workdir / "out-pairs"
         pair_out.mkdir(parents=True, exist_ok=True)
-        need = {B.GROUP_TREES.get(g, "files4k") for g in self.groups if g != "startup"}
+        need = {GROUP_TREES.get(g, "files4k") for g in self.groups if g != "startup"}
         trees = {name: new.build_tree(new.specs[name]) for name in sorted(need)}
         for name in sorted(need):
-            self.log(f"tree {name}: warm-up pass {B.warm(new.tree_root(name)):.1f} s")
+            self.log(f"tree {name}: warm-up pass {warm(new.tree_root(name)):.1f} s")
         for key in self.groups:
             self.run_group(key, pair_out)
         result = {
             "schema": 1, "generated_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": "python3 scripts/bench.py " + " ".join(B.q(a) for a in sys.argv[1:]),
+            "command": "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:]),
             "scale": self.args.scale, "reps": self.args.reps, "startup_runs": self.args.startup_runs,
             "settle_s": self.args.settle,
             "limit": LIMIT, "duration_s": round(time.time() - self.started, 1),
@@ -278,7 +222,7 @@ class Compare:
         groups = {tag: build_group(b, key) for tag, b in self.benches.items()}
         tree = groups["new"].tree
         if tree:  # again, untimed: the page cache drifts while other groups run
-            self.log(f"group {key}: warming {tree} again ({B.warm(self.benches['new'].tree_root(tree)):.1f} s)")
+            self.log(f"group {key}: warming {tree} again ({warm(self.benches['new'].tree_root(tree)):.1f} s)")
         reps = self.args.startup_runs if key == "startup" else \
             (self.args.migrate_reps or self.args.reps) if key == "migrate" else self.args.reps
         olds = {c.key: c for c in groups["old"].commands if c.kind == "kvmigrate"}
@@ -289,12 +233,12 @@ class Compare:
             figure_key, label = cmd_new.key, cmd_new.label
             for tag, c in (("old", cmd_old), ("new", cmd_new)):
                 c.key, c.label = f"{tag}_{figure_key}", f"{tag}: {label}"
-            pair = B.Group(figure_key, label, tree, [cmd_old, cmd_new], [])
+            pair = Group(figure_key, label, tree, [cmd_old, cmd_new], [])
             load = [round(x, 2) for x in os.getloadavg()]
             self.log(f"figure {figure_key}: {label}, {reps} reps each, alternating old/new")
             if cmd_old.available and cmd_new.available:
                 # its rotation of 2 commands alternates them
-                B.run_group(pair, reps, self.log, pair_out, self.args.settle)
+                run_group(pair, reps, self.log, pair_out, self.args.settle)
             same, diff = same_answer(cmd_old.facts, cmd_new.facts)
             fig = {"key": figure_key, "group": key, "label": label, "tree": tree, "reps": reps,
                    "loadavg_before": load, "old": cmd_old.summary(), "new": cmd_new.summary(),
@@ -412,7 +356,7 @@ def render(res: dict) -> str:
 
 
 def main(args: Any) -> int:
-    out_dir = Path(args.out_dir or B.REPORTS / "redesign").resolve()
+    out_dir = Path(args.out_dir or REPORTS / "redesign").resolve()
     args.out_dir = str(out_dir)  # the benches' stderr files go beside the report (bench.Bench needs one)
     cmp = Compare(args)
     try:
@@ -421,13 +365,12 @@ def main(args: Any) -> int:
         print(f"bench: interrupted; trees and outputs left in {args.workdir}", file=sys.stderr)
         return 32
     out_dir.mkdir(parents=True, exist_ok=True)
-    B.write_json(out_dir / "before_after.json", result)
+    write_json(out_dir / "before_after.json", result)
     (out_dir / "BEFORE_AFTER.md").write_text(render(result))
     cmp.log(f"wrote {out_dir / 'BEFORE_AFTER.md'} and before_after.json ({result['overall']})")
     if not args.keep:
-        B.rmtree(Path(args.workdir))
+        rmtree(Path(args.workdir))
         cmp.log(f"removed {args.workdir} (--keep reuses the trees; the installs stay in {cmp.cache})")
     for f in result["figures"]:
         print(f"  {f['result']:>8}  {f['ratio'] if f['ratio'] is not None else '—':>6}  {f['label']}")
     return 0 if result["overall"] == "PASS" else 1
-
