@@ -75,7 +75,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: kvbench, profile_spy beside it
 
-from kvbench.cli import main  # noqa: E402
+from kvbench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,7 +38,10 @@ def _hashes(start: int, n: int, salt: int) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(bytes(data))])
 
 
-def _const(value, n: int, typ=pa.string()) -> pa.Array:
+STRING = pa.string()  # _const's default type
+
+
+def _const(value, n: int, typ: pa.DataType = STRING) -> pa.Array:
     return pa.array([value], typ).take(pa.array([0] * n, pa.int32())) if value is not None else pa.nulls(n, typ)
 
 

@@ -187,11 +187,12 @@ def start(side: Side, jobs: list[list[str]], work: Path, name: str) -> subproces
     if side.python is None:
         return [subprocess.run([side.exe, *argv], capture_output=True, cwd=work).returncode for argv in jobs]
     (work / f"{name}-jobs.json").write_text(json.dumps(jobs))
-    log = open(work / f"{name}-driver.log", "w")
-    # cwd WORK: `python -c` puts the working folder first on sys.path, never a checkout
-    return subprocess.Popen([side.python, "-c", DRIVER, str(work / f"{name}-jobs.json"),
-                             str(work / f"{name}-codes.json")], cwd=work, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **side.env})
+    # cwd WORK: `python -c` puts the working folder first on sys.path, never a checkout; the
+    # child holds its own copy of the log's descriptor, so ours closes once it has started
+    with open(work / f"{name}-driver.log", "w") as log:
+        return subprocess.Popen([side.python, "-c", DRIVER, str(work / f"{name}-jobs.json"),
+                                 str(work / f"{name}-codes.json")], cwd=work, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **side.env})
 
 
 def finish(side: Side, started: subprocess.Popen | list[int], work: Path, name: str) -> list[int]:

@@ -231,14 +231,14 @@ KNOWN_LIMITS = [
 
 def _machine() -> dict[str, Any]:
     cpu = ""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
     mem = ""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/meminfo"):
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
             if line.startswith("MemTotal"):
                 mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
     commit = sh("git", "-C", REPO, "rev-parse", "--short", "HEAD").stdout.strip()

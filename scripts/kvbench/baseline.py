@@ -133,7 +133,7 @@ def run_baseline_group(args: argparse.Namespace, bench: Bench, spec: TreeSpec | 
             f["rchar_beyond_size_audit"] = c["median_rchar"] - size_rchar
         figures[key] = f
     floor = one_process["bl_size"]["rchar"]
-    for key, f in one_process.items():
+    for f in one_process.values():
         f["rchar_pct_of_tree"] = round(100 * f["rchar"] / tree_bytes, 3)
         f["rchar_beyond_size_audit"] = f["rchar"] - floor
         f["rchar_beyond_size_audit_pct_of_tree"] = round(100 * (f["rchar"] - floor) / tree_bytes, 3)

@@ -329,7 +329,8 @@ def render(res: dict) -> str:
         "repetition, on the same warm tree. Each install writes and reads its own manifests (report, "
         "migrate --manifest). Migrate repetitions start from the legacy tree alone (the created targets are "
         f"deleted, untimed, then up to {res.get('settle_s', 0):g} s of waiting for the disk to go quiet: the "
-        "deletes' discards land in no later command's time). *Same answer*: both installs reported the same statuses, actions, outcomes and "
+        "deletes' discards land in no later command's time). *Same answer*: both installs reported the same "
+        "statuses, actions, outcomes and "
         "exit code. Times are wall-clock medians (the verdict); *new/old CPU* is the ratio of the median user + "
         "system times, a second view less moved by other processes on the cores; per-run user/sys time and "
         "peak RSS are in the JSON.")

@@ -3,6 +3,7 @@ page cache, the tools it needs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -26,9 +27,9 @@ TOOLS = {
 }
 # tools every run uses (warm-up, counts, residency), then each group's own
 BASE_TOOLS = ("find", "xargs", "fincore")
-GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"), "hash1m": ("xxhsum", "jdupes", "rdfind"),
-               "migrate": ("xxhsum", "cp"), "startup": (), "baseline": (), "cold4k": ("xxhsum", "rmlint"),
-               "cold1m": ("xxhsum", "rmlint", "fio"), "scale": ("cp",)}
+GROUP_TOOLS = {"flat": ("xxhsum",), "meta": ("fdfind",), "hash4k": ("xxhsum", "jdupes", "rdfind"),
+               "hash1m": ("xxhsum", "jdupes", "rdfind"), "migrate": ("xxhsum", "cp"), "startup": (), "baseline": (),
+               "cold4k": ("xxhsum", "rmlint"), "cold1m": ("xxhsum", "rmlint", "fio"), "scale": ("cp",)}
 
 # Facts the trees need for a target (llm-d S1 MLA -> vllm-0.28 replicated namespace).
 FACTS = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -113,11 +114,11 @@ def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | No
     `timeout_s`, its process group is killed then (Run.timed_out: the time is a lower bound)."""
     import threading
 
-    out = open(stdout, "wb") if stdout else subprocess.DEVNULL
-    err = open(stderr, "wb") if stderr else subprocess.DEVNULL
     timer = None
     killed = threading.Event()
-    try:
+    with contextlib.ExitStack() as files:  # the output files close however the wait ends
+        out = files.enter_context(open(stdout, "wb")) if stdout else subprocess.DEVNULL
+        err = files.enter_context(open(stderr, "wb")) if stderr else subprocess.DEVNULL
         reset_peak_rss()
         io0 = proc_io()
         start = time.perf_counter()
@@ -138,10 +139,6 @@ def run_measured(argv: list[str], *, stdout: str | None = None, stderr: str | No
             timer.cancel()
         io1 = proc_io()
         proc.returncode = os.waitstatus_to_exitcode(status)
-    finally:
-        for f in (out, err):
-            if not isinstance(f, int):
-                f.close()
     io = {k: io1[k] - io0[k] for k in ("rchar", "read_bytes") if k in io0 and k in io1}
     return Run(wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, proc.returncode, io.get("rchar"), io.get("read_bytes"),
                timed_out=killed.is_set())

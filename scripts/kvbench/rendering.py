@@ -169,7 +169,8 @@ def render(result: dict) -> str:
     add("Method: the *Cold* groups drop the page cache, dentries and inodes (`sync; echo 3 > "
         "/proc/sys/vm/drop_caches`, as root) before every timed command; the nightly re-audit group does the "
         "same when its title says cold. Every other group runs on one warm tree (an untimed warm-up pass reads "
-        "every folder, inode and byte first, and again just before each group: the VM reclaims idle page cache; page-cache residency is "
+        "every folder, inode and byte first, and again just before each group: the VM reclaims idle page cache; "
+        "page-cache residency is "
         "sampled with `fincore`). Every repetition runs each command once and the "
         "order changes between repetitions (A,B,C; C,B,A; B,C,A; A,C,B: each command goes first in turn, and runs as "
         "often right after each neighbour as right before it), `sync` before each timed command. Figures are "
@@ -379,7 +380,8 @@ def render_journal(j: dict, add: Any) -> None:
     add("## Journal: bytes per block and rollback time (issue 18)")
     add("")
     add(f"{j['tree']}; `migrate --manifest M --apply --journal DIR`, then `sync`, then the timed "
-        f"`rollback DIR`; median of {j['reps']} repetitions changing the order of the versions (each goes first in turn, neighbours "
+        f"`rollback DIR`; median of {j['reps']} repetitions changing the order of the versions (each goes first "
+        "in turn, neighbours "
         f"both ways round), "
         f"from one run of `{j['command']}` at {j['when']} (removals wait on the disk: the wall times are noisy)"
         + (f"; load average {j['load_before']} before the group, {j['load_after']} after." if "load_before" in j
@@ -413,7 +415,8 @@ def render_journal(j: dict, add: Any) -> None:
         add(f"Per repetition (before / after of the same repetition, run back to back): "
             f"{', '.join(f'{x}x' for x in pairs)}. The load of the other sessions moved the before times from "
             f"{min(r['rollback_s'] for r in j['versions']['before']['runs'])} to "
-            f"{max(r['rollback_s'] for r in j['versions']['before']['runs'])} s within one run. Almost all of a rollback is the filesystem's: `rmdir` of the ~100,000 "
+            f"{max(r['rollback_s'] for r in j['versions']['before']['runs'])} s within one run. Almost all of a "
+            "rollback is the filesystem's: `rmdir` of the ~100,000 "
             "folders the migration created (ext4 mounted with `discard`: each rmdir waits for the discard of the "
             "folder's freed block, inside the call and under its parent folder's lock: `ext4_evict_inode` -> "
             "`ext4_free_blocks` -> `blkdev_issue_discard`); the new rollback keeps 8 file and 32 folder removals "
@@ -470,7 +473,8 @@ def render_baseline(b: dict, m: dict, add: Any) -> None:
     add("")
     add(f"`{b['command']}` at {b['when']}: {b['files']:,} files, {b['tree_bytes']:,} bytes in files, "
         f"**{b['warmth']}**; {b['reps']} repetitions of each command, the "
-        f"order changing (each first in turn, neighbours both ways round), medians. The baseline manifest (the kept full audit): {b['manifest_bytes']:,} bytes "
+        "order changing (each first in turn, neighbours both ways round), medians. The baseline manifest (the kept "
+        f"full audit): {b['manifest_bytes']:,} bytes "
         f"({100 * b['manifest_bytes'] / b['tree_bytes']:.2f}% of the tree). `uptime` before: "
         f"`{b['uptime_before']}`; after: `{b['uptime_after']}`.")
     add("")

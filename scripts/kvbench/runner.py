@@ -94,7 +94,7 @@ def run(bench: Bench) -> dict:
         space["free_bytes_min_after_a_group"] = min(space.get("free_bytes_min_after_a_group", free_now), free_now)
     if bench.args.profile:
         bench.profile = bench.run_profile()
-    for name, w in warmth.items():
+    for w in warmth.values():
         w["resident_fraction_at_end"] = residency(w.pop("_sample"))
     after = run_after_groups(bench, after_groups)
     space["free_bytes_at_end"] = fs_free(bench.workdir)["bytes"]
