@@ -37,3 +37,17 @@ def test_every_path_quoted_into_reports_resolves():
     missing = [f"{md.relative_to(REPO)}: {p}" for md in docs for p in quoted_paths(md)
                if p.startswith("reports") and not (REPO / p).exists()]
     assert not missing, missing
+
+
+def test_a_named_run_s_report_links_the_shared_reports_from_its_folder():
+    """BENCHMARKS.md quotes TRANSFORMS.md (and BASELINE.md) of reports/: a run written into
+    reports/NAME/ links them as ../, one in reports/ itself or outside the repo as they are."""
+    import json
+
+    import kvbench  # scripts/kvbench
+
+    result = json.loads((REPORTS / "safe-apply" / "benchmarks.json").read_text())
+    assert "](../TRANSFORMS.md)" in kvbench.render(result, REPORTS / "safe-apply")
+    for out in (REPORTS, Path("/tmp/elsewhere"), None):
+        text = kvbench.render(result, out)
+        assert "](TRANSFORMS.md)" in text and "](../TRANSFORMS.md)" not in text

@@ -119,7 +119,7 @@ def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
                   "kvmigrate_leaf_walk": bench.leaf_walk()}
     result["baseline"] = baseline
     write_json(path, result)
-    (out / "BENCHMARKS.md").write_text(render(result))
+    (out / "BENCHMARKS.md").write_text(render(result, out))
     bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
     for t in baseline["targets"]:
         print(f"  {t['result']:>6}  {t['target']}: {t['figure']}")
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir = args.out_dir or str(REPORTS)
     if args.render_only:
         out = Path(args.out_dir)
-        (out / "BENCHMARKS.md").write_text(render(json.loads((out / "benchmarks.json").read_text())))
+        (out / "BENCHMARKS.md").write_text(render(json.loads((out / "benchmarks.json").read_text()), out))
         print(f"wrote {out / 'BENCHMARKS.md'}")
         return 0
     bench = Bench(args)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result["journal"] = journal
         write_json(path, result)
-        (out / "BENCHMARKS.md").write_text(render(result))
+        (out / "BENCHMARKS.md").write_text(render(result, out))
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
         return 0
     if args.only and args.only.strip() == "prune":  # merged into the existing report, or a report of its own
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             text = render_prune_only(result)
         else:
             result["prune"] = prune
-            text = render(result)
+            text = render(result, out)
         write_json(path, result)
         (out / "BENCHMARKS.md").write_text(text)
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\"Where the time goes\" was taken after the timed run ({when}) by `python3 scripts/bench.py "
             f"--profile-only --kvmigrate {bench.kvm}` on the same kept tree.")
         write_json(out / "benchmarks.json", result)
-        (out / "BENCHMARKS.md").write_text(render(result))
+        (out / "BENCHMARKS.md").write_text(render(result, out))
         bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
         return 0
     if args.check_space:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 32
     bench.out_dir.mkdir(parents=True, exist_ok=True)
     write_json(bench.out_dir / "benchmarks.json", result)
-    (bench.out_dir / "BENCHMARKS.md").write_text(render(result))
+    (bench.out_dir / "BENCHMARKS.md").write_text(render(result, bench.out_dir))
     bench.log(f"wrote {bench.out_dir / 'BENCHMARKS.md'} and benchmarks.json")
     if not args.keep:
         bench.log(f"removing {bench.workdir} (slow for the large trees, especially with the `discard` mount option)")

@@ -150,7 +150,21 @@ def render_group(g: dict, m: dict, add: Any, scale_figures: dict | None = None) 
     add("</details>")
 
 
-def render(result: dict) -> str:
+def reports_link(out_dir: str | Path | None) -> str:
+    """The prefix that takes a link from a report in `out_dir` to a file of reports/: none
+    in reports/ itself or outside it (a report written elsewhere is read there, or copied
+    into reports/ later), `../` from a named run's folder under reports/."""
+    if out_dir is None:
+        return ""
+    out = Path(out_dir).resolve()
+    if out == REPORTS or REPORTS not in out.parents:
+        return ""
+    return "../" * len(out.relative_to(REPORTS).parts)
+
+
+def render(result: dict, out_dir: str | Path | None = None) -> str:
+    """BENCHMARKS.md of `result`, to be written into `out_dir` (links to reports/ files follow it)."""
+    up = reports_link(out_dir)
     if "groups" not in result:  # a `--only baseline` run on its own
         return render_baseline_page(result)
     m = result["machine"]
@@ -325,7 +339,7 @@ def render(result: dict) -> str:
         add("## Transform throughput (slice, concat, relayout) against `cp`")
         add("")
         add("Measured separately by `scripts/bench_transforms.py` (method and full table in "
-            "[TRANSFORMS.md](TRANSFORMS.md)); its results table, copied here:")
+            f"[TRANSFORMS.md]({up}TRANSFORMS.md)); its results table, copied here:")
         add("")
         text = transforms.read_text()
         start = text.find("| case |")
@@ -345,7 +359,7 @@ def render(result: dict) -> str:
         add("## Scheduled audits: `--baseline` on an unchanged tree")
         add("")
         add("Measured separately by the former `scripts/bench_baseline.py` (now `--only baseline`; method in "
-            "[BASELINE.md](BASELINE.md)):")
+            f"[BASELINE.md]({up}BASELINE.md)):")
         add("")
         start = text.find("Tree:")
         add(text[start:].rstrip() if start >= 0 else text.rstrip())
