@@ -20,7 +20,7 @@ on the same warm trees; it writes reports/redesign/BEFORE_AFTER.md and before_af
 (old median, new median, new/old, PASS when <= 1.05) and exits 1 when a figure fails.
 Its groups add `report` (report of a manifest, audit ROOT); the peers are not run.
 
-Groups (see GROUPS below):
+Groups (kvbench/groups.py; journal, prune and baseline in modules of their own):
   meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
   hash4k    kvmigrate scan --verify hash  vs  find|xargs xxhsum -H2, jdupes -r, rdfind
   hash1m    the same on the 1 MiB-file tree (bandwidth rather than per-file overhead)

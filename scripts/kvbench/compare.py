@@ -358,7 +358,7 @@ def render(res: dict) -> str:
 
 def main(args: Any) -> int:
     out_dir = Path(args.out_dir or REPORTS / "redesign").resolve()
-    args.out_dir = str(out_dir)  # the benches' stderr files go beside the report (bench.Bench needs one)
+    args.out_dir = str(out_dir)  # the benches' stderr files go beside the report (Bench needs one)
     cmp = Compare(args)
     try:
         result = cmp.run()

@@ -173,7 +173,7 @@ def residency(paths: list[str]) -> float | None:
 GROUP_TREES = {"meta": "files4k", "hash4k": "files4k", "hash1m": "files1m", "migrate": "files4k", "flat": "flat",
                "cold4k": "files4k", "cold1m": "files1m", "scale": "files4k"}
 COLD_GROUPS = ("cold4k", "cold1m")
-AFTER_GROUPS = ("baseline", "journal", "prune")  # run after the others (Bench.run_after_groups)
+AFTER_GROUPS = ("baseline", "journal", "prune")  # run after the others (runner.run_after_groups)
 
 
 def warm(root: Path) -> float:
