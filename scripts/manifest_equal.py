@@ -12,7 +12,7 @@ Python runs the scans) or a git revision of this repository (exported with
 script's Python with PYTHONPATH pointing at the export).
 
 The trees are built once, by this checkout's synth: every family and era of
-tests/synth_matrix.py, clean and with each defect synth can inject into it (one per
+tests/helpers/synth_matrix.py, clean and with each defect synth can inject into it (one per
 tree), and the SGLang HiCache directories of SGL_ERAS the same way, plus one directory
 holding all of them at once. Each tree is scanned with every --verify mode by both sides (one process per
 side runs its scans through `kvmigrate.cli`, the two sides side by side), and the
@@ -45,9 +45,9 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from synth_matrix import ERAS, cases, spec_of  # noqa: E402  (tests/synth_matrix.py)
-
 from kvmigrate.synth import SynthSpec, build  # noqa: E402
+
+from helpers.synth_matrix import ERAS, cases, spec_of  # noqa: E402  (tests/helpers/synth_matrix.py)
 
 VERIFY_MODES = ("none", "size", "hash")
 IGNORED_META = ("tool_version", "command")  # differ by nature between two builds and two runs
@@ -105,7 +105,7 @@ def side_of(spec: str, work: Path, name: str) -> Side:
     return Side(spec, sys.executable, env={"PYTHONPATH": str(src)})
 
 
-# SGLang HiCache directories (synth/sglang.py; not in tests/synth_matrix.py, whose
+# SGLang HiCache directories (synth/sglang.py; not in tests/helpers/synth_matrix.py, whose
 # migrate test needs a target for every era): every scheme, MLA and not, TP, PP, CP and
 # pools, each with every defect synth can put in it; "sgl-all" is one directory holding
 # every era at once (several deployments side by side, each with defects).

@@ -22,7 +22,7 @@ What it does (issue 8; migration.md §3 is the rule book):
              ext4 65000-link limit in the full run): the documented message, exit code, a
              consistent journal, and a rerun after fixing the condition that ends like an
              uninterrupted run.
-3. engine    tests/engine_sim.py writes, loads and evicts blocks like each engine while
+3. engine    tests/helpers/engine_sim.py writes, loads and evicts blocks like each engine while
              `scan --verify hash` and `migrate --apply` run on the same root.
 5. prune     (issue 19) `prune --apply`, `restore` and `prune --purge` on a migrated root of the
              three families, killed with SIGKILL at a random step (KVMIGRATE_CRASH_AT:
@@ -39,7 +39,7 @@ What it does (issue 8; migration.md §3 is the rule book):
 Every command is recorded; every non-zero exit must come with a message naming a path
 and a remedy. Any violation is listed in the report and makes the script exit 1.
 
-The benches and oracles live in tests/reliability_harness.py (the CI-sized tests
+The benches and oracles live in tests/helpers/reliability_harness.py (the CI-sized tests
 tests/reliability/test_reliability_*.py use the same ones); this script runs them at campaign size
 and writes the report.
 
@@ -75,7 +75,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from reliability_harness import (  # noqa: E402  (tests/reliability_harness.py)
+from helpers.reliability_harness import (  # noqa: E402  (tests/helpers/reliability_harness.py)
     SCENARIOS,
     CrashBench,
     Ledger,
@@ -338,7 +338,7 @@ def render_report(ledger: Ledger, results: dict[str, Any], meta: dict[str, Any])
         out += [""]
     rounds = results.get("engine", [])
     if rounds:
-        out += ["## 3. Live engines (tests/engine_sim.py)", "",
+        out += ["## 3. Live engines (tests/helpers/engine_sim.py)", "",
                 "Three engine processes (vLLM: `<hex>.bin_<n>.tmp` + `os.replace`; llm-d: the same, both rank "
                 "files; vllm.cpp: `<hex>.bin.<pid>.<n>.tmp` + `rename`) store new blocks, leave short residue "
                 "and abandoned temp files, load blocks (deleting short reads and bad headers) and evict the least "

@@ -5,8 +5,12 @@
 `scan_root`   a helper that scans a root into a manifest in tmp_path (outside the root)
               and returns (ScanResult, rows), rows being the manifest as dicts keyed by
               relpath.
-`SMALL`       geometry that keeps trees tiny (a few KiB) but exercises every rule.
+`walk`        runs a test once per leaf walk (helpers.WALKS); `python_walk` the Python one.
 `ray`         the `ray` module: skips where the extra is not installed, fails under CI.
+`no_limits`   resets kvmigrate.pacing's process-wide limits after a test.
+
+Plain values and functions the tests import (SMALL, WALKS, FakeClock, the CLI runner, the
+reference readers, ...) live in tests/helpers/ (`from helpers import SMALL`), not here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import pytest
 
-SMALL: dict[str, Any] = dict(layers=2, page_bytes=256, blocks=6)
+from helpers import SMALL, WALKS
 
 
 @pytest.fixture
@@ -60,11 +64,6 @@ def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
         return result, rows
 
     return run
-
-
-# The scan's two leaf walks: Python, and C (kvmigrate._leafwalk, built by `pip install`
-# where a C compiler is found, as on every CI machine; tests that need it import it).
-WALKS = ["python", "c"]
 
 
 @pytest.fixture(params=WALKS)
@@ -110,22 +109,6 @@ def ray_cluster(ray):
              object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     yield ray
     ray.shutdown()
-
-
-class FakeClock:
-    """A clock the pacing tests move by hand (kvmigrate.pacing's deadline and token bucket):
-    by `step` at every look at the deadline, and by what a bucket sleeps."""
-
-    def __init__(self, step: float = 0.0) -> None:
-        self.now, self.step, self.slept = 0.0, step, 0.0
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept += seconds
-        self.now += seconds
 
 
 @pytest.fixture

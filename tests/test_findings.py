@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from cli_helpers import run
 
 from kvmigrate import manifest
 from kvmigrate.migrate.plan import build_plan
 from kvmigrate.report.summary import summarize
+
+from helpers.cli_helpers import run
 
 FLAGS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
 # one root whose rows carry every finding a stage reads: replicas (llm-d MLA TP=2), a slice

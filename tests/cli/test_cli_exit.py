@@ -53,7 +53,7 @@ def test_scan_output_is_complete_through_a_pipe(synth_root, tmp_path):
 def test_a_reader_that_stops_early_ends_the_output_quietly_with_exit_0(synth_root, tmp_path, args):
     # `kvmigrate report M --list any | head -1` exited 1 (click's EPIPE handling) and could
     # print a BrokenPipeError traceback: it now stops writing and exits 0, nothing on stderr
-    from cli_helpers import run
+    from helpers.cli_helpers import run
 
     root, _ = synth_root({"blocks": 3000})
     m = tmp_path / "m.parquet"

@@ -83,7 +83,7 @@ def test_demo_keep_leaves_the_sample_where_it_says(tmp_path):
 
 def test_demo_refusal_counts_one_entry_in_the_singular(tmp_path):
     # it said "the folder is not empty (1 entries: notes.txt)"
-    from cli_helpers import run
+    from helpers.cli_helpers import run
 
     folder = tmp_path / "d"
     folder.mkdir()

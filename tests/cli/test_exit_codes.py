@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from cli_helpers import run
 
 from kvmigrate import layout, manifest
 from kvmigrate.migrate.journal import default_journal_dir, read_records
+
+from helpers.cli_helpers import run
 
 # a vLLM S1 full-attention tree, no guessed target
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]

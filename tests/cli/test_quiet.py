@@ -3,7 +3,7 @@ prints nothing at all, on stdout or stderr, and says it through its exit code (0
 
 from __future__ import annotations
 
-from cli_helpers import run
+from helpers.cli_helpers import run
 
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]
 

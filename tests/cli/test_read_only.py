@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_helpers import run
+
+from helpers.cli_helpers import run
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",
         "--writer-pp", "1"]

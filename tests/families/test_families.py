@@ -15,7 +15,8 @@ from kvmigrate import classify, context, families
 from kvmigrate.cli import cli
 from kvmigrate.identity import canonical, facts, values
 from kvmigrate.synth import spec as synth_spec
-from tests.synth_matrix import ERAS
+
+from helpers.synth_matrix import ERAS
 
 PACKAGE = Path(kvmigrate.__file__).parent
 # the names a module would compare to branch on a family (writer families and the two readings)
@@ -142,7 +143,8 @@ def test_family_hooks_agree_with_what_the_scan_proves(era, synth_root, tmp_path)
     from kvmigrate import manifest
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.pipeline import scan
-    from tests.synth_matrix import spec_of
+
+    from helpers.synth_matrix import spec_of
 
     root, _ = synth_root(spec_of(era, None))
     out = tmp_path / "m.parquet"

@@ -34,13 +34,14 @@ from typing import Any
 from click.testing import CliRunner
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from reference_reader import _sha
 
 from kvmigrate import layout
 from kvmigrate.cli import cli
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.synth import SynthSpec, build
+
+from helpers.reference_reader import _sha
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 OWN = layout.OWN_DIR

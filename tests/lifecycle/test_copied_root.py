@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import shutil
 
-from cli_helpers import run, run_json
-from reference_reader import listing
-
 from kvmigrate import layout
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import listing
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 

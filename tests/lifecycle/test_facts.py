@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from cli_helpers import run, run_json
+from helpers.cli_helpers import run, run_json
 
 DEEPSEEK = "deepseek-ai/DeepSeek-V2-Lite-Chat"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from cli_helpers import run, run_json
-
 from kvmigrate import manifest
+
+from helpers.cli_helpers import run, run_json
 
 
 def test_apply_never_places_blocks_into_a_guessed_target(tmp_path, synth_root):

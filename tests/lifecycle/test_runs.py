@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_helpers import run, run_json
-
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
+
+from helpers.cli_helpers import run, run_json
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",

@@ -13,10 +13,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from reference_reader import ReferenceReader, row_page_errors
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+
+from helpers.reference_reader import ReferenceReader, row_page_errors
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

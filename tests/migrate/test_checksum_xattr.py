@@ -12,9 +12,10 @@ import os
 import random
 
 import pytest
-from cli_helpers import run, run_json
 
 from kvmigrate.formats import checksum
+
+from helpers.cli_helpers import run, run_json
 
 NAME = "user.vllm.kv_crc32c"
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1",

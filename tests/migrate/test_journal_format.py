@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_helpers import run, run_json
-from reference_reader import listing
-
 from kvmigrate import layout
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.migrate.journal import read_records
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import listing
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))

@@ -8,13 +8,14 @@ import json
 import subprocess
 
 import pytest
-from cli_helpers import run
-from reference_reader import content_listing
 from test_transforms_e2e import FACTS, MIXED
 
 from kvmigrate.migrate.actions import ACTIONS, ActionKind
 from kvmigrate.migrate.model import CREATING
 from kvmigrate.migrate.plan import build_plan
+
+from helpers.cli_helpers import run
+from helpers.reference_reader import content_listing
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 LINK = ({"family": "vllm", "scheme": "S2", "tp": 2}, ["--model-dtype", "bfloat16", "--kv-kind", "full", "--target", "vllm-0.24"])

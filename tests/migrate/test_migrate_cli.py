@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from cli_helpers import run
+from helpers.cli_helpers import run
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import run, run_json
 
 from kvmigrate import manifest
+
+from helpers.cli_helpers import run, run_json
 
 # vLLM 0.28-0.33 collapse every TP of a full-attention model into one namespace, where the
 # rows of several TP sizes compete (0.34 keeps each TP's rows in its own namespace)

@@ -1,7 +1,7 @@
 """End-to-end: synth tree -> `kvmigrate migrate --apply` -> what the target engine reads.
 
 Each test builds a small tree of one family and era, migrates it through the CLI, and
-proves with the reference reader (tests/reference_reader.py) that every reusable block
+proves with the reference reader (tests/helpers/reference_reader.py) that every reusable block
 is found at the path the target engine opens with exactly the bytes the source writer
 stored (rebuilt from `synth.page_bytes_for`), and that nothing else is found.
 """
@@ -13,10 +13,11 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+
+from helpers.reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

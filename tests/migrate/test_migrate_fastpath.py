@@ -158,9 +158,9 @@ def test_a_kill_while_the_next_batch_is_prepared_resumes_and_rolls_back(tmp_path
     blocks not linked yet), or while the second batch is linked (the helpers make the
     third batch's folders); the rerun ends like a clean run, rollback leaves the pristine
     tree."""
-    from reference_reader import content_listing, listing
-
     from kvmigrate.migrate.apply import CRASH_ENV
+
+    from helpers.reference_reader import content_listing, listing
 
     clean_root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 30}, root_name="clean")
     root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla", "blocks": 30})

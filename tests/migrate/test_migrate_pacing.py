@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import run, run_json
-from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
 
 from kvmigrate import manifest, pacing
 from kvmigrate.migrate.apply import BATCH, CRASH_ENV
 from kvmigrate.migrate.journal import read_records
+
+from helpers import FakeClock  # tests/helpers/__init__.py: a clock the pacing tests move by hand
+from helpers.cli_helpers import run, run_json
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from reference_reader import content_listing, listing
 
 from kvmigrate import layout
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.migrate.journal import read_records
+
+from helpers.reference_reader import content_listing, listing
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 SPECS = (

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from cli_helpers import run, run_json
-from reference_reader import content_listing, file_facts, listing
 
 from kvmigrate import layout, manifest
 from kvmigrate.migrate.journal import read_records
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import content_listing, file_facts, listing
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from cli_helpers import run, run_json
-
 from kvmigrate import manifest
+
+from helpers.cli_helpers import run, run_json
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 LLAMA, QWEN = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B"

@@ -5,7 +5,7 @@ that wrote them, which the folder does not record. Without --writer-tp/--writer-
 nothing is placed and no apply command is offered; with them the rows are relinked into
 the 0.34 namespace, whose config.json is byte for byte what 0.34 writes, and every
 report says the plan rests on that statement. The namespace and config.json expected
-here come from tests/reference_reader.py (the engine's rules), not from kvmigrate.
+here come from tests/helpers/reference_reader.py (the engine's rules), not from kvmigrate.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import json
 import os
 
 import pytest
-from cli_helpers import run, run_json
-from reference_reader import ReferenceReader, file_facts, row_page_errors, vllm034_base, vllm034_config_bytes
 
 from kvmigrate import layout, manifest
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import ReferenceReader, file_facts, row_page_errors, vllm034_base, vllm034_config_bytes
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16"]
 

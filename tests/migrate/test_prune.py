@@ -11,11 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_helpers import run, run_json
-from reference_reader import ReferenceReader, file_facts, listing
 
 from kvmigrate import layout
 from kvmigrate import manifest as mf
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import ReferenceReader, file_facts, listing
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 NOW = ["--quiet-period", "0"]  # synthetic trees were written just now: every test but the quiet-period one

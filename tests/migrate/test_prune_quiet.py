@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from cli_helpers import run, run_json
+from helpers.cli_helpers import run, run_json
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 VLLM = {"family": "vllm", "scheme": "S2", "kv_kind": "mla", "model_name": "org/v"}

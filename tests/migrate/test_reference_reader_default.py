@@ -3,7 +3,7 @@
 Every synth family and era, each with every defect the generator can inject into it (one
 defect per tree), is migrated by the command a user types first, `kvmigrate migrate ROOT
 --apply` (no --verify: its own scan hashes), and the reference reader
-(tests/reference_reader.py) then loads every block file in every target rank folder the
+(tests/helpers/reference_reader.py) then loads every block file in every target rank folder the
 migration made, the way the target engine does: each must hold exactly the row (vLLM) or
 payload (vllm.cpp) the source writer stored for that key, rebuilt from
 `synth.page_bytes_for`, never crash residue, a differing replica, a cut file or a block of
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors, vllm034_base
-from synth_matrix import ERAS, GEOMETRY, cases
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+
+from helpers.reference_reader import ReferenceReader, expected_vllmcpp_payload, row_page_errors, vllm034_base
+from helpers.synth_matrix import ERAS, GEOMETRY, cases
 
 pytestmark = pytest.mark.slow
 

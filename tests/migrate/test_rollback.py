@@ -10,11 +10,12 @@ import textwrap
 import threading
 
 import pytest
-from cli_helpers import run, run_json
-from reference_reader import file_facts, listing
 
 from kvmigrate import layout
 from kvmigrate.migrate.journal import read_records
+
+from helpers.cli_helpers import run, run_json
+from helpers.reference_reader import file_facts, listing
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]

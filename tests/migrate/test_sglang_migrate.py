@@ -1,5 +1,5 @@
 """Migrating SGLang HiCache `file` directories end to end (docs/sglang.md §3): synth
-directory -> scan -> `migrate --apply` -> the 0.5.23 reference reader (tests/sglang_reader.py)
+directory -> scan -> `migrate --apply` -> the 0.5.23 reference reader (tests/helpers/sglang_reader.py)
 opens every reusable page, with the bytes the writer stored, and nothing else is made;
 a rerun writes nothing, `verify` is clean, `rollback` restores the directory exactly
 (names, bytes, the sources' inodes); `prune --migrated` takes the legacy names."""
@@ -15,8 +15,9 @@ import pytest
 
 from kvmigrate.synth import SynthSpec
 from kvmigrate.synth import sglang as synth
-from tests.cli_helpers import run
-from tests.sglang_reader import HiCacheFile
+
+from helpers.cli_helpers import run
+from helpers.sglang_reader import HiCacheFile
 
 SGL = {"family": "sglang", "blocks": 3, "layers": 2}
 OLD = ["--model-name", "org/m", "--target-layout", "layer_first"]  # e1-e3: no model in the name, layer_first

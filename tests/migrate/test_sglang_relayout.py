@@ -14,8 +14,9 @@ import pytest
 
 from kvmigrate.synth import SynthSpec
 from kvmigrate.synth import sglang as synth
-from tests.cli_helpers import run
-from tests.sglang_reader import HiCacheFile
+
+from helpers.cli_helpers import run
+from helpers.sglang_reader import HiCacheFile
 
 SGL = {"family": "sglang", "blocks": 3, "layers": 2}
 

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from reference_reader import ReferenceReader, content_listing, file_facts, listing, row_page_errors
 
 from kvmigrate import layout, manifest
 from kvmigrate.cli import cli
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.migrate.journal import read_records
+
+from helpers.reference_reader import ReferenceReader, content_listing, file_facts, listing, row_page_errors
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]

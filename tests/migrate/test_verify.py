@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from cli_helpers import run, run_json
 
 from kvmigrate.migrate.journal import read_records
+
+from helpers.cli_helpers import run, run_json
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 

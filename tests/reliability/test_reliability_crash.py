@@ -10,9 +10,10 @@ import os
 import signal
 
 import pytest
-import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
 from kvmigrate.migrate.apply import CRASH_ENV
+
+from helpers import reliability_harness as R  # tests/helpers/reliability_harness.py: the campaign's benches and oracles
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 

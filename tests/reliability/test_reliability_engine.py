@@ -1,4 +1,4 @@
-"""A live engine during scan and migrate (migration.md §3.8), CI-sized: tests/engine_sim.py
+"""A live engine during scan and migrate (migration.md §3.8), CI-sized: tests/helpers/engine_sim.py
 behaves like each engine; scan and migrate on the same root find nothing false and lose or
 clobber nothing."""
 
@@ -10,12 +10,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import engine_sim
 import pytest
-import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 
 from kvmigrate import layout
 from kvmigrate.formats import vllmcpp
+
+from helpers import engine_sim
+from helpers import reliability_harness as R  # tests/helpers/reliability_harness.py: the campaign's benches and oracles
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 

@@ -7,7 +7,8 @@ fixing the condition that ends like an uninterrupted run, and a rollback."""
 from __future__ import annotations
 
 import pytest
-import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
+
+from helpers import reliability_harness as R  # tests/helpers/reliability_harness.py: the campaign's benches and oracles
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 

@@ -8,8 +8,9 @@ namespaces (migration.md §3.1, §3.7; interface.md §4)."""
 from __future__ import annotations
 
 import pytest
-import reliability_harness as R  # tests/reliability_harness.py: the campaign's benches and oracles
 from hypothesis import HealthCheck, example, given, settings
+
+from helpers import reliability_harness as R  # tests/helpers/reliability_harness.py: the campaign's benches and oracles
 
 pytestmark = pytest.mark.slow  # reliability-sized: `pytest -m 'not slow'` leaves it out, CI runs it
 

@@ -12,12 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import reliability_harness as R  # tests/reliability_harness.py: the kvmigrate executable it drives
-from cli_helpers import run
 
 from kvmigrate import layout
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.synth import SynthSpec, build
+
+from helpers import reliability_harness as R  # tests/helpers/reliability_harness.py: the kvmigrate executable it drives
+from helpers.cli_helpers import run
 
 pytestmark = pytest.mark.slow
 

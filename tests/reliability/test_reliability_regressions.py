@@ -8,10 +8,11 @@ import json
 import os
 
 from click.testing import CliRunner
-from reference_reader import listing
 
 from kvmigrate import layout
 from kvmigrate.cli import cli
+
+from helpers.reference_reader import listing
 
 FLAGS = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 

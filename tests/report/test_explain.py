@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from cli_helpers import run, run_json
+from helpers.cli_helpers import run, run_json
 
 
 def scanned(tmp_path, synth_root, spec, *flags):

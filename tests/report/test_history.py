@@ -9,7 +9,8 @@ import os
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvmigrate import history, manifest
-from tests.cli_helpers import run
+
+from helpers.cli_helpers import run
 
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "mla"]
 SPEC = dict(family="llmd", tp=2, kv_kind="mla", blocks=8)

@@ -11,13 +11,14 @@ from pathlib import Path
 import duckdb
 import pyarrow.compute as pc
 import pytest
-from cli_helpers import run
 
 from kvmigrate import manifest
 from kvmigrate.classify import ACTIONS, STATUS_BITS
 from kvmigrate.migrate.model import CREATING
 from kvmigrate.migrate.plan import build_plan
 from kvmigrate.report.summary import summarize
+
+from helpers.cli_helpers import run
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "manifest.md"
 DEFAULT = "kvmigrate-manifest.parquet"
@@ -52,9 +53,9 @@ def polars(name: str, path: Path) -> list[tuple]:
 def manifests(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(root, manifest before, manifest after migrate --apply) of llm-d TP=2 and TP=4
     and vLLM S1 and S2 namespaces, each pair merging into one target."""
-    from conftest import SMALL
-
     from kvmigrate.synth import SynthSpec, build
+
+    from helpers import SMALL
 
     d = tmp_path_factory.mktemp("mdoc")
     root = d / "root"

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import arrow_pool_after, loads_pyarrow
-from cli_helpers import run as run_cli
 from click.testing import CliRunner
 from test_report_summary import AUTO, CPP, MLA, ROOT, VLLM, Rows, _hex, sample_metadata, write_sample_manifest
 
 from kvmigrate.cli import cli
 from kvmigrate.report.diff import diff
 from kvmigrate.report.summary import summarize
+
+from helpers.cli_helpers import arrow_pool_after, loads_pyarrow
+from helpers.cli_helpers import run as run_cli
 
 
 def run(*args: str):

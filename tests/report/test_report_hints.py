@@ -260,7 +260,7 @@ def test_pending_blocks_of_a_size_scan_are_not_called_proven(synth_root, tmp_pat
     """A size-level audit has not read the blocks it calls reusable (a zero-filled one looks
     like any other): the pending finding says so and that --apply checks them first; a hash
     audit, which read them, says nothing of the kind."""
-    from cli_helpers import run_json
+    from helpers.cli_helpers import run_json
 
     root, _ = synth_root(dict(family="vllm", scheme="S2", defects=("zero_filled",)))
     facts = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1",
@@ -280,7 +280,7 @@ MLA_FACTS = ["--kv-kind", "mla", "--total-kv-heads", "1", "--model-dtype", "bflo
 def _migrated_mla_tree_with_differing_replicas(synth_root):
     """An llm-d TP=2 MLA tree with one block whose replicas differ, after the default
     migration (which hashes, places the equal replicas and refuses the other)."""
-    from cli_helpers import run_json
+    from helpers.cli_helpers import run_json
 
     root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla", blocks=6, defects=("replica_differs",)))
     code, applied = run_json("migrate", root, *MLA_FACTS, "--apply")
@@ -293,7 +293,7 @@ def test_a_size_audit_after_migrating_does_not_call_refused_replicas_migratable(
     cannot tell it from a migratable one: it says the block is pending only if its replicas
     are equal, puts the hash audit (which names it) before the migrate step, and does not
     offer migrate --apply as what places it."""
-    from cli_helpers import run_json
+    from helpers.cli_helpers import run_json
 
     root, _ = _migrated_mla_tree_with_differing_replicas(synth_root)
     _, summary = run_json("audit", root, *MLA_FACTS)
@@ -319,7 +319,7 @@ def test_a_size_audit_says_its_prune_figure_is_a_floor_where_replicas_are_unhash
     """A size audit proves rank 0's placed files only, but `kvmigrate prune ROOT` hashes and
     takes the other ranks' equal replicas too: the audit's figure says "at least", and a hash
     audit's figure is what prune's dry run selects."""
-    from cli_helpers import run_json
+    from helpers.cli_helpers import run_json
 
     root, _ = _migrated_mla_tree_with_differing_replicas(synth_root)
     figures = {}
@@ -335,7 +335,7 @@ def test_a_size_audit_says_its_prune_figure_is_a_floor_where_replicas_are_unhash
 
 def test_identity_findings_say_why_in_a_whole_sentence(synth_root, tmp_path):
     # the finding read "...; never migrated; see why with (e.g. <path>)": a sentence cut off
-    from cli_helpers import run, run_json
+    from helpers.cli_helpers import run, run_json
 
     root, _ = synth_root({"scheme": "S3", "dtype": "bfloat16", "defects": ["digest_mismatch"]})
     code, summary = run_json("audit", root)
@@ -353,7 +353,7 @@ def test_identity_findings_say_why_in_a_whole_sentence(synth_root, tmp_path):
     ("sglang", "SGLang needs every TP rank's file of a page", "llm-d")])
 def test_the_incomplete_finding_speaks_of_the_family_that_wrote_it(synth_root, family, says, never):
     # an SGLang deployment's incomplete pages were said to make "llm-d silently serve stale KV"
-    from cli_helpers import run_json
+    from helpers.cli_helpers import run_json
 
     spec = {"family": family, "tp": 2, "defects": ("missing_rank",)}
     root, _ = synth_root(spec if family == "llmd" else {**spec, "blocks": 3, "layers": 2})

@@ -133,10 +133,10 @@ def measure(tmp_path: Path, html_text: str, width: int) -> dict:
 @pytest.fixture(scope="module")
 def synth_page(tmp_path_factory) -> tuple[Path, dict, str]:
     """The HTML report of a scanned synth tree: four families, defects, a refused target."""
-    from cli_helpers import run
-    from conftest import SMALL
-
     from kvmigrate.synth import SynthSpec, build
+
+    from helpers import SMALL
+    from helpers.cli_helpers import run
 
     d = tmp_path_factory.mktemp("html-synth")
     root = d / "root"

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 
-from cli_helpers import run, run_json
 from test_report_summary import VLLM, write_sample_manifest
 
 from kvmigrate import manifest
 from kvmigrate.report.render import report
 from kvmigrate.report.summary import summarize
+
+from helpers.cli_helpers import run, run_json
 
 MLA = ("--kv-kind", "mla", "--model-dtype", "bfloat16")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cli_helpers import run, run_json
-
 from kvmigrate import layout
+
+from helpers.cli_helpers import run, run_json
 
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
 VLLM = {"family": "vllm", "scheme": "S2", "kv_kind": "mla", "model_name": "org/v"}

@@ -434,7 +434,7 @@ def test_a_flat_deployment_reports_its_target_names_not_no_target(tmp_path, synt
     """An SGLang e2 deployment migrates into the e4 names of its model: the report's target
     column names that deployment and the gate column says 'by name' (was 'no target' and
     '-' beside 6 reusable pages)."""
-    from cli_helpers import run, run_json
+    from helpers.cli_helpers import run, run_json
     root, _ = synth_root({"family": "sglang", "blocks": 3, "layers": 2, "tp": 2, "sgl_era": "e2"})
     m = tmp_path / "m.parquet"
     code, out = run("scan", root, "-o", m, "--kv-kind", "full", "--model-name", "org/m",
@@ -455,10 +455,11 @@ LLMD_FULL = ["--kv-kind", "full", "--model-dtype", "bfloat16", "--total-kv-heads
 def test_pending_bytes_are_those_of_the_blocks_still_pending(synth_root, tmp_path, monkeypatch, batch_rows):
     # after a concat migration, pending bytes counted every other-rank file of the placed
     # blocks (their rows still say "part of concat"): 19.5 MiB pending where 2 KiB were left
-    from cli_helpers import run, run_json
     from prometheus_client.parser import text_string_to_metric_families
 
     from kvmigrate.report import summary as summary_module
+
+    from helpers.cli_helpers import run, run_json
 
     if batch_rows:  # a block's rank files read in different batches
         monkeypatch.setattr(summary_module, "_BATCH_ROWS", batch_rows)

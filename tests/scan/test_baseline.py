@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmigrate import manifest
-from tests.cli_helpers import run
+
+from helpers.cli_helpers import run
 
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "mla"]
 SPECS = (dict(family="llmd", tp=2, kv_kind="mla", blocks=12),)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvmigrate import manifest
-from tests.cli_helpers import run
 from tests.scan.test_baseline import _with_hash_edited, opened_blocks, rewrite_keeping_size_and_mtime, rows, scan
+
+from helpers.cli_helpers import run
 
 FACTS = ["--kv-kind", "full", "--model-name", "org/m", "--target-layout", "layer_first"]
 E2 = dict(family="sglang", sgl_era="e2", tp=2, blocks=40, layers=2)

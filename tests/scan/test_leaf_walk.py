@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from conftest import WALKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,8 @@ from kvmigrate import fsio, manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
 from kvmigrate.synth.tree import build
+
+from helpers import WALKS
 
 SMALL = dict(blocks=4, page_bytes=64, layers=2)
 FLAGS = {"model_dtype": "bfloat16"}

@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_helpers import run
-from conftest import FakeClock  # tests/conftest.py: a clock the pacing tests move by hand
-
 from kvmigrate import manifest, pacing
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.pipeline import scan
+
+from helpers import FakeClock  # tests/helpers/__init__.py: a clock the pacing tests move by hand
+from helpers.cli_helpers import run
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
 FACTS = ["--model-dtype", "bfloat16", "--kv-kind", "full", "--total-kv-heads", "8", "--writer-tp", "1", "--writer-pp", "1"]

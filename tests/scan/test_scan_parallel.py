@@ -11,13 +11,14 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-from cli_helpers import arrow_pool_after, loads_pyarrow
 
 from kvmigrate import fsio, manifest, pipeline
 from kvmigrate import scan as scan_mod
 from kvmigrate.scan import blocks as scan_blocks
 from kvmigrate.scan import parallel
 from kvmigrate.scan import run as scan_run
+
+from helpers.cli_helpers import arrow_pool_after, loads_pyarrow
 
 FACTS = {"model_dtype": "bfloat16", "kv_kind": "mla"}
 TREE = (dict(family="llmd", tp=2, kv_kind="mla", blocks=24,

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_helpers import run, run_json
-
 from kvmigrate import manifest
 from kvmigrate.selection import Selection
+
+from helpers.cli_helpers import run, run_json
 
 KVMIGRATE = str(Path(sys.executable).parent / "kvmigrate")
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]

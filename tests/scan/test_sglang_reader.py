@@ -1,4 +1,4 @@
-"""End to end against the 0.5.23 reader (tests/sglang_reader.py): what the scan calls
+"""End to end against the 0.5.23 reader (tests/helpers/sglang_reader.py): what the scan calls
 `already_present` is what SGLang 0.5.23 reads, with the bytes the writer stored; a
 planned `link` target is the name it opens (placed here by hand: a check of the scan alone;
 tests/migrate/test_sglang_migrate.py lets migrate place them), after which a rescan finds
@@ -12,7 +12,8 @@ import pytest
 
 from kvmigrate.synth import SynthSpec
 from kvmigrate.synth import sglang as synth
-from tests.sglang_reader import HiCacheFile
+
+from helpers.sglang_reader import HiCacheFile
 
 SGL = {"family": "sglang", "blocks": 3, "layers": 2}
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tests.cli_helpers import run
+from helpers.cli_helpers import run
 
 SGL = {"family": "sglang", "blocks": 3, "layers": 2}
 

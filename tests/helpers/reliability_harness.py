@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import engine_sim  # tests/engine_sim.py
 import xxhash
 
 from kvmigrate import layout
@@ -43,7 +42,9 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.migrate.apply import CRASH_ENV
 from kvmigrate.synth import SynthSpec, build
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import engine_sim  # tests/helpers/engine_sim.py
+
+REPO = Path(__file__).resolve().parents[2]  # tests/helpers/ -> the repository
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate")) if Path(sys.executable).with_name(
     "kvmigrate").exists() else (shutil.which("kvmigrate") or "kvmigrate")
@@ -1160,7 +1161,7 @@ def fault_emlink(work: Path, ledger: Ledger, *, real: bool) -> dict:
 # ---------------------------------------------------------------------------------------
 # 3. A live engine writing, loading and evicting while scan and migrate run
 
-ENGINE_SIM = REPO / "tests" / "engine_sim.py"
+ENGINE_SIM = REPO / "tests" / "helpers" / "engine_sim.py"
 INTEGRITY = {"replica_mismatch", "size_mismatch", "short", "zero_filled", "misfiled", "header_invalid",
              "digest_mismatch", "config_invalid"}  # interface.md §2, bit 4
 

@@ -1,6 +1,6 @@
 """A writer process that behaves like a cache engine on a live root (reliability tests).
 
-    python tests/engine_sim.py ROOT --spec '{"family": "llmd", "tp": 2, ...}' [--spec ...]
+    python tests/helpers/engine_sim.py ROOT --spec '{"family": "llmd", "tp": 2, ...}' [--spec ...]
         --log LOG.jsonl [--seed N] [--duration S] [--evict-above N]
 
 It plays, on the namespaces of the given SynthSpecs (already built under ROOT), what a
