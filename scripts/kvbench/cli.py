@@ -129,6 +129,24 @@ def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
     return 0
 
 
+def render_journal_only(result: dict) -> str:
+    lines = ["# kvmigrate journal and rollback benchmark", "", "Raw figures: [`benchmarks.json`](benchmarks.json)."]
+    render_journal(result["journal"], lines.append)
+    return "\n".join(lines) + "\n"
+
+
+def render_any(result: dict, out: Path) -> str:
+    """--render-only: the page the run that wrote `result` rendered (a journal-only or
+    prune-only run writes a report of its own, without the scan groups' figures)."""
+    if "generated_utc" in result:
+        return render(result, out)
+    if set(result) == {"journal"}:
+        return render_journal_only(result)
+    if "prune" in result:
+        return render_prune_only(result)
+    raise SystemExit(f"{out / 'benchmarks.json'}: not a benchmark report this bench renders")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.self_check or args.before:
@@ -136,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir = args.out_dir or str(REPORTS)
     if args.render_only:
         out = Path(args.out_dir)
-        (out / "BENCHMARKS.md").write_text(render(json.loads((out / "benchmarks.json").read_text()), out))
+        (out / "BENCHMARKS.md").write_text(render_any(json.loads((out / "benchmarks.json").read_text()), out))
         print(f"wrote {out / 'BENCHMARKS.md'}")
         return 0
     bench = Bench(args)
@@ -148,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if result is None or "machine" not in result:  # a folder of its own: the journal section alone
             out.mkdir(parents=True, exist_ok=True)
             write_json(path, {"journal": journal})
-            lines = ["# kvmigrate journal and rollback benchmark", "", "Raw figures: "
-                     "[`benchmarks.json`](benchmarks.json)."]
-            render_journal(journal, lines.append)
-            (out / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
+            (out / "BENCHMARKS.md").write_text(render_journal_only({"journal": journal}))
             bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
             return 0
         result["journal"] = journal
