@@ -535,7 +535,7 @@ class SourceIdentity(TypedDict):
 class TargetIdentity(TypedDict):
     profile: str
     family: str
-    fields: dict[str, Any]
+    fields: dict[str, Any] | None
     d12: str | None
     base_name: str | None
     rank_dir: str | None

@@ -14,7 +14,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
@@ -313,7 +313,7 @@ class _Hint(NamedTuple):
     rank: int  # 0 first; kept from the first rule that names the command
 
 
-Item = Union[Finding, _Hint]
+Item = Finding | _Hint
 
 
 @dataclass
