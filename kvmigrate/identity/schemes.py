@@ -10,8 +10,8 @@ S3 (vLLM 0.27+): S2 plus `"parallel_agnostic": false` only when not agnostic, dt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from kvmigrate import layout

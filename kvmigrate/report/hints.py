@@ -5,6 +5,13 @@ listing the affected files, re-running with the missing deployment fact, hashing
 replicas, or applying the migration. Leftovers and what the targets already hold are
 reclaimed with `kvmigrate prune` (a dry run first; `--apply` moves them into a quarantine
 that `kvmigrate restore` undoes), never with a hand-run `rm`.
+
+`findings_and_hints` runs a table of rules (RULES over the summary, NAMESPACE_RULES over
+each namespace), each yielding typed findings (kvmigrate.outputs.Finding) and hints. A
+missing fact comes as data: the scan records the flag of identity's MissingFactError as
+`target_error_flag`, and rows name the flags they ask for (`flags_asked`); only a refusal
+of stated facts (identity/facts.py: a model config or kind meant for another model) still
+names its flag in its message alone (`refused_flag`).
 """
 
 from __future__ import annotations
