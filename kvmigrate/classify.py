@@ -223,8 +223,17 @@ def majority_size(sizes: Counter) -> tuple[set[int], str]:
 # Block-level rules: replicas, completeness, and the action matrix
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))
+def _ranks_text(ranks: Iterable[int | None]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks, key=_rank_order))
+
+
+def _rank_order(rank: int | None) -> int:
+    """Ranks in order; a file of no rank folder (a flat family's page) first."""
+    return -1 if rank is None else rank
+
+
+def _rank_of(r: FileRecord) -> int:
+    return _rank_order(r.rank)
 
 
 def classify_block(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: str) -> None:
@@ -322,7 +331,7 @@ def plan_action(plan: UnitPlan, recs: list[FileRecord], group: int, hex_hash: st
         return "none", "no target identity for this namespace"
     if t.unreachable:
         return "none", t.unreachable
-    by_rank = sorted(recs, key=lambda r: r.rank)
+    by_rank = sorted(recs, key=_rank_of)
     return plan.fam.plan_action(plan, by_rank, group)
 
 

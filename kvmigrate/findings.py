@@ -123,8 +123,8 @@ def arrays(findings: list[Finding | None]) -> list[pa.Array]:
         for col, v in zip(cols, values):
             col.append(v)
     out = []
-    for field, values in zip(FIELDS, cols):
-        a = _array(values, pa.string() if pa.types.is_dictionary(field.type) else field.type)
+    for field, column in zip(FIELDS, cols):
+        a = _array(column, pa.string() if pa.types.is_dictionary(field.type) else field.type)
         out.append(a.dictionary_encode() if pa.types.is_dictionary(field.type) else a)
     return out
 

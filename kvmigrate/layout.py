@@ -140,7 +140,7 @@ def parse_block_relpath(relpath: str) -> tuple[FolderName, BlockName] | None:
         return None
     folder = parse_folder(parts[0])
     block = parse_block(*parts[1:]) if folder is not None and folder.rank is not None else None
-    return (folder, block) if block is not None else None
+    return (folder, block) if folder is not None and block is not None else None
 
 
 def temp_kind(filename: str) -> str | None:

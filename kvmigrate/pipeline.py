@@ -16,13 +16,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvmigrate import manifest as mf
 from kvmigrate import scan as scan_stage
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
+from kvmigrate.outputs import Reclaimable, ReportOutput, Run
 from kvmigrate.report.summary import summarize, totals_for
 
 if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
@@ -37,7 +38,7 @@ class ScanResult:
 
     root: str
     output: str
-    summary: dict[str, Any]
+    summary: ReportOutput
     exit_code: int
     rows: int
     files: int
@@ -98,7 +99,7 @@ def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None = 
 
 @dataclass
 class AuditResult:
-    summary: dict[str, Any]
+    summary: ReportOutput
     exit_code: int
     manifest: str | None  # None when the manifest was temporary
     seconds: float = 0.0  # the scan's wall time
@@ -117,14 +118,14 @@ def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] 
                            result.seconds, mf.count_true(result.output, "carried"))
 
 
-def with_runs(summary: dict[str, Any]) -> dict[str, Any]:
+def with_runs(summary: ReportOutput) -> ReportOutput:
     """The summary plus the unfinished runs journaled under its root (running, or
     interrupted: a finding with the command that resumes it)."""
     from kvmigrate.migrate.runs import unfinished
     from kvmigrate.report.hints import with_unfinished_runs
 
     root = summary.get("root")
-    runs = [r.to_dict() for r in unfinished(root)] if isinstance(root, str) and os.path.isdir(root) else []
+    runs = [cast(Run, r.to_dict()) for r in unfinished(root)] if isinstance(root, str) and os.path.isdir(root) else []
     return with_unfinished_runs(summary, runs)
 
 
@@ -177,8 +178,8 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
 # --- report ------------------------------------------------------------------------------
 
 
-def with_reclaimable(summary: dict[str, Any], manifest: str | os.PathLike[str], *,
-                     partial: bool = False) -> dict[str, Any]:
+def with_reclaimable(summary: ReportOutput, manifest: str | os.PathLike[str], *,
+                     partial: bool = False) -> ReportOutput:
     """The summary plus `reclaimable`: what `prune` of every class would take from the
     manifest, freed vs only unlinked (migrate.prune.reclaimable: prune's own selection).
     `partial` (report --only/--exclude): of the summary's namespaces only."""
@@ -186,7 +187,7 @@ def with_reclaimable(summary: dict[str, Any], manifest: str | os.PathLike[str], 
     from kvmigrate.report.hints import with_reclaimable_figures
 
     keep = {n["source_base"] for n in summary["namespaces"]} if partial else None
-    summary["reclaimable"] = reclaimable(str(manifest), namespaces=keep)
+    summary["reclaimable"] = cast(Reclaimable, reclaimable(str(manifest), namespaces=keep))
     return with_reclaimable_figures(summary)
 
 
@@ -237,7 +238,7 @@ class Migration:
     parts: int | None = None
     address: str | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ReportOutput:
         """The summary of the plan's manifest; its hints name the manifest only if it is kept."""
         return summarize(self.manifest, manifest=self.manifest if self.kept else None, verb="migrate")
 

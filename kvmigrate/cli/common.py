@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import click
@@ -181,7 +181,7 @@ def parse_shard(value: str | None) -> tuple[int, int]:
     return k, n
 
 
-def say_no_cache(summary: dict[str, Any]) -> None:
+def say_no_cache(summary: Mapping[str, Any]) -> None:
     """The error line of a root that holds no cache (exit bit 8), printed with -q and --json
     too: an empty or unmounted volume is the error of the run (interface.md §4)."""
     if summary.get("no_cache"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+from typing import cast
 
 import click
 
@@ -26,6 +27,14 @@ from kvmigrate.cli.common import (
     scaleout_options,
     selection_options,
     start_pacing,
+)
+from kvmigrate.outputs import (
+    ApplyResult,
+    MigrateApplyOutput,
+    MigrateDryRunOutput,
+    SummaryCore,
+    Target,
+    transform_cost_of,
 )
 from kvmigrate.units import plural
 
@@ -162,10 +171,11 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
             bar.close()
     code = result.exit_code
     if as_json:
-        summary = run.summary()
-        summary.update({"outcomes": dict(result.outcomes), "apply": result.to_dict(), "exit_code": code,
-                        "targets": _targets_json(plan)})
-        print_json(summary)
+        summary: SummaryCore = run.summary()
+        applied: MigrateApplyOutput = {**summary, "outcomes": dict(result.outcomes),
+                                       "apply": cast(ApplyResult, result.to_dict()), "exit_code": code,
+                                       "targets": _targets_json(plan)}
+        print_json(applied)
     elif not quiet:
         click.echo(render_result(plan, result))
     if result.stop is not None:
@@ -200,17 +210,18 @@ def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: b
         apply_command = dest_command = None
     waiting, waiting_bytes = plan.waiting_for_dest
     if as_json:
-        summary = run.summary()
+        summary: SummaryCore = run.summary()
         # `outcomes`: what --apply will report, with the same keys and (barring changes
         # meanwhile) the same numbers; merges of equal sizes only are compared at apply
-        summary.update({"exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
-                        "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
-                        "waiting_for_dest": {"blocks": waiting, "bytes": waiting_bytes},
-                        "dest_command": dest_command if waiting else None,
-                        "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets),
-                        "guessed_targets": [{"namespace": b, "facts": f} for b, f in sorted(guesses.items())],
-                        "facts_command": facts_command})
-        print_json(summary)
+        planned: MigrateDryRunOutput = {
+            **summary, "exit_code": code, "outcomes": plan.outcomes(), "targets": _targets_json(plan),
+            "pending": plan.pending, "apply_command": apply_command if plan.pending else None,
+            "waiting_for_dest": {"blocks": waiting, "bytes": waiting_bytes},
+            "dest_command": dest_command if waiting else None,
+            "merges_checked_at_apply": sum(tp.unverified_merges for tp in plan.targets),
+            "guessed_targets": [{"namespace": b, "facts": f} for b, f in sorted(guesses.items())],
+            "facts_command": facts_command}
+        print_json(planned)
     elif not quiet:
         click.echo(render_text(plan, apply_command, dest_command))
         if facts_command:
@@ -238,14 +249,15 @@ def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
     return command
 
 
-def _targets_json(plan) -> list[dict]:
-    out = []
+def _targets_json(plan) -> list[Target]:
+    out: list[Target] = []
     for tp in plan.targets:
         out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,
-                    "sources": tp.sources, "claims": list(tp.claims), "actions": tp.counts(),
+                    "sources": tp.sources, "claims": list(tp.claims),
+                    "actions": {a: {"blocks": c["blocks"], "bytes": c["bytes"]} for a, c in tp.counts().items()},
                     "outcomes": tp.outcomes(),
                     "merges_checked_at_apply": tp.unverified_merges,
-                    "transform_cost": tp.transform_costs(),
+                    "transform_cost": {a: transform_cost_of(c) for a, c in tp.transform_costs().items()},
                     "already_present": {"blocks": tp.already_present[0], "bytes": tp.already_present[1]},
                     "skipped": [{"action": a, "reason": r, "blocks": n, "bytes": tp.skipped_bytes[(a, r)]}
                                 for (a, r), n in sorted(tp.skipped.items())],

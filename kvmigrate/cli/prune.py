@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Iterator
+from typing import cast
 
 import click
 
@@ -25,6 +26,7 @@ from kvmigrate.cli.common import (
     rerun_command,
     selection_options,
 )
+from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, PurgeOutput, ReclaimFigures, ReclaimNamespace
 from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
@@ -144,19 +146,22 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             code = plan.exit_code
             apply_command = _apply_command(ctx)
             if as_json:
-                print_json({"root": plan.root, "classes": list(plan.classes), "totals": plan.totals(),
-                            "namespaces": [{"class": c, "namespace": ns, **v}
-                                           for (c, ns), v in plan.by_namespace().items()],
-                            "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
-                            "apply_command": apply_command if plan.items else None, "exit_code": code})
+                planned: PruneDryRunOutput = {
+                    "root": plan.root, "classes": list(plan.classes),
+                    "totals": cast(dict[str, ReclaimFigures], plan.totals()),
+                    "namespaces": [cast(ReclaimNamespace, {"class": c, "namespace": ns, **v})
+                                   for (c, ns), v in plan.by_namespace().items()],
+                    "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
+                    "apply_command": apply_command if plan.items else None, "exit_code": code}
+                print_json(planned)
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))
             sys.exit(code)
         result = apply_prune(plan, journal=journal, quarantine=not no_quarantine, command=_apply_command(ctx))
     finished = [r.to_dict() for r in plan.finished]
     if as_json:
-        print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
-                    "finished_interrupted": finished, **result.to_dict()})
+        print_json(cast(PruneApplyOutput, {"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
+                                           "finished_interrupted": finished, **result.to_dict()}))
     elif not quiet:
         for r in plan.finished:  # the run this command resumed: its journal is the one to undo
             click.echo(f"finished the interrupted prune run {r.run_id}: {plural(sum(r.moved.values()), 'more file')} "
@@ -203,7 +208,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
         raise UsageError(f"{root}: no such folder", path=root, hint="pass the cache root that was pruned")
     result = purge(root, older_than, dry_run=not apply)
     if as_json:
-        print_json({"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()})
+        print_json(cast(PurgeOutput, {"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()}))
     elif not quiet:
         click.echo(render_purge(result, os.path.abspath(root), not apply))
     sys.exit(result.exit_code)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.outputs import RestoreOutput
 from kvmigrate.units import plural
 
 
@@ -27,7 +29,7 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
 
     result = restore(journal)
     if as_json:
-        print_json(result.to_dict())
+        print_json(cast(RestoreOutput, result.to_dict()))
     elif not quiet:
         click.echo(render_restore(result))
     if result.kept:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import cast
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.outputs import Run, RunsOutput
 
 
 @click.command("runs")
@@ -30,7 +32,9 @@ def command(root: str, as_json: bool, quiet: bool, verbose: int) -> None:
     runs = list_runs(root)
     code = 1 if any(r.state == "interrupted" for r in runs) else 0
     if as_json:
-        print_json({"root": os.path.abspath(root), "runs": [r.to_dict() for r in runs], "exit_code": code})
+        listed: RunsOutput = {"root": os.path.abspath(root), "runs": [cast(Run, r.to_dict()) for r in runs],
+                              "exit_code": code}
+        print_json(listed)
     elif not quiet:
         if not runs:
             click.echo(f"no runs journaled under {os.path.abspath(root)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import click
 
@@ -17,6 +18,7 @@ from kvmigrate.cli.common import (
     start_pacing,
 )
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
+from kvmigrate.outputs import VerifyOutput
 
 
 @click.command("verify")
@@ -61,7 +63,7 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
         raise OutOfTime(str(exc), hint=f"rerun `{rerun_command(click.get_current_context(), ('root', 'journal'))}` "
                                            "in a longer window") from None
     if as_json:
-        print_json(result.to_dict())
+        print_json(cast(VerifyOutput, result.to_dict()))
     elif not quiet:
         click.echo(render(result))
     sys.exit(result.exit_code)

@@ -358,8 +358,9 @@ def detect(fields: Mapping[str, Any], *, rank_numbers: Iterable[int] = (), block
     another family.
     """
     shape = by_identity(fields)
-    if shape is not None:
-        evidence = [shape.proof(fields)]
+    proof = shape.proof(fields) if shape is not None else None
+    if shape is not None and proof is not None:  # (by_identity picks a family whose keys prove it)
+        evidence = [proof]
         if forced and forced != shape.name:
             evidence.append(f"forced family {forced!r} ignored: the config.json keys prove {shape.name!r}")
         return shape.name, evidence

@@ -17,6 +17,7 @@ from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import FLAGS, FactsResolver
 from kvmigrate.identity.gates import DEFAULT_PROFILE
+from kvmigrate.outputs import IdentityOutput
 
 BLOCK_SAMPLE = 64  # block files stat'ed per namespace for the family evidence
 CONFIG_MAX = 16 << 20  # an engine's config.json is a few KiB; never read a huge file whole
@@ -80,12 +81,13 @@ def _block_sizes(rank_dir: str, limit: int) -> list[int]:
 
 
 def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, facts_file: str | None = None,
-                     profile: str = DEFAULT_PROFILE) -> dict[str, Any]:
+                     profile: str = DEFAULT_PROFILE) -> IdentityOutput:
     """The object `kvmigrate identity CONFIG_JSON --json` prints."""
     resolver = FactsResolver(flags, facts_file)
     fields = read_config(config_path)
     parsed, ranks, sizes = folder_evidence(config_path)
-    model_name = fields.get("model_name") if isinstance(fields.get("model_name"), str) else ""
+    name = fields.get("model_name")
+    model_name: str = name if isinstance(name, str) else ""
     # the recipe is fixed by the keys (S1 vLLM and llm-d hash alike), so the base name is known first
     try:
         source_d12 = canonical.d12(fields, families.of_identity(fields).name)
@@ -120,7 +122,7 @@ def explain_identity(config_path: str, *, flags: dict[str, Any] | None = None, f
     }
 
 
-def render_text(result: dict[str, Any], config_path: str) -> str:
+def render_text(result: IdentityOutput, config_path: str) -> str:
     """Human rendering of `explain_identity`'s result."""
     src, tgt = result["source"], result["target"]
     lines = [f"config.json  {config_path}",

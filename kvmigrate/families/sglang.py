@@ -190,6 +190,25 @@ def read_suffix(suffix: str, pool: str | None, *, model: str | None = None,
     return Reading("e4", s[1:], tp, pp, cp, dcp)
 
 
+def page_of(f: FlatFile) -> PageName:
+    """The parsed name of a page file (parsed once, then kept on the file)."""
+    page = f.page
+    if page is None:
+        page = f.page = parse_page_name(f.name)
+        if page is None:
+            raise ValueError(f"{f.name!r} is not a page name")
+    return page
+
+
+def _target_name(dep: Deployment, page: PageName, r: Reading) -> str:
+    """The name 0.5.23 opens for an e1-e3 page (its deployment's model is known: a
+    deployment without one plans nothing)."""
+    if dep.model is None:
+        raise ValueError(f"{page.hex}: the deployment's model name is not known")
+    pool = f".{dep.pool}" if dep.pool else ""
+    return f"{page.hex}{pool}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
+
+
 def target_suffix(reading: Reading, model: str, mla: bool, pool: str | None) -> str:
     """The suffix 0.5.23 looks up for the deployment that wrote a name of e2/e3 (L748-760):
     non-MLA `_{model}_{r}_{N}` (also at N=1), MLA `_{model}` (a .mamba file keeps the TP pair)."""
@@ -286,8 +305,8 @@ class SGLang(families.Family):
         flags fill gaps). Each distinct suffix is read once."""
         by_suffix: dict[tuple[str | None, str], list[FlatFile]] = defaultdict(list)
         for f in files:
-            f.page = f.page or parse_page_name(f.name)
-            by_suffix[(f.page.pool, f.page.suffix)].append(f)
+            page = page_of(f)
+            by_suffix[(page.pool, page.suffix)].append(f)
         out: dict[tuple, Deployment] = {}
         for (pool, suffix), group in sorted(by_suffix.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
             greedy = read_suffix(suffix, pool)
@@ -360,19 +379,19 @@ class SGLang(families.Family):
             w = worker.get(r) or worker.setdefault(r, r.worker())
             rank, writers = w
             if writers > 1:  # (one writer: every page is whole; no set a page, a million in a directory)
-                ranks_of[f.page.hex].add(rank)
+                ranks_of[page_of(f).hex].add(rank)
         replicas = dep.reading.era == "e23" and dep.reading.tp is not None and dep.kv_kind == "mla"
         copies: dict[str, list[bytes | None]] = defaultdict(list)
         if replicas:
             for f, _ in files:
-                copies[f.page.hex].append(f.content)
+                copies[page_of(f).hex].append(f.content)
             dep.primary = _primaries(files, copies, zipped, modal)
         if writers > 1:
-            files.sort(key=lambda fr: (fr[0].page.hex, worker[fr[1]][0]))
+            files.sort(key=lambda fr: (page_of(fr[0]).hex, worker[fr[1]][0]))
         else:  # (every rank is 0: the same order, without a key tuple a file)
-            files.sort(key=lambda fr: fr[0].page.hex)
+            files.sort(key=lambda fr: page_of(fr[0]).hex)
         for f, r in files:
-            row = {"name": f.name, "rank": worker[r][0], "hex": f.page.hex, "status": "ok",
+            row = {"name": f.name, "rank": worker[r][0], "hex": page_of(f).hex, "status": "ok",
                    "action": "none", "reason": "", "target": None}
             self._verdict(dep, f, r, row, names, hashed, zipped, modal, replicas, copies, ranks_of, writers)
             yield row
@@ -397,38 +416,40 @@ class SGLang(families.Family):
             row["reason"] = (f"{f.size} bytes, the deployment's other pages have {modal} "
                              "(SGLang 0.5.23 raises on a short read and truncates a long one)")
             return
+        page = page_of(f)
         if replicas:
-            agree = Counter(c for c in copies[f.page.hex] if c is not None)
+            agree = Counter(c for c in copies[page.hex] if c is not None)
             if len(agree) > 1:
                 top, n = agree.most_common(1)[0]
                 if n * 2 <= sum(agree.values()) or f.content != top:
                     row["status"] = "replica_mismatch"
                     row["reason"] = "MLA copy differs from the other ranks' copies of this page"
                     return
-        elif dep.kv_kind is not None and writers > 1 and len(ranks_of[f.page.hex]) < writers:
-            missing = sorted(set(range(writers)) - ranks_of[f.page.hex])
+        elif dep.kv_kind is not None and writers > 1 and len(ranks_of[page.hex]) < writers:
+            missing = sorted(set(range(writers)) - ranks_of[page.hex])
             row["status"] = "incomplete"
             row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "
                              "the engine needs every rank's file")
             return
         self._action(dep, f, r, row, names, replicas, copies, hashed)
-        decided = dep.decided.get(f.page.suffix)
+        decided = dep.decided.get(page.suffix)
         if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
             row["reason"] += f"; {decided}"
 
     def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], replicas: bool,
                 copies: Mapping[str, list], hashed: bool) -> None:
         facts = dep.facts
+        page = page_of(f)
         if dep.reading.era == "e23":
             if dep.kv_kind is None:
                 row["reason"] = finding_reason(
                     f"{f.name[64:]!r} is read several ways (e1, e2 or e3; MLA copies or head shards): "
-                    f"set 'kv_kind' for key {f.page.suffix!r} in --facts (or --kv-kind)", NEEDS_FACT,
+                    f"set 'kv_kind' for key {page.suffix!r} in --facts (or --kv-kind)", NEEDS_FACT,
                     asks=asks("--kv-kind"))
                 return
             if dep.model is None:
                 row["reason"] = finding_reason(
-                    f"e1-e3 names carry no model name: set 'model_name' for key {f.page.suffix!r} in --facts "
+                    f"e1-e3 names carry no model name: set 'model_name' for key {page.suffix!r} in --facts "
                     "(or --model-name), the served model name of the deployment", NEEDS_FACT,
                     asks=asks("--model-name"))
                 return
@@ -444,9 +465,8 @@ class SGLang(families.Family):
                 "SGLang would read these pages in place, possibly wrongly", NEEDS_FACT,
                 asks=asks("--writer-layout"))
             return
-        pool = f".{dep.pool}" if dep.pool else ""
-        if replicas and r.tp and r.tp[0] != dep.primary.get(f.page.hex, r.tp[0]):
-            first = dep.primary[f.page.hex]
+        if replicas and r.tp and r.tp[0] != dep.primary.get(page.hex, r.tp[0]):
+            first = dep.primary[page.hex]
             row["reason"] = finding_reason(f"replica of rank {first} (one file places the page)", REPLICA_OF_PRIMARY,
                                            primary_rank=first)
             return
@@ -456,7 +476,7 @@ class SGLang(families.Family):
         if dep.reading.era == "e4":
             row["action"], row["reason"], row["target"] = "already_present", "SGLang 0.5.23 reads this name", f.name
             return
-        target = f"{f.page.hex}{pool}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
+        target = _target_name(dep, page, r)
         row["target"] = target
         if target in names:
             row["action"], row["reason"] = "already_present", f"{target} exists"
@@ -480,8 +500,7 @@ class SGLang(families.Family):
                 else f"{head}: {geo.why}"
             return
         row["action"] = "relayout"
-        row["target"] = f.name if dep.reading.era == "e4" else \
-            f"{f.page.hex}{f'.{dep.pool}' if dep.pool else ''}{target_suffix(r, dep.model, dep.kv_kind == 'mla', dep.pool)}.bin"
+        row["target"] = f.name if dep.reading.era == "e4" else _target_name(dep, page_of(f), r)
         row["reason"] = f"{head} ({geo.why}), written into --dest DIR as {row['target']}"
 
     def flat_relayout(self, fields: Mapping[str, Any], facts: Mapping[str, Any], name: str, size: int
@@ -492,7 +511,7 @@ class SGLang(families.Family):
         page = parse_page_name(name)
         reading = read_suffix(page.suffix, page.pool, model=facts.get("model_name"),
                               kv_kind=fields.get("kv_kind")) if page is not None else None
-        if reading is None:
+        if page is None or reading is None:
             raise ValueError(f"{name!r} is not a page name")
         writer = facts.get("writer_layout") or _layout_of_release(facts.get("writer_release")) or (
             LAYOUT_DEFAULT_BEFORE if reading.era == "e23" else None)
@@ -609,12 +628,13 @@ def _geometry(facts: Mapping[str, Any], reading: Reading, kv_kind: str | None, p
         return _Geometry(None, "needs the geometry facts " + ", ".join(missing) + " (--facts, or "
                          + " ".join(GEOMETRY_FLAGS[k] for k in missing) + ")",
                          tuple(GEOMETRY_FLAGS[k] for k in missing))
-    L, P, b = got["layers"], got["page_tokens"], got["dtype_bytes"]
+    have: dict[str, int] = {k: v for k, v in got.items() if v}  # (every one: none is missing)
+    L, P, b = have["layers"], have["page_tokens"], have["dtype_bytes"]
     if kv_kind == "mla":
-        halves, cell, formula = 1, got["latent_dim"] * b, f"L·P·dim·b = {L}·{P}·{got['latent_dim']}·{b}"
+        halves, cell, formula = 1, have["latent_dim"] * b, f"L·P·dim·b = {L}·{P}·{have['latent_dim']}·{b}"
     else:
-        halves, cell = 2, got["kv_heads"] * got["head_dim"] * b
-        formula = f"2·L·P·H·D·b = 2·{L}·{P}·{got['kv_heads']}·{got['head_dim']}·{b}"
+        halves, cell = 2, have["kv_heads"] * have["head_dim"] * b
+        formula = f"2·L·P·H·D·b = 2·{L}·{P}·{have['kv_heads']}·{have['head_dim']}·{b}"
     want = halves * L * P * cell
     if want != size:
         return _Geometry(None, f"the geometry gives {formula} = {want} bytes, the file has {size}", size_off=True)
@@ -635,7 +655,7 @@ def _primaries(files: list[tuple[FlatFile, Reading]], copies: Mapping[str, list]
             top[hexh] = value if n * 2 > sum(agree.values()) else None  # (no majority: none agrees)
     out: dict[str, int] = {}
     for f, r in files:
-        hexh = f.page.hex
+        hexh = page_of(f).hex
         if (not r.tp or f.size == 0 or f.all_zero or f.name in zipped or modal is not None and f.size != modal
                 or hexh in top and f.content != top[hexh]):
             continue

@@ -15,7 +15,7 @@ from kvmigrate.findings import reason as finding_reason
 class Vllm(Family):
     name = "vllm"
     title = "vLLM"
-    transforms = ("slice",)
+    transforms: tuple[str, ...] = ("slice",)
     majority_sizes = True
     scheduler_rows = True
 

@@ -132,10 +132,10 @@ def _target(src: dict[str, Any]) -> Target:
     """vllm.cpp targets: identities are unchanged unless the replicated gate passes; then
     tp/pp/pcp/dcp = 1, rank 0 and `replicated_layout: true`. Payload equality across ranks
     is checked per block by the scanner."""
+    reasons: list[str] = []
     if src.get("replicated_layout") is True:
-        fields, agnostic, replicated, reasons = dict(src), True, True, []
+        fields, agnostic, replicated = dict(src), True, True
     else:
-        reasons = []
         prefix = "not replicated"
         kind = src["kv_cache_spec_kind"]
         if kind != "mla":

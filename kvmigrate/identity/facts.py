@@ -287,7 +287,7 @@ class FactsResolver:
             facts.refusal = self._kind_refusal(facts, model_name, base_name, conflict)
             return facts
         cfg_layer = next((layer for layer in layers if layer.model_config), None)
-        if cfg_layer is None:
+        if cfg_layer is None or cfg_layer.model_config is None:
             return facts
         cfg_path = cfg_layer.model_config
         hf = self._hf_facts(cfg_path)

@@ -10,8 +10,9 @@ S3 (vLLM 0.27+): S2 plus `"parallel_agnostic": false` only when not agnostic, dt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvmigrate import layout
 from kvmigrate.identity import canonical
@@ -27,7 +28,7 @@ PARALLEL_KEYS = ("tp_size", "pp_size", "pcp_size", "dcp_size")
 MAIN_VERSION = (99, 0)  # "vLLM main after 0.33"
 
 
-def parse_version(version: str | tuple[int, ...]) -> tuple[int, int]:
+def parse_version(version: str | tuple[int, ...]) -> tuple[int, ...]:
     if isinstance(version, tuple):
         return version[:2]
     if version == "main":
@@ -126,7 +127,7 @@ def filemapper(version: str | tuple[int, ...], *, model_name: str, tp_size: int,
     return FileMapper(fields, rank, family)
 
 
-def scheme_of(fields: dict[str, Any]) -> str:
+def scheme_of(fields: Mapping[str, Any]) -> str:
     """Scheme label of a vllm/llmd identity (formats.md: S3 when `parallel_agnostic` or a
     0.27+ key is present; an agnostic S3 identity is indistinguishable from S2)."""
     if "hash_block_size" in fields:
@@ -136,11 +137,11 @@ def scheme_of(fields: dict[str, Any]) -> str:
     return "S2"
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def validate_fields(fields: dict[str, Any]) -> list[str]:
+def validate_fields(fields: Mapping[str, Any]) -> list[str]:
     """Type problems of a vllm/llmd identity (empty: usable). Unknown keys are allowed."""
     problems: list[str] = []
     scheme_keys = S1_KEYS if "hash_block_size" in fields else S2_KEYS
@@ -163,7 +164,8 @@ def validate_fields(fields: dict[str, Any]) -> list[str]:
                 if not isinstance(g, dict):
                     problems.append(f"kv_cache_groups[{i}] must be an object")
                     continue
-                if not (_is_int(g.get(gkey)) and g.get(gkey) > 0):
+                size = g.get(gkey)
+                if not (_is_int(size) and size > 0):
                     problems.append(f"kv_cache_groups[{i}].{gkey} must be a positive integer")
                 names = g.get("layer_names")
                 if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
@@ -178,7 +180,7 @@ def validate_fields(fields: dict[str, Any]) -> list[str]:
     return problems
 
 
-def unknown_keys(fields: dict[str, Any]) -> list[str]:
+def unknown_keys(fields: Mapping[str, Any]) -> list[str]:
     """Keys no released scheme writes (kept in the source digest, never copied to a target)."""
     known = set(COMMON_KEYS) | set(S1_KEYS) | set(S2_KEYS) | set(OPTIONAL_KEYS) | {"parallel_agnostic"}
     return sorted(k for k in fields if k not in known)

@@ -167,7 +167,7 @@ def vllm_target(src: dict[str, Any], family: Any, facts: Facts, profile: str) ->
     if may_be_collapsed(src, family, facts) and gates.orphans_direct_collapse(profile):
         # a folder collapsed by a direct gate (0.24-0.33): the target is the namespace of the
         # topology that wrote its rows, which only the operator can state
-        if None in stated:
+        if facts.writer_tp is None or facts.writer_pp is None:  # (the WRITER_FACTS, not all stated)
             orphaned = orphaned_reason(profile, facts)
             dep = gates.Deployment(tp=1, num_groups=len(groups))
         else:

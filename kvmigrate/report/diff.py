@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvmigrate.outputs import FileCount, Namespace, ReportOutput
+
 DIFF_VERSION = 1
 _QUIET_STATUSES = ("ok", "own_artifact")
 
 
-def _ns_numbers(n: dict[str, Any] | None) -> dict[str, int]:
+def _ns_numbers(n: Namespace | None) -> dict[str, int]:
     if not n:
         return {"files": 0, "bytes": 0, "bytes_alone": 0, "bytes_shared": 0, "blocks": 0, "reusable_blocks": 0,
                 "reusable_bytes": 0, "pending_blocks": 0}
@@ -25,7 +27,7 @@ def _ns_numbers(n: dict[str, Any] | None) -> dict[str, int]:
             "pending_blocks": n["pending"]["blocks"]}
 
 
-def _run(s: dict[str, Any]) -> dict[str, Any]:
+def _run(s: ReportOutput) -> dict[str, Any]:
     t = s["totals"]
     return {"manifest": s.get("manifest"), "root": s.get("root"), "command": s.get("command"),
             "exit_code": s["exit_code"],
@@ -34,18 +36,19 @@ def _run(s: dict[str, Any]) -> dict[str, Any]:
                        "reusable_blocks": t["reusable"]["blocks"], "reusable_bytes": t["reusable"]["bytes"]}}
 
 
-def _statuses(s: dict[str, Any]) -> dict[tuple[str | None, str], dict[str, int]]:
-    out = {}
+def _statuses(s: ReportOutput) -> dict[tuple[str | None, str], FileCount]:
+    out: dict[tuple[str | None, str], FileCount] = {}
     for n in s["namespaces"]:
         for status, c in n["by_status"].items():
             out[(n["source_base"], status)] = c
-    if s.get("outside_namespaces"):
-        for status, c in s["outside_namespaces"]["by_status"].items():
+    outside = s["outside_namespaces"]
+    if outside:
+        for status, c in outside["by_status"].items():
             out[(None, status)] = c
     return {k: v for k, v in out.items() if k[1] not in _QUIET_STATUSES}
 
 
-def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def diff(old: ReportOutput, new: ReportOutput) -> dict[str, Any]:
     """Compare two summaries (`summarize` output) of the same root at two times."""
     old_ns = {n["source_base"]: n for n in old["namespaces"]}
     new_ns = {n["source_base"]: n for n in new["namespaces"]}

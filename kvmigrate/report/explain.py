@@ -25,6 +25,7 @@ from kvmigrate.identity import gates
 from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
 from kvmigrate.identity.values import ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
+from kvmigrate.outputs import ExplainClass, ExplainFact, ExplainGate, ExplainOutput, Hint, Namespace
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
 from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
@@ -35,7 +36,7 @@ GATE_NAMES = {"G1": "parallel-agnostic namespace (G1)", "G2": "parallel-agnostic
 _COLUMNS = ["source_base", "status", "action", "finding", "asks", "reason", "size", "group", "block_hash", "rank"]
 
 
-def explain(path: str | os.PathLike[str], namespace: str) -> dict[str, Any]:
+def explain(path: str | os.PathLike[str], namespace: str) -> ExplainOutput:
     """The object `kvmigrate explain MANIFEST NAMESPACE --json` prints."""
     meta = check_manifest(path)
     namespaces: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
@@ -47,19 +48,22 @@ def explain(path: str | os.PathLike[str], namespace: str) -> dict[str, Any]:
     facts = _facts(ns, meta)
     target = ns.get("target") or None
     conditions, gate_note = _conditions(ns, target, facts)
-    result = {
+    result: ExplainOutput = {
         "manifest": os.path.abspath(path), "namespace": base, "model_name": ns.get("model_name"),
         "family": ns.get("family"), "scheme": ns.get("scheme"),
         "ranks": list(ns.get("ranks") or []) or _row_ranks(path, base),
         "status": ns.get("status"), "status_reason": ns.get("status_reason") or None,
         "target_profile": meta.get("target_profile"),
         "target": None if target is None else {
-            k: target.get(k) for k in ("profile", "family", "base_name", "rank_dir", "parallel_agnostic",
-                                       "replicated_layout", "unreachable", "missing_facts", "decisive_assumptions")},
+            "profile": target.get("profile"), "family": target.get("family"), "base_name": target.get("base_name"),
+            "rank_dir": target.get("rank_dir"), "parallel_agnostic": target.get("parallel_agnostic"),
+            "replicated_layout": target.get("replicated_layout"), "unreachable": target.get("unreachable"),
+            "missing_facts": target.get("missing_facts"), "decisive_assumptions": target.get("decisive_assumptions")},
         "target_error": ns.get("target_error"),
         "gates": conditions, "gate_note": gate_note, "facts": list(facts.values()),
         "blocks": entry["blocks"], "reusable": entry["reusable"], "pending": entry["pending"],
         "not_reusable": _classes(path, base, entry, hints),
+        "why": None, "command": None,
     }
     result["why"], result["command"] = _why(result, entry, hints)
     return result
@@ -83,13 +87,13 @@ def _resolve(name: str, namespaces: dict[str, dict[str, Any]], path: str) -> str
                           f"`kvmigrate report {path}` lists them")
 
 
-def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, ExplainFact]:
     """Every deployment fact with its value and where it came from."""
     given = ns.get("facts") or {}
     sources = ns.get("facts_source") or {}
     assumed = ns.get("assumed_facts") or {}
     facts_file = (meta.get("facts") or {}).get("facts_file")
-    out = {}
+    out: dict[str, ExplainFact] = {}
     for name in FACT_NAMES:
         source = sources.get(name)
         if source == "flag":
@@ -108,7 +112,7 @@ def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, dict[str, Any]
 
 
 def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
-                facts: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+                facts: dict[str, ExplainFact]) -> tuple[list[ExplainGate], str | None]:
     """The gate conditions evaluated again from the recorded identity and facts, and a note
     when no gate decides (no target, vllm.cpp, a profile without gates, a collapsed source)."""
     if target is None:
@@ -127,7 +131,8 @@ def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
         return [], "the source is already collapsed (parallel-agnostic or replicated): no gate is evaluated"
     if gates.PROFILE_GATES[profile][0] is None:
         return [], f"{profile} has no parallel-agnostic namespaces: every deployment keeps its own"
-    recorded = Facts(**{name: (ns.get("facts") or {}).get(name) for name in FACT_NAMES})
+    stated: dict[str, Any] = {name: (ns.get("facts") or {}).get(name) for name in FACT_NAMES}
+    recorded = Facts(**stated)
     conds: list[gates.Condition] = []
     decision = gates.evaluate(profile, dep, recorded, conds)
     note = None
@@ -139,8 +144,8 @@ def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
              "reason": c.reason or None, "facts": [facts[f] for f in c.facts]} for c in conds], note
 
 
-def _classes(path: str | os.PathLike[str], base: str, entry: dict[str, Any],
-             hints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _classes(path: str | os.PathLike[str], base: str, entry: Namespace,
+             hints: list[Hint]) -> list[ExplainClass]:
     """Blocks not reusable, by (status, action, finding, asks) of their lowest-rank row
     that is not only a pointer to another (the row the summary counts a block by), with the
     bytes of all their rank files, the most common reason and the hint that would change it."""
@@ -164,7 +169,7 @@ def _classes(path: str | os.PathLike[str], base: str, entry: dict[str, Any],
     blocks = blocks.filter(pc.invert(blocks["secondary_first"]))  # a block whose lead row is reusable
     classes = blocks.group_by([f"{k}_first" for k in keys[:4]], use_threads=False).aggregate(
         [("size_sum", "sum"), ([], "count_all")])
-    out = []
+    out: list[ExplainClass] = []
     for status, action, finding, asks, nbytes, count in zip(*(classes[c].to_pylist() for c in (
             *(f"{k}_first" for k in keys[:4]), "size_sum_sum", "count_all"))):
         mask = _same(blocks["status_first"], status)
@@ -194,10 +199,10 @@ def _same(col: pa.ChunkedArray, value: Any) -> pa.ChunkedArray:
     return pc.is_null(col) if value is None else pc.fill_null(pc.equal(col, value), False)
 
 
-def _command_for(status: str, action: str, finding: str | None, asks: str | None, entry: dict[str, Any],
-                 hints: list[dict[str, Any]]) -> tuple[str | None, str]:
+def _command_for(status: str, action: str, finding: str | None, asks: str | None, entry: Namespace,
+                 hints: list[Hint]) -> tuple[str | None, str]:
     """The report's hint for a class of blocks (by the codes it answers), else why none can."""
-    codes = [status] if status not in (None, "ok") else []
+    codes: list[str | None] = [status] if status not in (None, "ok") else []
     if asks and "--family" in asks:
         codes.append("family_ambiguous")
     codes += [action, finding]
@@ -216,7 +221,7 @@ def _command_for(status: str, action: str, finding: str | None, asks: str | None
     return None, "no command changes it (the reason says why)"
 
 
-def _why(result: dict[str, Any], entry: dict[str, Any], hints: list[dict[str, Any]]) -> tuple[str, str | None]:
+def _why(result: ExplainOutput, entry: Namespace, hints: list[Hint]) -> tuple[str, str | None]:
     """One sentence on the target, and the command that would change it (if one would)."""
     target = result["target"]
     if target is None:
@@ -237,17 +242,17 @@ def _why(result: dict[str, Any], entry: dict[str, Any], hints: list[dict[str, An
     else:
         kind = "the writer's own deployment namespace"
     why = f"{target['base_name']} is {kind}"
-    if target.get("missing_facts"):
+    missing, assumed = target["missing_facts"], target["decisive_assumptions"]
+    if missing:
         hint = next((h for h in hints if "target_guessed" in h["codes"]), None)
-        return (why + "; a guess: " + ", ".join(fact_flag(f) for f in target["missing_facts"])
+        return (why + "; a guess: " + ", ".join(fact_flag(f) for f in missing)
                 + " not given would change it"), hint["command"] if hint else None
-    if target.get("decisive_assumptions"):
-        why += "; it rests on the assumed " + ", ".join(f"{k}={v}" for k, v in
-                                                       sorted(target["decisive_assumptions"].items()))
+    if assumed:
+        why += "; it rests on the assumed " + ", ".join(f"{k}={v}" for k, v in sorted(assumed.items()))
     return why, None
 
 
-def render_text(r: dict[str, Any]) -> str:
+def render_text(r: ExplainOutput) -> str:
     lines = [f"namespace    {r['namespace']}   ({r['family']} {r['scheme']}, model {r['model_name']}, "
              f"ranks {r['ranks']})"]
     if r["status"] not in (None, "ok"):
@@ -279,15 +284,15 @@ def render_text(r: dict[str, Any]) -> str:
                  f"({_count(r['pending']['blocks'])} pending)")
     if r["not_reusable"]:
         lines.append("not reusable:")
-    for c in r["not_reusable"]:
-        what = ", ".join(x for x in (f"status {c['status']}", f"action {c['action']}",
-                                     f"finding {c['finding']}" if c["finding"] else "",
-                                     f"asks {c['asks']}" if c["asks"] else "") if x)
-        lines.append(f"  {plural(c['blocks'], 'block')} "
-                     f"({human_bytes(c['bytes'])}): {what}")
-        if c["reason"]:
-            lines.append(f"    reason: {c['reason']}")
-        lines.append(f"    {'$ ' + c['command'] if c['command'] else c['why']}")
+    for k in r["not_reusable"]:
+        what = ", ".join(x for x in (f"status {k['status']}", f"action {k['action']}",
+                                     f"finding {k['finding']}" if k["finding"] else "",
+                                     f"asks {k['asks']}" if k["asks"] else "") if x)
+        lines.append(f"  {plural(k['blocks'], 'block')} "
+                     f"({human_bytes(k['bytes'])}): {what}")
+        if k["reason"]:
+            lines.append(f"    reason: {k['reason']}")
+        lines.append(f"    {'$ ' + k['command'] if k['command'] else k['why']}")
     return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
 
 

@@ -5,6 +5,13 @@ listing the affected files, re-running with the missing deployment fact, hashing
 replicas, or applying the migration. Leftovers and what the targets already hold are
 reclaimed with `kvmigrate prune` (a dry run first; `--apply` moves them into a quarantine
 that `kvmigrate restore` undoes), never with a hand-run `rm`.
+
+`findings_and_hints` runs a table of rules (RULES over the summary, NAMESPACE_RULES over
+each namespace), each yielding typed findings (kvmigrate.outputs.Finding) and hints. A
+missing fact comes as data: the scan records the flag of identity's MissingFactError as
+`target_error_flag`, and rows name the flags they ask for (`flags_asked`); only a refusal
+of stated facts (identity/facts.py: a model config or kind meant for another model) still
+names its flag in its message alone (`refused_flag`).
 """
 
 from __future__ import annotations
@@ -12,12 +19,15 @@ from __future__ import annotations
 import glob
 import re
 import shlex
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
+from kvmigrate.outputs import FileCount, Finding, Hint, Namespace, Reclaimable, ReportOutput, Run, SummaryCore
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
 
@@ -120,7 +130,6 @@ REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
 # hints that ask for deployment facts (a rerun with the flags)
 FACT_CODES = {"target_guessed", "target_refused", "orphaned"}
-_FACT_RE = re.compile(r"missing deployment fact '(\w+)'")
 _FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
 
 
@@ -145,7 +154,7 @@ def severity_of(bits: int) -> str:
 class Commands:
     """Builds the exact commands a hint prints, re-using the scan's root, target and facts."""
 
-    def __init__(self, summary: dict[str, Any], verb: str):
+    def __init__(self, summary: Mapping[str, Any], verb: str):
         self.root = summary.get("root") or "ROOT"
         self.manifest = summary.get("manifest")
         self.verb = verb
@@ -224,25 +233,16 @@ class Commands:
         return self._join("kvmigrate identity", self.q(f"{self.root.rstrip('/')}/{base}/config.json"))
 
 
-def _finding(code: str, bits: int, namespace: str | None, message: str, **extra: Any) -> dict[str, Any]:
-    f = {"code": code, "severity": severity_of(bits), "bits": bits, "namespace": namespace, "message": message,
-         "files": None, "bytes": None, "blocks": None, "example": None, "example_reason": None}
-    f.update(extra)
-    return f
+def _finding(code: str, bits: int, namespace: str | None, message: str, *, files: int | None = None,
+             bytes: int | None = None, blocks: int | None = None, example: str | None = None,
+             example_reason: str | None = None) -> Finding:
+    """A finding with the keys every finding has; a rule adds the keys of its kind after."""
+    return {"code": code, "severity": severity_of(bits), "bits": bits, "namespace": namespace, "message": message,
+            "files": files, "bytes": bytes, "blocks": blocks, "example": example, "example_reason": example_reason}
 
 
 def _files(n: int) -> str:
     return plural(n, "file")
-
-
-def _flag_of(target_error: str, family: str | None) -> str | None:
-    m = _FACT_RE.search(target_error)
-    if m:
-        return "--" + m.group(1).replace("_", "-")
-    for flag in _FLAG_RE.findall(target_error):
-        if flag != "--facts":
-            return flag
-    return families.get(family).settled_by if family else None
 
 
 def fact_flag(fact: str) -> str:
@@ -270,15 +270,15 @@ def guessed_targets(namespaces: dict[str, dict[str, Any]]) -> dict[str, list[str
             if (t := meta.get("target") or {}).get("missing_facts") and not t.get("unreachable")}
 
 
-def target_orphaned(n: dict[str, Any]) -> bool:
+def target_orphaned(n: Namespace) -> bool:
     """A namespace with blocks that the target profile reads only under the name of the
     topology that wrote it, which neither the folder nor the facts say (identity.md §4.1)."""
-    return bool(n.get("blocks")) and str(n.get("target_unreachable") or "").startswith(ORPHANED)
+    return bool(n["blocks"]) and str(n["target_unreachable"] or "").startswith(ORPHANED)
 
 
-def target_is_guess(n: dict[str, Any]) -> bool:
+def target_is_guess(n: Namespace) -> bool:
     """A summary namespace plans blocks into a target that depends on facts not given."""
-    return bool(n.get("target_missing_facts") and not n.get("target_unreachable")
+    return bool(n["target_missing_facts"] and not n["target_unreachable"]
                 and any(c["blocks"] for a, c in n["by_action"].items() if a != "none"))
 
 
@@ -291,25 +291,57 @@ def fact_hint(cmd: Commands, facts: list[str], base: str | None) -> tuple[str, s
     return cmd.rerun(*extra, replace_flags=tuple(flags)), ask_facts(facts, base)
 
 
-def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
-                       examples: dict[tuple, tuple[str, str | None]] | None = None
-                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Typed findings (one per namespace and problem) and de-duplicated hints."""
-    examples = examples or {}
-    cmd = Commands(summary, verb)
-    findings: list[dict[str, Any]] = []
-    hints: dict[str, dict[str, Any]] = {}
+def refused_flag(n: Namespace) -> str | None:
+    """The flag that would give a refused namespace its target: the missing fact's flag
+    as the scan recorded it from the error (identity's MissingFactError: the manifest's
+    `target_error_flag`); else the flag a refusal of stated facts names (a model config or
+    a kind given for several models, identity/facts.py); else the family's own."""
+    if n["target_error_flag"]:
+        return n["target_error_flag"]
+    for flag in _FLAG_RE.findall(n["target_error"] or ""):
+        if flag != "--facts":
+            return flag
+    return families.get(n["family"]).settled_by if n["family"] else None
 
-    def hint(command: str, why: str, code: str, namespace: str | None, rank: int) -> None:
-        h = hints.setdefault(command, {"command": command, "why": why, "codes": [], "namespaces": [], "_rank": rank})
-        if code not in h["codes"]:
-            h["codes"].append(code)
-        if namespace is not None and namespace not in h["namespaces"]:
-            h["namespaces"].append(namespace)
 
-    entries = [(n["source_base"], n["by_status"], n["family"]) for n in summary["namespaces"]]
-    unreadable: list[tuple[str, str, str]] = []  # (status, namespace, what) of folders no target reads
-    outside = summary.get("outside_namespaces")
+# --- the rules -------------------------------------------------------------------------------
+#
+# Each rule yields typed findings and hints (`_Hint`: a command to merge with the others
+# that print it). RULES run in order over the summary, NAMESPACE_RULES in order for each
+# namespace; the order is the report's (findings are then sorted by severity and hints by
+# rank, both stably). `_State` carries what later rules read of earlier ones.
+
+
+class _Hint(NamedTuple):
+    command: str
+    why: str  # kept from the first rule that names the command
+    code: str
+    namespace: str | None
+    rank: int  # 0 first; kept from the first rule that names the command
+
+
+Item = Finding | _Hint
+
+
+@dataclass
+class _State:
+    summary: SummaryCore
+    cmd: Commands
+    verb: str
+    examples: dict[tuple, tuple[str, str | None]]
+    unreadable: list[tuple[str, str | None, str]] = field(default_factory=list)  # (status, namespace, what)
+    guessed: dict[str, int] = field(default_factory=dict)  # namespace -> pending blocks, of a guessed target
+    unproven: int = 0  # pending blocks taken from rank 0 of replicas this scan compared by size only
+    deployments: dict[str, int] = field(default_factory=dict)  # deployment -> its namespaces
+
+
+def _status_findings(st: _State) -> Iterator[Item]:
+    """Every status but ok and own_artifact, per namespace (and outside any): a finding
+    with an example, and the hint its advice names."""
+    cmd, summary = st.cmd, st.summary
+    entries: list[tuple[str | None, dict[str, FileCount], str | None]] = [
+        (n["source_base"], n["by_status"], n["family"]) for n in summary["namespaces"]]
+    outside = summary["outside_namespaces"]
     if outside:
         entries.append((None, outside["by_status"], None))
     for base, by_status, family in entries:
@@ -317,263 +349,409 @@ def findings_and_hints(summary: dict[str, Any], *, verb: str = "scan",
             if status in ("ok", "own_artifact"):
                 continue
             what, then, how = advice(status, family)
-            if base is None and status == "tmp_leftover" and outside.get("families"):  # a flat directory's temps
+            if base is None and status == "tmp_leftover" and outside and outside["families"]:  # a flat directory's
                 what += " (" + ", ".join(families.get(f).title for f in outside["families"]) + ")"
             bits = STATUS_BITS.get(status, 1)
-            ex = examples.get((base, status), (None, None))
-            findings.append(_finding(status, bits, base, f"{_files(counts['files'])}: {what}; {then}",
-                                     status=status, files=counts["files"], bytes=counts["bytes"],
-                                     example=ex[0], example_reason=ex[1]))
+            ex = st.examples.get((base, status), (None, None))
+            f = _finding(status, bits, base, f"{_files(counts['files'])}: {what}; {then}", files=counts["files"],
+                         bytes=counts["bytes"], example=ex[0], example_reason=ex[1])
+            f["status"] = status
+            yield f
             rank = 0 if bits & 12 else 1
             if how == "identity" and base is not None:
-                hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, rank)
+                yield _Hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base,
+                            rank)
             elif how == "prune" and status in UNREADABLE_STATUSES:
-                unreadable.append((status, base, what))
+                st.unreadable.append((status, base, what))
             elif how == "prune":
-                hint(cmd.prune("--residue"), f"{what}: see what prune would move (dry run), then add --apply; "
-                     f"a namespace written in the last 10 minutes is skipped; `kvmigrate restore` undoes it",
-                     status, base, 3)
+                yield _Hint(cmd.prune("--residue"), f"{what}: see what prune would move (dry run), then add --apply; "
+                            f"a namespace written in the last 10 minutes is skipped; `kvmigrate restore` undoes it",
+                            status, base, 3)
             else:
-                hint(cmd.list_files(status), f"{what}: list them ({then})", status, base, rank)
+                yield _Hint(cmd.list_files(status), f"{what}: list them ({then})", status, base, rank)
             if status == "unreadable":
-                hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
+                yield _Hint(cmd.rerun(), "after fixing the permissions or the disk, audit again", status, base, 2)
 
-    # one prune command taking exactly the folders its hint names (--unreadable-namespaces alone
-    # takes every unreadable namespace of the root); never a target: prune keeps those
-    targets = {n["target_base"] for n in summary["namespaces"] if n.get("target_base")}
-    take = sorted({base for _, base, _ in unreadable if base not in targets})
-    for status, base, what in unreadable:
+
+def _unreadable_namespaces(st: _State) -> Iterator[Item]:
+    """One prune command taking exactly the folders its hint names (--unreadable-namespaces
+    alone takes every unreadable namespace of the root); never a target: prune keeps those."""
+    cmd = st.cmd
+    targets = {n["target_base"] for n in st.summary["namespaces"] if n["target_base"]}
+    take = sorted({base for _, base, _ in st.unreadable if base is not None and base not in targets})
+    for status, base, what in st.unreadable:
         if base in take:
-            hint(cmd.prune("--unreadable-namespaces", only=take), f"{what}: see what prune would move (dry run), "
-                 "then add --apply; a namespace written in the last 10 minutes is skipped; `kvmigrate restore` "
-                 "undoes it", status, base, 3)
+            yield _Hint(cmd.prune("--unreadable-namespaces", only=take), f"{what}: see what prune would move (dry "
+                        "run), then add --apply; a namespace written in the last 10 minutes is skipped; `kvmigrate "
+                        "restore` undoes it", status, base, 3)
         else:
-            hint(cmd.list_files(status), f"{what}, of a target namespace (prune never takes a target's files): "
-                 "list them", status, base, 1)
-    for n in summary["namespaces"]:
-        placed = n["by_action"].get("already_present") or {}
-        if placed.get("blocks") and n.get("target_base") and n["target_base"] != n["source_base"]:
-            hint(cmd.prune(), f"{plural(placed['blocks'], 'legacy block file')} ({human_bytes(placed['bytes'])}) "
-                 "already in their target: the engine's evictors count both names; see what prune reclaims (dry "
-                 "run), then add --apply", "reclaimable", n["source_base"], 3)
-    guessed: dict[str, int] = {}  # source base -> pending blocks, of namespaces whose target is a guess
-    unproven = 0  # pending blocks taken from rank 0 of replicas this scan compared by size only
-    deployments: dict[str, int] = {}
-    for n in summary["namespaces"]:
-        if n.get("deployment"):
-            deployments[n["deployment"]] = deployments.get(n["deployment"], 0) + 1
-    for n in summary["namespaces"]:
-        base = n["source_base"]
-        if n["status"] not in (None, "ok") and n["status"] not in n["by_status"]:
-            status = n["status"]
-            what, then, how = (advice(status, n["family"]) if status in STATUS_ADVICE
-                               else ("a namespace in an unknown state", "inspect it", "list"))
-            findings.append(_finding(status, STATUS_BITS.get(status, 1), base, f"namespace: {what}; {then}",
-                                     status=status, example_reason=n.get("status_reason") or n.get("config_error")))
-            if how == "identity":
-                hint(cmd.identity(base), f"{what}: see the recorded and the computed identity", status, base, 0)
-        if n["target_error"]:
-            flag = n.get("target_error_flag") or _flag_of(n["target_error"], n["family"])
-            first_line = n["target_error"].splitlines()[0]
-            findings.append(_finding("target_refused", 1, base, f"no target namespace: {first_line}",
-                                     blocks=n["blocks"], bytes=n["block_bytes"], flag=flag))
-            if flag:
-                fact = next((f for f, fl in FLAGS.items() if fl == flag), None)
-                why = (ask_facts([fact], base) if fact in FACT_HELP
-                       else f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)")
-                hint(cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)), why,
-                     "target_refused", base, 2)
-        if target_is_guess(n):
-            guessed[base] = n["pending"]["blocks"]
-            missing = n["target_missing_facts"]
-            planned = {a: c for a, c in n["by_action"].items() if a != "none"}
-            blocks = sum(c["blocks"] for c in planned.values())
-            findings.append(_finding("target_guessed", 1, base,
-                                     f"target {n['target_base']} is a guess: it depends on "
-                                     f"{', '.join(fact_flag(f) for f in missing)}, not given; "
-                                     f"{plural(blocks, 'block')} {'is' if blocks == 1 else 'are'} planned there, "
-                                     "where the target engine may never read them",
-                                     blocks=blocks, bytes=sum(c["bytes"] for c in planned.values()), facts=missing))
-            command, why = fact_hint(cmd, missing, base)
-            hint(command, f"{why}; then {verb} again", "target_guessed", base, 1)
-        asked = n.get("flags_asked") or {}
-        settled_by = families.get(n["family"]).settled_by  # the ambiguous reading: --family
-        family_asked = sum(f.get(settled_by, 0) for f in asked.values()) if settled_by else 0
-        if settled_by and not family_asked and not n["target_error"]:
-            findings.append(_finding("family_ambiguous", 0, base,
-                                     "S1 folder could be vllm or llm-d; both readings give the same bytes here, "
-                                     "so the ambiguity changes no decision", evidence=n["family_evidence"]))
-        for action in NEEDS_ACTIONS:
-            count = n["by_action"].get(action)
-            if not count:
-                continue
-            reasons = [r for r, _ in n["top_reasons"].get(action, [])]
-            waits = not asked.get(action)
-            findings.append(_finding(
-                action, 0, base,
-                f"{plural(count['blocks'], 'block')} need{'s' if count['blocks'] == 1 else ''} the "
-                f"{action.removeprefix('needs_')} transform"
-                + (" but their numbers are not proven (migrate --apply skips them; the reason says why)" if waits else
-                   f" and the facts {', '.join(sorted(asked[action]))}")
-                + (f"; e.g. {reasons[0]}" if reasons else ""),
-                blocks=count["blocks"], bytes=count["bytes"]))
-        for action, flags in sorted(asked.items()):
-            blocks = max(flags.values())
-            if action == "none" and "--family" in flags:
-                findings.append(_finding("family_ambiguous", 1, base,
-                                         "S1 folder could be vllm or llm-d and the two readings give different bytes: "
-                                         f"{plural(blocks, 'file')} stay{'s' if blocks == 1 else ''} unmigrated "
-                                         "until the family is given",
-                                         evidence=n["family_evidence"], files=blocks))
-            elif action == "none" and set(flags) != {n.get("target_error_flag")}:
-                findings.append(_finding("fact_needed", 0, base,
-                                         f"{plural(blocks, 'file')} need{'s' if blocks == 1 else ''} "
-                                         f"{', '.join(sorted(flags))} to be planned"))
-            extra: list[str] = []
-            for flag in sorted(flags):
-                extra += [flag, FLAG_VALUES.get(flag, "<value>")]
-            why = ("say which engine wrote it (--family; or per namespace in --facts FACTS.json)" if "--family" in flags
-                   else f"state {', '.join(sorted(flags))} so {action} can be planned")
-            hint(cmd.rerun(*extra, replace_flags=tuple(sorted(flags))), why,
-                 "family_ambiguous" if "--family" in flags else action, base, 2)
-            if action == "needs_slice" and cmd.verify != "hash":  # the other way its reason names
-                hint(cmd.rerun("--verify", "hash"), "or let the rows prove the slice's cell size: a hashing scan "
-                     "finds the one size giving N equal cells (`kvmigrate migrate ROOT` scans so)", action, base, 2)
-        if n.get("aliases_source_blocks"):
-            findings.append(_finding("aliases_source", 0, base,
-                                     f"{plural(n['aliases_source_blocks'], 'block')}: the target path equals a "
-                                     "source path holding other bytes", blocks=n["aliases_source_blocks"]))
-        if n.get("aliases_source_blocks") and base not in guessed:
-            hint(cmd.migrate("--dest", "<DIR>", "--apply"),
-                 "put the target namespace under another root (same filesystem for links)", "aliases_source", base, 4)
-        if n["by_action"].get("relayout", {}).get("blocks") and families.get(n.get("family")).root_layout == "flat":
-            hint(cmd.migrate("--dest", "<DIR>", "--apply"),
-                 "a relayout keeps the page's file name: it is written into a new storage directory DIR (with links "
-                 "to the pages kept as they are), never over a source", "relayout", base, 4)
-        multi_rank = len(n["ranks"]) > 1 or deployments.get(n["deployment"], 0) > 1
-        relies = sum(n["by_action"].get(a, {}).get("blocks", 0) for a in REPLICA_ACTIONS)
-        if multi_rank and summary.get("verify") != "hash" and relies:
-            unproven += relies
-            findings.append(_finding("replicas_unverified", 0, base,
-                                     f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared "
-                                     "by size "
-                                     f"only (verify={summary.get('verify')}): differing replicas are not "
-                                     "detected until hashed", blocks=relies))
-            hint(cmd.rerun("--verify", "hash"), "hash every replica: it names the blocks whose replicas differ "
-                 "(replica_mismatch, never migrated) and shows which pending blocks a migration can place",
-                 "replicas_unverified", base, 3)
-        if len(n["hash_bytes"]) > 1:
-            findings.append(_finding("hash_lengths", 0, base,
-                                     "several block-hash lengths in one namespace: "
-                                     + ", ".join(f"{b * 2} hex" for b in n["hash_bytes"])))
-        for note in n.get("notes") or []:
-            findings.append(_finding("note", 0, base, note))
-        if target_orphaned(n):
-            findings.append(_finding("orphaned", 1, base,
-                                     f"{plural(n['blocks'], 'block')} ({human_bytes(n['block_bytes'])}) "
-                                     f"{n['target_unreachable']}", blocks=n["blocks"], bytes=n["block_bytes"]))
-            command, why = fact_hint(cmd, ["writer_tp", "writer_pp"], base)
-            hint(command, f"{why}; then {verb} again (no migrate command until then)", "orphaned", base, 1)
-        elif n.get("target_unreachable"):
-            findings.append(_finding("unreachable", 0, base,
-                                     f"no block can be reused: {n['target_unreachable']}"))
-        for claim in n["claims"]:
-            findings.append(_finding("claim", 0, base, claim))
-        if n["assumed_facts"]:
-            facts = ", ".join(f"{k}={v}" for k, v in sorted(n["assumed_facts"].items()))
-            decisive = n.get("target_decisive_assumptions") or {}
-            if decisive:
-                facts += ("; the target rests on " + ", ".join(f"{k}={v}" for k, v in sorted(decisive.items()))
-                          + " (state " + ", ".join(fact_flag(k) for k in sorted(decisive))
-                          + " if the writer did not run with these defaults)")
-            findings.append(_finding("assumed_facts", 0, base, f"assumed (not given): {facts}",
-                                     assumed=n["assumed_facts"]))
+            yield _Hint(cmd.list_files(status), f"{what}, of a target namespace (prune never takes a target's "
+                        "files): list them", status, base, 1)
 
-    if summary.get("walk_failed") or summary.get("walk_errors"):
-        errors = summary.get("walk_errors") or []
-        findings.append(_finding("walk_errors", 8, None,
-                                 f"the walk could not read {plural(len(errors), 'path')}"
-                                 + (f"; first: {errors[0]}" if errors else ""), files=len(errors)))
-        hint(cmd.rerun(), f"fix the permissions or I/O errors under {cmd.root}, then scan again", "walk_errors", None, 0)
 
-    if summary.get("no_cache"):
-        outside = summary.get("outside_namespaces") or {}
-        findings.append(_finding("no_cache", 8, None, no_cache_message(
-            cmd.root, (outside.get("by_status") or {}).get("foreign", {}).get("files", 0))))
-        hint(f"findmnt --target {shlex.quote(cmd.root)}", f"nothing here: is {cmd.root} mounted? see which "
-             f"filesystem holds it; mount the cache volume there (or pass the engine's cache root_dir), then "
-             f"{verb} again", "no_cache", None, 0)
-    elif not summary["namespaces"]:
-        findings.append(_finding("no_namespaces", 0, None,
-                                 f"no cache namespace (<model>_<d12> folder) under {cmd.root}: is it the engine's "
-                                 "cache root_dir?"))
+def _reclaimable(st: _State) -> Iterator[Item]:
+    """Legacy blocks already in their target: prune reclaims them."""
+    for n in st.summary["namespaces"]:
+        placed = n["by_action"].get("already_present")
+        if placed and placed["blocks"] and n["target_base"] and n["target_base"] != n["source_base"]:
+            yield _Hint(st.cmd.prune(), f"{plural(placed['blocks'], 'legacy block file')} "
+                        f"({human_bytes(placed['bytes'])}) already in their target: the engine's evictors count both "
+                        "names; see what prune reclaims (dry run), then add --apply", "reclaimable", n["source_base"], 3)
 
+
+def _namespace_status(st: _State, n: Namespace) -> Iterator[Item]:
+    """A namespace-level status none of its files carries (its config.json is broken...)."""
+    status = n["status"]
+    if status in (None, "ok") or status in n["by_status"]:
+        return
+    what, then, how = (advice(status, n["family"]) if status in STATUS_ADVICE
+                       else ("a namespace in an unknown state", "inspect it", "list"))
+    f = _finding(status, STATUS_BITS.get(status, 1), n["source_base"], f"namespace: {what}; {then}",
+                 example_reason=n["status_reason"] or n["config_error"])
+    f["status"] = status
+    yield f
+    if how == "identity":
+        yield _Hint(st.cmd.identity(n["source_base"]), f"{what}: see the recorded and the computed identity", status,
+                    n["source_base"], 0)
+
+
+def _target_refused(st: _State, n: Namespace) -> Iterator[Item]:
+    """No target: the rerun that states the missing fact."""
+    error = n["target_error"]
+    if not error:
+        return
+    base = n["source_base"]
+    flag = refused_flag(n)
+    f = _finding("target_refused", 1, base, f"no target namespace: {error.splitlines()[0]}", blocks=n["blocks"],
+                 bytes=n["block_bytes"])
+    f["flag"] = flag
+    yield f
+    if flag:
+        fact = next((f for f, fl in FLAGS.items() if fl == flag), None)
+        why = (ask_facts([fact], base) if fact in FACT_HELP
+               else f"state the missing fact ({flag}; or per namespace in --facts FACTS.json)")
+        yield _Hint(st.cmd.rerun(flag, FLAG_VALUES.get(flag, "<value>"), replace_flags=(flag,)), why, "target_refused",
+                    base, 2)
+
+
+def _target_guessed(st: _State, n: Namespace) -> Iterator[Item]:
+    """A target that depends on facts not given: state them (no migrate command until then)."""
+    if not target_is_guess(n):
+        return
+    base = n["source_base"]
+    st.guessed[base] = n["pending"]["blocks"]
+    missing = n["target_missing_facts"]
+    planned = {a: c for a, c in n["by_action"].items() if a != "none"}
+    blocks = sum(c["blocks"] for c in planned.values())
+    f = _finding("target_guessed", 1, base,
+                 f"target {n['target_base']} is a guess: it depends on {', '.join(fact_flag(f) for f in missing)}, "
+                 f"not given; {plural(blocks, 'block')} {'is' if blocks == 1 else 'are'} planned there, where the "
+                 "target engine may never read them", blocks=blocks, bytes=sum(c["bytes"] for c in planned.values()))
+    f["facts"] = missing
+    yield f
+    command, why = fact_hint(st.cmd, missing, base)
+    yield _Hint(command, f"{why}; then {st.verb} again", "target_guessed", base, 1)
+
+
+def _family_harmless(st: _State, n: Namespace) -> Iterator[Item]:
+    """An ambiguous family whose readings agree: a note."""
+    settled_by = families.get(n["family"]).settled_by  # the ambiguous reading: --family
+    if not settled_by or n["target_error"]:
+        return
+    if sum(f.get(settled_by, 0) for f in n["flags_asked"].values()):
+        return
+    f = _finding("family_ambiguous", 0, n["source_base"], "S1 folder could be vllm or llm-d; both readings give "
+                 "the same bytes here, so the ambiguity changes no decision")
+    f["evidence"] = n["family_evidence"]
+    yield f
+
+
+def _needs_transforms(st: _State, n: Namespace) -> Iterator[Item]:
+    """Blocks that need a transform: proven, or waiting for facts."""
+    asked = n["flags_asked"]
+    for action in NEEDS_ACTIONS:
+        count = n["by_action"].get(action)
+        if not count:
+            continue
+        reasons = [r for r, _ in n["top_reasons"].get(action, [])]
+        waits = not asked.get(action)
+        yield _finding(
+            action, 0, n["source_base"],
+            f"{plural(count['blocks'], 'block')} need{'s' if count['blocks'] == 1 else ''} the "
+            f"{action.removeprefix('needs_')} transform"
+            + (" but their numbers are not proven (migrate --apply skips them; the reason says why)" if waits else
+               f" and the facts {', '.join(sorted(asked[action]))}")
+            + (f"; e.g. {reasons[0]}" if reasons else ""),
+            blocks=count["blocks"], bytes=count["bytes"])
+
+
+def _flags_asked(st: _State, n: Namespace) -> Iterator[Item]:
+    """The flags the rows' reasons ask for (findings.asks), per action: the rerun with them."""
+    cmd, base = st.cmd, n["source_base"]
+    for action, flags in sorted(n["flags_asked"].items()):
+        blocks = max(flags.values())
+        if action == "none" and "--family" in flags:
+            f = _finding("family_ambiguous", 1, base, "S1 folder could be vllm or llm-d and the two readings give "
+                         f"different bytes: {plural(blocks, 'file')} stay{'s' if blocks == 1 else ''} unmigrated "
+                         "until the family is given", files=blocks)
+            f["evidence"] = n["family_evidence"]
+            yield f
+        elif action == "none" and set(flags) != {n["target_error_flag"]}:
+            yield _finding("fact_needed", 0, base, f"{plural(blocks, 'file')} need{'s' if blocks == 1 else ''} "
+                           f"{', '.join(sorted(flags))} to be planned")
+        extra: list[str] = []
+        for flag in sorted(flags):
+            extra += [flag, FLAG_VALUES.get(flag, "<value>")]
+        why = ("say which engine wrote it (--family; or per namespace in --facts FACTS.json)" if "--family" in flags
+               else f"state {', '.join(sorted(flags))} so {action} can be planned")
+        yield _Hint(cmd.rerun(*extra, replace_flags=tuple(sorted(flags))), why,
+                    "family_ambiguous" if "--family" in flags else action, base, 2)
+        if action == "needs_slice" and cmd.verify != "hash":  # the other way its reason names
+            yield _Hint(cmd.rerun("--verify", "hash"), "or let the rows prove the slice's cell size: a hashing scan "
+                        "finds the one size giving N equal cells (`kvmigrate migrate ROOT` scans so)", action, base, 2)
+
+
+def _aliases_source(st: _State, n: Namespace) -> Iterator[Item]:
+    """Target paths that are source paths of other bytes: another root."""
+    aliased, base = n["aliases_source_blocks"], n["source_base"]
+    if not aliased:
+        return
+    yield _finding("aliases_source", 0, base, f"{plural(aliased, 'block')}: the target path equals a source path "
+                   "holding other bytes", blocks=aliased)
+    if base not in st.guessed:
+        yield _Hint(st.cmd.migrate("--dest", "<DIR>", "--apply"),
+                    "put the target namespace under another root (same filesystem for links)", "aliases_source", base,
+                    4)
+
+
+def _relayout_dest(st: _State, n: Namespace) -> Iterator[Item]:
+    """A flat family's relayout writes into a new storage directory."""
+    relayout = n["by_action"].get("relayout")
+    if relayout and relayout["blocks"] and families.get(n["family"]).root_layout == "flat":
+        yield _Hint(st.cmd.migrate("--dest", "<DIR>", "--apply"), "a relayout keeps the page's file name: it is "
+                    "written into a new storage directory DIR (with links to the pages kept as they are), never over a "
+                    "source", "relayout", n["source_base"], 4)
+
+
+def _replicas_unverified(st: _State, n: Namespace) -> Iterator[Item]:
+    """Blocks taken from rank 0 of replicas a size scan did not compare: hash them."""
+    multi_rank = len(n["ranks"]) > 1 or st.deployments.get(n["deployment"] or "", 0) > 1
+    relies = sum(n["by_action"][a]["blocks"] for a in REPLICA_ACTIONS if a in n["by_action"])
+    verify = st.summary["verify"]
+    if not (multi_rank and verify != "hash" and relies):
+        return
+    st.unproven += relies
+    yield _finding("replicas_unverified", 0, n["source_base"],
+                   f"{plural(relies, 'block')} would be taken from rank 0 of replicas compared by size "
+                   f"only (verify={verify}): differing replicas are not detected until hashed", blocks=relies)
+    yield _Hint(st.cmd.rerun("--verify", "hash"), "hash every replica: it names the blocks whose replicas differ "
+                "(replica_mismatch, never migrated) and shows which pending blocks a migration can place",
+                "replicas_unverified", n["source_base"], 3)
+
+
+def _hash_lengths(st: _State, n: Namespace) -> Iterator[Item]:
+    if len(n["hash_bytes"]) > 1:
+        yield _finding("hash_lengths", 0, n["source_base"], "several block-hash lengths in one namespace: "
+                       + ", ".join(f"{b * 2} hex" for b in n["hash_bytes"]))
+
+
+def _notes(st: _State, n: Namespace) -> Iterator[Item]:
+    for note in n["notes"]:
+        yield _finding("note", 0, n["source_base"], note)
+
+
+def _unreachable(st: _State, n: Namespace) -> Iterator[Item]:
+    """A target the profile reads only under the writer's topology (orphaned: state it), or
+    no block reusable at all."""
+    base = n["source_base"]
+    if target_orphaned(n):
+        yield _finding("orphaned", 1, base, f"{plural(n['blocks'], 'block')} ({human_bytes(n['block_bytes'])}) "
+                       f"{n['target_unreachable']}", blocks=n["blocks"], bytes=n["block_bytes"])
+        command, why = fact_hint(st.cmd, ["writer_tp", "writer_pp"], base)
+        yield _Hint(command, f"{why}; then {st.verb} again (no migrate command until then)", "orphaned", base, 1)
+    elif n["target_unreachable"]:
+        yield _finding("unreachable", 0, base, f"no block can be reused: {n['target_unreachable']}")
+
+
+def _claims(st: _State, n: Namespace) -> Iterator[Item]:
+    for claim in n["claims"]:
+        yield _finding("claim", 0, n["source_base"], claim)
+
+
+def _assumed_facts(st: _State, n: Namespace) -> Iterator[Item]:
+    assumed = n["assumed_facts"]
+    if not assumed:
+        return
+    facts = ", ".join(f"{k}={v}" for k, v in sorted(assumed.items()))
+    decisive = n["target_decisive_assumptions"]
+    if decisive:
+        facts += ("; the target rests on " + ", ".join(f"{k}={v}" for k, v in sorted(decisive.items()))
+                  + " (state " + ", ".join(fact_flag(k) for k in sorted(decisive))
+                  + " if the writer did not run with these defaults)")
+    f = _finding("assumed_facts", 0, n["source_base"], f"assumed (not given): {facts}")
+    f["assumed"] = assumed
+    yield f
+
+
+NAMESPACE_RULES: tuple[Callable[[_State, Namespace], Iterator[Item]], ...] = (
+    _namespace_status, _target_refused, _target_guessed, _family_harmless, _needs_transforms, _flags_asked,
+    _aliases_source, _relayout_dest, _replicas_unverified, _hash_lengths, _notes, _unreachable, _claims,
+    _assumed_facts,
+)
+
+
+def _each_namespace(st: _State) -> Iterator[Item]:
+    for n in st.summary["namespaces"]:
+        if n["deployment"]:
+            st.deployments[n["deployment"]] = st.deployments.get(n["deployment"], 0) + 1
+    for n in st.summary["namespaces"]:
+        for rule in NAMESPACE_RULES:
+            yield from rule(st, n)
+
+
+def _walk_errors(st: _State) -> Iterator[Item]:
+    summary = st.summary
+    if summary["walk_failed"] or summary["walk_errors"]:
+        errors = summary["walk_errors"]
+        yield _finding("walk_errors", 8, None, f"the walk could not read {plural(len(errors), 'path')}"
+                       + (f"; first: {errors[0]}" if errors else ""), files=len(errors))
+        yield _Hint(st.cmd.rerun(), f"fix the permissions or I/O errors under {st.cmd.root}, then scan again",
+                    "walk_errors", None, 0)
+
+
+def _no_cache(st: _State) -> Iterator[Item]:
+    """Nothing here (exit bit 8), or no namespace among what is."""
+    cmd = st.cmd
+    if st.summary["no_cache"]:
+        outside = st.summary["outside_namespaces"]
+        foreign = outside["by_status"].get("foreign") if outside else None
+        yield _finding("no_cache", 8, None, no_cache_message(cmd.root, foreign["files"] if foreign else 0))
+        yield _Hint(f"findmnt --target {shlex.quote(cmd.root)}", f"nothing here: is {cmd.root} mounted? see which "
+                    f"filesystem holds it; mount the cache volume there (or pass the engine's cache root_dir), then "
+                    f"{st.verb} again", "no_cache", None, 0)
+    elif not st.summary["namespaces"]:
+        yield _finding("no_namespaces", 0, None, f"no cache namespace (<model>_<d12> folder) under {cmd.root}: is it "
+                       "the engine's cache root_dir?")
+
+
+def _migration_pending(st: _State) -> Iterator[Item]:
+    """Reusable blocks not yet in their targets: migrate them (unless a target is a guess)."""
+    summary, unproven = st.summary, st.unproven
     pending = summary["totals"]["pending"]
-    if pending["blocks"]:
-        guessed_pending = sum(guessed.values())
-        message = (f"{plural(pending['blocks'], 'reusable block')} {'is' if pending['blocks'] == 1 else 'are'} "
-                   "not yet in their target namespaces")
-        if summary.get("verify") != "hash":  # reusable by name and size only: nobody read them yet
-            message += (f" (judged by size: this scan (--verify {summary.get('verify')}) did not read them; "
-                        "a migration reads and checks each before placing it)")
-        if unproven:  # a migration hashes them and refuses differing replicas, which then stay "pending" here
-            one = unproven == 1
-            message += (f"; {unproven} of them {'is' if one else 'are'} pending only if {'its' if one else 'their'} "
-                        "replicas are equal, which this scan did not compare: a migration refuses replicas that "
-                        "differ, and blocks it refused stay counted here until a hash audit names them "
-                        "replica_mismatch")
-        if guessed_pending:
-            message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
-                        "(no migrate command until then)")
-        findings.append(_finding("migration_pending", 1, None, message,
-                                 blocks=pending["blocks"], bytes=pending["bytes"], unproven_replicas=unproven))
-        if not guessed_pending:
-            why = ("then migrate the blocks whose replicas hash equal (without --apply it prints the plan only; "
-                   "it refuses differing replicas, so running it again does not place the blocks a migration "
-                   "already refused)" if unproven == pending["blocks"] else
-                   "migrate the reusable blocks (without --apply it prints the plan only)")
-            assumes = {k: v for n in summary["namespaces"] if n["pending"]["blocks"]
-                       for k, v in (n.get("target_decisive_assumptions") or {}).items()}
-            if assumes:
-                why += ("; the targets assume " + ", ".join(f"{k}={v}" for k, v in sorted(assumes.items()))
-                        + " (vLLM's defaults): if the writer ran otherwise, state "
-                        + ", ".join(fact_flag(k) for k in sorted(assumes)) + " first")
-            hint(cmd.migrate("--apply"), why, "migration_pending", None, 5)
+    if not pending["blocks"]:
+        return
+    guessed_pending = sum(st.guessed.values())
+    message = (f"{plural(pending['blocks'], 'reusable block')} {'is' if pending['blocks'] == 1 else 'are'} "
+               "not yet in their target namespaces")
+    if summary["verify"] != "hash":  # reusable by name and size only: nobody read them yet
+        message += (f" (judged by size: this scan (--verify {summary['verify']}) did not read them; "
+                    "a migration reads and checks each before placing it)")
+    if unproven:  # a migration hashes them and refuses differing replicas, which then stay "pending" here
+        one = unproven == 1
+        message += (f"; {unproven} of them {'is' if one else 'are'} pending only if {'its' if one else 'their'} "
+                    "replicas are equal, which this scan did not compare: a migration refuses replicas that "
+                    "differ, and blocks it refused stay counted here until a hash audit names them "
+                    "replica_mismatch")
+    if guessed_pending:
+        message += (f"; {guessed_pending} of them go to targets that are a guess: state the facts first "
+                    "(no migrate command until then)")
+    f = _finding("migration_pending", 1, None, message, blocks=pending["blocks"], bytes=pending["bytes"])
+    f["unproven_replicas"] = unproven
+    yield f
+    if not guessed_pending:
+        why = ("then migrate the blocks whose replicas hash equal (without --apply it prints the plan only; "
+               "it refuses differing replicas, so running it again does not place the blocks a migration "
+               "already refused)" if unproven == pending["blocks"] else
+               "migrate the reusable blocks (without --apply it prints the plan only)")
+        assumes = {k: v for n in summary["namespaces"] if n["pending"]["blocks"]
+                   for k, v in n["target_decisive_assumptions"].items()}
+        if assumes:
+            why += ("; the targets assume " + ", ".join(f"{k}={v}" for k, v in sorted(assumes.items()))
+                    + " (vLLM's defaults): if the writer ran otherwise, state "
+                    + ", ".join(fact_flag(k) for k in sorted(assumes)) + " first")
+        yield _Hint(st.cmd.migrate("--apply"), why, "migration_pending", None, 5)
 
-    # facts asked of namespaces of several models: one global flag set would state one
-    # model's facts for all of them; the skeleton holds one entry per namespace instead
-    asking = [h for h in hints.values() if set(h["codes"]) & FACT_CODES]
-    models = {n["model_name"] for n in summary["namespaces"] for h in asking if n["source_base"] in h["namespaces"]}
-    if len(models) > 1:
+
+RULES: tuple[Callable[[_State], Iterator[Item]], ...] = (
+    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _walk_errors, _no_cache,
+    _migration_pending,
+)
+
+
+class _Hints:
+    """Hints merged by command: the first rule naming a command gives its why and rank;
+    every rule adds its code and namespace."""
+
+    def __init__(self) -> None:
+        self.by_command: dict[str, Hint] = {}
+        self.rank: dict[str, int] = {}
+
+    def add(self, h: _Hint) -> None:
+        out = self.by_command.get(h.command)
+        if out is None:
+            out = self.by_command[h.command] = {"command": h.command, "why": h.why, "codes": [], "namespaces": []}
+            self.rank[h.command] = h.rank
+        if h.code not in out["codes"]:
+            out["codes"].append(h.code)
+        if h.namespace is not None and h.namespace not in out["namespaces"]:
+            out["namespaces"].append(h.namespace)
+
+    def ask_facts_per_namespace(self, st: _State) -> None:
+        """Facts asked of namespaces of several models: one global flag set would state one
+        model's facts for all of them; the skeleton holds one entry per namespace instead."""
+        asking = [h for h in self.by_command.values() if set(h["codes"]) & FACT_CODES]
+        models = {n["model_name"] for n in st.summary["namespaces"] for h in asking
+                  if n["source_base"] in h["namespaces"]}
+        if len(models) <= 1:
+            return
         names = sorted({b for h in asking for b in h["namespaces"]})
         for h in asking:
-            del hints[h["command"]]
-        hint(cmd.facts_skeleton(), f"{len(names)} namespaces of {len(models)} models need facts stated: write one "
-             "FACTS.json entry per namespace (every fact its target needs, null where unknown), fill in the nulls, "
-             f"then {verb} again with --facts FACTS.json (one global flag set would state one model's facts for "
-             "all)", "facts_needed", None, 1)
+            del self.by_command[h["command"]]
+            del self.rank[h["command"]]
+        skeleton = st.cmd.facts_skeleton()
+        self.add(_Hint(skeleton, f"{len(names)} namespaces of {len(models)} models need facts stated: write one "
+                       "FACTS.json entry per namespace (every fact its target needs, null where unknown), fill in the "
+                       f"nulls, then {st.verb} again with --facts FACTS.json (one global flag set would state one "
+                       "model's facts for all)", "facts_needed", None, 1))
         for base in names:
-            hints[cmd.facts_skeleton()]["namespaces"].append(base)
-    ordered = sorted(hints.values(), key=lambda h: h["_rank"])
-    for h in ordered:
-        del h["_rank"]
+            self.by_command[skeleton]["namespaces"].append(base)
+
+    def ordered(self) -> list[Hint]:
+        return sorted(self.by_command.values(), key=lambda h: self.rank[h["command"]])
+
+
+def findings_and_hints(summary: SummaryCore, *, verb: str = "scan",
+                       examples: dict[tuple, tuple[str, str | None]] | None = None
+                       ) -> tuple[list[Finding], list[Hint]]:
+    """Typed findings (one per namespace and problem) and de-duplicated hints: what the
+    RULES yield, in their order."""
+    st = _State(summary, Commands(summary, verb), verb, examples or {})
+    findings: list[Finding] = []
+    hints = _Hints()
+    for rule in RULES:
+        for item in rule(st):
+            if isinstance(item, _Hint):
+                hints.add(item)
+            else:
+                findings.append(item)
+    hints.ask_facts_per_namespace(st)
     findings.sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
-    return findings, ordered
+    return findings, hints.ordered()
 
 
-def replicas_unhashed(summary: dict[str, Any], n: dict[str, Any]) -> bool:
+def replicas_unhashed(summary: Mapping[str, Any], n: Namespace) -> bool:
     """A size scan has not proven namespace `n`'s other-rank replicas equal, so prune's
     figures from it count rank 0's files only; prune's own scan hashes them and takes
     those found equal as well (its figure from this summary is a floor)."""
     return summary.get("verify") != "hash" and len(n["ranks"]) > 1 and bool(n["replicas"]["files"])
 
 
-def _unreadable_as_prune_takes(summary: dict[str, Any], r: dict[str, Any]) -> None:
+def _unreadable_as_prune_takes(summary: ReportOutput, r: Reclaimable) -> None:
     """The hint naming `prune --unreadable-namespaces --only ...` names only folders prune's
     own selection takes (summary["reclaimable"]): a migration journal's target or source
     (which the summary alone does not know) is left to a hint listing its files."""
-    taken = {v["namespace"] for v in r.get("namespaces") or () if v["class"] == "unreadable_namespaces"}
-    for h in list(summary.get("hints") or ()):
+    taken = {v["namespace"] for v in r["namespaces"] if v["class"] == "unreadable_namespaces"}
+    for h in list(summary["hints"]):
         if "--unreadable-namespaces" not in h["command"] or set(h["namespaces"]) <= taken:
             continue
         cmd = Commands(summary, "audit")
@@ -587,29 +765,33 @@ def _unreadable_as_prune_takes(summary: dict[str, Any], r: dict[str, Any]) -> No
         other["codes"] += [c for c in h["codes"] if c not in other["codes"]]
         other["namespaces"] += [ns for ns in h["namespaces"] if ns not in taken and ns not in other["namespaces"]]
         if keep:
-            h.update(namespaces=keep, command=cmd.prune("--unreadable-namespaces", only=sorted(keep)))
+            h["namespaces"] = keep
+            h["command"] = cmd.prune("--unreadable-namespaces", only=sorted(keep))
         else:
             summary["hints"].remove(h)
 
 
-def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
+def with_reclaimable_figures(summary: ReportOutput) -> ReportOutput:
     """The `reclaimable` hint says prune's own figures (summary["reclaimable"]: its
     selection, the migrated class) summed over every namespace it names; hints merge by
     command, so the text made for the first namespace would speak for all of them."""
-    r = summary.get("reclaimable") or {}
+    r = summary.get("reclaimable")
+    if r is None:
+        return summary
     _unreadable_as_prune_takes(summary, r)
-    for h in summary.get("hints") or ():
-        if "reclaimable" not in h.get("codes", ()):
+    for h in summary["hints"]:
+        if "reclaimable" not in h["codes"]:
             continue
-        rows = [v for v in r.get("namespaces") or () if v["class"] == "migrated" and v["namespace"] in h["namespaces"]]
+        rows = [v for v in r["namespaces"] if v["class"] == "migrated" and v["namespace"] in h["namespaces"]]
         if not rows:
             continue
-        t = {k: sum(v[k] for v in rows) for k in ("files", "bytes", "freed_bytes", "unlinked_files")}
+        files, nbytes = sum(v["files"] for v in rows), sum(v["bytes"] for v in rows)
+        freed, unlinked = sum(v["freed_bytes"] for v in rows), sum(v["unlinked_files"] for v in rows)
         floor = "at least " if any(replicas_unhashed(summary, n) for n in summary["namespaces"]
                                    if n["source_base"] in h["namespaces"]) else ""
-        h["why"] = (f"{floor}{plural(t['files'], 'legacy file')} ({human_bytes(t['bytes'])}) already in their target: "
-                    f"prune frees {floor}{human_bytes(t['freed_bytes'])} once purged and unlinks "
-                    f"{plural(t['unlinked_files'], 'file')} whose bytes the target keeps (the engine's evictors count "
+        h["why"] = (f"{floor}{plural(files, 'legacy file')} ({human_bytes(nbytes)}) already in their target: "
+                    f"prune frees {floor}{human_bytes(freed)} once purged and unlinks "
+                    f"{plural(unlinked, 'file')} whose bytes the target keeps (the engine's evictors count "
                     "both names)"
                     + ("; this scan did not hash the other ranks' replicas: prune, which does, also takes those it "
                        "proves equal" if floor else "")
@@ -617,27 +799,31 @@ def with_reclaimable_figures(summary: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def with_unfinished_runs(summary: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+def with_unfinished_runs(summary: ReportOutput, runs: list[Run]) -> ReportOutput:
     """The summary plus the root's unfinished runs (`kvmigrate.migrate.runs`, as dicts):
     an `unfinished_run` finding each, first among the hints the command that resumes an
     interrupted one (and the one that undoes it), exit bit 1 while one is interrupted."""
     summary["unfinished_runs"] = runs
-    findings, hints = [], []
+    findings: list[Finding] = []
+    hints: list[Hint] = []
     for r in runs:
-        if r.get("state") == "running":
-            findings.append(_finding("unfinished_run", 0, None, f"{r['kind']} run {r['run_id']} is running (pid "
-                                     f"{r.get('holder')}; journal {r['journal']})", run=r["run_id"]))
+        if r["state"] == "running":
+            f = _finding("unfinished_run", 0, None, f"{r['kind']} run {r['run_id']} is running (pid "
+                         f"{r['holder']}; journal {r['journal']})")
+            f["run"] = r["run_id"]
+            findings.append(f)
             continue
-        held = f"; it holds {', '.join(r['targets'])}: a new migration there refuses" if r.get("targets") else ""
-        findings.append(_finding("unfinished_run", 1, None, f"{r['kind']} run {r['run_id']} was interrupted "
-                                 f"(journal {r['journal']}){held}; resume it, or undo it: {r['undo_command']}",
-                                 run=r["run_id"]))
-        if r.get("resume_command"):
+        held = f"; it holds {', '.join(r['targets'])}: a new migration there refuses" if r["targets"] else ""
+        f = _finding("unfinished_run", 1, None, f"{r['kind']} run {r['run_id']} was interrupted "
+                     f"(journal {r['journal']}){held}; resume it, or undo it: {r['undo_command']}")
+        f["run"] = r["run_id"]
+        findings.append(f)
+        if r["resume_command"]:
             hints.append({"command": r["resume_command"], "why": f"resume the interrupted {r['kind']} run "
                           f"{r['run_id']} (or undo it: {r['undo_command']})", "codes": ["unfinished_run"],
                           "namespaces": []})
-        summary["exit_code"] = summary.get("exit_code", 0) | 1
-    summary["findings"] = findings + list(summary.get("findings") or [])
+        summary["exit_code"] = summary["exit_code"] | 1
+    summary["findings"] = findings + summary["findings"]
     summary["findings"].sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
-    summary["hints"] = hints + list(summary.get("hints") or [])
+    summary["hints"] = hints + summary["hints"]
     return summary

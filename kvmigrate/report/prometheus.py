@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvmigrate.classify import STATUS_BITS
+from kvmigrate.outputs import ReportOutput
 
 # the finding classes of the exit bits (interface.md §4)
 CLASSES = (("integrity", 4), ("operational", 8), ("finding", 1))
@@ -38,7 +39,7 @@ def finding_class(status: str) -> str | None:
     return None
 
 
-def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: float | None = None,
+def textfile(summary: ReportOutput, *, seconds: float, carried: int, now: float | None = None,
              previous: str | None = None) -> str:
     """The textfile of one audit: gauges per namespace x status and x action, pending and
     not-reusable ("reclaimable") blocks and bytes, findings by class, the run's duration,
@@ -60,10 +61,10 @@ def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: floa
         for status, c in sorted(ns["by_status"].items()):
             gauge("files", "Files by namespace and status.", c["files"], root=root, namespace=base, status=status)
             gauge("bytes", "Bytes by namespace and status.", c["bytes"], root=root, namespace=base, status=status)
-        for action, c in sorted(ns["by_action"].items()):
-            gauge("action_blocks", "Blocks by namespace and planned action.", c["blocks"], root=root,
+        for action, a in sorted(ns["by_action"].items()):
+            gauge("action_blocks", "Blocks by namespace and planned action.", a["blocks"], root=root,
                   namespace=base, action=action)
-            gauge("action_bytes", "Bytes of blocks by namespace and planned action.", c["bytes"], root=root,
+            gauge("action_bytes", "Bytes of blocks by namespace and planned action.", a["bytes"], root=root,
                   namespace=base, action=action)
         gauge("pending_blocks", "Reusable blocks not yet in their target namespace.", ns["pending"]["blocks"],
               root=root, namespace=base)
@@ -71,8 +72,8 @@ def textfile(summary: dict[str, Any], *, seconds: float, carried: int, now: floa
               ns["pending"]["bytes"], root=root, namespace=base)
         gauge("reclaimable_bytes", "Bytes of blocks that are never reused (not reusable).",
               ns["not_reusable"]["bytes"], root=root, namespace=base)
-    outside = summary.get("outside_namespaces") or {}
-    for status, c in sorted((outside.get("by_status") or {}).items()):
+    outside = summary["outside_namespaces"]
+    for status, c in sorted((outside["by_status"] if outside else {}).items()):
         gauge("files", "Files by namespace and status.", c["files"], root=root, namespace="", status=status)
         gauge("bytes", "Bytes by namespace and status.", c["bytes"], root=root, namespace="", status=status)
     by_class = {name: 0 for name, _ in CLASSES}
@@ -127,7 +128,7 @@ def _number(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(int(v))
 
 
-def events(summary: dict[str, Any], *, seconds: float, carried: int) -> Iterator[dict[str, Any]]:
+def events(summary: ReportOutput, *, seconds: float, carried: int) -> Iterator[dict[str, Any]]:
     """The audit's end events for --log-format json (the start event is the CLI's): one
     per namespace, one for the finding classes, one at the end."""
     root = summary.get("root")

@@ -7,8 +7,10 @@ Also the manifest checks that turn "not a manifest" into a clear usage error, an
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import pyarrow as pa
@@ -17,22 +19,16 @@ import pyarrow.compute as pc
 from kvmigrate import manifest as mf
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.errors import OperationalError, UsageError, write_error
+from kvmigrate.outputs import ReportOutput
 
 FORMATS = ("text", "json", "md", "html")
 
 
-def _renderer(fmt: str):
-    if fmt == "text":
-        from kvmigrate.report import render_text as r
-    elif fmt == "json":
-        from kvmigrate.report import render_json as r
-    elif fmt == "md":
-        from kvmigrate.report import render_md as r
-    elif fmt == "html":
-        from kvmigrate.report import render_html as r
-    else:
+def _renderer(fmt: str) -> ModuleType:
+    """The module kvmigrate.report.render_<fmt> (imported when first asked for)."""
+    if fmt not in FORMATS:
         raise UsageError(f"unknown report format {fmt!r}: use one of {', '.join(FORMATS)}")
-    return r
+    return importlib.import_module(f"kvmigrate.report.render_{fmt}")
 
 
 def check_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -59,7 +55,7 @@ def check_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def summary_of(path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+def summary_of(path: str | os.PathLike[str], **kwargs: Any) -> ReportOutput:
     from kvmigrate.report.summary import summarize
 
     check_manifest(path)
@@ -73,7 +69,7 @@ def summary_of(path: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
                          hint="it may be truncated: scan again") from None
 
 
-def render_summary(summary: dict[str, Any], fmt: str) -> str:
+def render_summary(summary: ReportOutput, fmt: str) -> str:
     return _renderer(fmt).render(summary)
 
 

@@ -135,17 +135,17 @@ def reuse_chart(s: dict[str, Any]) -> str:
         name = n["source_base"]
         out.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end"><title>{esc(name)}</title>'
                    f'{esc(_short(name))}</text>')
-        x = float(label_w)
+        at = float(label_w)  # where the next segment starts
         out.append(f'<rect x="{label_w}" y="{y + 3}" width="{bar_w}" height="16" fill="#f6f8fa"/>')
         for k in keys:
             if not parts[k]:
                 continue
             w = max(bar_w * parts[k] / widest, 3)
             label = "replica copies" if k == "replicas" else k
-            out.append(f'<rect class="seg-{esc(k)}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
+            out.append(f'<rect class="seg-{esc(k)}" x="{at:.1f}" y="{y + 3}" width="{w:.1f}" height="16" '
                        f'fill="{ACTION_COLORS[k]}"><title>{esc(name)}: {esc(label)} {esc(human_bytes(parts[k]))}'
                        f'</title></rect>')
-            x += w
+            at += w
         reusable = n["reusable"]["bytes"]
         out.append(f'<text x="{label_w + bar_w + 10}" y="{y + 15}">{esc(human_bytes(total))} · '
                    f'{esc(percent(reusable, total - n["replicas"]["bytes"]))} reusable</text>')

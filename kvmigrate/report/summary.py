@@ -31,7 +31,7 @@ conflict there) count as merge duplicates here.
 into its target counts once across both paths (exact when every link is under ROOT): a
 migration by hard links leaves it unchanged, where `bytes` grows by every linked block.
 
-`summarize(path)` returns a JSON-able dict with stable keys (documented in the README of
+`summarize(path)` returns a JSON-able dict with stable keys (kvmigrate.outputs.ReportOutput, documented in the README of
 `interface.md` §1 plus the per-namespace fields of §3); renderers only format it.
 """
 
@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,6 +56,20 @@ from kvmigrate import manifest as mf
 from kvmigrate.classify import ACTIONS as ACTION_ORDER
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.cost import TRANSFORMS, transform_cost
+from kvmigrate.outputs import (
+    BlockCount,
+    FileCount,
+    Gate,
+    MergeDuplicates,
+    Namespace,
+    OutsideNamespaces,
+    ReportOutput,
+    ScanFacts,
+    SelectionStep,
+    Totals,
+    TransformCost,
+    transform_cost_of,
+)
 
 SUMMARY_VERSION = 1
 
@@ -73,6 +89,8 @@ _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
 _KEY_COMPACT_ROWS = 1 << 20
 _BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
+
+_C = TypeVar("_C", BlockCount, FileCount)  # the counts _ordered keeps in order
 
 OUTSIDE = None  # source_base of rows outside any namespace (top-level foreign files...)
 
@@ -105,7 +123,7 @@ class _Totals:
         # namespaces with several rank folders: their blocks' other rank files follow a primary row
         multi = sorted(b for b, n in (rank_folders or {}).items() if n > 1)
         self.multi_rank = pa.array(multi, pa.string())
-        self._followers = pa.array([rank_folders[b] - 1 for b in multi], pa.int64())  # per block, at most
+        self._followers = pa.array([(rank_folders or {})[b] - 1 for b in multi], pa.int64())  # per block, at most
         self._leads: pa.Table | None = None  # primary rows whose followers have not all come yet
         self._waiting: pa.Table | None = None  # follower rows whose primary has not come yet
         self.part_bytes: dict[tuple[str, str], int] = defaultdict(int)  # (ns, the primary's action) -> bytes
@@ -301,76 +319,95 @@ class _Totals:
         return dict(zip(counts["ns"].to_pylist(), counts["count_all"].to_pylist()))
 
 
-def _empty_counts(keys: tuple[str, ...], a: str, b: str) -> dict[str, dict[str, int]]:
-    return {k: {a: 0, b: 0} for k in keys}
-
-
-def _ordered(d: dict[str, dict[str, int]], order: tuple[str, ...], count_key: str) -> dict[str, dict[str, int]]:
-    """Known keys in spec order, unknown ones after (sorted); zero entries dropped."""
-    out = {k: d[k] for k in order if k in d and (d[k][count_key] or d[k]["bytes"])}
-    out.update({k: d[k] for k in sorted(d) if k not in out and (d[k][count_key] or d[k]["bytes"])})
+def _ordered(d: Mapping[str, _C], order: tuple[str, ...]) -> dict[str, _C]:
+    """Known keys in spec order, unknown ones after (sorted); zero entries (a count and
+    bytes both 0) dropped."""
+    out = {k: d[k] for k in order if k in d and any(d[k].values())}
+    out.update({k: d[k] for k in sorted(d) if k not in out and any(d[k].values())})
     return out
 
 
+@dataclass
+class _Aggregate:
+    """One namespace's counters, folded from the merged groups (`_namespace_aggregates`)."""
+
+    files: int = 0
+    bytes: int = 0
+    block_rows: int = 0
+    block_bytes: int = 0
+    bytes_alone: int = 0
+    bytes_shared: int = 0
+    by_status: defaultdict[str, FileCount] = field(default_factory=lambda: defaultdict(_no_files))
+    lead_blocks: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    action_bytes: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    none_rows: int = 0
+    replica_files: int = 0
+    replica_bytes: int = 0
+    reasons: defaultdict[str, defaultdict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    hash_bytes: set[int] = field(default_factory=set)
+    aliases_source: int = 0
+    flags_asked: defaultdict[str, defaultdict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    transform_out: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def _no_files() -> FileCount:
+    return {"files": 0, "bytes": 0}
+
+
 def _namespace_aggregates(groups: dict[tuple, list[int]], joined: frozenset[str] = frozenset(),
-                          part_bytes: dict[tuple[str, str], int] | None = None) -> dict[Any, dict[str, Any]]:
+                          part_bytes: dict[tuple[str, str], int] | None = None) -> dict[str | None, _Aggregate]:
     """Fold the merged groups into per-namespace counters; the part rows of the `joined`
     namespaces count for their primary's action (`part_bytes`, _Totals._add_followers)."""
-    per_ns: dict[Any, dict[str, Any]] = {}
+    per_ns: dict[str | None, _Aggregate] = {}
     for (ns, status, action, reason, found, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
         a = per_ns.get(ns)
         if a is None:
-            a = per_ns[ns] = {
-                "files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0,
-                "bytes_alone": 0, "bytes_shared": 0,
-                "by_status": defaultdict(lambda: {"files": 0, "bytes": 0}),
-                "lead_blocks": defaultdict(int), "action_bytes": defaultdict(int),
-                "none_rows": 0, "replica_files": 0, "replica_bytes": 0,
-                "reasons": defaultdict(lambda: defaultdict(int)), "hash_bytes": set(),
-                "aliases_source": 0, "flags_asked": defaultdict(lambda: defaultdict(int)),
-                "transform_out": defaultdict(int),
-            }
-        a["files"] += files
-        a["bytes"] += nbytes
-        a["bytes_shared" if shared else "bytes_alone"] += nbytes
-        st = a["by_status"][status or "unknown"]
+            a = per_ns[ns] = _Aggregate()
+        a.files += files
+        a.bytes += nbytes
+        if shared:
+            a.bytes_shared += nbytes
+        else:
+            a.bytes_alone += nbytes
+        st = a.by_status[status or "unknown"]
         st["files"] += files
         st["bytes"] += nbytes
         if hash_len is None or status in NOT_BLOCK_STATUSES:
             continue
-        a["block_rows"] += files
-        a["block_bytes"] += nbytes
-        a["hash_bytes"].add(hash_len)
+        a.block_rows += files
+        a.block_bytes += nbytes
+        a.hash_bytes.add(hash_len)
         action = action or "none"
         secondary = action == "none" and found.code in fd.SECONDARY
         part_of = found.of_action if action == "none" and found.code == fd.PART_OF_ACTION else None
         if action == "none" and found.code == fd.REPLICA_OF_PRIMARY:
-            a["replica_files"] += files
-            a["replica_bytes"] += nbytes
+            a.replica_files += files
+            a.replica_bytes += nbytes
         elif not (part_of and ns in joined):
-            a["action_bytes"][part_of or action] += nbytes
+            a.action_bytes[part_of or action] += nbytes
         if action != "none":
-            a["lead_blocks"][action] += files
+            a.lead_blocks[action] += files
         elif at_lowest == 1 and not secondary:
-            a["none_rows"] += files  # one row per `none` block in the lowest rank folder
+            a.none_rows += files  # one row per `none` block in the lowest rank folder
         if action in TRANSFORMS:
             # bytes written per block (the finding's output_bytes); without it, the bytes
             # of the rows that carry the action (an estimate)
             out = found.output_bytes
-            a["transform_out"][action] += files * out if out is not None else nbytes
+            a.transform_out[action] += files * out if out is not None else nbytes
         if (action == "none" or action in NEEDS_ACTIONS) and found.code not in fd.SECONDARY:
-            a["reasons"][action][reason or "(no reason)"] += files
+            a.reasons[action][reason or "(no reason)"] += files
             if found.code in fd.ALIASING:
-                a["aliases_source"] += files
+                a.aliases_source += files
             for flag in fd.asked_flags(found.asks):
-                a["flags_asked"][action][flag] += files
+                a.flags_asked[action][flag] += files
     for (ns, action), nbytes in (part_bytes or {}).items():
         if ns in per_ns:
-            per_ns[ns]["action_bytes"][action or "none"] += nbytes
+            per_ns[ns].action_bytes[action or "none"] += nbytes
     return per_ns
 
 
-def _gate(target: dict[str, Any] | None) -> dict[str, Any]:
+def _gate(target: dict[str, Any] | None) -> Gate:
     if not target:
         return {"parallel_agnostic": None, "replicated_layout": None, "reasons": [], "by_name": False}
     return {"parallel_agnostic": target.get("parallel_agnostic"),
@@ -415,31 +452,32 @@ def _claims(meta: dict[str, Any]) -> list[str]:
     return claims
 
 
-_NO_ROWS = {"files": 0, "bytes": 0, "block_rows": 0, "block_bytes": 0, "bytes_alone": 0, "bytes_shared": 0,
-            "by_status": {}, "lead_blocks": {}, "action_bytes": {}, "reasons": {}, "hash_bytes": set(),
-            "none_rows": 0, "replica_files": 0, "replica_bytes": 0, "aliases_source": 0, "flags_asked": {},
-            "transform_out": {}}
+def _cost(action: str, blocks: int, source_bytes: int, output_bytes: int) -> TransformCost:
+    return transform_cost_of(transform_cost(action, blocks, source_bytes, output_bytes))
 
 
-def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None,
+def _namespace_entry(base: str, meta: dict[str, Any], agg: _Aggregate | None,
                      extra_blocks: dict[Any, int], merges: dict[str, list[int]] | None = None,
-                     data_bytes: float = 0.0) -> dict[str, Any]:
-    agg = agg or _NO_ROWS
+                     data_bytes: float = 0.0) -> Namespace:
+    agg = agg or _Aggregate()
     target = meta.get("target") or None
-    none_blocks = agg["none_rows"] + extra_blocks.get(base, 0)
-    by_action = {a: {"blocks": agg["lead_blocks"].get(a, 0), "bytes": agg["action_bytes"].get(a, 0)}
-                 for a in set(agg["lead_blocks"]) | set(agg["action_bytes"]) if a != "none"}
-    by_action["none"] = {"blocks": none_blocks, "bytes": agg["action_bytes"].get("none", 0)}
-    blocks = sum(v["blocks"] for v in by_action.values())
-    by_action = _ordered(by_action, ACTION_ORDER, "blocks")
+    none_blocks = agg.none_rows + extra_blocks.get(base, 0)
+    counted: dict[str, BlockCount] = {
+        a: {"blocks": agg.lead_blocks.get(a, 0), "bytes": agg.action_bytes.get(a, 0)}
+        for a in set(agg.lead_blocks) | set(agg.action_bytes) if a != "none"}
+    counted["none"] = {"blocks": none_blocks, "bytes": agg.action_bytes.get("none", 0)}
+    blocks = sum(v["blocks"] for v in counted.values())
+    by_action = _ordered(counted, ACTION_ORDER)
     reusable = _sum_actions(by_action, REUSABLE_ACTIONS)
     pending = _sum_actions(by_action, PENDING_ACTIONS)
-    merged = {"blocks": sum(n for n, _ in (merges or {}).values()),
-              "bytes": sum(b for _, b in (merges or {}).values()),
-              "by_action": {a: {"blocks": n, "bytes": b} for a, (n, b) in sorted((merges or {}).items())}}
-    pending = {k: pending[k] - merged[k] for k in pending}  # a merge duplicate is placed by another source
-    reasons = {a: sorted(([r, n] for r, n in rs.items()), key=lambda x: (-x[1], x[0]))[:5]
-               for a, rs in agg["reasons"].items()}
+    merged: MergeDuplicates = {
+        "blocks": sum(n for n, _ in (merges or {}).values()),
+        "bytes": sum(b for _, b in (merges or {}).values()),
+        "by_action": {a: {"blocks": n, "bytes": b} for a, (n, b) in sorted((merges or {}).items())}}
+    # a merge duplicate is placed by another source
+    pending = {"blocks": pending["blocks"] - merged["blocks"], "bytes": pending["bytes"] - merged["bytes"]}
+    reasons: dict[str, list[list[str | int]]] = {
+        a: [[r, n] for r, n in sorted(rs.items(), key=lambda x: (-x[1], x[0]))[:5]] for a, rs in agg.reasons.items()}
     return {
         "source_base": base,
         "family": meta.get("family"),
@@ -454,7 +492,7 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "digest_ok": meta.get("digest_ok"),
         "config_error": meta.get("config_error"),
         "unknown_keys": list(meta.get("unknown_keys") or []),
-        "hash_bytes": sorted(agg["hash_bytes"]),
+        "hash_bytes": sorted(agg.hash_bytes),
         "target_profile": (target or {}).get("profile"),
         "target_family": (target or {}).get("family"),
         "target_base": _target_base(base, meta, target),
@@ -471,44 +509,57 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: dict[str, Any] | None
         "facts_source": dict(meta.get("facts_source") or {}),
         "assumed_facts": dict(meta.get("assumed_facts") or {}),
         "claims": _claims(meta),
-        "files": agg["files"],
-        "bytes": agg["bytes"],
+        "files": agg.files,
+        "bytes": agg.bytes,
         "blocks": blocks,
-        "block_bytes": agg["block_bytes"],
-        "bytes_alone": agg["bytes_alone"],
-        "bytes_shared": agg["bytes_shared"],
+        "block_bytes": agg.block_bytes,
+        "bytes_alone": agg.bytes_alone,
+        "bytes_shared": agg.bytes_shared,
         "data_bytes": round(data_bytes),
-        "by_status": _ordered({k: dict(v) for k, v in agg["by_status"].items()}, STATUS_ORDER, "files"),
+        "by_status": _ordered({k: _file_count(v) for k, v in agg.by_status.items()}, STATUS_ORDER),
         "by_action": by_action,
         "reusable": reusable,
         "pending": pending,
         "merge_duplicates": merged,
         "not_reusable": {"blocks": blocks - reusable["blocks"],
-                         "bytes": agg["block_bytes"] - reusable["bytes"] - agg["replica_bytes"]},
-        "replicas": {"files": agg["replica_files"], "bytes": agg["replica_bytes"]},
+                         "bytes": agg.block_bytes - reusable["bytes"] - agg.replica_bytes},
+        "replicas": {"files": agg.replica_files, "bytes": agg.replica_bytes},
         "top_reasons": reasons,
-        "aliases_source_blocks": agg["aliases_source"],
-        "flags_asked": {a: dict(sorted(f.items())) for a, f in sorted(agg["flags_asked"].items())},
+        "aliases_source_blocks": agg.aliases_source,
+        "flags_asked": {a: dict(sorted(f.items())) for a, f in sorted(agg.flags_asked.items())},
         # what the pending transforms cost (bytes to write, estimated time) and save or spend
-        "transform_cost": {a: transform_cost(a, by_action[a]["blocks"], by_action[a]["bytes"],
-                                             agg["transform_out"].get(a, 0))
+        "transform_cost": {a: _cost(a, by_action[a]["blocks"], by_action[a]["bytes"], agg.transform_out.get(a, 0))
                            for a in TRANSFORMS if a in by_action},
     }
 
 
-def _sum_actions(by_action: dict[str, dict[str, int]], actions: tuple[str, ...]) -> dict[str, int]:
-    return {"blocks": sum(by_action.get(a, {}).get("blocks", 0) for a in actions),
-            "bytes": sum(by_action.get(a, {}).get("bytes", 0) for a in actions)}
+def _file_count(v: FileCount) -> FileCount:
+    return {"files": v["files"], "bytes": v["bytes"]}
 
 
-def _merge_counts(items: list[dict[str, dict[str, int]]], order: tuple[str, ...], count_key: str) -> dict:
-    out: dict[str, dict[str, int]] = {}
+def _sum_actions(by_action: Mapping[str, BlockCount], actions: tuple[str, ...]) -> BlockCount:
+    return {"blocks": sum(by_action[a]["blocks"] for a in actions if a in by_action),
+            "bytes": sum(by_action[a]["bytes"] for a in actions if a in by_action)}
+
+
+def _merge_files(items: list[dict[str, FileCount]]) -> dict[str, FileCount]:
+    out: dict[str, FileCount] = {}
     for d in items:
         for k, v in d.items():
-            o = out.setdefault(k, {count_key: 0, "bytes": 0})
-            o[count_key] += v[count_key]
+            o = out.setdefault(k, {"files": 0, "bytes": 0})
+            o["files"] += v["files"]
             o["bytes"] += v["bytes"]
-    return _ordered(out, order, count_key)
+    return _ordered(out, STATUS_ORDER)
+
+
+def _merge_blocks(items: list[dict[str, BlockCount]]) -> dict[str, BlockCount]:
+    out: dict[str, BlockCount] = {}
+    for d in items:
+        for k, v in d.items():
+            o = out.setdefault(k, {"blocks": 0, "bytes": 0})
+            o["blocks"] += v["blocks"]
+            o["bytes"] += v["bytes"]
+    return _ordered(out, ACTION_ORDER)
 
 
 def _batches(path: str | os.PathLike[str], columns: list[str]):
@@ -545,7 +596,7 @@ def totals_for(meta: dict[str, Any]) -> _Totals:
 
 
 def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = True,
-              verb: str = "scan", totals: _Totals | None = None, selection: Any = None) -> dict[str, Any]:
+              verb: str = "scan", totals: _Totals | None = None, selection: Any = None) -> ReportOutput:
     """The summary of a manifest file or dataset directory.
 
     `manifest` is the manifest path that hints may tell the user to reuse (True: `path`
@@ -570,55 +621,61 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     namespaces = [
         _namespace_entry(base, ns_meta.get(base, {}), per_ns.get(base), extra_blocks, merges.get(base),
                          totals.data_bytes.get(base, 0.0))
-        for base in sorted((set(ns_meta) | set(per_ns)) - {OUTSIDE})
+        for base in sorted(b for b in (set(ns_meta) | set(per_ns)) if b is not OUTSIDE)
     ]
-    steps = [dict(meta["selection"], by="scan")] if meta.get("selection") else []
-    no_cache = mf.holds_no_cache(meta, {s for a in per_ns.values() for s in a["by_status"]})
+    steps: list[SelectionStep] = [_scan_step(meta["selection"])] if meta.get("selection") else []
+    no_cache = mf.holds_no_cache(meta, {s for a in per_ns.values() for s in a.by_status})
     outside = per_ns.get(OUTSIDE)
     if selection:
         kept = [n for n in namespaces
                 if selection.admits_namespace(n["source_base"], ns_meta.get(n["source_base"], {}))]
-        steps.append(dict(selection.metadata(), partial=True, by="report",
-                          skipped_namespaces=[n["source_base"] for n in namespaces if n not in kept]))
+        chosen = selection.metadata()
+        steps.append({"only": chosen["only"], "exclude": chosen["exclude"], "partial": True, "by": "report",
+                      "skipped_namespaces": [n["source_base"] for n in namespaces if n not in kept]})
         namespaces, outside = kept, None
-    outside_entry = None
+    outside_entry: OutsideNamespaces | None = None
     if outside:
         outside_entry = {
-            "files": outside["files"], "bytes": outside["bytes"],
+            "files": outside.files, "bytes": outside.bytes,
             "families": dict(sorted(totals.outside_families.items())),  # files a family's name claims
-            "by_status": _ordered({k: dict(v) for k, v in outside["by_status"].items()}, STATUS_ORDER, "files"),
+            "by_status": _ordered({k: _file_count(v) for k, v in outside.by_status.items()}, STATUS_ORDER),
         }
-    every = namespaces + ([outside_entry] if outside_entry else [])
-    totals_entry = {
+    every: list[Namespace | OutsideNamespaces] = [*namespaces, *([outside_entry] if outside_entry else [])]
+    by_action = _merge_blocks([n["by_action"] for n in namespaces])
+    merged: MergeDuplicates = {"blocks": sum(n["merge_duplicates"]["blocks"] for n in namespaces),
+                               "bytes": sum(n["merge_duplicates"]["bytes"] for n in namespaces),
+                               "by_action": _merge_blocks([n["merge_duplicates"]["by_action"] for n in namespaces])}
+    reusable = _sum_actions(by_action, REUSABLE_ACTIONS)
+    pending = _sum_actions(by_action, PENDING_ACTIONS)
+    blocks = sum(n["blocks"] for n in namespaces)
+    block_bytes = sum(n["block_bytes"] for n in namespaces)
+    replicas: FileCount = {"files": sum(n["replicas"]["files"] for n in namespaces),
+                           "bytes": sum(n["replicas"]["bytes"] for n in namespaces)}
+    totals_entry: Totals = {
         "files": sum(n["files"] for n in every),
         "bytes": sum(n["bytes"] for n in every),
-        "blocks": sum(n["blocks"] for n in namespaces),
-        "block_bytes": sum(n["block_bytes"] for n in namespaces),
-        "replicas": {"files": sum(n["replicas"]["files"] for n in namespaces),
-                     "bytes": sum(n["replicas"]["bytes"] for n in namespaces)},
-        "bytes_alone": sum(n["bytes_alone"] for n in namespaces) + (outside["bytes_alone"] if outside else 0),
-        "bytes_shared": sum(n["bytes_shared"] for n in namespaces) + (outside["bytes_shared"] if outside else 0),
+        "blocks": blocks,
+        "block_bytes": block_bytes,
+        "replicas": replicas,
+        "bytes_alone": sum(n["bytes_alone"] for n in namespaces) + (outside.bytes_alone if outside else 0),
+        "bytes_shared": sum(n["bytes_shared"] for n in namespaces) + (outside.bytes_shared if outside else 0),
         "data_bytes": sum(n["data_bytes"] for n in namespaces) + round(totals.data_bytes.get(OUTSIDE, 0.0)),
-        "merge_duplicates": {**{k: sum(n["merge_duplicates"][k] for n in namespaces) for k in ("blocks", "bytes")},
-                             "by_action": _merge_counts([n["merge_duplicates"]["by_action"] for n in namespaces],
-                                                        ACTION_ORDER, "blocks")},
-        "by_status": _merge_counts([n["by_status"] for n in every], STATUS_ORDER, "files"),
-        "by_action": _merge_counts([n["by_action"] for n in namespaces], ACTION_ORDER, "blocks"),
+        "merge_duplicates": merged,
+        "by_status": _merge_files([n["by_status"] for n in every]),
+        "by_action": by_action,
         "namespaces": len(namespaces),
+        "transform_cost": {
+            a: _cost(a, *(sum(n["transform_cost"][a][k] for n in namespaces if a in n["transform_cost"])
+                          for k in ("blocks", "source_bytes", "output_bytes")))
+            for a in TRANSFORMS if any(a in n["transform_cost"] for n in namespaces)},
+        "reusable": reusable,
+        "pending": {"blocks": pending["blocks"] - merged["blocks"], "bytes": pending["bytes"] - merged["bytes"]},
+        "not_reusable": {"blocks": blocks - reusable["blocks"],
+                         "bytes": block_bytes - reusable["bytes"] - replicas["bytes"]},
     }
-    totals_entry["transform_cost"] = {
-        a: transform_cost(a, *(sum(n["transform_cost"][a][k] for n in namespaces if a in n["transform_cost"])
-                               for k in ("blocks", "source_bytes", "output_bytes")))
-        for a in TRANSFORMS if any(a in n["transform_cost"] for n in namespaces)}
-    totals_entry["reusable"] = _sum_actions(totals_entry["by_action"], REUSABLE_ACTIONS)
-    totals_entry["pending"] = {k: v - totals_entry["merge_duplicates"][k]
-                               for k, v in _sum_actions(totals_entry["by_action"], PENDING_ACTIONS).items()}
-    totals_entry["not_reusable"] = {"blocks": totals_entry["blocks"] - totals_entry["reusable"]["blocks"],
-                                    "bytes": totals_entry["block_bytes"] - totals_entry["reusable"]["bytes"]
-                                    - totals_entry["replicas"]["bytes"]}
     statuses = set(totals_entry["by_status"]) | {n["status"] for n in namespaces if n["status"] not in (None, "ok")}
     walk_errors = list(meta.get("walk_errors") or [])
-    summary: dict[str, Any] = {
+    summary: ReportOutput = {
         "summary_version": SUMMARY_VERSION,
         "tool_version": meta.get("tool_version"),
         "command": meta.get("command"),
@@ -626,7 +683,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "target_profile": meta.get("target_profile"),
         "verify": meta.get("verify"),
         "shard": meta.get("shard"),
-        "facts": meta.get("facts") or {},
+        "facts": _scan_facts(meta.get("facts")),
         "selection": steps or None,  # --only/--exclude of the scan, then of the report: a partial view
         "manifest": str(Path(path).resolve()) if manifest is True else (manifest or None),
         "totals": totals_entry,
@@ -635,15 +692,36 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "walk_errors": walk_errors,
         "walk_failed": bool(meta.get("walk_failed")),
         "no_cache": no_cache,  # nothing here: an empty or unmounted root (exit bit 8)
-        "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": n["target_error"]}
-                          for n in namespaces if n["target_error"]],
+        "missing_facts": [{"namespace": n["source_base"], "flag": n["target_error_flag"], "error": error}
+                          for n in namespaces if (error := n["target_error"])],
 
         "exit_code": (exit_code_of(statuses, target_errors=any(n["target_error"] or target_is_guess(n)
                                                                or target_orphaned(n) for n in namespaces))
                       | (1 if totals_entry["pending"]["blocks"] else 0)  # pending work (interface.md §4)
                       | (8 if meta.get("walk_failed") or no_cache else 0)),
+        "findings": [],
+        "hints": [],
     }
-    findings, hints = findings_and_hints(summary, verb=verb, examples=totals.examples)
-    summary["findings"] = findings
-    summary["hints"] = hints
+    summary["findings"], summary["hints"] = findings_and_hints(summary, verb=verb, examples=totals.examples)
     return summary
+
+
+def _scan_facts(facts: dict[str, Any] | None) -> ScanFacts:
+    """The facts the scan was given (its manifest metadata, scan/run.py: flags and facts file)."""
+    out: ScanFacts = {}
+    for key, value in (facts or {}).items():
+        if key == "flags":
+            out["flags"] = value
+        elif key == "facts_file":
+            out["facts_file"] = value
+    return out
+
+
+def _scan_step(chosen: dict[str, Any]) -> SelectionStep:
+    """The scan's --only/--exclude (its manifest metadata, scan/run.py) as the summary's
+    first selection step, in the metadata's key order."""
+    only, exclude = list(chosen["only"]), list(chosen["exclude"])
+    if "partial" in chosen and "skipped_namespaces" in chosen:  # (as scan/run.py writes it)
+        return {"only": only, "exclude": exclude, "partial": bool(chosen["partial"]),
+                "skipped_namespaces": list(chosen["skipped_namespaces"]), "by": "scan"}
+    return {"only": only, "exclude": exclude, "by": "scan"}

@@ -315,7 +315,7 @@ def selection_note(step: dict[str, Any]) -> str:
     """One --only/--exclude step of a partial scan or report, e.g. "scan --only 'Qwen/*': 2 namespaces left out"."""
     skipped = len(step.get("skipped_namespaces") or ())
     outside = ", and every file outside namespaces" if step["by"] == "scan" else ""
-    return (f"{step['by']} {Selection.of(step.get('only'), step.get('exclude')).flags()}: "
+    return (f"{step['by']} {Selection.of(step.get('only') or (), step.get('exclude') or ()).flags()}: "
             f"{plural(skipped, 'namespace')} left out{outside}")
 
 

@@ -42,6 +42,7 @@ from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.migrate.apply import Applier
 from kvmigrate.migrate.journal import is_journal_name
 from kvmigrate.migrate.result import ApplyResult
+from kvmigrate.outputs import ReportOutput
 from kvmigrate.scaleout import dataset
 
 INSTALL_HINT = "pip install 'kvmigrate[ray]'"
@@ -212,7 +213,7 @@ class DatasetScan:
 
     root: str
     output: str
-    summary: dict[str, Any]
+    summary: ReportOutput
     exit_code: int
     parts: list[PartReport]
     seconds: float

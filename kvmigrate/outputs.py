@@ -1,0 +1,644 @@
+"""The one typed model of every command's `--json` / `--format json` output.
+
+Each command prints one of the `*Output` TypedDicts below (json.dumps with sorted keys:
+interface.md §1); `OUTPUTS` names the model of each command, and scripts/gen_schema.py
+walks these annotations into the JSON Schemas of docs/schema/<command>.json, which
+tests/report/test_json_schema.py keeps current and checks real outputs against.
+
+The rules the generator follows (and the only typing forms it takes): a TypedDict is an
+object of exactly its keys (keys of a `total=False` class are optional, the others
+required); `dict[str, X]` is an object with any keys of values X; `list[X]` an array;
+`X | None` allows null; `Any` allows anything (open mappings: a config.json's fields).
+
+This module sits below the stages (it imports nothing of kvmigrate): the report stage
+builds the summary, the CLI the commands' outputs, the families the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+# A fact's value as stated or assumed (facts.md: strings, numbers, booleans; null when unknown).
+FactValue = str | int | float | bool | None
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+class BlockCount(TypedDict):
+    blocks: int
+    bytes: int
+
+
+class FileCount(TypedDict):
+    files: int
+    bytes: int
+
+
+class _TransformCostBase(TypedDict):
+    blocks: int
+    source_bytes: int
+    output_bytes: int
+    seconds_estimate: float
+
+
+class TransformCost(_TransformCostBase, total=False):
+    saves_bytes: int  # slice: it keeps 1/N of its rows
+    new_bytes: int  # concat, relayout: a new copy
+
+
+def transform_cost_of(cost: Mapping[str, int | float]) -> TransformCost:
+    """kvmigrate.cost.transform_cost's dict as the model (the same keys, in its order)."""
+    out: TransformCost = {"blocks": int(cost["blocks"]), "source_bytes": int(cost["source_bytes"]),
+                          "output_bytes": int(cost["output_bytes"]), "seconds_estimate": float(cost["seconds_estimate"])}
+    if "saves_bytes" in cost:
+        out["saves_bytes"] = int(cost["saves_bytes"])
+    if "new_bytes" in cost:
+        out["new_bytes"] = int(cost["new_bytes"])
+    return out
+
+
+class MergeDuplicates(TypedDict):
+    blocks: int
+    bytes: int
+    by_action: dict[str, BlockCount]
+
+
+class ReclaimFigures(TypedDict):
+    files: int
+    bytes: int
+    freed_files: int
+    freed_bytes: int
+    unlinked_files: int
+    unlinked_bytes: int
+
+
+# functional syntax: "class" is a Python keyword
+ReclaimNamespace = TypedDict("ReclaimNamespace", {
+    "class": str, "namespace": str,
+    "files": int, "bytes": int, "freed_files": int, "freed_bytes": int, "unlinked_files": int, "unlinked_bytes": int,
+})
+
+
+class ReclaimSkipped(TypedDict):
+    namespace: str
+    written_s_ago: int
+    quiet_period_s: float
+    reason: str
+
+
+class OrphanedNamespace(TypedDict):
+    namespace: str
+    files: int
+    bytes: int
+    reason: str
+
+
+# --- findings and hints (report/hints.py) ----------------------------------------------------
+
+
+class _FindingBase(TypedDict):
+    code: str
+    severity: str  # operational | integrity | finding | note
+    bits: int  # interface.md §2
+    namespace: str | None
+    message: str
+    files: int | None
+    bytes: int | None
+    blocks: int | None
+    example: str | None
+    example_reason: str | None
+
+
+class Finding(_FindingBase, total=False):
+    """One finding: the common keys, plus those of its kind."""
+
+    status: str  # a status finding: the status
+    flag: str | None  # target_refused: the flag that states the missing fact
+    facts: list[str]  # target_guessed: the facts it depends on
+    evidence: list[str]  # family_ambiguous: the family evidence
+    assumed: dict[str, FactValue]  # assumed_facts
+    unproven_replicas: int  # migration_pending
+    run: str  # unfinished_run: its run id
+
+
+class Hint(TypedDict):
+    command: str
+    why: str
+    codes: list[str]
+    namespaces: list[str]
+
+
+# --- the summary (report/summary.py): scan, report, audit, and the base of migrate ------------
+
+
+class Gate(TypedDict):
+    parallel_agnostic: bool | None
+    replicated_layout: bool | None
+    reasons: list[str]
+    by_name: bool
+
+
+class Namespace(TypedDict):
+    """One source namespace of the summary (interface.md §3)."""
+
+    source_base: str
+    family: str | None
+    family_evidence: list[str]
+    scheme: str | None
+    model_name: str | None
+    ranks: list[int]
+    deployment: str | None
+    status: str | None
+    status_reason: str | None
+    notes: list[str]
+    digest_ok: bool | None
+    config_error: str | None
+    unknown_keys: list[str]
+    hash_bytes: list[int]
+    target_profile: str | None
+    target_family: str | None
+    target_base: str | None
+    target_rank_dir: str | None
+    target_d12: str | None
+    target_error: str | None
+    target_error_flag: str | None
+    target_unreachable: str | None
+    target_missing_facts: list[str]
+    target_decisive_assumptions: dict[str, FactValue]
+    gate: Gate
+    facts: dict[str, FactValue]
+    facts_source: dict[str, str]
+    assumed_facts: dict[str, FactValue]
+    claims: list[str]
+    files: int
+    bytes: int
+    blocks: int
+    block_bytes: int
+    bytes_alone: int
+    bytes_shared: int
+    data_bytes: int
+    by_status: dict[str, FileCount]
+    by_action: dict[str, BlockCount]
+    reusable: BlockCount
+    pending: BlockCount
+    merge_duplicates: MergeDuplicates
+    not_reusable: BlockCount
+    replicas: FileCount
+    top_reasons: dict[str, list[list[str | int]]]  # action -> [reason, blocks] pairs, most blocks first
+    aliases_source_blocks: int
+    flags_asked: dict[str, dict[str, int]]  # action -> flag -> blocks
+    transform_cost: dict[str, TransformCost]
+
+
+class OutsideNamespaces(TypedDict):
+    files: int
+    bytes: int
+    families: dict[str, int]
+    by_status: dict[str, FileCount]
+
+
+class Totals(TypedDict):
+    files: int
+    bytes: int
+    blocks: int
+    block_bytes: int
+    replicas: FileCount
+    bytes_alone: int
+    bytes_shared: int
+    data_bytes: int
+    merge_duplicates: MergeDuplicates
+    by_status: dict[str, FileCount]
+    by_action: dict[str, BlockCount]
+    namespaces: int
+    transform_cost: dict[str, TransformCost]
+    reusable: BlockCount
+    pending: BlockCount
+    not_reusable: BlockCount
+
+
+class ScanFacts(TypedDict, total=False):
+    flags: dict[str, FactValue]
+    facts_file: str | None
+
+
+class _SelectionStepBase(TypedDict):
+    only: list[str]
+    exclude: list[str]
+    by: str  # scan | report
+
+
+class SelectionStep(_SelectionStepBase, total=False):
+    partial: bool
+    skipped_namespaces: list[str]
+
+
+class MissingFact(TypedDict):
+    namespace: str
+    flag: str | None
+    error: str
+
+
+class SummaryCore(TypedDict):
+    """The summary of a manifest: every key `summarize` makes."""
+
+    summary_version: int
+    tool_version: str | None
+    command: str | None
+    root: str | None
+    target_profile: str | None
+    verify: str | None
+    shard: str | None
+    facts: ScanFacts
+    selection: list[SelectionStep] | None
+    manifest: str | None
+    totals: Totals
+    namespaces: list[Namespace]
+    outside_namespaces: OutsideNamespaces | None
+    walk_errors: list[str]
+    walk_failed: bool
+    no_cache: bool
+    missing_facts: list[MissingFact]
+    exit_code: int
+    findings: list[Finding]
+    hints: list[Hint]
+
+
+class Reclaimable(TypedDict):
+    """What prune of every class would take (migrate/prune.py `reclaimable`)."""
+
+    files: int
+    bytes: int
+    freed_files: int
+    freed_bytes: int
+    unlinked_files: int
+    unlinked_bytes: int
+    classes: dict[str, ReclaimFigures]
+    namespaces: list[ReclaimNamespace]
+    skipped: list[ReclaimSkipped]
+    orphaned: list[OrphanedNamespace]
+
+
+class Run(TypedDict):
+    """One journaled run (migrate/runs.py RunInfo.to_dict)."""
+
+    run_id: str
+    kind: str  # migrate | prune
+    state: str
+    journal: str
+    command: str | None
+    root: str
+    targets: list[str]
+    counts: dict[str, int]
+    holder: int | None
+    resume_command: str | None
+    undo_command: str
+
+
+class ReportOutput(SummaryCore, total=False):
+    """`scan --json` (the summary alone), `report --format json` and `audit --json` (with
+    what prune would reclaim and the root's unfinished runs)."""
+
+    reclaimable: Reclaimable
+    unfinished_runs: list[Run]
+
+
+# --- migrate --------------------------------------------------------------------------------
+
+
+class Skipped(TypedDict):
+    action: str
+    reason: str
+    blocks: int
+    bytes: int
+
+
+class NotReusable(TypedDict):
+    reason: str
+    blocks: int
+    bytes: int
+
+
+class Conflict(TypedDict):
+    reason: str
+    blocks: int
+
+
+class Target(TypedDict):
+    """One target namespace of a migration plan."""
+
+    target_base: str | None
+    family: str | None
+    rank_dir: str | None
+    sources: list[str]
+    claims: list[str]
+    actions: dict[str, BlockCount]
+    outcomes: dict[str, int]
+    merges_checked_at_apply: int
+    transform_cost: dict[str, TransformCost]
+    already_present: BlockCount
+    skipped: list[Skipped]
+    not_reusable: list[NotReusable]
+    conflicts: list[Conflict]
+
+
+class GuessedTarget(TypedDict):
+    namespace: str
+    facts: list[str]
+
+
+class MigrateDryRunOutput(SummaryCore):
+    """`migrate --json` (the plan)."""
+
+    outcomes: dict[str, int]
+    targets: list[Target]
+    pending: int
+    apply_command: str | None
+    waiting_for_dest: BlockCount
+    dest_command: str | None
+    merges_checked_at_apply: int
+    guessed_targets: list[GuessedTarget]
+    facts_command: str | None
+
+
+class ApplyResult(TypedDict):
+    """migrate/result.py ApplyResult.to_dict."""
+
+    outcomes: dict[str, int]
+    linked: int
+    copied: int
+    link_copies: int
+    transformed: int
+    bytes_written: int
+    per_target: dict[str, dict[str, int]]
+    findings: list[str]
+    namespace_errors: list[str]
+    journal: str | None
+    resumed: bool
+    recovered: int
+    left_out_guessed: list[GuessedTarget]
+    stopped: str | None
+
+
+class MigrateApplyOutput(SummaryCore):
+    """`migrate --apply --json`."""
+
+    outcomes: dict[str, int]
+    apply: ApplyResult
+    targets: list[Target]
+
+
+MigrateOutput = MigrateDryRunOutput | MigrateApplyOutput
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+class VerifyFinding(TypedDict):
+    code: str
+    path: str
+    message: str
+    related: bool
+
+
+class VerifyChecked(TypedDict):
+    namespaces: int
+    blocks: int
+    configs: int
+
+
+class VerifyOutput(TypedDict):
+    """`verify --json`: the root's summary totals (migrate/verify.py SUMMARY_KEYS) and the checks."""
+
+    summary_version: int
+    tool_version: str | None
+    target_profile: str | None
+    totals: Totals
+    namespaces: list[Namespace]
+    outside_namespaces: OutsideNamespaces | None
+    walk_errors: list[str]
+    root: str
+    checked: VerifyChecked
+    journals: list[str]
+    findings: list[VerifyFinding]
+    strict: bool
+    next: str
+    exit_code: int
+
+
+# --- prune, purge, restore, rollback ----------------------------------------------------------
+
+
+class PruneDryRunOutput(TypedDict):
+    """`prune --json` (the plan)."""
+
+    root: str
+    classes: list[str]
+    totals: dict[str, ReclaimFigures]
+    namespaces: list[ReclaimNamespace]
+    skipped: dict[str, str]
+    orphaned: list[OrphanedNamespace]
+    files: int
+    apply_command: str | None
+    exit_code: int
+
+
+class PruneRun(TypedDict):
+    """migrate/quarantine.py PruneResult.to_dict."""
+
+    journal: str | None
+    run_id: str | None
+    quarantine: str | None
+    moved: dict[str, int]
+    moved_bytes: dict[str, int]
+    freed_bytes: int
+    unlinked_files: int
+    dirs_removed: int
+    left: dict[str, int]
+    legacy_names_removed: dict[str, int]
+    legacy_names_left: dict[str, int]
+    kept: list[str]
+    failed: list[str]
+    exit_code: int
+
+
+class PruneApplyOutput(PruneRun):
+    """`prune --apply --json`."""
+
+    root: str
+    classes: list[str]
+    skipped: dict[str, str]
+    finished_interrupted: list[PruneRun]
+
+
+class PurgeOutput(TypedDict):
+    """`prune --purge --json`."""
+
+    root: str
+    dry_run: bool
+    purged_runs: list[str]
+    files: int
+    freed_bytes: int
+    kept_young_runs: int
+    failed: list[str]
+    exit_code: int
+
+
+PruneOutput = PruneDryRunOutput | PruneApplyOutput | PurgeOutput
+
+
+class RestoreOutput(TypedDict):
+    """`restore --json` (migrate/restore.py RestoreResult.to_dict)."""
+
+    restored: int
+    already_in_place: int
+    dirs_made: int
+    kept: list[str]
+    conflicts: int
+    journals: list[str]
+    exit_code: int
+
+
+class RollbackOutput(TypedDict):
+    """`rollback --json` (migrate/rollback.py RollbackResult.to_dict)."""
+
+    dry_run: bool
+    removed: dict[str, int]
+    restored: int
+    already_gone: int
+    kept: list[str]
+    notes: list[str]
+    journals: list[str]
+    per_namespace: dict[str, dict[str, int]]
+    exit_code: int
+
+
+class RunsOutput(TypedDict):
+    """`runs --json`."""
+
+    root: str
+    runs: list[Run]
+    exit_code: int
+
+
+# --- identity (families/explain.py) ------------------------------------------------------------
+
+
+class SourceIdentity(TypedDict):
+    fields: dict[str, Any]  # the config.json's fields, as the writer wrote them
+    d12: str | None
+    base_name: str | None
+    digest_ok: bool | None
+
+
+class TargetIdentity(TypedDict):
+    profile: str
+    family: str
+    fields: dict[str, Any] | None
+    d12: str | None
+    base_name: str | None
+    rank_dir: str | None
+    parallel_agnostic: bool
+    replicated_layout: bool
+    reasons: list[str]
+    unreachable: str | None
+    missing_facts: list[str]
+    decisive_assumptions: dict[str, FactValue]
+    writer_topology: list[int] | None
+    claims: list[str]
+
+
+class IdentityOutput(TypedDict):
+    """`identity --json`."""
+
+    family: str
+    family_evidence: list[str]
+    scheme: str | None
+    source: SourceIdentity
+    target: TargetIdentity
+    assumed_facts: dict[str, FactValue]
+
+
+# --- explain (report/explain.py) ---------------------------------------------------------------
+
+
+class ExplainFact(TypedDict):
+    name: str
+    value: FactValue
+    source: str  # flag, FACTS.json key, model config, assumed...
+    flag: str
+
+
+class ExplainGate(TypedDict):
+    gate: str
+    gate_name: str
+    needs: str
+    passed: bool
+    reason: str | None
+    facts: list[ExplainFact]
+
+
+class ExplainTarget(TypedDict):
+    profile: str | None
+    family: str | None
+    base_name: str | None
+    rank_dir: str | None
+    parallel_agnostic: bool | None
+    replicated_layout: bool | None
+    unreachable: str | None
+    missing_facts: list[str] | None
+    decisive_assumptions: dict[str, FactValue] | None
+
+
+class ExplainClass(TypedDict):
+    """One class of blocks that is not reusable, and the command that would change it."""
+
+    status: str
+    action: str
+    finding: str | None
+    asks: str | None
+    blocks: int
+    bytes: int
+    reason: str | None
+    command: str | None
+    why: str | None
+
+
+class ExplainOutput(TypedDict):
+    """`explain --json`."""
+
+    manifest: str
+    namespace: str
+    model_name: str | None
+    family: str | None
+    scheme: str | None
+    ranks: list[int]
+    status: str | None
+    status_reason: str | None
+    target_profile: str | None
+    target: ExplainTarget | None
+    target_error: str | None
+    gates: list[ExplainGate]
+    gate_note: str | None
+    facts: list[ExplainFact]
+    blocks: int
+    reusable: BlockCount
+    pending: BlockCount
+    not_reusable: list[ExplainClass]
+    why: str | None
+    command: str | None
+
+
+# command -> the model of its JSON output; docs/schema/<command>.json is generated from it
+OUTPUTS: dict[str, Any] = {
+    "report": ReportOutput,  # also scan --json and audit --json
+    "migrate": MigrateOutput,
+    "verify": VerifyOutput,
+    "prune": PruneOutput,
+    "rollback": RollbackOutput,
+    "restore": RestoreOutput,
+    "identity": IdentityOutput,
+    "runs": RunsOutput,
+    "explain": ExplainOutput,
+}
