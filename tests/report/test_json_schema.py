@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from json_outputs import SGLANG_FACTS, lifecycle
-from schema_check import errors
-from synth_matrix import ERAS, GEOMETRY, cases, spec_of
 
 from kvmigrate.outputs import OUTPUTS
+
+from helpers.json_outputs import SGLANG_FACTS, lifecycle
+from helpers.schema_check import errors
+from helpers.synth_matrix import ERAS, GEOMETRY, cases, spec_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO / "docs" / "schema"
