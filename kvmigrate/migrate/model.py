@@ -2,8 +2,8 @@
 file, a block action, a target namespace's plan, the plan) and the action names.
 
 The bottom of migrate's one-way stack (fsops, outputs <- model <- competing, rows, result,
-reconcile <- actions, plan, place, dirs <- apply). It imports none of the modules above it,
-so any of them can name these types; building a plan is `plan.py`, what each action kind
+reconcile, state <- actions, plan, sources <- place, dirs <- apply). It imports none of the
+modules above it, so any of them can name these types; building a plan is `plan.py`, what each action kind
 does (and the bytes it writes: `ActionKind.output_size`) is `actions.py`. A `BlockAction`
 stays a plain NamedTuple (a plan streams millions).
 """
