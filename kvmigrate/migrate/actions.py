@@ -131,11 +131,11 @@ class Transform(ActionKind):
     (`act.transform`); its shell form prints the row's cells (`cells`), then the zero pad."""
 
     def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        placer.transform(tp, act, act.transform)
+        placer.transform(tp, act, act.transform_spec)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
-        spec = act.transform
+        spec = act.transform_spec
         parts = self.cells(spec, [q(os.path.join(root, f.relpath)) for f in act.sources])
         pad = spec.output_size - spec.cells * spec.cell
         if pad:
@@ -147,7 +147,7 @@ class Transform(ActionKind):
         raise NotImplementedError
 
     def output_size(self, act: BlockAction) -> int:
-        return act.transform.output_size
+        return act.transform_spec.output_size
 
 
 class Slice(Transform):
@@ -316,7 +316,10 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
     """The header a rewrite writes can be derived from the plan alone: the key comes
     from the path, the payload size from the identity, the digest from the target."""
-    block = layout.parse_block_relpath(act.target_relpath)[1]  # (the plan checked it: `_check_target_path`)
+    parsed = layout.parse_block_relpath(act.target_relpath)
+    if parsed is None:  # the plan checked it: `_check_target_path`
+        raise ValueError(f"not a block path: {act.target_relpath}")
+    block = parsed[1]
     name, group = block.hex_hash, block.group
     payload = int(tp.fields.get("page_size_bytes", act.source.size - vllmcpp.HEADER_SIZE))
     header = vllmcpp.encode_header(tp.digest, vllmcpp.make_key(bytes.fromhex(name), group), payload)

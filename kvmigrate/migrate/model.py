@@ -65,6 +65,14 @@ class BlockAction(NamedTuple):
     transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
 
     @property
+    def transform_spec(self) -> TransformSpec:
+        """The geometry of a slice, concat or relayout, which the plan always gives one
+        (`transform`; any other action has none: ValueError)."""
+        if self.transform is None:
+            raise ValueError(f"{self.action} of {self.target_relpath} has no transform")
+        return self.transform
+
+    @property
     def sources(self) -> tuple[SourceFile, ...]:
         """Every file of the block in rank order (what a concat or relayout reads)."""
         return (self.source, *self.replicas)

@@ -279,7 +279,7 @@ class Placer:
         if fds is None:
             return None
         try:
-            spec = act.transform
+            spec = act.transform_spec
             if ((spec.action == "slice" or spec.replicas or spec.flat and len(act.sources) > 1)
                     and not self.sources.check_transform_sources(tp, act, fds)):
                 return None

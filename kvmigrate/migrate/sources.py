@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction, Plan, SourceFile, TargetPlan
     from kvmigrate.migrate.state import ApplyState
 
-_NOT_SEEN = object()
-
 CTIME_MOVED = ("source changed since the scan: its ctime moved while inode, size and mtime did not (rewritten in "
                "place with its mtime put back?); rescan it to migrate it")
 
@@ -69,7 +67,8 @@ class SourceChecks:
         self._reads: dict[int, list[FileRead]] = {}  # id(action) -> its files' reads, this batch
         self._stats: dict[int, str | None] = {}  # id(source file) -> why it is stale, this batch
         self._header_ids_of: dict[str, tuple[bytes, int]] | None = None  # see `_header_ids`
-        self._ours: dict[tuple[int, int], int] | None = None  # see `_linked_by_us`
+        # see `_linked_by_us`: (dev, inode) an earlier run meant to link -> when its journal was written
+        self._ours: dict[tuple[int | None, int | None], int] | None = None
 
     def begin_batch(self, reads: dict[int, list[FileRead]], stats: dict[int, str | None]) -> None:
         """What the helper took ahead for the batch about to be placed (`read_batch`)."""
@@ -81,8 +80,9 @@ class SourceChecks:
     def stale(self, src: SourceFile, act: BlockAction) -> str | None:
         """Why a source no longer is what the scan saw, or None (lstat-ed by the helper
         while the batch's folders were made, or now; a moved ctime judged by `_ctime_moved`)."""
-        why = self._stats.pop(id(src), _NOT_SEEN)
-        if why is _NOT_SEEN:
+        if id(src) in self._stats:
+            why = self._stats.pop(id(src))
+        else:
             why = _stale_at(self.src_abs(src.relpath), src)
         return self._ctime_moved(src, act) if why == CTIME_MOVED else why
 
@@ -238,7 +238,10 @@ class SourceChecks:
                 if not fam.header_len or not isinstance(cfg, dict):
                     continue
                 try:
-                    ident = (fam.target_digest(cfg), int(fam.payload_bytes(cfg)))
+                    digest, payload = fam.target_digest(cfg), fam.payload_bytes(cfg)
+                    if digest is None or payload is None:  # (a family that writes headers gives both)
+                        continue
+                    ident = (digest, int(payload))
                 except (KeyError, TypeError, ValueError):
                     continue
                 for rank_dir in ns.get("rank_dirs") or ():
@@ -250,7 +253,7 @@ class SourceChecks:
     def open_sources(self, tp: TargetPlan, act: BlockAction) -> list[int] | None:
         """Open every file a transform reads and check it is still what the scan saw
         (dev, inode, size, mtime on the open fd). None: the block has its outcome."""
-        spec = act.transform
+        spec = act.transform_spec
         files = act.sources if spec.action != "slice" else (act.source,)
         # (a flat family's page is one file; its whole copies, if any, are compared, not read into it)
         if spec.action != "slice" and not spec.flat and [f.rank for f in files] != list(range(spec.ranks)):
@@ -285,7 +288,7 @@ class SourceChecks:
         and a zero tail; MLA rank files must be equal replicas (content hashes computed
         now when the scan did not take them); with the scan's hashes every file is
         re-hashed (staleness). False: the block has its outcome."""
-        spec = act.transform
+        spec = act.transform_spec
         files = act.sources if spec.action != "slice" else (act.source,)
         try:
             return self._source_contents_ok(tp, act, spec, files, fds)
