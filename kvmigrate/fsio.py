@@ -209,7 +209,7 @@ def _read_fd(fd: int, size: int, header_len: int, payload: bool) -> tuple[bytes,
         if after is not None and total + n > header_len:
             after.update(chunk[max(0, header_len - total):])
         total += n
-        if buf is None:  # past a small file's first read: the rest into the buffer
+        if buf is None or mv is None:  # past a small file's first read (both None): the rest into the buffer
             buf = read_buffer()
             mv = memoryview(buf)
         elif total > size:  # it grew while read

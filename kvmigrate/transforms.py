@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeGuard
 
 from kvmigrate import findings
 from kvmigrate.errors import IntegrityError
@@ -56,7 +56,7 @@ def _require_int(name: str, value: object, *, minimum: int) -> int:
     return value
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     """A proven positive number (bool is not a count, None is unknown)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -303,17 +303,18 @@ def plan_relayout(
         missing.append("B")
 
     T: int | None = None
+    known_layers = layers if _is_count(layers) else None
     if kv_kind is None:
         t_text = "T unknown (pass --kv-kind)"
     elif kv_kind not in ("mla", "full"):
         t_text = f"T unknown (relayout is defined for kv kind mla or full, not {kv_kind})"
-    elif not _is_count(layers):
+    elif known_layers is None:
         t_text = "T unknown (layer names unknown)"
     elif kv_kind == "mla":
-        T = layers
+        T = known_layers
         t_text = f"T={T}"
     elif _is_count(tensors_per_layer):
-        T = layers * tensors_per_layer
+        T = known_layers * tensors_per_layer
         t_text = f"T={T}"
     else:
         t_text = "T unknown (pass --tensors-per-layer)"

@@ -1,6 +1,6 @@
 """Plan actions, typed (fclones' `FsCommand`): each kind of block action says, in one
-place, how it executes (through the Applier's placing primitives, `place.Placer`:
-`_link`, `_copy`, `_transform`; no file logic here), its line in the `--print-commands` shell script and
+place, how it executes (through the run's placing primitives, `place.Placer`:
+`link`, `copy`, `transform`; no file logic here), its line in the `--print-commands` shell script and
 its line in the dry-run text. The Applier and the renderers look the kind up by the
 action string once per action (`ACTIONS`); a `BlockAction` stays a plain NamedTuple.
 
@@ -29,16 +29,16 @@ if TYPE_CHECKING:
 
 
 class Placing(Protocol):
-    """What a kind executes through: the Applier's placing primitives (`place.Placer`),
-    passed in, so that this module does not import the applier."""
+    """What a kind executes through: the run's placing primitives (`place.Placer`),
+    passed in, so that this module does not import the placer."""
 
     mode: str
 
-    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None: ...
+    def link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None: ...
 
-    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None: ...
+    def copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None: ...
 
-    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None: ...
+    def transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None: ...
 
 
 class ActionKind:
@@ -48,7 +48,7 @@ class ActionKind:
     name = ""
     label = ""  # what the dry run calls it
 
-    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         """Make the block (its sources already checked by `Applier._block`)."""
         raise NotImplementedError
 
@@ -73,11 +73,11 @@ class Link(ActionKind):
 
     name, label = "link", "link (hard link)"
 
-    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        if applier.mode != "copy":
-            applier._link(tp, act, src_hash)
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        if placer.mode != "copy":
+            placer.link(tp, act, src_hash)
         else:
-            applier._copy(tp, act, "link", src_hash)
+            placer.copy(tp, act, "link", src_hash)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
@@ -95,8 +95,8 @@ class CopyPad(ActionKind):
 
     name, label = "copy_pad", "copy with padding"
 
-    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        applier._copy(tp, act, self.name, src_hash)
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        placer.copy(tp, act, self.name, src_hash)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
@@ -113,8 +113,8 @@ class RewriteHeader(ActionKind):
 
     name, label = "rewrite_header", "rewrite header"
 
-    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        applier._copy(tp, act, self.name, src_hash)
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        placer.copy(tp, act, self.name, src_hash)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         # new header, then exactly payload_size bytes of the payload
@@ -130,12 +130,12 @@ class Transform(ActionKind):
     """A new row built from the block's files by the proven geometry the plan carries
     (`act.transform`); its shell form prints the row's cells (`cells`), then the zero pad."""
 
-    def execute(self, applier: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        applier._transform(tp, act, act.transform)
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        placer.transform(tp, act, act.transform_spec)
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
         q = shlex.quote
-        spec = act.transform
+        spec = act.transform_spec
         parts = self.cells(spec, [q(os.path.join(root, f.relpath)) for f in act.sources])
         pad = spec.output_size - spec.cells * spec.cell
         if pad:
@@ -147,7 +147,7 @@ class Transform(ActionKind):
         raise NotImplementedError
 
     def output_size(self, act: BlockAction) -> int:
-        return act.transform.output_size
+        return act.transform_spec.output_size
 
 
 class Slice(Transform):
@@ -316,7 +316,10 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:
     """The header a rewrite writes can be derived from the plan alone: the key comes
     from the path, the payload size from the identity, the digest from the target."""
-    block = layout.parse_block_relpath(act.target_relpath)[1]  # (the plan checked it: `_check_target_path`)
+    parsed = layout.parse_block_relpath(act.target_relpath)
+    if parsed is None:  # the plan checked it: `_check_target_path`
+        raise ValueError(f"not a block path: {act.target_relpath}")
+    block = parsed[1]
     name, group = block.hex_hash, block.group
     payload = int(tp.fields.get("page_size_bytes", act.source.size - vllmcpp.HEADER_SIZE))
     header = vllmcpp.encode_header(tp.digest, vllmcpp.make_key(bytes.fromhex(name), group), payload)

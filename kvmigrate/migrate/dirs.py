@@ -14,6 +14,7 @@ from kvmigrate.migrate.result import oserror_stop
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction
+    from kvmigrate.migrate.state import ApplyState, Helpers
 
 _DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
@@ -27,16 +28,22 @@ class Batch:
     actions: list[BlockAction]
     missing: list[str]  # its folders that did not exist, parents first
     dirs: list[Future]  # -> {folder: True | "exists" | OSError | None (not tried)}
-    reads: Future | None  # -> ({id(action): [_FileRead per file]}, {id(file): why stale})
-
-
+    reads: Future | None  # -> ({id(action): [FileRead per file]}, {id(file): why stale})
 
 
 class FolderMaker:
-    """The Applier's folder making (a mixin): it uses the Applier's `tree` (DestTree),
-    `journal`, `_known_dirs` (a bounded cache) and `_helpers()` (the thread pool)."""
+    """The folders of a run: which are missing, made by the helper threads, judged in
+    order and journaled. It writes only through the run's tree and journal (`state`),
+    and remembers the folders it knows exist (a bounded cache: one lstat per folder, not
+    per block)."""
 
-    def _missing_dirs(self, reldirs: list[str]) -> list[str]:
+    def __init__(self, state: ApplyState, helpers: Helpers) -> None:
+        self.tree = state.tree
+        self.journal = state.journal
+        self.helpers = helpers
+        self._known_dirs: set[str] = set()  # folders known to exist (a cache, cleared when large)
+
+    def missing_dirs(self, reldirs: list[str]) -> list[str]:
         """Folders (and their parents, parents first) that do not exist yet. A folder in
         one this run created is missing without an lstat (a fresh target namespace is
         made without one stat per folder); one that appeared meanwhile is found by
@@ -61,7 +68,7 @@ class FolderMaker:
                     self._known_dirs.add(d)
         return missing
 
-    def _start_dirs(self, missing: list[str]) -> list[Future]:
+    def start_dirs(self, missing: list[str]) -> list[Future]:
         """Hand the folders of a batch (parents first) to the helper threads: those of one
         <hhh> bucket to one thread, two threads unless a namespace folder is among them.
         Each starts from existing folders, opened here (O_NOFOLLOW, as `DestTree`)."""
@@ -87,17 +94,17 @@ class FolderMaker:
             for anchors in opened:
                 for fd in anchors.values():
                     os.close(fd)
-            return []  # a parent cannot be opened: `_judge_dirs` makes them one by one and says why
-        return [self._helpers().submit(_make_folders, anchors, shard) for anchors, shard in zip(opened, shards)]
+            return []  # a parent cannot be opened: `judge_dirs` makes them one by one and says why
+        return [self.helpers.submit(_make_folders, anchors, shard) for anchors, shard in zip(opened, shards)]
 
-    def _judge_dirs(self, prepared: Batch | list[Future], missing: list[str] | None = None) -> None:
-        """Outcomes of a batch's folders in order, as if made here one by one: made, found
-        (not ours), in the way (symlink / not a directory), an error (stop). A folder a
-        helper could not try is made here. One done record names those this run made."""
-        if isinstance(prepared, Batch):
-            jobs, missing = prepared.dirs, prepared.missing
-        else:
-            jobs = prepared
+    def judge_dirs(self, prepared: Batch) -> None:
+        """Outcomes of a batch's folders in order (see `_judge`)."""
+        self._judge(prepared.dirs, prepared.missing)
+
+    def _judge(self, jobs: list[Future], missing: list[str]) -> None:
+        """Outcomes of folders in order, as if made here one by one: made, found (not
+        ours), in the way (symlink / not a directory), an error (stop). A folder a helper
+        could not try is made here. One done record names those this run made."""
         made: dict[str, Any] = {}
         for job in jobs:
             made.update(job.result())
@@ -123,10 +130,11 @@ class FolderMaker:
     def _make_dirs(self, missing: list[str]) -> None:
         """Create folders an fsynced intent listed; one done record names those this run
         really created (a folder that appeared meanwhile is not ours)."""
-        self._judge_dirs(self._start_dirs(missing), missing)
+        self._judge(self.start_dirs(missing), missing)
 
-    def _ensure_dirs(self, reldirs: list[str]) -> None:
-        missing = self._missing_dirs(reldirs)
+    def ensure_dirs(self, reldirs: list[str]) -> None:
+        """Make the folders (and their parents) that are missing: intent, made, synced."""
+        missing = self.missing_dirs(reldirs)
         if missing:
             self.journal.intent([{"kind": "dir", "path": d} for d in missing])
             self._make_dirs(missing)
@@ -162,7 +170,7 @@ def _make_folders(anchors: dict[str, int], folders: list[str]) -> dict[str, Any]
                     fds[d] = os.open(name, _DIR_FLAGS, dir_fd=pfd)
                     opened.add(d)
                 except OSError:
-                    pass  # its folders are made by `_judge_dirs`, which says what is wrong
+                    pass  # its folders are made by `_judge`, which says what is wrong
     finally:
         for d in opened:
             os.close(fds[d])

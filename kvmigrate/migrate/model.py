@@ -2,8 +2,8 @@
 file, a block action, a target namespace's plan, the plan) and the action names.
 
 The bottom of migrate's one-way stack (fsops, outputs <- model <- competing, rows, result,
-reconcile <- actions, plan, place, dirs <- apply). It imports none of the modules above it,
-so any of them can name these types; building a plan is `plan.py`, what each action kind
+reconcile, state <- actions, plan, sources <- place, dirs <- apply). It imports none of the
+modules above it, so any of them can name these types; building a plan is `plan.py`, what each action kind
 does (and the bytes it writes: `ActionKind.output_size`) is `actions.py`. A `BlockAction`
 stays a plain NamedTuple (a plan streams millions).
 """
@@ -63,6 +63,14 @@ class BlockAction(NamedTuple):
     source_base: str
     world: int = 1  # ranks that hold a file of this block (replicas must cover 0..world-1)
     transform: TransformSpec | None = None  # the proven geometry of a slice/concat/relayout
+
+    @property
+    def transform_spec(self) -> TransformSpec:
+        """The geometry of a slice, concat or relayout, which the plan always gives one
+        (`transform`; any other action has none: ValueError)."""
+        if self.transform is None:
+            raise ValueError(f"{self.action} of {self.target_relpath} has no transform")
+        return self.transform
 
     @property
     def sources(self) -> tuple[SourceFile, ...]:

@@ -239,7 +239,7 @@ class HashingWriter:
         return n
 
     def flush(self) -> None:
-        if not self._buf:
+        if not self._buf or self.fd is None:  # (hash only: nothing is ever buffered)
             return
         view = memoryview(self._buf)
         while view:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from kvmigrate import pacing
+from kvmigrate import layout, pacing
 from kvmigrate.errors import EXIT_INTEGRITY, EXIT_OPERATIONAL, OperationalError
 from kvmigrate.formats import checksum
 from kvmigrate.fsio import open_noatime
@@ -29,57 +29,96 @@ from kvmigrate.migrate.outputs import (
 )
 from kvmigrate.migrate.reconcile import tmp_name, unlink_quiet
 from kvmigrate.migrate.result import Stop, oserror_stop
+from kvmigrate.migrate.sources import stat_differs
 from kvmigrate.transforms import TransformError
 
 if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction, TargetPlan
-
-
-CTIME_MOVED = ("source changed since the scan: its ctime moved while inode, size and mtime did not (rewritten in "
-               "place with its mtime put back?); rescan it to migrate it")
-
-
-def stat_differs(st: os.stat_result, src, *, bytes_checked: bool = False) -> str | None:
-    """Why `st` is not the source file the scan saw, or None: another kind, dev, inode,
-    size or mtime, or a ctime the scan did not see (CTIME_MOVED; user space cannot set a
-    ctime, so a rewrite whose mtime was put back shows there). A ctime also moves for no
-    change of bytes: link(2) sets it, so with a name added since the scan (nlink grew:
-    kvmigrate's own link of it, by an earlier or interrupted run) it is no sign. Nor where
-    the caller compares what it reads with the scan's hash (`bytes_checked`)."""
-    if not stat.S_ISREG(st.st_mode):
-        return "source is no longer a regular file"
-    if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (src.dev, src.inode, src.size, src.mtime_ns):
-        return "source changed since the scan (dev, inode, size or mtime differ)"
-    if (not bytes_checked and src.ctime_ns is not None and st.st_ctime_ns != src.ctime_ns
-            and not (src.nlink is not None and st.st_nlink > src.nlink)):
-        return CTIME_MOVED
-    return None
+    from kvmigrate.migrate.sources import SourceChecks
+    from kvmigrate.migrate.state import ApplyState
 
 
 class Placer:
-    """The Applier's placing primitives (a mixin): they use its `tree`, `journal`,
-    `mode`, `result`, `crash`, `_outcome`, `_src_abs` and, for transforms, its source
-    checks (`_open_sources`, `_check_transform_sources`)."""
+    """Places blocks and config.json files for one run: the primitives an action kind
+    executes through (`actions.Placing`: `link`, `copy`, `transform`). It writes only
+    through the run's tree and journal and counts into its result (`state`); the sources
+    of a transform are opened and checked by the run's `SourceChecks` (`sources`), the
+    same checks as every other block's."""
 
-    def _link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+    def __init__(self, state: ApplyState, sources: SourceChecks) -> None:
+        self.tree = state.tree
+        self.journal = state.journal
+        self.result = state.result
+        self.crash = state.crash
+        self.mode = state.mode
+        self.outcome = state.outcome
+        self.src_abs = state.src_abs
+        self.sources = sources
+
+    def place_config(self, tp: TargetPlan) -> str | None:
+        """Write the target config.json (byte-exact) unless one exists; an existing one
+        must describe the same identity. Returns a problem message or None."""
+        rel = f"{tp.base_name}/{layout.CONFIG_NAME}"
+        want = tp.config_bytes
+        problem = self._existing_config_problem(tp, rel)
+        if problem != "absent":
+            return problem
+        tmp = tmp_name(rel)
+        self.journal.intent([{"kind": "config", "path": rel, "tmp": tmp,
+                              "xxh3_128": xxhash.xxh3_128(want).hexdigest()}])
+        try:
+            ino = self._write_new(tmp, [want])
+            try:
+                self.tree.link_local(tmp, rel)
+            except FileExistsError:
+                unlink_quiet(self.tree, tmp)
+                problem = self._existing_config_problem(tp, rel)
+                return None if problem == "absent" else problem
+            unlink_quiet(self.tree, tmp)
+        except OSError as exc:
+            unlink_quiet(self.tree, tmp)
+            raise oserror_stop(exc, self.tree.abspath(rel), "writing config.json") from None
+        self.tree.fsync_dir(tp.base_name)
+        self.journal.done({"kind": "config", "path": rel, "ino": ino, "size": len(want),
+                           "xxh3_128": xxhash.xxh3_128(want).hexdigest()})
+        self.journal.sync()
+        return None
+
+    def _existing_config_problem(self, tp: TargetPlan, rel: str) -> str | None:
+        st = self.tree.lstat(rel)
+        if st is None:
+            return "absent"
+        where = self.tree.abspath(rel)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{where} exists and is not a regular file; not touching namespace {tp.base_name}"
+        try:
+            data = self.tree.read_bytes(rel, limit=1 << 22)
+        except OSError as exc:
+            raise oserror_stop(exc, where, "reading the existing config.json") from None
+        if tp.fam.config_matches(data, tp.fields):  # as the engine compares it (bytes or fields)
+            return None
+        return (f"{where} exists and describes a different identity than the target; no block of {tp.base_name} "
+                "was written (never overwritten: move it aside if it is stale, then rerun)")
+
+    def link(self, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
         target = act.target_relpath
-        src_abs = self._src_abs(act.source.relpath)
+        src_abs = self.src_abs(act.source.relpath)
         try:
             self.tree.link_in(src_abs, target)
         except FileExistsError:
             return self._compare_existing(tp, act, "link", None)
         except FileNotFoundError:
-            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+            return self.outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.EMLINK) and self.mode == "auto":
-                return self._copy(tp, act, "link", src_hash)
+                return self.copy(tp, act, "link", src_hash)
             if exc.errno == errno.EXDEV:
                 raise Stop(OperationalError(
                     f"cannot hard-link across filesystems: {src_abs} -> {self.tree.abspath(target)}",
                     path=self.tree.abspath(target),
                     hint="use --mode copy or --mode auto; rerun the same command to resume")) from None
             if exc.errno == errno.EMLINK:
-                return self._outcome(tp, act, "failed", "too many hard links to the source file; "
+                return self.outcome(tp, act, "failed", "too many hard links to the source file; "
                                      "rerun with --mode auto to copy such blocks", bits=EXIT_OPERATIONAL)
             if exc.errno == errno.EPERM:
                 # fs.protected_hardlinks: only the owner of a file (or a user who may write
@@ -96,16 +135,16 @@ class Placer:
             # the source name was replaced between our check and link(): this fresh name
             # is ours and points at a file the scan never saw
             unlink_quiet(self.tree, target)
-            return self._outcome(tp, act, "changed_since_scan", "source replaced since the scan")
+            return self.outcome(tp, act, "changed_since_scan", "source replaced since the scan")
         # A hard link IS the source inode: its identity (dev, inode, size, mtime) is
         # journaled, and its hash when the manifest or the replica check has it (no read
         # just for the journal; verify and rollback check mtime where no hash is recorded).
         self.journal.done_link(target, st, act.action, src_hash)
         self.result.linked += 1
-        self._outcome(tp, act, "created")
+        self.outcome(tp, act, "created")
         self.crash.hit("created")
 
-    def _copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None:
+    def copy(self, tp: TargetPlan, act: BlockAction, action: str, src_hash: bytes | None) -> None:
         """A new file with the action's output: temp in the final folder, fsync, then
         link() to the final name (no clobber), then unlink the temp. The bytes read must
         hash to `src_hash` (the scan's, or the one this run's check read)."""
@@ -115,16 +154,16 @@ class Placer:
             return self._compare_existing(tp, act, action, digest)
         tmp = tmp_name(target)
         try:
-            src_fd = open_noatime(self._src_abs(act.source.relpath))
+            src_fd = open_noatime(self.src_abs(act.source.relpath))
         except FileNotFoundError:
-            return self._outcome(tp, act, "changed_since_scan", "source vanished since the scan")
+            return self.outcome(tp, act, "changed_since_scan", "source vanished since the scan")
         except OSError as exc:
-            return self._outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
+            return self.outcome(tp, act, "failed", f"cannot read the source: {exc.strerror}", bits=EXIT_OPERATIONAL)
         was_cached = pacing.cached(src_fd)
         try:
             why = stat_differs(os.fstat(src_fd), act.source, bytes_checked=src_hash is not None)
             if why:
-                return self._outcome(tp, act, "changed_since_scan", why)
+                return self.outcome(tp, act, "changed_since_scan", why)
             src_h = xxhash.xxh3_128()
             try:
                 # a copy of the same bytes keeps the engine's checksum attribute; changed bytes never do
@@ -132,7 +171,7 @@ class Placer:
                                                         same_bytes_as=src_fd if action == "link" else None)
             except SourceInvalid as exc:
                 unlink_quiet(self.tree, tmp)
-                return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+                return self.outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
             except OSError as exc:
                 unlink_quiet(self.tree, tmp)
                 raise oserror_stop(exc, self.tree.abspath(target), "writing a block") from None
@@ -142,7 +181,7 @@ class Placer:
             os.close(src_fd)
         if src_hash is not None and src_h.digest() != src_hash:
             unlink_quiet(self.tree, tmp)
-            return self._outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash"
+            return self.outcome(tp, act, "changed_since_scan", "source content differs from the scan's hash"
                                  if act.source.content_hash is not None else "source changed while it was read")
         self._publish(tp, act, tmp, ino, size, out_digest, action, digest)
 
@@ -171,28 +210,28 @@ class Placer:
             self.result.link_copies += 1
         if act.transform is not None:
             self.result.transformed += 1
-        self._outcome(tp, act, "created")
+        self.outcome(tp, act, "created")
         self.crash.hit("created")
 
-    def _transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None:
+    def transform(self, tp: TargetPlan, act: BlockAction, spec: TransformSpec) -> None:
         """slice / concat / relayout into a temp file through a hashing writer (the output
         hash is known when the last byte is written), fsync, then publish like a copy."""
         target = act.target_relpath
         if self.tree.lstat(target) is not None:
             return self._compare_existing(tp, act, act.action, None)
-        fds = self._open_sources(tp, act)
+        fds = self.sources.open_sources(tp, act)
         if fds is None:
             return
         cold = [fd for fd in fds if not pacing.cached(fd)]  # let go of once written (the check reads them too)
         tmp = tmp_name(target)
         try:
-            if not self._check_transform_sources(tp, act, fds):
+            if not self.sources.check_transform_sources(tp, act, fds):
                 return
             try:
                 ino, size, out_digest = self._write_transform(tmp, spec, fds)
             except (TransformError, SourceInvalid) as exc:
                 unlink_quiet(self.tree, tmp)
-                return self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+                return self.outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
             except OSError as exc:
                 unlink_quiet(self.tree, tmp)
                 raise oserror_stop(exc, self.tree.abspath(target), f"writing a block ({act.action})") from None
@@ -201,7 +240,7 @@ class Placer:
                 why = stat_differs(os.fstat(fd), f, bytes_checked=f.content_hash is not None)
                 if why:
                     unlink_quiet(self.tree, tmp)
-                    return self._outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
+                    return self.outcome(tp, act, "changed_since_scan", f"{f.relpath}: {why}")
         finally:
             for fd in fds:
                 if fd in cold:
@@ -209,7 +248,7 @@ class Placer:
                 os.close(fd)
         if size != spec.output_size:
             unlink_quiet(self.tree, tmp)
-            return self._outcome(tp, act, "failed", f"{act.action} wrote {size} bytes, the plan says "
+            return self.outcome(tp, act, "failed", f"{act.action} wrote {size} bytes, the plan says "
                                  f"{spec.output_size}", bits=EXIT_INTEGRITY)
         self._publish(tp, act, tmp, ino, size, out_digest, act.action, None)
 
@@ -236,20 +275,20 @@ class Placer:
     def _transform_expected(self, tp: TargetPlan, act: BlockAction) -> tuple[int, bytes] | None:
         """(size, hash) of the row the transform would write, to compare with a file that
         is already at the target path; None: the block has its outcome."""
-        fds = self._open_sources(tp, act)
+        fds = self.sources.open_sources(tp, act)
         if fds is None:
             return None
         try:
-            spec = act.transform
+            spec = act.transform_spec
             if ((spec.action == "slice" or spec.replicas or spec.flat and len(act.sources) > 1)
-                    and not self._check_transform_sources(tp, act, fds)):
+                    and not self.sources.check_transform_sources(tp, act, fds)):
                 return None
             out_digest, size = transform_output_hash(spec, fds)
         except SourceInvalid as exc:
-            self._outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
+            self.outcome(tp, act, "failed", f"{act.action}: {exc}", bits=EXIT_INTEGRITY)
             return None
         except OSError as exc:
-            self._outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
+            self.outcome(tp, act, "failed", f"cannot read the sources of {act.action}: {exc.strerror or exc}",
                           bits=EXIT_OPERATIONAL)
             return None
         finally:
@@ -295,40 +334,40 @@ class Placer:
         target = act.target_relpath
         st = self.tree.lstat(target)
         if st is None:
-            return self._outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun")
+            return self.outcome(tp, act, "failed", "target path appeared and vanished during the run; rerun")
         if not stat.S_ISREG(st.st_mode):
-            return self._outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
+            return self.outcome(tp, act, "conflict", "a non-regular file (symlink?) is in the way")
         if action == "link" and st.st_ino == act.source.inode and st.st_dev == act.source.dev:
-            return self._outcome(tp, act, "already_present")
+            return self.outcome(tp, act, "already_present")
         if expected is None and act.transform is not None:
             expected = self._transform_expected(tp, act)
             if expected is None:
                 return None
         if expected is None:
             try:
-                fd = open_noatime(self._src_abs(act.source.relpath))
+                fd = open_noatime(self.src_abs(act.source.relpath))
             except OSError as exc:
-                return self._outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
+                return self.outcome(tp, act, "changed_since_scan", f"source cannot be read: {exc.strerror}")
             try:
                 why = stat_differs(os.fstat(fd), act.source)
                 if why:
-                    return self._outcome(tp, act, "changed_since_scan", why)
+                    return self.outcome(tp, act, "changed_since_scan", why)
                 try:
                     out_digest, size, _ = output_hash(fd, action, digest)
                 except SourceInvalid as exc:
-                    return self._outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
+                    return self.outcome(tp, act, "failed", str(exc), bits=EXIT_INTEGRITY)
             finally:
                 os.close(fd)
             expected = (size, out_digest)
         size, out_digest = expected
         if st.st_size != size:
-            return self._outcome(tp, act, "conflict", f"a different file is in the way ({st.st_size} bytes, "
+            return self.outcome(tp, act, "conflict", f"a different file is in the way ({st.st_size} bytes, "
                                  f"expected {size}); left untouched")
         try:
             have, _ = self.tree.hash(target)
         except OSError as exc:
-            return self._outcome(tp, act, "failed", f"cannot read the existing target: {exc.strerror}",
+            return self.outcome(tp, act, "failed", f"cannot read the existing target: {exc.strerror}",
                                  bits=EXIT_OPERATIONAL)
         if have == out_digest:
-            return self._outcome(tp, act, "already_present")
-        return self._outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")
+            return self.outcome(tp, act, "already_present")
+        return self.outcome(tp, act, "conflict", "a file with different content is in the way; left untouched")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -54,13 +54,15 @@ def _world(ns: dict[str, Any]) -> int:
     return len(block_ranks(ns.get("family"), ns.get("config_json") or {}, ns.get("ranks") or (0,)))
 
 
-def _check_target_path(relpath: str, rank_dir: str, where: str) -> None:
+def _check_target_path(relpath: str, rank_dir: str, where: str) -> layout.BlockName:
+    """The block a target path names, in the target rank folder; raises for any other path."""
     check_relpath(relpath, where)
     parsed = layout.parse_block_relpath(relpath)
     if parsed is None or relpath.split("/", 1)[0] != rank_dir or parsed[1].misfiled:
         raise UsageError(f"{where}: target_relpath {relpath!r} is not a block path in the target rank folder "
                          f"{rank_dir!r}; refusing this manifest",
                          hint="regenerate the manifest with `kvmigrate scan`")
+    return parsed[1]
 
 
 def _check_source_path(relpath: str, where: str) -> None:
@@ -108,7 +110,7 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
-    def spec(self, sb: str, action: str, group: Any, size: int, cell: tuple[Any, Any], rowname: str,
+    def spec(self, sb: str, action: str, group: Any, size: int, cell: Sequence[Any], rowname: str,
              relpath: str = "") -> TransformSpec:
         """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
         proven from the data); a flat family's page (`relpath`: its name) is re-proven by
@@ -120,7 +122,10 @@ class _Context:
                 if action != "relayout":
                     raise ValueError(f"{action} is not defined for a {self.flat[sb].title} page")
                 geometry = self.flat[sb].flat_relayout(fields, ns.get("facts") or {}, relpath, size)
-                return flat_relayout_spec(fields.get("kv_kind"), size, geometry)
+                kv_kind = fields.get("kv_kind")
+                if not isinstance(kv_kind, str):  # (unreached: flat_relayout proves mla or full)
+                    raise ValueError("the identity gives no kv kind")
+                return flat_relayout_spec(kv_kind, size, geometry)
             except (SourceInvalid, TypeError, ValueError, KeyError) as exc:
                 raise UsageError(f"{rowname}: {action} is not proven by the namespace's facts ({exc}); refusing "
                                  "this manifest", hint="regenerate it with `kvmigrate scan`") from None
@@ -140,16 +145,15 @@ class _Context:
 def _check_row(ctx: _Context, row: dict[str, Any]) -> None:
     """The checks of one creating row, with their messages; raises for a bad row."""
     sb = row.get("source_base")
-    tp = ctx.target_of.get(sb)
+    tp = ctx.target_of.get(sb) if isinstance(sb, str) else None
     rowname = f"{ctx.where}: row {row.get('relpath')!r}"
     if tp is None:
         raise UsageError(f"{rowname}: action {row.get('action')} but namespace {sb!r} has no target identity; "
                          "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
     _check_source_path(row["relpath"], rowname)
-    _check_target_path(row["target_relpath"], tp.rank_dir, rowname)
+    name = _check_target_path(row["target_relpath"], tp.rank_dir, rowname).hex_hash
     if row["target_relpath"] == row["relpath"]:
         raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest")
-    name = layout.parse_block_relpath(row["target_relpath"])[1].hex_hash  # (a block path: checked above)
     if row.get("block_hash") is None or name != row["block_hash"].hex():
         have = row["block_hash"].hex() if row.get("block_hash") is not None else None
         raise UsageError(f"{rowname}: target_relpath {row['target_relpath']!r} does not name the row's block "
@@ -716,7 +720,10 @@ def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan
     target_of[src_base] = tp
 
 
-def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[str, str, str, str | None, int, int]]:
+GroupedCount = tuple[str, str, str, str | None, int, int]  # see `_grouped_counts`
+
+
+def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[GroupedCount]:
     """(source_base, action, reason, occupied target path, blocks, bytes) for block rows
     that create nothing (the path: the row's finding is `target_occupied`).
 
@@ -741,7 +748,7 @@ def _grouped_counts(table: pa.Table, action_col: pa.ChunkedArray) -> list[tuple[
                                  pc.is_valid(sub.column("target_relpath"))))
     rest = sub.filter(pc.invert(pc.and_(pc.equal(sub.column("action"), "already_present"),
                                         pc.is_valid(sub.column("target_relpath")))))
-    out = []
+    out: list[GroupedCount] = []
     if present.num_rows:
         first = present.group_by("target_relpath").aggregate([("source_base", "min"), ("size", "max"),
                                                               ("reason", "min")])

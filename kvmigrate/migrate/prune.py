@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from kvmigrate import findings, layout
 from kvmigrate import manifest as mf
@@ -482,12 +482,13 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     are prune's own. `namespaces`: only those (--only/--exclude). Tallied in Arrow, as
     `reclaim_totals` tallies a plan's items."""
     meta = mf.read_metadata(manifest_path)
-    root = meta.get("root") if isinstance(meta.get("root"), str) else ""
+    meta_root = meta.get("root")
+    root = meta_root if isinstance(meta_root, str) else ""
     now = time.time() if now is None else now
     per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
     per_ns: dict[tuple[str, str], dict[str, int]] = {}
     totals = dict.fromkeys(TOTAL_KEYS, 0)
-    skipped: list[dict[str, Any]] = []
+    skipped: list[SkippedNamespace] = []
     if _any_candidate(manifest_path):
         c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
         used = _used_namespaces(root, migration_journal)
@@ -512,13 +513,22 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     return out
 
 
-def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[dict[str, str]]:
+class SkippedNamespace(TypedDict):
+    """A namespace `prune` run now would skip, as the reports list it."""
+
+    namespace: str
+    written_s_ago: int
+    quiet_period_s: float
+    reason: str | None  # `_live`'s reason
+
+
+def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[SkippedNamespace]:
     """The namespaces counted above that `prune` run now would skip (written within the
     default quiet period), with the reason it would give: the reports say so rather than
     promise what a prune run now leaves."""
     if not sel.root or not os.path.isdir(sel.root):
         return []
-    out = []
+    out: list[SkippedNamespace] = []
     for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
         age = now - _newest_write(sel.root, folders, newest_ns)
         if age < DEFAULT_QUIET_PERIOD:

@@ -13,6 +13,7 @@ import os
 import stat
 import time
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,8 +166,8 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     moved: list[str] = []
     held_back: set[str] = set()
     n = 0
-    for key, group in itertools.groupby(items, key=lambda i: i.key):
-        group = list(group)
+    for key, same_key in itertools.groupby(items, key=lambda i: i.key):
+        group = list(same_key)
         ns = group[0].namespace
         if key == f"{ns}/{layout.CONFIG_NAME}" and ns in held_back:
             result.kept.append(f"{tree.abspath(key)}: kept, since other files of {ns} stay (listed above)")
@@ -340,8 +341,8 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
                 run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
             elif t == "done" and rec.get("kind") == "returned":
                 run.moved.discard(rec.get("path"))
-            elif t == "done":
-                run.moved.add(rec.get("path"))
+            elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
+                run.moved.add(rec["path"])
             elif t == "complete":
                 run.complete = True
             elif t == "resume":
@@ -403,7 +404,7 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
 
 
 def _check_unchanged(tree: DestTree, item: Item, scan_started_ns: int | None,
-                     ours: set[tuple[int, int]] = frozenset()) -> os.stat_result:
+                     ours: AbstractSet[tuple[int, int]] = frozenset()) -> os.stat_result:
     """A fresh lstat equal to the scan's (a regular file, same dev, inode, size, mtime, no
     ctime after the scan), and for a migrated block its target unchanged too (the same
     inode for a link). `ours`: inodes this run moved another name of (that rename set

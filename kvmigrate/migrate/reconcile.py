@@ -88,7 +88,7 @@ def reconcile_item(tree: DestTree, root: str, item: dict[str, Any], digests: dic
             fst = os.fstat(fd)
             if (fst.st_ino, fst.st_size) != (item.get("ino"), item.get("size")):
                 return None
-            want, _, _ = output_hash(fd, item.get("action"), digests.get(item.get("base", "")))
+            want, _, _ = output_hash(fd, item.get("action", ""), digests.get(item.get("base", "")))
         except (OSError, SourceInvalid):
             return None
         finally:

@@ -154,11 +154,12 @@ def _put_back(tree: DestTree, item: dict[str, Any], way: WayBack, result: Restor
             tree.unlink(way.source)  # a kill between link and unlink left both names
         return
     if way.state in ("conflict", "lost"):
-        result.kept.append(way.why)
+        if way.why is not None:  # (a conflict or a loss always says why)
+            result.kept.append(way.why)
         if way.state == "conflict" and way.source:
             result.conflicts += 1
         return
-    if way.state == "not_moved":
+    if way.state == "not_moved" or way.source is None:  # (quarantine, target: always the name to link from)
         return
     path = item["path"]
     try:
@@ -252,7 +253,11 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
             w.write({"t": "purge", "time": time.time(), "files": files}, sync=True)
             crash.hit("purge")
             errors: list[str] = []
-            shutil.rmtree(qpath, onerror=lambda fn, p, exc, errors=errors: errors.append(f"{p}: {exc[1]}"))
+
+            def note(fn: Any, p: str, exc: tuple[Any, BaseException, Any], errors: list[str] = errors) -> None:
+                errors.append(f"{p}: {exc[1]}")
+
+            shutil.rmtree(qpath, onerror=note)
             if errors and os.path.exists(qpath):
                 result.failed += errors[:10]
                 continue

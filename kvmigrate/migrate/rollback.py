@@ -190,14 +190,14 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
         if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
             continue
         owned: set[tuple[str, str]] = set()
-        for run, items in restore_runs(jdir, namespaces):
-            items = [i for i in items if (run.root, i["path"]) not in owned]
+        for prune_run, items in restore_runs(jdir, namespaces):
+            items = [i for i in items if (prune_run.root, i["path"]) not in owned]
             if not items:
                 continue
             decision.roots.setdefault(root, set()).update(namespaces)
-            with DestTree(run.root) as tree:
-                ways = [(item, way_back(tree, run, item)) for item in items]
-                owned |= claimed(run, ways)
+            with DestTree(prune_run.root) as tree:
+                ways = [(item, way_back(tree, prune_run, item)) for item in items]
+                owned |= claimed(prune_run, ways)
                 for item, way in ways:
                     if way.state in ("quarantine", "target"):
                         decision.back.append(way)
@@ -207,7 +207,7 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
                         residue += 1  # a temp leftover or crash residue: nothing of value
                     elif way.state == "lost":
                         lost.append((item.get("ns") or "", way))
-                decision.script += _restore_script(tree, run, ways)
+                decision.script += _restore_script(tree, prune_run, ways)
     if residue:
         decision.script.insert(0, f"# {residue} pruned residue file(s) (temp leftovers, zero-filled or short "
                                   "files) went with a purged quarantine: nothing of value")
@@ -230,7 +230,7 @@ def _restore_script(tree: DestTree, run: Any, ways: list[tuple[dict, WayBack]]) 
         if way.state == "in_place" and way.source:  # both names (a kill between link and unlink)
             gone.add(tree.abspath(way.source))
             lines.append(f"rm -f -- {q(tree.abspath(way.source))}")
-        if way.state not in ("quarantine", "target"):
+        if way.state not in ("quarantine", "target") or way.source is None:  # (those two: always a source)
             continue
         parent = way.path.rpartition("/")[0]
         if parent and parent not in made and not os.path.isdir(tree.abspath(parent)):
@@ -379,7 +379,7 @@ class _Removal:
                 self.count(kind, rec["path"])
             elif what == "gone":
                 self.result.already_gone += 1
-            else:
+            elif why is not None:  # kept: always says why
                 self.result.kept.append(why)
 
 

@@ -94,6 +94,8 @@ class ManifestRows:
                 self._table = self._mine(_plain(table.select(cols)))
                 self._table = self._table.append_column("_bucket", _buckets(self._table.column("block_hash")))
                 self._survey([self._table], -1, 0, hist)
+            elif path is None:
+                raise TypeError("rows come from a manifest path or a table")
             else:
                 for f in manifest._parquet_files(path):
                     self._files.append((pq.ParquetFile(f), str(f), _identity(f)))

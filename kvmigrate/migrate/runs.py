@@ -224,7 +224,8 @@ def _same_dir(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def targets_of_others(journal_dirs: list[str], own: Iterable[str], dest: str, own_ids: Iterable[str] = ()) -> set[str]:
+def targets_of_others(journal_dirs: list[str], own: Iterable[str], dest: str,
+                      own_ids: Iterable[str | None] = ()) -> set[str]:
     """Target base folders under `dest` that migration runs of other journals than `own`
     fill (runs not rolled back; a run id of `own_ids`, the same run journaled twice, is
     no other run)."""

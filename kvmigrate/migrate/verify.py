@@ -243,7 +243,7 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
                                        "modified since the migration (its mtime is not the journaled one; "
                                        "a hard link shares its source's inode)"))
         return
-    if not by_identity and have.hex() != rec.get("xxh3_128"):
+    if have is not None and have.hex() != rec.get("xxh3_128"):  # (have: None when by_identity)
         result.findings.append(Finding(f"{rec['kind']}_changed", where,
                                        "content differs from the journaled XXH3-128 (tampered or rewritten)"))
         return
@@ -259,7 +259,7 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
         return
     parsed = layout.parse_block_relpath(path)
     folder = layout.parse_folder(path.split("/", 1)[0])
-    target = run.targets.get(folder.base if folder is not None else None)
+    target = run.targets.get(folder.base) if folder is not None else None
     if target:  # the target engine's own checks of the block (Family.verify_block)
         block = parsed[1] if parsed is not None else None
         found = families.get(target.get("family")).verify_block(

@@ -558,10 +558,10 @@ def test_a_different_block_found_by_the_scan_at_a_target_path_is_a_conflict(tmp_
 
 
 def test_no_space_while_writing_a_copy_leaves_no_temp_and_resumes(tmp_path, synth_root, monkeypatch):
-    from kvmigrate.migrate import apply as apply_mod
+    from kvmigrate.migrate import place as place_mod
 
     root, (res,) = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
-    real = apply_mod.Applier._write_new
+    real = place_mod.Placer._write_new
     calls = {"n": 0}
 
     def full_disk(self, tmp, chunks, **kwargs):
@@ -572,13 +572,13 @@ def test_no_space_while_writing_a_copy_leaves_no_temp_and_resumes(tmp_path, synt
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, tmp, chunks, **kwargs)
 
-    monkeypatch.setattr(apply_mod.Applier, "_write_new", full_disk)
+    monkeypatch.setattr(place_mod.Placer, "_write_new", full_disk)
     journal = tmp_path / "j.jsonl"
     code, out = run("migrate", root, *MLA, "--apply", "--journal", journal)
     assert code == 8 and "no space left on device" in out and "resume" in out
     assert not list(root.rglob("*.kvmigrate-*.tmp"))
     assert len(list(root.rglob("*.bin"))) == 12 + 2
-    monkeypatch.setattr(apply_mod.Applier, "_write_new", real)
+    monkeypatch.setattr(place_mod.Placer, "_write_new", real)
     code, summary = run_json("migrate", root, *MLA, "--apply", "--journal", journal)
     assert code == 0 and summary["apply"]["resumed"] and summary["outcomes"]["created"] == 4
 

@@ -277,13 +277,13 @@ def test_a_hashed_manifest_catches_content_changed_behind_the_stat(tmp_path, syn
 def test_a_source_that_cannot_be_read_fails_its_block_and_writes_nothing(tmp_path, synth_root, monkeypatch):
     import errno
 
-    from kvmigrate.migrate import apply as apply_mod
+    from kvmigrate.migrate import sources as sources_mod
 
     def eio(fd, size, header_len=0, payload=False, let_go=True):
         raise OSError(errno.EIO, "Input/output error")
 
     root, (res,) = synth_root(MLA_B4)
-    monkeypatch.setattr(apply_mod, "_read_fd", eio)  # the read of the sources apply checks before acting
+    monkeypatch.setattr(sources_mod, "_read_fd", eio)  # the read of the sources apply checks before acting
     m = tmp_path / "m.parquet"
     code, summary = run("migrate", root, *MLA, "--page-bytes", "256", "--manifest-out", m, "--apply", "--json")
     assert code == 8
