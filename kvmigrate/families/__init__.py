@@ -299,7 +299,7 @@ class Family:
         says whether its ambiguity changes any byte)."""
         return []
 
-    def verify_block(self, head: bytes, size: int, target: Mapping[str, Any], hex_hash: str,
+    def verify_block(self, head: bytes, size: int, target: Mapping[str, Any], hex_hash: str | None,
                      group: int) -> tuple[str, str] | None:
         """(finding kind, message) when a migrated block of a target namespace of this
         family would be refused by its engine (`verify --journal`), else None."""
