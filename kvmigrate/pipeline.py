@@ -23,6 +23,7 @@ from kvmigrate import scan as scan_stage
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
+from kvmigrate.options import ScanOptions
 from kvmigrate.report.summary import summarize, totals_for
 
 if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
@@ -46,49 +47,58 @@ class ScanResult:
     walk_errors: list[str] = field(default_factory=list)
 
 
-def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
-         manifest: str | None | bool = True, verb: str = "scan", **kwargs: Any) -> ScanResult:
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet",
+         options: ScanOptions | None = None, *, manifest: str | None | bool = True, verb: str = "scan") -> ScanResult:
     """Scan ROOT into the manifest at `output` and summarize it in the same pass (the
     summary aggregates the batches as they are written). `manifest`, `verb`: what the
-    summary's hints name (see report.summary.summarize); kwargs: kvmigrate.scan.scan's."""
-    walked = scan_stage.scan(root, output, transform_output=expected_transform_output, batch_sink=totals_for,
-                             **kwargs)
+    summary's hints name (see report.summary.summarize)."""
+    walked = scan_stage.scan(root, output, options, transform_output=expected_transform_output,
+                             batch_sink=totals_for)
     summary = summarize(walked.output, manifest=manifest, verb=verb, totals=walked.totals)
     return ScanResult(walked.root, walked.output, summary, summary["exit_code"], summary["totals"]["files"],
                       walked.files, walked.bytes, walked.seconds, walked.walk_errors)
 
 
-def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], *, parts: int | None = None,
-             address: str | None = None, on_part: Callable[[Any], None] | None = None, progress: bool = False,
-             **kwargs: Any) -> Any:
+@dataclass(frozen=True)
+class Parts:
+    """--run-on ray --shards N [--ray-address ADDR]: the scan or apply runs as `count`
+    Ray tasks; `on_part` hears of each finished part."""
+
+    count: int
+    address: str | None = None
+    on_part: Callable[[Any], None] | None = None
+
+
+def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], options: ScanOptions, *,
+             parts: Parts | None = None, manifest: str | None | bool = True, verb: str = "scan") -> Any:
     """`scan` in this process, or as `parts` Ray tasks into a dataset directory
-    (kvmigrate.scaleout.ray_runner.scan_on_ray); both results have root, output,
-    summary, exit_code and seconds."""
+    (kvmigrate.scaleout.ray_runner.scan_on_ray, where `options.shard` and
+    `options.progress` do not apply); both results have root, output, summary,
+    exit_code and seconds."""
     if parts is None:
-        return scan(root, output, progress=progress, **kwargs)
+        return scan(root, output, options, manifest=manifest, verb=verb)
     from kvmigrate.scaleout.ray_runner import scan_on_ray
 
-    return scan_on_ray(scan, str(root), str(output), shards=parts, address=address, on_part=on_part, **kwargs)
+    return scan_on_ray(scan, str(root), str(output), options, shards=parts.count, address=parts.address,
+                       on_part=parts.on_part, manifest=manifest, verb=verb)
 
 
 @contextlib.contextmanager
-def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None = None, *, verb: str = "scan",
-            prefix: str = "kvmigrate-scan-", parts: int | None = None, address: str | None = None,
-            **kwargs: Any) -> Iterator[Any]:
+def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None, options: ScanOptions, *,
+            verb: str = "scan", prefix: str = "kvmigrate-scan-", parts: Parts | None = None) -> Iterator[Any]:
     """Scan ROOT into `keep` (kept, and named by the hints), else into a private
     temporary directory outside the cache root, removed when the `with` ends: a command
-    that scans before it reports, plans or verifies never writes into the tree it reads.
-    kwargs: `scan_any`'s."""
+    that scans before it reports, plans or verifies never writes into the tree it reads."""
     if keep is not None:
-        yield scan_any(root, keep, parts=parts, address=address, verb=verb, **kwargs)
+        yield scan_any(root, keep, options, parts=parts, verb=verb)
         return
-    if parts is not None and address:
+    if parts is not None and parts.address:
         raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR on storage "
                          "every node mounts at the same path")
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
         output = os.path.join(tmp, "manifest.parquet" if parts is None else "manifest")
-        yield scan_any(root, output, parts=parts, address=address, verb=verb, manifest=None, **kwargs)
+        yield scan_any(root, output, options, parts=parts, verb=verb, manifest=None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -105,12 +115,12 @@ class AuditResult:
     carried: int = 0  # rows whose hashes a --baseline carried over (files not opened)
 
 
-def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] | None = None,
-          **kwargs: Any) -> AuditResult:
+def audit(root: str | os.PathLike[str], options: ScanOptions, *, manifest_out: str | os.PathLike[str] | None = None,
+          parts: Parts | None = None) -> AuditResult:
     """`audit`: scan ROOT and return the report summary and the exit code (OR of the
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
-    at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
-    with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
+    at `manifest_out` when given (the hints then point at it)."""
+    with scanned(root, manifest_out, options, verb="audit", prefix="kvmigrate-audit-", parts=parts) as result:
         with_reclaimable(result.summary, result.output)
         code = result.exit_code | (with_runs(result.summary)["exit_code"] & 1)
         return AuditResult(result.summary, code, str(result.output) if manifest_out is not None else None,
@@ -215,9 +225,9 @@ def verify(root: str, journal: str | None = None, *, target_profile: str | None 
         from kvmigrate.identity.facts import FactsResolver
 
         profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
-        with scanned(result.root, target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
-                     verify="size", threads=threads, prefix="kvmigrate-verify-",
-                     selection=selection) as scan_result:
+        options = ScanOptions(target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
+                              verify="size", threads=threads, selection=selection)
+        with scanned(result.root, None, options, prefix="kvmigrate-verify-") as scan_result:
             result.summary = {k: scan_result.summary[k] for k in verify_stage.SUMMARY_KEYS if k in scan_result.summary}
     return result
 
@@ -313,10 +323,11 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
 
             stack.enter_context(session(address))
         if manifest is None:
+            options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
+                                           progress=progress, command=command, selection=selection)
             scan_result = stack.enter_context(scanned(
-                root, manifest_out, prefix="kvmigrate-migrate-", parts=parts, address=address, target=target,
-                facts_resolver=facts_resolver, verify=verify or "hash", threads=threads, progress=progress,
-                command=command, selection=selection))
+                root, manifest_out, options, prefix="kvmigrate-migrate-",
+                parts=None if parts is None else Parts(parts, address)))
             yield Migration(_plan(build_plan, scan_result.output, dest, progress, selection), str(scan_result.output),
                             kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
             return
@@ -392,8 +403,9 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
                    selection=selection)
     if manifest is None:
         started = time.time_ns()
-        with scanned(root, manifest_out, prefix="kvmigrate-prune-", target=target, facts_resolver=facts_resolver,
-                     verify=verify or "hash", threads=threads, progress=progress, command=command) as scan_result:
+        options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
+                                       progress=progress, command=command)
+        with scanned(root, manifest_out, options, prefix="kvmigrate-prune-") as scan_result:
             plan = build_plan(str(scan_result.output), **options)
             plan.scan_started_ns, plan.finished = started, finished
             yield plan

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from typing import Any
 
 import click
@@ -24,6 +25,7 @@ from kvmigrate.identity.values import (
     RUNNERS,
     SGLANG_LAYOUTS,
 )
+from kvmigrate.options import DEFAULT_VERIFY, VERIFY_LEVELS
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -129,11 +131,131 @@ def io_depth_option(fn: Callable) -> Callable:
                         metavar="N", help=IO_DEPTH_HELP)(fn)
 
 
+class Rate(int):
+    """Bytes per second (--bwlimit), written back as given (`64K`) in printed commands."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> Rate:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Seconds(float):
+    """A duration (--max-duration), written back as given (`2h`) in messages and commands."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> Seconds:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _usage_message(exc: Exception, option: str) -> str:
+    """A library UsageError's message without the option name it starts with (click's
+    parse error names the option itself)."""
+    text = str(exc)
+    return text[len(option):].lstrip() if text.startswith(option) else text
+
+
+class RateType(click.ParamType):
+    """--bwlimit RATE: `200M`, `1.5G`, `50000` (kvmigrate.pacing.parse_rate)."""
+
+    name = "rate"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Rate:
+        if isinstance(value, Rate):
+            return value
+        from kvmigrate import pacing
+        from kvmigrate.errors import UsageError
+
+        try:
+            return Rate(pacing.parse_rate(value), str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--bwlimit"), param, ctx)
+
+
+class MaxDurationType(click.ParamType):
+    """--max-duration DURATION: `2h`, `1h30m`, `90m`, `45s`, above zero (kvmigrate.pacing.parse_duration)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Seconds:
+        if isinstance(value, Seconds):
+            return value
+        from kvmigrate import pacing
+        from kvmigrate.errors import UsageError
+
+        try:
+            return Seconds(pacing.parse_duration(value), str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--max-duration"), param, ctx)
+
+
+class AgeType(click.ParamType):
+    """An age in seconds (--older-than, --quiet-period): `45s`, `10m`, `1h30m`, `7d`
+    (kvmigrate.units.parse_duration)."""
+
+    name = "age"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        from kvmigrate.units import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ShardType(click.ParamType):
+    """--shard K/N: the K-th of N parts, 0 <= K < N."""
+
+    name = "shard"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            k, n = (int(x) for x in str(value).split("/"))
+        except ValueError:
+            self.fail(f"expected K/N, got {value!r}", param, ctx)
+        if not (n >= 1 and 0 <= k < n):
+            self.fail(f"need 0 <= K < N, got {value!r}", param, ctx)
+        return k, n
+
+
+class FractionType(click.ParamType):
+    """--recheck F: a fraction between 0 and 1 (`1/30`, `0.05`; kvmigrate.scan.baseline.parse_fraction)."""
+
+    name = "fraction"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Fraction:
+        if isinstance(value, Fraction):
+            return value
+        from kvmigrate.errors import UsageError
+        from kvmigrate.scan.baseline import parse_fraction
+
+        try:
+            return parse_fraction(str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--recheck"), param, ctx)
+
+
 def walk_options(fn: Callable) -> Callable:
-    fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
+    fn = click.option("--verify", "verify", type=click.Choice(VERIFY_LEVELS), default=DEFAULT_VERIFY,
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
     fn = io_depth_option(fn)
-    fn = click.option("--shard", default=None, metavar="K/N",
+    fn = click.option("--shard", type=ShardType(), default=None, metavar="K/N",
                       help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 
@@ -167,18 +289,6 @@ def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, sha
 def part_done(report: Any) -> None:
     """One stderr line per finished Ray part (progress of a long scale-out run)."""
     click.echo(f"kvmigrate: {report.name}: {'done' if report.error is None else 'failed'}", err=True)
-
-
-def parse_shard(value: str | None) -> tuple[int, int]:
-    if value is None:
-        return 0, 1
-    try:
-        k, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise click.BadParameter(f"expected K/N, got {value!r}", param_hint="--shard") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise click.BadParameter(f"need 0 <= K < N, got {value!r}", param_hint="--shard")
-    return k, n
 
 
 def say_no_cache(summary: dict[str, Any]) -> None:
@@ -271,27 +381,23 @@ def pacing_options(fn: Callable) -> Callable:
     fn = click.option("--idle-io", "idle_io", is_flag=True,
                       help="Idle I/O priority (ionice -c 3): the disk serves this run only when the engine "
                            "does not ask.")(fn)
-    fn = click.option("--bwlimit", metavar="RATE", default=None,
+    fn = click.option("--bwlimit", type=RateType(), metavar="RATE", default=None,
                       help="Read at most RATE bytes/s for hashing and copies (200M, 1.5G; K, M, G = 1024 "
                            "powers), all threads and worker processes together.")(fn)
-    fn = click.option("--max-duration", "max_duration", metavar="DURATION", default=None,
+    fn = click.option("--max-duration", "max_duration", type=MaxDurationType(), metavar="DURATION", default=None,
                       help="Stop cleanly at a batch boundary after DURATION (2h, 90m, 1h30m, 45s) and exit 32 "
                            "with the command that goes on.")(fn)
     return fn
 
 
-def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, quiet: bool,
+def start_pacing(max_duration: Seconds | None, bwlimit: Rate | None, idle_io: bool, quiet: bool,
                  parts: int | None = None) -> None:
-    """Set the run's limits before anything is read (a bad value is a usage error, exit 2)."""
+    """Set the run's limits before anything is read (their values were checked while parsing)."""
     from kvmigrate import pacing
-    from kvmigrate.errors import UsageError
 
     if parts is not None and (max_duration or bwlimit):
         raise click.UsageError("--max-duration and --bwlimit pace a run in this process, not --run-on ray parts")
-    try:
-        pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
-    except UsageError as exc:
-        raise click.UsageError(str(exc)) from None
+    pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
     if idle_io:
         note = pacing.idle_io_priority()
         if note and not quiet:
@@ -334,7 +440,7 @@ def baseline_options(fn: Callable) -> Callable:
     fn = click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
                       help="Where audits are kept (--keep) and --baseline auto looks "
                            "(default: ROOT/.kvmigrate/audits).")(fn)
-    fn = click.option("--recheck", default=None, metavar="F",
+    fn = click.option("--recheck", type=FractionType(), default=None, metavar="F",
                       help="With --baseline: re-read this fraction of the carried-over files anyway, by bucket, "
                            "a different part each run (default 1/30: 30 runs cover the tree); a hash that "
                            "changed under unchanged metadata is a silent_change (exit bit 4).")(fn)
@@ -345,11 +451,14 @@ def baseline_options(fn: Callable) -> Callable:
     return fn
 
 
-def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None) -> dict[str, Any]:
-    """The scan keyword arguments of baseline_options (none when none was given)."""
-    from kvmigrate.scan.baseline import parse_fraction
+def scan_options(*, target: str, facts_resolver: Any, verify: str, threads: int | None, command: str | None,
+                 selection: Any, baseline: str | None, recheck: Fraction | None, history: str | None,
+                 shard: tuple[int, int] | None = None, progress: bool = False) -> Any:
+    """The kvmigrate.options.ScanOptions of a command's options (`history` only
+    with --baseline or --recheck, which then fail without the other as the scan decides)."""
+    from kvmigrate.options import DEFAULT_SHARD, ScanOptions
 
-    given = {k: v for k, v in dict(baseline=baseline, recheck=recheck).items() if v is not None}
-    if recheck is not None:
-        given["recheck"] = parse_fraction(recheck)
-    return {**given, "history": history} if given else {}
+    given = baseline is not None or recheck is not None
+    return ScanOptions(target=target, facts_resolver=facts_resolver, verify=verify, threads=threads,
+                       shard=shard or DEFAULT_SHARD, progress=progress, command=command, selection=selection,
+                       baseline=baseline, recheck=recheck, history=history if given else None)

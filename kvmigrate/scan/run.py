@@ -25,7 +25,7 @@ from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
-from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.options import VERIFY_LEVELS, ScanOptions
 from kvmigrate.scan import flat
 from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
@@ -36,7 +36,6 @@ from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
 from kvmigrate.scan.units import Unit, build_units
 from kvmigrate.scan.walker import Walker
-from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
 
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
@@ -86,14 +85,10 @@ class Progress:
             self.bar.close()
 
 
-def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet",
+         options: ScanOptions | None = None, *,
          transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]],
-         batch_sink: Callable[[dict[str, Any]], Any] | None = None,
-         target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
-         threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None, selection: Selection | None = None,
-         baseline: str | Baseline | None = None, recheck: Any = None,
-         history: str | None = None) -> WalkResult:
+         batch_sink: Callable[[dict[str, Any]], Any] | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -115,8 +110,15 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     it keep its hashes unopened; `recheck` (a fraction, default 1/30) of its buckets are
     re-read all the same (kvmigrate.scan.baseline). A `Baseline` already loaded is a
     part's share of it (scan.baseline.load_parts).
+
+    These are the fields of `options` (kvmigrate.options.ScanOptions), with
+    `target`, `facts_resolver`, `verify`, `threads`, `progress` and `command`.
     """
-    if verify not in ("none", "size", "hash"):
+    options = options or ScanOptions()
+    target, verify, shard, workers, recheck = (options.target, options.verify, options.shard, options.workers,
+                                               options.recheck)
+    selection, baseline, history = options.selection, options.baseline, options.history
+    if verify not in VERIFY_LEVELS:
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
     k, n = shard
     if not (n >= 1 and 0 <= k < n):
@@ -125,11 +127,11 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise UsageError(f"--workers must be at least 1, got {workers}")
     t0 = time.monotonic()
     root_path = check_root(str(root))
-    resolver = facts_resolver or FactsResolver({}, None)
+    resolver = options.facts_resolver or FactsResolver({}, None)
     prev = None
     if isinstance(baseline, Baseline):  # a part of a --run-on ray scan: its rows, loaded and checked by the driver
         prev = baseline
-    elif baseline is not None:
+    elif isinstance(baseline, str):
         prev = load_baseline(baseline, root=root_path, target=target, verify=verify, history=history,
                              recheck=DEFAULT_RECHECK if recheck is None else recheck)
     elif recheck is not None:
@@ -160,7 +162,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
 
     meta = {
         "tool_version": __version__,
-        "command": command or "kvmigrate scan " + shlex.quote(str(root)),
+        "command": options.command or "kvmigrate scan " + shlex.quote(str(root)),
         "root": root_path,
         "target_profile": target,
         "verify": verify,
@@ -178,9 +180,9 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     _lean_arrow_allocator()
     head = non_bucket_rows(walker, listing, namespaces, units, shard)  # also lists every unit's buckets
     tasks = plan_tasks(units, k, n)
-    workers, threads = parallelism(workers, threads, verify, sum(len(b) for _, b in tasks))
+    workers, threads = parallelism(workers, options.threads, verify, sum(len(b) for _, b in tasks))
     with _terminate_as_interrupt():
-        return _write(walker, units, head, tasks, workers, threads, meta, output, progress, root_path, t0,
+        return _write(walker, units, head, tasks, workers, threads, meta, output, options.progress, root_path, t0,
                       batch_sink)
 
 

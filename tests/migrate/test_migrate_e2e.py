@@ -17,6 +17,7 @@ from reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcp
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+from kvmigrate.options import ScanOptions
 
 FULL = ["--kv-kind", "full", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--writer-tp", "1", "--writer-pp", "1"]
 MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
@@ -203,7 +204,7 @@ def test_a_sharded_manifest_directory_and_a_journal_directory(tmp_path, synth_ro
     parts.mkdir()
     resolver = FactsResolver({"kv_kind": "mla", "model_dtype": "bfloat16"})
     for k in range(2):
-        scan(root, parts / f"part-{k}.parquet", facts_resolver=resolver, shard=(k, 2), threads=1)
+        scan(root, parts / f"part-{k}.parquet", ScanOptions(facts_resolver=resolver, shard=(k, 2), threads=1))
     journals = tmp_path / "journals"
     code, summary = run("migrate", "--manifest", parts, "--apply", "--journal", journals, "--json")
     assert code == 0 and summary["outcomes"]["created"] == 12
