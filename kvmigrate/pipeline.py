@@ -403,9 +403,9 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
                    selection=selection)
     if manifest is None:
         started = time.time_ns()
-        options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
-                                       progress=progress, command=command)
-        with scanned(root, manifest_out, options, prefix="kvmigrate-prune-") as scan_result:
+        scan_options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
+                                            progress=progress, command=command)
+        with scanned(root, manifest_out, scan_options, prefix="kvmigrate-prune-") as scan_result:
             plan = build_plan(str(scan_result.output), **options)
             plan.scan_started_ns, plan.finished = started, finished
             yield plan

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import click
 
 from kvmigrate.cli.common import (
+    AgeType,
     exit_stopped,
     facts_options,
     handle_errors,
@@ -28,17 +29,6 @@ from kvmigrate.cli.common import (
 from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from kvmigrate.units import parse_duration
-
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("prune")
@@ -62,11 +52,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "targets are never pruned, their sources never count as unreadable.")
 @click.option("--no-quarantine", is_flag=True,
               help="Unlink instead of moving (--migrated only: the bytes stay reachable through the target).")
-@click.option("--quiet-period", callback=_duration, default=None, metavar="AGE",
+@click.option("--quiet-period", type=AgeType(), default=None, metavar="AGE",
               help="Skip a namespace written within AGE (newest file or folder mtime; a ctime alone, e.g. of "
                    "migrate's own links, is no write) [default: 10m].")
 @click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too.")
-@click.option("--older-than", callback=_duration, default=None, metavar="AGE",
+@click.option("--older-than", type=AgeType(), default=None, metavar="AGE",
               help="--residue: temp files older than AGE [default: 1h]; --purge: quarantines older than AGE "
                    "[default: 7d].")
 @click.option("--purge", is_flag=True, help="Delete the quarantines of prune runs older than --older-than for "
