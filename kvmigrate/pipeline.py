@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,6 +31,9 @@ if TYPE_CHECKING:  # the migration stage is imported by the commands that migrat
     from kvmigrate.migrate.model import Plan
     from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.verify import VerifyResult
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +59,8 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     walked = scan_stage.scan(root, output, options, transform_output=expected_transform_output,
                              batch_sink=totals_for)
     summary = summarize(walked.output, manifest=manifest, verb=verb, totals=walked.totals)
+    log.info("%s: summarized the manifest: exit code %d", verb, summary["exit_code"],
+             extra={"exit_code": summary["exit_code"]})
     return ScanResult(walked.root, walked.output, summary, summary["exit_code"], summary["totals"]["files"],
                       walked.files, walked.bytes, walked.seconds, walked.walk_errors)
 
@@ -79,6 +85,7 @@ def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], optio
         return scan(root, output, options, manifest=manifest, verb=verb)
     from kvmigrate.scaleout.ray_runner import scan_on_ray
 
+    log.info("%s: %d parts as Ray tasks into %s", verb, parts.count, output, extra={"parts": parts.count})
     return scan_on_ray(scan, str(root), str(output), options, shards=parts.count, address=parts.address,
                        on_part=parts.on_part, manifest=manifest, verb=verb)
 
@@ -220,8 +227,11 @@ def verify(root: str, journal: str | None = None, *, target_profile: str | None 
     --only/--exclude, for the checks and the scan alike."""
     from kvmigrate.migrate import verify as verify_stage
 
+    log.info("verify %s: checking namespace digests%s", root, f" and the blocks of journal {journal}" if journal else "")
     result = verify_stage.verify_root(root, journal, strict=strict, selection=selection)
+    log.info("verify: checks done: exit code %d", result.exit_code, extra={"exit_code": result.exit_code})
     if summary:
+        log.info("verify: stat-only scan for the summary")
         from kvmigrate.identity.facts import FactsResolver
 
         profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
@@ -264,14 +274,23 @@ class Migration:
 
         check_no_interrupted_run([default_journal_dir(plan.root), *([journal] if journal else [])],
                                  {tp.base_name for tp in plan.targets if tp.actions}, identity)
+        blocks = sum(len(tp.actions) for tp in plan.targets)
+        log.info("apply: %d blocks into %d target namespaces (mode %s, journal %s)", blocks, len(plan.targets), mode,
+                 journal or "default", extra={"blocks": blocks, "targets": len(plan.targets), "mode": mode})
+        if guessed:
+            log.info("apply: leaving out %d namespaces whose target is a guess", len(guessed))
         if self.parts is None:
             result = apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
-                                progress=progress)
+                                progress=_logged(progress, blocks))
         else:
             from kvmigrate.scaleout.ray_runner import apply_on_ray
 
+            log.info("apply: %d parts as Ray tasks", self.parts)
             result = apply_on_ray(plan, self.manifest, shards=self.parts, address=self.address, mode=mode,
                                   journal=journal, command=command, identity=identity, on_part=on_part)
+        log.info("apply: done: %s; journal %s", ", ".join(f"{k} {v}" for k, v in sorted(result.outcomes.items()))
+                 or "nothing to do", result.journal_path,
+                 extra={"outcomes": dict(result.outcomes), "journal": result.journal_path})
         result.left_out = guessed
         if guessed:
             result.bits |= 1  # a finding: blocks wait for facts (interface.md §4)
@@ -348,11 +367,34 @@ def _plan(build_plan: Callable[..., Plan], manifest: Any, dest: str | None, prog
     """The plan, with its own bar (rows checked of the manifest's) on a terminal."""
     from kvmigrate.progress import Bar
 
+    log.info("plan: reading the manifest %s", manifest)
     bar = Bar(progress, "plan", " rows")
     try:
-        return build_plan(manifest, dest=dest, selection=selection, progress=bar.update if progress else None)
+        plan = build_plan(manifest, dest=dest, selection=selection, progress=bar.update if progress else None)
     finally:
         bar.close()
+    log.info("plan: %d target namespaces, %d blocks to place", len(plan.targets),
+             sum(len(tp.actions) for tp in plan.targets),
+             extra={"targets": len(plan.targets), "blocks": sum(len(tp.actions) for tp in plan.targets)})
+    return plan
+
+
+def _logged(progress: Callable[[int], None] | None, total: int) -> Callable[[int], None] | None:
+    """The apply's progress callback, plus a DEBUG line every tenth of the blocks (with -vv)."""
+    if not log.isEnabledFor(logging.DEBUG) or total <= 0:
+        return progress
+    step = max(1, total // 10)
+    done = [0]
+
+    def tick(n: int) -> None:
+        if progress is not None:
+            progress(n)
+        before = done[0]
+        done[0] += n
+        if done[0] // step != before // step or done[0] == total:
+            log.debug("apply: %d of %d blocks done", done[0], total, extra={"done": done[0], "total": total})
+
+    return tick
 
 
 def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
@@ -401,6 +443,7 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
     options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
                    quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than,
                    selection=selection)
+    log.info("prune: classes %s%s", ", ".join(classes), ", after finishing interrupted runs" if finished else "")
     if manifest is None:
         started = time.time_ns()
         scan_options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,

@@ -47,8 +47,6 @@ from kvmigrate.cli.common import (
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=str), default=None,
               metavar="FILE", help="Write the audit's gauges in the node_exporter textfile format to FILE "
                                    "(atomically: temp + rename in its folder).")
-@click.option("--log-format", "log_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: one JSON object per event (start, each namespace, finding classes, end) on stderr.")
 @facts_options
 @selection_options
 @walk_options
@@ -115,7 +113,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         result = audit(root, options,
                        manifest_out=part_output(manifest_out, options.shard) if manifest_out else None)
     say_no_cache(result.summary)
-    if kept_in is not None:
+    if kept_in is not None and keep is not None:
         from kvmigrate.history import prune
 
         prune(kept_in, keep)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -110,8 +112,106 @@ def pop_fact_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+LOG_FORMATS = ("text", "json")
+LOGGER = "kvmigrate"
+# LogRecord attributes of its own: what a JSON log line does not repeat as an extra field
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a record: time (UTC, ISO 8601), level, logger, message, then the
+    record's extra fields (`log.info(..., extra={"files": n})`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        obj: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                               "level": record.levelname.lower(), "logger": record.name,
+                               "message": record.getMessage()}
+        obj.update((k, v) for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_"))
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        return json.dumps(obj, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """`kvmigrate: info: message`, like the command line's other stderr lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"kvmigrate: {record.levelname.lower()}: {record.getMessage()}"
+        return text + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the stderr of the moment (click's test runner swaps it per command),
+    above a progress bar while one is shown."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from kvmigrate.progress import write_line
+
+            write_line(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(verbose: int = 0, log_format: str = "text", quiet: bool = False) -> logging.Logger:
+    """The command line's one log handler, on the `kvmigrate` logger, to stderr (stdout
+    carries --json): WARNING and up by default, INFO with -v, DEBUG with -vv; with -q
+    (and no -v) errors only. `log_format` json: one JSON object a line. Replaces the
+    handler of an earlier command in this process."""
+    logger = logging.getLogger(LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(old)
+    handler = _StderrHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else
+                    logging.ERROR if quiet else logging.WARNING)
+    logger.propagate = False  # one line a record, whatever the root logger has (Ray, pytest)
+    return logger
+
+
+def log_options(fn: Callable) -> Callable:
+    """-v/--verbose (INFO; -vv DEBUG) and --log-format text|json, and the handler they set
+    up before the command runs (setup_logging). The command receives `verbose` and
+    `log_format` only where its signature names them. Each run is logged as it starts
+    (its arguments at DEBUG) and ends (its exit code)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    keeps = {name for name in ("verbose", "log_format") if name in params}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        verbose, log_format = kwargs.get("verbose", 0), kwargs.get("log_format", "text")
+        for name in ("verbose", "log_format"):
+            if name not in keeps:
+                kwargs.pop(name, None)
+        log = setup_logging(verbose, log_format, bool(kwargs.get("quiet")))
+        ctx = click.get_current_context(silent=True)
+        name = ctx.info_name if ctx is not None else "?"
+        log.info("%s: start", name, extra={"command": name})
+        log.debug("%s: arguments %s", name, " ".join(sys.argv[1:]),
+                  extra={"params": {k: v for k, v in (ctx.params if ctx else {}).items() if v not in (None, (), False)}})
+        try:
+            result = fn(*args, **kwargs)
+        except SystemExit as exc:
+            log.info("%s: exit code %s", name, exc.code or 0, extra={"command": name, "exit_code": exc.code or 0})
+            raise
+        log.info("%s: exit code 0", name, extra={"command": name, "exit_code": 0})
+        return result
+
+    command = click.option("--log-format", "log_format", type=click.Choice(LOG_FORMATS), default="text",
+                      show_default=True,
+                      help="Log lines on stderr (-v, -vv) as text, or json: one JSON object a line (time, level, "
+                           "logger, message and fields). audit also writes its events (start, each namespace, "
+                           "finding classes, end) as JSON objects.")(wrapper)
+    return click.option("-v", "--verbose", count=True,
+                        help="Say what each phase does on stderr (INFO); -vv more (DEBUG).")(command)
+
+
 def output_options(fn: Callable) -> Callable:
-    fn = click.option("-v", "--verbose", count=True, help="More log lines on stderr.")(fn)
+    fn = log_options(fn)
     fn = click.option("-q", "--quiet", is_flag=True,
                       help="Print nothing but errors; the exit code says the rest (files asked for, "
                            "such as -o, are still written, and --json still prints).")(fn)
@@ -273,7 +373,8 @@ def scaleout_options(fn: Callable) -> Callable:
     return fn
 
 
-def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, shard: str | None = None) -> int | None:
+def check_scaleout(run_on: str, shards: int | None, ray_address: str | None,
+                   shard: tuple[int, int] | None = None) -> int | None:
     """The number of Ray parts, or None for a run in this process."""
     if run_on != "ray":
         if shards is not None or ray_address is not None:

@@ -4,6 +4,7 @@ what no engine will read into the quarantine; `--purge` empties old quarantines.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -28,7 +29,10 @@ from kvmigrate.cli.common import (
 )
 from kvmigrate.units import plural
 
-_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
+_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
+
+
+log = logging.getLogger(__name__)
 
 
 @click.command("prune")
@@ -142,7 +146,11 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))
             sys.exit(code)
+        log.info("prune: moving %d files %s (journal %s)", len(plan.items),
+                 "out of the way" if no_quarantine else "into the quarantine", journal or "default",
+                 extra={"files": len(plan.items)})
         result = apply_prune(plan, journal=journal, quarantine=not no_quarantine, command=_apply_command(ctx))
+        log.info("prune: done: journal %s", result.journal, extra={"journal": result.journal})
     finished = [r.to_dict() for r in plan.finished]
     if as_json:
         print_json({"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
@@ -191,6 +199,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
         from kvmigrate.errors import UsageError
 
         raise UsageError(f"{root}: no such folder", path=root, hint="pass the cache root that was pruned")
+    log.info("prune --purge %s: quarantines older than %gs%s", root, older_than, "" if apply else " (dry run)")
     result = purge(root, older_than, dry_run=not apply)
     if as_json:
         print_json({"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()})

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
 from kvmigrate.units import plural
+
+log = logging.getLogger(__name__)
 
 
 @click.command("restore")
@@ -25,7 +28,9 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
     """
     from kvmigrate.migrate.restore import render_restore, restore
 
+    log.info("restore %s: putting back what the prune moved", journal)
     result = restore(journal)
+    log.info("restore: done: %d files not restored", len(result.kept), extra={"not_restored": len(result.kept)})
     if as_json:
         print_json(result.to_dict())
     elif not quiet:

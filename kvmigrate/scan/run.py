@@ -4,11 +4,11 @@ manifest written batch by batch, then phase 5 (sizes)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -26,6 +26,7 @@ from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.options import VERIFY_LEVELS, ScanOptions
+from kvmigrate.progress import ScanBar
 from kvmigrate.scan import flat
 from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
@@ -36,7 +37,9 @@ from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
 from kvmigrate.scan.units import Unit, build_units
 from kvmigrate.scan.walker import Walker
-from kvmigrate.units import human_bytes, plural
+from kvmigrate.units import human_bytes
+
+log = logging.getLogger(__name__)
 
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 
@@ -55,34 +58,6 @@ class WalkResult:
     seconds: float
     walk_errors: list[str] = field(default_factory=list)
     totals: Any = None
-
-
-class Progress:
-    """tqdm on stderr: bucket visits done of the total known up front (so a percentage and
-    an ETA), files, bytes and rate; silent when stderr is not a TTY or -q."""
-
-    def __init__(self, enabled: bool, total: int = 0):
-        self.bar = None
-        self.bytes = self.files = 0
-        self.t0 = time.monotonic()
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit=" buckets", file=sys.stderr, desc="scan", dynamic_ncols=True,
-                            leave=True)
-
-    def update(self, buckets: int, files: int, nbytes: int) -> None:
-        self.bytes += nbytes
-        self.files += files
-        if self.bar is not None:
-            dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{plural(self.files, 'file')}, {human_bytes(self.bytes)}, "
-                                     f"{human_bytes(self.bytes / dt)}/s", refresh=False)
-            self.bar.update(buckets)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet",
@@ -141,6 +116,10 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise UsageError("the manifest path is a directory", path=output,
                          hint="pass -o FILE.parquet (a dataset directory is written by --run-on ray)")
 
+    log.info("scan %s: listing the root (verify %s, shard %d/%d)", root_path, verify, k, n,
+             extra={"root": root_path, "verify": verify, "shard": f"{k}/{n}"})
+    if prev is not None:
+        log.info("scan: baseline %s: unchanged files keep its hashes", prev.path)
     try:
         listing = list_root(root_path)
     except OSError as exc:
@@ -156,6 +135,11 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if selection:
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)
+    log.info("scan: found %d namespaces%s", len(namespaces), f" ({len(skipped)} left out by the selection)"
+             if skipped else "", extra={"namespaces": len(namespaces), "skipped": len(skipped)})
+    for ns in namespaces:
+        log.debug("scan: namespace %s: %s, %s", ns.source_base, ns.family, ns.status,
+                  extra={"namespace": ns.source_base, "family": ns.family, "status": ns.status})
     units = build_units(root_path, namespaces, verify == "hash", target)
     walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output, baseline=prev)
     walker.prepare(namespaces, units)
@@ -181,6 +165,10 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     head = non_bucket_rows(walker, listing, namespaces, units, shard)  # also lists every unit's buckets
     tasks = plan_tasks(units, k, n)
     workers, threads = parallelism(workers, options.threads, verify, sum(len(b) for _, b in tasks))
+    log.info("scan: walking %d bucket visits in %d tasks (%d processes, %d threads)%s",
+             sum(len(b) for _, b in tasks), len(tasks), workers, threads,
+             ", hashing every file" if verify == "hash" else ", stat only" if verify == "size" else "",
+             extra={"tasks": len(tasks), "workers": workers, "threads": threads})
     with _terminate_as_interrupt():
         return _write(walker, units, head, tasks, workers, threads, meta, output, options.progress, root_path, t0,
                       batch_sink)
@@ -197,7 +185,7 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
     with Walk(walker, tasks, workers, threads) as batches:  # forks the workers first
         totals = batch_sink(meta) if batch_sink else None  # e.g. the summary, aggregated as batches are written
         visits = sum(len(b) for _, b in tasks)
-        bar = Progress(progress, visits)
+        bar = ScanBar(progress, visits)
         writer = manifest.ManifestWriter(output, meta)
         try:
             pending: list[pa.Table] = []
@@ -239,16 +227,23 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
             for (table, task_sizes, task_errors), (_, buckets) in zip(batches, tasks):
                 take(table, task_sizes, task_errors, len(buckets))
                 done += len(buckets)
+                log.debug("scan: task of %d buckets done: %d rows (%d of %d visits)", len(buckets), table.num_rows,
+                          done, visits)
                 if done < visits and pacing.expired():
                     raise _out_of_time(meta["command"], done, visits)
             flush()
             bar.close()
             rewritten = finalize(writer, meta, walker, units, sizes, errors)
+            if rewritten:
+                log.info("scan: manifest rewritten once (odd sizes re-classified, or walk errors recorded)")
         except BaseException:
             writer.abort()
             bar.close()
             raise
     pa.default_memory_pool().release_unused()
+    log.info("scan: manifest written: %s (%d files, %s, %d walk errors, %.1fs)", output, files, human_bytes(nbytes),
+             len(errors), time.monotonic() - t0,
+             extra={"manifest": output, "files": files, "bytes": nbytes, "walk_errors": len(errors)})
     return WalkResult(root_path, output, files, nbytes, time.monotonic() - t0, errors,
                       None if rewritten else totals)
 
