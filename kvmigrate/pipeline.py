@@ -342,6 +342,7 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
 
             stack.enter_context(session(address))
         if manifest is None:
+            assert root is not None  # (refused above without ROOT or --manifest)
             options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
                                            progress=progress, command=command, selection=selection)
             scan_result = stack.enter_context(scanned(
@@ -438,13 +439,14 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
 
     finished = []
     if apply:
-        where = root if root is not None else mf.read_metadata(manifest).get("root")
+        where = root if root is not None else mf.read_metadata(manifest).get("root") if manifest is not None else None
         finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
     options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
                    quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than,
                    selection=selection)
     log.info("prune: classes %s%s", ", ".join(classes), ", after finishing interrupted runs" if finished else "")
     if manifest is None:
+        assert root is not None  # (refused above without ROOT or --manifest)
         started = time.time_ns()
         scan_options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
                                             progress=progress, command=command)

@@ -189,7 +189,7 @@ def log_options(fn: Callable) -> Callable:
                 kwargs.pop(name, None)
         log = setup_logging(verbose, log_format, bool(kwargs.get("quiet")))
         ctx = click.get_current_context(silent=True)
-        name = ctx.info_name if ctx is not None else "?"
+        name = (ctx.info_name if ctx is not None else None) or "?"
         log.info("%s: start", name, extra={"command": name})
         log.debug("%s: arguments %s", name, " ".join(sys.argv[1:]),
                   extra={"params": {k: v for k, v in (ctx.params if ctx else {}).items() if v not in (None, (), False)}})

@@ -284,7 +284,8 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, options: ScanO
     summary = summarize(out, manifest=manifest, verb=verb)
     code = summary["exit_code"]
     for r in reports:
-        code |= r.detail["exit_code"]
+        if r.detail is not None:  # (every part's: a part without one failed above)
+            code |= r.detail["exit_code"]
     return DatasetScan(root_path, out, summary, code, reports, time.monotonic() - t0)
 
 
