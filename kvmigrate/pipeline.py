@@ -320,17 +320,20 @@ class Migration:
 
 
 @contextlib.contextmanager
-def migration(root: str | None, manifest: str | None = None, *, apply: bool = False, dest: str | None = None,
-              manifest_out: str | None = None, verify: str | None = None, target: str = DEFAULT_PROFILE,
-              explicit_target: bool = False, facts_resolver: Any = None, threads: int | None = None,
-              parts: int | None = None, address: str | None = None, progress: bool = False,
-              command: str | None = None, selection: Any = None) -> Iterator[Migration]:
-    """`migrate`: plan from `manifest`, or from a scan of ROOT of its own (kept at
-    `manifest_out`, else temporary). Its own scan hashes by default, in the dry run and
-    with --apply alike: the plan is proven and the apply links what the scan read (never
-    bytes nobody checked). With `parts`, one Ray session serves the scan and the apply.
-    `selection` (--only/--exclude): its own scan reads, and the plan takes, only those
-    namespaces."""
+def migration(root: str | None, manifest: str | None = None, options: ScanOptions | None = None, *,
+              apply: bool = False, dest: str | None = None, manifest_out: str | None = None,
+              explicit_target: bool = False, parts: Parts | None = None) -> Iterator[Migration]:
+    """`migrate`: plan from `manifest`, or from a scan of ROOT of its own with `options`
+    (kept at `manifest_out`, else temporary). Its own scan hashes by default
+    (ScanOptions.planning), in the dry run and with --apply alike: the plan is proven and
+    the apply links what the scan read (never bytes nobody checked). With `parts`, one Ray
+    session serves the scan and the apply. `options.selection` (--only/--exclude): its own
+    scan reads, and the plan takes, only those namespaces; `options.target`,
+    `facts_resolver` are checked against a `manifest`'s, `options.progress` shows the
+    plan's bar."""
+    options = options or ScanOptions.planning()
+    target, progress, selection = options.target, options.progress, options.selection
+    count, address = (parts.count, parts.address) if parts is not None else (None, None)
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
@@ -343,15 +346,12 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
             stack.enter_context(session(address))
         if manifest is None:
             assert root is not None  # (refused above without ROOT or --manifest)
-            options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
-                                           progress=progress, command=command, selection=selection)
-            scan_result = stack.enter_context(scanned(
-                root, manifest_out, options, prefix="kvmigrate-migrate-",
-                parts=None if parts is None else Parts(parts, address)))
+            scan_result = stack.enter_context(scanned(root, manifest_out, options, prefix="kvmigrate-migrate-",
+                                                      parts=parts))
             yield Migration(_plan(build_plan, scan_result.output, dest, progress, selection), str(scan_result.output),
-                            kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
+                            kept=manifest_out is not None, identity_manifest="scan", parts=count, address=address)
             return
-        check_manifest_facts(manifest, facts_resolver)
+        check_manifest_facts(manifest, options.facts_resolver)
         plan = _plan(build_plan, manifest, dest, progress, selection)
         if explicit_target and plan.target_profile != target:
             raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
@@ -359,7 +359,7 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
         if root is not None and os.path.abspath(root) != plan.root:
             raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
                              path=manifest, hint="drop ROOT or use the manifest of that root")
-        yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=parts,
+        yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=count,
                         address=address)
 
 
@@ -418,17 +418,19 @@ def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
 
 
 @contextlib.contextmanager
-def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str, ...] = ("migrated",),
-            migration_journal: str | None = None, quiet_period: float | None = None, force_live: bool = False,
-            older_than: float | None = None, target: str = DEFAULT_PROFILE, explicit_target: bool = False,
-            facts_resolver: Any = None, verify: str | None = None, threads: int | None = None,
-            manifest_out: str | None = None, progress: bool = False, command: str | None = None,
-            apply: bool = False, selection: Any = None) -> Iterator[Any]:
-    """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own (at `hash` by
-    default, like migrate's: a replica is pruned only where its equality is proven).
-    The scan's start time goes into the plan, so a file whose ctime is newer is kept.
-    With `apply`, prune runs that were interrupted are finished first (before the scan).
-    `selection` narrows the plan, never the scan: every target must be known."""
+def pruning(root: str | None, manifest: str | None = None, options: ScanOptions | None = None, *,
+            classes: tuple[str, ...] = ("migrated",), migration_journal: str | None = None,
+            quiet_period: float | None = None, force_live: bool = False, older_than: float | None = None,
+            explicit_target: bool = False, manifest_out: str | None = None, apply: bool = False,
+            selection: Any = None) -> Iterator[Any]:
+    """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own with
+    `options` (at `hash` by default, ScanOptions.planning, like migrate's: a replica is
+    pruned only where its equality is proven). The scan's start time goes into the plan,
+    so a file whose ctime is newer is kept. With `apply`, prune runs that were
+    interrupted are finished first (before the scan). `selection` narrows the plan, never
+    the scan (`options.selection` is not used): every target must be known."""
+    options = (options or ScanOptions.planning()).but(selection=None)
+    target = options.target
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate prune /cache/root   or   kvmigrate prune --manifest m.parquet")
@@ -441,22 +443,20 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
     if apply:
         where = root if root is not None else mf.read_metadata(manifest).get("root") if manifest is not None else None
         finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
-    options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
-                   quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than,
-                   selection=selection)
+    plan_options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
+                        quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period,
+                        older_than=older_than, selection=selection)
     log.info("prune: classes %s%s", ", ".join(classes), ", after finishing interrupted runs" if finished else "")
     if manifest is None:
         assert root is not None  # (refused above without ROOT or --manifest)
         started = time.time_ns()
-        scan_options = ScanOptions.planning(verify, target=target, facts_resolver=facts_resolver, threads=threads,
-                                            progress=progress, command=command)
-        with scanned(root, manifest_out, scan_options, prefix="kvmigrate-prune-") as scan_result:
-            plan = build_plan(str(scan_result.output), **options)
+        with scanned(root, manifest_out, options, prefix="kvmigrate-prune-") as scan_result:
+            plan = build_plan(str(scan_result.output), **plan_options)
             plan.scan_started_ns, plan.finished = started, finished
             yield plan
         return
-    check_manifest_facts(manifest, facts_resolver)
-    plan = build_plan(manifest, **options)
+    check_manifest_facts(manifest, options.facts_resolver)
+    plan = build_plan(manifest, **plan_options)
     plan.finished = finished
     if explicit_target and (mf.read_metadata(manifest).get("target_profile") or target) != target:
         raise UsageError(f"the manifest was scanned for another --target than {target}", path=manifest,

@@ -113,12 +113,15 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
     dest_command = _apply_command(ctx, dest="<DIR>")
+    from kvmigrate.options import ScanOptions
+
+    options = ScanOptions.planning(
+        verify, target=target, facts_resolver=resolver, threads=threads, progress=not quiet and sys.stderr.isatty(),
+        selection=selection, command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None)
     with pipeline.migration(
-            root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
+            root, manifest_path, options, apply=apply, dest=dest, manifest_out=manifest_out,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
-            facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
-            progress=not quiet and sys.stderr.isatty(), selection=selection,
-            command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
+            parts=None if parts is None else pipeline.Parts(parts, ray_address)) as run:
         if run.plan.holds_no_cache:  # an empty or unmounted root: nothing to plan, no journal to write there
             from kvmigrate.errors import OperationalError
             from kvmigrate.report.hints import no_cache_message

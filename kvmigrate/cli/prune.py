@@ -115,6 +115,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate.prune import render_plan
     from kvmigrate.migrate.quarantine import apply_prune, render_result
+    from kvmigrate.options import ScanOptions
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
@@ -127,12 +128,12 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    options = ScanOptions.planning(verify, target=target, facts_resolver=resolver, threads=threads,
+                                   progress=not quiet and sys.stderr.isatty(), command=command_line)
     with _resumable(ctx, apply), \
-            pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
-                             quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
-                             explicit_target=explicit_target,
-                             facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply,
+            pipeline.pruning(root, manifest_path, options, classes=classes, migration_journal=migration_journal,
+                             quiet_period=quiet_period, force_live=force_live, older_than=older_than,
+                             explicit_target=explicit_target, manifest_out=manifest_out, apply=apply,
                              selection=selection) as plan:
         if not apply:
             code = plan.exit_code
