@@ -45,6 +45,8 @@ from kvmigrate.migrate.result import ApplyResult
 from kvmigrate.options import ScanOptions
 from kvmigrate.scaleout import dataset
 
+log = logging.getLogger(__name__)
+
 INSTALL_HINT = "pip install 'kvmigrate[ray]'"
 # Tasks exchange small dicts only: a small object store keeps a local cluster light
 # (Ray's minimum is 75 MiB; its default is 30% of RAM, in /dev/shm).
@@ -279,6 +281,7 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, options: ScanO
             for k in range(shards):
                 name = dataset.part_name(k, shards)
                 os.replace(os.path.join(staging, name), os.path.join(out, name))
+            log.info("scan: %d parts published into %s", shards, out, extra={"parts": shards, "dataset": out})
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     summary = summarize(out, manifest=manifest, verb=verb)
@@ -370,6 +373,7 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
                         {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes, plan.selection)
             reports.extend(run_parts(ray, _apply_part, args_of, shards, on_part))
 
+        log.info("apply: %d parts as Ray tasks, journals in %s", shards, jdir, extra={"parts": shards, "journals": jdir})
         done = Applier(plan, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL), command=command,
                        identity={**identity, "part": "driver"}, place_blocks=launch).run()
     merged = ApplyResult()
