@@ -187,7 +187,8 @@ def log_options(fn: Callable) -> Callable:
         for name in ("verbose", "log_format"):
             if name not in keeps:
                 kwargs.pop(name, None)
-        log = setup_logging(verbose, log_format, bool(kwargs.get("quiet")))
+        setup_logging(verbose, log_format, bool(kwargs.get("quiet")))
+        log = logging.getLogger(f"{LOGGER}.cli")
         ctx = click.get_current_context(silent=True)
         name = (ctx.info_name if ctx is not None else None) or "?"
         log.info("%s: start", name, extra={"command": name})
