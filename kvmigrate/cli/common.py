@@ -27,7 +27,7 @@ from kvmigrate.identity.values import (
     RUNNERS,
     SGLANG_LAYOUTS,
 )
-from kvmigrate.options import DEFAULT_VERIFY, VERIFY_LEVELS
+from kvmigrate.options import DEFAULT_SHARD, DEFAULT_VERIFY, VERIFY_LEVELS, ScanOptions
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -555,11 +555,9 @@ def baseline_options(fn: Callable) -> Callable:
 
 def scan_options(*, target: str, facts_resolver: Any, verify: str, threads: int | None, command: str | None,
                  selection: Any, baseline: str | None, recheck: Fraction | None, history: str | None,
-                 shard: tuple[int, int] | None = None, progress: bool = False) -> Any:
-    """The kvmigrate.options.ScanOptions of a command's options (`history` only
-    with --baseline or --recheck, which then fail without the other as the scan decides)."""
-    from kvmigrate.options import DEFAULT_SHARD, ScanOptions
-
+                 shard: tuple[int, int] | None = None, progress: bool = False) -> ScanOptions:
+    """The ScanOptions of a command's options (`history` only with --baseline or
+    --recheck, which then fail without the other as the scan decides)."""
     given = baseline is not None or recheck is not None
     return ScanOptions(target=target, facts_resolver=facts_resolver, verify=verify, threads=threads,
                        shard=shard or DEFAULT_SHARD, progress=progress, command=command, selection=selection,
