@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from kvmigrate import scan as scan_stage
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
+from kvmigrate.options import ScanOptions
 from kvmigrate.outputs import Reclaimable, ReportOutput, Run
 from kvmigrate.report.summary import summarize, totals_for
 
@@ -30,6 +32,9 @@ if TYPE_CHECKING:  # the migration stage is imported by the commands that migrat
     from kvmigrate.migrate.model import Plan
     from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.verify import VerifyResult
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,49 +52,61 @@ class ScanResult:
     walk_errors: list[str] = field(default_factory=list)
 
 
-def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
-         manifest: str | None | bool = True, verb: str = "scan", **kwargs: Any) -> ScanResult:
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet",
+         options: ScanOptions | None = None, *, manifest: str | None | bool = True, verb: str = "scan") -> ScanResult:
     """Scan ROOT into the manifest at `output` and summarize it in the same pass (the
     summary aggregates the batches as they are written). `manifest`, `verb`: what the
-    summary's hints name (see report.summary.summarize); kwargs: kvmigrate.scan.scan's."""
-    walked = scan_stage.scan(root, output, transform_output=expected_transform_output, batch_sink=totals_for,
-                             **kwargs)
+    summary's hints name (see report.summary.summarize)."""
+    walked = scan_stage.scan(root, output, options, transform_output=expected_transform_output,
+                             batch_sink=totals_for)
     summary = summarize(walked.output, manifest=manifest, verb=verb, totals=walked.totals)
+    log.info("%s: summarized the manifest: exit code %d", verb, summary["exit_code"],
+             extra={"exit_code": summary["exit_code"]})
     return ScanResult(walked.root, walked.output, summary, summary["exit_code"], summary["totals"]["files"],
                       walked.files, walked.bytes, walked.seconds, walked.walk_errors)
 
 
-def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], *, parts: int | None = None,
-             address: str | None = None, on_part: Callable[[Any], None] | None = None, progress: bool = False,
-             **kwargs: Any) -> Any:
+@dataclass(frozen=True)
+class Parts:
+    """--run-on ray --shards N [--ray-address ADDR]: the scan or apply runs as `count`
+    Ray tasks; `on_part` hears of each finished part."""
+
+    count: int
+    address: str | None = None
+    on_part: Callable[[Any], None] | None = None
+
+
+def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], options: ScanOptions, *,
+             parts: Parts | None = None, manifest: str | None | bool = True, verb: str = "scan") -> Any:
     """`scan` in this process, or as `parts` Ray tasks into a dataset directory
-    (kvmigrate.scaleout.ray_runner.scan_on_ray); both results have root, output,
-    summary, exit_code and seconds."""
+    (kvmigrate.scaleout.ray_runner.scan_on_ray, where `options.shard` and
+    `options.progress` do not apply); both results have root, output, summary,
+    exit_code and seconds."""
     if parts is None:
-        return scan(root, output, progress=progress, **kwargs)
+        return scan(root, output, options, manifest=manifest, verb=verb)
     from kvmigrate.scaleout.ray_runner import scan_on_ray
 
-    return scan_on_ray(scan, str(root), str(output), shards=parts, address=address, on_part=on_part, **kwargs)
+    log.info("%s: %d parts as Ray tasks into %s", verb, parts.count, output, extra={"parts": parts.count})
+    return scan_on_ray(scan, str(root), str(output), options, shards=parts.count, address=parts.address,
+                       on_part=parts.on_part, manifest=manifest, verb=verb)
 
 
 @contextlib.contextmanager
-def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None = None, *, verb: str = "scan",
-            prefix: str = "kvmigrate-scan-", parts: int | None = None, address: str | None = None,
-            **kwargs: Any) -> Iterator[Any]:
+def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None, options: ScanOptions, *,
+            verb: str = "scan", prefix: str = "kvmigrate-scan-", parts: Parts | None = None) -> Iterator[Any]:
     """Scan ROOT into `keep` (kept, and named by the hints), else into a private
     temporary directory outside the cache root, removed when the `with` ends: a command
-    that scans before it reports, plans or verifies never writes into the tree it reads.
-    kwargs: `scan_any`'s."""
+    that scans before it reports, plans or verifies never writes into the tree it reads."""
     if keep is not None:
-        yield scan_any(root, keep, parts=parts, address=address, verb=verb, **kwargs)
+        yield scan_any(root, keep, options, parts=parts, verb=verb)
         return
-    if parts is not None and address:
+    if parts is not None and parts.address:
         raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR on storage "
                          "every node mounts at the same path")
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
         output = os.path.join(tmp, "manifest.parquet" if parts is None else "manifest")
-        yield scan_any(root, output, parts=parts, address=address, verb=verb, manifest=None, **kwargs)
+        yield scan_any(root, output, options, parts=parts, verb=verb, manifest=None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -106,12 +123,12 @@ class AuditResult:
     carried: int = 0  # rows whose hashes a --baseline carried over (files not opened)
 
 
-def audit(root: str | os.PathLike[str], *, manifest_out: str | os.PathLike[str] | None = None,
-          **kwargs: Any) -> AuditResult:
+def audit(root: str | os.PathLike[str], options: ScanOptions, *, manifest_out: str | os.PathLike[str] | None = None,
+          parts: Parts | None = None) -> AuditResult:
     """`audit`: scan ROOT and return the report summary and the exit code (OR of the
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
-    at `manifest_out` when given (the hints then point at it); kwargs: `scan_any`'s."""
-    with scanned(root, manifest_out, verb="audit", prefix="kvmigrate-audit-", **kwargs) as result:
+    at `manifest_out` when given (the hints then point at it)."""
+    with scanned(root, manifest_out, options, verb="audit", prefix="kvmigrate-audit-", parts=parts) as result:
         with_reclaimable(result.summary, result.output)
         code = result.exit_code | (with_runs(result.summary)["exit_code"] & 1)
         return AuditResult(result.summary, code, str(result.output) if manifest_out is not None else None,
@@ -211,14 +228,17 @@ def verify(root: str, journal: str | None = None, *, target_profile: str | None 
     --only/--exclude, for the checks and the scan alike."""
     from kvmigrate.migrate import verify as verify_stage
 
+    log.info("verify %s: checking namespace digests%s", root, f" and the blocks of journal {journal}" if journal else "")
     result = verify_stage.verify_root(root, journal, strict=strict, selection=selection)
+    log.info("verify: checks done: exit code %d", result.exit_code, extra={"exit_code": result.exit_code})
     if summary:
+        log.info("verify: stat-only scan for the summary")
         from kvmigrate.identity.facts import FactsResolver
 
         profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
-        with scanned(result.root, target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
-                     verify="size", threads=threads, prefix="kvmigrate-verify-",
-                     selection=selection) as scan_result:
+        options = ScanOptions(target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
+                              verify="size", threads=threads, selection=selection)
+        with scanned(result.root, None, options, prefix="kvmigrate-verify-") as scan_result:
             result.summary = {k: scan_result.summary[k] for k in verify_stage.SUMMARY_KEYS if k in scan_result.summary}
     return result
 
@@ -255,14 +275,23 @@ class Migration:
 
         check_no_interrupted_run([default_journal_dir(plan.root), *([journal] if journal else [])],
                                  {tp.base_name for tp in plan.targets if tp.actions}, identity)
+        blocks = sum(len(tp.actions) for tp in plan.targets)
+        log.info("apply: %d blocks into %d target namespaces (mode %s, journal %s)", blocks, len(plan.targets), mode,
+                 journal or "default", extra={"blocks": blocks, "targets": len(plan.targets), "mode": mode})
+        if guessed:
+            log.info("apply: leaving out %d namespaces whose target is a guess", len(guessed))
         if self.parts is None:
             result = apply_plan(plan, mode=mode, journal=journal, command=command, identity=identity,
-                                progress=progress)
+                                progress=_logged(progress, blocks))
         else:
             from kvmigrate.scaleout.ray_runner import apply_on_ray
 
+            log.info("apply: %d parts as Ray tasks", self.parts)
             result = apply_on_ray(plan, self.manifest, shards=self.parts, address=self.address, mode=mode,
                                   journal=journal, command=command, identity=identity, on_part=on_part)
+        log.info("apply: done: %s; journal %s", ", ".join(f"{k} {v}" for k, v in sorted(result.outcomes.items()))
+                 or "nothing to do", result.journal_path,
+                 extra={"outcomes": dict(result.outcomes), "journal": result.journal_path})
         result.left_out = guessed
         if guessed:
             result.bits |= 1  # a finding: blocks wait for facts (interface.md §4)
@@ -292,17 +321,20 @@ class Migration:
 
 
 @contextlib.contextmanager
-def migration(root: str | None, manifest: str | None = None, *, apply: bool = False, dest: str | None = None,
-              manifest_out: str | None = None, verify: str | None = None, target: str = DEFAULT_PROFILE,
-              explicit_target: bool = False, facts_resolver: Any = None, threads: int | None = None,
-              parts: int | None = None, address: str | None = None, progress: bool = False,
-              command: str | None = None, selection: Any = None) -> Iterator[Migration]:
-    """`migrate`: plan from `manifest`, or from a scan of ROOT of its own (kept at
-    `manifest_out`, else temporary). Its own scan hashes by default, in the dry run and
-    with --apply alike: the plan is proven and the apply links what the scan read (never
-    bytes nobody checked). With `parts`, one Ray session serves the scan and the apply.
-    `selection` (--only/--exclude): its own scan reads, and the plan takes, only those
-    namespaces."""
+def migration(root: str | None, manifest: str | None = None, options: ScanOptions | None = None, *,
+              apply: bool = False, dest: str | None = None, manifest_out: str | None = None,
+              explicit_target: bool = False, parts: Parts | None = None) -> Iterator[Migration]:
+    """`migrate`: plan from `manifest`, or from a scan of ROOT of its own with `options`
+    (kept at `manifest_out`, else temporary). Its own scan hashes by default
+    (ScanOptions.planning), in the dry run and with --apply alike: the plan is proven and
+    the apply links what the scan read (never bytes nobody checked). With `parts`, one Ray
+    session serves the scan and the apply. `options.selection` (--only/--exclude): its own
+    scan reads, and the plan takes, only those namespaces; `options.target`,
+    `facts_resolver` are checked against a `manifest`'s, `options.progress` shows the
+    plan's bar."""
+    options = options or ScanOptions.planning()
+    target, progress, selection = options.target, options.progress, options.selection
+    count, address = (parts.count, parts.address) if parts is not None else (None, None)
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate migrate /cache/root   or   kvmigrate migrate --manifest m.parquet")
@@ -314,14 +346,13 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
 
             stack.enter_context(session(address))
         if manifest is None:
-            scan_result = stack.enter_context(scanned(
-                root, manifest_out, prefix="kvmigrate-migrate-", parts=parts, address=address, target=target,
-                facts_resolver=facts_resolver, verify=verify or "hash", threads=threads, progress=progress,
-                command=command, selection=selection))
+            assert root is not None  # (refused above without ROOT or --manifest)
+            scan_result = stack.enter_context(scanned(root, manifest_out, options, prefix="kvmigrate-migrate-",
+                                                      parts=parts))
             yield Migration(_plan(build_plan, scan_result.output, dest, progress, selection), str(scan_result.output),
-                            kept=manifest_out is not None, identity_manifest="scan", parts=parts, address=address)
+                            kept=manifest_out is not None, identity_manifest="scan", parts=count, address=address)
             return
-        check_manifest_facts(manifest, facts_resolver)
+        check_manifest_facts(manifest, options.facts_resolver)
         plan = _plan(build_plan, manifest, dest, progress, selection)
         if explicit_target and plan.target_profile != target:
             raise UsageError(f"the manifest was scanned for --target {plan.target_profile}, not {target}",
@@ -329,7 +360,7 @@ def migration(root: str | None, manifest: str | None = None, *, apply: bool = Fa
         if root is not None and os.path.abspath(root) != plan.root:
             raise UsageError(f"ROOT {os.path.abspath(root)} differs from the manifest's root {plan.root}",
                              path=manifest, hint="drop ROOT or use the manifest of that root")
-        yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=parts,
+        yield Migration(plan, manifest, kept=True, identity_manifest=os.path.abspath(manifest), parts=count,
                         address=address)
 
 
@@ -338,11 +369,34 @@ def _plan(build_plan: Callable[..., Plan], manifest: Any, dest: str | None, prog
     """The plan, with its own bar (rows checked of the manifest's) on a terminal."""
     from kvmigrate.progress import Bar
 
+    log.info("plan: reading the manifest %s", manifest)
     bar = Bar(progress, "plan", " rows")
     try:
-        return build_plan(manifest, dest=dest, selection=selection, progress=bar.update if progress else None)
+        plan = build_plan(manifest, dest=dest, selection=selection, progress=bar.update if progress else None)
     finally:
         bar.close()
+    log.info("plan: %d target namespaces, %d blocks to place", len(plan.targets),
+             sum(len(tp.actions) for tp in plan.targets),
+             extra={"targets": len(plan.targets), "blocks": sum(len(tp.actions) for tp in plan.targets)})
+    return plan
+
+
+def _logged(progress: Callable[[int], None] | None, total: int) -> Callable[[int], None] | None:
+    """The apply's progress callback, plus a DEBUG line every tenth of the blocks (with -vv)."""
+    if not log.isEnabledFor(logging.DEBUG) or total <= 0:
+        return progress
+    step = max(1, total // 10)
+    done = [0]
+
+    def tick(n: int) -> None:
+        if progress is not None:
+            progress(n)
+        before = done[0]
+        done[0] += n
+        if done[0] // step != before // step or done[0] == total:
+            log.debug("apply: %d of %d blocks done", done[0], total, extra={"done": done[0], "total": total})
+
+    return tick
 
 
 def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
@@ -365,17 +419,19 @@ def check_manifest_facts(manifest_path: str, facts_resolver: Any) -> None:
 
 
 @contextlib.contextmanager
-def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str, ...] = ("migrated",),
-            migration_journal: str | None = None, quiet_period: float | None = None, force_live: bool = False,
-            older_than: float | None = None, target: str = DEFAULT_PROFILE, explicit_target: bool = False,
-            facts_resolver: Any = None, verify: str | None = None, threads: int | None = None,
-            manifest_out: str | None = None, progress: bool = False, command: str | None = None,
-            apply: bool = False, selection: Any = None) -> Iterator[Any]:
-    """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own (at `hash` by
-    default, like migrate's: a replica is pruned only where its equality is proven).
-    The scan's start time goes into the plan, so a file whose ctime is newer is kept.
-    With `apply`, prune runs that were interrupted are finished first (before the scan).
-    `selection` narrows the plan, never the scan: every target must be known."""
+def pruning(root: str | None, manifest: str | None = None, options: ScanOptions | None = None, *,
+            classes: tuple[str, ...] = ("migrated",), migration_journal: str | None = None,
+            quiet_period: float | None = None, force_live: bool = False, older_than: float | None = None,
+            explicit_target: bool = False, manifest_out: str | None = None, apply: bool = False,
+            selection: Any = None) -> Iterator[Any]:
+    """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own with
+    `options` (at `hash` by default, ScanOptions.planning, like migrate's: a replica is
+    pruned only where its equality is proven). The scan's start time goes into the plan,
+    so a file whose ctime is newer is kept. With `apply`, prune runs that were
+    interrupted are finished first (before the scan). `selection` narrows the plan, never
+    the scan (`options.selection` is not used): every target must be known."""
+    options = (options or ScanOptions.planning()).but(selection=None)
+    target = options.target
     if manifest is None and root is None:
         raise UsageError("give ROOT (scan it first) or --manifest M.parquet",
                          hint="kvmigrate prune /cache/root   or   kvmigrate prune --manifest m.parquet")
@@ -386,21 +442,22 @@ def pruning(root: str | None, manifest: str | None = None, *, classes: tuple[str
 
     finished = []
     if apply:
-        where = root if root is not None else mf.read_metadata(manifest).get("root")
+        where = root if root is not None else mf.read_metadata(manifest).get("root") if manifest is not None else None
         finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
-    options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
-                   quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period, older_than=older_than,
-                   selection=selection)
+    plan_options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
+                        quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period,
+                        older_than=older_than, selection=selection)
+    log.info("prune: classes %s%s", ", ".join(classes), ", after finishing interrupted runs" if finished else "")
     if manifest is None:
+        assert root is not None  # (refused above without ROOT or --manifest)
         started = time.time_ns()
-        with scanned(root, manifest_out, prefix="kvmigrate-prune-", target=target, facts_resolver=facts_resolver,
-                     verify=verify or "hash", threads=threads, progress=progress, command=command) as scan_result:
-            plan = build_plan(str(scan_result.output), **options)
+        with scanned(root, manifest_out, options, prefix="kvmigrate-prune-") as scan_result:
+            plan = build_plan(str(scan_result.output), **plan_options)
             plan.scan_started_ns, plan.finished = started, finished
             yield plan
         return
-    check_manifest_facts(manifest, facts_resolver)
-    plan = build_plan(manifest, **options)
+    check_manifest_facts(manifest, options.facts_resolver)
+    plan = build_plan(manifest, **plan_options)
     plan.finished = finished
     if explicit_target and (mf.read_metadata(manifest).get("target_profile") or target) != target:
         raise UsageError(f"the manifest was scanned for another --target than {target}", path=manifest,

@@ -50,6 +50,7 @@ def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
     relpath). Facts flags are a dict like {"kv_kind": "mla", "page_bytes": 256}."""
     from kvmigrate import manifest
     from kvmigrate.identity.facts import FactsResolver
+    from kvmigrate.options import ScanOptions
     from kvmigrate.pipeline import scan
 
     counter = {"n": 0}
@@ -59,7 +60,7 @@ def scan_root(tmp_path: Path) -> Callable[..., tuple[Any, dict[str, dict]]]:
         counter["n"] += 1
         out = tmp_path / f"manifest-{counter['n']}.parquet"
         kwargs.setdefault("threads", 2)
-        result = scan(root, out, facts_resolver=FactsResolver(flags or {}, facts_file), **kwargs)
+        result = scan(root, out, ScanOptions(facts_resolver=FactsResolver(flags or {}, facts_file), **kwargs))
         rows = {r["relpath"]: r for r in manifest.read_table(out).to_pylist()}
         return result, rows
 

@@ -17,6 +17,7 @@ from kvmigrate.context import unit_contexts
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.plan import build_plan
+from kvmigrate.options import ScanOptions
 from kvmigrate.pipeline import scan
 from kvmigrate.scan import build_units, list_root, resolve_namespaces
 
@@ -67,7 +68,7 @@ def test_scan_and_plan_build_the_same_context(case, verify, facts, synth_root, t
     root, _ = synth_root(case)
     flags = _flags(case, facts)
     out = tmp_path / "m.parquet"
-    scan(root, out, facts_resolver=FactsResolver(flags, None), target=TARGET, verify=verify, threads=1)
+    scan(root, out, ScanOptions(facts_resolver=FactsResolver(flags, None), target=TARGET, verify=verify, threads=1))
 
     # the scan's contexts: the units it walks (the same calls as `scan.scan`)
     resolver = FactsResolver(flags, None)
@@ -91,7 +92,7 @@ def test_a_transform_on_a_family_it_is_not_defined_for_is_refused(synth_root, tm
     mla, B = 1 and two ranks, all a concat checks) is refused, not applied."""
     root, _ = synth_root(dict(family="vllmcpp", tp=2, kv_kind="mla"))
     m = tmp_path / "m.parquet"
-    scan(root, m, facts_resolver=FactsResolver({}, None), threads=1)
+    scan(root, m, ScanOptions(facts_resolver=FactsResolver({}, None), threads=1))
     table = manifest.read_table(m).to_pylist()
     row = next(r for r in table if r["action"] == "rewrite_header")
     row["action"] = "concat"

@@ -109,6 +109,7 @@ def main() -> None:
     stderr flushed cleanly, and the exit handlers have run. Otherwise Python exits the
     usual way.
     """
+    code: int | str
     try:
         cli(prog_name="kvmigrate")
         code = 0

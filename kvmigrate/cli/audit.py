@@ -5,24 +5,27 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from fractions import Fraction
+from typing import Any
 
 import click
 
 from kvmigrate.cli.common import (
-    baseline_kwargs,
+    Rate,
+    Seconds,
     baseline_options,
     check_scaleout,
     facts_options,
     handle_errors,
     output_options,
     pacing_options,
-    parse_shard,
     part_done,
     pop_fact_flags,
     pop_selection,
     prefer_arrow_pool,
     say_no_cache,
     scaleout_options,
+    scan_options,
     selection_options,
     start_pacing,
     walk_options,
@@ -44,8 +47,6 @@ from kvmigrate.cli.common import (
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=str), default=None,
               metavar="FILE", help="Write the audit's gauges in the node_exporter textfile format to FILE "
                                    "(atomically: temp + rename in its folder).")
-@click.option("--log-format", "log_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: one JSON object per event (start, each namespace, finding classes, end) on stderr.")
 @facts_options
 @selection_options
 @walk_options
@@ -55,10 +56,10 @@ from kvmigrate.cli.common import (
 @output_options
 @handle_errors
 def command(root: str, fmt: str | None, output: str | None, manifest_out: str | None, verify: str,
-            threads: int | None, shard: str | None, as_json: bool, quiet: bool, verbose: int, target: str,
-            run_on: str, shards: int | None, ray_address: str | None, max_duration: str | None,
-            bwlimit: str | None, idle_io: bool, baseline: str | None, recheck: str | None,
-            history: str | None, keep: int | None, prometheus: str | None, log_format: str, **kwargs) -> None:
+            threads: int | None, shard: tuple[int, int] | None, as_json: bool, quiet: bool, verbose: int,
+            target: str, run_on: str, shards: int | None, ray_address: str | None, max_duration: Seconds | None,
+            bwlimit: Rate | None, idle_io: bool, baseline: str | None, recheck: Fraction | None,
+            history: str | None, keep: int | None, prometheus: str | None, log_format: str, **kwargs: Any) -> None:
     """Scan ROOT and report what is reusable, what is broken, and the exact command for
     each finding. Read-only on ROOT. No progress bar unless stderr is a terminal.
 
@@ -71,7 +72,7 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
     prefer_arrow_pool("system")  # see kvmigrate.scan.run._lean_arrow_allocator
     from kvmigrate.errors import UsageError
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.pipeline import audit
+    from kvmigrate.pipeline import Parts, audit
     from kvmigrate.report.render import emit, render_summary
 
     if as_json:
@@ -100,19 +101,19 @@ def command(root: str, fmt: str | None, output: str | None, manifest_out: str | 
         click.echo(log_line({"event": "start", "root": os.path.abspath(root), "command": command_line,
                              "verify": verify, "baseline": baseline}), err=True)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
-    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection, **baseline_kwargs(baseline, recheck, history))
+    options = scan_options(target=target, facts_resolver=resolver, verify=verify, threads=threads,
+                           command=command_line, selection=selection, baseline=baseline, recheck=recheck,
+                           history=history, shard=shard, progress=parts is None and not quiet and sys.stderr.isatty())
     if parts is not None:
-        result = audit(root, manifest_out=manifest_out, parts=parts, address=ray_address,
-                       on_part=None if quiet else part_done, **options)
+        result = audit(root, options, manifest_out=manifest_out,
+                       parts=Parts(parts, ray_address, None if quiet else part_done))
     else:
         from kvmigrate.scaleout.dataset import part_output
 
-        k_n = parse_shard(shard)
-        result = audit(root, manifest_out=part_output(manifest_out, k_n) if manifest_out else None, shard=k_n,
-                       progress=(not quiet and sys.stderr.isatty()), **options)
+        result = audit(root, options,
+                       manifest_out=part_output(manifest_out, options.shard) if manifest_out else None)
     say_no_cache(result.summary)
-    if kept_in is not None:
+    if kept_in is not None and keep is not None:
         from kvmigrate.history import prune
 
         prune(kept_in, keep)

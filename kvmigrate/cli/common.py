@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
 from typing import Any
 
 import click
@@ -24,6 +27,7 @@ from kvmigrate.identity.values import (
     RUNNERS,
     SGLANG_LAYOUTS,
 )
+from kvmigrate.options import DEFAULT_SHARD, DEFAULT_VERIFY, VERIFY_LEVELS, ScanOptions
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -108,8 +112,107 @@ def pop_fact_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flags.items() if v is not None}
 
 
+LOG_FORMATS = ("text", "json")
+LOGGER = "kvmigrate"
+# LogRecord attributes of its own: what a JSON log line does not repeat as an extra field
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a record: time (UTC, ISO 8601), level, logger, message, then the
+    record's extra fields (`log.info(..., extra={"files": n})`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        obj: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                               "level": record.levelname.lower(), "logger": record.name,
+                               "message": record.getMessage()}
+        obj.update((k, v) for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_"))
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        return json.dumps(obj, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """`kvmigrate: info: message`, like the command line's other stderr lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"kvmigrate: {record.levelname.lower()}: {record.getMessage()}"
+        return text + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the stderr of the moment (click's test runner swaps it per command),
+    above a progress bar while one is shown."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from kvmigrate.progress import write_line
+
+            write_line(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(verbose: int = 0, log_format: str = "text", quiet: bool = False) -> logging.Logger:
+    """The command line's one log handler, on the `kvmigrate` logger, to stderr (stdout
+    carries --json): WARNING and up by default, INFO with -v, DEBUG with -vv; with -q
+    (and no -v) errors only. `log_format` json: one JSON object a line. Replaces the
+    handler of an earlier command in this process."""
+    logger = logging.getLogger(LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(old)
+    handler = _StderrHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else
+                    logging.ERROR if quiet else logging.WARNING)
+    logger.propagate = False  # one line a record, whatever the root logger has (Ray, pytest)
+    return logger
+
+
+def log_options(fn: Callable) -> Callable:
+    """-v/--verbose (INFO; -vv DEBUG) and --log-format text|json, and the handler they set
+    up before the command runs (setup_logging). The command receives `verbose` and
+    `log_format` only where its signature names them. Each run is logged as it starts
+    (its arguments at DEBUG) and ends (its exit code)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    keeps = {name for name in ("verbose", "log_format") if name in params}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        verbose, log_format = kwargs.get("verbose", 0), kwargs.get("log_format", "text")
+        for name in ("verbose", "log_format"):
+            if name not in keeps:
+                kwargs.pop(name, None)
+        setup_logging(verbose, log_format, bool(kwargs.get("quiet")))
+        log = logging.getLogger(f"{LOGGER}.cli")
+        ctx = click.get_current_context(silent=True)
+        name = (ctx.info_name if ctx is not None else None) or "?"
+        log.info("%s: start", name, extra={"command": name})
+        log.debug("%s: arguments %s", name, " ".join(sys.argv[1:]),
+                  extra={"params": {k: v for k, v in (ctx.params if ctx else {}).items() if v not in (None, (), False)}})
+        try:
+            result = fn(*args, **kwargs)
+        except SystemExit as exc:
+            log.info("%s: exit code %s", name, exc.code or 0, extra={"command": name, "exit_code": exc.code or 0})
+            raise
+        log.info("%s: exit code 0", name, extra={"command": name, "exit_code": 0})
+        return result
+
+    command = click.option("--log-format", "log_format", type=click.Choice(LOG_FORMATS), default="text",
+                      show_default=True,
+                      help="Log lines on stderr (-v, -vv) as text, or json: one JSON object a line (time, level, "
+                           "logger, message and fields). audit also writes its events (start, each namespace, "
+                           "finding classes, end) as JSON objects.")(wrapper)
+    return click.option("-v", "--verbose", count=True,
+                        help="Say what each phase does on stderr (INFO); -vv more (DEBUG).")(command)
+
+
 def output_options(fn: Callable) -> Callable:
-    fn = click.option("-v", "--verbose", count=True, help="More log lines on stderr.")(fn)
+    fn = log_options(fn)
     fn = click.option("-q", "--quiet", is_flag=True,
                       help="Print nothing but errors; the exit code says the rest (files asked for, "
                            "such as -o, are still written, and --json still prints).")(fn)
@@ -129,11 +232,131 @@ def io_depth_option(fn: Callable) -> Callable:
                         metavar="N", help=IO_DEPTH_HELP)(fn)
 
 
+class Rate(int):
+    """Bytes per second (--bwlimit), written back as given (`64K`) in printed commands."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> Rate:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Seconds(float):
+    """A duration (--max-duration), written back as given (`2h`) in messages and commands."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> Seconds:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _usage_message(exc: Exception, option: str) -> str:
+    """A library UsageError's message without the option name it starts with (click's
+    parse error names the option itself)."""
+    text = str(exc)
+    return text[len(option):].lstrip() if text.startswith(option) else text
+
+
+class RateType(click.ParamType):
+    """--bwlimit RATE: `200M`, `1.5G`, `50000` (kvmigrate.pacing.parse_rate)."""
+
+    name = "rate"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Rate:
+        if isinstance(value, Rate):
+            return value
+        from kvmigrate import pacing
+        from kvmigrate.errors import UsageError
+
+        try:
+            return Rate(pacing.parse_rate(value), str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--bwlimit"), param, ctx)
+
+
+class MaxDurationType(click.ParamType):
+    """--max-duration DURATION: `2h`, `1h30m`, `90m`, `45s`, above zero (kvmigrate.pacing.parse_duration)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Seconds:
+        if isinstance(value, Seconds):
+            return value
+        from kvmigrate import pacing
+        from kvmigrate.errors import UsageError
+
+        try:
+            return Seconds(pacing.parse_duration(value), str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--max-duration"), param, ctx)
+
+
+class AgeType(click.ParamType):
+    """An age in seconds (--older-than, --quiet-period): `45s`, `10m`, `1h30m`, `7d`
+    (kvmigrate.units.parse_duration)."""
+
+    name = "age"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        from kvmigrate.units import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ShardType(click.ParamType):
+    """--shard K/N: the K-th of N parts, 0 <= K < N."""
+
+    name = "shard"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            k, n = (int(x) for x in str(value).split("/"))
+        except ValueError:
+            self.fail(f"expected K/N, got {value!r}", param, ctx)
+        if not (n >= 1 and 0 <= k < n):
+            self.fail(f"need 0 <= K < N, got {value!r}", param, ctx)
+        return k, n
+
+
+class FractionType(click.ParamType):
+    """--recheck F: a fraction between 0 and 1 (`1/30`, `0.05`; kvmigrate.scan.baseline.parse_fraction)."""
+
+    name = "fraction"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Fraction:
+        if isinstance(value, Fraction):
+            return value
+        from kvmigrate.errors import UsageError
+        from kvmigrate.scan.baseline import parse_fraction
+
+        try:
+            return parse_fraction(str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, "--recheck"), param, ctx)
+
+
 def walk_options(fn: Callable) -> Callable:
-    fn = click.option("--verify", "verify", type=click.Choice(["none", "size", "hash"]), default="size",
+    fn = click.option("--verify", "verify", type=click.Choice(VERIFY_LEVELS), default=DEFAULT_VERIFY,
                       show_default=True, help="size: stat only; hash: whole-file XXH3-128 of every file.")(fn)
     fn = io_depth_option(fn)
-    fn = click.option("--shard", default=None, metavar="K/N",
+    fn = click.option("--shard", type=ShardType(), default=None, metavar="K/N",
                       help="Take the K-th of N deterministic parts of the <hhh> buckets.")(fn)
     return fn
 
@@ -151,7 +374,8 @@ def scaleout_options(fn: Callable) -> Callable:
     return fn
 
 
-def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, shard: str | None = None) -> int | None:
+def check_scaleout(run_on: str, shards: int | None, ray_address: str | None,
+                   shard: tuple[int, int] | None = None) -> int | None:
     """The number of Ray parts, or None for a run in this process."""
     if run_on != "ray":
         if shards is not None or ray_address is not None:
@@ -167,18 +391,6 @@ def check_scaleout(run_on: str, shards: int | None, ray_address: str | None, sha
 def part_done(report: Any) -> None:
     """One stderr line per finished Ray part (progress of a long scale-out run)."""
     click.echo(f"kvmigrate: {report.name}: {'done' if report.error is None else 'failed'}", err=True)
-
-
-def parse_shard(value: str | None) -> tuple[int, int]:
-    if value is None:
-        return 0, 1
-    try:
-        k, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise click.BadParameter(f"expected K/N, got {value!r}", param_hint="--shard") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise click.BadParameter(f"need 0 <= K < N, got {value!r}", param_hint="--shard")
-    return k, n
 
 
 def say_no_cache(summary: Mapping[str, Any]) -> None:
@@ -271,27 +483,23 @@ def pacing_options(fn: Callable) -> Callable:
     fn = click.option("--idle-io", "idle_io", is_flag=True,
                       help="Idle I/O priority (ionice -c 3): the disk serves this run only when the engine "
                            "does not ask.")(fn)
-    fn = click.option("--bwlimit", metavar="RATE", default=None,
+    fn = click.option("--bwlimit", type=RateType(), metavar="RATE", default=None,
                       help="Read at most RATE bytes/s for hashing and copies (200M, 1.5G; K, M, G = 1024 "
                            "powers), all threads and worker processes together.")(fn)
-    fn = click.option("--max-duration", "max_duration", metavar="DURATION", default=None,
+    fn = click.option("--max-duration", "max_duration", type=MaxDurationType(), metavar="DURATION", default=None,
                       help="Stop cleanly at a batch boundary after DURATION (2h, 90m, 1h30m, 45s) and exit 32 "
                            "with the command that goes on.")(fn)
     return fn
 
 
-def start_pacing(max_duration: str | None, bwlimit: str | None, idle_io: bool, quiet: bool,
+def start_pacing(max_duration: Seconds | None, bwlimit: Rate | None, idle_io: bool, quiet: bool,
                  parts: int | None = None) -> None:
-    """Set the run's limits before anything is read (a bad value is a usage error, exit 2)."""
+    """Set the run's limits before anything is read (their values were checked while parsing)."""
     from kvmigrate import pacing
-    from kvmigrate.errors import UsageError
 
     if parts is not None and (max_duration or bwlimit):
         raise click.UsageError("--max-duration and --bwlimit pace a run in this process, not --run-on ray parts")
-    try:
-        pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
-    except UsageError as exc:
-        raise click.UsageError(str(exc)) from None
+    pacing.configure(bwlimit=bwlimit, max_duration=max_duration)
     if idle_io:
         note = pacing.idle_io_priority()
         if note and not quiet:
@@ -334,7 +542,7 @@ def baseline_options(fn: Callable) -> Callable:
     fn = click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
                       help="Where audits are kept (--keep) and --baseline auto looks "
                            "(default: ROOT/.kvmigrate/audits).")(fn)
-    fn = click.option("--recheck", default=None, metavar="F",
+    fn = click.option("--recheck", type=FractionType(), default=None, metavar="F",
                       help="With --baseline: re-read this fraction of the carried-over files anyway, by bucket, "
                            "a different part each run (default 1/30: 30 runs cover the tree); a hash that "
                            "changed under unchanged metadata is a silent_change (exit bit 4).")(fn)
@@ -345,11 +553,12 @@ def baseline_options(fn: Callable) -> Callable:
     return fn
 
 
-def baseline_kwargs(baseline: str | None, recheck: str | None, history: str | None) -> dict[str, Any]:
-    """The scan keyword arguments of baseline_options (none when none was given)."""
-    from kvmigrate.scan.baseline import parse_fraction
-
-    given = {k: v for k, v in dict(baseline=baseline, recheck=recheck).items() if v is not None}
-    if recheck is not None:
-        given["recheck"] = parse_fraction(recheck)
-    return {**given, "history": history} if given else {}
+def scan_options(*, target: str, facts_resolver: Any, verify: str, threads: int | None, command: str | None,
+                 selection: Any, baseline: str | None, recheck: Fraction | None, history: str | None,
+                 shard: tuple[int, int] | None = None, progress: bool = False) -> ScanOptions:
+    """The ScanOptions of a command's options (`history` only with --baseline or
+    --recheck, which then fail without the other as the scan decides)."""
+    given = baseline is not None or recheck is not None
+    return ScanOptions(target=target, facts_resolver=facts_resolver, verify=verify, threads=threads,
+                       shard=shard or DEFAULT_SHARD, progress=progress, command=command, selection=selection,
+                       baseline=baseline, recheck=recheck, history=history if given else None)

@@ -6,9 +6,11 @@ tutorial: the operator sees exactly what to type on their own cache.
 
 from __future__ import annotations
 
+import logging
+
 import click
 
-from kvmigrate.cli.common import handle_errors
+from kvmigrate.cli.common import handle_errors, log_options
 from kvmigrate.errors import OperationalError
 
 # Facts the sample's writers had (a real operator knows these from their deployment).
@@ -49,6 +51,9 @@ def _steps(root: str, work: str) -> list[tuple[str, list[str], set[int]]]:
     ]
 
 
+log = logging.getLogger(__name__)
+
+
 class StepFailed(OperationalError):
     """A demo step gave an unexpected exit code (or touched a source): the sample is kept."""
 
@@ -57,6 +62,7 @@ class StepFailed(OperationalError):
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=str))
 @click.option("--keep", is_flag=True,
               help="Without DIRECTORY: keep the temp dir (sample, manifest, journal, report.html) at the end.")
+@log_options
 @handle_errors
 def command(directory: str | None, keep: bool) -> None:
     """Build a sample cache root (llm-d, vLLM S1/S2/S3 and vllm.cpp namespaces, with a few
@@ -102,6 +108,7 @@ def _run(work: str, stays: bool) -> None:
     from kvmigrate.synth.demo import build_demo_root
 
     root = os.path.join(work, "cache")
+    log.info("demo: building the sample root %s", root)
     results = build_demo_root(root)
     with open(os.path.join(work, "FACTS.json"), "w") as f:
         json.dump(DEMO_FACTS, f, indent=2)
@@ -112,6 +119,7 @@ def _run(work: str, stays: bool) -> None:
     for n, (title, args, expected) in enumerate(_steps(root, work), 1):
         shown = "kvmigrate " + " ".join(shlex.quote(a) for a in args)
         click.echo(f"\n== step {n}: {title}\n$ {shown}")
+        log.info("demo: step %d: %s", n, shown, extra={"step": n})
         proc = subprocess.run([sys.executable, "-m", "kvmigrate", *args], capture_output=True, text=True)
         out = proc.stdout.rstrip()
         if out:

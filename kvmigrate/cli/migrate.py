@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import signal
 import sys
@@ -10,6 +11,8 @@ from typing import cast
 import click
 
 from kvmigrate.cli.common import (
+    Rate,
+    Seconds,
     check_scaleout,
     exit_stopped,
     facts_options,
@@ -39,7 +42,10 @@ from kvmigrate.outputs import (
 from kvmigrate.units import plural
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
-_NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "manifest_out"}
+_NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
+
+
+log = logging.getLogger(__name__)
 
 
 @click.command("migrate")
@@ -74,7 +80,7 @@ _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose
 def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
             journal: str | None, print_commands: bool, manifest_out: str | None, verify: str | None,
             threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, run_on: str,
-            shards: int | None, ray_address: str | None, max_duration: str | None, bwlimit: str | None,
+            shards: int | None, ray_address: str | None, max_duration: Seconds | None, bwlimit: Rate | None,
             idle_io: bool, **kwargs) -> None:
     """Migrate reusable blocks into the namespaces the target engine reads.
 
@@ -116,12 +122,15 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
     dest_command = _apply_command(ctx, dest="<DIR>")
+    from kvmigrate.options import ScanOptions
+
+    options = ScanOptions.planning(
+        verify, target=target, facts_resolver=resolver, threads=threads, progress=not quiet and sys.stderr.isatty(),
+        selection=selection, command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None)
     with pipeline.migration(
-            root, manifest_path, apply=apply, dest=dest, manifest_out=manifest_out, verify=verify, target=target,
+            root, manifest_path, options, apply=apply, dest=dest, manifest_out=manifest_out,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
-            facts_resolver=resolver, threads=threads, parts=parts, address=ray_address,
-            progress=not quiet and sys.stderr.isatty(), selection=selection,
-            command="kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None) as run:
+            parts=None if parts is None else pipeline.Parts(parts, ray_address)) as run:
         if run.plan.holds_no_cache:  # an empty or unmounted root: nothing to plan, no journal to write there
             from kvmigrate.errors import OperationalError
             from kvmigrate.report.hints import no_cache_message
@@ -135,6 +144,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             for line in render_commands(run.plan, mode):
                 click.echo(line)
             sys.exit(0)
+        log.info("migrate: %s", "applying the plan" if apply else "dry run: the plan only, nothing written")
         if apply:
             _apply(run, mode, journal, apply_command, as_json, quiet)
         else:
@@ -145,30 +155,24 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
     """--apply: run the plan (a progress bar on a terminal, SIGTERM as Ctrl-C: a stopped
     run stays resumable), print what happened and exit with its code."""
     from kvmigrate.migrate.result import render_result
+    from kvmigrate.pacing import Interrupted
+    from kvmigrate.progress import Bar
 
     plan = run.plan
-    progress = None
-    bar = None
-    if run.parts is None and not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(len(t.actions) for t in plan.targets), unit="block", file=sys.stderr, desc="migrate")
-        progress = bar.update
-    from kvmigrate.pacing import Interrupted
+    bar = Bar(run.parts is None and not quiet and sys.stderr.isatty(), "migrate", "block",
+              sum(len(t.actions) for t in plan.targets), unit_scale=False, dynamic_ncols=False)
+    progress = bar.advance if bar.enabled else None
 
     previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         result = run.apply(mode=mode, journal=journal, command=apply_command, progress=progress,
                            on_part=None if quiet else part_done)
     except Interrupted as stopped:
-        if bar is not None:
-            bar.close()
-            bar = None
+        bar.close()
         _stopped(stopped, apply_command)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if bar is not None:
-            bar.close()
+        bar.close()
     code = result.exit_code
     if as_json:
         summary: SummaryCore = run.summary()
@@ -196,7 +200,7 @@ def _stopped(stopped, apply_command: str) -> None:
     exit_stopped(stopped, apply_command, "rollback")
 
 
-def _dry_run(run, apply_command: str, dest_command: str, as_json: bool, quiet: bool) -> None:
+def _dry_run(run, apply_command: str | None, dest_command: str | None, as_json: bool, quiet: bool) -> None:
     """The plan, and the command that applies it (with --dest <DIR> for what waits for it),
     unless a target it fills is a guess: then the command that states the missing facts
     (identity.md §4)."""

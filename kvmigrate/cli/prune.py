@@ -4,6 +4,7 @@ what no engine will read into the quarantine; `--purge` empties old quarantines.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -14,6 +15,7 @@ from typing import cast
 import click
 
 from kvmigrate.cli.common import (
+    AgeType,
     exit_stopped,
     facts_options,
     handle_errors,
@@ -29,18 +31,10 @@ from kvmigrate.cli.common import (
 from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, PurgeOutput, ReclaimFigures, ReclaimNamespace
 from kvmigrate.units import plural
 
-_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "manifest_out"}
+_NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from kvmigrate.units import parse_duration
-
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+log = logging.getLogger(__name__)
 
 
 @click.command("prune")
@@ -64,11 +58,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "targets are never pruned, their sources never count as unreadable.")
 @click.option("--no-quarantine", is_flag=True,
               help="Unlink instead of moving (--migrated only: the bytes stay reachable through the target).")
-@click.option("--quiet-period", callback=_duration, default=None, metavar="AGE",
+@click.option("--quiet-period", type=AgeType(), default=None, metavar="AGE",
               help="Skip a namespace written within AGE (newest file or folder mtime; a ctime alone, e.g. of "
                    "migrate's own links, is no write) [default: 10m].")
 @click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too.")
-@click.option("--older-than", callback=_duration, default=None, metavar="AGE",
+@click.option("--older-than", type=AgeType(), default=None, metavar="AGE",
               help="--residue: temp files older than AGE [default: 1h]; --purge: quarantines older than AGE "
                    "[default: 7d].")
 @click.option("--purge", is_flag=True, help="Delete the quarantines of prune runs older than --older-than for "
@@ -123,6 +117,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.migrate.prune import render_plan
     from kvmigrate.migrate.quarantine import apply_prune, render_result
+    from kvmigrate.options import ScanOptions
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
@@ -135,12 +130,12 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     resolver = FactsResolver(pop_fact_flags(kwargs), facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     explicit_target = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    options = ScanOptions.planning(verify, target=target, facts_resolver=resolver, threads=threads,
+                                   progress=not quiet and sys.stderr.isatty(), command=command_line)
     with _resumable(ctx, apply), \
-            pipeline.pruning(root, manifest_path, classes=classes, migration_journal=migration_journal,
-                             quiet_period=quiet_period, force_live=force_live, older_than=older_than, target=target,
-                             explicit_target=explicit_target,
-                             facts_resolver=resolver, verify=verify, threads=threads, manifest_out=manifest_out,
-                             progress=not quiet and sys.stderr.isatty(), command=command_line, apply=apply,
+            pipeline.pruning(root, manifest_path, options, classes=classes, migration_journal=migration_journal,
+                             quiet_period=quiet_period, force_live=force_live, older_than=older_than,
+                             explicit_target=explicit_target, manifest_out=manifest_out, apply=apply,
                              selection=selection) as plan:
         if not apply:
             code = plan.exit_code
@@ -157,7 +152,11 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))
             sys.exit(code)
+        log.info("prune: moving %d files %s (journal %s)", len(plan.items),
+                 "out of the way" if no_quarantine else "into the quarantine", journal or "default",
+                 extra={"files": len(plan.items)})
         result = apply_prune(plan, journal=journal, quarantine=not no_quarantine, command=_apply_command(ctx))
+        log.info("prune: done: journal %s", result.journal, extra={"journal": result.journal})
     finished = [r.to_dict() for r in plan.finished]
     if as_json:
         print_json(cast(PruneApplyOutput, {"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
@@ -206,6 +205,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
         from kvmigrate.errors import UsageError
 
         raise UsageError(f"{root}: no such folder", path=root, hint="pass the cache root that was pruned")
+    log.info("prune --purge %s: quarantines older than %gs%s", root, older_than, "" if apply else " (dry run)")
     result = purge(root, older_than, dry_run=not apply)
     if as_json:
         print_json(cast(PurgeOutput, {"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()}))

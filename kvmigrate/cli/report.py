@@ -142,7 +142,7 @@ def _trend(manifests: tuple[str, ...], history: str | None, fmt: str, output: st
         raise UsageError("--trend needs --history DIR (the kept audits) or one kept MANIFEST",
                          hint="kvmigrate report --trend --history ROOT/.kvmigrate/audits")
     folder = history if history is not None else os.path.dirname(os.path.abspath(manifests[0]))
-    paths = kept_audits(folder)
+    paths: list[str | os.PathLike[str]] = list(kept_audits(folder))
     if not paths:
         raise UsageError("no kept audits here", path=folder, hint="keep audits with `kvmigrate audit ROOT --keep N`")
     tr = trend.trend(paths, render.summary_of)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import cast
 
@@ -10,6 +11,8 @@ import click
 from kvmigrate.cli.common import handle_errors, output_options, print_json
 from kvmigrate.outputs import RestoreOutput
 from kvmigrate.units import plural
+
+log = logging.getLogger(__name__)
 
 
 @click.command("restore")
@@ -27,7 +30,9 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
     """
     from kvmigrate.migrate.restore import render_restore, restore
 
+    log.info("restore %s: putting back what the prune moved", journal)
     result = restore(journal)
+    log.info("restore: done: %d files not restored", len(result.kept), extra={"not_restored": len(result.kept)})
     if as_json:
         print_json(cast(RestoreOutput, result.to_dict()))
     elif not quiet:

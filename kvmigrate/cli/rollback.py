@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import cast
 
@@ -9,6 +10,8 @@ import click
 
 from kvmigrate.cli.common import handle_errors, output_options, pop_selection, print_json, selection_options
 from kvmigrate.outputs import RollbackOutput
+
+log = logging.getLogger(__name__)
 
 
 @click.command("rollback")
@@ -43,7 +46,10 @@ def command(journal: str, dry_run: bool, as_list: bool, as_json: bool, quiet: bo
 
     if as_list and not dry_run:
         raise UsageError("--list shows what a dry run would remove", hint="add --dry-run (nothing is removed)")
+    log.info("rollback %s: %s", journal, "checking what would be removed (dry run)" if dry_run else
+             "putting back what a prune took, then removing what the migration created")
     result = rollback(journal, pop_selection(kwargs), dry_run=dry_run, listing=as_list)
+    log.info("rollback: done: exit code %d", result.exit_code, extra={"exit_code": result.exit_code})
     if as_list:
         for line in render_commands(result, journal):
             click.echo(line)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from fractions import Fraction
+from typing import Any
 
 import click
 
 from kvmigrate.cli.common import (
-    baseline_kwargs,
+    Rate,
+    Seconds,
     baseline_options,
     check_scaleout,
     facts_options,
     handle_errors,
     output_options,
     pacing_options,
-    parse_shard,
     part_done,
     pop_fact_flags,
     pop_selection,
@@ -24,6 +26,7 @@ from kvmigrate.cli.common import (
     print_json,
     say_no_cache,
     scaleout_options,
+    scan_options,
     selection_options,
     start_pacing,
     walk_options,
@@ -47,10 +50,10 @@ from kvmigrate.units import human_bytes, human_count, plural
 @pacing_options
 @output_options
 @handle_errors
-def command(root: str, output: str, verify: str, threads: int | None, shard: str | None, as_json: bool,
-            quiet: bool, verbose: int, target: str, run_on: str, shards: int | None, ray_address: str | None,
-            max_duration: str | None, bwlimit: str | None, idle_io: bool, baseline: str | None,
-            recheck: str | None, history: str | None, **kwargs) -> None:
+def command(root: str, output: str, verify: str, threads: int | None, shard: tuple[int, int] | None,
+            as_json: bool, quiet: bool, verbose: int, target: str, run_on: str, shards: int | None,
+            ray_address: str | None, max_duration: Seconds | None, bwlimit: Rate | None, idle_io: bool,
+            baseline: str | None, recheck: Fraction | None, history: str | None, **kwargs: Any) -> None:
     """Walk ROOT (the engine's cache root_dir): identify namespaces, prove their digests,
     stat (and with --verify hash, hash) every file, compare replicas and decide a target
     and an action for every block. Writes the manifest; never modifies ROOT.
@@ -62,27 +65,26 @@ def command(root: str, output: str, verify: str, threads: int | None, shard: str
     """
     prefer_arrow_pool("system")  # see kvmigrate.scan._lean_arrow_allocator
     from kvmigrate.identity.facts import FactsResolver
-    from kvmigrate.pipeline import scan_any
+    from kvmigrate.pipeline import Parts, scan_any
 
     facts_file = kwargs.pop("facts_file", None)
     flags = pop_fact_flags(kwargs)
     selection = pop_selection(kwargs)
     parts = check_scaleout(run_on, shards, ray_address, shard)
-    k, n = parse_shard(shard)
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     resolver = FactsResolver(flags, facts_file)
     command_line = "kvmigrate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    options = dict(target=target, facts_resolver=resolver, verify=verify, threads=threads, command=command_line,
-                   selection=selection, **baseline_kwargs(baseline, recheck, history))
+    options = scan_options(target=target, facts_resolver=resolver, verify=verify, threads=threads,
+                           command=command_line, selection=selection, baseline=baseline, recheck=recheck,
+                           history=history, shard=shard, progress=parts is None and not quiet and sys.stderr.isatty())
     if parts is not None:
         default = click.get_current_context().get_parameter_source("output") == click.core.ParameterSource.DEFAULT
-        result = scan_any(root, "kvmigrate-manifest" if default else output, parts=parts, address=ray_address,
-                          on_part=None if quiet else part_done, **options)
+        result = scan_any(root, "kvmigrate-manifest" if default else output, options,
+                          parts=Parts(parts, ray_address, None if quiet else part_done))
     else:
         from kvmigrate.scaleout.dataset import part_output
 
-        result = scan_any(root, part_output(output, (k, n)), shard=(k, n),
-                          progress=(not quiet and sys.stderr.isatty()), **options)
+        result = scan_any(root, part_output(output, options.shard), options)
     summary = result.summary
     say_no_cache(summary)
     if as_json:

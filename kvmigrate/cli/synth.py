@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvmigrate.cli.common import handle_errors, print_json
+from kvmigrate.cli.common import handle_errors, log_options, print_json
 from kvmigrate.identity.values import FAMILIES
 from kvmigrate.units import plural
 
@@ -56,6 +56,7 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the SynthResult as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing (the tree is still built).")
+@log_options
 @handle_errors
 def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options: object) -> None:
     """Generate a synthetic cache tree under DIR (for tests, the demo and benchmarks).

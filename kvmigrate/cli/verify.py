@@ -8,6 +8,8 @@ from typing import cast
 import click
 
 from kvmigrate.cli.common import (
+    Rate,
+    Seconds,
     handle_errors,
     output_options,
     pacing_options,
@@ -36,7 +38,7 @@ from kvmigrate.outputs import VerifyOutput
 @output_options
 @handle_errors
 def command(root: str, journal: str | None, target: str | None, threads: int | None, strict: bool, as_json: bool,
-            quiet: bool, verbose: int, max_duration: str | None, bwlimit: str | None, idle_io: bool,
+            quiet: bool, verbose: int, max_duration: Seconds | None, bwlimit: Rate | None, idle_io: bool,
             **kwargs) -> None:
     """Check that every namespace's config.json under ROOT hashes to its folder name and,
     with --journal, that every block the migration created still has the journaled

@@ -34,16 +34,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
 from kvmigrate.fsio import check_root
-from kvmigrate.identity.values import DEFAULT_PROFILE
 from kvmigrate.migrate.apply import Applier
 from kvmigrate.migrate.journal import is_journal_name
 from kvmigrate.migrate.result import ApplyResult
+from kvmigrate.options import ScanOptions
 from kvmigrate.outputs import ReportOutput
 from kvmigrate.scaleout import dataset
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'kvmigrate[ray]'"
 # Tasks exchange small dicts only: a small object store keeps a local cluster light
@@ -191,18 +194,16 @@ def run_parts(ray: Any, fn: Callable[..., dict], args_of: Callable[[int], tuple]
 # --- scan and audit ----------------------------------------------------------------------
 
 
-def _scan_part(scan: Callable[..., Any], root: str, staging: str, k: int, n: int, target: str, resolver: Any,
-               verify: str, threads: int | None, command: str | None, fail: bool,
-               selection: Any = None, baseline: Any = None) -> dict[str, Any]:
+def _scan_part(scan: Callable[..., Any], root: str, staging: str, k: int, n: int, options: ScanOptions,
+               fail: bool) -> dict[str, Any]:
     """Ray task: scan part K of N into the staging folder with `scan` (the pipeline's scan,
     passed in: scale-out runs the pipeline's stages and never imports the pipeline).
-    `baseline`: this part's rows of the --baseline (scan.baseline.load_parts), or None."""
+    `options.baseline`: this part's rows of the --baseline (scan.baseline.load_parts), or None."""
     if fail:
         raise RuntimeError(f"injected failure of scan part {k} ({FAIL_ENV})")
-    res = scan(root, os.path.join(staging, dataset.part_name(k, n)), target=target, facts_resolver=resolver,
-               verify=verify, threads=threads, shard=(k, n), progress=False, command=command,
-               workers=1, selection=selection,  # a part holds one Ray CPU: no walk processes of its own
-               **({"baseline": baseline} if baseline is not None else {}))
+    # a part holds one Ray CPU: no walk processes of its own
+    res = scan(root, os.path.join(staging, dataset.part_name(k, n)), options.but(shard=(k, n), progress=False,
+                                                                                 workers=1))
     return {"exit_code": res.exit_code, "rows": res.rows, "files": res.files, "bytes": res.bytes,
             "seconds": res.seconds, "walk_errors": len(res.walk_errors)}
 
@@ -233,17 +234,15 @@ def _check_dataset_dir(output: str) -> str:
     return out
 
 
-def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int, address: str | None = None,
-                target: str = DEFAULT_PROFILE,
-                facts_resolver: Any = None, verify: str = "size", threads: int | None = None,
-                command: str | None = None, on_part: Callable[[PartReport], None] | None = None,
-                manifest: str | None | bool = True, verb: str = "scan", selection: Any = None,
-                baseline: str | None = None, recheck: Any = None, history: str | None = None) -> DatasetScan:
+def scan_on_ray(scan: Callable[..., Any], root: str, output: str, options: ScanOptions, *, shards: int,
+                address: str | None = None, on_part: Callable[[PartReport], None] | None = None,
+                manifest: str | None | bool = True, verb: str = "scan") -> DatasetScan:
     """Scan ROOT as `shards` Ray tasks (each runs `scan`, the pipeline's) into the dataset directory `output`, then
     summarize it (`manifest`, `verb`: what its hints name, see report.summary.summarize).
-    `selection` (--only/--exclude): every part scans those namespaces only.
-    `baseline`, `recheck`, `history` (--baseline PREV|auto): the driver checks and reads
-    the baseline once and sends each part the rows of its own buckets only.
+    `options`: every part's (its `shard`, `progress` and `workers` are the part's own);
+    `options.selection` (--only/--exclude): every part scans those namespaces only.
+    `options.baseline`, `recheck`, `history` (--baseline PREV|auto): the driver checks
+    and reads the baseline once and sends each part the rows of its own buckets only.
 
     Parts are staged inside `output` and published only when all succeeded; otherwise
     PartsFailed (exit 8) names them and `output` is left as it was."""
@@ -253,10 +252,15 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
     if shards < 1:
         raise UsageError(f"--shards must be at least 1, got {shards}")
     t0 = time.monotonic()
+    baseline, recheck, history = options.baseline, options.recheck, options.history
+    if baseline is not None and not isinstance(baseline, str):
+        raise UsageError("a --run-on ray scan reads its --baseline itself: pass a path or auto")
     root_path = check_root(root)  # the scanner's own check, before any part starts
     out = _check_dataset_dir(output)
-    resolver = facts_resolver or FactsResolver({}, None)
-    baselines = _baseline_parts(baseline, recheck, history, shards, root=root_path, target=target, verify=verify)
+    options = options.but(facts_resolver=options.facts_resolver or FactsResolver({}, None), baseline=None,
+                          recheck=None, history=None)
+    baselines = _baseline_parts(baseline, recheck, history, shards, root=root_path, target=options.target,
+                                verify=options.verify)
     fail = _injected("scan")
     with session(address) as ray:
         try:
@@ -265,10 +269,10 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
         except OSError as exc:
             raise OperationalError(f"cannot create the dataset directory: {exc.strerror}", path=out) from None
         try:
-            reports = run_parts(ray, _scan_part, lambda k: (scan, root_path, staging, k, shards, target, resolver,
-                                                            verify, threads, command, k in fail, selection,
-                                                            baselines[k] if baselines else None),
-                               shards, on_part)
+            reports = run_parts(ray, _scan_part,
+                                lambda k: (scan, root_path, staging, k, shards,
+                                           options.but(baseline=baselines[k]) if baselines else options, k in fail),
+                                shards, on_part)
             failed = [(r, r.error) for r in reports if r.error is not None]
             if failed:
                 raise PartsFailed("scan", failed, hint=f"fix the cause and rerun the same command (it scans every "
@@ -278,16 +282,19 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, *, shards: int
             for k in range(shards):
                 name = dataset.part_name(k, shards)
                 os.replace(os.path.join(staging, name), os.path.join(out, name))
+            log.info("scan: %d parts published into %s", shards, out, extra={"parts": shards, "dataset": out})
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     summary = summarize(out, manifest=manifest, verb=verb)
     code = summary["exit_code"]
     for r in reports:
-        code |= r.detail["exit_code"]
+        if r.detail is not None:  # (every part's: a part without one failed above)
+            code |= r.detail["exit_code"]
     return DatasetScan(root_path, out, summary, code, reports, time.monotonic() - t0)
 
 
-def _baseline_parts(baseline: str | None, recheck: Any, history: str | None, shards: int, **run: str) -> list | None:
+def _baseline_parts(baseline: str | None, recheck: Fraction | None, history: str | None, shards: int,
+                    **run: str) -> list | None:
     """Each part's rows of the --baseline, checked and read by the driver before any part
     starts (a refused baseline is a usage error, exit 2); None: no baseline, or `auto`
     with no kept audit yet (every part reads everything)."""
@@ -367,6 +374,7 @@ def apply_on_ray(plan: Any, manifest_path: str, *, shards: int, address: str | N
                         {**identity, "part": f"{k}/{shards}"}, fail.get(k), plan.target_sizes, plan.selection)
             reports.extend(run_parts(ray, _apply_part, args_of, shards, on_part))
 
+        log.info("apply: %d parts as Ray tasks, journals in %s", shards, jdir, extra={"parts": shards, "journals": jdir})
         done = Applier(plan, mode=mode, journal=os.path.join(jdir, dataset.DRIVER_JOURNAL), command=command,
                        identity={**identity, "part": "driver"}, place_blocks=launch).run()
     merged = ApplyResult()

@@ -124,11 +124,12 @@ class BlockVerdicts:
                 S[i], A[i], R[i] = status, action, reason
                 if has_target:
                     if tpath is None:  # once per block: every replica has the same target
+                        assert target is not None  # (a verdict with a target is one of a namespace with one)
                         tpath = classify.target_relpath(target, hex_hash, group)
                     T[i] = tpath
                     if targets_exist and tpath != P[i]:
                         self._target_exists(unit, out, i, hex_hash)
-            if count_sizes:
+            if shapes is not None:  # count_sizes
                 shapes[shape] = shapes.get(shape, 0) + 1
 
     def _finish_blocks_c(self, unit: Unit, blocks: dict[tuple[int, str], list[int]], out: Rows,
@@ -189,7 +190,7 @@ class BlockVerdicts:
             first.action, first.reason = self._slice_reason(unit, first, group) or (first.action, first.reason)
         if not check_target:
             return
-        target_dir = first.target_relpath.split("/", 1)[0]
+        target_dir = (first.target_relpath or "").split("/", 1)[0]  # (set: `first` was chosen by it)
         if target_dir not in self.listing.names or first.target_relpath == first.relpath:
             return
         self._check_existing_target(plan, first)

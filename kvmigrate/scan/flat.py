@@ -21,7 +21,7 @@ import stat as stat_mod
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -148,7 +148,8 @@ def _facts_for(fam: Any, resolver: FactsResolver):
 
     def facts_for(model: str | None, suffix: str):
         model_key = next((k for k in keys if k != "*" and fam.model_key_matches(k, suffix)), model)
-        return resolver.for_namespace(model_key, suffix)  # (no model: only the suffix and "*" apply)
+        # (no model: only the suffix and "*" apply; FactsResolver looks None up as a key no entry has)
+        return resolver.for_namespace(cast(str, model_key), suffix)
     return facts_for
 
 
@@ -170,6 +171,7 @@ def _stat_pages(fam: Any, files: FlatFiles, verify: str, listing: RootListing) -
                 size = size_of.setdefault(size, size)
                 ff = fam.flat_file(name, size)
                 if hashed:
+                    assert digests is not None and heads is not None  # (a hashing chunk's, from C)
                     j = i - start
                     ff.head, ff.content = heads[4 * j:4 * j + min(4, size)], digests[16 * j:16 * j + 16]
                     ff.all_zero = False

@@ -7,8 +7,9 @@ import bisect
 import os
 import stat as stat_mod
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kvmigrate import families, findings, layout
 from kvmigrate.errors import MissingFactError, UsageError
@@ -19,6 +20,14 @@ from kvmigrate.identity.facts import Facts, FactsResolver
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
 DEEP_RE_PREFIXES = ("block_size_",)
+
+
+class FlatRowSource(Protocol):
+    """A flat family's deployment's rows, made as the walk asks for them (scan/flat.py)."""
+
+    def __bool__(self) -> bool: ...
+
+    def tables(self, code: int, ns_arrays: list) -> Iterator[Any]: ...
 
 
 @dataclass
@@ -51,7 +60,8 @@ class Namespace:
     notes: list[str] = field(default_factory=list)
     sampled_sizes: list[int] = field(default_factory=list)  # rank 0's, for family evidence
     size_sample: dict[tuple[int, int], Counter] = field(default_factory=dict)  # (rank, group) -> sizes
-    flat_rows: list[Any] = field(default_factory=list)  # a flat family's deployment: its files' records (scan/flat.py)
+    # a flat family's deployment: its files' records (scan/flat.py)
+    flat_rows: list[Any] | FlatRowSource = field(default_factory=list)
 
     def columns(self) -> tuple:
         t = self.target
@@ -294,7 +304,9 @@ def _sample_sizes(root: str, rank_dir: str, limit: int = SAMPLE_FILES) -> list[t
         except OSError:
             continue
         for f in fanouts:
-            group = int(layout.FANOUT_RE.match(f).group(2))
+            fanout = layout.FANOUT_RE.match(f)
+            assert fanout is not None  # (listed above only if it matches)
+            group = int(fanout.group(2))
             try:
                 with os.scandir(os.path.join(base, b, f)) as it:
                     entries = sorted(it, key=lambda e: e.name)
@@ -326,6 +338,7 @@ def resolve_namespaces(root: str, listing: RootListing, resolver: FactsResolver,
     names = sorted(set(listing.bases) | set(listing.rank_folders))
     for base in names:
         parsed = layout.parse_folder(base)
+        assert parsed is not None  # (the listing keeps folders whose names parse)
         ns = Namespace(base, parsed.safe_model, parsed.d12, has_base=base in listing.bases,
                        rank_dirs=dict(sorted(listing.rank_folders.get(base, {}).items())))
         if ns.has_base:

@@ -32,12 +32,31 @@ class Rows:
     # (not in COLUMNS, which the C walk's finish_blocks takes: it never reads these two)
     EXTRA = ("ctime_ns", "carried")
     __slots__ = COLUMNS + EXTRA + ("order", "sizes", "errors", "store")
+    # the column lists (made in __init__ from COLUMNS and EXTRA), one value a row
+    relpath: list[str]
+    ns: list[int]
+    rank: list[int | None]
+    group: list[int | None]
+    block_hash: list[bytes | None]
+    size: list[int]
+    mtime_ns: list[int]
+    inode: list[int]
+    dev: list[int]
+    nlink: list[int]
+    content: list[bytes | None]
+    payload: list[bytes | None]
+    status: list[str]
+    action: list[str]
+    reason: list[str | None]
+    target: list[str | None]
+    ctime_ns: list[int | None]
+    carried: list[bool]
 
     def __init__(self) -> None:
         for name in self.COLUMNS + self.EXTRA:
             setattr(self, name, [])
         self.order: list[int] = []
-        self.sizes: dict[tuple[str, int, int], Counter] = defaultdict(Counter)
+        self.sizes: dict[tuple[str, int | None, int], Counter] = defaultdict(Counter)
         self.errors: list[str] = []
         self.store: Any = None  # kvmigrate._leafwalk.BlockRows, made by the first bucket the C walk takes
 

@@ -4,11 +4,11 @@ manifest written batch by batch, then phase 5 (sizes)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -25,7 +25,8 @@ from kvmigrate.classify import FileRecord, UnitPlan
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
-from kvmigrate.identity.values import DEFAULT_PROFILE
+from kvmigrate.options import VERIFY_LEVELS, ScanOptions
+from kvmigrate.progress import ScanBar
 from kvmigrate.scan import flat
 from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
@@ -36,8 +37,9 @@ from kvmigrate.scan.sizes import finalize
 from kvmigrate.scan.toplevel import non_bucket_rows
 from kvmigrate.scan.units import Unit, build_units
 from kvmigrate.scan.walker import Walker
-from kvmigrate.selection import Selection
-from kvmigrate.units import human_bytes, plural
+from kvmigrate.units import human_bytes
+
+log = logging.getLogger(__name__)
 
 BATCH_ROWS = 32_768  # rows per Parquet row group (at least; larger ones cost the summary memory)
 
@@ -58,42 +60,10 @@ class WalkResult:
     totals: Any = None
 
 
-class Progress:
-    """tqdm on stderr: bucket visits done of the total known up front (so a percentage and
-    an ETA), files, bytes and rate; silent when stderr is not a TTY or -q."""
-
-    def __init__(self, enabled: bool, total: int = 0):
-        self.bar = None
-        self.bytes = self.files = 0
-        self.t0 = time.monotonic()
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit=" buckets", file=sys.stderr, desc="scan", dynamic_ncols=True,
-                            leave=True)
-
-    def update(self, buckets: int, files: int, nbytes: int) -> None:
-        self.bytes += nbytes
-        self.files += files
-        if self.bar is not None:
-            dt = max(time.monotonic() - self.t0, 1e-6)
-            self.bar.set_postfix_str(f"{plural(self.files, 'file')}, {human_bytes(self.bytes)}, "
-                                     f"{human_bytes(self.bytes / dt)}/s", refresh=False)
-            self.bar.update(buckets)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet", *,
+def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigrate-manifest.parquet",
+         options: ScanOptions | None = None, *,
          transform_output: Callable[[str, UnitPlan, FileRecord], tuple[int, Callable[[], bytes | None]]],
-         batch_sink: Callable[[dict[str, Any]], Any] | None = None,
-         target: str = DEFAULT_PROFILE, facts_resolver: FactsResolver | None = None, verify: str = "size",
-         threads: int | None = None, shard: tuple[int, int] = (0, 1), progress: bool = False,
-         command: str | None = None, workers: int | None = None, selection: Selection | None = None,
-         baseline: str | Baseline | None = None, recheck: Any = None,
-         history: str | None = None) -> WalkResult:
+         batch_sink: Callable[[dict[str, Any]], Any] | None = None) -> WalkResult:
     """Scan ROOT and write the manifest at `output` (kvmigrate.pipeline.scan adds the
     summary and exit code: call that one).
 
@@ -115,8 +85,15 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     it keep its hashes unopened; `recheck` (a fraction, default 1/30) of its buckets are
     re-read all the same (kvmigrate.scan.baseline). A `Baseline` already loaded is a
     part's share of it (scan.baseline.load_parts).
+
+    These are the fields of `options` (kvmigrate.options.ScanOptions), with
+    `target`, `facts_resolver`, `verify`, `threads`, `progress` and `command`.
     """
-    if verify not in ("none", "size", "hash"):
+    options = options or ScanOptions()
+    target, verify, shard, workers, recheck = (options.target, options.verify, options.shard, options.workers,
+                                               options.recheck)
+    selection, baseline, history = options.selection, options.baseline, options.history
+    if verify not in VERIFY_LEVELS:
         raise UsageError(f"--verify must be none, size or hash, got {verify!r}")
     k, n = shard
     if not (n >= 1 and 0 <= k < n):
@@ -125,11 +102,11 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise UsageError(f"--workers must be at least 1, got {workers}")
     t0 = time.monotonic()
     root_path = check_root(str(root))
-    resolver = facts_resolver or FactsResolver({}, None)
+    resolver = options.facts_resolver or FactsResolver({}, None)
     prev = None
     if isinstance(baseline, Baseline):  # a part of a --run-on ray scan: its rows, loaded and checked by the driver
         prev = baseline
-    elif baseline is not None:
+    elif isinstance(baseline, str):
         prev = load_baseline(baseline, root=root_path, target=target, verify=verify, history=history,
                              recheck=DEFAULT_RECHECK if recheck is None else recheck)
     elif recheck is not None:
@@ -139,6 +116,10 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
         raise UsageError("the manifest path is a directory", path=output,
                          hint="pass -o FILE.parquet (a dataset directory is written by --run-on ray)")
 
+    log.info("scan %s: listing the root (verify %s, shard %d/%d)", root_path, verify, k, n,
+             extra={"root": root_path, "verify": verify, "shard": f"{k}/{n}"})
+    if prev is not None:
+        log.info("scan: baseline %s: unchanged files keep its hashes", prev.path)
     try:
         listing = list_root(root_path)
     except OSError as exc:
@@ -154,13 +135,18 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if selection:
         namespaces, skipped_late = select_namespaces(namespaces, selection)
         skipped = sorted(skipped + skipped_late)
+    log.info("scan: found %d namespaces%s", len(namespaces), f" ({len(skipped)} left out by the selection)"
+             if skipped else "", extra={"namespaces": len(namespaces), "skipped": len(skipped)})
+    for ns in namespaces:
+        log.debug("scan: namespace %s: %s, %s", ns.source_base, ns.family, ns.status,
+                  extra={"namespace": ns.source_base, "family": ns.family, "status": ns.status})
     units = build_units(root_path, namespaces, verify == "hash", target)
     walker = Walker(root_path, verify=verify, listing=listing, transform_output=transform_output, baseline=prev)
     walker.prepare(namespaces, units)
 
     meta = {
         "tool_version": __version__,
-        "command": command or "kvmigrate scan " + shlex.quote(str(root)),
+        "command": options.command or "kvmigrate scan " + shlex.quote(str(root)),
         "root": root_path,
         "target_profile": target,
         "verify": verify,
@@ -178,9 +164,13 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     _lean_arrow_allocator()
     head = non_bucket_rows(walker, listing, namespaces, units, shard)  # also lists every unit's buckets
     tasks = plan_tasks(units, k, n)
-    workers, threads = parallelism(workers, threads, verify, sum(len(b) for _, b in tasks))
+    workers, threads = parallelism(workers, options.threads, verify, sum(len(b) for _, b in tasks))
+    log.info("scan: walking %d bucket visits in %d tasks (%d processes, %d threads)%s",
+             sum(len(b) for _, b in tasks), len(tasks), workers, threads,
+             ", hashing every file" if verify == "hash" else ", stat only" if verify == "size" else "",
+             extra={"tasks": len(tasks), "workers": workers, "threads": threads})
     with _terminate_as_interrupt():
-        return _write(walker, units, head, tasks, workers, threads, meta, output, progress, root_path, t0,
+        return _write(walker, units, head, tasks, workers, threads, meta, output, options.progress, root_path, t0,
                       batch_sink)
 
 
@@ -195,7 +185,7 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
     with Walk(walker, tasks, workers, threads) as batches:  # forks the workers first
         totals = batch_sink(meta) if batch_sink else None  # e.g. the summary, aggregated as batches are written
         visits = sum(len(b) for _, b in tasks)
-        bar = Progress(progress, visits)
+        bar = ScanBar(progress, visits)
         writer = manifest.ManifestWriter(output, meta)
         try:
             pending: list[pa.Table] = []
@@ -237,16 +227,23 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
             for (table, task_sizes, task_errors), (_, buckets) in zip(batches, tasks):
                 take(table, task_sizes, task_errors, len(buckets))
                 done += len(buckets)
+                log.debug("scan: task of %d buckets done: %d rows (%d of %d visits)", len(buckets), table.num_rows,
+                          done, visits)
                 if done < visits and pacing.expired():
                     raise _out_of_time(meta["command"], done, visits)
             flush()
             bar.close()
             rewritten = finalize(writer, meta, walker, units, sizes, errors)
+            if rewritten:
+                log.info("scan: manifest rewritten once (odd sizes re-classified, or walk errors recorded)")
         except BaseException:
             writer.abort()
             bar.close()
             raise
     pa.default_memory_pool().release_unused()
+    log.info("scan: manifest written: %s (%d files, %s, %d walk errors, %.1fs)", output, files, human_bytes(nbytes),
+             len(errors), time.monotonic() - t0,
+             extra={"manifest": output, "files": files, "bytes": nbytes, "walk_errors": len(errors)})
     return WalkResult(root_path, output, files, nbytes, time.monotonic() - t0, errors,
                       None if rewritten else totals)
 

@@ -140,7 +140,7 @@ def _fix_sizes(t: pa.Table, outliers: dict, walker: Walker, unit_of: dict, membe
             cols["reason"][i], cols["target_relpath"][i] = r.reason, r.target_relpath
             refound[i] = findings.finding_of(r.reason)
     # the finding columns: the new reasons' findings on the rows classified again
-    found = [tuple(v) for v in zip(*(t[n].to_pylist() for n in findings.COLUMNS))]
+    found: list[tuple[Any, ...] | None] = [tuple(v) for v in zip(*(t[n].to_pylist() for n in findings.COLUMNS))]
     for i, f in refound.items():
         found[i] = f
     for name, array in zip(findings.COLUMNS, findings.arrays(

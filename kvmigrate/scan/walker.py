@@ -79,7 +79,7 @@ class Walker(BlockVerdicts):
         self.verify = verify
         self.hashed = verify == "hash"
         self.listing = listing
-        self._slice_cache: dict[tuple[int, int, int], str | None] = {}
+        self._slice_cache: dict[tuple[int, int, int], tuple[str, str] | None] = {}
         self._euid = os.geteuid()
         self._groups = set(os.getgroups()) | {os.getegid()}
         # --verify size never opens block files, yet an unreadable one is a finding: judge the bits
@@ -162,7 +162,7 @@ class Walker(BlockVerdicts):
             except OSError:
                 return
             if not stat_mod.S_ISREG(mode):
-                kind = kind_of(mode)
+                kind: str | None = kind_of(mode)
                 rec.status = "foreign"
                 if kind == "symlink":
                     try:
@@ -340,7 +340,9 @@ class Walker(BlockVerdicts):
             if fanout is None:
                 self._bucket_entry(v, e)
             else:  # (the leaf walk took it as a fan-out folder)
-                self._fanout_folder(v, f"{bpath}/{fanout}", f"{brel}/{fanout}", self._fanout_name(fanout), files=[e])
+                fan = self._fanout_name(fanout)
+                assert fan is not None  # (the leaf walk takes fan-out folders by their names)
+                self._fanout_folder(v, f"{bpath}/{fanout}", f"{brel}/{fanout}", fan, files=[e])
 
     def _listing(self, path: str, rel: str, out: Rows, ns_cols: tuple | None) -> list[os.DirEntry] | None:
         """The entries of a folder of a rank folder; None if it vanished, or (a row saying
@@ -404,7 +406,8 @@ class Walker(BlockVerdicts):
         ctimes, carries = out.ctime_ns, out.carried
         baseline = self.baseline
         recheck = baseline is not None and baseline.rechecks(v.hhh)
-        unchanged = baseline.unchanged if baseline is not None else None
+        unchanged = baseline.unchanged if baseline is not None else _not_carried
+        carried_hashes = baseline.hashes if baseline is not None else _no_hashes
         prefix = v.hhh + hh  # a block file in its right place starts with these 5 hex
         if files is None:
             files = self._listing(fpath, frel, out, m.columns)
@@ -429,12 +432,12 @@ class Walker(BlockVerdicts):
                 reason = ""
                 carried = False
                 try:
-                    if unchanged is not None and not recheck:  # --baseline: stat, read only if it changed
+                    if baseline is not None and not recheck:  # --baseline: stat, read only if it changed
                         st = e.stat(follow_symlinks=False)
                         was = unchanged(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                         carried = was >= 0
                     if carried:
-                        content = baseline.hashes(was)[0]
+                        content: bytes | None = carried_hashes(was)[0]
                     elif hashed:
                         r = read_file(e.path, want_hash=True)  # open + fstat + read: no lstat
                         st = r.st
@@ -458,7 +461,7 @@ class Walker(BlockVerdicts):
                         reason = (f"cannot read {rel}: [EACCES] permission denied "
                                   f"(mode {stat_mod.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
                     elif recheck and (was := unchanged(st.st_dev, st.st_ino, size, st.st_mtime_ns,
-                                                       st.st_ctime_ns)) >= 0 and baseline.hashes(was)[0] != content:
+                                                       st.st_ctime_ns)) >= 0 and carried_hashes(was)[0] != content:
                         status, reason = "silent_change", SILENT_CHANGE
                     elif check_size:
                         key = (group, size)
@@ -621,3 +624,13 @@ def shard_part(bucket: str | None, n: int) -> int:
     if bucket is None or n <= 1:
         return 0
     return int(bucket, 16) % n
+
+
+def _not_carried(dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int | None) -> int:
+    """`Baseline.unchanged` without a baseline: no row."""
+    return -1
+
+
+def _no_hashes(i: int) -> tuple[bytes, bytes | None]:
+    """`Baseline.hashes` without a baseline: never asked (no row is carried)."""
+    raise LookupError(f"no --baseline row {i}")

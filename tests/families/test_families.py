@@ -14,6 +14,7 @@ import kvmigrate
 from kvmigrate import classify, context, families
 from kvmigrate.cli import cli
 from kvmigrate.identity import canonical, facts, values
+from kvmigrate.options import ScanOptions
 from kvmigrate.synth import spec as synth_spec
 
 from helpers.synth_matrix import ERAS
@@ -148,7 +149,7 @@ def test_family_hooks_agree_with_what_the_scan_proves(era, synth_root, tmp_path)
 
     root, _ = synth_root(spec_of(era, None))
     out = tmp_path / "m.parquet"
-    scan(root, out, facts_resolver=FactsResolver({}, None), threads=1)
+    scan(root, out, ScanOptions(facts_resolver=FactsResolver({}, None), threads=1))
     namespaces = manifest.read_metadata(out)["namespaces"]
     rows = manifest.read_table(out).to_pylist()
     assert namespaces and rows

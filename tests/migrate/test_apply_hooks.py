@@ -10,6 +10,7 @@ from kvmigrate import layout
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.apply import Applier
 from kvmigrate.migrate.journal import read_records
+from kvmigrate.options import ScanOptions
 from kvmigrate.pipeline import migration
 
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
@@ -17,8 +18,8 @@ FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
 
 def _plan(synth_root, tmp_path):
     root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
-    with migration(str(root), manifest_out=str(tmp_path / "m.parquet"),
-                   facts_resolver=FactsResolver(FACTS, None)) as run:
+    with migration(str(root), None, ScanOptions.planning(facts_resolver=FactsResolver(FACTS, None)),
+                   manifest_out=str(tmp_path / "m.parquet")) as run:
         return root, run.plan
 
 

@@ -15,6 +15,7 @@ import json
 import pytest
 
 from kvmigrate import manifest
+from kvmigrate.options import ScanOptions
 
 from helpers.cli_helpers import run, run_json
 
@@ -131,8 +132,9 @@ def test_a_scale_out_part_judges_competing_sources_by_the_whole_plans_sizes(tmp_
     # part that holds one shared block only
     root, _ = synth_root({**ROWS, "tp": 2, "blocks": 3}, {**ROWS, "tp": 4, "blocks": 4})
     m = tmp_path / "m.parquet"
-    scan(root, m, facts_resolver=FactsResolver({"family": "vllm", "kv_kind": "full", "total_kv_heads": 8,
-                                                "model_dtype": "bfloat16"}, None), threads=2, target="vllm-0.28")
+    scan(root, m, ScanOptions(facts_resolver=FactsResolver({"family": "vllm", "kv_kind": "full", "total_kv_heads": 8,
+                                                            "model_dtype": "bfloat16"}, None), threads=2,
+                              target="vllm-0.28"))
     whole = build_plan(m)
     assert whole.outcomes()["created"] == 4 and whole.outcomes()["conflict"] == 3
     meta = manifest.read_metadata(m)

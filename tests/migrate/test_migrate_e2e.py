@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+from kvmigrate.options import ScanOptions
 
 from helpers.reference_reader import ReferenceReader, expected_vllm_row, expected_vllmcpp_payload, file_facts
 
@@ -204,7 +205,7 @@ def test_a_sharded_manifest_directory_and_a_journal_directory(tmp_path, synth_ro
     parts.mkdir()
     resolver = FactsResolver({"kv_kind": "mla", "model_dtype": "bfloat16"})
     for k in range(2):
-        scan(root, parts / f"part-{k}.parquet", facts_resolver=resolver, shard=(k, 2), threads=1)
+        scan(root, parts / f"part-{k}.parquet", ScanOptions(facts_resolver=resolver, shard=(k, 2), threads=1))
     journals = tmp_path / "journals"
     code, summary = run("migrate", "--manifest", parts, "--apply", "--journal", journals, "--json")
     assert code == 0 and summary["outcomes"]["created"] == 12

@@ -24,6 +24,7 @@ from kvmigrate import manifest
 from kvmigrate.cli import cli
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate.journal import read_records
+from kvmigrate.options import ScanOptions
 from kvmigrate.pipeline import scan
 
 KVMIGRATE = str(Path(sys.executable).with_name("kvmigrate"))
@@ -40,7 +41,7 @@ def done_blocks(journal) -> list[dict]:
 
 
 def scan_size(root, m) -> list[dict]:
-    scan(root, m, facts_resolver=FactsResolver(FACTS, None), verify="size", threads=2)
+    scan(root, m, ScanOptions(facts_resolver=FactsResolver(FACTS, None), verify="size", threads=2))
     return manifest.read_table(m).to_pylist()
 
 

@@ -111,10 +111,11 @@ def test_max_duration_stops_verify_with_exit_32(scanned, no_limits):
 
 
 def test_planning_has_its_own_bar(scanned, capsys):
+    from kvmigrate.options import ScanOptions
     from kvmigrate.pipeline import migration
 
     root, m, blocks = scanned
-    with migration(None, str(m), progress=True) as planned:
+    with migration(None, str(m), ScanOptions(progress=True)) as planned:
         assert sum(tp.pending for tp in planned.plan.targets) == blocks
     err = capsys.readouterr().err
     assert re.search(r"plan: 100%\|[^|]*\| [\d.]+k?/[\d.]+k? \[", err), err[-400:]

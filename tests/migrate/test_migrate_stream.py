@@ -19,6 +19,7 @@ from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.migrate import plan as plan_mod
 from kvmigrate.migrate.apply import apply_plan
 from kvmigrate.migrate.plan import build_plan
+from kvmigrate.options import ScanOptions
 from kvmigrate.pipeline import scan
 
 FACTS = {"kv_kind": "mla", "model_dtype": "bfloat16"}
@@ -38,7 +39,7 @@ def merged(tmp_path, synth_root):
                          {"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "blocks": 10, "seed": 5,
                           "model_name": "org/cpp"})
     m = tmp_path / "m.parquet"
-    scan(root, m, facts_resolver=FactsResolver(FACTS, None), threads=2)
+    scan(root, m, ScanOptions(facts_resolver=FactsResolver(FACTS, None), threads=2))
     return root, m
 
 
@@ -104,8 +105,8 @@ def test_a_dataset_directory_plans_like_the_single_file(merged, tmp_path, monkey
     root, m = merged
     parts = tmp_path / "parts"
     for k in range(3):
-        scan(root, parts / f"part-{k:05d}-of-00003.parquet", facts_resolver=FactsResolver(FACTS, None),
-             shard=(k, 3), threads=2)
+        scan(root, parts / f"part-{k:05d}-of-00003.parquet",
+             ScanOptions(facts_resolver=FactsResolver(FACTS, None), shard=(k, 3), threads=2))
     _small_chunks(monkeypatch)
     assert _snapshot(build_plan(parts)) == _snapshot(build_plan(m))
 

@@ -14,6 +14,7 @@ import pytest
 
 from kvmigrate import layout
 from kvmigrate import manifest as mf
+from kvmigrate.options import ScanOptions
 
 from helpers.cli_helpers import run, run_json
 from helpers.reference_reader import ReferenceReader, file_facts, listing
@@ -149,7 +150,7 @@ def test_a_file_whose_ctime_is_newer_than_prunes_own_scan_is_kept(migrated, monk
         return plan
 
     monkeypatch.setattr(prune, "build_plan", build_then_touch)
-    with pipeline.pruning(str(root), force_live=True, facts_resolver=_resolver()) as plan:
+    with pipeline.pruning(str(root), None, ScanOptions.planning(facts_resolver=_resolver()), force_live=True) as plan:
         res = quarantine.apply_prune(plan)
     assert target.exists()
     assert [k for k in res.kept if str(target) in k and "ctime" in k]

@@ -14,6 +14,7 @@ import xxhash
 
 from kvmigrate import manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.options import ScanOptions
 from kvmigrate.scan import flat as scan_flat
 from kvmigrate.scan import run as scan_run
 from kvmigrate.scan import walker as scan_walker
@@ -98,7 +99,7 @@ def test_c_walk_stats_the_pages_in_c_and_writes_the_python_walks_manifest(synth_
                 monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
                 monkeypatch.setattr(scan_walker, "leaf_walk", lambda: Spy())
             out = tmp_path / f"{walk}-{verify}.parquet"
-            result = pipeline.scan(root, out, facts_resolver=FactsResolver(flags, None), verify=verify)
+            result = pipeline.scan(root, out, ScanOptions(facts_resolver=FactsResolver(flags, None), verify=verify))
             manifests[walk] = (result.exit_code, manifest.read_table(out).to_pylist())
             monkeypatch.undo()
         assert manifests["c"] == manifests["python"]
@@ -114,7 +115,7 @@ def test_flat_rows_reach_the_manifest_writer_in_bounded_batches(synth_root, tmp_
                          {**SGL, "blocks": 30, "tp": 8, "kv_kind": "mla", "model_name": "y"})
     flags = {"writer_layout": "page_first"}
     whole = tmp_path / "whole.parquet"
-    pipeline.scan(root, whole, facts_resolver=FactsResolver(flags, None), verify="size")
+    pipeline.scan(root, whole, ScanOptions(facts_resolver=FactsResolver(flags, None), verify="size"))
     sizes = []
     real = manifest.ManifestWriter.write
 
@@ -126,7 +127,7 @@ def test_flat_rows_reach_the_manifest_writer_in_bounded_batches(synth_root, tmp_
     monkeypatch.setattr(scan_flat, "BATCH_ROWS", 16, raising=False)
     monkeypatch.setattr(scan_run, "BATCH_ROWS", 16)
     batched = tmp_path / "batched.parquet"
-    pipeline.scan(root, batched, facts_resolver=FactsResolver(flags, None), verify="size")
+    pipeline.scan(root, batched, ScanOptions(facts_resolver=FactsResolver(flags, None), verify="size"))
     assert sum(sizes) == 110 and len(sizes) >= 110 // 32
     assert max(sizes) <= 2 * 16  # never every page's row in one table
     assert manifest.read_table(batched).to_pylist() == manifest.read_table(whole).to_pylist()

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import kvmigrate.scan.walker as scan_walker
 from kvmigrate import fsio, manifest, pipeline
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.options import ScanOptions
 from kvmigrate.synth.spec import BLOCK_DEFECTS, TREE_DEFECTS, SynthSpec
 from kvmigrate.synth.tree import build
 
@@ -71,7 +72,8 @@ def scan_rows(root: Path, out: Path, walk: str, monkeypatch, verify: str, flags:
         monkeypatch.delenv("KVMIGRATE_PURE_PYTHON", raising=False)
         spy = Spy(scan_walker.leaf_walk())
         monkeypatch.setattr(scan_walker, "leaf_walk", lambda: spy)
-    result = pipeline.scan(root, out, facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify, threads=2)
+    result = pipeline.scan(root, out, ScanOptions(facts_resolver=FactsResolver(flags or FLAGS, None), verify=verify,
+                                                  threads=2))
     monkeypatch.undo()
     return result.exit_code, manifest.read_table(out).to_pylist(), spy
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvmigrate import manifest, pacing
 from kvmigrate.identity.facts import FactsResolver
+from kvmigrate.options import ScanOptions
 from kvmigrate.pipeline import scan
 
 from helpers import FakeClock  # tests/helpers/__init__.py: a clock the pacing tests move by hand
@@ -28,13 +29,14 @@ def _block_bytes(rows: dict) -> int:
 
 def test_bwlimit_throttles_the_hash_scan_reads(synth_root, tmp_path, no_limits):
     root, _ = synth_root(TREE)
-    free = scan(root, tmp_path / "free.parquet", verify="hash", workers=1, facts_resolver=FactsResolver({}, None))
+    free = scan(root, tmp_path / "free.parquet", ScanOptions(verify="hash", workers=1,
+                                                             facts_resolver=FactsResolver({}, None)))
     rate = 4096
     clock = FakeClock()
     pacing.configure(bwlimit=rate)
     pacing._LIMITS.bucket = pacing.TokenBucket(rate, clock=clock, sleep=clock.sleep)
-    limited = scan(root, tmp_path / "limited.parquet", verify="hash", workers=1,
-                   facts_resolver=FactsResolver({}, None))
+    limited = scan(root, tmp_path / "limited.parquet", ScanOptions(verify="hash", workers=1,
+                                                                   facts_resolver=FactsResolver({}, None)))
     rows = {r["relpath"]: r for r in manifest.read_table(limited.output).to_pylist()}
     read = _block_bytes(rows)
     assert read > 20 * rate
@@ -107,7 +109,7 @@ def test_max_duration_stops_the_scan_with_exit_32_and_a_rerun_completes(synth_ro
 
 def test_the_scan_bar_has_a_total_a_percentage_and_an_eta(synth_root, tmp_path, capsys):
     root, _ = synth_root(TREE)
-    scan(root, tmp_path / "m.parquet", verify="size", progress=True, facts_resolver=FactsResolver({}, None))
+    scan(root, tmp_path / "m.parquet", ScanOptions(verify="size", progress=True, facts_resolver=FactsResolver({}, None)))
     err = capsys.readouterr().err
     m = re.search(r"scan: 100%\|[^|]*\| (\d+)/(\d+) \[[\d:]+<[\d:]+", err)  # done/total [elapsed<ETA
     assert m and m.group(1) == m.group(2) and int(m.group(2)) >= 256, err[-500:]

@@ -14,6 +14,7 @@ import pytest
 
 from kvmigrate import fsio, manifest, pipeline
 from kvmigrate import scan as scan_mod
+from kvmigrate.options import ScanOptions
 from kvmigrate.scan import blocks as scan_blocks
 from kvmigrate.scan import parallel
 from kvmigrate.scan import run as scan_run
@@ -49,8 +50,8 @@ def many_tasks(monkeypatch):
 def run(root, out, **kwargs):
     from kvmigrate.identity.facts import FactsResolver
 
-    result = pipeline.scan(root, out, facts_resolver=FactsResolver(FACTS, None), command="kvmigrate scan ROOT",
-                            **kwargs)
+    result = pipeline.scan(root, out, ScanOptions(facts_resolver=FactsResolver(FACTS, None),
+                                                  command="kvmigrate scan ROOT", **kwargs))
     return result, manifest.read_table(out).to_pylist(), manifest.read_metadata(out)
 
 
@@ -415,16 +416,17 @@ def test_a_ray_scan_part_walks_in_its_own_process(tree, tmp_path, monkeypatch):
     seen = {}
     real = scan_mod.scan
 
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real(*args, **kwargs)
+    def spy(root, output, options, **kwargs):
+        seen.update(vars(options))
+        return real(root, output, options, **kwargs)
 
     monkeypatch.setattr(scan_mod, "scan", spy)
     monkeypatch.setattr(parallel, "_cpus", lambda: 8)
     monkeypatch.setattr(parallel, "PARALLEL_MIN_BUCKETS", 1)
     (tmp_path / "staging").mkdir()
-    ray_runner._scan_part(pipeline.scan, str(tree), str(tmp_path / "staging"), 0, 2, "vllm-0.28", FactsResolver(FACTS, None),
-                          "size", None, None, False)
+    ray_runner._scan_part(pipeline.scan, str(tree), str(tmp_path / "staging"), 0, 2,
+                          ScanOptions(target="vllm-0.28", facts_resolver=FactsResolver(FACTS, None), verify="size"),
+                          False)
     assert seen["workers"] == 1
 
 

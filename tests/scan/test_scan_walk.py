@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from kvmigrate import layout
+from kvmigrate.options import ScanOptions
 
 
 def test_empty_root_has_no_rows_and_says_nothing_is_there(tmp_path, scan_root):
@@ -81,7 +82,7 @@ def test_progress_bar_goes_to_stderr(synth_root, tmp_path, capsys):
     from kvmigrate.pipeline import scan
 
     root, _ = synth_root(dict(family="vllmcpp", blocks=20))
-    scan(root, tmp_path / "m.parquet", progress=True, threads=1)
+    scan(root, tmp_path / "m.parquet", ScanOptions(progress=True, threads=1))
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "files" in captured.err and "21" in captured.err  # 20 blocks + config.json
