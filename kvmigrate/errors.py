@@ -34,6 +34,15 @@ class UsageError(KvMigrateError):
     exit_code = EXIT_USAGE
 
 
+class FactsRefusedError(UsageError):
+    """Stated facts refused for a namespace (a model config or a kind meant for other
+    models): `flag` is the flag that stated them, None when FACTS.json did."""
+
+    def __init__(self, message: str, flag: str | None):
+        self.flag = flag
+        super().__init__(message)
+
+
 class MissingFactError(UsageError):
     """A deployment fact needed to compute a target identity is unknown."""
 

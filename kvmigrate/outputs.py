@@ -164,6 +164,7 @@ class Namespace(TypedDict):
     target_d12: str | None
     target_error: str | None
     target_error_flag: str | None
+    target_refused_flag: str | None  # the flag whose stated facts refused the namespace
     target_unreachable: str | None
     target_missing_facts: list[str]
     target_decisive_assumptions: dict[str, FactValue]

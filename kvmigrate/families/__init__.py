@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
-from kvmigrate.errors import UsageError
+from kvmigrate.errors import FactsRefusedError, UsageError
 from kvmigrate.identity import canonical, schemes
 from kvmigrate.identity.values import (
     AMBIGUOUS,
@@ -403,7 +403,7 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
     facts that refused the namespace (a model config of another model).
     """
     if facts.refusal is not None:
-        raise UsageError(facts.refusal)
+        raise FactsRefusedError(facts.refusal, facts.refusal_flag)
     problems = source_problems(source_fields)
     if problems:
         raise UsageError("source identity is not valid: " + "; ".join(problems),

@@ -76,15 +76,17 @@ class Facts:
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None
+    refusal_flag: str | None = None  # the flag that stated the refused facts (None: FACTS.json did)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("sources")
         d.pop("refusal")
+        d.pop("refusal_flag")
         return d
 
 
-FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal"))
+FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal", "refusal_flag"))
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers",
               "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes")
 
@@ -285,6 +287,7 @@ class FactsResolver:
         conflict = hfconfig.kind_conflict(model_name, facts.kv_kind)
         if conflict is not None:  # a flag or FACTS.json entry meant for other models of the root
             facts.refusal = self._kind_refusal(facts, model_name, base_name, conflict)
+            facts.refusal_flag = "--kv-kind"  # its message names it, from a flag or FACTS.json
             return facts
         cfg_layer = next((layer for layer in layers if layer.model_config), None)
         if cfg_layer is None or cfg_layer.model_config is None:
@@ -294,6 +297,7 @@ class FactsResolver:
         conflict = hfconfig.family_conflict(self._hf_configs[cfg_path], model_name)
         if conflict is not None:
             facts.refusal = self._refusal(cfg_layer, model_name, base_name, conflict)
+            facts.refusal_flag = "--model-config" if cfg_layer.source == "flag" else None
             return facts
         origin = f"model_config:{cfg_path}"
         for name in ("kv_kind", "total_kv_heads", "model_dtype"):

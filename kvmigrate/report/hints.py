@@ -9,15 +9,14 @@ that `kvmigrate restore` undoes), never with a hand-run `rm`.
 `findings_and_hints` runs a table of rules (RULES over the summary, NAMESPACE_RULES over
 each namespace), each yielding typed findings (kvmigrate.outputs.Finding) and hints. A
 missing fact comes as data: the scan records the flag of identity's MissingFactError as
-`target_error_flag`, and rows name the flags they ask for (`flags_asked`); only a refusal
-of stated facts (identity/facts.py: a model config or kind meant for another model) still
-names its flag in its message alone (`refused_flag`).
+`target_error_flag`, a refusal of stated facts (identity/facts.py: a model config or kind
+meant for another model) the flag that stated them as `target_refused_flag`, and rows name
+the flags they ask for (`flags_asked`). No message is parsed.
 """
 
 from __future__ import annotations
 
 import glob
-import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -130,7 +129,6 @@ REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
 # hints that ask for deployment facts (a rerun with the flags)
 FACT_CODES = {"target_guessed", "target_refused", "orphaned"}
-_FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]*)")
 
 
 def no_cache_message(root: str, foreign_files: int = 0) -> str:
@@ -294,13 +292,11 @@ def fact_hint(cmd: Commands, facts: list[str], base: str | None) -> tuple[str, s
 def refused_flag(n: Namespace) -> str | None:
     """The flag that would give a refused namespace its target: the missing fact's flag
     as the scan recorded it from the error (identity's MissingFactError: the manifest's
-    `target_error_flag`); else the flag a refusal of stated facts names (a model config or
-    a kind given for several models, identity/facts.py); else the family's own."""
-    if n["target_error_flag"]:
-        return n["target_error_flag"]
-    for flag in _FLAG_RE.findall(n["target_error"] or ""):
-        if flag != "--facts":
-            return flag
+    `target_error_flag`); else the flag that stated refused facts (a model config or a kind
+    given for several models, identity/facts.py: `target_refused_flag`); else the family's own."""
+    flag = n["target_error_flag"] or n["target_refused_flag"]
+    if flag:
+        return flag
     return families.get(n["family"]).settled_by if n["family"] else None
 
 

@@ -500,6 +500,7 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: _Aggregate | None,
         "target_d12": (target or {}).get("d12"),
         "target_error": meta.get("target_error"),
         "target_error_flag": meta.get("target_error_flag"),
+        "target_refused_flag": meta.get("target_refused_flag"),
         "target_unreachable": (target or {}).get("unreachable"),
         # facts not given that would change the target (a guess until stated), and the defaults it rests on
         "target_missing_facts": list((target or {}).get("missing_facts") or []),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvmigrate import families, findings, layout
-from kvmigrate.errors import MissingFactError, UsageError
+from kvmigrate.errors import FactsRefusedError, MissingFactError, UsageError
 from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import Facts, FactsResolver
@@ -55,6 +55,7 @@ class Namespace:
     target: Any = None  # kvmigrate.identity.vllm_target.Target
     target_error: str | None = None
     target_error_flag: str | None = None
+    target_refused_flag: str | None = None  # the flag whose stated facts refused the namespace
     status: str = "ok"
     status_reason: str = ""
     notes: list[str] = field(default_factory=list)
@@ -91,6 +92,7 @@ class Namespace:
                 "decisive_assumptions": dict(t.decisive_assumptions),
                 "writer_topology": t.writer_topology, "claims": list(t.claims)},
             "target_error": self.target_error, "target_error_flag": self.target_error_flag,
+            "target_refused_flag": self.target_refused_flag,
             "status": self.status, "status_reason": self.status_reason, "notes": self.notes,
             "block_sizes": _modal_sizes(self.sampled_sizes),  # rank 0's sample (family evidence)
         }
@@ -390,6 +392,9 @@ def _resolve_identity(root: str, ns: Namespace, resolver: FactsResolver, profile
         ns.target_error = findings.reason(f"missing deployment fact '{exc.fact}': pass {exc.flag} "
                                           f"(or '{exc.fact}' for this namespace in --facts)", findings.NEEDS_FACT,
                                           asks=findings.asks(exc.flag))
+    except FactsRefusedError as exc:
+        ns.target_refused_flag = exc.flag
+        ns.target_error = str(exc).split("\n")[0]
     except UsageError as exc:
         ns.target_error = str(exc).split("\n")[0]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvmigrate import families
 from kvmigrate.cli import cli
 from kvmigrate.synth import SynthSpec, build
 
@@ -328,3 +329,37 @@ def test_llama_config_on_a_deepseek_namespace_is_refused_for_that_namespace(tmp_
     code, out, err = run(config_path(root, ds), "--json", "--model-config", str(ds_cfg))
     assert code == 0, err
     assert out["target"]["replicated_layout"] is True  # MLA at tp 2: the config's kv kind was used
+
+
+@pytest.mark.parametrize("stated_by", ["flag", "facts"])
+def test_a_refusal_records_the_flag_that_stated_the_refused_facts(tmp_path, stated_by):
+    """The report's rerun hint for a refused namespace names the flag that stated the facts,
+    carried as data from identity (`target_refused_flag`), never read back from the message;
+    facts a FACTS.json stated have no flag of their own: the family's is offered."""
+    root = tmp_path / "cache"
+    ds = synth(root, family="vllm", scheme="S3", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite")
+    llama_cfg = str(SAMPLES / "hf-llama-3.1-8b.json")
+    if stated_by == "flag":
+        stated = ["--model-config", llama_cfg]
+    else:
+        facts = tmp_path / "FACTS.json"
+        facts.write_text(json.dumps({"*": {"model_config": llama_cfg}}))
+        stated = ["--facts", str(facts)]
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json", *stated])
+    out = json.loads(result.stdout)
+    (ns,) = [n for n in out["namespaces"] if n["source_base"] == ds["base_name"]]
+    assert "refused for namespace" in ns["target_error"] and ns["target_error_flag"] is None
+    want = "--model-config" if stated_by == "flag" else None
+    assert ns["target_refused_flag"] == want
+    (finding,) = [f for f in out["findings"] if f["code"] == "target_refused"]
+    assert finding["flag"] == (want or families.get("vllm").settled_by)  # else the family's own
+
+
+def test_a_kind_stated_for_another_model_is_refused_with_its_flag(tmp_path):
+    root = tmp_path / "cache"
+    ds = synth(root, family="vllm", scheme="S3", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite")
+    result = CliRunner().invoke(cli, ["scan", str(root), "-o", str(tmp_path / "m.parquet"), "--json",
+                                      "--kv-kind", "full"])
+    (ns,) = [n for n in json.loads(result.stdout)["namespaces"] if n["source_base"] == ds["base_name"]]
+    assert "refused for namespace" in ns["target_error"]
+    assert ns["target_refused_flag"] == "--kv-kind"
