@@ -632,6 +632,29 @@ class ExplainOutput(TypedDict):
 
 
 # command -> the model of its JSON output; docs/schema/<command>.json is generated from it
+# --- facts, synth --------------------------------------------------------------------------------
+
+
+class FactsOutput(TypedDict):
+    """`facts --json`: the FACTS.json skeleton and what it leaves null."""
+
+    root: str
+    facts: dict[str, dict[str, FactValue]]  # key (base folder or model name) -> fact -> value (null: not stated)
+    unknown: list[str]  # "<key>: <fact>" for every null
+    output: str | None  # the -o file written, if any
+    exit_code: int
+
+
+class SynthOutput(TypedDict):
+    """`synth --json`: what the generator wrote (the tests' and benchmarks' ground truth;
+    namespaces, blocks and defects are open records: kvmigrate/synth/spec.py SynthResult)."""
+
+    root: str
+    namespaces: list[dict[str, Any]]
+    blocks: list[dict[str, Any]]
+    defects: list[dict[str, Any]]
+
+
 OUTPUTS: dict[str, Any] = {
     "report": ReportOutput,  # also scan --json and audit --json
     "migrate": MigrateOutput,
@@ -642,4 +665,6 @@ OUTPUTS: dict[str, Any] = {
     "identity": IdentityOutput,
     "runs": RunsOutput,
     "explain": ExplainOutput,
+    "facts": FactsOutput,
+    "synth": SynthOutput,
 }

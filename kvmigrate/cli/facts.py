@@ -9,6 +9,7 @@ import sys
 import click
 
 from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
+from kvmigrate.outputs import FactsOutput
 
 
 @click.command("facts")
@@ -48,8 +49,9 @@ def command(root: str, output: str | None, target: str, as_json: bool, quiet: bo
             raise UsageError("the facts file exists; not overwriting it", path=output,
                              hint="pass another -o path, or --facts it to fill what it leaves null") from None
     if as_json:
-        print_json({"root": os.path.abspath(root), "facts": skeleton, "unknown": unknown, "output": output,
-                    "exit_code": 1 if unknown else 0})
+        out: FactsOutput = {"root": os.path.abspath(root), "facts": skeleton, "unknown": unknown, "output": output,
+                            "exit_code": 1 if unknown else 0}
+        print_json(out)
     elif not quiet:
         if output is None:
             click.echo(text, nl=False)

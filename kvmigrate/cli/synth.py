@@ -6,6 +6,7 @@ import click
 
 from kvmigrate.cli.common import handle_errors, log_options, print_json
 from kvmigrate.identity.values import FAMILIES
+from kvmigrate.outputs import SynthOutput
 from kvmigrate.units import plural
 
 
@@ -72,7 +73,8 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
     except ValueError as exc:
         raise UsageError(str(exc), path=directory) from None
     if as_json:
-        print_json(result.to_dict())
+        out: SynthOutput = result.to_dict()
+        print_json(out)
         return
     if quiet:
         return

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmigrate.identity.values import FAMILIES
+from kvmigrate.outputs import SynthOutput
 from kvmigrate.units import agreeing
 
 SCHEMES = ("S1", "S2", "S3")
@@ -194,7 +195,7 @@ class SynthResult:
     blocks: list[dict] = field(default_factory=list)
     defects: list[dict] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SynthOutput:
         return _json_safe({"root": str(self.root), "namespaces": self.namespaces, "blocks": self.blocks,
                            "defects": self.defects})
 

@@ -35,6 +35,7 @@ def _json(*args: Any, usage_error_ok: bool = False) -> Any:
 def lifecycle(root: Path, work: Path, facts: list[str]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = defaultdict(list)
     m = work / "m.parquet"
+    out["facts"].append(_json("facts", root, *facts))
     out["report"].append(_json("scan", root, "-o", m, "--verify", "hash", *facts))
     out["report"].append(_json("report", m))
     out["report"].append(_json("audit", root, *facts))

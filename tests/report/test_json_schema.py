@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from kvmigrate.cli import cli
 from kvmigrate.outputs import OUTPUTS
 
 from helpers.json_outputs import SGLANG_FACTS, lifecycle
@@ -69,6 +71,15 @@ def test_every_output_of_a_lifecycle_matches_its_schema(synth_root, tmp_path, tr
     outputs = lifecycle(root, tmp_path, facts)
     assert {"report", "migrate", "verify", "runs", "prune", "rollback"} <= set(outputs)
     assert_valid(outputs)
+
+
+@pytest.mark.parametrize("family", ["vllm", "llmd", "vllmcpp", "sglang"])
+def test_synth_json_matches_its_schema(tmp_path, family):
+    res = CliRunner().invoke(cli, ["synth", str(tmp_path / "t"), "--family", family, "--tp", "2", "--blocks", "3",
+                                   "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["blocks"] and errors(out, schema("synth")) == []
 
 
 @pytest.mark.slow
