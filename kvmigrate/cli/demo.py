@@ -64,7 +64,7 @@ class StepFailed(OperationalError):
               help="Without DIRECTORY: keep the temp dir (sample, manifest, journal, report.html) at the end.")
 @log_options
 @handle_errors
-def command(directory: str | None, keep: bool) -> None:
+def command(directory: str | None, keep: bool, verbose: int, log_format: str) -> None:
     """Build a sample cache root (llm-d, vLLM S1/S2/S3 and vllm.cpp namespaces, with a few
     defects) and run scan, report, dry run, apply, verify and rollback on it, printing each
     step. DIRECTORY must be empty or new, and stays; without it the demo works in a new
@@ -84,7 +84,10 @@ def command(directory: str | None, keep: bool) -> None:
         work = tempfile.mkdtemp(prefix="kvmigrate-demo-")
     stays = bool(directory) or keep
     try:
-        _run(work, stays)
+        # each step logs as the demo was asked to (its commands show the flags too)
+        logging_flags = (["-" + "v" * verbose] if verbose else []) + (["--log-format", "json"] if log_format == "json"
+                                                                      else [])
+        _run(work, stays, logging_flags)
     except StepFailed:
         stays = True  # the hint's command names paths in it
         raise
@@ -97,7 +100,7 @@ def command(directory: str | None, keep: bool) -> None:
         click.echo(f"Removed the sample {work} (pass --keep, or an empty DIRECTORY, to keep it and its report.html).")
 
 
-def _run(work: str, stays: bool) -> None:
+def _run(work: str, stays: bool, logging_flags: list[str]) -> None:
     """Build the sample under work/cache and run every step, checking each exit code."""
     import json
     import os
@@ -116,7 +119,8 @@ def _run(work: str, stays: bool) -> None:
     click.echo(f"kvmigrate demo in {work}" + ("" if stays else " (a temp dir, removed at the end unless --keep)"))
     click.echo(f"  built {len(results)} sample namespaces under {root} (with injected defects)")
     click.echo(f"  deployment facts in {work}/FACTS.json")
-    for n, (title, args, expected) in enumerate(_steps(root, work), 1):
+    for n, (title, step_args, expected) in enumerate(_steps(root, work), 1):
+        args = [step_args[0], *logging_flags, *step_args[1:]]
         shown = "kvmigrate " + " ".join(shlex.quote(a) for a in args)
         click.echo(f"\n== step {n}: {title}\n$ {shown}")
         log.info("demo: step %d: %s", n, shown, extra={"step": n})

@@ -26,6 +26,15 @@ def test_demo_runs_every_step_and_leaves_sources_untouched(tmp_path):
     assert left == set(os.listdir(tmp_path / "fresh"))
 
 
+def test_demo_passes_its_logging_flags_to_every_step(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kvmigrate", "demo", str(tmp_path / "d"), "-v"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "$ kvmigrate scan -v " in proc.stdout and "$ kvmigrate rollback -v " in proc.stdout
+    for step in ("scan", "report", "migrate", "verify", "rollback"):  # each step's own start line
+        assert f"{step}: start" in proc.stderr, step
+
+
 def _tree(root):
     """Relative path -> (inode, size, mtime_ns) of every file and folder under root."""
     snap = {}
