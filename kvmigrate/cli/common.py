@@ -531,6 +531,9 @@ def rerun_command(ctx: click.Context, paths: Iterable[str] = (), *, skip: Iterab
             flag = param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else None)
             args += [flag] if flag else []
             continue
+        if isinstance(param, click.Option) and param.count:  # -vv: the flag as often as it was given
+            args += [param.opts[0]] * int(value)
+            continue
         for v in (value if isinstance(value, tuple) else (value,)):
             text = formats[name](v) if name in formats else os.path.abspath(v) if name in paths else str(v)
             args += [param.opts[0], text]

@@ -110,6 +110,20 @@ def test_max_duration_stops_verify_with_exit_32(scanned, no_limits):
     assert run("verify", root, "--journal", journal, "--max-duration", "1h", "-q") == (0, "")
 
 
+def test_the_rerun_hint_of_a_stopped_verify_runs_with_its_verbosity(scanned, no_limits):
+    root, m, blocks = scanned
+    assert run("migrate", "--manifest", m, "--apply", "-q") == (0, "")
+    journal = str(next((root / ".kvmigrate" / "journals").glob("*.journal")))
+    pacing._LIMITS.clock = FakeClock(step=1000.0)
+    code, text = run("verify", root, "--journal", journal, "--max-duration", "2500s", "-vv")
+    assert code == 32, text
+    hint = re.search(r"hint: rerun `([^`]+)`", text).group(1)
+    assert "-v -v" in hint
+    pacing._LIMITS.clock = pacing.time.monotonic
+    code, text = run(*shlex.split(hint)[1:])
+    assert code == 0, text
+
+
 def test_planning_has_its_own_bar(scanned, capsys):
     from kvmigrate.options import ScanOptions
     from kvmigrate.pipeline import migration
