@@ -28,7 +28,7 @@ from kvmigrate.cli.common import (
     rerun_command,
     selection_options,
 )
-from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, PurgeOutput, ReclaimFigures, ReclaimNamespace
+from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, ReclaimFigures, ReclaimNamespace
 from kvmigrate.units import plural
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
@@ -159,8 +159,9 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
         log.info("prune: done: journal %s", result.journal, extra={"journal": result.journal})
     finished = [r.to_dict() for r in plan.finished]
     if as_json:
-        print_json(cast(PruneApplyOutput, {"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
-                                           "finished_interrupted": finished, **result.to_dict()}))
+        out: PruneApplyOutput = {"root": plan.root, "classes": list(plan.classes), "skipped": plan.skipped,
+                                 "finished_interrupted": finished, **result.to_dict()}
+        print_json(out)
     elif not quiet:
         for r in plan.finished:  # the run this command resumed: its journal is the one to undo
             click.echo(f"finished the interrupted prune run {r.run_id}: {plural(sum(r.moved.values()), 'more file')} "
@@ -208,7 +209,7 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
     log.info("prune --purge %s: quarantines older than %gs%s", root, older_than, "" if apply else " (dry run)")
     result = purge(root, older_than, dry_run=not apply)
     if as_json:
-        print_json(cast(PurgeOutput, {"root": os.path.abspath(root), "dry_run": not apply, **result.to_dict()}))
+        print_json(result.to_dict(os.path.abspath(root)))
     elif not quiet:
         click.echo(render_purge(result, os.path.abspath(root), not apply))
     sys.exit(result.exit_code)

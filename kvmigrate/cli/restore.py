@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import cast
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
-from kvmigrate.outputs import RestoreOutput
 from kvmigrate.units import plural
 
 log = logging.getLogger(__name__)
@@ -34,7 +32,7 @@ def command(journal: str, as_json: bool, quiet: bool, verbose: int) -> None:
     result = restore(journal)
     log.info("restore: done: %d files not restored", len(result.kept), extra={"not_restored": len(result.kept)})
     if as_json:
-        print_json(cast(RestoreOutput, result.to_dict()))
+        print_json(result.to_dict())
     elif not quiet:
         click.echo(render_restore(result))
     if result.kept:

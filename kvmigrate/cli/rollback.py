@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import cast
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, pop_selection, print_json, selection_options
-from kvmigrate.outputs import RollbackOutput
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ def command(journal: str, dry_run: bool, as_list: bool, as_json: bool, quiet: bo
         for line in render_commands(result, journal):
             click.echo(line)
     elif as_json:
-        print_json(cast(RollbackOutput, result.to_dict()))
+        print_json(result.to_dict())
     elif not quiet:
         click.echo(render(result))
     sys.exit(result.exit_code)

@@ -33,6 +33,7 @@ from kvmigrate.migrate.prune import (
     target_base,
     without_namespaces,
 )
+from kvmigrate.outputs import PruneRun as PruneRunOutput
 from kvmigrate.pacing import Interrupted
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
@@ -60,7 +61,7 @@ class PruneResult:
     def exit_code(self) -> int:
         return EXIT_OPERATIONAL if self.failed else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PruneRunOutput:
         return {"journal": self.journal, "run_id": self.run_id, "quarantine": self.quarantine,
                 "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
                 "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),

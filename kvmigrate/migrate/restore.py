@@ -27,6 +27,7 @@ from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
 from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, makedirs
+from kvmigrate.outputs import PurgeOutput, RestoreOutput
 from kvmigrate.units import plural
 
 
@@ -43,7 +44,7 @@ class RestoreResult:
     def exit_code(self) -> int:
         return EXIT_OPERATIONAL if self.kept else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RestoreOutput:
         return {"restored": self.restored, "already_in_place": self.already_in_place, "dirs_made": self.dirs_made,
                 "kept": self.kept, "conflicts": self.conflicts, "journals": self.journals, "exit_code": self.exit_code}
 
@@ -207,8 +208,9 @@ class PurgeResult:
         files would be purged; else 0 (nothing to do is no finding; interface.md §4)."""
         return EXIT_OPERATIONAL if self.failed else 1 if self.dry_run and self.runs else 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"purged_runs": self.runs, "files": self.files, "freed_bytes": self.freed_bytes,
+    def to_dict(self, root: str) -> PurgeOutput:
+        return {"root": root, "dry_run": self.dry_run,
+                "purged_runs": self.runs, "files": self.files, "freed_bytes": self.freed_bytes,
                 "kept_young_runs": self.young, "failed": self.failed, "exit_code": self.exit_code}
 
 

@@ -45,6 +45,7 @@ from kvmigrate.migrate.prune import prune_journal_dir
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.restore import WayBack, claimed, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
+from kvmigrate.outputs import RollbackOutput
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
 
@@ -76,7 +77,7 @@ class RollbackResult:
     def exit_code(self) -> int:
         return EXIT_OPERATIONAL if self.kept else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RollbackOutput:
         return {"dry_run": self.dry_run, "removed": dict(self.removed), "restored": self.restored,
                 "already_gone": self.already_gone,
                 "kept": self.kept, "notes": self.notes, "journals": self.journals,
