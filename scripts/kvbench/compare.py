@@ -177,8 +177,9 @@ class Compare:
             exe = install(side, self.cache, self.log)
             bench = Bench(_with(self.args, kvmigrate=exe, only=",".join(self.groups), scale="small"))
             bench.scale = self.args.scale
-            bench.specs = {name: dataclasses.replace(spec, blocks=SCALES[self.args.scale][name])
-                           for name, spec in bench.specs.items()}
+            sizes = SCALES[self.args.scale]  # the trees of the compared groups (no flat directory)
+            bench.specs = {name: dataclasses.replace(spec, blocks=sizes[name])
+                           for name, spec in bench.specs.items() if name in sizes and name != "flat"}
             bench.out = bench.workdir / f"out-{tag}"
             bench.log = self.log
             self.benches[tag] = bench
