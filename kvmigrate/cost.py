@@ -10,9 +10,13 @@ filesystem or a cold HDD does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:
+    from kvmigrate.outputs import TransformCost
 
 TRANSFORMS = ("slice", "concat", "relayout")
 # The bytes a transform writes per block are the manifest's `output_bytes` column (the
@@ -54,3 +58,13 @@ def cost_line(action: str, cost: dict, fmt_bytes: Callable[[int], str]) -> str:
     if "saves_bytes" in cost:
         return text + f"; saves {fmt_bytes(int(cost['saves_bytes']))} against the legacy rows (once those are removed)"
     return text + f"; costs {fmt_bytes(int(cost['new_bytes']))} of new space (the legacy files stay)"
+
+def transform_cost_of(cost: Mapping[str, int | float]) -> TransformCost:
+    """kvmigrate.cost.transform_cost's dict as the model (the same keys, in its order)."""
+    out: TransformCost = {"blocks": int(cost["blocks"]), "source_bytes": int(cost["source_bytes"]),
+                          "output_bytes": int(cost["output_bytes"]), "seconds_estimate": float(cost["seconds_estimate"])}
+    if "saves_bytes" in cost:
+        out["saves_bytes"] = int(cost["saves_bytes"])
+    if "new_bytes" in cost:
+        out["new_bytes"] = int(cost["new_bytes"])
+    return out

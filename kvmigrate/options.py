@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvmigrate.identity.values import DEFAULT_PROFILE
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (fractions imports decimal: a few ms of every command's start-up)
+    from fractions import Fraction
+
     from kvmigrate.identity.facts import FactsResolver
     from kvmigrate.selection import Selection
 

@@ -16,7 +16,6 @@ builds the summary, the CLI the commands' outputs, the families the identity.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, TypedDict
 
 # A fact's value as stated or assumed (facts.md: strings, numbers, booleans; null when unknown).
@@ -47,16 +46,6 @@ class TransformCost(_TransformCostBase, total=False):
     saves_bytes: int  # slice: it keeps 1/N of its rows
     new_bytes: int  # concat, relayout: a new copy
 
-
-def transform_cost_of(cost: Mapping[str, int | float]) -> TransformCost:
-    """kvmigrate.cost.transform_cost's dict as the model (the same keys, in its order)."""
-    out: TransformCost = {"blocks": int(cost["blocks"]), "source_bytes": int(cost["source_bytes"]),
-                          "output_bytes": int(cost["output_bytes"]), "seconds_estimate": float(cost["seconds_estimate"])}
-    if "saves_bytes" in cost:
-        out["saves_bytes"] = int(cost["saves_bytes"])
-    if "new_bytes" in cost:
-        out["new_bytes"] = int(cost["new_bytes"])
-    return out
 
 
 class MergeDuplicates(TypedDict):

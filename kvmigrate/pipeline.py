@@ -25,13 +25,13 @@ from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
 from kvmigrate.options import ScanOptions
-from kvmigrate.outputs import Reclaimable, ReportOutput, Run
 from kvmigrate.report.summary import summarize, totals_for
 
 if TYPE_CHECKING:  # the migration stage is imported by the commands that migrate or verify only
     from kvmigrate.migrate.model import Plan
     from kvmigrate.migrate.result import ApplyResult
     from kvmigrate.migrate.verify import VerifyResult
+    from kvmigrate.outputs import Reclaimable, ReportOutput, Run
 
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def with_runs(summary: ReportOutput) -> ReportOutput:
     from kvmigrate.report.hints import with_unfinished_runs
 
     root = summary.get("root")
-    runs = [cast(Run, r.to_dict()) for r in unfinished(root)] if isinstance(root, str) and os.path.isdir(root) else []
+    runs = [cast("Run", r.to_dict()) for r in unfinished(root)] if isinstance(root, str) and os.path.isdir(root) else []
     return with_unfinished_runs(summary, runs)
 
 
@@ -204,7 +204,7 @@ def with_reclaimable(summary: ReportOutput, manifest: str | os.PathLike[str], *,
     from kvmigrate.report.hints import with_reclaimable_figures
 
     keep = {n["source_base"] for n in summary["namespaces"]} if partial else None
-    summary["reclaimable"] = cast(Reclaimable, reclaimable(str(manifest), namespaces=keep))
+    summary["reclaimable"] = cast("Reclaimable", reclaimable(str(manifest), namespaces=keep))
     return with_reclaimable_figures(summary)
 
 

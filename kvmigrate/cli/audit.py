@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,6 +29,9 @@ from kvmigrate.cli.common import (
     start_pacing,
     walk_options,
 )
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 
 @click.command("audit")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,6 +26,9 @@ from kvmigrate.identity.values import (
     SGLANG_LAYOUTS,
 )
 from kvmigrate.options import DEFAULT_SHARD, DEFAULT_VERIFY, VERIFY_LEVELS, ScanOptions
+
+if TYPE_CHECKING:  # (fractions imports decimal: a few ms of every command's start-up)
+    from fractions import Fraction
 
 
 def _checked(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -123,6 +124,8 @@ class JsonFormatter(logging.Formatter):
     record's extra fields (`log.info(..., extra={"files": n})`)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        import datetime
+
         when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
         obj: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                                "level": record.levelname.lower(), "logger": record.name,
@@ -341,6 +344,8 @@ class FractionType(click.ParamType):
     name = "fraction"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Fraction:
+        from fractions import Fraction
+
         if isinstance(value, Fraction):
             return value
         from kvmigrate.errors import UsageError

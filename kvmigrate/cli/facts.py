@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from kvmigrate.cli.common import facts_options, handle_errors, output_options, pop_fact_flags, print_json
-from kvmigrate.outputs import FactsOutput
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import FactsOutput
 
 
 @click.command("facts")

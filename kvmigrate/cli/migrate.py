@@ -6,7 +6,7 @@ import logging
 import shlex
 import signal
 import sys
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -31,15 +31,10 @@ from kvmigrate.cli.common import (
     selection_options,
     start_pacing,
 )
-from kvmigrate.outputs import (
-    ApplyResult,
-    MigrateApplyOutput,
-    MigrateDryRunOutput,
-    SummaryCore,
-    Target,
-    transform_cost_of,
-)
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import ApplyResult, MigrateApplyOutput, MigrateDryRunOutput, SummaryCore, Target
 
 # Options that describe what to do, not how to show it: they go into the printed apply command.
 _NOT_IN_APPLY_COMMAND = {"apply", "print_commands", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
@@ -177,7 +172,7 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
     if as_json:
         summary: SummaryCore = run.summary()
         applied: MigrateApplyOutput = {**summary, "outcomes": dict(result.outcomes),
-                                       "apply": cast(ApplyResult, result.to_dict()), "exit_code": code,
+                                       "apply": cast("ApplyResult", result.to_dict()), "exit_code": code,
                                        "targets": _targets_json(plan)}
         print_json(applied)
     elif not quiet:
@@ -254,6 +249,8 @@ def _facts_command(plan, guesses: dict[str, list[str]]) -> str:
 
 
 def _targets_json(plan) -> list[Target]:
+    from kvmigrate.cost import transform_cost_of
+
     out: list[Target] = []
     for tp in plan.targets:
         out.append({"target_base": tp.base_name, "family": tp.family, "rank_dir": tp.rank_dir,

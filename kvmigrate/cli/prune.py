@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -28,8 +28,10 @@ from kvmigrate.cli.common import (
     rerun_command,
     selection_options,
 )
-from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, ReclaimFigures, ReclaimNamespace
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import PruneApplyOutput, PruneDryRunOutput, ReclaimFigures, ReclaimNamespace
 
 _NOT_IN_APPLY_COMMAND = {"apply", "as_json", "quiet", "verbose", "log_format", "manifest_out"}
 
@@ -143,8 +145,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             if as_json:
                 planned: PruneDryRunOutput = {
                     "root": plan.root, "classes": list(plan.classes),
-                    "totals": cast(dict[str, ReclaimFigures], plan.totals()),
-                    "namespaces": [cast(ReclaimNamespace, {"class": c, "namespace": ns, **v})
+                    "totals": cast("dict[str, ReclaimFigures]", plan.totals()),
+                    "namespaces": [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
                                    for (c, ns), v in plan.by_namespace().items()],
                     "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
                     "apply_command": apply_command if plan.items else None, "exit_code": code}

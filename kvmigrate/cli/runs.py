@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from kvmigrate.cli.common import handle_errors, output_options, print_json
-from kvmigrate.outputs import Run, RunsOutput
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import Run, RunsOutput
 
 
 @click.command("runs")
@@ -32,7 +34,7 @@ def command(root: str, as_json: bool, quiet: bool, verbose: int) -> None:
     runs = list_runs(root)
     code = 1 if any(r.state == "interrupted" for r in runs) else 0
     if as_json:
-        listed: RunsOutput = {"root": os.path.abspath(root), "runs": [cast(Run, r.to_dict()) for r in runs],
+        listed: RunsOutput = {"root": os.path.abspath(root), "runs": [cast("Run", r.to_dict()) for r in runs],
                               "exit_code": code}
         print_json(listed)
     elif not quiet:

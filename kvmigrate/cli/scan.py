@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -33,6 +32,9 @@ from kvmigrate.cli.common import (
 )
 from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 
 @click.command("scan")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from kvmigrate.cli.common import handle_errors, log_options, print_json
 from kvmigrate.identity.values import FAMILIES
-from kvmigrate.outputs import SynthOutput
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import SynthOutput
 
 
 def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:

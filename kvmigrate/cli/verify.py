@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -20,7 +20,9 @@ from kvmigrate.cli.common import (
     start_pacing,
 )
 from kvmigrate.identity.values import DEFAULT_PROFILE, PROFILES
-from kvmigrate.outputs import VerifyOutput
+
+if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
+    from kvmigrate.outputs import VerifyOutput
 
 
 @click.command("verify")
@@ -65,7 +67,7 @@ def command(root: str, journal: str | None, target: str | None, threads: int | N
         raise OutOfTime(str(exc), hint=f"rerun `{rerun_command(click.get_current_context(), ('root', 'journal'))}` "
                                            "in a longer window") from None
     if as_json:
-        print_json(cast(VerifyOutput, result.to_dict()))
+        print_json(cast("VerifyOutput", result.to_dict()))
     elif not quiet:
         click.echo(render(result))
     sys.exit(result.exit_code)

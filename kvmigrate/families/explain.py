@@ -10,14 +10,16 @@ llm-d for scheme S1.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import families, layout
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import FLAGS, FactsResolver
 from kvmigrate.identity.gates import DEFAULT_PROFILE
-from kvmigrate.outputs import IdentityOutput
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import IdentityOutput
 
 BLOCK_SAMPLE = 64  # block files stat'ed per namespace for the family evidence
 CONFIG_MAX = 16 << 20  # an engine's config.json is a few KiB; never read a huge file whole

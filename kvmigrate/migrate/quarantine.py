@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
@@ -33,8 +33,10 @@ from kvmigrate.migrate.prune import (
     target_base,
     without_namespaces,
 )
-from kvmigrate.outputs import PruneRun as PruneRunOutput
 from kvmigrate.pacing import Interrupted
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import PruneRun as PruneRunOutput
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
 

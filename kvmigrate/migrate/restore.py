@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
@@ -27,8 +27,10 @@ from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
 from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, makedirs
-from kvmigrate.outputs import PurgeOutput, RestoreOutput
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import PurgeOutput, RestoreOutput
 
 
 @dataclass

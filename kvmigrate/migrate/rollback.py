@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
@@ -45,9 +45,11 @@ from kvmigrate.migrate.prune import prune_journal_dir
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.restore import WayBack, claimed, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
-from kvmigrate.outputs import RollbackOutput
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import RollbackOutput
 
 _THREADS = 8  # file removals in flight (each waits on the filesystem's journal, not the CPU)
 # folder removals in flight: an rmdir frees the folder's block, and on a filesystem mounted

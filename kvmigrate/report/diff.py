@@ -9,9 +9,11 @@ by hard links adds shared bytes, not data.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvmigrate.outputs import FileCount, Namespace, ReportOutput
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import FileCount, Namespace, ReportOutput
+
 
 DIFF_VERSION = 1
 _QUIET_STATUSES = ("ok", "own_artifact")

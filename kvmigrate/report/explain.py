@@ -13,7 +13,7 @@ change it, taken from the report's hints (kvmigrate.report.hints), so `explain` 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,11 +25,13 @@ from kvmigrate.identity import gates
 from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
 from kvmigrate.identity.values import ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
-from kvmigrate.outputs import ExplainClass, ExplainFact, ExplainGate, ExplainOutput, Hint, Namespace
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
 from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
 from kvmigrate.units import human_bytes, plural
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import ExplainClass, ExplainFact, ExplainGate, ExplainOutput, Hint, Namespace
 
 GATE_NAMES = {"G1": "parallel-agnostic namespace (G1)", "G2": "parallel-agnostic namespace (G2)",
               "canonical": "parallel-agnostic namespace, canonical rows", "R": "replicated layout (R)"}

@@ -20,15 +20,17 @@ import glob
 import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
-from kvmigrate.outputs import FileCount, Finding, Hint, Namespace, Reclaimable, ReportOutput, Run, SummaryCore
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import FileCount, Finding, Hint, Namespace, Reclaimable, ReportOutput, Run, SummaryCore
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -316,7 +318,7 @@ class _Hint(NamedTuple):
     rank: int  # 0 first; kept from the first rule that names the command
 
 
-Item = Finding | _Hint
+Item: TypeAlias = "Finding | _Hint"
 
 
 @dataclass

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate.classify import STATUS_BITS
-from kvmigrate.outputs import ReportOutput
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import ReportOutput
 
 # the finding classes of the exit bits (interface.md §4)
 CLASSES = (("integrity", 4), ("operational", 8), ("finding", 1))

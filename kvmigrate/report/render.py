@@ -11,7 +11,7 @@ import importlib
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +19,9 @@ import pyarrow.compute as pc
 from kvmigrate import manifest as mf
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.errors import OperationalError, UsageError, write_error
-from kvmigrate.outputs import ReportOutput
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import ReportOutput
 
 FORMATS = ("text", "json", "md", "html")
 

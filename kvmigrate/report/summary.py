@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,21 +55,22 @@ from kvmigrate import manifest as mf
 # order (migration.md §1) are defined once, by the classifier that assigns them.
 from kvmigrate.classify import ACTIONS as ACTION_ORDER
 from kvmigrate.classify import STATUS_BITS
-from kvmigrate.cost import TRANSFORMS, transform_cost
-from kvmigrate.outputs import (
-    BlockCount,
-    FileCount,
-    Gate,
-    MergeDuplicates,
-    Namespace,
-    OutsideNamespaces,
-    ReportOutput,
-    ScanFacts,
-    SelectionStep,
-    Totals,
-    TransformCost,
-    transform_cost_of,
-)
+from kvmigrate.cost import TRANSFORMS, transform_cost, transform_cost_of
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import (
+        BlockCount,
+        FileCount,
+        Gate,
+        MergeDuplicates,
+        Namespace,
+        OutsideNamespaces,
+        ReportOutput,
+        ScanFacts,
+        SelectionStep,
+        Totals,
+        TransformCost,
+    )
 
 SUMMARY_VERSION = 1
 
@@ -90,7 +91,7 @@ _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the
 _KEY_COMPACT_ROWS = 1 << 20
 _BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
 
-_C = TypeVar("_C", BlockCount, FileCount)  # the counts _ordered keeps in order
+_C = TypeVar("_C", "BlockCount", "FileCount")  # the counts _ordered keeps in order
 
 OUTSIDE = None  # source_base of rows outside any namespace (top-level foreign files...)
 

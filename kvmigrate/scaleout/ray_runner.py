@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
 from kvmigrate.fsio import check_root
@@ -43,8 +43,10 @@ from kvmigrate.migrate.apply import Applier
 from kvmigrate.migrate.journal import is_journal_name
 from kvmigrate.migrate.result import ApplyResult
 from kvmigrate.options import ScanOptions
-from kvmigrate.outputs import ReportOutput
 from kvmigrate.scaleout import dataset
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import ReportOutput
 
 log = logging.getLogger(__name__)
 

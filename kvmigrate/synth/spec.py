@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate.identity.values import FAMILIES
-from kvmigrate.outputs import SynthOutput
 from kvmigrate.units import agreeing
+
+if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
+    from kvmigrate.outputs import SynthOutput
 
 SCHEMES = ("S1", "S2", "S3")
 TREES = tuple(f for f in FAMILIES if f != "sglang")  # the families that write base and rank folders

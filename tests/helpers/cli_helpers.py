@@ -46,6 +46,11 @@ def arrow_pool_after(args: list[str], pool: str | None = None) -> tuple[str, int
     return name, int(mimalloc_peak)
 
 
+def modules_after(args: list[str]) -> set[str]:
+    """The modules a fresh interpreter holds after `kvmigrate ARGS`."""
+    return set(_after_cli(args, "import sys\nprint(' '.join(sorted(sys.modules)))\n"))
+
+
 def loads_pyarrow(args: list[str]) -> bool:
     """Whether `kvmigrate ARGS` leaves pyarrow loaded: a command that chooses Arrow's pool
     must do it before anything it imports loads pyarrow."""
