@@ -130,6 +130,7 @@ def sample_metadata() -> dict:
                "target_error": "missing deployment fact 'model_dtype': dtype \"auto\" must be resolved for "
                                "vllm-0.28\n  hint: pass --model-dtype (or 'model_dtype' for this namespace in "
                                "--facts FACTS.json)",
+               "target_error_flag": "--model-dtype",  # as the scan records it (identity's MissingFactError)
                "status": "ok"},
         ORPHAN: {"family": "vllm", "family_evidence": [], "scheme": None, "model_name": None,
                  "source_d12": ORPHAN[-12:], "digest_ok": None, "config_json": None,
