@@ -30,7 +30,6 @@ from kvmigrate.cli.common import (
     start_pacing,
     walk_options,
 )
-from kvmigrate.report.view import identity_label
 from kvmigrate.units import human_bytes, human_count, plural
 
 if TYPE_CHECKING:
@@ -100,9 +99,9 @@ def _print_text(summary: dict, result) -> None:
     totals = summary["totals"]
     click.echo(f"scanned {summary['root']}: {plural(totals['files'], 'file')}, {human_bytes(totals['bytes'])} "
                f"in {result.seconds:.1f}s -> {os.path.relpath(result.output)}")
-    if summary.get("selection"):
-        from kvmigrate.report.view import selection_note
+    from kvmigrate.report.view import identity_label, selection_note  # (not at start-up: --help loads every command)
 
+    if summary.get("selection"):
         click.echo("partial: " + "; ".join(selection_note(step) for step in summary["selection"]))
     for ns in summary["namespaces"]:
         actions = (", ".join(f"{a} {human_count(v['blocks'])}" for a, v in sorted(ns["by_action"].items()))
