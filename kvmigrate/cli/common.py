@@ -270,38 +270,47 @@ def _usage_message(exc: Exception, option: str) -> str:
     return text[len(option):].lstrip() if text.startswith(option) else text
 
 
-class RateType(click.ParamType):
+class _LibraryParsed(click.ParamType):
+    """A value a library function parses (raising its UsageError, whose message starts
+    with the option's name): a click parse error at once, exit 2, naming the option."""
+
+    option: str  # the option the library's messages name
+    parsed: type  # what the parse returns (a value already parsed passes through)
+
+    def parse(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, self.parsed):
+            return value
+        from kvmigrate.errors import UsageError
+
+        try:
+            return self.parse(str(value))
+        except UsageError as exc:
+            self.fail(_usage_message(exc, self.option), param, ctx)
+
+
+class RateType(_LibraryParsed):
     """--bwlimit RATE: `200M`, `1.5G`, `50000` (kvmigrate.pacing.parse_rate)."""
 
-    name = "rate"
+    name, option, parsed = "rate", "--bwlimit", Rate
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Rate:
-        if isinstance(value, Rate):
-            return value
+    def parse(self, text: str) -> Rate:
         from kvmigrate import pacing
-        from kvmigrate.errors import UsageError
 
-        try:
-            return Rate(pacing.parse_rate(value), str(value))
-        except UsageError as exc:
-            self.fail(_usage_message(exc, "--bwlimit"), param, ctx)
+        return Rate(pacing.parse_rate(text), text)
 
 
-class MaxDurationType(click.ParamType):
+class MaxDurationType(_LibraryParsed):
     """--max-duration DURATION: `2h`, `1h30m`, `90m`, `45s`, above zero (kvmigrate.pacing.parse_duration)."""
 
-    name = "duration"
+    name, option, parsed = "duration", "--max-duration", Seconds
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Seconds:
-        if isinstance(value, Seconds):
-            return value
+    def parse(self, text: str) -> Seconds:
         from kvmigrate import pacing
-        from kvmigrate.errors import UsageError
 
-        try:
-            return Seconds(pacing.parse_duration(value), str(value))
-        except UsageError as exc:
-            self.fail(_usage_message(exc, "--max-duration"), param, ctx)
+        return Seconds(pacing.parse_duration(text), text)
 
 
 class AgeType(click.ParamType):
@@ -338,23 +347,21 @@ class ShardType(click.ParamType):
         return k, n
 
 
-class FractionType(click.ParamType):
+class FractionType(_LibraryParsed):
     """--recheck F: a fraction between 0 and 1 (`1/30`, `0.05`; kvmigrate.scan.baseline.parse_fraction)."""
 
-    name = "fraction"
+    name, option = "fraction", "--recheck"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Fraction:
-        from fractions import Fraction
+    @property
+    def parsed(self) -> type:  # type: ignore[override]
+        from fractions import Fraction  # (not at start-up: it loads decimal)
 
-        if isinstance(value, Fraction):
-            return value
-        from kvmigrate.errors import UsageError
+        return Fraction
+
+    def parse(self, text: str) -> Fraction:
         from kvmigrate.scan.baseline import parse_fraction
 
-        try:
-            return parse_fraction(str(value))
-        except UsageError as exc:
-            self.fail(_usage_message(exc, "--recheck"), param, ctx)
+        return parse_fraction(text)
 
 
 def walk_options(fn: Callable) -> Callable:
