@@ -131,8 +131,8 @@ def test_batch_boundaries_do_not_change_the_bytes(tmp_path, S, N, buffer_bytes):
     check_against_oracle(tmp_path, 3, 11, 8, 8, 2, S, N, offset=28, buffer_bytes=buffer_bytes)
 
 
-def test_bf16_and_fp16_values_survive_as_values(tmp_path):
-    """Real float16 values (bf16 is the same 2-byte move): each target element is the model's."""
+def test_float16_values_survive_as_values(tmp_path):
+    """Real float16 values: each target element is the model's element of the target's heads."""
     L, T, H, D, S, N = 2, 4, 8, 4, 2, 4
     vals = np.arange(2 * L * T * H * D, dtype=np.float16).reshape(2, L, T, H, D) / 7
     full = vals.view(np.uint8).reshape(2, L, T, H, D, 2)
@@ -141,6 +141,24 @@ def test_bf16_and_fp16_values_survive_as_values(tmp_path):
     for t, out in enumerate(reshard_files(paths, 0, g, tmp_path)):
         got = np.frombuffer(out.read_bytes(), np.float16).reshape(2, L, T, H // N, D)
         np.testing.assert_array_equal(got, vals[:, :, :, t * 2 : t * 2 + 2])
+
+
+def test_bfloat16_values_survive_as_values(tmp_path):
+    """bfloat16 (numpy has none): the high half of float32 values exactly representable in bf16,
+    little-endian; each target element, widened back to float32, is the model's value."""
+    L, T, H, D, S, N = 2, 3, 8, 4, 4, 1
+    k = np.arange(2 * L * T * H * D)
+    # distinct values with a 7-bit mantissa: exact in bfloat16
+    vals = (np.ldexp(1 + (k // 16 % 128) / 128, k % 16 - 8) * np.where(k % 3, 1, -1)).astype(np.float32)
+    vals = vals.reshape(2, L, T, H, D)
+    bf16 = (vals.view(np.uint32) >> 16).astype("<u2")
+    assert np.array_equal((bf16.astype(np.uint32) << 16).view(np.float32), vals)  # exact in bf16
+    full = bf16.view(np.uint8).reshape(2, L, T, H, D, 2)
+    paths = write_sources(tmp_path, full, S, 28)
+    g = ReshardGeometry(layers=L, tokens=T, total_kv_heads=H, head_dim=D, elem_bytes=2, tp_src=S, tp_dst=N)
+    (out,) = reshard_files(paths, 28, g, tmp_path)
+    got = (np.frombuffer(out.read_bytes(), "<u2").astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(got.reshape(2, L, T, H, D), vals)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
