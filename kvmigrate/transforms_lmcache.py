@@ -128,6 +128,10 @@ def rank_heads(total_kv_heads: int, tp: int, rank: int) -> range:
 
 def replica_ranks(total_kv_heads: int, tp: int, head: int) -> range:
     """The ranks of TP ``tp`` holding model head ``head`` (one rank unless TP > H)."""
+    rank_heads(total_kv_heads, tp, 0)  # validates H and TP
+    _require_int("head", head, minimum=0)
+    if head >= total_kv_heads:
+        raise TransformError(f"head {head} is out of range for total_kv_heads {total_kv_heads} (heads 0..{total_kv_heads - 1})")
     if tp <= total_kv_heads:
         return range(head * tp // total_kv_heads, head * tp // total_kv_heads + 1)
     k = tp // total_kv_heads
@@ -240,15 +244,15 @@ def write_reshard(
         for rank in used:
             head = rank_heads(g.total_kv_heads, g.tp_src, rank)[0]
             replicas[rank] = [r for r in replica_ranks(g.total_kv_heads, g.tp_src, head) if r != rank]
-    per_row = len(used) * w_s + w_t + (w_s if replicas else 0)
-    batch = max(1, min(g.rows, buffer_bytes // per_row))
-    bufs = {rank: bytearray(batch * w_s) for rank in used}
-    scratch = memoryview(bytearray(batch * w_s)) if replicas else None
-    out = bytearray(batch * w_t)
     # Each run as byte offsets: (source rank, offset in source row, offset in target row, length).
     spans = [(run.src_rank, run.src_head * g.head_bytes, run.dst_head * g.head_bytes, run.heads * g.head_bytes)
              for run in runs]
-    whole_row = len(spans) == 1 and spans[0][3] == w_s  # target row == one source row (same TP)
+    whole_row = len(spans) == 1 and spans[0][3] == w_s  # target row == one source row
+    per_row = len(used) * w_s + (0 if whole_row else w_t) + (w_s if replicas else 0)
+    batch = max(1, min(g.rows, buffer_bytes // per_row))
+    bufs = {rank: bytearray(batch * w_s) for rank in used}
+    scratch = memoryview(bytearray(batch * w_s)) if replicas else None
+    out = bytearray(0 if whole_row else batch * w_t)
     row0 = 0
     while row0 < g.rows:
         n = min(batch, g.rows - row0)

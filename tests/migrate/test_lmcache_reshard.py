@@ -382,3 +382,10 @@ def test_a_replica_only_matters_to_the_targets_that_read_its_head(tmp_path):
     _run(paths, [0] * 4, g, tmp_path, rank=0)
     with pytest.raises(TransformError, match="source ranks 2 and 3 both hold KV head 1"):
         _run(paths, [0] * 4, g, tmp_path, rank=1)
+
+
+def test_replica_ranks_refuses_a_head_out_of_range():
+    with pytest.raises(TransformError, match="head 4 is out of range for total_kv_heads 4"):
+        replica_ranks(4, 8, 4)
+    with pytest.raises(TransformError, match="neither divides the other"):
+        replica_ranks(4, 6, 0)
