@@ -187,6 +187,8 @@ def check(spec: Any) -> None:
         bad(f"kv_kind must be full or mla, got {spec.kv_kind!r}")
     if not 1 <= spec.tp <= 8 or spec.pp != 1 or spec.dcp != 1 or spec.groups != 1:
         bad("LMCache synth writes TP 1-8 with pp, dcp and groups 1")
+    if not mla(spec) and TOTAL_KV_HEADS % spec.tp and spec.tp % TOTAL_KV_HEADS:
+        bad(f"a GQA chunk of {TOTAL_KV_HEADS} KV heads shards over a TP dividing {TOTAL_KV_HEADS}, not {spec.tp}")
     if dtype(spec) not in L.FS_DTYPE_CODES:
         bad(f"dtype must be one of {', '.join(L.FS_DTYPE_CODES)} (or auto), got {spec.dtype!r}")
     if mla(spec) and era == "lmc-mp1" and not spec.lmc_save_only_first_rank:
