@@ -312,6 +312,8 @@ def _damage(root: Path, spec: Any, d: str, blk: dict, wid: int, rel: str, side: 
     b = spec.lmc_backend
     if d == "zero_filled":
         path.write_bytes(bytes(len(data)))
+        if side is not None:  # its sidecar now differs from the data header (§2.4)
+            return {rel: "zero_filled", side: "corrupt_sidecar"}
         return {rel: "zero_filled"}
     if d == "short":  # a torn write: part of the payload missing
         path.write_bytes(data[: len(data) - blk["payload_size"] // 2])
