@@ -98,7 +98,7 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
     if quiet:
         return
     for ns in result.namespaces:
-        if ns.get("family") == "lmcache":  # a tier directory: no base folder
+        if "tier_relpath" in ns:  # an LMCache tier directory: no base folder
             click.echo(f"{ns['tier_relpath']}  lmcache {ns['backend']} {ns['scheme']} tp={ns['tp']} ws={ns['ws']} "
                        f"{ns['kv_kind']} ranks={','.join(str(r) for r in ns['ranks'])} file={ns['file_size']}B")
             continue
