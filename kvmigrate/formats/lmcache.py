@@ -251,20 +251,25 @@ def gds_folders(key: Key) -> tuple[str, str] | None:
     no int (a digest's folders come from `str(bytes)` and are not checked; k1's field
     may be decimal)."""
     h = key.chunk_hash
-    if h is None:
-        return None
-    s = str(h)
+    return None if h is None else gds_int_folders(h)
+
+
+def gds_int_folders(chunk_hash: int) -> tuple[str, str]:
+    """The folders GdsBackend derives from a chunk hash int: `s = str(h)`, `s[:2]`, `s[2:4]`."""
+    s = str(chunk_hash)
     return s[:2], s[2:4]
 
 
-def gds_relpath(key: Key, *, gds_quoted: bool = True, suffix: str | None = None, sidecar: bool = False) -> str:
-    """`<2>/<2>/<name>` inside a GDS tier; a key without checked folders sits at the top
-    (`str(bytes)` folders are never written by synth)."""
+def gds_relpath(key: Key, *, gds_quoted: bool = True, suffix: str | None = None, sidecar: bool = False,
+                chunk_hash: int | None = None) -> str:
+    """`<2>/<2>/<name>` inside a GDS tier. `chunk_hash` is the int the writer held when the
+    name alone does not prove it (a k1 signed-hex key of 0.3.6+); with neither, the file
+    sits at the tier's top (a digest's `str(bytes)` folders are never written here)."""
     name = file_name(key, "gds", gds_quoted=gds_quoted, suffix=suffix, sidecar=sidecar)
-    folders = gds_folders(key)
-    if folders is None:
+    h = key.chunk_hash if chunk_hash is None else chunk_hash
+    if h is None:
         return name
-    return "/".join(p for p in (*folders, name) if p)
+    return "/".join(p for p in (*gds_int_folders(h), name) if p)
 
 
 def relpath_in_tier(key: Key, backend: str, **kw: Any) -> str:

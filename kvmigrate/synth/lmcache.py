@@ -149,9 +149,12 @@ def gds_quoted(spec: Any) -> bool:
     return bool(spec.lmc_gds_names == "quoted")
 
 
-def name_options(spec: Any) -> dict[str, Any]:
+def name_options(spec: Any, hash_field: str | None = None) -> dict[str, Any]:
     if spec.lmc_backend == "gds":
-        return {"gds_quoted": gds_quoted(spec)}
+        opts: dict[str, Any] = {"gds_quoted": gds_quoted(spec)}
+        if spec.lmc_era == "lmc-k1" and hash_field is not None:  # synth's k1 hashes are 0.3.6+ signed hex ints
+            opts["chunk_hash"] = int(hash_field, 16)
+        return opts
     if spec.lmc_backend == "fs":
         return {"fs_sep": "-" if spec.lmc_era == "lmc-k1" else L.FS_SEP}  # -SEP- from 0.3.10
     return {}
@@ -234,10 +237,10 @@ def build(root: Path, spec: Any, result: Any) -> None:
     prefix = tier_prefix(spec)
     tier_dir = root if spec.lmc_tier == "." else root / spec.lmc_tier
     tier_dir.mkdir(parents=True, exist_ok=True)
-    opts = name_options(spec)
     sizes = set()
     for index in range(spec.blocks):
         h = chunk_hash(spec, index)
+        opts = name_options(spec, h)
         rec: dict[str, Any] = {"hex": h, "index": index, "group": 0, "files": {}, "sidecars": {}, "keys": {},
                                "workers": {}, "payload_size": None, "defect": None}
         for rank, ws, wid in writers(spec):
@@ -271,9 +274,12 @@ def build(root: Path, spec: Any, result: Any) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
+    """Create or replace a file (a rebuild over a symlink or an `unreadable` defect too)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() or path.is_symlink():
-        os.chmod(path, 0o644) if not path.is_symlink() else path.unlink()
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        os.chmod(path, 0o644)
     path.write_bytes(data)
 
 
@@ -384,14 +390,14 @@ def _tree_defect(root: Path, spec: Any, d: str, result: Any, prefix: str) -> dic
         return {"relpath": folder, "rows": [folder], "status": "foreign", "statuses": {folder: "foreign"}}
     if d == "symlink":
         key = make_key(spec, L.hash_hex(0x5EED), *writers(spec)[0][1:])
-        rel = prefix + L.relpath_in_tier(key, b, **name_options(spec))
+        rel = prefix + L.relpath_in_tier(key, b, **name_options(spec, key.hash))
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(root / final, (root / rel).parent), root / rel)
         return {"relpath": rel, "rows": [rel], "status": "foreign", "statuses": {rel: "foreign"}}
     # layerwise: a k3 LayerCacheEngineKey name (`…@dtype@<layer>`): out of scope (§0)
     _, ws, wid0 = writers(spec)[0]
     key = make_key(spec, first["hex"], ws, wid0, layer=1)
-    rel = prefix + L.relpath_in_tier(key, b, **name_options(spec))
+    rel = prefix + L.relpath_in_tier(key, b, **name_options(spec, key.hash))
     _write(root / rel, b"\x02" * 64)
     return {"relpath": rel, "rows": [rel], "status": "unsupported_layout", "statuses": {rel: "unsupported_layout"},
             "key": L.format_key(key)}

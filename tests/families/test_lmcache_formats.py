@@ -163,6 +163,12 @@ def test_gds_folders_unchecked_for_digests_and_k1():
     assert L.gds_folders(ERA_KEYS["lmc-k1"]) is None
 
 
+def test_gds_relpath_takes_the_writers_int_when_the_name_proves_none():
+    k1 = ERA_KEYS["lmc-k1"]
+    assert L.gds_relpath(k1, gds_quoted=False) == "vllm@org_model-a@4@2@-7f3a@u%x.kvcache.safetensors"
+    assert L.gds_relpath(k1, gds_quoted=False, chunk_hash=-0x7F3A).startswith("-3/25/")  # str(-32570)
+
+
 def test_gds_quoted_name_quotes_slash_at_and_percent():
     k = L.parse_key("org/m@1@0@ab@half@t%v")
     assert k is not None

@@ -57,7 +57,10 @@ def check_chunk_files(root: Path, sp: SynthSpec, result) -> int:
             assert key.tags == S.tags(sp) and key.kv_rank == worker["kv_rank"]
             folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
             tier = "" if sp.lmc_tier == "." else sp.lmc_tier
-            folders = L.gds_folders(key) if sp.lmc_backend == "gds" else None
+            folders = None
+            if sp.lmc_backend == "gds":  # synth's k1 hashes are 0.3.6+ signed hex: the writer's decimal folders
+                folders = L.gds_folders(key) or (L.gds_int_folders(int(key.hash, 16)) if key.scheme == "lmc-k1"
+                                                 else None)
             assert folder == "/".join(p for p in (tier, *(folders or ())) if p)
             data = (root / rel).read_bytes()
             payload = S.rank_payload(sp, blk["hex"], worker["rank"])
@@ -140,6 +143,15 @@ def test_tier_root_itself_and_named_tier(tmp_path):
     assert all("/" not in rel for rel in root.block_files()) and root.namespaces[0]["tier_relpath"] == "."
     named = build(tmp_path / "b", spec(lmc_tier="ssd0", lmc_backend="gds"))
     assert all(rel.startswith("ssd0/") for rel in named.block_files())
+
+
+@pytest.mark.parametrize(("backend", "era"), COMBOS)
+def test_a_local_path_model_in_every_name(tmp_path, backend, era):
+    """The model is the `vllm serve` argument, a local path too (§1.2): its every `/` goes
+    through the backend's rule and comes back (local_disk: matched)."""
+    sp = spec(lmc_backend=backend, lmc_era=era, model_name="/models/Qwen2.5-3B", blocks=2)
+    result = build(tmp_path, sp)
+    assert check_chunk_files(tmp_path, sp, result) == 2  # TP 1: one file per chunk
 
 
 def test_fs_without_header_and_gds_legacy_names(tmp_path):
