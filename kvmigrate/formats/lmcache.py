@@ -245,6 +245,13 @@ def file_name(key: Key, backend: str, *, gds_quoted: bool = True, suffix: str | 
     raise ValueError(f"unknown LMCache backend {backend!r}")
 
 
+def fs_base_index(key: Key, n: int) -> int | None:
+    """Which of `n` fs base paths holds the chunk: `base_paths[abs(hash) % n]`, the same
+    for every rank (§1.3); None where the name proves no int."""
+    h = key.chunk_hash
+    return None if h is None or n < 1 else abs(h) % n
+
+
 def gds_folders(key: Key) -> tuple[str, str] | None:
     """GDS `<s[:2]>/<s[2:4]>` from the **decimal** string of the signed hash int (§1.3,
     §9.4: `-3/80/…` for a negative hash), not from the hex. None where the name proves

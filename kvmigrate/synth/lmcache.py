@@ -28,9 +28,11 @@ GDS_NAMES = ("auto", "quoted", "legacy")
 TOTAL_KV_HEADS = 8
 HEAD_DIM = 4
 LATENT_DIM = 8  # W = kv_lora_rank + rope dim (576 for DeepSeek)
+TMP_DIR = "lmcache_tmp"  # the `tmp_dir` defect's folder
 # defect -> backends it applies to
 DEFECTS: dict[str, tuple[str, ...]] = {
     "tmp": ("fs", "gds", "mp"),
+    "tmp_dir": ("fs", "mp"),
     "zero_filled": BACKENDS,
     "short": BACKENDS,
     "size_mismatch": BACKENDS,
@@ -384,6 +386,13 @@ def _tree_defect(root: Path, spec: Any, d: str, result: Any, prefix: str) -> dic
             _write(root / r, b"\x01" * 64)
         return {"relpath": rels[0], "rows": rels, "status": "tmp_leftover",
                 "statuses": dict.fromkeys(rels, "tmp_leftover")}
+    if d == "tmp_dir":  # fs_connector_relative_tmp_dir / MP relative_tmp_dir: the final name inside
+        folder = prefix + TMP_DIR
+        rel = f"{folder}/{final.rsplit('/', 1)[-1]}"
+        _write(root / rel, b"\x01" * 64)
+        # a fact names the folder (tmp_dir, §1.4, §3.3): then its files are temps, else it is foreign
+        return {"relpath": folder, "rows": [folder], "status": "foreign", "statuses": {folder: "foreign"},
+                "with_fact": {"tmp_dir": TMP_DIR, "statuses": {rel: "tmp_leftover"}}}
     if d == "foreign":
         folder = prefix + "lost+found"
         _write(root / folder / "README.txt", b"not a chunk\n")

@@ -149,6 +149,12 @@ def test_mp_name_is_told_from_fs_by_its_key():
     assert parsed is not None and parsed.backend == "mp" and parsed.key.model == "org/m"
 
 
+def test_fs_base_path_is_abs_hash_mod_n():
+    k = L.parse_key("m@2@1@-7@half")
+    assert k is not None and L.fs_base_index(k, 3) == 1 and L.fs_base_index(k, 1) == 0
+    assert L.fs_base_index(ERA_KEYS["lmc-k1"], 3) is None
+
+
 def test_gds_folders_are_decimal_of_the_signed_int():
     k = L.parse_key("m@1@0@-5a3c@half")
     assert k is not None and str(-0x5A3C) == "-23100"

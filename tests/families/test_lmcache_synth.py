@@ -191,7 +191,7 @@ def status_of(root: Path, rel: str, sp: SynthSpec, ns: dict) -> str | None:
     name = rel.split("/")[-1]
     if path.is_symlink():
         return "foreign"
-    if path.is_dir():
+    if path.is_dir():  # no fact names a temp folder here
         return "foreign" if L.parse_name(name) is None else None
     if L.parse_temp_name(name) is not None:
         return "tmp_leftover"
@@ -248,6 +248,28 @@ def test_every_defect_gets_its_status_from_the_grammar(tmp_path, backend):
     for d in unread:
         assert stat.S_IMODE((tmp_path / d["relpath"]).stat().st_mode) == 0
         os.chmod(tmp_path / d["relpath"], 0o644)  # let tmp_path be removed
+
+
+def test_tmp_dir_is_foreign_unless_a_fact_names_it(tmp_path):
+    result = build(tmp_path, spec(lmc_backend="fs", defects=("tmp_dir",)))
+    d = result.defect("tmp_dir")
+    assert d["relpath"] == "cache/lmcache_tmp" and d["status"] == "foreign"
+    (rel, status), = d["with_fact"]["statuses"].items()
+    assert status == "tmp_leftover" and rel.startswith("cache/lmcache_tmp/")
+    assert L.parse_name(rel.split("/")[-1]) is not None  # the final name, in the temp folder
+
+
+def test_several_deployments_share_a_tier_and_tiers_share_a_root(tmp_path):
+    """One folder holds several deployments told apart by their keys; several tiers sit
+    side by side under ROOT (§1.1)."""
+    a = build(tmp_path, spec(lmc_backend="fs", model_name="org/a"))
+    b = build(tmp_path, spec(lmc_backend="fs", model_name="org/b", tp=2))
+    c = build(tmp_path, spec(lmc_backend="local_disk", model_name="org/a"))  # another backend, same folder
+    d = build(tmp_path, spec(lmc_backend="gds", lmc_tier="gds0"))
+    every = [*a.block_files(), *b.block_files(), *c.block_files(), *d.block_files()]
+    assert len(set(every)) == len(every) == 3 + 6 + 3 + 3
+    assert {L.parse_name(r.split("/")[-1]).backend for r in every} == {"fs", "local_disk", "gds"}
+    assert all((tmp_path / r).is_file() for r in every)
 
 
 def test_gds_defects_name_the_pair(tmp_path):
