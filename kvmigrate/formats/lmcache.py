@@ -567,6 +567,8 @@ def gds_header_problem(h: GdsHeader, dtype: str | None, mla: bool | None = None)
         return f"dtype {h.dtype} but the key says {dtype}"
     if h.data_offsets[0] != 0:
         return f"data_offsets start at {h.data_offsets[0]}, not 0"
+    if h.version != GDS_META_VERSION:  # the reader raises UnsupportedMetadataVersion (R2 §3.1)
+        return f"lmcache_version {h.version!r}, the readers know {GDS_META_VERSION!r}"
     if _prod(h.shape) * DTYPE_BYTES[kd] != h.length:
         return f"shape {list(h.shape)} × {DTYPE_BYTES[kd]} B ≠ {h.length} bytes"
     return None

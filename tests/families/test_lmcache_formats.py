@@ -220,10 +220,13 @@ def test_gds_temp_names_uuid_and_legacy_draws():
     assert L.parse_temp_name(data + ".tmp12345678") == L.TempName("gds", data, "either")
 
 
-@pytest.mark.parametrize("name", ["m@1@0@ab@half.pt.tmp", "notes.tmp", "m%401%400%40ab%40half.kvcache.safetensors.tmp1",
+@pytest.mark.parametrize("name", ["m@1@0@ab@half.pt.tmp", "notes.tmp", "m@1@0@ab@half.data.kvmigrate-12.tmp",
+                                  "m%401%400%40ab%40half.kvcache.safetensors.kvmigrate-7.tmp",
+                                  "m%401%400%40ab%40half.kvcache.safetensors.tmp1",
                                   "m%401%400%40ab%40half.kvcache.safetensors.tmpabcdefgh"])
 def test_non_temp_names_are_none(name):
-    assert L.parse_temp_name(name) is None  # local_disk writes no temp; 'ghij' is no draw
+    # local_disk writes no temp; kvmigrate's own temps are own_artifact; 'abcdefgh' is no writer's draw
+    assert L.parse_temp_name(name) is None
 
 
 # --- §2.1 geometry ---------------------------------------------------------------------------------
@@ -341,6 +344,10 @@ def test_verdict_header_invalid_garbage_and_contradictions():
     assert v("gds", GDS, dtype="float") == "header_invalid"
     wrong_fmt = L.encode_gds_header("bfloat16", SHAPE, len(PAYLOAD), 3) + PAYLOAD
     assert v("gds", wrong_fmt) == "header_invalid"
+    meta = L.gds_meta("bfloat16", SHAPE, len(PAYLOAD), 1)
+    meta["kvcache"]["__metadata__"]["lmcache_version"] = "2"
+    v2 = struct.pack("<Q", 4088) + json.dumps(meta).encode().ljust(4088) + PAYLOAD
+    assert v("gds", v2) == "header_invalid"
     negative = struct.pack("<7i", -1, 1, 3, 2, 4, 16, 32) + PAYLOAD
     assert v("fs", negative) == "header_invalid"
 
