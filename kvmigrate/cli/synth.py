@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kvmigrate.cli.common import handle_errors, log_options, print_json
-from kvmigrate.synth.spec import SYNTH_FAMILIES
+from kvmigrate.identity.values import SYNTH_FAMILIES
 from kvmigrate.units import plural
 
 if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate.identity.values import FAMILIES
+from kvmigrate.identity.values import FAMILIES, SYNTH_FAMILIES
 from kvmigrate.units import agreeing
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
@@ -16,9 +16,6 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
 SCHEMES = ("S1", "S2", "S3")
 TREES = tuple(f for f in FAMILIES if f != "sglang")  # the families that write base and rank folders
 KV_KINDS = ("full", "mla")
-# synth's --family choices: the scanned families plus LMCache, which synth builds before the
-# scan recognises it (docs/lmcache.md); FAMILIES stays the registry's names (scan, facts)
-SYNTH_FAMILIES = FAMILIES + ("lmcache",)
 
 # Defects that damage one block (each takes its own victim block) and the families
 # they make sense for. The others add or break files and folders around the blocks.
