@@ -234,7 +234,7 @@ def test_non_temp_names_are_none(name):
 
 def test_full_chunk_bytes_deepseek_and_qwen_partial():
     assert L.full_chunk_bytes(True, 61, 256, 576, "bfloat16") == 17_989_632  # R1 §2.1
-    assert L.full_chunk_bytes(False, 36, 36, 2 * 128, "bfloat16") == 1_327_104  # PR #563's 36-token file
+    assert L.full_chunk_bytes(False, 36, 36, 2 * 128, "bfloat16") == 1_327_104  # R1 §2.1: a 36-token Qwen2.5-3B file
     assert L.payload_shape(False, 4, 16, 32) == (2, 4, 16, 32) and L.payload_shape(True, 4, 16, 8) == (1, 4, 16, 8)
     assert L.memory_format(True) == 6 and L.memory_format(False) == 1
 
