@@ -297,6 +297,7 @@ def test_gds_defects_name_the_pair(tmp_path):
     (dict(model_name="a@b"), "'@'"),
     (dict(lmc_backend="mp", lmc_era="lmc-mp1", kv_kind="mla", lmc_save_only_first_rank=False), "MP has no"),
     (dict(defects=("missing_rank",)), "not one LMCache"),
+    (dict(lmc_backend="gds", blocks=2, defects=("misfiled", "short", "tmp")), "at least 3 blocks"),
 ])
 def test_combinations_no_writer_produces_are_refused(tmp_path, kw, msg):
     with pytest.raises(ValueError, match=msg):
