@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kvmigrate.cli.common import handle_errors, log_options, print_json
-from kvmigrate.identity.values import FAMILIES
+from kvmigrate.identity.values import SYNTH_FAMILIES
 from kvmigrate.units import plural
 
 if TYPE_CHECKING:  # the models are types only: importing them costs every command's start-up
@@ -22,8 +22,9 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 @click.command("synth")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
-@click.option("--family", type=click.Choice(FAMILIES), default="vllm", show_default=True,
-              help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp, SGLang HiCache file backend.")
+@click.option("--family", type=click.Choice(SYNTH_FAMILIES), default="vllm", show_default=True,
+              help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp, SGLang HiCache file backend, "
+                   "LMCache disk tier (not scanned yet).")
 @click.option("--scheme", type=click.Choice(["S1", "S2", "S3"]), default="S1", show_default=True,
               help="vLLM identity era (llm-d is always S1; vllm.cpp ignores it).")
 @click.option("--model", "model_name", default="meta-llama/Llama-3.1-8B-Instruct", show_default=True)
@@ -56,6 +57,20 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
               help="sglang: --hicache-mem-layout of the writer (default: layer_first up to e3, page_first e4).")
 @click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="sglang e4: attention-CP size.")
 @click.option("--pools", default="", metavar="A,B", help="sglang e4: side pools (mamba, swa, indexer, draft, ...).")
+@click.option("--lmc-backend", type=click.Choice(["local_disk", "fs", "gds", "mp"]), default="fs",
+              show_default=True, help="lmcache: the backend that wrote the tier.")
+@click.option("--lmc-era", type=click.Choice(["lmc-k1", "lmc-k2", "lmc-k3", "lmc-mp1"]), default="lmc-k3",
+              show_default=True, help="lmcache: key era (k1 0.3.0-0.3.9, k2 0.3.9.post2-0.3.12, k3 0.3.13+, mp1 MP server).")
+@click.option("--lmc-tier", default="cache", show_default=True,
+              help="lmcache: tier folder under DIR ('.' makes DIR itself the tier).")
+@click.option("--lmc-tags", default="", metavar="K%V,...", help="lmcache: lmcache.tag.* request tags of the keys.")
+@click.option("--lmc-fs-header/--lmc-no-fs-header", default=True, show_default=True,
+              help="lmcache fs: the RemoteMetadata header (save_chunk_meta).")
+@click.option("--lmc-save-only-first-rank/--lmc-all-ranks", default=True, show_default=True,
+              help="lmcache MLA: only rank 0 stores (ws collapses to 1), or every rank.")
+@click.option("--lmc-gds-names", type=click.Choice(["auto", "quoted", "legacy"]), default="auto", show_default=True,
+              help="lmcache gds: quoted names (0.4.3+) or the <= 0.4.2 '_' names (auto: quoted for lmc-k3).")
+@click.option("--lmc-salt", default="", help="lmcache mp: a cache_salt ending the object keys.")
 @click.option("--defects", callback=_defect_list, default=None, metavar="A,B,...",
               help="Defects to inject (see kvmigrate.synth.defects), e.g. missing_rank,tmp_vllm.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
@@ -83,6 +98,10 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
     if quiet:
         return
     for ns in result.namespaces:
+        if "tier_relpath" in ns:  # an LMCache tier directory: no base folder
+            click.echo(f"{ns['tier_relpath']}  lmcache {ns['backend']} {ns['scheme']} tp={ns['tp']} ws={ns['ws']} "
+                       f"{ns['kv_kind']} ranks={','.join(str(r) for r in ns['ranks'])} file={ns['file_size']}B")
+            continue
         if ns.get("base_name") is None:  # a flat directory (SGLang HiCache): no base folder
             click.echo(f"{result.root}  sglang {ns['scheme']} tp={ns['tp']} pp={ns['pp']} {ns['kv_kind']} "
                        f"{ns['layout']} file={ns['file_size']}B")

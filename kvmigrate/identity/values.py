@@ -68,6 +68,9 @@ SGLANG_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
 FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/
+# synth's --family choices: the families plus LMCache, which synth builds before any scan
+# recognises it (docs/lmcache.md); not a family of the registry, FACTS.json or scan
+SYNTH_FAMILIES = NAMES + ("lmcache",)
 RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
 
 # vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate.identity.values import FAMILIES
+from kvmigrate.identity.values import FAMILIES, SYNTH_FAMILIES
 from kvmigrate.units import agreeing
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
@@ -89,6 +89,17 @@ class SynthSpec:
     cp: int = 1
     pools: tuple[str, ...] = ()
     extra_fields: dict = field(default_factory=dict)  # unknown identity keys
+    # lmcache (synth/lmcache.py): backend, key era, tier folder ("." = ROOT itself), tags
+    # ("name%value"), fs RemoteMetadata header, MLA save_only_first_rank, GDS names
+    # (auto: quoted for lmc-k3, the <= 0.4.2 `_` names before), MP cache_salt
+    lmc_backend: str = "fs"
+    lmc_era: str = "lmc-k3"
+    lmc_tier: str = "cache"
+    lmc_tags: tuple[str, ...] = ()
+    lmc_fs_header: bool = True
+    lmc_save_only_first_rank: bool = True
+    lmc_gds_names: str = "auto"
+    lmc_salt: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.defects, str):
@@ -99,6 +110,9 @@ class SynthSpec:
         if isinstance(self.pools, str):
             self.pools = tuple(p.strip() for p in self.pools.split(",") if p.strip())
         self.pools = tuple(self.pools)
+        if isinstance(self.lmc_tags, str):
+            self.lmc_tags = tuple(t.strip() for t in self.lmc_tags.split(",") if t.strip())
+        self.lmc_tags = tuple(self.lmc_tags)
         if self.sgl_layout is None:
             self.sgl_layout = "page_first" if self.sgl_era == "e4" else "layer_first"
 
@@ -116,8 +130,13 @@ def check_spec(spec: SynthSpec) -> None:
     def bad(msg: str) -> None:
         raise ValueError(f"synth: {msg}")
 
-    if spec.family not in FAMILIES:
-        bad(f"family must be one of {', '.join(FAMILIES)}, got {spec.family!r}")
+    if spec.family not in SYNTH_FAMILIES:
+        bad(f"family must be one of {', '.join(SYNTH_FAMILIES)}, got {spec.family!r}")
+    if spec.family == "lmcache":  # its own defects and rules (synth/lmcache.py)
+        from kvmigrate.synth import lmcache
+
+        lmcache.check(spec)
+        return
     if spec.kv_kind not in KV_KINDS:
         bad(f"kv_kind must be one of {', '.join(KV_KINDS)}, got {spec.kv_kind!r}")
     if spec.family == "vllm" and spec.scheme not in SCHEMES:

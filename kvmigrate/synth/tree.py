@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from kvmigrate import layout
-from kvmigrate.synth import pages, sglang
+from kvmigrate.synth import lmcache, pages, sglang
 from kvmigrate.synth.defects import inject
 from kvmigrate.synth.files import block_file_bytes, write_file
 from kvmigrate.synth.identities import namespace_dict, plan_namespaces
@@ -27,6 +27,10 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
     check_spec(spec)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    if spec.family == "lmcache":  # tier directories, the names are the keys
+        result = SynthResult(root=root.resolve())
+        lmcache.build(root, spec, result)
+        return result
     if spec.family == "sglang":  # one flat directory, the names are the identity
         result = SynthResult(root=root.resolve())
         sglang.build(root, spec, result)
