@@ -108,3 +108,133 @@ def test_mp_names_carry_the_kv_rank():
 def test_mp_cache_salt_is_the_last_field():
     r = LMCacheReader("/t", "mp", Deployment(MODEL))
     assert r.relpath(DIGEST, cache_salt="s1") == f"meta-llama-SEP-Llama-3.1-8B@0x01000100@0@{DIGEST.hex()}@s1.data"
+
+
+# --- local_disk (§2.1, §3.5) ----------------------------------------------------------------
+
+LD_NAME = "meta-llama-Llama-3.1-8B@2@1@-1a2b3c@bfloat16.pt"
+FS_NAME = "meta-llama-SEP-Llama-3.1-8B@2@1@-1a2b3c@bfloat16.data"
+GDS_REL = "-1/71/meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.kvcache.safetensors"
+
+
+def test_local_disk_live_engine_reads_the_raw_payload(tmp_path):
+    """The process that wrote the .pt (its in-memory index holds it): raw bytes, no header."""
+    data = put(tmp_path / LD_NAME, payload(FULL)).read_bytes()
+    got = LMCacheReader(tmp_path, "local_disk", dep(world_size=2, worker_id=1, restarted=False)).lookup(H)
+    assert got.found and got.payload == data
+    assert (got.shape, got.dtype, got.fmt) == ((2, L, T, HID), "bfloat16", 1)
+
+
+def test_local_disk_after_a_restart_is_index_lost_even_at_its_exact_name(tmp_path):
+    put(tmp_path / LD_NAME, payload(FULL))
+    r = LMCacheReader(tmp_path, "local_disk", dep(world_size=2, worker_id=1))
+    got = r.lookup(H)
+    assert not got.found and got.why == "index_lost" and got.path == tmp_path / LD_NAME
+    assert r.lookup(H + 1).why == "absent"
+
+
+# --- fs (§2.2) -------------------------------------------------------------------------------
+
+def test_fs_with_header_returns_the_payload_after_28_bytes(tmp_path):
+    data = payload(FULL)
+    put(tmp_path / FS_NAME, fs_header(FULL) + data)
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert got.found and got.payload == data
+    assert (got.shape, got.dtype, got.fmt) == ((2, L, T, HID), "bfloat16", 1)
+
+
+def test_fs_header_of_the_notes_deepseek_example(tmp_path):
+    """R1 §2.2: 00801201 06000000 03000000 01000000 3d000000 00010000 40020000 = 17989632 B,
+    fmt 6, bf16, [1, 61, 256, 576] (the payload here is a sparse file of zeros)."""
+    header = bytes.fromhex("00801201060000000300000001000000" "3d0000000001000040020000")
+    path = put(tmp_path / "deepseek-ai-SEP-DeepSeek-V3@1@0@-1a2b3c@bfloat16.data", header)
+    with open(path, "r+b") as f:
+        f.truncate(28 + 17989632)
+    d = Deployment("deepseek-ai/DeepSeek-V3", world_size=8, worker_id=3, mla=True, layers=61, hidden=576)
+    got = LMCacheReader(tmp_path, "fs", d).lookup(H)
+    assert got.found and len(got.payload) == 17989632 and (got.shape, got.fmt) == ((1, 61, 256, 576), 6)
+
+
+@pytest.mark.parametrize("length, why", [(FULL + 64, "short"), (FULL - 64, "size_mismatch")])
+def test_fs_header_length_disagreeing_with_the_file(tmp_path, length, why):
+    """§2.4: the file holds less than the header says (a torn write) -> short; more -> size_mismatch."""
+    put(tmp_path / FS_NAME, fs_header(length, shape=(2, L, length // (2 * L * HID * 2), HID)) + payload(FULL))
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == why
+
+
+def test_fs_file_shorter_than_its_header_is_short(tmp_path):
+    put(tmp_path / FS_NAME, fs_header(FULL)[:20])
+    assert LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H).why == "short"
+
+
+@pytest.mark.parametrize("header", [
+    fs_header(FULL, code=2),  # float16 where the key says bfloat16
+    fs_header(FULL, fmt=6),  # an MLA chunk for a non-MLA deployment
+    fs_header(FULL, fmt=4),  # BINARY: not a KV payload
+    fs_header(FULL, shape=(2, L, T, HID * 2)),  # shape x 2 B != length
+    fs_header(FULL, shape=(2, L, T * 2, HID // 2)),  # bytes agree, the hidden size does not
+], ids=["dtype", "mla-fmt", "binary-fmt", "shape-length", "geometry"])
+def test_fs_header_contradicting_the_key_or_itself_is_header_invalid(tmp_path, header):
+    put(tmp_path / FS_NAME, header + payload(FULL))
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "header_invalid"
+
+
+def test_fs_dtype_code_1_reads_as_float16(tmp_path):
+    name = "meta-llama-SEP-Llama-3.1-8B@1@0@-1a2b3c@half.data"
+    put(tmp_path / name, fs_header(FULL, code=1) + payload(FULL))
+    got = LMCacheReader(tmp_path, "fs", dep(dtype="float16")).lookup(H)
+    assert got.found and got.dtype == "float16"
+
+
+def test_fs_without_header_reads_the_raw_payload_and_rejects_a_headed_file(tmp_path):
+    data = payload(FULL)
+    put(tmp_path / FS_NAME, data)
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1, save_chunk_meta=False)).lookup(H)
+    assert got.found and got.payload == data and got.shape == (2, L, T, HID)
+    put(tmp_path / FS_NAME, fs_header(FULL) + data)  # 28 bytes more: not a whole number of tokens
+    assert LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1, save_chunk_meta=False)).lookup(H).why == \
+        "size_mismatch"
+
+
+def test_fs_header_expected_but_absent_is_refused(tmp_path):
+    """No magic: raw bytes are read as a header; here their `length` (875374111) exceeds the file."""
+    put(tmp_path / FS_NAME, payload(FULL))
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "short"
+
+
+def test_raw_partial_chunk_is_short_unless_save_unfull_chunk(tmp_path):
+    part = payload(FULL // T * 3)  # 3 of 4 tokens
+    put(tmp_path / FS_NAME, part)
+    d = {"world_size": 2, "worker_id": 1, "save_chunk_meta": False}
+    assert LMCacheReader(tmp_path, "fs", dep(**d)).lookup(H).why == "short"
+    got = LMCacheReader(tmp_path, "fs", dep(**d, save_unfull_chunk=True)).lookup(H)
+    assert got.found and got.shape == (2, L, 3, HID) and got.payload == part
+
+
+def test_fs_base_path_is_abs_hash_mod_n(tmp_path):
+    bases = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    data = payload(FULL)
+    put(bases[abs(H) % 3] / FS_NAME, fs_header(FULL) + data)  # 1715004 % 3 == 0
+    got = LMCacheReader(bases, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert got.found and got.path == bases[0] / FS_NAME and got.payload == data
+    assert not LMCacheReader(bases[1:], "fs", dep(world_size=2, worker_id=1)).lookup(H).found
+
+
+@pytest.mark.parametrize("name", [
+    "vllm@meta-llama-SEP-Llama-3.1-8B@2@1@-1a2b3c@bfloat16.data",  # lmc-k2 (0.3.9.post2-0.3.12)
+    "vllm@meta-llama-SEP-Llama-3.1-8B@2@1@-1a2b3c.data",  # lmc-k1
+    "meta-llama-Llama-3.1-8B@2@1@-1a2b3c@bfloat16.data",  # `-` for `/` (before 0.3.10)
+    "meta-llama-SEP-Llama-3.1-8B@2@1@-00000000001a2b3c@bfloat16.data",  # zero-padded hash
+    "meta-llama-SEP-Llama-3.1-8B@2@1@1a2b3c@bfloat16.data",  # sign dropped
+    "meta-llama-SEP-Llama-3.1-8B@2@1@-1A2B3C@bfloat16.data",  # upper case
+    "meta-llama-SEP-Llama-3.1-8B@2@1@-1a2b3c@fp8_e4m3.data",  # another dtype spelling
+])
+def test_fs_wrong_era_or_wrong_spelling_is_not_found(tmp_path, name):
+    put(tmp_path / name, fs_header(FULL) + payload(FULL))
+    got = LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "absent"
+    put(tmp_path / FS_NAME, fs_header(FULL) + payload(FULL))
+    assert LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H).found
