@@ -238,3 +238,152 @@ def test_fs_wrong_era_or_wrong_spelling_is_not_found(tmp_path, name):
     assert not got.found and got.why == "absent"
     put(tmp_path / FS_NAME, fs_header(FULL) + payload(FULL))
     assert LMCacheReader(tmp_path, "fs", dep(world_size=2, worker_id=1)).lookup(H).found
+
+
+# --- GDS (§2.3) ------------------------------------------------------------------------------
+
+def gds_pair(tier: Path, rel: str, data: bytes, header: bytes | None = None, *, sidecar: bool = True) -> None:
+    header = gds_header(len(data)) if header is None else header
+    put(tier / rel, header + data)
+    if sidecar:
+        put(tier / f"{rel}.metadata", header)
+
+
+def test_gds_header_bytes_are_the_notes_layout():
+    """The builder above against the spec's words: 4096 B, <Q 4088, default separators, key order."""
+    h = gds_header(FULL)
+    assert len(h) == 4096 and h[:8] == (4088).to_bytes(8, "little") and h.endswith(b" ")
+    assert h[8:].rstrip(b" ") == (b'{"kvcache": {"dtype": "BF16", "shape": [2, 2, 4, 8], "data_offsets": [0, 256], '
+                                  b'"fmt": 1, "__metadata__": {"lmcache_version": "1"}}}')
+
+
+def test_gds_chunk_is_found_through_its_sidecar_payload_at_4096(tmp_path):
+    data = payload(FULL)
+    gds_pair(tmp_path, GDS_REL, data)
+    got = LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H)
+    assert got.found and got.payload == data and got.path == tmp_path / GDS_REL
+    assert (got.shape, got.dtype, got.fmt) == ((2, L, T, HID), "bfloat16", 1)
+
+
+def test_gds_data_file_without_sidecar_is_never_found(tmp_path):
+    gds_pair(tmp_path, GDS_REL, payload(FULL), sidecar=False)
+    got = LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "orphan_data"
+    assert LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=0)).lookup(H).why == "absent"
+
+
+@pytest.mark.parametrize("sidecar", [
+    bytes(4096),  # zero-filled: JSON does not parse
+    gds_header(FULL)[:2000],  # torn
+    gds_header(FULL + 64),  # parses, but is not the data file's header
+    gds_header(FULL).replace(b'"lmcache_version": "1"', b'"lmcache_version": "2"'),  # unsupported version
+], ids=["zeros", "torn", "differs", "version"])
+def test_gds_corrupt_sidecar_is_not_found(tmp_path, sidecar):
+    gds_pair(tmp_path, GDS_REL, payload(FULL))
+    put(tmp_path / f"{GDS_REL}.metadata", sidecar)
+    got = LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "corrupt_sidecar"
+
+
+def test_gds_sidecar_without_data_file_is_absent(tmp_path):
+    put(tmp_path / f"{GDS_REL}.metadata", gds_header(FULL))
+    got = LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "absent"
+
+
+@pytest.mark.parametrize("header", [
+    gds_header(FULL, dtype="F16"),
+    gds_header(FULL, fmt=6),
+    gds_header(FULL, shape=[2, L, T, HID * 2]),
+], ids=["dtype", "fmt", "shape"])
+def test_gds_header_contradicting_the_key_is_header_invalid(tmp_path, header):
+    gds_pair(tmp_path, GDS_REL, payload(FULL), header)
+    assert LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H).why == "header_invalid"
+
+
+@pytest.mark.parametrize("cut, why", [(64, "short"), (-64, "size_mismatch")])
+def test_gds_data_size_against_data_offsets(tmp_path, cut, why):
+    """§2.4: size == 4096 + data_offsets[1]; a torn data file is short, a longer one size_mismatch."""
+    data = payload(FULL)
+    gds_pair(tmp_path, GDS_REL, data[:FULL - cut] if cut > 0 else data + payload(-cut), gds_header(FULL))
+    assert LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H).why == why
+
+
+@pytest.mark.parametrize("rel", [
+    "-1/71/meta-llama_Llama-3.1-8B@2@1@-1a2b3c@bfloat16.kvcache.safetensors",  # <= 0.4.2 `_` name
+    "-1/a2/meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.kvcache.safetensors",  # folders from the hex
+    "17/15/meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.kvcache.safetensors",  # sign dropped
+    "meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.kvcache.safetensors",  # no folders
+    "-1/71/meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.weka1",  # wekafs suffix elsewhere
+])
+def test_gds_other_eras_and_folders_are_not_found(tmp_path, rel):
+    gds_pair(tmp_path, rel, payload(FULL))
+    got = LMCacheReader(tmp_path, "gds", dep(world_size=2, worker_id=1)).lookup(H)
+    assert not got.found and got.why == "absent"
+
+
+# --- MLA aliasing (§3.1) ---------------------------------------------------------------------
+
+MLA_FS_W0 = "meta-llama-SEP-Llama-3.1-8B@2@0@-1a2b3c@bfloat16.data"
+MLA_GDS_W0 = "-1/71/meta-llama%2FLlama-3.1-8B%402%400%40-1a2b3c%40bfloat16.kvcache.safetensors"
+MLA_GDS_W1 = "-1/71/meta-llama%2FLlama-3.1-8B%402%401%40-1a2b3c%40bfloat16.kvcache.safetensors"
+
+
+def mla(**kw) -> Deployment:
+    return dep(mla=True, save_only_first_rank=False, world_size=2, **kw)
+
+
+def test_mla_rank_1_on_fs_is_aliased_to_worker_0(tmp_path):
+    """remote_enable_mla_worker_id_as0 (default on for MLA): rank 1 looks up @2@0@ and finds rank 0's copy."""
+    data = payload(MLA_FULL, seed=5)
+    put(tmp_path / MLA_FS_W0, fs_header(MLA_FULL, fmt=6, shape=(1, L, T, HID)) + data)
+    got = LMCacheReader(tmp_path, "fs", mla(worker_id=1)).lookup(H)
+    assert got.found and got.path == tmp_path / MLA_FS_W0 and got.payload == data and got.shape == (1, L, T, HID)
+    off = LMCacheReader(tmp_path, "fs", mla(worker_id=1, remote_enable_mla_worker_id_as0=False)).lookup(H)
+    assert not off.found and off.relpath == "meta-llama-SEP-Llama-3.1-8B@2@1@-1a2b3c@bfloat16.data"
+
+
+def test_mla_rank_1_on_gds_is_not_aliased(tmp_path):
+    """GDS has no aliasing: every rank writes and looks up its own copy."""
+    data = payload(MLA_FULL, seed=5)
+    mla_header = gds_header(MLA_FULL, shape=[1, L, T, HID], fmt=6)
+    gds_pair(tmp_path, MLA_GDS_W0, data, mla_header)
+    assert LMCacheReader(tmp_path, "gds", mla(worker_id=0)).lookup(H).found
+    got = LMCacheReader(tmp_path, "gds", mla(worker_id=1)).lookup(H)
+    assert not got.found and got.why == "absent" and got.relpath == MLA_GDS_W1
+    gds_pair(tmp_path, MLA_GDS_W1, data, mla_header)
+    assert LMCacheReader(tmp_path, "gds", mla(worker_id=1)).lookup(H).payload == data
+
+
+def test_mla_save_only_first_rank_every_rank_reads_the_1_0_file(tmp_path):
+    data = payload(MLA_FULL, seed=7)
+    put(tmp_path / "meta-llama-SEP-Llama-3.1-8B@1@0@-1a2b3c@bfloat16.data",
+        fs_header(MLA_FULL, fmt=6, shape=(1, L, T, HID)) + data)
+    for rank in range(4):
+        got = LMCacheReader(tmp_path, "fs", dep(mla=True, world_size=4, worker_id=rank)).lookup(H)
+        assert got.found and got.payload == data
+
+
+# --- MP (§1.2, §2.1) -------------------------------------------------------------------------
+
+def test_mp_non_mla_rank_reads_its_own_raw_object(tmp_path):
+    r0, r1 = payload(FULL, seed=2), payload(FULL, seed=3)
+    put(tmp_path / f"meta-llama-SEP-Llama-3.1-8B@0x02000200@0@{DIGEST.hex()}.data", r0)
+    put(tmp_path / f"meta-llama-SEP-Llama-3.1-8B@0x02010201@0@{DIGEST.hex()}.data", r1)
+    for rank, want in ((0, r0), (1, r1)):
+        got = LMCacheReader(tmp_path, "mp", dep(world_size=2, worker_id=rank)).lookup(DIGEST)
+        assert got.found and got.payload == want and got.shape == (2, L, T, HID)
+
+
+def test_mp_mla_object_serves_every_tp(tmp_path):
+    data = payload(MLA_FULL, seed=9)
+    put(tmp_path / f"meta-llama-SEP-Llama-3.1-8B@0x01000100@0@{DIGEST.hex()}.data", data)
+    for tp in (1, 2, 4):
+        for rank in range(tp):
+            got = LMCacheReader(tmp_path, "mp", dep(mla=True, world_size=tp, worker_id=rank)).lookup(DIGEST)
+            assert got.found and got.payload == data and (got.shape, got.fmt) == ((1, L, T, HID), 6)
+
+
+def test_mp_object_of_another_size_is_refused(tmp_path):
+    put(tmp_path / f"meta-llama-SEP-Llama-3.1-8B@0x01000100@0@{DIGEST.hex()}.data", payload(FULL + 10))
+    assert LMCacheReader(tmp_path, "mp", dep()).lookup(DIGEST).why == "size_mismatch"
