@@ -133,6 +133,13 @@ def test_local_disk_after_a_restart_is_index_lost_even_at_its_exact_name(tmp_pat
     assert r.lookup(H + 1).why == "absent"
 
 
+def test_local_disk_name_is_lossy_two_models_share_one_file(tmp_path):
+    """§1.3: `/` -> `-` is never reversed; `meta-llama-Llama-3.1-8B` opens the same .pt."""
+    data = put(tmp_path / LD_NAME, payload(FULL)).read_bytes()
+    other = dep(model="meta-llama-Llama-3.1-8B", world_size=2, worker_id=1, restarted=False)
+    got = LMCacheReader(tmp_path, "local_disk", other).lookup(H)
+    assert got.found and got.payload == data and got.key == "meta-llama-Llama-3.1-8B@2@1@-1a2b3c@bfloat16"
+
 # --- fs (§2.2) -------------------------------------------------------------------------------
 
 def test_fs_with_header_returns_the_payload_after_28_bytes(tmp_path):
