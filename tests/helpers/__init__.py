@@ -4,6 +4,7 @@ fixtures stay in tests/conftest.py, plain values and functions live here.
 `cli_helpers`          run a `kvmigrate` command in-process (exit code, output, --json)
 `reference_reader`     the engines' own read rules: what a target reader opens and gets
 `sglang_reader`        SGLang 0.5.23's HiCacheFile reader
+`lmcache_reader`       LMCache 0.5.6's disk tiers: the name a deployment looks up, what it reads
 `synth_matrix`         every synth era x defect, for the default-migration tests
 `engine_sim`           a live engine writing beside a scan (also run as a script)
 `reliability_harness`  the reliability campaign's benches and oracles (scripts/reliability.py too)
