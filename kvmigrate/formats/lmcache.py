@@ -488,10 +488,10 @@ def fs_header_fits(head: bytes, size: int, dtype: str | None) -> bool:
 
 GDS_HEADER = 4096
 GDS_JSON = GDS_HEADER - 8  # 4088: struct.pack("<Q", 4088) then the padded JSON
-# key dtype -> the safetensors name of gds_backend.torch_dtypes (BF16 for bfloat16)
+# key dtype -> the name gds_backend.torch_dtypes writes (lmcache 0.5.6 wheel, read there): not
+# quite safetensors' own spelling for fp8 ("F8E4M3FN", "F8E5M2"), and no bool
 GDS_DTYPES = {"half": "F16", "bfloat16": "BF16", "float": "F32", "double": "F64", "uint8": "U8", "int8": "I8",
-              "int16": "I16", "int32": "I32", "int64": "I64", "bool": "BOOL", "fp8_e4m3fn": "F8_E4M3",
-              "fp8_e5m2": "F8_E5M2"}
+              "int16": "I16", "int32": "I32", "int64": "I64", "fp8_e4m3fn": "F8E4M3FN", "fp8_e5m2": "F8E5M2"}
 _GDS_DTYPE_KEYS = {v: k for k, v in GDS_DTYPES.items()}
 GDS_META_VERSION = "1"  # the metadata format version, not the release (§2.3)
 

@@ -280,6 +280,14 @@ def test_gds_header_bytes_equal_hand_built():
     assert b'{"kvcache": {"dtype": "BF16", "shape": [2, 4, 16, 32], "data_offsets": [0, 8192]' in got
 
 
+@pytest.mark.parametrize("dtype,name", [("fp8_e4m3fn", "F8E4M3FN"), ("fp8_e5m2", "F8E5M2"), ("bfloat16", "BF16")])
+def test_gds_header_names_dtypes_as_lmcache_056_writes_them(dtype, name):
+    """gds_backend.torch_dtypes of the 0.5.6 wheel: fp8 is "F8E4M3FN"/"F8E5M2" (not
+    safetensors' "F8_E4M3"); a header naming another spelling is no chunk LMCache wrote."""
+    header = L.encode_gds_header(dtype, [2, 4, 16, 32], 4096, 1)
+    assert f'"dtype": "{name}"'.encode() in header
+
+
 def test_gds_header_decodes_and_flags_non_canonical_bytes():
     h = L.decode_gds_header(L.encode_gds_header("half", [1, 2, 3, 8], 96, 6))
     assert h == L.GdsHeader("F16", (1, 2, 3, 8), (0, 96), 6, "1", True) and h.key_dtype == "half"

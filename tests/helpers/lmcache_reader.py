@@ -72,9 +72,10 @@ DTYPES: dict[str, tuple[str, int]] = {
 # RemoteMetadata dtype codes (§2.2): 1 and 2 both read as float16
 FS_DTYPE_CODES: dict[int, str] = {1: "float16", 2: "float16", 3: "bfloat16", 4: "float32", 5: "float64",
                                   6: "uint8", 7: "float8_e4m3fn", 8: "float8_e5m2"}
-# the GDS header's dtype names (§2.3: safetensors names; BF16 is the one the notes quote)
+# the GDS header's dtype names: gds_backend.torch_dtypes of the lmcache 0.5.6 wheel (fp8 spelled
+# "F8E4M3FN"/"F8E5M2", not safetensors' "F8_E4M3")
 GDS_DTYPES: dict[str, str] = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
-                              "uint8": "U8", "int8": "I8", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+                              "uint8": "U8", "int8": "I8", "float8_e4m3fn": "F8E4M3FN", "float8_e5m2": "F8E5M2"}
 KV_2LTD, KV_MLA_FMT = 1, 6  # MemoryFormat (0.3.1+, §2.1)
 FS_HEADER = struct.Struct("<7i")  # one group: 28 bytes
 GDS_HEADER = 4096
