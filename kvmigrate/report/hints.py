@@ -74,6 +74,17 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "without the remote ranks' slots (vllm#54415)",
                       "never migrated: they serve wrong KV to any reader; vLLM 0.34 refuses such deployments",
                       "prune"),
+    "index_lost": ("LMCache local_disk chunks: no restarted engine re-indexes them, whatever their name",
+                   "never reused in place; the bytes stay on disk until removed (a leak while no engine indexes "
+                   "them)", "list"),
+    "stale_hash_recipe": ("LMCache chunks keyed by a chunk-hash recipe the target does not compute",
+                          "never reused: the hash is one-way, no rename makes them reachable", "list"),
+    "unreproducible_hash": ("LMCache chunks whose writer seeded its hash chain at random",
+                            "never reused: no process can regenerate their keys", "list"),
+    "orphan_data": ("LMCache GDS data files without a whole sidecar (never indexed or probed)",
+                    "never reused", "list"),
+    "corrupt_sidecar": ("LMCache GDS sidecars that do not parse or differ from their data header",
+                        "never reused; the startup scan of their folder stops there", "list"),
 }
 
 UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
