@@ -297,6 +297,11 @@ class Family:
         family writes no header). Scan and apply word the finding around it."""
         return None
 
+    def status_advice(self, status: str) -> tuple[str, str, str] | None:
+        """The report's (what it is, what follows, how to act) for a status of this family's
+        files where the shared words (report/hints.py STATUS_ADVICE) do not fit; None: those."""
+        return None
+
     def detection_notes(self, fields: Mapping[str, Any], block_sizes: list[int]) -> list[str]:
         """Sentences the scan adds to a namespace's family evidence (the ambiguous reading
         says whether its ambiguity changes any byte)."""

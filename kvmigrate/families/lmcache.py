@@ -176,6 +176,25 @@ def _has_fs_header(files: list[tuple[TierFile, L.ChunkName]]) -> bool | None:
     return 2 * fits > seen or (fits > 0 and 2 * plausible > seen)
 
 
+_NEVER = "never reused; kvmigrate does not prune LMCache tiers yet"
+# status -> the report's words for an LMCache tier's files (report/hints.py advice)
+_ADVICE: dict[str, tuple[str, str, str]] = {
+    "size_mismatch": ("LMCache chunk files longer than their header says or than their deployment's other chunks",
+                      _NEVER, "list"),
+    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _NEVER, "list"),
+    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _NEVER, "list"),
+    "misfiled": ("LMCache GDS files outside the <2>/<2> folders of their decimal hash (the engine never finds them)",
+                 _NEVER, "list"),
+    "header_invalid": ("LMCache chunk files whose RemoteMetadata or GDS header contradicts itself or the key",
+                       _NEVER, "list"),
+    "tmp_leftover": ("temp files of interrupted LMCache writes", _NEVER, "list"),
+    "foreign": ("files in LMCache tiers that are not part of the cache (incl. symlinks, other folders)",
+                "kvmigrate ignores them", "list"),
+    "unsupported_layout": ("LMCache files out of scope (layerwise keys, v0 safetensors .pt)",
+                           "kvmigrate does not migrate them", "list"),
+}
+
+
 class LMCache(families.Family):
     name = "lmcache"
     title = "LMCache disk tier"
@@ -224,6 +243,9 @@ class LMCache(families.Family):
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
         return tuple(sorted(set(present))) or (0,)
+
+    def status_advice(self, status: str) -> tuple[str, str, str] | None:
+        return _ADVICE.get(status)
 
     # --- a tier's files -----------------------------------------------------------------
 

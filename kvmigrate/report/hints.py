@@ -94,6 +94,9 @@ def advice(status: str, family: str | None = None) -> tuple[str, str, str]:
     """STATUS_ADVICE of a status for a namespace of `family`: an incomplete block's hazard
     is the reading engine's (Family.incomplete_advice: llm-d serves stale KV, SGLang misses
     the page)."""
+    own = families.get(family).status_advice(status) if family else None
+    if own is not None:  # the family's own words for a status of its files
+        return own
     what, then, how = STATUS_ADVICE.get(status, UNKNOWN_STATE)
     if status == "incomplete":
         then = f"{INCOMPLETE}; {families.get(family).incomplete_advice}"

@@ -378,3 +378,15 @@ def test_prune_takes_nothing_from_a_tier_yet(tmp_path):
     for d in res.defects:
         for rel in d["statuses"]:
             assert (root / rel).exists(), rel
+
+
+def test_report_findings_speak_of_tiers(tmp_path):
+    root = tmp_path / "root"
+    synth(root, lmc_backend="gds", lmc_era="lmc-k3", tp=2, blocks=6, defects=("zero_filled", "corrupt_sidecar", "tmp"))
+    rc, _ = run("scan", root, "-o", tmp_path / "m.parquet")
+    assert rc == 5
+    rc, summary = run_json("report", tmp_path / "m.parquet")
+    words = {f["status"]: f["message"] for f in summary["findings"] if "status" in f}
+    assert "LMCache GDS sidecars" in words["corrupt_sidecar"]
+    assert "all-zero LMCache chunk files" in words["zero_filled"]
+    assert "interrupted LMCache writes" in words["tmp_leftover"] and "prune moves" not in words["tmp_leftover"]
