@@ -49,6 +49,12 @@ STATUS_BITS: dict[str, int] = {
     "config_invalid": 1 | 4,
     "unsupported_layout": 1,
     "missing_slots": 1 | 4,
+    # LMCache tiers (spec lmcache.md §4)
+    "index_lost": 1,
+    "stale_hash_recipe": 1,
+    "unreproducible_hash": 1,
+    "orphan_data": 1,
+    "corrupt_sidecar": 1 | 4,
 }
 STATUSES = tuple(STATUS_BITS)
 # a namespace of one of these states is read by no target (formats.md §3, interface.md §2):

@@ -89,8 +89,11 @@ class Family:
     # `<model>_<d12>` with a config.json and rank folders `<base>_r<k>` of `<hhh>/<hh>_g<g>/`
     # blocks (layout.py's grammar, which the C walk is tested against); "flat" = one
     # directory of files whose names carry the identity and the parallel layout (SGLang
-    # HiCache, docs/sglang.md: planned). The scan's roots phase asks `claims_entry`.
+    # HiCache, docs/sglang.md: planned); "tiers" = tier directories recognised by the
+    # chunk names they hold (LMCache, scan/tiers.py). The scan's roots phase asks `claims_entry`.
     root_layout: str = "tree"
+    # prune may take this family's files (False: its prune rules are not built yet)
+    prunes: bool = True
     # a block's rank files are whole copies of it (SGLang e2 MLA pages): the apply
     # compares those present, and a missing copy does not block the others
     copies_whole: bool = False
@@ -292,6 +295,11 @@ class Family:
         """The check the engine's reader fails on a block file's first `header_len` bytes,
         given its namespace's identity digest and payload size (None: it passes, or the
         family writes no header). Scan and apply word the finding around it."""
+        return None
+
+    def status_advice(self, status: str) -> tuple[str, str, str] | None:
+        """The report's (what it is, what follows, how to act) for a status of this family's
+        files where the shared words (report/hints.py STATUS_ADVICE) do not fit; None: those."""
         return None
 
     def detection_notes(self, fields: Mapping[str, Any], block_sizes: list[int]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 # The writer families, in the order of the --family choices (the first is synth's default).
 # A new family: its module `kvmigrate/families/<name>.py` defining FAMILY, its name here and
 # its digest recipe below.
-NAMES = ("vllm", "llmd", "vllmcpp", "sglang")
+NAMES = ("vllm", "llmd", "vllmcpp", "sglang", "lmcache")
 AMBIGUOUS = "ambiguous"  # the reading of an S1 identity vLLM and llm-d write alike
 UNKNOWN = "unknown"  # no scheme keys, or a name no module has: nothing is migrated
 # How each writer serialises an identity to name its namespace (identity.md §1): Python's
@@ -68,9 +68,7 @@ SGLANG_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
 FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/
-# synth's --family choices: the families plus LMCache, which synth builds before any scan
-# recognises it (docs/lmcache.md); not a family of the registry, FACTS.json or scan
-SYNTH_FAMILIES = NAMES + ("lmcache",)
+SYNTH_FAMILIES = NAMES  # synth's --family choices: every family
 RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
 
 # vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to

@@ -56,7 +56,7 @@ DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be 
 
 _COLUMNS = ("relpath", "source_base", "deployment", "target_base", "status", "action", "finding", "primary_rank",
             "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
-            "payload_xxh3_128", "target_relpath")
+            "payload_xxh3_128", "target_relpath", "family")
 
 
 def prune_journal_dir(root: str) -> str:
@@ -301,11 +301,18 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
 
 
 def _prunable(c: dict[str, Any]) -> Any:
-    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs): a mask per row."""
+    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs), nor a file of a
+    family whose prune rules are not built yet (Family.prunes: LMCache tiers, whose quiet
+    period is per tier): a mask per row."""
     import pyarrow.compute as pc
 
-    return pc.invert(pc.or_(_in(c["status"], ("own_artifact", "foreign")),
-                            _b(pc.starts_with(c["relpath"], layout.OWN_DIR + "/"))))
+    from kvmigrate import families
+
+    mask = pc.or_(_in(c["status"], ("own_artifact", "foreign")), _b(pc.starts_with(c["relpath"], layout.OWN_DIR + "/")))
+    held = [f.name for f in families.writers() if not f.prunes]
+    if held and c.get("family") is not None:
+        mask = pc.or_(mask, _in(c["family"], held))
+    return pc.invert(mask)
 
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,

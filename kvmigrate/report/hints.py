@@ -74,6 +74,17 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "without the remote ranks' slots (vllm#54415)",
                       "never migrated: they serve wrong KV to any reader; vLLM 0.34 refuses such deployments",
                       "prune"),
+    "index_lost": ("LMCache local_disk chunks: no restarted engine re-indexes them, whatever their name",
+                   "never reused in place; the bytes stay on disk until removed (a leak while no engine indexes "
+                   "them)", "list"),
+    "stale_hash_recipe": ("LMCache chunks keyed by a chunk-hash recipe the target does not compute",
+                          "never reused: the hash is one-way, no rename makes them reachable", "list"),
+    "unreproducible_hash": ("LMCache chunks whose writer seeded its hash chain at random",
+                            "never reused: no process can regenerate their keys", "list"),
+    "orphan_data": ("LMCache GDS data files without a whole sidecar (never indexed or probed)",
+                    "never reused", "list"),
+    "corrupt_sidecar": ("LMCache GDS sidecars that do not parse or differ from their data header",
+                        "never reused; the startup scan of their folder stops there", "list"),
 }
 
 UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
@@ -83,6 +94,9 @@ def advice(status: str, family: str | None = None) -> tuple[str, str, str]:
     """STATUS_ADVICE of a status for a namespace of `family`: an incomplete block's hazard
     is the reading engine's (Family.incomplete_advice: llm-d serves stale KV, SGLang misses
     the page)."""
+    own = families.get(family).status_advice(status) if family else None
+    if own is not None:  # the family's own words for a status of its files
+        return own
     what, then, how = STATUS_ADVICE.get(status, UNKNOWN_STATE)
     if status == "incomplete":
         then = f"{INCOMPLETE}; {families.get(family).incomplete_advice}"

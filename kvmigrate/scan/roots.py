@@ -16,6 +16,7 @@ from kvmigrate.errors import FactsRefusedError, MissingFactError, UsageError
 from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.scan import tiers
 
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
@@ -142,6 +143,10 @@ class RootListing:
     # (scan/flat.py temp_columns); never a source_base (no page of a namespace)
     flat_temp_cols: dict[str, tuple] = field(default_factory=dict)
     flat_loose: list[Any] = field(default_factory=list)  # claimed files that could not be stat-ed
+    # tier directories (scan/tiers.py, spec lmcache.md §1.1): folder name -> its family; the
+    # root itself ("."): its family and the top-level entries its tier claims
+    tiers: dict[str, Any] = field(default_factory=dict)
+    root_tier: tuple[Any, list[os.DirEntry]] | None = None
 
 
 def _looks_deep(path: str, depth: int = 3) -> bool:
@@ -163,6 +168,7 @@ def _looks_deep(path: str, depth: int = 3) -> bool:
 def list_root(root: str) -> RootListing:
     listing = RootListing()
     flat = [f for f in families.writers() if f.root_layout == "flat"]
+    tier_fams = [f for f in families.writers() if f.root_layout == "tiers"]
     entries = []
     pages: dict[str, list[str]] = {f.name: [] for f in flat}
     with os.scandir(root) as it:
@@ -196,12 +202,36 @@ def list_root(root: str) -> RootListing:
             listing.rank_folders.setdefault(parsed.base, {})[parsed.rank] = e.name
         elif parsed is not None:
             listing.bases[e.name] = e
+        elif tier_fams and (tier := tiers.tier_family(e.path, tier_fams)) is not None:
+            listing.tiers[e.name] = tier
         elif _looks_deep(e.path):
             listing.deep_dirs.append(e.name)
         else:
             listing.foreign_dirs.append(e.name)
     listing.flat_temps.sort(key=lambda fe: fe[0].name)  # (stable: by family, then name, as they were written)
+    if tier_fams:
+        _root_tier(listing, entries, tier_fams)
     return listing
+
+
+def _root_tier(listing: RootListing, entries: list[os.DirEntry], tier_fams: list[Any]) -> None:
+    """ROOT itself is a tier (spec lmcache.md §1.1) when its top-level files, or its GDS
+    `<2>/<2>/` folders, hold chunk names: those entries (and the writer's temp names) move
+    from the root's own rows to the tier's."""
+    for fam in tier_fams:
+        files = [e for e in listing.files if fam.is_tier_entry(e.name)]
+        pairs = [e for e in entries if tiers.gds_folder(e.name) and (e.name in listing.tiers or e.name in
+                                                                      listing.foreign_dirs) and tiers.gds_pair(e.path, fam)]
+        chunk_file = any(fam.is_chunk_name(e.name) and e.is_file(follow_symlinks=False) for e in files)
+        if not (chunk_file or pairs):
+            continue
+        claimed = {e.name for e in files} | {e.name for e in pairs}
+        listing.files = [e for e in listing.files if e.name not in claimed]
+        listing.foreign_dirs = [d for d in listing.foreign_dirs if d not in claimed]
+        for e in pairs:  # a GDS tier's two-character folders belong to it, they are never tiers (§1.1)
+            listing.tiers.pop(e.name, None)
+        listing.root_tier = (fam, sorted(files + pairs, key=lambda e: e.name))
+        return
 
 
 def _read_config(root: str, ns: Namespace) -> None:

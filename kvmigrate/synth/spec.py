@@ -14,7 +14,9 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
     from kvmigrate.outputs import SynthOutput
 
 SCHEMES = ("S1", "S2", "S3")
-TREES = tuple(f for f in FAMILIES if f != "sglang")  # the families that write base and rank folders
+# the families whose blocks these defect tables damage (LMCache tiers have their own: synth/lmcache.py)
+PAGED = tuple(f for f in FAMILIES if f != "lmcache")
+TREES = tuple(f for f in PAGED if f != "sglang")  # the families that write base and rank folders
 KV_KINDS = ("full", "mla")
 
 # Defects that damage one block (each takes its own victim block) and the families
@@ -22,11 +24,11 @@ KV_KINDS = ("full", "mla")
 BLOCK_DEFECTS = {
     "missing_rank": ("llmd", "vllmcpp", "sglang"),
     "replica_differs": ("llmd", "vllmcpp", "sglang"),
-    "size_mismatch": FAMILIES,
-    "short": FAMILIES,
-    "zero_filled": FAMILIES,
+    "size_mismatch": PAGED,
+    "short": PAGED,
+    "zero_filled": PAGED,
     "misfiled": TREES,
-    "unreadable": FAMILIES,
+    "unreadable": PAGED,
     "padded_legacy": ("llmd",),
     "header_magic": ("vllmcpp",),
     "header_key_size": ("vllmcpp",),
@@ -40,8 +42,8 @@ TREE_DEFECTS = {
     "tmp_cpp_block": TREES,
     "tmp_cpp_config": TREES,
     "tmp_probe": TREES,
-    "foreign": FAMILIES,
-    "symlink": FAMILIES,
+    "foreign": PAGED,
+    "symlink": PAGED,
     "fifo": TREES,
     "config_missing": TREES,
     "config_unparsable": TREES,

@@ -75,8 +75,8 @@ def test_the_guard_sees_each_kind_of_branch(tmp_path):
 
 def test_every_family_list_is_the_registry():
     """values.FAMILIES, FACTS.json's choices, the CLI's --family choices and synth's
-    families are the registry's names, and each name has its module. synth alone also
-    builds LMCache tiers, which no scan recognises yet (docs/lmcache.md)."""
+    families are the registry's names, and each name has its module (LMCache's included:
+    its tiers are scanned, docs/lmcache.md)."""
     assert values.FAMILIES == families.NAMES
     assert tuple(facts.CHOICES["family"]) == families.NAMES
     assert synth_spec.FAMILIES == families.NAMES
@@ -86,7 +86,7 @@ def test_every_family_list_is_the_registry():
         for p in cli.get_command(ctx, name).params:
             if p.name == "family" and isinstance(p.type, click.Choice):
                 choices[name] = tuple(p.type.choices)
-    assert choices.pop("synth") == values.SYNTH_FAMILIES == synth_spec.SYNTH_FAMILIES == families.NAMES + ("lmcache",)
+    assert choices.pop("synth") == values.SYNTH_FAMILIES == synth_spec.SYNTH_FAMILIES == families.NAMES
     assert choices and set(choices.values()) == {families.NAMES}, choices
     for name in families.NAMES:
         fam = families.get(name)

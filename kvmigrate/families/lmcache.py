@@ -1,0 +1,399 @@
+"""LMCache disk tiers: `local_disk`, `fs` (FSConnector), `gds` (GdsBackend) and `mp` (the
+MP server's FS L2 adapter), written by the `lmcache` wheels 0.3.0 … 0.5.6 and 0.5.7rc2
+(spec lmcache.md; research notes R1 `lmcache-format.md`, R2 `lmcache-format-2.md`).
+
+A *tier directory* is what one backend was configured with, shared by every rank of every
+deployment: no base folder, no rank folder, no config.json; the file names are the keys
+(§1.2, §1.3). Every name, key, header and size verdict is read through
+`kvmigrate/formats/lmcache.py`, the one grammar; this module groups a tier's files into
+deployments (§4: `lmcache:<tier>:<backend>:<model>:<scheme>:ws<ws>[:<dtype>][:<tags>]`,
+MP `…:lmc-mp1:ws<ws>:g<group>`) and gives every file its status in §4's order.
+
+This first step plans nothing: every row's action is `none` with a reason (reachability
+beyond §3.2 rule 1, the facts of §3.3, `already_present`, `link` and `reshard` come next),
+so a scan is honest and never plans a wrong placement. The scan side (finding the tiers,
+reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvmigrate import families, layout
+from kvmigrate.formats import lmcache as L
+from kvmigrate.identity.facts import Facts
+from kvmigrate.identity.vllm_target import Target
+
+PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
+DEFAULT_PROFILE = PROFILES[0]
+HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
+NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (reachability beyond the "
+               "name, facts, already_present, link and reshard come next)")
+
+
+@dataclass
+class TierFile:
+    """One file under a tier as the scan read it. `folders`: its folders inside the tier
+    (a GDS `<2>/<2>` pair, or none); `head`: its first bytes (None: not read, --verify
+    none); `all_zero`: every byte zero (None: not known); `error`: why it could not be read."""
+
+    relpath: str
+    name: str
+    folders: tuple[str, ...]
+    size: int
+    mtime_ns: int = 0
+    inode: int = 0
+    dev: int = 0
+    nlink: int = 1
+    ctime_ns: int | None = None
+    regular: bool = True
+    kind: str = "file"  # what a non-regular entry is ("symlink", "fifo", ...)
+    head: bytes | None = None
+    all_zero: bool | None = None
+    content: bytes | None = None  # XXH3-128 of the file (--verify hash)
+    payload: bytes | None = None  # XXH3-128 after the header (fs with header, GDS data)
+    error: str | None = None
+    # the verdict (classify_tier)
+    status: str = "ok"
+    action: str = "none"
+    reason: str = ""
+    deployment: str | None = None
+    rank: int | None = None
+    group: int | None = None
+    block_hash: bytes | None = None
+
+
+@dataclass
+class Deployment:
+    """The files of one deployment of a tier (§4), with what its label says."""
+
+    label: str
+    tier: str
+    backend: str
+    scheme: str
+    model: str
+    ws: int
+    dtype: str | None
+    group: int | None
+    kv_kind: str | None
+    files: list[TierFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fs_header: bool | None = None
+
+
+def tier_label(tier: str) -> str:
+    """The label of a tier's rows that belong to no deployment (temp, foreign)."""
+    return f"lmcache:{tier}"
+
+
+def deployment_label(tier: str, chunk: L.ChunkName) -> str:
+    """§4's `source_base`/`deployment` of a chunk's file."""
+    k = chunk.key
+    if k.scheme == "lmc-mp1":
+        return f"lmcache:{tier}:mp:{k.model}:lmc-mp1:ws{k.ws}:g{k.group or 0:x}"
+    out = f"lmcache:{tier}:{chunk.backend}:{k.model}:{k.scheme}:ws{k.ws}"
+    if k.dtype:
+        out += f":{k.dtype}"
+    if k.tags:
+        out += ":" + "@".join(f"{t}%{v}" for t, v in k.tags)
+    return out
+
+
+def block_hash_bytes(key: L.Key) -> bytes | None:
+    """The `block_hash` column (§1.2): an int as 8 bytes big-endian (two's complement when
+    negative), a digest as its 32 bytes."""
+    kind = key.hash_kind
+    if kind == "hex64":
+        return bytes.fromhex(key.hash)
+    try:
+        h = int(key.hash, 16 if kind == "hex" else 10)
+    except ValueError:
+        return None
+    for signed in (True, False):
+        try:
+            return h.to_bytes(8, "big", signed=signed)
+        except OverflowError:
+            continue
+    return None
+
+
+def _gds_folders_fit(key: L.Key, folders: tuple[str, ...]) -> bool:
+    """Whether a GDS file sits in the folders its writer derives (§1.3: from the decimal
+    string of the signed hash int). A digest's folders come from `str(bytes)` and are not
+    checked; a k1 field may be decimal (0.3.3-0.3.5) or signed hex (0.3.6+): either reading fits."""
+    want = L.gds_folders(key)
+    if want is not None:
+        return folders == tuple(p for p in want if p)
+    if key.hash_kind == "hex64":
+        return True
+    readings = []
+    for base in (16, 10):
+        try:
+            readings.append(tuple(p for p in L.gds_int_folders(int(key.hash, base)) if p))
+        except ValueError:
+            continue
+    return folders in readings
+
+
+def _looks_v0_pt(head: bytes, size: int) -> bool:
+    """A v0 LMCLocalDiskBackend `.pt` (safetensors, 0.3.0-0.3.9, §0): an 8-byte
+    little-endian header length then a JSON object."""
+    if len(head) < 10:
+        return False
+    n = struct.unpack_from("<Q", head)[0]
+    return head[8:9] == b"{" and 2 <= n <= size - 8
+
+
+def _modal(sizes: Counter) -> int | None:
+    """The most common size, None when it is not unique (one damaged file is no evidence)."""
+    common = sizes.most_common(2)
+    if not common or (len(common) == 2 and common[0][1] == common[1][1]):
+        return None
+    return common[0][0]
+
+
+def _has_fs_header(files: list[tuple[TierFile, L.ChunkName]]) -> bool | None:
+    """§2.2 detection for one fs tier: a header when most files' first 28 bytes parse
+    (known fmt, the key's dtype code, shape × b == length == size − 28). Files whose
+    header is intact but torn, resized or inconsistent still show a known fmt and dtype
+    code: they count for a header as long as at least one file fits exactly."""
+    seen = fits = plausible = 0
+    for f, c in files:
+        if f.head is None or f.error or f.all_zero:
+            continue
+        seen += 1
+        if L.fs_header_fits(f.head, f.size, c.key.dtype):
+            fits += 1
+        h = L.decode_fs_header(f.head)
+        if h is not None and h.fmt in L.KV_FORMATS and h.dtype is not None:
+            plausible += 1
+    if not seen:
+        return None  # (--verify none: no first bytes read)
+    return 2 * fits > seen or (fits > 0 and 2 * plausible > seen)
+
+
+_NEVER = "never reused; kvmigrate does not prune LMCache tiers yet"
+# status -> the report's words for an LMCache tier's files (report/hints.py advice)
+_ADVICE: dict[str, tuple[str, str, str]] = {
+    "size_mismatch": ("LMCache chunk files longer than their header says or than their deployment's other chunks",
+                      _NEVER, "list"),
+    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _NEVER, "list"),
+    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _NEVER, "list"),
+    "misfiled": ("LMCache GDS files outside the <2>/<2> folders of their decimal hash (the engine never finds them)",
+                 _NEVER, "list"),
+    "header_invalid": ("LMCache chunk files whose RemoteMetadata or GDS header contradicts itself or the key",
+                       _NEVER, "list"),
+    "tmp_leftover": ("temp files of interrupted LMCache writes", _NEVER, "list"),
+    "foreign": ("files in LMCache tiers that are not part of the cache (incl. symlinks, other folders)",
+                "kvmigrate ignores them", "list"),
+    "unsupported_layout": ("LMCache files out of scope (layerwise keys, v0 safetensors .pt)",
+                           "kvmigrate does not migrate them", "list"),
+}
+
+
+class LMCache(families.Family):
+    name = "lmcache"
+    title = "LMCache disk tier"
+    reads_s1 = False
+    target_engine = "lmcache"
+    root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
+    prunes = False  # §6 (per-tier quiet period, --index-lost, sidecar pairs) is not built yet
+    tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)
+
+    def tier_label(self, tier: str) -> str:
+        return tier_label(tier)
+
+    def claims_entry(self, name: str, is_dir: bool) -> bool:
+        return False  # (tiers are recognised by what they hold: scan/tiers.py asks is_chunk_name)
+
+    def is_chunk_name(self, name: str) -> bool:
+        """A file name that parses as a chunk of one backend (§1.3): what makes a tier."""
+        return L.parse_name(name) is not None
+
+    def is_tier_entry(self, name: str) -> bool:
+        """A top-level file of a root that belongs to a root tier: a chunk or a writer's temp name."""
+        return L.parse_name(name) is not None or L.parse_temp_name(name) is not None
+
+    def target_profile(self, profile: str) -> str:
+        """Every LMCache tier targets lmcache-0.5.6 unless --target names an lmcache-* profile (§0)."""
+        return profile if profile in PROFILES else DEFAULT_PROFILE
+
+    def target(self, fields: dict, facts: Facts, profile: str) -> Target:
+        """The target deployment: the writer's own (no target facts are read yet, §3.3)."""
+        label = str(fields.get("deployment") or "")
+        return Target(profile=self.target_profile(profile), family=self.name, fields=None, d12=None,
+                      base_name=label or None, rank_dir=None, parallel_agnostic=False, replicated_layout=False,
+                      reasons=[], unreachable=NOT_PLANNED)
+
+    def scheme_of(self, fields: Mapping[str, Any]) -> str:
+        return str(fields.get("scheme") or "")
+
+    def source_problems(self, fields: Mapping[str, Any]) -> list[str]:
+        return []
+
+    def unknown_keys(self, fields: Mapping[str, Any]) -> list[str]:
+        return []
+
+    def kv_kind(self, fields: Mapping[str, Any], facts: Mapping[str, Any]) -> str | None:
+        return fields.get("kv_kind") or facts.get("kv_kind")
+
+    def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
+        return tuple(sorted(set(present))) or (0,)
+
+    def status_advice(self, status: str) -> tuple[str, str, str] | None:
+        return _ADVICE.get(status)
+
+    # --- a tier's files -----------------------------------------------------------------
+
+    def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None
+                      ) -> tuple[list[Deployment], list[TierFile]]:
+        """Every file of one tier with its status (§4's order), action `none` and reason:
+        (the deployments with their files, the files of no deployment). `files` are the
+        regular and other entries the scan found in the tier's layout (its top level and
+        GDS `<2>/<2>` folders); a folder outside it is the scan's (foreign)."""
+        deps: dict[str, Deployment] = {}
+        loose: list[TierFile] = []
+        chunks: list[tuple[TierFile, L.ChunkName, Deployment]] = []
+        for f in files:
+            f.action = "none"
+            chunk = L.parse_name(f.name)
+            if not f.regular:
+                f.status, f.reason = "foreign", f"{f.kind} (never followed): not part of the cache"
+                loose.append(f)
+                continue
+            if chunk is None:
+                temp = L.parse_temp_name(f.name)
+                kind = layout.temp_kind(f.name)
+                if kind == "own":
+                    f.status, f.reason = "own_artifact", "kvmigrate temp file"
+                elif f.name == layout.LOCK_NAME:
+                    f.status, f.reason = "own_artifact", "kvmigrate lock file"
+                elif temp is not None:
+                    f.status, f.reason = "tmp_leftover", (f"temp leftover of an interrupted LMCache {temp.backend} "
+                                                          "write (never read by the engine)")
+                else:
+                    f.status, f.reason = "foreign", f"unexpected file in LMCache tier {tier}: not part of the cache"
+                if f.error and f.status != "foreign":
+                    f.status, f.reason = "unreadable", f.error
+                loose.append(f)
+                continue
+            label = deployment_label(tier, chunk)
+            dep = deps.get(label)
+            if dep is None:
+                k = chunk.key
+                dep = deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
+                                               k.group if k.scheme == "lmc-mp1" else 0, kv_kind)
+            dep.files.append(f)
+            f.deployment = label
+            f.rank = chunk.key.wid
+            f.group = chunk.key.group or 0 if chunk.key.scheme == "lmc-mp1" else 0
+            f.block_hash = block_hash_bytes(chunk.key)
+            chunks.append((f, chunk, dep))
+        fs_files = [(f, c) for f, c, _ in chunks if c.backend == "fs" and c.key.layer is None]
+        fs_header = _has_fs_header(fs_files) if fs_files else None
+        modal: dict[str, int | None] = {}
+        sizes: dict[str, Counter] = defaultdict(Counter)
+        for f, c, dep in chunks:
+            if c.key.layer is None and not c.sidecar and not f.error:
+                sizes[dep.label][f.size] += 1
+        for label, cnt in sizes.items():
+            modal[label] = _modal(cnt)
+        gds = {(f.folders, f.name): f for f, c, _ in chunks if c.backend == "gds"}
+        chunks.sort(key=lambda fcd: not fcd[1].sidecar)  # a data file's verdict reads its sidecar's
+        for f, c, dep in chunks:
+            if c.backend == "fs":
+                dep.fs_header = fs_header
+            self._verdict(f, c, dep, fs_header, modal.get(dep.label), gds)
+        for dep in deps.values():
+            if dep.backend == "fs":
+                dep.notes.append("RemoteMetadata header: " + (
+                    "not known (no first bytes read)" if dep.fs_header is None else
+                    "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
+            if dep.backend == "local_disk":
+                dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
+        return sorted(deps.values(), key=lambda d: d.label), loose
+
+    def _verdict(self, f: TierFile, c: L.ChunkName, dep: Deployment, fs_header: bool | None, modal: int | None,
+                 gds: dict[tuple[tuple[str, ...], str], TierFile]) -> None:
+        """One chunk file's status by §4's order and its reason."""
+        key = c.key
+        status: str | None = None
+        reason = ""
+        if f.error:
+            status, reason = "unreadable", f.error
+        elif key.layer is not None:  # out of scope: its bytes are no chunk of this grammar (§0)
+            status, reason = "unsupported_layout", (f"layerwise key (layer {key.layer}): out of scope, never reused "
+                                                    "or reclaimed by default")
+        elif c.backend == "local_disk" and f.head is not None and _looks_v0_pt(f.head, f.size):
+            status, reason = "unsupported_layout", ("v0 LMCLocalDiskBackend .pt (safetensors, 0.3.0-0.3.9): out of "
+                                                    "scope, never reused or reclaimed by default")
+        elif c.sidecar:
+            status, reason = self._sidecar_verdict(f, c, gds)
+        else:
+            status, reason = self._data_verdict(f, c, dep, fs_header, modal, gds)
+        if status is None and c.backend == "gds" and not _gds_folders_fit(key, f.folders):
+            status, reason = "misfiled", (f"in folder {'/'.join(f.folders) or '(tier top)'}, its writer derives the "
+                                          "folders from the decimal hash (§1.3): never found")
+        if status is None and c.backend != "gds" and f.folders:
+            status, reason = "misfiled", f"a {c.backend} chunk inside GDS folders {'/'.join(f.folders)}: never found"
+        if status is None:
+            status, reason = self._reachability(c)
+        f.status = status
+        f.reason = f"{reason}; {NOT_PLANNED}" if status in ("ok", "index_lost", "stale_hash_recipe") else reason
+
+    def _sidecar_verdict(self, f: TierFile, c: L.ChunkName, gds: dict) -> tuple[str | None, str]:
+        data = gds.get((f.folders, c.data_name))
+        if f.head is None:
+            return (None, "") if data is not None else ("orphan_data", "sidecar without its data file")
+        data_head = data.head if data is not None and not data.error else None
+        v = L.sidecar_verdict(f.head[:f.size] if f.size < len(f.head) else f.head, data_head)
+        if v.status == "zero_filled" and f.all_zero is False:
+            v = L.Verdict("corrupt_sidecar", "sidecar does not parse (the startup scan of its folder stops)")
+        if v.status is None and data is None:
+            return "orphan_data", "sidecar without its data file: a probe finds no data"
+        return v.status, v.reason
+
+    def _data_verdict(self, f: TierFile, c: L.ChunkName, dep: Deployment, fs_header: bool | None, modal: int | None,
+                      gds: dict) -> tuple[str | None, str]:
+        key = c.key
+        mla = None if dep.kv_kind is None else dep.kv_kind == "mla"
+        if f.head is None:  # --verify none: the size alone
+            if f.size == 0:
+                return "short", "empty file"
+            if c.backend in ("local_disk", "mp", "fs"):  # (a header, if any, is the same 28 bytes on every file)
+                v = L.chunk_verdict(c.backend, f.size, b"", all_zero=False, fs_header=False, modal_size=modal)
+                return v.status, v.reason
+            return None, ""
+        sidecar = "ok"
+        if c.backend == "gds":
+            side = gds.get((f.folders, f.name + L.SIDECAR))
+            if side is None:
+                sidecar = "missing"
+            elif side.status not in ("ok", "misfiled", "stale_hash_recipe"):
+                sidecar = "corrupt"
+        zero = bool(f.all_zero)
+        v = L.chunk_verdict(c.backend, f.size, f.head, all_zero=zero, dtype=key.dtype, mla=mla,
+                            fs_header=bool(fs_header),
+                            modal_size=modal, sidecar=sidecar)
+        return v.status, v.reason
+
+    def _reachability(self, c: L.ChunkName) -> tuple[str, str]:
+        """§3.2 rule 1 (from the name alone), then index_lost, else ok."""
+        key = c.key
+        if key.scheme in ("lmc-k1", "lmc-k2"):
+            return "stale_hash_recipe", (f"{key.scheme} key (written before 0.3.13): no target release computes "
+                                         "its chunk hash (§3.2)")
+        if key.scheme == "lmc-k3" and key.hash_kind == "hex64":
+            return "stale_hash_recipe", ("64-hex chunk hash (a 0.3.13-0.4.5 sha256 digest kept whole): a 0.4.6+ "
+                                         "target folds it, never computes this key (§3.2)")
+        if c.backend == "local_disk":
+            return "index_lost", ("local_disk chunk: no restarted engine re-indexes existing .pt files, whatever "
+                                  "their name (§3.5)")
+        return "ok", "whole chunk file"
+
+
+FAMILY = LMCache()

@@ -1,0 +1,259 @@
+"""The rows of tier directories (spec lmcache.md §1, §4): every file under a tier the
+roots phase recognised (scan/tiers.py) is stat-ed and its first bytes read (the whole
+file with --verify hash, or when its first bytes are all zero), then the tier's family
+groups the files into deployments and gives each its status (`classify_tier`). Each
+deployment is a `Namespace` without base or rank folders; the files of no deployment
+(temps, foreign files, sub-folders outside the tier's layout) belong to the tier's own
+namespace `lmcache:<tier>`. The rows are written in part 0, with the flat families'
+(scan/flat.py `rows` asks every namespace's `flat_rows`)."""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from kvmigrate.classify import FileRecord
+from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
+from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.scan.roots import Namespace, RootListing
+from kvmigrate.scan.rows import Rows
+from kvmigrate.scan.tiers import gds_folder
+
+HEAD_BYTES = 8192
+# header bytes before the payload, by suffix: GDS data (4096), fs `.data` (28 when the tier has headers)
+_GDS_HEADER = 4096
+_FS_HEADER = 28
+
+
+def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: str, verify: str) -> list[Namespace]:
+    """The namespaces (deployments, and each tier's own) of every tier of the root."""
+    out: list[Namespace] = []
+    tiers: list[tuple[str, Any, list[os.DirEntry] | None]] = [(name, fam, None) for name, fam in
+                                                              sorted(listing.tiers.items())]
+    if listing.root_tier is not None:
+        fam, entries = listing.root_tier
+        tiers.insert(0, (".", fam, entries))
+    for tier, fam, claimed in tiers:
+        files, outside = _walk_tier(root, fam.tier_file_type, tier, claimed, verify)
+        deps, loose = fam.classify_tier(tier, files)
+        _payload_columns(deps)
+        for dep in deps:
+            ns = _namespace(fam, dep.label, dep.model, profile)
+            ns.scheme, ns.model_name = dep.scheme, dep.model
+            ns.family_evidence = [f"file names of LMCache {dep.backend} chunks ({dep.scheme}) in tier {tier}"]
+            ns.notes = list(dep.notes)
+            ns.fields = {"family": fam.name, "scheme": dep.scheme, "tier": tier, "backend": dep.backend,
+                         "model": dep.model, "ws": dep.ws, "dtype": dep.dtype, "group": dep.group,
+                         "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header}
+            ns.target = fam.target(ns.fields, Facts(), profile)
+            ns.flat_rows = _TierRows(dep.files)
+            out.append(ns)
+        loose += outside
+        if loose:
+            label = fam.tier_label(tier)
+            ns = _namespace(fam, label, None, profile)
+            ns.family_evidence = [f"tier directory {tier}: files of no LMCache deployment"]
+            ns.fields = {"family": fam.name, "tier": tier, "deployment": label}
+            ns.flat_rows = _TierRows(loose)
+            out.append(ns)
+    return out
+
+
+def _namespace(fam: Any, label: str, model: str | None, profile: str) -> Namespace:
+    ns = Namespace(label, model or "", "", has_base=False)
+    ns.family = fam.name
+    ns.deployment = label
+    return ns
+
+
+def _payload_columns(deps: list[Any]) -> None:
+    """payload_xxh3_128 only after a header the verdicts proved (fs with header, GDS data)."""
+    for dep in deps:
+        if dep.backend == "fs" and not dep.fs_header or dep.backend in ("local_disk", "mp"):
+            for f in dep.files:
+                f.payload = None
+
+
+def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] | None, verify: str
+               ) -> tuple[list[Any], list[Any]]:
+    """(the files of the tier's layout, the files under folders outside it). `entries`: the
+    root tier's claimed top-level entries (None: every entry of the folder `tier`);
+    `TierFile`: the family's record of a file."""
+    prefix = "" if tier == "." else f"{tier}/"
+    files: list[Any] = []
+    outside: list[Any] = []
+    if entries is None:
+        path = os.path.join(root, tier)
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            outside.append(_error_file(TierFile, path, tier, errno_reason(exc, "cannot list", tier)))
+            return files, outside
+    for e in entries:
+        rel = prefix + e.name
+        if e.is_dir(follow_symlinks=False):
+            if gds_folder(e.name):
+                _gds_level(root, TierFile, e.path, rel, (e.name,), verify, files, outside)
+            else:
+                _foreign_tree(TierFile, e.path, rel, outside, "folder outside the LMCache tier layout")
+            continue
+        f = _read(TierFile, e.path, rel, e.name, (), verify)
+        if f is not None:
+            files.append(f)
+    return files, outside
+
+
+def _gds_level(root: str, TierFile: Any, path: str, rel: str, folders: tuple[str, ...], verify: str,
+               files: list[Any], outside: list[Any]) -> None:
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        outside.append(_error_file(TierFile, path, rel, errno_reason(exc, "cannot list", rel)))
+        return
+    for e in entries:
+        child = f"{rel}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            if len(folders) == 1 and gds_folder(e.name):
+                _gds_level(root, TierFile, e.path, child, folders + (e.name,), verify, files, outside)
+            else:
+                _foreign_tree(TierFile, e.path, child, outside, "folder outside the LMCache tier layout")
+            continue
+        f = _read(TierFile, e.path, child, e.name, folders, verify)
+        if f is not None:
+            files.append(f)
+
+
+def _foreign_tree(TierFile: Any, path: str, rel: str, outside: list[Any], reason: str) -> None:
+    """Every file under a folder outside the tier's layout: foreign (§1.1), never followed."""
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        outside.append(_error_file(TierFile, path, rel, errno_reason(exc, "cannot list", rel)))
+        return
+    for e in entries:
+        child = f"{rel}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            _foreign_tree(TierFile, e.path, child, outside, reason)
+            continue
+        f = _read(TierFile, e.path, child, e.name, (), "none")
+        if f is not None:
+            f.status, f.action = "foreign", "none"
+            f.reason = (f"{f.kind} (never followed): not part of the cache" if not f.regular else
+                        f"{reason}: not part of the cache")
+            outside.append(f)
+
+
+def _error_file(TierFile: Any, path: str, rel: str, reason: str) -> Any:
+    try:
+        st = os.lstat(path)
+        f = TierFile(rel, os.path.basename(path), (), 0, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink,
+                     st.st_ctime_ns)
+    except OSError:
+        f = TierFile(rel, os.path.basename(path), (), 0)
+    f.status, f.action, f.reason, f.error = "unreadable", "none", reason, reason
+    return f
+
+
+def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...], verify: str) -> Any:
+    """A file's record: its stat, and (verify size/hash) its first bytes, whether every byte
+    is zero where those are, and with --verify hash its XXH3-128 (and its payload's after a
+    GDS or fs header). None: it vanished."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        f = TierFile(rel, name, folders, 0)
+        f.error = errno_reason(exc, "cannot stat", rel)
+        return f
+    f = TierFile(rel, name, folders, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink, st.st_ctime_ns)
+    if not stat_mod.S_ISREG(st.st_mode):
+        f.regular = False
+        f.kind = _kind(st.st_mode)
+        return f
+    if verify == "none" or st.st_size == 0:
+        if st.st_size == 0:
+            f.head, f.all_zero = b"", False
+        return f
+    hashed = verify == "hash"
+    skip = _GDS_HEADER if name.endswith((".kvcache.safetensors", ".weka1")) else _FS_HEADER if name.endswith(
+        ".data") else None
+    try:
+        fd = open_noatime(path)
+    except OSError as exc:
+        f.error = errno_reason(exc, "cannot read", rel)
+        return f
+    try:
+        head = b""
+        whole = xxhash.xxh3_128() if hashed else None
+        after = xxhash.xxh3_128() if hashed and skip is not None else None
+        zero = True
+        pos = 0
+        while True:
+            want = HEAD_BYTES - len(head) if len(head) < HEAD_BYTES else CHUNK
+            b = os.read(fd, want)
+            if not b:
+                break
+            if len(head) < HEAD_BYTES:
+                head += b
+            if zero and any(b):
+                zero = False
+            if whole is not None:
+                whole.update(b)
+            if after is not None and skip is not None and pos + len(b) > skip:
+                after.update(b[max(0, skip - pos):])
+            pos += len(b)
+            if not hashed and len(head) >= HEAD_BYTES and not zero:
+                break  # the head decides; the rest is read only to hash or to prove all zero
+    except OSError as exc:
+        f.error = errno_reason(exc, "cannot read", rel)
+        return f
+    finally:
+        os.close(fd)
+    f.head = head
+    f.all_zero = zero
+    if whole is not None:
+        f.content = whole.digest()
+        f.payload = after.digest() if after is not None and pos > (skip or 0) else None
+    return f
+
+
+def _kind(mode: int) -> str:
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    if stat_mod.S_ISFIFO(mode):
+        return "FIFO"
+    if stat_mod.S_ISDIR(mode):
+        return "folder"
+    if stat_mod.S_ISSOCK(mode):
+        return "socket"
+    return "device"
+
+
+class _TierRows:
+    """A tier namespace's rows: its files' records, as one table when written."""
+
+    def __init__(self, files: list[Any]) -> None:
+        self.files = files
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
+        out = Rows()
+        for f in sorted(self.files, key=lambda f: f.relpath):
+            rec = FileRecord(f.relpath, f.rank, f.group, None, f.size, f.mtime_ns, f.inode, f.dev, f.nlink,
+                             content=f.content, payload=f.payload, status=f.status, reason=f.reason, action=f.action,
+                             target_relpath=None, ctime_ns=f.ctime_ns)
+            i = out.add(rec, code)
+            out.block_hash[i] = f.block_hash
+        if len(out):
+            yield out.table(ns_arrays)
