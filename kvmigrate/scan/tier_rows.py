@@ -18,7 +18,7 @@ import pyarrow as pa
 import xxhash
 
 from kvmigrate.classify import FileRecord
-from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
+from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows
@@ -88,12 +88,8 @@ def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] |
     files: list[Any] = []
     outside: list[Any] = []
     if entries is None:
-        path = os.path.join(root, tier)
-        try:
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            outside.append(_error_file(TierFile, path, tier, errno_reason(exc, "cannot list", tier)))
+        entries = _listing(TierFile, os.path.join(root, tier), tier, outside)
+        if entries is None:
             return files, outside
     for e in entries:
         rel = prefix + e.name
@@ -109,15 +105,20 @@ def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] |
     return files, outside
 
 
-def _gds_level(root: str, TierFile: Any, path: str, rel: str, folders: tuple[str, ...], verify: str,
-               files: list[Any], outside: list[Any]) -> None:
+def _listing(TierFile: Any, path: str, rel: str, outside: list[Any]) -> list[os.DirEntry] | None:
+    """A folder's entries by name; None (and an unreadable row for it) when it cannot be listed."""
     try:
         with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            return sorted(it, key=lambda e: e.name)
     except OSError as exc:
         outside.append(_error_file(TierFile, path, rel, errno_reason(exc, "cannot list", rel)))
-        return
-    for e in entries:
+        return None
+
+
+def _gds_level(root: str, TierFile: Any, path: str, rel: str, folders: tuple[str, ...], verify: str,
+               files: list[Any], outside: list[Any]) -> None:
+    entries = _listing(TierFile, path, rel, outside)
+    for e in entries or ():
         child = f"{rel}/{e.name}"
         if e.is_dir(follow_symlinks=False):
             if len(folders) == 1 and gds_folder(e.name):
@@ -132,13 +133,8 @@ def _gds_level(root: str, TierFile: Any, path: str, rel: str, folders: tuple[str
 
 def _foreign_tree(TierFile: Any, path: str, rel: str, outside: list[Any], reason: str) -> None:
     """Every file under a folder outside the tier's layout: foreign (§1.1), never followed."""
-    try:
-        with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        outside.append(_error_file(TierFile, path, rel, errno_reason(exc, "cannot list", rel)))
-        return
-    for e in entries:
+    entries = _listing(TierFile, path, rel, outside)
+    for e in entries or ():
         child = f"{rel}/{e.name}"
         if e.is_dir(follow_symlinks=False):
             _foreign_tree(TierFile, e.path, child, outside, reason)
@@ -177,7 +173,7 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
     f = TierFile(rel, name, folders, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_nlink, st.st_ctime_ns)
     if not stat_mod.S_ISREG(st.st_mode):
         f.regular = False
-        f.kind = _kind(st.st_mode)
+        f.kind = kind_of(st.st_mode)
         return f
     if verify == "none" or st.st_size == 0:
         if st.st_size == 0:
@@ -226,16 +222,6 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
     return f
 
 
-def _kind(mode: int) -> str:
-    if stat_mod.S_ISLNK(mode):
-        return "symlink"
-    if stat_mod.S_ISFIFO(mode):
-        return "FIFO"
-    if stat_mod.S_ISDIR(mode):
-        return "folder"
-    if stat_mod.S_ISSOCK(mode):
-        return "socket"
-    return "device"
 
 
 class _TierRows:
