@@ -17,6 +17,7 @@ reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py
 
 from __future__ import annotations
 
+import re
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate import families, layout
+from kvmigrate import findings as fd
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
 from kvmigrate.identity.vllm_target import Target
@@ -83,6 +85,7 @@ class Deployment:
     files: list[TierFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fs_header: bool | None = None
+    facts: Facts = field(default_factory=Facts)
 
 
 def tier_label(tier: str) -> str:
@@ -214,6 +217,13 @@ class LMCache(families.Family):
         """A file name that parses as a chunk of one backend (§1.3): what makes a tier."""
         return L.parse_name(name) is not None
 
+    def facts_key_matches(self, backend: str) -> Any:
+        """How a FACTS.json key's model matches the model a name spells (§1.3, §3.3):
+        local_disk names are matched by `m.replace('/', '-')`, never decoded."""
+        if backend == "local_disk":
+            return lambda key_model, written: key_model == written or L.local_disk_model_matches(key_model, written)
+        return None
+
     def is_tier_entry(self, name: str) -> bool:
         """A top-level file of a root that belongs to a root tier: a chunk or a writer's temp name."""
         return L.parse_name(name) is not None or L.parse_temp_name(name) is not None
@@ -249,12 +259,13 @@ class LMCache(families.Family):
 
     # --- a tier's files -----------------------------------------------------------------
 
-    def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None
-                      ) -> tuple[list[Deployment], list[TierFile]]:
+    def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
+                      facts_for: Any = None) -> tuple[list[Deployment], list[TierFile]]:
         """Every file of one tier with its status (§4's order), action `none` and reason:
         (the deployments with their files, the files of no deployment). `files` are the
         regular and other entries the scan found in the tier's layout (its top level and
-        GDS `<2>/<2>` folders); a folder outside it is the scan's (foreign)."""
+        GDS `<2>/<2>` folders); a folder outside it is the scan's (foreign). `facts_for(model,
+        backend)`: a deployment's facts (§3.3; None: none given)."""
         deps: dict[str, Deployment] = {}
         loose: list[TierFile] = []
         chunks: list[tuple[TierFile, L.ChunkName, Deployment]] = []
@@ -285,8 +296,10 @@ class LMCache(families.Family):
             dep = deps.get(label)
             if dep is None:
                 k = chunk.key
+                facts = facts_for(k.model, chunk.backend) if facts_for is not None else Facts()
                 dep = deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
-                                               k.group if k.scheme == "lmc-mp1" else 0, kv_kind)
+                                               k.group if k.scheme == "lmc-mp1" else 0, kv_kind or facts.kv_kind,
+                                               facts=facts)
             dep.files.append(f)
             f.deployment = label
             f.rank = chunk.key.wid
@@ -305,9 +318,12 @@ class LMCache(families.Family):
         gds = {(f.folders, f.name): f for f, c, _ in chunks if c.backend == "gds"}
         chunks.sort(key=lambda fcd: not fcd[1].sidecar)  # a data file's verdict reads its sidecar's
         for f, c, dep in chunks:
+            header = fs_header
             if c.backend == "fs":
-                dep.fs_header = fs_header
-            self._verdict(f, c, dep, fs_header, modal.get(dep.label), gds)
+                if dep.facts.save_chunk_meta is not None:  # the tier's fact decides (§2.2)
+                    header = dep.facts.save_chunk_meta
+                dep.fs_header = header
+            self._verdict(f, c, dep, header, modal.get(dep.label), gds)
         for dep in deps.values():
             if dep.backend == "fs":
                 dep.notes.append("RemoteMetadata header: " + (
@@ -315,6 +331,7 @@ class LMCache(families.Family):
                     "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
             if dep.backend == "local_disk":
                 dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
+            dep.notes += assumed_notes(dep)
         return sorted(deps.values(), key=lambda d: d.label), loose
 
     def _verdict(self, f: TierFile, c: L.ChunkName, dep: Deployment, fs_header: bool | None, modal: int | None,
@@ -341,9 +358,11 @@ class LMCache(families.Family):
         if status is None and c.backend != "gds" and f.folders:
             status, reason = "misfiled", f"a {c.backend} chunk inside GDS folders {'/'.join(f.folders)}: never found"
         if status is None:
-            status, reason = self._reachability(c)
+            status, reason = self._reachability(c, dep.facts)
         f.status = status
-        f.reason = f"{reason}; {NOT_PLANNED}" if status in ("ok", "index_lost", "stale_hash_recipe") else reason
+        if status in ("ok", "index_lost", "stale_hash_recipe", "unreproducible_hash"):
+            reason = fd.Reason(f"{reason}; {NOT_PLANNED}", fd.finding_of(reason))
+        f.reason = reason
 
     def _sidecar_verdict(self, f: TierFile, c: L.ChunkName, gds: dict) -> tuple[str | None, str]:
         data = gds.get((f.folders, c.data_name))
@@ -365,7 +384,8 @@ class LMCache(families.Family):
             if f.size == 0:
                 return "short", "empty file"
             if c.backend in ("local_disk", "mp", "fs"):  # (a header, if any, is the same 28 bytes on every file)
-                v = L.chunk_verdict(c.backend, f.size, b"", all_zero=False, fs_header=False, modal_size=modal)
+                v = L.chunk_verdict(c.backend, f.size, b"", all_zero=False, fs_header=False, modal_size=modal,
+                                    **_geometry_args(dep))
                 return v.status, v.reason
             return None, ""
         sidecar = "ok"
@@ -378,11 +398,13 @@ class LMCache(families.Family):
         zero = bool(f.all_zero)
         v = L.chunk_verdict(c.backend, f.size, f.head, all_zero=zero, dtype=key.dtype, mla=mla,
                             fs_header=bool(fs_header),
-                            modal_size=modal, sidecar=sidecar)
+                            modal_size=modal, sidecar=sidecar, **_geometry_args(dep))
         return v.status, v.reason
 
-    def _reachability(self, c: L.ChunkName) -> tuple[str, str]:
-        """§3.2 rule 1 (from the name alone), then index_lost, else ok."""
+    def _reachability(self, c: L.ChunkName, facts: Facts | None = None) -> tuple[str, str]:
+        """§3.2's verdicts in order (rule 1 from the name alone, then from the facts), then
+        index_lost, else ok; a name whose recipe the facts do not prove keeps its status with
+        the finding `needs_fact` asking for them (rule 4)."""
         key = c.key
         if key.scheme in ("lmc-k1", "lmc-k2"):
             return "stale_hash_recipe", (f"{key.scheme} key (written before 0.3.13): no target release computes "
@@ -390,10 +412,196 @@ class LMCache(families.Family):
         if key.scheme == "lmc-k3" and key.hash_kind == "hex64":
             return "stale_hash_recipe", ("64-hex chunk hash (a 0.3.13-0.4.5 sha256 digest kept whole): a 0.4.6+ "
                                          "target folds it, never computes this key (§3.2)")
+        verdict = recipe_verdict(c, facts or Facts())
+        if verdict is not None and verdict[0] is not None:
+            return verdict[0], verdict[1]
         if c.backend == "local_disk":
-            return "index_lost", ("local_disk chunk: no restarted engine re-indexes existing .pt files, whatever "
-                                  "their name (§3.5)")
-        return "ok", "whole chunk file"
+            status, text = "index_lost", ("local_disk chunk: no restarted engine re-indexes existing .pt files, "
+                                          "whatever their name (§3.5)")
+        else:
+            status, text = "ok", "whole chunk file"
+        if verdict is not None:  # (None, why, asks): the recipe is not proven
+            return status, fd.reason(f"{text}; {verdict[1]}", fd.NEEDS_FACT, asks=verdict[2])
+        return status, text
+
+
+# --- §3.2 the hash recipe -----------------------------------------------------------------
+
+_SHA = ("sha256", "sha256_cbor")
+_SEEDLESS_RANDOM = ("builtin", "xxhash", "xxhash_cbor")  # NONE_HASH random without a seed, any vLLM
+K3_FIRST = (0, 3, 13)  # the first release writing lmc-k3 names
+CHAIN_ERA = (0, 4, 1)  # `(prefix, tokens, ())` from 0.4.1: builtin keys agree 0.4.1-0.5.7rc2
+SHA_FOLDED = (0, 4, 6)  # sha256-family digests folded to 8 bytes from 0.4.6
+VLLM_FIXED_NONE = (0, 29, 0)  # vLLM 0.29+: a seedless sha256 chain hashes "vllm-none-hash"
+
+
+def release_tuple(release: str) -> tuple[int, int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", release.split("rc")[0].split(".post")[0])[:3]]
+    nums += [0] * (3 - len(nums))
+    return nums[0], nums[1], nums[2]
+
+
+def _algorithm(name: str | None) -> str:
+    return "sha256_cbor" if name == "sha256_cbor_64bit" else (name or "builtin")
+
+
+def _none_hash(algorithm: str, seed: str | None, vllm: str | None) -> str | None:
+    """What seeds the chain (§3.2's NONE_HASH): `seed N`, `fixed` ("vllm-none-hash"),
+    `random`; None when the facts do not say."""
+    if seed is None:
+        return None
+    if seed != "unset":
+        return f"seed {seed}"
+    if algorithm in _SEEDLESS_RANDOM:
+        return "random"
+    if vllm is None:
+        return None
+    return "fixed" if release_tuple(vllm) >= VLLM_FIXED_NONE else "random"
+
+
+def _py_hash_era(version: str | None) -> str | None:
+    if version is None:
+        return None
+    return "<=3.10" if tuple(int(x) for x in version.split(".")) <= (3, 10) else ">=3.11"
+
+
+def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str | None] | None:
+    """§3.2 rules 2-4 for a name rule 1 left: (status, reason, None) when the facts prove
+    the chunk unreachable, (None, why, asks) when they do not prove its recipe, None when
+    writer and target compute the same hash."""
+    key = c.key
+    w_chunk, t_chunk = facts.chunk_size, facts.target_chunk_size
+    if w_chunk is not None and t_chunk is not None and w_chunk != t_chunk:
+        chunk_diff = f"chunk_size {w_chunk} (writer) vs {t_chunk} (target): chunk size is part of every hash"
+    else:
+        chunk_diff = None
+    if key.scheme == "lmc-mp1":  # blake3 with a fixed none hash: only chunk_size (§3.2)
+        return ("stale_hash_recipe", f"MP chain: {chunk_diff} (§3.2)", None) if chunk_diff else None
+    alg = _algorithm(facts.hash_algorithm)
+    t_alg = _algorithm(facts.target_hash_algorithm) if facts.target_hash_algorithm else alg
+    seed = facts.pythonhashseed
+    t_seed = facts.target_pythonhashseed or seed
+    vllm = facts.vllm_release
+    t_vllm = facts.target_vllm_release or vllm
+    writer_none = _none_hash(alg, seed, vllm)
+    # rule 2: the writer's NONE_HASH was random
+    if writer_none == "random":
+        why = ("PYTHONHASHSEED unset with the builtin hash (Python's str hash is random)" if alg == "builtin" else
+               f"PYTHONHASHSEED unset with {alg} (NONE_HASH from os.urandom)" if alg in _SEEDLESS_RANDOM else
+               f"PYTHONHASHSEED unset under vLLM {vllm} (<= 0.28: NONE_HASH from os.urandom)")
+        return "unreproducible_hash", f"the writer's chain was seeded at random: {why}; no process can " \
+                                      "regenerate these keys (§3.2)", None
+    # rule 3: any other component differs
+    diffs: list[str] = []
+    if alg != t_alg:
+        diffs.append(f"hash_algorithm {alg} (writer) vs {t_alg} (target)")
+    target_none = _none_hash(t_alg, t_seed, t_vllm)
+    if writer_none is not None and target_none is not None and writer_none != target_none:
+        text = f"NONE_HASH {writer_none} (writer) vs {target_none} (target)"
+        if seed is not None and seed != "unset":
+            text += (f": setting the target's PYTHONHASHSEED to the writer's ({seed}) makes the chunks reachable "
+                     "again")
+        diffs.append(text)
+    if alg == "builtin" and t_alg == "builtin":
+        w_py, t_py = _py_hash_era(facts.python_version), _py_hash_era(facts.target_python_version)
+        if w_py and t_py and w_py != t_py:
+            diffs.append(f"Python {facts.python_version} (writer) vs {facts.target_python_version} (target): "
+                         "str hash differs between <= 3.10 and >= 3.11")
+    if chunk_diff:
+        diffs.append(chunk_diff)
+    era, era_why, releases = _chain_era(c, facts, alg)
+    if era == "old":
+        diffs.append(era_why)
+    if diffs:
+        return "stale_hash_recipe", "hash recipe differs: " + "; ".join(diffs) + " (§3.2)", None
+    # rule 4 and the facts a proof needs
+    asks: list[str] = []
+    whys: list[str] = []
+    if era is None:
+        asks.append("--writer-release")
+        whys.append(era_why)
+    if seed is None:
+        asks.append("--pythonhashseed")
+        whys.append("the writer's PYTHONHASHSEED is not given")
+    elif writer_none is None:
+        asks.append("--vllm-release")
+        whys.append(f"PYTHONHASHSEED unset with {alg}: vLLM's release decides NONE_HASH")
+    elif target_none is None:
+        asks.append("--target-vllm-release")
+        whys.append("the target's NONE_HASH depends on its vLLM release")
+    if asks:
+        return None, "hash recipe not proven: " + "; ".join(whys) + " (§3.2)", fd.asks(*asks)
+    return None
+
+
+def _chain_era(c: L.ChunkName, facts: Facts, alg: str) -> tuple[str | None, str, list[str]]:
+    """The chain era of a ≤ 16-hex k3 name: ("new", …) 0.4.1+ (sha256 family 0.4.6+), ("old",
+    why) before, (None, why) not proven (rule 4). A quoted GDS name is 0.4.3+ by itself."""
+    given = facts.writer_release
+    releases = list(given) if isinstance(given, tuple) else [given] if given else []
+    first = SHA_FOLDED if alg in _SHA else CHAIN_ERA
+    k3 = [r for r in releases if release_tuple(r) >= K3_FIRST]
+    if c.backend == "gds" and c.quoted:  # 0.4.3+ (and a <= 16-hex sha256 name: 0.4.6+)
+        return "new", "", k3
+    if not releases:
+        return None, "a <= 16-hex k3 name proves no release >= 0.4.1 by itself: the writer's release is not given", []
+    if not k3:
+        return None, ("no listed writer release (" + ", ".join(releases) + ") writes lmc-k3 names (0.3.13+)"), []
+    new = [r for r in k3 if release_tuple(r) >= first]
+    if len(new) == len(k3):
+        return "new", "", k3
+    if not new:
+        return "old", (f"chain era of {', '.join(k3)} (before {'.'.join(map(str, first))}) vs the target's "
+                       "(0.4.1+ builtin, 0.4.6+ sha256 family)"), k3
+    return None, ("the listed writer releases " + ", ".join(k3) + " compute this name by different recipes: "
+                  "no file of it is proven"), k3
+
+
+def assumed_notes(dep: Deployment) -> list[str]:
+    """The recipe facts a deployment's verdicts assumed, each with the flag stating it (§3.3)."""
+    f = dep.facts
+    if dep.scheme not in ("lmc-k3", "lmc-mp1"):
+        return []
+    out = []
+    if dep.scheme == "lmc-k3":
+        if f.hash_algorithm is None:
+            out.append("hash_algorithm assumed builtin (LMCache's default): state it with --hash-algorithm")
+        if f.python_version is None or f.target_python_version is None:
+            out.append("python_version assumed equal for writer and target: state them with --python-version "
+                       "and --target-python-version")
+    if f.chunk_size is None or f.target_chunk_size is None:
+        out.append("chunk_size assumed equal for writer and target: state them with --chunk-size and "
+                   "--target-chunk-size")
+    return out
+
+
+def _geometry_args(dep: Deployment) -> dict[str, Any]:
+    """chunk_verdict's full_chunk, token_bytes and save_unfull_chunk from the facts (§2.4)."""
+    full = _full_chunk(dep)
+    if full is None:
+        return {}
+    return {"full_chunk": full, "token_bytes": full // (dep.facts.chunk_size or 1),
+            "save_unfull_chunk": bool(dep.facts.save_unfull_chunk)}
+
+
+def _full_chunk(dep: Deployment) -> int | None:
+    """§2.4's `S = k·L·T·hidden·b` from the geometry facts (None: not all given); with
+    chunk_size the facts replace the deployment's modal size."""
+    f = dep.facts
+    if dep.backend == "gds" or f.chunk_size is None or f.layers is None or dep.dtype not in L.DTYPE_BYTES:
+        return None
+    kind = dep.kv_kind or f.kv_kind
+    if kind == "mla":
+        hidden = f.latent_dim
+    elif kind == "full" and f.total_kv_heads and f.head_dim and dep.ws:
+        heads = f.total_kv_heads
+        per_rank = heads // dep.ws if heads % dep.ws == 0 else 1 if dep.ws % heads == 0 else None
+        hidden = per_rank * f.head_dim if per_rank else None
+    else:
+        hidden = None
+    if not hidden:
+        return None
+    return L.full_chunk_bytes(kind == "mla", f.layers, f.chunk_size, hidden, str(dep.dtype))
 
 
 FAMILY = LMCache()

@@ -663,9 +663,10 @@ def _primaries(files: list[tuple[FlatFile, Reading]], copies: Mapping[str, list]
     return out
 
 
-def _layout_of_release(release: str | None) -> str | None:
-    """The --hicache-mem-layout default of a release: layer_first up to 0.5.13, page_first from 0.5.14."""
-    if not release:
+def _layout_of_release(release: Any) -> str | None:
+    """The --hicache-mem-layout default of a release: layer_first up to 0.5.13, page_first from 0.5.14
+    (a list of releases, which only LMCache tiers take, decides none)."""
+    if not release or not isinstance(release, str):
         return None
     nums = [int(x) for x in re.findall(r"\d+", release)[:3]]
     nums += [0] * (3 - len(nums))

@@ -23,17 +23,24 @@ from kvmigrate.identity.values import (
     EXECUTORS,
     FACT_FLAGS,
     FAMILIES,
+    HASH_ALGORITHMS,
     KV_KINDS,
+    LMCACHE_FACTS,
     MODEL_DTYPES,
     RUNNERS,
     SGLANG_LAYOUTS,
+    TARGET_BACKENDS,
 )
 
 # fact -> the values the engine accepts (the string facts)
 CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dtype": MODEL_DTYPES,
            "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS,
-           "writer_layout": SGLANG_LAYOUTS, "target_layout": SGLANG_LAYOUTS}
+           "writer_layout": SGLANG_LAYOUTS, "target_layout": SGLANG_LAYOUTS,
+           "hash_algorithm": HASH_ALGORITHMS, "target_hash_algorithm": HASH_ALGORITHMS,
+           "target_backend": TARGET_BACKENDS}
 _RELEASE = re.compile(r"\d+\.\d+(\.\d+)?((\.post|rc)\d+)?")  # an SGLang release (writer_release)
+_PYTHON = re.compile(r"3\.\d+")  # a CPython minor version (python_version)
+_SEED_MAX = 4294967295  # PYTHONHASHSEED's range
 _QUALNAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an Executor class vLLM imports by name
 
 FLAGS = FACT_FLAGS  # fact -> the flag naming it in messages
@@ -73,6 +80,27 @@ class Facts:
     head_dim: int | None = None
     latent_dim: int | None = None
     dtype_bytes: int | None = None
+    # LMCache tiers (lmcache.md §3.3): the hash recipe (a seed is its decimal string or
+    # "unset"), the chunk geometry, the target deployment and the tier's temp folder;
+    # writer_release may then be a tuple of releases (the flag's comma list)
+    hash_algorithm: str | None = None
+    target_hash_algorithm: str | None = None
+    pythonhashseed: str | None = None
+    target_pythonhashseed: str | None = None
+    vllm_release: str | None = None
+    target_vllm_release: str | None = None
+    python_version: str | None = None
+    target_python_version: str | None = None
+    chunk_size: int | None = None
+    target_chunk_size: int | None = None
+    save_chunk_meta: bool | None = None
+    target_save_chunk_meta: bool | None = None
+    save_unfull_chunk: bool | None = None
+    target_model_name: str | None = None
+    target_tp: int | None = None
+    target_save_only_first_rank: bool | None = None
+    target_backend: str | None = None
+    tmp_dir: str | None = None
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None
@@ -83,12 +111,18 @@ class Facts:
         d.pop("sources")
         d.pop("refusal")
         d.pop("refusal_flag")
+        for name in LMCACHE_FACTS:  # (not given: other families' manifests stay as they were)
+            if d[name] is None:
+                d.pop(name)
+        if isinstance(d.get("writer_release"), tuple):
+            d["writer_release"] = list(d["writer_release"])
         return d
 
 
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal", "refusal_flag"))
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers",
-              "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes")
+              "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes", "chunk_size",
+              "target_chunk_size", "target_tp")
 
 
 def allowed_values(name: str) -> str:
@@ -101,9 +135,19 @@ def allowed_values(name: str) -> str:
         return "a positive integer"
     if name == "model_name":
         return "a non-empty served model name"
+    if name in ("model_name", "target_model_name"):
+        return "a non-empty model name"
     if name == "writer_release":
-        return "an SGLang release such as 0.5.13"
-    return "true or false"  # per_token_head_quant
+        return "a release such as 0.5.13 (LMCache: or a list of releases, the flag comma-separated)"
+    if name in ("vllm_release", "target_vllm_release"):
+        return "a vLLM release such as 0.11.0"
+    if name in ("pythonhashseed", "target_pythonhashseed"):
+        return f"a seed 0...{_SEED_MAX} or \"unset\" (\"random\" = unset)"
+    if name in ("python_version", "target_python_version"):
+        return "a Python version such as 3.12"
+    if name == "tmp_dir":
+        return "a folder name inside the tier (no '/')"
+    return "true or false"  # the boolean facts
 
 
 def check_fact(name: str, value: Any, where: str) -> Any:
@@ -120,11 +164,30 @@ def check_fact(name: str, value: Any, where: str) -> Any:
                                          or (name == "executor" and _QUALNAME.fullmatch(value) is not None))
     elif name in _INT_FACTS:
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    elif name == "model_name":
+    elif name in ("model_name", "target_model_name"):
         ok = isinstance(value, str) and value != ""
     elif name == "writer_release":
+        if isinstance(value, str) and "," in value:  # the flag's comma list
+            value = [v.strip() for v in value.split(",")]
+        if isinstance(value, (list, tuple)):
+            ok = bool(value) and all(isinstance(v, str) and _RELEASE.fullmatch(v) for v in value)
+            value = tuple(value) if len(value) != 1 else value[0]
+        else:
+            ok = isinstance(value, str) and _RELEASE.fullmatch(value) is not None
+    elif name in ("vllm_release", "target_vllm_release"):
         ok = isinstance(value, str) and _RELEASE.fullmatch(value) is not None
-    else:  # per_token_head_quant
+    elif name in ("pythonhashseed", "target_pythonhashseed"):
+        if value == "random":
+            value = "unset"
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        ok = value == "unset" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _SEED_MAX)
+        value = str(value)
+    elif name in ("python_version", "target_python_version"):
+        ok = isinstance(value, str) and _PYTHON.fullmatch(value) is not None
+    elif name == "tmp_dir":
+        ok = isinstance(value, str) and value not in ("", ".", "..") and "/" not in value
+    else:  # the boolean facts
         ok = isinstance(value, bool)
     if not ok:
         raise UsageError(f"{where}: fact '{name}' must be {allowed_values(name)}, got {value!r}",
@@ -274,6 +337,32 @@ class FactsResolver:
             if not any(layer is u for u in unique):
                 unique.append(layer)
         return [*unique, self._flags]
+
+    def for_tier(self, tier: str, model: str | None, matches: Any = None) -> Facts:
+        """The facts of one LMCache deployment (lmcache.md §3.3): each fact from the most
+        specific FACTS.json key that sets it, `"<tier>:<model>"` > `"<tier>"` > `"<model>"` >
+        `"*"`, then the flags. `model`: as the names spell it (None: the tier's own facts);
+        `matches(key_model, model)`: whether a key's model is the names' (local_disk's lossy
+        `-`, §1.3; default equality)."""
+        same = matches or (lambda a, b: a == b)
+        keys: list[str] = []
+        if model is not None:
+            keys += [k for k in self._entries if k.startswith(tier + ":") and same(k[len(tier) + 1:], model)]
+        if tier in self._entries:
+            keys.append(tier)
+        if model is not None:
+            keys += [k for k in self._entries if k not in keys and ":" not in k and k != "*" and same(k, model)]
+        if "*" in self._entries:
+            keys.append("*")
+        self.matched.update(keys)
+        facts = Facts()
+        for name in FACT_NAMES:
+            for layer in [*(self._entries[k] for k in keys), self._flags]:
+                if name in layer.values:
+                    setattr(facts, name, layer.values[name])
+                    facts.sources[name] = layer.source
+                    break
+        return facts
 
     def for_namespace(self, model_name: str, base_name: str, source_fields: dict | None = None) -> Facts:
         layers = self.layers_for(model_name, base_name)

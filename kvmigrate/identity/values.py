@@ -61,7 +61,37 @@ FACT_FLAGS = {
     "head_dim": "--head-dim",
     "latent_dim": "--latent-dim",
     "dtype_bytes": "--dtype-bytes",
+    # LMCache tiers (spec lmcache.md §3.3): the hash recipe of writer and target, the chunk
+    # geometry and the target deployment; writer_release, model_name and the geometry
+    # flags above are shared with the other families
+    "hash_algorithm": "--hash-algorithm",
+    "target_hash_algorithm": "--target-hash-algorithm",
+    "pythonhashseed": "--pythonhashseed",
+    "target_pythonhashseed": "--target-pythonhashseed",
+    "vllm_release": "--vllm-release",
+    "target_vllm_release": "--target-vllm-release",
+    "python_version": "--python-version",
+    "target_python_version": "--target-python-version",
+    "chunk_size": "--chunk-size",
+    "target_chunk_size": "--target-chunk-size",
+    "save_chunk_meta": "--save-chunk-meta",
+    "target_save_chunk_meta": "--target-save-chunk-meta",
+    "save_unfull_chunk": "--save-unfull-chunk",
+    "target_model_name": "--target-model-name",
+    "target_tp": "--target-tp",
+    "target_save_only_first_rank": "--target-save-only-first-rank",
+    "target_backend": "--target-backend",
+    "tmp_dir": "--tmp-dir",
 }
+# the facts only LMCache tiers read: other families never see them (not in their manifests)
+LMCACHE_FACTS = ("hash_algorithm", "target_hash_algorithm", "pythonhashseed", "target_pythonhashseed",
+                 "vllm_release", "target_vllm_release", "python_version", "target_python_version", "chunk_size",
+                 "target_chunk_size", "save_chunk_meta", "target_save_chunk_meta", "save_unfull_chunk",
+                 "target_model_name", "target_tp", "target_save_only_first_rank", "target_backend", "tmp_dir")
+# LMCache `pre_caching_hash_algorithm` values (sha256_cbor_64bit: sha256_cbor's old name) and
+# the MP server's blake3 (lmcache.md §3.2)
+HASH_ALGORITHMS = ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash", "xxhash_cbor", "blake3")
+TARGET_BACKENDS = ("fs",)  # a local_disk tier converted to an fs tier (lmcache.md §3.5)
 
 # SGLang --hicache-mem-layout values whose page shape kvmigrate knows (sglang.md §2)
 SGLANG_LAYOUTS = ("layer_first", "page_first", "page_first_direct")

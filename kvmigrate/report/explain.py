@@ -23,7 +23,7 @@ from kvmigrate import manifest as mf
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import gates
 from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
-from kvmigrate.identity.values import ORPHANED
+from kvmigrate.identity.values import LMCACHE_FACTS, ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
@@ -96,7 +96,10 @@ def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, ExplainFact]:
     assumed = ns.get("assumed_facts") or {}
     facts_file = (meta.get("facts") or {}).get("facts_file")
     out: dict[str, ExplainFact] = {}
+    lmcache = str(ns.get("deployment") or "").startswith("lmcache:")
     for name in FACT_NAMES:
+        if name in LMCACHE_FACTS and not lmcache:
+            continue  # (facts only LMCache tiers read)
         source = sources.get(name)
         if source == "flag":
             where = f"flag {FLAGS.get(name, fact_flag(name))}"

@@ -39,8 +39,14 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
         fam, entries = listing.root_tier
         tiers.insert(0, (".", fam, entries))
     for tier, fam, claimed in tiers:
-        files, outside = _walk_tier(root, fam.tier_file_type, tier, claimed, verify)
-        deps, loose = fam.classify_tier(tier, files)
+        tmp_dir = resolver.for_tier(tier, None).tmp_dir  # the tier's temp folder (§1.4)
+        files, outside = _walk_tier(root, fam.tier_file_type, tier, claimed, verify, tmp_dir)
+
+        def facts_for(model: str, backend: str, tier: str = tier, fam: Any = fam) -> Facts:
+            match = fam.facts_key_matches(backend)
+            return resolver.for_tier(tier, model, match)
+
+        deps, loose = fam.classify_tier(tier, files, facts_for=facts_for)
         _payload_columns(deps)
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model, profile)
@@ -79,11 +85,11 @@ def _payload_columns(deps: list[Any]) -> None:
                 f.payload = None
 
 
-def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] | None, verify: str
-               ) -> tuple[list[Any], list[Any]]:
+def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] | None, verify: str,
+               tmp_dir: str | None = None) -> tuple[list[Any], list[Any]]:
     """(the files of the tier's layout, the files under folders outside it). `entries`: the
     root tier's claimed top-level entries (None: every entry of the folder `tier`);
-    `TierFile`: the family's record of a file."""
+    `TierFile`: the family's record of a file; `tmp_dir`: the temp folder a fact names."""
     prefix = "" if tier == "." else f"{tier}/"
     files: list[Any] = []
     outside: list[Any] = []
@@ -96,6 +102,8 @@ def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] |
         if e.is_dir(follow_symlinks=False):
             if gds_folder(e.name):
                 _gds_level(root, TierFile, e.path, rel, (e.name,), verify, files, outside)
+            elif e.name == tmp_dir:
+                _tmp_tree(TierFile, e.path, rel, outside)
             else:
                 _foreign_tree(TierFile, e.path, rel, outside, "folder outside the LMCache tier layout")
             continue
@@ -145,6 +153,27 @@ def _foreign_tree(TierFile: Any, path: str, rel: str, outside: list[Any], reason
             f.reason = (f"{f.kind} (never followed): not part of the cache" if not f.regular else
                         f"{reason}: not part of the cache")
             outside.append(f)
+
+
+def _tmp_tree(TierFile: Any, path: str, rel: str, outside: list[Any]) -> None:
+    """The files of the tier's temp folder (the `tmp_dir` fact, §1.4): tmp_leftover, never
+    reused; a symlink or a deeper folder's files stay foreign."""
+    entries = _listing(TierFile, path, rel, outside)
+    for e in entries or ():
+        child = f"{rel}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            _foreign_tree(TierFile, e.path, child, outside, "folder inside the tier's temp folder")
+            continue
+        f = _read(TierFile, e.path, child, e.name, (), "none")
+        if f is None:
+            continue
+        f.action = "none"
+        if f.regular:
+            f.status = "tmp_leftover"
+            f.reason = f"temp leftover in the tier's temp folder {rel} (tmp_dir): never read by the engine"
+        else:
+            f.status, f.reason = "foreign", f"{f.kind} (never followed): not part of the cache"
+        outside.append(f)
 
 
 def _error_file(TierFile: Any, path: str, rel: str, reason: str) -> Any:
