@@ -157,13 +157,14 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     from kvmigrate import families
     from kvmigrate.fsio import check_root
     from kvmigrate.identity.values import ORPHANED
-    from kvmigrate.scan import flat
+    from kvmigrate.scan import flat, tier_rows
     from kvmigrate.scan.roots import list_root, resolve_namespaces
 
     root_path = check_root(str(root))
     listing = list_root(root_path)
     namespaces = resolve_namespaces(root_path, listing, facts_resolver, target)
     namespaces += flat.resolve(root_path, listing, facts_resolver, target, "none")
+    namespaces += tier_rows.resolve(root_path, listing, facts_resolver, target, "none")  # (names and sizes only)
     out: dict[str, dict[str, Any]] = {}
     for ns in sorted(namespaces, key=lambda n: n.source_base):
         if ns.status != "ok" or ns.facts is None:
@@ -182,13 +183,19 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
         if families.get(ns.family).settled_by == "--family" and \
                 not families.get(ns.family).harmless_ambiguity(ns.fields or {}, ns.sampled_sizes):
             needed.append("family")  # the two readings give different bytes
+        tiers = families.get(ns.family).root_layout == "tiers"
+        if tiers:  # an LMCache deployment: the facts its verdicts asked, keyed "<tier>:<model>" (§3.3)
+            needed += list((ns.fields or {}).get("needs_facts") or [])
         given = {f for f in ns.facts.sources if not ns.facts.sources[f].startswith("model_config:")}
         needed += sorted(given)  # what is stated stays stated, per namespace
         key = (ns.model_name or ns.source_base) if flat_family else ns.source_base
+        if tiers:
+            key = f"{(ns.fields or {}).get('tier')}:{ns.model_name}"
         entry = out.setdefault(key, {})
         for name in dict.fromkeys(needed):
             if name in FACT_FLAGS and name != "model_config":
-                entry[name] = getattr(ns.facts, name, None)
+                value = getattr(ns.facts, name, None)
+                entry[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 

@@ -28,6 +28,7 @@ from kvmigrate import families, layout
 from kvmigrate import findings as fd
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
+from kvmigrate.identity.values import FACT_FLAGS
 from kvmigrate.identity.vllm_target import Target
 
 PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
@@ -86,6 +87,7 @@ class Deployment:
     notes: list[str] = field(default_factory=list)
     fs_header: bool | None = None
     facts: Facts = field(default_factory=Facts)
+    needs: set[str] = field(default_factory=set)  # facts asked by its rows (needs_fact)
 
 
 def tier_label(tier: str) -> str:
@@ -332,6 +334,10 @@ class LMCache(families.Family):
             if dep.backend == "local_disk":
                 dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
             dep.notes += assumed_notes(dep)
+            for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
+                found = fd.finding_of(f.reason)
+                if found is not None and found.code == fd.NEEDS_FACT:
+                    dep.needs.update(fact_of_flag(flag) for flag in fd.asked_flags(found.asks))
         return sorted(deps.values(), key=lambda d: d.label), loose
 
     def _verdict(self, f: TierFile, c: L.ChunkName, dep: Deployment, fs_header: bool | None, modal: int | None,
@@ -555,6 +561,11 @@ def _chain_era(c: L.ChunkName, facts: Facts, alg: str) -> tuple[str | None, str,
                        "(0.4.1+ builtin, 0.4.6+ sha256 family)"), k3
     return None, ("the listed writer releases " + ", ".join(k3) + " compute this name by different recipes: "
                   "no file of it is proven"), k3
+
+
+def fact_of_flag(flag: str) -> str:
+    """The FACTS.json key of a fact flag."""
+    return next(name for name, f in FACT_FLAGS.items() if f == flag)
 
 
 def assumed_notes(dep: Deployment) -> list[str]:

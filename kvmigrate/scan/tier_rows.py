@@ -55,7 +55,9 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.notes = list(dep.notes)
             ns.fields = {"family": fam.name, "scheme": dep.scheme, "tier": tier, "backend": dep.backend,
                          "model": dep.model, "ws": dep.ws, "dtype": dep.dtype, "group": dep.group,
-                         "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header}
+                         "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header,
+                         "needs_facts": sorted(dep.needs)}
+            ns.facts = dep.facts
             ns.target = fam.target(ns.fields, Facts(), profile)
             ns.flat_rows = _TierRows(dep.files)
             out.append(ns)
