@@ -138,7 +138,7 @@ def allowed_values(name: str) -> str:
     if name in ("model_name", "target_model_name"):
         return "a non-empty model name"
     if name == "writer_release":
-        return "a release such as 0.5.13 (LMCache: or a list of releases, the flag comma-separated)"
+        return "an SGLang release such as 0.5.13, or LMCache releases (a list, the flag comma-separated)"
     if name in ("vllm_release", "target_vllm_release"):
         return "a vLLM release such as 0.11.0"
     if name in ("pythonhashseed", "target_pythonhashseed"):
