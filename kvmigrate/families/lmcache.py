@@ -9,9 +9,11 @@ deployment: no base folder, no rank folder, no config.json; the file names are t
 deployments (§4: `lmcache:<tier>:<backend>:<model>:<scheme>:ws<ws>[:<dtype>][:<tags>]`,
 MP `…:lmc-mp1:ws<ws>:g<group>`) and gives every file its status in §4's order.
 
-This first step plans nothing: every row's action is `none` with a reason (reachability
-beyond §3.2 rule 1, the facts of §3.3, `already_present`, `link` and `reshard` come next),
-so a scan is honest and never plans a wrong placement. The scan side (finding the tiers,
+This step plans nothing: every row's action is `none` with a reason (`already_present`,
+`link` and `reshard` come next), so a scan is honest and never plans a wrong placement. The
+§3.3 facts decide §3.2's reachability verdicts (`recipe_verdict`): `unreproducible_hash`,
+`stale_hash_recipe` from the facts, or a `needs_fact` finding asking for the facts a
+name's recipe needs. The scan side (finding the tiers,
 reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py`.
 """
 
@@ -34,8 +36,8 @@ from kvmigrate.identity.vllm_target import Target
 PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
-NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (reachability beyond the "
-               "name, facts, already_present, link and reshard come next)")
+NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (already_present, link and "
+               "reshard come next)")
 
 
 @dataclass
