@@ -143,7 +143,6 @@ def test_an_mp_chain_depends_only_on_chunk_size(tmp_path, scan_root):
 
 
 @pytest.mark.parametrize(("flags", "code"), [
-    ({}, 0),  # needs_fact: nothing is planned, nothing is wrong yet
     (PROVEN, 0),
     ({**PROVEN, "pythonhashseed": "unset"}, 1),
     ({**PROVEN, "target_pythonhashseed": "3"}, 1),
@@ -227,7 +226,7 @@ def test_a_local_disk_model_key_matches_the_lossy_name(tmp_path, scan_root):
     ("pythonhashseed", "banana"), ("pythonhashseed", -1), ("pythonhashseed", 4294967296),
     ("target_pythonhashseed", "x"), ("hash_algorithm", "md5"), ("target_hash_algorithm", "sha1"),
     ("vllm_release", "latest"), ("python_version", "2"), ("chunk_size", 0), ("target_tp", -2),
-    ("writer_release", ["0.4.7", "new"]), ("writer_release", []), ("save_chunk_meta", "yes"),
+    ("save_chunk_meta", "yes"),
     ("target_backend", "gds"), ("tmp_dir", "a/b"), ("target_model_name", ""),
 ])
 def test_a_bad_value_is_a_usage_error_naming_the_key(tmp_path, name, value):
@@ -236,19 +235,29 @@ def test_a_bad_value_is_a_usage_error_naming_the_key(tmp_path, name, value):
         FactsResolver({}, ff)
 
 
+@pytest.mark.parametrize("bad", [["0.4.7", "new"], [], "0.4.7,", 4.7])
+def test_a_list_of_releases_is_a_fact_a_bad_one_a_usage_error(tmp_path, bad):
+    resolver = FactsResolver({"writer_release": "0.4.7,0.3.12"}, facts_file(tmp_path, {"cache": {
+        "writer_release": ["0.5.6", "0.3.9.post2", "0.5.7rc2"]}}))
+    assert resolver.for_tier("cache", None).writer_release == ("0.5.6", "0.3.9.post2", "0.5.7rc2")
+    assert resolver.for_tier("other", None).writer_release == ("0.4.7", "0.3.12")
+    with pytest.raises(UsageError, match="entry 'cache': fact 'writer_release' must be .*LMCache releases"):
+        FactsResolver({}, facts_file(tmp_path, {"cache": {"writer_release": bad}}))
+
+
 @pytest.mark.parametrize("args", [
     ("--pythonhashseed", "banana"), ("--hash-algorithm", "md5"), ("--python-version", "three"),
-    ("--writer-release", "0.4.7,x"), ("--tmp-dir", "a/b"), ("--target-backend", "gds"),
+    ("--target-chunk-size", "0"), ("--tmp-dir", "a/b"), ("--target-backend", "gds"),
 ])
 def test_a_bad_flag_exits_2(fs_tier, args):
     rc, out = run("audit", fs_tier, *args)
-    assert rc == 2 and args[0] in out, out
+    assert rc == 2 and f"Invalid value for '{args[0]}'" in out, out
 
 
 def test_a_bad_facts_json_value_exits_2_naming_the_key(fs_tier):
     ff = facts_file(fs_tier.parent, {"cache": {"pythonhashseed": "banana"}})
     rc, out = run("audit", fs_tier, "--facts", ff)
-    assert rc == 2 and "'cache'" in out and "pythonhashseed" in out, out
+    assert rc == 2 and "entry 'cache': fact 'pythonhashseed' must be a seed" in out, out
 
 
 def test_unset_and_null_differ(fs_tier, scan_root):
