@@ -336,6 +336,14 @@ class LMCache(families.Family):
             if dep.backend == "local_disk":
                 dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
             dep.notes += assumed_notes(dep)
+            seen = {f.status for f in dep.files}
+            if "unreproducible_hash" in seen:  # §7: a seedless writer
+                dep.notes.append("seedless writer: its chain was seeded at random, no process regenerates its keys "
+                                 "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
+            seed = dep.facts.pythonhashseed
+            if any("makes the chunks reachable again" in f.reason for f in dep.files):  # §7: a seed mismatch
+                dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
+                                 "and these chunks are reachable again (--target-pythonhashseed states the target's)")
             for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
                 found = fd.finding_of(f.reason)
                 if found is not None and found.code == fd.NEEDS_FACT:

@@ -164,6 +164,14 @@ def test_assumed_facts_are_noted_with_their_flags(fs_tier):
     assert "python_version assumed equal" in out and "--chunk-size" in out
 
 
+def test_the_report_notes_a_seedless_writer_and_a_seed_a_target_setting_fixes(fs_tier):
+    rc, out = run("audit", fs_tier, "--writer-release", "0.5.6", "--pythonhashseed", "5", "--target-pythonhashseed",
+                  "6")
+    assert rc == 1 and "start the target with PYTHONHASHSEED=5" in out, out
+    rc, out = run("audit", fs_tier, "--writer-release", "0.5.6", "--pythonhashseed", "unset")
+    assert rc == 1 and "seedless writer" in out, out
+
+
 # --- writer releases ------------------------------------------------------------------------
 
 
