@@ -132,7 +132,8 @@ _FACT_OPTIONS = [
     click.option("--tmp-dir", metavar="NAME", callback=_checked,
                  help="LMCache: the tier's temp folder (fs_connector_relative_tmp_dir / MP relative_tmp_dir)."),
     click.option("--facts", "facts_file", type=click.Path(dir_okay=False),
-                 help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\"."),
+                 help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\" "
+                      "(LMCache tiers: \"<tier>:<model>\", \"<tier>\", \"<model>\", \"*\")."),
 ]
 FACT_NAMES = tuple(FACT_FLAGS)
 
