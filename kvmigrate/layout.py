@@ -143,6 +143,15 @@ def parse_block_relpath(relpath: str) -> tuple[FolderName, BlockName] | None:
     return (folder, block) if folder is not None and block is not None else None
 
 
+def own_artifact(filename: str) -> str | None:
+    """Why a file is kvmigrate's own (its temp file or lock: status own_artifact), or None."""
+    if OWN_TMP_RE.search(filename):
+        return "kvmigrate temp file"
+    if filename == LOCK_NAME:
+        return "kvmigrate lock file"
+    return None
+
+
 def temp_kind(filename: str) -> str | None:
     """Which engine's temp-file pattern a name matches (or 'own' for kvmigrate's)."""
     if OWN_TMP_RE.search(filename):

@@ -282,11 +282,9 @@ class LMCache(families.Family):
                 continue
             if chunk is None:
                 temp = L.parse_temp_name(f.name)
-                kind = layout.temp_kind(f.name)
-                if kind == "own":
-                    f.status, f.reason = "own_artifact", "kvmigrate temp file"
-                elif f.name == layout.LOCK_NAME:
-                    f.status, f.reason = "own_artifact", "kvmigrate lock file"
+                own = layout.own_artifact(f.name)
+                if own is not None:
+                    f.status, f.reason = "own_artifact", own
                 elif temp is not None:
                     f.status, f.reason = "tmp_leftover", (f"temp leftover of an interrupted LMCache {temp.backend} "
                                                           "write (never read by the engine)")

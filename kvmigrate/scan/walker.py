@@ -179,10 +179,9 @@ class Walker(BlockVerdicts):
                     return
             else:
                 kind = layout.temp_kind(entry.name)
-                if kind == "own":
-                    rec.status, rec.reason = "own_artifact", "kvmigrate temp file"
-                elif entry.name == layout.LOCK_NAME:
-                    rec.status, rec.reason = "own_artifact", "kvmigrate lock file"
+                own = layout.own_artifact(entry.name)
+                if own is not None:
+                    rec.status, rec.reason = "own_artifact", own
                 elif kind is not None:
                     rec.status, rec.reason = "tmp_leftover", f"temp leftover of an interrupted write ({kind})"
                 else:
