@@ -24,7 +24,7 @@ import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvmigrate import families, layout
 from kvmigrate import findings as fd
@@ -67,6 +67,7 @@ class TierFile:
     action: str = "none"
     reason: str = ""
     deployment: str | None = None
+    seed_fix: bool = False  # stale by its NONE_HASH only: the target taking the writer's PYTHONHASHSEED reaches it
     rank: int | None = None
     group: int | None = None
     block_hash: bytes | None = None
@@ -339,7 +340,7 @@ class LMCache(families.Family):
                 dep.notes.append("seedless writer: its chain was seeded at random, no process regenerates its keys "
                                  "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
             seed = dep.facts.pythonhashseed
-            if any("makes the chunks reachable again" in f.reason for f in dep.files):  # §7: a seed mismatch
+            if any(f.seed_fix for f in dep.files):  # §7: a seed mismatch
                 dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
                                  "and these chunks are reachable again (--target-pythonhashseed states the target's)")
             for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
@@ -372,7 +373,7 @@ class LMCache(families.Family):
         if status is None and c.backend != "gds" and f.folders:
             status, reason = "misfiled", f"a {c.backend} chunk inside GDS folders {'/'.join(f.folders)}: never found"
         if status is None:
-            status, reason = self._reachability(c, dep.facts)
+            status, reason, f.seed_fix = self._reachability(c, dep.facts)
         f.status = status
         if status in ("ok", "index_lost", "stale_hash_recipe", "unreproducible_hash"):
             reason = fd.Reason(f"{reason}; {NOT_PLANNED}", fd.finding_of(reason))
@@ -415,28 +416,28 @@ class LMCache(families.Family):
                             modal_size=modal, sidecar=sidecar, **_geometry_args(dep))
         return v.status, v.reason
 
-    def _reachability(self, c: L.ChunkName, facts: Facts | None = None) -> tuple[str, str]:
+    def _reachability(self, c: L.ChunkName, facts: Facts | None = None) -> tuple[str, str, bool]:
         """§3.2's verdicts in order (rule 1 from the name alone, then from the facts), then
         index_lost, else ok; a name whose recipe the facts do not prove keeps its status with
         the finding `needs_fact` asking for them (rule 4)."""
         key = c.key
         if key.scheme in ("lmc-k1", "lmc-k2"):
             return "stale_hash_recipe", (f"{key.scheme} key (written before 0.3.13): no target release computes "
-                                         "its chunk hash (§3.2)")
+                                         "its chunk hash (§3.2)"), False
         if key.scheme == "lmc-k3" and key.hash_kind == "hex64":
             return "stale_hash_recipe", ("64-hex chunk hash (a 0.3.13-0.4.5 sha256 digest kept whole): a 0.4.6+ "
-                                         "target folds it, never computes this key (§3.2)")
+                                         "target folds it, never computes this key (§3.2)"), False
         verdict = recipe_verdict(c, facts or Facts())
-        if verdict is not None and verdict[0] is not None:
-            return verdict[0], verdict[1]
+        if verdict is not None and verdict.status is not None:
+            return verdict.status, verdict.reason, verdict.seed_fix
         if c.backend == "local_disk":
             status, text = "index_lost", ("local_disk chunk: no restarted engine re-indexes existing .pt files, "
                                           "whatever their name (§3.5)")
         else:
             status, text = "ok", "whole chunk file"
         if verdict is not None:  # (None, why, asks): the recipe is not proven
-            return status, fd.reason(f"{text}; {verdict[1]}", fd.NEEDS_FACT, asks=verdict[2])
-        return status, text
+            return status, fd.reason(f"{text}; {verdict.reason}", fd.NEEDS_FACT, asks=verdict.asks), False
+        return status, text, False
 
 
 # --- §3.2 the hash recipe -----------------------------------------------------------------
@@ -479,7 +480,18 @@ def _py_hash_era(version: str | None) -> str | None:
     return "<=3.10" if tuple(int(x) for x in version.split(".")) <= (3, 10) else ">=3.11"
 
 
-def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str | None] | None:
+class RecipeVerdict(NamedTuple):
+    """§3.2 for one name: `status` (None: not proven either way), why, the flags a proof
+    asks for, and `seed_fix`: stale by its NONE_HASH alone with the writer's seed known,
+    so the target taking that PYTHONHASHSEED reaches the chunk again (§7's note)."""
+
+    status: str | None
+    reason: str
+    asks: str | None = None
+    seed_fix: bool = False
+
+
+def recipe_verdict(c: L.ChunkName, facts: Facts) -> RecipeVerdict | None:
     """§3.2 rules 2-4 for a name rule 1 left: (status, reason, None) when the facts prove
     the chunk unreachable, (None, why, asks) when they do not prove its recipe, None when
     writer and target compute the same hash."""
@@ -490,7 +502,7 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str |
     else:
         chunk_diff = None
     if key.scheme == "lmc-mp1":  # blake3 with a fixed none hash: only chunk_size (§3.2)
-        return ("stale_hash_recipe", f"MP chain: {chunk_diff} (§3.2)", None) if chunk_diff else None
+        return RecipeVerdict("stale_hash_recipe", f"MP chain: {chunk_diff} (§3.2)") if chunk_diff else None
     alg = _algorithm(facts.hash_algorithm)
     t_alg = _algorithm(facts.target_hash_algorithm) if facts.target_hash_algorithm else alg
     seed = facts.pythonhashseed
@@ -503,19 +515,17 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str |
         why = ("PYTHONHASHSEED unset with the builtin hash (Python's str hash is random)" if alg == "builtin" else
                f"PYTHONHASHSEED unset with {alg} (NONE_HASH from os.urandom)" if alg in _SEEDLESS_RANDOM else
                f"PYTHONHASHSEED unset under vLLM {vllm} (<= 0.28: NONE_HASH from os.urandom)")
-        return "unreproducible_hash", f"the writer's chain was seeded at random: {why}; no process can " \
-                                      "regenerate these keys (§3.2)", None
+        return RecipeVerdict("unreproducible_hash", f"the writer's chain was seeded at random: {why}; no process "
+                                                    "can regenerate these keys (§3.2)")
     # rule 3: any other component differs
     diffs: list[str] = []
+    seed_fix = False
     if alg != t_alg:
         diffs.append(f"hash_algorithm {alg} (writer) vs {t_alg} (target)")
     target_none = _none_hash(t_alg, t_seed, t_vllm)
     if writer_none is not None and target_none is not None and writer_none != target_none:
-        text = f"NONE_HASH {writer_none} (writer) vs {target_none} (target)"
-        if seed is not None and seed != "unset":
-            text += (f": setting the target's PYTHONHASHSEED to the writer's ({seed}) makes the chunks reachable "
-                     "again")
-        diffs.append(text)
+        diffs.append(f"NONE_HASH {writer_none} (writer) vs {target_none} (target)")
+        seed_fix = seed is not None and seed != "unset"
     if alg == "builtin" and t_alg == "builtin":
         w_py, t_py = _py_hash_era(facts.python_version), _py_hash_era(facts.target_python_version)
         if w_py and t_py and w_py != t_py:
@@ -527,7 +537,13 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str |
     if era == "old":
         diffs.append(era_why)
     if diffs:
-        return "stale_hash_recipe", "hash recipe differs: " + "; ".join(diffs) + " (§3.2)", None
+        # only the seed differs: the target can take the writer's (another difference stays)
+        seed_fix = seed_fix and len(diffs) == 1
+        if seed_fix:
+            diffs[0] += (f": setting the target's PYTHONHASHSEED to the writer's ({seed}) makes the chunks "
+                         "reachable again")
+        return RecipeVerdict("stale_hash_recipe", "hash recipe differs: " + "; ".join(diffs) + " (§3.2)",
+                             seed_fix=seed_fix)
     # rule 4 and the facts a proof needs
     asks: list[str] = []
     whys: list[str] = []
@@ -544,7 +560,7 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> tuple[str | None, str, str |
         asks.append("--target-vllm-release")
         whys.append("the target's NONE_HASH depends on its vLLM release")
     if asks:
-        return None, "hash recipe not proven: " + "; ".join(whys) + " (§3.2)", fd.asks(*asks)
+        return RecipeVerdict(None, "hash recipe not proven: " + "; ".join(whys) + " (§3.2)", fd.asks(*asks))
     return None
 
 

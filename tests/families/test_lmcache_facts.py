@@ -172,6 +172,17 @@ def test_the_report_notes_a_seedless_writer_and_a_seed_a_target_setting_fixes(fs
     assert rc == 1 and "seedless writer" in out, out
 
 
+def test_a_seed_is_not_offered_as_the_fix_when_another_component_differs_too(fs_tier):
+    """Setting the target's PYTHONHASHSEED reaches nothing when the algorithm differs as well:
+    neither the row's reason nor the report's note may say it does."""
+    rc, out = run("audit", fs_tier, "--writer-release", "0.5.6", "--pythonhashseed", "5", "--target-pythonhashseed",
+                  "6", "--target-hash-algorithm", "sha256", "--json")
+    assert rc == 1
+    text = json.dumps(json.loads(out))
+    assert "hash_algorithm builtin (writer) vs sha256 (target)" in text
+    assert "makes the chunks reachable again" not in text and "start the target with PYTHONHASHSEED" not in text
+
+
 # --- writer releases ------------------------------------------------------------------------
 
 
