@@ -311,18 +311,16 @@ def _usage_message(exc: Exception, option: str) -> str:
     return text[len(option):].lstrip() if text.startswith(option) else text
 
 
-class _LibraryParsed(click.ParamType):
+class LibraryParsed(click.ParamType):
     """A value a library function parses (raising its UsageError, whose message starts
-    with the option's name): a click parse error at once, exit 2, naming the option."""
+    with the option's name): a click parse error at once, exit 2, naming the option.
+    `parse` turns the text into the value; a value `done` says is parsed passes through."""
 
-    option: str  # the option the library's messages name
-    parsed: type  # what the parse returns (a value already parsed passes through)
-
-    def parse(self, text: str) -> Any:
-        raise NotImplementedError
+    def __init__(self, name: str, option: str, parse: Callable[[str], Any], done: Callable[[Any], bool]):
+        self.name, self.option, self.parse, self.done = name, option, parse, done
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, self.parsed):
+        if self.done(value):
             return value
         from kvmigrate.errors import UsageError
 
@@ -332,26 +330,35 @@ class _LibraryParsed(click.ParamType):
             self.fail(_usage_message(exc, self.option), param, ctx)
 
 
-class RateType(_LibraryParsed):
-    """--bwlimit RATE: `200M`, `1.5G`, `50000` (kvmigrate.pacing.parse_rate)."""
+def _rate(text: str) -> Rate:
+    from kvmigrate import pacing
 
-    name, option, parsed = "rate", "--bwlimit", Rate
-
-    def parse(self, text: str) -> Rate:
-        from kvmigrate import pacing
-
-        return Rate(pacing.parse_rate(text), text)
+    return Rate(pacing.parse_rate(text), text)
 
 
-class MaxDurationType(_LibraryParsed):
-    """--max-duration DURATION: `2h`, `1h30m`, `90m`, `45s`, above zero (kvmigrate.pacing.parse_duration)."""
+def _max_duration(text: str) -> Seconds:
+    from kvmigrate import pacing
 
-    name, option, parsed = "duration", "--max-duration", Seconds
+    return Seconds(pacing.parse_duration(text), text)
 
-    def parse(self, text: str) -> Seconds:
-        from kvmigrate import pacing
 
-        return Seconds(pacing.parse_duration(text), text)
+def _fraction(text: str) -> Fraction:
+    from kvmigrate.scan.baseline import parse_fraction
+
+    return parse_fraction(text)
+
+
+def _is_fraction(value: Any) -> bool:
+    from fractions import Fraction  # (not at start-up: it loads decimal)
+
+    return isinstance(value, Fraction)
+
+
+# --bwlimit RATE: `200M`, `1.5G`, `50000`; --max-duration: `2h`, `1h30m`, `45s`, above zero
+# (kvmigrate.pacing); --recheck F: a fraction between 0 and 1, `1/30`, `0.05` (scan.baseline)
+RATE = LibraryParsed("rate", "--bwlimit", _rate, lambda v: isinstance(v, Rate))
+MAX_DURATION = LibraryParsed("duration", "--max-duration", _max_duration, lambda v: isinstance(v, Seconds))
+FRACTION = LibraryParsed("fraction", "--recheck", _fraction, _is_fraction)
 
 
 class AgeType(click.ParamType):
@@ -386,23 +393,6 @@ class ShardType(click.ParamType):
         if not (n >= 1 and 0 <= k < n):
             self.fail(f"need 0 <= K < N, got {value!r}", param, ctx)
         return k, n
-
-
-class FractionType(_LibraryParsed):
-    """--recheck F: a fraction between 0 and 1 (`1/30`, `0.05`; kvmigrate.scan.baseline.parse_fraction)."""
-
-    name, option = "fraction", "--recheck"
-
-    @property
-    def parsed(self) -> type:  # type: ignore[override]
-        from fractions import Fraction  # (not at start-up: it loads decimal)
-
-        return Fraction
-
-    def parse(self, text: str) -> Fraction:
-        from kvmigrate.scan.baseline import parse_fraction
-
-        return parse_fraction(text)
 
 
 def walk_options(fn: Callable) -> Callable:
@@ -536,10 +526,10 @@ def pacing_options(fn: Callable) -> Callable:
     fn = click.option("--idle-io", "idle_io", is_flag=True,
                       help="Idle I/O priority (ionice -c 3): the disk serves this run only when the engine "
                            "does not ask.")(fn)
-    fn = click.option("--bwlimit", type=RateType(), metavar="RATE", default=None,
+    fn = click.option("--bwlimit", type=RATE, metavar="RATE", default=None,
                       help="Read at most RATE bytes/s for hashing and copies (200M, 1.5G; K, M, G = 1024 "
                            "powers), all threads and worker processes together.")(fn)
-    fn = click.option("--max-duration", "max_duration", type=MaxDurationType(), metavar="DURATION", default=None,
+    fn = click.option("--max-duration", "max_duration", type=MAX_DURATION, metavar="DURATION", default=None,
                       help="Stop cleanly at a batch boundary after DURATION (2h, 90m, 1h30m, 45s) and exit 32 "
                            "with the command that goes on.")(fn)
     return fn
@@ -598,7 +588,7 @@ def baseline_options(fn: Callable) -> Callable:
     fn = click.option("--history", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=str),
                       help="Where audits are kept (--keep) and --baseline auto looks "
                            "(default: ROOT/.kvmigrate/audits).")(fn)
-    fn = click.option("--recheck", type=FractionType(), default=None, metavar="F",
+    fn = click.option("--recheck", type=FRACTION, default=None, metavar="F",
                       help="With --baseline: re-read this fraction of the carried-over files anyway, by bucket, "
                            "a different part each run (default 1/30: 30 runs cover the tree); a hash that "
                            "changed under unchanged metadata is a silent_change (exit bit 4).")(fn)

@@ -458,14 +458,22 @@ def _prod(shape: tuple[int, ...] | list[int]) -> int:
     return n
 
 
+def _fmt_problem(fmt: int, mla: bool | None) -> str | None:
+    """A header's MemoryFormat against the KV formats and the model's kind (§2.4), or None."""
+    if fmt not in KV_FORMATS:
+        return f"fmt {fmt} is not a KV format"
+    if mla is not None and fmt != memory_format(mla):
+        return f"fmt {fmt} does not match the model's kind ({'MLA' if mla else 'non-MLA'})"
+    return None
+
+
 def fs_header_problem(h: FsHeader, dtype: str | None, mla: bool | None = None) -> str | None:
     """Why a decoded header contradicts itself or the key (§2.4 header_invalid), or None:
     unknown fmt or dtype code, a dtype other than the key's, fmt against the model's kind,
     shape × b ≠ length."""
-    if h.fmt not in KV_FORMATS:
-        return f"fmt {h.fmt} is not a KV format"
-    if mla is not None and h.fmt != memory_format(mla):
-        return f"fmt {h.fmt} does not match the model's kind ({'MLA' if mla else 'non-MLA'})"
+    fmt = _fmt_problem(h.fmt, mla)
+    if fmt is not None:
+        return fmt
     hd = h.dtype
     if hd is None:
         return f"unknown dtype code {h.groups[0][0] if h.groups else None}"
@@ -556,10 +564,9 @@ def _encode_raw(meta: Any) -> bytes:
 
 def gds_header_problem(h: GdsHeader, dtype: str | None, mla: bool | None = None) -> str | None:
     """Why a decoded GDS header contradicts itself or the key (§2.4 header_invalid), or None."""
-    if h.fmt not in KV_FORMATS:
-        return f"fmt {h.fmt} is not a KV format"
-    if mla is not None and h.fmt != memory_format(mla):
-        return f"fmt {h.fmt} does not match the model's kind ({'MLA' if mla else 'non-MLA'})"
+    fmt = _fmt_problem(h.fmt, mla)
+    if fmt is not None:
+        return fmt
     kd = h.key_dtype
     if kd is None:
         return f"unknown dtype {h.dtype!r}"
