@@ -515,7 +515,8 @@ def _flags_asked(st: _State, n: Namespace) -> Iterator[Item]:
         for flag in sorted(flags):
             extra += [flag, FLAG_VALUES.get(flag, "<value>")]
         why = ("say which engine wrote it (--family; or per namespace in --facts FACTS.json)" if "--family" in flags
-               else f"state {', '.join(sorted(flags))} so {action} can be planned")
+               else f"state {', '.join(sorted(flags))}: the verdicts of {plural(blocks, 'file')} wait for them"
+               if action == "none" else f"state {', '.join(sorted(flags))} so {action} can be planned")
         yield _Hint(cmd.rerun(*extra, replace_flags=tuple(sorted(flags))), why,
                     "family_ambiguous" if "--family" in flags else action, base, 2)
         if action == "needs_slice" and cmd.verify != "hash":  # the other way its reason names

@@ -342,3 +342,10 @@ def test_lmcache_flags_leave_other_families_rows_and_facts_unchanged(tmp_path, s
                                       "target_tp": 4, "tmp_dir": "x", "writer_release": "0.4.7,0.3.12"})
     keep = ("status", "action", "reason", "target_relpath", "finding", "asks")
     assert {k: {c: r[c] for c in keep} for k, r in a.items()} == {k: {c: r[c] for c in keep} for k, r in b.items()}
+
+
+def test_the_rerun_hint_for_unproven_recipes_says_what_waits_for_the_facts(fs_tier):
+    """The facts a `none` row asks for decide its verdict; the hint never says 'none can be planned'."""
+    rc, out = run("audit", fs_tier)
+    hint = next(line for line in out.splitlines() if "--writer-release" in line and "state" in line)
+    assert "wait for them" in hint and "none can be planned" not in hint
