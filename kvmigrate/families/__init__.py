@@ -249,6 +249,10 @@ class Family:
         a row's source and target names name its block); None: not a page name."""
         return None
 
+    def unmarked(self, block_hash: bytes) -> bytes:
+        """A row's chunk hash as its names carry it (a tier plan marks a sidecar row's)."""
+        return block_hash
+
     def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
         """The namespace the target names of a deployment belong to, as a rescan labels
         them (the migration's target; prune finds the migrated sources by it)."""

@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 from kvmigrate import families, layout
 from kvmigrate import findings as fd
+from kvmigrate.families import lmcache_plan as P
+from kvmigrate.families.lmcache_plan import deployment_label
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
 from kvmigrate.identity.values import FACT_FLAGS
@@ -36,8 +38,7 @@ from kvmigrate.identity.vllm_target import Target
 PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
-NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (already_present, link and "
-               "reshard come next)")
+SIDECAR_MARK = b"/metadata"  # appended to a sidecar's chunk hash inside a plan (flat_page_hex)
 
 
 @dataclass
@@ -71,6 +72,8 @@ class TierFile:
     rank: int | None = None
     group: int | None = None
     block_hash: bytes | None = None
+    chunk: L.ChunkName | None = None  # what its name parses as (None: no chunk name)
+    target: str | None = None  # the row's target_relpath (lmcache_plan)
 
 
 @dataclass
@@ -91,24 +94,20 @@ class Deployment:
     fs_header: bool | None = None
     facts: Facts = field(default_factory=Facts)
     needs: set[str] = field(default_factory=set)  # facts asked by its rows (needs_fact)
+    root: str | None = None  # the scanned root (a reshard's outputs found there are re-computed to compare)
+    side: Any = None  # its target (lmcache_plan.TargetSide; None: nothing is planned)
+    needs_target: Any = None  # why its target is not decided (lmcache_plan.NotPlanned)
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def plan_fields(self) -> dict[str, Any]:
+        """What the migration plan re-proves an action from (the namespace's fields)."""
+        return P.tier_fields(self, self.side)
 
 
 def tier_label(tier: str) -> str:
     """The label of a tier's rows that belong to no deployment (temp, foreign)."""
     return f"lmcache:{tier}"
-
-
-def deployment_label(tier: str, chunk: L.ChunkName) -> str:
-    """§4's `source_base`/`deployment` of a chunk's file."""
-    k = chunk.key
-    if k.scheme == "lmc-mp1":
-        return f"lmcache:{tier}:mp:{k.model}:lmc-mp1:ws{k.ws}:g{k.group or 0:x}"
-    out = f"lmcache:{tier}:{chunk.backend}:{k.model}:{k.scheme}:ws{k.ws}"
-    if k.dtype:
-        out += f":{k.dtype}"
-    if k.tags:
-        out += ":" + "@".join(f"{t}%{v}" for t, v in k.tags)
-    return out
 
 
 def block_hash_bytes(key: L.Key) -> bytes | None:
@@ -210,6 +209,8 @@ class LMCache(families.Family):
     target_engine = "lmcache"
     root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
     prunes = False  # §6 (per-tier quiet period, --index-lost, sidecar pairs) is not built yet
+    transforms = ("reshard", "rewrite_header")
+    copies_whole = True  # MLA copies are whole chunks; a placed-by-rank chunk reads one file
     tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)
 
     def tier_label(self, tier: str) -> str:
@@ -238,11 +239,64 @@ class LMCache(families.Family):
         return profile if profile in PROFILES else DEFAULT_PROFILE
 
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
-        """The target deployment: the writer's own (no target facts are read yet, §3.3)."""
-        label = str(fields.get("deployment") or "")
+        """The target deployment's label (lmcache_plan: the names it looks up); its chunks'
+        actions are the rows' (§3.4), so no identity or folder is computed here."""
+        label = str(fields.get("target_label") or fields.get("deployment") or "")
         return Target(profile=self.target_profile(profile), family=self.name, fields=None, d12=None,
                       base_name=label or None, rank_dir=None, parallel_agnostic=False, replicated_layout=False,
-                      reasons=[], unreachable=NOT_PLANNED)
+                      reasons=[])
+
+    # --- the migration plan (docs/families.md §3: a tier's rows are planned as a flat family's) --
+
+    def target_label_of(self, dep: Deployment) -> str:
+        """§4's `target_base` of a deployment whose target is decided."""
+        return P.target_label(dep.tier, dep, dep.side)
+
+    def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
+        return str(fields.get("target_label") or source_base)
+
+    def flat_page_hex(self, name: str) -> str | None:
+        """The chunk hash (the `block_hash` column's hex) a path inside a tier names. Inside a
+        plan a sidecar row's hash is `marked` (never taken for a rank file of its chunk)."""
+        chunk = L.parse_name(name.rsplit("/", 1)[-1])
+        h = block_hash_bytes(chunk.key) if chunk is not None else None
+        return None if h is None else h.hex()
+
+    sidecar_suffix = L.SIDECAR
+
+    def is_sidecar(self, relpath: str) -> bool:
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        return chunk is not None and chunk.sidecar
+
+    def marked(self, block_hash: bytes) -> bytes:
+        return block_hash if block_hash.endswith(SIDECAR_MARK) else block_hash + SIDECAR_MARK
+
+    def unmarked(self, block_hash: bytes) -> bytes:
+        return block_hash.removesuffix(SIDECAR_MARK)
+
+    def tier_paths_problem(self, fields: Mapping[str, Any], relpath: str, target: str) -> str | None:
+        """Why a row's target is not a name of its tier (a plan writes nowhere else)."""
+        tier = str(fields.get("tier") or ".")
+        for what, path in (("relpath", relpath), ("target_relpath", target)):
+            inside = path.split("/")[1:] if tier != "." else path.split("/")
+            if (tier != "." and path.split("/", 1)[0] != tier) or not 1 <= len(inside) <= 3 or (
+                    len(inside) > 1 and not all(1 <= len(p) <= 2 for p in inside[:-1])):
+                return f"{what} {path!r} is not a file of tier {tier!r}"
+        return None
+
+    def tier_spec(self, fields: Mapping[str, Any], facts: Mapping[str, Any], action: str, size: int,
+                  target: str) -> Any:
+        """The output of a reshard or header rewrite, re-proven (lmcache_plan.tier_spec)."""
+        known = {k: v for k, v in facts.items() if k in Facts.__dataclass_fields__}
+        if isinstance(known.get("writer_release"), list):
+            known["writer_release"] = tuple(known["writer_release"])
+        try:
+            return P.tier_spec(fields, Facts(**known), action, size, target)
+        except P.NotPlanned as np:
+            raise ValueError(np.why) from None
+
+    def expanded_targets(self, fields: Mapping[str, Any], action: str, target: str) -> list[str]:
+        return P.expanded_targets(fields, action, target)
 
     def scheme_of(self, fields: Mapping[str, Any]) -> str:
         return str(fields.get("scheme") or "")
@@ -257,7 +311,11 @@ class LMCache(families.Family):
         return fields.get("kv_kind") or facts.get("kv_kind")
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
-        return tuple(sorted(set(present))) or (0,)
+        """The ranks read together for one chunk: MLA copies (compared) and a reshard's
+        shards; a chunk placed rank by rank reads one file (world 1)."""
+        if not fields.get("joint_ranks"):
+            return (0,)
+        return tuple(range(int(fields.get("ws") or 1)))
 
     def status_advice(self, status: str) -> tuple[str, str, str] | None:
         return _ADVICE.get(status)
@@ -265,7 +323,7 @@ class LMCache(families.Family):
     # --- a tier's files -----------------------------------------------------------------
 
     def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
-                      facts_for: Any = None) -> tuple[list[Deployment], list[TierFile]]:
+                      facts_for: Any = None, root: str | None = None) -> tuple[list[Deployment], list[TierFile]]:
         """Every file of one tier with its status (§4's order), action `none` and reason:
         (the deployments with their files, the files of no deployment). `files` are the
         regular and other entries the scan found in the tier's layout (its top level and
@@ -302,8 +360,9 @@ class LMCache(families.Family):
                 facts = facts_for(k.model, chunk.backend) if facts_for is not None else Facts()
                 dep = deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
                                                k.group if k.scheme == "lmc-mp1" else 0, kv_kind or facts.kv_kind,
-                                               facts=facts)
+                                               facts=facts, root=root, tags=k.tags)
             dep.files.append(f)
+            f.chunk = chunk
             f.deployment = label
             f.rank = chunk.key.wid
             f.group = chunk.key.group or 0 if chunk.key.scheme == "lmc-mp1" else 0
@@ -343,6 +402,10 @@ class LMCache(families.Family):
             if any(f.seed_fix for f in dep.files):  # §7: a seed mismatch
                 dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
                                  "and these chunks are reachable again (--target-pythonhashseed states the target's)")
+        for dep in deps.values():
+            dep.kv_kind = dep.kv_kind or _kind_from_headers(dep)
+        P.plan_tier(tier, deps.values(), files)
+        for dep in deps.values():
             for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
                 found = fd.finding_of(f.reason)
                 if found is not None and found.code == fd.NEEDS_FACT:
@@ -375,8 +438,6 @@ class LMCache(families.Family):
         if status is None:
             status, reason, f.seed_fix = self._reachability(c, dep.facts)
         f.status = status
-        if status in ("ok", "index_lost", "stale_hash_recipe", "unreproducible_hash"):
-            reason = fd.Reason(f"{reason}; {NOT_PLANNED}", fd.finding_of(reason))
         f.reason = reason
 
     def _sidecar_verdict(self, f: TierFile, c: L.ChunkName, gds: dict) -> tuple[str | None, str]:
@@ -608,6 +669,24 @@ def assumed_notes(dep: Deployment) -> list[str]:
         out.append("chunk_size assumed equal for writer and target: state them with --chunk-size and "
                    "--target-chunk-size")
     return out
+
+
+def _kind_from_headers(dep: Deployment) -> str | None:
+    """The kv kind a whole chunk's header states by its `fmt` (§3.3: KV_MLA_FMT or KV_2LTD)."""
+    for f in dep.files:
+        if f.status != "ok" or f.head is None or f.chunk is None or f.chunk.sidecar:
+            continue
+        if f.chunk.backend == "gds":
+            g = L.decode_gds_header(f.head)
+            fmt = g.fmt if g is not None else None
+        elif f.chunk.backend == "fs" and dep.fs_header:
+            h = L.decode_fs_header(f.head)
+            fmt = h.fmt if h is not None else None
+        else:
+            return None
+        if fmt in L.KV_FORMATS:
+            return "mla" if fmt == L.KV_MLA_FMT else "full"
+    return None
 
 
 def _geometry_args(dep: Deployment) -> dict[str, Any]:

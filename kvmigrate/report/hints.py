@@ -139,7 +139,7 @@ FACT_HELP = {
 }
 # the facts --model-config reads from a Hugging Face config.json
 MODEL_CONFIG_FACTS = ("kv_kind", "total_kv_heads", "model_dtype")
-NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard")
 # Actions that take one rank's file for all ranks: they need the replicas proven equal.
 REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")

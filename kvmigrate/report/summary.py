@@ -77,7 +77,7 @@ SUMMARY_VERSION = 1
 STATUS_ORDER = tuple(STATUS_BITS)
 REUSABLE_ACTIONS = ACTION_ORDER[:7]
 PENDING_ACTIONS = ACTION_ORDER[1:7]  # reusable and not yet at the target
-NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard")
 
 # Rows that are files in the tree but never blocks, even when their name carries a hash.
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
