@@ -29,6 +29,7 @@ from kvmigrate.transforms_lmcache import HEADER_BYTES, TierSpec, write_tier
 
 MP_MLA_RANK = 0x01000100  # an MP MLA key's kv_rank at every TP (§1.2)
 PLACEABLE = ("ok",)
+TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "half", "half": "half", "float32": "float", "float": "float"}
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,12 @@ class TargetSide:
     header: str  # raw | fs | gds: what precedes a target payload
     convert: bool = False  # a local_disk chunk written as an fs chunk (§3.5)
     reshard: bool = False  # a non-MLA TP change (§3.4)
+    rewrites: bool = False  # an fs chunk's header added or stripped (its name is kept)
 
     @property
     def needs_dest(self) -> bool:
         """Outputs that keep a source's name or change the backend go only into --dest DIR (§3.6)."""
-        return self.convert
+        return self.convert or self.rewrites
 
 
 class NotPlanned(Exception):
@@ -90,6 +92,18 @@ def target_side(dep: Any) -> TargetSide | None:
             "fs" if convert or dep.fs_header else "raw")
     else:
         header = "gds" if backend == "gds" else "raw"
+    if kind is None and header == "fs" and (convert or dep.backend == "fs" and not dep.fs_header):
+        raise NotPlanned("a RemoteMetadata header states the chunk's format: the kv kind decides it",
+                         fd.asks("--kv-kind"))
+    side = _side(dep, f, backend, model, kind, header, convert)
+    if side is not None and backend == "fs" and not convert and header != _src_header(dep.backend, dep.fs_header):
+        side = replace(side, rewrites=True)
+    return side
+
+
+def _side(dep: Any, f: Facts, backend: str, model: str, kind: str | None, header: str,
+          convert: bool) -> TargetSide | None:
+    """The target names (§3.1) of a deployment whose backend, model and header are decided."""
     writer_sofr = dep.ws == 1
     n = f.target_tp
     if dep.scheme == "lmc-mp1":
@@ -182,9 +196,11 @@ def tier_spec(fields: Mapping[str, Any], facts: Facts, action: str, size: int, t
     else:
         dst_header = "raw"
     kind = fields.get("kv_kind") or facts.kv_kind
-    dtype = fields.get("dtype")
+    dtype = fields.get("dtype") or TORCH_DTYPES.get(str(facts.model_dtype))  # (an MP name carries none)
     if kind not in ("mla", "full"):
         raise NotPlanned("the kv kind is not known", fd.asks("--kv-kind"))
+    if dtype is None:
+        raise NotPlanned("the KV cache dtype is not in an MP name", fd.asks("--model-dtype"))
     if dtype not in L.DTYPE_BYTES:
         raise NotPlanned(f"dtype {dtype!r} is not one LMCache writes a payload of")
     b = L.DTYPE_BYTES[str(dtype)]
@@ -314,7 +330,20 @@ def _plan_chunk(tier: str, dep: Any, side: TargetSide, cfiles: list[Any], presen
 
 def _action(side: TargetSide, dep: Any) -> str:
     changes_header = side.header != _src_header(dep.backend, dep.fs_header) and side.backend != "gds"
-    return "rewrite_header" if side.convert and side.header == "fs" or changes_header else "link"
+    return "rewrite_header" if changes_header else "link"
+
+
+def _unproven_rewrite(dep: Any, side: TargetSide, action: str, f: Any, target: str) -> bool:
+    """A header rewrite the facts do not prove (its shape): the row says what it waits for."""
+    if action != "rewrite_header":
+        return False
+    try:
+        tier_spec(tier_fields(dep, side), dep.facts, action, f.size, target)
+    except NotPlanned as np:
+        _mark(f, "none", None, f"{action} not planned: {np.why}",
+              fd.Finding(fd.NEEDS_FACT, asks=np.asks) if np.asks else None)
+        return True
+    return False
 
 
 def _same_bytes(a: Any, b: Any) -> bool:
@@ -347,6 +376,8 @@ def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str]
                 have += 1
             else:
                 occupied = occupied or t
+    if _unproven_rewrite(dep, side, action, primary, targets[0]):
+        return
     if have == len(targets):
         _mark(primary, "already_present", targets[0], "the target looks this chunk up by "
               + ("this very name" if targets == [primary.relpath] else f"{len(targets)} name(s), all present"))
@@ -370,6 +401,8 @@ def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any]
     for f in good:
         t = target_relpath(tier, target_key(f.chunk.key, side, int(f.rank or 0)), side)
         there = None if side.needs_dest else present.get(t)
+        if _unproven_rewrite(dep, side, action, f, t):
+            continue
         if t == f.relpath and not side.needs_dest:
             _mark(f, "already_present", t, "the target looks this chunk up by this very name")
         elif there is not None and action == "link" and _same_bytes(there, f):

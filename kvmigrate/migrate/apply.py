@@ -126,6 +126,8 @@ class Applier:
                 for tp in work:
                     if not tp.flat:  # (a flat target's files go into the destination directory itself)
                         self.folders.ensure_dirs([tp.base_name])
+                    elif tp.lock_dir:  # a tier's folder holds its lock (a tier made in --dest DIR)
+                        self.folders.ensure_dirs([tp.lock_dir])
                 if self.take_locks:
                     self._lock_namespaces(work, locks)
                 self._resume_pending()

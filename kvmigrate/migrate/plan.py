@@ -121,6 +121,12 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
+    def transformed(self, sb: str, action: str) -> bool:
+        """The row's output is written from a proven geometry (a transform, or an LMCache
+        chunk's header rewrite: `TierSpec`)."""
+        return action in TRANSFORMS or action == "rewrite_header" and sb in self.flat and \
+            self.flat[sb].root_layout == "tiers"
+
     def spec(self, sb: str, action: str, group: Any, size: int, cell: Sequence[Any], rowname: str,
              relpath: str = "", target: str = "") -> TransformSpec:
         """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
@@ -393,6 +399,10 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
     merged = _competing_paths(c)
     one_by_one = pc.or_(pc.is_in(c.column("action"), pa.array(list(TRANSFORMS))),
                         pc.less(c.column("size"), 0))  # (padding of a negative size: Python's rounding)
+    tiers = [b for b, f in ctx.flat.items() if f.root_layout == "tiers"]
+    if tiers:  # an LMCache header rewrite writes what its TierSpec says
+        one_by_one = pc.or_(one_by_one, pc.fill_null(pc.and_(pc.equal(c.column("action"), "rewrite_header"), pc.is_in(
+            c.column("source_base"), pa.array(tiers, pa.string()))), False))
     if len(merged):
         one_by_one = pc.or_(one_by_one, pc.is_in(c.column("target_relpath"), value_set=merged))
     plain = c.filter(pc.invert(one_by_one))
@@ -440,7 +450,7 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         sb, action, tr, size = cols["source_base"][i], cols["action"][i], cols["target_relpath"][i], cols["size"][i]
         tal = tallies[ctx.target_of[sb].base_name]
         spec = None
-        if action in TRANSFORMS:
+        if ctx.transformed(sb, action):
             spec = ctx.spec(sb, action, cols["group"][i], size, (cols["row_cells"][i], cols["cell_bytes"][i]),
                             f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i], tr)
             out = spec.output_size
@@ -491,13 +501,13 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
     by_path: dict[str, list[Candidate]] = {}
     for i in range(rows.num_rows):
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
-        if action in TRANSFORMS:
+        if ctx.transformed(sb, action):
             out = ctx.spec(sb, action, group, size, (cols["row_cells"][i], cols["cell_bytes"][i]),
                            f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i],
                            cols["target_relpath"][i]).output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
-        digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
+        digest = None if ctx.transformed(sb, action) else cols["payload_xxh3_128" if action == "rewrite_header"
                                                         else "content_xxh3_128"][i]
         by_path.setdefault(cols["target_relpath"][i], []).append(Candidate(
             sb, _as_int(cols["rank"][i]), cols["relpath"][i], action, out, _as_int(group),
@@ -605,7 +615,7 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
             world = world_of.get(dep, 1)
             reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
-            if action in TRANSFORMS:
+            if ctx.transformed(sb, action):
                 spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}", src.relpath,
                                 target)
             yield _block_action((action, target, src, reps, sb, world, spec))
