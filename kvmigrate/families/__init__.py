@@ -311,6 +311,21 @@ class Family:
         says whether its ambiguity changes any byte)."""
         return []
 
+    def pair_of(self, relpath: str) -> str | None:
+        """The other file of a pair a tier file belongs to (a GDS data file and its sidecar),
+        else None."""
+        return None
+
+    def removed_first(self, relpath: str) -> bool:
+        """A created file rollback removes before the others (a GDS sidecar: the engine finds
+        a data file only through it, so it goes before its data file)."""
+        return False
+
+    def verify_tier_file(self, relpath: str, size: int, read: Any) -> tuple[str, str] | None:
+        """(finding kind, message) when a file a migration made in a tier would not be read
+        by its engine; `read(relpath, limit)` reads a file of the destination."""
+        return None
+
     def verify_block(self, head: bytes, size: int, target: Mapping[str, Any], hex_hash: str | None,
                      group: int) -> tuple[str, str] | None:
         """(finding kind, message) when a migrated block of a target namespace of this

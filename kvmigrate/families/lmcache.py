@@ -295,6 +295,35 @@ class LMCache(families.Family):
         except P.NotPlanned as np:
             raise ValueError(np.why) from None
 
+    def pair_of(self, relpath: str) -> str | None:
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        if chunk is None or chunk.backend != "gds":
+            return None
+        return relpath[: -len(L.SIDECAR)] if chunk.sidecar else relpath + L.SIDECAR
+
+    def removed_first(self, relpath: str) -> bool:
+        return self.is_sidecar(relpath)
+
+    def verify_tier_file(self, relpath: str, size: int, read: Any) -> tuple[str, str] | None:
+        """§5: a created file re-parsed to its chunk: an fs header against the name's dtype and
+        the file's size, a GDS data header likewise, a sidecar equal to its data file's header."""
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        if chunk is None:
+            return "header_invalid", "not an LMCache chunk name"
+        head = read(relpath, HEAD_BYTES)
+        if chunk.sidecar:
+            try:
+                data_head = read(relpath[: -len(L.SIDECAR)], L.GDS_HEADER)
+            except FileNotFoundError:
+                return "corrupt_sidecar", "its data file is missing: a probe finds no data"
+            v = L.sidecar_verdict(head, data_head)
+        elif chunk.backend == "gds" or chunk.backend == "fs" and L.decode_fs_header(head) is not None and \
+                L.fs_header_fits(head, size, chunk.key.dtype):
+            v = L.chunk_verdict(chunk.backend, size, head, all_zero=not any(head), dtype=chunk.key.dtype)
+        else:  # a raw payload: its size is the journal's, checked above
+            return None
+        return (v.status, v.reason) if v.status is not None else None
+
     def expanded_targets(self, fields: Mapping[str, Any], action: str, target: str) -> list[str]:
         return P.expanded_targets(fields, action, target)
 

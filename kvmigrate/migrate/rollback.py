@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
@@ -444,7 +444,12 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                 if rec.get("kind") in by_kind:
                     check_relpath(rec["path"], "journal path")
                     by_kind[rec["kind"]].append(rec)
-            rm.files(by_kind["block"], "block")
+            # a file its engine reads only through another (a GDS sidecar) goes first, then the rest
+            first = [r for r in by_kind["block"] if families.get(
+                (run.targets.get(run.target_of(r["path"]) or "") or {}).get("family")).removed_first(r["path"])]
+            rm.files(first, "block")
+            firsts = {id(r) for r in first}
+            rm.files([r for r in by_kind["block"] if id(r) not in firsts], "block")
             rm.files(by_kind["config"], "config")
             temps = []
             for item in run.intents.values():

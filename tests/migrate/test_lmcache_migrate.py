@@ -275,3 +275,25 @@ def test_verify_finds_a_tampered_reshard_output(tmp_path):
         os.close(fd)
     rc, text = run("verify", root, "--journal", root / ".kvmigrate" / "journals")
     assert rc != 0 and out.name in text, text
+
+
+def test_a_gds_sidecar_is_never_published_without_its_data_file(tmp_path):
+    """§5: data first, then its sidecar. A data target taken after the scan is a conflict at
+    apply; its sidecar is then not placed either (a probe reads the sidecar, then the data)."""
+    root = tmp_path / "root"
+    synth(root, lmc_backend="gds", tp=2, kv_kind="mla")
+    scan(root, tmp_path / "m.parquet", "--target-tp", "2", "--no-target-save-only-first-rank", *GEOMETRY)
+    from kvmigrate.migrate.plan import build_plan
+
+    plan = build_plan(tmp_path / "m.parquet")
+    targets = [a.target_relpath for tp in plan.targets for a in tp.actions]
+    data = next(t for t in targets if not t.endswith(".metadata"))
+    assert data + ".metadata" in targets
+    (root / data).parent.mkdir(parents=True, exist_ok=True)
+    (root / data).write_bytes(b"someone else's")
+    rc, text = run("migrate", "--manifest", tmp_path / "m.parquet", "--apply")
+    assert rc & 4 and "conflict" in text
+    assert not (root / (data + ".metadata")).exists()
+    assert (root / data).read_bytes() == b"someone else's"
+    others = [t for t in targets if t.endswith(".metadata") and t != data + ".metadata"]
+    assert others and all((root / t).exists() and (root / t[: -len(".metadata")]).exists() for t in others)
