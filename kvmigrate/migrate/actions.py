@@ -264,7 +264,12 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
     for tp in plan.targets:
         c = tp.counts()
         lines.append("")
-        where = f"page files in the destination directory, {tp.profile}" if tp.flat else f"files in {tp.rank_dir}/"
+        if tp.lock is not None:
+            where = f"files in tier {tp.lock or '.'}, {tp.profile}"
+        elif tp.flat:
+            where = f"page files in the destination directory, {tp.profile}"
+        else:
+            where = f"files in {tp.rank_dir}/"
         lines.append(f"target namespace {tp.base_name}  ({tp.family}, {where})")
         lines.append(f"  from: {', '.join(tp.sources)}")
         lines += [f"  rests on: {claim}" for claim in tp.claims]
