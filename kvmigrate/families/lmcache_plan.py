@@ -333,6 +333,25 @@ def _action(side: TargetSide, dep: Any) -> str:
     return "rewrite_header" if changes_header else "link"
 
 
+def _majority(copies: list[Any]) -> list[Any]:
+    """The copies a strict majority of the hashed copies agrees with (all of them when some
+    copy was not hashed: the apply compares them); the others are marked replica_mismatch."""
+    if len(copies) < 2 or any(f.content is None for f in copies):
+        return copies
+    groups: dict[bytes, list[Any]] = defaultdict(list)
+    for f in copies:
+        groups[f.content].append(f)
+    best = max(groups.values(), key=len)
+    keep = best if 2 * len(best) > len(copies) else []
+    for f in copies:
+        if not any(f is k for k in keep):
+            f.status = "replica_mismatch"
+            f.reason = fd.Reason(f"{f.reason}; MLA copy differs from " + (
+                f"the {len(keep)} of {len(copies)} copies that agree" if keep else "the others, and no majority "
+                "agrees: none is placed"))
+    return keep
+
+
 def _unproven_rewrite(dep: Any, side: TargetSide, action: str, f: Any, target: str) -> bool:
     """A header rewrite the facts do not prove (its shape): the row says what it waits for."""
     if action != "rewrite_header":
@@ -362,7 +381,12 @@ def _mark(f: Any, action: str, target: str | None, text: str, finding: fd.Findin
 
 def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str], present: dict[str, Any]) -> None:
     """MLA: every copy is the whole chunk; one verified copy (the lowest rank) serves every
-    target name (§3.1); the others are its replicas."""
+    target name (§3.1); the others are its replicas. Copies the scan hashed that differ: the
+    copy a majority agrees with serves, the others are `replica_mismatch`; without a
+    majority none is placed (§3.4)."""
+    good = _majority(good)
+    if not good:
+        return
     primary = good[0]
     action = _action(side, dep)
     occupied = None

@@ -75,8 +75,8 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
 SUMMARY_VERSION = 1
 
 STATUS_ORDER = tuple(STATUS_BITS)
-REUSABLE_ACTIONS = ACTION_ORDER[:7]
-PENDING_ACTIONS = ACTION_ORDER[1:7]  # reusable and not yet at the target
+REUSABLE_ACTIONS = ACTION_ORDER[:ACTION_ORDER.index("needs_slice")]
+PENDING_ACTIONS = REUSABLE_ACTIONS[1:]  # reusable and not yet at the target
 NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard")
 
 # Rows that are files in the tree but never blocks, even when their name carries a hash.

@@ -419,3 +419,40 @@ def test_kill_9_mid_reshard_then_rerun_ends_like_an_uninterrupted_run(tmp_path, 
     rc, text = run("rollback", root / ".kvmigrate" / "journals")
     assert rc == 0, text
     assert snapshot(root) == before
+
+
+def test_audit_exits_1_for_pending_tier_work_and_its_hint_does_it(tmp_path):
+    """§7: scan/audit add 1 for a pending link/rewrite_header/reshard; the command the report
+    prints does the work, and the audit after it exits 0."""
+    import shlex
+
+    root = tmp_path / "root"
+    synth(root, lmc_backend="fs", tp=2)
+    flags = [*RECIPE, "--target-tp", "4", *GEOMETRY]
+    rc, text = run("audit", root, *flags)
+    assert rc == 1, text
+    hint = next(line.strip()[2:] for line in text.splitlines() if line.strip().startswith("$ kvmigrate migrate"))
+    args = shlex.split(hint)[1:]
+    assert "--apply" in args
+    rc, out = run(*args)
+    assert rc == 0, out
+    rc, text = run("audit", root, *flags)
+    assert rc == 0, text
+
+
+def test_mla_copies_that_differ_under_verify_hash_place_the_majority(tmp_path):
+    """§3.4: MLA copies (GDS without save_only_first_rank) that differ: the copy a majority
+    agrees with is placed; the odd copy is replica_mismatch. Without a majority nothing is."""
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend="gds", tp=3, kv_kind="mla", lmc_save_only_first_rank=False)
+    blk = res.blocks[0]
+    odd = root / blk["files"][0]  # rank 0's copy differs from ranks 1 and 2
+    data = bytearray(odd.read_bytes())
+    data[-1] ^= 0xFF
+    odd.write_bytes(bytes(data))
+    rows = scan(root, tmp_path / "m.parquet", "--verify", "hash", "--target-model-name", "/models/x", *GEOMETRY)
+    assert rows[blk["files"][0]]["status"] == "replica_mismatch"
+    assert rows[blk["files"][1]]["action"] == "link"
+    apply(tmp_path / "m.parquet")
+    got = reader(root / "cache", "gds", 3, 0, mla=True, model="/models/x", save_only_first_rank=False).lookup(chash(blk))
+    assert got.found and got.payload == (root / blk["files"][1]).read_bytes()[4096:]
