@@ -209,7 +209,6 @@ class LMCache(families.Family):
     reads_s1 = False
     target_engine = "lmcache"
     root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
-    prunes = False  # §6 (per-tier quiet period, --index-lost, sidecar pairs) is not built yet
     tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)
 
     def tier_label(self, tier: str) -> str:
