@@ -172,6 +172,8 @@ def test_a_pair_whose_partner_is_a_target_stays_whole(tmp_path):
     side = next(r for r, s in res.defects[0]["statuses"].items() if s == "corrupt_sidecar")
     m = tmp_path / "m.parquet"
     assert run("scan", root, "--verify", "hash", "-o", m, "-q")[0] == 5
+    code, plan = run_json("prune", "--manifest", m, "--residue")
+    assert code == 1 and plan["files"] == 2, plan  # the pair, while nothing names its data file
     t = pq.read_table(m)
     rel = t.column("relpath").to_pylist()
     other = next(i for i, r in enumerate(rel) if r.endswith(".kvcache.safetensors") and r != partner(side))
@@ -274,6 +276,8 @@ def test_unreadable_namespaces_never_takes_a_deployment_another_is_planned_into(
     backdate(root)
     m = tmp_path / "m.parquet"
     assert run("scan", root, "--verify", "hash", "-o", m, "-q")[0] in (0, 1)
+    code, plan = run_json("prune", "--manifest", m, "--unreadable-namespaces")
+    assert code == 1 and plan["files"] == 8, plan  # while it is no target
     t = pq.read_table(m)
     src = t.column("source_base").to_pylist()
     stale = next(s for s in src if ":lmc-k2:" in s)
@@ -372,12 +376,12 @@ def test_report_makes_the_local_disk_leak_visible_as_reclaimable(tmp_path):
 
 def test_migrated_never_takes_a_tier_file(tmp_path):
     """LMCache's --migrated needs its migrate actions: a tier row marked already_present
-    at another tier file stays."""
+    at another tier file stays (the tier's residue goes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     root = tmp_path / "root"
-    synth(root, lmc_backend="fs", lmc_tier="a")
+    synth(root, lmc_backend="fs", lmc_tier="a", defects=("zero_filled",))
     synth(root, lmc_backend="fs", lmc_tier="b", model_name="org/new")
     backdate(root)
     m = tmp_path / "m.parquet"
@@ -395,8 +399,9 @@ def test_migrated_never_takes_a_tier_file(tmp_path):
         i = t.schema.get_field_index(name)
         t = t.set_column(i, t.schema.field(i), pa.array(values, t.schema.field(i).type))
     pq.write_table(t, m)
-    code, plan = run_json("prune", "--manifest", m, "--migrated")
-    assert code == 0 and plan["files"] == 0, plan
+    code, plan = run_json("prune", "--manifest", m, "--migrated", "--residue")
+    assert code == 1 and plan["files"] == 1 and list(plan["totals"]) == ["migrated", "residue"], plan
+    assert plan["totals"]["migrated"]["files"] == 0 and plan["totals"]["residue"]["files"] == 1, plan
 
 
 def test_purge_deletes_a_pruned_tier_quarantine(tmp_path):
