@@ -453,3 +453,30 @@ def test_prune_restore_rescan_sequence_gives_the_same_statuses(tmp_path):
         assert statuses(tmp_path, root) == status
 
     check()
+
+
+def test_a_killed_tier_prune_is_finished_and_keeps_the_tier_folder(tmp_path):
+    """kill -9 midway: the rerun finishes the journaled run (the tier folder, journaled
+    as kept, stays though every file of it went), and restore puts every file back."""
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate.crash import CRASH_ENV
+
+    root = tmp_path / "root"
+    pt = _local_disk(root)
+    backdate(root)
+    before = files(root)
+    exe = str(Path(sys.executable).with_name("kvmigrate"))
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    args = [exe, "prune", str(root), "--index-lost", "--engine-stopped", "--apply"]
+    killed = subprocess.run(args, capture_output=True, text=True, env={**env, CRASH_ENV: "prune_move:3"}, timeout=120)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert 0 < len(files(root)) < len(pt)
+    again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "finished the interrupted prune run" in again.stdout
+    assert files(root) == {} and (root / "ld").is_dir()
+    code, out = run("restore", root / ".kvmigrate" / "journals" / "prune")
+    assert code == 0, out
+    assert files(root) == before
