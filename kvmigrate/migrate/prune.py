@@ -320,8 +320,7 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
 
 def _prunable(c: dict[str, Any]) -> Any:
     """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs), nor a file of a
-    family whose prune rules are not built yet (Family.prunes: LMCache tiers, whose quiet
-    period is per tier): a mask per row."""
+    family whose prune rules are not built yet (Family.prunes): a mask per row."""
     import pyarrow.compute as pc
 
     from kvmigrate import families
