@@ -382,7 +382,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                 skip.update(members)
     r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
                  "nlink")
-    keep = {ns: tiers_.tier_folder(tier) for ns, tier in sel.tiers.tier_of.items()}
+    tier_of = dict(sel.tiers.tier_of)
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
     target_bases, emptied = sel.target_bases, sel.emptied
@@ -395,7 +395,8 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         last; a GDS sidecar just before its data file."""
         config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
         rel = r["relpath"][k]
-        return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in keep else (rel, 1)
+        return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in tier_of \
+            else (rel, 1)
 
     items = []
     for k in sorted(range(len(r["row"])), key=order):
@@ -404,7 +405,8 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
         items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
                           r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
-                          keep.get(r["source_base"][k]) or ""))
+                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if (ns := r["source_base"][k]) in tier_of
+                          else ""))
     del r, t
     items = without_namespaces(items, skip)
     for item in items:  # the target namespaces to lock while pruning into them: their base folders

@@ -71,6 +71,18 @@ def tier_folder(tier: str) -> str:
     return "" if tier == "." else tier
 
 
+def kept_folder(tier: str, relpath: str) -> str:
+    """The deepest folder a pruned file of the tier never removes: the tier folder for a
+    file at its top or in GDS `<2>/<2>` folders (those go when emptied); the file's own
+    folder otherwise (a configured temp folder, `tmp_dir`, stays as the engine made it)."""
+    base = tier_folder(tier)
+    inner = relpath[len(base) + 1:] if base else relpath
+    parts = inner.split("/")[:-1]
+    if len(parts) <= 2 and all(1 <= len(p) <= 2 and p not in (".", "..") for p in parts):  # (scan/tiers.gds_folder)
+        return base
+    return relpath.rpartition("/")[0]
+
+
 def _in(col: Any, values: Any) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -99,7 +111,7 @@ def protected(c: dict[str, Any], is_tier: Any, journal_targets: set[str], used: 
     other = pc.fill_null(pc.and_(is_tier, pc.and_(pc.not_equal(tb, src), pc.not_equal(tb, ""))), False)
     targets = set(pc.unique(pc.filter(tb, other)).drop_null().to_pylist()) | set(journal_targets)
     named = pc.unique(pc.filter(c["target_relpath"], pc.fill_null(pc.not_equal(c["target_relpath"], ""), False)))
-    rows = pc.or_(_in(src, targets), _in(c["relpath"], named.drop_null().to_pylist()))
+    rows = pc.or_(_in(src, targets), pc.fill_null(pc.is_in(c["relpath"], value_set=named.drop_null()), False))
     return Protected(pc.and_(is_tier, rows), targets, used)
 
 

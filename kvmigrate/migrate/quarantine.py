@@ -464,8 +464,8 @@ def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, resul
                     keep: AbstractSet[str] = frozenset()) -> None:
     """The folders the moves left empty, deepest first (a folder still holding anything
     stays); each one journaled so `restore` makes it again. `keep`: folders never removed,
-    nor their parents (an LMCache tier folder is the engine's configured path; its GDS
-    `<2>/<2>` folders go when emptied)."""
+    nor their parents (an LMCache tier folder is the engine's configured path, and so is
+    its temp folder; its GDS `<2>/<2>` folders go when emptied)."""
     folders = set()
     for rel in moved:
         parts = rel.split("/")[:-1]

@@ -121,6 +121,18 @@ def test_young_tmp_files_wait_for_older_than(tmp_path):
     assert code == 1 and plan["files"] == len(tmp), plan
 
 
+def test_the_tmp_dir_folder_stays_when_its_temp_files_go(tmp_path):
+    from kvmigrate.synth.lmcache import TMP_DIR
+
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend="fs", defects=("tmp_dir",))
+    backdate(root)
+    temps = set(res.defects[0]["statuses"])
+    code, done = run_json("prune", root, "--residue", "--tmp-dir", TMP_DIR, "--apply")
+    assert code == 0 and done["moved"] == {"residue": len(temps)}, done
+    assert not temps & set(files(root)) and (root / "cache" / TMP_DIR).is_dir()
+
+
 def test_a_gds_pair_moves_sidecar_first_and_restores_data_first_exactly(tmp_path, monkeypatch):
     root = tmp_path / "root"
     synth(root, lmc_backend="gds", tp=2, lmc_tier=".",
