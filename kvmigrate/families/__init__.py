@@ -196,6 +196,10 @@ class Family:
 
     # --- paths -------------------------------------------------------------------------
 
+    def tier_label(self, tier: str) -> str:
+        """The namespace of a tier directory's own files (root_layout "tiers")."""
+        return f"{self.name}:{tier}"
+
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         """Whether a top-level entry of a cache root may be one of this family's namespaces
         (a tree family: a base or rank folder name; its config.json then says which family)."""

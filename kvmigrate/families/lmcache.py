@@ -183,18 +183,23 @@ def _has_fs_header(files: list[tuple[TierFile, L.ChunkName]]) -> bool | None:
     return 2 * fits > seen or (fits > 0 and 2 * plausible > seen)
 
 
-_NEVER = "never reused; kvmigrate does not prune LMCache tiers yet"
+_NEVER = "never reused"
+# what prune --residue does with them (spec §6)
+_RESIDUE = "never reused; prune --residue moves a quiet tier's into the quarantine (a GDS pair together)"
 # status -> the report's words for an LMCache tier's files (report/hints.py advice)
 _ADVICE: dict[str, tuple[str, str, str]] = {
     "size_mismatch": ("LMCache chunk files longer than their header says or than their deployment's other chunks",
                       _NEVER, "list"),
-    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _NEVER, "list"),
-    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _NEVER, "list"),
+    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _RESIDUE,
+              "prune"),
+    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _RESIDUE, "prune"),
     "misfiled": ("LMCache GDS files outside the <2>/<2> folders of their decimal hash (the engine never finds them)",
-                 _NEVER, "list"),
+                 _RESIDUE, "prune"),
     "header_invalid": ("LMCache chunk files whose RemoteMetadata or GDS header contradicts itself or the key",
                        _NEVER, "list"),
-    "tmp_leftover": ("temp files of interrupted LMCache writes", _NEVER, "list"),
+    "tmp_leftover": ("temp files of interrupted LMCache writes",
+                     "never reused; prune --residue moves a quiet tier's older than an hour into the quarantine",
+                     "prune"),
     "foreign": ("files in LMCache tiers that are not part of the cache (incl. symlinks, other folders)",
                 "kvmigrate ignores them", "list"),
     "unsupported_layout": ("LMCache files out of scope (layerwise keys, v0 safetensors .pt)",
@@ -208,7 +213,6 @@ class LMCache(families.Family):
     reads_s1 = False
     target_engine = "lmcache"
     root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
-    prunes = False  # §6 (per-tier quiet period, --index-lost, sidecar pairs) is not built yet
     transforms = ("reshard", "rewrite_header")
     copies_whole = True  # MLA copies are whole chunks; a placed-by-rank chunk reads one file
     tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)

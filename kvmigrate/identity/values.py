@@ -82,12 +82,15 @@ FACT_FLAGS = {
     "target_save_only_first_rank": "--target-save-only-first-rank",
     "target_backend": "--target-backend",
     "tmp_dir": "--tmp-dir",
+    # no engine uses this local_disk tier: prune --index-lost may take its chunks (§6)
+    "engine_stopped": "--engine-stopped",
 }
 # the facts only LMCache tiers read: other families never see them (not in their manifests)
 LMCACHE_FACTS = ("hash_algorithm", "target_hash_algorithm", "pythonhashseed", "target_pythonhashseed",
                  "vllm_release", "target_vllm_release", "python_version", "target_python_version", "chunk_size",
                  "target_chunk_size", "save_chunk_meta", "target_save_chunk_meta", "save_unfull_chunk",
-                 "target_model_name", "target_tp", "target_save_only_first_rank", "target_backend", "tmp_dir")
+                 "target_model_name", "target_tp", "target_save_only_first_rank", "target_backend", "tmp_dir",
+                 "engine_stopped")
 # LMCache `pre_caching_hash_algorithm` values (sha256_cbor_64bit: sha256_cbor's old name) and
 # the MP server's blake3 (lmcache.md §3.2)
 HASH_ALGORITHMS = ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash", "xxhash_cbor", "blake3")

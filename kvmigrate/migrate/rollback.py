@@ -199,7 +199,8 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
                 continue
             decision.roots.setdefault(root, set()).update(namespaces)
             with DestTree(prune_run.root) as tree:
-                ways = [(item, way_back(tree, prune_run, item)) for item in items]
+                # in restore's order: the moves backwards (a GDS data file before its sidecar)
+                ways = [(item, way_back(tree, prune_run, item)) for item in reversed(items)]
                 owned |= claimed(prune_run, ways)
                 for item, way in ways:
                     if way.state in ("quarantine", "target"):

@@ -76,15 +76,20 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "prune"),
     "index_lost": ("LMCache local_disk chunks: no restarted engine re-indexes them, whatever their name",
                    "never reused in place; the bytes stay on disk until removed (a leak while no engine indexes "
-                   "them)", "list"),
+                   "them): once no engine uses the tier, prune --index-lost --engine-stopped moves them into the "
+                   "quarantine", "list"),
     "stale_hash_recipe": ("LMCache chunks keyed by a chunk-hash recipe the target does not compute",
-                          "never reused: the hash is one-way, no rename makes them reachable", "list"),
+                          "never reused: the hash is one-way, no rename makes them reachable; prune "
+                          "--unreadable-namespaces takes a deployment all of whose chunks are so", "list"),
     "unreproducible_hash": ("LMCache chunks whose writer seeded its hash chain at random",
-                            "never reused: no process can regenerate their keys", "list"),
+                            "never reused: no process can regenerate their keys; prune --unreadable-namespaces takes "
+                            "a deployment all of whose chunks are so", "list"),
     "orphan_data": ("LMCache GDS data files without a whole sidecar (never indexed or probed)",
-                    "never reused", "list"),
+                    "never reused; prune --residue moves a quiet tier's into the quarantine (a GDS pair together)",
+                    "prune"),
     "corrupt_sidecar": ("LMCache GDS sidecars that do not parse or differ from their data header",
-                        "never reused; the startup scan of their folder stops there", "list"),
+                        "never reused; the startup scan of their folder stops there; prune --residue moves a quiet "
+                        "tier's into the quarantine with their data files", "prune"),
 }
 
 UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")

@@ -136,7 +136,7 @@ def namespace_table(s: dict[str, Any]) -> Table:
 
 
 RECLAIM_CLASSES = {"migrated": "--migrated", "unreadable_namespaces": "--unreadable-namespaces",
-                   "residue": "--residue"}
+                   "residue": "--residue", "index_lost": "--index-lost"}
 
 
 def reclaim_table(s: dict[str, Any]) -> Table | None:

@@ -369,20 +369,6 @@ def test_tiers_beside_other_families_leave_their_rows_unchanged(tmp_path, scan_r
     assert set(lmc(b)) == set(expected_rows(mixed, res))
 
 
-def test_prune_takes_nothing_from_a_tier_yet(tmp_path):
-    """§6's per-tier quiet period and classes are not built: prune leaves tier files alone."""
-    root = tmp_path / "root"
-    res = synth(root, lmc_backend="gds", lmc_era="lmc-k3", tp=2, blocks=6,
-                defects=("zero_filled", "short", "misfiled", "orphan_data", "tmp"))
-    rc, out = run("prune", root, "--residue", "--older-than", "0", "--force-live")
-    assert rc == 0, out  # dry run: 0 when nothing would be pruned
-    rc, out = run("prune", root, "--residue", "--older-than", "0", "--force-live", "--apply")
-    assert rc == 0, out
-    for d in res.defects:
-        for rel in d["statuses"]:
-            assert (root / rel).exists(), rel
-
-
 def test_report_findings_speak_of_tiers(tmp_path):
     root = tmp_path / "root"
     synth(root, lmc_backend="gds", lmc_era="lmc-k3", tp=2, blocks=6, defects=("zero_filled", "corrupt_sidecar", "tmp"))
