@@ -206,12 +206,16 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     if "migrated" in classes:
         cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
                        pc.and_(_b(pc.equal(c["action"], "already_present")), _in(status, MIGRATED_STATUSES)))
-        cand = pc.and_(cand, pc.invert(is_tier))  # LMCache's --migrated comes with its migrate actions
+        tier_cand = pc.and_(cand, is_tier)
+        cand = pc.and_(cand, pc.invert(is_tier))
         t_idx = pc.indices_nonzero(in_target).cast(pa.int64())
         pos = pc.index_in(c["target_relpath"], value_set=pc.take(c["relpath"], t_idx))
         j = pc.take(t_idx, pos)  # the target path's row (null: no target namespace's file)
         mig = pc.and_(cand, _b(pc.equal(pc.take(status, j), "ok")))  # a healthy file of a target namespace
         target_of = pc.if_else(mig, j, none)
+        if tiers and pc.any(tier_cand).as_py():
+            tmig, tj = tiers_.migrated(c, is_tier, tier_cand)
+            mig, target_of = pc.or_(mig, tmig), pc.if_else(tmig, tj, target_of)
         sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(status, "ok")))
         if pc.any(sec).as_py() and pc.any(mig).as_py():
             mig, target_of = _with_secondaries(c, idx, mig, sec, target_of)

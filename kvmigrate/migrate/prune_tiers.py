@@ -16,8 +16,8 @@ journal names. The classes:
                            `engine_stopped` fact, or --engine-stopped for every tier)
 
 A GDS data file and its sidecar move together (the sidecar first, `move_order`); a tier
-folder is never removed (`Item.keep`). LMCache's `--migrated` needs its migrate actions:
-not built here, so tier rows never enter that class.
+folder is never removed (`Item.keep`). `--migrated` in a tier (`migrated`) takes the legacy
+names a rescan finds `already_present` at another name, with the chunk's other files.
 """
 
 from __future__ import annotations
@@ -252,3 +252,26 @@ def live_reason(age: float, newest: float, quiet_period: float) -> str:
     return (f"tier written {max(age, 0):.0f} s ago (newest mtime {when.replace('+00:00', 'Z')} of its folders and "
             f"files), within the quiet period of {quiet_period:.0f} s: an engine may be using it, so nothing of the "
             "tier is pruned; rerun later, or pass --force-live")
+
+
+def migrated(c: dict[str, Any], is_tier: Any, cand: Any) -> tuple[Any, Any]:
+    """`--migrated` in a tier (spec §6): a chunk file the rescan finds `already_present` at
+    a *different* name (an old ws/wid/model name, a GDS `_` name, a placed reshard's
+    primary) whose target name is a whole file the target reads in place (its own target);
+    never a file that is its own target. (mask, the target's row) per row; the other files
+    of the chunk (part_of_action: the reshard's other ranks, the sidecars; proven copies)
+    join through prune's secondaries."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def b(mask: Any) -> Any:
+        return pc.fill_null(mask, False)
+
+    cand = pc.and_(cand, b(pc.not_equal(c["target_relpath"], c["relpath"])))
+    idx = pc.indices_nonzero(is_tier).cast(pa.int64())
+    pos = pc.index_in(c["target_relpath"], value_set=pc.take(c["relpath"], idx))
+    j = pc.take(idx, pos)
+    whole = b(pc.equal(pc.take(c["status"], j), "ok"))
+    in_place = b(pc.equal(pc.take(c["target_relpath"], j), pc.take(c["relpath"], j)))
+    mask = pc.and_(cand, pc.and_(whole, in_place))
+    return mask, pc.if_else(mask, j, pa.nulls(len(c["relpath"]), pa.int64()))

@@ -456,3 +456,50 @@ def test_mla_copies_that_differ_under_verify_hash_place_the_majority(tmp_path):
     apply(tmp_path / "m.parquet")
     got = reader(root / "cache", "gds", 3, 0, mla=True, model="/models/x", save_only_first_rank=False).lookup(chash(blk))
     assert got.found and got.payload == (root / blk["files"][1]).read_bytes()[4096:]
+
+
+# --- prune --migrated: the legacy names a migration replaced (§6) ----------------------------
+
+@pytest.mark.parametrize("backend", ["fs", "gds"])
+def test_prune_migrated_takes_every_source_of_a_placed_reshard_with_its_sidecars(tmp_path, backend):
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend=backend, tp=2)
+    sources = snapshot(root)
+    flags = [*RECIPE, "--target-tp", "4", *GEOMETRY]
+    rc, text = run("migrate", root, *flags, "--apply")
+    assert rc == 0, text
+    migrated = snapshot(root)
+    rc, text = run("prune", root, *flags, "--force-live", "--apply")
+    assert rc == 0, text
+    left = snapshot(root)
+    assert set(left) == set(migrated) - set(sources)  # every legacy file (data, sidecars) moved, no output
+    for blk in res.blocks:
+        for wid in range(4):
+            assert reader(root / "cache", backend, 4, wid, mla=False).lookup(chash(blk)).found
+    journal = next((root / ".kvmigrate" / "journals" / "prune").iterdir())
+    rc, text = run("restore", journal)
+    assert rc == 0, text
+    assert snapshot(root) == migrated
+
+
+def test_prune_migrated_takes_an_mla_chunks_old_name_never_its_target(tmp_path):
+    """An MLA chunk written with save_only_first_rank (`@1@0@`) linked to `@2@0@` (fs, target
+    without it): the old name goes (its bytes stay under the new name), the new never."""
+    root = tmp_path / "root"
+    synth(root, lmc_backend="fs", tp=2, kv_kind="mla")
+    old = set(snapshot(root))
+    flags = [*RECIPE, "--target-tp", "2", "--no-target-save-only-first-rank", *GEOMETRY]
+    assert run("migrate", root, *flags, "--apply")[0] == 0
+    new = set(snapshot(root)) - old
+    rc, text = run("prune", root, *flags, "--force-live", "--apply")
+    assert rc == 0, text
+    assert set(snapshot(root)) == new, text
+
+
+def test_prune_migrated_takes_nothing_from_a_tier_nothing_was_migrated_from(tmp_path):
+    root = tmp_path / "root"
+    synth(root, lmc_backend="gds", tp=2)
+    before = snapshot(root)
+    rc, text = run("prune", root, *RECIPE, "--force-live", "--apply")
+    assert rc == 0, text
+    assert snapshot(root) == before

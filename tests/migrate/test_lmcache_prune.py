@@ -386,9 +386,10 @@ def test_report_makes_the_local_disk_leak_visible_as_reclaimable(tmp_path):
 # --- --migrated, purge --------------------------------------------------------------------
 
 
-def test_migrated_never_takes_a_tier_file(tmp_path):
-    """LMCache's --migrated needs its migrate actions: a tier row marked already_present
-    at another tier file stays (the tier's residue goes)."""
+def test_migrated_keeps_a_tier_file_whose_target_is_not_read_in_place(tmp_path):
+    """--migrated takes a legacy name only when its target is a whole file the target reads in
+    place (its own target): a row marked already_present at a tier file that waits for its facts
+    (needs_fact, no target of its own) stays (the tier's residue goes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
