@@ -30,10 +30,10 @@ from kvmigrate import families, layout
 from kvmigrate import findings as fd
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.values import FACT_FLAGS
+from kvmigrate.identity.values import FACT_FLAGS, LMCACHE_PROFILES
 from kvmigrate.identity.vllm_target import Target
 
-PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
+PROFILES = LMCACHE_PROFILES  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
 NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (already_present, link and "
@@ -262,6 +262,12 @@ class LMCache(families.Family):
     def status_advice(self, status: str) -> tuple[str, str, str] | None:
         return _ADVICE.get(status)
 
+    def deployment_meta(self, dep: Deployment, profile: str) -> dict[str, Any]:
+        """What the report reads of a deployment beyond its rows (families/lmcache_meta.py)."""
+        from kvmigrate.families.lmcache_meta import deployment_meta
+
+        return deployment_meta(dep, self.target_profile(profile))
+
     # --- a tier's files -----------------------------------------------------------------
 
     def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
@@ -332,17 +338,7 @@ class LMCache(families.Family):
                 dep.notes.append("RemoteMetadata header: " + (
                     "not known (no first bytes read)" if dep.fs_header is None else
                     "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
-            if dep.backend == "local_disk":
-                dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
-            dep.notes += assumed_notes(dep)
-            seen = {f.status for f in dep.files}
-            if "unreproducible_hash" in seen:  # §7: a seedless writer
-                dep.notes.append("seedless writer: its chain was seeded at random, no process regenerates its keys "
-                                 "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
-            seed = dep.facts.pythonhashseed
-            if any(f.seed_fix for f in dep.files):  # §7: a seed mismatch
-                dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
-                                 "and these chunks are reachable again (--target-pythonhashseed states the target's)")
+            # (§7's notes: the report's, from deployment_meta)
             for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
                 found = fd.finding_of(f.reason)
                 if found is not None and found.code == fd.NEEDS_FACT:

@@ -224,6 +224,10 @@ class Commands:
             return self._join("kvmigrate migrate --manifest", self.q(self.manifest), *extra)
         return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), *extra)
 
+    def convert_tier(self) -> str:
+        """The migrate that converts local_disk tiers into fs tiers under a new DIR (lmcache.md §3.5)."""
+        return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), "--target-backend fs --dest <DIR>")
+
     def prune(self, *extra: str, only: list[str] | None = None) -> str:
         """The prune dry run of the root (its own scan, with the same target and facts).
         `only`: of exactly these namespaces (each named by its base folder, glob-escaped),
@@ -685,8 +689,15 @@ def _migration_pending(st: _State) -> Iterator[Item]:
         yield _Hint(st.cmd.migrate("--apply"), why, "migration_pending", None, 5)
 
 
+def _each_tier(st: _State) -> Iterator[Item]:
+    """The notes of every LMCache tier deployment (report/tiers.py TIER_RULES, lmcache.md §7)."""
+    from kvmigrate.report.tiers import tier_items  # (it builds on this module's findings and hints)
+
+    yield from tier_items(st)
+
+
 RULES: tuple[Callable[[_State], Iterator[Item]], ...] = (
-    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _walk_errors, _no_cache,
+    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _each_tier, _walk_errors, _no_cache,
     _migration_pending,
 )
 

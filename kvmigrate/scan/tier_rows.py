@@ -56,7 +56,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.fields = {"family": fam.name, "scheme": dep.scheme, "tier": tier, "backend": dep.backend,
                          "model": dep.model, "ws": dep.ws, "dtype": dep.dtype, "group": dep.group,
                          "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header,
-                         "needs_facts": sorted(dep.needs)}
+                         "needs_facts": sorted(dep.needs), **fam.deployment_meta(dep, profile)}
             ns.facts = dep.facts
             ns.target = fam.target(ns.fields, Facts(), profile)
             ns.flat_rows = _TierRows(dep.files)
