@@ -653,6 +653,13 @@ class ExplainClass(TypedDict):
     why: str | None
 
 
+class ExplainTier(TypedDict):
+    """An LMCache deployment's tier and its entry of the summary's tiers (lmcache.md §7)."""
+
+    tier: str
+    deployment: TierDeployment
+
+
 class ExplainOutput(TypedDict):
     """`explain --json`."""
 
@@ -676,6 +683,7 @@ class ExplainOutput(TypedDict):
     not_reusable: list[ExplainClass]
     why: str | None
     command: str | None
+    tier: ExplainTier | None  # an LMCache deployment: its recipe comparison, target, counts
 
 
 # command -> the model of its JSON output; docs/schema/<command>.json is generated from it
