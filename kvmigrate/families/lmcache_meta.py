@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvmigrate.families import lmcache as lmc
+from kvmigrate.families import lmcache_recipe as lmc
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
 
@@ -54,7 +54,7 @@ def _known_equal(a: Any, b: Any) -> bool | None:
     return None if a is None or b is None else a == b
 
 
-def recipe(dep: lmc.Deployment, profile: str) -> list[dict[str, Any]]:
+def recipe(dep: Any, profile: str) -> list[dict[str, Any]]:
     """§3.2's components for one deployment, writer vs target (the target: `profile`)."""
     f = dep.facts
     chunks = [c for c in (L.parse_name(x.name) for x in dep.files) if c is not None]
@@ -66,14 +66,14 @@ def recipe(dep: lmc.Deployment, profile: str) -> list[dict[str, Any]]:
                 _component("NONE_HASH (PYTHONHASHSEED)", "fixed: blake3((0, (0,), None))", MP_CHAIN,
                            "fixed: blake3((0, (0,), None))", MP_CHAIN, True),
                 chunk]
-    alg = lmc._algorithm(f.hash_algorithm)
-    t_alg = lmc._algorithm(f.target_hash_algorithm) if f.target_hash_algorithm else alg
+    alg = lmc.algorithm(f.hash_algorithm)
+    t_alg = lmc.algorithm(f.target_hash_algorithm) if f.target_hash_algorithm else alg
     out = [_era(dep, chunks, f, alg, profile),
            _component("hash_algorithm", alg, _source(f, "hash_algorithm", "assumed: builtin (LMCache's default)"),
                       t_alg, _source(f, "target_hash_algorithm", ASSUMED_TARGET), alg == t_alg)]
     seed, t_seed = f.pythonhashseed, f.target_pythonhashseed or f.pythonhashseed
     vllm, t_vllm = f.vllm_release, f.target_vllm_release or f.vllm_release
-    w_none, t_none = lmc._none_hash(alg, seed, vllm), lmc._none_hash(t_alg, t_seed, t_vllm)
+    w_none, t_none = lmc.none_hash(alg, seed, vllm), lmc.none_hash(t_alg, t_seed, t_vllm)
     out.append(_component(
         "NONE_HASH (PYTHONHASHSEED)", _seed_text(seed, w_none), _source(f, "pythonhashseed", NOT_GIVEN),
         _seed_text(t_seed, t_none),
@@ -85,7 +85,7 @@ def recipe(dep: lmc.Deployment, profile: str) -> list[dict[str, Any]]:
     w_py, t_py = f.python_version, f.target_python_version
     if alg == "builtin" and t_alg == "builtin":  # only Python's str hash depends on it
         out.append(_pair("Python version", f, "python_version", w_py, t_py,
-                         _known_equal(lmc._py_hash_era(w_py), lmc._py_hash_era(t_py))))
+                         _known_equal(lmc.py_hash_era(w_py), lmc.py_hash_era(t_py))))
     else:
         out.append(_component("Python version", w_py, _source(f, "python_version", NOT_GIVEN), t_py,
                               _source(f, "target_python_version", NOT_GIVEN), True))
@@ -100,10 +100,10 @@ def _seed_text(seed: str | None, none: str | None) -> str | None:
     return f"{shown}: NONE_HASH {none or 'by the vLLM release'}"
 
 
-def _era(dep: lmc.Deployment, chunks: list[L.ChunkName], f: Facts, alg: str, profile: str) -> dict[str, Any]:
+def _era(dep: Any, chunks: list[L.ChunkName], f: Facts, alg: str, profile: str) -> dict[str, Any]:
     """The chain era: the names' (k1, k2, a 64-hex digest, a quoted GDS name) or the writer
     releases' (§3.2 rules 1 and 4)."""
-    target = "0.4.6+ chain (sha256 family folded)" if alg in lmc._SHA else "0.4.1+ chain"
+    target = "0.4.6+ chain (sha256 family folded)" if alg in lmc.SHA else "0.4.1+ chain"
     name = "chain era (writer_release)"
     releases = f.writer_release
     given = ", ".join(releases) if isinstance(releases, tuple) else releases
@@ -114,7 +114,7 @@ def _era(dep: lmc.Deployment, chunks: list[L.ChunkName], f: Facts, alg: str, pro
         return _component(name, "64-hex digest kept whole (0.3.13-0.4.5)", BY_NAME, target, profile, False)
     era = None
     if chunks:
-        era, _, _ = lmc._chain_era(chunks[0], f, alg)
+        era, _, _ = lmc.chain_era(chunks[0], f, alg)
     if dep.backend == "gds" and any(c.quoted for c in chunks):
         return _component(name, "0.4.3+ (quoted GDS names)" + (f"; {given}" if given else ""), BY_NAME, target,
                           profile, True)
@@ -123,7 +123,7 @@ def _era(dep: lmc.Deployment, chunks: list[L.ChunkName], f: Facts, alg: str, pro
     return _component(name, text, source, target, profile, None if era is None else era == "new")
 
 
-def assumed_facts(dep: lmc.Deployment) -> list[dict[str, Any]]:
+def assumed_facts(dep: Any) -> list[dict[str, Any]]:
     """The recipe facts the verdicts assumed (§3.3: each listed with the flags stating it)."""
     f = dep.facts
     if dep.scheme not in ("lmc-k3", "lmc-mp1"):
@@ -141,7 +141,7 @@ def assumed_facts(dep: lmc.Deployment) -> list[dict[str, Any]]:
     return out
 
 
-def deployment_meta(dep: lmc.Deployment, profile: str) -> dict[str, Any]:
+def deployment_meta(dep: Any, profile: str) -> dict[str, Any]:
     """The keys added to an LMCache deployment's `config_json` (see the module's doc)."""
     zero = 0
     for x in dep.files:
@@ -150,7 +150,7 @@ def deployment_meta(dep: lmc.Deployment, profile: str) -> dict[str, Any]:
                 and c.key.hash.startswith("0"):
             zero += 1
     f = dep.facts
-    alg = lmc._algorithm(f.hash_algorithm)
-    writer_none = None if dep.scheme == "lmc-mp1" else lmc._none_hash(alg, f.pythonhashseed, f.vllm_release)
+    alg = lmc.algorithm(f.hash_algorithm)
+    writer_none = None if dep.scheme == "lmc-mp1" else lmc.none_hash(alg, f.pythonhashseed, f.vllm_release)
     return {"recipe": recipe(dep, profile), "assumed_facts": assumed_facts(dep), "writer_none_hash": writer_none,
             "seed_fix_files": sum(1 for x in dep.files if x.seed_fix), "zero_hex64_files": zero}
