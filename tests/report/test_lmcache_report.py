@@ -65,9 +65,11 @@ def schema(command: str) -> dict:
 
 @pytest.fixture
 def mixed(tmp_path):
-    """A vLLM S2 TP=2 namespace beside an fs tier `lmc`."""
+    """A vLLM S2 TP=2 namespace, a vllm.cpp one and an SGLang deployment beside an fs tier `lmc`."""
     root = tmp_path / "root"
     build(root, SynthSpec(**{**SMALL, "family": "vllm", "scheme": "S2", "tp": 2}))
+    build(root, SynthSpec(**{**SMALL, "family": "vllmcpp", "model_name": "org/cpp"}))
+    build(root, SynthSpec(**{**SMALL, "family": "sglang", "model_name": "org/sgl"}))
     synth(root, lmc_backend="fs", lmc_era="lmc-k3", tp=2, lmc_tier="lmc")
     return root
 
@@ -82,11 +84,14 @@ def test_an_lmcache_target_leaves_the_tree_families_on_the_default_vllm_profile(
     default = _targets(scan(mixed, tmp_path, *VLLM, name="d.parquet"))
     rc2 = _targets(scan(mixed, tmp_path, *VLLM, "--target", "lmcache-0.5.7rc2", name="r.parquet"))
     assert default.keys() == rc2.keys()
+    profiles = set()
     for base, (profile, name) in rc2.items():
         if base.startswith("lmcache:"):
             assert profile == "lmcache-0.5.7rc2" and default[base][0] == "lmcache-0.5.6"
-        else:  # the vLLM namespace: the same target as without --target
-            assert (profile, name) == default[base] and profile == "vllm-0.34"
+        else:  # every other namespace: the same target as without --target
+            assert (profile, name) == default[base], base
+            profiles.add(profile)
+    assert profiles == {"vllm-0.34", "vllmcpp", "sglang-0.5.23"}
 
 
 @pytest.mark.parametrize("command", ["audit", "migrate", "prune", "facts", "verify"])
