@@ -763,8 +763,11 @@ def _seed_fix(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
                    f"{plural(n, 'chunk file')} are reachable again (--target-pythonhashseed states the target's)",
                    files=n)
     flag = "--target-pythonhashseed"
+    # (hints merge by command: the why speaks for every deployment of this writer seed)
     yield _Hint(st.cmd.rerun(flag, str(seed), replace_flags=(flag,)), f"with the target started under "
-                f"PYTHONHASHSEED={seed}: {st.verb} again to see them reachable", tr.NOTE_SEED_FIX, d["deployment"], 2)
+                f"PYTHONHASHSEED={seed}: {st.verb} again to see them reachable (deployments of other seeds: one "
+                f"--facts FACTS.json entry each, {{\"<tier>:<model>\": {{\"target_pythonhashseed\": "
+                f"\"{seed}\"}}}})", tr.NOTE_SEED_FIX, d["deployment"], 2)
 
 
 def _corrupt_sidecar(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
