@@ -533,24 +533,6 @@ def fact_of_flag(flag: str) -> str:
     return next(name for name, f in FACT_FLAGS.items() if f == flag)
 
 
-def assumed_notes(dep: Deployment) -> list[str]:
-    """The recipe facts a deployment's verdicts assumed, each with the flag stating it (§3.3)."""
-    f = dep.facts
-    if dep.scheme not in ("lmc-k3", "lmc-mp1"):
-        return []
-    out = []
-    if dep.scheme == "lmc-k3":
-        if f.hash_algorithm is None:
-            out.append("hash_algorithm assumed builtin (LMCache's default): state it with --hash-algorithm")
-        if f.python_version is None or f.target_python_version is None:
-            out.append("python_version assumed equal for writer and target: state them with --python-version "
-                       "and --target-python-version")
-    if f.chunk_size is None or f.target_chunk_size is None:
-        out.append("chunk_size assumed equal for writer and target: state them with --chunk-size and "
-                   "--target-chunk-size")
-    return out
-
-
 def _geometry_args(dep: Deployment) -> dict[str, Any]:
     """chunk_verdict's full_chunk, token_bytes and save_unfull_chunk from the facts (§2.4)."""
     full = _full_chunk(dep)
