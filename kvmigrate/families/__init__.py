@@ -35,6 +35,7 @@ from kvmigrate.identity.values import (
     AMBIGUOUS,
     DEFAULT_PROFILE,
     ENSURE_ASCII,
+    LMCACHE_PROFILES,
     NAMES,
     UNKNOWN,  # names)
 )
@@ -179,8 +180,9 @@ class Family:
         return None
 
     def target_profile(self, profile: str) -> str:
-        """The target profile a namespace of this family is planned for, given --target."""
-        return profile
+        """The target profile a namespace of this family is planned for, given --target: an
+        lmcache-* profile names what LMCache tiers target, so the others keep the default."""
+        return tree_profile(profile)
 
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
         """The `Target` of a namespace of this family for a target profile."""
@@ -443,7 +445,13 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
     proven = by_identity(source_fields)
     if proven is not None and proven.target_engine != fam.target_engine:
         fam = proven  # the keys decide which engine reads it
-    return fam.target(source_fields, facts, profile)
+    return fam.target(source_fields, facts, fam.target_profile(profile))
+
+
+def tree_profile(profile: str) -> str:
+    """What the tree families (vLLM, llm-d) target under --target `profile`: an lmcache-*
+    profile is the LMCache tiers' alone (lmcache.md §0), so they keep DEFAULT_PROFILE."""
+    return DEFAULT_PROFILE if profile in LMCACHE_PROFILES else profile
 
 
 def _size(fields: Mapping[str, Any], key: str) -> int:

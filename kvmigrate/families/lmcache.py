@@ -19,7 +19,6 @@ reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -30,12 +29,19 @@ from kvmigrate import families, layout
 from kvmigrate import findings as fd
 from kvmigrate.families import lmcache_plan as P
 from kvmigrate.families.lmcache_plan import deployment_label
+
+# §3.2's recipe components (families/lmcache_recipe.py, shared with the report's metadata)
+from kvmigrate.families.lmcache_recipe import SEEDLESS_RANDOM as _SEEDLESS_RANDOM
+from kvmigrate.families.lmcache_recipe import algorithm as _algorithm
+from kvmigrate.families.lmcache_recipe import chain_era as _chain_era
+from kvmigrate.families.lmcache_recipe import none_hash as _none_hash
+from kvmigrate.families.lmcache_recipe import py_hash_era as _py_hash_era
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.values import FACT_FLAGS
+from kvmigrate.identity.values import FACT_FLAGS, LMCACHE_PROFILES
 from kvmigrate.identity.vllm_target import Target
 
-PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
+PROFILES = LMCACHE_PROFILES  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
 SIDECAR_MARK = b"/metadata"  # appended to a sidecar's chunk hash inside a plan (flat_page_hex)
@@ -353,6 +359,12 @@ class LMCache(families.Family):
     def status_advice(self, status: str) -> tuple[str, str, str] | None:
         return _ADVICE.get(status)
 
+    def deployment_meta(self, dep: Deployment, profile: str) -> dict[str, Any]:
+        """What the report reads of a deployment beyond its rows (families/lmcache_meta.py)."""
+        from kvmigrate.families.lmcache_meta import deployment_meta
+
+        return deployment_meta(dep, self.target_profile(profile))
+
     # --- a tier's files -----------------------------------------------------------------
 
     def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
@@ -424,17 +436,7 @@ class LMCache(families.Family):
                 dep.notes.append("RemoteMetadata header: " + (
                     "not known (no first bytes read)" if dep.fs_header is None else
                     "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
-            if dep.backend == "local_disk":
-                dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
-            dep.notes += assumed_notes(dep)
-            seen = {f.status for f in dep.files}
-            if "unreproducible_hash" in seen:  # §7: a seedless writer
-                dep.notes.append("seedless writer: its chain was seeded at random, no process regenerates its keys "
-                                 "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
-            seed = dep.facts.pythonhashseed
-            if any(f.seed_fix for f in dep.files):  # §7: a seed mismatch
-                dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
-                                 "and these chunks are reachable again (--target-pythonhashseed states the target's)")
+            # (§7's notes: the report's, from deployment_meta)
         for dep in deps.values():
             dep.kv_kind = dep.kv_kind or _kind_from_headers(dep)
         P.plan_tier(tier, deps.values(), files)
@@ -536,44 +538,6 @@ class LMCache(families.Family):
 
 # --- §3.2 the hash recipe -----------------------------------------------------------------
 
-_SHA = ("sha256", "sha256_cbor")
-_SEEDLESS_RANDOM = ("builtin", "xxhash", "xxhash_cbor")  # NONE_HASH random without a seed, any vLLM
-K3_FIRST = (0, 3, 13)  # the first release writing lmc-k3 names
-CHAIN_ERA = (0, 4, 1)  # `(prefix, tokens, ())` from 0.4.1: builtin keys agree 0.4.1-0.5.7rc2
-SHA_FOLDED = (0, 4, 6)  # sha256-family digests folded to 8 bytes from 0.4.6
-VLLM_FIXED_NONE = (0, 29, 0)  # vLLM 0.29+: a seedless sha256 chain hashes "vllm-none-hash"
-
-
-def release_tuple(release: str) -> tuple[int, int, int]:
-    nums = [int(x) for x in re.findall(r"\d+", release.split("rc")[0].split(".post")[0])[:3]]
-    nums += [0] * (3 - len(nums))
-    return nums[0], nums[1], nums[2]
-
-
-def _algorithm(name: str | None) -> str:
-    return "sha256_cbor" if name == "sha256_cbor_64bit" else (name or "builtin")
-
-
-def _none_hash(algorithm: str, seed: str | None, vllm: str | None) -> str | None:
-    """What seeds the chain (§3.2's NONE_HASH): `seed N`, `fixed` ("vllm-none-hash"),
-    `random`; None when the facts do not say."""
-    if seed is None:
-        return None
-    if seed != "unset":
-        return f"seed {seed}"
-    if algorithm in _SEEDLESS_RANDOM:
-        return "random"
-    if vllm is None:
-        return None
-    return "fixed" if release_tuple(vllm) >= VLLM_FIXED_NONE else "random"
-
-
-def _py_hash_era(version: str | None) -> str | None:
-    if version is None:
-        return None
-    return "<=3.10" if tuple(int(x) for x in version.split(".")) <= (3, 10) else ">=3.11"
-
-
 class RecipeVerdict(NamedTuple):
     """§3.2 for one name: `status` (None: not proven either way), why, the flags a proof
     asks for, and `seed_fix`: stale by its NONE_HASH alone with the writer's seed known,
@@ -658,50 +622,9 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> RecipeVerdict | None:
     return None
 
 
-def _chain_era(c: L.ChunkName, facts: Facts, alg: str) -> tuple[str | None, str, list[str]]:
-    """The chain era of a ≤ 16-hex k3 name: ("new", …) 0.4.1+ (sha256 family 0.4.6+), ("old",
-    why) before, (None, why) not proven (rule 4). A quoted GDS name is 0.4.3+ by itself."""
-    given = facts.writer_release
-    releases = list(given) if isinstance(given, tuple) else [given] if given else []
-    first = SHA_FOLDED if alg in _SHA else CHAIN_ERA
-    k3 = [r for r in releases if release_tuple(r) >= K3_FIRST]
-    if c.backend == "gds" and c.quoted:  # 0.4.3+ (and a <= 16-hex sha256 name: 0.4.6+)
-        return "new", "", k3
-    if not releases:
-        return None, "a <= 16-hex k3 name proves no release >= 0.4.1 by itself: the writer's release is not given", []
-    if not k3:
-        return None, ("no listed writer release (" + ", ".join(releases) + ") writes lmc-k3 names (0.3.13+)"), []
-    new = [r for r in k3 if release_tuple(r) >= first]
-    if len(new) == len(k3):
-        return "new", "", k3
-    if not new:
-        return "old", (f"chain era of {', '.join(k3)} (before {'.'.join(map(str, first))}) vs the target's "
-                       "(0.4.1+ builtin, 0.4.6+ sha256 family)"), k3
-    return None, ("the listed writer releases " + ", ".join(k3) + " compute this name by different recipes: "
-                  "no file of it is proven"), k3
-
-
 def fact_of_flag(flag: str) -> str:
     """The FACTS.json key of a fact flag."""
     return next(name for name, f in FACT_FLAGS.items() if f == flag)
-
-
-def assumed_notes(dep: Deployment) -> list[str]:
-    """The recipe facts a deployment's verdicts assumed, each with the flag stating it (§3.3)."""
-    f = dep.facts
-    if dep.scheme not in ("lmc-k3", "lmc-mp1"):
-        return []
-    out = []
-    if dep.scheme == "lmc-k3":
-        if f.hash_algorithm is None:
-            out.append("hash_algorithm assumed builtin (LMCache's default): state it with --hash-algorithm")
-        if f.python_version is None or f.target_python_version is None:
-            out.append("python_version assumed equal for writer and target: state them with --python-version "
-                       "and --target-python-version")
-    if f.chunk_size is None or f.target_chunk_size is None:
-        out.append("chunk_size assumed equal for writer and target: state them with --chunk-size and "
-                   "--target-chunk-size")
-    return out
 
 
 def _kind_from_headers(dep: Deployment) -> str | None:

@@ -112,6 +112,9 @@ def _side(dep: Any, f: Facts, backend: str, model: str, kind: str | None, header
         if kind == "mla" or dep.ws == 1 and n in (None, 1):
             return TargetSide(backend, model, dep.ws, (0,), kind, header)
         n = n or dep.ws
+        if n != dep.ws and L.mp_dcp(dep.model) is not None:
+            raise NotPlanned("a DCP layout (the model's ##lmcache-dcp-layout suffix) splits heads another way: "
+                             "never re-sharded (§3.4)")
         return TargetSide(backend, model, n, tuple(range(n)), kind, header, reshard=n != dep.ws)
     sofr = f.target_save_only_first_rank
     changes = (n is not None and n != dep.ws) or (sofr is not None and sofr != writer_sofr)

@@ -26,7 +26,10 @@ ENSURE_ASCII = {"vllm": True, "llmd": True, "vllmcpp": False,
 VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28", "vllm-0.34")
 VLLMCPP_PROFILE = "vllmcpp"
 SGLANG_PROFILE = "sglang-0.5.23"  # what SGLang 0.5.23's HiCacheFile looks up (sglang.md §3)
-PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE)
+# what an LMCache tier's target reads (lmcache.md §0: the same names, bytes and lookups); the
+# first is every tier's default, and naming one leaves the other families on DEFAULT_PROFILE
+LMCACHE_PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")
+PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE) + LMCACHE_PROFILES
 DEFAULT_PROFILE = "vllm-0.34"
 # how a target's `unreachable` starts when the namespace is a folder a vLLM 0.24-0.33 gate
 # collapsed, which the profile reads only under its writer's topology, not given

@@ -56,7 +56,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.fields = {"family": fam.name, "scheme": dep.scheme, "tier": tier, "backend": dep.backend,
                          "model": dep.model, "ws": dep.ws, "dtype": dep.dtype, "group": dep.group,
                          "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header,
-                         "needs_facts": sorted(dep.needs), **dep.plan_fields}
+                         "needs_facts": sorted(dep.needs), **dep.plan_fields, **fam.deployment_meta(dep, profile)}
             if dep.side is not None:
                 ns.fields["target_label"] = fam.target_label_of(dep)
             ns.facts = dep.facts
