@@ -455,7 +455,7 @@ def _plan_reshard(dep: Any, side: TargetSide, datas: list[Any], good: list[Any],
     primary = by_rank[0]
     fields = tier_fields(dep, side)
     try:
-        spec = tier_spec(fields, dep.facts, "reshard", primary.size, targets[0])
+        tier_spec(fields, dep.facts, "reshard", primary.size, targets[0])
     except NotPlanned as np:
         _mark(primary, "needs_reshard", targets[0], f"reshard TP {dep.ws} -> {side.ws}: {np.why}",
               fd.Finding(fd.NEEDS_FACT if np.asks else fd.TRANSFORM, asks=np.asks))
@@ -480,6 +480,7 @@ def _plan_reshard(dep: Any, side: TargetSide, datas: list[Any], good: list[Any],
             have += 1
         else:
             occupied = occupied or t
+    total = sum(tier_spec(fields, dep.facts, "reshard", primary.size, t).output_size for t in outputs)
     if have == len(outputs):
         _mark(primary, "already_present", targets[0], f"every file of its reshard to ws {side.ws} is present")
     elif occupied is not None:
@@ -487,8 +488,7 @@ def _plan_reshard(dep: Any, side: TargetSide, datas: list[Any], good: list[Any],
               fd.Finding(fd.TARGET_OCCUPIED, aliases_relpath=occupied, of_action="reshard"))
     else:
         _mark(primary, "reshard", targets[0], f"reshard of the head shards from ws {dep.ws} to {side.ws} "
-              f"({len(outputs)} file(s) of {spec.output_size} bytes each)",
-              fd.Finding(fd.TRANSFORM, output_bytes=spec.output_size))
+              f"({len(outputs)} files, {total} bytes)", fd.Finding(fd.TRANSFORM, output_bytes=total))
     for r in range(1, dep.ws):
         _mark(by_rank[r], "none", None, f"read by rank 0's {primary.action}",
               fd.Finding(fd.PART_OF_ACTION, primary_rank=0, of_action=primary.action))
@@ -537,16 +537,22 @@ class _Hasher:
 
 def _plan_sidecars(cfiles: list[Any]) -> None:
     """A GDS sidecar goes with its data file (§4): placed, verified, rolled back and pruned
-    with it, after it; it names its own target."""
+    with it, after it; the sidecar of an acting data file names its own target, the sidecar
+    of a replica or of a reshard's other source points at the same primary as its data file."""
     by_path = {f.relpath: f for f in cfiles}
     for s in cfiles:
         if not s.chunk.sidecar or s.status != "ok":
             continue
         data = by_path.get(s.relpath[: -len(L.SIDECAR)])
-        if data is None or data.target is None or data.action in ("none", "needs_reshard"):
+        if data is None:
             continue
-        _mark(s, "none", data.target + L.SIDECAR, f"the sidecar of {data.relpath}: placed after it",
-              fd.Finding(fd.PART_OF_ACTION, primary_rank=data.rank, of_action=data.action))
+        found = fd.finding_of(data.reason)
+        if data.target is not None and data.action not in ("none", "needs_reshard"):
+            _mark(s, "none", data.target + L.SIDECAR, f"the sidecar of {data.relpath}: placed after it",
+                  fd.Finding(fd.PART_OF_ACTION, primary_rank=data.rank, of_action=data.action))
+        elif data.action == "none" and found is not None and found.code in fd.SECONDARY:
+            _mark(s, "none", None, f"the sidecar of {data.relpath} ({found.code})",
+                  fd.Finding(found.code, primary_rank=found.primary_rank, of_action=found.of_action))
 
 
 def tier_fields(dep: Any, side: TargetSide | None) -> dict[str, Any]:

@@ -503,3 +503,25 @@ def test_prune_migrated_takes_nothing_from_a_tier_nothing_was_migrated_from(tmp_
     rc, text = run("prune", root, *RECIPE, "--force-live", "--apply")
     assert rc == 0, text
     assert snapshot(root) == before
+
+
+def test_every_gds_file_of_a_reshard_chunk_counts_once_and_the_cost_is_every_output(tmp_path):
+    """A reshard's other ranks and every sidecar point at rank 0's row (no `none` block of its
+    own); `output_bytes` is everything the action writes (every target rank's data file and
+    sidecar), so the report's cost is the plan's."""
+    import json
+
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend="gds", tp=2)
+    flags = [*RECIPE, "--target-tp", "4", *GEOMETRY]
+    rows = scan(root, tmp_path / "m.parquet", *flags)
+    assert {r["action"] for r in rows.values() if r["finding"] not in ("part_of_action",)} == {"reshard"}
+    rc, text = run("report", tmp_path / "m.parquet", "--json")
+    totals = json.loads(text)["totals"]
+    data = 4 * (4096 + 2 * 2 * 4 * (S.TOTAL_KV_HEADS // 4) * S.HEAD_DIM * 2)
+    want = len(res.blocks) * (data + 4 * 4096)
+    assert totals["blocks"] == len(res.blocks)
+    rc, plan = run("migrate", "--manifest", tmp_path / "m.parquet", "--json")
+    created = json.loads(plan)
+    assert want == sum(t["actions"]["reshard"]["bytes"] for t in created["targets"]), created
+    assert want == totals["transform_cost"]["reshard"]["output_bytes"], totals["transform_cost"]
