@@ -213,9 +213,8 @@ class Reshard(ActionKind):
 _TIER_SCRIPT = ("import os,sys;a=sys.argv;h=bytes.fromhex(a[2]);o=int(a[3]);n=int(a[4]);ws=int(a[5]);"
                 "sp=[tuple(map(int,x.split(':'))) for x in a[6].split(',') if x];"
                 "fs=[os.open(p,os.O_RDONLY) for p in a[7:]];"
-                "f=os.open(a[1],os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o644);os.write(f,h)\n"
-                "for i in range(n):\n"
-                " os.write(f,b''.join(os.pread(fs[r],l,o+i*ws+s) for r,s,l in sp))")
+                "f=os.open(a[1],os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o644);os.write(f,h);"
+                "[os.write(f,b''.join(os.pread(fs[r],l,o+i*ws+s) for r,s,l in sp)) for i in range(n)]")
 
 
 def tier_shell(act: BlockAction, root: str, dst: str) -> str:
