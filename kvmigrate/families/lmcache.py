@@ -47,7 +47,7 @@ HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
 SIDECAR_MARK = b"/metadata"  # appended to a sidecar's chunk hash inside a plan (flat_page_hex)
 
 
-@dataclass
+@dataclass(slots=True)
 class TierFile:
     """One file under a tier as the scan read it. `folders`: its folders inside the tier
     (a GDS `<2>/<2>` pair, or none); `head`: its first bytes (None: not read, --verify
@@ -104,6 +104,7 @@ class Deployment:
     side: Any = None  # its target (lmcache_plan.TargetSide; None: nothing is planned)
     needs_target: Any = None  # why its target is not decided (lmcache_plan.NotPlanned)
     tags: tuple[tuple[str, str], ...] = ()
+    reachability: dict[tuple[Any, ...], tuple[str, str, bool]] = field(default_factory=dict)  # (see _verdict)
 
     @property
     def plan_fields(self) -> dict[str, Any]:
@@ -471,7 +472,12 @@ class LMCache(families.Family):
         if status is None and c.backend != "gds" and f.folders:
             status, reason = "misfiled", f"a {c.backend} chunk inside GDS folders {'/'.join(f.folders)}: never found"
         if status is None:
-            status, reason, f.seed_fix = self._reachability(c, dep.facts)
+            # (the verdict depends on the name's scheme, hash kind, backend and quoting, and the
+            # deployment's facts: one computation per kind of name)
+            kind = (c.key.scheme, c.key.hash_kind, c.backend, c.quoted)
+            if kind not in dep.reachability:
+                dep.reachability[kind] = self._reachability(c, dep.facts)
+            status, reason, f.seed_fix = dep.reachability[kind]
         f.status = status
         f.reason = reason
 

@@ -57,7 +57,7 @@ def _known_equal(a: Any, b: Any) -> bool | None:
 def recipe(dep: Any, profile: str) -> list[dict[str, Any]]:
     """§3.2's components for one deployment, writer vs target (the target: `profile`)."""
     f = dep.facts
-    chunks = [c for c in (L.parse_name(x.name) for x in dep.files) if c is not None]
+    chunks = [x.chunk for x in dep.files if getattr(x, "chunk", None) is not None]  # (parsed by the scan)
     w_chunk, t_chunk = f.chunk_size, f.target_chunk_size
     chunk = _pair("chunk_size", f, "chunk_size", w_chunk, t_chunk, _known_equal(w_chunk, t_chunk))
     if dep.scheme == "lmc-mp1":  # blake3 with a fixed none hash: only chunk_size (§3.2)
@@ -145,7 +145,7 @@ def deployment_meta(dep: Any, profile: str) -> dict[str, Any]:
     """The keys added to an LMCache deployment's `config_json` (see the module's doc)."""
     zero = 0
     for x in dep.files:
-        c = L.parse_name(x.name)
+        c = x.chunk  # (parsed by the scan)
         if c is not None and c.backend == "fs" and not c.sidecar and c.key.hash_kind == "hex64" \
                 and c.key.hash.startswith("0"):
             zero += 1

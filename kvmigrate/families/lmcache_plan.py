@@ -142,6 +142,8 @@ def _side(dep: Any, f: Facts, backend: str, model: str, kind: str | None, header
 def target_key(key: L.Key, side: TargetSide, wid: int) -> L.Key:
     """The key the target deployment's worker `wid` looks a source chunk up by (§3.1):
     the source's hash, dtype and tags, the target's model, ws and worker id."""
+    if key.scheme != "lmc-mp1" and (key.model, key.ws, key.wid) == (side.model, side.ws, wid):
+        return key  # (most chunks: the target reads them under their own key)
     if key.scheme == "lmc-mp1":
         rank = MP_MLA_RANK if side.kind == "mla" else L.kv_rank(side.ws, wid)
         return replace(key, model=side.model, ws=rank >> 24, wid=(rank >> 16) & 0xFF, kv_rank=rank)
@@ -155,6 +157,14 @@ def target_relpath(tier: str, key: L.Key, side: TargetSide, *, sidecar: bool = F
     else:
         rel = L.file_name(key, side.backend)
     return rel if tier == "." else f"{tier}/{rel}"
+
+
+def _own_name(f: Any, key: L.Key, side: TargetSide) -> bool:
+    """The target's name of a chunk file is its own: the same key, backend and spelling (a
+    quoted GDS name, an fs `-SEP-` name) in the folders its writer derives."""
+    c = f.chunk
+    return (key is c.key and side.backend == c.backend and c.model_exact and c.quoted is not False
+            and not c.sidecar)
 
 
 def target_label(tier: str, dep: Any, side: TargetSide) -> str:
@@ -320,14 +330,16 @@ def _plan_chunk(tier: str, dep: Any, side: TargetSide, cfiles: list[Any], presen
     good = [f for f in datas if _placeable(f, side)]
     if not good:
         return
+    if side.kind != "mla" and not side.reshard:
+        _plan_per_rank(dep, side, datas, good, present, tier)
+        _plan_sidecars(cfiles)
+        return
     key0 = good[0].chunk.key
     targets = [target_relpath(tier, target_key(key0, side, w), side) for w in side.wids]
     if side.kind == "mla":
         _plan_copies(dep, side, good, targets, present)
-    elif side.reshard:
-        _plan_reshard(dep, side, datas, good, targets, present)
     else:
-        _plan_per_rank(dep, side, datas, good, present, tier)
+        _plan_reshard(dep, side, datas, good, targets, present)
     _plan_sidecars(cfiles)
 
 
@@ -409,7 +421,7 @@ def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str]
         _mark(primary, "already_present", targets[0], "the target looks this chunk up by "
               + ("this very name" if targets == [primary.relpath] else f"{len(targets)} name(s), all present"))
     elif occupied is not None:
-        _mark(primary, "none", targets[0], f"target name {occupied} holds other bytes: never overwritten",
+        _mark(primary, "none", targets[0], "a target name (aliases_relpath) holds other bytes: never overwritten",
               fd.Finding(fd.TARGET_OCCUPIED, aliases_relpath=occupied, of_action=action))
     else:
         _mark(primary, action, targets[0], f"MLA copy: {action} to {len(targets)} target name(s) of "
@@ -426,16 +438,17 @@ def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any]
     missing rank's file does not stop the others."""
     action = _action(side, dep)
     for f in good:
-        t = target_relpath(tier, target_key(f.chunk.key, side, int(f.rank or 0)), side)
+        key = target_key(f.chunk.key, side, int(f.rank or 0))
+        t = f.relpath if _own_name(f, key, side) else target_relpath(tier, key, side)
         there = None if side.needs_dest else present.get(t)
         if _unproven_rewrite(dep, side, action, f, t):
             continue
         if t == f.relpath and not side.needs_dest:
             _mark(f, "already_present", t, "the target looks this chunk up by this very name")
         elif there is not None and action == "link" and _same_bytes(there, f):
-            _mark(f, "already_present", t, f"present at its target name {t}")
+            _mark(f, "already_present", t, "present at its target name")
         elif there is not None:
-            _mark(f, "none", t, f"target name {t} holds other bytes: never overwritten",
+            _mark(f, "none", t, "its target name holds other bytes: never overwritten",
                   fd.Finding(fd.TARGET_OCCUPIED, aliases_relpath=t, of_action=action))
         else:
             _mark(f, action, t, f"{action} of rank {f.rank}'s head shard to its target name")
@@ -484,7 +497,7 @@ def _plan_reshard(dep: Any, side: TargetSide, datas: list[Any], good: list[Any],
     if have == len(outputs):
         _mark(primary, "already_present", targets[0], f"every file of its reshard to ws {side.ws} is present")
     elif occupied is not None:
-        _mark(primary, "none", targets[0], f"target name {occupied} holds other bytes: never overwritten",
+        _mark(primary, "none", targets[0], "a target name (aliases_relpath) holds other bytes: never overwritten",
               fd.Finding(fd.TARGET_OCCUPIED, aliases_relpath=occupied, of_action="reshard"))
     else:
         _mark(primary, "reshard", targets[0], f"reshard of the head shards from ws {dep.ws} to {side.ws} "
@@ -548,10 +561,10 @@ def _plan_sidecars(cfiles: list[Any]) -> None:
             continue
         found = fd.finding_of(data.reason)
         if data.target is not None and data.action not in ("none", "needs_reshard"):
-            _mark(s, "none", data.target + L.SIDECAR, f"the sidecar of {data.relpath}: placed after it",
+            _mark(s, "none", data.target + L.SIDECAR, "the sidecar of its data file: placed after it",
                   fd.Finding(fd.PART_OF_ACTION, primary_rank=data.rank, of_action=data.action))
         elif data.action == "none" and found is not None and found.code in fd.SECONDARY:
-            _mark(s, "none", None, f"the sidecar of {data.relpath} ({found.code})",
+            _mark(s, "none", None, f"the sidecar of its data file ({found.code})",
                   fd.Finding(found.code, primary_rank=found.primary_rank, of_action=found.of_action))
 
 

@@ -242,6 +242,8 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
             pos += len(b)
             if not hashed and len(head) >= HEAD_BYTES and not zero:
                 break  # the head decides; the rest is read only to hash or to prove all zero
+            if pos >= st.st_size:
+                break  # (its size as stat-ed: no read only to meet the end; a file grown since is the apply's to see)
     except OSError as exc:
         f.error = errno_reason(exc, "cannot read", rel)
         return f

@@ -5,6 +5,7 @@ on real trees built by `kvmigrate synth --family lmcache`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -258,7 +259,7 @@ def test_a_64_hex_k3_hash_is_stale_by_name(tmp_path, scan_root):
     res = synth(tmp_path, lmc_backend="fs", lmc_era="lmc-k3", tp=1, blocks=3)
     rel = res.blocks[0]["files"][0]
     key = L.parse_name(rel.split("/")[-1]).key
-    digest = L.Key(**{**key.__dict__, "hash": "ab" * 32})
+    digest = dataclasses.replace(key, hash="ab" * 32)
     new = "cache/" + L.file_name(digest, "fs")
     os.rename(tmp_path / rel, tmp_path / new)
     _, rows = scan_root(tmp_path)
