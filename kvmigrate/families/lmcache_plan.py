@@ -23,6 +23,7 @@ import xxhash
 
 from kvmigrate import findings as fd
 from kvmigrate.formats import lmcache as L
+from kvmigrate.fsio import hash_file
 from kvmigrate.identity.facts import Facts
 from kvmigrate.transforms import TransformError
 from kvmigrate.transforms_lmcache import HEADER_BYTES, TierSpec, write_tier
@@ -521,17 +522,7 @@ def _expected_matches(dep: Any, fields: Mapping[str, Any], sources: list[Any], t
         for f in sources:
             fds.append(os.open(os.path.join(dep.root, f.relpath), os.O_RDONLY))
         write_tier(spec, fds, w)
-        have = _Hasher()
-        tfd = os.open(os.path.join(dep.root, there.relpath), os.O_RDONLY)
-        try:
-            while True:
-                buf = os.read(tfd, 1 << 20)
-                if not buf:
-                    break
-                have.write(buf)
-        finally:
-            os.close(tfd)
-        return w.h.digest() == have.h.digest()
+        return w.h.digest() == hash_file(os.path.join(dep.root, there.relpath))[0]
     except (OSError, TransformError):
         return False
     finally:
