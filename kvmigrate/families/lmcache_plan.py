@@ -77,6 +77,8 @@ def target_side(dep: Any) -> TargetSide | None:
         return None
     backend = "fs" if convert else dep.backend
     model = f.target_model_name or dep.model
+    whys: list[str] = []
+    asks: list[str] = []
     if dep.backend == "local_disk" and "-" in dep.model and (convert or f.target_model_name):
         # the name spells `/` as `-`: the model is matched, never decoded (§1.3)
         if f.target_model_name:
@@ -84,8 +86,9 @@ def target_side(dep: Any) -> TargetSide | None:
         elif f.model_name and L.local_disk_model_matches(f.model_name, dep.model):
             model = f.model_name
         else:
-            raise NotPlanned(f"the local_disk name spells the model {dep.model!r} with '-' for '/': a conversion "
-                             "must spell it as `vllm serve` names it", fd.asks("--model-name"))
+            whys.append(f"the local_disk name spells the model {dep.model!r} with '-' for '/': a conversion must "
+                        "spell it as `vllm serve` names it")
+            asks.append("--model-name")
     kind = dep.kv_kind or f.kv_kind
     if backend == "fs":
         want = f.target_save_chunk_meta
@@ -94,8 +97,10 @@ def target_side(dep: Any) -> TargetSide | None:
     else:
         header = "gds" if backend == "gds" else "raw"
     if kind is None and header == "fs" and (convert or dep.backend == "fs" and not dep.fs_header):
-        raise NotPlanned("a RemoteMetadata header states the chunk's format: the kv kind decides it",
-                         fd.asks("--kv-kind"))
+        whys.append("a RemoteMetadata header states the chunk's format: the kv kind decides it")
+        asks.append("--kv-kind")
+    if whys:  # (every fact the target waits for, asked at once)
+        raise NotPlanned("; ".join(whys), fd.asks(*asks))
     side = _side(dep, f, backend, model, kind, header, convert)
     if side is not None and backend == "fs" and not convert and header != _src_header(dep.backend, dep.fs_header):
         side = replace(side, rewrites=True)
@@ -302,8 +307,9 @@ def plan_tier(tier: str, deps: Iterable[Any], files: Iterable[Any]) -> None:
             side = target_side(dep)
         except NotPlanned as np:
             dep.needs_target = np
+            convert = dep.facts.target_backend == "fs"
             for f in dep.files:
-                if f.status in PLACEABLE and fd.finding_of(f.reason) is None:
+                if (f.status in PLACEABLE or convert and f.status == "index_lost") and fd.finding_of(f.reason) is None:
                     f.reason = fd.Reason(f"{f.reason}; not planned: {np.why}",
                                          fd.Finding(fd.NEEDS_FACT, asks=np.asks) if np.asks else None)
             continue

@@ -243,7 +243,9 @@ class Commands:
 
     def convert_tier(self) -> str:
         """The migrate that converts local_disk tiers into fs tiers under a new DIR (lmcache.md §3.5)."""
-        return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), "--target-backend fs --dest <DIR>")
+        stated = "--target-backend" in self.fact_args  # (the scan's own flags may state it already)
+        return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args),
+                          "--dest <DIR>" if stated else "--target-backend fs --dest <DIR>")
 
     def prune(self, *extra: str, only: list[str] | None = None) -> str:
         """The prune dry run of the root (its own scan, with the same target and facts).

@@ -525,3 +525,27 @@ def test_every_gds_file_of_a_reshard_chunk_counts_once_and_the_cost_is_every_out
     created = json.loads(plan)
     assert want == sum(t["actions"]["reshard"]["bytes"] for t in created["targets"]), created
     assert want == totals["transform_cost"]["reshard"]["output_bytes"], totals["transform_cost"]
+
+
+def test_the_local_disk_hints_lead_to_a_converted_tier(tmp_path):
+    """A sequence an operator follows: audit names the facts a conversion waits for (all at
+    once); with them, the conversion hint (DIR filled in) writes an fs tier the reader finds."""
+    import shlex
+
+    root, dest = tmp_path / "root", tmp_path / "dest"
+    res = synth(root, lmc_backend="local_disk", tp=2)
+    dest.mkdir()
+    rc, text = run("audit", root, *RECIPE, "--target-backend", "fs")
+    asked = next(line for line in text.splitlines() if line.strip().startswith("2. state"))
+    assert "--kv-kind" in asked and "--model-name" in asked, text
+    facts = ["--kv-kind", "full", "--model-name", MODEL, *GEOMETRY]
+    rc, text = run("audit", root, *RECIPE, "--target-backend", "fs", *facts)
+    hint = next(line.strip()[2:] for line in text.splitlines()
+                if line.strip().startswith("$ kvmigrate migrate") and "--dest <DIR>" in line)
+    assert hint.count("--target-backend") == 1, hint
+    args = [a if a != "<DIR>" else str(dest) for a in shlex.split(hint)[1:]] + ["--apply"]
+    rc, out = run(*args)
+    assert rc == 0, out
+    for blk in res.blocks:
+        for wid in (0, 1):
+            assert reader(dest / "cache", "fs", 2, wid, mla=False).lookup(chash(blk)).found
