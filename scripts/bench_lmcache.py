@@ -27,6 +27,7 @@ import random
 import sys
 import time
 from collections import defaultdict
+from contextlib import ExitStack
 from pathlib import Path
 
 from kvmigrate.formats import lmcache as L
@@ -87,18 +88,14 @@ def reshard(src: Path, dst: Path, tp_dst: int) -> dict:
     dst.mkdir(parents=True, exist_ok=True)
     read = written = 0
     for field, ranks in chunks.items():
-        files = [open(ranks[r], "rb") for r in range(tp_src)]
-        try:
-            sources = [(f, L.FS_HEADER_ONE_GROUP) for f in files]
+        with ExitStack() as stack:
+            sources = [(stack.enter_context(open(ranks[r], "rb")), L.FS_HEADER_ONE_GROUP) for r in range(tp_src)]
             for t in range(tp_dst):
                 key = L.Key("lmc-k3", MODEL, tp_dst, t, field, DTYPE)
                 name, header = chunk_file(key, g.target_bytes, g.heads_per_rank(tp_dst))
                 with open(dst / name, "wb") as out:
                     out.write(header)
                     written += len(header) + write_reshard(sources, out, g, t)
-        finally:
-            for f in files:
-                f.close()
         read += tp_src * (L.FS_HEADER_ONE_GROUP + g.source_bytes)
     return {"chunks": len(chunks), "tp_src": tp_src, "tp_dst": tp_dst, "source_bytes": read,
             "written_bytes": written, "seconds": round(time.perf_counter() - start, 3)}

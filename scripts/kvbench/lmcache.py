@@ -296,7 +296,7 @@ def render_lmcache(result: dict) -> str:
         for r in grp["ratios"]:
             add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
                 f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x** (time; below 1 is faster)")
-        drv = next((c for c in grp["commands"] if c["key"] == "lmc_reshard"), {})
+        drv: dict = next((c for c in grp["commands"] if c["key"] == "lmc_reshard"), {})
         if "facts" in drv:
             f = drv["facts"]
             add(f"  * driver: {f.get('chunks')} chunks, {f.get('written_bytes', 0):,} bytes written; bytes checked: "
