@@ -88,6 +88,8 @@ def reshard_commands(bench: Bench, src: Path, work: Path, probe: dict, chunks: i
         Command("lmc_cp", "cp -R SRC DST", sh(f"mkdir -p {q(dst)} && cp -R {q(src_tier)} {q(dst_tier)}"),
                 "baseline", reset=reset, check=copy_check),
     ]
+    cmds.append(Command("lmc_imports", "the driver's imports alone (no file read or written)",
+                        [py, "-c", "import kvmigrate.formats.lmcache, kvmigrate.transforms_lmcache"], "baseline"))
     if probe.get("plans_reshard"):
         mig_out = str(out / "lmc_migrate.json")
         cmds.insert(1, Command("lmc_migrate", "kvmigrate migrate ROOT --apply --target-tp 4",
@@ -256,6 +258,10 @@ def render_lmcache(result: dict) -> str:
     add(f"Each command ran {g['reps']} times per warm group (cold scan: once), the order changing every "
         "repetition (each first in turn); medians, and the peak RSS of the process and its children (wait4).")
     probe = g["cli_probe"]
+    free = g["free_before"]
+    add(f"Work folder `{g['workdir']}`: {free['bytes'] / 2**30:.0f} GiB and {free['inodes']:,} inodes free before the "
+        f"run (of {free['total_bytes'] / 2**30:.0f} GiB and {free['total_inodes']:,}: the largest filesystem here); "
+        "the trees are deleted after the group.")
     add("")
     add("## Reshard: TP 2 → 4")
     add("")
@@ -279,7 +285,9 @@ def render_lmcache(result: dict) -> str:
     add("The floor is `cat` of the source files to /dev/null, then `cp -R` of the same files (the bytes read once "
         "and read and written once more); `cp -R` alone beside it. Every command writes into a fresh folder, "
         "deleted after it (untimed); none fsyncs (the `sync` before the next command is untimed). After each "
-        "driver run, two chunks' outputs are compared with the heads taken in plain Python (untimed).")
+        "driver run, two chunks' outputs are compared with the heads taken in plain Python (untimed). The last row "
+        "is the driver's start-up: Python importing kvmigrate's LMCache format and transform modules (which bring "
+        "pyarrow and numpy), part of every driver run.")
     add("")
     add("| run | command | median s | MB/s (source bytes) | peak RSS MiB | rchar GiB | read from disk GiB |")
     add("|---|---|---:|---:|---:|---:|---:|")
@@ -289,7 +297,7 @@ def render_lmcache(result: dict) -> str:
                 add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | |")
                 continue
             add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
-                f"{_mbs(t['bytes'], c['median_s'])} | {c['peak_rss_mib']:.0f} | "
+                f"{'—' if c['key'] == 'lmc_imports' else _mbs(t['bytes'], c['median_s'])} | {c['peak_rss_mib']:.0f} | "
                 f"{c.get('median_rchar', 0) / 2**30:.2f} | {c.get('median_read_bytes', 0) / 2**30:.2f} |")
     add("")
     for grp in g["reshard"]:
