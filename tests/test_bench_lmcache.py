@@ -40,12 +40,16 @@ def test_the_lmcache_group_times_reshard_and_scan_beside_the_standard_tools(tmp_
     s = {c["key"]: c for c in scan["commands"]}
     assert s["lmc_scan"]["facts"]["files"] == res["scan_tree"]["files"] == 300
     assert s["lmc_scan"]["facts"]["by_status"] == {"ok": 300}
-    assert {"lmc_find", "lmc_floor"} <= {k for k, c in s.items() if "median_s" in c}
+    assert "median_s" in s["lmc_find"] and "median_s" in s["lmc_cat"]
+    assert s["lmc_floor"]["facts"]["files"] == 300  # the floor walks the tier's one flat folder too
     text = (out / "LMCACHE.md").read_text()
     assert "## Reshard: TP 2 → 4" in text and "## Scan of a large fs tier" in text
     assert "/ cat SRC > /dev/null, then cp -R SRC DST = **" in text and "/ find -printf = **" in text
     assert "Warm only" in text
     assert not work.exists()  # the trees are deleted after the group
+    (out / "LMCACHE.md").unlink()  # --render-only writes the same page from lmcache.json
+    assert bench.main(["--only", "lmcache", "--render-only", "--out-dir", str(out)]) == 0
+    assert (out / "LMCACHE.md").read_text() == text
 
 
 def test_the_driver_s_check_catches_a_target_that_is_not_its_heads(tmp_path):

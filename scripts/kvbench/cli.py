@@ -15,7 +15,7 @@ from .compare import self_check
 from .core import Bench
 from .harness import DEFAULT_WORKDIR, REPORTS, rmtree
 from .journal import run_journal_group
-from .lmcache import lmcache_only
+from .lmcache import lmcache_only, render_lmcache
 from .prune import run_prune_group
 from .rendering import render, render_journal, render_prune_only, write_json
 from .runner import run
@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="check the before/after report's ratios and verdicts on given timings, then exit")
     p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
     p.add_argument("--render-only", action="store_true",
-                   help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir, run nothing")
+                   help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir (with --only lmcache: LMCACHE.md "
+                        "from lmcache.json), run nothing")
     p.add_argument("--profile-only", action="store_true",
                    help="run only the --profile step on the kept 4 KiB tree and add it to the benchmarks.json in "
                         "--out-dir (then rewrite BENCHMARKS.md)")
@@ -162,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.self_check or args.before:
         return self_check() if args.self_check else compare_main(args)
     args.out_dir = args.out_dir or str(REPORTS)
+    if args.render_only and args.only and args.only.strip() == "lmcache":
+        out = Path(args.out_dir)
+        (out / "LMCACHE.md").write_text(render_lmcache(json.loads((out / "lmcache.json").read_text())))
+        print(f"wrote {out / 'LMCACHE.md'}")
+        return 0
     if args.render_only:
         out = Path(args.out_dir)
         (out / "BENCHMARKS.md").write_text(render_any(json.loads((out / "benchmarks.json").read_text()), out))

@@ -100,7 +100,7 @@ def reshard_commands(bench: Bench, src: Path, work: Path, probe: dict, chunks: i
 
 
 def scan_commands(bench: Bench, root: Path, out: Path) -> list[Command]:
-    manifest, stdout = out / "lmc_scan.parquet", str(out / "lmc_scan.json")
+    manifest, stdout, floor_out = out / "lmc_scan.parquet", str(out / "lmc_scan.json"), str(out / "lmc_floor.json")
 
     def check(_run: Run) -> dict:
         s = json.loads(Path(stdout).read_text())
@@ -113,8 +113,11 @@ def scan_commands(bench: Bench, root: Path, out: Path) -> list[Command]:
                 [bench.kvm, "scan", str(root), "-q", "--json", "-o", str(manifest)], "kvmigrate", ok_rcs=(0, 1),
                 stdout=stdout, check=check),
         Command("lmc_find", "find -printf", sh(f"find {q(root)} -printf '%p %s %T@\\n' > /dev/null"), "baseline"),
+        Command("lmc_cat", "find | xargs cat (opens and reads every file, as the scan does)",
+                sh(f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null"), "baseline"),
         Command("lmc_floor", f"Python floor (scandir + lstat, {len(os.sched_getaffinity(0))} processes, no manifest)",
-                [bench.kvm_python, str(SCRIPTS / "floor_walk.py"), str(root)], "baseline"),
+                [bench.kvm_python, str(SCRIPTS / "floor_walk.py"), "--flat", str(root)], "baseline",
+                stdout=floor_out, check=lambda _r: {"files": json.loads(Path(floor_out).read_text())["files"]}),
     ]
 
 
@@ -210,7 +213,7 @@ def run_lmcache_group(args: argparse.Namespace, bench: Bench) -> dict:
 
     root = work / "scan-tier"
     res["scan_tree"] = build_scan_tier(bench, root, args.lmcache_scan_chunks, log)
-    pairs = [("lmc_scan", "lmc_find"), ("lmc_scan", "lmc_floor")]
+    pairs = [("lmc_scan", "lmc_find"), ("lmc_scan", "lmc_cat"), ("lmc_scan", "lmc_floor")]
     log(f"lmcache: warm-up of the scan tier {warm(root):.1f} s")
     runs = [timed(Group("lmcache_scan_warm", "Scan of the fs tier, warm", "lmcache", scan_commands(bench, root, out),
                         pairs), args.lmcache_reps, bench, out, cold=False)]
@@ -233,6 +236,12 @@ def _cmd(group: dict, key: str) -> dict:
 
 def _mbs(nbytes: int, seconds: float | None) -> str:
     return f"{nbytes / seconds / 1e6:,.0f}" if seconds else "—"
+
+
+def _row(grp: dict, c: dict, *cells: str) -> str:
+    """One table row: warm or cold, the command, median and range, then `cells`."""
+    return (f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
+            f"{c['min_s']:.2f}–{c['max_s']:.2f} | " + " | ".join(cells) + " |")
 
 
 def render_lmcache(result: dict) -> str:
@@ -289,16 +298,17 @@ def render_lmcache(result: dict) -> str:
         "is the driver's start-up: Python importing kvmigrate's LMCache format and transform modules (which bring "
         "pyarrow and numpy), part of every driver run.")
     add("")
-    add("| run | command | median s | MB/s (source bytes) | peak RSS MiB | rchar GiB | read from disk GiB |")
-    add("|---|---|---:|---:|---:|---:|---:|")
+    add("| run | command | median s | min–max s | MB/s (source bytes) | peak RSS MiB | rchar GiB | "
+        "read from disk GiB |")
+    add("|---|---|---:|---:|---:|---:|---:|---:|")
     for grp in g["reshard"]:
         for c in grp["commands"]:
             if "median_s" not in c:
-                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | |")
+                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
                 continue
-            add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
-                f"{'—' if c['key'] == 'lmc_imports' else _mbs(t['bytes'], c['median_s'])} | {c['peak_rss_mib']:.0f} | "
-                f"{c.get('median_rchar', 0) / 2**30:.2f} | {c.get('median_read_bytes', 0) / 2**30:.2f} |")
+            rate = "—" if c["key"] == "lmc_imports" else _mbs(t["bytes"], c["median_s"])
+            add(_row(grp, c, rate, f"{c['peak_rss_mib']:.0f}", f"{c.get('median_rchar', 0) / 2**30:.2f}",
+                     f"{c.get('median_read_bytes', 0) / 2**30:.2f}"))
     add("")
     for grp in g["reshard"]:
         for r in grp["ratios"]:
@@ -318,24 +328,28 @@ def render_lmcache(result: dict) -> str:
         f"{s['bytes'] // max(1, s['files'])} bytes a file with the header. `kvmigrate scan ROOT -o M.parquet` "
         "(its default `--verify size`: the name parsed, each file opened and its first bytes read, up to 8 KiB: "
         "here the whole file, the 28-byte header checked against the name's dtype and the size; then the "
-        "manifest) against `find ROOT -printf '%p %s %T@\\n'` (lists and stats) and the Python "
-        "floor (scripts/floor_walk.py: scandir + lstat in as many processes, nothing else).")
+        "manifest) against `find ROOT -printf '%p %s %T@\\n'` (lists and stats), `find | xargs cat` (opens and "
+        "reads every file whole: the scan's reads without its Python) and the Python "
+        "floor (`scripts/floor_walk.py --flat`: each process lists the folder and lstats its share of the entries, "
+        "nothing else).")
     add("")
-    add("| run | command | median s | files/s | peak RSS MiB | user s | sys s |")
-    add("|---|---|---:|---:|---:|---:|---:|")
+    add("| run | command | median s | min–max s | files/s | peak RSS MiB | user s | sys s |")
+    add("|---|---|---:|---:|---:|---:|---:|---:|")
     for grp in g["scan"]:
         for c in grp["commands"]:
             if "median_s" not in c:
-                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | |")
+                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
                 continue
-            add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
-                f"{s['files'] / c['median_s']:,.0f} | {c['peak_rss_mib']:.0f} | {c['median_user_s']:.1f} | "
-                f"{c['median_sys_s']:.1f} |")
+            add(_row(grp, c, f"{s['files'] / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
+                     f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
     add("")
     for grp in g["scan"]:
         for r in grp["ratios"]:
             add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
                 f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x**")
+        fl = _cmd(grp, "lmc_floor")
+        if "facts" in fl:
+            add(f"  * the floor walked {fl['facts'].get('files'):,} files")
         sc = _cmd(grp, "lmc_scan")
         if "facts" in sc:
             add(f"  * scan: {sc['facts'].get('files'):,} files, statuses {sc['facts'].get('by_status')}, manifest "
