@@ -61,8 +61,8 @@ STATUSES = tuple(STATUS_BITS)
 # prune's opt-in class unreadable_namespaces takes it whole
 UNREADABLE_STATUSES = ("orphan_namespace", "digest_mismatch", "config_invalid", "unsupported_layout", "missing_slots")
 
-ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout",
-           "needs_slice", "needs_concat", "needs_relayout", "none")
+ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout", "reshard",
+           "needs_slice", "needs_concat", "needs_relayout", "needs_reshard", "none")
 # Actions whose bytes come from one replica: the other ranks are "replica of rank 0".
 REPLICA_ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "needs_slice")
 

@@ -18,7 +18,7 @@ from kvmigrate.units import plural
 if TYPE_CHECKING:
     from kvmigrate.outputs import TransformCost
 
-TRANSFORMS = ("slice", "concat", "relayout")
+TRANSFORMS = ("slice", "concat", "relayout", "reshard")
 # The bytes a transform writes per block are the manifest's `output_bytes` column (the
 # finding classify gives its row): reports, which only have the manifest, read it there.
 TRANSFORM_BYTES_PER_SECOND = 500 * 10**6

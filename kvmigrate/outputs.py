@@ -230,6 +230,63 @@ class MissingFact(TypedDict):
     error: str
 
 
+class RecipeComponent(TypedDict):
+    """One §3.2 hash-recipe component of an LMCache deployment, writer vs target: each
+    value with where it came from (`flag`, `facts:<key>`, `the names`, a target profile,
+    `assumed: …`, `not given`); `equal` null when not known."""
+
+    component: str
+    writer: str | None
+    writer_source: str
+    target: str | None
+    target_source: str
+    equal: bool | None
+
+
+class AssumedFact(TypedDict):
+    fact: str
+    value: str
+    flags: list[str]
+
+
+class TierDeployment(TypedDict):
+    """One deployment of an LMCache tier (lmcache.md §7)."""
+
+    deployment: str
+    backend: str
+    scheme: str | None
+    model: str | None
+    ws: int | None
+    dtype: str | None
+    kv_kind: str | None
+    target_profile: str | None
+    target_base: str | None
+    recipe: list[RecipeComponent]
+    assumed_facts: list[AssumedFact]
+    writer_none_hash: str | None  # seed N, fixed, random; null: not known
+    seed_fix_files: int
+    zero_hex64_files: int
+    facts: dict[str, FactValue]
+    files: int
+    bytes: int
+    by_status: dict[str, FileCount]
+    by_action: dict[str, BlockCount]
+    reclaimable: dict[str, FileCount]  # prune class -> files it could take
+
+
+class Tier(TypedDict):
+    """One LMCache tier directory: its deployments and what each prune class could take."""
+
+    tier: str
+    target_profile: str | None
+    backends: list[str]
+    deployments: list[TierDeployment]
+    other_files: dict[str, FileCount]  # files of no deployment (temps, foreign), by status
+    files: int
+    bytes: int
+    reclaimable: dict[str, FileCount]
+
+
 class SummaryCore(TypedDict):
     """The summary of a manifest: every key `summarize` makes."""
 
@@ -253,6 +310,7 @@ class SummaryCore(TypedDict):
     exit_code: int
     findings: list[Finding]
     hints: list[Hint]
+    tiers: list[Tier]  # LMCache tier directories (lmcache.md §7); empty without any
 
 
 class Reclaimable(TypedDict):
@@ -595,6 +653,13 @@ class ExplainClass(TypedDict):
     why: str | None
 
 
+class ExplainTier(TypedDict):
+    """An LMCache deployment's tier and its entry of the summary's tiers (lmcache.md §7)."""
+
+    tier: str
+    deployment: TierDeployment
+
+
 class ExplainOutput(TypedDict):
     """`explain --json`."""
 
@@ -618,6 +683,7 @@ class ExplainOutput(TypedDict):
     not_reusable: list[ExplainClass]
     why: str | None
     command: str | None
+    tier: ExplainTier | None  # an LMCache deployment: its recipe comparison, target, counts
 
 
 # command -> the model of its JSON output; docs/schema/<command>.json is generated from it

@@ -430,7 +430,7 @@ def pruning(root: str | None, manifest: str | None = None, options: ScanOptions 
             classes: tuple[str, ...] = ("migrated",), migration_journal: str | None = None,
             quiet_period: float | None = None, force_live: bool = False, older_than: float | None = None,
             explicit_target: bool = False, manifest_out: str | None = None, apply: bool = False,
-            selection: Any = None) -> Iterator[Any]:
+            selection: Any = None, engine_stopped: bool = False) -> Iterator[Any]:
     """`prune`: the prune plan of `manifest`, or of a scan of ROOT of its own with
     `options` (at `hash` by default, ScanOptions.planning, like migrate's: a replica is
     pruned only where its equality is proven). The scan's start time goes into the plan,
@@ -453,7 +453,7 @@ def pruning(root: str | None, manifest: str | None = None, options: ScanOptions 
         finished = finish_interrupted(os.path.abspath(where)) if isinstance(where, str) else []
     plan_options = dict(classes=classes, migration_journal=migration_journal, force_live=force_live,
                         quiet_period=DEFAULT_QUIET_PERIOD if quiet_period is None else quiet_period,
-                        older_than=older_than, selection=selection)
+                        older_than=older_than, selection=selection, engine_stopped=engine_stopped)
     log.info("prune: classes %s%s", ", ".join(classes), ", after finishing interrupted runs" if finished else "")
     if manifest is None:
         assert root is not None  # (refused above without ROOT or --manifest)

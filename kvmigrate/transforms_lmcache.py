@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import BinaryIO
 
+from kvmigrate.formats import lmcache as L
 from kvmigrate.transforms import TransformError, _fd, _require_int, _Writer
 
 RESHARD_BUFFER = 4 << 20
@@ -284,3 +285,155 @@ def write_reshard(
             dst.write(target)
         row0 += n
     return size
+
+
+# --- one output file of a tier action (reshard, rewrite_header, their GDS sidecars) --------
+
+HEADERS = ("raw", "fs", "gds", "sidecar")
+"""What precedes a payload: nothing, the 28-byte fs RemoteMetadata, the 4096-byte GDS
+header; `sidecar` is a GDS `.metadata` output (the header alone)."""
+HEADER_BYTES = {"raw": 0, "fs": 28, "gds": 4096, "sidecar": 4096}
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One file a tier action writes (lmcache.md §3.4-§3.5), proven from the names, the
+    source sizes and the facts: `reshard` of `ranks` head shards at TP `ranks` into target
+    rank `dst_rank` of TP `tp_dst`, or `rewrite_header` of one payload (a header added,
+    stripped or changed: an fs header, a conversion of a local_disk chunk to fs). The
+    payload is `[k, L, T, hidden]` (k 2 for KV_2LTD, 1 for MLA) of `dtype`.
+
+    `copies`: the sources are whole copies of one chunk (MLA, or one rank's file): the
+    apply compares them and reads the first; a reshard reads one shard per source rank.
+    """
+
+    action: str  # reshard | rewrite_header
+    kv_kind: str  # mla | full
+    ranks: int  # source files read (reshard: source TP)
+    dtype: str
+    layers: int
+    tokens: int
+    hidden_src: int  # elements per row of a source payload (h_s·D, or W for MLA)
+    src_header: str
+    dst_header: str
+    tp_dst: int = 1
+    dst_rank: int = 0
+    total_kv_heads: int = 0
+    head_dim: int = 0
+    fmt: int = 1
+    tier = True  # (a class constant: the migrate side tells a tier spec from the tree families')
+
+    @property
+    def copies(self) -> bool:
+        return self.action != "reshard"
+
+    # the names the apply and the plan ask every transform spec
+    @property
+    def flat(self) -> bool:
+        return self.copies  # one file is read; its copies, if any, are compared
+
+    @property
+    def replicas(self) -> bool:
+        return False
+
+    @property
+    def elem_bytes(self) -> int:
+        return L.DTYPE_BYTES[self.dtype]
+
+    @property
+    def k(self) -> int:
+        return 1 if self.kv_kind == "mla" else 2
+
+    def geometry(self) -> ReshardGeometry:
+        return ReshardGeometry(layers=self.layers, tokens=self.tokens, total_kv_heads=self.total_kv_heads,
+                               head_dim=self.head_dim, elem_bytes=self.elem_bytes, tp_src=self.ranks,
+                               tp_dst=self.tp_dst)
+
+    @property
+    def hidden_dst(self) -> int:
+        if self.action == "reshard":
+            return self.geometry().heads_per_rank(self.tp_dst) * self.head_dim
+        return self.hidden_src
+
+    @property
+    def payload_src(self) -> int:
+        return self.k * self.layers * self.tokens * self.hidden_src * self.elem_bytes
+
+    @property
+    def payload_dst(self) -> int:
+        return self.k * self.layers * self.tokens * self.hidden_dst * self.elem_bytes
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.k, self.layers, self.tokens, self.hidden_dst)
+
+    @property
+    def output_size(self) -> int:
+        if self.dst_header == "sidecar":
+            return HEADER_BYTES["sidecar"]
+        return HEADER_BYTES[self.dst_header] + self.payload_dst
+
+    def header(self) -> bytes:
+        if self.dst_header == "fs":
+            return L.encode_fs_header(self.payload_dst, self.fmt, self.dtype, self.shape)
+        if self.dst_header in ("gds", "sidecar"):
+            return L.encode_gds_header(self.dtype, self.shape, self.payload_dst, self.fmt)
+        return b""
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tier": True}
+
+    @classmethod
+    def from_json(cls, d: dict) -> TierSpec:
+        names = ("action", "kv_kind", "ranks", "dtype", "layers", "tokens", "hidden_src", "src_header",
+                 "dst_header", "tp_dst", "dst_rank", "total_kv_heads", "head_dim", "fmt")
+        spec = cls(**{k: d[k] for k in names})
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Raises TransformError for numbers no LMCache writer produces."""
+        if (self.action not in ("reshard", "rewrite_header") or self.kv_kind not in KV_KINDS
+                or self.src_header not in HEADERS[:3] or self.dst_header not in HEADERS
+                or self.dtype not in L.DTYPE_BYTES):
+            raise TransformError(f"inconsistent tier transform {self.to_json()}")
+        for name in ("ranks", "layers", "tokens", "hidden_src", "tp_dst"):
+            _require_int(name, getattr(self, name), minimum=1)
+        _require_int("dst_rank", self.dst_rank, minimum=0)
+        if self.action == "reshard":
+            g = self.geometry()  # validates H, D and both TPs
+            rank_heads(g.total_kv_heads, g.tp_dst, self.dst_rank)
+            if g.heads_per_rank(g.tp_src) * g.head_dim != self.hidden_src:
+                raise TransformError(f"reshard: a source row of {self.hidden_src} elements is not "
+                                     f"{g.heads_per_rank(g.tp_src)} heads of {g.head_dim}")
+        elif self.ranks != 1 and self.kv_kind != "mla":
+            raise TransformError("rewrite_header reads one file (or whole MLA copies)")
+
+
+def write_tier(spec: TierSpec, fds: Sequence[int], dst: _Writer) -> int:
+    """Stream the file `spec` describes into `dst`: its header, then (not for a sidecar)
+    the payload, re-sharded or copied from the first source. Every source's size is
+    checked against the geometry first (a torn or resized source raises)."""
+    spec.check()
+    off = HEADER_BYTES[spec.src_header]
+    for rank, fd in enumerate(fds if spec.action == "reshard" else fds[:1]):
+        got = _payload_size(fd, off, rank)
+        if got != spec.payload_src:
+            raise TransformError(f"{spec.action}: source {rank}'s payload is {got} bytes, the geometry gives "
+                                 f"{spec.payload_src}")
+    head = spec.header()
+    if head:
+        dst.write(head)
+    if spec.dst_header == "sidecar":
+        return len(head)
+    if spec.action == "reshard":
+        return len(head) + write_reshard([(fd, off) for fd in fds], dst, spec.geometry(), spec.dst_rank)
+    left, pos = spec.payload_src, off
+    while left:
+        buf = os.pread(fds[0], min(RESHARD_BUFFER, left), pos)
+        if not buf:
+            raise TransformError(f"rewrite_header: short read at offset {pos} (the file changed while reading)")
+        dst.write(buf)
+        pos += len(buf)
+        left -= len(buf)
+    return len(head) + spec.payload_src

@@ -397,7 +397,9 @@ def test_demo_root_is_small_and_has_every_family(tmp_path):
     results = build_demo_root(tmp_path)
     families = {ns["family"] for r in results for ns in r.namespaces}
     schemes = {ns["scheme"] for r in results for ns in r.namespaces}
-    assert families == {"vllm", "llmd", "vllmcpp", "sglang"}
+    assert families == {"vllm", "llmd", "vllmcpp", "sglang", "lmcache"}
+    assert {ns["backend"] for r in results for ns in r.namespaces if ns["family"] == "lmcache"} == \
+        {"fs", "local_disk", "gds"}
     assert {"S1", "S2", "S3", "vllmcpp-v1"} <= schemes
     assert any(ns["replicated_layout"] for r in results for ns in r.namespaces)
     files = [f for f in tree_files(tmp_path) if (tmp_path / f).is_file()]

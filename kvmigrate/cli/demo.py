@@ -13,7 +13,8 @@ import click
 from kvmigrate.cli.common import handle_errors, log_options
 from kvmigrate.errors import OperationalError
 
-# Facts the sample's writers had (a real operator knows these from their deployment).
+# Facts the sample's writers had (a real operator knows these from their deployment);
+# the LMCache tiers' own, keyed by tier, are synth.demo.LMCACHE_FACTS.
 DEMO_FACTS = {
     "*": {"model_dtype": "bfloat16"},
     "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
@@ -65,11 +66,11 @@ class StepFailed(OperationalError):
 @log_options
 @handle_errors
 def command(directory: str | None, keep: bool, verbose: int, log_format: str) -> None:
-    """Build a sample cache root (llm-d, vLLM S1/S2/S3 and vllm.cpp namespaces, with a few
-    defects) and run scan, report, dry run, apply, verify and rollback on it, printing each
-    step. DIRECTORY must be empty or new, and stays; without it the demo works in a new
-    temp dir, which it names and removes at the end (unless --keep, or a step fails).
-    Exits 0 when every step behaved as expected."""
+    """Build a sample cache root (llm-d, vLLM S1/S2/S3, vllm.cpp and SGLang namespaces, LMCache
+    fs, local_disk and GDS tiers, with a few defects) and run scan, report, dry run, apply,
+    verify and rollback on it, printing each step. DIRECTORY must be empty or new, and
+    stays; without it the demo works in a new temp dir, which it names and removes at the
+    end (unless --keep, or a step fails). Exits 0 when every step behaved as expected."""
     import os
     import shutil
     import tempfile
@@ -108,16 +109,18 @@ def _run(work: str, stays: bool, logging_flags: list[str]) -> None:
     import subprocess
     import sys
 
-    from kvmigrate.synth.demo import build_demo_root
+    from kvmigrate.synth.demo import LMCACHE_FACTS, build_demo_root, describe
 
     root = os.path.join(work, "cache")
     log.info("demo: building the sample root %s", root)
     results = build_demo_root(root)
     with open(os.path.join(work, "FACTS.json"), "w") as f:
-        json.dump(DEMO_FACTS, f, indent=2)
+        json.dump({**DEMO_FACTS, **LMCACHE_FACTS}, f, indent=2)
     before = _snapshot(root)
+    namespaces, tiers = describe(results)
     click.echo(f"kvmigrate demo in {work}" + ("" if stays else " (a temp dir, removed at the end unless --keep)"))
-    click.echo(f"  built {len(results)} sample namespaces under {root} (with injected defects)")
+    click.echo(f"  built {namespaces} under {root} (with injected defects)")
+    click.echo(f"  and {tiers}")
     click.echo(f"  deployment facts in {work}/FACTS.json")
     for n, (title, step_args, expected) in enumerate(_steps(root, work), 1):
         args = [step_args[0], *logging_flags, *step_args[1:]]

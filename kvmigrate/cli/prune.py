@@ -50,7 +50,14 @@ log = logging.getLogger(__name__)
                    "config_invalid, unsupported_layout, and superseded eras: unreachable for the target, every "
                    "block's bytes in a target namespace of the same model), whole.")
 @click.option("--residue", is_flag=True, help="Engine temp files older than --older-than, zero_filled, short "
-              "and misfiled files.")
+              "and misfiled files (LMCache tiers: orphan_data and corrupt_sidecar too, a GDS data file and its "
+              "sidecar together).")
+@click.option("--index-lost", "index_lost", is_flag=True,
+              help="LMCache local_disk chunks (index_lost: no restarted engine finds them) of quiet tiers stated "
+                   "stopped (--engine-stopped, or the engine_stopped fact per tier in --facts).")
+@click.option("--engine-stopped", "all_stopped", is_flag=True,
+              help="--index-lost: no engine uses any LMCache local_disk tier of ROOT (a tier's engine_stopped "
+                   "fact in --facts wins).")
 @click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "
               "(default: dry run).")
 @click.option("--journal", type=click.Path(path_type=str),
@@ -62,8 +69,9 @@ log = logging.getLogger(__name__)
               help="Unlink instead of moving (--migrated only: the bytes stay reachable through the target).")
 @click.option("--quiet-period", type=AgeType(), default=None, metavar="AGE",
               help="Skip a namespace written within AGE (newest file or folder mtime; a ctime alone, e.g. of "
-                   "migrate's own links, is no write) [default: 10m].")
-@click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too.")
+                   "migrate's own links, is no write; an LMCache tier as a whole) [default: 10m].")
+@click.option("--force-live", is_flag=True, help="Prune namespaces within the quiet period too (it never states "
+              "an LMCache tier stopped).")
 @click.option("--older-than", type=AgeType(), default=None, metavar="AGE",
               help="--residue: temp files older than AGE [default: 1h]; --purge: quarantines older than AGE "
                    "[default: 7d].")
@@ -79,7 +87,8 @@ log = logging.getLogger(__name__)
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, migrated: bool, unreadable: bool, residue: bool,
-            apply: bool, journal: str | None, migration_journal: str | None, no_quarantine: bool,
+            index_lost: bool, all_stopped: bool, apply: bool, journal: str | None, migration_journal: str | None,
+            no_quarantine: bool,
             quiet_period: float | None, force_live: bool, older_than: float | None, purge: bool,
             manifest_out: str | None, verify: str | None, threads: int | None, as_json: bool, quiet: bool,
             verbose: int, target: str, **kwargs) -> None:
@@ -94,7 +103,9 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
 
     Never pruned: an `ok` block that is not migrated, a target namespace, kvmigrate's
     journals, a file changed since the scan, a namespace under a held migration lock or
-    written within --quiet-period, anything outside ROOT, a symlink's target.
+    written within --quiet-period, anything outside ROOT, a symlink's target. An LMCache
+    tier is quiet or live as a whole (its folder, GDS folders and files), its folder is
+    never removed, and its index_lost chunks go only once the tier is stated stopped.
     --only/--exclude take only the namespaces they select (by model, source or target
     base folder name); the scan still reads the whole root, so every target is known.
 
@@ -123,7 +134,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
-                                    ("residue", residue)) if on) or ("migrated",)
+                                    ("residue", residue), ("index_lost", index_lost)) if on) or ("migrated",)
     if no_quarantine and set(classes) != {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
@@ -138,7 +149,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
             pipeline.pruning(root, manifest_path, options, classes=classes, migration_journal=migration_journal,
                              quiet_period=quiet_period, force_live=force_live, older_than=older_than,
                              explicit_target=explicit_target, manifest_out=manifest_out, apply=apply,
-                             selection=selection) as plan:
+                             selection=selection, engine_stopped=all_stopped) as plan:
         if not apply:
             code = plan.exit_code
             apply_command = _apply_command(ctx)

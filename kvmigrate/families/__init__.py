@@ -35,6 +35,7 @@ from kvmigrate.identity.values import (
     AMBIGUOUS,
     DEFAULT_PROFILE,
     ENSURE_ASCII,
+    LMCACHE_PROFILES,
     NAMES,
     UNKNOWN,  # names)
 )
@@ -179,8 +180,9 @@ class Family:
         return None
 
     def target_profile(self, profile: str) -> str:
-        """The target profile a namespace of this family is planned for, given --target."""
-        return profile
+        """The target profile a namespace of this family is planned for, given --target: an
+        lmcache-* profile names what LMCache tiers target, so the others keep the default."""
+        return tree_profile(profile)
 
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
         """The `Target` of a namespace of this family for a target profile."""
@@ -195,6 +197,10 @@ class Family:
         return None
 
     # --- paths -------------------------------------------------------------------------
+
+    def tier_label(self, tier: str) -> str:
+        """The namespace of a tier directory's own files (root_layout "tiers")."""
+        return f"{self.name}:{tier}"
 
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         """Whether a top-level entry of a cache root may be one of this family's namespaces
@@ -248,6 +254,10 @@ class Family:
         """The page hash a file name of the flat directory carries (the plan checks that
         a row's source and target names name its block); None: not a page name."""
         return None
+
+    def unmarked(self, block_hash: bytes) -> bytes:
+        """A row's chunk hash as its names carry it (a tier plan marks a sidecar row's)."""
+        return block_hash
 
     def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
         """The namespace the target names of a deployment belong to, as a rescan labels
@@ -306,6 +316,21 @@ class Family:
         """Sentences the scan adds to a namespace's family evidence (the ambiguous reading
         says whether its ambiguity changes any byte)."""
         return []
+
+    def pair_of(self, relpath: str) -> str | None:
+        """The other file of a pair a tier file belongs to (a GDS data file and its sidecar),
+        else None."""
+        return None
+
+    def removed_first(self, relpath: str) -> bool:
+        """A created file rollback removes before the others (a GDS sidecar: the engine finds
+        a data file only through it, so it goes before its data file)."""
+        return False
+
+    def verify_tier_file(self, relpath: str, size: int, read: Any) -> tuple[str, str] | None:
+        """(finding kind, message) when a file a migration made in a tier would not be read
+        by its engine; `read(relpath, limit)` reads a file of the destination."""
+        return None
 
     def verify_block(self, head: bytes, size: int, target: Mapping[str, Any], hex_hash: str | None,
                      group: int) -> tuple[str, str] | None:
@@ -420,7 +445,13 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
     proven = by_identity(source_fields)
     if proven is not None and proven.target_engine != fam.target_engine:
         fam = proven  # the keys decide which engine reads it
-    return fam.target(source_fields, facts, profile)
+    return fam.target(source_fields, facts, fam.target_profile(profile))
+
+
+def tree_profile(profile: str) -> str:
+    """What the tree families (vLLM, llm-d) target under --target `profile`: an lmcache-*
+    profile is the LMCache tiers' alone (lmcache.md §0), so they keep DEFAULT_PROFILE."""
+    return DEFAULT_PROFILE if profile in LMCACHE_PROFILES else profile
 
 
 def _size(fields: Mapping[str, Any], key: str) -> int:

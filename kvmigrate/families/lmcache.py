@@ -19,7 +19,6 @@ reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -28,19 +27,27 @@ from typing import Any, NamedTuple
 
 from kvmigrate import families, layout
 from kvmigrate import findings as fd
+from kvmigrate.families import lmcache_plan as P
+from kvmigrate.families.lmcache_plan import deployment_label
+
+# §3.2's recipe components (families/lmcache_recipe.py, shared with the report's metadata)
+from kvmigrate.families.lmcache_recipe import SEEDLESS_RANDOM as _SEEDLESS_RANDOM
+from kvmigrate.families.lmcache_recipe import algorithm as _algorithm
+from kvmigrate.families.lmcache_recipe import chain_era as _chain_era
+from kvmigrate.families.lmcache_recipe import none_hash as _none_hash
+from kvmigrate.families.lmcache_recipe import py_hash_era as _py_hash_era
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.values import FACT_FLAGS
+from kvmigrate.identity.values import FACT_FLAGS, LMCACHE_PROFILES
 from kvmigrate.identity.vllm_target import Target
 
-PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")  # §0: same names, bytes and lookups
+PROFILES = LMCACHE_PROFILES  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
-NOT_PLANNED = ("LMCache tiers are scanned only: no LMCache migration is planned yet (already_present, link and "
-               "reshard come next)")
+SIDECAR_MARK = b"/metadata"  # appended to a sidecar's chunk hash inside a plan (flat_page_hex)
 
 
-@dataclass
+@dataclass(slots=True)
 class TierFile:
     """One file under a tier as the scan read it. `folders`: its folders inside the tier
     (a GDS `<2>/<2>` pair, or none); `head`: its first bytes (None: not read, --verify
@@ -71,6 +78,8 @@ class TierFile:
     rank: int | None = None
     group: int | None = None
     block_hash: bytes | None = None
+    chunk: L.ChunkName | None = None  # what its name parses as (None: no chunk name)
+    target: str | None = None  # the row's target_relpath (lmcache_plan)
 
 
 @dataclass
@@ -91,24 +100,21 @@ class Deployment:
     fs_header: bool | None = None
     facts: Facts = field(default_factory=Facts)
     needs: set[str] = field(default_factory=set)  # facts asked by its rows (needs_fact)
+    root: str | None = None  # the scanned root (a reshard's outputs found there are re-computed to compare)
+    side: Any = None  # its target (lmcache_plan.TargetSide; None: nothing is planned)
+    needs_target: Any = None  # why its target is not decided (lmcache_plan.NotPlanned)
+    tags: tuple[tuple[str, str], ...] = ()
+    reachability: dict[tuple[Any, ...], tuple[str, str, bool]] = field(default_factory=dict)  # (see _verdict)
+
+    @property
+    def plan_fields(self) -> dict[str, Any]:
+        """What the migration plan re-proves an action from (the namespace's fields)."""
+        return P.tier_fields(self, self.side)
 
 
 def tier_label(tier: str) -> str:
     """The label of a tier's rows that belong to no deployment (temp, foreign)."""
     return f"lmcache:{tier}"
-
-
-def deployment_label(tier: str, chunk: L.ChunkName) -> str:
-    """§4's `source_base`/`deployment` of a chunk's file."""
-    k = chunk.key
-    if k.scheme == "lmc-mp1":
-        return f"lmcache:{tier}:mp:{k.model}:lmc-mp1:ws{k.ws}:g{k.group or 0:x}"
-    out = f"lmcache:{tier}:{chunk.backend}:{k.model}:{k.scheme}:ws{k.ws}"
-    if k.dtype:
-        out += f":{k.dtype}"
-    if k.tags:
-        out += ":" + "@".join(f"{t}%{v}" for t, v in k.tags)
-    return out
 
 
 def block_hash_bytes(key: L.Key) -> bytes | None:
@@ -184,18 +190,23 @@ def _has_fs_header(files: list[tuple[TierFile, L.ChunkName]]) -> bool | None:
     return 2 * fits > seen or (fits > 0 and 2 * plausible > seen)
 
 
-_NEVER = "never reused; kvmigrate does not prune LMCache tiers yet"
+_NEVER = "never reused"
+# what prune --residue does with them (spec §6)
+_RESIDUE = "never reused; prune --residue moves a quiet tier's into the quarantine (a GDS pair together)"
 # status -> the report's words for an LMCache tier's files (report/hints.py advice)
 _ADVICE: dict[str, tuple[str, str, str]] = {
     "size_mismatch": ("LMCache chunk files longer than their header says or than their deployment's other chunks",
                       _NEVER, "list"),
-    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _NEVER, "list"),
-    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _NEVER, "list"),
+    "short": ("LMCache chunk files that are empty or shorter than their header says (torn writes)", _RESIDUE,
+              "prune"),
+    "zero_filled": ("all-zero LMCache chunk files (crash residue)", _RESIDUE, "prune"),
     "misfiled": ("LMCache GDS files outside the <2>/<2> folders of their decimal hash (the engine never finds them)",
-                 _NEVER, "list"),
+                 _RESIDUE, "prune"),
     "header_invalid": ("LMCache chunk files whose RemoteMetadata or GDS header contradicts itself or the key",
                        _NEVER, "list"),
-    "tmp_leftover": ("temp files of interrupted LMCache writes", _NEVER, "list"),
+    "tmp_leftover": ("temp files of interrupted LMCache writes",
+                     "never reused; prune --residue moves a quiet tier's older than an hour into the quarantine",
+                     "prune"),
     "foreign": ("files in LMCache tiers that are not part of the cache (incl. symlinks, other folders)",
                 "kvmigrate ignores them", "list"),
     "unsupported_layout": ("LMCache files out of scope (layerwise keys, v0 safetensors .pt)",
@@ -209,7 +220,8 @@ class LMCache(families.Family):
     reads_s1 = False
     target_engine = "lmcache"
     root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
-    prunes = False  # §6 (per-tier quiet period, --index-lost, sidecar pairs) is not built yet
+    transforms = ("reshard", "rewrite_header")
+    copies_whole = True  # MLA copies are whole chunks; a placed-by-rank chunk reads one file
     tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)
 
     def tier_label(self, tier: str) -> str:
@@ -238,11 +250,93 @@ class LMCache(families.Family):
         return profile if profile in PROFILES else DEFAULT_PROFILE
 
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
-        """The target deployment: the writer's own (no target facts are read yet, §3.3)."""
-        label = str(fields.get("deployment") or "")
+        """The target deployment's label (lmcache_plan: the names it looks up); its chunks'
+        actions are the rows' (§3.4), so no identity or folder is computed here."""
+        label = str(fields.get("target_label") or fields.get("deployment") or "")
         return Target(profile=self.target_profile(profile), family=self.name, fields=None, d12=None,
                       base_name=label or None, rank_dir=None, parallel_agnostic=False, replicated_layout=False,
-                      reasons=[], unreachable=NOT_PLANNED)
+                      reasons=[])
+
+    # --- the migration plan (docs/families.md §3: a tier's rows are planned as a flat family's) --
+
+    def target_label_of(self, dep: Deployment) -> str:
+        """§4's `target_base` of a deployment whose target is decided."""
+        return P.target_label(dep.tier, dep, dep.side)
+
+    def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
+        return str(fields.get("target_label") or source_base)
+
+    def flat_page_hex(self, name: str) -> str | None:
+        """The chunk hash (the `block_hash` column's hex) a path inside a tier names. Inside a
+        plan a sidecar row's hash is `marked` (never taken for a rank file of its chunk)."""
+        chunk = L.parse_name(name.rsplit("/", 1)[-1])
+        h = block_hash_bytes(chunk.key) if chunk is not None else None
+        return None if h is None else h.hex()
+
+    sidecar_suffix = L.SIDECAR
+
+    def is_sidecar(self, relpath: str) -> bool:
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        return chunk is not None and chunk.sidecar
+
+    def marked(self, block_hash: bytes) -> bytes:
+        return block_hash if block_hash.endswith(SIDECAR_MARK) else block_hash + SIDECAR_MARK
+
+    def unmarked(self, block_hash: bytes) -> bytes:
+        return block_hash.removesuffix(SIDECAR_MARK)
+
+    def tier_paths_problem(self, fields: Mapping[str, Any], relpath: str, target: str) -> str | None:
+        """Why a row's target is not a name of its tier (a plan writes nowhere else)."""
+        tier = str(fields.get("tier") or ".")
+        for what, path in (("relpath", relpath), ("target_relpath", target)):
+            inside = path.split("/")[1:] if tier != "." else path.split("/")
+            if (tier != "." and path.split("/", 1)[0] != tier) or not 1 <= len(inside) <= 3 or (
+                    len(inside) > 1 and not all(1 <= len(p) <= 2 for p in inside[:-1])):
+                return f"{what} {path!r} is not a file of tier {tier!r}"
+        return None
+
+    def tier_spec(self, fields: Mapping[str, Any], facts: Mapping[str, Any], action: str, size: int,
+                  target: str) -> Any:
+        """The output of a reshard or header rewrite, re-proven (lmcache_plan.tier_spec)."""
+        known = {k: v for k, v in facts.items() if k in Facts.__dataclass_fields__}
+        if isinstance(known.get("writer_release"), list):
+            known["writer_release"] = tuple(known["writer_release"])
+        try:
+            return P.tier_spec(fields, Facts(**known), action, size, target)
+        except P.NotPlanned as np:
+            raise ValueError(np.why) from None
+
+    def pair_of(self, relpath: str) -> str | None:
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        if chunk is None or chunk.backend != "gds":
+            return None
+        return relpath[: -len(L.SIDECAR)] if chunk.sidecar else relpath + L.SIDECAR
+
+    def removed_first(self, relpath: str) -> bool:
+        return self.is_sidecar(relpath)
+
+    def verify_tier_file(self, relpath: str, size: int, read: Any) -> tuple[str, str] | None:
+        """§5: a created file re-parsed to its chunk: an fs header against the name's dtype and
+        the file's size, a GDS data header likewise, a sidecar equal to its data file's header."""
+        chunk = L.parse_name(relpath.rsplit("/", 1)[-1])
+        if chunk is None:
+            return "header_invalid", "not an LMCache chunk name"
+        head = read(relpath, HEAD_BYTES)
+        if chunk.sidecar:
+            try:
+                data_head = read(relpath[: -len(L.SIDECAR)], L.GDS_HEADER)
+            except FileNotFoundError:
+                return "corrupt_sidecar", "its data file is missing: a probe finds no data"
+            v = L.sidecar_verdict(head, data_head)
+        elif chunk.backend == "gds" or chunk.backend == "fs" and L.decode_fs_header(head) is not None and \
+                L.fs_header_fits(head, size, chunk.key.dtype):
+            v = L.chunk_verdict(chunk.backend, size, head, all_zero=not any(head), dtype=chunk.key.dtype)
+        else:  # a raw payload: its size is the journal's, checked above
+            return None
+        return (v.status, v.reason) if v.status is not None else None
+
+    def expanded_targets(self, fields: Mapping[str, Any], action: str, target: str) -> list[str]:
+        return P.expanded_targets(fields, action, target)
 
     def scheme_of(self, fields: Mapping[str, Any]) -> str:
         return str(fields.get("scheme") or "")
@@ -257,15 +351,25 @@ class LMCache(families.Family):
         return fields.get("kv_kind") or facts.get("kv_kind")
 
     def block_ranks(self, fields: Mapping[str, Any], present: Iterable[int] = (0,)) -> tuple[int, ...]:
-        return tuple(sorted(set(present))) or (0,)
+        """The ranks read together for one chunk: MLA copies (compared) and a reshard's
+        shards; a chunk placed rank by rank reads one file (world 1)."""
+        if not fields.get("joint_ranks"):
+            return (0,)
+        return tuple(range(int(fields.get("ws") or 1)))
 
     def status_advice(self, status: str) -> tuple[str, str, str] | None:
         return _ADVICE.get(status)
 
+    def deployment_meta(self, dep: Deployment, profile: str) -> dict[str, Any]:
+        """What the report reads of a deployment beyond its rows (families/lmcache_meta.py)."""
+        from kvmigrate.families.lmcache_meta import deployment_meta
+
+        return deployment_meta(dep, self.target_profile(profile))
+
     # --- a tier's files -----------------------------------------------------------------
 
     def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
-                      facts_for: Any = None) -> tuple[list[Deployment], list[TierFile]]:
+                      facts_for: Any = None, root: str | None = None) -> tuple[list[Deployment], list[TierFile]]:
         """Every file of one tier with its status (§4's order), action `none` and reason:
         (the deployments with their files, the files of no deployment). `files` are the
         regular and other entries the scan found in the tier's layout (its top level and
@@ -302,8 +406,9 @@ class LMCache(families.Family):
                 facts = facts_for(k.model, chunk.backend) if facts_for is not None else Facts()
                 dep = deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
                                                k.group if k.scheme == "lmc-mp1" else 0, kv_kind or facts.kv_kind,
-                                               facts=facts)
+                                               facts=facts, root=root, tags=k.tags)
             dep.files.append(f)
+            f.chunk = chunk
             f.deployment = label
             f.rank = chunk.key.wid
             f.group = chunk.key.group or 0 if chunk.key.scheme == "lmc-mp1" else 0
@@ -332,17 +437,11 @@ class LMCache(families.Family):
                 dep.notes.append("RemoteMetadata header: " + (
                     "not known (no first bytes read)" if dep.fs_header is None else
                     "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
-            if dep.backend == "local_disk":
-                dep.notes.append("local_disk tier: no restarted engine re-indexes its .pt files (index_lost)")
-            dep.notes += assumed_notes(dep)
-            seen = {f.status for f in dep.files}
-            if "unreproducible_hash" in seen:  # §7: a seedless writer
-                dep.notes.append("seedless writer: its chain was seeded at random, no process regenerates its keys "
-                                 "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
-            seed = dep.facts.pythonhashseed
-            if any(f.seed_fix for f in dep.files):  # §7: a seed mismatch
-                dep.notes.append(f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) "
-                                 "and these chunks are reachable again (--target-pythonhashseed states the target's)")
+            # (§7's notes: the report's, from deployment_meta)
+        for dep in deps.values():
+            dep.kv_kind = dep.kv_kind or _kind_from_headers(dep)
+        P.plan_tier(tier, deps.values(), files)
+        for dep in deps.values():
             for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
                 found = fd.finding_of(f.reason)
                 if found is not None and found.code == fd.NEEDS_FACT:
@@ -373,10 +472,13 @@ class LMCache(families.Family):
         if status is None and c.backend != "gds" and f.folders:
             status, reason = "misfiled", f"a {c.backend} chunk inside GDS folders {'/'.join(f.folders)}: never found"
         if status is None:
-            status, reason, f.seed_fix = self._reachability(c, dep.facts)
+            # (the verdict depends on the name's scheme, hash kind, backend and quoting, and the
+            # deployment's facts: one computation per kind of name)
+            kind = (c.key.scheme, c.key.hash_kind, c.backend, c.quoted)
+            if kind not in dep.reachability:
+                dep.reachability[kind] = self._reachability(c, dep.facts)
+            status, reason, f.seed_fix = dep.reachability[kind]
         f.status = status
-        if status in ("ok", "index_lost", "stale_hash_recipe", "unreproducible_hash"):
-            reason = fd.Reason(f"{reason}; {NOT_PLANNED}", fd.finding_of(reason))
         f.reason = reason
 
     def _sidecar_verdict(self, f: TierFile, c: L.ChunkName, gds: dict) -> tuple[str | None, str]:
@@ -441,44 +543,6 @@ class LMCache(families.Family):
 
 
 # --- §3.2 the hash recipe -----------------------------------------------------------------
-
-_SHA = ("sha256", "sha256_cbor")
-_SEEDLESS_RANDOM = ("builtin", "xxhash", "xxhash_cbor")  # NONE_HASH random without a seed, any vLLM
-K3_FIRST = (0, 3, 13)  # the first release writing lmc-k3 names
-CHAIN_ERA = (0, 4, 1)  # `(prefix, tokens, ())` from 0.4.1: builtin keys agree 0.4.1-0.5.7rc2
-SHA_FOLDED = (0, 4, 6)  # sha256-family digests folded to 8 bytes from 0.4.6
-VLLM_FIXED_NONE = (0, 29, 0)  # vLLM 0.29+: a seedless sha256 chain hashes "vllm-none-hash"
-
-
-def release_tuple(release: str) -> tuple[int, int, int]:
-    nums = [int(x) for x in re.findall(r"\d+", release.split("rc")[0].split(".post")[0])[:3]]
-    nums += [0] * (3 - len(nums))
-    return nums[0], nums[1], nums[2]
-
-
-def _algorithm(name: str | None) -> str:
-    return "sha256_cbor" if name == "sha256_cbor_64bit" else (name or "builtin")
-
-
-def _none_hash(algorithm: str, seed: str | None, vllm: str | None) -> str | None:
-    """What seeds the chain (§3.2's NONE_HASH): `seed N`, `fixed` ("vllm-none-hash"),
-    `random`; None when the facts do not say."""
-    if seed is None:
-        return None
-    if seed != "unset":
-        return f"seed {seed}"
-    if algorithm in _SEEDLESS_RANDOM:
-        return "random"
-    if vllm is None:
-        return None
-    return "fixed" if release_tuple(vllm) >= VLLM_FIXED_NONE else "random"
-
-
-def _py_hash_era(version: str | None) -> str | None:
-    if version is None:
-        return None
-    return "<=3.10" if tuple(int(x) for x in version.split(".")) <= (3, 10) else ">=3.11"
-
 
 class RecipeVerdict(NamedTuple):
     """§3.2 for one name: `status` (None: not proven either way), why, the flags a proof
@@ -564,50 +628,27 @@ def recipe_verdict(c: L.ChunkName, facts: Facts) -> RecipeVerdict | None:
     return None
 
 
-def _chain_era(c: L.ChunkName, facts: Facts, alg: str) -> tuple[str | None, str, list[str]]:
-    """The chain era of a ≤ 16-hex k3 name: ("new", …) 0.4.1+ (sha256 family 0.4.6+), ("old",
-    why) before, (None, why) not proven (rule 4). A quoted GDS name is 0.4.3+ by itself."""
-    given = facts.writer_release
-    releases = list(given) if isinstance(given, tuple) else [given] if given else []
-    first = SHA_FOLDED if alg in _SHA else CHAIN_ERA
-    k3 = [r for r in releases if release_tuple(r) >= K3_FIRST]
-    if c.backend == "gds" and c.quoted:  # 0.4.3+ (and a <= 16-hex sha256 name: 0.4.6+)
-        return "new", "", k3
-    if not releases:
-        return None, "a <= 16-hex k3 name proves no release >= 0.4.1 by itself: the writer's release is not given", []
-    if not k3:
-        return None, ("no listed writer release (" + ", ".join(releases) + ") writes lmc-k3 names (0.3.13+)"), []
-    new = [r for r in k3 if release_tuple(r) >= first]
-    if len(new) == len(k3):
-        return "new", "", k3
-    if not new:
-        return "old", (f"chain era of {', '.join(k3)} (before {'.'.join(map(str, first))}) vs the target's "
-                       "(0.4.1+ builtin, 0.4.6+ sha256 family)"), k3
-    return None, ("the listed writer releases " + ", ".join(k3) + " compute this name by different recipes: "
-                  "no file of it is proven"), k3
-
-
 def fact_of_flag(flag: str) -> str:
     """The FACTS.json key of a fact flag."""
     return next(name for name, f in FACT_FLAGS.items() if f == flag)
 
 
-def assumed_notes(dep: Deployment) -> list[str]:
-    """The recipe facts a deployment's verdicts assumed, each with the flag stating it (§3.3)."""
-    f = dep.facts
-    if dep.scheme not in ("lmc-k3", "lmc-mp1"):
-        return []
-    out = []
-    if dep.scheme == "lmc-k3":
-        if f.hash_algorithm is None:
-            out.append("hash_algorithm assumed builtin (LMCache's default): state it with --hash-algorithm")
-        if f.python_version is None or f.target_python_version is None:
-            out.append("python_version assumed equal for writer and target: state them with --python-version "
-                       "and --target-python-version")
-    if f.chunk_size is None or f.target_chunk_size is None:
-        out.append("chunk_size assumed equal for writer and target: state them with --chunk-size and "
-                   "--target-chunk-size")
-    return out
+def _kind_from_headers(dep: Deployment) -> str | None:
+    """The kv kind a whole chunk's header states by its `fmt` (§3.3: KV_MLA_FMT or KV_2LTD)."""
+    for f in dep.files:
+        if f.status != "ok" or f.head is None or f.chunk is None or f.chunk.sidecar:
+            continue
+        if f.chunk.backend == "gds":
+            g = L.decode_gds_header(f.head)
+            fmt = g.fmt if g is not None else None
+        elif f.chunk.backend == "fs" and dep.fs_header:
+            h = L.decode_fs_header(f.head)
+            fmt = h.fmt if h is not None else None
+        else:
+            return None
+        if fmt in L.KV_FORMATS:
+            return "mla" if fmt == L.KV_MLA_FMT else "full"
+    return None
 
 
 def _geometry_args(dep: Deployment) -> dict[str, Any]:

@@ -44,7 +44,7 @@ _KV_RANK = re.compile(r"0x[0-9a-f]{8,}")
 _GROUP = re.compile(r"[0-9a-f]+")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Key:
     """One parsed key string (§1.2). `hash` is the field exactly as written (signed,
     unpadded hex; 64 hex for a digest; k1 may hold a decimal). MP keys fill kv_rank, group
@@ -207,7 +207,7 @@ SIDECAR = ".metadata"
 FS_SEP = "-SEP-"  # fs 0.3.10+ and MP: `/` in the key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChunkName:
     """A parsed chunk file name. `key.model` is the model as the name allows it to be
     read: exact for fs (`-SEP-`), GDS and MP; as written for local_disk (and old fs `-`

@@ -101,6 +101,7 @@ class Facts:
     target_save_only_first_rank: bool | None = None
     target_backend: str | None = None
     tmp_dir: str | None = None
+    engine_stopped: bool | None = None  # a local_disk tier no engine uses (prune --index-lost, §6)
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None

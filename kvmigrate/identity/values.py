@@ -26,7 +26,10 @@ ENSURE_ASCII = {"vllm": True, "llmd": True, "vllmcpp": False,
 VLLM_PROFILES = ("vllm-0.22", "vllm-0.24", "vllm-0.26", "vllm-0.27", "vllm-0.28", "vllm-0.34")
 VLLMCPP_PROFILE = "vllmcpp"
 SGLANG_PROFILE = "sglang-0.5.23"  # what SGLang 0.5.23's HiCacheFile looks up (sglang.md §3)
-PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE)
+# what an LMCache tier's target reads (lmcache.md §0: the same names, bytes and lookups); the
+# first is every tier's default, and naming one leaves the other families on DEFAULT_PROFILE
+LMCACHE_PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")
+PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE) + LMCACHE_PROFILES
 DEFAULT_PROFILE = "vllm-0.34"
 # how a target's `unreachable` starts when the namespace is a folder a vLLM 0.24-0.33 gate
 # collapsed, which the profile reads only under its writer's topology, not given
@@ -82,12 +85,15 @@ FACT_FLAGS = {
     "target_save_only_first_rank": "--target-save-only-first-rank",
     "target_backend": "--target-backend",
     "tmp_dir": "--tmp-dir",
+    # no engine uses this local_disk tier: prune --index-lost may take its chunks (§6)
+    "engine_stopped": "--engine-stopped",
 }
 # the facts only LMCache tiers read: other families never see them (not in their manifests)
 LMCACHE_FACTS = ("hash_algorithm", "target_hash_algorithm", "pythonhashseed", "target_pythonhashseed",
                  "vllm_release", "target_vllm_release", "python_version", "target_python_version", "chunk_size",
                  "target_chunk_size", "save_chunk_meta", "target_save_chunk_meta", "save_unfull_chunk",
-                 "target_model_name", "target_tp", "target_save_only_first_rank", "target_backend", "tmp_dir")
+                 "target_model_name", "target_tp", "target_save_only_first_rank", "target_backend", "tmp_dir",
+                 "engine_stopped")
 # LMCache `pre_caching_hash_algorithm` values (sha256_cbor_64bit: sha256_cbor's old name) and
 # the MP server's blake3 (lmcache.md §3.2)
 HASH_ALGORITHMS = ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash", "xxhash_cbor", "blake3")

@@ -13,7 +13,7 @@ import os
 import shlex
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvmigrate import findings, layout
 from kvmigrate.cost import cost_line
@@ -21,6 +21,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.migrate.competing import COMPETING
 from kvmigrate.migrate.fsops import padded_size
 from kvmigrate.migrate.model import MERGE
+from kvmigrate.transforms_lmcache import HEADER_BYTES, head_runs
 from kvmigrate.units import human_bytes, human_count, plural
 
 if TYPE_CHECKING:
@@ -114,9 +115,17 @@ class RewriteHeader(ActionKind):
     name, label = "rewrite_header", "rewrite header"
 
     def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
-        placer.copy(tp, act, self.name, src_hash)
+        if act.transform is not None:  # an LMCache chunk's header added, stripped or changed (a TierSpec)
+            placer.transform(tp, act, act.transform)
+        else:
+            placer.copy(tp, act, self.name, src_hash)
+
+    def output_size(self, act: BlockAction) -> int:
+        return act.transform.output_size if act.transform is not None else act.source.size
 
     def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
+        if act.transform is not None:
+            return tier_shell(act, root, dst)
         # new header, then exactly payload_size bytes of the payload
         q = shlex.quote
         src = os.path.join(root, act.source.relpath)
@@ -185,8 +194,52 @@ class Relayout(Transform):
                 f"t=$((t+1)); done;" for src in files[:spec.cells]]
 
 
+class Reshard(ActionKind):
+    """One target rank's file of an LMCache chunk re-split along the head axis (lmcache.md
+    §3.4), or its GDS sidecar; the shell form is a stdlib Python line doing the same."""
+
+    name, label = "reshard", "reshard (LMCache head shards to another TP)"
+
+    def execute(self, placer: Placing, tp: TargetPlan, act: BlockAction, src_hash: bytes | None) -> None:
+        placer.transform(tp, act, act.transform_spec)
+
+    def shell(self, act: BlockAction, tp: TargetPlan, root: str, dst: str, mode: str) -> str:
+        return tier_shell(act, root, dst)
+
+    def output_size(self, act: BlockAction) -> int:
+        return act.transform_spec.output_size
+
+
+_TIER_SCRIPT = ("import os,sys;a=sys.argv;h=bytes.fromhex(a[2]);o=int(a[3]);n=int(a[4]);ws=int(a[5]);"
+                "sp=[tuple(map(int,x.split(':'))) for x in a[6].split(',') if x];"
+                "fs=[os.open(p,os.O_RDONLY) for p in a[7:]];"
+                "f=os.open(a[1],os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o644);os.write(f,h);"
+                "[os.write(f,b''.join(os.pread(fs[r],l,o+i*ws+s) for r,s,l in sp)) for i in range(n)]")
+
+
+def tier_shell(act: BlockAction, root: str, dst: str) -> str:
+    """A stdlib Python line writing an LMCache tier output (header, then its rows)."""
+    q = shlex.quote
+    spec: Any = act.transform  # (a TierSpec)
+    files = [q(os.path.join(root, f.relpath)) for f in act.sources]
+    off = HEADER_BYTES[spec.src_header]
+    if spec.dst_header == "sidecar":
+        rows, width, spans = 0, 0, ""
+    elif spec.action == "reshard":
+        g = spec.geometry()
+        width = g.heads_per_rank(g.tp_src) * g.head_bytes
+        rows = g.rows
+        spans = ",".join(f"{r.src_rank}:{r.src_head * g.head_bytes}:{r.heads * g.head_bytes}"
+                         for r in head_runs(g, spec.dst_rank))
+    else:
+        rows, width, spans = 1, spec.payload_src, f"0:0:{spec.payload_src}"
+        files = files[:1]
+    return (f"[ -e {q(dst)} ] || python3 -c {q(_TIER_SCRIPT)} {q(dst)} {q(spec.header().hex())} "
+            f"{off} {rows} {width} {q(spans)} {' '.join(files)}")
+
+
 ACTIONS: dict[str, ActionKind] = {k.name: k for k in (Link(), CopyPad(), RewriteHeader(), Slice(), Concat(),
-                                                       Relayout())}
+                                                       Relayout(), Reshard())}
 
 
 # --- rendering ---------------------------------------------------------------------------
@@ -210,7 +263,12 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
     for tp in plan.targets:
         c = tp.counts()
         lines.append("")
-        where = f"page files in the destination directory, {tp.profile}" if tp.flat else f"files in {tp.rank_dir}/"
+        if tp.lock is not None:
+            where = f"files in tier {tp.lock or '.'}, {tp.profile}"
+        elif tp.flat:
+            where = f"page files in the destination directory, {tp.profile}"
+        else:
+            where = f"files in {tp.rank_dir}/"
         lines.append(f"target namespace {tp.base_name}  ({tp.family}, {where})")
         lines.append(f"  from: {', '.join(tp.sources)}")
         lines += [f"  rests on: {claim}" for claim in tp.claims]

@@ -106,6 +106,7 @@ class Applier:
         self.journal: jn.JournalWriter | None = None  # None until opened (a stop may come first)
         self._resume_runs: list[jn.Run] = []  # the journal's runs, when it resumes one
         self._run_id: str | None = None  # the journal run this apply writes (a new one, or the one it resumes)
+        self._unpaired: set[str] = set()  # GDS data files this run could not place: their sidecars wait
 
     # --- entry point ------------------------------------------------------------------
 
@@ -126,6 +127,8 @@ class Applier:
                 for tp in work:
                     if not tp.flat:  # (a flat target's files go into the destination directory itself)
                         self.folders.ensure_dirs([tp.base_name])
+                    elif tp.lock_dir:  # a tier's folder holds its lock (a tier made in --dest DIR)
+                        self.folders.ensure_dirs([tp.lock_dir])
                 if self.take_locks:
                     self._lock_namespaces(work, locks)
                 self._resume_pending()
@@ -403,10 +406,21 @@ class Applier:
             ok, computed = self.sources.check_replicas(tp, act) if multi else (True, None)
         if not ok:
             return
+        paired = tp.flat and tp.fam.pair_of(act.target_relpath)
+        if paired and tp.fam.removed_first(act.target_relpath) and (
+                paired in self._unpaired or not self._present(paired)):
+            # a GDS sidecar is published only after its data file (lmcache.md §5): an engine's
+            # probe reads the sidecar, then the data
+            return self.state.outcome(tp, act, "failed", f"its data file {paired} was not placed; the sidecar "
+                                      "never goes first", bits=EXIT_INTEGRITY)
+        placed = self.result.outcomes["created"] + self.result.outcomes["already_present"]
         try:
             ACTIONS[act.action].execute(self.placer, tp, act, computed or act.source.content_hash)
         except SymlinkInPath as exc:
             self.state.outcome(tp, act, "conflict", f"{exc.filename} is a symlink or not a directory; not written through")
+        if paired and not tp.fam.removed_first(act.target_relpath) and \
+                self.result.outcomes["created"] + self.result.outcomes["already_present"] == placed:
+            self._unpaired.add(act.target_relpath)  # (its sidecar, next, is not placed)
 
 
 def _link_devices(tp: TargetPlan) -> list[tuple[int, str]]:

@@ -28,7 +28,11 @@ NEEDS_DEST = ("a relayout into --dest DIR: the page keeps its name, so it is wri
 # Actions that create a file (migration.md §1); the rest are counted, never acted on.
 COPIES = ("link", "copy_pad", "rewrite_header")
 CREATING = (*COPIES, *TRANSFORMS)
-NEEDS = ("needs_slice", "needs_concat", "needs_relayout")
+NEEDS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard", "needs_dest")
+# The reason of an LMCache conversion planned without --dest (plan._tier_rows): a local_disk
+# chunk is reused only as an fs chunk of a new tier, which only --dest DIR makes (lmcache.md §3.5).
+NEEDS_DEST_TIER = ("a conversion into an fs tier goes only into --dest DIR (DIR/<tier>, then configured as "
+                   "remote_url fs://.../DIR/<tier>); rerun with --dest DIR")
 # Counts key of a block another source places at the same target path with the same
 # bytes: streamed after the placed blocks, compared at apply (already_present).
 MERGE = "merge_duplicate"
@@ -107,11 +111,14 @@ class TargetPlan:
     flat: bool = False
     # the operator's statements the target rests on (a collapsed folder's writer topology)
     claims: list[str] = field(default_factory=list)
+    lock: str | None = None  # a tier target's folder (its lock sits at the tier's top; "" the root)
 
     @property
     def lock_dir(self) -> str:
         """The folder whose lock file serialises runs into this target ("" = the
         destination directory, for a flat target: one lock for all of its deployments)."""
+        if self.lock is not None:
+            return self.lock
         return "" if self.flat else self.base_name
 
     @property
@@ -193,7 +200,7 @@ class Plan:
     def waiting_for_dest(self) -> tuple[int, int]:
         """(blocks, bytes) that only a run with --dest DIR places (NEEDS_DEST)."""
         hits = [(n, tp.skipped_bytes[key]) for tp in self.targets for key, n in tp.skipped.items()
-                if key[1] == NEEDS_DEST]
+                if key[1] in (NEEDS_DEST, NEEDS_DEST_TIER)]
         return sum(n for n, _ in hits), sum(b for _, b in hits)
 
     @property

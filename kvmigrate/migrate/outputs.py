@@ -24,6 +24,7 @@ from kvmigrate.formats import vllmcpp
 from kvmigrate.fsio import open_noatime
 from kvmigrate.migrate.fsops import CHUNK, PAGE, padded_size
 from kvmigrate.transforms import TransformError, write_llmd_row, write_relayout, write_slice
+from kvmigrate.transforms_lmcache import TierSpec, write_tier
 
 
 class SourceInvalid(ValueError):
@@ -143,7 +144,12 @@ class TransformSpec:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TransformSpec:
+    def from_json(cls, d: dict[str, Any]) -> Any:
+        if d.get("tier"):  # an LMCache tier output (transforms_lmcache.TierSpec)
+            try:
+                return TierSpec.from_json(d)
+            except TransformError as exc:
+                raise SourceInvalid(str(exc)) from None
         spec = cls(**{k: d[k] for k in ("action", "kv_kind", "ranks", "cells", "cell", "B", "T", "P", "row_cells")},
                    halves=d.get("halves", 1), flat=d.get("flat", False))
         spec.check()
@@ -255,6 +261,8 @@ class HashingWriter:
 def write_transform(spec: TransformSpec, fds: list[int], dst) -> int:
     """Stream the transform's output row into `dst` (fds in rank order; slice: one row).
     Geometry is re-checked against every file's size by the writers."""
+    if getattr(spec, "tier", False):  # an LMCache tier output: its header, then its rows
+        return write_tier(spec, fds, dst)  # type: ignore[arg-type]
     if spec.action == "slice":
         return write_slice(fds[0], dst, cell=spec.cell)
     if spec.flat:  # one page file (its whole copies, if any, were compared by the caller)

@@ -31,7 +31,18 @@ from kvmigrate.errors import UsageError
 from kvmigrate.migrate import competing
 from kvmigrate.migrate.competing import Candidate, Role, decide
 from kvmigrate.migrate.fsops import PAGE, check_relpath, padded_size
-from kvmigrate.migrate.model import CREATING, MERGE, NEEDS, NEEDS_DEST, BlockAction, Plan, SourceFile, Tally, TargetPlan
+from kvmigrate.migrate.model import (
+    CREATING,
+    MERGE,
+    NEEDS,
+    NEEDS_DEST,
+    NEEDS_DEST_TIER,
+    BlockAction,
+    Plan,
+    SourceFile,
+    Tally,
+    TargetPlan,
+)
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
 from kvmigrate.selection import selected_bases
@@ -110,11 +121,24 @@ class _Context:
         self.base_folders = {sb for sb in self.target_of if isinstance(sb, str) and "/" not in sb
                              and "\0" not in sb and (f := layout.parse_folder(sb)) is not None and f.rank is None}
 
+    def transformed(self, sb: str, action: str) -> bool:
+        """The row's output is written from a proven geometry (a transform, or an LMCache
+        chunk's header rewrite: `TierSpec`)."""
+        return action in TRANSFORMS or action == "rewrite_header" and sb in self.flat and \
+            self.flat[sb].root_layout == "tiers"
+
     def spec(self, sb: str, action: str, group: Any, size: int, cell: Sequence[Any], rowname: str,
-             relpath: str = "") -> TransformSpec:
+             relpath: str = "", target: str = "") -> TransformSpec:
         """The transform of a row; `cell`: its (row_cells, cell_bytes) columns (a slice
         proven from the data); a flat family's page (`relpath`: its name) is re-proven by
         its family from the namespace's fields and facts."""
+        if sb in self.flat and self.flat[sb].root_layout == "tiers":
+            ns = self.namespaces[sb]
+            try:  # an LMCache tier output, re-proven from the deployment's fields, facts and names
+                return self.flat[sb].tier_spec(ns.get("config_json") or {}, ns.get("facts") or {}, action, size, target)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise UsageError(f"{rowname}: {action} to {target!r} is not proven by the deployment's facts ({exc}); "
+                                 "refusing this manifest", hint="regenerate it with `kvmigrate scan`") from None
         if sb in self.flat:
             ns = self.namespaces[sb]
             fields = ns.get("config_json") or {}
@@ -169,6 +193,8 @@ def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_has
     for what, name in (("relpath", relpath), ("target_relpath", target)):
         check_relpath(name, rowname)
         page = fam.flat_page_hex(name)
+        if block_hash is not None:
+            block_hash = fam.unmarked(block_hash)
         if page is None:
             raise UsageError(f"{rowname}: {what} {name!r} is not a page file name of the {fam.title} directory; "
                              "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
@@ -179,6 +205,10 @@ def _check_flat_row(ctx: _Context, sb: str, relpath: Any, target: Any, block_has
     if target == relpath and not ctx.dest_elsewhere:
         raise UsageError(f"{rowname}: target path equals the source path; refusing this manifest",
                          hint="regenerate it with `kvmigrate scan`")
+    if fam.root_layout == "tiers":
+        problem = fam.tier_paths_problem(ctx.namespaces[sb].get("config_json") or {}, relpath, target)
+        if problem:
+            raise UsageError(f"{rowname}: {problem}; refusing this manifest", hint="regenerate it with `kvmigrate scan`")
 
 
 def _flat_rows(flat: list[str], dest_elsewhere: bool) -> Callable[[pa.Table], pa.Table]:
@@ -207,6 +237,61 @@ def _flat_rows(flat: list[str], dest_elsewhere: bool) -> Callable[[pa.Table], pa
             chunk = chunk.set_column(i, "reason", pc.if_else(hit, reason, chunk.column("reason")))
         return chunk
     return adjust
+
+
+def _then(first: Callable[[pa.Table], pa.Table] | None,
+          second: Callable[[pa.Table], pa.Table]) -> Callable[[pa.Table], pa.Table]:
+    return second if first is None else (lambda chunk: second(first(chunk)))
+
+
+def _tier_rows(tiers: dict[str, Any], namespaces: dict[str, dict[str, Any]],
+               dest_elsewhere: bool) -> Callable[[pa.Table], pa.Table]:
+    """A tier family's rows as the plan acts on them (lmcache.md §3.6, §4), rewritten as
+    each chunk is read: one creating row per file an action writes (the scan's row names
+    the first; `expanded_targets` the others, each GDS data file followed by its
+    sidecar); a sidecar row's chunk hash marked (never a rank file of its chunk); with
+    --dest DIR the chunks the target reads in place linked into DIR; without it, a
+    deployment whose outputs must go elsewhere (a conversion) waits for --dest."""
+    bases = pa.array(sorted(tiers), pa.string())
+
+    def adjust(chunk: pa.Table) -> pa.Table:
+        mine = pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=bases), False)
+        if not pc.any(mine).as_py():
+            return chunk
+        rows = chunk.filter(mine).to_pylist()
+        by_path = {r["relpath"]: r for r in rows}
+        out: list[dict[str, Any]] = []
+        for r in rows:
+            fam = tiers[r["source_base"]]
+            fields = namespaces.get(r["source_base"], {}).get("config_json") or {}
+            if r["block_hash"] is not None and fam.is_sidecar(r["relpath"]):
+                r["block_hash"] = fam.marked(r["block_hash"])
+            action, target = r["action"], r["target_relpath"]
+            if dest_elsewhere and action == "already_present" and target == r["relpath"]:
+                action = "link"  # DIR/<tier> becomes a complete tier (§3.6)
+            if action not in CREATING or target is None:
+                out.append(r)
+                continue
+            if fields.get("needs_dest") and not dest_elsewhere:
+                out.append({**r, "action": "needs_dest", "reason": NEEDS_DEST_TIER})
+                continue
+            for t in fam.expanded_targets(fields, action, target):
+                if t == r["relpath"] and not dest_elsewhere:
+                    continue
+                if not fam.is_sidecar(t) or action == "reshard":
+                    out.append({**r, "action": action, "target_relpath": t})
+                    continue
+                side = by_path.get(_sidecar_source(fam, r["relpath"]))
+                if side is not None:  # (a data file without its sidecar is orphan_data: never placed)
+                    out.append({**side, "action": action, "target_relpath": t, "finding": None,
+                                "block_hash": fam.marked(r["block_hash"])})
+        rest = chunk.filter(pc.invert(mine))
+        return pa.concat_tables([rest, pa.Table.from_pylist(out, schema=chunk.schema)]) if out else rest
+    return adjust
+
+
+def _sidecar_source(fam: Any, relpath: str) -> str:
+    return relpath + fam.sidecar_suffix
 
 
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -277,7 +362,8 @@ def _validate_replicas(ctx: _Context, cands: pa.Table | None, c: pa.Table) -> No
             fam = ctx.flat.get(r["source_base"])
             if fam is None:
                 _check_source_path(r["relpath"], where)
-            elif "/" in check_relpath(r["relpath"], where) or fam.flat_page_hex(r["relpath"]) is None:
+            elif (fam.root_layout == "flat" and "/" in check_relpath(r["relpath"], where)
+                  or fam.flat_page_hex(check_relpath(r["relpath"], where)) is None):
                 raise UsageError(f"{where} is not a page file name of the {fam.title} directory; refusing this "
                                  "manifest", hint="regenerate it with `kvmigrate scan`")
 
@@ -313,6 +399,10 @@ def _tally_chunk(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: di
     merged = _competing_paths(c)
     one_by_one = pc.or_(pc.is_in(c.column("action"), pa.array(list(TRANSFORMS))),
                         pc.less(c.column("size"), 0))  # (padding of a negative size: Python's rounding)
+    tiers = [b for b, f in ctx.flat.items() if f.root_layout == "tiers"]
+    if tiers:  # an LMCache header rewrite writes what its TierSpec says
+        one_by_one = pc.or_(one_by_one, pc.fill_null(pc.and_(pc.equal(c.column("action"), "rewrite_header"), pc.is_in(
+            c.column("source_base"), pa.array(tiers, pa.string()))), False))
     if len(merged):
         one_by_one = pc.or_(one_by_one, pc.is_in(c.column("target_relpath"), value_set=merged))
     plain = c.filter(pc.invert(one_by_one))
@@ -360,9 +450,9 @@ def _tally_rows(ctx: _Context, c: pa.Table, cands: pa.Table | None, tallies: dic
         sb, action, tr, size = cols["source_base"][i], cols["action"][i], cols["target_relpath"][i], cols["size"][i]
         tal = tallies[ctx.target_of[sb].base_name]
         spec = None
-        if action in TRANSFORMS:
+        if ctx.transformed(sb, action):
             spec = ctx.spec(sb, action, cols["group"][i], size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                            f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i])
+                            f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i], tr)
             out = spec.output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
@@ -411,12 +501,13 @@ def _competing_roles(ctx: _Context, c: pa.Table) -> dict[str, Role]:
     by_path: dict[str, list[Candidate]] = {}
     for i in range(rows.num_rows):
         sb, action, size, group = cols["source_base"][i], cols["action"][i], _as_int(cols["size"][i]), cols["group"][i]
-        if action in TRANSFORMS:
+        if ctx.transformed(sb, action):
             out = ctx.spec(sb, action, group, size, (cols["row_cells"][i], cols["cell_bytes"][i]),
-                           f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i]).output_size
+                           f"{ctx.where}: row {cols['relpath'][i]!r}", cols["relpath"][i],
+                           cols["target_relpath"][i]).output_size
         else:
             out = padded_size(size) if action == "copy_pad" else size
-        digest = None if action in TRANSFORMS else cols["payload_xxh3_128" if action == "rewrite_header"
+        digest = None if ctx.transformed(sb, action) else cols["payload_xxh3_128" if action == "rewrite_header"
                                                         else "content_xxh3_128"][i]
         by_path.setdefault(cols["target_relpath"][i], []).append(Candidate(
             sb, _as_int(cols["rank"][i]), cols["relpath"][i], action, out, _as_int(group),
@@ -504,7 +595,7 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
             pc.is_in(chunk.column("action"), pa.array(list(CREATING))), False))))
         if ctx.whole:  # whole copies: one the scan flagged (a differing or damaged copy) is no replica
             flagged = pc.and_(pc.is_in(chunk.column("deployment"), pa.array(sorted(ctx.whole))),
-                              pc.not_equal(chunk.column("status"), "ok"))
+                              pc.invert(pc.is_in(chunk.column("status"), pa.array(["ok", "index_lost"]))))
             mask = pc.and_(mask, pc.invert(pc.fill_null(flagged, False)))
         cands = chunk.filter(mask)
     if cands is not None and cands.num_rows:
@@ -524,8 +615,9 @@ def _chunk_actions(ctx: _Context, chunk: pa.Table, sb: str, rank: int, merges: b
             world = world_of.get(dep, 1)
             reps = tuple(replicas.get((dep, group, bh), no_replicas)) if world > 1 else no_replicas
             spec = None
-            if action in TRANSFORMS:
-                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}", src.relpath)
+            if ctx.transformed(sb, action):
+                spec = ctx.spec(sb, action, group, src.size, cell, f"{ctx.where}: row {src.relpath!r}", src.relpath,
+                                target)
             yield _block_action((action, target, src, reps, sb, world, spec))
 
 
@@ -596,7 +688,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for src_base in sorted(chosen if chosen is not None else namespaces):
         ns = namespaces[src_base]
         fam = families.get(ns.get("family"))
-        if fam.root_layout == "flat":
+        if fam.root_layout in ("flat", "tiers"):
             flat[src_base] = fam
             _flat_target(targets, target_of, src_base, ns, fam, where)
             continue
@@ -641,7 +733,10 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     try:
         rows = ManifestRows(manifest_path, table, where, CHUNK_ROWS, sources=chosen)
         if flat:
-            rows.adjust = _flat_rows(sorted(flat), dest_elsewhere)
+            rows.adjust = _flat_rows(sorted(b for b, f in flat.items() if f.root_layout == "flat"), dest_elsewhere)
+        tiers = {b: f for b, f in flat.items() if f.root_layout == "tiers"}
+        if tiers:
+            rows.adjust = _then(rows.adjust, _tier_rows(tiers, namespaces, dest_elsewhere))
     except PendingRowCheck as pending:
         _check_row(ctx, pending.row)
         raise UsageError(f"{where}: row {pending.row.get('relpath')!r}: a block action without a block hash; "
@@ -711,8 +806,10 @@ def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan
     base = fam.flat_target(src_base, fields)
     tp = targets.get(base)
     if tp is None:
+        tier = fields.get("tier") if fam.root_layout == "tiers" else None  # a tier's lock is at its top (lmcache.md §5)
         tp = targets[base] = TargetPlan(base_name=base, rank_dir="", profile=(ns.get("target") or {}).get("profile", ""),
-                                        family=fam.name, fields=dict(fields), sources=[], flat=True)
+                                        family=fam.name, fields=dict(fields), sources=[], flat=True,
+                                        lock=None if tier is None else "" if tier == "." else str(tier))
     elif not tp.flat:
         raise UsageError(f"{where}: namespace {src_base!r} maps to target {base!r}, a base folder of another family; "
                          "refusing this manifest", hint="regenerate it with `kvmigrate scan`")

@@ -11,7 +11,11 @@ migration journals (through `journal.iter_runs`). Classes, each opt-in by name:
     unreadable_namespaces  namespaces no target reads and no migration used, whole (also
                            superseded eras whose every block a target namespace holds)
     residue                engine temp files older than --older-than, zero_filled, short,
-                           misfiled files
+                           misfiled files (LMCache tiers: orphan_data, corrupt_sidecar too)
+    index_lost             LMCache local_disk chunks of tiers stated stopped
+
+LMCache tiers have rules of their own (quiet period per tier, GDS pairs, their classes):
+`prune_tiers.py`.
 
 Never: an `ok` block not migrated, a target namespace (every `target_base` of the
 manifest and of the journals), kvmigrate's own files, a file changed since the scan
@@ -42,9 +46,10 @@ from kvmigrate import manifest as mf
 from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate.errors import UsageError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate import prune_tiers as tiers_
 from kvmigrate.migrate.fsops import check_relpath
 
-CLASSES = ("migrated", "unreadable_namespaces", "residue")
+CLASSES = ("migrated", "unreadable_namespaces", "residue", "index_lost")
 QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
 PRUNE_JOURNALS_DIR = os.path.join(jn.JOURNALS_DIR, "prune")
 KIND = "prune"  # the header's `kind`: a prune journal, not a migration's
@@ -77,6 +82,7 @@ class Item(NamedTuple):
     nlink: int
     target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
     key: str = ""  # the block's rank files share it: they move together or not at all
+    keep: str = ""  # a folder never removed, even when emptied (an LMCache tier's: the engine's configured path)
 
 
 @dataclass
@@ -113,7 +119,8 @@ class PrunePlan:
 CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
 
 
-class _Selected(NamedTuple):
+@dataclass
+class _Selected:
     """The rows a prune of `classes` takes, before the run-time checks: Arrow columns,
     never a Python object per manifest row (a migrated 200,000-row manifest costs the
     report its reading and a few vectorized passes)."""
@@ -124,6 +131,7 @@ class _Selected(NamedTuple):
     target_of: Any  # int64 per row: a migrated row's target row, else null
     target_bases: set[str]
     emptied: set[str]
+    tiers: tiers_.Tiers = field(default_factory=tiers_.Tiers)
 
     def rows(self, *names: str) -> dict[str, list]:
         """The selected rows' columns as Python lists (plus `row`: the manifest row and
@@ -183,7 +191,10 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     target_bases = set(pc.unique(c["target_base"]).drop_null().to_pylist()) - {""} | targets
     src, status = c["source_base"], c["status"]
     has_ns = _b(pc.not_equal(src, ""))
-    in_target = _in(src, target_bases)
+    tiers = tiers_.Tiers.of(meta)
+    is_tier = _in(src, tiers.tier_of)  # LMCache tiers: their own rules (prune_tiers)
+    # (a tier deployment is its own target_base: whether it is a target is prune_tiers' question)
+    in_target = pc.and_(_in(src, target_bases), pc.invert(is_tier))
     none = pa.nulls(n, pa.int64())
     code = pc.fill_null(pa.nulls(n, pa.int8()), 0)
     target_of = none
@@ -195,11 +206,16 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     if "migrated" in classes:
         cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
                        pc.and_(_b(pc.equal(c["action"], "already_present")), _in(status, MIGRATED_STATUSES)))
+        tier_cand = pc.and_(cand, is_tier)
+        cand = pc.and_(cand, pc.invert(is_tier))
         t_idx = pc.indices_nonzero(in_target).cast(pa.int64())
         pos = pc.index_in(c["target_relpath"], value_set=pc.take(c["relpath"], t_idx))
         j = pc.take(t_idx, pos)  # the target path's row (null: no target namespace's file)
         mig = pc.and_(cand, _b(pc.equal(pc.take(status, j), "ok")))  # a healthy file of a target namespace
         target_of = pc.if_else(mig, j, none)
+        if tiers and pc.any(tier_cand).as_py():
+            tmig, tj = tiers_.migrated(c, is_tier, tier_cand)
+            mig, target_of = pc.or_(mig, tmig), pc.if_else(tmig, tj, target_of)
         sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(status, "ok")))
         if pc.any(sec).as_py() and pc.any(mig).as_py():
             mig, target_of = _with_secondaries(c, idx, mig, sec, target_of)
@@ -208,7 +224,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     if "unreadable_namespaces" in classes:
         unread = _in(status, UNREADABLE_STATUSES)
         per_ns = pa.table({"ns": src, "all": pc.or_(unread, residueish), "any": unread,
-                           "tr": _b(pc.not_equal(c["target_relpath"], ""))}).filter(has_ns) \
+                           "tr": _b(pc.not_equal(c["target_relpath"], ""))}).filter(pc.and_(has_ns, pc.invert(is_tier))) \
             .group_by("ns").aggregate([("all", "all"), ("any", "any"), ("tr", "any")])
         whole = {ns for ns, a, u, tr in zip(*(per_ns[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any")))
                  if a and u and not tr and ns not in target_bases and ns not in used}
@@ -218,7 +234,13 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
         age_ns = (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9
         old = _b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), int(now * 1e9 - age_ns)))
         res = pc.or_(_in(status, RESIDUE_STATUSES), pc.and_(_b(pc.equal(status, "tmp_leftover")), old))
-        code = assign(pc.and_(res, pc.invert(in_target)), "residue")
+        code = assign(pc.and_(pc.and_(res, pc.invert(in_target)), pc.invert(is_tier)), "residue")
+    if tiers:
+        guard = tiers_.protected(c, is_tier, targets, used)
+        age_ns = (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9
+        for cls, mask in tiers_.select(c, is_tier, guard, classes, RESIDUE_STATUSES, int(now * 1e9 - age_ns)).items():
+            code = assign(mask, cls)
+        code = tiers_.with_pairs(c, is_tier, guard, code)
     # a namespace pruned whole (for its migrated blocks: once nothing else of it is left)
     # takes its config.json and folders with it
     config = _b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
@@ -235,7 +257,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
         cls_of_row = pc.take(cls, pc.index_in(src, value_set=per_ns["ns"]))
         cfg = pc.and_(pc.and_(config, pc.is_valid(cls_of_row)), pc.invert(_in(status, ("own_artifact", "foreign"))))
         code = pc.if_else(pc.and_(cfg, pc.equal(code, 0)), cls_of_row, code)
-    return _Selected(root, c, code, target_of, target_bases, emptied)
+    return _Selected(root, c, code, target_of, target_bases, emptied, tiers)
 
 
 def _with_secondaries(c: dict[str, Any], idx: Any, mig: Any, sec: Any, target_of: Any) -> tuple[Any, Any]:
@@ -302,8 +324,7 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
 
 def _prunable(c: dict[str, Any]) -> Any:
     """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs), nor a file of a
-    family whose prune rules are not built yet (Family.prunes: LMCache tiers, whose quiet
-    period is per tier): a mask per row."""
+    family whose prune rules are not built yet (Family.prunes): a mask per row."""
     import pyarrow.compute as pc
 
     from kvmigrate import families
@@ -317,15 +338,19 @@ def _prunable(c: dict[str, Any]) -> Any:
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
-               older_than: float | None = None, now: float | None = None, selection: Any = None) -> PrunePlan:
+               older_than: float | None = None, now: float | None = None, selection: Any = None,
+               engine_stopped: bool = False) -> PrunePlan:
     """Select what to prune from the manifest (typed columns) and the migration journals,
     then skip the namespaces that are live or whose target is locked. `selection`
     (--only/--exclude): take only the namespaces it selects (a vllm.cpp deployment as
     one; no file outside namespaces), the rules still read over the whole manifest, so a
-    target or a migration's source is known as such whatever is selected."""
+    target or a migration's source is known as such whatever is selected. An LMCache tier
+    is live or quiet as a whole (prune_tiers.units); its index_lost chunks wait for the
+    statement that no engine uses it (its `engine_stopped` fact, or `engine_stopped`:
+    --engine-stopped for every tier whose fact says nothing), which --force-live never gives."""
     classes = tuple(c for c in CLASSES if c in set(classes))
     if not classes:
-        raise UsageError("nothing to select: give --migrated, --unreadable-namespaces or --residue")
+        raise UsageError("nothing to select: give --migrated, --unreadable-namespaces, --residue or --index-lost")
     meta = mf.read_metadata(manifest_path)
     root = meta.get("root")
     if not isinstance(root, str) or not os.path.isdir(root):
@@ -336,21 +361,32 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    sel = sel._replace(code=pc.if_else(_prunable(sel.c), sel.code, 0))
+    sel.code = pc.if_else(_prunable(sel.c), sel.code, 0)
     if selection:
         from kvmigrate.selection import selected_bases
 
         chosen = selected_bases(meta.get("namespaces") or {}, selection)
-        sel = sel._replace(code=pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0))
-    skipped = {}
+        sel.code = pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0)
+    skipped: dict[str, str] = {}
+    skip: set[str] = set()  # the namespaces of what is skipped (a live tier: all of its deployments)
+    if "index_lost" in classes:
+        lost = pc.equal(sel.code, CODES["index_lost"])
+        per = pa.table({"ns": sel.c["source_base"], "size": pc.fill_null(sel.c["size"], 0)}).filter(lost) \
+            .group_by("ns").aggregate([("size", "count"), ("size", "sum")])
+        waiting = tiers_.unstated(sel.tiers, {ns: (n, b) for ns, n, b in zip(
+            *(per[k].to_pylist() for k in ("ns", "size_count", "size_sum")))}, engine_stopped)
+        skipped.update(waiting)
+        sel.code = pc.if_else(pc.and_(lost, _in(sel.c["source_base"], waiting)), 0, sel.code)
     if not force_live:
         names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
-        for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
-            why = _live(root, ns, folders, quiet_period, now, newest_ns)
+        for unit, (members, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
+            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
             if why:
-                skipped[ns] = why
+                skipped[unit] = why
+                skip.update(members)
     r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
                  "nlink")
+    tier_of = dict(sel.tiers.tier_of)
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
     target_bases, emptied = sel.target_bases, sel.emptied
@@ -359,9 +395,12 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     locks: dict[str, set[str]] = {}
 
     def order(k: int, r: dict = r) -> tuple:
-        """A deployment's blocks with their rank files side by side, its config.json files last."""
+        """A deployment's blocks with their rank files side by side, its config.json files
+        last; a GDS sidecar just before its data file."""
         config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
-        return _deployment(r, k), config, _key(r, k), r["relpath"][k]
+        rel = r["relpath"][k]
+        return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in tier_of \
+            else (rel, 1)
 
     items = []
     for k in sorted(range(len(r["row"])), key=order):
@@ -369,9 +408,11 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         target = None if t["relpath"][k] is None else \
             (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
         items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
-                          r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k)))
+                          r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
+                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if (ns := r["source_base"][k]) in tier_of
+                          else ""))
     del r, t
-    items = without_namespaces(items, set(skipped))
+    items = without_namespaces(items, skip)
     for item in items:  # the target namespaces to lock while pruning into them: their base folders
         base = target_base(item)
         if base is not None:
@@ -382,7 +423,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
-    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - set(skipped), locks,
+    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - skip, locks,
                      orphaned=orphaned_namespaces(manifest_path, meta))
 
 
@@ -536,11 +577,11 @@ def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[SkippedNam
     if not sel.root or not os.path.isdir(sel.root):
         return []
     out: list[SkippedNamespace] = []
-    for ns, (folders, newest_ns) in sorted(_namespace_folders(sel.c, names).items()):
+    for ns, (_, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
         age = now - _newest_write(sel.root, folders, newest_ns)
         if age < DEFAULT_QUIET_PERIOD:
             out.append({"namespace": ns, "written_s_ago": round(max(age, 0)), "quiet_period_s": DEFAULT_QUIET_PERIOD,
-                        "reason": _live(sel.root, ns, folders, DEFAULT_QUIET_PERIOD, now, newest_ns)})
+                        "reason": _live(sel.root, ns, folders, DEFAULT_QUIET_PERIOD, now, newest_ns, tier=tier)})
     return out
 
 
@@ -590,7 +631,8 @@ def _any_candidate(manifest_path: str) -> bool:
     if not t.num_rows:
         return False
     plain = [pc.cast(t[k], pa.string()) if pa.types.is_dictionary(t[k].type) else t[k] for k in ("status", "action")]
-    statuses = pa.array([*UNREADABLE_STATUSES, *RESIDUE_STATUSES, "tmp_leftover"])
+    statuses = pa.array([*UNREADABLE_STATUSES, *RESIDUE_STATUSES, "tmp_leftover", *tiers_.STALE_STATUSES,
+                         *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST])
     hit = pc.or_(pc.fill_null(pc.is_in(plain[0], value_set=statuses), False),
                  pc.fill_null(pc.equal(plain[1], "already_present"), False))
     return bool(pc.any(hit).as_py())
@@ -681,6 +723,17 @@ def _namespace_folders(c: dict[str, Any], names: set[str]) -> dict[str, tuple[li
     return {ns: (sorted(f), m) for ns, (f, m) in out.items()}
 
 
+def _quiet_units(sel: _Selected, names: set[str]) -> dict[str, tuple[list[str], list[str], int, bool]]:
+    """What the quiet period judges as one, for the namespaces `names`: unit -> (its
+    namespaces, its folders, its newest file mtime in the manifest, whether it is a tier).
+    A namespace is its own unit; an LMCache tier is one unit of all its deployments."""
+    out = {ns: ([ns], folders, newest, False)
+           for ns, (folders, newest) in _namespace_folders(sel.c, names - set(sel.tiers.tier_of)).items()}
+    out.update({label: (members, folders, newest, True)
+                for label, (members, folders, newest) in tiers_.units(sel.c, sel.tiers, names).items()})
+    return out
+
+
 def _newest_write(root: str, folders: list[str], newest_file_ns: int) -> float:
     """The newest file mtime (the scan's) or folder mtime (a fresh lstat), in seconds."""
     newest = newest_file_ns / 1e9
@@ -692,13 +745,17 @@ def _newest_write(root: str, folders: list[str], newest_file_ns: int) -> float:
     return newest
 
 
-def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int) -> str | None:
+def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int, *,
+          tier: bool = False) -> str | None:
     """Why a namespace counts as live: written (its newest file mtime, or the mtime of a
     folder of it) within the quiet period; None when it is quiet. An engine's write
     changes a file's mtime (in place) or its folder's mtime (a new file, a rename into
     place, an eviction); never a ctime alone, which kvmigrate's own hard link (the source
     inode), a chmod or an mtime restored from backup change (migration.md §6)."""
-    age = now - _newest_write(root, folders, newest_file_ns)
+    newest = _newest_write(root, folders, newest_file_ns)
+    age = now - newest
+    if age < quiet_period and tier:
+        return tiers_.live_reason(age, newest, quiet_period)
     if age < quiet_period:
         return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
                 "engine may use it); rerun later, or pass --force-live")

@@ -154,6 +154,8 @@ def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
     rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None, "dev": i.dev,
            "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "nlink": i.nlink, "class": i.cls,
            "ns": i.namespace, "key": i.key, "target": None}
+    if i.keep:
+        rec["keep"] = i.keep
     if i.target is not None:
         rec.update(target=i.target[0], tdev=i.target[1], tino=i.target[2], tsize=i.target[3], tmtime_ns=i.target[4])
     return rec
@@ -194,7 +196,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     gone = set(moved)
     result.left.update(i.cls for i in items if i.relpath not in gone)
     result.left_targets.update(b for i in items if i.relpath not in gone and (b := target_base(i)))
-    _remove_folders(tree, moved, w, result)
+    _remove_folders(tree, moved, w, result, {i.keep for i in items if i.keep})
     hit("prune_dirs")
 
 
@@ -260,7 +262,7 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 pending = [i for i in items if i not in settled]
                 _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
                        _CrashSeam().hit)
-                _remove_folders(tree, [i.relpath for i in settled], w, result)
+                _remove_folders(tree, [i.relpath for i in settled], w, result, {i.keep for i in settled if i.keep})
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
         except KeyboardInterrupt as exc:
@@ -275,7 +277,7 @@ def _item(rec: dict[str, Any]) -> Item:
     target = (check_relpath(rec["target"], "journal path"), rec["tdev"], rec["tino"], rec["tsize"],
               rec["tmtime_ns"]) if rec.get("target") else None
     return Item(rec["path"], rec["class"], rec.get("ns") or "", rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"],
-                rec.get("nlink") or 1, target, rec.get("key") or rec["path"])
+                rec.get("nlink") or 1, target, rec.get("key") or rec["path"], rec.get("keep") or "")
 
 
 def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> bool:
@@ -458,14 +460,18 @@ def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
     return made
 
 
-def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult) -> None:
+def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult,
+                    keep: AbstractSet[str] = frozenset()) -> None:
     """The folders the moves left empty, deepest first (a folder still holding anything
-    stays); each one journaled so `restore` makes it again."""
+    stays); each one journaled so `restore` makes it again. `keep`: folders never removed,
+    nor their parents (an LMCache tier folder is the engine's configured path, and so is
+    its temp folder; its GDS `<2>/<2>` folders go when emptied)."""
     folders = set()
     for rel in moved:
         parts = rel.split("/")[:-1]
         for k in range(1, len(parts) + 1):
             folders.add("/".join(parts[:k]))
+    folders -= {d for d in folders for k in keep if k == d or k.startswith(d + "/")}
     removed = []
     for d in sorted(folders, key=lambda d: (d.count("/"), d), reverse=True):
         try:

@@ -136,7 +136,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
                 ways = [(item, way_back(tree, run, item)) for item in items]
                 owned |= claimed(run, ways)
                 known: set[str] = set()  # folders made or seen by this restore
-                for item, way in ways:
+                for item, way in reversed(ways):  # the moves backwards: a GDS data file before its sidecar
                     _put_back(tree, item, way, result, known)
                     crash.hit("restore")
                 if run.quarantine:

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
@@ -199,7 +199,8 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
                 continue
             decision.roots.setdefault(root, set()).update(namespaces)
             with DestTree(prune_run.root) as tree:
-                ways = [(item, way_back(tree, prune_run, item)) for item in items]
+                # in restore's order: the moves backwards (a GDS data file before its sidecar)
+                ways = [(item, way_back(tree, prune_run, item)) for item in reversed(items)]
                 owned |= claimed(prune_run, ways)
                 for item, way in ways:
                     if way.state in ("quarantine", "target"):
@@ -444,7 +445,12 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                 if rec.get("kind") in by_kind:
                     check_relpath(rec["path"], "journal path")
                     by_kind[rec["kind"]].append(rec)
-            rm.files(by_kind["block"], "block")
+            # a file its engine reads only through another (a GDS sidecar) goes first, then the rest
+            first = [r for r in by_kind["block"] if families.get(
+                (run.targets.get(run.target_of(r["path"]) or "") or {}).get("family")).removed_first(r["path"])]
+            rm.files(first, "block")
+            firsts = {id(r) for r in first}
+            rm.files([r for r in by_kind["block"] if id(r) not in firsts], "block")
             rm.files(by_kind["config"], "config")
             temps = []
             for item in run.intents.values():

@@ -260,6 +260,16 @@ def _check_output(tree: DestTree, run: jn.Run, rec: dict[str, Any], result: Veri
     parsed = layout.parse_block_relpath(path)
     folder = layout.parse_folder(path.split("/", 1)[0])
     target = run.targets.get(folder.base) if folder is not None else None
+    tier = run.targets.get(run.target_of(path) or "") if folder is None else None
+    if tier is not None and tier.get("flat"):  # a tier family's file: re-parsed as its engine reads it
+        try:
+            found = families.get(tier.get("family")).verify_tier_file(path, st.st_size, tree.read_bytes)
+        except OSError as exc:
+            result.findings.append(Finding("unreadable", where, exc.strerror or str(exc), EXIT_OPERATIONAL))
+            return
+        if found:
+            result.findings.append(Finding(found[0], where, found[1]))
+        return
     if target:  # the target engine's own checks of the block (Family.verify_block)
         block = parsed[1] if parsed is not None else None
         found = families.get(target.get("family")).verify_block(

@@ -31,7 +31,16 @@ from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE
 from kvmigrate.units import human_bytes, plural
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
-    from kvmigrate.outputs import ExplainClass, ExplainFact, ExplainGate, ExplainOutput, Hint, Namespace
+    from kvmigrate.outputs import (
+        ExplainClass,
+        ExplainFact,
+        ExplainGate,
+        ExplainOutput,
+        ExplainTier,
+        Hint,
+        Namespace,
+        Tier,
+    )
 
 GATE_NAMES = {"G1": "parallel-agnostic namespace (G1)", "G2": "parallel-agnostic namespace (G2)",
               "canonical": "parallel-agnostic namespace, canonical rows", "R": "replicated layout (R)"}
@@ -66,9 +75,19 @@ def explain(path: str | os.PathLike[str], namespace: str) -> ExplainOutput:
         "blocks": entry["blocks"], "reusable": entry["reusable"], "pending": entry["pending"],
         "not_reusable": _classes(path, base, entry, hints),
         "why": None, "command": None,
+        "tier": _tier(summary.get("tiers") or [], base),
     }
     result["why"], result["command"] = _why(result, entry, hints)
     return result
+
+
+def _tier(tiers: list[Tier], base: str) -> ExplainTier | None:
+    """The tier entry of an LMCache deployment (report/tiers.py), None for any other namespace."""
+    for t in tiers:
+        for d in t["deployments"]:
+            if d["deployment"] == base:
+                return {"tier": t["tier"], "deployment": d}
+    return None
 
 
 def _resolve(name: str, namespaces: dict[str, dict[str, Any]], path: str) -> str:
@@ -266,6 +285,8 @@ def render_text(r: ExplainOutput) -> str:
     if t is not None and t["base_name"] is None:
         lines.append(f"target       {t['profile']}: the pages of deployment {r['namespace']}, by name, in the "
                      "same directory")
+    elif t is not None and r["tier"] is not None:  # (an LMCache deployment: names, no folders)
+        lines.append(f"target       {t['profile']}: {t['base_name']}")
     elif t is not None:
         lines.append(f"target       {t['profile']}: {t['base_name']}   blocks under {t['rank_dir']}/")
     lines.append(f"why          {r['why']}")
@@ -281,6 +302,8 @@ def render_text(r: ExplainOutput) -> str:
         facts = "; ".join(f"{f['name']}={_value(f['value'])} ({f['source']})" for f in c["facts"]) or "config.json"
         mark = "pass" if c["passed"] else "FAIL"
         lines.append(f"  [{mark}] {c['needs']}: " + (facts if c["passed"] else f"{c['reason']}; {facts}"))
+    if r["tier"] is not None:
+        lines += _tier_lines(r["tier"])
     lines.append("facts:")
     width = max(len(f["name"]) for f in r["facts"])
     for f in r["facts"]:
@@ -299,6 +322,25 @@ def render_text(r: ExplainOutput) -> str:
             lines.append(f"    reason: {k['reason']}")
         lines.append(f"    {'$ ' + k['command'] if k['command'] else k['why']}")
     return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
+
+
+def _tier_lines(t: ExplainTier) -> list[str]:
+    """An LMCache deployment: its tier, target names, §3.2's recipe comparison with each
+    value's source, and its files by status and blocks by action."""
+    d = t["deployment"]
+    lines = [f"tier         {t['tier']} ({d['backend']}, {d['scheme']}, ws {d['ws']}, {d['dtype'] or 'no dtype'})",
+             f"target names {d['target_base'] or 'none'} ({d['target_profile']})",
+             "hash recipe (writer vs target):"]
+    width = max((len(c["component"]) for c in d["recipe"]), default=0)
+    for c in d["recipe"]:
+        mark = "?" if c["equal"] is None else "=" if c["equal"] else "DIFFERS"
+        lines.append(f"  {c['component'].ljust(width)}  [{mark}] writer {_value(c['writer'])} ({c['writer_source']}); "
+                     f"target {_value(c['target'])} ({c['target_source']})")
+    lines.append("files        " + (", ".join(f"{k} {_count(v['files'])} ({human_bytes(v['bytes'])})"
+                                              for k, v in d["by_status"].items()) or "none"))
+    lines.append("actions      " + (", ".join(f"{k} {_count(v['blocks'])}" for k, v in d["by_action"].items())
+                                    or "none"))
+    return lines
 
 
 def _count(n: int) -> str:

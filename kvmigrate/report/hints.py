@@ -26,11 +26,23 @@ from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
+from kvmigrate.report import tiers as tr
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
-    from kvmigrate.outputs import FileCount, Finding, Hint, Namespace, Reclaimable, ReportOutput, Run, SummaryCore
+    from kvmigrate.outputs import (
+        FileCount,
+        Finding,
+        Hint,
+        Namespace,
+        Reclaimable,
+        ReportOutput,
+        Run,
+        SummaryCore,
+        Tier,
+        TierDeployment,
+    )
 
 DEFAULT_MANIFEST = "kvmigrate-manifest.parquet"
 
@@ -76,15 +88,20 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                       "prune"),
     "index_lost": ("LMCache local_disk chunks: no restarted engine re-indexes them, whatever their name",
                    "never reused in place; the bytes stay on disk until removed (a leak while no engine indexes "
-                   "them)", "list"),
+                   "them): once no engine uses the tier, prune --index-lost --engine-stopped moves them into the "
+                   "quarantine", "list"),
     "stale_hash_recipe": ("LMCache chunks keyed by a chunk-hash recipe the target does not compute",
-                          "never reused: the hash is one-way, no rename makes them reachable", "list"),
+                          "never reused: the hash is one-way, no rename makes them reachable; prune "
+                          "--unreadable-namespaces takes a deployment all of whose chunks are so", "list"),
     "unreproducible_hash": ("LMCache chunks whose writer seeded its hash chain at random",
-                            "never reused: no process can regenerate their keys", "list"),
+                            "never reused: no process can regenerate their keys; prune --unreadable-namespaces takes "
+                            "a deployment all of whose chunks are so", "list"),
     "orphan_data": ("LMCache GDS data files without a whole sidecar (never indexed or probed)",
-                    "never reused", "list"),
+                    "never reused; prune --residue moves a quiet tier's into the quarantine (a GDS pair together)",
+                    "prune"),
     "corrupt_sidecar": ("LMCache GDS sidecars that do not parse or differ from their data header",
-                        "never reused; the startup scan of their folder stops there", "list"),
+                        "never reused; the startup scan of their folder stops there; prune --residue moves a quiet "
+                        "tier's into the quarantine with their data files", "prune"),
 }
 
 UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
@@ -139,7 +156,7 @@ FACT_HELP = {
 }
 # the facts --model-config reads from a Hugging Face config.json
 MODEL_CONFIG_FACTS = ("kv_kind", "total_kv_heads", "model_dtype")
-NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard")
 # Actions that take one rank's file for all ranks: they need the replicas proven equal.
 REPLICA_ACTIONS = ("link", "copy_pad", "rewrite_header", "slice")
 SEVERITY_ORDER = ("operational", "integrity", "finding", "note")
@@ -223,6 +240,10 @@ class Commands:
         if self.manifest:
             return self._join("kvmigrate migrate --manifest", self.q(self.manifest), *extra)
         return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), *extra)
+
+    def convert_tier(self) -> str:
+        """The migrate that converts local_disk tiers into fs tiers under a new DIR (lmcache.md §3.5)."""
+        return self._join("kvmigrate migrate", self.q(self.root, *self.fact_args), "--target-backend fs --dest <DIR>")
 
     def prune(self, *extra: str, only: list[str] | None = None) -> str:
         """The prune dry run of the root (its own scan, with the same target and facts).
@@ -685,8 +706,135 @@ def _migration_pending(st: _State) -> Iterator[Item]:
         yield _Hint(st.cmd.migrate("--apply"), why, "migration_pending", None, 5)
 
 
+# --- LMCache tiers: §7's notes (report/tiers.py builds the tiers) ------------------------------
+
+
+def _assumed(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """Every recipe fact the verdicts assumed, with the flags that state it (§3.3)."""
+    if not d["assumed_facts"]:
+        return
+    parts = [f"{a['fact']} assumed {a['value']}: state it with {' and '.join(a['flags'])}"
+             for a in d["assumed_facts"]]
+    f = _finding(tr.ASSUMED, 0, d["deployment"], "; ".join(parts))
+    f["assumed"] = {a["fact"]: a["value"] for a in d["assumed_facts"]}
+    yield f
+
+
+def _local_disk(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """A local_disk tier: its chunks are a leak until converted or removed (§3.5, §6)."""
+    lost = d["reclaimable"]["index_lost"]
+    if d["backend"] != tr.LOCAL_DISK or not lost["files"]:
+        return
+    yield _finding(tr.NOTE_LOCAL_DISK, 0, d["deployment"],
+                   f"local_disk tier {tier['tier']}: no restarted engine re-indexes its "
+                   f"{plural(lost['files'], '.pt file')} ({human_bytes(lost['bytes'])}), whatever their names; "
+                   "convert them into a new fs tier with `migrate ROOT --target-backend fs --dest DIR`, or remove "
+                   "them with `prune --index-lost` once no engine uses the tier", files=lost["files"],
+                   bytes=lost["bytes"])
+    yield _Hint(st.cmd.convert_tier(), f"convert local_disk tier {tier['tier']} into an fs tier under DIR "
+                "(DIR/<tier>, then configure remote_url: fs://…/DIR/<tier>); without --apply it prints the plan only",
+                tr.NOTE_LOCAL_DISK, d["deployment"], 4)
+    yield _Hint(st.cmd.prune("--index-lost", "--engine-stopped"), f"or, once no engine uses local_disk tier "
+                f"{tier['tier']} (--engine-stopped states it), see what prune would move (dry run), then add --apply",
+                tr.NOTE_LOCAL_DISK, d["deployment"], 4)
+
+
+def _seedless(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """A writer without PYTHONHASHSEED (§3.2: random up to vLLM 0.28, fixed from 0.29 but
+    for xxhash)."""
+    if d["facts"].get("pythonhashseed") != "unset":
+        return
+    none = d["writer_none_hash"]
+    if none == "random":
+        text = ("seedless writer: its chain was seeded at random, no process regenerates its keys "
+                "(unreproducible_hash); run writers with a fixed PYTHONHASHSEED")
+    elif none == "fixed":
+        text = ("seedless writer: NONE_HASH is vLLM's fixed \"vllm-none-hash\" (vLLM 0.29+), reproducible, but "
+                "unlike any deployment that sets PYTHONHASHSEED: the target must leave it unset too")
+    else:
+        text = ("seedless writer: whether its chain is reproducible depends on its vLLM release (random up to 0.28): "
+                "state it with --vllm-release")
+    yield _finding(tr.NOTE_SEEDLESS, 0, d["deployment"], text)
+
+
+def _seed_fix(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """Chunks stale by their NONE_HASH alone: the target taking the writer's seed reaches them."""
+    n = d["seed_fix_files"]
+    seed = d["facts"].get("pythonhashseed")
+    if not n or seed is None:
+        return
+    yield _finding(tr.NOTE_SEED_FIX, 0, d["deployment"],
+                   f"PYTHONHASHSEED differs: start the target with PYTHONHASHSEED={seed} (the writer's) and these "
+                   f"{plural(n, 'chunk file')} are reachable again (--target-pythonhashseed states the target's)",
+                   files=n)
+    flag = "--target-pythonhashseed"
+    # (hints merge by command: the why speaks for every deployment of this writer seed)
+    yield _Hint(st.cmd.rerun(flag, str(seed), replace_flags=(flag,)), f"with the target started under "
+                f"PYTHONHASHSEED={seed}: {st.verb} again to see them reachable (deployments of other seeds: one "
+                f"--facts FACTS.json entry each, {{\"<tier>:<model>\": {{\"target_pythonhashseed\": "
+                f"\"{seed}\"}}}})", tr.NOTE_SEED_FIX, d["deployment"], 2)
+
+
+def _corrupt_sidecar(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """A corrupt GDS sidecar stops the startup scan of its folder, not the server (R2 §3.1)."""
+    c = d["by_status"].get("corrupt_sidecar")
+    if not c:
+        return
+    yield _finding(tr.NOTE_CORRUPT_SIDECAR, 0, d["deployment"],
+                   f"{plural(c['files'], 'corrupt GDS sidecar')} in tier {tier['tier']}: the startup scan of each "
+                   "one's <2> folder stops there (logged; the server still starts and lookups still probe each key's "
+                   "sidecar); its data file is orphan_data", files=c["files"], bytes=c["bytes"])
+
+
+def _zero_hex64(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """64-hex fs names starting with 0: the internal API's from_string drops the zero (R2 §3.5)."""
+    n = d["zero_hex64_files"]
+    if not n:
+        return
+    yield _finding(tr.NOTE_ZERO_HEX64, 0, d["deployment"],
+                   f"{plural(n, 'fs chunk name')} with a 64-hex hash starting with 0: /cache/load-fs-chunks cannot "
+                   "load them (CacheEngineKey.from_string drops the leading zero, so it opens a name that does not "
+                   "exist)", files=n)
+
+
+def _rc2_in_tree(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """Target lmcache-0.5.7rc2 for an in-process deployment: vLLM's in-tree connector
+    imports the adapter 0.5.7rc2 moved (R2 §1)."""
+    if d["target_profile"] != tr.RC2 or d["backend"] == tr.MP:
+        return
+    yield _finding(tr.NOTE_RC2_IN_TREE, 0, d["deployment"],
+                   f"target {tr.RC2} under vLLM's in-tree LMCacheConnectorV1 (vLLM 0.34 included): it imports "
+                   "lmcache.integration.vllm.vllm_v1_adapter, which 0.5.7rc2 moved, so the engine fails at start "
+                   "(ImportError) and reads nothing; the names and bytes are 0.5.6's: stay on lmcache-0.5.6 until "
+                   "vLLM's connector follows")
+
+
+def _fs_native(st: _State, tier: Tier, d: TierDeployment) -> Iterator[Item]:
+    """MP tiers: the fs_native adapter's usage restarts at 0 after a restart (R2 §2)."""
+    if d["backend"] != tr.MP or not d["files"]:
+        return
+    yield _finding(tr.NOTE_FS_NATIVE, 0, d["deployment"],
+                   f"MP tier {tier['tier']}: after a server restart the fs_native L2 adapter counts its usage from 0, "
+                   f"not the {plural(d['files'], 'file')} ({human_bytes(d['bytes'])}) already here (LMCache #4564): "
+                   "eviction starts late and the disk can fill; leave that much room below max_capacity",
+                   files=d["files"], bytes=d["bytes"])
+
+
+TIER_RULES: tuple[Callable[[_State, Tier, TierDeployment], Iterator[Item]], ...] = (
+    _assumed, _local_disk, _seedless, _seed_fix, _corrupt_sidecar, _zero_hex64, _rc2_in_tree, _fs_native,
+)
+
+
+def _each_tier(st: _State) -> Iterator[Item]:
+    """The notes of every LMCache tier deployment (lmcache.md §7)."""
+    for tier in st.summary.get("tiers") or ():
+        for d in tier["deployments"]:
+            for rule in TIER_RULES:
+                yield from rule(st, tier, d)
+
+
 RULES: tuple[Callable[[_State], Iterator[Item]], ...] = (
-    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _walk_errors, _no_cache,
+    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _each_tier, _walk_errors, _no_cache,
     _migration_pending,
 )
 

@@ -20,9 +20,10 @@ from kvmigrate.units import agreeing, human_bytes, human_count, percent, plural
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
 ACTION_COLORS = {
     "already_present": "#1b5e20", "link": "#2e7d32", "copy_pad": "#43a047", "rewrite_header": "#66bb6a",
-    "slice": "#00897b", "concat": "#00796b", "relayout": "#004d40",
+    "slice": "#00897b", "concat": "#00796b", "relayout": "#004d40", "reshard": "#00695c",
     "replicas": "#b2dfdb",
     "needs_slice": "#ffb300", "needs_concat": "#ffa000", "needs_relayout": "#ff8f00",
+    "needs_reshard": "#ff6f00",
     "none": "#bdbdbd",
 }
 # a count of findings of each severity in words (the tile: "9 findings to act on (3 integrity problems, ...)")
@@ -240,6 +241,24 @@ def _hints(hints: list[dict[str, Any]]) -> str:
     return '<ol class="hints">' + "".join(items) + "</ol>"
 
 
+def _tiers(s: dict[str, Any]) -> str:
+    """The LMCache tiers: the tier table, then per tier its deployments (view.tier_blocks)."""
+    t = view.tier_table(s)
+    if t is None:
+        return ""
+    out = [f'<section id="tiers"><h2>{esc(t.title)}</h2>{table_html(t)}']
+    for title, pairs, deps in view.tier_blocks(s):
+        out.append(f'<details class="tier" open><summary><h3 class="mono">{esc(title)}</h3></summary>'
+                   + pairs_html(pairs, cls=""))
+        for label, dpairs, tables in deps:
+            out.append(f'<details class="deployment" open><summary><h3 class="mono">{esc(label)}</h3></summary>'
+                       + pairs_html(dpairs, cls="")
+                       + "".join(f"<p>{esc(tb.title)}</p>{table_html(tb)}" for tb in tables) + "</details>")
+        out.append("</details>")
+    out.append("</section>")
+    return "".join(out)
+
+
 def _page(title: str, body: str) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -265,6 +284,7 @@ def render(s: dict[str, Any]) -> str:
             body.append(f'<section id="{esc(t.key)}"><h2>{esc(t.title)}</h2>{table_html(t)}</section>')
     body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
                 f'{_notes(s)}</section>')
+    body.append(_tiers(s))
     body.append('<section id="details"><h2>Namespace details</h2>')
     for n in s["namespaces"]:
         body.append(f'<details class="namespace" open><summary><h3 class="mono">{esc(n["source_base"])}</h3>'

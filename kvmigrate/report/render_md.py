@@ -56,6 +56,15 @@ def render(s: dict[str, Any]) -> str:
         if t is not None:
             lines += ["", f"## {t.title}", ""] + table_lines(t)
     lines += ["", "## What to do next", ""] + hint_lines(s["hints"])
+    tiers = view.tier_table(s)
+    if tiers is not None:
+        lines += ["", f"## {tiers.title}", ""] + table_lines(tiers)
+        for title, pairs, deps in view.tier_blocks(s):
+            lines += ["", f"### {title}", ""] + pairs_table(pairs)
+            for label, dpairs, tables in deps:
+                lines += ["", f"#### {code(label)}", ""] + pairs_table(dpairs)
+                for t in tables:
+                    lines += ["", f"{t.title}:", ""] + table_lines(t)
     lines += ["", "## Namespace details"]
     for n in s["namespaces"]:
         lines += ["", f"### {code(n['source_base'])}", ""] + pairs_table(view.namespace_details(n))

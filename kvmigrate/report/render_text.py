@@ -61,6 +61,17 @@ def render(s: dict[str, Any]) -> str:
             lines.append("")
             lines += table_lines(view.action_table(n["by_action"], merges=n.get("merge_duplicates")), indent="  ")
         lines.append("")
+    tiers = view.tier_table(s)
+    if tiers is not None:
+        lines += _section(tiers.title) + table_lines(tiers)
+        for title, pairs, deps in view.tier_blocks(s):
+            lines += ["", title]
+            lines += pairs_lines(pairs)
+            for label, dpairs, tables in deps:
+                lines += ["", f"  {label}"]
+                lines += pairs_lines(dpairs, indent="    ")
+                for t in tables:
+                    lines += [""] + table_lines(t, indent="    ")
     reclaim = view.reclaim_table(s)
     if reclaim is not None:
         lines += _section(reclaim.title) + (table_lines(reclaim) if reclaim.rows else ["  nothing"])

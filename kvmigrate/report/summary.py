@@ -75,9 +75,9 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
 SUMMARY_VERSION = 1
 
 STATUS_ORDER = tuple(STATUS_BITS)
-REUSABLE_ACTIONS = ACTION_ORDER[:7]
-PENDING_ACTIONS = ACTION_ORDER[1:7]  # reusable and not yet at the target
-NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout")
+REUSABLE_ACTIONS = ACTION_ORDER[:ACTION_ORDER.index("needs_slice")]
+PENDING_ACTIONS = REUSABLE_ACTIONS[1:]  # reusable and not yet at the target
+NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard")
 
 # Rows that are files in the tree but never blocks, even when their name carries a hash.
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
@@ -609,6 +609,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     namespace are left out, and `selection` in the summary says the report is partial.
     """
     from kvmigrate.report.hints import findings_and_hints, target_is_guess, target_orphaned
+    from kvmigrate.report.tiers import tiers_of
 
     meta = mf.read_metadata(path)
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
@@ -703,6 +704,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
                       | (8 if meta.get("walk_failed") or no_cache else 0)),
         "findings": [],
         "hints": [],
+        "tiers": tiers_of(namespaces, ns_meta),  # LMCache tiers, per tier then per deployment
     }
     summary["findings"], summary["hints"] = findings_and_hints(summary, verb=verb, examples=totals.examples)
     return summary

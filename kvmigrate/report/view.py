@@ -136,7 +136,7 @@ def namespace_table(s: dict[str, Any]) -> Table:
 
 
 RECLAIM_CLASSES = {"migrated": "--migrated", "unreadable_namespaces": "--unreadable-namespaces",
-                   "residue": "--residue"}
+                   "residue": "--residue", "index_lost": "--index-lost"}
 
 
 def reclaim_table(s: dict[str, Any]) -> Table | None:
@@ -303,8 +303,15 @@ def exit_bits_label(code: int) -> str:
 
 
 def header_pairs(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's settings; the target profile is the tree families' (an lmcache-* --target
+    is the tiers' alone, shown per tier)."""
+    from kvmigrate.families import tree_profile
+
+    tiers = s.get("tiers") or []
+    profiles = sorted({str(t["target_profile"]) for t in tiers})
     return [
-        ("target profile", or_dash(s["target_profile"])),
+        ("target profile", or_dash(s["target_profile"] and tree_profile(s["target_profile"]))),
+        *([("LMCache tiers target", ", ".join(profiles) + f" ({plural(len(tiers), 'tier')})")] if tiers else []),
         ("verify", or_dash(s["verify"])),
         ("scanned by", or_dash(s["command"])),
         ("manifest", or_dash(s["manifest"])),
@@ -317,6 +324,83 @@ def selection_note(step: dict[str, Any]) -> str:
     outside = ", and every file outside namespaces" if step["by"] == "scan" else ""
     return (f"{step['by']} {Selection.of(step.get('only') or (), step.get('exclude') or ()).flags()}: "
             f"{plural(skipped, 'namespace')} left out{outside}")
+
+
+# --- LMCache tiers (report/tiers.py) ------------------------------------------------------
+
+TIER_CLASSES = {"residue": "--residue", "index_lost": "--index-lost", "unreadable_namespaces": "--unreadable-namespaces"}
+
+
+def tier_table(s: dict[str, Any]) -> Table | None:
+    """One row per LMCache tier: its target, deployments, files and what each prune class
+    could take (None: the root has no tier)."""
+    tiers = s.get("tiers") or []
+    if not tiers:
+        return None
+    t = Table("tiers", "LMCache tiers", ["Tier", "Target profile", "Backends", "Deployments", "Files", "Bytes",
+                                         "Residue", "Index lost", "Unreadable namespaces"],
+              numeric={3, 4, 5, 6, 7, 8}, names={0})
+    for tier in tiers:
+        r = tier["reclaimable"]
+        t.rows.append([tier["tier"], or_dash(tier["target_profile"]), ",".join(tier["backends"]) or "-",
+                       str(len(tier["deployments"])), human_count(tier["files"]), human_bytes(tier["bytes"]),
+                       *(human_bytes(r[c]["bytes"]) for c in TIER_CLASSES)])
+    return t
+
+
+def tier_pairs(tier: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = [("target profile", or_dash(tier["target_profile"])), ("backends", ", ".join(tier["backends"]) or "-"),
+             ("files", f"{human_count(tier['files'])} ({human_bytes(tier['bytes'])})")]
+    if tier["other_files"]:
+        pairs.append(("files of no deployment", ", ".join(f"{k} {human_count(v['files'])}"
+                                                          for k, v in tier["other_files"].items())))
+    return pairs
+
+
+def tier_deployment_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("backend", d["backend"]), ("scheme", or_dash(d["scheme"])), ("model", or_dash(d["model"])),
+            ("ws", or_dash(d["ws"])), ("dtype", or_dash(d["dtype"])),
+            ("target", f"{or_dash(d['target_base'])} ({or_dash(d['target_profile'])})")]
+
+
+def _equal_label(v: Any) -> str:
+    return "not known" if v is None else "yes" if v else "NO"
+
+
+def recipe_table(d: dict[str, Any]) -> Table:
+    """§3.2's hash recipe, writer vs target, with where each value came from."""
+    t = Table(f"recipe-{d['deployment']}", "Hash recipe",
+              ["Component", "Writer", "Writer source", "Target", "Target source", "Equal"])
+    for c in d["recipe"]:
+        t.rows.append([c["component"], or_dash(c["writer"]), c["writer_source"], or_dash(c["target"]),
+                       c["target_source"], _equal_label(c["equal"])])
+    return t
+
+
+def tier_reclaim_table(reclaim: dict[str, dict[str, int]], key: str) -> Table:
+    """Per prune class, the files a deployment (or a tier) holds that it could take."""
+    t = Table(key, "Reclaimable per class", ["Class", "Files", "Bytes"], numeric={1, 2}, names={0})
+    for cls, flag in TIER_CLASSES.items():
+        v = reclaim.get(cls) or {"files": 0, "bytes": 0}
+        t.rows.append([flag, human_count(v["files"]), human_bytes(v["bytes"])])
+    return t
+
+
+def tier_blocks(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]], list[tuple[str, list[tuple[str, str]],
+                                                                                           list[Table]]]]]:
+    """Per tier: (title, its pairs, per deployment (label, pairs, tables)), in tier order:
+    what every renderer prints of the tiers."""
+    out = []
+    for tier in s.get("tiers") or []:
+        deps = []
+        for d in tier["deployments"]:
+            tables = [recipe_table(d), status_table(d["by_status"], key=f"status-{d['deployment']}")]
+            if d["by_action"]:
+                tables.append(action_table(d["by_action"], key=f"actions-{d['deployment']}"))
+            tables.append(tier_reclaim_table(d["reclaimable"], f"reclaim-{d['deployment']}"))
+            deps.append((d["deployment"], tier_deployment_pairs(d), tables))
+        out.append((f"tier {tier['tier']}", tier_pairs(tier), deps))
+    return out
 
 
 # --- diff -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             match = fam.facts_key_matches(backend)
             return resolver.for_tier(tier, model, match)
 
-        deps, loose = fam.classify_tier(tier, files, facts_for=facts_for)
+        deps, loose = fam.classify_tier(tier, files, facts_for=facts_for, root=root)
         _payload_columns(deps)
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model, profile)
@@ -56,7 +56,9 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.fields = {"family": fam.name, "scheme": dep.scheme, "tier": tier, "backend": dep.backend,
                          "model": dep.model, "ws": dep.ws, "dtype": dep.dtype, "group": dep.group,
                          "kv_kind": dep.kv_kind, "deployment": dep.label, "fs_header": dep.fs_header,
-                         "needs_facts": sorted(dep.needs)}
+                         "needs_facts": sorted(dep.needs), **dep.plan_fields, **fam.deployment_meta(dep, profile)}
+            if dep.side is not None:
+                ns.fields["target_label"] = fam.target_label_of(dep)
             ns.facts = dep.facts
             ns.target = fam.target(ns.fields, Facts(), profile)
             ns.flat_rows = _TierRows(dep.files)
@@ -240,6 +242,8 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
             pos += len(b)
             if not hashed and len(head) >= HEAD_BYTES and not zero:
                 break  # the head decides; the rest is read only to hash or to prove all zero
+            if pos >= st.st_size:
+                break  # (its size as stat-ed: no read only to meet the end; a file grown since is the apply's to see)
     except OSError as exc:
         f.error = errno_reason(exc, "cannot read", rel)
         return f
@@ -269,7 +273,7 @@ class _TierRows:
         for f in sorted(self.files, key=lambda f: f.relpath):
             rec = FileRecord(f.relpath, f.rank, f.group, None, f.size, f.mtime_ns, f.inode, f.dev, f.nlink,
                              content=f.content, payload=f.payload, status=f.status, reason=f.reason, action=f.action,
-                             target_relpath=None, ctime_ns=f.ctime_ns)
+                             target_relpath=f.target, ctime_ns=f.ctime_ns)
             i = out.add(rec, code)
             out.block_hash[i] = f.block_hash
         if len(out):

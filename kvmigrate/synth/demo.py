@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.synth.spec import SynthResult, SynthSpec
@@ -11,6 +12,20 @@ from kvmigrate.synth.tree import build
 from kvmigrate.units import plural
 
 MLA_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+# LMCache tier folders (spec lmcache.md §1.1): what the deployments' configs named
+LMC_FS_TIER = "lmcache-fs"        # remote_url: fs://…/lmcache-fs (FSConnector)
+LMC_DISK_TIER = "lmcache-disk"    # local_disk: file:///…/lmcache-disk
+LMC_GDS_TIER = "lmcache-gds"      # gds_path
+LMC_CHUNK_TOKENS = 16             # the tiers' chunk_size (synth's block_tokens)
+# What the tiers' writers had, and what the next reader runs (§3.3): the hash recipe (a
+# fixed PYTHONHASHSEED, the builtin algorithm, one Python, one chunk size) and the release
+# that wrote them. Without these every k3 name waits on a fact (needs_fact, §3.2 rule 4).
+LMCACHE_FACTS = {
+    tier: {"writer_release": "0.4.7", "pythonhashseed": "0", "hash_algorithm": "builtin",
+           "python_version": "3.12", "target_python_version": "3.12",
+           "chunk_size": LMC_CHUNK_TOKENS, "target_chunk_size": LMC_CHUNK_TOKENS}
+    for tier in (LMC_FS_TIER, LMC_DISK_TIER, LMC_GDS_TIER)
+}
 
 
 def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
@@ -37,7 +52,51 @@ def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
         # an SGLang 0.5.20 HiCache directory's pages at the top of the volume (TP=2): read in place by 0.5.23
         SynthSpec(family="sglang", sgl_era="e4", model_name="Qwen/Qwen3-8B", tp=2, layers=4, blocks=3, seed=5,
                   defects=defects("tmp_sglang")),
+        *lmcache_specs(with_defects),
     ]
+
+
+def lmcache_specs(with_defects: bool = True) -> list[SynthSpec]:
+    """The LMCache tiers of the sample (spec lmcache.md): one deployment of the llm-d tree's
+    MLA model at TP 2 without save_only_first_rank (one seed: the same chunk hashes in both
+    of its tiers), keeping an fs tier with RemoteMetadata headers (worker 0
+    writes every chunk, `@2@0@`) and a local_disk tier (a copy per rank, every one
+    `index_lost`: the leak the report makes visible); and a GQA model's GDS tier (data files
+    and their `.metadata` sidecars). Defects: a torn fs chunk (`short`), a GDS data file
+    whose sidecar is gone (`orphan_data`)."""
+    def defects(*names: str) -> tuple[str, ...]:
+        return names if with_defects else ()
+
+    mla: dict[str, Any] = dict(family="lmcache", lmc_era="lmc-k3", model_name=MLA_MODEL, tp=2, kv_kind="mla",
+                               lmc_save_only_first_rank=False, layers=4, block_tokens=LMC_CHUNK_TOKENS, seed=1)
+    return [
+        SynthSpec(**mla, lmc_backend="fs", lmc_tier=LMC_FS_TIER, lmc_fs_header=True, blocks=4,
+                  defects=defects("short")),
+        SynthSpec(**mla, lmc_backend="local_disk", lmc_tier=LMC_DISK_TIER, blocks=2),
+        SynthSpec(family="lmcache", lmc_era="lmc-k3", lmc_backend="gds", lmc_tier=LMC_GDS_TIER,
+                  model_name="mistralai/Mistral-7B-Instruct-v0.3", tp=1, layers=2, block_tokens=LMC_CHUNK_TOKENS,
+                  blocks=3, seed=6, defects=defects("orphan_data")),
+    ]
+
+
+def describe(results: list[SynthResult]) -> tuple[str, str]:
+    """What the sample holds, as the demo's summary names it: the namespaces' writers (with
+    their vLLM schemes) and the LMCache tiers (folder, backend)."""
+    labels = {"vllm": "vLLM", "llmd": "llm-d", "vllmcpp": "vllm.cpp", "sglang": "SGLang HiCache"}
+    writers: dict[str, list[str]] = {}
+    tiers: list[str] = []
+    count = 0
+    for ns in (ns for r in results for ns in r.namespaces):
+        if ns["family"] == "lmcache":
+            tiers.append(f"{ns['tier']} ({ns['backend']})")
+            continue
+        count += 1
+        schemes = writers.setdefault(labels.get(ns["family"], ns["family"]), [])
+        if ns["family"] == "vllm":
+            schemes.append(ns["scheme"])
+    names = ", ".join(w + (" " + "/".join(s) if s else "") for w, s in writers.items())
+    return (f"{plural(count, 'sample namespace')} ({names})",
+            f"{plural(len(tiers), 'LMCache tier')}: {', '.join(tiers)}")
 
 
 def require_empty_folder(path: str | Path) -> None:

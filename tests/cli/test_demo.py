@@ -6,10 +6,22 @@ import os
 import subprocess
 import sys
 
+import pytest
 
-def test_demo_runs_every_step_and_leaves_sources_untouched(tmp_path):
+from kvmigrate import manifest
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One `kvmigrate demo DIR` run (DIR = tmp_path/d) the tests of its output share."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     proc = subprocess.run([sys.executable, "-m", "kvmigrate", "demo", str(tmp_path / "d")],
                           capture_output=True, text=True, timeout=300)
+    return proc, tmp_path
+
+
+def test_demo_runs_every_step_and_leaves_sources_untouched(demo):
+    proc, tmp_path = demo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     for step in ("scan", "report", "migrate --manifest", "--apply", "verify", "rollback"):
@@ -24,6 +36,49 @@ def test_demo_runs_every_step_and_leaves_sources_untouched(tmp_path):
     build_demo_root(tmp_path / "fresh")
     left = {n for n in os.listdir(tmp_path / "d" / "cache") if n != ".kvmigrate"}
     assert left == set(os.listdir(tmp_path / "fresh"))
+
+
+def _lmcache_expected(root):
+    """relpath -> status of every file of the sample's LMCache tiers, as synth records them:
+    a whole chunk file (GDS sidecars too) `ok`, `index_lost` on a local_disk tier (no
+    restarted engine re-indexes it), each injected defect's files their own status."""
+    from kvmigrate.synth.demo import build_demo_root
+
+    expected = {}
+    for result in build_demo_root(root):
+        for ns in result.namespaces:
+            if ns["family"] != "lmcache":
+                continue
+            whole = "index_lost" if ns["backend"] == "local_disk" else "ok"
+            for block in result.blocks:
+                for rel in [*block["files"].values(), *block["sidecars"].values()]:
+                    if rel is not None:
+                        expected[rel] = whole
+            for defect in result.defects:
+                expected.update(defect["statuses"])
+    return expected
+
+
+def test_demo_manifest_holds_its_lmcache_tiers_with_their_statuses(demo):
+    # the sample's LMCache tiers (an fs tier of an MLA model at TP 2, a local_disk tier, a GDS
+    # tier) are scanned like its namespaces, each file with the status its writer's bytes prove
+    proc, tmp_path = demo
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = _lmcache_expected(tmp_path / "fresh-lmcache")
+    rows = manifest.read_table(str(tmp_path / "d" / "manifest.parquet"),
+                               columns=["relpath", "family", "status", "finding", "asks"]).to_pylist()
+    tier_rows = {r["relpath"]: r for r in rows if r["family"] == "lmcache"}
+    assert {rel: r["status"] for rel, r in tier_rows.items()} == expected
+    assert {"ok", "index_lost", "short", "orphan_data"} <= set(expected.values())
+    # the demo's FACTS.json states the writers' hash recipe: no row waits on a fact
+    assert not [rel for rel, r in tier_rows.items() if r["finding"] == "needs_fact" or r["asks"]]
+
+
+def test_demo_names_its_lmcache_tiers_in_its_summary(demo):
+    proc, _ = demo
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = proc.stdout.split("== step 1")[0]
+    assert "3 LMCache tiers: lmcache-fs (fs), lmcache-disk (local_disk), lmcache-gds (gds)" in head, head
 
 
 def test_demo_passes_its_logging_flags_to_every_step(tmp_path):

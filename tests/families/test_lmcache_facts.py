@@ -76,7 +76,9 @@ def test_proven_facts_leave_the_chunk_ok_without_a_finding(fs_tier, scan_root):
 def test_a_quoted_gds_name_proves_its_era_by_itself(tmp_path, scan_root):
     synth_cli(tmp_path / "r", "--lmc-backend", "gds", "--lmc-era", "lmc-k3", "--lmc-gds-names", "quoted")
     _, rows = scan_root(tmp_path / "r", flags={"pythonhashseed": "0"})
-    assert {r["finding"] for r in lmc(rows).values()} == {None}
+    # no needs_fact: every data file is read in place, its sidecar goes with it (part_of_action)
+    assert {r["finding"] for r in lmc(rows).values()} <= {None, "part_of_action"}
+    assert {r["action"] for r in lmc(rows).values() if not r["relpath"].endswith(".metadata")} == {"already_present"}
 
 
 def test_a_sha256_seedless_chain_asks_the_vllm_release(fs_tier, scan_root):

@@ -1,5 +1,5 @@
 """The operator's lifecycle as a model-based test: a `hypothesis` state machine whose rules
-are the commands an operator runs on a small root of three families (audit, `migrate
+are the commands an operator runs on a small root of three families and an LMCache tier (audit, `migrate
 --apply` killed with SIGKILL at a random crash point, its rerun, a second run with
 another journal, verify, rollback and its dry run, `prune --apply`, restore, purge, an
 engine writing and evicting blocks, and the commands audit's hints print), checking after
@@ -50,10 +50,15 @@ SPECS = (
     dict(family="llmd", tp=2, kv_kind="mla", model_name="deepseek-ai/DeepSeek-V2-Lite-Chat", layers=2,
          page_bytes=256, blocks=8),
     dict(family="vllmcpp", tp=2, kv_kind="mla", model_name="org/cpp-model", layers=2, page_bytes=256, blocks=6),
+    # an LMCache GDS tier written at TP 2, read next at TP 4: a reshard (data files and sidecars)
+    dict(family="lmcache", lmc_backend="gds", lmc_tier="lmc", tp=2, model_name="org/lmc-model", layers=2,
+         block_tokens=4, blocks=6),
 )
 FACTS = {"*": {"model_dtype": "bfloat16"},
          "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "writer_tp": 1, "writer_pp": 1},
-         "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"}}
+         "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
+         "lmc": {"writer_release": "0.5.6", "pythonhashseed": "0", "target_tp": 4, "total_kv_heads": 8,
+                 "head_dim": 4, "layers": 2}}
 CRASH_POINTS = ("intent", "created", "tmp_written", "linked")
 STATS = {"steps": 0, "kills": 0, "invariant_checks": 0, "hints_run": 0}
 

@@ -33,7 +33,10 @@ def test_every_action_the_planner_produces_has_a_kind_that_executes_and_renders_
     facts.write_text(json.dumps(FACTS))
     trees = [((LINK[0],), LINK[1]),
              (({"family": "llmd", "tp": 2, "kv_kind": "mla"}, {"family": "vllmcpp", "tp": 2, "kv_kind": "mla"}), MLA),
-             (MIXED, ["--facts", facts])]
+             (MIXED, ["--facts", facts]),
+             (({"family": "lmcache", "lmc_backend": "gds", "tp": 2, "layers": 2, "block_tokens": 4},),
+              ["--writer-release", "0.5.6", "--pythonhashseed", "0", "--target-tp", "4", "--total-kv-heads", "8",
+               "--head-dim", "4", "--layers", "2"])]
     produced = {}
     for i, (specs, flags) in enumerate(trees):
         root, _ = synth_root(*specs, root_name=f"r{i}")
