@@ -36,6 +36,12 @@ def test_the_lmcache_group_times_reshard_and_scan_beside_the_standard_tools(tmp_
     assert drv["bytes_checked"]["checked_target_files"] == 4
     assert cmds["lmc_cat_cp"]["facts"] == {"files_written": 2, "written_bytes": 2 * CHUNK_FILE}
     assert {(r["a"], r["b"]) for r in warm["ratios"]} >= {("lmc_reshard", "lmc_cat_cp"), ("lmc_reshard", "lmc_cp")}
+    # this kvmigrate's migrate plans an LMCache reshard: the CLI is timed too, its output checked the same way
+    assert res["cli_probe"]["plans_reshard"]
+    for key in ("lmc_migrate", "lmc_migrate_size"):
+        assert cmds[key]["facts"]["outcomes"]["created"] == 4, cmds[key]
+        assert cmds[key]["facts"]["bytes_checked"]["checked_target_files"] == 4
+    assert ("lmc_migrate", "lmc_cat_cp") in {(r["a"], r["b"]) for r in warm["ratios"]}
     (scan,) = res["scan"]
     s = {c["key"]: c for c in scan["commands"]}
     assert s["lmc_scan"]["facts"]["files"] == res["scan_tree"]["files"] == 300

@@ -19,8 +19,9 @@ from .trees import fs_free, walk_counts, warm
 DRIVER = SCRIPTS / "bench_lmcache.py"  # run with kvmigrate's interpreter: it imports kvmigrate
 SYNTH_SHARE = 100_000  # chunks one synth process writes (its records stay in memory until it ends)
 # the facts a migrate of the probe tree needs to plan anything (it asks for them by name)
-PROBE_FACTS = ["--target-tp", "4", "--total-kv-heads", "8", "--model-dtype", "bfloat16", "--pythonhashseed", "0",
-               "--writer-release", "0.3.13"]
+RECIPE_FACTS = ["--target-tp", "4", "--total-kv-heads", "8", "--writer-release", "0.5.6", "--pythonhashseed", "0"]
+PROBE_FACTS = [*RECIPE_FACTS, "--head-dim", "4", "--layers", "4"]  # synth's geometry
+TREE_FACTS = [*RECIPE_FACTS, "--head-dim", "128", "--layers", "32"]  # Llama-3.1-8B's
 GEOMETRY = ("Llama-3.1-8B: 32 layers, 8 KV heads of 128, bf16, chunks of 256 tokens; fs tier, lmc-k3 names, "
             "the 28-byte RemoteMetadata header")
 
@@ -62,7 +63,24 @@ def reshard_commands(bench: Bench, src: Path, work: Path, probe: dict, chunks: i
     src_tier, dst_tier = src / "cache", dst / "cache"
 
     def reset() -> None:
+        """A fresh empty DST (migrate --dest wants it to exist) and no journal in the source root."""
         rmtree(dst)
+        dst.mkdir()
+        rmtree(src / ".kvmigrate")
+
+    reset()
+
+    def bytes_checked() -> Any:
+        p = subprocess.run([py, str(DRIVER), "check", str(src_tier), str(dst_tier), "--chunks", "2"],
+                           capture_output=True, text=True)
+        return json.loads(p.stdout) if p.returncode == 0 else f"FAILED: {p.stderr.strip()}"
+
+    def migrate_check(stdout: str) -> Any:
+        def check(_run: Run) -> dict:
+            summary = json.loads(Path(stdout).read_text())
+            return {"outcomes": summary.get("outcomes"), "verify": summary.get("verify"),
+                    "exit_code": summary.get("exit_code"), "bytes_checked": bytes_checked()}
+        return check
 
     def driver_check(stdout: str) -> Any:
         def check(_run: Run) -> dict:
@@ -91,11 +109,13 @@ def reshard_commands(bench: Bench, src: Path, work: Path, probe: dict, chunks: i
     cmds.append(Command("lmc_imports", "the driver's imports alone (no file read or written)",
                         [py, "-c", "import kvmigrate.formats.lmcache, kvmigrate.transforms_lmcache"], "baseline"))
     if probe.get("plans_reshard"):
-        mig_out = str(out / "lmc_migrate.json")
-        cmds.insert(1, Command("lmc_migrate", "kvmigrate migrate ROOT --apply --target-tp 4",
-                               [bench.kvm, "migrate", str(src), *PROBE_FACTS, "--head-dim", "128", "--dest", str(dst),
-                                "--apply", "-q", "--json"], "kvmigrate", stdout=mig_out, reset=reset,
-                               check=lambda _r: {"outcomes": json.loads(Path(mig_out).read_text()).get("outcomes")}))
+        for key, verify, label in (("lmc_migrate", [], "(its default --verify hash)"),
+                                   ("lmc_migrate_size", ["--verify", "size"], "--verify size")):
+            mig_out = str(out / f"{key}.json")
+            cmds.insert(0, Command(key, f"kvmigrate migrate ROOT --apply --dest DST {label}",
+                                   [bench.kvm, "migrate", str(src), *TREE_FACTS, *verify, "--dest", str(dst),
+                                    "--apply", "-q", "--json"], "kvmigrate", stdout=mig_out, reset=reset,
+                                   check=migrate_check(mig_out)))
     return cmds
 
 
@@ -196,9 +216,10 @@ def run_lmcache_group(args: argparse.Namespace, bench: Bench) -> dict:
     res["reshard_tree"] = {**tree, "geometry": GEOMETRY, "tp_src": 2, "tp_dst": 4}
     log(f"lmcache: reshard tier {n} chunks, {tree['files']} files, {tree['bytes'] / 2**30:.2f} GiB")
     cmds = reshard_commands(bench, src, work, probe, n)
-    pairs = [(cmds[0].key, "lmc_cat_cp"), (cmds[0].key, "lmc_cp")]
+    pairs = [("lmc_reshard", "lmc_cat_cp"), ("lmc_reshard", "lmc_cp")]
     if probe.get("plans_reshard"):
-        pairs += [("lmc_migrate", "lmc_cat_cp"), ("lmc_migrate", "lmc_reshard")]
+        pairs = [("lmc_migrate", "lmc_cat_cp"), ("lmc_migrate_size", "lmc_cat_cp"), ("lmc_migrate_size", "lmc_cp"),
+                 ("lmc_migrate_size", "lmc_reshard"), *pairs]
     runs = []
     log(f"lmcache: warm-up of the reshard tier {warm(src):.1f} s")
     runs.append(timed(Group("lmcache_reshard_warm", "Reshard TP 2 -> 4, warm", "lmcache", cmds, pairs),
@@ -282,8 +303,15 @@ def render_lmcache(result: dict) -> str:
         f"{t['kvmigrate_scan_of_it']['files']:,} files, statuses {t['kvmigrate_scan_of_it']['by_status']}.")
     add("")
     if probe["plans_reshard"]:
-        add(f"`migrate` plans `reshard` at this commit (`{probe['command']}` on a small synth tree: "
-            f"{probe['by_action']}), so the CLI row is the figure; the driver row times the transform alone.")
+        add(f"`migrate` plans `reshard` for an LMCache tier at this commit (`{probe['command']}` on a small synth "
+            f"tree: actions {probe['by_action']}), so the CLI rows are the figure: `kvmigrate migrate ROOT --apply "
+            f"--dest DST {' '.join(TREE_FACTS)}` (the recipe facts and the geometry it asks for), with its own scan "
+            "at its default `--verify hash` (every source file read and hashed before the plan, then read again "
+            "to reshard), and with `--verify size` (the scan stats; apply reads each source as it reshards). "
+            "Both journal every file and fsync what they write. Beside them, `scripts/bench_lmcache.py reshard`: "
+            "a small Python driver that groups the files into chunks by name and writes, per target rank, the "
+            "name, the fs header and `kvmigrate.transforms_lmcache.write_reshard`'s payload: the transform "
+            "alone (no scan, journal, fsync or lock).")
     else:
         add(f"`migrate ROOT --apply` does not plan `reshard` for an LMCache tier at this commit (`{probe['command']}` "
             f"on a small synth tree: actions {probe.get('by_action')}, statuses {probe.get('by_status')}), so the "
@@ -314,11 +342,12 @@ def render_lmcache(result: dict) -> str:
         for r in grp["ratios"]:
             add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
                 f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x** (time; below 1 is faster)")
-        drv: dict = next((c for c in grp["commands"] if c["key"] == "lmc_reshard"), {})
-        if "facts" in drv:
-            f = drv["facts"]
-            add(f"  * driver: {f.get('chunks')} chunks, {f.get('written_bytes', 0):,} bytes written; bytes checked: "
-                f"{f.get('bytes_checked')}; load average {grp['loadavg']}")
+        for c in grp["commands"]:
+            f = c.get("facts") or {}
+            if "bytes_checked" in f:
+                done = f.get("outcomes") or f"{f.get('chunks')} chunks, {f.get('written_bytes', 0):,} bytes written"
+                add(f"  * {c['label']}: {done}; bytes checked: {f['bytes_checked']}")
+        add(f"  * load average {grp['loadavg']}")
     add("")
     add("## Scan of a large fs tier")
     add("")
