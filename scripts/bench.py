@@ -13,6 +13,7 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --before b0bf138              # before/after in one run (kvbench/compare.py)
     python3 scripts/bench.py --before b0bf138 --scale small   # the same, a quick try (~2-3 min)
     python3 scripts/bench.py --only prune --prune-files 20000  # prune vs rm -rf, restore (issue 19)
+    python3 scripts/bench.py --only lmcache                    # LMCache reshard and 1M-chunk scan (LMCACHE.md)
 
 `--before REV` (alias `--compare`) installs REV and `--after` (default HEAD) into their own
 venvs and times each kvmigrate figure below with both, alternating old/new every repetition
@@ -20,7 +21,7 @@ on the same warm trees; it writes reports/redesign/BEFORE_AFTER.md and before_af
 (old median, new median, new/old, PASS when <= 1.05) and exits 1 when a figure fails.
 Its groups add `report` (report of a manifest, audit ROOT); the peers are not run.
 
-Groups (kvbench/groups.py; journal, prune and baseline in modules of their own):
+Groups (kvbench/groups.py; journal, prune, baseline and lmcache in modules of their own):
   meta      kvmigrate scan --verify size  vs  find -printf, fdfind           (4 KiB tree)
   hash4k    kvmigrate scan --verify hash  vs  find|xargs xxhsum -H2, jdupes -r, rdfind
   hash1m    the same on the 1 MiB-file tree (bandwidth rather than per-file overhead)
@@ -52,6 +53,12 @@ Groups (kvbench/groups.py; journal, prune and baseline in modules of their own):
             bytes read (rchar, read_bytes) as a share of the tree's; warm unless
             --baseline-cold; merged into the --out-dir's benchmarks.json if it has a full
             report, else a report of its own there
+  lmcache   (alone: `--only lmcache [--lmcache-chunks N] [--lmcache-scan-chunks N] [--lmcache-warm-only]`)
+            an LMCache fs tier of N Llama-3.1-8B chunks (256 tokens, TP 2: 16 MiB + 28 a file) resharded
+            to TP 4 (scripts/bench_lmcache.py: transforms_lmcache.write_reshard, or `migrate` once it
+            plans reshard) vs cat of the files + cp -R of them; `scan` of a synth fs tier of N chunk files
+            (default 1,000,000) vs find -printf and the Python floor; warm, then cold (drop_caches, root);
+            writes reports/LMCACHE.md and lmcache.json, deletes its trees
 baseline, journal and prune also run after the other groups of a full run (`--only
 meta,...,baseline,journal,prune`): one run, one report (baseline then on the run's 4 KiB tree).
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.

@@ -1,7 +1,9 @@
 """The floor of a Python walk: what reading every file of a tree costs with nothing else.
 
 `python3 scripts/floor_walk.py ROOT [--procs N] [--hash]` walks ROOT in N processes
-(top-level folders and their first-level subfolders dealt round-robin), and per file
+(top-level folders and their first-level subfolders dealt round-robin; files directly in
+a top-level folder are not walked: with `--flat`, those folders' entries are, dealt
+round-robin, for a tier of one flat folder), and per file
 does only what `kvmigrate scan` cannot avoid: list the folder (`os.scandir`), then
 `lstat` (or, with --hash, open + fstat + read + close and XXH3-128 of the bytes). No
 classification, no manifest. scripts/bench.py runs it beside `kvmigrate scan` so the
@@ -65,13 +67,37 @@ def _walk(args: tuple[list[str], bool]) -> tuple[int, int]:
     return files, nbytes
 
 
+def _walk_flat(args: tuple[list[str], int, int]) -> tuple[int, int]:
+    """Process `part` of `parts`: list each flat folder whole, lstat every `parts`-th entry."""
+    folders, part, parts = args
+    files = nbytes = 0
+    for folder in folders:
+        with os.scandir(folder) as it:
+            entries = list(it)
+        for e in entries[part::parts]:
+            if not e.is_dir(follow_symlinks=False):
+                nbytes += e.stat(follow_symlinks=False).st_size
+                files += 1
+    return files, nbytes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root")
     p.add_argument("--procs", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--hash", action="store_true")
+    p.add_argument("--flat", action="store_true",
+                   help="ROOT's top-level folders hold the files themselves (an LMCache or HiCache tier): each "
+                        "process lists them and lstats its share of the entries")
     a = p.parse_args(argv)
     t0 = time.monotonic()
+    if a.flat:
+        tops = sorted(e.path for e in os.scandir(a.root) if e.is_dir(follow_symlinks=False))
+        with get_context("fork").Pool(a.procs) as pool:
+            results = pool.map(_walk_flat, [(tops, i, a.procs) for i in range(a.procs)])
+        print(json.dumps({"files": sum(f for f, _ in results), "bytes": sum(b for _, b in results),
+                          "seconds": round(time.monotonic() - t0, 3)}))
+        return 0
     work = []  # second-level folders: enough pieces to balance N processes
     for top in sorted(os.scandir(a.root), key=lambda e: e.name):
         if top.is_dir(follow_symlinks=False):

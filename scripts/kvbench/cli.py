@@ -15,6 +15,7 @@ from .compare import self_check
 from .core import Bench
 from .harness import DEFAULT_WORKDIR, REPORTS, rmtree
 from .journal import run_journal_group
+from .lmcache import lmcache_only, render_lmcache
 from .prune import run_prune_group
 from .rendering import render, render_journal, render_prune_only, write_json
 from .runner import run
@@ -36,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup,cold4k,cold1m,"
                                   "scale and baseline,journal,prune (run after the others; each alone merges "
-                                  "into the --out-dir's report)")
+                                  "into the --out-dir's report); lmcache alone (LMCACHE.md of its own)")
     p.add_argument("--flat-files", type=int, metavar="N",
                    help="page files of the flat group's HiCache directory (default: 50,000 at --scale small, "
                         "1,000,000 at large)")
@@ -60,6 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cold groups: stop rmlint after this long (its time is then a lower bound; default 600)")
     p.add_argument("--baseline-cold", action="store_true",
                    help="baseline group: drop the page cache before each timed command (root; default: warm)")
+    p.add_argument("--lmcache-chunks", type=int, default=128, metavar="N",
+                   help="lmcache group: chunks of the reshard tier (Llama-3.1-8B, 256 tokens, TP 2: 32 MiB a chunk; "
+                        "default 128)")
+    p.add_argument("--lmcache-scan-chunks", type=int, default=1_000_000, metavar="N",
+                   help="lmcache group: chunk files of the fs tier it scans (default 1,000,000)")
+    p.add_argument("--lmcache-reps", type=int, default=3, metavar="N",
+                   help="lmcache group: repetitions of each command (the cold scan runs once; default 3)")
+    p.add_argument("--lmcache-warm-only", action="store_true",
+                   help="lmcache group: leave out the cold runs (which drop the page cache: root)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
     p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
                                       "with --before: reports/redesign/)")
@@ -74,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="check the before/after report's ratios and verdicts on given timings, then exit")
     p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
     p.add_argument("--render-only", action="store_true",
-                   help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir, run nothing")
+                   help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir (with --only lmcache: LMCACHE.md "
+                        "from lmcache.json), run nothing")
     p.add_argument("--profile-only", action="store_true",
                    help="run only the --profile step on the kept 4 KiB tree and add it to the benchmarks.json in "
                         "--out-dir (then rewrite BENCHMARKS.md)")
@@ -152,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.self_check or args.before:
         return self_check() if args.self_check else compare_main(args)
     args.out_dir = args.out_dir or str(REPORTS)
+    if args.render_only and args.only and args.only.strip() == "lmcache":
+        out = Path(args.out_dir)
+        (out / "LMCACHE.md").write_text(render_lmcache(json.loads((out / "lmcache.json").read_text())))
+        print(f"wrote {out / 'LMCACHE.md'}")
+        return 0
     if args.render_only:
         out = Path(args.out_dir)
         (out / "BENCHMARKS.md").write_text(render_any(json.loads((out / "benchmarks.json").read_text()), out))
@@ -194,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
             rmtree(bench.workdir)
         return 0
+    if args.only and args.only.strip() == "lmcache":  # LMCACHE.md and lmcache.json of their own
+        return lmcache_only(args, bench)
     if args.only and args.only.strip() == "baseline":  # merged into a full report there, else a page of its own
         return baseline_only(args, bench)
     if args.profile_only:
