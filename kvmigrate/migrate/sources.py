@@ -66,6 +66,8 @@ class SourceChecks:
         self.run_id = run_id  # the journal run being written (its intents precede its links)
         self._reads: dict[int, list[FileRead]] = {}  # id(action) -> its files' reads, this batch
         self._stats: dict[int, str | None] = {}  # id(source file) -> why it is stale, this batch
+        # (dev, inode) -> `_identity` of a transform source read whole and passed, this batch
+        self._read_whole: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
         self._header_ids_of: dict[str, tuple[bytes, int]] | None = None  # see `_header_ids`
         # see `_linked_by_us`: (dev, inode) an earlier run meant to link -> when its journal was written
         self._ours: dict[tuple[int | None, int | None], int] | None = None
@@ -76,6 +78,7 @@ class SourceChecks:
 
     def end_batch(self) -> None:
         self._reads, self._stats = {}, {}
+        self._read_whole.clear()
 
     def stale(self, src: SourceFile, act: BlockAction) -> str | None:
         """Why a source no longer is what the scan saw, or None (lstat-ed by the helper
@@ -313,7 +316,12 @@ class SourceChecks:
             return True
         # every rank file is read once here (the writer reads them again): no transform
         # publishes a row made of a file that is all zero (crash residue) or differs from
-        # the scan's hash, nor one of MLA replicas that differ
+        # the scan's hash, nor one of MLA replicas that differ. The files of a chunk an
+        # earlier output of this batch read and passed are not read again while their
+        # stat is unchanged (an LMCache reshard writes one file per target rank and sidecar)
+        stats = [_identity(os.fstat(fd)) for fd in fds]
+        if all(self._read_whole.get(st[:2]) == st for st in stats):
+            return True
         hashes = []
         for f, fd in zip(files, fds):
             os.lseek(fd, 0, os.SEEK_SET)
@@ -332,7 +340,15 @@ class SourceChecks:
                 self.outcome(tp, act, "failed", "MLA replicas differ (content): " + ", ".join(differing)
                               + f" != {act.source.relpath}", bits=EXIT_INTEGRITY)
                 return False
+        for st in stats:
+            self._read_whole[st[:2]] = st
         return True
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What must be unchanged for a file read moments ago to count as read: dev, inode,
+    size, mtime and ctime."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _incomplete(tp: TargetPlan, act: BlockAction, ranks: set[int]) -> bool:

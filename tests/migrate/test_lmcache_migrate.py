@@ -549,3 +549,28 @@ def test_the_local_disk_hints_lead_to_a_converted_tier(tmp_path):
     for blk in res.blocks:
         for wid in (0, 1):
             assert reader(dest / "cache", "fs", 2, wid, mla=False).lookup(chash(blk)).found
+
+
+def test_a_reshard_checks_each_source_once_for_all_its_outputs(tmp_path, monkeypatch):
+    """A chunk's several outputs (one per target rank, a GDS sidecar each) read and check
+    their sources once per batch while the files' stat is unchanged; the writer reads what
+    it needs."""
+    from click.testing import CliRunner
+
+    from kvmigrate.cli import cli
+    from kvmigrate.migrate import sources
+
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend="gds", tp=2)
+    scan(root, tmp_path / "m.parquet", "--target-tp", "4", *GEOMETRY)
+    reads: list[int] = []
+    real = sources._read_fd
+
+    def counted(fd, *a, **kw):
+        reads.append(fd)
+        return real(fd, *a, **kw)
+
+    monkeypatch.setattr(sources, "_read_fd", counted)
+    out = CliRunner().invoke(cli, ["migrate", "--manifest", str(tmp_path / "m.parquet"), "--apply"])
+    assert out.exit_code == 0, out.output
+    assert len(reads) == 2 * len(res.blocks)  # two source ranks a chunk, for its 8 files
