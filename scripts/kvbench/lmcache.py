@@ -259,6 +259,16 @@ def _mbs(nbytes: int, seconds: float | None) -> str:
     return f"{nbytes / seconds / 1e6:,.0f}" if seconds else "—"
 
 
+def _table(add: Any, groups: list[dict], cells: Any) -> None:
+    """The rows of one table: a command's measured cells, or why it was not run."""
+    for grp in groups:
+        for c in grp["commands"]:
+            if "median_s" not in c:
+                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
+            else:
+                add(_row(grp, c, *cells(c)))
+
+
 def _row(grp: dict, c: dict, *cells: str) -> str:
     """One table row: warm or cold, the command, median and range, then `cells`."""
     return (f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
@@ -329,14 +339,9 @@ def render_lmcache(result: dict) -> str:
     add("| run | command | median s | min–max s | MB/s (source bytes) | peak RSS MiB | rchar GiB | "
         "read from disk GiB |")
     add("|---|---|---:|---:|---:|---:|---:|---:|")
-    for grp in g["reshard"]:
-        for c in grp["commands"]:
-            if "median_s" not in c:
-                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
-                continue
-            rate = "—" if c["key"] == "lmc_imports" else _mbs(t["bytes"], c["median_s"])
-            add(_row(grp, c, rate, f"{c['peak_rss_mib']:.0f}", f"{c.get('median_rchar', 0) / 2**30:.2f}",
-                     f"{c.get('median_read_bytes', 0) / 2**30:.2f}"))
+    _table(add, g["reshard"], lambda c: (
+        "—" if c["key"] == "lmc_imports" else _mbs(t["bytes"], c["median_s"]), f"{c['peak_rss_mib']:.0f}",
+        f"{c.get('median_rchar', 0) / 2**30:.2f}", f"{c.get('median_read_bytes', 0) / 2**30:.2f}"))
     add("")
     for grp in g["reshard"]:
         for r in grp["ratios"]:
@@ -364,13 +369,8 @@ def render_lmcache(result: dict) -> str:
     add("")
     add("| run | command | median s | min–max s | files/s | peak RSS MiB | user s | sys s |")
     add("|---|---|---:|---:|---:|---:|---:|---:|")
-    for grp in g["scan"]:
-        for c in grp["commands"]:
-            if "median_s" not in c:
-                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
-                continue
-            add(_row(grp, c, f"{s['files'] / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
-                     f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
+    _table(add, g["scan"], lambda c: (f"{s['files'] / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
+                                       f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
     add("")
     for grp in g["scan"]:
         for r in grp["ratios"]:
