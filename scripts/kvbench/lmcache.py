@@ -259,6 +259,12 @@ def _mbs(nbytes: int, seconds: float | None) -> str:
     return f"{nbytes / seconds / 1e6:,.0f}" if seconds else "—"
 
 
+def _ratios(add: Any, grp: dict, suffix: str) -> None:
+    for r in grp["ratios"]:
+        add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
+            f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x**{suffix}")
+
+
 def _table(add: Any, groups: list[dict], cells: Any) -> None:
     """The rows of one table: a command's measured cells, or why it was not run."""
     for grp in groups:
@@ -344,9 +350,7 @@ def render_lmcache(result: dict) -> str:
         f"{c.get('median_rchar', 0) / 2**30:.2f}", f"{c.get('median_read_bytes', 0) / 2**30:.2f}"))
     add("")
     for grp in g["reshard"]:
-        for r in grp["ratios"]:
-            add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
-                f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x** (time; below 1 is faster)")
+        _ratios(add, grp, " (time; below 1 is faster)")
         for c in grp["commands"]:
             f = c.get("facts") or {}
             if "bytes_checked" in f:
@@ -373,9 +377,7 @@ def render_lmcache(result: dict) -> str:
                                        f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
     add("")
     for grp in g["scan"]:
-        for r in grp["ratios"]:
-            add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
-                f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x**")
+        _ratios(add, grp, "")
         fl = _cmd(grp, "lmc_floor")
         if "facts" in fl:
             add(f"  * the floor walked {fl['facts'].get('files'):,} files")
