@@ -387,13 +387,19 @@ def _unproven_rewrite(dep: Any, side: TargetSide, action: str, f: Any, target: s
     return False
 
 
-def _same_bytes(a: Any, b: Any) -> bool:
-    """Two tier files hold the same bytes: one inode, or equal content hashes."""
+def _same_bytes(a: Any, b: Any, root: str | None) -> bool:
+    """Two tier files hold the same bytes: one inode, equal content hashes, or (the scan
+    did not hash them: a copy `--mode copy` made) equal sizes and equal hashes read now."""
     if (a.dev, a.inode) == (b.dev, b.inode):
         return True
     if a.content is not None and b.content is not None:
         return bool(a.content == b.content)
-    return False
+    if a.size != b.size or root is None:
+        return False
+    try:
+        return hash_file(os.path.join(root, a.relpath))[0] == hash_file(os.path.join(root, b.relpath))[0]
+    except OSError:
+        return False
 
 
 def _mark(f: Any, action: str, target: str | None, text: str, finding: fd.Finding | None = None) -> None:
@@ -418,7 +424,7 @@ def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str]
             there = present.get(t)
             if there is None:
                 continue
-            if there is primary or any(there is g for g in good) or (action == "link" and _same_bytes(there, primary)):
+            if any(there is g for g in good) or action == "link" and _same_bytes(there, primary, dep.root):
                 have += 1
             else:
                 occupied = occupied or t
@@ -452,7 +458,7 @@ def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any]
             continue
         if t == f.relpath and not side.needs_dest:
             _mark(f, "already_present", t, "the target looks this chunk up by this very name")
-        elif there is not None and action == "link" and _same_bytes(there, f):
+        elif there is not None and action == "link" and _same_bytes(there, f, dep.root):
             _mark(f, "already_present", t, "present at its target name")
         elif there is not None:
             _mark(f, "none", t, "its target name holds other bytes: never overwritten",

@@ -574,3 +574,27 @@ def test_a_reshard_checks_each_source_once_for_all_its_outputs(tmp_path, monkeyp
     out = CliRunner().invoke(cli, ["migrate", "--manifest", str(tmp_path / "m.parquet"), "--apply"])
     assert out.exit_code == 0, out.output
     assert len(reads) == 2 * len(res.blocks)  # two source ranks a chunk, for its 8 files
+
+
+@pytest.mark.parametrize("backend", ["fs", "gds"])
+def test_a_rescan_finds_copies_made_by_mode_copy_and_prune_takes_the_old_names(tmp_path, backend):
+    """After `migrate --apply --mode copy` (new inodes, a scan that hashes nothing) a rescan
+    says already_present, not target_occupied: a rerun creates nothing and prune --migrated
+    takes the old names (their bytes stay under the new ones)."""
+    root = tmp_path / "root"
+    res = synth(root, lmc_backend=backend, tp=2, kv_kind="mla")
+    flags = [*RECIPE, "--target-tp", "2", "--no-target-save-only-first-rank", *GEOMETRY]
+    old = set(snapshot(root))
+    rc, text = run("migrate", root, *flags, "--apply", "--mode", "copy")
+    assert rc == 0, text
+    rows = scan(root, tmp_path / "m.parquet", *flags)
+    assert {r["finding"] for r in rows.values()} & {"target_occupied"} == set()
+    rc, text = run("migrate", "--manifest", tmp_path / "m.parquet", "--apply")
+    assert rc == 0 and "created 0" in text, text
+    rc, text = run("prune", root, *flags, "--force-live", "--apply")
+    assert rc == 0, text
+    assert not set(snapshot(root)) & old
+    for blk in res.blocks:
+        for wid in (0, 1):
+            assert reader(root / "cache", backend, 2, wid, mla=True, save_only_first_rank=False).lookup(
+                chash(blk)).found
