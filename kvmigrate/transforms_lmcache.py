@@ -303,8 +303,9 @@ class TierSpec:
     stripped or changed: an fs header, a conversion of a local_disk chunk to fs). The
     payload is `[k, L, T, hidden]` (k 2 for KV_2LTD, 1 for MLA) of `dtype`.
 
-    `copies`: the sources are whole copies of one chunk (MLA, or one rank's file): the
-    apply compares them and reads the first; a reshard reads one shard per source rank.
+    `flat` (the name the apply asks every transform spec): the sources are whole copies of
+    one chunk (MLA, or one rank's file), compared and the first read; a reshard reads one
+    shard per source rank.
     """
 
     action: str  # reshard | rewrite_header
@@ -324,13 +325,8 @@ class TierSpec:
     tier = True  # (a class constant: the migrate side tells a tier spec from the tree families')
 
     @property
-    def copies(self) -> bool:
-        return self.action != "reshard"
-
-    # the names the apply and the plan ask every transform spec
-    @property
     def flat(self) -> bool:
-        return self.copies  # one file is read; its copies, if any, are compared
+        return self.action != "reshard"
 
     @property
     def replicas(self) -> bool:

@@ -98,6 +98,9 @@ class Family:
     # a block's rank files are whole copies of it (SGLang e2 MLA pages): the apply
     # compares those present, and a missing copy does not block the others
     copies_whole: bool = False
+    # some files go in pairs whose order matters (a GDS data file and its sidecar: `pair_of`,
+    # `removed_first`); False lets the apply and rollback skip asking per file
+    paired_files: bool = False
     # what the reading engine does with a block one of whose rank files is missing (the
     # `incomplete` finding's advice, report/hints.py)
     incomplete_advice: str = ("the engine needs every rank's file of a block, so remove the remaining rank files of "

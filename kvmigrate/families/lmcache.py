@@ -222,6 +222,7 @@ class LMCache(families.Family):
     root_layout = "tiers"  # tier directories at the top of a root, or the root itself (§1.1)
     transforms = ("reshard", "rewrite_header")
     copies_whole = True  # MLA copies are whole chunks; a placed-by-rank chunk reads one file
+    paired_files = True  # a GDS data file and its sidecar
     tier_file_type = TierFile  # what the scan records of a file (scan/tier_rows.py)
 
     def tier_label(self, tier: str) -> str:
@@ -298,11 +299,8 @@ class LMCache(families.Family):
     def tier_spec(self, fields: Mapping[str, Any], facts: Mapping[str, Any], action: str, size: int,
                   target: str) -> Any:
         """The output of a reshard or header rewrite, re-proven (lmcache_plan.tier_spec)."""
-        known = {k: v for k, v in facts.items() if k in Facts.__dataclass_fields__}
-        if isinstance(known.get("writer_release"), list):
-            known["writer_release"] = tuple(known["writer_release"])
         try:
-            return P.tier_spec(fields, Facts(**known), action, size, target)
+            return P.tier_spec(fields, Facts.from_dict(facts), action, size, target)
         except P.NotPlanned as np:
             raise ValueError(np.why) from None
 

@@ -23,14 +23,13 @@ import xxhash
 
 from kvmigrate import findings as fd
 from kvmigrate.formats import lmcache as L
-from kvmigrate.fsio import hash_file
+from kvmigrate.fsio import hash_file, open_noatime
 from kvmigrate.identity.facts import Facts
 from kvmigrate.transforms import TransformError
 from kvmigrate.transforms_lmcache import HEADER_BYTES, TierSpec, write_tier
 
 MP_MLA_RANK = 0x01000100  # an MP MLA key's kv_rank at every TP (§1.2)
 PLACEABLE = ("ok",)
-TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "half", "half": "half", "float32": "float", "float": "float"}
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,7 @@ def tier_spec(fields: Mapping[str, Any], facts: Facts, action: str, size: int, t
     else:
         dst_header = "raw"
     kind = fields.get("kv_kind") or facts.kv_kind
-    dtype = fields.get("dtype") or TORCH_DTYPES.get(str(facts.model_dtype))  # (an MP name carries none)
+    dtype = fields.get("dtype") or L.KEY_DTYPE_OF_TORCH.get(str(facts.model_dtype))  # (an MP name carries none)
     if kind not in ("mla", "full"):
         raise NotPlanned("the kv kind is not known", fd.asks("--kv-kind"))
     if dtype is None:
@@ -387,19 +386,26 @@ def _unproven_rewrite(dep: Any, side: TargetSide, action: str, f: Any, target: s
     return False
 
 
-def _same_bytes(a: Any, b: Any, root: str | None) -> bool:
+def _same_bytes(a: Any, b: Any, root: str | None, read: dict[str, bytes] | None = None) -> bool:
     """Two tier files hold the same bytes: one inode, equal content hashes, or (the scan
-    did not hash them: a copy `--mode copy` made) equal sizes and equal hashes read now."""
+    did not hash them: a copy `--mode copy` made) equal sizes and equal hashes read now;
+    `read` keeps what was read (a file compared with several is read once)."""
     if (a.dev, a.inode) == (b.dev, b.inode):
         return True
-    if a.content is not None and b.content is not None:
-        return bool(a.content == b.content)
-    if a.size != b.size or root is None:
+    if a.size != b.size:
         return False
+    read = {} if read is None else read
     try:
-        return hash_file(os.path.join(root, a.relpath))[0] == hash_file(os.path.join(root, b.relpath))[0]
+        digests = []
+        for f in (a, b):
+            if f.content is None and f.relpath not in read:
+                if root is None:
+                    return False
+                read[f.relpath] = hash_file(os.path.join(root, f.relpath))[0]
+            digests.append(f.content if f.content is not None else read[f.relpath])
     except OSError:
         return False
+    return bool(digests[0] == digests[1])
 
 
 def _mark(f: Any, action: str, target: str | None, text: str, finding: fd.Finding | None = None) -> None:
@@ -419,12 +425,13 @@ def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str]
     action = _action(side, dep)
     occupied = None
     have = 0
+    read: dict[str, bytes] = {}  # (the copy is read at most once, however many names hold it)
     if not side.needs_dest:
         for t in targets:
             there = present.get(t)
             if there is None:
                 continue
-            if any(there is g for g in good) or action == "link" and _same_bytes(there, primary, dep.root):
+            if any(there is g for g in good) or action == "link" and _same_bytes(there, primary, dep.root, read):
                 have += 1
             else:
                 occupied = occupied or t
@@ -532,7 +539,7 @@ def _expected_matches(dep: Any, fields: Mapping[str, Any], sources: list[Any], t
     fds: list[int] = []
     try:
         for f in sources:
-            fds.append(os.open(os.path.join(dep.root, f.relpath), os.O_RDONLY))
+            fds.append(open_noatime(os.path.join(dep.root, f.relpath)))
         write_tier(spec, fds, w)
         return w.h.digest() == hash_file(os.path.join(dep.root, there.relpath))[0]
     except (OSError, TransformError):

@@ -29,6 +29,8 @@ DTYPE_BYTES = {
     "int64": 8, "bool": 1, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1, "fp8_e5m2": 1, "fp8_e5m2fnuz": 1, "fp8_e4m3": 1,
 }
 DTYPES = tuple(DTYPE_BYTES)
+# a torch dtype name (a `model_dtype` fact) -> the key's spelling (TORCH_DTYPE_TO_STR_DTYPE)
+KEY_DTYPE_OF_TORCH = {"bfloat16": "bfloat16", "float16": "half", "half": "half", "float32": "float", "float": "float"}
 
 # MemoryFormat (0.3.1+, §2.1)
 KV_2LTD, KV_T2D, KV_2TD, BINARY, BINARY_BUFFER, KV_MLA_FMT = 1, 2, 3, 4, 5, 6

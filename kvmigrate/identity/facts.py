@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dc_fields
 from typing import Any
@@ -118,6 +119,14 @@ class Facts:
         if isinstance(d.get("writer_release"), tuple):
             d["writer_release"] = list(d["writer_release"])
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Facts:
+        """The facts a manifest recorded (`to_dict`'s output; unknown keys ignored)."""
+        known = {name: d[name] for name in FACT_NAMES if d.get(name) is not None}
+        if isinstance(known.get("writer_release"), list):
+            known["writer_release"] = tuple(known["writer_release"])
+        return cls(**known)
 
 
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal", "refusal_flag"))

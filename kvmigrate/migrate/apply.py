@@ -406,14 +406,14 @@ class Applier:
             ok, computed = self.sources.check_replicas(tp, act) if multi else (True, None)
         if not ok:
             return
-        paired = tp.flat and tp.fam.pair_of(act.target_relpath)
+        paired = tp.fam.paired_files and tp.fam.pair_of(act.target_relpath)
         if paired and tp.fam.removed_first(act.target_relpath) and (
                 paired in self._unpaired or not self._present(paired)):
             # a GDS sidecar is published only after its data file (lmcache.md §5): an engine's
             # probe reads the sidecar, then the data
             return self.state.outcome(tp, act, "failed", f"its data file {paired} was not placed; the sidecar "
                                       "never goes first", bits=EXIT_INTEGRITY)
-        placed = self.result.outcomes["created"] + self.result.outcomes["already_present"]
+        placed = self.result.outcomes["created"] + self.result.outcomes["already_present"] if paired else 0
         try:
             ACTIONS[act.action].execute(self.placer, tp, act, computed or act.source.content_hash)
         except SymlinkInPath as exc:

@@ -281,17 +281,13 @@ def _tier_rows(tiers: dict[str, Any], namespaces: dict[str, dict[str, Any]],
                 if not fam.is_sidecar(t) or action == "reshard":
                     out.append({**r, "action": action, "target_relpath": t})
                     continue
-                side = by_path.get(_sidecar_source(fam, r["relpath"]))
+                side = by_path.get(r["relpath"] + fam.sidecar_suffix)
                 if side is not None:  # (a data file without its sidecar is orphan_data: never placed)
                     out.append({**side, "action": action, "target_relpath": t, "finding": None,
                                 "block_hash": fam.marked(r["block_hash"])})
         rest = chunk.filter(pc.invert(mine))
         return pa.concat_tables([rest, pa.Table.from_pylist(out, schema=chunk.schema)]) if out else rest
     return adjust
-
-
-def _sidecar_source(fam: Any, relpath: str) -> str:
-    return relpath + fam.sidecar_suffix
 
 
 def _source_paths_ok(relpath: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

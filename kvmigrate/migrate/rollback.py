@@ -446,8 +446,10 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                     check_relpath(rec["path"], "journal path")
                     by_kind[rec["kind"]].append(rec)
             # a file its engine reads only through another (a GDS sidecar) goes first, then the rest
+            paired = any(families.get(t.get("family")).paired_files for t in run.targets.values())
             first = [r for r in by_kind["block"] if families.get(
-                (run.targets.get(run.target_of(r["path"]) or "") or {}).get("family")).removed_first(r["path"])]
+                (run.targets.get(run.target_of(r["path"]) or "") or {}).get("family")).removed_first(r["path"])] \
+                if paired else []
             rm.files(first, "block")
             firsts = {id(r) for r in first}
             rm.files([r for r in by_kind["block"] if id(r) not in firsts], "block")

@@ -155,8 +155,7 @@ def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
         return [], "the source is already collapsed (parallel-agnostic or replicated): no gate is evaluated"
     if gates.PROFILE_GATES[profile][0] is None:
         return [], f"{profile} has no parallel-agnostic namespaces: every deployment keeps its own"
-    stated: dict[str, Any] = {name: (ns.get("facts") or {}).get(name) for name in FACT_NAMES}
-    recorded = Facts(**stated)
+    recorded = Facts.from_dict(ns.get("facts") or {})
     conds: list[gates.Condition] = []
     decision = gates.evaluate(profile, dep, recorded, conds)
     note = None
