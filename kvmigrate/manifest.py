@@ -54,7 +54,13 @@ SCHEMA = pa.schema([
     # mtime still moves it), so a later `--baseline` run can trust an unchanged row
     ("ctime_ns", pa.int64()),
     ("carried", pa.bool_()),  # the hashes were taken from the --baseline row: the file was not opened
+    # 4: object rows of a file that holds several objects (a Mooncake `.meta` index lists its
+    # bucket's entries; mooncake.md §4): null on every other row, and on every row of a version 3 manifest
+    ("object_index", pa.int32()),  # the entry's index in its index file; null on a file row
+    ("object_key", pa.binary()),  # the storage key as stored
+    ("target_key", pa.binary()),  # the storage key the target looks up for the row's action
 ])
+OBJECT_COLUMNS = ("object_index", "object_key", "target_key")
 COLUMNS = tuple(SCHEMA.names)
 # zstd level 1: on a 1M-row manifest the writer takes 0.79 s of CPU against 1.12 s at the
 # default level (3), for the same 64 MiB (paths and hashes do not compress much further).
@@ -69,7 +75,9 @@ META_KEY = b"kvmigrate"  # JSON: {"manifest_version", "tool_version", "command",
 # 2: the finding columns (kvmigrate.findings). A manifest without them is refused: its
 # reasons are prose, and no stage reads prose back.
 # 3: ctime_ns and carried (--baseline needs the ctime of every row it trusts).
-MANIFEST_VERSION = 3
+# 4: object_index, object_key, target_key (OBJECT_COLUMNS); a version 3 manifest reads with them null.
+MANIFEST_VERSION = 4
+READABLE_VERSIONS = (3, 4)
 
 
 def columns_to_table(cols: dict[str, list[Any]]) -> pa.Table:
@@ -199,11 +207,11 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 def check_version(meta: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Refuse a manifest of another format version (an older one lacks the finding columns)."""
     version = meta.get("manifest_version", 1)
-    if version != MANIFEST_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UsageError(f"manifest format version {version}, this kvmigrate reads version {MANIFEST_VERSION}"
                          + (" (an older manifest has no finding columns)" if isinstance(version, int) and version < 2
                             else " (an older manifest has no ctime_ns column)"
-                            if isinstance(version, int) and version < MANIFEST_VERSION else ""),
+                            if isinstance(version, int) and version < min(READABLE_VERSIONS) else ""),
                          path=str(path), hint="rescan with `kvmigrate scan ROOT -o MANIFEST`")
 
 
@@ -253,10 +261,38 @@ def _check_partition(directory: Path, parts: list[tuple[Path, dict[str, Any]]]) 
     return n
 
 
+def _present(f: Path, cols: list[str] | None) -> tuple[list[str] | None, list[str]]:
+    """(the columns to read from one file, the asked columns it lacks: a version 3 file has
+    no OBJECT_COLUMNS)."""
+    names = pq.read_schema(f).names
+    wanted = cols if cols is not None else list(COLUMNS)
+    missing = [c for c in wanted if c not in names and c in OBJECT_COLUMNS]
+    if not missing:
+        return cols, []
+    return [c for c in wanted if c not in missing], missing
+
+
+def _with_nulls(t: Any, missing: list[str], order: list[str] | None) -> Any:
+    """A table or batch with null OBJECT_COLUMNS added, in the asked (or schema) order."""
+    n = t.num_rows
+    arrays = dict(zip(t.schema.names, t.columns))
+    for c in missing:
+        arrays[c] = pa.nulls(n, SCHEMA.field(c).type)
+    names = order if order is not None else [c for c in COLUMNS if c in arrays]
+    make = pa.RecordBatch.from_arrays if isinstance(t, pa.RecordBatch) else pa.Table.from_arrays
+    return make([arrays[c] for c in names], names=names)
+
+
+def _read_one(f: Path, cols: list[str] | None) -> pa.Table:
+    read, missing = _present(f, cols)
+    t = pq.read_table(f, columns=read)
+    return _with_nulls(t, missing, cols) if missing else t
+
+
 def read_table(path: str | os.PathLike[str], columns: Iterable[str] | None = None) -> pa.Table:
     """The rows of a manifest file or dataset directory, with the contract schema."""
     cols = list(columns) if columns is not None else None
-    tables = [pq.read_table(f, columns=cols) for f in _parquet_files(path)]
+    tables = [_read_one(f, cols) for f in _parquet_files(path)]
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
@@ -267,7 +303,9 @@ def iter_batches(path: str | os.PathLike[str], columns: Iterable[str] | None = N
     """Stream record batches (bounded memory for million-row manifests)."""
     cols = list(columns) if columns is not None else None
     for f in _parquet_files(path):
-        yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=cols)
+        read, missing = _present(f, cols)
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=read):
+            yield _with_nulls(batch, missing, cols) if missing else batch
 
 
 def count_true(path: str | os.PathLike[str], column: str) -> int:

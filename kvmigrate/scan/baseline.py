@@ -167,9 +167,10 @@ def _checked(spec: str, *, root: str, target: str, verify: str,
                              hint="pass a manifest written by `kvmigrate scan --verify hash`, or --baseline auto")
     rescan = f"rescan with `kvmigrate scan {root} --verify hash -o MANIFEST` and pass that manifest"
     version = _version(path)
-    if version != manifest.MANIFEST_VERSION:
+    if version not in manifest.READABLE_VERSIONS:
         raise UsageError(f"baseline refused: manifest format version {version}, a baseline needs version "
-                         f"{manifest.MANIFEST_VERSION} (its ctime_ns column)", path=path, hint=rescan)
+                         f"{' or '.join(map(str, manifest.READABLE_VERSIONS))} (its ctime_ns column)", path=path,
+                         hint=rescan)
     meta = manifest.read_metadata(path)
     for key, ours, what in (("root", root, "cache root"), ("target_profile", target, "target profile")):
         if meta.get(key) != ours:

@@ -161,6 +161,7 @@ class Rows:
                    utf8_safe(self.reason).dictionary_encode(), utf8_safe(self.target)]
         arrays += findings.arrays([findings.finding_of(r) for r in self.reason])
         arrays += [pa.array(self.ctime_ns, pa.int64()), pa.array(self.carried, pa.bool_())]
+        arrays += object_nulls(len(self.relpath))
         return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
@@ -198,7 +199,13 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
     # the finding columns: one Finding per distinct reason, taken by the rows' reason index
     arrays += findings.arrays_by_code(store.values(2), fixed("reason", pa.int32(), "reason_valid"))
     arrays += [fixed("ctime_ns", pa.int64()), pa.Array.from_buffers(pa.bool_(), n, [None, buf("carried")])]
+    arrays += object_nulls(n)
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
+
+
+def object_nulls(n: int) -> list[pa.Array]:
+    """The object columns of rows that are files only (every family but Mooncake's)."""
+    return [pa.nulls(n, manifest.SCHEMA.field(c).type) for c in manifest.OBJECT_COLUMNS]
 
 
 def utf8_safe(values: list[Any]) -> pa.Array:

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from kvmigrate import manifest
 from kvmigrate.cli import cli
+from kvmigrate.errors import UsageError
 
 CONTRACT = {
     "relpath": pa.string(), "family": pa.string(), "scheme": pa.string(), "model_name": pa.string(),
@@ -27,6 +28,8 @@ CONTRACT = {
     "row_cells": pa.int32(), "output_bytes": pa.int64(), "asks": pa.string(), "aliases_relpath": pa.string(),
     # manifest version 3: the inode change time and whether a --baseline carried the row's hashes
     "ctime_ns": pa.int64(), "carried": pa.bool_(),
+    # manifest version 4: the object columns (a Mooncake index's entries; null on every other row)
+    "object_index": pa.int32(), "object_key": pa.binary(), "target_key": pa.binary(),
 }
 MIXED = (dict(family="llmd", tp=2, kv_kind="mla", defects=("missing_rank", "tmp_vllm", "size_mismatch")),
          dict(family="vllm", scheme="S3", tp=2, kv_kind="mla", replicated_layout=True, model_name="deepseek/V2",
@@ -234,3 +237,39 @@ def test_cli_subprocess_no_progress_when_not_a_tty(synth_root, tmp_path):
     assert proc.returncode == 1, proc.stderr  # 6 blocks pending
     assert json.loads(proc.stdout)["totals"]["by_action"]["link"]["blocks"] == 6
     assert "files/s" not in proc.stderr and "scan:" not in proc.stderr
+
+
+def _as_version_3(src, dst):
+    """A manifest as kvmigrate wrote it before the object columns (format version 3)."""
+    t = pq.read_table(src)
+    meta = json.loads(t.schema.metadata[manifest.META_KEY])
+    meta["manifest_version"] = 3
+    pq.write_table(t.drop_columns(list(manifest.OBJECT_COLUMNS)).replace_schema_metadata(
+        {manifest.META_KEY: json.dumps(meta).encode()}), dst)
+
+
+def test_a_version_3_manifest_reads_with_null_object_columns(synth_root, scan_root, tmp_path):
+    """Version 4 adds the object columns; a manifest of version 3 stays readable (mooncake.md
+    §4): report and migrate read it as they read today's, its object columns null."""
+    root, _ = synth_root(*MIXED)
+    scan, _ = scan_root(root, flags={"model_dtype": "bfloat16", "kv_kind": "mla"})
+    old = tmp_path / "v3.parquet"
+    _as_version_3(scan.output, old)
+    t = manifest.read_table(old)
+    assert t.schema.names == list(manifest.COLUMNS) and t.num_rows == scan.rows
+    assert all(t.column(c).null_count == t.num_rows for c in manifest.OBJECT_COLUMNS)
+    some = manifest.read_table(old, columns=["relpath", "object_key"])
+    assert some.schema.names == ["relpath", "object_key"]
+    batches = list(manifest.iter_batches(old, columns=["object_index", "status"]))
+    assert sum(b.num_rows for b in batches) == scan.rows and batches[0].schema.names == ["object_index", "status"]
+    runner = CliRunner()
+    new_report = runner.invoke(cli, ["report", str(scan.output), "--format", "json"])
+    old_report = runner.invoke(cli, ["report", str(old), "--format", "json"])
+    assert old_report.exit_code == new_report.exit_code, old_report.output
+    assert json.loads(old_report.stdout)["totals"] == json.loads(new_report.stdout)["totals"]
+    plan = runner.invoke(cli, ["migrate", "--manifest", str(old), "--json"])
+    assert plan.exit_code in (0, 1, 5), plan.output
+    meta = dict(manifest.read_metadata(old))
+    meta["manifest_version"] = 2
+    with pytest.raises(UsageError, match="format version 2"):
+        manifest.check_version(meta, old)
