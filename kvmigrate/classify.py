@@ -55,16 +55,18 @@ STATUS_BITS: dict[str, int] = {
     "unreproducible_hash": 1,
     "orphan_data": 1,
     "corrupt_sidecar": 1 | 4,
+    # Mooncake stores (spec mooncake.md §4)
+    "orphan_index": 1,
 }
 STATUSES = tuple(STATUS_BITS)
 # a namespace of one of these states is read by no target (formats.md §3, interface.md §2):
 # prune's opt-in class unreadable_namespaces takes it whole
 UNREADABLE_STATUSES = ("orphan_namespace", "digest_mismatch", "config_invalid", "unsupported_layout", "missing_slots")
 
-ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "concat", "relayout", "reshard",
+ACTIONS = ("already_present", "link", "rekey", "copy_pad", "rewrite_header", "slice", "concat", "relayout", "reshard",
            "needs_slice", "needs_concat", "needs_relayout", "needs_reshard", "none")
 # Actions whose bytes come from one replica: the other ranks are "replica of rank 0".
-REPLICA_ACTIONS = ("already_present", "link", "copy_pad", "rewrite_header", "slice", "needs_slice")
+REPLICA_ACTIONS = ("already_present", "link", "rekey", "copy_pad", "rewrite_header", "slice", "needs_slice")
 
 REPLICA_REASON = finding_reason("replica of rank 0", REPLICA_OF_PRIMARY, primary_rank=0)
 UNVERIFIED = "replicas not yet verified (run scan --verify hash or migrate --apply hashes them)"

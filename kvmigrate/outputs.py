@@ -129,7 +129,7 @@ class Gate(TypedDict):
     by_name: bool
 
 
-class Namespace(TypedDict):
+class _NamespaceBase(TypedDict):
     """One source namespace of the summary (interface.md §3)."""
 
     source_base: str
@@ -182,6 +182,10 @@ class Namespace(TypedDict):
     transform_cost: dict[str, TransformCost]
 
 
+class Namespace(_NamespaceBase, total=False):
+    objects: ObjectCount  # a Mooncake deployment's (or store's) objects, apart from its files (mooncake.md §4)
+
+
 class OutsideNamespaces(TypedDict):
     files: int
     bytes: int
@@ -189,7 +193,22 @@ class OutsideNamespaces(TypedDict):
     by_status: dict[str, FileCount]
 
 
-class Totals(TypedDict):
+class ObjectTally(TypedDict):
+    objects: int
+    bytes: int
+
+
+class ObjectCount(TypedDict):
+    """The objects of a Mooncake store's namespaces (index entries and KVEntries), counted
+    apart from the files that hold them (mooncake.md §4)."""
+
+    objects: int
+    bytes: int
+    by_status: dict[str, ObjectTally]
+    by_action: dict[str, ObjectTally]
+
+
+class _TotalsBase(TypedDict):
     files: int
     bytes: int
     blocks: int
@@ -206,6 +225,10 @@ class Totals(TypedDict):
     reusable: BlockCount
     pending: BlockCount
     not_reusable: BlockCount
+
+
+class Totals(_TotalsBase, total=False):
+    objects: ObjectCount  # every store's objects, apart from the files that hold them (mooncake.md §4)
 
 
 class ScanFacts(TypedDict, total=False):

@@ -157,7 +157,7 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     from kvmigrate import families
     from kvmigrate.fsio import check_root
     from kvmigrate.identity.values import ORPHANED
-    from kvmigrate.scan import flat, tier_rows
+    from kvmigrate.scan import flat, store_rows, tier_rows
     from kvmigrate.scan.roots import list_root, resolve_namespaces
 
     root_path = check_root(str(root))
@@ -165,6 +165,7 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     namespaces = resolve_namespaces(root_path, listing, facts_resolver, target)
     namespaces += flat.resolve(root_path, listing, facts_resolver, target, "none")
     namespaces += tier_rows.resolve(root_path, listing, facts_resolver, target, "none")  # (names and sizes only)
+    namespaces += store_rows.resolve(root_path, listing, facts_resolver, target, "none")
     out: dict[str, dict[str, Any]] = {}
     for ns in sorted(namespaces, key=lambda n: n.source_base):
         if ns.status != "ok" or ns.facts is None:

@@ -169,6 +169,8 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
         signal.signal(signal.SIGTERM, previous)
         bar.close()
     code = result.exit_code
+    if plan.not_built:  # work the scan planned that this kvmigrate does not apply yet: pending, never "done"
+        code |= 1
     if as_json:
         summary: SummaryCore = run.summary()
         applied: MigrateApplyOutput = {**summary, "outcomes": dict(result.outcomes),
@@ -177,6 +179,9 @@ def _apply(run, mode: str, journal: str | None, apply_command: str, as_json: boo
         print_json(applied)
     elif not quiet:
         click.echo(render_result(plan, result))
+    for (title, action), n in sorted(plan.not_built.items()):
+        click.echo(f"kvmigrate: {title}: {plural(n, 'object')} pending {action} not applied: this kvmigrate "
+                   "does not migrate them yet (nothing of them was written)", err=True)
     if result.stop is not None:
         click.echo(f"kvmigrate: error: {result.stop}", err=True)
         click.echo(f"  journal: {result.journal_path} (rerun the same command to resume, or "

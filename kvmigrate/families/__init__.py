@@ -91,7 +91,9 @@ class Family:
     # blocks (layout.py's grammar, which the C walk is tested against); "flat" = one
     # directory of files whose names carry the identity and the parallel layout (SGLang
     # HiCache, docs/sglang.md: planned); "tiers" = tier directories recognised by the
-    # chunk names they hold (LMCache, scan/tiers.py). The scan's roots phase asks `claims_entry`.
+    # chunk names they hold (LMCache, scan/tiers.py); "stores" = folders of client roots
+    # recognised by their index files (Mooncake, scan/store_rows.py). The scan's roots phase
+    # asks `claims_entry` (and `holds_store`).
     root_layout: str = "tree"
     # prune may take this family's files (False: its prune rules are not built yet)
     prunes: bool = True
@@ -218,6 +220,16 @@ class Family:
     def block_relpath(self, rank_dir: str, hex_hash: str, group: int) -> str:
         """Where a block of a target namespace of this family is written, from the root."""
         return f"{rank_dir}/{layout.block_relpath_in_rank(hex_hash, group)}"
+
+    # --- a store family (root_layout "stores": Mooncake, docs/mooncake.md) --------------
+
+    def holds_store(self, path: str) -> bool:
+        """Whether a folder of the root is one of this family's stores (by what it holds)."""
+        return False
+
+    def root_store_entries(self, root: str, files: list[str], folders: list[str]) -> set[str]:
+        """The top-level names of ROOT that belong to a store at ROOT itself (empty: none)."""
+        return set()
 
     # --- a flat family (root_layout "flat", docs/families.md §3) -------------------------
 

@@ -365,3 +365,44 @@ def parse_sglang_key(key: str) -> SglangKey | None:
     if not ranks and m.group(4) != "k":
         return None  # (an MLA page writes only `__k`)
     return SglangKey(m.group(1), m.group(2), ranks, m.group(4))
+
+
+# --- a KVEntry read from its first bytes (the scan reads no more than it must) ----------------------
+
+class CutError(DecodeError):
+    """A message whose fields run past the file's end (`short`, §4)."""
+
+
+def kv_entry_layout(head: bytes, size: int) -> tuple[bytes, int, int]:
+    """(key, value offset, value length) of a KVEntry file of `size` bytes from its first
+    bytes (which hold the key): struct_pb writes field 1, then field 2. Raises CutError when
+    a field announces more bytes than the file has, DecodeError for anything else a parse
+    refuses (trailing bytes, another field, the key not within `head`)."""
+    pos, key, value_at, value_len = 0, b"", size, 0
+    seen: list[int] = []
+    while pos < size:
+        try:
+            tag, pos = decode_varint(head, pos)
+            number, wire = tag >> 3, tag & 7
+            if wire != 2 or number not in (1, 2) or number in seen or (number == 1 and seen):
+                raise DecodeError(f"field {number} (wire {wire}) where a KVEntry holds key, then value")
+            n, pos = decode_varint(head, pos)
+        except DecodeError as exc:
+            if pos >= len(head) and len(head) < size:
+                raise DecodeError("the key is longer than the bytes read") from exc
+            if len(head) >= size and "cut short" in str(exc):
+                raise CutError(str(exc)) from exc
+            raise
+        if pos + n > size:
+            raise CutError(f"field {number}: {n} bytes announced, {size - pos} left")
+        if number == 2 and pos + n < size:
+            raise DecodeError(f"{size - pos - n} bytes after the value")
+        seen.append(number)
+        if number == 1:
+            if pos + n > len(head):
+                raise DecodeError("the key is longer than the bytes read")
+            key = bytes(head[pos:pos + n])
+        else:
+            value_at, value_len = pos, n
+        pos += n
+    return key, value_at, value_len

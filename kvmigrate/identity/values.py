@@ -11,7 +11,7 @@ from __future__ import annotations
 # The writer families, in the order of the --family choices (the first is synth's default).
 # A new family: its module `kvmigrate/families/<name>.py` defining FAMILY, its name here and
 # its digest recipe below.
-NAMES = ("vllm", "llmd", "vllmcpp", "sglang", "lmcache")
+NAMES = ("vllm", "llmd", "vllmcpp", "sglang", "lmcache", "mooncake")
 AMBIGUOUS = "ambiguous"  # the reading of an S1 identity vLLM and llm-d write alike
 UNKNOWN = "unknown"  # no scheme keys, or a name no module has: nothing is migrated
 # How each writer serialises an identity to name its namespace (identity.md §1): Python's

@@ -301,6 +301,11 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
                          "never one by name order; the others stay in their legacy folder)")
         lines.append("  outcomes: " + ", ".join(f"{k} {n}" for k, n in tp.outcomes().items()
                                                  if k not in ("changed_since_scan", "failed")))
+    if plan.not_built:
+        lines.append("")
+        lines.append("planned by the scan, not applied by this kvmigrate yet (nothing of them is written):")
+        for (title, action), n in sorted(plan.not_built.items()):
+            lines.append(f"  {title}: {plural(n, 'object')} pending {action}")
     if plan.untargeted:
         lines.append("")
         lines.append("namespaces without a target identity:")
@@ -324,7 +329,7 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
                                                                             " Nothing was written (dry run)."))
         if dest_command:
             lines.append(f"to apply: {dest_command}")
-    if not plan.pending and not waiting:
+    if not plan.pending and not waiting and not plan.not_built:
         lines.append("nothing to do: every reusable block is already in place.")
     return "\n".join(lines)
 

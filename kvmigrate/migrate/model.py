@@ -191,6 +191,9 @@ class Plan:
     target_sizes: dict[tuple[str, int], int | None] = field(default_factory=dict)
     placed_integrity_rows: int = 0  # those of blocks the plan would place (exit bit 4)
     selection: Any = None  # --only/--exclude (kvmigrate.selection.Selection): the namespaces planned
+    # (family title, action) -> blocks the scan planned whose migration this kvmigrate does not
+    # apply yet (Mooncake stores, docs/mooncake.md): pending, never written
+    not_built: Counter = field(default_factory=Counter)
 
     @property
     def pending(self) -> int:
@@ -225,7 +228,7 @@ class Plan:
         """interface.md §4: 1 if anything would be created (here, or with --dest DIR), +4 for
         conflicts it would meet or integrity states of blocks it would place. Other rows' findings are reported in
         the plan, not failed on (they are `audit`'s exit code)."""
-        code = 1 if self.pending or self.waiting_for_dest[0] else 0  # (work waiting for --dest DIR too)
+        code = 1 if self.pending or self.waiting_for_dest[0] or self.not_built else 0  # (work waiting for --dest too)
         if self.placed_integrity_rows or self.conflicts:
             code |= 4
         return code

@@ -64,6 +64,8 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
         Gate,
         MergeDuplicates,
         Namespace,
+        ObjectCount,
+        ObjectTally,
         OutsideNamespaces,
         ReportOutput,
         ScanFacts,
@@ -83,15 +85,15 @@ NEEDS_ACTIONS = ("needs_slice", "needs_concat", "needs_relayout", "needs_reshard
 NOT_BLOCK_STATUSES = frozenset({"tmp_leftover", "own_artifact", "foreign"})
 
 _COLUMNS = ["relpath", "source_base", "status", "action", "reason", "size", "nlink", "block_hash", "group", "rank",
-            "finding", "of_action", "output_bytes", "asks", "family"]
-_MERGE_COLUMNS = ["target_base", "target_relpath"]  # read only when source namespaces share a target
+            "finding", "of_action", "output_bytes", "asks", "family", "object_index", "object_key"]
+_MERGE_COLUMNS = ["target_base", "target_relpath", "target_key"]  # read only when source namespaces share a target
 # the finding columns a group of rows is told apart by (besides its reason)
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
 _KEY_COMPACT_ROWS = 1 << 20
 _BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
 
-_C = TypeVar("_C", "BlockCount", "FileCount")  # the counts _ordered keeps in order
+_C = TypeVar("_C", "BlockCount", "FileCount", "ObjectTally")  # the counts _ordered keeps in order
 
 OUTSIDE = None  # source_base of rows outside any namespace (top-level foreign files...)
 
@@ -108,7 +110,9 @@ class _Totals:
 
     def __init__(self, lowest_rank: dict[str, int], shared_target: frozenset[str] = frozenset(),
                  rank_folders: dict[str, int] | None = None):
-        # (ns, status, action, reason, shared, hash_len, at_lowest) -> [files, bytes]
+        # (ns, status, action, reason, finding, shared, hash_len, at_lowest, kind) -> [rows, bytes]; kind
+        # (OBJECT_*): a file, an object row of an index (counted apart from the disk's bytes,
+        # mooncake.md §4), or a file that is one object (a KVEntry: both)
         self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
         self.reasons_seen: dict[tuple, set] = defaultdict(set)
         # (ns, status) -> (relpath, reason) of the first row seen
@@ -148,23 +152,25 @@ class _Totals:
             "hash_len": pc.binary_length(t["block_hash"]),
             "at_lowest": at_lowest,
             "size": pc.fill_null(t["size"], 0),
+            "kind": _object_kind(t),
             # the file's share of its inode's bytes (data_bytes: a hard-linked file counted once)
             "share": pc.divide(pc.cast(pc.fill_null(t["size"], 0), pa.float64()),
                                pc.cast(pc.max_element_wise(pc.fill_null(nlink, 1), pa.scalar(1, nlink.type)),
                                        pa.float64())),
         })
-        keys = ["ns", "status", "action", "reason", *_FINDING_KEYS, "shared", "hash_len", "at_lowest"]
+        keys = ["ns", "status", "action", "reason", *_FINDING_KEYS, "shared", "hash_len", "at_lowest", "kind"]
         agg = work.group_by(keys).aggregate([("size", "sum"), ([], "count_all"), ("share", "sum")])
-        for (ns_, status, action, reason, finding, of_action, out, asks, sh, hl, low, nbytes,
+        for (ns_, status, action, reason, finding, of_action, out, asks, sh, hl, low, kind, nbytes,
              nfiles, share) in zip(*(agg[c].to_pylist() for c in (*keys, "size_sum", "count_all", "share_sum"))):
-            self.data_bytes[ns_] += share or 0.0
+            if kind != OBJECT_ROW:
+                self.data_bytes[ns_] += share or 0.0
             seen = self.reasons_seen[(ns_, status, action)]
             if reason not in seen:
                 if len(seen) >= _REASONS_KEPT and finding not in fd.SECONDARY:
                     reason = "(other reasons)"
                 seen.add(reason)
             g = self.groups[(ns_, status, action, reason, fd.Finding(finding, of_action=of_action, output_bytes=out,
-                                                                    asks=asks), bool(sh), hl, low)]
+                                                                    asks=asks), bool(sh), hl, low, kind)]
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
@@ -241,8 +247,11 @@ class _Totals:
             return
         mask = pc.and_(pc.fill_null(pc.is_in(work["action"], value_set=pa.array(PENDING_ACTIONS)), False),
                        pc.fill_null(pc.is_in(work["ns"], value_set=self.shared_target), False))
+        # a target is a path, and within a client root's index a storage key (mooncake.md §4)
+        key = pc.fill_null(t["target_key"], b"") if "target_key" in t.column_names else pa.nulls(t.num_rows, pa.binary())
         rows = pa.table({"target_base": _as_str(t["target_base"]), "target_relpath": t["target_relpath"],
-                         "ns": work["ns"], "action": work["action"], "size": work["size"]}).filter(mask)
+                         "target_key": pc.fill_null(key, b""), "ns": work["ns"], "action": work["action"],
+                         "size": work["size"]}).filter(mask)
         if rows.num_rows:
             self._paths.append(rows)
 
@@ -256,9 +265,10 @@ class _Totals:
             return {}
         # sorted by path then source: a row whose path is its predecessor's is a duplicate
         rows = rows.take(pc.sort_indices(rows, [("target_base", "ascending"), ("target_relpath", "ascending"),
-                                                ("ns", "ascending")]))
-        same = pc.and_(pc.equal(rows["target_relpath"][1:], rows["target_relpath"][:-1]),
-                       pc.equal(rows["target_base"][1:], rows["target_base"][:-1]))
+                                                ("target_key", "ascending"), ("ns", "ascending")]))
+        same = pc.and_(pc.and_(pc.equal(rows["target_relpath"][1:], rows["target_relpath"][:-1]),
+                               pc.equal(rows["target_base"][1:], rows["target_base"][:-1])),
+                       pc.equal(rows["target_key"][1:], rows["target_key"][:-1]))
         dup = rows.slice(1).filter(pc.fill_null(same, False))
         if not dup.num_rows:
             return {}
@@ -350,6 +360,23 @@ class _Aggregate:
     flags_asked: defaultdict[str, defaultdict[str, int]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     transform_out: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    objects: int = 0  # objects a store holds (index entries and KVEntries), apart from its files
+    object_bytes: int = 0
+    object_by_status: defaultdict[str, FileCount] = field(default_factory=lambda: defaultdict(_no_files))
+    object_by_action: defaultdict[str, FileCount] = field(default_factory=lambda: defaultdict(_no_files))
+
+
+FILE_ROW, OBJECT_ROW, FILE_OBJECT = 0, 1, 2  # what a manifest row counts as (mooncake.md §4)
+
+
+def _object_kind(t: pa.Table) -> pa.Array:
+    """Per row: FILE_ROW, OBJECT_ROW (an index entry: `object_index` set) or FILE_OBJECT (a
+    file that is one object: `object_key` set on a file row)."""
+    if "object_index" not in t.column_names:
+        return pa.array([FILE_ROW] * t.num_rows, pa.int8())
+    entry = pc.is_valid(t["object_index"])
+    keyed = pc.is_valid(t["object_key"])
+    return pc.cast(pc.if_else(entry, OBJECT_ROW, pc.if_else(keyed, FILE_OBJECT, FILE_ROW)), pa.int8())
 
 
 def _no_files() -> FileCount:
@@ -361,10 +388,19 @@ def _namespace_aggregates(groups: dict[tuple, list[int]], joined: frozenset[str]
     """Fold the merged groups into per-namespace counters; the part rows of the `joined`
     namespaces count for their primary's action (`part_bytes`, _Totals._add_followers)."""
     per_ns: dict[str | None, _Aggregate] = {}
-    for (ns, status, action, reason, found, shared, hash_len, at_lowest), (files, nbytes) in groups.items():
+    for (ns, status, action, reason, found, shared, hash_len, at_lowest, kind), (files, nbytes) in groups.items():
         a = per_ns.get(ns)
         if a is None:
             a = per_ns[ns] = _Aggregate()
+        if kind != FILE_ROW:
+            a.objects += files
+            a.object_bytes += nbytes
+            for ost in (a.object_by_status[status or "unknown"], a.object_by_action[action or "none"]):
+                ost["files"] += files
+                ost["bytes"] += nbytes
+        if kind == OBJECT_ROW:  # its bytes are its bucket's, counted by the bucket's file row
+            _count_block_rows(a, ns, status, action, reason, found, hash_len, at_lowest, files, nbytes, joined)
+            continue
         a.files += files
         a.bytes += nbytes
         if shared:
@@ -374,38 +410,45 @@ def _namespace_aggregates(groups: dict[tuple, list[int]], joined: frozenset[str]
         st = a.by_status[status or "unknown"]
         st["files"] += files
         st["bytes"] += nbytes
-        if hash_len is None or status in NOT_BLOCK_STATUSES:
-            continue
-        a.block_rows += files
-        a.block_bytes += nbytes
-        a.hash_bytes.add(hash_len)
-        action = action or "none"
-        secondary = action == "none" and found.code in fd.SECONDARY
-        part_of = found.of_action if action == "none" and found.code == fd.PART_OF_ACTION else None
-        if action == "none" and found.code == fd.REPLICA_OF_PRIMARY:
-            a.replica_files += files
-            a.replica_bytes += nbytes
-        elif not (part_of and ns in joined):
-            a.action_bytes[part_of or action] += nbytes
-        if action != "none":
-            a.lead_blocks[action] += files
-        elif at_lowest == 1 and not secondary:
-            a.none_rows += files  # one row per `none` block in the lowest rank folder
-        if action in TRANSFORMS:
-            # bytes written per block (the finding's output_bytes); without it, the bytes
-            # of the rows that carry the action (an estimate)
-            out = found.output_bytes
-            a.transform_out[action] += files * out if out is not None else nbytes
-        if (action == "none" or action in NEEDS_ACTIONS) and found.code not in fd.SECONDARY:
-            a.reasons[action][reason or "(no reason)"] += files
-            if found.code in fd.ALIASING:
-                a.aliases_source += files
-            for flag in fd.asked_flags(found.asks):
-                a.flags_asked[action][flag] += files
+        _count_block_rows(a, ns, status, action, reason, found, hash_len, at_lowest, files, nbytes, joined)
     for (ns, action), nbytes in (part_bytes or {}).items():
         if ns in per_ns:
             per_ns[ns].action_bytes[action or "none"] += nbytes
     return per_ns
+
+
+def _count_block_rows(a: _Aggregate, ns: str | None, status: str | None, action: str | None, reason: str | None,
+                      found: fd.Finding, hash_len: int | None, at_lowest: int, files: int, nbytes: int,
+                      joined: frozenset[str]) -> None:
+    """The block counters of a group of rows (a block file's, or an object's: each is a block)."""
+    if hash_len is None or status in NOT_BLOCK_STATUSES:
+        return
+    a.block_rows += files
+    a.block_bytes += nbytes
+    a.hash_bytes.add(hash_len)
+    action = action or "none"
+    secondary = action == "none" and found.code in fd.SECONDARY
+    part_of = found.of_action if action == "none" and found.code == fd.PART_OF_ACTION else None
+    if action == "none" and found.code == fd.REPLICA_OF_PRIMARY:
+        a.replica_files += files
+        a.replica_bytes += nbytes
+    elif not (part_of and ns in joined):
+        a.action_bytes[part_of or action] += nbytes
+    if action != "none":
+        a.lead_blocks[action] += files
+    elif at_lowest == 1 and not secondary:
+        a.none_rows += files  # one row per `none` block in the lowest rank folder
+    if action in TRANSFORMS:
+        # bytes written per block (the finding's output_bytes); without it, the bytes
+        # of the rows that carry the action (an estimate)
+        out = found.output_bytes
+        a.transform_out[action] += files * out if out is not None else nbytes
+    if (action == "none" or action in NEEDS_ACTIONS) and found.code not in fd.SECONDARY:
+        a.reasons[action][reason or "(no reason)"] += files
+        if found.code in fd.ALIASING:
+            a.aliases_source += files
+        for flag in fd.asked_flags(found.asks):
+            a.flags_asked[action][flag] += files
 
 
 def _gate(target: dict[str, Any] | None) -> Gate:
@@ -453,6 +496,31 @@ def _claims(meta: dict[str, Any]) -> list[str]:
     return claims
 
 
+def _objects_entry(agg: _Aggregate) -> ObjectCount:
+    """The objects of a namespace (a Mooncake deployment's index entries and KVEntries), by
+    status and action: counted apart from its files (mooncake.md §4)."""
+    def tally(counts: Mapping[str, FileCount], order: Any) -> dict[str, ObjectTally]:
+        tallies: dict[str, ObjectTally] = {k: {"objects": v["files"], "bytes": v["bytes"]} for k, v in counts.items()}
+        return _ordered(tallies, order)
+
+    return {"objects": agg.objects, "bytes": agg.object_bytes,
+            "by_status": tally(agg.object_by_status, STATUS_ORDER), "by_action": tally(agg.object_by_action, ACTION_ORDER)}
+
+
+def _sum_objects(entries: list[ObjectCount]) -> ObjectCount:
+    out: ObjectCount = {"objects": 0, "bytes": 0, "by_status": {}, "by_action": {}}
+    for e in entries:
+        out["objects"] += e["objects"]
+        out["bytes"] += e["bytes"]
+        for key, order in (("by_status", STATUS_ORDER), ("by_action", ACTION_ORDER)):
+            merged: dict[str, ObjectTally] = dict(out[key])  # type: ignore[literal-required]
+            for k, v in e[key].items():  # type: ignore[literal-required]
+                m = merged.setdefault(k, {"objects": 0, "bytes": 0})
+                merged[k] = {"objects": m["objects"] + v["objects"], "bytes": m["bytes"] + v["bytes"]}
+            out[key] = _ordered(merged, order)  # type: ignore[literal-required]
+    return out
+
+
 def _cost(action: str, blocks: int, source_bytes: int, output_bytes: int) -> TransformCost:
     return transform_cost_of(transform_cost(action, blocks, source_bytes, output_bytes))
 
@@ -479,7 +547,7 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: _Aggregate | None,
     pending = {"blocks": pending["blocks"] - merged["blocks"], "bytes": pending["bytes"] - merged["bytes"]}
     reasons: dict[str, list[list[str | int]]] = {
         a: [[r, n] for r, n in sorted(rs.items(), key=lambda x: (-x[1], x[0]))[:5]] for a, rs in agg.reasons.items()}
-    return {
+    entry: Namespace = {
         "source_base": base,
         "family": meta.get("family"),
         "family_evidence": list(meta.get("family_evidence") or []),
@@ -533,6 +601,9 @@ def _namespace_entry(base: str, meta: dict[str, Any], agg: _Aggregate | None,
         "transform_cost": {a: _cost(a, by_action[a]["blocks"], by_action[a]["bytes"], agg.transform_out.get(a, 0))
                            for a in TRANSFORMS if a in by_action},
     }
+    if agg.objects:
+        entry["objects"] = _objects_entry(agg)
+    return entry
 
 
 def _file_count(v: FileCount) -> FileCount:
@@ -570,7 +641,9 @@ def _batches(path: str | os.PathLike[str], columns: list[str]):
     import pyarrow.parquet as pq
 
     for f in mf._parquet_files(path):
-        yield from pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=_BATCH_ROWS, columns=columns)
+        read, missing = mf._present(f, columns)  # (a version 3 manifest has no object columns)
+        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=_BATCH_ROWS, columns=read):
+            yield mf._with_nulls(batch, missing, columns) if missing else batch
 
 
 def exit_code_of(statuses: list[str] | set[str] | dict, *, target_errors: bool = False) -> int:
@@ -676,6 +749,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "not_reusable": {"blocks": blocks - reusable["blocks"],
                          "bytes": block_bytes - reusable["bytes"] - replicas["bytes"]},
     }
+    if any("objects" in n for n in namespaces):
+        totals_entry["objects"] = _sum_objects([n["objects"] for n in namespaces if "objects" in n])
     statuses = set(totals_entry["by_status"]) | {n["status"] for n in namespaces if n["status"] not in (None, "ok")}
     walk_errors = list(meta.get("walk_errors") or [])
     summary: ReportOutput = {

@@ -147,6 +147,10 @@ class RootListing:
     # root itself ("."): its family and the top-level entries its tier claims
     tiers: dict[str, Any] = field(default_factory=dict)
     root_tier: tuple[Any, list[os.DirEntry]] | None = None
+    # Mooncake stores (families/mooncake.py, spec mooncake.md §1.1): folder name -> its
+    # family ("." for ROOT itself); `store_entries`: the top-level names ROOT's store claims
+    stores: dict[str, Any] = field(default_factory=dict)
+    store_entries: set[str] = field(default_factory=set)
 
 
 def _looks_deep(path: str, depth: int = 3) -> bool:
@@ -169,6 +173,7 @@ def list_root(root: str) -> RootListing:
     listing = RootListing()
     flat = [f for f in families.writers() if f.root_layout == "flat"]
     tier_fams = [f for f in families.writers() if f.root_layout == "tiers"]
+    store_fams = [f for f in families.writers() if f.root_layout == "stores"]
     entries = []
     pages: dict[str, list[str]] = {f.name: [] for f in flat}
     with os.scandir(root) as it:
@@ -202,6 +207,8 @@ def list_root(root: str) -> RootListing:
             listing.rank_folders.setdefault(parsed.base, {})[parsed.rank] = e.name
         elif parsed is not None:
             listing.bases[e.name] = e
+        elif (store := next((f for f in store_fams if f.holds_store(e.path)), None)) is not None:
+            listing.stores[e.name] = store
         elif tier_fams and (tier := tiers.tier_family(e.path, tier_fams)) is not None:
             listing.tiers[e.name] = tier
         elif _looks_deep(e.path):
@@ -211,7 +218,25 @@ def list_root(root: str) -> RootListing:
     listing.flat_temps.sort(key=lambda fe: fe[0].name)  # (stable: by family, then name, as they were written)
     if tier_fams:
         _root_tier(listing, entries, tier_fams)
+    for fam in store_fams:
+        _root_store(root, listing, fam)
     return listing
+
+
+def _root_store(root: str, listing: RootListing, fam: Any) -> None:
+    """ROOT itself is a store (spec mooncake.md §1.1) when it is a client root or holds
+    `rank_*` client roots: the entries of its layout move from the root's own rows (and
+    from the stores found below it: a rank client root is part of ROOT's store) to it."""
+    claimed = fam.root_store_entries(root, [e.name for e in listing.files],
+                                     sorted(listing.foreign_dirs + list(listing.stores)))
+    if not claimed:
+        return
+    listing.files = [e for e in listing.files if e.name not in claimed]
+    listing.foreign_dirs = [d for d in listing.foreign_dirs if d not in claimed]
+    for name in claimed:
+        listing.stores.pop(name, None)
+    listing.stores["."] = fam
+    listing.store_entries = claimed
 
 
 def _root_tier(listing: RootListing, entries: list[os.DirEntry], tier_fams: list[Any]) -> None:

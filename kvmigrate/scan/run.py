@@ -27,7 +27,7 @@ from kvmigrate.fsio import check_root
 from kvmigrate.identity.facts import FactsResolver
 from kvmigrate.options import VERIFY_LEVELS, ScanOptions
 from kvmigrate.progress import ScanBar
-from kvmigrate.scan import flat, tier_rows
+from kvmigrate.scan import flat, store_rows, tier_rows
 from kvmigrate.scan.baseline import DEFAULT_RECHECK, LONE_RECHECK, Baseline
 from kvmigrate.scan.baseline import load as load_baseline
 from kvmigrate.scan.parallel import Walk, parallelism, plan_tasks
@@ -131,6 +131,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if k == 0:  # flat families' deployments: part 0 writes their rows (outside buckets), so only it reads them
         namespaces += flat.resolve(root_path, listing, resolver, target, verify, prev)
         namespaces += tier_rows.resolve(root_path, listing, resolver, target, verify)
+        namespaces += store_rows.resolve(root_path, listing, resolver, target, verify)
         if not selection:  # (a selection leaves namespaces unread that a key may be for)
             resolver.check_keys_matched([n for ns in namespaces for n in (ns.model_name, ns.source_base) if n])
     if selection:

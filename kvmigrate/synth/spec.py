@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
 
 SCHEMES = ("S1", "S2", "S3")
 # the families whose blocks these defect tables damage (LMCache tiers have their own: synth/lmcache.py)
-PAGED = tuple(f for f in FAMILIES if f != "lmcache")
+PAGED = tuple(f for f in FAMILIES if f not in ("lmcache", "mooncake"))
 TREES = tuple(f for f in PAGED if f != "sglang")  # the families that write base and rank folders
 KV_KINDS = ("full", "mla")
 
