@@ -225,6 +225,50 @@ def _backup(src: str, backup: str) -> None:
     _fsync_dir(os.path.dirname(backup))
 
 
+def _current(path: str, expect_xxh3: str | None) -> tuple[bytes, str]:
+    """The file's bytes and XXH3-128; StaleFile when it is not the one the plan read."""
+    data = _read(path)
+    digest = xxh3_hex(data)
+    if expect_xxh3 is not None and digest != expect_xxh3:
+        raise StaleFile(f"changed since it was read (XXH3 {digest}, the plan read {expect_xxh3})", path=path,
+                        hint="rescan, then plan again")
+    return data, digest
+
+
+def _via_temp(stage: str, final: str, data: bytes, step: Step, what: str,
+              put: Callable[[str, str], None]) -> tuple[str, int]:
+    """`data` in an fsynced temp of the stage, then `put` (a rename over, or a link to) at
+    `final`; the temp is gone after. Returns (XXH3-128, inode)."""
+    _ensure_stage(stage)
+    tmp = temp_path(stage, os.path.basename(final))
+    try:
+        digest, ino = _write_temp(tmp, data)
+        step(f"{what}tmp_written")
+        put(tmp, final)
+    except OSError:
+        _unlink_quiet(tmp)
+        raise
+    _unlink_quiet(tmp)  # (a link leaves it; a rename took it)
+    return digest, ino
+
+
+def _link(src: str, dst: str) -> None:
+    os.link(src, dst, follow_symlinks=False)
+
+
+def _replace(path: str, data: bytes, backup_path: str, stage: str, step: Step, doing: str) -> str:
+    """The original linked to its backup, then an fsynced temp of `data` renamed over it
+    and the folder fsynced: a reader sees the old file or the new one. Returns the new XXH3."""
+    _backup(path, backup_path)
+    step("backup")
+    try:
+        new, _ = _via_temp(stage, path, data, step, "", os.rename)
+    except OSError as exc:
+        raise write_error(exc, doing, path) from None
+    step("renamed")
+    _fsync_dir(os.path.dirname(path))
+    return new
+
 # --- an index rewrite (§5.2) ---------------------------------------------------------------------
 
 def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], backup_path: str,
@@ -237,11 +281,7 @@ def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], 
     path = os.path.join(client_root, meta_name)
     if not is_pair_name(meta_name) or not meta_name.endswith(META_SUFFIX):
         raise IndexRefused(f"{meta_name!r} is not a top-level <id>{META_SUFFIX} a client reads", path=path)
-    data = _read(path)
-    old = xxh3_hex(data)
-    if expect_xxh3 is not None and old != expect_xxh3:
-        raise StaleFile(f"the index changed since it was read (XXH3 {old}, the plan read {expect_xxh3})", path=path,
-                        hint="rescan, then plan again")
+    data, old = _current(path, expect_xxh3)
     try:
         meta = decode_meta(data)
     except DecodeError as exc:
@@ -264,20 +304,7 @@ def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], 
             raise IndexRefused(f"entry {i}'s new key is another entry's too (a key in two entries is never read)",
                                path=path)
     new = encode_meta(BucketMeta(meta.data_size, tuple(keys), meta.objects))
-    _backup(path, backup_path)
-    step("backup")
-    _ensure_stage(stage)
-    tmp = temp_path(stage, meta_name)
-    try:
-        new_hash, _ = _write_temp(tmp, new)
-        step("tmp_written")
-        os.rename(tmp, path)
-    except OSError as exc:
-        _unlink_quiet(tmp)
-        raise write_error(exc, "cannot rewrite the index", path) from None
-    step("renamed")
-    _fsync_dir(client_root)
-    return old, new_hash
+    return old, _replace(path, new, backup_path, stage, step, "cannot rewrite the index")
 
 
 # --- a new pair (§3.6, §5.2) ---------------------------------------------------------------------
@@ -352,33 +379,24 @@ def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, 
     for p in (bpath, mpath):
         if os.path.lexists(p):
             raise PairConflict(f"bucket id {bucket_id} is taken", path=p, hint="choose ids from a fresh listing")
-    _ensure_stage(stage)
-    btmp, mtmp = temp_path(stage, bname), temp_path(stage, mname)
     linked = False
+
+    def publish(data: bytes, final: str, what: str) -> tuple[str, int]:
+        try:
+            got = _via_temp(stage, final, data, step, f"{what}_", _link)
+        except FileExistsError:
+            raise PairConflict(f"bucket id {bucket_id}'s {what} name was taken meanwhile", path=final) from None
+        _fsync_dir(root)
+        return got
+
     try:
-        bucket_hash, ino = _write_temp(btmp, bucket_bytes)
-        step("bucket_tmp_written")
-        try:
-            os.link(btmp, bpath, follow_symlinks=False)
-        except FileExistsError:
-            raise PairConflict(f"bucket id {bucket_id} was taken meanwhile", path=bpath) from None
+        bucket_hash, ino = publish(bucket_bytes, bpath, "bucket")
         linked = True
-        _unlink_quiet(btmp)
-        _fsync_dir(root)
         step("bucket_linked")
-        meta_hash, _ = _write_temp(mtmp, meta_bytes)
-        step("meta_tmp_written")
-        try:
-            os.link(mtmp, mpath, follow_symlinks=False)
-        except FileExistsError:
-            raise PairConflict(f"bucket id {bucket_id}'s index name was taken meanwhile", path=mpath) from None
+        meta_hash, _ = publish(meta_bytes, mpath, "meta")
         linked = False
-        _unlink_quiet(mtmp)
-        _fsync_dir(root)
         step("meta_linked")
-    except (OSError, PairConflict) as exc:
-        for tmp in (btmp, mtmp):
-            _unlink_quiet(tmp)
+    except (OSError, PairConflict) as exc:  # (the temps are gone: `_via_temp`)
         if linked and _same_inode(bpath, ino):
             os.unlink(bpath)  # ours, with no index: the pair was not committed
             _fsync_dir(root)
@@ -407,21 +425,14 @@ def place_kv_entry(client_root: str, key: bytes, value: bytes, stage: str, creat
         if _mkdir(d):
             created_dirs.append(d)
     step("dirs_made")
-    _ensure_stage(stage)
-    tmp = temp_path(stage, os.path.basename(rel))
     try:
-        digest, _ = _write_temp(tmp, data)
-        step("tmp_written")
-        os.link(tmp, final, follow_symlinks=False)
+        digest, _ = _via_temp(stage, final, data, step, "", _link)
     except FileExistsError:
-        _unlink_quiet(tmp)
         same = _hash_or_none(final) == xxh3_hex(data)
         raise EntryOccupied("fpk(key) already holds a file" + (" with these bytes" if same else ""), path=final,
                             identical=same) from None
     except OSError as exc:
-        _unlink_quiet(tmp)
         raise write_error(exc, "cannot place a KVEntry", final) from None
-    _unlink_quiet(tmp)
     _fsync_dir(os.path.dirname(final))
     step("linked")
     return final, digest
@@ -439,25 +450,8 @@ def replace_kv_entry(path: str, new_entry: bytes, backup_path: str, stage: str, 
     want = fpk(entry.key, "x").split("/")[1:]
     if os.path.normpath(path).split(os.sep)[-3:] != want:
         raise IntegrityError(f"the entry's key is read at .../{'/'.join(want)}, not here", path=path)
-    old_bytes = _read(path)
-    old = xxh3_hex(old_bytes)
-    if expect_xxh3 is not None and old != expect_xxh3:
-        raise StaleFile(f"the KVEntry changed since it was read (XXH3 {old}, the plan read {expect_xxh3})",
-                        path=path, hint="rescan, then plan again")
-    _backup(path, backup_path)
-    step("backup")
-    _ensure_stage(stage)
-    tmp = temp_path(stage, os.path.basename(path))
-    try:
-        new, _ = _write_temp(tmp, new_entry)
-        step("tmp_written")
-        os.rename(tmp, path)
-    except OSError as exc:
-        _unlink_quiet(tmp)
-        raise write_error(exc, "cannot replace a KVEntry", path) from None
-    step("renamed")
-    _fsync_dir(os.path.dirname(path))
-    return old, new
+    _, old = _current(path, expect_xxh3)
+    return old, _replace(path, new_entry, backup_path, stage, step, "cannot replace a KVEntry")
 
 
 # --- the client lock (§5.1) ----------------------------------------------------------------------
