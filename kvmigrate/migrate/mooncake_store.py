@@ -32,7 +32,6 @@ import xxhash
 from kvmigrate.errors import IntegrityError, OperationalError, write_error
 from kvmigrate.formats.mooncake import (
     BUCKET_SUFFIX,
-    DEFAULT_FSDIR,
     LOCK_NAME,
     MAX_BUCKET_BYTES,
     MAX_BUCKET_KEYS,
@@ -53,10 +52,10 @@ from kvmigrate.formats.mooncake import (
 )
 from kvmigrate.fsio import CHUNK, hash_file, open_noatime
 
-__all__ = ["STAGE_NAME", "ClientLock", "EntryOccupied", "IndexDoesNotRoundTrip", "IndexRefused", "PairConflict",
+__all__ = ["STAGE_NAME", "ClientLock", "clear_stage", "EntryOccupied", "IndexDoesNotRoundTrip", "IndexRefused", "PairConflict",
            "PairWritten", "StaleFile", "choose_bucket_ids", "hold_client_lock", "pack_pairs", "place_kv_entry",
            "probe_client_lock", "remove_kv_entry", "remove_pair", "replace_kv_entry", "restore_index",
-           "retired_key", "rewrite_index", "stage_dir", "write_pair"]
+           "retired_key", "rewrite_index", "stage_path", "write_pair"]
 
 STAGE_NAME = ".kvmigrate-stage"
 NAME_MAX = 255
@@ -100,7 +99,7 @@ def xxh3_hex(data: bytes) -> str:
     return xxhash.xxh3_128(data).hexdigest()
 
 
-def stage_dir(client_root: str) -> str:
+def stage_path(client_root: str) -> str:
     """The client root's stage folder (temps; removed at the end of the run)."""
     return os.path.join(client_root, STAGE_NAME)
 
@@ -138,6 +137,27 @@ def _mkdir(path: str) -> bool:
 
 def _ensure_stage(stage: str) -> None:
     _mkdir(stage)
+
+
+def clear_stage(stage_dir: str) -> list[str]:
+    """Remove the stage at the end of a run: its temps (`*.tmp`: this run's, or a killed
+    one's, never read by anyone) and the folder; returns what else it found there, kept
+    along with the folder."""
+    try:
+        names = os.listdir(stage_dir)
+    except FileNotFoundError:
+        return []
+    others = []
+    for name in names:
+        path = os.path.join(stage_dir, name)
+        if name.endswith(".tmp") and stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+        else:
+            others.append(path)
+    if not others:
+        os.rmdir(stage_dir)
+        _fsync_dir(os.path.dirname(stage_dir))
+    return others
 
 
 def _read(path: str) -> bytes:
@@ -272,7 +292,7 @@ def _replace(path: str, data: bytes, backup_path: str, stage: str, step: Step, d
 # --- an index rewrite (§5.2) ---------------------------------------------------------------------
 
 def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], backup_path: str,
-                  stage: str, *, expect_xxh3: str | None = None, step: Step = _no_step) -> tuple[str, str]:
+                  stage_dir: str, *, expect_xxh3: str | None = None, step: Step = _no_step) -> tuple[str, str]:
     """Give entries `i` of `<client>/<meta_name>` the keys `new_keys[i]` (a rekey, or a
     retire: `retired_key`), nothing else: `data_size`, every offset, `key_size` (the skip
     to the value), the count and the order stay. The `.meta` must round-trip through the
@@ -304,7 +324,7 @@ def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], 
             raise IndexRefused(f"entry {i}'s new key is another entry's too (a key in two entries is never read)",
                                path=path)
     new = encode_meta(BucketMeta(meta.data_size, tuple(keys), meta.objects))
-    return old, _replace(path, new, backup_path, stage, step, "cannot rewrite the index")
+    return old, _replace(path, new, backup_path, stage_dir, step, "cannot rewrite the index")
 
 
 # --- a new pair (§3.6, §5.2) ---------------------------------------------------------------------
@@ -359,7 +379,7 @@ def pack_pairs(objects: Sequence[tuple[bytes, bytes]], max_keys: int = MAX_BUCKE
     return pairs
 
 
-def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, bytes]], stage: str,
+def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, bytes]], stage_dir: str,
                *, step: Step = _no_step) -> PairWritten:
     """A new pair `<id>.bucket` + `<id>.meta` holding `objects` in the given order: each file
     an fsynced temp linked to its name (no clobber: a taken name is PairConflict), the
@@ -383,7 +403,7 @@ def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, 
 
     def publish(data: bytes, final: str, what: str) -> tuple[str, int]:
         try:
-            got = _via_temp(stage, final, data, step, f"{what}_", _link)
+            got = _via_temp(stage_dir, final, data, step, f"{what}_", _link)
         except FileExistsError:
             raise PairConflict(f"bucket id {bucket_id}'s {what} name was taken meanwhile", path=final) from None
         _fsync_dir(root)
@@ -409,24 +429,27 @@ def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, 
 
 # --- KVEntries (§1.3, §5.2) ----------------------------------------------------------------------
 
-def place_kv_entry(client_root: str, key: bytes, value: bytes, stage: str, created_dirs: list[str],
-                   *, fsdir: str = DEFAULT_FSDIR, step: Step = _no_step) -> tuple[str, str]:
-    """A KVEntry of (`key`, `value`) at `fpk(key)`: the hash folders made as needed (each
-    appended to `created_dirs`, for the journal), an fsynced temp in the stage linked to
-    the final name (no clobber: a taken one is EntryOccupied). Returns (path, XXH3-128)."""
+def place_kv_entry(fsdir_root: str, key: bytes, value: bytes, stage_dir: str, created_dirs: list[str],
+                   *, step: Step = _no_step) -> tuple[str, str]:
+    """A KVEntry of (`key`, `value`) at `fpk(key)` under `fsdir_root` (`<client>/<fsdir>`):
+    the fsdir and hash folders made as needed (each appended to `created_dirs`, for the
+    journal), an fsynced temp in the stage (never in the fsdir) linked to the final name
+    (no clobber: a taken one is EntryOccupied). Returns (path, XXH3-128)."""
     if not key:
         raise ValueError("a KVEntry needs a key")
     data = encode_kv_entry(KVEntry(key, value))
-    rel = fpk(key, fsdir)
-    final = os.path.join(client_root, rel)
-    d = client_root
-    for part in rel.split("/")[:-1]:
+    parts = fpk(key, os.path.basename(os.path.normpath(fsdir_root))).split("/")[1:]  # a, b, name
+    final = os.path.join(fsdir_root, *parts)
+    d = fsdir_root
+    if _mkdir(d):
+        created_dirs.append(d)
+    for part in parts[:-1]:
         d = os.path.join(d, part)
         if _mkdir(d):
             created_dirs.append(d)
     step("dirs_made")
     try:
-        digest, _ = _via_temp(stage, final, data, step, "", _link)
+        digest, _ = _via_temp(stage_dir, final, data, step, "", _link)
     except FileExistsError:
         same = _hash_or_none(final) == xxh3_hex(data)
         raise EntryOccupied("fpk(key) already holds a file" + (" with these bytes" if same else ""), path=final,
@@ -438,7 +461,7 @@ def place_kv_entry(client_root: str, key: bytes, value: bytes, stage: str, creat
     return final, digest
 
 
-def replace_kv_entry(path: str, new_entry: bytes, backup_path: str, stage: str, *,
+def replace_kv_entry(path: str, new_entry: bytes, backup_path: str, stage_dir: str, *,
                      expect_xxh3: str | None = None, step: Step = _no_step) -> tuple[str, str]:
     """A displaced KVEntry replaced (§3.5): the original linked to `backup_path`, then an
     fsynced temp `rename`d over it. `new_entry` must be a KVEntry whose key's `fpk` is
@@ -451,7 +474,7 @@ def replace_kv_entry(path: str, new_entry: bytes, backup_path: str, stage: str, 
     if os.path.normpath(path).split(os.sep)[-3:] != want:
         raise IntegrityError(f"the entry's key is read at .../{'/'.join(want)}, not here", path=path)
     _, old = _current(path, expect_xxh3)
-    return old, _replace(path, new_entry, backup_path, stage, step, "cannot replace a KVEntry")
+    return old, _replace(path, new_entry, backup_path, stage_dir, step, "cannot replace a KVEntry")
 
 
 # --- the client lock (§5.1) ----------------------------------------------------------------------
@@ -531,12 +554,12 @@ def probe_client_lock(client_root: str) -> Literal["absent", "free", "held"]:
 
 # --- undo (§5.3) ---------------------------------------------------------------------------------
 
-def restore_index(path: str, backup_path: str, expected_new_xxh3: str, stage: str | None = None
+def restore_index(path: str, backup_path: str, expected_new_xxh3: str, stage_dir: str | None = None
                   ) -> Literal["restored", "kept"]:
     """Put the original back over a rewritten `.meta` (or a replaced KVEntry): `rename` of
     its backup, only while the file still holds the journaled new XXH3; anything else
     (changed since, evicted, no backup) is `kept`. A backup on another filesystem is
-    copied to a temp in `stage` first (by default the `.meta`'s client root's; a KVEntry's
+    copied to a temp in `stage_dir` first (by default the `.meta`'s client root's; a KVEntry's
     must be given: a temp is never in `<fsdir>`)."""
     if _hash_or_none(path) != expected_new_xxh3 or not os.path.isfile(backup_path):
         return "kept"
@@ -546,12 +569,12 @@ def restore_index(path: str, backup_path: str, expected_new_xxh3: str, stage: st
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise write_error(exc, "cannot put the original back", path) from None
-        if stage is None:
+        if stage_dir is None:
             if not path.endswith(META_SUFFIX):
                 raise ValueError("a KVEntry's backup across filesystems needs its client root's stage") from None
-            stage = stage_dir(folder)
-        _ensure_stage(stage)
-        tmp = temp_path(stage, os.path.basename(path))
+            stage_dir = stage_path(folder)
+        _ensure_stage(stage_dir)
+        tmp = temp_path(stage_dir, os.path.basename(path))
         _write_temp(tmp, _read(backup_path))
         os.rename(tmp, path)
         os.unlink(backup_path)

@@ -87,7 +87,7 @@ def backup_of(root: Path, name: str) -> str:
 def test_a_rekey_changes_only_the_key_and_the_old_key_no_longer_reads(client):
     before = (client / "4096.meta").read_bytes()
     old, new = S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                               S.stage_dir(str(client)))
+                               S.stage_path(str(client)))
     sees(client, {scoped(K0): V0}, misses=(K0,), scoped_reader=False)
     a, b = M.decode_meta(before), M.decode_meta((client / "4096.meta").read_bytes())
     assert (b.data_size, b.objects, b.keys[1]) == (a.data_size, a.objects, a.keys[1]) and b.keys[0] == scoped(K0)
@@ -105,7 +105,7 @@ def test_a_retired_key_keeps_its_scoping_and_no_engine_reads_it(client):
     with pytest.raises(ValueError):
         M.retired_key(K0, "run@1")
     S.rewrite_index(str(client), "4096.meta", {1: M.retired_key(K1, "r7")}, backup_of(client, "4096.meta"),
-                    S.stage_dir(str(client)))
+                    S.stage_path(str(client)))
     sees(client, {K0: V0, M.retired_key(K1, "r7"): V1}, misses=(K1,), scoped_reader=False)
 
 
@@ -116,26 +116,26 @@ def test_an_index_that_does_not_round_trip_is_never_rewritten(client):
     meta.write_bytes(odd)
     with pytest.raises(S.IndexDoesNotRoundTrip):
         S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                        S.stage_dir(str(client)))
+                        S.stage_path(str(client)))
     assert meta.read_bytes() == odd and not Path(backup_of(client, "4096.meta")).exists()
 
 
 def test_an_index_listing_nothing_is_never_rewritten(client):
     (client / "4096.meta").write_bytes(M.encode_meta(M.BucketMeta(10, (), ())))
     with pytest.raises(S.IndexRefused, match="lists 0 keys"):
-        S.rewrite_index(str(client), "4096.meta", {}, backup_of(client, "4096.meta"), S.stage_dir(str(client)))
+        S.rewrite_index(str(client), "4096.meta", {}, backup_of(client, "4096.meta"), S.stage_path(str(client)))
 
 
 def test_a_new_key_that_another_entry_holds_is_refused(client):
     with pytest.raises(S.IndexRefused, match="another entry"):
-        S.rewrite_index(str(client), "4096.meta", {0: K1}, backup_of(client, "4096.meta"), S.stage_dir(str(client)))
+        S.rewrite_index(str(client), "4096.meta", {0: K1}, backup_of(client, "4096.meta"), S.stage_path(str(client)))
     sees(client, RAW, scoped_reader=False)
 
 
 def test_an_index_changed_since_the_plan_is_stale(client):
     with pytest.raises(S.StaleFile):
         S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                        S.stage_dir(str(client)), expect_xxh3="0" * 32)
+                        S.stage_path(str(client)), expect_xxh3="0" * 32)
     sees(client, RAW, scoped_reader=False)
 
 
@@ -149,7 +149,7 @@ def test_the_backup_is_an_fsynced_copy_across_filesystems(client, monkeypatch):
         return real(src, dst, **kw)
     monkeypatch.setattr(os, "link", link)
     before = (client / "4096.meta").read_bytes()
-    S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_dir(str(client)))
+    S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_path(str(client)))
     assert Path(backup).read_bytes() == before
     assert sorted(p.name for p in Path(backup).parent.iterdir()) == ["4096.meta.orig"]
 
@@ -158,7 +158,7 @@ def test_the_backup_is_an_fsynced_copy_across_filesystems(client, monkeypatch):
 def test_a_crash_during_an_index_rewrite_leaves_the_original_index(client, point):
     with pytest.raises(Crash):
         S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                        S.stage_dir(str(client)), step=crash_at(point))
+                        S.stage_path(str(client)), step=crash_at(point))
     sees(client, RAW, misses=(scoped(K0),), scoped_reader=False)
     assert all(p.name.endswith(".tmp") for p in (client / S.STAGE_NAME).glob("*"))
 
@@ -169,7 +169,7 @@ def test_a_failed_rename_leaves_the_original_index_and_no_temp(client, monkeypat
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(OperationalError):
         S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                        S.stage_dir(str(client)))
+                        S.stage_path(str(client)))
     sees(client, RAW, scoped_reader=False)
     assert list((client / S.STAGE_NAME).iterdir()) == []
 
@@ -177,7 +177,7 @@ def test_a_failed_rename_leaves_the_original_index_and_no_temp(client, monkeypat
 def test_a_crash_after_the_rename_leaves_the_new_index(client):
     with pytest.raises(Crash):
         S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup_of(client, "4096.meta"),
-                        S.stage_dir(str(client)), step=crash_at("renamed"))
+                        S.stage_path(str(client)), step=crash_at("renamed"))
     sees(client, {scoped(K0): V0, K1: V1}, misses=(K0,), scoped_reader=False)
 
 
@@ -189,7 +189,7 @@ NEW = [(scoped(K0) + b"x", b"a" * 40), (scoped(K1) + b"x", b"b" * 30)]
 def test_a_new_pair_is_adopted_and_every_key_reads(client):
     (ident,) = S.choose_bucket_ids(str(client), 1)
     assert ident == 4097
-    w = S.write_pair(str(client), ident, NEW, S.stage_dir(str(client)))
+    w = S.write_pair(str(client), ident, NEW, S.stage_path(str(client)))
     sees(client, {K0: V0, K1: V1, **dict(NEW)}, scoped_reader=False)
     assert w.bucket_xxh3 == xxhash.xxh3_128_hexdigest((client / "4097.bucket").read_bytes())
     assert w.meta_xxh3 == xxhash.xxh3_128_hexdigest((client / "4097.meta").read_bytes())
@@ -200,7 +200,7 @@ def test_a_new_pair_is_adopted_and_every_key_reads(client):
 def test_a_taken_pair_name_is_a_conflict_and_nothing_is_written(client):
     (client / "4097.meta").write_bytes(b"someone else's")
     with pytest.raises(S.PairConflict):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)))
     assert not (client / "4097.bucket").exists()
 
 
@@ -213,7 +213,7 @@ def test_an_index_name_taken_meanwhile_takes_our_bucket_away(client, monkeypatch
         return real(src, dst, **kw)
     monkeypatch.setattr(os, "link", link)
     with pytest.raises(S.PairConflict):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)))
     assert not (client / "4097.bucket").exists() and list((client / S.STAGE_NAME).iterdir()) == []
 
 
@@ -222,14 +222,14 @@ def test_an_index_name_taken_meanwhile_takes_our_bucket_away(client, monkeypatch
 def test_a_crash_before_the_index_is_linked_leaves_the_old_root(client, point, deleted):
     """A lone new `.bucket` is the only trace, and a start deletes it: a clean miss."""
     with pytest.raises(Crash):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)), step=crash_at(point))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)), step=crash_at(point))
     sees(client, RAW, misses=tuple(k for k, _ in NEW), deleted=deleted, scoped_reader=False)
     assert all(p.name.endswith(".tmp") for p in (client / S.STAGE_NAME).iterdir())
 
 
 def test_a_crash_once_the_index_is_linked_leaves_the_pair_committed(client):
     with pytest.raises(Crash):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)), step=crash_at("meta_linked"))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)), step=crash_at("meta_linked"))
     sees(client, {**RAW, **dict(NEW)}, scoped_reader=False)
 
 
@@ -242,7 +242,7 @@ def test_a_failed_link_of_the_index_leaves_no_lone_bucket(client, monkeypatch):
         return real(src, dst, **kw)
     monkeypatch.setattr(os, "link", link)
     with pytest.raises(OperationalError, match="no space"):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)))
     sees(client, RAW, scoped_reader=False)
     assert list((client / S.STAGE_NAME).iterdir()) == []
 
@@ -277,50 +277,50 @@ def test_pairs_are_sorted_by_key_and_cut_at_the_key_and_byte_limits():
 
 def test_a_placed_kv_entry_reads_and_its_hash_folders_are_reported(tmp_path):
     made: list[str] = []
-    path, digest = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), made)
+    path, digest = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), made)
     sees(tmp_path, {scoped(K0): V0})
     assert path == str(tmp_path / M.fpk(scoped(K0))) and digest == xxhash.xxh3_128_hexdigest(Path(path).read_bytes())
     rel = M.fpk(scoped(K0)).split("/")
     assert made == [str(tmp_path / rel[0]), str(tmp_path / rel[0] / rel[1]), str(tmp_path / "/".join(rel[:3]))]
     again: list[str] = []
     with pytest.raises(S.EntryOccupied) as err:
-        S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), again)
+        S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), again)
     assert err.value.identical and again == []
 
 
 @pytest.mark.parametrize("point", ["dirs_made", "tmp_written"])
 def test_a_crash_before_a_kv_entry_is_linked_leaves_nothing_at_depth_3(tmp_path, point):
     with pytest.raises(Crash):
-        S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [], step=crash_at(point))
+        S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [], step=crash_at(point))
     sees(tmp_path, {}, misses=(scoped(K0),))
     assert [p for p in (tmp_path / M.DEFAULT_FSDIR).rglob("*") if p.is_file()] == []
 
 
 def test_a_displaced_kv_entry_is_replaced_and_its_original_kept(tmp_path):
-    path, _ = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [])
+    path, _ = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [])
     before = Path(path).read_bytes()
     backup = backup_of(tmp_path, M.fpk(scoped(K0)))
     new = M.encode_kv_entry(M.KVEntry(scoped(K0), V1))
-    old_h, new_h = S.replace_kv_entry(path, new, backup, S.stage_dir(str(tmp_path)))
+    old_h, new_h = S.replace_kv_entry(path, new, backup, S.stage_path(str(tmp_path)))
     sees(tmp_path, {scoped(K0): V1})
     assert Path(backup).read_bytes() == before and new_h == xxhash.xxh3_128_hexdigest(new)
     assert old_h == xxhash.xxh3_128_hexdigest(before)
 
 
 def test_a_kv_entry_whose_key_is_read_elsewhere_never_replaces(tmp_path):
-    path, _ = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [])
+    path, _ = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [])
     with pytest.raises(S.IntegrityError, match="is read at"):
         S.replace_kv_entry(path, M.encode_kv_entry(M.KVEntry(scoped(K1), V1)), backup_of(tmp_path, "x"),
-                           S.stage_dir(str(tmp_path)))
+                           S.stage_path(str(tmp_path)))
     sees(tmp_path, {scoped(K0): V0})
 
 
 @pytest.mark.parametrize("point", ["backup", "tmp_written"])
 def test_a_crash_during_a_kv_entry_replace_leaves_the_original(tmp_path, point):
-    path, _ = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [])
+    path, _ = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [])
     with pytest.raises(Crash):
         S.replace_kv_entry(path, M.encode_kv_entry(M.KVEntry(scoped(K0), V1)), backup_of(tmp_path, "e"),
-                           S.stage_dir(str(tmp_path)), step=crash_at(point))
+                           S.stage_path(str(tmp_path)), step=crash_at(point))
     sees(tmp_path, {scoped(K0): V0})
 
 
@@ -370,7 +370,7 @@ def test_a_lock_another_process_holds_is_exit_8_naming_the_path(tmp_path):
 
 def test_a_rewritten_index_is_restored_only_while_it_holds_the_new_hash(client):
     backup = backup_of(client, "4096.meta")
-    _, new = S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_dir(str(client)))
+    _, new = S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_path(str(client)))
     assert S.restore_index(str(client / "4096.meta"), backup, "f" * 32) == "kept"
     sees(client, {scoped(K0): V0}, scoped_reader=False)
     assert S.restore_index(str(client / "4096.meta"), backup, new) == "restored"
@@ -380,7 +380,7 @@ def test_a_rewritten_index_is_restored_only_while_it_holds_the_new_hash(client):
 
 def test_an_index_backup_on_another_filesystem_is_copied_back(client, monkeypatch):
     backup = backup_of(client, "4096.meta")
-    _, new = S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_dir(str(client)))
+    _, new = S.rewrite_index(str(client), "4096.meta", {0: scoped(K0)}, backup, S.stage_path(str(client)))
     real = os.rename
 
     def rename(src, dst):
@@ -393,16 +393,16 @@ def test_an_index_backup_on_another_filesystem_is_copied_back(client, monkeypatc
 
 
 def test_a_replaced_kv_entry_is_restored(tmp_path):
-    path, _ = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [])
+    path, _ = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [])
     backup = backup_of(tmp_path, "e")
     _, new = S.replace_kv_entry(path, M.encode_kv_entry(M.KVEntry(scoped(K0), V1)), backup,
-                                S.stage_dir(str(tmp_path)))
+                                S.stage_path(str(tmp_path)))
     assert S.restore_index(path, backup, new) == "restored"
     sees(tmp_path, {scoped(K0): V0})
 
 
 def test_a_new_pair_is_removed_index_first_and_only_with_its_hashes(client, monkeypatch):
-    w = S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)))
+    w = S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)))
     assert S.remove_pair(str(client), 4097, "0" * 32, w.bucket_xxh3) == {"meta": "kept", "bucket": "kept"}
     sees(client, {**RAW, **dict(NEW)}, scoped_reader=False)
     real, order = os.unlink, []
@@ -418,7 +418,7 @@ def test_a_new_pair_is_removed_index_first_and_only_with_its_hashes(client, monk
 
 def test_a_lone_bucket_of_the_run_is_removed_and_another_bucket_kept(client):
     with pytest.raises(Crash):
-        S.write_pair(str(client), 4097, NEW, S.stage_dir(str(client)), step=crash_at("bucket_linked"))
+        S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)), step=crash_at("bucket_linked"))
     digest = xxhash.xxh3_128_hexdigest((client / "4097.bucket").read_bytes())
     assert S.remove_pair(str(client), 4097, "0" * 32, "1" * 32) == {"meta": "absent", "bucket": "kept"}
     assert S.remove_pair(str(client), 4097, "0" * 32, digest) == {"meta": "absent", "bucket": "removed"}
@@ -426,7 +426,40 @@ def test_a_lone_bucket_of_the_run_is_removed_and_another_bucket_kept(client):
 
 
 def test_a_placed_kv_entry_is_removed_only_with_its_hash(tmp_path):
-    path, digest = S.place_kv_entry(str(tmp_path), scoped(K0), V0, S.stage_dir(str(tmp_path)), [])
+    path, digest = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), scoped(K0), V0, S.stage_path(str(tmp_path)), [])
     assert S.remove_kv_entry(path, "0" * 32) == "kept"
     assert S.remove_kv_entry(path, digest) == "removed" and S.remove_kv_entry(path, digest) == "absent"
     sees(tmp_path, {}, misses=(scoped(K0),))
+
+
+def test_a_crash_between_removing_the_index_and_the_bucket_leaves_a_clean_miss(client, monkeypatch):
+    w = S.write_pair(str(client), 4097, NEW, S.stage_path(str(client)))
+    real = os.unlink
+
+    def unlink(p, *a, **kw):
+        if str(p).endswith(".bucket"):
+            raise Crash(p)
+        return real(p, *a, **kw)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(Crash):
+        S.remove_pair(str(client), 4097, w.meta_xxh3, w.bucket_xxh3)
+    sees(client, RAW, misses=tuple(k for k, _ in NEW), deleted=("4097.bucket",), scoped_reader=False)
+
+
+def test_a_kv_entry_with_a_name_near_the_limit_is_staged_under_its_hash(tmp_path):
+    key = b"default\0" + b"k" * 240  # a 248-byte file name: with `.<pid>.tmp` over NAME_MAX
+    path, _ = S.place_kv_entry(str(tmp_path / M.DEFAULT_FSDIR), key, V0, S.stage_path(str(tmp_path)), [])
+    assert len(os.path.basename(path)) == 248
+    sees(tmp_path, {key: V0})
+
+
+def test_the_stage_is_cleared_of_temps_and_kept_with_anything_else(client):
+    stage = S.stage_path(str(client))
+    with pytest.raises(Crash):
+        S.write_pair(str(client), 4097, NEW, stage, step=crash_at("bucket_tmp_written"))
+    assert S.clear_stage(stage) == [] and not os.path.exists(stage)
+    with pytest.raises(Crash):
+        S.write_pair(str(client), 4098, NEW, stage, step=crash_at("bucket_tmp_written"))
+    Path(stage, "notes.txt").write_text("x")
+    assert S.clear_stage(stage) == [os.path.join(stage, "notes.txt")]
+    assert os.listdir(stage) == ["notes.txt"]
