@@ -289,6 +289,7 @@ def _replace(path: str, data: bytes, backup_path: str, stage: str, step: Step, d
     _fsync_dir(os.path.dirname(path))
     return new
 
+
 # --- an index rewrite (§5.2) ---------------------------------------------------------------------
 
 def rewrite_index(client_root: str, meta_name: str, new_keys: dict[int, bytes], backup_path: str,
@@ -535,7 +536,7 @@ def hold_client_lock(client_root: str) -> ClientLock:
 def probe_client_lock(client_root: str) -> Literal["absent", "free", "held"]:
     """The state of a client root's lock for the scan, changing nothing: `absent` (no
     file), `held` (a client runs: its flock is taken), else `free`; a probe's own flock is
-    released at once."""
+    released at once. A lock name that is a symlink or cannot be opened raises OSError."""
     path = os.path.join(client_root, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
