@@ -406,3 +406,27 @@ def kv_entry_layout(head: bytes, size: int) -> tuple[bytes, int, int]:
             value_at, value_len = pos, n
         pos += n
     return key, value_at, value_len
+
+# --- retired keys (§3.5) -------------------------------------------------------------------------
+
+RETIRED_MARK = "kvmigrate-retired"
+
+
+def retired_key(storage_key: bytes, run_id: str) -> bytes:
+    """The key a displaced bucket entry gets (§3.5): `kvmigrate-retired@<run>@<engine key>`
+    in the storage key's own scoping (a scoped key keeps its tenant, a raw key stays raw), so
+    no engine ever looks it up and the `.meta` keeps its count. `run_id` holds no `@`, the
+    separator that gives the original key back."""
+    if not run_id or "@" in run_id or "\0" in run_id:
+        raise ValueError(f"a run id in a retired key must be non-empty with no '@' or NUL, got {run_id!r}")
+    k = parse_storage_key(storage_key)
+    return StorageKey(k.tenant, f"{RETIRED_MARK}@{run_id}@{k.engine}").encode()
+
+
+def parse_retired_key(engine_key: str) -> tuple[str, str] | None:
+    """(run id, the original engine key) of a retired entry's engine key; None for any other."""
+    mark, at, rest = engine_key.partition("@")
+    if mark != RETIRED_MARK or not at:
+        return None
+    run, at, original = rest.partition("@")
+    return (run, original) if at and run else None
