@@ -104,7 +104,9 @@ SGLANG_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 KV_KINDS = ("full", "mla", "sliding", "hybrid", "mamba")
 FAMILIES = NAMES  # the writer families: one module each in kvmigrate/families/
-SYNTH_FAMILIES = NAMES  # synth's --family choices: every family
+# synth's --family choices: every family, and the families synth writes before they are scanned
+SYNTH_ONLY = ("mooncake",)
+SYNTH_FAMILIES = NAMES + tuple(f for f in SYNTH_ONLY if f not in NAMES)
 RUNNERS = ("v1", "v2")  # vLLM's V1 and V2 model runners
 
 # vLLM `ModelConfig.dtype` (ModelDType) without "auto": the fact is what "auto" resolved to

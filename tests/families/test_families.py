@@ -86,7 +86,9 @@ def test_every_family_list_is_the_registry():
         for p in cli.get_command(ctx, name).params:
             if p.name == "family" and isinstance(p.type, click.Choice):
                 choices[name] = tuple(p.type.choices)
-    assert choices.pop("synth") == values.SYNTH_FAMILIES == synth_spec.SYNTH_FAMILIES == families.NAMES
+    # synth also writes the families whose module is still to come (values.SYNTH_ONLY)
+    synth_only = tuple(f for f in values.SYNTH_ONLY if f not in families.NAMES)
+    assert choices.pop("synth") == values.SYNTH_FAMILIES == synth_spec.SYNTH_FAMILIES == families.NAMES + synth_only
     assert choices and set(choices.values()) == {families.NAMES}, choices
     for name in families.NAMES:
         fam = families.get(name)
