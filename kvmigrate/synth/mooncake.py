@@ -410,7 +410,9 @@ def _inject(root: Path, spec: Any, result: Any, pairs: list[dict[str, Any]]) -> 
 
 def _defect(root: Path, spec: Any, d: str, blocks: list[dict[str, Any]],
             pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Inject defect `d` (its blocks not yet written); the record's fields (§1.4, §4)."""
+    """Inject defect `d` (its blocks not yet written; `pairs` the main blocks' pairs); the
+    record's fields (§1.4, §4). The victim is the first block's first object (key rank 0,
+    stage 0, `_k`), in rank 0's client root."""
     fpk = spec.mc_backend == "file_per_key"
     cr = client_root(spec)
     objs = [o for b in blocks for o in b["objects"]]
@@ -490,8 +492,8 @@ def _defect(root: Path, spec: Any, d: str, blocks: list[dict[str, Any]],
         return {"relpath": twin["relpath"], "statuses": {twin["relpath"]: "ok", twin["bucket"]: "ok"},
                 "objects": [_row(v, d), _row(twin, d)], "read_fails": [v["storage_key"]]}
     if d == "unsupported_key":  # another Mooncake user's key, same tenant
-        o: dict[str, Any] = {"key": UNSUPPORTED_KEY, "storage_key": storage_key(spec, UNSUPPORTED_KEY).decode(),
-             "client_root": cr, "value": b"\x07" * 64}
+        skey = storage_key(spec, UNSUPPORTED_KEY).decode("utf-8", "surrogateescape")
+        o: dict[str, Any] = {"key": UNSUPPORTED_KEY, "storage_key": skey, "client_root": cr, "value": b"\x07" * 64}
         _write(root, spec, [o])
         statuses = {o["relpath"]: "unsupported_layout"} if fpk else {o["relpath"]: "ok", o["bucket"]: "ok"}
         return {"relpath": o["relpath"], "statuses": statuses, "objects": [_row(o, "unsupported_layout")]}
