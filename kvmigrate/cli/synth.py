@@ -24,7 +24,7 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(SYNTH_FAMILIES), default="vllm", show_default=True,
               help="Writer family: upstream vLLM fs tier, llm-d fs connector, vllm.cpp, SGLang HiCache file backend, "
-                   "LMCache disk tier (not scanned yet).")
+                   "LMCache disk tier, Mooncake Store SSD offload store (--mc-*; not scanned yet).")
 @click.option("--scheme", type=click.Choice(["S1", "S2", "S3"]), default="S1", show_default=True,
               help="vLLM identity era (llm-d is always S1; vllm.cpp ignores it).")
 @click.option("--model", "model_name", default="meta-llama/Llama-3.1-8B-Instruct", show_default=True)
@@ -71,8 +71,24 @@ def _defect_list(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option("--lmc-gds-names", type=click.Choice(["auto", "quoted", "legacy"]), default="auto", show_default=True,
               help="lmcache gds: quoted names (0.4.3+) or the <= 0.4.2 '_' names (auto: quoted for lmc-k3).")
 @click.option("--lmc-salt", default="", help="lmcache mp: a cache_salt ending the object keys.")
+@click.option("--mc-backend", type=click.Choice(["bucket", "file_per_key"]), default="bucket", show_default=True,
+              help="mooncake: bucket pairs (<id>.bucket + <id>.meta) or one KVEntry file per key.")
+@click.option("--mc-engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="mooncake: the keys of vLLM 0.34 MooncakeStoreConnector or SGLang 0.5.23 HiCache (rank_* roots).")
+@click.option("--mc-scheme", type=click.Choice(["mc-scoped", "mc-raw"]), default="mc-scoped", show_default=True,
+              help="mooncake: <tenant>\\0<key> storage keys (0.3.12+) or raw engine keys (<= 0.3.11).")
+@click.option("--mc-tenant", default="default", show_default=True, help="mooncake mc-scoped: the tenant.")
+@click.option("--mc-store", default="store", show_default=True,
+              help="mooncake: store folder under DIR ('.' makes DIR itself the store).")
+@click.option("--mc-cache-prefix", default="", metavar="PREFIX",
+              help="mooncake vllm: the keys' cache prefix (none by default; 'auto' draws an auto-<hex> one).")
+@click.option("--mc-fsdir", default="file_per_key_dir", show_default=True,
+              help="mooncake file_per_key: MOONCAKE_OFFLOAD_FSDIR.")
+@click.option("--mc-bucket-keys", type=click.IntRange(min=1, max=500), default=500, show_default=True,
+              help="mooncake bucket: keys per pair (also capped at 256 MiB).")
 @click.option("--defects", callback=_defect_list, default=None, metavar="A,B,...",
-              help="Defects to inject (see kvmigrate.synth.defects), e.g. missing_rank,tmp_vllm.")
+              help="Defects to inject (see kvmigrate.synth.defects; lmcache and mooncake: their synth modules), "
+                   "e.g. missing_rank,tmp_vllm.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same block keys and bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the SynthResult as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing (the tree is still built).")
@@ -102,6 +118,11 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
             click.echo(f"{ns['tier_relpath']}  lmcache {ns['backend']} {ns['scheme']} tp={ns['tp']} ws={ns['ws']} "
                        f"{ns['kv_kind']} ranks={','.join(str(r) for r in ns['ranks'])} file={ns['file_size']}B")
             continue
+        if "store_relpath" in ns:  # a Mooncake store: client roots of keyed objects
+            click.echo(f"{ns['store_relpath']}  mooncake {ns['backend']} {ns['engine']} {ns['scheme']} tp={ns['tp']} "
+                       f"pp={ns['pp']} {ns['kv_kind']} roots={len(ns['client_roots'])} objects={ns['objects']} "
+                       f"object={ns['object_size']}B")
+            continue
         if ns.get("base_name") is None:  # a flat directory (SGLang HiCache): no base folder
             click.echo(f"{result.root}  sglang {ns['scheme']} tp={ns['tp']} pp={ns['pp']} {ns['kv_kind']} "
                        f"{ns['layout']} file={ns['file_size']}B")
@@ -109,7 +130,10 @@ def command(directory: str, as_json: bool, quiet: bool, hash_len: str, **options
         ranks = ",".join(str(r) for r in ns["ranks"])
         click.echo(f"{ns['base_name']}  {ns['family']} {ns['scheme']} tp={ns['tp']} {ns['kv_kind']} "
                    f"ranks={ranks} file={ns['file_size']}B")
-    files = len(result.block_files())
-    click.echo(f"{plural(files, 'block file')} under {result.root}")
+    objects = sum(ns["objects"] for ns in result.namespaces if "store_relpath" in ns)
+    if objects:  # a Mooncake store counts objects (a bucket pair holds many)
+        click.echo(f"{plural(objects, 'object')} under {result.root}")
+    else:
+        click.echo(f"{plural(len(result.block_files()), 'block file')} under {result.root}")
     for d in result.defects:
         click.echo(f"defect {d['name']}: {d['relpath']} -> {d['status']}")

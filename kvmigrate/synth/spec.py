@@ -102,6 +102,17 @@ class SynthSpec:
     lmc_save_only_first_rank: bool = True
     lmc_gds_names: str = "auto"
     lmc_salt: str = ""
+    # mooncake (synth/mooncake.py): backend, engine, key scheme and tenant, store folder under
+    # ROOT ("." = ROOT itself), vLLM cache prefix ("" none, "auto" an auto-<hex>), file-per-key
+    # folder, keys per bucket pair
+    mc_backend: str = "bucket"
+    mc_engine: str = "vllm"
+    mc_scheme: str = "mc-scoped"
+    mc_tenant: str = "default"
+    mc_store: str = "store"
+    mc_cache_prefix: str = ""
+    mc_fsdir: str = "file_per_key_dir"
+    mc_bucket_keys: int = 500
 
     def __post_init__(self) -> None:
         if isinstance(self.defects, str):
@@ -138,6 +149,11 @@ def check_spec(spec: SynthSpec) -> None:
         from kvmigrate.synth import lmcache
 
         lmcache.check(spec)
+        return
+    if spec.family == "mooncake":  # stores of bucket pairs or KVEntries (synth/mooncake.py)
+        from kvmigrate.synth import mooncake
+
+        mooncake.check(spec)
         return
     if spec.kv_kind not in KV_KINDS:
         bad(f"kv_kind must be one of {', '.join(KV_KINDS)}, got {spec.kv_kind!r}")
@@ -211,6 +227,10 @@ class SynthResult:
         status (interface.md §2), reason (a fragment the manifest reason should contain,
         case-insensitive), rows (relpaths whose manifest row must carry `status`),
         base_name, block, group, rank, namespace_status (for namespace-level defects).
+    Mooncake stores (synth/mooncake.py) differ: a block has `objects` (key, storage_key,
+    rank, pp, half, client_root, relpath, object_index, size, bucket) instead of `files`;
+    a defect has `statuses` per file, `objects` per object row, and `deleted`,
+    `refuses_start`, `read_fails` (what the next client start does).
     """
 
     root: Path
@@ -224,7 +244,7 @@ class SynthResult:
 
     def block_files(self) -> list[str]:
         """Relpaths of every block file still at its proper place."""
-        return [rel for b in self.blocks for rel in b["files"].values() if rel is not None]
+        return [rel for b in self.blocks for rel in b.get("files", {}).values() if rel is not None]
 
     def defect(self, name: str) -> dict:
         """The record of defect `name` (the first one, for per-stage records)."""

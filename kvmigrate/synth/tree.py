@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from kvmigrate import layout
-from kvmigrate.synth import lmcache, pages, sglang
+from kvmigrate.synth import lmcache, mooncake, pages, sglang
 from kvmigrate.synth.defects import inject
 from kvmigrate.synth.files import block_file_bytes, write_file
 from kvmigrate.synth.identities import namespace_dict, plan_namespaces
@@ -34,6 +34,10 @@ def build(root: str | Path, spec: SynthSpec) -> SynthResult:
     if spec.family == "sglang":  # one flat directory, the names are the identity
         result = SynthResult(root=root.resolve())
         sglang.build(root, spec, result)
+        return result
+    if spec.family == "mooncake":  # a store of client roots, the objects are keyed
+        result = SynthResult(root=root.resolve())
+        mooncake.build(root, spec, result)
         return result
     namespaces = plan_namespaces(spec)
     for ns in namespaces:
