@@ -343,6 +343,8 @@ class Mooncake(families.Family):
                 blocks[o.block].append(o)
         del subs
         usable = ("ok", "misfiled")  # a misfiled KVEntry counts: it is relinked (§2.4)
+        # KVEntries at their own fpk path: a misfiled copy of one is a harmless duplicate (§1.3)
+        in_place = {o.relpath for o in objs if o.kind == "kventry" and o.status == "ok"}
         for objs_of in blocks.values():
             have = {o.key_rank for o in objs_of if o.status in usable}
             missing = universe - {o.key_rank for o in objs_of}
@@ -362,9 +364,9 @@ class Mooncake(families.Family):
                     o.action = "none"
                     o.reason = "another key-rank object of the block is damaged: the block is a miss"
                     continue
-                self._action(o, dep, fsdir)
+                self._action(o, dep, fsdir, in_place)
 
-    def _action(self, o: StoreFile, dep: Deployment, fsdir: str) -> None:
+    def _action(self, o: StoreFile, dep: Deployment, fsdir: str, in_place: set[str]) -> None:
         """§3.3 for the target that is the writer's deployment read by Mooncake 0.3.14."""
         sk = M.parse_storage_key(o.object_key or b"")
         target_key = M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)
@@ -378,6 +380,9 @@ class Mooncake(families.Family):
             elif want == o.relpath:
                 o.action, o.target = "already_present", o.relpath
                 o.reason = "read in place: the target looks up this key at this path"
+            elif want in in_place:  # (prune --migrated takes this name)
+                o.action, o.target = "already_present", want
+                o.reason = "a copy of the entry at fpk(key), which serves the key: this name is a harmless duplicate"
             else:
                 o.action, o.target = "link", want
                 o.reason = "a valid entry outside fpk(key): registered at start, never read; link it there"

@@ -752,6 +752,7 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     if any("objects" in n for n in namespaces):
         totals_entry["objects"] = _sum_objects([n["objects"] for n in namespaces if "objects" in n])
     statuses = set(totals_entry["by_status"]) | {n["status"] for n in namespaces if n["status"] not in (None, "ok")}
+    statuses |= set(totals_entry["objects"]["by_status"]) if "objects" in totals_entry else set()  # (an index's entries)
     walk_errors = list(meta.get("walk_errors") or [])
     summary: ReportOutput = {
         "summary_version": SUMMARY_VERSION,

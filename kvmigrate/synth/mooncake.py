@@ -208,7 +208,9 @@ def deployment(spec: Any) -> str:
     """§2.4's label of the store's one deployment."""
     stem = (f"{cache_prefix(spec)}@" if cache_prefix(spec) else "") + key_model(spec)
     label = f"mooncake:{store_relpath(spec)}:{spec.mc_engine}:{stem}:{spec.mc_scheme}"
-    return label + (f":tenant={spec.mc_tenant}" if spec.mc_scheme == "mc-scoped" else "")
+    # the tenant is named when it is not Mooncake's default (families/mooncake.py deployment_label)
+    return label + (f":tenant={spec.mc_tenant}" if spec.mc_scheme == "mc-scoped" and spec.mc_tenant != M.DEFAULT_TENANT
+                     else "")
 
 
 def geometry(spec: Any) -> dict[str, Any]:
@@ -515,9 +517,9 @@ def _defect(root: Path, spec: Any, d: str, blocks: list[dict[str, Any]],
         if fpk:
             _write_file(root / rels[1], b"not a Mooncake file\n")
         return {"statuses": dict.fromkeys(rels, "foreign")}
-    if d == "nested_bucket":  # a copy of a .bucket in a sub-folder: the start deletes it
-        assert first is not None
-        rel = _join(first["client_root"], NESTED_DIR, f"{first['id']}{M.BUCKET_SUFFIX}")
+    if d == "nested_bucket":  # a .bucket moved aside into a sub-folder under an id no top-level .meta has
+        assert first is not None  # (the start deletes it; under a live id it would be kept, never read)
+        rel = _join(first["client_root"], NESTED_DIR, f"{first['id'] * 10}{M.BUCKET_SUFFIX}")
         _write_file(root / rel, (root / first["bucket"]).read_bytes())
         return {"statuses": {rel: "orphan_data"}, "deleted": [rel], "client_root": first["client_root"]}
     if d == "symlink":  # never followed by kvmigrate; Mooncake's is_regular_file would follow it

@@ -165,9 +165,8 @@ def start(root: Path, *, fsdir: str = "file_per_key_dir") -> StartResult:
     for dirpath, _, names in os.walk(root):
         for name in names:
             if name.endswith(".bucket"):
-                ident = _stoll(name[:-7])
-                top = Path(dirpath) == root
-                if not top or ident is None or ident not in live or not (root / f"{ident}.meta").is_file():
+                ident = _stoll(name[:-7])  # (at any depth: kept only with a live top-level <id>.meta)
+                if ident is None or ident not in live or not (root / f"{ident}.meta").is_file():
                     p = Path(dirpath) / name
                     if p not in res.deleted:
                         res.deleted.append(p)
