@@ -325,7 +325,9 @@ class Migration:
         from kvmigrate.selection import Selection
 
         selection = replace(self.plan.selection or Selection(), left_out=tuple(sorted(guessed)))
-        return _plan(build_plan, self.manifest, self.plan.dest, False, selection), guessed
+        plan = _plan(build_plan, self.manifest, self.plan.dest, False, selection)
+        plan.stores = self.plan.stores  # (with the proofs stated on the command line)
+        return plan, guessed
 
 
 @contextlib.contextmanager

@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
                    "is proven (crash residue, replica equality, vllm.cpp headers, slice cell sizes) and the dry "
                    "run shows what --apply does]. With size or none, --apply reads each block before placing "
                    "it instead.")
+@click.option("--engine-stopped", "engine_stopped", is_flag=True,
+              help="Mooncake stores: no Mooncake client uses any store of ROOT (the proof an apply needs where "
+                   "kvmigrate cannot take 0.3.14's client lock; mooncake.md 5.1).")
 @io_depth_option
 @facts_options
 @selection_options
@@ -74,6 +77,7 @@ log = logging.getLogger(__name__)
 @handle_errors
 def command(root: str | None, manifest_path: str | None, apply: bool, mode: str, dest: str | None,
             journal: str | None, print_commands: bool, manifest_out: str | None, verify: str | None,
+            engine_stopped: bool,
             threads: int | None, as_json: bool, quiet: bool, verbose: int, target: str, run_on: str,
             shards: int | None, ray_address: str | None, max_duration: Seconds | None, bwlimit: Rate | None,
             idle_io: bool, **kwargs) -> None:
@@ -126,6 +130,8 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
             root, manifest_path, options, apply=apply, dest=dest, manifest_out=manifest_out,
             explicit_target=ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE,
             parts=None if parts is None else pipeline.Parts(parts, ray_address)) as run:
+        for store in run.plan.stores:  # (the operator's statement for every store of ROOT)
+            store.stopped_stated |= engine_stopped
         if run.plan.holds_no_cache:  # an empty or unmounted root: nothing to plan, no journal to write there
             from kvmigrate.errors import OperationalError
             from kvmigrate.report.hints import no_cache_message

@@ -301,6 +301,12 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
                          "never one by name order; the others stay in their legacy folder)")
         lines.append("  outcomes: " + ", ".join(f"{k} {n}" for k, n in tp.outcomes().items()
                                                  if k not in ("changed_since_scan", "failed")))
+    if plan.stores:
+        from kvmigrate.migrate.stores import describe
+
+        lines.append("")
+        lines.append("Mooncake stores (index entries rekeyed in place, KVEntries written at fpk(key)):")
+        lines += describe(plan.stores)
     if plan.not_built:
         lines.append("")
         lines.append("planned by the scan, not applied by this kvmigrate yet (nothing of them is written):")

@@ -60,6 +60,7 @@ from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts
 from kvmigrate.migrate.runs import claimed_by_others
 from kvmigrate.migrate.sources import SourceChecks, read_batch, reads_block
 from kvmigrate.migrate.state import ApplyState, Helpers
+from kvmigrate.migrate.stores import StoreApplier, check_proofs
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024
@@ -118,12 +119,19 @@ class Applier:
         work = [tp for tp in plan.targets if tp.actions]
         if self.mode == "link":
             self._check_same_filesystem(work)
+        check_proofs(plan.root, plan.stores)
         tree = DestTree(plan.dest)
         locks: list[NamespaceLock] = []
+        stores: StoreApplier | None = None
         try:
             journal = self._open_journal()
             self._start(tree, journal)
             try:
+                if plan.stores:  # every store's proof before the first write of the run (mooncake.md §5.1)
+                    resumed = [r for run in self._resume_runs for r in run.store_records]
+                    stores = StoreApplier(plan.root, plan.stores, journal, self._run_id or "", self.crash.hit,
+                                          resumed)
+                    stores.take_proofs()
                 for tp in work:
                     if not tp.flat:  # (a flat target's files go into the destination directory itself)
                         self.folders.ensure_dirs([tp.base_name])
@@ -133,6 +141,10 @@ class Applier:
                     self._lock_namespaces(work, locks)
                 self._resume_pending()
                 self._targets(work)
+                if stores is not None:
+                    stores.apply()
+                    self.result.outcomes.update(stores.outcomes)
+                    self.result.findings += stores.skipped
             except SymlinkInPath as exc:
                 raise Stop(OperationalError(f"refusing to write through a symlink or non-directory: {exc.filename}",
                                              path=exc.filename, hint="remove it or pass --dest DIR")) from None
@@ -161,6 +173,8 @@ class Applier:
             self.helpers.drain()  # nothing is made under a namespace lock once it is released
             for lock in reversed(locks):
                 lock.release()
+            if stores is not None:
+                stores.release()
             if self.journal is not None:
                 self.journal.close()
             tree.close()

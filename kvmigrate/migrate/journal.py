@@ -21,6 +21,7 @@ Record types, in the order a run writes them:
     done      after a creation: path, inode, size, xxh3_128 of the output (folders:
               one record `kind: dirs` with the paths a batch created)
     lock      the lock file of a target base folder was created
+    mc_*      a Mooncake store's proofs, intent, index rewrites and KVEntries (migrate/stores.py)
     skip      a block not created (conflict, changed_since_scan, failed) and why
     complete  the run finished (outcome counts); a complete run is never resumed
     rolled_back  `kvmigrate rollback` removed what the run created
@@ -258,6 +259,7 @@ class Run:
     intents: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> done record (last wins)
     locks: list[str] = field(default_factory=list)
+    store_records: list[dict[str, Any]] = field(default_factory=list)  # Mooncake stores' `mc_*` (migrate/stores.py)
     complete: dict[str, Any] | None = None
     rolled_back: bool = False
 
@@ -346,6 +348,9 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
                 run.done[path] = rec
         elif t == "lock":
             run.locks.append(rec["path"])
+        elif t.startswith("mc_"):
+            if keep:
+                run.store_records.append(rec)
         elif t == "complete":
             run.complete = rec
         elif t == "rolled_back" and rec.get("targets") is not None:

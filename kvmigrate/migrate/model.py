@@ -194,10 +194,16 @@ class Plan:
     # (family title, action) -> blocks the scan planned whose migration this kvmigrate does not
     # apply yet (Mooncake stores, docs/mooncake.md): pending, never written
     not_built: Counter = field(default_factory=Counter)
+    stores: list[Any] = field(default_factory=list)  # Mooncake stores' work (migrate/stores.StorePlan)
 
     @property
     def pending(self) -> int:
-        return sum(t.pending for t in self.targets)
+        return sum(t.pending for t in self.targets) + self.store_objects
+
+    @property
+    def store_objects(self) -> int:
+        """Objects the stores' work places (rekeys and links)."""
+        return sum(sum(p.objects.values()) for p in self.stores)
 
     @property
     def waiting_for_dest(self) -> tuple[int, int]:
@@ -222,6 +228,7 @@ class Plan:
         for tp in self.targets:
             for k, n in tp.outcomes().items():
                 out[k] += n
+        out["created"] += self.store_objects
         return out
 
     def dry_run_exit_code(self) -> int:

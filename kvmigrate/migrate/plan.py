@@ -45,6 +45,7 @@ from kvmigrate.migrate.model import (
 )
 from kvmigrate.migrate.outputs import TRANSFORMS, SourceInvalid, TransformSpec, flat_relayout_spec, transform_spec
 from kvmigrate.migrate.rows import INTEGRITY_STATES, ManifestRows, PendingRowCheck
+from kvmigrate.migrate.stores import STORE_ACTIONS, plan_stores
 from kvmigrate.selection import selected_bases
 
 # Rows that only point at the rank-0 row of their block (rank-row rule, migration.md §1)
@@ -685,7 +686,7 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for src_base in sorted(chosen if chosen is not None else namespaces):
         ns = namespaces[src_base]
         fam = families.get(ns.get("family"))
-        if fam.root_layout == "stores":  # (docs/mooncake.md: the scan plans, migrate does not apply yet)
+        if fam.root_layout == "stores":  # a store's work is planned apart (migrate/stores.py)
             not_built[src_base] = fam.title
             continue
         if fam.root_layout in ("flat", "tiers"):
@@ -769,8 +770,11 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 if tp is not None:
                     tp.already_present[0] += blocks
                     tp.already_present[1] += nbytes
-            elif tp is None and sb in not_built and action != "none":
+            elif tp is None and sb in not_built and action != "none" and (
+                    dest_elsewhere or action not in STORE_ACTIONS):  # (store work: migrate/stores.py, in place)
                 waiting[(not_built[sb], action)] += blocks
+            elif tp is None and sb in not_built:
+                pass  # a store's rekey or link: planned below (plan_stores)
             elif tp is None:
                 untargeted[reason or action] += blocks
             elif action == "none" and occupied is not None:
@@ -792,12 +796,15 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for base, tp in targets.items():
         tp.actions = ActionStream(rows, ctx, tallies[base])
 
+    stores = [] if dest_elsewhere or not not_built else plan_stores(
+        str(manifest_path), namespaces, chosen=[b for b in not_built])
     return Plan(root=root, dest=os.path.abspath(dest) if dest else root,
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
                 targets=[targets[k] for k in sorted(targets)], untargeted=untargeted,
                 integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
-                placed_integrity_rows=rows.placed_integrity_rows, selection=selection, not_built=waiting)
+                placed_integrity_rows=rows.placed_integrity_rows, selection=selection, not_built=waiting,
+                stores=stores)
 
 
 def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan], src_base: str,

@@ -113,6 +113,8 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
                 if selection:
                     undone |= journal_bases(run.targets, selection)
                 _rollback_run(run, result, selection, files, decision.sources_now(dry_run))
+                if not selection:  # a Mooncake store's work: its indexes' originals back, its KVEntries gone
+                    _rollback_stores(run, result)
         if selection:
             result.notes.append(f"{path}: rolled back the targets matching {selection.flags()} only; the journal "
                                 "stays usable for the rest")
@@ -474,6 +476,17 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
         rm.dirs(rec["path"] for rec in by_kind["dir"])
 
 
+def _rollback_stores(run: jn.Run, result: RollbackResult) -> None:
+    """The store work of a run (migrate/stores.py): indexes restored, KVEntries removed."""
+    from kvmigrate.migrate.stores import rollback_run
+
+    done, kept = rollback_run(run, result.dry_run)
+    for kind, n in done.items():
+        if n:
+            result.removed["block" if kind == "kventry" else kind] += n
+    result.kept += kept
+
+
 def _journal_dirs(run: jn.Run) -> list[str]:
     """Where the other runs of this root are journaled: the root's journal folder and the
     folder of this run's journal (a --journal elsewhere)."""
@@ -555,7 +568,9 @@ def _append_rolled_back(path: str, result: RollbackResult, targets: list[str] | 
 def _counts(c: Counter) -> str:
     return (f"{plural(c.get('block', 0), 'block')}, {plural(c.get('config', 0), 'config.json', 'config.json files')}, "
             f"{plural(c.get('dir', 0), 'folder')}, {plural(c.get('temp', 0), 'temp file')}"
-            + (f", {plural(c['lock'], 'lock file')}" if c.get("lock") else ""))
+            + (f", {plural(c['lock'], 'lock file')}" if c.get("lock") else "")
+            + (f"; put back the original of {plural(c['index'], 'Mooncake index', 'Mooncake indexes')}"
+               if c.get("index") else ""))
 
 
 def render(result: RollbackResult) -> str:

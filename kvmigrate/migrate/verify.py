@@ -181,6 +181,7 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
             result.findings.append(Finding("dest_missing", run.dest, "destination root of the journal is missing"))
             continue
         kept = journal_bases(run.targets, selection) if selection else None
+        _check_stores(run, result)
         with DestTree(run.dest) as tree:
             for rec in run.done.values():
                 kind = rec.get("kind")
@@ -196,6 +197,21 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
                 else:
                     result.configs += 1
                 _check_output(tree, run, rec, result)
+
+
+def _check_stores(run: jn.Run, result: VerifyResult) -> None:
+    """A Mooncake store's rewritten indexes and placed KVEntries (migrate/stores.py): an
+    index the client since evicted is `evicted` (bit 1), anything else changed bit 4."""
+    from kvmigrate.migrate.stores import verify_run
+
+    checked, found = verify_run(run)
+    result.blocks += checked
+    for code, message in found:
+        path = message.split(": ", 1)[0]
+        if code == "missing":
+            result.findings.append(Finding("evicted", path, message, EXIT_FINDINGS))
+        else:
+            result.findings.append(Finding(f"block_{code}", path, message))
 
 
 def _check_same_root(path: str, run: jn.Run, root: str) -> None:

@@ -1,0 +1,541 @@
+"""Migrating Mooncake stores (spec mooncake.md §3.3, §5): the planned work of the scan's
+store rows, applied with the write primitives of migrate/mooncake_store.py.
+
+A Mooncake store is not a namespace of block files: a rekeyed bucket object stays in its
+pair, only its key in the `.meta` index changes (an index rewrite), and a file-per-key entry
+is a KVEntry at `fpk(key)`. So a store's work is planned and applied here, per store, beside
+the tree and flat targets of the plan, in the same journal (records `mc_*`):
+
+    mc_store   the store, its proofs (a held client flock per bucket client root, or the
+               engine_stopped statement), the client roots it writes, kvmigrate's own locks
+    mc_intent  fsynced before anything of the store is written: every index rewrite
+               (the `.meta`, entry -> new key) and every KVEntry (source, path, key)
+    mc_index   after an index rewrite: its original XXH3, the backup, the new XXH3
+    mc_entry   after a KVEntry was placed: its path, XXH3, the folders made for it
+    mc_done    the store's work finished (stage and own locks removed)
+
+Order per store (§5.2): proofs and locks, the intent, index rewrites, new KVEntries. Source
+`.bucket` files are never modified: every value stays readable at its manifest location.
+Rollback puts every rewritten index's original back (only while it holds the journaled new
+bytes) and removes the KVEntries the run placed (only with their journaled bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from kvmigrate import layout
+from kvmigrate import manifest as mf
+from kvmigrate.errors import OperationalError, UsageError
+from kvmigrate.formats import mooncake as M
+from kvmigrate.migrate import mooncake_store as MS
+from kvmigrate.migrate.fsops import check_relpath
+
+OWN_LOCK = ".kvmigrate.lock"  # kvmigrate's lock in each client root it writes (holder pid inside)
+BACKUP_DIR = os.path.join(layout.OWN_DIR, "mooncake")  # ROOT/.kvmigrate/mooncake/<run>/<relpath>.orig
+STORE_ACTIONS = ("rekey", "link")  # what this release applies of a store's rows
+FLOCK_RELEASE = (0, 3, 14)  # the first Mooncake that holds the client lock (§5.1)
+_COLUMNS = ["relpath", "source_base", "family", "action", "object_index", "object_key", "target_key",
+            "target_relpath", "size", "mtime_ns", "inode", "payload_xxh3_128"]
+
+
+@dataclass
+class IndexRewrite:
+    """The new keys of some entries of one live `.meta` (a rekey, §5.2)."""
+
+    meta: str  # relpath of the `.meta`
+    client: str  # its client root's relpath ('' for ROOT)
+    keys: dict[int, bytes] = field(default_factory=dict)  # entry -> new storage key
+    old_keys: dict[int, bytes] = field(default_factory=dict)  # entry -> its key as scanned
+    values: dict[int, bytes | None] = field(default_factory=dict)  # entry -> its value's XXH3-128 (hash scans)
+    inode: int = 0  # the `.meta`'s stat as scanned (staleness: its object rows carry it)
+    mtime_ns: int = 0
+
+
+@dataclass
+class EntryWrite:
+    """A KVEntry the target reads at `path` (fpk of `key`): from the source entry's value."""
+
+    source: str
+    path: str
+    key: bytes
+    action: str  # rekey (a new entry, the key changes) or link (the same bytes at fpk(key))
+    client: str
+    size: int = 0
+    mtime_ns: int = 0
+    value: bytes | None = None  # the value's XXH3-128 (hash scans)
+
+
+@dataclass
+class StorePlan:
+    store: str
+    rewrites: list[IndexRewrite] = field(default_factory=list)
+    entries: list[EntryWrite] = field(default_factory=list)
+    bucket_clients: list[str] = field(default_factory=list)  # client roots whose index a rewrite changes
+    clients: list[str] = field(default_factory=list)  # every client root written
+    flock_stated: bool = False  # writer_release >= 0.3.14 stated: the client lock is the proof
+    stopped_stated: bool = False  # engine_stopped stated for the store
+    objects: Counter = field(default_factory=Counter)  # action -> objects
+
+    @property
+    def proof(self) -> str | None:
+        """How the apply proves no client runs (§5.1): `flock` (every client root written is
+        a bucket one with >= 0.3.14 stated), `engine_stopped`, or None (no proof)."""
+        if self.stopped_stated:
+            return "engine_stopped"
+        if self.flock_stated and set(self.clients) <= set(self.bucket_clients):
+            return "flock"
+        return None
+
+
+def _release(value: Any) -> tuple[int, ...] | None:
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(value or ""))
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, engine_stopped: bool = False,
+                chosen: Iterable[str] | None = None) -> list[StorePlan]:
+    """The store work of a manifest: its `rekey` and `link` rows, grouped per store."""
+    store_of = {b: (ns.get("config_json") or {}).get("store") for b, ns in namespaces.items()
+                if ns.get("family") == "mooncake"}
+    if chosen is not None:
+        keep = set(chosen)
+        store_of = {b: s for b, s in store_of.items() if b in keep}
+    if not store_of:
+        return []
+    plans: dict[str, StorePlan] = {}
+    rewrites: dict[str, IndexRewrite] = {}
+    for batch in mf.iter_batches(manifest_path, columns=_COLUMNS):
+        cols = batch.to_pydict()
+        for i, action in enumerate(cols["action"]):
+            if action not in STORE_ACTIONS or cols["family"][i] != "mooncake":
+                continue
+            base = cols["source_base"][i]
+            store = store_of.get(base)
+            if store is None:
+                continue
+            plan = plans.get(store)
+            if plan is None:
+                plan = plans[store] = StorePlan(store)
+                facts = [namespaces[b].get("facts") or {} for b, s in store_of.items() if s == store]
+                plan.stopped_stated = engine_stopped or any(f.get("engine_stopped") is True for f in facts)
+                rel = [_release(f.get("writer_release")) for f in facts]
+                plan.flock_stated = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)
+            relpath, target = cols["relpath"][i], cols["target_relpath"][i]
+            key = cols["target_key"][i]
+            check_relpath(relpath, f"{manifest_path}: row")
+            if not key or not target:
+                raise UsageError(f"{manifest_path}: row {relpath!r}: a {action} without its target key or path; "
+                                 "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
+            index = cols["object_index"][i]
+            client = target[:-1] if target.endswith("/") else _client_of(relpath, target)
+            if index is not None:  # an entry of a live index: rewritten in place
+                rw = rewrites.get(relpath)
+                if rw is None:
+                    rw = rewrites[relpath] = IndexRewrite(relpath, client, inode=cols["inode"][i] or 0,
+                                                          mtime_ns=cols["mtime_ns"][i] or 0)
+                    plan.rewrites.append(rw)
+                    if client not in plan.bucket_clients:
+                        plan.bucket_clients.append(client)
+                rw.keys[index] = key
+                rw.old_keys[index] = cols["object_key"][i]
+                rw.values[index] = cols["payload_xxh3_128"][i]
+            else:
+                check_relpath(target, f"{manifest_path}: row {relpath!r} target")
+                plan.entries.append(EntryWrite(relpath, target, key, action, client, cols["size"][i] or 0,
+                                               cols["mtime_ns"][i] or 0, cols["payload_xxh3_128"][i]))
+            if client not in plan.clients:
+                plan.clients.append(client)
+            plan.objects[action] += 1
+    return [plans[s] for s in sorted(plans)]
+
+
+def _client_of(relpath: str, target: str) -> str:
+    """The client root of a KVEntry: what precedes its `<fsdir>/<a>/<b>/<name>` (4 parts)."""
+    parts = target.split("/")
+    return "/".join(parts[:-4])
+
+
+def describe(plans: list[StorePlan]) -> list[str]:
+    """The dry run's lines: per store, its work and the proof the apply needs."""
+    lines: list[str] = []
+    for p in plans:
+        what = ", ".join(f"{n} {a}" for a, n in sorted(p.objects.items()))
+        lines.append(f"  Mooncake store {p.store}: {what} ({len(p.rewrites)} index rewrites, "
+                     f"{len(p.entries)} KVEntries)")
+        proof = p.proof
+        if proof == "flock":
+            lines.append("    the apply takes the Mooncake 0.3.14 client lock of each client root it writes "
+                         "(a held lock: exit 8, nothing written)")
+        elif proof == "engine_stopped":
+            lines.append("    no Mooncake client uses it (engine_stopped stated); the apply also takes the client "
+                         "lock of each bucket client root it writes")
+        else:
+            lines.append("    the apply needs a proof that no Mooncake client uses it: stop the engines and pass "
+                         "--engine-stopped (or state writer_release >= 0.3.14 for a bucket store)")
+    return lines
+
+
+def check_proofs(root: str, plans: list[StorePlan]) -> None:
+    """A store without a proof that its clients are stopped: exit 2, before anything (even
+    the journal) is written."""
+    missing = [p.store for p in plans if p.proof is None]
+    if missing:
+        raise UsageError(f"Mooncake store {missing[0]}: no proof that its clients are stopped"
+                         + (f" (and {len(missing) - 1} more stores)" if len(missing) > 1 else ""),
+                         path=os.path.join(root, missing[0]) if missing[0] != "." else root,
+                         hint="stop every engine using the store and rerun with --engine-stopped (or state "
+                              "writer_release >= 0.3.14 for a bucket store: its client lock then proves it)")
+
+
+class StoreApplier:
+    """Applies the store plans of one migration run, writing its journal."""
+
+    def __init__(self, root: str, plans: list[StorePlan], journal: Any, run_id: str,
+                 crash: Callable[[str], None], resumed: list[dict[str, Any]] | None = None):
+        self.root = root
+        self.plans = plans
+        self.journal = journal
+        self.run_id = run_id
+        self.crash = crash
+        self.flocks: list[MS.ClientLock] = []
+        self.own_locks: list[str] = []
+        self.outcomes: Counter = Counter()
+        self.skipped: list[str] = []
+        # what an interrupted run of this journal already did: index -> new XXH3, entry -> XXH3
+        self.done_index = {r["meta"]: r["new"] for r in resumed or () if r.get("t") == "mc_index"}
+        self.done_entry = {r["path"]: r["xxh3"] for r in resumed or () if r.get("t") == "mc_entry"}
+
+    def _abs(self, relpath: str) -> str:
+        return os.path.join(self.root, relpath) if relpath else self.root
+
+    def take_proofs(self) -> None:
+        """Every proof of every store before the first write (§5.1): no proof → exit 2
+        (`check_proofs`), a held client lock → exit 8; nothing written either way."""
+        check_proofs(self.root, self.plans)
+        try:
+            for p in self.plans:
+                for client in p.bucket_clients:
+                    lock = MS.hold_client_lock(self._abs(client))
+                    self.flocks.append(lock)
+                    self.journal.write({"t": "mc_store", "store": p.store, "client": client, "proof": p.proof,
+                                        "lock_created": lock.created}, sync=True)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for lock in reversed(self.flocks):
+            lock.release()
+        self.flocks = []
+
+    def apply(self) -> None:
+        for p in self.plans:
+            self._store(p)
+
+    def _own_lock(self, client: str) -> None:
+        path = os.path.join(self._abs(client), OWN_LOCK)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return  # (an interrupted run's: removed at the end of this one)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        self.own_locks.append(path)
+
+    def _store(self, p: StorePlan) -> None:
+        for client in p.clients:
+            self._own_lock(client)
+        self.journal.write({"t": "mc_intent", "store": p.store,
+                            "rewrites": [{"meta": rw.meta, "client": rw.client,
+                                          "keys": {str(i): k.hex() for i, k in rw.keys.items()}}
+                                         for rw in p.rewrites],
+                            "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
+                                         "client": e.client} for e in p.entries]}, sync=True)
+        self.crash("intent")
+        for rw in p.rewrites:
+            self._rewrite(rw)
+        for e in p.entries:
+            self._entry(e)
+        for client in p.clients:
+            MS.clear_stage(MS.stage_path(self._abs(client)))
+        for path in self.own_locks:
+            if os.path.exists(path):
+                os.unlink(path)
+        self.own_locks = []
+        self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
+
+    def _rewrite(self, rw: IndexRewrite) -> None:
+        path = self._abs(rw.meta)
+        n = len(rw.keys)
+        try:
+            data = MS._read(path)
+        except OperationalError as exc:
+            self._skip("failed", n, f"{rw.meta}: {exc}")
+            return
+        digest = MS.xxh3_hex(data)
+        if self.done_index.get(rw.meta) == digest:
+            self.outcomes["created"] += n  # an interrupted run of this journal rewrote it
+            return
+        try:
+            st = os.lstat(path)
+            meta = M.decode_meta(data)
+        except (OSError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        if (st.st_ino, st.st_mtime_ns) != (rw.inode, rw.mtime_ns) or any(
+                i >= len(meta.keys) or meta.keys[i] != old for i, old in rw.old_keys.items()):
+            self._skip("changed_since_scan", n, f"{rw.meta}: the index changed since the scan")
+            return
+        bucket = path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+        if not self._values_whole(bucket, meta, rw):
+            self._skip("changed_since_scan", n, f"{rw.meta}: a value in its bucket changed since the scan")
+            return
+        backup = os.path.join(self.root, BACKUP_DIR, self.run_id, rw.meta + ".orig")
+        os.makedirs(os.path.dirname(backup), exist_ok=True)
+        try:
+            old, new = MS.rewrite_index(self._abs(rw.client), os.path.basename(rw.meta), rw.keys, backup,
+                                        MS.stage_path(self._abs(rw.client)), expect_xxh3=digest, step=self.crash)
+        except MS.IndexRefused as exc:
+            self._skip("skipped_needs_transform" if isinstance(exc, MS.IndexDoesNotRoundTrip) else "conflict", n,
+                       f"{rw.meta}: {exc}")
+            return
+        except MS.StaleFile as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        self.journal.write({"t": "mc_index", "meta": rw.meta, "client": rw.client, "old": old, "new": new,
+                            "backup": os.path.relpath(backup, self.root), "inode": st.st_ino, "size": st.st_size,
+                            "mtime_ns": st.st_mtime_ns}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += n
+
+    def _values_whole(self, bucket: str, meta: M.BucketMeta, rw: IndexRewrite) -> bool:
+        """Every rekeyed value still in its bucket with the scanned bytes (a hash scan's
+        XXH3-128), or at least within the file (a size scan)."""
+        try:
+            fd = os.open(bucket, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            for i in rw.keys:
+                obj = meta.objects[i]
+                if obj.end > size:
+                    return False
+                want = rw.values.get(i)
+                if want is not None:
+                    h = xxhash.xxh3_128()
+                    pos = obj.value_start
+                    while pos < obj.end:
+                        b = os.pread(fd, min(1 << 20, obj.end - pos), pos)
+                        if not b:
+                            return False
+                        h.update(b)
+                        pos += len(b)
+                    if h.digest() != want:
+                        return False
+        finally:
+            os.close(fd)
+        return True
+
+    def _entry(self, e: EntryWrite) -> None:
+        target = self._abs(e.path)
+        if e.path in self.done_entry and MS._hash_or_none(target) == self.done_entry[e.path]:
+            self.outcomes["created"] += 1
+            return
+        try:
+            st = os.lstat(self._abs(e.source))
+            data = MS._read(self._abs(e.source))
+            entry = M.decode_kv_entry(data)
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
+            return
+        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns) or (
+                e.value is not None and xxhash.xxh3_128(entry.value).digest() != e.value):
+            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+            return
+        if e.action == "link" and entry.key != e.key:
+            self._skip("changed_since_scan", 1, f"{e.source}: its key is not the one the scan read")
+            return
+        client = self._abs(e.client)
+        fsdir = e.path.split("/")[-4]
+        dirs: list[str] = []
+        try:
+            path, digest = MS.place_kv_entry(os.path.join(client, fsdir), e.key, entry.value,
+                                             MS.stage_path(client), dirs, step=self.crash)
+        except MS.EntryOccupied as exc:
+            if exc.identical:
+                self.outcomes["already_present"] += 1
+            else:
+                self._skip("conflict", 1, f"{e.path}: {exc}")
+            return
+        self.journal.write({"t": "mc_entry", "path": e.path, "source": e.source, "xxh3": digest,
+                            "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += 1
+
+    def _skip(self, outcome: str, n: int, why: str) -> None:
+        self.outcomes[outcome] += n
+        self.skipped.append(f"{outcome}: {why}")
+
+
+# --- rollback and verify ---------------------------------------------------------------------------
+
+def run_records(run: Any) -> list[dict[str, Any]]:
+    return list(getattr(run, "store_records", ()) or ())
+
+
+def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple[Counter, list[str]]:
+    """Undo the store work of one journaled run (§5.3): new KVEntries removed (each only
+    with its journaled XXH3), each rewritten index's original renamed back (only while it
+    holds the journaled new bytes), created folders, the stage and kvmigrate's locks
+    removed. Returns (what was done by kind, what was kept and why)."""
+    recs = run_records(run)
+    done: Counter = Counter()
+    kept: list[str] = []
+    if not recs:
+        return done, kept
+    root = run.root
+    proofs = [r for r in recs if r["t"] == "mc_store"]
+    locks: list[MS.ClientLock] = []
+    try:
+        if not dry_run:
+            for r in proofs:
+                locks.append(MS.hold_client_lock(os.path.join(root, r["client"]) if r["client"] else root))
+        indexes = {r["meta"]: r for r in recs if r["t"] == "mc_index"}
+        entries = {r["path"]: r for r in recs if r["t"] == "mc_entry"}
+        intents = [r for r in recs if r["t"] == "mc_intent"]
+        # work an interrupted run did but did not journal: proven by its bytes
+        for it in intents:
+            for rw in it.get("rewrites", ()):
+                if rw["meta"] in indexes:
+                    continue
+                found = _unjournaled_rewrite(root, run, rw)
+                if found is not None:
+                    indexes[rw["meta"]] = found
+            for e in it.get("entries", ()):
+                if e["path"] in entries:
+                    continue
+                found = _unjournaled_entry(root, e)
+                if found is not None:
+                    entries[e["path"]] = found
+        dirs: list[str] = []
+        for path, r in sorted(entries.items(), reverse=True):
+            check_relpath(path, "journal path")
+            if dry_run:
+                done["kventry"] += int(MS._hash_or_none(os.path.join(root, path)) == r["xxh3"])
+                continue
+            what = MS.remove_kv_entry(os.path.join(root, path), r["xxh3"])
+            if what == "removed":
+                done["kventry"] += 1
+            elif what == "kept":
+                kept.append(f"{os.path.join(root, path)}: changed since the migration placed it; left in place")
+            dirs += r.get("dirs") or []
+        for meta, r in sorted(indexes.items()):
+            check_relpath(meta, "journal path")
+            path, backup = os.path.join(root, meta), os.path.join(root, r["backup"])
+            if dry_run:
+                done["index"] += int(MS._hash_or_none(path) == r["new"] and os.path.exists(backup))
+                continue
+            client = os.path.join(root, r["client"]) if r.get("client") else root
+            back = MS.restore_index(path, backup, r["new"], MS.stage_path(client))
+            if back == "restored":
+                done["index"] += 1
+            elif back == "kept":
+                kept.append(f"{path}: changed since the migration rewrote it; left in place (its original is "
+                            f"{backup})")
+        if not dry_run:
+            for d in sorted(set(dirs), key=lambda x: -x.count("/")):
+                try:
+                    os.rmdir(os.path.join(root, d))
+                    done["dir"] += 1
+                except OSError:
+                    pass
+            for client in sorted({r.get("client", "") for it in intents for r in
+                                  [*it.get("rewrites", ()), *it.get("entries", ())]}):
+                base = os.path.join(root, client) if client else root
+                MS.clear_stage(MS.stage_path(base))
+                own = os.path.join(base, OWN_LOCK)
+                if os.path.exists(own):
+                    os.unlink(own)
+                    done["lock"] += 1
+    finally:
+        for lock in locks:
+            lock.release()
+    return done, kept
+
+
+def _unjournaled_rewrite(root: str, run: Any, rw: dict[str, Any]) -> dict[str, Any] | None:
+    """An index a killed run rewrote before journaling it: its backup is there and the
+    index is exactly the backup with the intent's keys."""
+    backup = os.path.join(root, BACKUP_DIR, run.header.get("run_id", ""), rw["meta"] + ".orig")
+    path = os.path.join(root, rw["meta"])
+    try:
+        orig = M.decode_meta(MS._read(backup))
+        now = MS._read(path)
+    except (OperationalError, M.DecodeError, OSError):
+        return None
+    keys = list(orig.keys)
+    for i, k in rw["keys"].items():
+        if int(i) < len(keys):
+            keys[int(i)] = bytes.fromhex(k)
+    expected = M.encode_meta(M.BucketMeta(orig.data_size, tuple(keys), orig.objects))
+    if now != expected:
+        return None
+    return {"meta": rw["meta"], "client": rw.get("client", ""), "new": MS.xxh3_hex(now),
+            "backup": os.path.relpath(backup, root)}
+
+
+def _unjournaled_entry(root: str, e: dict[str, Any]) -> dict[str, Any] | None:
+    """A KVEntry a killed run placed before journaling it: the entry of the intent's key
+    with the source's value."""
+    try:
+        placed = MS._read(os.path.join(root, e["path"]))
+        source = M.decode_kv_entry(MS._read(os.path.join(root, e["source"])))
+    except (OperationalError, M.DecodeError, OSError):
+        return None
+    if placed != M.encode_kv_entry(M.KVEntry(bytes.fromhex(e["key"]), source.value)):
+        return None
+    return {"path": e["path"], "xxh3": MS.xxh3_hex(placed), "dirs": []}
+
+
+def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
+    """(files checked, (finding kind, message) for each store file of a run that is not
+    what it made, §5.3): a rewritten index or placed KVEntry whose bytes differ from the
+    journaled ones, or that no starting client would read (its `.bucket` gone, an entry
+    away from fpk of its key)."""
+    out: list[tuple[str, str]] = []
+    root = run.root
+    checked = 0
+    for r in run_records(run):
+        checked += r["t"] in ("mc_index", "mc_entry")
+        if r["t"] == "mc_index":
+            path = os.path.join(root, r["meta"])
+            got = MS._hash_or_none(path)
+            if got is None:
+                out.append(("missing", f"{path}: the index the migration rewrote is gone (evicted or removed)"))
+            elif got != r["new"]:
+                out.append(("changed", f"{path}: not the index the migration wrote"))
+            elif not os.path.isfile(path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX):
+                out.append(("missing", f"{path}: its .bucket is gone: the next client start deletes the index"))
+        elif r["t"] == "mc_entry":
+            path = os.path.join(root, r["path"])
+            got = MS._hash_or_none(path)
+            if got is None:
+                out.append(("missing", f"{path}: the KVEntry the migration placed is gone"))
+            elif got != r["xxh3"]:
+                out.append(("changed", f"{path}: not the KVEntry the migration placed"))
+            else:
+                entry = M.decode_kv_entry(MS._read(path))
+                fsdir = r["path"].split("/")[-4]
+                if not r["path"].endswith(M.fpk(entry.key, fsdir)):
+                    out.append(("misplaced", f"{path}: not at fpk of its key: no read finds it"))
+    return checked, out
+
