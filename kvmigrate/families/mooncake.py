@@ -293,11 +293,14 @@ class Mooncake(families.Family):
             o.block = (label, ek.group, ek.hash, ek.sub)
             o.key_rank = (ek.rank, ek.half)
         _duplicates(keyed)
+        # KVEntries of the store at fpk of their own key (whole): a rekey or link whose target one holds is done
+        in_place = {o.relpath for o in keyed if o.kind == "kventry" and o.status == "ok" and
+                    _client_rel(o.client, M.fpk(o.object_key or b"", fsdir)) == o.relpath}
         for dep in deps.values():
-            self._classify_deployment(dep, fsdir, store_facts)
+            self._classify_deployment(dep, fsdir, store_facts, in_place)
         return sorted(deps.values(), key=lambda d: d.label), loose
 
-    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts) -> None:
+    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, in_place: set[str]) -> None:
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
@@ -343,8 +346,8 @@ class Mooncake(families.Family):
                 blocks[o.block].append(o)
         del subs
         usable = ("ok", "misfiled")  # a misfiled KVEntry counts: it is relinked (§2.4)
-        # KVEntries at their own fpk path: a misfiled copy of one is a harmless duplicate (§1.3)
-        in_place = {o.relpath for o in objs if o.kind == "kventry" and o.status == "ok"}
+        # (in_place: the store's KVEntries at their own fpk path; a misfiled copy of one is a harmless duplicate, §1.3)
+
         for objs_of in blocks.values():
             have = {o.key_rank for o in objs_of if o.status in usable}
             missing = universe - {o.key_rank for o in objs_of}
@@ -373,7 +376,10 @@ class Mooncake(families.Family):
         o.target_key = target_key
         if o.kind == "kventry":
             want = _client_rel(o.client, M.fpk(target_key, fsdir))
-            if sk.tenant is None:
+            if sk.tenant is None and want in in_place:  # (prune --migrated takes this name)
+                o.action, o.target = "already_present", want
+                o.reason = "raw key: the entry at its scoped key's fpk serves it (a rekey's source)"
+            elif sk.tenant is None:
                 o.action, o.target = "rekey", want
                 o.reason = ("raw key (Mooncake <= 0.3.11): 0.3.14 registers it as tenant default and never reads it; "
                             "rekey writes the entry at its scoped key")

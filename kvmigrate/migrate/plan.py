@@ -755,6 +755,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
         if progress is not None:
             done_rows += chunk.num_rows
             progress(min(done_rows, total_rows), total_rows)
+        if not_built:  # a store's rows: its work is planned apart (plan_stores); what waits is counted here
+            chunk = _without_stores(chunk, not_built, waiting, dest_elsewhere)
         c = _creating(chunk)
         _validate(ctx, c)
         cands = _candidates(ctx, chunk, c)
@@ -770,11 +772,6 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 if tp is not None:
                     tp.already_present[0] += blocks
                     tp.already_present[1] += nbytes
-            elif tp is None and sb in not_built and action != "none" and (
-                    dest_elsewhere or action not in STORE_ACTIONS):  # (store work: migrate/stores.py, in place)
-                waiting[(not_built[sb], action)] += blocks
-            elif tp is None and sb in not_built:
-                pass  # a store's rekey or link: planned below (plan_stores)
             elif tp is None:
                 untargeted[reason or action] += blocks
             elif action == "none" and occupied is not None:
@@ -791,6 +788,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     if any(t.competing for t in tallies.values()):
         ctx.competing = True
         for chunk in rows.chunks():
+            if not_built:
+                chunk = _without_stores(chunk, not_built, Counter(), dest_elsewhere)
             c = _creating(chunk)
             _tally_competing(ctx, c, _candidates(ctx, chunk, c), tallies)
     for base, tp in targets.items():
@@ -805,6 +804,20 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
                 integrity_rows=integrity_rows, status_counts=status_counts, target_sizes=ctx.target_size,
                 placed_integrity_rows=rows.placed_integrity_rows, selection=selection, not_built=waiting,
                 stores=stores)
+
+
+def _without_stores(chunk: pa.Table, stores: dict[str, str], waiting: Counter, dest_elsewhere: bool) -> pa.Table:
+    """The chunk without the rows of store namespaces (`stores`: namespace -> its family's
+    title), counting in `waiting` those whose action this release does not apply (anything
+    but a rekey or link in place)."""
+    mine = pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=pa.array(sorted(stores))), False)
+    if not pc.any(mine).as_py():
+        return chunk
+    theirs = chunk.filter(mine)
+    for sb, action, _, _, blocks, _ in _grouped_counts(theirs, theirs.column("action")):
+        if action not in ("none", "already_present") and (dest_elsewhere or action not in STORE_ACTIONS):
+            waiting[(stores[sb], action)] += blocks
+    return chunk.filter(pc.invert(mine))
 
 
 def _flat_target(targets: dict[str, TargetPlan], target_of: dict[str, TargetPlan], src_base: str,

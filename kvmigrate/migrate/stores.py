@@ -124,7 +124,8 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             plan = plans.get(store)
             if plan is None:
                 plan = plans[store] = StorePlan(store)
-                facts = [namespaces[b].get("facts") or {} for b, s in store_of.items() if s == store]
+                facts = [namespaces[b].get("facts") or {} for b, s in store_of.items()  # (its deployments')
+                         if s == store and (namespaces[b].get("config_json") or {}).get("engine")]
                 plan.stopped_stated = engine_stopped or any(f.get("engine_stopped") is True for f in facts)
                 rel = [_release(f.get("writer_release")) for f in facts]
                 plan.flock_stated = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)

@@ -245,18 +245,19 @@ def test_a_held_client_lock_is_reported_and_the_scan_takes_nothing(tmp_path):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_migrate_lists_the_pending_store_work_it_does_not_apply(tmp_path):
-    """A raw store (rekey pending): the dry run names the Mooncake work as not applied and
-    exits 1; --apply writes nothing of it and exits 1, never 'nothing to do'."""
+def test_migrate_plans_the_store_work_and_says_which_proof_it_needs(tmp_path):
+    """A raw store (rekey pending): the dry run lists the store's rekeys and the proof the
+    apply needs, exits 1; --apply without a proof exits 2 and writes nothing."""
     root = tmp_path / "root"
     synth(root, mc_scheme="mc-raw", tp=2)
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     scan(root, tmp_path / "m.parquet")
     code, out = run("migrate", "--manifest", str(tmp_path / "m.parquet"))
-    assert code == 1 and "Mooncake Store: 6 objects pending rekey" in out and "nothing to do" not in out
+    assert code == 1 and "Mooncake store store: 6 rekey (1 index rewrites, 0 KVEntries)" in out
+    assert "--engine-stopped" in out and "nothing to do" not in out
     code, out = run("migrate", "--manifest", str(tmp_path / "m.parquet"), "--apply")
-    assert code == 1 and "not applied" in out
-    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".kvmigrate" not in p.parts} == before
+    assert code == 2 and "no proof that its clients are stopped" in out
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
 
 
 def test_report_counts_objects_apart(tmp_path):

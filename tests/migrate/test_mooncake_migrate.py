@@ -1,0 +1,242 @@
+"""Migrating Mooncake stores in place (spec mooncake.md §3.3, §5): rekey (an index rewrite,
+a KVEntry at its scoped key) and link (a misfiled KVEntry) on synth stores, judged by the
+reference reader (tests/helpers/mooncake_reader.py, written from the spec): after --apply a
+starting client reads every target key to the bytes the writer stored; the proofs that no
+client runs; kill -9 at every step, then a rerun or a rollback; rollback to the exact
+original bytes; verify; staleness."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvmigrate.formats import mooncake as M
+from kvmigrate.synth import SynthSpec, build
+from kvmigrate.synth import mooncake as S
+
+from helpers import mooncake_reader as R
+from helpers.cli_helpers import run
+
+MC = dict(family="mooncake", layers=2, block_tokens=4, blocks=3)
+
+
+def synth(root: Path, **kw):
+    return build(root, SynthSpec(**{**MC, **kw}))
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ROOT but kvmigrate's own folder (its journals, backups)
+    and Mooncake's client lock, which kvmigrate creates where absent and leaves (§5.1:
+    removing a lock file others open races with them)."""
+    out = {}
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x != ".kvmigrate"]
+        for n in names:
+            if n == M.LOCK_NAME and (Path(d) / n).stat().st_size == 0:
+                continue
+            p = Path(d) / n
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def reads_every_target_key(res, spec: SynthSpec) -> None:
+    """A client of mooncake-0.3.14 starting on each client root reads every object the
+    writer stored under its scoped key, to the writer's bytes (rank_value)."""
+    starts = {}
+    for blk in res.blocks:
+        for o in blk["objects"]:
+            client = res.root / o["client_root"]
+            if o["client_root"] not in starts:
+                started = R.start(client)
+                assert not started.refused and not started.deleted, (started.refused, started.deleted)
+                starts[o["client_root"]] = started
+            key = M.scoped(o["key"])
+            got = R.read(client, starts[o["client_root"]], key)
+            want = S.rank_value(spec, blk["hex"], o["rank"], o["pp"], o["half"] or "k")
+            assert got == want, (o["key"], got if isinstance(got, str) else len(got))
+
+
+CASES = [(b, e, k, tp) for b in ("bucket", "file_per_key") for e in ("vllm", "sglang") for k in ("full", "mla")
+         for tp in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("backend,engine,kind,tp", CASES)
+def test_a_raw_store_is_rekeyed_and_every_key_reads_its_bytes(tmp_path, backend, engine, kind, tp):
+    """A store written by Mooncake <= 0.3.11 (raw keys): after `migrate --apply` a 0.3.14
+    client reads every key to the writer's bytes; no `.bucket` changed; a rescan finds
+    nothing pending and audit exits 0 (the raw KVEntries stay, already_present elsewhere,
+    for prune --migrated)."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": backend, "mc_engine": engine, "kv_kind": kind, "tp": tp,
+                        "mc_scheme": "mc-raw"})
+    res = build(root, spec)
+    buckets = {p: p.read_bytes() for p in root.rglob("*.bucket")}
+    code, out = run("migrate", root, "--apply", "--engine-stopped")
+    assert code == 0, out
+    reads_every_target_key(res, spec)
+    assert {p: p.read_bytes() for p in root.rglob("*.bucket")} == buckets
+    assert not list(root.rglob(".kvmigrate-stage")) and not list(root.rglob(".kvmigrate.lock"))
+    code, out = run("migrate", root)
+    assert "Mooncake store" not in out or "0 rekey" in out, out
+
+
+def test_a_misfiled_kventry_is_linked_to_fpk_of_its_key(tmp_path):
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": "file_per_key", "tp": 2})
+    res = build(root, spec)
+    entry = next(p for p in sorted((root / "store" / M.DEFAULT_FSDIR).rglob("*")) if p.is_file())
+    a = entry.parent.parent
+    stray = a.parent / ("b" if a.name != "b" else "c") / entry.parent.name / entry.name
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    entry.rename(stray)
+    started = R.start(root / "store")
+    key = M.decode_kv_entry(stray.read_bytes()).key
+    assert isinstance(R.read(root / "store", started, key), str)  # registered, never read
+    code, out = run("migrate", root, "--apply", "--engine-stopped")
+    assert code == 4, out  # (the misfiled source stays a finding until prune, as for every family)
+    assert entry.read_bytes() == stray.read_bytes()
+    reads_every_target_key(res, spec)
+
+
+def test_without_a_proof_nothing_is_written(tmp_path):
+    """No engine_stopped and no writer_release >= 0.3.14: exit 2 naming the store and the
+    flag, nothing written (not even a journal)."""
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2)
+    before = tree_digest(root)
+    code, out = run("migrate", root, "--apply")
+    assert code == 2 and "store" in out and "--engine-stopped" in out
+    assert tree_digest(root) == before and not (root / ".kvmigrate").exists()
+
+
+def test_a_held_client_lock_stops_the_apply_before_any_write(tmp_path):
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2, defects=("client_lock",))
+    lock = root / "store" / M.LOCK_NAME
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, time\n"
+        f"f = open({str(lock)!r}, 'rb'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = tree_digest(root)
+        code, out = run("migrate", root, "--apply", "--engine-stopped")
+        assert code == 8 and "Mooncake client holds" in out
+        assert tree_digest(root) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_writer_release_0_3_14_stated_makes_the_client_lock_the_proof(tmp_path):
+    """A bucket store whose writer_release >= 0.3.14 is stated: the client lock kvmigrate
+    holds is the proof, no --engine-stopped; the lock file is created and left."""
+    root = tmp_path / "root"
+    res = synth(root, mc_scheme="mc-raw", tp=2)
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({"store": {"writer_release": "0.3.14"}}))
+    code, out = run("migrate", root, "--apply", "--facts", facts)
+    assert code == 0, out
+    assert (root / "store" / M.LOCK_NAME).is_file()
+    reads_every_target_key(res, SynthSpec(**{**MC, "mc_scheme": "mc-raw", "tp": 2}))
+
+
+@pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
+def test_rollback_restores_every_files_exact_bytes(tmp_path, backend):
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2, mc_backend=backend, mc_engine="sglang")
+    before = tree_digest(root)
+    code, out = run("migrate", root, "--apply", "--engine-stopped")
+    assert code == 0 and tree_digest(root) != before, out
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("verify", root, "--journal", journal)
+    assert code == 0, out
+    code, out = run("rollback", journal, "--dry-run")
+    assert code == 0 and tree_digest(root) != before
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert tree_digest(root) == before
+
+
+def test_verify_finds_a_changed_index_and_an_evicted_pair(tmp_path):
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2)
+    code, _ = run("migrate", root, "--apply", "--engine-stopped")
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    meta = next((root / "store").glob("*.meta"))
+    data = meta.read_bytes()
+    meta.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    code, out = run("verify", root, "--journal", journal)
+    assert code & 4 and "not the index the migration wrote" in out
+    meta.unlink()
+    meta.with_suffix(".bucket").unlink()
+    code, out = run("verify", root, "--journal", journal)
+    assert code & 1 and not code & 4 and "evicted" in out
+
+
+def test_an_index_changed_since_the_scan_is_not_rewritten(tmp_path):
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2)
+    m = tmp_path / "m.parquet"
+    run("scan", root, "-o", m)
+    meta = next((root / "store").glob("*.meta"))
+    os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 10**9))  # a client rewrote it
+    before = tree_digest(root)
+    code, out = run("migrate", "--manifest", m, "--apply", "--engine-stopped")
+    assert "changed_since_scan 6" in out
+    assert tree_digest(root) == before
+
+
+# every journaled step each backend passes: an index rewrite (backup link, temp, rename), or a
+# KVEntry (hash folders, temp, link), the intent before and the journal record after
+POINTS = [("bucket", p, n) for p, n in (("intent", 1), ("backup", 1), ("tmp_written", 1), ("renamed", 1),
+                                        ("created", 1))] + \
+         [("file_per_key", p, n) for p, n in (("intent", 1), ("tmp_written", 1), ("created", 1), ("dirs_made", 2),
+                                              ("linked", 3), ("created", 4))]
+
+
+def _killed(root: Path, point: str, n: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KVMIGRATE_CRASH_AT": f"{point}:{n}"}
+    return subprocess.run([sys.executable, "-m", "kvmigrate", "migrate", str(root), "--apply", "--engine-stopped"],
+                          env=env, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,point,n", POINTS)
+def test_kill_9_at_every_step_then_rerun_or_rollback(tmp_path, backend, point, n):
+    """kill -9 at each journaled step: no source value unreadable meanwhile (the reader
+    reads every raw key or its scoped key); a rerun ends as an uninterrupted run; a
+    rollback instead gives back the exact original bytes."""
+    spec = SynthSpec(**{**MC, "mc_backend": backend, "mc_scheme": "mc-raw", "tp": 2})
+    for then in ("rerun", "rollback"):
+        root = tmp_path / then
+        res = build(root, spec)
+        before = tree_digest(root)
+        killed = _killed(root, point, n)
+        assert killed.returncode == -9, (killed.returncode, killed.stderr)
+        for blk in res.blocks:  # every value readable under one of its keys
+            for o in blk["objects"]:
+                client = root / o["client_root"]
+                started = R.start(client)
+                assert not started.refused
+                raw = R.read(client, started, o["key"].encode(), scoped=False)
+                scoped = R.read(client, started, M.scoped(o["key"]))
+                want = S.rank_value(spec, blk["hex"], o["rank"], o["pp"], o["half"] or "k")
+                assert want in (raw, scoped), (point, o["key"])
+        if then == "rerun":
+            code, out = run("migrate", root, "--apply", "--engine-stopped")
+            assert code == 0, out
+            reads_every_target_key(res, spec)
+            assert not list(root.rglob(".kvmigrate-stage")) or not any(
+                p.is_file() for s in root.rglob(".kvmigrate-stage") for p in s.iterdir())
+        else:
+            journal = root / ".kvmigrate" / "journals"
+            code, out = run("rollback", journal)
+            assert code == 0, out
+            assert tree_digest(root) == before, point
