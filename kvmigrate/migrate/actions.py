@@ -380,6 +380,11 @@ def render_commands(plan: Plan, mode: str = "link") -> Iterable[str]:
                 made.add(parent)
                 yield f"mkdir -p -- {q(parent)}"
             yield ACTIONS[act.action].shell(act, tp, plan.root, dst, mode)
+    for store in plan.stores:  # an index rewrite needs the proofs, the round-trip check and the journal
+        yield ""
+        yield (f"# Mooncake store {store.store}: {sum(store.objects.values())} objects ({len(store.rewrites)} index "
+               f"rewrites, {len(store.entries)} KVEntries) are not in this script: their index rewrites need "
+               "kvmigrate's proof that no client runs and its journal; run `kvmigrate migrate --apply`")
 
 
 def _rewritten_header_for_script(act: BlockAction, tp: TargetPlan) -> str:

@@ -240,3 +240,12 @@ def test_kill_9_at_every_step_then_rerun_or_rollback(tmp_path, backend, point, n
             code, out = run("rollback", journal)
             assert code == 0, out
             assert tree_digest(root) == before, point
+
+
+def test_print_commands_says_the_store_work_is_not_in_the_script(tmp_path):
+    """--print-commands cannot express an index rewrite: the script says so, per store,
+    rather than leaving the store's work out silently."""
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", tp=2)
+    code, out = run("migrate", root, "--print-commands")
+    assert code == 0 and "# Mooncake store store: 6 objects (1 index rewrites, 0 KVEntries) are not in this script" in out
