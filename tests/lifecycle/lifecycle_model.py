@@ -1,11 +1,14 @@
 """The operator's lifecycle as a model-based test: a `hypothesis` state machine whose rules
-are the commands an operator runs on a small root of three families and an LMCache tier (audit, `migrate
+are the commands an operator runs on a small root of three families, an LMCache tier and a
+Mooncake store written by Mooncake <= 0.3.11 (raw keys, rekeyed in place) (audit, `migrate
 --apply` killed with SIGKILL at a random crash point, its rerun, a second run with
 another journal, verify, rollback and its dry run, `prune --apply`, restore, purge, an
 engine writing and evicting blocks, and the commands audit's hints print), checking after
 every step:
 
-* no source byte changed (except prune's renames into its quarantine, and a restore's back);
+* no source byte changed (except prune's renames into its quarantine, and a restore's back;
+  a Mooncake `.meta` index is rewritten in place by design: instead every value the store
+  held is read by a starting client, under its raw or its scoped key, to the writer's bytes);
 * no command but `purge` deletes the last copy of any source block's bytes;
 * a rollback removes only files its run created (never another run's, never a source);
 * every dry run predicts its command: rollback's counts and exit code, prune's files;
@@ -53,12 +56,17 @@ SPECS = (
     # an LMCache GDS tier written at TP 2, read next at TP 4: a reshard (data files and sidecars)
     dict(family="lmcache", lmc_backend="gds", lmc_tier="lmc", tp=2, model_name="org/lmc-model", layers=2,
          block_tokens=4, blocks=6),
+    # a Mooncake bucket store of raw keys (<= 0.3.11), read next by 0.3.14: its index rewritten in place
+    dict(family="mooncake", mc_store="mcs", mc_scheme="mc-raw", tp=2, model_name="org/mc-model", layers=2,
+         block_tokens=4, blocks=6),
 )
+STORE = "mcs"
 FACTS = {"*": {"model_dtype": "bfloat16"},
          "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "writer_tp": 1, "writer_pp": 1},
          "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
          "lmc": {"writer_release": "0.5.6", "pythonhashseed": "0", "target_tp": 4, "total_kv_heads": 8,
-                 "head_dim": 4, "layers": 2}}
+                 "head_dim": 4, "layers": 2},
+         STORE: {"engine_stopped": True}}
 CRASH_POINTS = ("intent", "created", "tmp_written", "linked")
 STATS = {"steps": 0, "kills": 0, "invariant_checks": 0, "hints_run": 0}
 
@@ -123,8 +131,15 @@ class Lifecycle(RuleBasedStateMachine):
     @initialize()
     def build_root(self) -> None:
         self.root.mkdir()
+        self.store_objects: list[tuple[str, bytes, bytes]] = []  # (client root, raw key, value) of the store
         for spec in SPECS:
-            build(self.root, SynthSpec(**spec))
+            res = build(self.root, SynthSpec(**spec))
+            if spec["family"] == "mooncake":
+                from kvmigrate.synth import mooncake as mc
+
+                self.store_objects = [(o["client_root"], o["key"].encode(), mc.rank_value(
+                    SynthSpec(**spec), b["hex"], o["rank"], o["pp"], o["half"] or "k"))
+                    for b in res.blocks for o in b["objects"]]
         self.facts.write_text(json.dumps(FACTS))
         self.sources = {rel: v for rel, v in files(self.root).items() if not rel.startswith(OWN)}
         self.source_hashes = {h for _, h in self.sources.values()}
@@ -144,7 +159,7 @@ class Lifecycle(RuleBasedStateMachine):
         now = files(self.root)
         held = {h for _, h in now.values()}
         for rel, (_ino, h) in self.sources.items():
-            if rel in now:
+            if rel in now and not (rel.startswith(STORE + "/") and rel.endswith(".meta")):
                 self.check("source bytes unchanged", now[rel][1] == h, rel)
             elif not self.purged:
                 # moved by prune into its quarantine (same inode), or held elsewhere
@@ -152,6 +167,26 @@ class Lifecycle(RuleBasedStateMachine):
         if not self.purged and not self.evicted:
             missing = self.source_hashes - held
             self.check("every source block's bytes kept", not missing, f"{len(missing)} gone")
+
+    @invariant()
+    def every_store_value_reads(self) -> None:
+        """Each value of the Mooncake store reads under its raw key (as written) or its scoped
+        key (after a rekey), to the writer's bytes, at a client's start: never lost, never
+        wrong, whatever step was killed."""
+        if not getattr(self, "store_objects", None) or self.purged:
+            return
+        from kvmigrate.formats import mooncake as mfmt
+
+        from helpers import mooncake_reader as reader
+
+        starts: dict[str, Any] = {}
+        for client, raw, value in self.store_objects:
+            where = self.root / client
+            if client not in starts:
+                starts[client] = reader.start(where)
+            got = {reader.read(where, starts[client], raw, scoped=False),
+                   reader.read(where, starts[client], mfmt.scoped(raw.decode()))}
+            self.check("every store value reads", value in got, f"{client}: {raw[-16:]!r}")
 
     # --- rules ----------------------------------------------------------------------
 
