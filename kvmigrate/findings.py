@@ -41,7 +41,12 @@ SILENT_CHANGE = "silent_change"
 """Re-read under `--baseline --recheck`: the file's hash differs from its baseline row
 although dev, inode, size, mtime and ctime did not change (disk or filesystem corruption)."""
 
-CODES = (REPLICA_OF_PRIMARY, PART_OF_ACTION, ALIASES_SOURCE, TARGET_OCCUPIED, NEEDS_FACT, TRANSFORM, SILENT_CHANGE)
+SUPERSEDED = "superseded"
+"""A Mooncake object no engine of the target layout reads: its block is held in full at the
+target's own keys (an entry a migration retired, a key rank the target no longer reads)."""
+
+CODES = (REPLICA_OF_PRIMARY, PART_OF_ACTION, ALIASES_SOURCE, TARGET_OCCUPIED, NEEDS_FACT, TRANSFORM, SILENT_CHANGE,
+         SUPERSEDED)
 SECONDARY = (REPLICA_OF_PRIMARY, PART_OF_ACTION)
 """Rows that only point at their block's primary row (the rank-row rule, migration.md §1)."""
 ALIASING = (ALIASES_SOURCE, TARGET_OCCUPIED)

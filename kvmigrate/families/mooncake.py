@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate import families
+from kvmigrate.families import mooncake_reshard as R
 from kvmigrate.formats import mooncake as M
 from kvmigrate.identity.facts import Facts
 from kvmigrate.identity.vllm_target import Target
@@ -156,6 +157,8 @@ class Deployment:
     model: str
     kv_kind: str | None = None
     key_ranks: int = 1
+    target_key_ranks: int | None = None  # a reshard's (the target reads it at another TP)
+    geometry: Any = None  # mooncake_reshard.Geometry of a reshard
     files: list[StoreFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     facts: Facts = field(default_factory=Facts)
@@ -164,7 +167,10 @@ class Deployment:
     def fields(self) -> dict[str, Any]:
         return {"family": "mooncake", "store": self.store, "engine": self.engine, "stem": self.stem,
                 "scheme": self.scheme, "tenant": self.tenant, "model": self.model, "kv_kind": self.kv_kind,
-                "key_ranks": self.key_ranks, "deployment": self.label, "target_label": self.target_label}
+                "key_ranks": self.key_ranks, "deployment": self.label, "target_label": self.target_label,
+                "target_key_ranks": self.target_key_ranks,
+                "geometry": None if self.geometry is None else [self.geometry.heads, self.geometry.head_dim,
+                                                                self.geometry.elem_bytes]}
 
     @property
     def target_label(self) -> str:
@@ -271,6 +277,15 @@ class Mooncake(families.Family):
         store_facts = facts_for(None)
         for o in keyed:
             sk = M.parse_storage_key(o.object_key or b"")
+            retired = M.parse_retired_key(sk.engine)
+            if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
+                from kvmigrate import findings as fd
+
+                o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
+                                     f"{retired[1]!r}): no engine looks it up", fd.Finding(fd.SUPERSEDED))
+                o.deployment = store_label(store)
+                loose.append(o)
+                continue
             ek = parse_engine_key(sk.engine)
             scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
             if ek is None:
@@ -296,11 +311,13 @@ class Mooncake(families.Family):
         # KVEntries of the store at fpk of their own key (whole): a rekey or link whose target one holds is done
         in_place = {o.relpath for o in keyed if o.kind == "kventry" and o.status == "ok" and
                     _client_rel(o.client, M.fpk(o.object_key or b"", fsdir)) == o.relpath}
+        registered = registered_keys(keyed, fsdir)
         for dep in deps.values():
-            self._classify_deployment(dep, fsdir, store_facts, in_place)
+            self._classify_deployment(dep, fsdir, store_facts, in_place, registered)
         return sorted(deps.values(), key=lambda d: d.label), loose
 
-    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, in_place: set[str]) -> None:
+    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, in_place: set[str],
+                             registered: dict[bytes, list[StoreFile]]) -> None:
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
@@ -316,6 +333,12 @@ class Mooncake(families.Family):
         halves = sorted({o.key_rank[1] for o in objs})
         subs = sorted({o.block[3] for o in objs if o.block is not None})
         universe = {(r, h) for r in range(n_s) for h in halves}
+        settled = self._two_layouts(dep, objs, kind)  # blocks a migration already resharded (§2.4)
+        if settled:
+            objs = [o for o in objs if id(o) not in settled]
+            n_s = 1 + max((o.key_rank[0] for o in objs), default=0)
+            dep.key_ranks = n_s
+            universe = {(r, h) for r in range(n_s) for h in halves}
         sizes = Counter(o.size for o in objs if o.status == "ok")
         modal = sizes.most_common(1)[0][0] if sizes else None
         if writer_tp is not None:
@@ -348,9 +371,13 @@ class Mooncake(families.Family):
         usable = ("ok", "misfiled")  # a misfiled KVEntry counts: it is relinked (§2.4)
         # (in_place: the store's KVEntries at their own fpk path; a misfiled copy of one is a harmless duplicate, §1.3)
 
+        reshard = self._reshard_side(dep, n_s, kind)
         for objs_of in blocks.values():
             have = {o.key_rank for o in objs_of if o.status in usable}
             missing = universe - {o.key_rank for o in objs_of}
+            if reshard is not None and not missing and have == universe and not any(o.duplicate for o in objs_of):
+                self._reshard(dep, objs_of, n_s, reshard, fsdir, registered)
+                continue
             for o in objs_of:
                 if o.status not in usable:
                     if not o.reason:
@@ -368,6 +395,82 @@ class Mooncake(families.Family):
                     o.reason = "another key-rank object of the block is damaged: the block is a miss"
                     continue
                 self._action(o, dep, fsdir, in_place)
+
+    def _two_layouts(self, dep: Deployment, objs: list[StoreFile], kind: str | None) -> set[int]:
+        """Blocks held in two layouts after a migration (§2.4): objects of the target's size
+        at the target's key ranks are the target's (read in place), the others the writer's,
+        whose key ranks are one more than their largest; those a complete target layout
+        supersedes are `superseded`. Returns the ids of the objects settled so."""
+        from kvmigrate import findings as fd
+
+        target_tp = getattr(dep.facts, "target_tp", None)
+        geo, _ = R.geometry(dep.facts)
+        if not isinstance(target_tp, int) or kind != "full" or geo is None:
+            return set()
+        n_t = R.key_ranks(dep.engine, target_tp, geo.heads)
+        blocks: dict[tuple, list[StoreFile]] = defaultdict(list)
+        for o in objs:
+            if o.block is not None and o.status == "ok" and not o.duplicate:
+                blocks[o.block].append(o)
+        settled: set[int] = set()
+        for block in blocks.values():
+            size = {id(o): R.value_size(o) for o in block}
+            if len(set(size.values())) != 2:
+                continue
+            writer_size = size[id(max(block, key=lambda o: o.key_rank))]
+            writer = [o for o in block if size[id(o)] == writer_size]
+            target = [o for o in block if size[id(o)] != writer_size]
+            n_s = 1 + max(o.key_rank[0] for o in writer)
+            t_size = writer_size // R.heads_at(geo.heads, n_s) * R.heads_at(geo.heads, n_t)
+            halves = {o.key_rank[1] for o in block}
+            if {o.key_rank for o in target} != {(r, h) for r in range(n_t) for h in halves} or \
+                    {size[id(o)] for o in target} != {t_size}:
+                continue
+            for o in target:
+                o.action, o.target_key = "already_present", o.object_key
+                o.target = _client_rel(o.client, "" if o.object_index is not None else M.fpk(o.object_key or b""))
+                o.reason = f"read in place: the target's object of key rank {o.key_rank[0]} (TP {target_tp})"
+            for o in writer:
+                o.reason = fd.Reason(f"the writer's key rank {o.key_rank[0]}: the target reads this block at its "
+                                     "own keys", fd.Finding(fd.SUPERSEDED))
+            settled |= {id(o) for o in block}
+        return settled
+
+    def _reshard_side(self, dep: Deployment, n_s: int, kind: str | None) -> tuple[int, Any, list[str]] | None:
+        """(target key ranks, geometry or None, flags asked) when the target reads this GQA/MHA
+        deployment at another TP (target_tp stated), else None: MLA keys are the same at
+        every TP (§3.1)."""
+        target_tp = getattr(dep.facts, "target_tp", None)
+        if isinstance(target_tp, int) and kind is None and n_s == 1 and target_tp > 1:
+            return (0, None, ["--kv-kind"])  # one key rank: MLA (same keys at every TP) or GQA at TP 1
+        if not isinstance(target_tp, int) or kind != "full":
+            return None
+        geo, asks = R.geometry(dep.facts)
+        heads = geo.heads if geo is not None else getattr(dep.facts, "total_kv_heads", None)
+        if not isinstance(heads, int):
+            return (0, None, asks)
+        n_t = R.key_ranks(dep.engine, target_tp, heads)
+        if n_t == n_s:
+            return None
+        dep.target_key_ranks, dep.geometry = n_t, geo
+        return (n_t, geo, asks)
+
+    def _reshard(self, dep: Deployment, objs: list[StoreFile], n_s: int, side: tuple[int, Any, list[str]],
+                 fsdir: str, registered: dict[bytes, list[StoreFile]]) -> None:
+        n_t, geo, asks = side
+        if geo is None:
+            from kvmigrate import findings as fd
+
+            primary = min(objs, key=lambda o: o.key_rank)
+            for o in objs:
+                o.action = "needs_reshard" if o is primary else "none"
+                o.reason = fd.Reason(f"the target reads it at TP {dep.facts.target_tp}: planning it needs "
+                                     f"{', '.join(asks)}",
+                                     fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*asks)) if o is primary else
+                                     fd.Finding(fd.PART_OF_ACTION, primary_rank=0, of_action="needs_reshard"))
+            return
+        R.plan_block(objs, engine=dep.engine, n_s=n_s, n_t=n_t, geo=geo, tenant=M.DEFAULT_TENANT,
+                     registered=registered, fsdir=fsdir)
 
     def _action(self, o: StoreFile, dep: Deployment, fsdir: str, in_place: set[str]) -> None:
         """§3.3 for the target that is the writer's deployment read by Mooncake 0.3.14."""
@@ -401,6 +504,20 @@ class Mooncake(families.Family):
         else:
             o.action = "already_present"
             o.reason = "read in place: the target looks up this key in this live index"
+
+
+def registered_keys(objs: list[StoreFile], fsdir: str) -> dict[bytes, list[StoreFile]]:
+    """Storage key a 0.3.14 start registers -> the objects registered under it: every entry
+    of a live index (a raw `K` as `default\0K`, §2.1) and every KVEntry at fpk of its key."""
+    out: dict[bytes, list[StoreFile]] = defaultdict(list)
+    for o in objs:
+        if o.object_key is None:
+            continue
+        if o.kind == "kventry" and _client_rel(o.client, M.fpk(o.object_key, fsdir)) != o.relpath:
+            continue
+        sk = M.parse_storage_key(o.object_key)
+        out[M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)].append(o)
+    return out
 
 
 def _is_mla_key(o: StoreFile) -> bool:

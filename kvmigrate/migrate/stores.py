@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -40,10 +40,10 @@ from kvmigrate.migrate.fsops import check_relpath
 
 OWN_LOCK = ".kvmigrate.lock"  # kvmigrate's lock in each client root it writes (holder pid inside)
 BACKUP_DIR = os.path.join(layout.OWN_DIR, "mooncake")  # ROOT/.kvmigrate/mooncake/<run>/<relpath>.orig
-STORE_ACTIONS = ("rekey", "link")  # what this release applies of a store's rows
+STORE_ACTIONS = ("rekey", "link", "reshard")  # what this release applies of a store's rows
 FLOCK_RELEASE = (0, 3, 14)  # the first Mooncake that holds the client lock (§5.1)
 _COLUMNS = ["relpath", "source_base", "family", "action", "object_index", "object_key", "target_key",
-            "target_relpath", "size", "mtime_ns", "inode", "payload_xxh3_128"]
+            "target_relpath", "size", "mtime_ns", "inode", "payload_xxh3_128", "status", "group", "block_hash"]
 
 
 @dataclass
@@ -55,6 +55,7 @@ class IndexRewrite:
     keys: dict[int, bytes] = field(default_factory=dict)  # entry -> new storage key
     old_keys: dict[int, bytes] = field(default_factory=dict)  # entry -> its key as scanned
     values: dict[int, bytes | None] = field(default_factory=dict)  # entry -> its value's XXH3-128 (hash scans)
+    retire: set[int] = field(default_factory=set)  # entries a reshard displaces (§3.5): no object placed
     inode: int = 0  # the `.meta`'s stat as scanned (staleness: its object rows carry it)
     mtime_ns: int = 0
 
@@ -73,11 +74,55 @@ class EntryWrite:
     value: bytes | None = None  # the value's XXH3-128 (hash scans)
 
 
+class ObjectRow(NamedTuple):
+    """An object row of a store with a reshard (its sources, and what holds its target keys)."""
+
+    relpath: str
+    entry: int | None  # object_index
+    key: bytes
+    size: int
+    value: bytes | None
+    source_base: str
+    group: int | None
+    block_hash: bytes | None
+    status: str
+    inode: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One source object of a resharded block, as the scan read it."""
+
+    relpath: str  # its `.meta` (a bucket entry) or its KVEntry file
+    index: int | None
+    key: bytes
+    client: str
+    size: int
+    value: bytes | None  # XXH3-128 (hash scans)
+
+
+@dataclass
+class ReshardWork:
+    """A GQA/MHA block read at another TP (§3.4): its sources by (key rank, half), the
+    objects the target reads, and the sources holding a target key (displaced, §3.5)."""
+
+    n_s: int
+    n_t: int
+    geometry: Any  # families.mooncake_reshard.Geometry
+    sources: dict[tuple[int, str], SourceRef]
+    outputs: list[Any]  # families.mooncake_reshard.Output
+    displaced: list[SourceRef]
+    kventries: bool  # file-per-key: outputs are KVEntries at fpk(key); else new pairs
+    fsdir: str = M.DEFAULT_FSDIR
+
+
 @dataclass
 class StorePlan:
     store: str
     rewrites: list[IndexRewrite] = field(default_factory=list)
     entries: list[EntryWrite] = field(default_factory=list)
+    reshards: list[ReshardWork] = field(default_factory=list)
     bucket_clients: list[str] = field(default_factory=list)  # client roots whose index a rewrite changes
     clients: list[str] = field(default_factory=list)  # every client root written
     flock_stated: bool = False  # writer_release >= 0.3.14 stated: the client lock is the proof
@@ -112,23 +157,29 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
         return []
     plans: dict[str, StorePlan] = {}
     rewrites: dict[str, IndexRewrite] = {}
+    resharding = {b for b, ns in namespaces.items() if b in store_of and
+                  (ns.get("config_json") or {}).get("target_key_ranks")}
+    objects: dict[str, list[ObjectRow]] = {}  # store -> its objects (a reshard's sources and what holds its keys)
+    primaries: list[tuple[str, str, int, bytes]] = []  # (store, namespace, group, block hash) of reshard rows
     for batch in mf.iter_batches(manifest_path, columns=_COLUMNS):
         cols = batch.to_pydict()
         for i, action in enumerate(cols["action"]):
-            if action not in STORE_ACTIONS or cols["family"][i] != "mooncake":
+            if cols["family"][i] != "mooncake" or cols["source_base"][i] not in store_of:
                 continue
             base = cols["source_base"][i]
-            store = store_of.get(base)
-            if store is None:
+            store = str(store_of[base])
+            if resharding and cols["object_key"][i] is not None:
+                objects.setdefault(store, []).append(ObjectRow(
+                    cols["relpath"][i], cols["object_index"][i], cols["object_key"][i], cols["size"][i] or 0,
+                    cols["payload_xxh3_128"][i], base, cols["group"][i], cols["block_hash"][i], cols["status"][i],
+                    cols["inode"][i] or 0, cols["mtime_ns"][i] or 0))
+            if action == "reshard":
+                primaries.append((store, base, cols["group"][i], cols["block_hash"][i]))
+                _plan_of(plans, store, namespaces, store_of, engine_stopped)
                 continue
-            plan = plans.get(store)
-            if plan is None:
-                plan = plans[store] = StorePlan(store)
-                facts = [namespaces[b].get("facts") or {} for b, s in store_of.items()  # (its deployments')
-                         if s == store and (namespaces[b].get("config_json") or {}).get("engine")]
-                plan.stopped_stated = engine_stopped or any(f.get("engine_stopped") is True for f in facts)
-                rel = [_release(f.get("writer_release")) for f in facts]
-                plan.flock_stated = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)
+            if action not in STORE_ACTIONS:
+                continue
+            plan = _plan_of(plans, store, namespaces, store_of, engine_stopped)
             relpath, target = cols["relpath"][i], cols["target_relpath"][i]
             key = cols["target_key"][i]
             check_relpath(relpath, f"{manifest_path}: row")
@@ -155,7 +206,85 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if client not in plan.clients:
                 plan.clients.append(client)
             plan.objects[action] += 1
+    for store, base, group, block in primaries:
+        work = _reshard_work(store, base, group, block, namespaces[base], objects.get(store, []))
+        plan = plans[store]
+        plan.reshards.append(work)
+        for out in work.outputs:
+            if out.client not in plan.clients:
+                plan.clients.append(out.client)
+        for src in work.displaced:  # a bucket entry holding a target key: retired (its key rewritten)
+            if src.index is not None:
+                rw = rewrites.get(src.relpath)
+                if rw is None:
+                    row = next(o for o in objects[store] if o.relpath == src.relpath)  # (its index's stat)
+                    rw = rewrites[src.relpath] = IndexRewrite(src.relpath, src.client, inode=row.inode,
+                                                              mtime_ns=row.mtime_ns)
+                    plan.rewrites.append(rw)
+                    if src.client not in plan.bucket_clients:
+                        plan.bucket_clients.append(src.client)
+                rw.keys[src.index] = b""  # (the run's retired key, made when the run id is known)
+                rw.retire.add(src.index)
+                rw.old_keys[src.index] = src.key
+                rw.values[src.index] = None
+        plan.objects["reshard"] += len(work.outputs)
+        for c in {s.client for s in work.sources.values()}:
+            if c not in plan.bucket_clients and not work.kventries:
+                plan.bucket_clients.append(c)
     return [plans[s] for s in sorted(plans)]
+
+
+def _plan_of(plans: dict[str, StorePlan], store: str, namespaces: dict[str, dict[str, Any]],
+             store_of: dict[str, Any], engine_stopped: bool) -> StorePlan:
+    plan = plans.get(store)
+    if plan is None:
+        plan = plans[store] = StorePlan(store)
+        facts = [namespaces[b].get("facts") or {} for b, s in store_of.items()  # (its deployments')
+                 if s == store and (namespaces[b].get("config_json") or {}).get("engine")]
+        plan.stopped_stated = engine_stopped or any(f.get("engine_stopped") is True for f in facts)
+        rel = [_release(f.get("writer_release")) for f in facts]
+        plan.flock_stated = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)
+    return plan
+
+
+def _reshard_work(store: str, base: str, group: int, block: bytes, ns: dict[str, Any], objects: list[ObjectRow]
+                  ) -> ReshardWork:
+    """The block's sources, outputs and displaced objects, re-derived from the rows through
+    the function the scan used (families/mooncake_reshard.py): both name the same keys."""
+    from kvmigrate.families import mooncake as fam
+    from kvmigrate.families import mooncake_reshard as R
+
+    fields = ns.get("config_json") or {}
+    engine, n_s, n_t = fields["engine"], int(fields["key_ranks"]), int(fields["target_key_ranks"])
+    geo = R.Geometry(*fields["geometry"])
+    sources: dict[tuple[int, str], SourceRef] = {}
+    registered: dict[bytes, list[SourceRef]] = {}
+    for relpath, index, key, size, value, sb, g, h, status, _ino, _mtime in objects:
+        sk = M.parse_storage_key(key)
+        ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), size or 0, value)
+        if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
+                                                             else M.DEFAULT_FSDIR)):
+            registered.setdefault(M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT), []).append(ref)
+        if sb == base and g == group and h == block and status == "ok":
+            ek = fam.parse_engine_key(sk.engine)
+            if ek is not None:
+                sources[(ek.rank, ek.half)] = ref
+    halves = tuple(sorted({h for _, h in sources}))
+    rank0 = sources[(0, halves[0])]
+    kventries = rank0.index is None
+    fsdir = rank0.relpath.split("/")[-4] if kventries else M.DEFAULT_FSDIR
+    outs = R.outputs(engine, M.parse_storage_key(rank0.key).engine, rank0.client, n_t, halves, M.DEFAULT_TENANT,
+                     rank0.size, n_s, geo)
+    mine = set(sources.values())
+    displaced = [ref for o in outs for ref in registered.get(o.key, []) if ref in mine]
+    return ReshardWork(n_s, n_t, geo, sources, outs, displaced, kventries, fsdir)
+
+
+def _client_of_object(relpath: str, index: int | None) -> str:
+    """The client root of an index entry (its `.meta`'s folder) or of a KVEntry."""
+    if index is not None:
+        return relpath.rpartition("/")[0]
+    return "/".join(relpath.split("/")[:-4])
 
 
 def _client_of(relpath: str, target: str) -> str:
@@ -194,6 +323,18 @@ def check_proofs(root: str, plans: list[StorePlan]) -> None:
                          path=os.path.join(root, missing[0]) if missing[0] != "." else root,
                          hint="stop every engine using the store and rerun with --engine-stopped (or state "
                               "writer_release >= 0.3.14 for a bucket store: its client lock then proves it)")
+
+
+def _keep_displaced(p: StorePlan, work: ReshardWork) -> None:
+    """A reshard that will not run retires nothing: its displaced entries leave the index
+    rewrites (a rewrite left with no entry is dropped)."""
+    for src in work.displaced:
+        for rw in p.rewrites:
+            if rw.meta == src.relpath and src.index is not None:
+                rw.keys.pop(src.index, None)
+                rw.old_keys.pop(src.index, None)
+                rw.retire.discard(src.index)
+    p.rewrites = [rw for rw in p.rewrites if rw.keys]
 
 
 class StoreApplier:
@@ -253,16 +394,32 @@ class StoreApplier:
 
     def _store(self, p: StorePlan) -> None:
         for client in p.clients:
+            if not os.path.isdir(self._abs(client)):  # an SGLang target rank's client root (§3.6)
+                os.makedirs(self._abs(client))
+                self.journal.write({"t": "mc_dir", "store": p.store, "path": client}, sync=True)
             self._own_lock(client)
+        for rw in p.rewrites:  # a displaced entry's retired key names this run (§3.5)
+            for i, k in rw.keys.items():
+                if not k:
+                    rw.keys[i] = M.retired_key(rw.old_keys[i], self.run_id.replace("@", "_"))
+        outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
+        pairs = self._pairs(p, outputs)
         self.journal.write({"t": "mc_intent", "store": p.store,
                             "rewrites": [{"meta": rw.meta, "client": rw.client,
                                           "keys": {str(i): k.hex() for i, k in rw.keys.items()}}
                                          for rw in p.rewrites],
                             "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
-                                         "client": e.client} for e in p.entries]}, sync=True)
+                                         "client": e.client} for e in p.entries],
+                            "pairs": [{"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs],
+                            "outputs": [{"path": path, "xxh3": MS.xxh3_hex(data), "client": c}
+                                        for c, path, data, _ in outputs["entries"]]}, sync=True)
         self.crash("intent")
         for rw in p.rewrites:
             self._rewrite(rw)
+        for client, path, data, displaced in outputs["entries"]:
+            self._output_entry(client, path, data, displaced)
+        for client, bucket_id, objects, _, _ in pairs:
+            self._pair(client, bucket_id, objects)
         for e in p.entries:
             self._entry(e)
         for client in p.clients:
@@ -273,9 +430,125 @@ class StoreApplier:
         self.own_locks = []
         self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
 
+    def _reshard_outputs(self, p: StorePlan) -> dict[str, list[Any]]:
+        """The values every reshard writes (§3.4), from sources re-read and checked against
+        the scan: {"objects": [(client, key, value)] for new pairs, "entries": [(client,
+        path, KVEntry bytes, displaced)] for KVEntries}."""
+        from kvmigrate.transforms_mooncake import reshard_values
+
+        out: dict[str, list[Any]] = {"objects": [], "entries": []}
+        for work in p.reshards:
+            values: dict[tuple[int, str], bytes] = {}
+            for rank_half, src in work.sources.items():
+                value = self._source_value(src)
+                if value is None:
+                    break
+                values[rank_half] = value
+            if len(values) != len(work.sources):
+                first = min(work.sources.values(), key=lambda src: src.relpath)
+                self._skip("changed_since_scan", len(work.outputs),
+                           f"{first.relpath}: a source of its reshard changed since the scan")
+                _keep_displaced(p, work)  # (no output: its sources keep their keys)
+                continue
+            geo = work.geometry
+            by_half: dict[str, list[bytes]] = {}
+            for half in sorted({h for _, h in work.sources}):
+                by_half[half] = reshard_values([values[(r, half)] for r in range(work.n_s)], work.n_s, work.n_t,
+                                               geo.heads, geo.head_dim, geo.elem_bytes)
+            displaced = {src.relpath for src in work.displaced if src.index is None}
+            for o in work.outputs:
+                value = by_half[o.half][o.rank]
+                if work.kventries:
+                    path = f"{o.client}/{M.fpk(o.key, work.fsdir)}" if o.client else M.fpk(o.key, work.fsdir)
+                    out["entries"].append((o.client, path, M.encode_kv_entry(M.KVEntry(o.key, value)),
+                                           path in displaced))
+                else:
+                    out["objects"].append((o.client, o.key, value))
+        return out
+
+    def _source_value(self, src: SourceRef) -> bytes | None:
+        """A reshard source's value as it is now, or None when it is not the scanned one."""
+        try:
+            if src.index is None:
+                data = MS._read(self._abs(src.relpath))
+                if len(data) != src.size:  # (a KVEntry's row size is its file's)
+                    return None
+                value = M.decode_kv_entry(data).value
+                if src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
+                    return None
+                return value
+            meta = M.decode_meta(MS._read(self._abs(src.relpath)))
+            obj = meta.objects[src.index]
+            bucket = self._abs(src.relpath)[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+            with open(bucket, "rb") as f:
+                f.seek(obj.value_start)
+                value = f.read(obj.data_size)
+        except (OSError, OperationalError, M.DecodeError, IndexError):
+            return None
+        if len(value) != src.size or src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
+            return None
+        return value
+
+    def _pairs(self, p: StorePlan, outputs: dict[str, list[Any]]) -> list[tuple[str, int, list, str, str]]:
+        """The new pairs of the store's reshard outputs, per target client root: objects sorted
+        by key, <= 500 a pair and 256 MiB, ids above every id at the top of the client root
+        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3)."""
+        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
+        for client, key, value in outputs["objects"]:
+            by_client.setdefault(client, []).append((key, value))
+        out = []
+        for client, objs in sorted(by_client.items()):
+            packed = MS.pack_pairs(objs)
+            ids = MS.choose_bucket_ids(self._abs(client), len(packed))
+            for bucket_id, objects in zip(ids, packed):
+                data, meta = M.build_bucket(objects)
+                out.append((client, bucket_id, objects, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
+        return out
+
+    def _pair(self, client: str, bucket_id: int, objects: list[tuple[bytes, bytes]]) -> None:
+        root = self._abs(client)
+        try:
+            made = MS.write_pair(root, bucket_id, objects, MS.stage_path(root), step=self.crash)
+        except MS.PairConflict as exc:
+            self._skip("conflict", len(objects), f"{client}: {exc}")
+            return
+        self.journal.write({"t": "mc_pair", "client": client, "id": made.id, "bucket": made.bucket_xxh3,
+                            "meta": made.meta_xxh3, "keys": [k.hex() for k in made.keys]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += len(objects)
+
+    def _output_entry(self, client: str, path: str, data: bytes, displaced: bool) -> None:
+        """A reshard output at fpk(key): a new KVEntry, or over the displaced source's file
+        (its original kept as a backup)."""
+        root = self._abs(client)
+        target = self._abs(path)
+        if displaced:
+            backup = os.path.join(self.root, BACKUP_DIR, self.run_id, path + ".orig")
+            os.makedirs(os.path.dirname(backup), exist_ok=True)
+            old, new = MS.replace_kv_entry(target, data, backup, MS.stage_path(root), step=self.crash)
+            self.journal.write({"t": "mc_replace", "path": path, "client": client, "old": old, "new": new,
+                                "backup": os.path.relpath(backup, self.root)}, sync=True)
+        else:
+            entry = M.decode_kv_entry(data)
+            dirs: list[str] = []
+            fsdir = path.split("/")[-4]
+            try:
+                _, new = MS.place_kv_entry(os.path.join(root, fsdir), entry.key, entry.value, MS.stage_path(root),
+                                           dirs, step=self.crash)
+            except MS.EntryOccupied as exc:
+                if exc.identical:
+                    self.outcomes["already_present"] += 1
+                else:
+                    self._skip("conflict", 1, f"{path}: {exc}")
+                return
+            self.journal.write({"t": "mc_entry", "path": path, "source": "", "xxh3": new,
+                                "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += 1
+
     def _rewrite(self, rw: IndexRewrite) -> None:
         path = self._abs(rw.meta)
-        n = len(rw.keys)
+        n = len(rw.keys) - len(rw.retire)  # objects placed (a retired entry places none)
         try:
             data = MS._read(path)
         except OperationalError as exc:
@@ -411,8 +684,31 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
             for r in proofs:
                 locks.append(MS.hold_client_lock(os.path.join(root, r["client"]) if r["client"] else root))
         indexes = {r["meta"]: r for r in recs if r["t"] == "mc_index"}
+        indexes.update({r["path"]: {**r, "meta": r["path"]} for r in recs if r["t"] == "mc_replace"})
         entries = {r["path"]: r for r in recs if r["t"] == "mc_entry"}
         intents = [r for r in recs if r["t"] == "mc_intent"]
+        # new pairs first (.meta, then .bucket, each only with the bytes the run wrote): journaled or
+        # intended (a pair a killed run linked before its record)
+        pairs = {(r["client"], r["id"]): r for it in intents for r in it.get("pairs", ())}
+        pairs.update({(r["client"], r["id"]): r for r in recs if r["t"] == "mc_pair"})
+        for (client, bucket_id), r in sorted(pairs.items()):
+            base = os.path.join(root, client) if client else root
+            if dry_run:
+                done["pair"] += int(MS._hash_or_none(os.path.join(base, f"{bucket_id}{M.META_SUFFIX}")) == r["meta"])
+                continue
+            got = MS.remove_pair(base, bucket_id, r["meta"], r["bucket"])
+            done["pair"] += int(got.get("meta") == "removed")
+            if "kept" in got.values():
+                kept.append(f"{base}/{bucket_id}{M.META_SUFFIX}: changed since the migration wrote the pair; left")
+        for it in intents:  # reshard outputs over a displaced KVEntry a killed run did not journal
+            for o in it.get("outputs", ()):
+                if o["path"] not in entries and o["path"] not in indexes:
+                    backup = os.path.join(BACKUP_DIR, run.header.get("run_id", ""), o["path"] + ".orig")
+                    if os.path.exists(os.path.join(root, backup)):
+                        indexes[o["path"]] = {"meta": o["path"], "client": o.get("client", ""), "new": o["xxh3"],
+                                              "backup": backup}
+                    elif MS._hash_or_none(os.path.join(root, o["path"])) == o["xxh3"]:
+                        entries[o["path"]] = {"path": o["path"], "xxh3": o["xxh3"], "dirs": []}
         # work an interrupted run did but did not journal: proven by its bytes
         for it in intents:
             for rw in it.get("rewrites", ()):
@@ -452,21 +748,23 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
             elif back == "kept":
                 kept.append(f"{path}: changed since the migration rewrote it; left in place (its original is "
                             f"{backup})")
+        dirs += [r["path"] for r in recs if r["t"] == "mc_dir"]
         if not dry_run:
-            for d in sorted(set(dirs), key=lambda x: -x.count("/")):
-                try:
-                    os.rmdir(os.path.join(root, d))
-                    done["dir"] += 1
-                except OSError:
-                    pass
-            for client in sorted({r.get("client", "") for it in intents for r in
-                                  [*it.get("rewrites", ()), *it.get("entries", ())]}):
+            clients = {r.get("client", "") for it in intents for r in
+                       [*it.get("rewrites", ()), *it.get("entries", ()), *it.get("pairs", ()), *it.get("outputs", ())]}
+            for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir"}):
                 base = os.path.join(root, client) if client else root
                 MS.clear_stage(MS.stage_path(base))
                 own = os.path.join(base, OWN_LOCK)
                 if os.path.exists(own):
                     os.unlink(own)
                     done["lock"] += 1
+            for d in sorted(set(dirs), key=lambda x: -x.count("/")):  # (a client root it made, once empty)
+                try:
+                    os.rmdir(os.path.join(root, d))
+                    done["dir"] += 1
+                except OSError:
+                    pass
     finally:
         for lock in locks:
             lock.release()
@@ -516,7 +814,7 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     root = run.root
     checked = 0
     for r in run_records(run):
-        checked += r["t"] in ("mc_index", "mc_entry")
+        checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])
             got = MS._hash_or_none(path)
@@ -526,7 +824,18 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
                 out.append(("changed", f"{path}: not the index the migration wrote"))
             elif not os.path.isfile(path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX):
                 out.append(("missing", f"{path}: its .bucket is gone: the next client start deletes the index"))
-        elif r["t"] == "mc_entry":
+        elif r["t"] == "mc_pair":
+            base = os.path.join(root, r["client"]) if r["client"] else root
+            for suffix, want in ((M.META_SUFFIX, r["meta"]), (M.BUCKET_SUFFIX, r["bucket"])):
+                path = os.path.join(base, f"{r['id']}{suffix}")
+                got = MS._hash_or_none(path)
+                if got is None:
+                    out.append(("missing", f"{path}: the pair the migration wrote is gone (evicted or removed)"))
+                    break
+                if got != want:
+                    out.append(("changed", f"{path}: not the pair the migration wrote"))
+        elif r["t"] in ("mc_entry", "mc_replace"):
+            r = {**r, "xxh3": r.get("xxh3") or r.get("new")}
             path = os.path.join(root, r["path"])
             got = MS._hash_or_none(path)
             if got is None:
