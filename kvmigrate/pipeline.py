@@ -161,7 +161,7 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     from kvmigrate.scan.roots import list_root, resolve_namespaces
 
     root_path = check_root(str(root))
-    listing = list_root(root_path)
+    listing = list_root(root_path, facts_resolver.fsdir_of)
     namespaces = resolve_namespaces(root_path, listing, facts_resolver, target)
     namespaces += flat.resolve(root_path, listing, facts_resolver, target, "none")
     namespaces += tier_rows.resolve(root_path, listing, facts_resolver, target, "none")  # (names and sizes only)

@@ -245,14 +245,15 @@ class Mooncake(families.Family):
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         return False  # stores are recognised by what they hold (holds_store)
 
-    def holds_store(self, path: str) -> bool:
-        return holds_store(path)
+    def holds_store(self, path: str, fsdir: str | None = None) -> bool:
+        return holds_store(path, fsdir or M.DEFAULT_FSDIR)
 
     def root_store_entries(self, root: str, files: list[str], folders: list[str],
-                           fsdir: str = M.DEFAULT_FSDIR) -> set[str]:
+                           fsdir: str | None = None) -> set[str]:
         """The top-level names of ROOT that belong to a store at ROOT itself (none: ROOT is
         no store): its pair files, the client lock, the fsdir, kvmigrate's stage and lock,
         and its rank client roots."""
+        fsdir = fsdir or M.DEFAULT_FSDIR
         ranks = set(rank_client_roots(root, fsdir))
         if not is_client_root(root, fsdir):
             return ranks

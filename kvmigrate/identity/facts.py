@@ -398,6 +398,15 @@ class FactsResolver:
                     break
         return facts
 
+    def fsdir_of(self, store: str) -> str | None:
+        """A Mooncake store's file-per-key folder (`fsdir`, mooncake.md §3.2) as its key or a
+        flag states it, without marking a FACTS.json key used (the roots phase asks it of
+        every folder)."""
+        for layer in [*(self._entries[k] for k in (store, "*") if k in self._entries), self._flags]:
+            if "fsdir" in layer.values:
+                return str(layer.values["fsdir"])
+        return None
+
     def for_namespace(self, model_name: str, base_name: str, source_fields: dict | None = None) -> Facts:
         layers = self.layers_for(model_name, base_name)
         facts = Facts()
