@@ -394,7 +394,7 @@ class Mooncake(families.Family):
                     continue
                 ready.append(o)
             if side.reshard and ready and not (side.stale or side.refused or side.asks):
-                _needs_reshard(ready, side)
+                _needs_reshard(ready, side, fsdir)
                 continue
             for o in ready:
                 self._action(o, dep, fsdir, in_place)
@@ -568,7 +568,7 @@ def _sglang_prefix(dep: Deployment, target_model: str) -> str:
               if src.startswith("facts:")]
     for m in named:
         mine = m.strip("/").replace("/", "-")
-        if mine and dep.model.endswith("_" + mine):
+        if "/" in m.strip("/") and dep.model.endswith("_" + mine):
             return dep.model[: -len(mine)] + flat
     if "_" in dep.model:
         dep.notes.append(f"SGLang key prefix {dep.model}: no extra_backend_tag assumed (state the writer's model "
@@ -649,13 +649,17 @@ def _fact_of(flag: str) -> str:
     return next(name for name, f in FACT_FLAGS.items() if f == flag)
 
 
-def _needs_reshard(ready: list[StoreFile], side: TargetSide) -> None:
+def _needs_reshard(ready: list[StoreFile], side: TargetSide, fsdir: str) -> None:
     """The rank-row rule (§4): the block's primary row (lowest key rank; SGLang rank 0's
-    `_k`) asks the reshard, the others point at it."""
+    `_k`) asks the reshard, its target target rank 0's key (in the primary's client root),
+    the others point at it."""
     ordered = sorted(ready, key=lambda o: o.key_rank)
     primary = ordered[0]
     primary.action = "needs_reshard"
-    primary.target = _client_rel(primary.client, "")
+    primary.target_key = M.scoped(side.engine_key(M.parse_storage_key(primary.object_key or b"").engine),
+                                  side.tenant)
+    primary.target = _client_rel(primary.client, M.fpk(primary.target_key, fsdir) if primary.kind == "kventry"
+                                 else "")
     finding = fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*side.reshard_asks)) if side.reshard_asks else None
     primary.reason = fd.Reason(side.reshard, finding)
     for o in ordered[1:]:
@@ -795,6 +799,8 @@ def _duplicates(objs: list[StoreFile]) -> None:
         values = {(o.size, o.payload) for o in copies}
         differ = len(values) > 1
         where = ", ".join(f"{o.relpath}[{o.object_index}]" for o in copies)
+        if len({o.object_key for o in copies}) > 1:
+            where += "; a raw key registers as tenant default"
         for o in copies:
             if o.status != "ok":
                 continue

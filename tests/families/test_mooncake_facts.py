@@ -258,6 +258,9 @@ def test_gqa_at_another_target_tp_needs_a_reshard(tmp_path, engine):
     primary = [r for r in got if r["action"] == "needs_reshard"]
     assert len(primary) == 2  # one per block
     assert all(r["rank"] == 0 and r["finding"] == fd.NEEDS_FACT for r in primary)
+    # target rank 0's key (the same name at any TP) in rank 0's client root
+    assert all((r["target_key"], r["target_relpath"]) == (r["object_key"], r["relpath"].rsplit("/", 1)[0] + "/")
+               for r in primary)
     assert all(set(fd.asked_flags(r["asks"])) == {"--head-dim", "--layers", "--page-tokens", "--dtype-bytes"}
                for r in primary)
     rest = [r for r in got if r["action"] != "needs_reshard"]
