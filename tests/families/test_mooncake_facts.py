@@ -396,3 +396,23 @@ def test_the_facts_skeleton_has_one_entry_per_deployment(tmp_path):
                                       "target_tp": 4, "target_tenant": "prod"}
     assert got["s:" + SGL_MODEL] == {"engine_stopped": None, "writer_release": None, "kv_kind": None,
                                      "target_tp": 4, "target_tenant": "prod"}
+
+
+def test_explain_shows_the_mooncake_facts_of_stores_only(tmp_path):
+    """`explain` lists a store deployment's facts with their source; a vLLM namespace of the
+    same root is not shown facts only Mooncake reads."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="vllm", tp=2, blocks=2))
+    synth(root, mc_store="mc", tp=2)
+    m = tmp_path / "m.parquet"
+    _, summary, _ = scan(root, m, "--target-tenant", "prod")
+    by_ns = {}
+    for ns in summary["namespaces"]:
+        code, out = run_json("explain", m, ns["source_base"])
+        assert code in (0, 1)
+        by_ns[ns["deployment"] or ns["source_base"]] = {f["name"]: f for f in out["facts"]}
+    mc = next(f for n, f in by_ns.items() if n.startswith("mooncake:mc:vllm"))
+    assert mc["target_tenant"]["value"] == "prod" and mc["target_tenant"]["source"] == "flag --target-tenant"
+    assert {"fsdir", "target_tp", "hash_recipe_changed"} <= set(mc)
+    other = [f for n, f in by_ns.items() if not n.startswith("mooncake:")]
+    assert other and all("fsdir" not in f and "target_tenant" not in f for f in other)
