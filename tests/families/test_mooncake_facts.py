@@ -416,3 +416,32 @@ def test_explain_shows_the_mooncake_facts_of_stores_only(tmp_path):
     assert {"fsdir", "target_tp", "hash_recipe_changed"} <= set(mc)
     other = [f for n, f in by_ns.items() if not n.startswith("mooncake:")]
     assert other and all("fsdir" not in f and "target_tenant" not in f for f in other)
+
+
+def test_a_link_onto_a_path_holding_another_file_is_target_occupied(tmp_path):
+    """A misfiled KVEntry whose fpk(key) holds a file that is no KVEntry of it: never
+    linked over (`target_occupied`, the path in `aliases_relpath`)."""
+    root = tmp_path / "root"
+    synth(root, mc_backend="file_per_key", tp=2)
+    entry = next(p for p in sorted((root / "store" / M.DEFAULT_FSDIR).rglob("*")) if p.is_file())
+    a, b = entry.parent.parent.name, entry.parent.name
+    stray = entry.parent.parent.parent / ("a" if a != "a" else "b") / b / entry.name
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(entry.read_bytes())
+    entry.write_bytes(b"not a KVEntry at all")
+    _, _, rows = scan(root, tmp_path / "m.parquet")
+    r = next(r for r in objects(rows) if r["relpath"] == str(stray.relative_to(root)))
+    assert (r["status"], r["action"], r["finding"], r["aliases_relpath"], r["of_action"]) == \
+        ("misfiled", "none", fd.TARGET_OCCUPIED, str(entry.relative_to(root)), "link")
+
+
+def test_an_lcm_store_is_its_own_target_at_each_divisor(tmp_path):
+    """SGLang with tp_lcm_size: key ranks are virtual, served to every TP dividing it; a
+    target TP that does not divide it is a conversion, not planned (§2.3, §3.1)."""
+    root = tmp_path / "root"
+    synth(root, mc_engine="sglang", tp=4)
+    _, _, rows = scan(root, tmp_path / "m.parquet", "--tp-lcm-size", "4", "--target-tp", "2")
+    assert {r["action"] for r in objects(rows)} == {"already_present"}
+    _, _, rows = scan(root, tmp_path / "m.parquet", "--tp-lcm-size", "4", "--target-tp", "8")
+    got = objects(rows)
+    assert {r["action"] for r in got} == {"none"} and all("tp_lcm_size 4" in r["reason"] for r in got)
