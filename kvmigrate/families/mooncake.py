@@ -11,11 +11,14 @@ says what a starting client does with each file (§1.4), groups the objects into
 file and object its status and action (§4). The scan side (finding stores, reading the
 files) is `kvmigrate/scan/store_rows.py`.
 
-This step plans what needs no target facts: a whole object of a complete block is
-`already_present` when the target (mooncake-0.3.14, the writer's deployment) looks up its
-very key, `rekey` when only its scoping differs (a raw key under >= 0.3.12), and a misfiled
-KVEntry is `link`ed to `fpk(key)`. Migrate does not execute Mooncake actions yet
-(docs/mooncake.md).
+Each deployment is planned against the keys its target looks up (§3.1: `TargetSide`, from
+the facts of §3.2): a whole object of a complete block is `already_present` when the target
+(mooncake-0.3.14) looks up its very key, `rekey` when only the scoping, tenant, model or a
+non-`auto-` vLLM prefix differ, and a misfiled KVEntry is `link`ed to `fpk(key)`; another
+`auto-` prefix or hash recipe is `stale_hash_recipe`, another engine or an lcm conversion
+plans nothing, a GQA/MHA block at another target TP `needs_reshard`. Keys compare as a
+>= 0.3.12 client registers them (a raw `K` as `default\0K`), and no rekey or link lands on
+a key or path another object holds (§3.5: `_settle_targets`).
 """
 
 from __future__ import annotations
