@@ -161,7 +161,7 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
     from kvmigrate.scan.roots import list_root, resolve_namespaces
 
     root_path = check_root(str(root))
-    listing = list_root(root_path)
+    listing = list_root(root_path, facts_resolver.fsdir_of)
     namespaces = resolve_namespaces(root_path, listing, facts_resolver, target)
     namespaces += flat.resolve(root_path, listing, facts_resolver, target, "none")
     namespaces += tier_rows.resolve(root_path, listing, facts_resolver, target, "none")  # (names and sizes only)
@@ -185,13 +185,20 @@ def facts_skeleton(root: str, facts_resolver: Any, target: str = DEFAULT_PROFILE
                 not families.get(ns.family).harmless_ambiguity(ns.fields or {}, ns.sampled_sizes):
             needed.append("family")  # the two readings give different bytes
         tiers = families.get(ns.family).root_layout == "tiers"
+        stores = families.get(ns.family).root_layout == "stores"
         if tiers:  # an LMCache deployment: the facts its verdicts asked, keyed "<tier>:<model>" (§3.3)
             needed += list((ns.fields or {}).get("needs_facts") or [])
+        if stores:  # a Mooncake deployment (mooncake.md §3.2): its asked facts and the apply's proofs
+            if not (ns.fields or {}).get("engine"):
+                continue  # (a store's own files: no deployment)
+            needed += [*((ns.fields or {}).get("needs_facts") or []), "engine_stopped", "writer_release"]
         given = {f for f in ns.facts.sources if not ns.facts.sources[f].startswith("model_config:")}
         needed += sorted(given)  # what is stated stays stated, per namespace
         key = (ns.model_name or ns.source_base) if flat_family else ns.source_base
         if tiers:
             key = f"{(ns.fields or {}).get('tier')}:{ns.model_name}"
+        if stores:
+            key = f"{(ns.fields or {}).get('store')}:{ns.model_name}"
         entry = out.setdefault(key, {})
         for name in dict.fromkeys(needed):
             if name in FACT_FLAGS and name != "model_config":

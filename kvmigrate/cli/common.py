@@ -22,6 +22,8 @@ from kvmigrate.identity.values import (
     HASH_ALGORITHMS,
     KV_KINDS,
     MODEL_DTYPES,
+    MOONCAKE_KV_LAYOUTS,
+    MOONCAKE_TARGET_ENGINES,
     PROFILES,
     RUNNERS,
     SGLANG_LAYOUTS,
@@ -83,7 +85,7 @@ _FACT_OPTIONS = [
                  help="SGLang: --hicache-mem-layout of the target (assumed page_first, 0.5.14+ default)."),
     click.option("--writer-release", metavar="VERSION", callback=_checked,
                  help="SGLang: release of the writer (its layout default: layer_first up to 0.5.13); LMCache: "
-                      "the releases that wrote the tier, comma-separated."),
+                      "the releases that wrote the tier, comma-separated; Mooncake: the clients' release (0.3.13.post1)."),
     click.option("--layers", type=click.IntRange(min=1),
                  help="SGLang relayout: host layers of the stage (with MTP/draft layers)."),
     click.option("--page-tokens", type=click.IntRange(min=1), help="SGLang relayout: tokens of one page."),
@@ -122,18 +124,37 @@ _FACT_OPTIONS = [
     click.option("--save-unfull-chunk/--no-save-unfull-chunk", default=None,
                  help="LMCache: the writer stored partial last chunks (assumed off)."),
     click.option("--target-model-name", metavar="NAME",
-                 help="LMCache: the target's vllm serve model argument (assumed the writer's)."),
+                 help="LMCache, Mooncake: the target's served model (assumed the writer's)."),
     click.option("--target-tp", type=click.IntRange(min=1),
-                 help="LMCache: TP of the target deployment (assumed the writer's)."),
+                 help="LMCache, Mooncake: TP of the target deployment (assumed the writer's)."),
     click.option("--target-save-only-first-rank/--no-target-save-only-first-rank", default=None,
                  help="LMCache MLA: the target's save_only_first_rank (assumed as the names show)."),
     click.option("--target-backend", type=click.Choice(TARGET_BACKENDS),
                  help="LMCache: convert a local_disk tier to an fs tier."),
     click.option("--tmp-dir", metavar="NAME", callback=_checked,
                  help="LMCache: the tier's temp folder (fs_connector_relative_tmp_dir / MP relative_tmp_dir)."),
+    # Mooncake stores (mooncake.md §3.2): read for Mooncake stores only
+    click.option("--fsdir", metavar="NAME", callback=_checked,
+                 help="Mooncake: MOONCAKE_OFFLOAD_FSDIR, the file-per-key folder of each client root "
+                      "(assumed file_per_key_dir)."),
+    click.option("--kv-layout", type=click.Choice(MOONCAKE_KV_LAYOUTS),
+                 help="Mooncake: the writer's KV layout, vLLM nhd|hnd, SGLang layer_first|page_first|"
+                      "page_first_direct|page_head (assumed nhd / page_first)."),
+    click.option("--tp-lcm-size", type=click.IntRange(min=1),
+                 help="Mooncake SGLang: tp_lcm_size, the virtual TP of the key ranks (assumed none)."),
+    click.option("--target-tenant", metavar="TENANT", callback=_checked,
+                 help="Mooncake: the target clients' tenant (assumed the writer's; a raw key's: default)."),
+    click.option("--target-cache-prefix", metavar="PREFIX", callback=_checked,
+                 help="Mooncake vLLM: the target's cache prefix, '' for none (assumed the writer's)."),
+    click.option("--target-engine", type=click.Choice(MOONCAKE_TARGET_ENGINES),
+                 help="Mooncake: the engine reading the store (assumed the writer's)."),
+    click.option("--hash-recipe-changed/--no-hash-recipe-changed", default=None,
+                 help="Mooncake: the target hashes tokens otherwise (vLLM hash algorithm or seed, SGLang salt): "
+                      "no key is reused (assumed not)."),
     click.option("--facts", "facts_file", type=click.Path(dir_okay=False),
                  help="FACTS.json: per-namespace facts keyed by model_name, base folder name or \"*\" "
-                      "(LMCache tiers: \"<tier>:<model>\", \"<tier>\", \"<model>\", \"*\")."),
+                      "(LMCache tiers: \"<tier>:<model>\", \"<tier>\", \"<model>\", \"*\"; Mooncake stores likewise, "
+                      "keyed by the store's relpath)."),
 ]
 FACT_NAMES = tuple(FACT_FLAGS)
 

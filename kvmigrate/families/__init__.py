@@ -223,11 +223,13 @@ class Family:
 
     # --- a store family (root_layout "stores": Mooncake, docs/mooncake.md) --------------
 
-    def holds_store(self, path: str) -> bool:
-        """Whether a folder of the root is one of this family's stores (by what it holds)."""
+    def holds_store(self, path: str, fsdir: str | None = None) -> bool:
+        """Whether a folder of the root is one of this family's stores (by what it holds;
+        `fsdir`: the store's file-per-key folder as its facts name it)."""
         return False
 
-    def root_store_entries(self, root: str, files: list[str], folders: list[str]) -> set[str]:
+    def root_store_entries(self, root: str, files: list[str], folders: list[str],
+                           fsdir: str | None = None) -> set[str]:
         """The top-level names of ROOT that belong to a store at ROOT itself (empty: none)."""
         return set()
 

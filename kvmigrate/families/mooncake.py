@@ -11,11 +11,14 @@ says what a starting client does with each file (§1.4), groups the objects into
 file and object its status and action (§4). The scan side (finding stores, reading the
 files) is `kvmigrate/scan/store_rows.py`.
 
-This step plans what needs no target facts: a whole object of a complete block is
-`already_present` when the target (mooncake-0.3.14, the writer's deployment) looks up its
-very key, `rekey` when only its scoping differs (a raw key under >= 0.3.12), and a misfiled
-KVEntry is `link`ed to `fpk(key)`. Migrate does not execute Mooncake actions yet
-(docs/mooncake.md).
+Each deployment is planned against the keys its target looks up (§3.1: `TargetSide`, from
+the facts of §3.2): a whole object of a complete block is `already_present` when the target
+(mooncake-0.3.14) looks up its very key, `rekey` when only the scoping, tenant, model or a
+non-`auto-` vLLM prefix differ, and a misfiled KVEntry is `link`ed to `fpk(key)`; another
+`auto-` prefix or hash recipe is `stale_hash_recipe`, another engine or an lcm conversion
+plans nothing, a GQA/MHA block at another target TP `needs_reshard`. Keys compare as a
+>= 0.3.12 client registers them (a raw `K` as `default\0K`), and no rekey or link lands on
+a key or path another object holds (§3.5: `_settle_targets`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate import families
+from kvmigrate import findings as fd
 from kvmigrate.families import mooncake_reshard as R
 from kvmigrate.formats import mooncake as M
 from kvmigrate.identity.facts import Facts
+from kvmigrate.identity.values import FACT_FLAGS
 from kvmigrate.identity.vllm_target import Target
 
 PROFILE = "mooncake-0.3.14"  # §0: tenant-scoped keys, the client lock
@@ -157,25 +162,32 @@ class Deployment:
     model: str
     kv_kind: str | None = None
     key_ranks: int = 1
-    target_key_ranks: int | None = None  # a reshard's (the target reads it at another TP)
-    geometry: Any = None  # mooncake_reshard.Geometry of a reshard
     files: list[StoreFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     facts: Facts = field(default_factory=Facts)
+    prefix: str | None = None  # vLLM cache prefix
+    namespace: str = ""  # vLLM store-TP namespace
+    needs: set[str] = field(default_factory=set)  # facts a decision waits for (`kvmigrate facts` asks them)
+    side: TargetSide | None = None  # what its target looks up (§3.1)
 
     @property
     def fields(self) -> dict[str, Any]:
+        side = self.side
         return {"family": "mooncake", "store": self.store, "engine": self.engine, "stem": self.stem,
                 "scheme": self.scheme, "tenant": self.tenant, "model": self.model, "kv_kind": self.kv_kind,
                 "key_ranks": self.key_ranks, "deployment": self.label, "target_label": self.target_label,
-                "target_key_ranks": self.target_key_ranks,
-                "geometry": None if self.geometry is None else [self.geometry.heads, self.geometry.head_dim,
-                                                                self.geometry.elem_bytes]}
+                "target_key_ranks": side.key_ranks if side is not None else self.key_ranks,
+                "geometry": None if side is None or side.geometry is None else [
+                    side.geometry.heads, side.geometry.head_dim, side.geometry.elem_bytes],
+                "needs_facts": sorted(self.needs)}
 
     @property
     def target_label(self) -> str:
-        """The target's deployment: the writer's, its keys scoped as 0.3.14 looks them up."""
-        return deployment_label(self.store, self.engine, self.stem, "mc-scoped", self.tenant or M.DEFAULT_TENANT)
+        """The target's deployment: its stem and tenant (§3.1), keys scoped as 0.3.14 looks them up."""
+        side = self.side
+        if side is None:
+            return deployment_label(self.store, self.engine, self.stem, "mc-scoped", self.tenant or M.DEFAULT_TENANT)
+        return deployment_label(self.store, self.engine, side.stem, "mc-scoped", side.tenant)
 
 
 def deployment_label(store: str, engine: str, stem: str, scheme: str, tenant: str | None) -> str:
@@ -201,12 +213,15 @@ class EngineKey:
     rank: int  # vLLM tp_rank, SGLang MHA rank (MLA 0)
     half: str  # SGLang k/v; vLLM ""
     mla: bool | None  # SGLang `__k`: True; vLLM: not known from one key
+    prefix: str | None = None  # vLLM cache prefix
+    namespace: str = ""  # vLLM store-TP namespace
 
 
 def parse_engine_key(key: str) -> EngineKey | None:
     v = M.parse_vllm_key(key)
     if v is not None:
-        return EngineKey("vllm", v.stem, v.model, v.group, v.hash, (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None)
+        return EngineKey("vllm", v.stem, v.model, v.group, v.hash, (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None,
+                         v.prefix, v.namespace)
     s = M.parse_sglang_key(key)
     if s is not None:
         if not s.ranks:  # `__k`: MLA, pp 1
@@ -236,14 +251,15 @@ class Mooncake(families.Family):
     def claims_entry(self, name: str, is_dir: bool) -> bool:
         return False  # stores are recognised by what they hold (holds_store)
 
-    def holds_store(self, path: str) -> bool:
-        return holds_store(path)
+    def holds_store(self, path: str, fsdir: str | None = None) -> bool:
+        return holds_store(path, fsdir or M.DEFAULT_FSDIR)
 
     def root_store_entries(self, root: str, files: list[str], folders: list[str],
-                           fsdir: str = M.DEFAULT_FSDIR) -> set[str]:
+                           fsdir: str | None = None) -> set[str]:
         """The top-level names of ROOT that belong to a store at ROOT itself (none: ROOT is
         no store): its pair files, the client lock, the fsdir, kvmigrate's stage and lock,
         and its rank client roots."""
+        fsdir = fsdir or M.DEFAULT_FSDIR
         ranks = set(rank_client_roots(root, fsdir))
         if not is_client_root(root, fsdir):
             return ranks
@@ -270,7 +286,8 @@ class Mooncake(families.Family):
                        ) -> tuple[list[Deployment], list[StoreFile]]:
         """(the deployments of a store, with their objects and KVEntries; the store's own
         files: containers, the lock, foreign files). `files` already carry the container
-        statuses the scan gave them (§1.4); `objects` are the entries of live indexes."""
+        statuses the scan gave them (§1.4); `objects` are the entries of live indexes.
+        `facts_for(model)`: a deployment's facts (§3.2; None: the store's own)."""
         deps: dict[str, Deployment] = {}
         loose = [f for f in files if f.kind != "kventry" or f.status != "ok"]
         keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
@@ -279,8 +296,6 @@ class Mooncake(families.Family):
             sk = M.parse_storage_key(o.object_key or b"")
             retired = M.parse_retired_key(sk.engine)
             if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
-                from kvmigrate import findings as fd
-
                 o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
                                      f"{retired[1]!r}): no engine looks it up", fd.Finding(fd.SUPERSEDED))
                 o.deployment = store_label(store)
@@ -300,7 +315,7 @@ class Mooncake(families.Family):
             dep = deps.get(label)
             if dep is None:
                 dep = deps[label] = Deployment(label, store, ek.engine, ek.stem, scheme, sk.tenant, ek.model,
-                                               facts=facts_for(ek.model))
+                                               facts=facts_for(ek.model), prefix=ek.prefix, namespace=ek.namespace)
             dep.files.append(o)
             o.deployment = label
             o.rank, o.group = ek.rank, ek.group
@@ -308,21 +323,21 @@ class Mooncake(families.Family):
             o.block = (label, ek.group, ek.hash, ek.sub)
             o.key_rank = (ek.rank, ek.half)
         _duplicates(keyed)
-        # KVEntries of the store at fpk of their own key (whole): a rekey or link whose target one holds is done
-        in_place = {o.relpath for o in keyed if o.kind == "kventry" and o.status == "ok" and
-                    _client_rel(o.client, M.fpk(o.object_key or b"", fsdir)) == o.relpath}
-        registered = registered_keys(keyed, fsdir)
+        held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
         for dep in deps.values():
-            self._classify_deployment(dep, fsdir, store_facts, in_place, registered)
+            self._classify_deployment(dep, fsdir, store_facts, held)
+        _settle_targets(keyed, held, fsdir)
         return sorted(deps.values(), key=lambda d: d.label), loose
 
-    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, in_place: set[str],
-                             registered: dict[bytes, list[StoreFile]]) -> None:
+    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held) -> None:
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
             mla = any(o.key_rank == (0, "k") and o.block is not None and _is_mla_key(o) for o in objs)
             kind = kind or ("mla" if mla else "full" if any(o.key_rank[1] == "v" for o in objs) else None)
+            if kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
+                for o in objs:
+                    _as_mla_stage(o)
         else:
             top = max((o.key_rank[0] for o in objs), default=0)
             kind = kind or ("full" if top > 0 else None)
@@ -331,7 +346,8 @@ class Mooncake(families.Family):
         n_s = 1 + max((o.key_rank[0] for o in objs), default=0)
         dep.key_ranks = n_s
         halves = sorted({o.key_rank[1] for o in objs})
-        subs = sorted({o.block[3] for o in objs if o.block is not None})
+        if dep.engine == "sglang" and kind not in (None, "mla"):
+            halves = ["k", "v"]  # an MHA page writes both on every rank
         universe = {(r, h) for r in range(n_s) for h in halves}
         settled = self._two_layouts(dep, objs, kind)  # blocks a migration already resharded (§2.4)
         if settled:
@@ -343,6 +359,7 @@ class Mooncake(families.Family):
         modal = sizes.most_common(1)[0][0] if sizes else None
         if writer_tp is not None:
             dep.notes.append(f"writer TP {writer_tp} stated")
+        side = dep.side = _target_side(dep, n_s)
         # per object: what its bytes alone prove (§2.4), in §4's order
         for o in objs:
             if o.status == "ok" and o.kind == "kventry" and not o.error:
@@ -363,21 +380,21 @@ class Mooncake(families.Family):
             elif modal is not None and o.size > modal:
                 o.status, o.reason = "size_mismatch", (f"value of {o.size} bytes, the deployment's objects are "
                                                        f"{modal}: not this geometry's block")
+        if side.stale:  # §4's order: before replica_mismatch and incomplete
+            for o in objs:
+                if o.status in ("ok", "replica_mismatch"):
+                    o.status, o.action, o.reason = "stale_hash_recipe", "none", side.stale
         blocks: dict[tuple, list[StoreFile]] = defaultdict(list)
         for o in objs:
             if o.block is not None:
                 blocks[o.block].append(o)
-        del subs
         usable = ("ok", "misfiled")  # a misfiled KVEntry counts: it is relinked (§2.4)
-        # (in_place: the store's KVEntries at their own fpk path; a misfiled copy of one is a harmless duplicate, §1.3)
-
-        reshard = self._reshard_side(dep, n_s, kind)
+        # KVEntries at their own fpk path: a misfiled copy of one is a harmless duplicate (§1.3)
+        in_place = {o.relpath for o in objs if o.kind == "kventry" and o.status == "ok"}
         for objs_of in blocks.values():
             have = {o.key_rank for o in objs_of if o.status in usable}
             missing = universe - {o.key_rank for o in objs_of}
-            if reshard is not None and not missing and have == universe and not any(o.duplicate for o in objs_of):
-                self._reshard(dep, objs_of, n_s, reshard, fsdir, registered)
-                continue
+            ready = []
             for o in objs_of:
                 if o.status not in usable:
                     if not o.reason:
@@ -394,6 +411,16 @@ class Mooncake(families.Family):
                     o.action = "none"
                     o.reason = "another key-rank object of the block is damaged: the block is a miss"
                     continue
+                ready.append(o)
+            if side.reshard and ready and not (side.stale or side.refused or side.asks):
+                if side.geometry is not None and side.key_ranks is not None:  # everything a reshard needs
+                    R.plan_block(ready, engine=dep.engine, n_s=n_s, n_t=side.key_ranks, geo=side.geometry,
+                                 tenant=side.tenant, target_engine_key=side.engine_key, registered=held.by_key,
+                                 fsdir=fsdir)
+                else:
+                    _needs_reshard(ready, side, fsdir)
+                continue
+            for o in ready:
                 self._action(o, dep, fsdir, in_place)
 
     def _two_layouts(self, dep: Deployment, objs: list[StoreFile], kind: str | None) -> set[int]:
@@ -401,9 +428,7 @@ class Mooncake(families.Family):
         at the target's key ranks are the target's (read in place), the others the writer's,
         whose key ranks are one more than their largest; those a complete target layout
         supersedes are `superseded`. Returns the ids of the objects settled so."""
-        from kvmigrate import findings as fd
-
-        target_tp = getattr(dep.facts, "target_tp", None)
+        target_tp = dep.facts.target_tp
         geo, _ = R.geometry(dep.facts)
         if not isinstance(target_tp, int) or kind != "full" or geo is None:
             return set()
@@ -436,56 +461,26 @@ class Mooncake(families.Family):
             settled |= {id(o) for o in block}
         return settled
 
-    def _reshard_side(self, dep: Deployment, n_s: int, kind: str | None) -> tuple[int, Any, list[str]] | None:
-        """(target key ranks, geometry or None, flags asked) when the target reads this GQA/MHA
-        deployment at another TP (target_tp stated), else None: MLA keys are the same at
-        every TP (§3.1)."""
-        target_tp = getattr(dep.facts, "target_tp", None)
-        if isinstance(target_tp, int) and kind is None and n_s == 1 and target_tp > 1:
-            return (0, None, ["--kv-kind"])  # one key rank: MLA (same keys at every TP) or GQA at TP 1
-        if not isinstance(target_tp, int) or kind != "full":
-            return None
-        geo, asks = R.geometry(dep.facts)
-        heads = geo.heads if geo is not None else getattr(dep.facts, "total_kv_heads", None)
-        if not isinstance(heads, int):
-            return (0, None, asks)
-        n_t = R.key_ranks(dep.engine, target_tp, heads)
-        if n_t == n_s:
-            return None
-        dep.target_key_ranks, dep.geometry = n_t, geo
-        return (n_t, geo, asks)
-
-    def _reshard(self, dep: Deployment, objs: list[StoreFile], n_s: int, side: tuple[int, Any, list[str]],
-                 fsdir: str, registered: dict[bytes, list[StoreFile]]) -> None:
-        n_t, geo, asks = side
-        if geo is None:
-            from kvmigrate import findings as fd
-
-            primary = min(objs, key=lambda o: o.key_rank)
-            for o in objs:
-                o.action = "needs_reshard" if o is primary else "none"
-                o.reason = fd.Reason(f"the target reads it at TP {dep.facts.target_tp}: planning it needs "
-                                     f"{', '.join(asks)}",
-                                     fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*asks)) if o is primary else
-                                     fd.Finding(fd.PART_OF_ACTION, primary_rank=0, of_action="needs_reshard"))
-            return
-        R.plan_block(objs, engine=dep.engine, n_s=n_s, n_t=n_t, geo=geo, tenant=M.DEFAULT_TENANT,
-                     registered=registered, fsdir=fsdir)
-
     def _action(self, o: StoreFile, dep: Deployment, fsdir: str, in_place: set[str]) -> None:
-        """§3.3 for the target that is the writer's deployment read by Mooncake 0.3.14."""
+        """§3.3 for one whole object of a complete block: the key its target looks up
+        (§3.1); whether another object already holds that key is settled store-wide after
+        (`_settle_targets`, §3.5)."""
+        side = dep.side
+        assert side is not None
+        if side.stale or side.refused or side.asks:
+            o.action = "none"
+            o.reason = (fd.reason(side.asks_why, fd.NEEDS_FACT, asks=fd.asks(*side.asks)) if side.asks and
+                        not (side.stale or side.refused) else side.stale or side.refused)
+            return
         sk = M.parse_storage_key(o.object_key or b"")
-        target_key = M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)
+        target_key = M.scoped(side.engine_key(sk.engine), side.tenant)
         o.target_key = target_key
+        why = side.differs(sk, dep)
         if o.kind == "kventry":
             want = _client_rel(o.client, M.fpk(target_key, fsdir))
-            if sk.tenant is None and want in in_place:  # (prune --migrated takes this name)
-                o.action, o.target = "already_present", want
-                o.reason = "raw key: the entry at its scoped key's fpk serves it (a rekey's source)"
-            elif sk.tenant is None:
+            if target_key != o.object_key:
                 o.action, o.target = "rekey", want
-                o.reason = ("raw key (Mooncake <= 0.3.11): 0.3.14 registers it as tenant default and never reads it; "
-                            "rekey writes the entry at its scoped key")
+                o.reason = f"{why}: rekey writes the entry at its target key (fpk of it), its value unchanged"
             elif want == o.relpath:
                 o.action, o.target = "already_present", o.relpath
                 o.reason = "read in place: the target looks up this key at this path"
@@ -497,27 +492,348 @@ class Mooncake(families.Family):
                 o.reason = "a valid entry outside fpk(key): registered at start, never read; link it there"
             return
         o.target = _client_rel(o.client, "")
-        if sk.tenant is None:
+        if target_key != o.object_key:
             o.action = "rekey"
-            o.reason = ("raw key (Mooncake <= 0.3.11): 0.3.14 registers it as tenant default and never reads it; "
-                        "rekey rewrites its index entry to the scoped key")
+            o.reason = f"{why}: rekey rewrites its index entry to the target key, its value unchanged"
         else:
             o.action = "already_present"
             o.reason = "read in place: the target looks up this key in this live index"
 
 
-def registered_keys(objs: list[StoreFile], fsdir: str) -> dict[bytes, list[StoreFile]]:
-    """Storage key a 0.3.14 start registers -> the objects registered under it: every entry
-    of a live index (a raw `K` as `default\0K`, §2.1) and every KVEntry at fpk of its key."""
-    out: dict[bytes, list[StoreFile]] = defaultdict(list)
-    for o in objs:
-        if o.object_key is None:
+ENGINE_RELEASES = {"vllm": "vllm-0.34", "sglang": "sglang-0.5.23"}  # the target_engine fact's values
+HEADS_OUTERMOST = ("hnd", "page_head")  # layouts no per-row reshard applies to (§3.4)
+LAYOUTS = {"vllm": ("nhd", "hnd"), "sglang": ("layer_first", "page_first", "page_first_direct", "page_head")}
+
+
+def facts_key_matches(key_model: str, written: str) -> bool:
+    """Whether a FACTS.json key's model names the model a key spells (§3.2): as spelled, or
+    a Hugging Face id `org/name`, which is vLLM's `name` and SGLang's `org-name` or
+    `<tag>_org-name` (whatever the engine: one id names both)."""
+    if key_model == written:
+        return True
+    if "/" not in key_model.strip("/"):
+        return False
+    flat = key_model.strip("/").replace("/", "-")
+    return written in (_basename(key_model), flat) or written.endswith("_" + flat)
+
+
+def _basename(model: str) -> str:
+    return model.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass
+class TargetSide:
+    """The keys a deployment's target looks up (§3.1), from its facts (§3.2). `key_ranks`
+    n_t (None: not known); a non-empty `stale`, `refused` or `asks` means no object is
+    reused, `reshard` that a GQA/MHA block would need one."""
+
+    tenant: str
+    model: str  # as the target's keys spell it (vLLM basename, SGLang prefix)
+    prefix: str | None  # vLLM cache prefix
+    namespace: str  # vLLM store-TP namespace, kept
+    engine: str
+    key_ranks: int | None = None
+    stale: str = ""
+    refused: str = ""
+    asks: tuple[str, ...] = ()
+    asks_why: str = ""
+    reshard: str = ""
+    reshard_asks: tuple[str, ...] = ()
+    geometry: Any = None  # mooncake_reshard.Geometry when a reshard has every fact it needs
+
+    @property
+    def stem(self) -> str:
+        if self.engine == "vllm":
+            return (f"{self.prefix}@" if self.prefix is not None else "") + self.model + self.namespace
+        return self.model
+
+    def engine_key(self, key: str) -> str:
+        """The target's engine key for a writer's key of the same block and key rank."""
+        v = M.parse_vllm_key(key)
+        if v is not None:
+            return M.format_vllm_key(M.VllmKey(self.prefix, self.model, self.namespace, v.tp_rank, v.pcp, v.dcp,
+                                               v.pp_rank, v.group, v.hash))
+        s = M.parse_sglang_key(key)
+        assert s is not None
+        return M.format_sglang_key(M.SglangKey(self.model, s.page_hash, s.ranks, s.half))
+
+    def differs(self, sk: M.StorageKey, dep: Deployment) -> str:
+        """What of a storage key the target spells otherwise (a rekey's reason)."""
+        out = []
+        if sk.tenant is None:
+            out.append("raw key (Mooncake <= 0.3.11): 0.3.14 registers it as tenant default and never reads it")
+        elif sk.tenant != self.tenant:
+            out.append(f"tenant {sk.tenant} -> {self.tenant} (target_tenant)")
+        if dep.model != self.model:
+            out.append(f"model {dep.model} -> {self.model} (target_model_name)")
+        if dep.engine == "vllm" and dep.prefix != self.prefix:
+            out.append(f"cache prefix {dep.prefix or 'none'} -> {self.prefix or 'none'} (target_cache_prefix)")
+        return "; ".join(out) or "the target spells this key otherwise"
+
+
+def _target_side(dep: Deployment, n_s: int) -> TargetSide:
+    """§3.1-3.3 for one deployment: the target's tenant, model, prefix and key ranks, or why
+    no object is reused; every fact assumed goes into the notes with its flag, every fact a
+    decision waits for into `dep.needs`."""
+    f = dep.facts
+    assumed: list[str] = []
+    tenant = f.target_tenant or dep.tenant or M.DEFAULT_TENANT
+    if f.target_tenant is None:
+        assumed.append(f"tenant {tenant} (--target-tenant)")
+    prefix: str | None = None
+    if dep.engine == "vllm":
+        model = _basename(f.target_model_name) if f.target_model_name else dep.model
+        prefix = dep.prefix if f.target_cache_prefix is None else (f.target_cache_prefix or None)
+        if f.target_cache_prefix is None:
+            assumed.append(f"cache prefix {prefix or 'none'} (--target-cache-prefix)")
+    else:
+        model = _sglang_prefix(dep, f.target_model_name) if f.target_model_name else dep.model
+    if f.target_model_name is None:
+        assumed.append(f"model {model} (--target-model-name)")
+    side = TargetSide(tenant, model, prefix, dep.namespace, dep.engine, n_s)
+    writer_engine = ENGINE_RELEASES[dep.engine]
+    if f.target_engine is None:
+        assumed.append(f"engine {writer_engine} (--target-engine)")
+    elif f.target_engine != writer_engine:
+        side.refused = (f"the target engine {f.target_engine} reads other keys and values than {writer_engine}, "
+                        "which wrote them: Mooncake objects are not converted across engines")
+    if f.hash_recipe_changed:
+        side.stale = ("the target hashes tokens otherwise (hash_recipe_changed): it never computes these keys, "
+                      "and no rename fixes that")
+    elif f.hash_recipe_changed is None:
+        assumed.append("the writer's hash recipe (--hash-recipe-changed)")
+    if dep.engine == "vllm" and dep.prefix is not None and dep.prefix.startswith("auto-"):
+        dep.notes.append(f"vLLM cache prefix {dep.prefix}: an auto- prefix hashes the build, model, HF commit and "
+                         "cache config, so it changes with every vLLM build (a target of another build: "
+                         "--target-cache-prefix states its prefix)")
+        if prefix != dep.prefix and not side.stale:
+            side.stale = (f"vLLM auto- cache prefix {dep.prefix} is not the target's ({prefix or 'none'}): the "
+                          "target's build hashes its blocks otherwise, so no rename makes these keys its own")
+    if f.engine_stopped is None:
+        assumed.append("a client may use the store (--engine-stopped)")
+    if f.writer_release is None:
+        assumed.append(("writer release <= 0.3.11 (raw keys)" if dep.scheme == "mc-raw" else
+                        "writer release >= 0.3.12 (scoped keys)") + " (--writer-release)")
+    _target_ranks(dep, side, n_s, assumed)
+    dep.needs.update(_fact_of(flag) for flag in (*side.asks, *side.reshard_asks))
+    if assumed:
+        dep.notes.append("facts assumed: " + "; ".join(assumed))
+    return side
+
+
+def _sglang_prefix(dep: Deployment, target_model: str) -> str:
+    """SGLang's key prefix for the target's model: its path with `/` -> `-`, after the
+    writer's extra_backend_tag when one is known (the writer's model stated by
+    `model_name`, or a FACTS.json key naming it by its HF id)."""
+    flat = target_model.strip("/").replace("/", "-")
+    named = [dep.facts.model_name or ""]
+    named += [src.removeprefix("facts:").rsplit(":", 1)[-1] for src in dep.facts.sources.values()
+              if src.startswith("facts:")]
+    for m in named:
+        mine = m.strip("/").replace("/", "-")
+        if "/" in m.strip("/") and dep.model.endswith("_" + mine):
+            return dep.model[: -len(mine)] + flat
+    if "_" in dep.model:
+        dep.notes.append(f"SGLang key prefix {dep.model}: no extra_backend_tag assumed (state the writer's model "
+                         "with --model-name or key FACTS.json by its HF id to keep one)")
+    return flat
+
+
+def _target_ranks(dep: Deployment, side: TargetSide, n_s: int, assumed: list[str]) -> None:
+    """n_t, the target's key ranks (§3.1): the writer's unless `target_tp` changes a GQA/MHA
+    deployment's, which then needs a reshard (§3.4) or a fact."""
+    f = dep.facts
+    t = f.target_tp
+    if dep.engine == "sglang" and dep.kv_kind is None:
+        side.asks = ("--kv-kind",)
+        side.asks_why = ("one-number key suffixes and no _v object: MHA TP ranks or MLA pp ranks (§2.3); "
+                         "state --kv-kind")
+        return
+    if t is None:
+        assumed.append("TP the writer's (--target-tp)")
+        return
+    if dep.kv_kind == "mla":
+        return  # MLA keys are the same at every TP (§3.1)
+    if dep.namespace:
+        dep.notes.append(f"store-TP namespace {dep.namespace}: its keys serve every target TP (§3.1)")
+        return
+    if dep.engine == "sglang" and f.tp_lcm_size is not None:
+        if f.tp_lcm_size % t:
+            side.refused = (f"target TP {t} does not divide tp_lcm_size {f.tp_lcm_size}: a conversion of the "
+                            "virtual key ranks (not built)")
+        return
+    if dep.kv_kind is None:  # vLLM, one key rank per block
+        if t != n_s:
+            side.asks = ("--kv-kind",)
+            side.asks_why = (f"one key rank per block: MLA (the same keys at TP {t}) or GQA with one key rank "
+                             f"(another count at TP {t}); state --kv-kind")
+        return
+    heads = f.total_kv_heads
+    if dep.engine == "sglang" or t <= n_s:
+        n_t = t
+    elif heads is not None:
+        n_t = min(t, heads)
+    elif f.writer_tp is not None and f.writer_tp > n_s:
+        n_t = n_s  # the writer's TP exceeds its key ranks: H is n_s
+    else:
+        side.key_ranks = None
+        side.asks = ("--total-kv-heads",)
+        side.asks_why = f"the target's key ranks are min({t}, H) and the total KV heads H are not stated"
+        return
+    side.key_ranks = n_t
+    if n_t == n_s:
+        return
+    missing = [flag for flag, value in (("--total-kv-heads", heads), ("--head-dim", f.head_dim),
+                                        ("--layers", f.layers), ("--page-tokens", f.page_tokens),
+                                        ("--dtype-bytes", f.dtype_bytes or f.model_dtype)) if value is None]
+    layout = f.kv_layout or (f.writer_layout if dep.engine == "sglang" else None)
+    if layout is None:
+        layout = LAYOUTS[dep.engine][0 if dep.engine == "vllm" else 1]
+        assumed.append(f"writer layout {layout} (--kv-layout)")
+    what = f"{n_s} -> {n_t} key ranks (target TP {t})"
+    if layout not in LAYOUTS[dep.engine]:
+        side.reshard = f"{what}: layout {layout} is not a {dep.engine} layout (--kv-layout)"
+    elif layout in HEADS_OUTERMOST:
+        side.reshard = f"{what}: layout {layout} keeps the heads outermost, a reshard per row does not apply"
+    elif heads is not None and not (_even(heads, n_s) and _even(heads, n_t)):
+        side.reshard = f"{what}: {heads} KV heads do not split evenly over {n_s} and {n_t} key ranks"
+    elif missing:
+        side.reshard = f"{what}: the geometry is not stated ({' '.join(missing)})"
+        side.reshard_asks = tuple(missing)
+    else:
+        side.reshard = what
+        side.geometry, _ = R.geometry(f)
+
+
+def _even(heads: int, n: int) -> bool:
+    return heads % n == 0 or n % heads == 0
+
+
+def _fact_of(flag: str) -> str:
+    return next(name for name, f in FACT_FLAGS.items() if f == flag)
+
+
+def _needs_reshard(ready: list[StoreFile], side: TargetSide, fsdir: str) -> None:
+    """The rank-row rule (§4): the block's primary row (lowest key rank; SGLang rank 0's
+    `_k`) asks the reshard, its target target rank 0's key (in the primary's client root),
+    the others point at it."""
+    ordered = sorted(ready, key=lambda o: o.key_rank)
+    primary = ordered[0]
+    primary.action = "needs_reshard"
+    primary.target_key = M.scoped(side.engine_key(M.parse_storage_key(primary.object_key or b"").engine),
+                                  side.tenant)
+    primary.target = _client_rel(primary.client, M.fpk(primary.target_key, fsdir) if primary.kind == "kventry"
+                                 else "")
+    finding = fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*side.reshard_asks)) if side.reshard_asks else None
+    primary.reason = fd.Reason(side.reshard, finding)
+    for o in ordered[1:]:
+        o.action = "none"
+        o.reason = fd.reason(f"part of key rank {primary.rank}'s needs_reshard", fd.PART_OF_ACTION,
+                             primary_rank=primary.rank, of_action="needs_reshard")
+
+
+def _as_mla_stage(o: StoreFile) -> None:
+    """An SGLang MLA key `_<pp>_k` (pp > 1): key rank 0 of stage pp, not TP rank pp."""
+    sk = M.parse_storage_key(o.object_key or b"")
+    s = M.parse_sglang_key(sk.engine)
+    if s is None or len(s.ranks) != 1 or o.block is None:
+        return
+    o.rank, o.key_rank = 0, (0, s.half)
+    o.block = (*o.block[:3], (s.ranks[0],))
+
+
+class _Held:
+    """What holds each key of a store as a 0.3.14 client registers it (a raw `K` as
+    `default\\0K`, §2.1), and which file sits at each KVEntry path (§3.5)."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[bytes, list[StoreFile]] = defaultdict(list)
+        self.by_path: dict[str, StoreFile] = {}
+
+    @classmethod
+    def of(cls, entries: list[StoreFile]) -> _Held:
+        held = cls()
+        for e in entries:
+            if e.kind == "kventry":
+                held.by_path[e.relpath] = e
+            if e.object_key is not None:
+                held.by_key[registered_key(e.object_key)].append(e)
+        return held
+
+
+def registered_key(key: bytes) -> bytes:
+    """The key a >= 0.3.12 client registers an entry under: a raw `K` as `default\\0K` (§2.1)."""
+    sk = M.parse_storage_key(key)
+    return key if sk.tenant is not None else M.scoped(sk.engine)
+
+
+def _same_value(a: StoreFile, b: StoreFile) -> bool:
+    """Same value bytes as far as the scan read them: the size, and the hash when both were
+    hashed (--verify hash)."""
+    size_a = a.value_size if a.value_size is not None else a.size
+    size_b = b.value_size if b.value_size is not None else b.size
+    return size_a == size_b and (a.payload is None or b.payload is None or a.payload == b.payload)
+
+
+def _serves(h: StoreFile, key: bytes, fsdir: str) -> bool:
+    """Whether a read of `key` returns `h`'s value: a whole entry stored under that very key
+    (a raw one is never read), no other entry registering it, a KVEntry at fpk(key)."""
+    return (h.object_key == key and h.status == "ok" and not h.duplicate and
+            (h.kind == "object" or h.relpath == _client_rel(h.client, M.fpk(key, fsdir))))
+
+
+def _location(h: StoreFile) -> str:
+    """A row's `target_relpath` for an object found at `h`: a bucket entry's client root, a
+    KVEntry's path."""
+    return _client_rel(h.client, "") if h.kind == "object" else h.relpath
+
+
+def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
+    """§3.5 for the rekeys and links of a store, which never overwrite: a target key (or a
+    KVEntry's target path) another object holds with this value makes the source
+    `already_present` there (prune --migrated takes it later); held otherwise, `none` with
+    the finding `target_occupied`. Sources sharing one target key: the first by (relpath,
+    index) is planned, each other one is `already_present` after it (the same value) or
+    `target_occupied` (another value)."""
+    first: dict[bytes, StoreFile] = {}
+    for o in sorted(keyed, key=lambda o: (o.relpath, -1 if o.object_index is None else o.object_index)):
+        if o.action not in ("rekey", "link") or o.target_key is None:
             continue
-        if o.kind == "kventry" and _client_rel(o.client, M.fpk(o.object_key, fsdir)) != o.relpath:
+        key, action = o.target_key, o.action
+        others: list[StoreFile] = []
+        if action == "rekey":  # (a link adds no registration: the misfiled entry has the key already)
+            others = [h for h in held.by_key.get(key, ()) if h is not o and
+                      not (h.action == "rekey" and h.target_key != key)]  # (one renamed away frees the key)
+        at = held.by_path.get(o.target or "") if o.kind == "kventry" else None
+        if at is not None and at is not o and all(at is not h for h in others):
+            others.append(at)
+        if others:
+            serving = next((h for h in others if _serves(h, key, fsdir) and _same_value(h, o)), None)
+            if serving is not None:
+                o.action, o.target = "already_present", _location(serving)
+                o.reason = (f"the target key is already served by {serving.relpath}" +
+                            (f"[{serving.object_index}]" if serving.object_index is not None else "") +
+                            " with this value: this object is a copy (prune --migrated takes it)")
+            else:
+                h = others[0]
+                o.action = "none"
+                o.reason = fd.reason(f"the target key (or its path) is held by {h.relpath}" +
+                                     (f"[{h.object_index}]" if h.object_index is not None else "") +
+                                     " with other bytes: never overwritten", fd.TARGET_OCCUPIED,
+                                     aliases_relpath=h.relpath, of_action=action)
             continue
-        sk = M.parse_storage_key(o.object_key)
-        out[M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)].append(o)
-    return out
+        prior = first.get(key)
+        if prior is None:
+            first[key] = o
+        elif _same_value(prior, o):
+            o.action, o.target = "already_present", prior.target
+            o.reason = (f"{prior.relpath}" + (f"[{prior.object_index}]" if prior.object_index is not None else "")
+                        + f" is {prior.action}ed to the same target key with this value: this object is a copy")
+        else:
+            o.action = "none"
+            o.reason = fd.reason(f"{prior.relpath} is {prior.action}ed to the same target key with other bytes: "
+                                 "never planned twice", fd.TARGET_OCCUPIED, aliases_relpath=prior.relpath,
+                                 of_action=action)
 
 
 def _is_mla_key(o: StoreFile) -> bool:
@@ -534,18 +850,21 @@ def _client_rel(client: str, rel: str) -> str:
 
 
 def _duplicates(objs: list[StoreFile]) -> None:
-    """One key in two live entries of a store: both registered, every read fails (§1.4);
-    values that differ are `replica_mismatch`."""
+    """One key registered by two live entries of a store: both registered, every read fails
+    (§1.4); values that differ are `replica_mismatch`. Keys compare as a >= 0.3.12 client
+    registers them: a raw `K` and `default\0K` are one key (§2.1)."""
     by_key: dict[bytes, list[StoreFile]] = defaultdict(list)
     for o in objs:
         if o.object_key is not None and o.kind == "object":
-            by_key[o.object_key].append(o)
+            by_key[registered_key(o.object_key)].append(o)
     for copies in by_key.values():
         if len(copies) < 2:
             continue
         values = {(o.size, o.payload) for o in copies}
         differ = len(values) > 1
         where = ", ".join(f"{o.relpath}[{o.object_index}]" for o in copies)
+        if len({o.object_key for o in copies}) > 1:
+            where += "; a raw key registers as tenant default"
         for o in copies:
             if o.status != "ok":
                 continue

@@ -97,7 +97,8 @@ def storage_key(engine_key: str, tenant: str | None) -> bytes:
 
 def outputs(engine: str, rank0_key: str, rank0_client: str, n_t: int, halves: tuple[str, ...], tenant: str | None,
             value_size: int, n_s: int, geo: Geometry) -> list[Output]:
-    """Every object the target reads of the block, in key-rank (then k, v) order."""
+    """Every object the target reads of the block, in key-rank (then k, v) order, from the
+    target's engine key of key rank 0 (`rank0_key`) and its tenant."""
     size = value_size // heads_at(geo.heads, n_s) * heads_at(geo.heads, n_t)
     out = []
     for r in range(n_t):
@@ -126,7 +127,7 @@ def holders(out: list[Output], registered: Mapping[bytes, list[Any]], block: set
             continue
         if all(id(h) in block for h in held):
             displaced += held
-        elif any(h.size == o.size and id(h) not in block for h in held) and len(held) == 1:
+        elif any(value_size(h) == o.size and id(h) not in block for h in held) and len(held) == 1:
             present += 1
         else:
             other = other or next(h for h in held if id(h) not in block)
@@ -134,7 +135,7 @@ def holders(out: list[Output], registered: Mapping[bytes, list[Any]], block: set
 
 
 def plan_block(objs: list[Any], *, engine: str, n_s: int, n_t: int, geo: Geometry, tenant: str | None,
-               registered: Mapping[bytes, list[Any]], fsdir: str) -> None:
+               target_engine_key: Any, registered: Mapping[bytes, list[Any]], fsdir: str) -> None:
     """The actions of one complete block at another TP (the scan's `StoreFile`s): a
     `reshard` on its primary object (key rank 0, SGLang's `_k`) with the bytes of every
     target object, the others `part_of_action`; `needs_reshard` naming why it cannot run;
@@ -163,7 +164,7 @@ def plan_block(objs: list[Any], *, engine: str, n_s: int, n_t: int, geo: Geometr
             mark(primary, "needs_reshard", f"reshard from {n_s} to {n_t} key ranks: {why}", fd.Finding(fd.TRANSFORM))
             followers("needs_reshard")
             return
-    rank0 = M.parse_storage_key(primary.object_key or b"").engine
+    rank0 = target_engine_key(M.parse_storage_key(primary.object_key or b"").engine)  # (target model, prefix)
     outs = outputs(engine, rank0, primary.client, n_t, halves, tenant, value_size(primary), n_s, geo)
     present, _displaced, other = holders(outs, registered, {id(o) for o in objs})
     first = outs[0]

@@ -28,6 +28,9 @@ from kvmigrate.identity.values import (
     KV_KINDS,
     LMCACHE_FACTS,
     MODEL_DTYPES,
+    MOONCAKE_FACTS,
+    MOONCAKE_KV_LAYOUTS,
+    MOONCAKE_TARGET_ENGINES,
     RUNNERS,
     SGLANG_LAYOUTS,
     TARGET_BACKENDS,
@@ -38,7 +41,8 @@ CHOICES = {"kv_kind": KV_KINDS, "family": FAMILIES, "runner": RUNNERS, "model_dt
            "cache_dtype": CACHE_DTYPES, "executor": EXECUTORS,
            "writer_layout": SGLANG_LAYOUTS, "target_layout": SGLANG_LAYOUTS,
            "hash_algorithm": HASH_ALGORITHMS, "target_hash_algorithm": HASH_ALGORITHMS,
-           "target_backend": TARGET_BACKENDS}
+           "target_backend": TARGET_BACKENDS, "kv_layout": MOONCAKE_KV_LAYOUTS,
+           "target_engine": MOONCAKE_TARGET_ENGINES}
 _RELEASE = re.compile(r"\d+\.\d+(\.\d+)?((\.post|rc)\d+)?")  # an SGLang release (writer_release)
 _PYTHON = re.compile(r"3\.\d+")  # a CPython minor version (python_version)
 _SEED_MAX = 4294967295  # PYTHONHASHSEED's range
@@ -103,6 +107,16 @@ class Facts:
     target_backend: str | None = None
     tmp_dir: str | None = None
     engine_stopped: bool | None = None  # a local_disk tier no engine uses (prune --index-lost, §6)
+    # Mooncake stores (mooncake.md §3.2): MOONCAKE_OFFLOAD_FSDIR, the writer's KV layout and
+    # SGLang virtual TP; the target's tenant, vLLM cache prefix ("" = none), engine, and
+    # whether it hashes tokens otherwise (then no key of the store is ever computed again)
+    fsdir: str | None = None
+    kv_layout: str | None = None
+    tp_lcm_size: int | None = None
+    target_tenant: str | None = None
+    target_cache_prefix: str | None = None
+    target_engine: str | None = None
+    hash_recipe_changed: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)  # fact -> "flag" | "facts:<key>" | "model_config:<path>"
     # why the namespace gets no target although its facts resolved (a model config of another model)
     refusal: str | None = None
@@ -113,7 +127,7 @@ class Facts:
         d.pop("sources")
         d.pop("refusal")
         d.pop("refusal_flag")
-        for name in LMCACHE_FACTS:  # (not given: other families' manifests stay as they were)
+        for name in LMCACHE_FACTS + MOONCAKE_FACTS:  # (not given: other families' manifests stay as they were)
             if d[name] is None:
                 d.pop(name)
         if isinstance(d.get("writer_release"), tuple):
@@ -132,7 +146,7 @@ class Facts:
 FACT_NAMES = tuple(f.name for f in dc_fields(Facts) if f.name not in ("sources", "refusal", "refusal_flag"))
 _INT_FACTS = ("total_kv_heads", "nnodes", "page_bytes", "tensors_per_layer", "writer_tp", "writer_pp", "layers",
               "page_tokens", "kv_heads", "head_dim", "latent_dim", "dtype_bytes", "chunk_size",
-              "target_chunk_size", "target_tp")
+              "target_chunk_size", "target_tp", "tp_lcm_size")
 
 
 def allowed_values(name: str) -> str:
@@ -157,6 +171,12 @@ def allowed_values(name: str) -> str:
         return "a Python version such as 3.12"
     if name == "tmp_dir":
         return "a folder name inside the tier (no '/')"
+    if name == "fsdir":
+        return "a folder name inside the client root (no '/')"
+    if name == "target_tenant":
+        return "a non-empty tenant name without NUL"
+    if name == "target_cache_prefix":
+        return "a vLLM cache prefix without NUL or '@store_' (\"\" = none)"
     return "true or false"  # the boolean facts
 
 
@@ -195,8 +215,12 @@ def check_fact(name: str, value: Any, where: str) -> Any:
         value = str(value)
     elif name in ("python_version", "target_python_version"):
         ok = isinstance(value, str) and _PYTHON.fullmatch(value) is not None
-    elif name == "tmp_dir":
-        ok = isinstance(value, str) and value not in ("", ".", "..") and "/" not in value
+    elif name in ("tmp_dir", "fsdir"):
+        ok = isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
+    elif name == "target_tenant":
+        ok = isinstance(value, str) and value != "" and "\0" not in value
+    elif name == "target_cache_prefix":
+        ok = isinstance(value, str) and "\0" not in value and "@store_" not in value
     else:  # the boolean facts
         ok = isinstance(value, bool)
     if not ok:
@@ -373,6 +397,15 @@ class FactsResolver:
                     facts.sources[name] = layer.source
                     break
         return facts
+
+    def fsdir_of(self, store: str) -> str | None:
+        """A Mooncake store's file-per-key folder (`fsdir`, mooncake.md §3.2) as its key or a
+        flag states it, without marking a FACTS.json key used (the roots phase asks it of
+        every folder)."""
+        for layer in [*(self._entries[k] for k in (store, "*") if k in self._entries), self._flags]:
+            if "fsdir" in layer.values:
+                return str(layer.values["fsdir"])
+        return None
 
     def for_namespace(self, model_name: str, base_name: str, source_fields: dict | None = None) -> Facts:
         layers = self.layers_for(model_name, base_name)

@@ -87,6 +87,16 @@ FACT_FLAGS = {
     "tmp_dir": "--tmp-dir",
     # no engine uses this local_disk tier: prune --index-lost may take its chunks (§6)
     "engine_stopped": "--engine-stopped",
+    # Mooncake stores (spec mooncake.md §3.2): the file-per-key folder, the writer's KV layout
+    # and SGLang virtual TP, and the target's keys (tenant, vLLM cache prefix, engine, recipe);
+    # writer_release, engine_stopped, target_tp, target_model_name and the geometry are shared
+    "fsdir": "--fsdir",
+    "kv_layout": "--kv-layout",
+    "tp_lcm_size": "--tp-lcm-size",
+    "target_tenant": "--target-tenant",
+    "target_cache_prefix": "--target-cache-prefix",
+    "target_engine": "--target-engine",
+    "hash_recipe_changed": "--hash-recipe-changed",
 }
 # the facts only LMCache tiers read: other families never see them (not in their manifests)
 LMCACHE_FACTS = ("hash_algorithm", "target_hash_algorithm", "pythonhashseed", "target_pythonhashseed",
@@ -96,6 +106,14 @@ LMCACHE_FACTS = ("hash_algorithm", "target_hash_algorithm", "pythonhashseed", "t
                  "engine_stopped")
 # LMCache `pre_caching_hash_algorithm` values (sha256_cbor_64bit: sha256_cbor's old name) and
 # the MP server's blake3 (lmcache.md §3.2)
+# the facts only Mooncake stores read (not in other families' manifests when not given)
+MOONCAKE_FACTS = ("fsdir", "kv_layout", "tp_lcm_size", "target_tenant", "target_cache_prefix", "target_engine",
+                  "hash_recipe_changed")
+# a Mooncake writer's KV layout (mooncake.md §3.2): vLLM's block layout, SGLang's
+# --hicache-mem-layout (page_head: heads outermost)
+MOONCAKE_KV_LAYOUTS = ("nhd", "hnd", "layer_first", "page_first", "page_first_direct", "page_head")
+# the engines whose keys a Mooncake target reads (mooncake.md §0)
+MOONCAKE_TARGET_ENGINES = ("vllm-0.34", "sglang-0.5.23")
 HASH_ALGORITHMS = ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash", "xxhash_cbor", "blake3")
 TARGET_BACKENDS = ("fs",)  # a local_disk tier converted to an fs tier (lmcache.md §3.5)
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-from kvmigrate import layout
+from kvmigrate import families, layout
 from kvmigrate import manifest as mf
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.formats import mooncake as M
@@ -149,7 +149,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                 chosen: Iterable[str] | None = None) -> list[StorePlan]:
     """The store work of a manifest: its `rekey` and `link` rows, grouped per store."""
     store_of = {b: (ns.get("config_json") or {}).get("store") for b, ns in namespaces.items()
-                if ns.get("family") == "mooncake"}
+                if families.get(ns.get("family")).root_layout == "stores"}
     if chosen is not None:
         keep = set(chosen)
         store_of = {b: s for b, s in store_of.items() if b in keep}
@@ -160,11 +160,11 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
     resharding = {b for b, ns in namespaces.items() if b in store_of and
                   (ns.get("config_json") or {}).get("target_key_ranks")}
     objects: dict[str, list[ObjectRow]] = {}  # store -> its objects (a reshard's sources and what holds its keys)
-    primaries: list[tuple[str, str, int, bytes]] = []  # (store, namespace, group, block hash) of reshard rows
+    primaries: list[tuple[str, str, int, bytes, bytes]] = []  # (store, namespace, group, block hash, target key)
     for batch in mf.iter_batches(manifest_path, columns=_COLUMNS):
         cols = batch.to_pydict()
         for i, action in enumerate(cols["action"]):
-            if cols["family"][i] != "mooncake" or cols["source_base"][i] not in store_of:
+            if cols["source_base"][i] not in store_of:
                 continue
             base = cols["source_base"][i]
             store = str(store_of[base])
@@ -174,7 +174,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                     cols["payload_xxh3_128"][i], base, cols["group"][i], cols["block_hash"][i], cols["status"][i],
                     cols["inode"][i] or 0, cols["mtime_ns"][i] or 0))
             if action == "reshard":
-                primaries.append((store, base, cols["group"][i], cols["block_hash"][i]))
+                primaries.append((store, base, cols["group"][i], cols["block_hash"][i], cols["target_key"][i]))
                 _plan_of(plans, store, namespaces, store_of, engine_stopped)
                 continue
             if action not in STORE_ACTIONS:
@@ -206,8 +206,8 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if client not in plan.clients:
                 plan.clients.append(client)
             plan.objects[action] += 1
-    for store, base, group, block in primaries:
-        work = _reshard_work(store, base, group, block, namespaces[base], objects.get(store, []))
+    for store, base, group, block, first_key in primaries:
+        work = _reshard_work(base, group, block, first_key, namespaces[base], objects.get(store, []))
         plan = plans[store]
         plan.reshards.append(work)
         for out in work.outputs:
@@ -247,8 +247,8 @@ def _plan_of(plans: dict[str, StorePlan], store: str, namespaces: dict[str, dict
     return plan
 
 
-def _reshard_work(store: str, base: str, group: int, block: bytes, ns: dict[str, Any], objects: list[ObjectRow]
-                  ) -> ReshardWork:
+def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dict[str, Any],
+                  objects: list[ObjectRow]) -> ReshardWork:
     """The block's sources, outputs and displaced objects, re-derived from the rows through
     the function the scan used (families/mooncake_reshard.py): both name the same keys."""
     from kvmigrate.families import mooncake as fam
@@ -273,11 +273,24 @@ def _reshard_work(store: str, base: str, group: int, block: bytes, ns: dict[str,
     rank0 = sources[(0, halves[0])]
     kventries = rank0.index is None
     fsdir = rank0.relpath.split("/")[-4] if kventries else M.DEFAULT_FSDIR
-    outs = R.outputs(engine, M.parse_storage_key(rank0.key).engine, rank0.client, n_t, halves, M.DEFAULT_TENANT,
-                     rank0.size, n_s, geo)
+    first = M.parse_storage_key(first_key)  # target key rank 0's key, as the scan named it
+    value_size = _kventry_value_size(rank0) if kventries else rank0.size
+    outs = R.outputs(engine, first.engine, rank0.client, n_t, halves, first.tenant, value_size, n_s, geo)
     mine = set(sources.values())
     displaced = [ref for o in outs for ref in registered.get(o.key, []) if ref in mine]
     return ReshardWork(n_s, n_t, geo, sources, outs, displaced, kventries, fsdir)
+
+
+def _kventry_value_size(ref: SourceRef) -> int:
+    """A KVEntry source's value bytes (its row's size is the file's): its file minus the
+    key field and the value's tag and length (struct_pb's layout, §1.3)."""
+    key_field = 1 + len(M.encode_varint(len(ref.key))) + len(ref.key)
+    rest = ref.size - key_field  # 1 tag byte + varint(n) + n
+    for length_bytes in range(1, 11):
+        n = rest - 1 - length_bytes
+        if n >= 0 and len(M.encode_varint(n)) == length_bytes:
+            return n
+    return 0
 
 
 def _client_of_object(relpath: str, index: int | None) -> str:

@@ -23,7 +23,7 @@ from kvmigrate import manifest as mf
 from kvmigrate.errors import UsageError
 from kvmigrate.identity import gates
 from kvmigrate.identity.facts import FACT_NAMES, FLAGS, Facts
-from kvmigrate.identity.values import LMCACHE_FACTS, ORPHANED
+from kvmigrate.identity.values import LMCACHE_FACTS, MOONCAKE_FACTS, ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
@@ -108,6 +108,16 @@ def _resolve(name: str, namespaces: dict[str, dict[str, Any]], path: str) -> str
                           f"`kvmigrate report {path}` lists them")
 
 
+_STORE_SHARED_FACTS = ("target_model_name", "target_tp", "engine_stopped")  # LMCache's, read by Mooncake too
+
+
+def _store_family(name: Any) -> bool:
+    """Whether a namespace's family keeps stores (Mooncake): its facts are read there."""
+    from kvmigrate import families
+
+    return isinstance(name, str) and families.get(name).root_layout == "stores"
+
+
 def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, ExplainFact]:
     """Every deployment fact with its value and where it came from."""
     given = ns.get("facts") or {}
@@ -116,9 +126,12 @@ def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, ExplainFact]:
     facts_file = (meta.get("facts") or {}).get("facts_file")
     out: dict[str, ExplainFact] = {}
     lmcache = str(ns.get("deployment") or "").startswith("lmcache:")
+    stores = _store_family(ns.get("family"))
     for name in FACT_NAMES:
-        if name in LMCACHE_FACTS and not lmcache:
+        if name in LMCACHE_FACTS and not lmcache and not (stores and name in _STORE_SHARED_FACTS):
             continue  # (facts only LMCache tiers read)
+        if name in MOONCAKE_FACTS and not stores:
+            continue  # (facts only Mooncake stores read)
         source = sources.get(name)
         if source == "flag":
             where = f"flag {FLAGS.get(name, fact_flag(name))}"

@@ -169,7 +169,10 @@ def _looks_deep(path: str, depth: int = 3) -> bool:
     return False
 
 
-def list_root(root: str) -> RootListing:
+def list_root(root: str, fsdir_of: Any = None) -> RootListing:
+    """`fsdir_of(store)`: the file-per-key folder the facts name for a store (None: the
+    default), by which a Mooncake store is recognised (mooncake.md §1.1)."""
+    fsdir_of = fsdir_of or (lambda store: None)
     listing = RootListing()
     flat = [f for f in families.writers() if f.root_layout == "flat"]
     tier_fams = [f for f in families.writers() if f.root_layout == "tiers"]
@@ -207,7 +210,7 @@ def list_root(root: str) -> RootListing:
             listing.rank_folders.setdefault(parsed.base, {})[parsed.rank] = e.name
         elif parsed is not None:
             listing.bases[e.name] = e
-        elif (store := next((f for f in store_fams if f.holds_store(e.path)), None)) is not None:
+        elif (store := next((f for f in store_fams if f.holds_store(e.path, fsdir_of(e.name))), None)) is not None:
             listing.stores[e.name] = store
         elif tier_fams and (tier := tiers.tier_family(e.path, tier_fams)) is not None:
             listing.tiers[e.name] = tier
@@ -219,16 +222,16 @@ def list_root(root: str) -> RootListing:
     if tier_fams:
         _root_tier(listing, entries, tier_fams)
     for fam in store_fams:
-        _root_store(root, listing, fam)
+        _root_store(root, listing, fam, fsdir_of("."))
     return listing
 
 
-def _root_store(root: str, listing: RootListing, fam: Any) -> None:
+def _root_store(root: str, listing: RootListing, fam: Any, fsdir: str | None = None) -> None:
     """ROOT itself is a store (spec mooncake.md §1.1) when it is a client root or holds
     `rank_*` client roots: the entries of its layout move from the root's own rows (and
     from the stores found below it: a rank client root is part of ROOT's store) to it."""
     claimed = fam.root_store_entries(root, [e.name for e in listing.files],
-                                     sorted(listing.foreign_dirs + list(listing.stores)))
+                                     sorted(listing.foreign_dirs + list(listing.stores)), fsdir)
     if not claimed:
         return
     listing.files = [e for e in listing.files if e.name not in claimed]

@@ -121,7 +121,7 @@ def scan(root: str | os.PathLike[str], output: str | os.PathLike[str] = "kvmigra
     if prev is not None:
         log.info("scan: baseline %s: unchanged files keep its hashes", prev.path)
     try:
-        listing = list_root(root_path)
+        listing = list_root(root_path, resolver.fsdir_of)
     except OSError as exc:
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=root_path) from None
     skipped: list[str] = []

@@ -41,12 +41,12 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
     """The namespaces (deployments, and each store's own) of every store of the root."""
     out: list[Namespace] = []
     for store, fam in sorted(listing.stores.items()):
-        fsdir = getattr(resolver.for_tier(store, None), "fsdir", None) or M.DEFAULT_FSDIR
+        fsdir = resolver.for_tier(store, None).fsdir or M.DEFAULT_FSDIR
         only = listing.store_entries if store == "." else None
         files, objects, notes = walk_store(root, store, fsdir, verify, only)
 
         def facts_for(model: str | None, store: str = store) -> Facts:
-            return resolver.for_tier(store, model)
+            return resolver.for_tier(store, model, MC.facts_key_matches)
 
         deps, loose = fam.classify_store(store, files, objects, facts_for, fsdir)
         for dep in deps:
