@@ -127,8 +127,8 @@ class Applier:
             journal = self._open_journal()
             self._start(tree, journal)
             try:
-                if plan.stores:  # every store's proof before the first write of the run (mooncake.md §5.1)
-                    resumed = [r for run in self._resume_runs for r in run.store_records]
+                resumed = [r for run in self._resume_runs for r in run.store_records]
+                if plan.stores or resumed:  # every store's proof before the first write of the run (§5.1)
                     stores = StoreApplier(plan.root, plan.stores, journal, self._run_id or "", self.crash.hit,
                                           resumed)
                     stores.take_proofs()

@@ -140,6 +140,72 @@ class StorePlan:
         return None
 
 
+def to_intent(p: StorePlan, pairs: list[tuple[str, int, list, str, str]], entries: list[tuple]) -> dict[str, Any]:
+    """The store's whole plan as its journal intent: everything a resumed run needs to do
+    exactly the same (§5.3), and a rollback to prove what is the run's."""
+    return {"t": "mc_intent", "store": p.store, "proof": p.proof,
+            "rewrites": [{"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
+                          "keys": {str(i): k.hex() for i, k in rw.keys.items()},
+                          "old": {str(i): k.hex() for i, k in rw.old_keys.items()},
+                          "retire": sorted(rw.retire)} for rw in p.rewrites],
+            "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
+                         "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
+                         "value": e.value.hex() if e.value else None} for e in p.entries],
+            "reshards": [{"n_s": w.n_s, "n_t": w.n_t, "geometry": [w.geometry.heads, w.geometry.head_dim,
+                                                                  w.geometry.elem_bytes],
+                          "kventries": w.kventries, "fsdir": w.fsdir,
+                          "sources": [{"rank": r, "half": h, "relpath": src.relpath, "index": src.index,
+                                       "key": src.key.hex(), "client": src.client, "size": src.size,
+                                       "value": src.value.hex() if src.value else None}
+                                      for (r, h), src in sorted(w.sources.items())],
+                          "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
+                                       "key": o.key.hex(), "client": o.client, "size": o.size} for o in w.outputs],
+                          "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
+                                        for src in w.displaced]} for w in p.reshards],
+            "pairs": [{"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs],
+            "outputs": [{"path": path, "xxh3": MS.xxh3_hex(data), "client": c} for c, path, data, _ in entries],
+            "clients": p.clients, "bucket_clients": p.bucket_clients}
+
+
+def from_intent(rec: dict[str, Any]) -> StorePlan:
+    """A StorePlan rebuilt from its journal intent (a resumed run does exactly that)."""
+    from kvmigrate.families import mooncake_reshard as R
+
+    p = StorePlan(rec["store"], clients=list(rec.get("clients") or ()),
+                  bucket_clients=list(rec.get("bucket_clients") or ()))
+    p.stopped_stated = rec.get("proof") == "engine_stopped"
+    p.flock_stated = rec.get("proof") == "flock"
+    for r in rec.get("rewrites", ()):
+        rw = IndexRewrite(r["meta"], r["client"], inode=r.get("inode", 0), mtime_ns=r.get("mtime_ns", 0))
+        rw.keys = {int(i): bytes.fromhex(k) for i, k in r["keys"].items()}
+        rw.old_keys = {int(i): bytes.fromhex(k) for i, k in (r.get("old") or {}).items()}
+        rw.retire = set(r.get("retire") or ())
+        rw.values = {i: None for i in rw.keys}
+        p.rewrites.append(rw)
+    for e in rec.get("entries", ()):
+        p.entries.append(EntryWrite(e["source"], e["path"], bytes.fromhex(e["key"]), e["action"], e["client"],
+                                    e.get("size", 0), e.get("mtime_ns", 0),
+                                    bytes.fromhex(e["value"]) if e.get("value") else None))
+    for w in rec.get("reshards", ()):
+        sources = {(s["rank"], s["half"]): SourceRef(s["relpath"], s["index"], bytes.fromhex(s["key"]), s["client"],
+                                                      s["size"], bytes.fromhex(s["value"]) if s["value"] else None)
+                   for s in w["sources"]}
+        outs = [R.Output(o["rank"], o["half"], o["engine_key"], bytes.fromhex(o["key"]), o["client"], o["size"])
+                for o in w["outputs"]]
+        named = set(w.get("displaced") or ())
+        displaced = [src for src in sources.values()
+                     if src.relpath + ("" if src.index is None else f"[{src.index}]") in named]
+        p.reshards.append(ReshardWork(w["n_s"], w["n_t"], R.Geometry(*w["geometry"]), sources, outs, displaced,
+                                      w["kventries"], w.get("fsdir") or M.DEFAULT_FSDIR))
+    for e in p.entries:
+        p.objects[e.action] += 1
+    for rw in p.rewrites:
+        p.objects["rekey"] += len(rw.keys) - len(rw.retire)
+    for w in p.reshards:
+        p.objects["reshard"] += len(w.outputs)
+    return p
+
+
 def _release(value: Any) -> tuple[int, ...] | None:
     m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(value or ""))
     return tuple(int(x) for x in m.groups()) if m else None
@@ -366,7 +432,14 @@ class StoreApplier:
         self.skipped: list[str] = []
         # what an interrupted run of this journal already did: index -> new XXH3, entry -> XXH3
         self.done_index = {r["meta"]: r["new"] for r in resumed or () if r.get("t") == "mc_index"}
-        self.done_entry = {r["path"]: r["xxh3"] for r in resumed or () if r.get("t") == "mc_entry"}
+        self.done_entry = {r["path"]: r["xxh3"] for r in resumed or () if r.get("t") in ("mc_entry", "mc_replace")
+                           for r in [{**r, "xxh3": r.get("xxh3") or r.get("new")}]}
+        # a store whose intent an interrupted run wrote and did not finish: that intent is done
+        # exactly (its pairs' ids and hashes), not a plan from a scan of the half-done store
+        finished = {r["store"] for r in resumed or () if r.get("t") == "mc_done"}
+        self.unfinished = {r["store"]: r for r in resumed or () if r.get("t") == "mc_intent"
+                           and r["store"] not in finished}
+        self.resuming = False
 
     def _abs(self, relpath: str) -> str:
         return os.path.join(self.root, relpath) if relpath else self.root
@@ -375,8 +448,9 @@ class StoreApplier:
         """Every proof of every store before the first write (§5.1): no proof → exit 2
         (`check_proofs`), a held client lock → exit 8; nothing written either way."""
         check_proofs(self.root, self.plans)
+        resumed = [from_intent(i) for i in self.unfinished.values()]
         try:
-            for p in self.plans:
+            for p in [*[q for q in self.plans if q.store not in self.unfinished], *resumed]:
                 for client in p.bucket_clients:
                     lock = MS.hold_client_lock(self._abs(client))
                     self.flocks.append(lock)
@@ -392,8 +466,17 @@ class StoreApplier:
         self.flocks = []
 
     def apply(self) -> None:
+        planned = {p.store for p in self.plans}
+        for store, intent in sorted(self.unfinished.items()):
+            self.resuming = True
+            self._store(from_intent(intent), intent)
+            self.resuming = False
+            if store in planned:
+                self.skipped.append(f"Mooncake store {store}: an interrupted run's work was finished; rerun the "
+                                    "migration to plan anything else of it")
         for p in self.plans:
-            self._store(p)
+            if p.store not in self.unfinished:
+                self._store(p)
 
     def _own_lock(self, client: str) -> None:
         path = os.path.join(self._abs(client), OWN_LOCK)
@@ -405,7 +488,7 @@ class StoreApplier:
             f.write(f"{os.getpid()}\n")
         self.own_locks.append(path)
 
-    def _store(self, p: StorePlan) -> None:
+    def _store(self, p: StorePlan, resumed: dict[str, Any] | None = None) -> None:
         for client in p.clients:
             if not os.path.isdir(self._abs(client)):  # an SGLang target rank's client root (§3.6)
                 os.makedirs(self._abs(client))
@@ -416,16 +499,11 @@ class StoreApplier:
                 if not k:
                     rw.keys[i] = M.retired_key(rw.old_keys[i], self.run_id.replace("@", "_"))
         outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
-        pairs = self._pairs(p, outputs)
-        self.journal.write({"t": "mc_intent", "store": p.store,
-                            "rewrites": [{"meta": rw.meta, "client": rw.client,
-                                          "keys": {str(i): k.hex() for i, k in rw.keys.items()}}
-                                         for rw in p.rewrites],
-                            "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
-                                         "client": e.client} for e in p.entries],
-                            "pairs": [{"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs],
-                            "outputs": [{"path": path, "xxh3": MS.xxh3_hex(data), "client": c}
-                                        for c, path, data, _ in outputs["entries"]]}, sync=True)
+        if resumed is None:
+            pairs = self._pairs(p, outputs)
+            self.journal.write(to_intent(p, pairs, outputs["entries"]), sync=True)
+        else:  # the interrupted run's pairs: the same ids, proven the same bytes
+            pairs = self._resumed_pairs(resumed, outputs)
         self.crash("intent")
         for rw in p.rewrites:
             self._rewrite(rw)
@@ -483,7 +561,9 @@ class StoreApplier:
         """A reshard source's value as it is now, or None when it is not the scanned one."""
         try:
             if src.index is None:
-                data = MS._read(self._abs(src.relpath))
+                backup = os.path.join(self.root, BACKUP_DIR, self.run_id, src.relpath + ".orig")
+                # (a displaced source an interrupted run replaced: its original is the backup)
+                data = MS._read(backup if self.resuming and os.path.isfile(backup) else self._abs(src.relpath))
                 if len(data) != src.size:  # (a KVEntry's row size is its file's)
                     return None
                 value = M.decode_kv_entry(data).value
@@ -501,6 +581,41 @@ class StoreApplier:
         if len(value) != src.size or src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
             return None
         return value
+
+    def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, list[Any]]
+                       ) -> list[tuple[str, int, list, str, str]]:
+        """The intended pairs with their objects recomputed; a pair whose bytes would differ
+        from the intent's is left out (changed_since_scan), and a `.bucket` of the
+        interrupted run left alone without its `.meta` is taken away before it is rewritten."""
+        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
+        for client, key, value in outputs["objects"]:
+            by_client.setdefault(client, []).append((key, value))
+        out = []
+        packed = {c: MS.pack_pairs(objs) for c, objs in by_client.items()}
+        seen: dict[str, int] = {}
+        for rec in intent.get("pairs", ()):
+            client = rec["client"]
+            k = seen.get(client, 0)
+            seen[client] = k + 1
+            objects = packed.get(client, [])[k] if k < len(packed.get(client, [])) else []
+            same = False
+            if objects:
+                data, meta = M.build_bucket(objects)
+                same = MS.xxh3_hex(data) == rec["bucket"] and MS.xxh3_hex(M.encode_meta(meta)) == rec["meta"]
+            if not same:
+                self._skip("changed_since_scan", len(objects), f"{client}: pair {rec['id']} would not be the bytes "
+                           "the interrupted run intended")
+                continue
+            base = self._abs(client)
+            bucket = os.path.join(base, f"{rec['id']}{M.BUCKET_SUFFIX}")
+            meta_path = os.path.join(base, f"{rec['id']}{M.META_SUFFIX}")
+            if MS._hash_or_none(meta_path) == rec["meta"]:
+                self.outcomes["created"] += len(objects)  # committed before the interruption
+                continue
+            if not os.path.exists(meta_path) and MS._hash_or_none(bucket) == rec["bucket"]:
+                os.unlink(bucket)  # ours, never committed: written again below
+            out.append((client, rec["id"], objects, rec["bucket"], rec["meta"]))
+        return out
 
     def _pairs(self, p: StorePlan, outputs: dict[str, list[Any]]) -> list[tuple[str, int, list, str, str]]:
         """The new pairs of the store's reshard outputs, per target client root: objects sorted
@@ -535,6 +650,9 @@ class StoreApplier:
         (its original kept as a backup)."""
         root = self._abs(client)
         target = self._abs(path)
+        if self.resuming and MS._hash_or_none(target) == MS.xxh3_hex(data):
+            self.outcomes["created"] += 1  # placed before the interruption
+            return
         if displaced:
             backup = os.path.join(self.root, BACKUP_DIR, self.run_id, path + ".orig")
             os.makedirs(os.path.dirname(backup), exist_ok=True)
@@ -568,7 +686,7 @@ class StoreApplier:
             self._skip("failed", n, f"{rw.meta}: {exc}")
             return
         digest = MS.xxh3_hex(data)
-        if self.done_index.get(rw.meta) == digest:
+        if self.done_index.get(rw.meta) == digest or self.resuming and self._rewritten(data, rw):
             self.outcomes["created"] += n  # an interrupted run of this journal rewrote it
             return
         try:
@@ -602,6 +720,15 @@ class StoreApplier:
                             "mtime_ns": st.st_mtime_ns}, sync=True)
         self.crash("created")
         self.outcomes["created"] += n
+
+    def _rewritten(self, data: bytes, rw: IndexRewrite) -> bool:
+        """Whether an index already holds the rewrite's keys (an interrupted run renamed it
+        in and was stopped before its record)."""
+        try:
+            keys = M.decode_meta(data).keys
+        except M.DecodeError:
+            return False
+        return all(i < len(keys) and keys[i] == k for i, k in rw.keys.items())
 
     def _values_whole(self, bucket: str, meta: M.BucketMeta, rw: IndexRewrite) -> bool:
         """Every rekeyed value still in its bucket with the scanned bytes (a hash scan's
@@ -717,6 +844,8 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
             for o in it.get("outputs", ()):
                 if o["path"] not in entries and o["path"] not in indexes:
                     backup = os.path.join(BACKUP_DIR, run.header.get("run_id", ""), o["path"] + ".orig")
+                    if _still_original(os.path.join(root, o["path"]), os.path.join(root, backup)):
+                        continue  # killed between the backup link and the rename: nothing to put back
                     if os.path.exists(os.path.join(root, backup)):
                         indexes[o["path"]] = {"meta": o["path"], "client": o.get("client", ""), "new": o["xxh3"],
                                               "backup": backup}
@@ -782,6 +911,14 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
         for lock in locks:
             lock.release()
     return done, kept
+
+
+def _still_original(path: str, backup: str) -> bool:
+    """The file is the very inode its backup links (the replacement never happened)."""
+    try:
+        return os.path.samestat(os.lstat(path), os.lstat(backup))
+    except OSError:
+        return False
 
 
 def _unjournaled_rewrite(root: str, run: Any, rw: dict[str, Any]) -> dict[str, Any] | None:
