@@ -366,3 +366,29 @@ def test_explain_a_store_and_a_deployment(tmp_path):
     code, text = run("explain", str(m), STORE)
     assert code == 0 and "store        store (bucket); client roots store" in text
     assert "deletes 1 orphan_data" in text
+
+
+def test_new_pairs_note_when_objects_wait_for_a_reshard(tmp_path):
+    """New pairs get ids above every existing one: FIFO evicts them last. The scan plans no
+    Mooncake reshard yet, so the plan is the manifest of a real store with its rank-0 entries'
+    action set to `reshard` (the columns the note reads)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "root"
+    synth(root, tp=2)
+    m, _ = scan(root, tmp_path)
+    assert notes(report(m), sr.NOTE_NEW_PAIRS) == []
+    t = pq.read_table(m)
+    primary = pc.and_(pc.is_valid(t["object_index"]), pc.equal(pc.fill_null(t["rank"], -1), 0))
+    i = t.schema.get_field_index("action")
+    action = pc.if_else(primary, "reshard", pc.cast(t["action"], pa.string()))
+    planned = tmp_path / "planned.parquet"
+    pq.write_table(t.set_column(i, t.schema.field(i), action.dictionary_encode()), planned)
+    summary = report(planned)
+    (d,) = the_store(summary)["deployments"]
+    (f,) = notes(summary, sr.NOTE_NEW_PAIRS)
+    assert d["reshard_objects"] == pc.sum(primary.cast(pa.int64())).as_py() > 0
+    assert str(the_store(summary)["largest_bucket_id"]) in f["message"]
+    assert hint_commands(summary, sr.NOTE_NEW_PAIRS) == [f"kvmigrate migrate --manifest {planned}"]
