@@ -342,6 +342,7 @@ class StoreDeployment(TypedDict):
     object_bytes: int
     by_status: dict[str, ObjectTally]  # objects
     by_action: dict[str, ObjectTally]
+    entries_by_status: dict[str, ObjectTally]  # the index entries alone (their files' statuses are the pairs')
     pending_objects: int  # link, rekey, reshard
     reshard_objects: int
     cut_records: int  # keys is_exist reports but no read serves: records cut by their .bucket's end

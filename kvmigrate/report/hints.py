@@ -981,6 +981,24 @@ def _start_refused(st: _State, store: Store) -> Iterator[Item]:
                         f"({status}): list them", sr.NOTE_START_REFUSED, store["namespace"], 0)
 
 
+def _entry_statuses(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
+    """Every status of index entries but ok: a pair file is `ok` while an entry of it is cut,
+    zero or a replica that differs (§1.4, §2.4), so the file statuses do not show them."""
+    fam = _store_family(st, store)
+    for status, c in d["entries_by_status"].items():
+        if status == "ok":
+            continue
+        what, then, _ = advice(status, fam.name if fam is not None else None)
+        bits = STATUS_BITS.get(status, 1)
+        ex = st.examples.get((d["deployment"], status), (None, None))
+        f = _finding(status, bits, d["deployment"], f"{plural(c['objects'], 'index entry', 'index entries')} of live "
+                     f"pairs: {what}; {then}", bytes=c["bytes"], example=ex[0], example_reason=ex[1])
+        f["status"] = status
+        yield f
+        yield _Hint(st.cmd.list_files(status), f"{what}: list them ({then})", status, d["deployment"],
+                    0 if bits & 12 else 1)
+
+
 def _unserved(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
     """Keys `is_exist` reports that no read serves (§1.4): cut records, raw keys, misfiled KVEntries."""
     cut, raw, misfiled = d["cut_records"], d["raw_keys"], d["misfiled_entries"]
@@ -1080,7 +1098,7 @@ STORE_RULES: tuple[Callable[[_State, Store], Iterator[Item]], ...] = (
     _restart,
 )
 STORE_DEPLOYMENT_RULES: tuple[Callable[[_State, Store, StoreDeployment], Iterator[Item]], ...] = (
-    _unserved, _auto_prefix, _new_pairs,
+    _entry_statuses, _unserved, _auto_prefix, _new_pairs,
 )
 
 

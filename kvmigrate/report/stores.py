@@ -85,6 +85,13 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
                  "reads", "a KVEntry is linked to fpk(key) by migrate; a .meta is residue", "list"),
     "tmp_leftover": ("*.tmp KVEntries at depth 3 of a Mooncake fsdir (Mooncake writes no temps)",
                      "a starting client registers them again", "list"),
+    "zero_filled": ("Mooncake objects whose value is all zeros", "never migrated; a read serves zeros", "list"),
+    "size_mismatch": ("Mooncake objects larger than their deployment's objects (or the stated geometry's)",
+                      "never migrated: not this geometry's block", "list"),
+    "replica_mismatch": ("Mooncake keys held by two live entries with different values",
+                         "every read of them fails; never migrated", "list"),
+    "unsupported_layout": ("Mooncake objects keyed by no known grammar (another Mooncake user)",
+                           "kept, never migrated or pruned", "list"),
 }
 
 
@@ -174,6 +181,7 @@ class _Figures:
         self.cut_records = self.raw_keys = self.misfiled = self.pending = self.reshard = 0
         self.bucket = self.file_per_key = False
         self.object_statuses: set[str] = set()
+        self.entries: dict[str, ObjectTally] = {}  # index entries (object rows) by status
         stale: list[tuple[int, int, int]] = []
         for (kind, status, action, finding, elsewhere, pair), (n, b) in groups:
             r = self.reclaimable
@@ -181,6 +189,10 @@ class _Figures:
                 self.bucket = True
             if kind == FILE_OBJECT or (kind == FILE_ROW and not pair and status in KVENTRY_DEFECTS):
                 self.file_per_key = True
+            if kind == OBJECT_ROW:
+                e = self.entries.setdefault(status, {"objects": 0, "bytes": 0})
+                e["objects"] += n
+                e["bytes"] += b
             if kind != FILE_ROW:
                 self.object_statuses.add(status)
                 if action in PENDING:
@@ -260,6 +272,7 @@ def _deployment(n: Namespace, fields: Mapping[str, Any], fig: _Figures) -> Store
         "files": n["files"], "bytes": n["bytes"],
         "objects": objects["objects"], "object_bytes": objects["bytes"],
         "by_status": _tally(objects["by_status"]), "by_action": _tally(objects["by_action"]),
+        "entries_by_status": {k: fig.entries[k] for k in sorted(fig.entries)},
         "pending_objects": fig.pending, "reshard_objects": fig.reshard,
         "cut_records": fig.cut_records, "raw_keys": fig.raw_keys, "misfiled_entries": fig.misfiled,
         "auto_prefix": prefix if at and prefix.startswith(AUTO_PREFIX) else None,

@@ -392,3 +392,19 @@ def test_new_pairs_note_when_objects_wait_for_a_reshard(tmp_path):
     assert d["reshard_objects"] == pc.sum(primary.cast(pa.int64())).as_py() > 0
     assert str(the_store(summary)["largest_bucket_id"]) in f["message"]
     assert hint_commands(summary, sr.NOTE_NEW_PAIRS) == [f"kvmigrate migrate --manifest {planned}"]
+
+
+def test_statuses_of_index_entries_are_findings(tmp_path):
+    """A pair file is `ok` while an entry of it is zero or too long: each such status of
+    index entries is a finding of its deployment (the exit code's bits have a reason)."""
+    root = tmp_path / "root"
+    synth(root, tp=2, defects=("zero_filled", "size_mismatch"))
+    m, scanned = scan(root, tmp_path)
+    summary = report(m)
+    (d,) = the_store(summary)["deployments"]
+    got = {f["status"]: f for f in summary["findings"] if f.get("status") and f["namespace"] == d["deployment"]}
+    assert set(got) == {"zero_filled", "size_mismatch"} == set(d["entries_by_status"]) - {"ok"}
+    for status, f in got.items():
+        assert f["bytes"] == d["entries_by_status"][status]["bytes"] and f["bits"] == 5
+        assert f"kvmigrate report {m} --list {status}" in hint_commands(summary, status)
+    assert scanned["exit_code"] == 5
