@@ -119,7 +119,7 @@ class StoreRows:
         self.groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
 
     def add(self, t: pa.Table, ns: pa.ChunkedArray | pa.Array, kind: pa.Array) -> None:
-        if not len(self.families) or "family" not in t.column_names:
+        if not len(self.families) or "family" not in t.column_names or not self._named(t["family"]):
             return
         mine = pc.fill_null(pc.is_in(_as_str(t["family"]), value_set=self.families), False)
         if not pc.any(mine).as_py():
@@ -144,6 +144,16 @@ class StoreRows:
             g = self.groups[tuple(row[:7])]
             g[0] += row[8]
             g[1] += row[7] or 0
+
+    def _named(self, col: pa.ChunkedArray | pa.Array) -> bool:
+        """Whether a store family can be in the column: a dictionary's values say it without
+        decoding the rows (a batch of another family's rows costs nothing more)."""
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        for c in chunks:
+            values = c.dictionary if pa.types.is_dictionary(c.type) else c
+            if pc.any(pc.fill_null(pc.is_in(values, value_set=self.families), False)).as_py():
+                return True
+        return False
 
     def of(self) -> dict[str, list[tuple[tuple, list[int]]]]:
         """namespace -> its groups ((kind, status, action, finding, elsewhere, pair), [rows, bytes])."""

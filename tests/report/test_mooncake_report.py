@@ -408,3 +408,25 @@ def test_statuses_of_index_entries_are_findings(tmp_path):
         assert f["bytes"] == d["entries_by_status"][status]["bytes"] and f["bits"] == 5
         assert f"kvmigrate report {m} --list {status}" in hint_commands(summary, status)
     assert scanned["exit_code"] == 5
+
+
+def test_two_stores_beside_another_family(tmp_path):
+    """Stores side by side with an llm-d tree: one entry per store, its figures its own; the
+    llm-d namespaces are in no store and the report without stores has an empty section."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="llmd", tp=2, blocks=2))
+    synth(root, mc_store="a", tp=2, defects=("orphan_data",))
+    synth(root, mc_store="b", tp=1, mc_backend="file_per_key")
+    m, _ = scan(root, tmp_path, "--kv-kind", "mla")
+    summary = report(m)
+    assert [s["store"] for s in summary["stores"]] == ["a", "b"]
+    a, b = summary["stores"]
+    assert (a["backends"], b["backends"]) == (["bucket"], ["file_per_key"])
+    for s in (a, b):
+        files = disk_files(root / s["store"])
+        assert (s["files"], s["bytes"]) == (len(files), sum(p.stat().st_size for p in files))
+    assert set(a["start_deletes"]) == {"orphan_data"} and b["start_deletes"] == {}
+    alone = tmp_path / "alone"
+    build(alone, SynthSpec(family="llmd", tp=2, blocks=2))
+    m2, _ = scan(alone, tmp_path, "--kv-kind", "mla", name="alone.parquet")
+    assert report(m2)["stores"] == []
