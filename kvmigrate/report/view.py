@@ -428,6 +428,23 @@ def store_table(s: dict[str, Any]) -> Table | None:
     return t
 
 
+def store_line(st: dict[str, Any]) -> str:
+    """One line of a Mooncake store for the scan's text summary."""
+    from kvmigrate.report.stores import lock_label
+
+    line = (f"  store {st['store']}: {', '.join(st['backends']) or 'no backend'}; client roots "
+            f"{', '.join(st['client_roots']) or '-'}; locks {lock_label(st)}; writer release "
+            f"{or_dash(st['writer_release'])} ({st['writer_release_evidence']}); "
+            f"{plural(st['objects'], 'object')} ({human_bytes(st['object_bytes'])})")
+    gone = st["start_deletes"]
+    if gone:
+        line += (f"; the next client start deletes {plural(sum(c['files'] for c in gone.values()), 'file')} "
+                 f"({human_bytes(sum(c['bytes'] for c in gone.values()))})")
+    if st["start_refuses"]["files"]:
+        line += f"; {plural(st['start_refuses']['files'], 'KVEntry file')} stop a client from starting"
+    return line
+
+
 def store_pairs(st: dict[str, Any]) -> list[tuple[str, str]]:
     from kvmigrate.report.stores import lock_label
 

@@ -19,6 +19,7 @@ import pytest
 from kvmigrate.formats import mooncake as M
 from kvmigrate.report import stores as sr
 from kvmigrate.synth import SynthSpec, build
+from kvmigrate.units import human_bytes
 
 from helpers import mooncake_reader as reader
 from helpers.cli_helpers import run, run_json
@@ -430,3 +431,14 @@ def test_two_stores_beside_another_family(tmp_path):
     build(alone, SynthSpec(family="llmd", tp=2, blocks=2))
     m2, _ = scan(alone, tmp_path, "--kv-kind", "mla", name="alone.parquet")
     assert report(m2)["stores"] == []
+
+
+def test_the_scan_prints_a_line_per_store(tmp_path):
+    root = tmp_path / "root"
+    synth(root, tp=2, defects=("orphan_data", "client_lock"))
+    code, out = run("scan", str(root), "-o", str(tmp_path / "m.parquet"))
+    bucket = next(p for p in (root / "store").iterdir() if p.name.endswith(M.BUCKET_SUFFIX)
+                  and p in reader.start(root / "store").deleted)
+    line = next(x for x in out.splitlines() if x.startswith("  store store:"))
+    assert "bucket; client roots store; locks store free" in line
+    assert f"the next client start deletes 1 file ({human_bytes(bucket.stat().st_size)})" in line
