@@ -53,6 +53,7 @@ HELD = "held"
 LOCK_NAME = M.LOCK_NAME
 LOCK_TARGET = (0, 3, 14)  # the first release with the client lock (§1.4, §5.1)
 SCOPED_FROM = (0, 3, 12)  # the first release with tenant-scoped keys (§2.1)
+RAW, SCOPED = M.SCHEMES  # mc-raw, mc-scoped
 AUTO_PREFIX = "auto-"  # vLLM's cache prefix made from the build (§2.2): changes with every build
 
 # the notes' codes (a finding's `code`), one per §7 note
@@ -308,11 +309,11 @@ def _release(spaces: Sequence[Mapping[str, Any]], deps: list[StoreDeployment], l
     schemes = {d["scheme"] for d in deps}
     if any(s != "absent" for s in locks.values()):
         return f">={'.'.join(map(str, LOCK_TARGET))}", f"its client lock file {M.LOCK_NAME}, which 0.3.14 creates", False
-    if "mc-scoped" in schemes:
-        mixed = " (raw keys too: an older writer)" if "mc-raw" in schemes else ""
-        return f">={'.'.join(map(str, SCOPED_FROM))}", f"tenant-scoped keys (mc-scoped){mixed}", False
-    if "mc-raw" in schemes:
-        return "<=0.3.11", "raw keys only (mc-raw)", False
+    if SCOPED in schemes:
+        mixed = " (raw keys too: an older writer)" if RAW in schemes else ""
+        return f">={'.'.join(map(str, SCOPED_FROM))}", f"tenant-scoped keys ({SCOPED}){mixed}", False
+    if RAW in schemes:
+        return f"<={'.'.join(map(str, SCOPED_FROM[:2]))}.{SCOPED_FROM[2] - 1}", f"raw keys only ({RAW})", False
     return None, "no keys", False
 
 
