@@ -367,6 +367,8 @@ class Store(TypedDict):
     writer_release_stated: bool
     engine_stopped: bool  # stated: no client uses the store
     store_is_client_root: bool  # its own folder is a bucket client root above its rank client roots
+    target_tp: int | None  # stated
+    unused_rank_roots: list[str]  # SGLang rank client roots of TP ranks the target does not run
     files: int
     bytes: int
     objects: int

@@ -1081,6 +1081,19 @@ def _store_is_client(st: _State, store: Store) -> Iterator[Item]:
                 sr.NOTE_STORE_IS_CLIENT, store["namespace"], 6)
 
 
+def _unused_ranks(st: _State, store: Store) -> Iterator[Item]:
+    """After an SGLang TP shrink, the rank folders of the ranks gone: no client starts there (§9.10)."""
+    roots = store["unused_rank_roots"]
+    if not roots:
+        return
+    yield _finding(sr.NOTE_UNUSED_RANKS, 0, store["namespace"],
+                   f"store {store['store']}: at TP {store['target_tp']} no SGLang rank starts a client on "
+                   f"{', '.join(roots)}: their objects are read by no rank; see the plan (a reshard reads them "
+                   "into the target ranks' folders), the folders stay until removed")
+    yield _Hint(st.cmd.migrate(), f"store {store['store']}: the plan for the ranks a TP shrink leaves unused",
+                sr.NOTE_UNUSED_RANKS, store["namespace"], 5)
+
+
 def _restart(st: _State, store: Store) -> Iterator[Item]:
     """The master and the clients keep the old index in RAM: restart them after an apply."""
     if not store["pending_objects"]:
@@ -1095,7 +1108,7 @@ def _restart(st: _State, store: Store) -> Iterator[Item]:
 M_LOCK = sr.LOCK_NAME
 STORE_RULES: tuple[Callable[[_State, Store], Iterator[Item]], ...] = (
     _store_assumed, _client_live, _apply_proof, _start_deletes, _start_refused, _unlocked, _store_is_client,
-    _restart,
+    _unused_ranks, _restart,
 )
 STORE_DEPLOYMENT_RULES: tuple[Callable[[_State, Store, StoreDeployment], Iterator[Item]], ...] = (
     _entry_statuses, _unserved, _auto_prefix, _new_pairs,

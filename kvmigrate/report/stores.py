@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import families
+from kvmigrate.families.mooncake import RANK_DIR
 from kvmigrate.formats import mooncake as M
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
@@ -68,6 +69,7 @@ NOTE_NEW_PAIRS = "mooncake_new_pairs_evicted_last"
 NOTE_UNLOCKED = "mooncake_unlocked_client_roots"
 NOTE_STORE_IS_CLIENT = "mooncake_store_is_client_root"
 NOTE_RESTART = "mooncake_restart_clients"
+NOTE_UNUSED_RANKS = "mooncake_unused_rank_roots"
 
 # a status's (what it is, what follows, how to act) for a store's rows where the shared
 # words (report/hints.py STATUS_ADVICE) speak of another family's files
@@ -356,6 +358,7 @@ def stores_of(namespaces: list[Namespace], ns_meta: Mapping[str, Mapping[str, An
         release, evidence, stated = _release(spaces, deps, locks, flags)
         stopped, _ = _stated("engine_stopped", spaces, flags)
         roots = [str(c) for c in fields.get("client_roots") or ()]
+        target_tp, _ = _stated("target_tp", spaces, flags)
         files = sum(n["files"] for n in spaces)
         nbytes = sum(n["bytes"] for n in spaces)
         out.append({
@@ -367,6 +370,8 @@ def stores_of(namespaces: list[Namespace], ns_meta: Mapping[str, Mapping[str, An
             "engine_stopped": bool(stopped),
             # its own folder is a bucket client root above others: that client's start deletes their buckets
             "store_is_client_root": name in roots and len(roots) > 1 and BUCKET in backends,
+            "target_tp": target_tp if isinstance(target_tp, int) else None,
+            "unused_rank_roots": unused_rank_roots(roots, target_tp),
             "files": files, "bytes": nbytes,
             "objects": sum(d["objects"] for d in deps), "object_bytes": sum(d["object_bytes"] for d in deps),
             "pending_objects": sum(d["pending_objects"] for d in deps),
@@ -374,6 +379,19 @@ def stores_of(namespaces: list[Namespace], ns_meta: Mapping[str, Mapping[str, An
             "deployments": deps, "reclaimable": reclaim,
             "notes": list((own[0]["notes"] if own else None) or ()),
         })
+    return out
+
+
+def unused_rank_roots(roots: Iterable[str], target_tp: Any) -> list[str]:
+    """SGLang's rank client roots `rank_<dp>_<tp>_<pp>_<cp>` of TP ranks the target does not
+    run (a TP shrink): no rank starts a client there (§2.3)."""
+    if not isinstance(target_tp, int):
+        return []
+    out = []
+    for root in roots:
+        m = RANK_DIR.match(root.rsplit("/", 1)[-1])
+        if m is not None and int(m.group(2)) >= target_tp:
+            out.append(root)
     return out
 
 

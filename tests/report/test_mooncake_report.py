@@ -442,3 +442,21 @@ def test_the_scan_prints_a_line_per_store(tmp_path):
     line = next(x for x in out.splitlines() if x.startswith("  store store:"))
     assert "bucket; client roots store; locks store free" in line
     assert f"the next client start deletes 1 file ({human_bytes(bucket.stat().st_size)})" in line
+
+
+@pytest.mark.parametrize("flags,unused", [
+    ((), []), (("--target-tp", "4"), []), (("--target-tp", "2"), ["store/rank_0_2_0_0", "store/rank_0_3_0_0"]),
+])
+def test_rank_folders_a_tp_shrink_leaves_unused(tmp_path, flags, unused):
+    root = tmp_path / "root"
+    synth(root, tp=4, mc_engine="sglang")
+    m, _ = scan(root, tmp_path, *flags)
+    summary = report(m)
+    s = the_store(summary)
+    assert sorted(s["client_roots"]) == [f"store/rank_0_{r}_0_0" for r in range(4)]
+    assert s["unused_rank_roots"] == unused
+    got = notes(summary, sr.NOTE_UNUSED_RANKS)
+    assert len(got) == (1 if unused else 0)
+    if unused:
+        assert all(r in got[0]["message"] for r in unused)
+        assert hint_commands(summary, sr.NOTE_UNUSED_RANKS) == [f"kvmigrate migrate --manifest {m}"]
