@@ -310,6 +310,77 @@ class Tier(TypedDict):
     reclaimable: dict[str, FileCount]
 
 
+class StoreReclaim(TypedDict):
+    """What one prune class could take of a Mooncake store (mooncake.md §6): files moved and
+    the bytes they free; objects retired or taken; bytes of those objects that stay in live
+    pairs (freed only when Mooncake evicts the pair)."""
+
+    files: int
+    bytes: int
+    objects: int
+    held_bytes: int
+
+
+class StoreDeployment(TypedDict):
+    """One deployment of a Mooncake store (mooncake.md §7): its objects apart from its files."""
+
+    deployment: str
+    engine: str
+    stem: str
+    scheme: str | None
+    tenant: str | None
+    model: str | None
+    kv_kind: str | None
+    key_ranks: int  # the writer's key ranks (one more than the largest in its keys)
+    writer_tp: int | None  # stated
+    target: str | None  # the target deployment's label
+    target_profile: str | None
+    assumed_facts: dict[str, FactValue]
+    files: int  # its KVEntry files on disk
+    bytes: int
+    objects: int
+    object_bytes: int
+    by_status: dict[str, ObjectTally]  # objects
+    by_action: dict[str, ObjectTally]
+    entries_by_status: dict[str, ObjectTally]  # the index entries alone (their files' statuses are the pairs')
+    pending_objects: int  # link, rekey, reshard
+    reshard_objects: int
+    cut_records: int  # keys is_exist reports but no read serves: records cut by their .bucket's end
+    raw_keys: int  # raw keys 0.3.14 never reads (pending rekey)
+    misfiled_entries: int  # KVEntries outside fpk(key)
+    auto_prefix: str | None  # vLLM's auto-<hash> cache prefix of its keys
+    reclaimable: dict[str, StoreReclaim]  # prune class -> what it could take
+
+
+class Store(TypedDict):
+    """One Mooncake store (mooncake.md §7): its client roots and deployments."""
+
+    store: str  # its relpath under ROOT ("." for ROOT)
+    namespace: str | None  # the namespace of its own files (`mooncake:<store>`)
+    backends: list[str]  # bucket, file_per_key
+    client_roots: list[str]
+    locks: dict[str, str]  # client root -> absent | free | held (the 0.3.14 client lock)
+    client_live: list[str]  # client roots whose lock is held: a client runs there
+    largest_bucket_id: int | None
+    writer_release: str | None  # a release or a range (">=0.3.12")
+    writer_release_evidence: str
+    writer_release_stated: bool
+    engine_stopped: bool  # stated: no client uses the store
+    store_is_client_root: bool  # its own folder is a bucket client root above its rank client roots
+    target_tp: int | None  # stated
+    unused_rank_roots: list[str]  # SGLang rank client roots of TP ranks the target does not run
+    files: int
+    bytes: int
+    objects: int
+    object_bytes: int
+    pending_objects: int
+    start_deletes: dict[str, FileCount]  # status -> the files the next client start deletes
+    start_refuses: FileCount  # KVEntry files that stop a client from starting
+    deployments: list[StoreDeployment]
+    reclaimable: dict[str, StoreReclaim]
+    notes: list[str]
+
+
 class SummaryCore(TypedDict):
     """The summary of a manifest: every key `summarize` makes."""
 
@@ -334,6 +405,7 @@ class SummaryCore(TypedDict):
     findings: list[Finding]
     hints: list[Hint]
     tiers: list[Tier]  # LMCache tier directories (lmcache.md §7); empty without any
+    stores: list[Store]  # Mooncake stores (mooncake.md §7); empty without any
 
 
 class Reclaimable(TypedDict):
@@ -683,6 +755,13 @@ class ExplainTier(TypedDict):
     deployment: TierDeployment
 
 
+class ExplainStore(TypedDict):
+    """A Mooncake store's entry of the summary's stores and, for a deployment, its own (mooncake.md §7)."""
+
+    store: Store
+    deployment: StoreDeployment | None
+
+
 class ExplainOutput(TypedDict):
     """`explain --json`."""
 
@@ -707,6 +786,7 @@ class ExplainOutput(TypedDict):
     why: str | None
     command: str | None
     tier: ExplainTier | None  # an LMCache deployment: its recipe comparison, target, counts
+    store: ExplainStore | None  # a Mooncake store or deployment: its store, counts and reclaimable
 
 
 # command -> the model of its JSON output; docs/schema/<command>.json is generated from it

@@ -115,6 +115,10 @@ def _print_text(summary: dict, result) -> None:
             click.echo(f"    target: {ns['target_error']}")
         elif ns.get("status") not in (None, "ok") and ns.get("status_reason"):
             click.echo(f"    {ns['status_reason']}")
+    from kvmigrate.report.view import store_line
+
+    for store in summary.get("stores") or ():  # Mooncake stores (report/stores.py)
+        click.echo(store_line(store))
     findings = {s: v for s, v in totals["by_status"].items() if s not in ("ok", "own_artifact")}
     pending = totals["pending"]["blocks"]
     if findings:

@@ -27,6 +27,7 @@ from kvmigrate.identity.values import LMCACHE_FACTS, MOONCAKE_FACTS, ORPHANED
 from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
+from kvmigrate.report.stores import CLASSES, lock_label
 from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
 from kvmigrate.units import human_bytes, plural
 
@@ -36,9 +37,11 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
         ExplainFact,
         ExplainGate,
         ExplainOutput,
+        ExplainStore,
         ExplainTier,
         Hint,
         Namespace,
+        Store,
         Tier,
     )
 
@@ -76,6 +79,7 @@ def explain(path: str | os.PathLike[str], namespace: str) -> ExplainOutput:
         "not_reusable": _classes(path, base, entry, hints),
         "why": None, "command": None,
         "tier": _tier(summary.get("tiers") or [], base),
+        "store": _store(summary.get("stores") or [], base),
     }
     result["why"], result["command"] = _why(result, entry, hints)
     return result
@@ -90,12 +94,25 @@ def _tier(tiers: list[Tier], base: str) -> ExplainTier | None:
     return None
 
 
+def _store(stores: list[Store], base: str) -> ExplainStore | None:
+    """A Mooncake store's entry (report/stores.py) for its own namespace or one of its
+    deployments; None for any other namespace."""
+    for s in stores:
+        if s["namespace"] == base:
+            return {"store": s, "deployment": None}
+        for d in s["deployments"]:
+            if d["deployment"] == base:
+                return {"store": s, "deployment": d}
+    return None
+
+
 def _resolve(name: str, namespaces: dict[str, dict[str, Any]], path: str) -> str:
     """The source base NAME means: itself, or the one namespace with that model or target name."""
     if name in namespaces:
         return name
     found = sorted(b for b, m in namespaces.items()
-                   if name in (m.get("model_name"), (m.get("target") or {}).get("base_name")))
+                   if name in (m.get("model_name"), (m.get("target") or {}).get("base_name"))
+                   or _is_store_named(m, name))
     if len(found) == 1:
         return found[0]
     shown = ", ".join(found or sorted(namespaces)[:5]) or "none"
@@ -116,6 +133,12 @@ def _store_family(name: Any) -> bool:
     from kvmigrate import families
 
     return isinstance(name, str) and families.get(name).root_layout == "stores"
+
+
+def _is_store_named(meta: dict[str, Any], name: str) -> bool:
+    """The namespace of a store's own files, named by the store's relpath (mooncake.md §1.1)."""
+    fields = meta.get("config_json") or {}
+    return "client_roots" in fields and str(fields.get("store")) == name.rstrip("/")
 
 
 def _facts(ns: dict[str, Any], meta: dict[str, Any]) -> dict[str, ExplainFact]:
@@ -297,7 +320,7 @@ def render_text(r: ExplainOutput) -> str:
     if t is not None and t["base_name"] is None:
         lines.append(f"target       {t['profile']}: the pages of deployment {r['namespace']}, by name, in the "
                      "same directory")
-    elif t is not None and r["tier"] is not None:  # (an LMCache deployment: names, no folders)
+    elif t is not None and (r["tier"] is not None or r["store"] is not None):  # (names, no folders)
         lines.append(f"target       {t['profile']}: {t['base_name']}")
     elif t is not None:
         lines.append(f"target       {t['profile']}: {t['base_name']}   blocks under {t['rank_dir']}/")
@@ -316,6 +339,8 @@ def render_text(r: ExplainOutput) -> str:
         lines.append(f"  [{mark}] {c['needs']}: " + (facts if c["passed"] else f"{c['reason']}; {facts}"))
     if r["tier"] is not None:
         lines += _tier_lines(r["tier"])
+    if r["store"] is not None:
+        lines += _store_lines(r["store"])
     lines.append("facts:")
     width = max(len(f["name"]) for f in r["facts"])
     for f in r["facts"]:
@@ -352,6 +377,41 @@ def _tier_lines(t: ExplainTier) -> list[str]:
                                               for k, v in d["by_status"].items()) or "none"))
     lines.append("actions      " + (", ".join(f"{k} {_count(v['blocks'])}" for k, v in d["by_action"].items())
                                     or "none"))
+    return lines
+
+
+def _store_lines(e: ExplainStore) -> list[str]:
+    """A Mooncake store (and deployment): backends, client roots and locks, the writer's
+    release with its evidence, what the next client start deletes, objects by status and
+    action, and what each prune class could take."""
+    s, d = e["store"], e["deployment"]
+    lines = [f"store        {s['store']} ({', '.join(s['backends']) or 'no backend'}); client roots "
+             f"{', '.join(s['client_roots']) or 'none'}",
+             f"locks        {lock_label(s)}",
+             f"largest id   {_value(s['largest_bucket_id'])}",
+             f"release      {s['writer_release'] or 'unknown'} ({s['writer_release_evidence']})",
+             "start        " + (", ".join(f"deletes {_count(c['files'])} {k} ({human_bytes(c['bytes'])})"
+                                          for k, c in s["start_deletes"].items()) or "deletes nothing")
+             + (f"; {_count(s['start_refuses']['files'])} KVEntry files stop it" if s["start_refuses"]["files"]
+                else "")]
+    if d is None:
+        lines.append("deployments  " + (", ".join(x["deployment"] for x in s["deployments"]) or "none"))
+        reclaim = s["reclaimable"]
+    else:
+        lines += [f"deployment   {d['engine']} {d['scheme']}, model {d['model']}, key ranks {d['key_ranks']}"
+                  f" (writer TP {_value(d['writer_tp'])}), kind {_value(d['kv_kind'])}",
+                  f"target keys  {_value(d['target'])} ({_value(d['target_profile'])})",
+                  f"objects      {_count(d['objects'])} ({human_bytes(d['object_bytes'])}; KVEntry files "
+                  f"{_count(d['files'])}, {human_bytes(d['bytes'])} on disk)",
+                  "  by status  " + (", ".join(f"{k} {_count(v['objects'])}" for k, v in d["by_status"].items())
+                                     or "none"),
+                  "  by action  " + (", ".join(f"{k} {_count(v['objects'])}" for k, v in d["by_action"].items())
+                                     or "none")]
+        reclaim = d["reclaimable"]
+    lines.append("reclaimable  " + ", ".join(
+        f"{CLASSES[c]} {_count(v['files'])} files ({human_bytes(v['bytes'])}), {_count(v['objects'])} objects"
+        + (f" ({human_bytes(v['held_bytes'])} held in live pairs)" if v["held_bytes"] else "")
+        for c, v in reclaim.items()))
     return lines
 
 

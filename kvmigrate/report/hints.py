@@ -26,6 +26,7 @@ from kvmigrate import families
 from kvmigrate.classify import STATUS_BITS, UNREADABLE_STATUSES
 from kvmigrate.identity.facts import _INT_FACTS, FLAGS
 from kvmigrate.identity.values import DEFAULT_PROFILE, ORPHANED
+from kvmigrate.report import stores as sr
 from kvmigrate.report import tiers as tr
 from kvmigrate.selection import Selection
 from kvmigrate.units import human_bytes, plural
@@ -39,6 +40,8 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
         Reclaimable,
         ReportOutput,
         Run,
+        Store,
+        StoreDeployment,
         SummaryCore,
         Tier,
         TierDeployment,
@@ -102,6 +105,8 @@ STATUS_ADVICE: dict[str, tuple[str, str, str]] = {
     "corrupt_sidecar": ("LMCache GDS sidecars that do not parse or differ from their data header",
                         "never reused; the startup scan of their folder stops there; prune --residue moves a quiet "
                         "tier's into the quarantine with their data files", "prune"),
+    "orphan_index": ("indexes without their data file: the objects they list are gone",
+                     "never reused; the next start of their engine deletes them", "list"),
 }
 
 UNKNOWN_STATE = ("files in an unknown state", "inspect them", "list")
@@ -112,6 +117,8 @@ def advice(status: str, family: str | None = None) -> tuple[str, str, str]:
     is the reading engine's (Family.incomplete_advice: llm-d serves stale KV, SGLang misses
     the page)."""
     own = families.get(family).status_advice(status) if family else None
+    if own is None and family and families.get(family).root_layout == "stores":
+        own = sr.STATUS_ADVICE.get(status)  # a store's words (report/stores.py)
     if own is not None:  # the family's own words for a status of its files
         return own
     what, then, how = STATUS_ADVICE.get(status, UNKNOWN_STATE)
@@ -835,8 +842,292 @@ def _each_tier(st: _State) -> Iterator[Item]:
                 yield from rule(st, tier, d)
 
 
+# --- Mooncake stores: §7's notes (report/stores.py builds the stores) ------------------------
+
+
+def _store_family(st: _State, store: Store) -> families.Family | None:
+    fam = next((n["family"] for n in st.summary["namespaces"] if n["source_base"] == store["namespace"]), None)
+    return families.get(fam) if fam else None
+
+
+def _explain(cmd: Commands, label: str) -> str:
+    if cmd.manifest:
+        return cmd._join("kvmigrate explain", cmd.q(cmd.manifest, label))
+    return cmd._join("kvmigrate scan", cmd.q(cmd.root, *cmd.fact_args), f"-o {DEFAULT_MANIFEST}",
+                     "&& kvmigrate explain", cmd.q(DEFAULT_MANIFEST, label))
+
+
+def _has_work(st: _State, store: Store) -> bool:
+    """Pending objects, or (where prune takes the family's files) files or objects a prune
+    class could take: an apply would write the store."""
+    if store["pending_objects"]:
+        return True
+    fam = _store_family(st, store)
+    return bool(fam is not None and fam.prunes
+                and any(v["files"] or v["objects"] for v in store["reclaimable"].values()))
+
+
+def _proof_command(st: _State, store: Store) -> str | None:
+    """The apply command with §5.1's proof (b), when the store has none stated; None: it has one."""
+    if store["engine_stopped"] or (sr.release_ok_for_lock(store) and store["backends"] == [sr.BUCKET]):
+        return None
+    if store["pending_objects"]:
+        return st.cmd.migrate("--apply", "--engine-stopped")
+    fam = _store_family(st, store)
+    return st.cmd.prune("--residue", "--engine-stopped") if fam is not None and fam.prunes else None
+
+
+def _store_assumed(st: _State, store: Store) -> Iterator[Item]:
+    """Every store and deployment fact the report assumed, with the flag that states it (§3.2)."""
+    assumed: dict[str, Any] = {}
+    parts = []
+    if not store["writer_release_stated"]:
+        assumed["writer_release"] = store["writer_release"]
+        parts.append(f"writer_release assumed {store['writer_release'] or 'unknown'} (from "
+                     f"{store['writer_release_evidence']}): state it with --writer-release, or \"writer_release\" "
+                     f"under \"{store['store']}\" in --facts FACTS.json")
+    if not store["engine_stopped"]:
+        assumed["engine_stopped"] = False
+        parts.append("engine_stopped assumed false (a client may use the store): state it with --engine-stopped "
+                     "once every Mooncake client of the store is stopped")
+    for d in store["deployments"]:
+        for fact, value in d["assumed_facts"].items():
+            assumed[fact] = value
+            parts.append(f"{d['deployment']}: {fact} assumed {value}: state it with {fact_flag(fact)}")
+    if not parts:
+        return
+    f = _finding(sr.ASSUMED, 0, store["namespace"], f"store {store['store']}: " + "; ".join(parts))
+    f["assumed"] = assumed
+    yield f
+
+
+def _client_live(st: _State, store: Store) -> Iterator[Item]:
+    """A held 0.3.14 client lock: a client runs there, an apply exits 8 (§1.4, §5.1)."""
+    live = store["client_live"]
+    if not live:
+        return
+    yield _finding(sr.NOTE_CLIENT_LIVE, 0, store["namespace"],
+                   f"client live: a Mooncake client holds the lock {M_LOCK} in {', '.join(live)} of store "
+                   f"{store['store']}: migrate --apply and prune --apply exit 8 until it stops (stop the clients, "
+                   "then apply)")
+    yield _Hint(_explain(st.cmd, store["namespace"] or store["store"]), f"store {store['store']}: a client runs in "
+                f"{', '.join(live)}; stop it before any apply, and see the store's client roots and locks",
+                sr.NOTE_CLIENT_LIVE, store["namespace"], 1)
+
+
+def _apply_proof(st: _State, store: Store) -> Iterator[Item]:
+    """What proof an apply needs that no client runs (§5.1): the client flock of a stated
+    >= 0.3.14 bucket store, else --engine-stopped."""
+    if not _has_work(st, store):
+        return
+    name = store["store"]
+    if store["engine_stopped"]:
+        text = f"store {name}: an apply may write it: engine_stopped is stated (no Mooncake client uses it)"
+    elif sr.release_ok_for_lock(store) and store["backends"] == [sr.BUCKET]:
+        text = (f"store {name}: an apply takes the client lock {M_LOCK} of each bucket client root it writes "
+                f"(writer_release {store['writer_release']} stated): a held one exits 8, nothing written")
+    else:
+        text = (f"store {name}: an apply writes it only with a proof that no Mooncake client runs there: stop its "
+                "clients and pass --engine-stopped (or state engine_stopped for it in --facts)"
+                + (f"; or, if its clients run Mooncake 0.3.14, state --writer-release 0.3.14 and kvmigrate takes "
+                   f"their client lock {M_LOCK}" if store["backends"] == [sr.BUCKET] else "")
+                + "; without a proof the apply exits 2 and writes nothing")
+    yield _finding(sr.NOTE_APPLY_PROOF, 0, store["namespace"], text)
+    command = _proof_command(st, store)
+    if command is not None:
+        yield _Hint(command, f"once every Mooncake client of store {name} is stopped (--engine-stopped states it): "
+                    "apply; restart the clients and the master afterwards", sr.NOTE_APPLY_PROOF, store["namespace"],
+                    5)
+        if store["backends"] == [sr.BUCKET] and not store["writer_release_stated"]:
+            flag = "--writer-release"
+            yield _Hint(st.cmd.rerun(flag, "0.3.14", replace_flags=(flag,)), f"or, if the clients of store {name} "
+                        "run Mooncake 0.3.14, state it: the apply then takes their client lock instead",
+                        sr.NOTE_APPLY_PROOF, store["namespace"], 5)
+
+
+def _start_deletes(st: _State, store: Store) -> Iterator[Item]:
+    """What the next client start deletes (§1.4): Mooncake's doing, not kvmigrate's."""
+    gone = store["start_deletes"]
+    if not gone:
+        return
+    files = sum(c["files"] for c in gone.values())
+    nbytes = sum(c["bytes"] for c in gone.values())
+    what = {"orphan_data": ".bucket files without a live index", "corrupt_sidecar": "indexes that do not parse or "
+            "list nothing (each with its .bucket, counted as orphan_data)", "orphan_index": "indexes whose .bucket "
+            "is gone"}
+    parts = ", ".join(f"{plural(c['files'], status + ' file')} ({what[status]})" for status, c in gone.items())
+    yield _finding(sr.NOTE_START_DELETES, 0, store["namespace"],
+                   f"the next Mooncake client start on store {store['store']} deletes {_files(files)} "
+                   f"({human_bytes(nbytes)}): {parts}; no read serves them now either; list them (copy away what "
+                   "you want to inspect before a client starts)", files=files, bytes=nbytes)
+    for status in gone:
+        yield _Hint(st.cmd.list_files(status), f"files the next Mooncake client start deletes ({status}): list them",
+                    sr.NOTE_START_DELETES, store["namespace"], 1)
+
+
+def _start_refused(st: _State, store: Store) -> Iterator[Item]:
+    """A depth-3 file of the fsdir that is no KVEntry: the client does not start (§1.3)."""
+    c = store["start_refuses"]
+    if not c["files"]:
+        return
+    yield _finding(sr.NOTE_START_REFUSED, 0, store["namespace"],
+                   f"{_files(c['files'])} at depth 3 of store {store['store']}'s fsdir do not parse as KVEntries: a "
+                   "Mooncake client starting there refuses to start (setup() raises) until they are removed; list "
+                   "them", files=c["files"], bytes=c["bytes"])
+    own = next((n for n in st.summary["namespaces"] if n["source_base"] == store["namespace"]), None)
+    for status in sr.START_REFUSES:
+        if own is not None and status in own["by_status"]:
+            yield _Hint(st.cmd.list_files(status), f"KVEntry files that stop a Mooncake client from starting "
+                        f"({status}): list them", sr.NOTE_START_REFUSED, store["namespace"], 0)
+
+
+def _entry_statuses(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
+    """Every status of index entries but ok: a pair file is `ok` while an entry of it is cut,
+    zero or a replica that differs (§1.4, §2.4), so the file statuses do not show them."""
+    fam = _store_family(st, store)
+    for status, c in d["entries_by_status"].items():
+        if status == "ok":
+            continue
+        what, then, _ = advice(status, fam.name if fam is not None else None)
+        bits = STATUS_BITS.get(status, 1)
+        ex = st.examples.get((d["deployment"], status), (None, None))
+        f = _finding(status, bits, d["deployment"], f"{plural(c['objects'], 'index entry', 'index entries')} of live "
+                     f"pairs: {what}; {then}", bytes=c["bytes"], example=ex[0], example_reason=ex[1])
+        f["status"] = status
+        yield f
+        yield _Hint(st.cmd.list_files(status), f"{what}: list them ({then})", status, d["deployment"],
+                    0 if bits & 12 else 1)
+
+
+def _unserved(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
+    """Keys `is_exist` reports that no read serves (§1.4): cut records, raw keys, misfiled KVEntries."""
+    cut, raw, misfiled = d["cut_records"], d["raw_keys"], d["misfiled_entries"]
+    if not (cut or raw or misfiled):
+        return
+    parts = []
+    if cut:
+        parts.append(f"{plural(cut, 'record')} cut by their .bucket's end (every read fails; prune --tails retires "
+                     "their keys)")
+    if raw:
+        parts.append(f"{plural(raw, 'raw key')} Mooncake >= 0.3.12 registers as tenant default and never reads "
+                     "(pending rekey)")
+    if misfiled:
+        parts.append(f"{plural(misfiled, 'KVEntry', 'KVEntries')} outside fpk(key), never read (migrate links them "
+                     "there)")
+    yield _finding(sr.NOTE_UNSERVED, 0, d["deployment"], "is_exist reports keys no read serves: " + "; ".join(parts))
+    if raw or misfiled:
+        yield _Hint(_proof_command(st, store) or st.cmd.migrate("--apply"), "keys is_exist reports but no read "
+                    "serves: migrate rekeys and links them (without --apply it prints the plan only)",
+                    sr.NOTE_UNSERVED, d["deployment"], 5)
+    if cut:
+        fam = _store_family(st, store)
+        if fam is not None and fam.prunes:
+            yield _Hint(st.cmd.prune("--tails"), "cut records of live pairs: see what prune --tails would retire "
+                        "(dry run), then add --apply", sr.NOTE_UNSERVED, d["deployment"], 3)
+        else:
+            yield _Hint(st.cmd.list_files("short"), "cut records of live pairs (is_exist says 1, every read fails): "
+                        "list them", sr.NOTE_UNSERVED, d["deployment"], 1)
+
+
+def _auto_prefix(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
+    """vLLM's `auto-` cache prefix changes with every build (§2.2): never renamed."""
+    if not d["auto_prefix"]:
+        return
+    yield _finding(sr.NOTE_AUTO_PREFIX, 0, d["deployment"],
+                   f"its keys carry vLLM's cache prefix {d['auto_prefix']}, made from the build, the model and the "
+                   "cache config: every other vLLM build computes another prefix and reads none of them (kvmigrate "
+                   "never renames across it); give the connector a fixed cache prefix to keep a cache across "
+                   f"upgrades ({plural(d['objects'], 'object')} here)")
+    yield _Hint(_explain(st.cmd, d["deployment"]), f"deployment {d['deployment']}: its keys and target",
+                sr.NOTE_AUTO_PREFIX, d["deployment"], 6)
+
+
+def _new_pairs(st: _State, store: Store, d: StoreDeployment) -> Iterator[Item]:
+    """New pairs get ids above every existing one (§3.6): FIFO evicts them last."""
+    if not d["reshard_objects"] or sr.BUCKET not in store["backends"]:
+        return
+    yield _finding(sr.NOTE_NEW_PAIRS, 0, d["deployment"],
+                   f"the migration writes the outputs of {plural(d['reshard_objects'], 'object')} into new pairs "
+                   f"with ids above the store's largest ({store['largest_bucket_id']}): Mooncake's FIFO eviction "
+                   "(lowest id first) removes them last, after every older pair")
+    yield _Hint(st.cmd.migrate(), "see the plan: the new pairs and their ids", sr.NOTE_NEW_PAIRS, d["deployment"], 5)
+
+
+def _unlocked(st: _State, store: Store) -> Iterator[Item]:
+    """Bucket client roots without 0.3.14's lock: two clients on one root clash (§1.4)."""
+    if sr.BUCKET not in store["backends"] or any(s != "absent" for s in store["locks"].values()):
+        return
+    if sr.release_ok_for_lock(store):
+        return
+    yield _finding(sr.NOTE_UNLOCKED, 0, store["namespace"],
+                   f"store {store['store']}: its bucket client roots have no client lock (Mooncake <= 0.3.13 takes "
+                   "none): two clients started on one client root in the same second make the same bucket ids and "
+                   "truncate each other's pairs (Mooncake #3528); give every client its own ssd_offload_path, or run "
+                   "0.3.14, whose lock refuses a second client")
+    yield _Hint(_explain(st.cmd, store["namespace"] or store["store"]), f"store {store['store']}: its client roots "
+                "and their locks", sr.NOTE_UNLOCKED, store["namespace"], 6)
+
+
+def _store_is_client(st: _State, store: Store) -> Iterator[Item]:
+    """A store folder that is itself a bucket client root above rank client roots (R §5)."""
+    if not store["store_is_client_root"]:
+        return
+    yield _finding(sr.NOTE_STORE_IS_CLIENT, 0, store["namespace"],
+                   f"store folder {store['store']} is itself a bucket client root above its rank client roots: a "
+                   "client started on it deletes, at start, every .bucket below it without a top-level .meta of "
+                   "its id (every rank folder's pairs); never point a client's ssd_offload_path at "
+                   f"{store['store']}")
+    yield _Hint(_explain(st.cmd, store["namespace"] or store["store"]), f"store {store['store']}: its client roots",
+                sr.NOTE_STORE_IS_CLIENT, store["namespace"], 6)
+
+
+def _unused_ranks(st: _State, store: Store) -> Iterator[Item]:
+    """After an SGLang TP shrink, the rank folders of the ranks gone: no client starts there (§9.10)."""
+    roots = store["unused_rank_roots"]
+    if not roots:
+        return
+    yield _finding(sr.NOTE_UNUSED_RANKS, 0, store["namespace"],
+                   f"store {store['store']}: at TP {store['target_tp']} no SGLang rank starts a client on "
+                   f"{', '.join(roots)}: their objects are read by no rank; see the plan (a reshard reads them "
+                   "into the target ranks' folders), the folders stay until removed")
+    yield _Hint(st.cmd.migrate(), f"store {store['store']}: the plan for the ranks a TP shrink leaves unused",
+                sr.NOTE_UNUSED_RANKS, store["namespace"], 5)
+
+
+def _restart(st: _State, store: Store) -> Iterator[Item]:
+    """The master and the clients keep the old index in RAM: restart them after an apply."""
+    if not store["pending_objects"]:
+        return
+    yield _finding(sr.NOTE_RESTART, 0, store["namespace"],
+                   f"after migrate --apply on store {store['store']}, restart its Mooncake clients and the master: "
+                   "the master keeps the old keys in RAM and a client adopts the new pairs and keys only at start")
+    yield _Hint(_proof_command(st, store) or st.cmd.migrate("--apply"), f"apply the migration of store "
+                f"{store['store']}, then restart its clients and the master", sr.NOTE_RESTART, store["namespace"], 5)
+
+
+M_LOCK = sr.LOCK_NAME
+STORE_RULES: tuple[Callable[[_State, Store], Iterator[Item]], ...] = (
+    _store_assumed, _client_live, _apply_proof, _start_deletes, _start_refused, _unlocked, _store_is_client,
+    _unused_ranks, _restart,
+)
+STORE_DEPLOYMENT_RULES: tuple[Callable[[_State, Store, StoreDeployment], Iterator[Item]], ...] = (
+    _entry_statuses, _unserved, _auto_prefix, _new_pairs,
+)
+
+
+def _each_store(st: _State) -> Iterator[Item]:
+    """The notes of every Mooncake store and its deployments (mooncake.md §7)."""
+    for store in st.summary.get("stores") or ():
+        for rule in STORE_RULES:
+            yield from rule(st, store)
+        for d in store["deployments"]:
+            for drule in STORE_DEPLOYMENT_RULES:
+                yield from drule(st, store, d)
+
+
 RULES: tuple[Callable[[_State], Iterator[Item]], ...] = (
-    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _each_tier, _walk_errors, _no_cache,
+    _status_findings, _unreadable_namespaces, _reclaimable, _each_namespace, _each_tier, _each_store, _walk_errors,
+    _no_cache,
     _migration_pending,
 )
 

@@ -259,6 +259,24 @@ def _tiers(s: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _stores(s: dict[str, Any]) -> str:
+    """The Mooncake stores: the store table, then per store its deployments (view.store_blocks)."""
+    t = view.store_table(s)
+    if t is None:
+        return ""
+    out = [f'<section id="stores"><h2>{esc(t.title)}</h2>{table_html(t)}']
+    for title, pairs, tables, deps in view.store_blocks(s):
+        out.append(f'<details class="store" open><summary><h3 class="mono">{esc(title)}</h3></summary>'
+                   + pairs_html(pairs, cls="") + "".join(f"<p>{esc(tb.title)}</p>{table_html(tb)}" for tb in tables))
+        for label, dpairs, dtables in deps:
+            out.append(f'<details class="deployment" open><summary><h3 class="mono">{esc(label)}</h3></summary>'
+                       + pairs_html(dpairs, cls="")
+                       + "".join(f"<p>{esc(tb.title)}</p>{table_html(tb)}" for tb in dtables) + "</details>")
+        out.append("</details>")
+    out.append("</section>")
+    return "".join(out)
+
+
 def _page(title: str, body: str) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -285,6 +303,7 @@ def render(s: dict[str, Any]) -> str:
     body.append(f'<section id="findings"><h2>Findings</h2>{table_html(view.findings_table(s, notes=False))}'
                 f'{_notes(s)}</section>')
     body.append(_tiers(s))
+    body.append(_stores(s))
     body.append('<section id="details"><h2>Namespace details</h2>')
     for n in s["namespaces"]:
         body.append(f'<details class="namespace" open><summary><h3 class="mono">{esc(n["source_base"])}</h3>'

@@ -65,6 +65,17 @@ def render(s: dict[str, Any]) -> str:
                 lines += ["", f"#### {code(label)}", ""] + pairs_table(dpairs)
                 for t in tables:
                     lines += ["", f"{t.title}:", ""] + table_lines(t)
+    stores = view.store_table(s)
+    if stores is not None:
+        lines += ["", f"## {stores.title}", ""] + table_lines(stores)
+        for title, pairs, tables, deps in view.store_blocks(s):
+            lines += ["", f"### {title}", ""] + pairs_table(pairs)
+            for t in tables:
+                lines += ["", f"{t.title}:", ""] + table_lines(t)
+            for label, dpairs, dtables in deps:
+                lines += ["", f"#### {code(label)}", ""] + pairs_table(dpairs)
+                for t in dtables:
+                    lines += ["", f"{t.title}:", ""] + table_lines(t)
     lines += ["", "## Namespace details"]
     for n in s["namespaces"]:
         lines += ["", f"### {code(n['source_base'])}", ""] + pairs_table(view.namespace_details(n))

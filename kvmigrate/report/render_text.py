@@ -72,6 +72,17 @@ def render(s: dict[str, Any]) -> str:
                 lines += pairs_lines(dpairs, indent="    ")
                 for t in tables:
                     lines += [""] + table_lines(t, indent="    ")
+    stores = view.store_table(s)
+    if stores is not None:
+        lines += _section(stores.title) + table_lines(stores)
+        for title, pairs, tables, deps in view.store_blocks(s):
+            lines += ["", title] + pairs_lines(pairs)
+            for t in tables:
+                lines += [""] + table_lines(t, indent="  ")
+            for label, dpairs, dtables in deps:
+                lines += ["", f"  {label}"] + pairs_lines(dpairs, indent="    ")
+                for t in dtables:
+                    lines += [""] + table_lines(t, indent="    ")
     reclaim = view.reclaim_table(s)
     if reclaim is not None:
         lines += _section(reclaim.title) + (table_lines(reclaim) if reclaim.rows else ["  nothing"])

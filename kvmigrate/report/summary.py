@@ -56,6 +56,7 @@ from kvmigrate import manifest as mf
 from kvmigrate.classify import ACTIONS as ACTION_ORDER
 from kvmigrate.classify import STATUS_BITS
 from kvmigrate.cost import TRANSFORMS, transform_cost, transform_cost_of
+from kvmigrate.report import stores as st
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
     from kvmigrate.outputs import (
@@ -133,6 +134,7 @@ class _Totals:
         self._waiting: pa.Table | None = None  # follower rows whose primary has not come yet
         self.part_bytes: dict[tuple[str, str], int] = defaultdict(int)  # (ns, the primary's action) -> bytes
         self.outside_families: dict[str, int] = defaultdict(int)  # family -> files outside namespaces (temps)
+        self.stores = st.StoreRows()  # the rows of Mooncake stores, for their section (report/stores.py)
 
     def add(self, batch: pa.RecordBatch) -> None:
         t = pa.Table.from_batches([batch])
@@ -174,6 +176,7 @@ class _Totals:
             g[0] += nfiles
             g[1] += nbytes or 0
         self._add_examples(work, t["relpath"])
+        self.stores.add(t, work["ns"], work["kind"])
         self._add_outside_families(work, t)
         self._add_block_keys(work, t)
         self._add_target_paths(work, t)
@@ -366,7 +369,7 @@ class _Aggregate:
     object_by_action: defaultdict[str, FileCount] = field(default_factory=lambda: defaultdict(_no_files))
 
 
-FILE_ROW, OBJECT_ROW, FILE_OBJECT = 0, 1, 2  # what a manifest row counts as (mooncake.md §4)
+FILE_ROW, OBJECT_ROW, FILE_OBJECT = st.FILE_ROW, st.OBJECT_ROW, st.FILE_OBJECT  # what a row counts as (mooncake.md §4)
 
 
 def _object_kind(t: pa.Table) -> pa.Array:
@@ -688,7 +691,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
     ns_meta: dict[str, dict[str, Any]] = meta.get("namespaces") or {}
     if totals is None:
         totals = totals_for(meta)
-        for batch in _batches(path, _COLUMNS + (_MERGE_COLUMNS if len(totals.shared_target) else [])):
+        stores = any(st.is_store(m) for m in ns_meta.values())  # (their migrated class reads the target columns)
+        for batch in _batches(path, _COLUMNS + (_MERGE_COLUMNS if len(totals.shared_target) or stores else [])):
             totals.add(batch)
     totals.followers_unmatched()
     per_ns = _namespace_aggregates(totals.groups, frozenset(totals.multi_rank.to_pylist()), totals.part_bytes)
@@ -781,6 +785,8 @@ def summarize(path: str | os.PathLike[str], *, manifest: str | None | bool = Tru
         "findings": [],
         "hints": [],
         "tiers": tiers_of(namespaces, ns_meta),  # LMCache tiers, per tier then per deployment
+        # Mooncake stores, per store then per deployment
+        "stores": st.stores_of(namespaces, ns_meta, totals.stores, (meta.get("facts") or {}).get("flags")),
     }
     summary["findings"], summary["hints"] = findings_and_hints(summary, verb=verb, examples=totals.examples)
     return summary

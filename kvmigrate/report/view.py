@@ -403,6 +403,112 @@ def tier_blocks(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]], lis
     return out
 
 
+# --- Mooncake stores (report/stores.py) ---------------------------------------------------
+
+
+def store_table(s: dict[str, Any]) -> Table | None:
+    """One row per Mooncake store: backends, client roots, locks, largest bucket id, the
+    writer's release, its files and objects, what the next client start deletes (None: the
+    root has no store)."""
+    from kvmigrate.report.stores import lock_label
+
+    stores = s.get("stores") or []
+    if not stores:
+        return None
+    t = Table("stores", "Mooncake stores", ["Store", "Backends", "Client roots", "Locks", "Largest bucket id",
+                                            "Writer release", "Deployments", "Files", "Bytes", "Objects",
+                                            "Object bytes", "Start deletes"],
+              numeric={6, 7, 8, 9, 10, 11}, names={0})
+    for st in stores:
+        gone = sum(c["bytes"] for c in st["start_deletes"].values())
+        t.rows.append([st["store"], ",".join(st["backends"]) or "-", ",".join(st["client_roots"]) or "-",
+                       lock_label(st), or_dash(st["largest_bucket_id"]), or_dash(st["writer_release"]),
+                       str(len(st["deployments"])), human_count(st["files"]), human_bytes(st["bytes"]),
+                       human_count(st["objects"]), human_bytes(st["object_bytes"]), human_bytes(gone)])
+    return t
+
+
+def store_line(st: dict[str, Any]) -> str:
+    """One line of a Mooncake store for the scan's text summary."""
+    from kvmigrate.report.stores import lock_label
+
+    line = (f"  store {st['store']}: {', '.join(st['backends']) or 'no backend'}; client roots "
+            f"{', '.join(st['client_roots']) or '-'}; locks {lock_label(st)}; writer release "
+            f"{or_dash(st['writer_release'])} ({st['writer_release_evidence']}); "
+            f"{plural(st['objects'], 'object')} ({human_bytes(st['object_bytes'])})")
+    gone = st["start_deletes"]
+    if gone:
+        line += (f"; the next client start deletes {plural(sum(c['files'] for c in gone.values()), 'file')} "
+                 f"({human_bytes(sum(c['bytes'] for c in gone.values()))})")
+    if st["start_refuses"]["files"]:
+        line += f"; {plural(st['start_refuses']['files'], 'KVEntry file')} stop a client from starting"
+    return line
+
+
+def store_pairs(st: dict[str, Any]) -> list[tuple[str, str]]:
+    from kvmigrate.report.stores import lock_label
+
+    pairs = [("backends", ", ".join(st["backends"]) or "-"), ("client roots", ", ".join(st["client_roots"]) or "-"),
+             ("locks", lock_label(st)), ("largest bucket id", or_dash(st["largest_bucket_id"])),
+             ("writer release", f"{or_dash(st['writer_release'])} ({st['writer_release_evidence']})"),
+             ("engine stopped", "stated" if st["engine_stopped"] else "not stated"),
+             ("files", f"{human_count(st['files'])} ({human_bytes(st['bytes'])} on disk)"),
+             ("objects", f"{human_count(st['objects'])} ({human_bytes(st['object_bytes'])})")]
+    if st["start_deletes"]:
+        pairs.append(("next client start deletes", ", ".join(
+            f"{k} {human_count(v['files'])} ({human_bytes(v['bytes'])})" for k, v in st["start_deletes"].items())))
+    if st["start_refuses"]["files"]:
+        pairs.append(("KVEntries that stop a start", human_count(st["start_refuses"]["files"])))
+    return pairs
+
+
+def store_deployment_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("engine", d["engine"]), ("scheme", or_dash(d["scheme"])), ("model", or_dash(d["model"])),
+            ("key ranks", f"{d['key_ranks']} (writer TP {or_dash(d['writer_tp'])})"), ("kind", or_dash(d["kv_kind"])),
+            ("target", f"{or_dash(d['target'])} ({or_dash(d['target_profile'])})"),
+            ("objects", f"{human_count(d['objects'])} ({human_bytes(d['object_bytes'])}); on disk "
+                        f"{human_count(d['files'])} KVEntry files ({human_bytes(d['bytes'])})")]
+
+
+def object_table(counts: dict[str, dict[str, int]], key: str, first: str, title: str) -> Table:
+    t = Table(key, title, [first, "Objects", "Bytes"], numeric={1, 2}, names={0})
+    for name, c in counts.items():
+        t.rows.append([name, human_count(c["objects"]), human_bytes(c["bytes"])])
+    return t
+
+
+def store_reclaim_table(reclaim: dict[str, dict[str, int]], key: str) -> Table:
+    """Per prune class (mooncake.md §6): files it moves and the bytes freed; objects it
+    retires; bytes of those that stay in live pairs until Mooncake evicts them."""
+    from kvmigrate.report.stores import CLASSES
+
+    t = Table(key, "Reclaimable per class", ["Class", "Files", "Bytes", "Objects", "Held in live pairs"],
+              numeric={1, 2, 3, 4}, names={0})
+    for cls, flag in CLASSES.items():
+        v = reclaim.get(cls) or {"files": 0, "bytes": 0, "objects": 0, "held_bytes": 0}
+        t.rows.append([flag, human_count(v["files"]), human_bytes(v["bytes"]), human_count(v["objects"]),
+                       human_bytes(v["held_bytes"])])
+    return t
+
+
+def store_blocks(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]], list[Table],
+                                                  list[tuple[str, list[tuple[str, str]], list[Table]]]]]:
+    """Per store: (title, its pairs, its tables, per deployment (label, pairs, tables)), in
+    store order: what every renderer prints of the stores."""
+    out = []
+    for st in s.get("stores") or []:
+        deps = []
+        for d in st["deployments"]:
+            label = d["deployment"]
+            tables = [object_table(d["by_status"], f"objects-status-{label}", "Status", "Objects by status"),
+                      object_table(d["by_action"], f"objects-action-{label}", "Action", "Objects by action"),
+                      store_reclaim_table(d["reclaimable"], f"reclaim-{label}")]
+            deps.append((label, store_deployment_pairs(d), tables))
+        out.append((f"store {st['store']}", store_pairs(st),
+                    [store_reclaim_table(st["reclaimable"], f"reclaim-store-{st['store']}")], deps))
+    return out
+
+
 # --- diff -----------------------------------------------------------------------------
 
 def _signed_count(n: int) -> str:
