@@ -695,6 +695,9 @@ class StoreApplier:
         except (OSError, M.DecodeError) as exc:
             self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
             return
+        if self._rewritten(data, rw):  # (a second apply of one manifest: the index holds its keys already)
+            self.outcomes["already_present"] += n
+            return
         if (st.st_ino, st.st_mtime_ns) != (rw.inode, rw.mtime_ns) or any(
                 i >= len(meta.keys) or meta.keys[i] != old for i, old in rw.old_keys.items()):
             self._skip("changed_since_scan", n, f"{rw.meta}: the index changed since the scan")

@@ -19,7 +19,7 @@ from kvmigrate.units import agreeing, human_bytes, human_count, percent, plural
 
 # Reusable actions in greens/teals, transforms that lack a number in amber, the rest grey.
 ACTION_COLORS = {
-    "already_present": "#1b5e20", "link": "#2e7d32", "copy_pad": "#43a047", "rewrite_header": "#66bb6a",
+    "already_present": "#1b5e20", "link": "#2e7d32", "rekey": "#388e3c", "copy_pad": "#43a047", "rewrite_header": "#66bb6a",
     "slice": "#00897b", "concat": "#00796b", "relayout": "#004d40", "reshard": "#00695c",
     "replicas": "#b2dfdb",
     "needs_slice": "#ffb300", "needs_concat": "#ffa000", "needs_relayout": "#ff8f00",

@@ -460,3 +460,21 @@ def test_rank_folders_a_tp_shrink_leaves_unused(tmp_path, flags, unused):
     if unused:
         assert all(r in got[0]["message"] for r in unused)
         assert hint_commands(summary, sr.NOTE_UNUSED_RANKS) == [f"kvmigrate migrate --manifest {m}"]
+
+
+def test_every_action_has_a_colour_in_the_html_report(tmp_path):
+    """An action without a colour crashed `report --format html` (a raw store's `rekey`):
+    every action the planner knows has one, and a raw store's report renders."""
+    from kvmigrate.classify import ACTIONS
+    from kvmigrate.report.render_html import ACTION_COLORS
+
+    assert set(ACTIONS) <= set(ACTION_COLORS)
+    from kvmigrate.synth import SynthSpec, build
+
+    root = tmp_path / "root"
+    build(root, SynthSpec(family="mooncake", mc_scheme="mc-raw", tp=2, layers=2, block_tokens=4, blocks=2))
+    from helpers.cli_helpers import run
+
+    run("scan", root, "-o", tmp_path / "m.parquet")
+    code, out = run("report", tmp_path / "m.parquet", "--format", "html", "-o", tmp_path / "r.html")
+    assert code in (0, 1) and (tmp_path / "r.html").read_text().count("<svg") >= 1, out
