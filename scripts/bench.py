@@ -14,6 +14,7 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --before b0bf138 --scale small   # the same, a quick try (~2-3 min)
     python3 scripts/bench.py --only prune --prune-files 20000  # prune vs rm -rf, restore (issue 19)
     python3 scripts/bench.py --only lmcache                    # LMCache reshard and 1M-chunk scan (LMCACHE.md)
+    python3 scripts/bench.py --only mooncake                   # Mooncake 1M-object scan and rekey (MOONCAKE.md)
 
 `--before REV` (alias `--compare`) installs REV and `--after` (default HEAD) into their own
 venvs and times each kvmigrate figure below with both, alternating old/new every repetition
@@ -59,6 +60,13 @@ Groups (kvbench/groups.py; journal, prune, baseline and lmcache in modules of th
             plans reshard) vs cat of the files + cp -R of them; `scan` of a synth fs tier of N chunk files
             (default 1,000,000) vs find -printf and the Python floor; warm, then cold (drop_caches, root);
             writes reports/LMCACHE.md and lmcache.json, deletes its trees
+  mooncake  (alone: `--only mooncake [--mooncake-objects N] [--mooncake-reps N] [--mooncake-warm-only]`)
+            a Mooncake Store bucket client root of N objects (default 1,000,000) in N/500 pairs, raw vLLM
+            keys and 64-byte values, written by scripts/bench_mooncake.py through kvmigrate/formats/mooncake.py:
+            `scan` vs find -printf; the rekey (`migrate --manifest M --apply --engine-stopped`, rolled back
+            after each run, untimed) vs cp of the .meta files, when this kvmigrate applies rekey (a probe
+            says; else a marked slot); warm, then cold (drop_caches, root); writes reports/MOONCAKE.md and
+            mooncake.json, deletes its trees
 baseline, journal and prune also run after the other groups of a full run (`--only
 meta,...,baseline,journal,prune`): one run, one report (baseline then on the run's 4 KiB tree).
 The scan groups also time the Python floor (scripts/floor_walk.py) as a reference.

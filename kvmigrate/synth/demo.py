@@ -26,6 +26,16 @@ LMCACHE_FACTS = {
            "chunk_size": LMC_CHUNK_TOKENS, "target_chunk_size": LMC_CHUNK_TOKENS}
     for tier in (LMC_FS_TIER, LMC_DISK_TIER, LMC_GDS_TIER)
 }
+# Mooncake Store SSD-offload stores (spec mooncake.md §1.1): each a folder of the volume
+MC_VLLM_STORE = "mooncake-vllm"      # one vLLM client's ssd_offload_path, bucket backend
+MC_SGLANG_STORE = "mooncake-sglang"  # SGLang's ssd_offload_path: a rank_* client root per TP rank
+# What the operator knows of the stores' clients (§3.2): the vLLM store's were Mooncake 0.3.11
+# (raw keys; the next reader runs 0.3.14), and both stores' clients are stopped, the proof an
+# apply needs before it writes a client root (§5.1).
+MOONCAKE_FACTS = {
+    MC_VLLM_STORE: {"writer_release": "0.3.11", "engine_stopped": True},
+    MC_SGLANG_STORE: {"writer_release": "0.3.13.post1", "engine_stopped": True},
+}
 
 
 def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
@@ -53,6 +63,7 @@ def demo_specs(with_defects: bool = True) -> list[SynthSpec]:
         SynthSpec(family="sglang", sgl_era="e4", model_name="Qwen/Qwen3-8B", tp=2, layers=4, blocks=3, seed=5,
                   defects=defects("tmp_sglang")),
         *lmcache_specs(with_defects),
+        *mooncake_specs(with_defects),
     ]
 
 
@@ -79,16 +90,45 @@ def lmcache_specs(with_defects: bool = True) -> list[SynthSpec]:
     ]
 
 
-def describe(results: list[SynthResult]) -> tuple[str, str]:
+def mooncake_specs(with_defects: bool = True) -> list[SynthSpec]:
+    """The Mooncake stores of the sample (spec mooncake.md), each showing what an operator hits:
+    a vLLM bucket store written by Mooncake ≤ 0.3.11 (raw keys, which a 0.3.14 client
+    registers as tenant `default` and never reads: pending `rekey`), with a `.bucket` whose
+    `.meta` is gone (`orphan_data`: the next client start deletes it) and a `.bucket` cut in
+    its last record (`short`: `is_exist` says 1, every read fails); and an SGLang TP 2
+    file-per-key store (scoped keys, read in place) holding junk at a KVEntry's path
+    (`header_invalid`: the client does not start)."""
+    def defects(*names: str) -> tuple[str, ...]:
+        return names if with_defects else ()
+
+    common: dict[str, Any] = dict(family="mooncake", tp=2, layers=4, block_tokens=LMC_CHUNK_TOKENS)
+    return [
+        SynthSpec(**common, mc_store=MC_VLLM_STORE, mc_engine="vllm", mc_backend="bucket", mc_scheme="mc-raw",
+                  model_name="meta-llama/Llama-3.2-3B-Instruct", blocks=4, seed=7,
+                  defects=defects("orphan_data", "short")),
+        SynthSpec(**common, mc_store=MC_SGLANG_STORE, mc_engine="sglang", mc_backend="file_per_key",
+                  mc_scheme="mc-scoped", model_name="Qwen/Qwen3-14B", blocks=2, seed=8,
+                  defects=defects("header_invalid")),
+    ]
+
+
+def describe(results: list[SynthResult]) -> tuple[str, str, str]:
     """What the sample holds, as the demo's summary names it: the namespaces' writers (with
-    their vLLM schemes) and the LMCache tiers (folder, backend)."""
+    their vLLM schemes), the LMCache tiers (folder, backend) and the Mooncake stores (folder,
+    backend, engine, key scheme)."""
     labels = {"vllm": "vLLM", "llmd": "llm-d", "vllmcpp": "vllm.cpp", "sglang": "SGLang HiCache"}
+    engines = {"vllm": "vLLM", "sglang": "SGLang"}
     writers: dict[str, list[str]] = {}
     tiers: list[str] = []
+    stores: list[str] = []
     count = 0
     for ns in (ns for r in results for ns in r.namespaces):
         if ns["family"] == "lmcache":
             tiers.append(f"{ns['tier']} ({ns['backend']})")
+            continue
+        if ns["family"] == "mooncake":
+            keys = "raw keys" if ns["scheme"] == "mc-raw" else "scoped keys"
+            stores.append(f"{ns['store_relpath']} ({ns['backend']}, {engines[ns['engine']]} TP {ns['tp']}, {keys})")
             continue
         count += 1
         schemes = writers.setdefault(labels.get(ns["family"], ns["family"]), [])
@@ -96,7 +136,44 @@ def describe(results: list[SynthResult]) -> tuple[str, str]:
             schemes.append(ns["scheme"])
     names = ", ".join(w + (" " + "/".join(s) if s else "") for w, s in writers.items())
     return (f"{plural(count, 'sample namespace')} ({names})",
-            f"{plural(len(tiers), 'LMCache tier')}: {', '.join(tiers)}")
+            f"{plural(len(tiers), 'LMCache tier')}: {', '.join(tiers)}",
+            f"{plural(len(stores), 'Mooncake store')}: {', '.join(stores)}")
+
+
+def mooncake_findings(manifest_path: str | Path) -> list[str]:
+    """What a scan found in the sample's Mooncake stores, read back from its manifest (so the
+    demo says what the scan says, whatever a later kvmigrate plans for them): per store its
+    objects by action, then each pending action and each status other than `ok`, counted in
+    objects or files, with the manifest's reason for its first row (what the next client
+    start deletes or refuses, which keys no read serves)."""
+    from kvmigrate import manifest
+
+    rows = manifest.read_table(str(manifest_path), columns=["relpath", "family", "source_base", "status", "action",
+                                                             "reason", "object_key"]).to_pylist()
+    stores: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["family"] == "mooncake":
+            # source_base is `mooncake:<store>` or a deployment `mooncake:<store>:<engine>:...`
+            stores.setdefault(str(row["source_base"]).split(":")[1], []).append(row)
+    lines = []
+    for store, store_rows in sorted(stores.items()):
+        objects = [r for r in store_rows if r["object_key"] is not None]
+        actions: dict[str, int] = {}
+        for r in objects:
+            actions[r["action"]] = actions.get(r["action"], 0) + 1
+        lines.append(f"{store}: {plural(len(objects), 'object')} ("
+                     + ", ".join(f"{n} {a}" for a, n in sorted(actions.items())) + ")")
+        pending: dict[tuple[str, str], list[dict[str, Any]]] = {}  # the work first, then the damage
+        damaged: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in store_rows:
+            what = "object" if r["object_key"] is not None else "file"
+            if r["object_key"] is not None and r["action"] not in ("none", "already_present"):
+                pending.setdefault((r["action"], what), []).append(r)
+            if r["status"] != "ok":
+                damaged.setdefault((r["status"], what), []).append(r)
+        for (label, what), hits in [*pending.items(), *damaged.items()]:
+            lines.append(f"  {label}: {plural(len(hits), what)} - {hits[0]['reason']}")
+    return lines
 
 
 def require_empty_folder(path: str | Path) -> None:

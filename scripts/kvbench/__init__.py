@@ -8,6 +8,7 @@
     installs   other revisions: a worktree (--journal-before), installs by commit (--before)
     journal, prune, baseline   the groups run after the others (or alone)
     lmcache    the LMCache group (alone): reshard and a large fs tier's scan, LMCACHE.md
+    mooncake   the Mooncake group (alone): a large store's scan and rekey, MOONCAKE.md
     runner     a full run, from the trees to the result
     rendering  BENCHMARKS.md and benchmarks.json
     compare    --before REV: two installs, figure by figure (BEFORE_AFTER.md)

@@ -16,6 +16,7 @@ from .core import Bench
 from .harness import DEFAULT_WORKDIR, REPORTS, rmtree
 from .journal import run_journal_group
 from .lmcache import lmcache_only, render_lmcache
+from .mooncake import mooncake_only, render_mooncake
 from .prune import run_prune_group
 from .rendering import render, render_journal, render_prune_only, write_json
 from .runner import run
@@ -37,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup,cold4k,cold1m,"
                                   "scale and baseline,journal,prune (run after the others; each alone merges "
-                                  "into the --out-dir's report); lmcache alone (LMCACHE.md of its own)")
+                                  "into the --out-dir's report); lmcache alone (LMCACHE.md of its own); mooncake alone "
+                                  "(MOONCAKE.md of its own)")
     p.add_argument("--flat-files", type=int, metavar="N",
                    help="page files of the flat group's HiCache directory (default: 50,000 at --scale small, "
                         "1,000,000 at large)")
@@ -70,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="lmcache group: repetitions of each command (the cold scan runs once; default 3)")
     p.add_argument("--lmcache-warm-only", action="store_true",
                    help="lmcache group: leave out the cold runs (which drop the page cache: root)")
+    p.add_argument("--mooncake-objects", type=int, default=1_000_000, metavar="N",
+                   help="mooncake group: objects of the store it scans and rekeys, 500 a pair (default 1,000,000)")
+    p.add_argument("--mooncake-reps", type=int, default=3, metavar="N",
+                   help="mooncake group: repetitions of each command (the cold runs run once; default 3)")
+    p.add_argument("--mooncake-warm-only", action="store_true",
+                   help="mooncake group: leave out the cold runs (which drop the page cache: root)")
     p.add_argument("--kvmigrate", help="the kvmigrate executable (default: /work/venv/bin/kvmigrate or PATH)")
     p.add_argument("--out-dir", help="where BENCHMARKS.md and benchmarks.json go (default reports/; "
                                       "with --before: reports/redesign/)")
@@ -85,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="run even if the space check says it will not fit")
     p.add_argument("--render-only", action="store_true",
                    help="rewrite BENCHMARKS.md from the benchmarks.json in --out-dir (with --only lmcache: LMCACHE.md "
-                        "from lmcache.json), run nothing")
+                        "from lmcache.json; --only mooncake: MOONCAKE.md from mooncake.json), run nothing")
     p.add_argument("--profile-only", action="store_true",
                    help="run only the --profile step on the kept 4 KiB tree and add it to the benchmarks.json in "
                         "--out-dir (then rewrite BENCHMARKS.md)")
@@ -168,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / "LMCACHE.md").write_text(render_lmcache(json.loads((out / "lmcache.json").read_text())))
         print(f"wrote {out / 'LMCACHE.md'}")
         return 0
+    if args.render_only and args.only and args.only.strip() == "mooncake":
+        out = Path(args.out_dir)
+        (out / "MOONCAKE.md").write_text(render_mooncake(json.loads((out / "mooncake.json").read_text())))
+        print(f"wrote {out / 'MOONCAKE.md'}")
+        return 0
     if args.render_only:
         out = Path(args.out_dir)
         (out / "BENCHMARKS.md").write_text(render_any(json.loads((out / "benchmarks.json").read_text()), out))
@@ -212,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.only and args.only.strip() == "lmcache":  # LMCACHE.md and lmcache.json of their own
         return lmcache_only(args, bench)
+    if args.only and args.only.strip() == "mooncake":  # MOONCAKE.md and mooncake.json of their own
+        if args.mooncake_objects < 1:
+            sys.exit("bench: --mooncake-objects must be at least 1")
+        return mooncake_only(args, bench)
     if args.only and args.only.strip() == "baseline":  # merged into a full report there, else a page of its own
         return baseline_only(args, bench)
     if args.profile_only:

@@ -155,3 +155,89 @@ def test_demo_refusal_counts_one_entry_in_the_singular(tmp_path):
     code, out = run("demo", folder)
     assert code == 2
     assert "the folder is not empty (1 entry: notes.txt)" in out, out
+
+
+def _mooncake_expected(root):
+    """(relpath, object_index) -> (status, action) of the rows synth records for the sample's
+    Mooncake stores: every object of a main block `ok`, pending `rekey` where its key is raw
+    (written by Mooncake ≤ 0.3.11, read by 0.3.14), `already_present` where scoped; each
+    injected defect's files and objects their own status (action None: not checked)."""
+    from kvmigrate.synth.demo import build_demo_root
+
+    expected = {}
+    for result in build_demo_root(root):
+        for ns in result.namespaces:
+            if ns["family"] != "mooncake":
+                continue
+            action = "rekey" if ns["scheme"] == "mc-raw" else "already_present"
+            for block in (b for b in result.blocks if b["defect"] is None):
+                for obj in block["objects"]:
+                    expected[(obj["relpath"], obj["object_index"])] = ("ok", action)
+            for defect in result.defects:
+                for rel, status in defect["statuses"].items():
+                    expected[(rel, None)] = (status, None)
+                for obj in defect["objects"]:
+                    expected[(obj["relpath"], obj["object_index"])] = (obj["status"], None)
+    return expected
+
+
+def _mooncake_rows(tmp_path):
+    rows = manifest.read_table(str(tmp_path / "d" / "manifest.parquet"),
+                               columns=["relpath", "object_index", "family", "status", "action", "reason",
+                                        "object_key"]).to_pylist()
+    return [r for r in rows if r["family"] == "mooncake"]
+
+
+def test_demo_manifest_holds_its_mooncake_stores_with_their_statuses(demo):
+    # a vLLM bucket store of raw keys (pending rekey under 0.3.14) with a .bucket the next
+    # client start deletes and a cut record; an SGLang file-per-key store with a file at a
+    # KVEntry's path that stops the client from starting
+    proc, tmp_path = demo
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = _mooncake_expected(tmp_path / "fresh-mooncake")
+    got = {(r["relpath"], r["object_index"]): (r["status"], r["action"]) for r in _mooncake_rows(tmp_path)}
+    assert {k: (got.get(k, ("missing", None))[0], a and got.get(k, (None, None))[1]) for k, (_, a) in expected.items()} \
+        == expected
+    statuses = {s for s, _ in expected.values()}
+    assert {"ok", "orphan_data", "short", "header_invalid"} <= statuses
+    assert "rekey" in {a for _, a in expected.values()}
+
+
+def test_demo_says_what_the_scan_found_in_its_mooncake_stores(demo):
+    # the narration is counted from the manifest: each store's objects, its pending rekeys,
+    # what the next client start deletes, the cut record, the KVEntry that stops the start
+    proc, tmp_path = demo
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = proc.stdout.split("== step 1")[0]
+    assert ("2 Mooncake stores: mooncake-vllm (bucket, vLLM TP 2, raw keys), "
+            "mooncake-sglang (file_per_key, SGLang TP 2, scoped keys)") in head, head
+    said = proc.stdout.split("What the scan found in the Mooncake stores")[1].split("== step 2")[0]
+    rows = _mooncake_rows(tmp_path)
+    for store in ("mooncake-vllm", "mooncake-sglang"):
+        objects = [r for r in rows if r["relpath"].startswith(store + "/") and r["object_key"] is not None]
+        assert f"  {store}: {len(objects)} objects (" in said, said
+    rekeys = [r for r in rows if r["action"] == "rekey"]
+    assert rekeys and f"rekey: {len(rekeys)} objects - {rekeys[0]['reason']}" in said, said
+    for status, what, says in (("orphan_data", "file", "the next client start deletes it"),
+                               ("short", "object", "every read fails"),
+                               ("header_invalid", "file", "the client does not start")):
+        hits = [r for r in rows if r["status"] == status]
+        assert len(hits) == 1 and f"{status}: 1 {what} - {hits[0]['reason']}" in said, (status, said)
+        assert says in hits[0]["reason"]
+
+
+def test_demo_note_names_exactly_the_work_its_apply_leaves_aside(demo):
+    # the demo expects an apply to exit 1 only for work the scan planned that this kvmigrate
+    # does not apply yet, and says so before the apply: its note and the apply's own
+    # "not applied" lines name the same objects (none of either once migrate applies them)
+    proc, _ = demo
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    before, step5 = proc.stdout.split("== step 5")[0].split("== step 4")[1], proc.stdout.split("== step 5")[1]
+    step5 = step5.split("== step 6")[0]
+    noted = {line.split("Note: ", 1)[1].split(" (found by the scan)")[0] for line in before.splitlines()
+             if line.startswith("Note: ")}
+    left = {line.split("kvmigrate: ", 1)[1].split(" not applied")[0] for line in proc.stderr.splitlines()
+            if " not applied: this kvmigrate does not migrate them yet" in line}
+    assert noted == left
+    code = int(step5.rsplit("(exit code ", 1)[1].split(")")[0])
+    assert bool(code & 1) == bool(noted), (code, noted)
