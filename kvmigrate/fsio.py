@@ -92,7 +92,26 @@ def check_root(root: str) -> str:
     except OSError as exc:
         raise OperationalError(f"cannot list the cache root: {exc.strerror}", path=path,
                                hint="run as a user that can read the cache") from None
+    fsdir = inside_fsdir(path)
+    if fsdir is not None:
+        raise UsageError(f"cache root is inside Mooncake's file-per-key folder {fsdir}: a Mooncake client parses "
+                         "every file 3 levels below it, so kvmigrate's own files there (journals, history) would "
+                         "stop the client from starting", path=path,
+                         hint=f"pass the client root above it ({os.path.dirname(fsdir) or '/'})")
     return path
+
+
+def inside_fsdir(path: str) -> str | None:
+    """The Mooncake file-per-key folder (default name) a path is, or lies 1 or 2 hash folders
+    below (mooncake.md §5.2: a ROOT there is refused), else None."""
+    from kvmigrate.formats.mooncake import DEFAULT_FSDIR
+
+    parts = os.path.normpath(path).split(os.sep)
+    for depth in range(3):
+        if len(parts) > depth and parts[-1 - depth] == DEFAULT_FSDIR and all(
+                len(p) == 1 and "a" <= p <= "p" for p in parts[len(parts) - depth:]):
+            return os.sep.join(parts[: len(parts) - depth])
+    return None
 
 
 def all_holes(fd: int, st: os.stat_result) -> bool:

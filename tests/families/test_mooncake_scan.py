@@ -269,3 +269,18 @@ def test_report_counts_objects_apart(tmp_path):
     assert report["totals"]["bytes"] == disk_bytes(root)
     assert report["totals"]["objects"]["objects"] == 6
     assert report["totals"]["by_status"]["orphan_data"]["files"] == 1
+
+
+@pytest.mark.parametrize("below", ["", "a", "a/b"])
+def test_a_root_inside_a_file_per_key_folder_is_refused(tmp_path, below):
+    """§5.2: kvmigrate's own files under a ROOT inside `<fsdir>` (its journals at depth 3)
+    would stop the client from starting: the scan refuses it with exit 2, naming the
+    client root above."""
+    root = tmp_path / "root"
+    synth(root, mc_backend="file_per_key", tp=2)
+    fsdir = root / "store" / M.DEFAULT_FSDIR
+    (fsdir / below).mkdir(parents=True, exist_ok=True)
+    code, out = run("scan", str(fsdir / below), "-o", str(tmp_path / "m.parquet"))
+    assert code == 2 and "inside Mooncake's file-per-key folder" in out and str(root / "store") in out
+    code, out = run("migrate", str(fsdir / below), "--apply")
+    assert code == 2 and not (fsdir / below / ".kvmigrate").exists()
