@@ -511,6 +511,8 @@ class PruneDryRunOutput(TypedDict):
     skipped: dict[str, str]
     orphaned: list[OrphanedNamespace]
     files: int
+    objects: dict[str, int]  # class -> Mooncake store objects no longer served
+    rewritten: int  # Mooncake indexes a --tails apply rewrites
     apply_command: str | None
     exit_code: int
 
@@ -530,6 +532,8 @@ class PruneRun(TypedDict):
     legacy_names_removed: dict[str, int]
     legacy_names_left: dict[str, int]
     kept: list[str]
+    objects: dict[str, int]  # class -> Mooncake store objects no longer served (a moved pair's entries, a KVEntry)
+    rewritten: int  # Mooncake indexes rewritten (--tails: short entries' keys retired)
     failed: list[str]
     exit_code: int
 

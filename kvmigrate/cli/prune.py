@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -55,9 +55,14 @@ log = logging.getLogger(__name__)
 @click.option("--index-lost", "index_lost", is_flag=True,
               help="LMCache local_disk chunks (index_lost: no restarted engine finds them) of quiet tiers stated "
                    "stopped (--engine-stopped, or the engine_stopped fact per tier in --facts).")
+@click.option("--tails", is_flag=True,
+              help="Mooncake stores: short entries of live pairs (a cut record is_exist claims but no read serves): "
+                   "their keys retired by an index rewrite, nothing freed; a pair with no readable entry left moves "
+                   "whole.")
 @click.option("--engine-stopped", "all_stopped", is_flag=True,
               help="--index-lost: no engine uses any LMCache local_disk tier of ROOT (a tier's engine_stopped "
-                   "fact in --facts wins).")
+                   "fact in --facts wins); Mooncake stores: no client uses them (the proof --apply needs unless "
+                   "writer_release >= 0.3.14 is stated for a bucket store, whose client lock then proves it).")
 @click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "
               "(default: dry run).")
 @click.option("--journal", type=click.Path(path_type=str),
@@ -87,7 +92,7 @@ log = logging.getLogger(__name__)
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, migrated: bool, unreadable: bool, residue: bool,
-            index_lost: bool, all_stopped: bool, apply: bool, journal: str | None, migration_journal: str | None,
+            index_lost: bool, tails: bool, all_stopped: bool, apply: bool, journal: str | None, migration_journal: str | None,
             no_quarantine: bool,
             quiet_period: float | None, force_live: bool, older_than: float | None, purge: bool,
             manifest_out: str | None, verify: str | None, threads: int | None, as_json: bool, quiet: bool,
@@ -134,7 +139,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
-                                    ("residue", residue), ("index_lost", index_lost)) if on) or ("migrated",)
+                                    ("residue", residue), ("index_lost", index_lost), ("tails", tails))
+                    if on) or ("migrated",)
     if no_quarantine and set(classes) != {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
@@ -160,7 +166,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                     "namespaces": [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
                                    for (c, ns), v in plan.by_namespace().items()],
                     "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
-                    "apply_command": apply_command if plan.items else None, "exit_code": code}
+                    "objects": _objects(plan), "rewritten": len(plan.retires),
+                    "apply_command": apply_command if plan.items or plan.retires else None, "exit_code": code}
                 print_json(planned)
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))
@@ -210,6 +217,19 @@ def _resumable(ctx: click.Context, apply: bool) -> Iterator[None]:
         exit_stopped(Interrupted("interrupted (Ctrl-C or SIGTERM)"), _apply_command(ctx), "restore")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _objects(plan: Any) -> dict[str, int]:
+    """Per class, the Mooncake store objects the plan stops serving: a moved pair's
+    entries, a moved KVEntry, a retired entry."""
+    out: dict[str, int] = {}
+    for item in plan.items:
+        if item.objects:
+            out[item.cls] = out.get(item.cls, 0) + item.objects
+    n = sum(len(rw.keys) for rw in plan.retires)
+    if n:
+        out["tails"] = out.get("tails", 0) + n
+    return out
 
 
 def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:
