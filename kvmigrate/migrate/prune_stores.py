@@ -252,7 +252,7 @@ def select(c: dict[str, Any], is_store: Any, stores: Stores, classes: tuple[str,
         name = rel[j].rsplit("/", 1)[-1]
         top = rel[j] == _join(client, name)
         if top and name.endswith((M.META_SUFFIX, M.BUCKET_SUFFIX)):
-            out.key[row] = "mooncake:" + rel[j].rsplit(".", 1)[0]  # a pair's two files move together
+            out.key[row] = "pair:" + rel[j].rsplit(".", 1)[0]  # a pair's two files move together
         if is_kventry(j):
             out.kventry_rows.add(row)
             out.keep[row] = _join(client, stores.fsdir.get(store, M.DEFAULT_FSDIR))
@@ -287,11 +287,11 @@ def units(c: dict[str, Any], stores: Stores, names: set[str]) -> dict[str, tuple
     t = pa.table({"ns": c["source_base"], "rel": c["relpath"], "mtime": pc.fill_null(c["mtime_ns"], 0)}).filter(mask)
     out: dict[str, tuple[list[str], set[str], int]] = {}
     for store in wanted:
-        label = stores.label_of.get(store, f"mooncake:{store}")
+        label = stores.label_of.get(store, store)
         out[label] = (stores.members(store), {cl for cl in stores.clients.get(store, []) if cl}, 0)
     for ns, rel, mtime in zip(*(t[k].to_pylist() for k in ("ns", "rel", "mtime"))):
         store = stores.store_of[ns]
-        label = stores.label_of.get(store, f"mooncake:{store}")
+        label = stores.label_of.get(store, store)
         ms, folders, newest = out[label]
         client = stores.client_of(store, rel)
         inner = rel[len(client) + 1:] if client else rel

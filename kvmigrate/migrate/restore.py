@@ -127,7 +127,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     owned: set[tuple[str, str]] = set()
     for run, items in restore_runs(journal, only):
         items = [i for i in items if (run.root, i["path"]) not in owned]
-        if not items:
+        if not items and not (only is None and run.mc_retires):
             continue
         if run.path not in result.journals:
             result.journals.append(run.path)
