@@ -302,6 +302,20 @@ def test_migrated_takes_a_relinked_misfiled_kventry_and_nothing_of_a_rekeyed_pai
     assert code == 0 and done["moved"] == {} and files(bucket) == before, done
 
 
+def test_purge_deletes_a_store_quarantine_and_restore_then_says_so(tmp_path):
+    root = tmp_path / "root"
+    res = synth(root, defects=("orphan_data", "nested_bucket"))
+    backdate(root)
+    code, done = run_json("prune", root, "--residue", "--apply", STOPPED)
+    assert code == 0 and done["moved"] == {"residue": 2}, done
+    code, purged = run_json("prune", root, "--purge", "--older-than", "0s", "--apply")
+    assert code == 0 and purged["files"] == 2, purged
+    assert not (root / done["quarantine"]).exists()
+    starts_clean(res)
+    code, out = run("restore", done["journal"])
+    assert code == 8 and "purged with the quarantine" in out, out
+
+
 # --- the proofs (§5.1) ---------------------------------------------------------------------
 
 
@@ -316,6 +330,8 @@ def test_without_a_proof_prune_exits_2_naming_the_store_and_moves_nothing(tmp_pa
     synth(root, mc_backend=backend, defects=(defect,))
     backdate(root)
     before = files(root)
+    code, out = run("prune", root, "--residue", *facts)  # the dry run says which proof the apply needs
+    assert code == 1 and "the apply needs a proof that no Mooncake client uses it" in out, out
     code, out = run("prune", root, "--residue", "--apply", *facts)
     assert code == 2, out
     assert "Mooncake store store" in out and "--engine-stopped" in out
