@@ -270,9 +270,10 @@ def move_order(relpath: str) -> int:
 
 def units(c: dict[str, Any], stores: Stores, names: set[str]) -> dict[str, tuple[list[str], list[str], int]]:
     """The quiet-period units of the store namespaces among `names`: the store's own label
-    -> (every namespace of the store, its client roots and fsdir leaf folders, the newest
-    mtime of its client roots' top-level files in the manifest; kvmigrate's own and
-    foreign files do not count)."""
+    -> (every namespace of the store, its fsdir leaf folders, the newest mtime of its client
+    roots' top-level files in the manifest; kvmigrate's own and foreign files do not count).
+    A client root folder's own mtime does not: a prune's moves change it, an engine's new
+    pair is a new top-level file."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -288,7 +289,7 @@ def units(c: dict[str, Any], stores: Stores, names: set[str]) -> dict[str, tuple
     out: dict[str, tuple[list[str], set[str], int]] = {}
     for store in wanted:
         label = stores.label_of.get(store, store)
-        out[label] = (stores.members(store), {cl for cl in stores.clients.get(store, []) if cl}, 0)
+        out[label] = (stores.members(store), set(), 0)
     for ns, rel, mtime in zip(*(t[k].to_pylist() for k in ("ns", "rel", "mtime"))):
         store = stores.store_of[ns]
         label = stores.label_of.get(store, store)
@@ -390,6 +391,38 @@ def take_proofs(root: str, proof_of: dict[str, StoreProof]) -> list[Any]:
             lock.release()
         raise
     return locks
+
+
+def own_locks(root: str, proof_of: dict[str, StoreProof]) -> list[str]:
+    """kvmigrate's `.kvmigrate.lock` (holder pid inside) in each client root the run
+    writes; the paths it made (removed at the end of the run, `drop_own_locks`)."""
+    from kvmigrate.migrate.stores import OWN_LOCK
+
+    made = []
+    for p in proof_of.values():
+        for client in sorted(p.bucket_clients | p.kventry_clients):
+            path = os.path.join(root, client, OWN_LOCK) if client else os.path.join(root, OWN_LOCK)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                continue  # (a killed run's: removed at the end of this one)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            made.append(path)
+    return made
+
+
+def drop_own_locks(root: str, clients: list[str]) -> None:
+    """Remove kvmigrate's `.kvmigrate.lock` of these client roots (the end of a run a kill
+    interrupted: its locks were left)."""
+    from kvmigrate.migrate.stores import OWN_LOCK
+
+    for client in clients:
+        path = os.path.join(root, client, OWN_LOCK) if client else os.path.join(root, OWN_LOCK)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def lock_clients(root: str, clients: list[str]) -> list[Any]:

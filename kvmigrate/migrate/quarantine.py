@@ -140,9 +140,15 @@ def _apply_prune(plan: PrunePlan, journal: str | None, quarantine: bool, command
                 retires = _retire_intents(plan, run_id, w, result)
                 for start in range(0, len(items), _BATCH):
                     w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
-                hit("prune_intent")
-                _retires(root, retires, w, result, hit)
-                _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+                own = stores_.own_locks(root, plan.store_proofs)
+                try:
+                    hit("prune_intent")
+                    _retires(root, retires, w, result, hit)
+                    _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+                finally:
+                    for path in own:
+                        if os.path.lexists(path):
+                            os.unlink(path)
             finally:
                 for lock in locks:
                     lock.release()
@@ -159,7 +165,8 @@ def _retire_intents(plan: PrunePlan, run_id: str, w: jn.JournalWriter, result: P
     """Journal the stores' proofs and every retire of the plan (its original and new
     XXH3) before anything is written; an index changed since the scan is kept."""
     for store, p in sorted(plan.store_proofs.items()):
-        w.write({"t": "mc_proof", "store": store, "proof": p.proof, "clients": sorted(p.bucket_clients)})
+        w.write({"t": "mc_proof", "store": store, "proof": p.proof, "clients": sorted(p.bucket_clients),
+                 "written": sorted(p.bucket_clients | p.kventry_clients)})
     out = []
     for rw in plan.retires:
         rec = stores_.retire_intent(plan.root, rw, run_id)
@@ -331,6 +338,7 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
                        _CrashSeam().hit)
                 _remove_folders(tree, [i.relpath for i in settled], w, result, {i.keep for i in settled if i.keep})
+            stores_.drop_own_locks(run.root, run.mc_written)
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
         except KeyboardInterrupt as exc:
@@ -388,6 +396,7 @@ class PruneRun:
     mc_retires: list[dict[str, Any]] = field(default_factory=list)  # store index rewrites (prune_stores)
     mc_done: set[str] = field(default_factory=set)  # the `.meta` of each retire done
     mc_clients: list[str] = field(default_factory=list)  # bucket client roots whose locks prove the store stopped
+    mc_written: list[str] = field(default_factory=list)  # every client root the run writes (its own locks)
 
     @property
     def root(self) -> str:
@@ -425,6 +434,7 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
                 run.mc_done.add(str(rec.get("meta")))
             elif t == "mc_proof":
                 run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
+                run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
             elif t == "done" and rec.get("kind") == "returned":
                 run.moved.discard(rec.get("path"))
             elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)

@@ -188,6 +188,16 @@ def test_a_store_written_within_the_quiet_period_is_skipped_whole(tmp_path):
     assert list(plan["skipped"]) == ["mooncake:store"] and "quiet period" in plan["skipped"]["mooncake:store"]
     code, plan = run_json("prune", root, "--residue", "--force-live")
     assert code == 1 and plan["files"] == 1, plan
+    bucket = tmp_path / "bucket"
+    res = synth(bucket, defects=("orphan_index",))
+    backdate(bucket)
+    code, plan = run_json("prune", bucket, "--residue")
+    assert code == 1 and plan["skipped"] == {}, plan
+    live = next(p for p in (bucket / "store").iterdir() if p.name.endswith(M.META_SUFFIX)
+                and p.name != Path(res.defects[0]["relpath"]).name)
+    os.utime(live, None)  # a client just wrote a pair
+    code, plan = run_json("prune", bucket, "--residue")
+    assert code == 0 and plan["files"] == 0 and list(plan["skipped"]) == ["mooncake:store"], plan
 
 
 # --- tails ---------------------------------------------------------------------------------
@@ -219,11 +229,13 @@ def test_tails_retires_a_short_entry_and_keeps_its_pair(tmp_path):
             if M.scoped(o["key"]) != cut and blk["defect"] == "short":
                 assert R.read(client, got, M.scoped(o["key"])) == S.rank_value(spec, blk["hex"], o["rank"], o["pp"],
                                                                                 o["half"] or "k")
+    backdate(root)
     code, plan = run_json("prune", root, "--tails")  # a retired key is never retired again
-    assert code == 0 and plan["rewritten"] == 0, plan
+    assert code == 0 and plan["rewritten"] == 0 and plan["skipped"] == {}, plan
     code, out = run("restore", done["journal"])
     assert code == 0 and files(root) == before, out
     assert cut in R.start(client).entries
+    assert not (client / ".kvmigrate.lock").exists() and not (client / ".kvmigrate-stage").exists()
 
 
 def test_tails_moves_a_pair_with_no_readable_entry_whole_meta_first(tmp_path, monkeypatch):
@@ -316,6 +328,56 @@ def test_purge_deletes_a_store_quarantine_and_restore_then_says_so(tmp_path):
     assert code == 8 and "purged with the quarantine" in out, out
 
 
+def test_unreadable_namespaces_takes_a_stale_deployment_s_pairs_whole(tmp_path):
+    """Two deployments in one store, each in pairs of its own; one is `stale_hash_recipe`
+    (the status a scan gives a key no target computes: set in the manifest here, as the
+    scan gives no Mooncake object it yet): its pairs go whole, the other's stay and read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "root"
+    stale = SynthSpec(**{**MC, "model_name": "org/Old-Model", "seed": 1})
+    kept = SynthSpec(**MC)
+    res_kept, res_stale = build(root, kept), build(tmp_path / "other", stale)  # (one build per store)
+    for rel in files_of(res_stale):
+        assert not (root / rel).exists()
+        (root / rel).write_bytes((tmp_path / "other" / rel).read_bytes())
+    backdate(root)
+    before = files(root)
+    m = tmp_path / "m.parquet"
+    rc, text = run("scan", root, "--verify", "hash", "-o", m, "-q")
+    assert rc in (0, 1), text
+    t = pq.read_table(m)
+    src = t.column("source_base").cast(pa.string()).to_pylist()
+    label = next(ns for ns in src if ns and ":Old-Model:" in ns)
+    status = [("stale_hash_recipe" if ns == label else s) for ns, s in zip(src, t.column("status").to_pylist())]
+    t = t.set_column(t.schema.get_field_index("status"), "status",
+                     pa.array(status, pa.string()).dictionary_encode())
+    pq.write_table(t, m)
+    stale_files = files_of(res_stale)
+    assert stale_files and not stale_files & files_of(res_kept) and stale_files | files_of(res_kept) == set(before)
+    code, plan = run_json("prune", "--manifest", m, "--unreadable-namespaces")
+    assert code == 1 and plan["files"] == len(stale_files), (plan, stale_files)
+    code, done = run_json("prune", "--manifest", m, "--unreadable-namespaces", "--apply", STOPPED)
+    assert code == 0 and done["moved"] == {"unreadable_namespaces": len(stale_files)}, done
+    assert set(before) - set(files(root)) == stale_files
+    starts_clean(res_kept)
+    reads_main_blocks(res_kept, kept)
+    code, out = run("restore", done["journal"])
+    assert code == 0 and files(root) == before, out
+
+
+def files_of(res) -> set[str]:
+    """The pair files (or KVEntries) a synth build wrote for its objects."""
+    out = set()
+    for b in res.blocks:
+        for o in b["objects"]:
+            out.add(o["relpath"])
+            if o.get("bucket"):
+                out.add(o["bucket"])
+    return out
+
+
 # --- the proofs (§5.1) ---------------------------------------------------------------------
 
 
@@ -392,9 +454,11 @@ def test_a_killed_store_prune_is_finished_by_a_rerun_and_restored_exactly(tmp_pa
     args = [exe, "prune", str(root), "--residue", "--tails", "--apply", STOPPED]
     killed = subprocess.run(args, capture_output=True, text=True, env={**env, CRASH_ENV: point}, timeout=300)
     assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert list(root.rglob(".kvmigrate.lock"))  # kvmigrate's own lock of the client root it writes
     again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "finished the interrupted prune run" in again.stdout
+    assert not list(root.rglob(".kvmigrate.lock")) and not list(root.rglob(".kvmigrate-stage"))
     starts_clean(res)
     cut = {k.encode("utf-8", "surrogateescape") for k in res.defects[-1]["read_fails"]}
     for client in clients(res):
