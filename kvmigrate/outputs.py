@@ -64,10 +64,18 @@ class ReclaimFigures(TypedDict):
 
 
 # functional syntax: "class" is a Python keyword
-ReclaimNamespace = TypedDict("ReclaimNamespace", {
+_ReclaimNamespace = TypedDict("_ReclaimNamespace", {
     "class": str, "namespace": str,
     "files": int, "bytes": int, "freed_files": int, "freed_bytes": int, "unlinked_files": int, "unlinked_bytes": int,
 })
+
+
+class ReclaimNamespace(_ReclaimNamespace, total=False):
+    """A (class, namespace) figure; a Mooncake store's own namespace in `prune --json`
+    adds the objects no longer served and the indexes rewritten (--tails)."""
+
+    objects: int
+    rewritten: int
 
 
 class ReclaimSkipped(TypedDict):

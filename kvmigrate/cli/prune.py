@@ -163,8 +163,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                 planned: PruneDryRunOutput = {
                     "root": plan.root, "classes": list(plan.classes),
                     "totals": cast("dict[str, ReclaimFigures]", plan.totals()),
-                    "namespaces": [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
-                                   for (c, ns), v in plan.by_namespace().items()],
+                    "namespaces": _namespace_entries(plan),
                     "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
                     "objects": _objects(plan), "rewritten": len(plan.retires),
                     "apply_command": apply_command if plan.items or plan.retires else None, "exit_code": code}
@@ -217,6 +216,39 @@ def _resumable(ctx: click.Context, apply: bool) -> Iterator[None]:
         exit_stopped(Interrupted("interrupted (Ctrl-C or SIGTERM)"), _apply_command(ctx), "restore")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _namespace_entries(plan: Any) -> list[ReclaimNamespace]:
+    """The dry run's per (class, namespace) figures; a Mooncake store's own namespace adds
+    `objects` (no longer served) and `rewritten` (indexes a --tails apply rewrites)."""
+    from kvmigrate.migrate.prune import namespace_order
+
+    figures = {key: dict(v) for key, v in plan.by_namespace().items()}
+    extra: dict[tuple[str, str], dict[str, int]] = {}
+    for item in plan.items:
+        if item.objects:
+            extra.setdefault((item.cls, item.namespace), {"objects": 0, "rewritten": 0})["objects"] += item.objects
+    for store, label in _store_labels(plan).items():
+        for rw in plan.retires:
+            if rw.store == store:
+                e = extra.setdefault(("tails", label), {"objects": 0, "rewritten": 0})
+                e["objects"] += len(rw.keys)
+                e["rewritten"] += 1
+    zero = {"files": 0, "bytes": 0, "freed_files": 0, "freed_bytes": 0, "unlinked_files": 0, "unlinked_bytes": 0}
+    for key, e in extra.items():
+        figures[key] = {**figures.get(key, zero), **e}
+    return [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
+            for (c, ns), v in sorted(figures.items(), key=namespace_order)]
+
+
+def _store_labels(plan: Any) -> dict[str, str]:
+    """store -> its own namespace, of the stores the plan retires entries of."""
+    from kvmigrate import manifest as mf
+    from kvmigrate.migrate.prune_stores import Stores
+
+    if not plan.retires:
+        return {}
+    return Stores.of(mf.read_metadata(plan.manifest)).label_of
 
 
 def _objects(plan: Any) -> dict[str, int]:

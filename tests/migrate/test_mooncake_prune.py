@@ -215,6 +215,9 @@ def test_tails_retires_a_short_entry_and_keeps_its_pair(tmp_path):
     assert cut in R.start(client).entries  # is_exist claims it; no read serves it
     code, plan = run_json("prune", root, "--tails")
     assert code == 1 and plan["files"] == 0 and plan["rewritten"] == 1 and plan["objects"] == {"tails": 1}, plan
+    (entry,) = plan["namespaces"]
+    assert entry["class"] == "tails" and entry["namespace"] == "mooncake:store", entry
+    assert (entry["files"], entry["objects"], entry["rewritten"]) == (0, 1, 1), entry
     code, done = run_json("prune", root, "--tails", "--apply", STOPPED)
     assert code == 0 and done["moved"] == {} and done["rewritten"] == 1 and done["objects"] == {"tails": 1}, done
     after = files(root)
@@ -245,6 +248,9 @@ def test_tails_moves_a_pair_with_no_readable_entry_whole_meta_first(tmp_path, mo
     before = files(root)
     meta = res.defects[0]["relpath"]
     bucket = meta[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+    code, plan = run_json("prune", root, "--tails")
+    assert [(e["class"], e["files"], e.get("objects"), e.get("rewritten")) for e in plan["namespaces"]] == \
+        [("tails", 2, 1, 0)], plan
     code, done = run_json("prune", root, "--tails", "--apply", STOPPED)
     assert code == 0 and done["moved"] == {"tails": 2} and done["rewritten"] == 0, done
     assert done["objects"] == {"tails": 1}, done
