@@ -667,7 +667,7 @@ def _any_candidate(manifest_path: str) -> bool:
         return False
     plain = [pc.cast(t[k], pa.string()) if pa.types.is_dictionary(t[k].type) else t[k] for k in ("status", "action")]
     statuses = pa.array([*UNREADABLE_STATUSES, *RESIDUE_STATUSES, "tmp_leftover", *tiers_.STALE_STATUSES,
-                         *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST])
+                         *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST, *stores_.STATUSES])
     hit = pc.or_(pc.fill_null(pc.is_in(plain[0], value_set=statuses), False),
                  pc.fill_null(pc.equal(plain[1], "already_present"), False))
     return bool(pc.any(hit).as_py())

@@ -143,6 +143,22 @@ def test_residue_never_takes_an_entry_of_a_live_pair_nor_a_misfiled_kventry(tmp_
         assert files(root) == before
 
 
+def test_audit_counts_what_prune_of_each_class_takes_from_a_store(tmp_path):
+    """The reports' reclaimable figures are prune's own selection: an index without its
+    bucket, all that is left of a store, counts; so does a pair whose one entry is cut (--tails)."""
+    for defect, cls, n in (("orphan_index", "residue", 1), ("short", "tails", 2)):
+        root = tmp_path / defect
+        res = synth(root, mc_bucket_keys=1, defects=(defect,))
+        if defect == "orphan_index":  # the clients evicted every live pair since
+            for rel in set(files(root)) - set(res.defects[0]["statuses"]):
+                os.unlink(root / rel)
+        backdate(root)
+        code, s = run_json("audit", root)
+        figures = s["reclaimable"]["classes"]
+        code, plan = run_json("prune", root, f"--{cls}")
+        assert figures[cls] == plan["totals"][cls] and figures[cls]["files"] == n, (cls, figures, plan["totals"])
+
+
 def test_young_tmp_leftovers_wait_for_older_than(tmp_path):
     root = tmp_path / "root"
     res = synth(root, mc_backend="file_per_key", defects=("tmp_leftover",))
