@@ -252,6 +252,11 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
                                    targets, used)
         for cls, rows in store_sel.rows.items():
             code = assign(_b(pc.is_in(idx, value_set=pa.array(rows, pa.int64()))), cls)
+        if store_sel.target:  # a migrated KVEntry keeps the row of the entry that serves its key
+            have = pa.array(list(store_sel.target), pa.int64())
+            pos = pc.index_in(idx, value_set=have)
+            target_of = pc.if_else(pc.is_valid(pos), pc.take(pa.array(list(store_sel.target.values()), pa.int64()),
+                                                             pos), target_of)
         has_ns = pc.and_(has_ns, pc.invert(is_store))  # (a store is never emptied as a namespace)
     if tiers:
         guard = tiers_.protected(c, is_tier, targets, used)
@@ -438,7 +443,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         if ns in store_of:
             store_rows[r["relpath"][k]] = (ssel.store_of_row[row], ssel.client_of_row[row], row in ssel.kventry_rows)
             items.append(Item(r["relpath"][k], r["class"][k], ns, r["dev"][k], r["inode"][k], r["size"][k],
-                              r["mtime_ns"][k], r["nlink"][k] or 1, None, ssel.key.get(row, r["relpath"][k]),
+                              r["mtime_ns"][k], r["nlink"][k] or 1, target, ssel.key.get(row, r["relpath"][k]),
                               ssel.keep.get(row, ""), stores_.QUARANTINE_SUFFIX, ssel.objects.get(row, 0)))
             continue
         items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],

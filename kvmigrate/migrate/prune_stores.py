@@ -138,6 +138,7 @@ class StoreSelection:
     store_of_row: dict[int, str] = field(default_factory=dict)
     client_of_row: dict[int, str] = field(default_factory=dict)
     kventry_rows: set[int] = field(default_factory=set)  # rows of KVEntry files (a file-per-key client root)
+    target: dict[int, int] = field(default_factory=dict)  # a migrated KVEntry's row -> its target's row
 
 
 _SEL_COLUMNS = ("relpath", "source_base", "status", "action", "finding", "target_relpath", "target_base",
@@ -187,6 +188,7 @@ def select(c: dict[str, Any], is_store: Any, stores: Stores, classes: tuple[str,
             if status[j] in ("ok", "misfiled") and k is not None and status[k] == "ok" and \
                     r["target_relpath"][k] == t and free(j):
                 chosen[j] = "migrated"
+                out.target[idx[j]] = idx[k]  # re-checked before the move: never the last copy
         for js in entries.values():
             for j in js:
                 key, tkey = r["object_key"][j], r["target_key"][j]

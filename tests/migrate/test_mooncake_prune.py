@@ -316,6 +316,27 @@ def test_migrated_takes_the_raw_kventries_after_a_migration(tmp_path, engine):
     assert code == 0 and files(root) == before, out
 
 
+def test_migrated_keeps_a_raw_kventry_whose_scoped_entry_changed_since_the_scan(tmp_path):
+    """A raw KVEntry goes only while the entry that serves its key is the one the scan saw:
+    never the last copy."""
+    root = tmp_path / "root"
+    synth(root, mc_backend="file_per_key", mc_scheme="mc-raw")
+    raw = sorted(files(root))
+    code, out = run("migrate", root, "--apply", STOPPED)
+    assert code == 0, out
+    backdate(root)
+    m = tmp_path / "m.parquet"
+    rc, text = run("scan", root, "--verify", "hash", "-o", m, "-q")
+    assert rc == 0, text
+    by_rel = {r["relpath"]: r for r in mf.read_table(m).to_pylist()}
+    victim = by_rel[raw[0]]["target_relpath"]
+    assert victim not in raw and (root / victim).is_file()
+    os.unlink(root / victim)  # evicted since the scan (its folder now new: --force-live)
+    code, done = run_json("prune", "--manifest", m, "--apply", "--force-live", STOPPED)
+    assert code == 0 and done["moved"] == {"migrated": len(raw) - 1}, done
+    assert (root / raw[0]).is_file() and any(raw[0] in k and "target" in k for k in done["kept"]), done["kept"]
+
+
 def test_migrated_takes_a_relinked_misfiled_kventry_and_nothing_of_a_rekeyed_pair(tmp_path):
     root = tmp_path / "fpk"
     res = synth(root, mc_backend="file_per_key", defects=("misfiled",))
