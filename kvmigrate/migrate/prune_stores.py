@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate import families
-from kvmigrate.errors import UsageError
+from kvmigrate.errors import KvMigrateError, UsageError
 from kvmigrate.formats import mooncake as M
 
 LAYOUT = "stores"  # Family.root_layout of a store family
@@ -454,7 +454,7 @@ def retire_intent(root: str, rw: Retire, run_id: str) -> dict[str, Any] | str:
         st = os.lstat(path)
         data = MS._read(path)
         meta = M.decode_meta(data)
-    except (OSError, M.DecodeError, Exception) as exc:  # (OperationalError: not a regular file)
+    except (OSError, M.DecodeError, KvMigrateError) as exc:  # (OperationalError: not a regular file)
         return f"{path}: {exc}; kept"
     if (st.st_ino, st.st_size, st.st_mtime_ns) != (rw.inode, rw.size, rw.mtime_ns) or any(
             i >= len(meta.keys) or meta.keys[i] != k for i, k in rw.keys.items()):
