@@ -64,10 +64,18 @@ class ReclaimFigures(TypedDict):
 
 
 # functional syntax: "class" is a Python keyword
-ReclaimNamespace = TypedDict("ReclaimNamespace", {
+_ReclaimNamespace = TypedDict("_ReclaimNamespace", {
     "class": str, "namespace": str,
     "files": int, "bytes": int, "freed_files": int, "freed_bytes": int, "unlinked_files": int, "unlinked_bytes": int,
 })
+
+
+class ReclaimNamespace(_ReclaimNamespace, total=False):
+    """A (class, namespace) figure; a Mooncake store's own namespace in `prune --json`
+    adds the objects no longer served and the indexes rewritten (--tails)."""
+
+    objects: int
+    rewritten: int
 
 
 class ReclaimSkipped(TypedDict):
@@ -583,6 +591,8 @@ class PruneDryRunOutput(TypedDict):
     skipped: dict[str, str]
     orphaned: list[OrphanedNamespace]
     files: int
+    objects: dict[str, int]  # class -> Mooncake store objects no longer served
+    rewritten: int  # Mooncake indexes a --tails apply rewrites
     apply_command: str | None
     exit_code: int
 
@@ -602,6 +612,8 @@ class PruneRun(TypedDict):
     legacy_names_removed: dict[str, int]
     legacy_names_left: dict[str, int]
     kept: list[str]
+    objects: dict[str, int]  # class -> Mooncake store objects no longer served (a moved pair's entries, a KVEntry)
+    rewritten: int  # Mooncake indexes rewritten (--tails: short entries' keys retired)
     failed: list[str]
     exit_code: int
 

@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -55,9 +55,14 @@ log = logging.getLogger(__name__)
 @click.option("--index-lost", "index_lost", is_flag=True,
               help="LMCache local_disk chunks (index_lost: no restarted engine finds them) of quiet tiers stated "
                    "stopped (--engine-stopped, or the engine_stopped fact per tier in --facts).")
+@click.option("--tails", is_flag=True,
+              help="Mooncake stores: short entries of live pairs (a cut record is_exist claims but no read serves): "
+                   "their keys retired by an index rewrite, nothing freed; a pair with no readable entry left moves "
+                   "whole.")
 @click.option("--engine-stopped", "all_stopped", is_flag=True,
               help="--index-lost: no engine uses any LMCache local_disk tier of ROOT (a tier's engine_stopped "
-                   "fact in --facts wins).")
+                   "fact in --facts wins); Mooncake stores: no client uses them (the proof --apply needs unless "
+                   "writer_release >= 0.3.14 is stated for a bucket store, whose client lock then proves it).")
 @click.option("--apply", "apply", is_flag=True, help="Move them into ROOT/.kvmigrate/quarantine/<run>/ "
               "(default: dry run).")
 @click.option("--journal", type=click.Path(path_type=str),
@@ -87,7 +92,7 @@ log = logging.getLogger(__name__)
 @output_options
 @handle_errors
 def command(root: str | None, manifest_path: str | None, migrated: bool, unreadable: bool, residue: bool,
-            index_lost: bool, all_stopped: bool, apply: bool, journal: str | None, migration_journal: str | None,
+            index_lost: bool, tails: bool, all_stopped: bool, apply: bool, journal: str | None, migration_journal: str | None,
             no_quarantine: bool,
             quiet_period: float | None, force_live: bool, older_than: float | None, purge: bool,
             manifest_out: str | None, verify: str | None, threads: int | None, as_json: bool, quiet: bool,
@@ -134,7 +139,8 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
 
     ctx = click.get_current_context()
     classes = tuple(c for c, on in (("migrated", migrated), ("unreadable_namespaces", unreadable),
-                                    ("residue", residue), ("index_lost", index_lost)) if on) or ("migrated",)
+                                    ("residue", residue), ("index_lost", index_lost), ("tails", tails))
+                    if on) or ("migrated",)
     if no_quarantine and set(classes) != {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
@@ -157,10 +163,10 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                 planned: PruneDryRunOutput = {
                     "root": plan.root, "classes": list(plan.classes),
                     "totals": cast("dict[str, ReclaimFigures]", plan.totals()),
-                    "namespaces": [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
-                                   for (c, ns), v in plan.by_namespace().items()],
+                    "namespaces": _namespace_entries(plan),
                     "skipped": plan.skipped, "orphaned": plan.orphaned, "files": len(plan.items),
-                    "apply_command": apply_command if plan.items else None, "exit_code": code}
+                    "objects": _objects(plan), "rewritten": len(plan.retires),
+                    "apply_command": apply_command if plan.items or plan.retires else None, "exit_code": code}
                 print_json(planned)
             elif not quiet:
                 click.echo(render_plan(plan, apply_command))
@@ -210,6 +216,52 @@ def _resumable(ctx: click.Context, apply: bool) -> Iterator[None]:
         exit_stopped(Interrupted("interrupted (Ctrl-C or SIGTERM)"), _apply_command(ctx), "restore")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _namespace_entries(plan: Any) -> list[ReclaimNamespace]:
+    """The dry run's per (class, namespace) figures; a Mooncake store's own namespace adds
+    `objects` (no longer served) and `rewritten` (indexes a --tails apply rewrites)."""
+    from kvmigrate.migrate.prune import namespace_order
+
+    figures = {key: dict(v) for key, v in plan.by_namespace().items()}
+    extra: dict[tuple[str, str], dict[str, int]] = {}
+    for item in plan.items:
+        if item.objects:
+            extra.setdefault((item.cls, item.namespace), {"objects": 0, "rewritten": 0})["objects"] += item.objects
+    for store, label in _store_labels(plan).items():
+        for rw in plan.retires:
+            if rw.store == store:
+                e = extra.setdefault(("tails", label), {"objects": 0, "rewritten": 0})
+                e["objects"] += len(rw.keys)
+                e["rewritten"] += 1
+    zero = {"files": 0, "bytes": 0, "freed_files": 0, "freed_bytes": 0, "unlinked_files": 0, "unlinked_bytes": 0}
+    for key, e in extra.items():
+        figures[key] = {**figures.get(key, zero), **e}
+    return [cast("ReclaimNamespace", {"class": c, "namespace": ns, **v})
+            for (c, ns), v in sorted(figures.items(), key=namespace_order)]
+
+
+def _store_labels(plan: Any) -> dict[str, str]:
+    """store -> its own namespace, of the stores the plan retires entries of."""
+    from kvmigrate import manifest as mf
+    from kvmigrate.migrate.prune_stores import Stores
+
+    if not plan.retires:
+        return {}
+    return Stores.of(mf.read_metadata(plan.manifest)).label_of
+
+
+def _objects(plan: Any) -> dict[str, int]:
+    """Per class, the Mooncake store objects the plan stops serving: a moved pair's
+    entries, a moved KVEntry, a retired entry."""
+    out: dict[str, int] = {}
+    for item in plan.items:
+        if item.objects:
+            out[item.cls] = out.get(item.cls, 0) + item.objects
+    n = sum(len(rw.keys) for rw in plan.retires)
+    if n:
+        out["tails"] = out.get("tails", 0) + n
+    return out
 
 
 def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool) -> None:

@@ -244,7 +244,7 @@ class Mooncake(families.Family):
     reads_s1 = False
     target_engine = "mooncake"
     root_layout = "stores"
-    prunes = False  # (docs/mooncake.md: prune of stores is not built yet)
+    prunes = True  # (migrate/prune_stores.py: its own rules)
     incomplete_advice = ("a lookup needs every key rank's object of a block: the block is a miss until the engine "
                          "writes it again")
 

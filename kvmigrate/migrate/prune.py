@@ -46,10 +46,11 @@ from kvmigrate import manifest as mf
 from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate.errors import UsageError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate import prune_stores as stores_
 from kvmigrate.migrate import prune_tiers as tiers_
 from kvmigrate.migrate.fsops import check_relpath
 
-CLASSES = ("migrated", "unreadable_namespaces", "residue", "index_lost")
+CLASSES = ("migrated", "unreadable_namespaces", "residue", "index_lost", "tails")  # tails: Mooncake stores
 QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
 PRUNE_JOURNALS_DIR = os.path.join(jn.JOURNALS_DIR, "prune")
 KIND = "prune"  # the header's `kind`: a prune journal, not a migration's
@@ -61,7 +62,7 @@ DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be 
 
 _COLUMNS = ("relpath", "source_base", "deployment", "target_base", "status", "action", "finding", "primary_rank",
             "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
-            "payload_xxh3_128", "target_relpath", "family")
+            "payload_xxh3_128", "target_relpath", "family", "object_index", "object_key", "target_key")
 
 
 def prune_journal_dir(root: str) -> str:
@@ -83,6 +84,8 @@ class Item(NamedTuple):
     target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
     key: str = ""  # the block's rank files share it: they move together or not at all
     keep: str = ""  # a folder never removed, even when emptied (an LMCache tier's: the engine's configured path)
+    suffix: str = ""  # appended to its quarantine name (a store file's `.kvmq`: no client adopts or deletes it)
+    objects: int = 0  # store objects no longer served once it goes (a pair's entries, a KVEntry)
 
 
 @dataclass
@@ -100,6 +103,8 @@ class PrunePlan:
     # namespaces kept because the target profile reads them only under their writer's
     # topology, not stated (`orphaned_namespaces`): reusable once it is, so never pruned
     orphaned: list = field(default_factory=list)
+    retires: list = field(default_factory=list)  # prune_stores.Retire: --tails index rewrites
+    store_proofs: dict = field(default_factory=dict)  # store -> prune_stores.StoreProof of what the plan writes
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Per class: files and bytes, those freed once purged and those only unlinked
@@ -113,7 +118,7 @@ class PrunePlan:
     @property
     def exit_code(self) -> int:
         """Dry run: 1 when something would be pruned (interface.md §4)."""
-        return 1 if self.items else 0
+        return 1 if self.items or self.retires else 0
 
 
 CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
@@ -132,6 +137,8 @@ class _Selected:
     target_bases: set[str]
     emptied: set[str]
     tiers: tiers_.Tiers = field(default_factory=tiers_.Tiers)
+    stores: stores_.Stores = field(default_factory=stores_.Stores)
+    store_sel: stores_.StoreSelection = field(default_factory=stores_.StoreSelection)
 
     def rows(self, *names: str) -> dict[str, list]:
         """The selected rows' columns as Python lists (plus `row`: the manifest row and
@@ -193,8 +200,11 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     has_ns = _b(pc.not_equal(src, ""))
     tiers = tiers_.Tiers.of(meta)
     is_tier = _in(src, tiers.tier_of)  # LMCache tiers: their own rules (prune_tiers)
+    stores = stores_.Stores.of(meta)
+    is_store = _in(src, stores.store_of)  # Mooncake stores: their own rules (prune_stores)
+    apart = pc.or_(is_tier, is_store)  # rows the generic rules never take
     # (a tier deployment is its own target_base: whether it is a target is prune_tiers' question)
-    in_target = pc.and_(_in(src, target_bases), pc.invert(is_tier))
+    in_target = pc.and_(_in(src, target_bases), pc.invert(apart))
     none = pa.nulls(n, pa.int64())
     code = pc.fill_null(pa.nulls(n, pa.int8()), 0)
     target_of = none
@@ -207,7 +217,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
         cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
                        pc.and_(_b(pc.equal(c["action"], "already_present")), _in(status, MIGRATED_STATUSES)))
         tier_cand = pc.and_(cand, is_tier)
-        cand = pc.and_(cand, pc.invert(is_tier))
+        cand = pc.and_(cand, pc.invert(apart))
         t_idx = pc.indices_nonzero(in_target).cast(pa.int64())
         pos = pc.index_in(c["target_relpath"], value_set=pc.take(c["relpath"], t_idx))
         j = pc.take(t_idx, pos)  # the target path's row (null: no target namespace's file)
@@ -224,7 +234,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     if "unreadable_namespaces" in classes:
         unread = _in(status, UNREADABLE_STATUSES)
         per_ns = pa.table({"ns": src, "all": pc.or_(unread, residueish), "any": unread,
-                           "tr": _b(pc.not_equal(c["target_relpath"], ""))}).filter(pc.and_(has_ns, pc.invert(is_tier))) \
+                           "tr": _b(pc.not_equal(c["target_relpath"], ""))}).filter(pc.and_(has_ns, pc.invert(apart))) \
             .group_by("ns").aggregate([("all", "all"), ("any", "any"), ("tr", "any")])
         whole = {ns for ns, a, u, tr in zip(*(per_ns[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any")))
                  if a and u and not tr and ns not in target_bases and ns not in used}
@@ -234,7 +244,20 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
         age_ns = (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9
         old = _b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), int(now * 1e9 - age_ns)))
         res = pc.or_(_in(status, RESIDUE_STATUSES), pc.and_(_b(pc.equal(status, "tmp_leftover")), old))
-        code = assign(pc.and_(pc.and_(res, pc.invert(in_target)), pc.invert(is_tier)), "residue")
+        code = assign(pc.and_(pc.and_(res, pc.invert(in_target)), pc.invert(apart)), "residue")
+    store_sel = stores_.StoreSelection()
+    if stores:
+        store_sel = stores_.select(c, is_store, stores, classes,
+                                   int(now * 1e9 - (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9),
+                                   targets, used)
+        for cls, rows in store_sel.rows.items():
+            code = assign(_b(pc.is_in(idx, value_set=pa.array(rows, pa.int64()))), cls)
+        if store_sel.target:  # a migrated KVEntry keeps the row of the entry that serves its key
+            have = pa.array(list(store_sel.target), pa.int64())
+            pos = pc.index_in(idx, value_set=have)
+            target_of = pc.if_else(pc.is_valid(pos), pc.take(pa.array(list(store_sel.target.values()), pa.int64()),
+                                                             pos), target_of)
+        has_ns = pc.and_(has_ns, pc.invert(is_store))  # (a store is never emptied as a namespace)
     if tiers:
         guard = tiers_.protected(c, is_tier, targets, used)
         age_ns = (DEFAULT_RESIDUE_AGE if older_than is None else older_than) * 1e9
@@ -257,7 +280,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
         cls_of_row = pc.take(cls, pc.index_in(src, value_set=per_ns["ns"]))
         cfg = pc.and_(pc.and_(config, pc.is_valid(cls_of_row)), pc.invert(_in(status, ("own_artifact", "foreign"))))
         code = pc.if_else(pc.and_(cfg, pc.equal(code, 0)), cls_of_row, code)
-    return _Selected(root, c, code, target_of, target_bases, emptied, tiers)
+    return _Selected(root, c, code, target_of, target_bases, emptied, tiers, stores, store_sel)
 
 
 def _with_secondaries(c: dict[str, Any], idx: Any, mig: Any, sec: Any, target_of: Any) -> tuple[Any, Any]:
@@ -377,8 +400,12 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
             *(per[k].to_pylist() for k in ("ns", "size_count", "size_sum")))}, engine_stopped)
         skipped.update(waiting)
         sel.code = pc.if_else(pc.and_(lost, _in(sel.c["source_base"], waiting)), 0, sel.code)
+    retires = list(sel.store_sel.retires)
+    if selection:
+        retires = [rw for rw in retires if set(rw.namespaces.values()) <= set(chosen)]
     if not force_live:
         names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
+        names |= {sel.stores.label_of.get(rw.store, "") for rw in retires} - {""}
         for unit, (members, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
             why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
             if why:
@@ -387,6 +414,8 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
                  "nlink")
     tier_of = dict(sel.tiers.tier_of)
+    ssel, store_of = sel.store_sel, dict(sel.stores.store_of)
+    stores = sel.stores
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
     target_bases, emptied = sel.target_bases, sel.emptied
@@ -399,20 +428,30 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         last; a GDS sidecar just before its data file."""
         config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
         rel = r["relpath"][k]
+        if r["source_base"][k] in store_of:  # a pair's two files side by side, its `.meta` first
+            return "", False, ssel.key.get(r["row"][k], rel), (stores_.move_order(rel), rel)
         return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in tier_of \
             else (rel, 1)
 
     items = []
+    store_rows: dict[str, tuple[str, str, bool]] = {}  # a store file's relpath -> (store, client root, a KVEntry)
     for k in sorted(range(len(r["row"])), key=order):
         check_relpath(r["relpath"][k], "manifest path")
         target = None if t["relpath"][k] is None else \
             (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
+        row, ns = r["row"][k], r["source_base"][k]
+        if ns in store_of:
+            store_rows[r["relpath"][k]] = (ssel.store_of_row[row], ssel.client_of_row[row], row in ssel.kventry_rows)
+            items.append(Item(r["relpath"][k], r["class"][k], ns, r["dev"][k], r["inode"][k], r["size"][k],
+                              r["mtime_ns"][k], r["nlink"][k] or 1, target, ssel.key.get(row, r["relpath"][k]),
+                              ssel.keep.get(row, ""), stores_.QUARANTINE_SUFFIX, ssel.objects.get(row, 0)))
+            continue
         items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
                           r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
-                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if (ns := r["source_base"][k]) in tier_of
-                          else ""))
+                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if ns in tier_of else ""))
     del r, t
     items = without_namespaces(items, skip)
+    retires = [rw for rw in retires if stores.label_of.get(rw.store) not in skipped]
     for item in items:  # the target namespaces to lock while pruning into them: their base folders
         base = target_base(item)
         if base is not None:
@@ -423,8 +462,9 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
+    proofs = stores_.proofs(items, retires, stores, engine_stopped, store_rows) if stores else {}
     return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - skip, locks,
-                     orphaned=orphaned_namespaces(manifest_path, meta))
+                     orphaned=orphaned_namespaces(manifest_path, meta), retires=retires, store_proofs=proofs)
 
 
 def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
@@ -632,7 +672,7 @@ def _any_candidate(manifest_path: str) -> bool:
         return False
     plain = [pc.cast(t[k], pa.string()) if pa.types.is_dictionary(t[k].type) else t[k] for k in ("status", "action")]
     statuses = pa.array([*UNREADABLE_STATUSES, *RESIDUE_STATUSES, "tmp_leftover", *tiers_.STALE_STATUSES,
-                         *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST])
+                         *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST, *stores_.STATUSES])
     hit = pc.or_(pc.fill_null(pc.is_in(plain[0], value_set=statuses), False),
                  pc.fill_null(pc.equal(plain[1], "already_present"), False))
     return bool(pc.any(hit).as_py())
@@ -727,10 +767,12 @@ def _quiet_units(sel: _Selected, names: set[str]) -> dict[str, tuple[list[str], 
     """What the quiet period judges as one, for the namespaces `names`: unit -> (its
     namespaces, its folders, its newest file mtime in the manifest, whether it is a tier).
     A namespace is its own unit; an LMCache tier is one unit of all its deployments."""
-    out = {ns: ([ns], folders, newest, False)
-           for ns, (folders, newest) in _namespace_folders(sel.c, names - set(sel.tiers.tier_of)).items()}
+    plain = names - set(sel.tiers.tier_of) - set(sel.stores.store_of)
+    out = {ns: ([ns], folders, newest, False) for ns, (folders, newest) in _namespace_folders(sel.c, plain).items()}
     out.update({label: (members, folders, newest, True)
                 for label, (members, folders, newest) in tiers_.units(sel.c, sel.tiers, names).items()})
+    out.update({label: (members, folders, newest, False)  # a store is one unit (prune_stores.units)
+                for label, (members, folders, newest) in stores_.units(sel.c, sel.stores, names).items()})
     return out
 
 
@@ -779,11 +821,19 @@ def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
             if c == cls:
                 lines.append(f"    {namespace_label(ns)}: {plural(v['files'], 'file')}, {human_bytes(v['bytes'])}; frees "
                              f"{human_bytes(v['freed_bytes'])}, {v['unlinked_files']} only unlinked")
+    if plan.retires:
+        n = sum(len(rw.keys) for rw in plan.retires)
+        lines.append(f"  tails: {plural(n, 'short entry', 'short entries')} of "
+                     f"{plural(len(plan.retires), 'live index', 'live indexes')} retired by an index rewrite "
+                     "(is_exist stops claiming them; nothing freed)")
+        for rw in plan.retires:
+            lines.append(f"    {rw.meta}: entries {', '.join(str(i) for i in sorted(rw.keys))}")
+    lines += stores_.describe(plan.store_proofs)
     for ns, why in sorted(plan.skipped.items()):
         lines.append(f"  skipped {ns}: {why}")
     lines += [f"  kept {o['namespace']}: {plural(o['files'], 'file')}, {human_bytes(o['bytes'])}, {ORPHANED_KEPT}"
               for o in plan.orphaned]
-    if plan.items:
+    if plan.items or plan.retires:
         lines.append(f"{plural(len(plan.items), 'file')} would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
                      "(reversible: `kvmigrate restore JOURNAL`). Nothing was moved (dry run).")
         if apply_command:

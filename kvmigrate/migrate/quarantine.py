@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kvmigrate import layout
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError, UsageError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate import prune_stores as stores_
 from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests' seam
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock
@@ -58,6 +59,8 @@ class PruneResult:
     moved_inodes: set = field(default_factory=set, repr=False)  # (dev, inode) this run moved a name of
     kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
     failed: list[str] = field(default_factory=list)  # operational problems
+    objects: Counter = field(default_factory=Counter)  # class -> store objects no longer served
+    rewritten: int = 0  # store indexes whose keys were retired (--tails)
 
     @property
     def exit_code(self) -> int:
@@ -68,7 +71,7 @@ class PruneResult:
                 "moved": dict(self.moved), "moved_bytes": dict(self.moved_bytes), "freed_bytes": self.freed_bytes,
                 "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),
                 "legacy_names_removed": dict(self.targets), "legacy_names_left": dict(self.left_targets),
-                "kept": self.kept,
+                "kept": self.kept, "objects": dict(self.objects), "rewritten": self.rewritten,
                 "failed": self.failed, "exit_code": self.exit_code}
 
 
@@ -86,8 +89,18 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     if not quarantine and set(plan.classes) - {"migrated"}:
         raise UsageError("--no-quarantine is allowed for --migrated only (their bytes stay reachable through the "
                          "target); other classes go to the quarantine", hint="drop --no-quarantine")
-    if not plan.items:  # nothing to move: no run, so no journal names an empty one as the thing to undo
+    if not plan.items and not plan.retires:  # nothing to do: no run, so no journal names an empty one to undo
         return PruneResult(None, None, None)
+    # a store is written only with the proof that no client runs, taken before anything (even the journal)
+    client_locks = stores_.take_proofs(plan.root, plan.store_proofs) if plan.store_proofs else []
+    try:
+        return _apply_prune(plan, journal, quarantine, command, crash)
+    finally:
+        for lock in client_locks:
+            lock.release()
+
+
+def _apply_prune(plan: PrunePlan, journal: str | None, quarantine: bool, command: str, crash: Any) -> PruneResult:
     run_id = jn.new_run_id()
     root = plan.root
     path = journal or os.path.join(prune_journal_dir(root), f"{run_id}{jn.SUFFIX}")
@@ -124,10 +137,18 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
                                            f"{str(exc).splitlines()[0]}")
                 items = without_namespaces(plan.items, held)
                 result.names.update((i.dev, i.inode) for i in items)
+                retires = _retire_intents(plan, run_id, w, result)
                 for start in range(0, len(items), _BATCH):
                     w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
-                hit("prune_intent")
-                _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+                own = stores_.own_locks(root, plan.store_proofs)
+                try:
+                    hit("prune_intent")
+                    _retires(root, retires, w, result, hit)
+                    _moves(tree, items, qdir, plan.scan_started_ns, w, result, hit)
+                finally:
+                    for path in own:
+                        if os.path.lexists(path):
+                            os.unlink(path)
             finally:
                 for lock in locks:
                     lock.release()
@@ -138,6 +159,46 @@ def apply_prune(plan: PrunePlan, *, journal: str | None = None, quarantine: bool
     finally:
         w.close()
     return result
+
+
+def _retire_intents(plan: PrunePlan, run_id: str, w: jn.JournalWriter, result: PruneResult) -> list[dict[str, Any]]:
+    """Journal the stores' proofs and every retire of the plan (its original and new
+    XXH3) before anything is written; an index changed since the scan is kept."""
+    for store, p in sorted(plan.store_proofs.items()):
+        w.write({"t": "mc_proof", "store": store, "proof": p.proof, "clients": sorted(p.bucket_clients),
+                 "written": sorted(p.bucket_clients | p.kventry_clients)})
+    out = []
+    for rw in plan.retires:
+        rec = stores_.retire_intent(plan.root, rw, run_id)
+        if isinstance(rec, str):
+            result.kept.append(rec)
+            continue
+        w.write(rec)
+        out.append(rec)
+    w.sync()
+    return out
+
+
+def _retires(root: str, recs: list[dict[str, Any]], w: jn.JournalWriter, result: PruneResult, hit: Any) -> None:
+    """Retire the short entries' keys (§5.2's index rewrite), each journaled when done;
+    the stages used are cleared after."""
+    from kvmigrate.errors import KvMigrateError
+
+    for rec in recs:
+        path = os.path.join(root, rec["meta"])
+        try:
+            got = stores_.do_retire(root, rec, hit)
+        except (KvMigrateError, OSError) as exc:
+            result.kept.append(f"{path}: its keys are not retired: {str(exc).splitlines()[0]}")
+            continue
+        if got != "done":
+            result.kept.append(f"{path}: changed since the prune journaled it; its keys are not retired")
+            continue
+        w.write({"t": "done", "kind": "mc_retire", "meta": rec["meta"]}, sync=True)
+        result.rewritten += 1
+        result.objects["tails"] += int(rec.get("objects") or 0)
+    if recs:
+        stores_.clear_stages(root, {r["client"] for r in recs})
 
 
 def _interrupted(w: jn.JournalWriter, path: str) -> Interrupted:
@@ -151,11 +212,15 @@ def _interrupted(w: jn.JournalWriter, path: str) -> Interrupted:
 
 
 def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
-    rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}" if qdir else None, "dev": i.dev,
+    rec = {"kind": "move", "path": i.relpath, "to": f"{qdir}/{i.relpath}{i.suffix}" if qdir else None, "dev": i.dev,
            "ino": i.inode, "size": i.size, "mtime_ns": i.mtime_ns, "nlink": i.nlink, "class": i.cls,
            "ns": i.namespace, "key": i.key, "target": None}
     if i.keep:
         rec["keep"] = i.keep
+    if i.suffix:
+        rec["suffix"] = i.suffix
+    if i.objects:
+        rec["objects"] = i.objects
     if i.target is not None:
         rec.update(target=i.target[0], tdev=i.target[1], tino=i.target[2], tsize=i.target[3], tmtime_ns=i.target[4])
     return rec
@@ -224,12 +289,15 @@ def _undo(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, res
     if qdir is None:
         return  # unlinked (--no-quarantine): its bytes are at the target, nothing to put back
     try:
-        _put_back(tree, f"{qdir}/{item.relpath}", item.relpath)
+        _put_back(tree, f"{qdir}/{item.relpath}{item.suffix}", item.relpath)
     except OSError as exc:
         result.failed.append(f"{tree.abspath(item.relpath)}: cannot put back into its block ({exc.strerror or exc});"
-                             f" it is at {tree.abspath(qdir + '/' + item.relpath)}")
+                             f" it is at {tree.abspath(qdir + '/' + item.relpath + item.suffix)}")
         return
     w.done({"kind": "returned", "path": item.relpath})
+    result.objects[item.cls] -= item.objects
+    if not result.objects[item.cls]:
+        del result.objects[item.cls]
     result.moved[item.cls] -= 1
     result.moved_bytes[item.cls] -= item.size
     if target_base(item):
@@ -257,12 +325,20 @@ def finish_interrupted(root: str) -> list[PruneResult]:
             result.names.update((rec["dev"], rec["ino"]) for rec in run.moves.values())
             result.moved_inodes.update((rec["dev"], rec["ino"]) for path, rec in run.moves.items() if path in run.moved)
             items = [_item(rec) for path, rec in run.moves.items() if path not in run.moved]
+            pending_retires = [r for r in run.mc_retires if r["meta"] not in run.mc_done]
+            client_locks = stores_.lock_clients(run.root, run.mc_clients) if items or pending_retires else []
+            try:
+                _retires(run.root, pending_retires, w, result, _CrashSeam().hit)
+            finally:
+                for lock in client_locks:
+                    lock.release()
             with DestTree(run.root) as tree:
                 settled = [i for i in items if _settled(tree, i, run.quarantine, w, result)]
                 pending = [i for i in items if i not in settled]
                 _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
                        _CrashSeam().hit)
                 _remove_folders(tree, [i.relpath for i in settled], w, result, {i.keep for i in settled if i.keep})
+            stores_.drop_own_locks(run.root, run.mc_written)
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
         except KeyboardInterrupt as exc:
@@ -277,7 +353,8 @@ def _item(rec: dict[str, Any]) -> Item:
     target = (check_relpath(rec["target"], "journal path"), rec["tdev"], rec["tino"], rec["tsize"],
               rec["tmtime_ns"]) if rec.get("target") else None
     return Item(rec["path"], rec["class"], rec.get("ns") or "", rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"],
-                rec.get("nlink") or 1, target, rec.get("key") or rec["path"], rec.get("keep") or "")
+                rec.get("nlink") or 1, target, rec.get("key") or rec["path"], rec.get("keep") or "",
+                rec.get("suffix") or "", rec.get("objects") or 0)
 
 
 def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, result: PruneResult) -> bool:
@@ -285,11 +362,13 @@ def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, 
     if tree.lstat(item.relpath) is not None:
         return False
     if qdir is not None:
-        st = tree.lstat(f"{qdir}/{item.relpath}")
+        st = tree.lstat(f"{qdir}/{item.relpath}{item.suffix}")
         if st is None or (st.st_dev, st.st_ino) != (item.dev, item.inode):
             return False
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
     result.moved_inodes.add((item.dev, item.inode))
+    if item.objects:
+        result.objects[item.cls] += item.objects
     result.moved[item.cls] += 1
     result.moved_bytes[item.cls] += item.size
     if target_base(item):
@@ -314,6 +393,10 @@ class PruneRun:
     restored: bool = False
     purged: bool = False
     purge_started: bool = False
+    mc_retires: list[dict[str, Any]] = field(default_factory=list)  # store index rewrites (prune_stores)
+    mc_done: set[str] = field(default_factory=set)  # the `.meta` of each retire done
+    mc_clients: list[str] = field(default_factory=list)  # bucket client roots whose locks prove the store stopped
+    mc_written: list[str] = field(default_factory=list)  # every client root the run writes (its own locks)
 
     @property
     def root(self) -> str:
@@ -344,6 +427,14 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
                     run.moves[check_relpath(item.get("path"), "journal path")] = item
             elif t == "done" and rec.get("kind") == "rmdirs":
                 run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
+            elif t == "mc_retire":
+                check_relpath(rec.get("meta"), "journal path")
+                run.mc_retires.append(rec)
+            elif t == "done" and rec.get("kind") == "mc_retire":
+                run.mc_done.add(str(rec.get("meta")))
+            elif t == "mc_proof":
+                run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
+                run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
             elif t == "done" and rec.get("kind") == "returned":
                 run.moved.discard(rec.get("path"))
             elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
@@ -370,7 +461,7 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
         if qdir is None:
             tree.unlink(item.relpath)
         else:
-            dest = f"{qdir}/{item.relpath}"
+            dest = f"{qdir}/{item.relpath}{item.suffix}"
             makedirs(tree, dest.rpartition("/")[0], known)
             spfd, sname = tree.split(item.relpath)
             dpfd, dname = tree.split(dest)
@@ -395,6 +486,8 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
         result.failed.append(f"{where}: cannot move: {why}; kept")
         return False
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": st.st_ino, "dev": st.st_dev})
+    if item.objects:
+        result.objects[item.cls] += item.objects
     first = (st.st_dev, st.st_ino) not in result.moved_inodes  # (another name of it moved: its bytes counted)
     result.moved_inodes.add((st.st_dev, st.st_ino))
     result.moved[item.cls] += 1
@@ -499,6 +592,10 @@ def render_result(result: PruneResult) -> str:
              f"{plural(result.dirs_removed, 'empty folder')} removed"]
     for cls, k in sorted(result.moved.items()):
         lines.append(f"  {cls.replace('_', '-')}: {plural(k, 'file')}, {human_bytes(result.moved_bytes[cls])}")
+    if result.objects or result.rewritten:
+        lines.append(f"Mooncake objects no longer served: {sum(result.objects.values())}; "
+                     f"{plural(result.rewritten, 'index', 'indexes')} rewritten (short entries' keys retired: nothing "
+                     "freed); restart the clients and the master")
     if result.targets or result.left_targets:
         lines.append(f"legacy names removed: {sum(result.targets.values())}; " + (
             "each target namespace now holds only its own files (a file-count evictor counts each block once)"

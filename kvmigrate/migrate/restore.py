@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate import prune_stores as stores_
 from kvmigrate.migrate.crash import CrashSeam as _CrashSeam  # the kill -9 tests' seam
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.prune import QUARANTINE_DIR, frees, prune_journal_dir
@@ -104,7 +105,7 @@ def restore_runs(journal: str, namespaces: Iterable[str] | None = None) -> list[
     out = []
     for run in sorted(load_prune_runs(journal), key=lambda r: float(r.header.get("time") or 0), reverse=True):
         items = [i for i in run.moves.values() if only is None or i.get("ns") in only]
-        if items:
+        if items or run.mc_retires and only is None:
             out.append((run, items))
     return out
 
@@ -126,12 +127,15 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     owned: set[tuple[str, str]] = set()
     for run, items in restore_runs(journal, only):
         items = [i for i in items if (run.root, i["path"]) not in owned]
-        if not items:
+        if not items and not (only is None and run.mc_retires):
             continue
         if run.path not in result.journals:
             result.journals.append(run.path)
         w = jn.JournalWriter.append(run.path)  # the flock: not while that prune (or a purge) still runs
+        client_locks: list = []
         try:
+            if run.mc_clients:  # a store is written back only with its client locks held (exit 8 if one is)
+                client_locks = stores_.lock_clients(run.root, run.mc_clients)
             with DestTree(run.root) as tree:
                 ways = [(item, way_back(tree, run, item)) for item in items]
                 owned |= claimed(run, ways)
@@ -141,9 +145,20 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
                     crash.hit("restore")
                 if run.quarantine:
                     _remove_empty(tree, run.quarantine)
+            if only is None:
+                for rec in run.mc_retires:  # each retired index's original back
+                    got, why = stores_.undo_retire(run.root, rec)
+                    if got == "restored":
+                        result.restored += 1
+                    elif got == "in_place":
+                        result.already_in_place += 1
+                    elif why is not None:
+                        result.kept.append(why)
             w.write({"t": "restored", "time": time.time(), "restored": result.restored, "kept": len(result.kept),
                      "namespaces": sorted(only) if only is not None else None}, sync=True)
         finally:
+            for lock in client_locks:
+                lock.release()
             w.close()
     return result
 
