@@ -801,7 +801,8 @@ def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
             continue
         key, action = o.target_key, o.action
         others: list[StoreFile] = []
-        if action == "rekey":  # (a link adds no registration: the misfiled entry has the key already)
+        if action == "rekey" and o.kind != "kventry":  # (a link adds no registration: the misfiled entry has
+            # the key already; a KVEntry is read at fpk of its key only, so copies elsewhere never collide, §1.3)
             others = [h for h in held.by_key.get(key, ()) if h is not o and
                       not (h.action == "rekey" and h.target_key != key)]  # (one renamed away frees the key)
         at = held.by_path.get(o.target or "") if o.kind == "kventry" else None
