@@ -166,8 +166,9 @@ def facts_options(fn: Callable) -> Callable:
     fn = click.option("--target", "target", type=click.Choice(PROFILES), default=DEFAULT_PROFILE, show_default=True,
                       help="Engine profile whose namespaces to compute: vllm-0.34 is vLLM 0.34+ (direct layouts "
                            "topology-specific again), vllm-0.28 is 0.28-0.33 (vllmcpp sources always target vllmcpp); "
-                           "an lmcache-* profile sets what every LMCache tier targets (default lmcache-0.5.6) and "
-                           f"leaves the other families on {DEFAULT_PROFILE}.")(fn)
+                           "an lmcache-* profile sets what every LMCache tier targets (default lmcache-0.5.6), a "
+                           "mooncake-* profile what every Mooncake store targets (default mooncake-0.3.14, "
+                           f"scoped keys; 0.3.11 raw keys); either leaves the other families on {DEFAULT_PROFILE}.")(fn)
     return fn
 
 

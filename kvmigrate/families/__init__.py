@@ -36,6 +36,7 @@ from kvmigrate.identity.values import (
     DEFAULT_PROFILE,
     ENSURE_ASCII,
     LMCACHE_PROFILES,
+    MOONCAKE_PROFILES,
     NAMES,
     UNKNOWN,  # names)
 )
@@ -466,9 +467,10 @@ def compute_target(source_fields: dict, family: str, facts: Facts, profile: str 
 
 
 def tree_profile(profile: str) -> str:
-    """What the tree families (vLLM, llm-d) target under --target `profile`: an lmcache-*
-    profile is the LMCache tiers' alone (lmcache.md §0), so they keep DEFAULT_PROFILE."""
-    return DEFAULT_PROFILE if profile in LMCACHE_PROFILES else profile
+    """What the tree families (vLLM, llm-d) target under --target `profile`: an lmcache-* or
+    mooncake-* profile is the LMCache tiers' or the Mooncake stores' alone (lmcache.md §0,
+    mooncake.md §0), so they keep DEFAULT_PROFILE."""
+    return DEFAULT_PROFILE if profile in LMCACHE_PROFILES or profile in MOONCAKE_PROFILES else profile
 
 
 def _size(fields: Mapping[str, Any], key: str) -> int:

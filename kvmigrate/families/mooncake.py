@@ -35,10 +35,11 @@ from kvmigrate import findings as fd
 from kvmigrate.families import mooncake_reshard as R
 from kvmigrate.formats import mooncake as M
 from kvmigrate.identity.facts import Facts
-from kvmigrate.identity.values import FACT_FLAGS
+from kvmigrate.identity.values import FACT_FLAGS, MOONCAKE_PROFILES
 from kvmigrate.identity.vllm_target import Target
 
-PROFILE = "mooncake-0.3.14"  # §0: tenant-scoped keys, the client lock
+PROFILE = MOONCAKE_PROFILES[0]  # §0: tenant-scoped keys, the client lock
+RAW_PROFILE = "mooncake-0.3.11"  # the last release that stores engine keys raw (§2.1)
 RANK_DIR = re.compile(r"rank_(\d+)_(\d+)_(\d+)_(\d+)\Z")
 STAGE_DIR = ".kvmigrate-stage"
 OWN_LOCK = ".kvmigrate.lock"
@@ -187,7 +188,8 @@ class Deployment:
         side = self.side
         if side is None:
             return deployment_label(self.store, self.engine, self.stem, "mc-scoped", self.tenant or M.DEFAULT_TENANT)
-        return deployment_label(self.store, self.engine, side.stem, "mc-scoped", side.tenant)
+        return deployment_label(self.store, self.engine, side.stem, "mc-raw" if side.raw else "mc-scoped",
+                                None if side.raw else side.tenant)
 
 
 def deployment_label(store: str, engine: str, stem: str, scheme: str, tenant: str | None) -> str:
@@ -270,11 +272,13 @@ class Mooncake(families.Family):
     def target(self, fields: dict, facts: Facts, profile: str) -> Target:
         """The target deployment's label; the objects' actions are the rows' (§3.3)."""
         label = str(fields.get("target_label") or fields.get("deployment") or "")
-        return Target(profile=PROFILE, family=self.name, fields=None, d12=None, base_name=label or None,
+        return Target(profile=self.target_profile(profile), family=self.name, fields=None, d12=None,
+                      base_name=label or None,
                       rank_dir=None, parallel_agnostic=False, replicated_layout=False, reasons=[])
 
     def target_profile(self, profile: str) -> str:
-        return PROFILE
+        """Every store targets mooncake-0.3.14 unless --target names a mooncake-* profile (§0)."""
+        return profile if profile in MOONCAKE_PROFILES else PROFILE
 
     def flat_target(self, source_base: str, fields: Mapping[str, Any]) -> str:
         return str(fields.get("target_label") or source_base)
@@ -282,8 +286,8 @@ class Mooncake(families.Family):
     # --- verdicts (§1.4, §2.4, §3, §4) ------------------------------------------------
 
     def classify_store(self, store: str, files: list[StoreFile], objects: list[StoreFile],
-                       facts_for: Callable[[str | None], Facts], fsdir: str = M.DEFAULT_FSDIR
-                       ) -> tuple[list[Deployment], list[StoreFile]]:
+                       facts_for: Callable[[str | None], Facts], fsdir: str = M.DEFAULT_FSDIR,
+                       profile: str = PROFILE) -> tuple[list[Deployment], list[StoreFile]]:
         """(the deployments of a store, with their objects and KVEntries; the store's own
         files: containers, the lock, foreign files). `files` already carry the container
         statuses the scan gave them (§1.4); `objects` are the entries of live indexes.
@@ -325,11 +329,12 @@ class Mooncake(families.Family):
         _duplicates(keyed)
         held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
         for dep in deps.values():
-            self._classify_deployment(dep, fsdir, store_facts, held)
+            self._classify_deployment(dep, fsdir, store_facts, held, self.target_profile(profile) == RAW_PROFILE)
         _settle_targets(keyed, held, fsdir)
         return sorted(deps.values(), key=lambda d: d.label), loose
 
-    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held) -> None:
+    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held,
+                             raw: bool = False) -> None:
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
@@ -359,7 +364,7 @@ class Mooncake(families.Family):
         modal = sizes.most_common(1)[0][0] if sizes else None
         if writer_tp is not None:
             dep.notes.append(f"writer TP {writer_tp} stated")
-        side = dep.side = _target_side(dep, n_s)
+        side = dep.side = _target_side(dep, n_s, raw)
         # per object: what its bytes alone prove (§2.4), in §4's order
         for o in objs:
             if o.status == "ok" and o.kind == "kventry" and not o.error:
@@ -415,7 +420,8 @@ class Mooncake(families.Family):
             if side.reshard and ready and not (side.stale or side.refused or side.asks):
                 if side.geometry is not None and side.key_ranks is not None:  # everything a reshard needs
                     R.plan_block(ready, engine=dep.engine, n_s=n_s, n_t=side.key_ranks, geo=side.geometry,
-                                 tenant=side.tenant, target_engine_key=side.engine_key, registered=held.by_key,
+                                 tenant=None if side.raw else side.tenant, target_engine_key=side.engine_key,
+                                 registered=held.by_key,
                                  fsdir=fsdir)
                 else:
                     _needs_reshard(ready, side, fsdir)
@@ -473,7 +479,7 @@ class Mooncake(families.Family):
                         not (side.stale or side.refused) else side.stale or side.refused)
             return
         sk = M.parse_storage_key(o.object_key or b"")
-        target_key = M.scoped(side.engine_key(sk.engine), side.tenant)
+        target_key = side.storage_key(side.engine_key(sk.engine))
         o.target_key = target_key
         why = side.differs(sk, dep)
         if o.kind == "kventry":
@@ -539,6 +545,7 @@ class TargetSide:
     asks_why: str = ""
     reshard: str = ""
     reshard_asks: tuple[str, ...] = ()
+    raw: bool = False  # the target profile stores engine keys raw (mooncake-0.3.11)
     geometry: Any = None  # mooncake_reshard.Geometry when a reshard has every fact it needs
 
     @property
@@ -546,6 +553,10 @@ class TargetSide:
         if self.engine == "vllm":
             return (f"{self.prefix}@" if self.prefix is not None else "") + self.model + self.namespace
         return self.model
+
+    def storage_key(self, engine_key: str) -> bytes:
+        """The storage key the target looks up: scoped by its tenant (>= 0.3.12), or raw."""
+        return M.StorageKey(None if self.raw else self.tenant, engine_key).encode()
 
     def engine_key(self, key: str) -> str:
         """The target's engine key for a writer's key of the same block and key rank."""
@@ -560,7 +571,11 @@ class TargetSide:
     def differs(self, sk: M.StorageKey, dep: Deployment) -> str:
         """What of a storage key the target spells otherwise (a rekey's reason)."""
         out = []
-        if sk.tenant is None:
+        if self.raw and sk.tenant is not None:
+            out.append(f"scoped key (tenant {sk.tenant}): the target, Mooncake 0.3.11, looks up raw keys")
+        elif self.raw:
+            pass
+        elif sk.tenant is None:
             out.append("raw key (Mooncake <= 0.3.11): 0.3.14 registers it as tenant default and never reads it")
         elif sk.tenant != self.tenant:
             out.append(f"tenant {sk.tenant} -> {self.tenant} (target_tenant)")
@@ -571,7 +586,7 @@ class TargetSide:
         return "; ".join(out) or "the target spells this key otherwise"
 
 
-def _target_side(dep: Deployment, n_s: int) -> TargetSide:
+def _target_side(dep: Deployment, n_s: int, raw: bool = False) -> TargetSide:
     """§3.1-3.3 for one deployment: the target's tenant, model, prefix and key ranks, or why
     no object is reused; every fact assumed goes into the notes with its flag, every fact a
     decision waits for into `dep.needs`."""
@@ -590,7 +605,7 @@ def _target_side(dep: Deployment, n_s: int) -> TargetSide:
         model = _sglang_prefix(dep, f.target_model_name) if f.target_model_name else dep.model
     if f.target_model_name is None:
         assumed.append(f"model {model} (--target-model-name)")
-    side = TargetSide(tenant, model, prefix, dep.namespace, dep.engine, n_s)
+    side = TargetSide(tenant, model, prefix, dep.namespace, dep.engine, n_s, raw=raw)
     writer_engine = ENGINE_RELEASES[dep.engine]
     if f.target_engine is None:
         assumed.append(f"engine {writer_engine} (--target-engine)")
@@ -720,8 +735,7 @@ def _needs_reshard(ready: list[StoreFile], side: TargetSide, fsdir: str) -> None
     ordered = sorted(ready, key=lambda o: o.key_rank)
     primary = ordered[0]
     primary.action = "needs_reshard"
-    primary.target_key = M.scoped(side.engine_key(M.parse_storage_key(primary.object_key or b"").engine),
-                                  side.tenant)
+    primary.target_key = side.storage_key(side.engine_key(M.parse_storage_key(primary.object_key or b"").engine))
     primary.target = _client_rel(primary.client, M.fpk(primary.target_key, fsdir) if primary.kind == "kventry"
                                  else "")
     finding = fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*side.reshard_asks)) if side.reshard_asks else None

@@ -29,7 +29,10 @@ SGLANG_PROFILE = "sglang-0.5.23"  # what SGLang 0.5.23's HiCacheFile looks up (s
 # what an LMCache tier's target reads (lmcache.md §0: the same names, bytes and lookups); the
 # first is every tier's default, and naming one leaves the other families on DEFAULT_PROFILE
 LMCACHE_PROFILES = ("lmcache-0.5.6", "lmcache-0.5.7rc2")
-PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE) + LMCACHE_PROFILES
+# Mooncake stores (mooncake.md §0): the first is every store's default (tenant-scoped keys, the
+# client lock); 0.3.11 reads raw keys; naming one leaves the other families on DEFAULT_PROFILE
+MOONCAKE_PROFILES = ("mooncake-0.3.14", "mooncake-0.3.13", "mooncake-0.3.12", "mooncake-0.3.11")
+PROFILES = VLLM_PROFILES + (VLLMCPP_PROFILE, SGLANG_PROFILE) + LMCACHE_PROFILES + MOONCAKE_PROFILES
 DEFAULT_PROFILE = "vllm-0.34"
 # how a target's `unreachable` starts when the namespace is a folder a vLLM 0.24-0.33 gate
 # collapsed, which the profile reads only under its writer's topology, not given

@@ -48,7 +48,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
         def facts_for(model: str | None, store: str = store) -> Facts:
             return resolver.for_tier(store, model, MC.facts_key_matches)
 
-        deps, loose = fam.classify_store(store, files, objects, facts_for, fsdir)
+        deps, loose = fam.classify_store(store, files, objects, facts_for, fsdir, profile)
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model)
             ns.scheme, ns.model_name = dep.scheme, dep.model

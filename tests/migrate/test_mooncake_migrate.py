@@ -369,3 +369,31 @@ def test_every_defect_store_migrated_reads_every_whole_block(tmp_path, backend, 
                 continue
             want = S.rank_value(spec, blk["hex"], o["rank"], o["pp"], o["half"] or "k")
             assert R.read(client, started, M.scoped(o["key"])) == want, (defect, o["key"])
+
+
+def test_target_mooncake_0_3_11_reads_raw_keys_and_leaves_the_other_families_alone(tmp_path):
+    """§0: `--target mooncake-0.3.11` makes every store's target a client that looks up raw
+    keys (a downgrade rekeys scoped entries raw); the tree families keep vllm-0.34; the
+    default profile makes the same store scoped again."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "tp": 2})
+    res = build(root, spec)
+    build(root, SynthSpec(family="llmd", tp=2, blocks=2))
+    m = tmp_path / "m.parquet"
+    run("scan", root, "-o", m, "--target", "mooncake-0.3.11", "--model-dtype", "bfloat16")
+    from kvmigrate import manifest
+
+    rows = manifest.read_table(m).to_pylist()
+    profiles = {r["family"]: r["target_profile"] for r in rows if r["source_base"] and r["target_profile"]}
+    assert profiles["mooncake"] == "mooncake-0.3.11" and profiles["llmd"] == "vllm-0.34"
+    assert {r["action"] for r in rows if r["object_index"] is not None} == {"rekey"}
+    code, out = run("migrate", root, "--target", "mooncake-0.3.11", "--engine-stopped", "--apply")
+    assert code == 0, out
+    started = R.start(root / "store")
+    for blk in res.blocks:
+        for o in blk["objects"]:
+            assert R.read(root / "store", started, o["key"].encode(), scoped=False) == S.rank_value(
+                spec, blk["hex"], o["rank"], o["pp"]), o["key"]
+    code, out = run("migrate", root, "--engine-stopped", "--apply")  # back to 0.3.14: scoped again
+    assert code == 0, out
+    reads_every_target_key(res, spec)
