@@ -260,6 +260,7 @@ class Run:
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> done record (last wins)
     locks: list[str] = field(default_factory=list)
     store_records: list[dict[str, Any]] = field(default_factory=list)  # Mooncake stores' `mc_*` (migrate/stores.py)
+    stores: set[str] = field(default_factory=set)  # the Mooncake stores the run wrote (kept without paths too)
     complete: dict[str, Any] | None = None
     rolled_back: bool = False
 
@@ -349,6 +350,8 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
         elif t == "lock":
             run.locks.append(rec["path"])
         elif t.startswith("mc_"):
+            if t == "mc_intent":
+                run.stores.add(rec["store"])
             if keep:
                 run.store_records.append(rec)
         elif t == "complete":

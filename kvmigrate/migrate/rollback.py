@@ -187,6 +187,10 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
     by_root: dict[str, set[str]] = defaultdict(set)
     for root, source in targets_of:
         by_root[root].add(source)
+    for path in files:  # a Mooncake store's work: the namespaces of its store a prune touched are its sources
+        for run in loaded.get(path) or jn.load_runs(path, paths=False):
+            if run.stores and not run.rolled_back and not selection:
+                by_root[run.root] |= _store_namespaces(run.root, run.stores)
     lost: list[tuple[str, WayBack]] = []  # (its source namespace, way)
     conflicts: list[WayBack] = []
     residue = 0
@@ -222,6 +226,19 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
         held = sorted({b for (_, source), bases in targets_of.items() if source in gone for b in bases})
         decision.refusal = _refusal(journal, selection, lost, conflicts, held, sorted(selected - set(held)))
     return decision
+
+
+def _store_namespaces(root: str, stores: set[str]) -> set[str]:
+    """The namespaces of these stores that prune runs of `root` moved files of: a store's
+    own (`mooncake:<store>`) and its deployments' (`mooncake:<store>:...`)."""
+    from kvmigrate.families.mooncake import store_label
+
+    jdir = prune_journal_dir(root)
+    if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
+        return set()
+    labels = {store_label(s) for s in stores}
+    return {str(i.get("ns")) for _, items in restore_runs(jdir) for i in items
+            if i.get("ns") in labels or any(str(i.get("ns") or "").startswith(label + ":") for label in labels)}
 
 
 def _restore_script(tree: DestTree, run: Any, ways: list[tuple[dict, WayBack]]) -> list[str]:

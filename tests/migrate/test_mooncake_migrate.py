@@ -397,3 +397,53 @@ def test_target_mooncake_0_3_11_reads_raw_keys_and_leaves_the_other_families_alo
     code, out = run("migrate", root, "--engine-stopped", "--apply")  # back to 0.3.14: scoped again
     assert code == 0, out
     reads_every_target_key(res, spec)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_rollback_after_prune_puts_the_pruned_raw_entries_back_first(tmp_path, engine):
+    """Between commands: a raw file-per-key store rekeyed, then `prune --migrated` takes the
+    raw KVEntries (their scoped copies serve), then the migration is rolled back: the raw
+    entries come back before the scoped ones go, so every value still reads (raw keys), and
+    the store is byte for byte what it was."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": "file_per_key", "mc_engine": engine, "tp": 2, "mc_scheme": "mc-raw"})
+    res = build(root, spec)
+    before = tree_digest(root)
+    code, out = run("migrate", root, "--apply", "--engine-stopped")
+    assert code == 0, out
+    code, out = run("prune", root, "--apply", "--engine-stopped", "--quiet-period", "0")
+    assert code == 0, out
+    moved = [p for p in before if not (root / p).exists()]
+    assert moved, "prune --migrated took no raw KVEntry"
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert tree_digest(root) == before
+    for blk in res.blocks:
+        for o in blk["objects"]:
+            client = root / o["client_root"]
+            got = R.read(client, R.start(client), o["key"].encode(), scoped=False)
+            assert got == S.rank_value(spec, blk["hex"], o["rank"], o["pp"], o["half"] or "k")
+
+
+@pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
+def test_reshard_prune_then_rollback_gives_back_the_original_store(tmp_path, backend):
+    """Between commands: a reshard retires (or replaces) the writer's objects, `prune` takes
+    what the target no longer reads (pairs of retired entries, superseded objects), then the
+    migration is rolled back: every pruned file comes back first, then every original, so the
+    store is byte for byte what the writer left and reads at its own TP."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": backend, "tp": 2})
+    res = build(root, spec)
+    before = tree_digest(root)
+    facts = reshard_facts(tmp_path, 4)
+    code, out = run("migrate", root, "--facts", facts, "--apply")
+    assert code == 0, out
+    code, out = run("prune", root, "--facts", facts, "--apply", "--quiet-period", "0")
+    assert code in (0, 1), out
+    reads_at_target_tp(root, res, spec, 4)
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert tree_digest(root) == before
+    reads_at_target_tp(root, res, spec, 2)
