@@ -450,8 +450,12 @@ class StoreApplier:
         check_proofs(self.root, self.plans)
         resumed = [from_intent(i) for i in self.unfinished.values()]
         try:
+            taken: set[str] = set()
             for p in [*[q for q in self.plans if q.store not in self.unfinished], *resumed]:
                 for client in p.bucket_clients:
+                    if client in taken:
+                        continue
+                    taken.add(client)
                     lock = MS.hold_client_lock(self._abs(client))
                     self.flocks.append(lock)
                     self.journal.write({"t": "mc_store", "store": p.store, "client": client, "proof": p.proof,
@@ -823,9 +827,10 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
     proofs = [r for r in recs if r["t"] == "mc_store"]
     locks: list[MS.ClientLock] = []
     try:
-        if not dry_run:
-            for r in proofs:
-                locks.append(MS.hold_client_lock(os.path.join(root, r["client"]) if r["client"] else root))
+        if not dry_run:  # each client root once (a resumed run journals its proofs again: a second
+            # flock of one file from this process would read as a live client)
+            for client in sorted({r["client"] for r in proofs}):
+                locks.append(MS.hold_client_lock(os.path.join(root, client) if client else root))
         indexes = {r["meta"]: r for r in recs if r["t"] == "mc_index"}
         indexes.update({r["path"]: {**r, "meta": r["path"]} for r in recs if r["t"] == "mc_replace"})
         entries = {r["path"]: r for r in recs if r["t"] == "mc_entry"}
@@ -869,17 +874,20 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
                 if found is not None:
                     entries[e["path"]] = found
         dirs: list[str] = []
+        gone: set[str] = set()  # (a dry run: what the removals would take, so folders are counted alike)
         for path, r in sorted(entries.items(), reverse=True):
             check_relpath(path, "journal path")
+            dirs += r.get("dirs") or []
             if dry_run:
-                done["kventry"] += int(MS._hash_or_none(os.path.join(root, path)) == r["xxh3"])
+                if MS._hash_or_none(os.path.join(root, path)) == r["xxh3"]:
+                    done["kventry"] += 1
+                    gone.add(os.path.join(root, path))
                 continue
             what = MS.remove_kv_entry(os.path.join(root, path), r["xxh3"])
             if what == "removed":
                 done["kventry"] += 1
             elif what == "kept":
                 kept.append(f"{os.path.join(root, path)}: changed since the migration placed it; left in place")
-            dirs += r.get("dirs") or []
         for meta, r in sorted(indexes.items()):
             check_relpath(meta, "journal path")
             path, backup = os.path.join(root, meta), os.path.join(root, r["backup"])
@@ -894,22 +902,38 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
                 kept.append(f"{path}: changed since the migration rewrote it; left in place (its original is "
                             f"{backup})")
         dirs += [r["path"] for r in recs if r["t"] == "mc_dir"]
-        if not dry_run:
-            clients = {r.get("client", "") for it in intents for r in
-                       [*it.get("rewrites", ()), *it.get("entries", ()), *it.get("pairs", ()), *it.get("outputs", ())]}
-            for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir"}):
-                base = os.path.join(root, client) if client else root
-                MS.clear_stage(MS.stage_path(base))
-                own = os.path.join(base, OWN_LOCK)
-                if os.path.exists(own):
+        clients = {r.get("client", "") for it in intents for r in
+                   [*it.get("rewrites", ()), *it.get("entries", ()), *it.get("pairs", ()), *it.get("outputs", ())]}
+        for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir"}):
+            base = os.path.join(root, client) if client else root
+            own = os.path.join(base, OWN_LOCK)
+            if os.path.exists(own):
+                done["lock"] += 1
+                gone.add(own)
+                if not dry_run:
                     os.unlink(own)
-                    done["lock"] += 1
-            for d in sorted(set(dirs), key=lambda x: -x.count("/")):  # (a client root it made, once empty)
+            stage = MS.stage_path(base)
+            if dry_run:
+                if os.path.isdir(stage):
+                    gone.add(stage)
+            else:
+                MS.clear_stage(stage)
+        for d in sorted(set(dirs), key=lambda x: -x.count("/")):  # (a folder it made, once empty)
+            path = os.path.join(root, d)
+            if dry_run:
                 try:
-                    os.rmdir(os.path.join(root, d))
-                    done["dir"] += 1
+                    left = [os.path.join(path, n) for n in os.listdir(path)]
                 except OSError:
-                    pass
+                    continue
+                if all(p in gone for p in left):
+                    done["dir"] += 1
+                    gone.add(path)
+                continue
+            try:
+                os.rmdir(path)
+                done["dir"] += 1
+            except OSError:
+                pass
     finally:
         for lock in locks:
             lock.release()

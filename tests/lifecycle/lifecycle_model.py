@@ -56,19 +56,38 @@ SPECS = (
     # an LMCache GDS tier written at TP 2, read next at TP 4: a reshard (data files and sidecars)
     dict(family="lmcache", lmc_backend="gds", lmc_tier="lmc", tp=2, model_name="org/lmc-model", layers=2,
          block_tokens=4, blocks=6),
-    # a Mooncake bucket store of raw keys (<= 0.3.11), read next by 0.3.14: its index rewritten in place
+    # Mooncake stores of raw keys (<= 0.3.11), read next by 0.3.14: a bucket store (its index rewritten
+    # in place) and an SGLang file-per-key store (scoped KVEntries written; prune takes the raw ones)
     dict(family="mooncake", mc_store="mcs", mc_scheme="mc-raw", tp=2, model_name="org/mc-model", layers=2,
          block_tokens=4, blocks=6),
+    dict(family="mooncake", mc_store="mcf", mc_backend="file_per_key", mc_engine="sglang", mc_scheme="mc-raw", tp=2,
+         model_name="org/mc-model", layers=2, block_tokens=4, blocks=4),
 )
-STORE = "mcs"
+STORES = ("mcs", "mcf")
 FACTS = {"*": {"model_dtype": "bfloat16"},
          "org/full-model": {"kv_kind": "full", "total_kv_heads": 8, "writer_tp": 1, "writer_pp": 1},
          "deepseek-ai/DeepSeek-V2-Lite-Chat": {"kv_kind": "mla"},
          "lmc": {"writer_release": "0.5.6", "pythonhashseed": "0", "target_tp": 4, "total_kv_heads": 8,
                  "head_dim": 4, "layers": 2},
-         STORE: {"engine_stopped": True}}
+         **{store: {"engine_stopped": True} for store in STORES}}
 CRASH_POINTS = ("intent", "created", "tmp_written", "linked")
 STATS = {"steps": 0, "kills": 0, "invariant_checks": 0, "hints_run": 0}
+
+
+def _store_paths(records: list[dict[str, Any]]) -> set[str]:
+    """The paths a migration's Mooncake store records name as its own: KVEntries it placed
+    (or intended), both files of each pair it wrote (or intended)."""
+    out: set[str] = set()
+    for r in records:
+        if r.get("t") == "mc_entry":
+            out.add(r["path"])
+        elif r.get("t") == "mc_pair":
+            out |= {f"{r['client']}/{r['id']}{suffix}" for suffix in (".bucket", ".meta")}
+        elif r.get("t") == "mc_intent":
+            out |= {o["path"] for o in r.get("outputs") or ()}
+            out |= {f"{p['client']}/{p['id']}{suffix}" for p in r.get("pairs") or () for suffix in (".bucket", ".meta")}
+            out |= {e["path"] for e in r.get("entries") or ()}
+    return out
 
 
 def files(root: Path) -> dict[str, tuple[int, str]]:
@@ -131,13 +150,13 @@ class Lifecycle(RuleBasedStateMachine):
     @initialize()
     def build_root(self) -> None:
         self.root.mkdir()
-        self.store_objects: list[tuple[str, bytes, bytes]] = []  # (client root, raw key, value) of the store
+        self.store_objects: list[tuple[str, bytes, bytes]] = []  # (client root, raw key, value) of the stores
         for spec in SPECS:
             res = build(self.root, SynthSpec(**spec))
             if spec["family"] == "mooncake":
                 from kvmigrate.synth import mooncake as mc
 
-                self.store_objects = [(o["client_root"], o["key"].encode(), mc.rank_value(
+                self.store_objects += [(o["client_root"], o["key"].encode(), mc.rank_value(
                     SynthSpec(**spec), b["hex"], o["rank"], o["pp"], o["half"] or "k"))
                     for b in res.blocks for o in b["objects"]]
         self.facts.write_text(json.dumps(FACTS))
@@ -159,7 +178,7 @@ class Lifecycle(RuleBasedStateMachine):
         now = files(self.root)
         held = {h for _, h in now.values()}
         for rel, (_ino, h) in self.sources.items():
-            if rel in now and not (rel.startswith(STORE + "/") and rel.endswith(".meta")):
+            if rel in now and not (rel.split("/", 1)[0] in STORES and rel.endswith(".meta")):
                 self.check("source bytes unchanged", now[rel][1] == h, rel)
             elif not self.purged:
                 # moved by prune into its quarantine (same inode), or held elsewhere
@@ -247,8 +266,11 @@ class Lifecycle(RuleBasedStateMachine):
         journals' runs own, every path `journal` intended): a path may be made again by a
         later run once the engine evicted it or a rollback (of all, or of some targets)
         removed it."""
-        own = {p: r.get("ino") for run in jn.load_runs(str(journal)) if not run.rolled_back
-               for p, r in run.done.items()}
+        runs = jn.load_runs(str(journal))
+        own = {p: r.get("ino") for run in runs if not run.rolled_back for p, r in run.done.items()}
+        for run in runs:  # a Mooncake store's files the run wrote (migrate/stores.py records)
+            if not run.rolled_back:
+                own.update({p: self.before.get(p, (None,))[0] for p in _store_paths(run.store_records)})
         others: dict[str, set] = {}
         for other in self.journals():
             if other != journal:
@@ -258,6 +280,7 @@ class Lifecycle(RuleBasedStateMachine):
                             others.setdefault(p, set()).add(r.get("ino"))
         intended = {p for r in jn.read_records(str(journal)) if r.get("t") == "intent"
                     for item in r.get("items") or () for p in (item["path"], item.get("tmp")) if p}
+        intended |= _store_paths(jn.read_records(str(journal)))
         return own, others, intended
 
     def judge_removals(self, journal: Path, own: dict, others: dict, intended: set) -> None:
