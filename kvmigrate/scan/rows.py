@@ -203,6 +203,19 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
+def rows_of(records: Any, code: int) -> Rows:
+    """The rows of file records a family reads itself (LMCache's `TierFile`, Mooncake's
+    `StoreFile`: relpath, stat, hashes, verdict, block hash), in the order given."""
+    out = Rows()
+    for f in records:
+        rec = FileRecord(f.relpath, f.rank, f.group, None, f.size, f.mtime_ns, f.inode, f.dev, f.nlink,
+                         content=f.content, payload=f.payload, status=f.status, reason=f.reason, action=f.action,
+                         target_relpath=f.target, ctime_ns=f.ctime_ns)
+        i = out.add(rec, code)
+        out.block_hash[i] = f.block_hash
+    return out
+
+
 def object_nulls(n: int) -> list[pa.Array]:
     """The object columns of rows that are files only (every family but Mooncake's)."""
     return [pa.nulls(n, manifest.SCHEMA.field(c).type) for c in manifest.OBJECT_COLUMNS]

@@ -24,13 +24,12 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from kvmigrate.classify import FileRecord
 from kvmigrate.families import mooncake as MC
 from kvmigrate.formats import mooncake as M
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import Rows
+from kvmigrate.scan.rows import rows_of
 
 HEAD_BYTES = 8192
 META_MAX = 64 << 20  # a `.meta` lists at most 500 keys: one larger is never read into memory
@@ -225,17 +224,21 @@ def _read_meta(path: str, f: StoreFile) -> None:
         f.error = errno_reason(exc, "cannot read", f.relpath)
 
 
-def _tree(path: str, rel: str, client: str, out: list[StoreFile], own: bool) -> None:
-    """Every file under a folder of a client root outside its layout (never followed)."""
+def _listing(path: str, rel: str, client: str, out: list[StoreFile]) -> list[os.DirEntry]:
+    """A folder's entries by name; none (and an `unreadable` row for it) when it cannot be listed."""
     try:
         with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            return sorted(it, key=lambda e: e.name)
     except OSError as exc:
         f = StoreFile(rel, client, "other", 0)
         f.status, f.reason, f.error = "unreadable", errno_reason(exc, "cannot list", rel), "list"
         out.append(f)
-        return
-    for e in entries:
+        return []
+
+
+def _tree(path: str, rel: str, client: str, out: list[StoreFile], own: bool) -> None:
+    """Every file under a folder of a client root outside its layout (never followed)."""
+    for e in _listing(path, rel, client, out):
         child = f"{rel}/{e.name}"
         if e.is_dir(follow_symlinks=False):
             _tree(e.path, child, client, out, own)
@@ -258,15 +261,7 @@ def _walk_fsdir(path: str, rel: str, client: str, verify: str, out: list[StoreFi
     (§1.3); files at other depths are ignored by it (foreign)."""
 
     def level(p: str, r: str, depth: int) -> None:
-        try:
-            with os.scandir(p) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            f = StoreFile(r, client, "other", 0)
-            f.status, f.reason, f.error = "unreadable", errno_reason(exc, "cannot list", r), "list"
-            out.append(f)
-            return
-        for e in entries:
+        for e in _listing(p, r, client, out):
             child = f"{r}/{e.name}"
             if e.is_dir(follow_symlinks=False):
                 level(e.path, child, depth + 1)
@@ -505,14 +500,8 @@ class _StoreRows:
         return bool(self.files)
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        out = Rows()
         ordered = sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
-        for f in ordered:
-            rec = FileRecord(f.relpath, f.rank, f.group, None, f.size, f.mtime_ns, f.inode, f.dev, f.nlink,
-                             content=f.content, payload=f.payload, status=f.status, reason=f.reason, action=f.action,
-                             target_relpath=f.target, ctime_ns=f.ctime_ns)
-            i = out.add(rec, code)
-            out.block_hash[i] = f.block_hash
+        out = rows_of(ordered, code)
         if not len(out):
             return
         t = out.table(ns_arrays)

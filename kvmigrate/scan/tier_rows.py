@@ -17,11 +17,10 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from kvmigrate.classify import FileRecord
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import Rows
+from kvmigrate.scan.rows import rows_of
 from kvmigrate.scan.tiers import gds_folder
 
 HEAD_BYTES = 8192
@@ -269,12 +268,6 @@ class _TierRows:
         return bool(self.files)
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        out = Rows()
-        for f in sorted(self.files, key=lambda f: f.relpath):
-            rec = FileRecord(f.relpath, f.rank, f.group, None, f.size, f.mtime_ns, f.inode, f.dev, f.nlink,
-                             content=f.content, payload=f.payload, status=f.status, reason=f.reason, action=f.action,
-                             target_relpath=f.target, ctime_ns=f.ctime_ns)
-            i = out.add(rec, code)
-            out.block_hash[i] = f.block_hash
+        out = rows_of(sorted(self.files, key=lambda f: f.relpath), code)
         if len(out):
             yield out.table(ns_arrays)
