@@ -145,8 +145,7 @@ def to_intent(p: StorePlan, pairs: list[tuple[str, int, list, str, str]], entrie
     exactly the same (§5.3), and a rollback to prove what is the run's."""
     return {"t": "mc_intent", "store": p.store, "proof": p.proof,
             "rewrites": [{"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
-                          "keys": {str(i): k.hex() for i, k in rw.keys.items()},
-                          "old": {str(i): k.hex() for i, k in rw.old_keys.items()},
+                          "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
                           "retire": sorted(rw.retire)} for rw in p.rewrites],
             "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
                          "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
@@ -178,7 +177,6 @@ def from_intent(rec: dict[str, Any]) -> StorePlan:
     for r in rec.get("rewrites", ()):
         rw = IndexRewrite(r["meta"], r["client"], inode=r.get("inode", 0), mtime_ns=r.get("mtime_ns", 0))
         rw.keys = {int(i): bytes.fromhex(k) for i, k in r["keys"].items()}
-        rw.old_keys = {int(i): bytes.fromhex(k) for i, k in (r.get("old") or {}).items()}
         rw.retire = set(r.get("retire") or ())
         rw.values = {i: None for i in rw.keys}
         p.rewrites.append(rw)
