@@ -397,7 +397,9 @@ def test_demo_root_is_small_and_has_every_family(tmp_path):
     results = build_demo_root(tmp_path)
     families = {ns["family"] for r in results for ns in r.namespaces}
     schemes = {ns["scheme"] for r in results for ns in r.namespaces}
-    assert families == {"vllm", "llmd", "vllmcpp", "sglang", "lmcache"}
+    assert families == {"vllm", "llmd", "vllmcpp", "sglang", "lmcache", "mooncake"}
+    assert {ns["backend"] for r in results for ns in r.namespaces if ns["family"] == "mooncake"} == \
+        {"bucket", "file_per_key"}
     assert {ns["backend"] for r in results for ns in r.namespaces if ns["family"] == "lmcache"} == \
         {"fs", "local_disk", "gds"}
     assert {"S1", "S2", "S3", "vllmcpp-v1"} <= schemes
