@@ -122,7 +122,9 @@ def holders(out: list[Output], registered: Mapping[bytes, list[Any]], block: set
     block's own source objects."""
     present, displaced, other = 0, [], None
     for o in out:
-        held = registered.get(o.key) or []
+        # (a KVEntry away from fpk of its key, a temp copy or a misfiled one, is read at no key, §1.3)
+        held = [h for h in registered.get(o.key) or () if not (getattr(h, "kind", "") == "kventry"
+                                                                and h.status in ("misfiled", "tmp_leftover"))]
         if not held:
             continue
         if all(id(h) in block for h in held):

@@ -305,8 +305,10 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
         from kvmigrate.migrate.stores import describe
 
         lines.append("")
-        lines.append("Mooncake stores (index entries rekeyed in place, KVEntries written at fpk(key)):")
-        lines += describe(plan.stores)
+        into = plan.dest if os.path.abspath(plan.dest) != os.path.abspath(plan.root) else None
+        lines.append("Mooncake stores (index entries rekeyed in place, KVEntries written at fpk(key)):" if into is None
+                     else "Mooncake stores (what the target reads, placed into the destination):")
+        lines += describe(plan.stores, into)
     if plan.not_built:
         lines.append("")
         lines.append("planned by the scan, not applied by this kvmigrate yet (nothing of them is written):")

@@ -60,7 +60,7 @@ from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts
 from kvmigrate.migrate.runs import claimed_by_others
 from kvmigrate.migrate.sources import SourceChecks, read_batch, reads_block
 from kvmigrate.migrate.state import ApplyState, Helpers
-from kvmigrate.migrate.stores import StoreApplier, check_proofs
+from kvmigrate.migrate.stores import DestStoreApplier, StoreApplier, check_proofs
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024
@@ -119,7 +119,9 @@ class Applier:
         work = [tp for tp in plan.targets if tp.actions]
         if self.mode == "link":
             self._check_same_filesystem(work)
-        check_proofs(plan.root, plan.stores)
+        into_dest = os.path.abspath(plan.dest) != os.path.abspath(plan.root)
+        if not into_dest:  # (into another folder, a store under ROOT is only read: no proof needed)
+            check_proofs(plan.root, plan.stores)
         tree = DestTree(plan.dest)
         locks: list[NamespaceLock] = []
         stores: StoreApplier | None = None
@@ -128,7 +130,10 @@ class Applier:
             self._start(tree, journal)
             try:
                 resumed = [r for run in self._resume_runs for r in run.store_records]
-                if plan.stores or resumed:  # every store's proof before the first write of the run (§5.1)
+                if into_dest and plan.stores:  # (mooncake.md §3.6: DIR then holds what the target reads)
+                    stores = DestStoreApplier(plan.root, plan.dest, plan.stores, journal, self._run_id or "",
+                                              self.crash.hit, self.mode)
+                elif plan.stores or resumed:  # every store's proof before the first write of the run (§5.1)
                     stores = StoreApplier(plan.root, plan.stores, journal, self._run_id or "", self.crash.hit,
                                           resumed)
                     stores.take_proofs()

@@ -795,8 +795,8 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
     for base, tp in targets.items():
         tp.actions = ActionStream(rows, ctx, tallies[base])
 
-    stores = [] if dest_elsewhere or not not_built else plan_stores(
-        str(manifest_path), namespaces, chosen=[b for b in not_built])
+    stores = [] if not not_built else plan_stores(str(manifest_path), namespaces, chosen=list(not_built),
+                                                 dest=dest_elsewhere)
     return Plan(root=root, dest=os.path.abspath(dest) if dest else root,
                 manifest_path=os.path.abspath(manifest_path) if manifest_path else None,
                 target_profile=metadata.get("target_profile", ""), metadata=metadata,
@@ -808,14 +808,14 @@ def build_plan(manifest_path: str | os.PathLike[str], *, dest: str | None = None
 
 def _without_stores(chunk: pa.Table, stores: dict[str, str], waiting: Counter, dest_elsewhere: bool) -> pa.Table:
     """The chunk without the rows of store namespaces (`stores`: namespace -> its family's
-    title), counting in `waiting` those whose action this release does not apply (anything
-    but a rekey or link in place)."""
+    title), counting in `waiting` those whose action this release does not apply (a
+    needs_* action)."""
     mine = pc.fill_null(pc.is_in(chunk.column("source_base"), value_set=pa.array(sorted(stores))), False)
     if not pc.any(mine).as_py():
         return chunk
     theirs = chunk.filter(mine)
     for sb, action, _, _, blocks, _ in _grouped_counts(theirs, theirs.column("action")):
-        if action not in ("none", "already_present") and (dest_elsewhere or action not in STORE_ACTIONS):
+        if action not in ("none", "already_present") and action not in STORE_ACTIONS:
             waiting[(stores[sb], action)] += blocks
     return chunk.filter(pc.invert(mine))
 

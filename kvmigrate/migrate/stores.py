@@ -22,6 +22,7 @@ bytes) and removes the KVEntries the run placed (only with their journaled bytes
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections import Counter
@@ -33,7 +34,7 @@ import xxhash
 
 from kvmigrate import families, layout
 from kvmigrate import manifest as mf
-from kvmigrate.errors import OperationalError, UsageError
+from kvmigrate.errors import OperationalError, UsageError, write_error
 from kvmigrate.formats import mooncake as M
 from kvmigrate.migrate import mooncake_store as MS
 from kvmigrate.migrate.fsops import check_relpath
@@ -210,8 +211,11 @@ def _release(value: Any) -> tuple[int, ...] | None:
 
 
 def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, engine_stopped: bool = False,
-                chosen: Iterable[str] | None = None) -> list[StorePlan]:
-    """The store work of a manifest: its `rekey` and `link` rows, grouped per store."""
+                chosen: Iterable[str] | None = None, dest: bool = False) -> list[StorePlan]:
+    """The store work of a manifest: its `rekey`, `link` and `reshard` rows, grouped per
+    store. `dest`: a migration into another folder (§3.6), which then holds exactly what
+    the target reads: the objects read in place (`already_present` at their own key and
+    path) are placed there too."""
     store_of = {b: (ns.get("config_json") or {}).get("store") for b, ns in namespaces.items()
                 if families.get(ns.get("family")).root_layout == "stores"}
     if chosen is not None:
@@ -241,8 +245,13 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                 primaries.append((store, base, cols["group"][i], cols["block_hash"][i], cols["target_key"][i]))
                 _plan_of(plans, store, namespaces, store_of, engine_stopped)
                 continue
-            if action not in STORE_ACTIONS:
+            in_place = (action == "already_present" and cols["object_key"][i] is not None
+                        and cols["target_key"][i] == cols["object_key"][i]
+                        and (cols["object_index"][i] is not None or cols["target_relpath"][i] == cols["relpath"][i]))
+            if action not in STORE_ACTIONS and not (dest and in_place):
                 continue
+            if in_place:
+                action = "link"  # (into DIR: the same bytes, at the same key and path)
             plan = _plan_of(plans, store, namespaces, store_of, engine_stopped)
             relpath, target = cols["relpath"][i], cols["target_relpath"][i]
             key = cols["target_key"][i]
@@ -370,11 +379,16 @@ def _client_of(relpath: str, target: str) -> str:
     return "/".join(parts[:-4])
 
 
-def describe(plans: list[StorePlan]) -> list[str]:
-    """The dry run's lines: per store, its work and the proof the apply needs."""
+def describe(plans: list[StorePlan], dest: str | None = None) -> list[str]:
+    """The dry run's lines: per store, its work and the proof the apply needs (none into
+    another folder `dest`)."""
     lines: list[str] = []
     for p in plans:
         what = ", ".join(f"{n} {a}" for a, n in sorted(p.objects.items()))
+        if dest is not None:
+            lines.append(f"  Mooncake store {p.store} into {os.path.join(dest, p.store)}: {what} (the store under "
+                         "ROOT is only read: no proof that its clients are stopped is needed)")
+            continue
         lines.append(f"  Mooncake store {p.store}: {what} ({len(p.rewrites)} index rewrites, "
                      f"{len(p.entries)} KVEntries)")
         proof = p.proof
@@ -805,6 +819,155 @@ class StoreApplier:
         self.skipped.append(f"{outcome}: {why}")
 
 
+class DestStoreApplier(StoreApplier):
+    """A migration of stores into another folder DIR (§3.6): DIR/<client root> then holds
+    exactly what the target reads. A pair all of whose entries are reusable is placed whole
+    (its `.bucket` linked, or copied with --mode copy or across filesystems; its `.meta` with
+    the target keys written), other reusable objects and reshard outputs go into new pairs,
+    KVEntries are linked (their key unchanged) or written. Nothing under ROOT is written but
+    the journal, so no proof that the clients are stopped is needed. Every file made in DIR
+    is journaled (`mc_file`, `mc_pair`, `mc_dir` with `base: dest`) for rollback and verify."""
+
+    def __init__(self, root: str, dest: str, plans: list[StorePlan], journal: Any, run_id: str,
+                 crash: Callable[[str], None], mode: str = "link"):
+        super().__init__(root, plans, journal, run_id, crash)
+        self.dest = dest
+        self.mode = mode
+
+    def take_proofs(self) -> None:
+        """None needed: the store under ROOT is only read."""
+
+    def apply(self) -> None:
+        for p in self.plans:
+            self._dest_store(p)
+
+    def _d(self, relpath: str) -> str:
+        return os.path.join(self.dest, relpath) if relpath else self.dest
+
+    def _dirs(self, store: str, path: str) -> None:
+        """The folders of `path` under DIR, each made journaled."""
+        rel = os.path.relpath(path, self.dest)
+        parts = [] if rel == "." else rel.split(os.sep)
+        cur = self.dest
+        for part in parts:
+            cur = os.path.join(cur, part)
+            if not os.path.isdir(cur):
+                os.mkdir(cur)
+                self.journal.write({"t": "mc_dir", "store": store, "path": os.path.relpath(cur, self.dest),
+                                    "base": "dest"}, sync=True)
+
+    def _put(self, store: str, relpath: str, data: bytes | None = None, source: str | None = None) -> bool:
+        """A file at DIR/relpath: `data` written, or `source` linked (copied with --mode copy
+        or across filesystems); never over another file (the same bytes there: done).
+        Returns whether it is there with the bytes it must hold."""
+        final = self._d(relpath)
+        self._dirs(store, os.path.dirname(final))
+        want = MS.xxh3_hex(data) if data is not None else MS._hash_or_none(self._abs(source or ""))
+        if os.path.lexists(final):
+            return MS._hash_or_none(final) == want
+        stage = MS.stage_path(os.path.dirname(final))
+        if data is None and self.mode != "copy":
+            try:
+                os.link(self._abs(source or ""), final, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise write_error(exc, "cannot link into the destination", final) from None
+                data = MS._read(self._abs(source or ""))
+        if data is None and not os.path.exists(final):
+            data = MS._read(self._abs(source or ""))
+        if data is not None and not os.path.exists(final):
+            MS._ensure_stage(stage)
+            tmp = MS.temp_path(stage, os.path.basename(final))
+            MS._write_temp(tmp, data)
+            try:
+                os.link(tmp, final, follow_symlinks=False)
+            finally:
+                MS._unlink_quiet(tmp)
+            MS.clear_stage(stage)
+        MS._fsync_dir(os.path.dirname(final))
+        self.journal.write({"t": "mc_file", "store": store, "path": relpath, "xxh3": want, "base": "dest"}, sync=True)
+        self.crash("created")
+        return True
+
+    def _dest_store(self, p: StorePlan) -> None:
+        outputs = self._reshard_outputs(p)
+        self.journal.write({**to_intent(p, [], outputs["entries"]), "dest": True}, sync=True)
+        self.crash("intent")
+        new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
+        for rw in p.rewrites:
+            self._dest_index(p.store, rw, new_objects)
+        for e in p.entries:
+            self._dest_entry(p.store, e)
+        for _client, path, data, _ in outputs["entries"]:
+            if self._put(p.store, path, data=data):
+                self.outcomes["created"] += 1
+            else:
+                self._skip("conflict", 1, f"{self._d(path)}: another file is there")
+        for client, key, value in outputs["objects"]:
+            new_objects.setdefault(client, []).append((key, value))
+        for client, objs in sorted(new_objects.items()):
+            base = self._d(client)
+            self._dirs(p.store, base)
+            packed = MS.pack_pairs(objs)
+            for bucket_id, objects in zip(MS.choose_bucket_ids(base, len(packed)), packed):
+                made = MS.write_pair(base, bucket_id, objects, MS.stage_path(base), step=self.crash)
+                self.journal.write({"t": "mc_pair", "store": p.store, "client": client, "id": made.id,
+                                    "bucket": made.bucket_xxh3, "meta": made.meta_xxh3, "base": "dest",
+                                    "keys": [k.hex() for k in made.keys]}, sync=True)
+                self.outcomes["created"] += len(objects)
+            MS.clear_stage(MS.stage_path(base))
+        self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
+
+    def _dest_index(self, store: str, rw: IndexRewrite, new_objects: dict[str, list[tuple[bytes, bytes]]]) -> None:
+        """A live pair's reusable entries into DIR: the pair whole when every entry is, else
+        each value into a new pair there."""
+        n = len(rw.keys) - len(rw.retire)
+        try:
+            data = MS._read(self._abs(rw.meta))
+            st = os.lstat(self._abs(rw.meta))
+            meta = M.decode_meta(data)
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        bucket = rw.meta[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+        if (st.st_ino, st.st_mtime_ns) != (rw.inode, rw.mtime_ns) or not self._values_whole(
+                self._abs(bucket), meta, rw):
+            self._skip("changed_since_scan", n, f"{rw.meta}: the pair changed since the scan")
+            return
+        keys = {i: k for i, k in rw.keys.items() if i not in rw.retire}
+        if len(keys) == len(meta.keys) and M.encode_meta(meta) == data:  # every entry reusable: the pair whole
+            new_meta = M.encode_meta(M.BucketMeta(meta.data_size, tuple(keys[i] for i in range(len(meta.keys))),
+                                                  meta.objects))
+            if self._put(store, bucket, source=bucket) and self._put(store, rw.meta, data=new_meta):
+                self.outcomes["created"] += n
+            else:
+                self._skip("conflict", n, f"{self._d(rw.meta)}: another pair has its id there")
+            return
+        with open(self._abs(bucket), "rb") as f:
+            for i, key in sorted(keys.items()):
+                obj = meta.objects[i]
+                f.seek(obj.value_start)
+                new_objects.setdefault(rw.client, []).append((key, f.read(obj.data_size)))
+
+    def _dest_entry(self, store: str, e: EntryWrite) -> None:
+        try:
+            st = os.lstat(self._abs(e.source))
+            data = MS._read(self._abs(e.source))
+            entry = M.decode_kv_entry(data)
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
+            return
+        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns):
+            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+            return
+        ok = (self._put(store, e.path, source=e.source) if entry.key == e.key else
+              self._put(store, e.path, data=M.encode_kv_entry(M.KVEntry(e.key, entry.value))))
+        if ok:
+            self.outcomes["created"] += 1
+        else:
+            self._skip("conflict", 1, f"{self._d(e.path)}: another file is there")
+
+
 # --- rollback and verify ---------------------------------------------------------------------------
 
 def run_records(run: Any) -> list[dict[str, Any]]:
@@ -829,16 +992,33 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
             # flock of one file from this process would read as a live client)
             for client in sorted({r["client"] for r in proofs}):
                 locks.append(MS.hold_client_lock(os.path.join(root, client) if client else root))
+        gone: set[str] = set()  # (a dry run: what the removals would take, so folders are counted alike)
         indexes = {r["meta"]: r for r in recs if r["t"] == "mc_index"}
         indexes.update({r["path"]: {**r, "meta": r["path"]} for r in recs if r["t"] == "mc_replace"})
         entries = {r["path"]: r for r in recs if r["t"] == "mc_entry"}
-        intents = [r for r in recs if r["t"] == "mc_intent"]
+        # (an intent of a migration into DIR names paths under DIR: never reconciled against ROOT,
+        # where an entry read in place has the very same relpath)
+        intents = [r for r in recs if r["t"] == "mc_intent" and not r.get("dest")]
         # new pairs first (.meta, then .bucket, each only with the bytes the run wrote): journaled or
         # intended (a pair a killed run linked before its record)
-        pairs = {(r["client"], r["id"]): r for it in intents for r in it.get("pairs", ())}
-        pairs.update({(r["client"], r["id"]): r for r in recs if r["t"] == "mc_pair"})
-        for (client, bucket_id), r in sorted(pairs.items()):
-            base = os.path.join(root, client) if client else root
+        # what a migration into DIR made there (`base: dest`): its files, newest first (a pair's .meta
+        # before its .bucket)
+        for r in reversed([r for r in recs if r["t"] == "mc_file"]):
+            path = os.path.join(run.dest, check_relpath(r["path"], "journal path"))
+            if dry_run:
+                if MS._hash_or_none(path) == r["xxh3"]:
+                    done["kventry"] += 1
+                    gone.add(path)
+                continue
+            what = MS.remove_kv_entry(path, r["xxh3"])
+            done["kventry"] += what == "removed"
+            if what == "kept":
+                kept.append(f"{path}: changed since the migration made it; left in place")
+        pairs = {(r["client"], r["id"], r.get("base")): r for it in intents for r in it.get("pairs", ())}
+        pairs.update({(r["client"], r["id"], r.get("base")): r for r in recs if r["t"] == "mc_pair"})
+        for (client, bucket_id, where), r in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            top = run.dest if where == "dest" else root
+            base = os.path.join(top, client) if client else top
             if dry_run:
                 done["pair"] += int(MS._hash_or_none(os.path.join(base, f"{bucket_id}{M.META_SUFFIX}")) == r["meta"])
                 continue
@@ -872,7 +1052,6 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
                 if found is not None:
                     entries[e["path"]] = found
         dirs: list[str] = []
-        gone: set[str] = set()  # (a dry run: what the removals would take, so folders are counted alike)
         for path, r in sorted(entries.items(), reverse=True):
             check_relpath(path, "journal path")
             dirs += r.get("dirs") or []
@@ -899,10 +1078,11 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
             elif back == "kept":
                 kept.append(f"{path}: changed since the migration rewrote it; left in place (its original is "
                             f"{backup})")
-        dirs += [r["path"] for r in recs if r["t"] == "mc_dir"]
+        dirs += [r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") != "dest"]
+        dest_dirs = [r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") == "dest"]
         clients = {r.get("client", "") for it in intents for r in
                    [*it.get("rewrites", ()), *it.get("entries", ()), *it.get("pairs", ()), *it.get("outputs", ())]}
-        for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir"}):
+        for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") != "dest"}):
             base = os.path.join(root, client) if client else root
             own = os.path.join(base, OWN_LOCK)
             if os.path.exists(own):
@@ -916,8 +1096,9 @@ def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple
                     gone.add(stage)
             else:
                 MS.clear_stage(stage)
-        for d in sorted(set(dirs), key=lambda x: -x.count("/")):  # (a folder it made, once empty)
-            path = os.path.join(root, d)
+        for d, top in sorted({*((d, root) for d in dirs), *((d, run.dest) for d in dest_dirs)},
+                             key=lambda x: -x[0].count("/")):  # (a folder it made, once empty)
+            path = os.path.join(top, d)
             if dry_run:
                 try:
                     left = [os.path.join(path, n) for n in os.listdir(path)]
@@ -989,7 +1170,7 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     root = run.root
     checked = 0
     for r in run_records(run):
-        checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace")
+        checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace", "mc_file")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])
             got = MS._hash_or_none(path)
@@ -999,8 +1180,16 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
                 out.append(("changed", f"{path}: not the index the migration wrote"))
             elif not os.path.isfile(path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX):
                 out.append(("missing", f"{path}: its .bucket is gone: the next client start deletes the index"))
+        elif r["t"] == "mc_file":
+            path = os.path.join(run.dest, r["path"])
+            got = MS._hash_or_none(path)
+            if got is None:
+                out.append(("missing", f"{path}: the file the migration made is gone (evicted or removed)"))
+            elif got != r["xxh3"]:
+                out.append(("changed", f"{path}: not the file the migration made"))
         elif r["t"] == "mc_pair":
-            base = os.path.join(root, r["client"]) if r["client"] else root
+            top = run.dest if r.get("base") == "dest" else root
+            base = os.path.join(top, r["client"]) if r["client"] else top
             for suffix, want in ((M.META_SUFFIX, r["meta"]), (M.BUCKET_SUFFIX, r["bucket"])):
                 path = os.path.join(base, f"{r['id']}{suffix}")
                 got = MS._hash_or_none(path)

@@ -262,12 +262,15 @@ def reshard_facts(tmp_path: Path, target_tp: int) -> Path:
     return facts
 
 
-def reads_at_target_tp(root: Path, res, spec: SynthSpec, target_tp: int) -> None:
+def reads_at_target_tp(root: Path, res, spec: SynthSpec, target_tp: int, skip: set[str] = frozenset()) -> None:
     """A client of the target deployment (TP `target_tp`) starting on each client root reads
-    every key of every block to the bytes that deployment would itself have written."""
+    every key of every block (but those in `skip`) to the bytes that deployment would itself
+    have written."""
     target = spec.replace(tp=target_tp)
     halves = ("k", "v") if spec.mc_engine == "sglang" else ("k",)  # (vLLM ignores the half)
     for blk in res.blocks:
+        if blk["hex"] in skip:
+            continue
         o = blk["objects"][0]
         for r in range(S.key_ranks(target)):
             for half in halves:
@@ -447,3 +450,49 @@ def test_reshard_prune_then_rollback_gives_back_the_original_store(tmp_path, bac
     assert code == 0, out
     assert tree_digest(root) == before
     reads_at_target_tp(root, res, spec, 2)
+
+
+DEST_CASES = [(b, e, s, t) for b in ("bucket", "file_per_key") for e in ("vllm", "sglang")
+              for s, t in (("mc-raw", None), ("mc-scoped", None), ("mc-scoped", 4))]
+
+
+@pytest.mark.parametrize("backend,engine,scheme,target_tp", DEST_CASES)
+def test_migrate_into_dest_holds_exactly_what_the_target_reads(tmp_path, backend, engine, scheme, target_tp):
+    """§3.6 `--dest DIR`: DIR/<store> then holds what the target reads (a rekeyed or read-in-
+    place pair whole, its .bucket linked; KVEntries linked or written; reshard outputs),
+    and nothing under ROOT changes, so no proof that the clients are stopped is needed; a
+    rescan of DIR finds everything in place; verify; rollback empties DIR again."""
+    root, dest = tmp_path / "root", tmp_path / "dest"
+    dest.mkdir()
+    spec = SynthSpec(**{**MC, "mc_backend": backend, "mc_engine": engine, "tp": 2, "mc_scheme": scheme,
+                        "defects": ("orphan_data",) if backend == "bucket" else ("tmp_leftover",)})
+    res = build(root, spec)
+    before = tree_digest(root)
+    facts = reshard_facts(tmp_path, target_tp) if target_tp else None
+    extra = ["--facts", facts] if facts else []
+    code, out = run("migrate", root, "--dest", dest, *extra, "--apply")
+    assert code == 0, out
+    assert tree_digest(root) == before
+    touched = {h for d in res.defects for h in d.get("blocks") or ()}
+    if target_tp:
+        reads_at_target_tp(dest, res, spec, target_tp, touched)
+    else:
+        for blk in res.blocks:
+            if blk["hex"] in touched:
+                continue
+            for o in blk["objects"]:
+                client = dest / o["client_root"]
+                got = R.read(client, R.start(client), M.scoped(o["key"]))
+                assert got == S.rank_value(spec, blk["hex"], o["rank"], o["pp"], o["half"] or "k"), o["key"]
+    for c in {o["client_root"] for b in res.blocks for o in b["objects"]}:
+        started = R.start(dest / c)
+        assert not started.deleted and not started.refused, (started.deleted, started.refused)
+    code, out = run("migrate", dest, *extra)
+    assert "Mooncake store" not in out, out  # (nothing left to place in DIR)
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("verify", dest, "--journal", journal)
+    assert code == 0, out
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert tree_digest(root) == before
+    assert not [p for p in dest.rglob("*") if p.is_file() and ".kvmigrate" not in p.parts]
