@@ -783,16 +783,8 @@ class StoreApplier:
         if e.path in self.done_entry and MS._hash_or_none(target) == self.done_entry[e.path]:
             self.outcomes["created"] += 1
             return
-        try:
-            st = os.lstat(self._abs(e.source))
-            data = MS._read(self._abs(e.source))
-            entry = M.decode_kv_entry(data)
-        except (OSError, OperationalError, M.DecodeError) as exc:
-            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
-            return
-        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns) or (
-                e.value is not None and xxhash.xxh3_128(entry.value).digest() != e.value):
-            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+        entry = self._source_entry(e)
+        if entry is None:
             return
         if e.action == "link" and entry.key != e.key:
             self._skip("changed_since_scan", 1, f"{e.source}: its key is not the one the scan read")
@@ -813,6 +805,21 @@ class StoreApplier:
                             "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
         self.crash("created")
         self.outcomes["created"] += 1
+
+    def _source_entry(self, e: EntryWrite) -> M.KVEntry | None:
+        """The source KVEntry of a rekey or link as the scan read it (its stat, its value's
+        hash), or None with the outcome changed_since_scan."""
+        try:
+            st = os.lstat(self._abs(e.source))
+            entry = M.decode_kv_entry(MS._read(self._abs(e.source)))
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
+            return None
+        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns) or (
+                e.value is not None and xxhash.xxh3_128(entry.value).digest() != e.value):
+            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+            return None
+        return entry
 
     def _skip(self, outcome: str, n: int, why: str) -> None:
         self.outcomes[outcome] += n
@@ -950,15 +957,8 @@ class DestStoreApplier(StoreApplier):
                 new_objects.setdefault(rw.client, []).append((key, f.read(obj.data_size)))
 
     def _dest_entry(self, store: str, e: EntryWrite) -> None:
-        try:
-            st = os.lstat(self._abs(e.source))
-            data = MS._read(self._abs(e.source))
-            entry = M.decode_kv_entry(data)
-        except (OSError, OperationalError, M.DecodeError) as exc:
-            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
-            return
-        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns):
-            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+        entry = self._source_entry(e)
+        if entry is None:
             return
         ok = (self._put(store, e.path, source=e.source) if entry.key == e.key else
               self._put(store, e.path, data=M.encode_kv_entry(M.KVEntry(e.key, entry.value))))

@@ -203,6 +203,25 @@ def _block_rows_table(store: Any, ns_arrays: list[tuple[pa.Array, pa.Array]], or
     return pa.Table.from_arrays(arrays, schema=manifest.SCHEMA)
 
 
+class RecordRows:
+    """A namespace's rows from file records a family reads itself (its `flat_rows`), as one
+    table when written, in relpath order."""
+
+    def __init__(self, files: list[Any]) -> None:
+        self.files = files
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def ordered(self) -> list[Any]:
+        return sorted(self.files, key=lambda f: f.relpath)
+
+    def tables(self, code: int, ns_arrays: list) -> Any:
+        out = rows_of(self.ordered(), code)
+        if len(out):
+            yield out.table(ns_arrays)
+
+
 def rows_of(records: Any, code: int) -> Rows:
     """The rows of file records a family reads itself (LMCache's `TierFile`, Mooncake's
     `StoreFile`: relpath, stat, hashes, verdict, block hash), in the order given."""

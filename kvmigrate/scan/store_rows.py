@@ -29,7 +29,7 @@ from kvmigrate.formats import mooncake as M
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import rows_of
+from kvmigrate.scan.rows import RecordRows, rows_of
 
 HEAD_BYTES = 8192
 META_MAX = 64 << 20  # a `.meta` lists at most 500 keys: one larger is never read into memory
@@ -490,17 +490,14 @@ def _objects(root: str, meta_file: StoreFile, bucket: StoreFile, meta: M.BucketM
     return out
 
 
-class _StoreRows:
-    """A store namespace's rows: file rows, then object rows, as one table when written."""
+class _StoreRows(RecordRows):
+    """A store namespace's rows: each file row, then its object rows, as one table when written."""
 
-    def __init__(self, files: list[StoreFile]) -> None:
-        self.files = files
-
-    def __bool__(self) -> bool:
-        return bool(self.files)
+    def ordered(self) -> list[StoreFile]:
+        return sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        ordered = sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
+        ordered = self.ordered()
         out = rows_of(ordered, code)
         if not len(out):
             return

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import xxhash
 
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import rows_of
+from kvmigrate.scan.rows import RecordRows
 from kvmigrate.scan.tiers import gds_folder
 
 HEAD_BYTES = 8192
@@ -256,18 +254,5 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
     return f
 
 
-
-
-class _TierRows:
+class _TierRows(RecordRows):
     """A tier namespace's rows: its files' records, as one table when written."""
-
-    def __init__(self, files: list[Any]) -> None:
-        self.files = files
-
-    def __bool__(self) -> bool:
-        return bool(self.files)
-
-    def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        out = rows_of(sorted(self.files, key=lambda f: f.relpath), code)
-        if len(out):
-            yield out.table(ns_arrays)
