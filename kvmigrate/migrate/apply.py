@@ -60,7 +60,8 @@ from kvmigrate.migrate.result import ApplyResult, Stop, finish_counts
 from kvmigrate.migrate.runs import claimed_by_others
 from kvmigrate.migrate.sources import SourceChecks, read_batch, reads_block
 from kvmigrate.migrate.state import ApplyState, Helpers
-from kvmigrate.migrate.stores import DestStoreApplier, StoreApplier, check_proofs
+from kvmigrate.migrate.store_apply import DestStoreApplier, StoreApplier
+from kvmigrate.migrate.stores import check_proofs
 
 MODES = ("link", "copy", "auto")
 BATCH = 1024

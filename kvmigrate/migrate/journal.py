@@ -21,7 +21,7 @@ Record types, in the order a run writes them:
     done      after a creation: path, inode, size, xxh3_128 of the output (folders:
               one record `kind: dirs` with the paths a batch created)
     lock      the lock file of a target base folder was created
-    mc_*      a Mooncake store's proofs, intent, index rewrites and KVEntries (migrate/stores.py)
+    mc_*      a Mooncake store's proofs, intent and work (migrate/stores.py lists them)
     skip      a block not created (conflict, changed_since_scan, failed) and why
     complete  the run finished (outcome counts); a complete run is never resumed
     rolled_back  `kvmigrate rollback` removed what the run created

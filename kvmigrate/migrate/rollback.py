@@ -494,8 +494,8 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
 
 
 def _rollback_stores(run: jn.Run, result: RollbackResult) -> None:
-    """The store work of a run (migrate/stores.py): indexes restored, KVEntries removed."""
-    from kvmigrate.migrate.stores import rollback_run
+    """The store work of a run (migrate/store_undo.py): indexes restored, KVEntries removed."""
+    from kvmigrate.migrate.store_undo import rollback_run
 
     done, kept = rollback_run(run, result.dry_run)
     for kind, n in done.items():

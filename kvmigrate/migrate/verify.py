@@ -200,9 +200,9 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
 
 
 def _check_stores(run: jn.Run, result: VerifyResult) -> None:
-    """A Mooncake store's rewritten indexes and placed KVEntries (migrate/stores.py): an
+    """A Mooncake store's rewritten indexes and placed KVEntries (migrate/store_undo.py): an
     index the client since evicted is `evicted` (bit 1), anything else changed bit 4."""
-    from kvmigrate.migrate.stores import verify_run
+    from kvmigrate.migrate.store_undo import verify_run
 
     checked, found = verify_run(run)
     result.blocks += checked

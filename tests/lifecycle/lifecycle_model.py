@@ -275,7 +275,7 @@ class Lifecycle(RuleBasedStateMachine):
         removed it."""
         runs = jn.load_runs(str(journal))
         own = {p: r.get("ino") for run in runs if not run.rolled_back for p, r in run.done.items()}
-        for run in runs:  # a Mooncake store's files the run wrote (migrate/stores.py records)
+        for run in runs:  # a Mooncake store's files the run wrote (migrate/stores.py lists its records)
             if not run.rolled_back:
                 own.update({p: self.before.get(p, (None,))[0] for p in _store_paths(run.store_records)})
         others: dict[str, set] = {}

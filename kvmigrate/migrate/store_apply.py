@@ -1,0 +1,583 @@
+"""Applying a store's plan (migrate/stores.py) with the write primitives of
+migrate/mooncake_store.py: in place (`StoreApplier`: proofs, the intent, index rewrites,
+replaced KVEntries, new pairs, new KVEntries; a resumed run finishes its journaled intent
+exactly) or into another folder (`DestStoreApplier`, §3.6). Source `.bucket` files are
+never modified: every value stays readable at its manifest location."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from kvmigrate.errors import OperationalError, write_error
+from kvmigrate.formats import mooncake as M
+from kvmigrate.migrate import mooncake_store as MS
+from kvmigrate.migrate.stores import (
+    BACKUP_DIR,
+    OWN_LOCK,
+    EntryWrite,
+    IndexRewrite,
+    ReshardWork,
+    SourceRef,
+    StorePlan,
+    check_proofs,
+    from_intent,
+    to_intent,
+)
+
+
+def _keep_displaced(p: StorePlan, work: ReshardWork) -> None:
+    """A reshard that will not run retires nothing: its displaced entries leave the index
+    rewrites (a rewrite left with no entry is dropped)."""
+    for src in work.displaced:
+        for rw in p.rewrites:
+            if rw.meta == src.relpath and src.index is not None:
+                rw.keys.pop(src.index, None)
+                rw.old_keys.pop(src.index, None)
+                rw.retire.discard(src.index)
+    p.rewrites = [rw for rw in p.rewrites if rw.keys]
+
+
+class StoreApplier:
+    """Applies the store plans of one migration run, writing its journal."""
+
+    def __init__(self, root: str, plans: list[StorePlan], journal: Any, run_id: str,
+                 crash: Callable[[str], None], resumed: list[dict[str, Any]] | None = None):
+        self.root = root
+        self.plans = plans
+        self.journal = journal
+        self.run_id = run_id
+        self.crash = crash
+        self.flocks: list[MS.ClientLock] = []
+        self.own_locks: list[str] = []
+        self.outcomes: Counter = Counter()
+        self.skipped: list[str] = []
+        # what an interrupted run of this journal already did: index -> new XXH3, entry -> XXH3
+        self.done_index = {r["meta"]: r["new"] for r in resumed or () if r.get("t") == "mc_index"}
+        self.done_entry = {r["path"]: r["xxh3"] for r in resumed or () if r.get("t") in ("mc_entry", "mc_replace")
+                           for r in [{**r, "xxh3": r.get("xxh3") or r.get("new")}]}
+        # a store whose intent an interrupted run wrote and did not finish: that intent is done
+        # exactly (its pairs' ids and hashes), not a plan from a scan of the half-done store
+        finished = {r["store"] for r in resumed or () if r.get("t") == "mc_done"}
+        self.unfinished = {r["store"]: r for r in resumed or () if r.get("t") == "mc_intent"
+                           and r["store"] not in finished}
+        self.resuming = False
+
+    def _abs(self, relpath: str) -> str:
+        return os.path.join(self.root, relpath) if relpath else self.root
+
+    def take_proofs(self) -> None:
+        """Every proof of every store before the first write (§5.1): no proof → exit 2
+        (`check_proofs`), a held client lock → exit 8; nothing written either way."""
+        check_proofs(self.root, self.plans)
+        resumed = [from_intent(i) for i in self.unfinished.values()]
+        try:
+            taken: set[str] = set()
+            for p in [*[q for q in self.plans if q.store not in self.unfinished], *resumed]:
+                for client in p.bucket_clients:
+                    if client in taken:
+                        continue
+                    taken.add(client)
+                    lock = MS.hold_client_lock(self._abs(client))
+                    self.flocks.append(lock)
+                    self.journal.write({"t": "mc_store", "store": p.store, "client": client, "proof": p.proof,
+                                        "lock_created": lock.created}, sync=True)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for lock in reversed(self.flocks):
+            lock.release()
+        self.flocks = []
+
+    def apply(self) -> None:
+        planned = {p.store for p in self.plans}
+        for store, intent in sorted(self.unfinished.items()):
+            self.resuming = True
+            self._store(from_intent(intent), intent)
+            self.resuming = False
+            if store in planned:
+                self.skipped.append(f"Mooncake store {store}: an interrupted run's work was finished; rerun the "
+                                    "migration to plan anything else of it")
+        for p in self.plans:
+            if p.store not in self.unfinished:
+                self._store(p)
+
+    def _own_lock(self, client: str) -> None:
+        path = os.path.join(self._abs(client), OWN_LOCK)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return  # (an interrupted run's: removed at the end of this one)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        self.own_locks.append(path)
+
+    def _store(self, p: StorePlan, resumed: dict[str, Any] | None = None) -> None:
+        for client in p.clients:
+            if not os.path.isdir(self._abs(client)):  # an SGLang target rank's client root (§3.6)
+                os.makedirs(self._abs(client))
+                self.journal.write({"t": "mc_dir", "store": p.store, "path": client}, sync=True)
+            self._own_lock(client)
+        for rw in p.rewrites:  # a displaced entry's retired key names this run (§3.5)
+            for i, k in rw.keys.items():
+                if not k:
+                    rw.keys[i] = M.retired_key(rw.old_keys[i], self.run_id.replace("@", "_"))
+        outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
+        if resumed is None:
+            pairs = self._pairs(p, outputs)
+            self.journal.write(to_intent(p, pairs, outputs["entries"]), sync=True)
+        else:  # the interrupted run's pairs: the same ids, proven the same bytes
+            pairs = self._resumed_pairs(resumed, outputs)
+        self.crash("intent")
+        for rw in p.rewrites:
+            self._rewrite(rw)
+        for client, path, data, displaced in outputs["entries"]:
+            self._output_entry(client, path, data, displaced)
+        for client, bucket_id, objects, _, _ in pairs:
+            self._pair(client, bucket_id, objects)
+        for e in p.entries:
+            self._entry(e)
+        for client in p.clients:
+            MS.clear_stage(MS.stage_path(self._abs(client)))
+        for path in self.own_locks:
+            if os.path.exists(path):
+                os.unlink(path)
+        self.own_locks = []
+        self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
+
+    def _reshard_outputs(self, p: StorePlan) -> dict[str, list[Any]]:
+        """The values every reshard writes (§3.4), from sources re-read and checked against
+        the scan: {"objects": [(client, key, value)] for new pairs, "entries": [(client,
+        path, KVEntry bytes, displaced)] for KVEntries}."""
+        from kvmigrate.transforms_mooncake import reshard_values
+
+        out: dict[str, list[Any]] = {"objects": [], "entries": []}
+        for work in p.reshards:
+            values: dict[tuple[int, str], bytes] = {}
+            for rank_half, src in work.sources.items():
+                value = self._source_value(src)
+                if value is None:
+                    break
+                values[rank_half] = value
+            if len(values) != len(work.sources):
+                first = min(work.sources.values(), key=lambda src: src.relpath)
+                self._skip("changed_since_scan", len(work.outputs),
+                           f"{first.relpath}: a source of its reshard changed since the scan")
+                _keep_displaced(p, work)  # (no output: its sources keep their keys)
+                continue
+            geo = work.geometry
+            by_half: dict[str, list[bytes]] = {}
+            for half in sorted({h for _, h in work.sources}):
+                by_half[half] = reshard_values([values[(r, half)] for r in range(work.n_s)], work.n_s, work.n_t,
+                                               geo.heads, geo.head_dim, geo.elem_bytes)
+            displaced = {src.relpath for src in work.displaced if src.index is None}
+            for o in work.outputs:
+                value = by_half[o.half][o.rank]
+                if work.kventries:
+                    path = f"{o.client}/{M.fpk(o.key, work.fsdir)}" if o.client else M.fpk(o.key, work.fsdir)
+                    out["entries"].append((o.client, path, M.encode_kv_entry(M.KVEntry(o.key, value)),
+                                           path in displaced))
+                else:
+                    out["objects"].append((o.client, o.key, value))
+        return out
+
+    def _source_value(self, src: SourceRef) -> bytes | None:
+        """A reshard source's value as it is now, or None when it is not the scanned one."""
+        try:
+            if src.index is None:
+                backup = os.path.join(self.root, BACKUP_DIR, self.run_id, src.relpath + ".orig")
+                # (a displaced source an interrupted run replaced: its original is the backup)
+                data = MS._read(backup if self.resuming and os.path.isfile(backup) else self._abs(src.relpath))
+                if len(data) != src.size:  # (a KVEntry's row size is its file's)
+                    return None
+                value = M.decode_kv_entry(data).value
+                if src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
+                    return None
+                return value
+            meta = M.decode_meta(MS._read(self._abs(src.relpath)))
+            obj = meta.objects[src.index]
+            bucket = self._abs(src.relpath)[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+            with open(bucket, "rb") as f:
+                f.seek(obj.value_start)
+                value = f.read(obj.data_size)
+        except (OSError, OperationalError, M.DecodeError, IndexError):
+            return None
+        if len(value) != src.size or src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
+            return None
+        return value
+
+    def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, list[Any]]
+                       ) -> list[tuple[str, int, list, str, str]]:
+        """The intended pairs with their objects recomputed; a pair whose bytes would differ
+        from the intent's is left out (changed_since_scan), and a `.bucket` of the
+        interrupted run left alone without its `.meta` is taken away before it is rewritten."""
+        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
+        for client, key, value in outputs["objects"]:
+            by_client.setdefault(client, []).append((key, value))
+        out = []
+        packed = {c: MS.pack_pairs(objs) for c, objs in by_client.items()}
+        seen: dict[str, int] = {}
+        for rec in intent.get("pairs", ()):
+            client = rec["client"]
+            k = seen.get(client, 0)
+            seen[client] = k + 1
+            objects = packed.get(client, [])[k] if k < len(packed.get(client, [])) else []
+            same = False
+            if objects:
+                data, meta = M.build_bucket(objects)
+                same = MS.xxh3_hex(data) == rec["bucket"] and MS.xxh3_hex(M.encode_meta(meta)) == rec["meta"]
+            if not same:
+                self._skip("changed_since_scan", len(objects), f"{client}: pair {rec['id']} would not be the bytes "
+                           "the interrupted run intended")
+                continue
+            base = self._abs(client)
+            bucket = os.path.join(base, f"{rec['id']}{M.BUCKET_SUFFIX}")
+            meta_path = os.path.join(base, f"{rec['id']}{M.META_SUFFIX}")
+            if MS._hash_or_none(meta_path) == rec["meta"]:
+                self.outcomes["created"] += len(objects)  # committed before the interruption
+                continue
+            if not os.path.exists(meta_path) and MS._hash_or_none(bucket) == rec["bucket"]:
+                os.unlink(bucket)  # ours, never committed: written again below
+            out.append((client, rec["id"], objects, rec["bucket"], rec["meta"]))
+        return out
+
+    def _pairs(self, p: StorePlan, outputs: dict[str, list[Any]]) -> list[tuple[str, int, list, str, str]]:
+        """The new pairs of the store's reshard outputs, per target client root: objects sorted
+        by key, <= 500 a pair and 256 MiB, ids above every id at the top of the client root
+        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3)."""
+        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
+        for client, key, value in outputs["objects"]:
+            by_client.setdefault(client, []).append((key, value))
+        out = []
+        for client, objs in sorted(by_client.items()):
+            packed = MS.pack_pairs(objs)
+            ids = MS.choose_bucket_ids(self._abs(client), len(packed))
+            for bucket_id, objects in zip(ids, packed):
+                data, meta = M.build_bucket(objects)
+                out.append((client, bucket_id, objects, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
+        return out
+
+    def _pair(self, client: str, bucket_id: int, objects: list[tuple[bytes, bytes]]) -> None:
+        root = self._abs(client)
+        try:
+            made = MS.write_pair(root, bucket_id, objects, MS.stage_path(root), step=self.crash)
+        except MS.PairConflict as exc:
+            self._skip("conflict", len(objects), f"{client}: {exc}")
+            return
+        self.journal.write({"t": "mc_pair", "client": client, "id": made.id, "bucket": made.bucket_xxh3,
+                            "meta": made.meta_xxh3, "keys": [k.hex() for k in made.keys]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += len(objects)
+
+    def _output_entry(self, client: str, path: str, data: bytes, displaced: bool) -> None:
+        """A reshard output at fpk(key): a new KVEntry, or over the displaced source's file
+        (its original kept as a backup)."""
+        root = self._abs(client)
+        target = self._abs(path)
+        if self.resuming and MS._hash_or_none(target) == MS.xxh3_hex(data):
+            self.outcomes["created"] += 1  # placed before the interruption
+            return
+        if displaced:
+            backup = os.path.join(self.root, BACKUP_DIR, self.run_id, path + ".orig")
+            os.makedirs(os.path.dirname(backup), exist_ok=True)
+            old, new = MS.replace_kv_entry(target, data, backup, MS.stage_path(root), step=self.crash)
+            self.journal.write({"t": "mc_replace", "path": path, "client": client, "old": old, "new": new,
+                                "backup": os.path.relpath(backup, self.root)}, sync=True)
+        else:
+            entry = M.decode_kv_entry(data)
+            dirs: list[str] = []
+            fsdir = path.split("/")[-4]
+            try:
+                _, new = MS.place_kv_entry(os.path.join(root, fsdir), entry.key, entry.value, MS.stage_path(root),
+                                           dirs, step=self.crash)
+            except MS.EntryOccupied as exc:
+                if exc.identical:
+                    self.outcomes["already_present"] += 1
+                else:
+                    self._skip("conflict", 1, f"{path}: {exc}")
+                return
+            self.journal.write({"t": "mc_entry", "path": path, "source": "", "xxh3": new,
+                                "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += 1
+
+    def _rewrite(self, rw: IndexRewrite) -> None:
+        path = self._abs(rw.meta)
+        n = len(rw.keys) - len(rw.retire)  # objects placed (a retired entry places none)
+        try:
+            data = MS._read(path)
+        except OperationalError as exc:
+            self._skip("failed", n, f"{rw.meta}: {exc}")
+            return
+        digest = MS.xxh3_hex(data)
+        if self.done_index.get(rw.meta) == digest or self.resuming and self._rewritten(data, rw):
+            self.outcomes["created"] += n  # an interrupted run of this journal rewrote it
+            return
+        try:
+            st = os.lstat(path)
+            meta = M.decode_meta(data)
+        except (OSError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        if self._rewritten(data, rw):  # (a second apply of one manifest: the index holds its keys already)
+            self.outcomes["already_present"] += n
+            return
+        if (st.st_ino, st.st_mtime_ns) != (rw.inode, rw.mtime_ns) or any(
+                i >= len(meta.keys) or meta.keys[i] != old for i, old in rw.old_keys.items()):
+            self._skip("changed_since_scan", n, f"{rw.meta}: the index changed since the scan")
+            return
+        bucket = path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+        if not self._values_whole(bucket, meta, rw):
+            self._skip("changed_since_scan", n, f"{rw.meta}: a value in its bucket changed since the scan")
+            return
+        backup = os.path.join(self.root, BACKUP_DIR, self.run_id, rw.meta + ".orig")
+        os.makedirs(os.path.dirname(backup), exist_ok=True)
+        try:
+            old, new = MS.rewrite_index(self._abs(rw.client), os.path.basename(rw.meta), rw.keys, backup,
+                                        MS.stage_path(self._abs(rw.client)), expect_xxh3=digest, step=self.crash)
+        except MS.IndexRefused as exc:
+            self._skip("skipped_needs_transform" if isinstance(exc, MS.IndexDoesNotRoundTrip) else "conflict", n,
+                       f"{rw.meta}: {exc}")
+            return
+        except MS.StaleFile as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        self.journal.write({"t": "mc_index", "meta": rw.meta, "client": rw.client, "old": old, "new": new,
+                            "backup": os.path.relpath(backup, self.root), "inode": st.st_ino, "size": st.st_size,
+                            "mtime_ns": st.st_mtime_ns}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += n
+
+    def _rewritten(self, data: bytes, rw: IndexRewrite) -> bool:
+        """Whether an index already holds the rewrite's keys (an interrupted run renamed it
+        in and was stopped before its record)."""
+        try:
+            keys = M.decode_meta(data).keys
+        except M.DecodeError:
+            return False
+        return all(i < len(keys) and keys[i] == k for i, k in rw.keys.items())
+
+    def _values_whole(self, bucket: str, meta: M.BucketMeta, rw: IndexRewrite) -> bool:
+        """Every rekeyed value still in its bucket with the scanned bytes (a hash scan's
+        XXH3-128), or at least within the file (a size scan)."""
+        try:
+            fd = os.open(bucket, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            for i in rw.keys:
+                obj = meta.objects[i]
+                if obj.end > size:
+                    return False
+                want = rw.values.get(i)
+                if want is not None:
+                    h = xxhash.xxh3_128()
+                    pos = obj.value_start
+                    while pos < obj.end:
+                        b = os.pread(fd, min(1 << 20, obj.end - pos), pos)
+                        if not b:
+                            return False
+                        h.update(b)
+                        pos += len(b)
+                    if h.digest() != want:
+                        return False
+        finally:
+            os.close(fd)
+        return True
+
+    def _entry(self, e: EntryWrite) -> None:
+        target = self._abs(e.path)
+        if e.path in self.done_entry and MS._hash_or_none(target) == self.done_entry[e.path]:
+            self.outcomes["created"] += 1
+            return
+        entry = self._source_entry(e)
+        if entry is None:
+            return
+        if e.action == "link" and entry.key != e.key:
+            self._skip("changed_since_scan", 1, f"{e.source}: its key is not the one the scan read")
+            return
+        client = self._abs(e.client)
+        fsdir = e.path.split("/")[-4]
+        dirs: list[str] = []
+        try:
+            path, digest = MS.place_kv_entry(os.path.join(client, fsdir), e.key, entry.value,
+                                             MS.stage_path(client), dirs, step=self.crash)
+        except MS.EntryOccupied as exc:
+            if exc.identical:
+                self.outcomes["already_present"] += 1
+            else:
+                self._skip("conflict", 1, f"{e.path}: {exc}")
+            return
+        self.journal.write({"t": "mc_entry", "path": e.path, "source": e.source, "xxh3": digest,
+                            "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
+        self.crash("created")
+        self.outcomes["created"] += 1
+
+    def _source_entry(self, e: EntryWrite) -> M.KVEntry | None:
+        """The source KVEntry of a rekey or link as the scan read it (its stat, its value's
+        hash), or None with the outcome changed_since_scan."""
+        try:
+            st = os.lstat(self._abs(e.source))
+            entry = M.decode_kv_entry(MS._read(self._abs(e.source)))
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", 1, f"{e.source}: {exc}")
+            return None
+        if (st.st_size, st.st_mtime_ns) != (e.size, e.mtime_ns) or (
+                e.value is not None and xxhash.xxh3_128(entry.value).digest() != e.value):
+            self._skip("changed_since_scan", 1, f"{e.source}: the entry changed since the scan")
+            return None
+        return entry
+
+    def _skip(self, outcome: str, n: int, why: str) -> None:
+        self.outcomes[outcome] += n
+        self.skipped.append(f"{outcome}: {why}")
+
+
+class DestStoreApplier(StoreApplier):
+    """A migration of stores into another folder DIR (§3.6): DIR/<client root> then holds
+    exactly what the target reads. A pair all of whose entries are reusable is placed whole
+    (its `.bucket` linked, or copied with --mode copy or across filesystems; its `.meta` with
+    the target keys written), other reusable objects and reshard outputs go into new pairs,
+    KVEntries are linked (their key unchanged) or written. Nothing under ROOT is written but
+    the journal, so no proof that the clients are stopped is needed. Every file made in DIR
+    is journaled (`mc_file`, `mc_pair`, `mc_dir` with `base: dest`) for rollback and verify."""
+
+    def __init__(self, root: str, dest: str, plans: list[StorePlan], journal: Any, run_id: str,
+                 crash: Callable[[str], None], mode: str = "link"):
+        super().__init__(root, plans, journal, run_id, crash)
+        self.dest = dest
+        self.mode = mode
+
+    def take_proofs(self) -> None:
+        """None needed: the store under ROOT is only read."""
+
+    def apply(self) -> None:
+        for p in self.plans:
+            self._dest_store(p)
+
+    def _d(self, relpath: str) -> str:
+        return os.path.join(self.dest, relpath) if relpath else self.dest
+
+    def _dirs(self, store: str, path: str) -> None:
+        """The folders of `path` under DIR, each made journaled."""
+        rel = os.path.relpath(path, self.dest)
+        parts = [] if rel == "." else rel.split(os.sep)
+        cur = self.dest
+        for part in parts:
+            cur = os.path.join(cur, part)
+            if not os.path.isdir(cur):
+                os.mkdir(cur)
+                self.journal.write({"t": "mc_dir", "store": store, "path": os.path.relpath(cur, self.dest),
+                                    "base": "dest"}, sync=True)
+
+    def _put(self, store: str, relpath: str, data: bytes | None = None, source: str | None = None) -> bool:
+        """A file at DIR/relpath: `data` written, or `source` linked (copied with --mode copy
+        or across filesystems); never over another file (the same bytes there: done).
+        Returns whether it is there with the bytes it must hold."""
+        final = self._d(relpath)
+        self._dirs(store, os.path.dirname(final))
+        want = MS.xxh3_hex(data) if data is not None else MS._hash_or_none(self._abs(source or ""))
+        if os.path.lexists(final):
+            return MS._hash_or_none(final) == want
+        stage = MS.stage_path(os.path.dirname(final))
+        if data is None and self.mode != "copy":
+            try:
+                os.link(self._abs(source or ""), final, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise write_error(exc, "cannot link into the destination", final) from None
+                data = MS._read(self._abs(source or ""))
+        if data is None and not os.path.exists(final):
+            data = MS._read(self._abs(source or ""))
+        if data is not None and not os.path.exists(final):
+            MS._ensure_stage(stage)
+            tmp = MS.temp_path(stage, os.path.basename(final))
+            MS._write_temp(tmp, data)
+            try:
+                os.link(tmp, final, follow_symlinks=False)
+            finally:
+                MS._unlink_quiet(tmp)
+            MS.clear_stage(stage)
+        MS._fsync_dir(os.path.dirname(final))
+        self.journal.write({"t": "mc_file", "store": store, "path": relpath, "xxh3": want, "base": "dest"}, sync=True)
+        self.crash("created")
+        return True
+
+    def _dest_store(self, p: StorePlan) -> None:
+        outputs = self._reshard_outputs(p)
+        self.journal.write({**to_intent(p, [], outputs["entries"]), "dest": True}, sync=True)
+        self.crash("intent")
+        new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
+        for rw in p.rewrites:
+            self._dest_index(p.store, rw, new_objects)
+        for e in p.entries:
+            self._dest_entry(p.store, e)
+        for _client, path, data, _ in outputs["entries"]:
+            if self._put(p.store, path, data=data):
+                self.outcomes["created"] += 1
+            else:
+                self._skip("conflict", 1, f"{self._d(path)}: another file is there")
+        for client, key, value in outputs["objects"]:
+            new_objects.setdefault(client, []).append((key, value))
+        for client, objs in sorted(new_objects.items()):
+            base = self._d(client)
+            self._dirs(p.store, base)
+            packed = MS.pack_pairs(objs)
+            for bucket_id, objects in zip(MS.choose_bucket_ids(base, len(packed)), packed):
+                made = MS.write_pair(base, bucket_id, objects, MS.stage_path(base), step=self.crash)
+                self.journal.write({"t": "mc_pair", "store": p.store, "client": client, "id": made.id,
+                                    "bucket": made.bucket_xxh3, "meta": made.meta_xxh3, "base": "dest",
+                                    "keys": [k.hex() for k in made.keys]}, sync=True)
+                self.outcomes["created"] += len(objects)
+            MS.clear_stage(MS.stage_path(base))
+        self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
+
+    def _dest_index(self, store: str, rw: IndexRewrite, new_objects: dict[str, list[tuple[bytes, bytes]]]) -> None:
+        """A live pair's reusable entries into DIR: the pair whole when every entry is, else
+        each value into a new pair there."""
+        n = len(rw.keys) - len(rw.retire)
+        try:
+            data = MS._read(self._abs(rw.meta))
+            st = os.lstat(self._abs(rw.meta))
+            meta = M.decode_meta(data)
+        except (OSError, OperationalError, M.DecodeError) as exc:
+            self._skip("changed_since_scan", n, f"{rw.meta}: {exc}")
+            return
+        bucket = rw.meta[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
+        if (st.st_ino, st.st_mtime_ns) != (rw.inode, rw.mtime_ns) or not self._values_whole(
+                self._abs(bucket), meta, rw):
+            self._skip("changed_since_scan", n, f"{rw.meta}: the pair changed since the scan")
+            return
+        keys = {i: k for i, k in rw.keys.items() if i not in rw.retire}
+        if len(keys) == len(meta.keys) and M.encode_meta(meta) == data:  # every entry reusable: the pair whole
+            new_meta = M.encode_meta(M.BucketMeta(meta.data_size, tuple(keys[i] for i in range(len(meta.keys))),
+                                                  meta.objects))
+            if self._put(store, bucket, source=bucket) and self._put(store, rw.meta, data=new_meta):
+                self.outcomes["created"] += n
+            else:
+                self._skip("conflict", n, f"{self._d(rw.meta)}: another pair has its id there")
+            return
+        with open(self._abs(bucket), "rb") as f:
+            for i, key in sorted(keys.items()):
+                obj = meta.objects[i]
+                f.seek(obj.value_start)
+                new_objects.setdefault(rw.client, []).append((key, f.read(obj.data_size)))
+
+    def _dest_entry(self, store: str, e: EntryWrite) -> None:
+        entry = self._source_entry(e)
+        if entry is None:
+            return
+        ok = (self._put(store, e.path, source=e.source) if entry.key == e.key else
+              self._put(store, e.path, data=M.encode_kv_entry(M.KVEntry(e.key, entry.value))))
+        if ok:
+            self.outcomes["created"] += 1
+        else:
+            self._skip("conflict", 1, f"{self._d(e.path)}: another file is there")
