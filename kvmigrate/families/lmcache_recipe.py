@@ -6,8 +6,7 @@ report's comparison (families/lmcache_meta.py) read them from here, so both deci
 
 from __future__ import annotations
 
-import re
-
+from kvmigrate import releases
 from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
 
@@ -20,9 +19,7 @@ VLLM_FIXED_NONE = (0, 29, 0)  # vLLM 0.29+: a seedless sha256 chain hashes "vllm
 
 
 def release_tuple(release: str) -> tuple[int, int, int]:
-    nums = [int(x) for x in re.findall(r"\d+", release.split("rc")[0].split(".post")[0])[:3]]
-    nums += [0] * (3 - len(nums))
-    return nums[0], nums[1], nums[2]
+    return releases.release_tuple(release) or (0, 0, 0)
 
 
 def algorithm(name: str | None) -> str:

@@ -23,6 +23,7 @@ a key or path another object holds (§3.5: `_settle_targets`).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections import Counter, defaultdict
@@ -101,6 +102,26 @@ def rank_client_roots(path: str, fsdir: str = M.DEFAULT_FSDIR) -> list[str]:
     return sorted(n for n in names if is_client_root(os.path.join(path, n), fsdir))
 
 
+def probe_client_lock(client_root: str) -> str:
+    """The state of a client root's 0.3.14 lock, changing nothing: `absent` (no file),
+    `held` (a client runs: its flock is taken), else `free`; the probe's own flock is
+    released at once. A lock name that is a symlink or cannot be opened raises OSError."""
+    path = os.path.join(client_root, M.LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "absent"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "held"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return "free"
+    finally:
+        os.close(fd)
+
+
 def holds_store(path: str, fsdir: str = M.DEFAULT_FSDIR) -> bool:
     """Whether a folder is a store: itself a client root, or the parent of rank client roots."""
     return is_client_root(path, fsdir) or bool(rank_client_roots(path, fsdir))
@@ -146,6 +167,8 @@ class StoreFile:
     target_key: bytes | None = None
     value_offset: int | None = None  # an object's value in its `.bucket`
     duplicate: bool = False  # its key is in another live entry of the store too
+    storage: M.StorageKey | None = None  # `object_key` split (tenant, engine key), parsed once
+    parsed: EngineKey | None = None  # its engine key's fields (None: no known grammar)
     block: tuple | None = None  # (deployment, group, hash, sub-key): its block
     key_rank: tuple = ()  # its key rank within the block
 
@@ -297,7 +320,7 @@ class Mooncake(families.Family):
         keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
         store_facts = facts_for(None)
         for o in keyed:
-            sk = M.parse_storage_key(o.object_key or b"")
+            sk = o.storage = M.parse_storage_key(o.object_key or b"")
             retired = M.parse_retired_key(sk.engine)
             if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
                 o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
@@ -305,7 +328,7 @@ class Mooncake(families.Family):
                 o.deployment = store_label(store)
                 loose.append(o)
                 continue
-            ek = parse_engine_key(sk.engine)
+            ek = o.parsed = parse_engine_key(sk.engine)
             scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
             if ek is None:
                 if o.status == "ok":
@@ -338,7 +361,7 @@ class Mooncake(families.Family):
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
-            mla = any(o.key_rank == (0, "k") and o.block is not None and _is_mla_key(o) for o in objs)
+            mla = any(o.key_rank == (0, "k") and o.parsed is not None and bool(o.parsed.mla) for o in objs)
             kind = kind or ("mla" if mla else "full" if any(o.key_rank[1] == "v" for o in objs) else None)
             if kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
                 for o in objs:
@@ -368,7 +391,7 @@ class Mooncake(families.Family):
         # per object: what its bytes alone prove (§2.4), in §4's order
         for o in objs:
             if o.status == "ok" and o.kind == "kventry" and not o.error:
-                sk = M.parse_storage_key(o.object_key or b"")
+                sk = _storage(o)
                 if _client_rel(o.client, M.fpk(o.object_key or b"", fsdir)) != o.relpath:
                     o.status = "misfiled"
                     o.reason = ("a valid entry outside fpk(key): registered at start, never read" +
@@ -478,7 +501,7 @@ class Mooncake(families.Family):
             o.reason = (fd.reason(side.asks_why, fd.NEEDS_FACT, asks=fd.asks(*side.asks)) if side.asks and
                         not (side.stale or side.refused) else side.stale or side.refused)
             return
-        sk = M.parse_storage_key(o.object_key or b"")
+        sk = _storage(o)
         target_key = side.storage_key(side.engine_key(sk.engine))
         o.target_key = target_key
         why = side.differs(sk, dep)
@@ -735,7 +758,7 @@ def _needs_reshard(ready: list[StoreFile], side: TargetSide, fsdir: str) -> None
     ordered = sorted(ready, key=lambda o: o.key_rank)
     primary = ordered[0]
     primary.action = "needs_reshard"
-    primary.target_key = side.storage_key(side.engine_key(M.parse_storage_key(primary.object_key or b"").engine))
+    primary.target_key = side.storage_key(side.engine_key(_storage(primary).engine))
     primary.target = _client_rel(primary.client, M.fpk(primary.target_key, fsdir) if primary.kind == "kventry"
                                  else "")
     finding = fd.Finding(fd.NEEDS_FACT, asks=fd.asks(*side.reshard_asks)) if side.reshard_asks else None
@@ -748,8 +771,7 @@ def _needs_reshard(ready: list[StoreFile], side: TargetSide, fsdir: str) -> None
 
 def _as_mla_stage(o: StoreFile) -> None:
     """An SGLang MLA key `_<pp>_k` (pp > 1): key rank 0 of stage pp, not TP rank pp."""
-    sk = M.parse_storage_key(o.object_key or b"")
-    s = M.parse_sglang_key(sk.engine)
+    s = M.parse_sglang_key(_storage(o).engine)
     if s is None or len(s.ranks) != 1 or o.block is None:
         return
     o.rank, o.key_rank = 0, (0, s.half)
@@ -771,14 +793,21 @@ class _Held:
             if e.kind == "kventry":
                 held.by_path[e.relpath] = e
             if e.object_key is not None:
-                held.by_key[registered_key(e.object_key)].append(e)
+                held.by_key[_registered(e)].append(e)
         return held
 
 
-def registered_key(key: bytes) -> bytes:
+def _storage(o: StoreFile) -> M.StorageKey:
+    """An object's storage key split, parsed once per object."""
+    if o.storage is None:
+        o.storage = M.parse_storage_key(o.object_key or b"")
+    return o.storage
+
+
+def _registered(o: StoreFile) -> bytes:
     """The key a >= 0.3.12 client registers an entry under: a raw `K` as `default\\0K` (§2.1)."""
-    sk = M.parse_storage_key(key)
-    return key if sk.tenant is not None else M.scoped(sk.engine)
+    sk = _storage(o)
+    return o.object_key or b"" if sk.tenant is not None else M.scoped(sk.engine)
 
 
 def _same_value(a: StoreFile, b: StoreFile) -> bool:
@@ -851,12 +880,6 @@ def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
                                  of_action=action)
 
 
-def _is_mla_key(o: StoreFile) -> bool:
-    sk = M.parse_storage_key(o.object_key or b"")
-    ek = parse_engine_key(sk.engine)
-    return bool(ek is not None and ek.mla)
-
-
 def _client_rel(client: str, rel: str) -> str:
     """A path inside a client root, from ROOT (a client root's own: ending in `/`)."""
     if not client:
@@ -871,7 +894,7 @@ def _duplicates(objs: list[StoreFile]) -> None:
     by_key: dict[bytes, list[StoreFile]] = defaultdict(list)
     for o in objs:
         if o.object_key is not None and o.kind == "object":
-            by_key[registered_key(o.object_key)].append(o)
+            by_key[_registered(o)].append(o)
     for copies in by_key.values():
         if len(copies) < 2:
             continue

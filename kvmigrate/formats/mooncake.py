@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvmigrate.releases import release_tuple
+
 SCHEMES = ("mc-raw", "mc-scoped")
 DEFAULT_TENANT = "default"
 DEFAULT_FSDIR = "file_per_key_dir"
@@ -29,6 +31,8 @@ LOCK_NAME = ".mooncake_local_disk.lock"  # 0.3.14's client lock (flock), bucket 
 HASH_SEED = 0xC70F6907  # std::hash<std::string>'s seed in libstdc++
 _M = 0xC6A4A7935BD1E995
 _MASK = (1 << 64) - 1
+LOCK_RELEASE = (0, 3, 14)  # the first release that holds the client lock (§5.1)
+SCOPED_RELEASE = (0, 3, 12)  # the first release with tenant-scoped keys (§2.1)
 MAX_BUCKET_KEYS = 500
 MAX_BUCKET_BYTES = 256 << 20
 
@@ -430,3 +434,12 @@ def parse_retired_key(engine_key: str) -> tuple[str, str] | None:
         return None
     run, at, original = rest.partition("@")
     return (run, original) if at and run else None
+
+
+# --- releases (§0, §5.1) -------------------------------------------------------------------------
+
+def lock_proves(releases: list[object]) -> bool:
+    """§5.1 (a): every release stated (one per deployment of a store) is >= 0.3.14, whose
+    client holds the lock, so kvmigrate holding it proves no client runs."""
+    found = [release_tuple(r) for r in releases]
+    return bool(found) and all(r is not None and r >= LOCK_RELEASE for r in found)

@@ -30,6 +30,7 @@ from typing import Literal
 import xxhash
 
 from kvmigrate.errors import IntegrityError, OperationalError, write_error
+from kvmigrate.families.mooncake import probe_client_lock
 from kvmigrate.formats.mooncake import (
     BUCKET_SUFFIX,
     LOCK_NAME,
@@ -531,26 +532,6 @@ def hold_client_lock(client_root: str) -> ClientLock:
     if created:
         _fsync_dir(client_root)
     return ClientLock(path, fd, created)
-
-
-def probe_client_lock(client_root: str) -> Literal["absent", "free", "held"]:
-    """The state of a client root's lock for the scan, changing nothing: `absent` (no
-    file), `held` (a client runs: its flock is taken), else `free`; a probe's own flock is
-    released at once. A lock name that is a symlink or cannot be opened raises OSError."""
-    path = os.path.join(client_root, LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return "absent"
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return "held"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return "free"
-    finally:
-        os.close(fd)
 
 
 # --- undo (§5.3) ---------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ is `prune_retire`.
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,13 +46,7 @@ KVENTRY_RESIDUE = ("short", "header_invalid", "zero_filled")  # each stops the c
 STALE = ("stale_hash_recipe",)
 STATUSES = (*PAIR_RESIDUE, *KVENTRY_RESIDUE, "misfiled", "tmp_leftover", *STALE)  # what a class may take
 NEVER = ("foreign", "own_artifact", "unsupported_layout")
-FLOCK_RELEASE = (0, 3, 14)  # the first Mooncake that holds the client lock
 ORDER = ("migrated", "unreadable_namespaces", "residue", "tails")  # a pair's class: its entries' first
-
-
-def _release(value: Any) -> tuple[int, ...] | None:
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(value or ""))
-    return tuple(int(x) for x in m.groups()) if m else None
 
 
 @dataclass
@@ -85,9 +78,9 @@ class Stores:
                 continue
             out.stopped[store] = out.stopped.get(store, False) or facts.get("engine_stopped") is True
             out.fsdir.setdefault(store, str(facts.get("fsdir") or M.DEFAULT_FSDIR))
-            releases.setdefault(store, []).append(_release(facts.get("writer_release")))
+            releases.setdefault(store, []).append(facts.get("writer_release"))
         for store, rel in releases.items():
-            out.flock[store] = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)
+            out.flock[store] = M.lock_proves(rel)
         return out
 
     def __bool__(self) -> bool:

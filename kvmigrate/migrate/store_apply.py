@@ -478,34 +478,29 @@ class DestStoreApplier(StoreApplier):
                 self.journal.write({"t": "mc_dir", "store": store, "path": os.path.relpath(cur, self.dest),
                                     "base": "dest"}, sync=True)
 
-    def _put(self, store: str, relpath: str, data: bytes | None = None, source: str | None = None) -> bool:
+    def _put(self, store: str, client: str, relpath: str, data: bytes | None = None, source: str | None = None
+             ) -> bool:
         """A file at DIR/relpath: `data` written, or `source` linked (copied with --mode copy
-        or across filesystems); never over another file (the same bytes there: done).
-        Returns whether it is there with the bytes it must hold."""
+        or across filesystems), through the temp-then-link of the write primitives (its temp
+        in DIR/<client>'s stage, never in an fsdir); never over another file (the same bytes
+        there: done). Returns whether it is there with the bytes it must hold."""
         final = self._d(relpath)
         self._dirs(store, os.path.dirname(final))
-        want = MS.xxh3_hex(data) if data is not None else MS._hash_or_none(self._abs(source or ""))
+        src = self._abs(source or "")
+        want = MS.xxh3_hex(data) if data is not None else MS._hash_or_none(src)
         if os.path.lexists(final):
             return MS._hash_or_none(final) == want
-        stage = MS.stage_path(os.path.dirname(final))
+        linked = False
         if data is None and self.mode != "copy":
             try:
-                os.link(self._abs(source or ""), final, follow_symlinks=False)
+                os.link(src, final, follow_symlinks=False)
+                linked = True
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise write_error(exc, "cannot link into the destination", final) from None
-                data = MS._read(self._abs(source or ""))
-        if data is None and not os.path.exists(final):
-            data = MS._read(self._abs(source or ""))
-        if data is not None and not os.path.exists(final):
-            MS._ensure_stage(stage)
-            tmp = MS.temp_path(stage, os.path.basename(final))
-            MS._write_temp(tmp, data)
-            try:
-                os.link(tmp, final, follow_symlinks=False)
-            finally:
-                MS._unlink_quiet(tmp)
-            MS.clear_stage(stage)
+        if not linked:
+            MS._via_temp(MS.stage_path(self._d(client)), final, data if data is not None else MS._read(src),
+                         self.crash, "", MS._link)
         MS._fsync_dir(os.path.dirname(final))
         self.journal.write({"t": "mc_file", "store": store, "path": relpath, "xxh3": want, "base": "dest"}, sync=True)
         self.crash("created")
@@ -520,8 +515,8 @@ class DestStoreApplier(StoreApplier):
             self._dest_index(p.store, rw, new_objects)
         for e in p.entries:
             self._dest_entry(p.store, e)
-        for _client, path, data, _ in outputs["entries"]:
-            if self._put(p.store, path, data=data):
+        for client, path, data, _ in outputs["entries"]:
+            if self._put(p.store, client, path, data=data):
                 self.outcomes["created"] += 1
             else:
                 self._skip("conflict", 1, f"{self._d(path)}: another file is there")
@@ -537,7 +532,8 @@ class DestStoreApplier(StoreApplier):
                                     "bucket": made.bucket_xxh3, "meta": made.meta_xxh3, "base": "dest",
                                     "keys": [k.hex() for k in made.keys]}, sync=True)
                 self.outcomes["created"] += len(objects)
-            MS.clear_stage(MS.stage_path(base))
+        for client in {*p.clients, *new_objects}:
+            MS.clear_stage(MS.stage_path(self._d(client)))
         self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
 
     def _dest_index(self, store: str, rw: IndexRewrite, new_objects: dict[str, list[tuple[bytes, bytes]]]) -> None:
@@ -560,7 +556,8 @@ class DestStoreApplier(StoreApplier):
         if len(keys) == len(meta.keys) and M.encode_meta(meta) == data:  # every entry reusable: the pair whole
             new_meta = M.encode_meta(M.BucketMeta(meta.data_size, tuple(keys[i] for i in range(len(meta.keys))),
                                                   meta.objects))
-            if self._put(store, bucket, source=bucket) and self._put(store, rw.meta, data=new_meta):
+            if self._put(store, rw.client, bucket, source=bucket) and self._put(store, rw.client, rw.meta,
+                                                                                 data=new_meta):
                 self.outcomes["created"] += n
             else:
                 self._skip("conflict", n, f"{self._d(rw.meta)}: another pair has its id there")
@@ -575,8 +572,8 @@ class DestStoreApplier(StoreApplier):
         entry = self._source_entry(e)
         if entry is None:
             return
-        ok = (self._put(store, e.path, source=e.source) if entry.key == e.key else
-              self._put(store, e.path, data=M.encode_kv_entry(M.KVEntry(e.key, entry.value))))
+        ok = (self._put(store, e.client, e.path, source=e.source) if entry.key == e.key else
+              self._put(store, e.client, e.path, data=M.encode_kv_entry(M.KVEntry(e.key, entry.value))))
         if ok:
             self.outcomes["created"] += 1
         else:

@@ -22,7 +22,7 @@ def run_records(run: Any) -> list[dict[str, Any]]:
     return list(getattr(run, "store_records", ()) or ())
 
 
-def rollback_run(run: Any, dry_run: bool, engine_stopped: bool = False) -> tuple[Counter, list[str]]:
+def rollback_run(run: Any, dry_run: bool) -> tuple[Counter, list[str]]:
     """Undo the store work of one journaled run (§5.3): new KVEntries removed (each only
     with its journaled XXH3), each rewritten index's original renamed back (only while it
     holds the journaled new bytes), created folders, the stage and kvmigrate's locks

@@ -23,7 +23,6 @@ Journal records (`mc_*`), in the order a run writes them per store:
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from kvmigrate.migrate.fsops import check_relpath
 OWN_LOCK = ".kvmigrate.lock"  # kvmigrate's lock in each client root it writes (holder pid inside)
 BACKUP_DIR = os.path.join(layout.OWN_DIR, "mooncake")  # ROOT/.kvmigrate/mooncake/<run>/<relpath>.orig
 STORE_ACTIONS = ("rekey", "link", "reshard")  # what this release applies of a store's rows
-FLOCK_RELEASE = (0, 3, 14)  # the first Mooncake that holds the client lock (§5.1)
 _COLUMNS = ["relpath", "source_base", "family", "action", "object_index", "object_key", "target_key",
             "target_relpath", "size", "mtime_ns", "inode", "payload_xxh3_128", "status", "group", "block_hash"]
 
@@ -156,7 +154,7 @@ def to_intent(p: StorePlan, pairs: list[tuple[str, int, list, str, str]], entrie
                                        "value": src.value.hex() if src.value else None}
                                       for (r, h), src in sorted(w.sources.items())],
                           "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
-                                       "key": o.key.hex(), "client": o.client, "size": o.size} for o in w.outputs],
+                                       "key": o.key.hex(), "client": o.client} for o in w.outputs],
                           "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
                                         for src in w.displaced]} for w in p.reshards],
             "pairs": [{"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs],
@@ -186,7 +184,7 @@ def from_intent(rec: dict[str, Any]) -> StorePlan:
         sources = {(s["rank"], s["half"]): SourceRef(s["relpath"], s["index"], bytes.fromhex(s["key"]), s["client"],
                                                       s["size"], bytes.fromhex(s["value"]) if s["value"] else None)
                    for s in w["sources"]}
-        outs = [R.Output(o["rank"], o["half"], o["engine_key"], bytes.fromhex(o["key"]), o["client"], o["size"])
+        outs = [R.Output(o["rank"], o["half"], o["engine_key"], bytes.fromhex(o["key"]), o["client"], 0)
                 for o in w["outputs"]]
         named = set(w.get("displaced") or ())
         displaced = [src for src in sources.values()
@@ -200,11 +198,6 @@ def from_intent(rec: dict[str, Any]) -> StorePlan:
     for w in p.reshards:
         p.objects["reshard"] += len(w.outputs)
     return p
-
-
-def _release(value: Any) -> tuple[int, ...] | None:
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(value or ""))
-    return tuple(int(x) for x in m.groups()) if m else None
 
 
 def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, engine_stopped: bool = False,
@@ -257,7 +250,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                 raise UsageError(f"{manifest_path}: row {relpath!r}: a {action} without its target key or path; "
                                  "refusing this manifest", hint="regenerate it with `kvmigrate scan`")
             index = cols["object_index"][i]
-            client = target[:-1] if target.endswith("/") else _client_of(relpath, target)
+            client = target[:-1] if target.endswith("/") else _client_of_object(target, None)
             if index is not None:  # an entry of a live index: rewritten in place
                 rw = rewrites.get(relpath)
                 if rw is None:
@@ -312,8 +305,7 @@ def _plan_of(plans: dict[str, StorePlan], store: str, namespaces: dict[str, dict
         facts = [namespaces[b].get("facts") or {} for b, s in store_of.items()  # (its deployments')
                  if s == store and (namespaces[b].get("config_json") or {}).get("engine")]
         plan.stopped_stated = engine_stopped or any(f.get("engine_stopped") is True for f in facts)
-        rel = [_release(f.get("writer_release")) for f in facts]
-        plan.flock_stated = bool(rel) and all(r is not None and r >= FLOCK_RELEASE for r in rel)
+        plan.flock_stated = M.lock_proves([f.get("writer_release") for f in facts])
     return plan
 
 
@@ -344,23 +336,11 @@ def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dic
     kventries = rank0.index is None
     fsdir = rank0.relpath.split("/")[-4] if kventries else M.DEFAULT_FSDIR
     first = M.parse_storage_key(first_key)  # target key rank 0's key, as the scan named it
-    value_size = _kventry_value_size(rank0) if kventries else rank0.size
-    outs = R.outputs(engine, first.engine, rank0.client, n_t, halves, first.tenant, value_size, n_s, geo)
+    # (an output's size is the scan's verdict, `value_size` 0: the apply writes what the reshard computes)
+    outs = R.outputs(engine, first.engine, rank0.client, n_t, halves, first.tenant, 0, n_s, geo)
     mine = set(sources.values())
     displaced = [ref for o in outs for ref in registered.get(o.key, []) if ref in mine]
     return ReshardWork(n_s, n_t, geo, sources, outs, displaced, kventries, fsdir)
-
-
-def _kventry_value_size(ref: SourceRef) -> int:
-    """A KVEntry source's value bytes (its row's size is the file's): its file minus the
-    key field and the value's tag and length (struct_pb's layout, §1.3)."""
-    key_field = 1 + len(M.encode_varint(len(ref.key))) + len(ref.key)
-    rest = ref.size - key_field  # 1 tag byte + varint(n) + n
-    for length_bytes in range(1, 11):
-        n = rest - 1 - length_bytes
-        if n >= 0 and len(M.encode_varint(n)) == length_bytes:
-            return n
-    return 0
 
 
 def _client_of_object(relpath: str, index: int | None) -> str:
@@ -368,12 +348,6 @@ def _client_of_object(relpath: str, index: int | None) -> str:
     if index is not None:
         return relpath.rpartition("/")[0]
     return "/".join(relpath.split("/")[:-4])
-
-
-def _client_of(relpath: str, target: str) -> str:
-    """The client root of a KVEntry: what precedes its `<fsdir>/<a>/<b>/<name>` (4 parts)."""
-    parts = target.split("/")
-    return "/".join(parts[:-4])
 
 
 def describe(plans: list[StorePlan], dest: str | None = None) -> list[str]:

@@ -16,7 +16,6 @@ row's reason.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,8 +51,8 @@ SUPERSEDED = "superseded"  # the finding of an object whose block the target hol
 BUCKET, FILE_PER_KEY = "bucket", "file_per_key"
 HELD = "held"
 LOCK_NAME = M.LOCK_NAME
-LOCK_TARGET = (0, 3, 14)  # the first release with the client lock (§1.4, §5.1)
-SCOPED_FROM = (0, 3, 12)  # the first release with tenant-scoped keys (§2.1)
+LOCK_TARGET = M.LOCK_RELEASE  # the first release with the client lock (§1.4, §5.1)
+SCOPED_FROM = M.SCOPED_RELEASE  # the first release with tenant-scoped keys (§2.1)
 RAW, SCOPED = M.SCHEMES  # mc-raw, mc-scoped
 AUTO_PREFIX = "auto-"  # vLLM's cache prefix made from the build (§2.2): changes with every build
 
@@ -249,15 +248,6 @@ class _Figures:
                     u["bytes"] += b
 
 
-def release_tuple(release: Any) -> tuple[int, ...] | None:
-    """A Mooncake release's first three numbers (PEP 440 `0.3.13.post1` -> (0, 3, 13))."""
-    if isinstance(release, (list, tuple)):  # (a comma list of releases: the oldest speaks)
-        parts = [p for p in (release_tuple(r) for r in release) if p is not None]
-        return min(parts) if parts else None
-    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", str(release or ""))
-    return None if m is None else tuple(int(x or 0) for x in m.groups())
-
-
 def _stated(name: str, spaces: Sequence[Mapping[str, Any]], flags: Mapping[str, Any]) -> tuple[Any, str | None]:
     """(value, where) of a store fact: a namespace of the store states it, else the scan's flag."""
     for n in spaces:
@@ -404,5 +394,4 @@ def release_ok_for_lock(store: Mapping[str, Any]) -> bool:
     """§5.1 (a): a writer release >= 0.3.14 stated, so the client flock is a proof."""
     if not store["writer_release_stated"]:
         return False
-    t = release_tuple(store["writer_release"].split(",") if store["writer_release"] else None)
-    return t is not None and t >= LOCK_TARGET
+    return M.lock_proves(store["writer_release"].split(",") if store["writer_release"] else [])

@@ -14,8 +14,6 @@ manifest version 4), written beside the file rows in part 0.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import stat as stat_mod
 from collections.abc import Iterator
@@ -156,7 +154,10 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str]
             pass
         elif e.name == M.LOCK_NAME:
             f.kind = "lock"
-            lock = probe_lock(e.path)
+            try:
+                lock = MC.probe_client_lock(base)
+            except OSError:
+                lock = "free"  # (not openable: no client of ours holds it either way)
         elif e.name == MC.OWN_LOCK:
             f.kind = "own"
         elif e.name.endswith(M.META_SUFFIX):
@@ -169,23 +170,6 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str]
     ids = [M.stoll_id(f.relpath.rsplit("/", 1)[-1]) for f in files if f.kind in ("meta", "bucket")]
     top_id = max((i for i in ids if i is not None), default=None)
     return files + below, objects, lock, top_id
-
-
-def probe_lock(path: str) -> str:
-    """`held` when another process holds the 0.3.14 client's flock (non-blocking probe,
-    released at once), else `free`; the scan never creates the file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return "free"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return "free"
-    except OSError as exc:
-        return "held" if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else "free"
-    finally:
-        os.close(fd)
 
 
 def _stat(path: str, rel: str, client: str, kind: str) -> StoreFile | None:

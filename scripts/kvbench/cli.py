@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .baseline import run_baseline_group
 from .compare import main as compare_main
@@ -15,8 +16,8 @@ from .compare import self_check
 from .core import Bench
 from .harness import DEFAULT_WORKDIR, REPORTS, rmtree
 from .journal import run_journal_group
-from .lmcache import lmcache_only, render_lmcache
-from .mooncake import mooncake_only, render_mooncake
+from .lmcache import render_lmcache, run_lmcache_group
+from .mooncake import render_mooncake, run_mooncake_group
 from .prune import run_prune_group
 from .rendering import render, render_journal, render_prune_only, write_json
 from .runner import run
@@ -113,6 +114,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps must be >= 1")
     return a
 
+
+
+def group_only(args: argparse.Namespace, bench: Bench, name: str, measure: Any, render_page: Any) -> int:
+    """`--only <name>` of a group with a report of its own: <NAME>.md and <name>.json in
+    --out-dir (the other reports untouched), its trees in <workdir>/<name>."""
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / name).resolve()
+    bench.workdir.mkdir(parents=True, exist_ok=True)
+    machine = bench.machine()
+    try:
+        group = measure(args, bench)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; trees left in {bench.workdir}", file=sys.stderr)
+        return 32
+    result = {"machine": machine, name: group}
+    write_json(out / f"{name}.json", result)
+    (out / f"{name.upper()}.md").write_text(render_page(result))
+    bench.log(f"wrote {out / (name.upper() + '.md')} and {name}.json")
+    return 0
 
 
 def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
@@ -224,11 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             rmtree(bench.workdir)
         return 0
     if args.only and args.only.strip() == "lmcache":  # LMCACHE.md and lmcache.json of their own
-        return lmcache_only(args, bench)
+        return group_only(args, bench, "lmcache", run_lmcache_group, render_lmcache)
     if args.only and args.only.strip() == "mooncake":  # MOONCAKE.md and mooncake.json of their own
         if args.mooncake_objects < 1:
             sys.exit("bench: --mooncake-objects must be at least 1")
-        return mooncake_only(args, bench)
+        return group_only(args, bench, "mooncake", run_mooncake_group, render_mooncake)
     if args.only and args.only.strip() == "baseline":  # merged into a full report there, else a page of its own
         return baseline_only(args, bench)
     if args.profile_only:

@@ -319,6 +319,24 @@ def run_group(group: Group, reps: int, log: Any, out_dir: Path, settle_s: float 
 
 
 
+def timed(group: Group, reps: int, bench: Any, out: Path, cold: bool) -> dict:
+    """Run a group's commands `reps` times (warm or cold), with the load average around it:
+    its commands' summaries and the ratio of each pair of medians (a group of its own's
+    report, LMCACHE.md and MOONCAKE.md)."""
+    group.loadavg["before"] = [round(x, 2) for x in os.getloadavg()]
+    group.reps = reps
+    run_group(group, reps, bench.log, out, cold=cold)
+    group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
+    cmds = {c.key: c for c in group.commands}
+    ratios = []
+    for a, b in group.pairs:
+        ma, mb = cmds[a].median, cmds[b].median
+        if ma and mb:
+            ratios.append({"a": a, "b": b, "ratio": round(ma / mb, 3)})
+    return {"key": group.key, "title": group.title, "cold": cold, "reps": reps, "loadavg": group.loadavg,
+            "commands": [c.summary() for c in group.commands], "ratios": ratios}
+
+
 def rmtree(path: Path) -> None:
     """Remove a file or a folder tree (`rm -rf` is about twice as fast as shutil.rmtree
     on a million-folder tree)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .core import Bench
-from .harness import DEFAULT_WORKDIR, SCRIPTS, Command, Group, Run, can_drop_caches, q, rmtree, run_group, sh
+from .harness import DEFAULT_WORKDIR, SCRIPTS, Command, Group, Run, can_drop_caches, q, rmtree, sh, timed
+from .rendering import command_rows, group_cmd, ratio_lines
 from .trees import fs_free, walk_counts, warm
 
 DRIVER = SCRIPTS / "bench_lmcache.py"  # run with kvmigrate's interpreter: it imports kvmigrate
@@ -169,21 +170,6 @@ def build_scan_tier(bench: Bench, root: Path, chunks: int, log: Any) -> dict:
             "build_s": round(seconds, 1), "synth_processes": len(argvs), "synth_command": " ".join(q(a) for a in argvs[0])}
 
 
-def timed(group: Group, reps: int, bench: Bench, out: Path, cold: bool) -> dict:
-    group.loadavg["before"] = [round(x, 2) for x in os.getloadavg()]
-    group.reps = reps
-    run_group(group, reps, bench.log, out, cold=cold)
-    group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
-    cmds = {c.key: c for c in group.commands}
-    ratios = []
-    for a, b in group.pairs:
-        ma, mb = cmds[a].median, cmds[b].median
-        if ma and mb:
-            ratios.append({"a": a, "b": b, "ratio": round(ma / mb, 3)})
-    return {"key": group.key, "title": group.title, "cold": cold, "reps": reps, "loadavg": group.loadavg,
-            "commands": [c.summary() for c in group.commands], "ratios": ratios}
-
-
 def run_lmcache_group(args: argparse.Namespace, bench: Bench) -> dict:
     """The whole group in one run: probe, reshard tree, reshard warm and cold, scan tier,
     scan warm and cold; the trees are deleted at the end (unless --keep)."""
@@ -251,34 +237,8 @@ def run_lmcache_group(args: argparse.Namespace, bench: Bench) -> dict:
 
 # --------------------------------------------------------------------------- LMCACHE.md
 
-def _cmd(group: dict, key: str) -> dict:
-    return next(c for c in group["commands"] if c["key"] == key)
-
-
 def _mbs(nbytes: int, seconds: float | None) -> str:
     return f"{nbytes / seconds / 1e6:,.0f}" if seconds else "—"
-
-
-def _ratios(add: Any, grp: dict, suffix: str) -> None:
-    for r in grp["ratios"]:
-        add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
-            f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x**{suffix}")
-
-
-def _table(add: Any, groups: list[dict], cells: Any) -> None:
-    """The rows of one table: a command's measured cells, or why it was not run."""
-    for grp in groups:
-        for c in grp["commands"]:
-            if "median_s" not in c:
-                add(f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
-            else:
-                add(_row(grp, c, *cells(c)))
-
-
-def _row(grp: dict, c: dict, *cells: str) -> str:
-    """One table row: warm or cold, the command, median and range, then `cells`."""
-    return (f"| {'cold' if grp['cold'] else 'warm'} | {c['label']} | {c['median_s']:.2f} | "
-            f"{c['min_s']:.2f}–{c['max_s']:.2f} | " + " | ".join(cells) + " |")
 
 
 def render_lmcache(result: dict) -> str:
@@ -345,12 +305,12 @@ def render_lmcache(result: dict) -> str:
     add("| run | command | median s | min–max s | MB/s (source bytes) | peak RSS MiB | rchar GiB | "
         "read from disk GiB |")
     add("|---|---|---:|---:|---:|---:|---:|---:|")
-    _table(add, g["reshard"], lambda c: (
+    command_rows(add, g["reshard"], lambda c: (
         "—" if c["key"] == "lmc_imports" else _mbs(t["bytes"], c["median_s"]), f"{c['peak_rss_mib']:.0f}",
         f"{c.get('median_rchar', 0) / 2**30:.2f}", f"{c.get('median_read_bytes', 0) / 2**30:.2f}"))
     add("")
     for grp in g["reshard"]:
-        _ratios(add, grp, " (time; below 1 is faster)")
+        ratio_lines(add, grp, " (time; below 1 is faster)")
         for c in grp["commands"]:
             f = c.get("facts") or {}
             if "bytes_checked" in f:
@@ -373,15 +333,15 @@ def render_lmcache(result: dict) -> str:
     add("")
     add("| run | command | median s | min–max s | files/s | peak RSS MiB | user s | sys s |")
     add("|---|---|---:|---:|---:|---:|---:|---:|")
-    _table(add, g["scan"], lambda c: (f"{s['files'] / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
+    command_rows(add, g["scan"], lambda c: (f"{s['files'] / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
                                        f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
     add("")
     for grp in g["scan"]:
-        _ratios(add, grp, "")
-        fl = _cmd(grp, "lmc_floor")
+        ratio_lines(add, grp, "")
+        fl = group_cmd(grp, "lmc_floor")
         if "facts" in fl:
             add(f"  * the floor walked {fl['facts'].get('files'):,} files")
-        sc = _cmd(grp, "lmc_scan")
+        sc = group_cmd(grp, "lmc_scan")
         if "facts" in sc:
             add(f"  * scan: {sc['facts'].get('files'):,} files, statuses {sc['facts'].get('by_status')}, manifest "
                 f"{sc['facts'].get('manifest_bytes', 0):,} bytes, exit code {sc['facts'].get('exit_code')}; load "
@@ -390,22 +350,3 @@ def render_lmcache(result: dict) -> str:
         add("")
         add(note)
     return "\n".join(lines).rstrip() + "\n"
-
-
-def lmcache_only(args: argparse.Namespace, bench: Bench) -> int:
-    """`--only lmcache`: LMCACHE.md and lmcache.json in --out-dir (the other reports untouched)."""
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "lmcache").resolve()
-    bench.workdir.mkdir(parents=True, exist_ok=True)
-    machine = bench.machine()
-    try:
-        group = run_lmcache_group(args, bench)
-    except KeyboardInterrupt:
-        print(f"bench: interrupted; trees left in {bench.workdir}", file=sys.stderr)
-        return 32
-    result = {"machine": machine, "lmcache": group}
-    (out / "lmcache.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "LMCACHE.md").write_text(render_lmcache(result))
-    bench.log(f"wrote {out / 'LMCACHE.md'} and lmcache.json")
-    return 0

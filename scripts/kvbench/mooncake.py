@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from .core import Bench
-from .harness import DEFAULT_WORKDIR, SCRIPTS, Command, Group, Run, can_drop_caches, q, rmtree, run_group, sh
+from .harness import DEFAULT_WORKDIR, SCRIPTS, Command, Group, Run, can_drop_caches, q, rmtree, sh, timed
+from .rendering import command_rows, group_cmd, ratio_lines
 from .trees import fs_free, walk_counts, warm
 
 DRIVER = SCRIPTS / "bench_mooncake.py"  # run with kvmigrate's interpreter: it imports kvmigrate
@@ -131,21 +131,6 @@ def rekey_commands(bench: Bench, root: Path, work: Path, manifest: Path, objects
     ]
 
 
-def timed(group: Group, reps: int, bench: Bench, out: Path, cold: bool) -> dict:
-    group.loadavg["before"] = [round(x, 2) for x in os.getloadavg()]
-    group.reps = reps
-    run_group(group, reps, bench.log, out, cold=cold)
-    group.loadavg["after"] = [round(x, 2) for x in os.getloadavg()]
-    cmds = {c.key: c for c in group.commands}
-    ratios = []
-    for a, b in group.pairs:
-        ma, mb = cmds[a].median, cmds[b].median
-        if ma and mb:
-            ratios.append({"a": a, "b": b, "ratio": round(ma / mb, 3)})
-    return {"key": group.key, "title": group.title, "cold": cold, "reps": reps, "loadavg": group.loadavg,
-            "commands": [c.summary() for c in group.commands], "ratios": ratios}
-
-
 def run_mooncake_group(args: argparse.Namespace, bench: Bench) -> dict:
     """The whole group in one run: probe, store, scan warm and cold, rekey warm and cold
     (when this kvmigrate applies it); the trees are deleted at the end (unless --keep)."""
@@ -199,28 +184,11 @@ def run_mooncake_group(args: argparse.Namespace, bench: Bench) -> dict:
 
 # --------------------------------------------------------------------------- MOONCAKE.md
 
-def _cmd(group: dict, key: str) -> dict:
-    return next(c for c in group["commands"] if c["key"] == key)
-
-
-def _ratios(add: Any, grp: dict) -> None:
-    for r in grp["ratios"]:
-        add(f"* {'cold' if grp['cold'] else 'warm'}: **{_cmd(grp, r['a'])['label']}** / "
-            f"{_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x** (time; below 1 is faster)")
-
-
 def _table(add: Any, groups: list[dict], items: int, what: str) -> None:
     add(f"| run | command | median s | min–max s | {what}/s | peak RSS MiB | user s | sys s |")
     add("|---|---|---:|---:|---:|---:|---:|---:|")
-    for grp in groups:
-        run = "cold" if grp["cold"] else "warm"
-        for c in grp["commands"]:
-            if "median_s" not in c:
-                add(f"| {run} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
-                continue
-            add(f"| {run} | {c['label']} | {c['median_s']:.2f} | {c['min_s']:.2f}–{c['max_s']:.2f} | "
-                f"{items / c['median_s']:,.0f} | {c['peak_rss_mib']:.0f} | {c['median_user_s']:.1f} | "
-                f"{c['median_sys_s']:.1f} |")
+    command_rows(add, groups, lambda c: (f"{items / c['median_s']:,.0f}", f"{c['peak_rss_mib']:.0f}",
+                                         f"{c['median_user_s']:.1f}", f"{c['median_sys_s']:.1f}"))
     add("")
 
 
@@ -272,8 +240,8 @@ def render_mooncake(result: dict) -> str:
     add("")
     _table(add, g["scan"], s["objects"], "objects")
     for grp in g["scan"]:
-        _ratios(add, grp)
-        sc = _cmd(grp, "mc_scan")
+        ratio_lines(add, grp, " (time; below 1 is faster)")
+        sc = group_cmd(grp, "mc_scan")
         if "facts" in sc:
             f = sc["facts"]
             add(f"  * scan: {f.get('files'):,} files {f.get('by_status')}, {f.get('objects'):,} objects "
@@ -301,29 +269,10 @@ def render_mooncake(result: dict) -> str:
     add("")
     _table(add, g["rekey"], s["objects"], "objects")
     for grp in g["rekey"]:
-        _ratios(add, grp)
-        rk = _cmd(grp, "mc_rekey")
+        ratio_lines(add, grp, " (time; below 1 is faster)")
+        rk = group_cmd(grp, "mc_rekey")
         if "facts" in rk:
             add(f"  * rekey: outcomes {rk['facts'].get('outcomes')}, exit code {rk['facts'].get('exit_code')}; "
                 f"the store's indexes read back after the run (untimed): {rk['facts'].get('keys_checked')}; "
                 f"load average {grp['loadavg']}")
     return "\n".join(lines).rstrip() + "\n"
-
-
-def mooncake_only(args: argparse.Namespace, bench: Bench) -> int:
-    """`--only mooncake`: MOONCAKE.md and mooncake.json in --out-dir (the other reports untouched)."""
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench.workdir = Path(args.workdir or DEFAULT_WORKDIR / "mooncake").resolve()
-    bench.workdir.mkdir(parents=True, exist_ok=True)
-    machine = bench.machine()
-    try:
-        group = run_mooncake_group(args, bench)
-    except KeyboardInterrupt:
-        print(f"bench: interrupted; trees left in {bench.workdir}", file=sys.stderr)
-        return 32
-    result = {"machine": machine, "mooncake": group}
-    (out / "mooncake.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "MOONCAKE.md").write_text(render_mooncake(result))
-    bench.log(f"wrote {out / 'MOONCAKE.md'} and mooncake.json")
-    return 0

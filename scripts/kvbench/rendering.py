@@ -31,6 +31,31 @@ def write_json(path: Path, result: dict) -> None:
 
 
 
+def group_cmd(group: dict, key: str) -> dict:
+    """The command of a measured group by its key."""
+    return next(c for c in group["commands"] if c["key"] == key)
+
+
+def ratio_lines(add: Any, grp: dict, suffix: str = "") -> None:
+    """One line per ratio of a warm or cold group: its two commands and the ratio."""
+    for r in grp["ratios"]:
+        add(f"* {'cold' if grp['cold'] else 'warm'}: **{group_cmd(grp, r['a'])['label']}** / "
+            f"{group_cmd(grp, r['b'])['label']} = **{r['ratio']:.2f}x**{suffix}")
+
+
+def command_rows(add: Any, groups: list[dict], cells: Any) -> None:
+    """The rows of one table: per command of each group, warm or cold, the command, median
+    and range, then `cells(command)`; or why it was not run."""
+    for grp in groups:
+        run = "cold" if grp["cold"] else "warm"
+        for c in grp["commands"]:
+            if "median_s" not in c:
+                add(f"| {run} | {c['label']} | {c.get('error') or 'not run'} | | | | | |")
+            else:
+                add(f"| {run} | {c['label']} | {c['median_s']:.2f} | {c['min_s']:.2f}–{c['max_s']:.2f} | "
+                    + " | ".join(cells(c)) + " |")
+
+
 def fmt_s(x: float | None) -> str:
     if x is None:
         return "—"
