@@ -240,8 +240,14 @@ class Commands:
     def list_files(self, status: str, *extra: str) -> str:
         if self.manifest:
             return self._join("kvmigrate report", self.q(self.manifest), f"--list {status}", *extra)
-        return self._join("kvmigrate scan", self.q(self.root, *self.fact_args), f"-o {DEFAULT_MANIFEST}",
-                          f"&& kvmigrate report {DEFAULT_MANIFEST} --list {status}", *extra)
+        return self.scan_then(f"kvmigrate report {DEFAULT_MANIFEST} --list {status}", *extra)
+
+    def scan_then(self, *then: str) -> str:
+        """A scan of ROOT into DEFAULT_MANIFEST, then `then` on it. Not `&&`: a scan that finds
+        something exits 1 or 5, the very case the hint is for; a scan that fails writes no
+        manifest, and the old one is removed first, so `then` never reads a stale one."""
+        return self._join(f"rm -f {DEFAULT_MANIFEST}; kvmigrate scan", self.q(self.root, *self.fact_args),
+                          f"-o {DEFAULT_MANIFEST};", *then)
 
     def migrate(self, *extra: str) -> str:
         if self.manifest:
@@ -701,7 +707,11 @@ def _migration_pending(st: _State) -> Iterator[Item]:
     f = _finding("migration_pending", 1, None, message, blocks=pending["blocks"], bytes=pending["bytes"])
     f["unproven_replicas"] = unproven
     yield f
-    if not guessed_pending:
+    # a store whose pending work has no proof that its clients are stopped makes `migrate --apply` exit 2:
+    # its own hint (mooncake_apply_proof) names the apply with the proof, for every target at once
+    unproven_store = any(store["pending_objects"] and _proof_command(st, store) is not None
+                         for store in summary.get("stores") or ())
+    if not guessed_pending and not unproven_store:
         why = ("then migrate the blocks whose replicas hash equal (without --apply it prints the plan only; "
                "it refuses differing replicas, so running it again does not place the blocks a migration "
                "already refused)" if unproven == pending["blocks"] else
@@ -853,8 +863,7 @@ def _store_family(st: _State, store: Store) -> families.Family | None:
 def _explain(cmd: Commands, label: str) -> str:
     if cmd.manifest:
         return cmd._join("kvmigrate explain", cmd.q(cmd.manifest, label))
-    return cmd._join("kvmigrate scan", cmd.q(cmd.root, *cmd.fact_args), f"-o {DEFAULT_MANIFEST}",
-                     "&& kvmigrate explain", cmd.q(DEFAULT_MANIFEST, label))
+    return cmd.scan_then("kvmigrate explain", cmd.q(DEFAULT_MANIFEST, label))
 
 
 def _has_work(st: _State, store: Store) -> bool:

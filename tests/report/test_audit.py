@@ -177,8 +177,8 @@ def test_audit_without_manifest_out_leaves_nothing_behind(tmp_path, monkeypatch)
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
     assert list(work.iterdir()) == []
     # the hint cannot point at a temporary manifest: it says how to write one
-    assert f"kvmigrate scan {root} -o kvmigrate-manifest.parquet && kvmigrate report " \
-           "kvmigrate-manifest.parquet --list short" in res.stdout
+    assert f"rm -f kvmigrate-manifest.parquet; kvmigrate scan {root} -o kvmigrate-manifest.parquet; kvmigrate " \
+           "report kvmigrate-manifest.parquet --list short" in res.stdout
 
 
 def test_audit_report_to_file_and_html(tmp_path):

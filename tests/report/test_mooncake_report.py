@@ -478,3 +478,34 @@ def test_every_action_has_a_colour_in_the_html_report(tmp_path):
     run("scan", root, "-o", tmp_path / "m.parquet")
     code, out = run("report", tmp_path / "m.parquet", "--format", "html", "-o", tmp_path / "r.html")
     assert code in (0, 1) and (tmp_path / "r.html").read_text().count("<svg") >= 1, out
+
+
+def test_every_migrate_hint_of_a_store_without_a_proof_runs_as_printed(tmp_path):
+    """A raw store with pending rekeys and no proof: the plain `migrate ROOT --apply` would
+    exit 2 (no proof), so it is not printed; the store's own hint (with --engine-stopped) is,
+    and it runs as printed (exit 0, the store rekeyed)."""
+    import shlex
+
+    from helpers.cli_helpers import run, run_json
+
+    root = tmp_path / "root"
+    synth(root, tp=2, mc_scheme="mc-raw")
+    _, summary = run_json("audit", root)
+    migrates = [h["command"] for h in summary["hints"] if h["command"].startswith("kvmigrate migrate")]
+    assert migrates == [f"kvmigrate migrate {root} --apply --engine-stopped"], migrates
+    code, out = run(*shlex.split(migrates[0])[1:])
+    assert code == 0, out
+
+
+def test_a_scan_then_list_hint_lists_the_files_when_the_scan_finds_something(tmp_path):
+    """The hints that scan first and then list or explain run in a shell as printed: a scan
+    with findings exits 1 or 5, which an `&&` chain stopped at, so the listing never ran."""
+    root = tmp_path / "root"
+    synth(root, tp=2, defects=("orphan_data",))
+    from helpers.cli_helpers import run_json
+
+    _, summary = run_json("audit", root)
+    listing = next(h["command"] for h in summary["hints"] if h["command"].endswith("--list orphan_data"))
+    done = subprocess.run(["sh", "-c", listing.replace("kvmigrate ", f"{sys.executable} -m kvmigrate ")],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().endswith(".bucket"), (listing, done.stdout, done.stderr)

@@ -172,8 +172,8 @@ def test_commands_quote_roots_with_spaces_and_keep_the_target(tmp_path):
 
 def test_temporary_manifest_hints_write_one_first(tmp_path):
     s = summarize(write_sample_manifest(tmp_path / "m.parquet"), manifest=None, verb="audit")
-    assert (f"kvmigrate scan {ROOT} --kv-kind full -o kvmigrate-manifest.parquet && kvmigrate report "
-            "kvmigrate-manifest.parquet --list short") in _commands(s)
+    assert (f"rm -f kvmigrate-manifest.parquet; kvmigrate scan {ROOT} --kv-kind full -o kvmigrate-manifest.parquet; "
+            "kvmigrate report kvmigrate-manifest.parquet --list short") in _commands(s)
     assert f"kvmigrate migrate {ROOT} --kv-kind full --apply" in _commands(s)
     assert any(c.startswith(f"kvmigrate audit {ROOT} --kv-kind full --model-dtype") for c in _commands(s))
 
