@@ -280,7 +280,8 @@ def _refusal(journal: str, selection: Selection | None, lost: list[tuple[str, Wa
     said, hints = [], []
     if lost:
         said.append(f"{len(lost)} of them cannot be put back (first: {lost[0][1].why})")
-        keep = f"keep {', '.join(held)}: the migration into {'it' if len(held) == 1 else 'them'} cannot be undone " \
+        kept = held or sorted({ns for ns, _ in lost})  # (a Mooncake store's work has no target folder: its namespaces)
+        keep = f"keep {', '.join(kept)}: the migration into {'it' if len(kept) == 1 else 'them'} cannot be undone " \
                "any more (the pruned sources are gone)"
         if others:
             command = " ".join(["kvmigrate rollback", shlex.quote(os.path.abspath(journal)),

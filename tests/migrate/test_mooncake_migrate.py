@@ -496,3 +496,19 @@ def test_migrate_into_dest_holds_exactly_what_the_target_reads(tmp_path, backend
     assert code == 0, out
     assert tree_digest(root) == before
     assert not [p for p in dest.rglob("*") if p.is_file() and ".kvmigrate" not in p.parts]
+
+
+def test_rollback_after_a_purge_refuses_and_names_the_store_deployment_to_keep(tmp_path):
+    """migrate, prune --migrated, purge, rollback: the raw entries are gone for good, so the
+    rollback refuses (exit 8, nothing removed) and its hint names what to keep (the hint
+    read "keep :" for a store's work, which has no target folder)."""
+    root = tmp_path / "root"
+    synth(root, mc_backend="file_per_key", mc_engine="sglang", tp=2, mc_scheme="mc-raw")
+    assert run("migrate", root, "--apply", "--engine-stopped")[0] == 0
+    assert run("prune", root, "--apply", "--engine-stopped", "--quiet-period", "0")[0] == 0
+    assert run("prune", root, "--purge", "--older-than", "0s", "--apply")[0] == 0
+    before = tree_digest(root)
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("rollback", journal)
+    assert code == 8 and "hint: keep mooncake:store:sglang:" in out, out
+    assert tree_digest(root) == before
