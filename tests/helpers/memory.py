@@ -1,0 +1,87 @@
+"""Peak RSS of kvmigrate commands over a migration's lifecycle, for the memory bounds.
+
+Every command runs in a child interpreter (`python -m kvmigrate`); its peak resident set
+comes from the kernel's rusage of that child (`os.wait4`, `ru_maxrss` in KiB), so nothing
+of the test process counts. `lifecycle_peaks` builds one llm-d TP=2 MLA tree with
+`kvmigrate synth` and runs every command an operator runs on it, in order: the figures of
+two sizes give each command's growth per file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FACTS = ("--kv-kind", "mla", "--model-dtype", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One command's exit code and peak resident set."""
+
+    rc: int
+    kib: int
+    out: str
+
+
+def peak_rss(args: list[str], cwd: Path) -> Peak:
+    """`kvmigrate ARGS` in a child interpreter: its exit code and ru_maxrss (KiB)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(cwd / "out.txt", "w+") as out:
+        p = subprocess.Popen([sys.executable, "-m", "kvmigrate", *map(str, args)], cwd=cwd,
+                             stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read()
+    return Peak(p.returncode, usage.ru_maxrss, text)
+
+
+def synth_llmd(root: Path, blocks: int) -> None:
+    """An llm-d TP=2 MLA tree of `blocks` block keys (2 x blocks files of 4 KiB)."""
+    subprocess.run([sys.executable, "-m", "kvmigrate", "synth", str(root), "--family", "llmd", "--tp", "2",
+                    "--kv-kind", "mla", "--layers", "4", "--block-bytes", "1024", "--blocks", str(blocks),
+                    "--seed", "1"], check=True, capture_output=True)
+
+
+LIFECYCLE = ("scan", "report", "migrate_dry", "migrate_apply", "scan_after", "report_after", "report_json",
+             "report_diff", "explain", "audit", "audit_baseline", "verify", "prune_dry", "prune_apply", "restore",
+             "rollback_list", "rollback_dry", "rollback", "migrate_again", "prune_scan_apply", "purge")
+
+
+def lifecycle_peaks(work: Path, blocks: int) -> dict[str, Peak]:
+    """Each command's peak over a lifecycle of one tree: scan, report, migrate, audit,
+    verify, prune, restore, rollback, migrate again, prune from its own scan, purge."""
+    work.mkdir(parents=True, exist_ok=True)
+    root = work / "root"
+    synth_llmd(root, blocks)
+    source = next(p.name for p in sorted(root.iterdir()) if p.name.endswith("_r0"))[:-len("_r0")]
+    journals = root / ".kvmigrate" / "journals"
+    steps: list[tuple[str, list[str]]] = [
+        ("scan", ["scan", root, "-o", work / "m1.parquet", "--verify", "size", *FACTS]),
+        ("report", ["report", work / "m1.parquet"]),
+        ("migrate_dry", ["migrate", "--manifest", work / "m1.parquet"]),
+        ("migrate_apply", ["migrate", "--manifest", work / "m1.parquet", "--apply"]),
+        ("scan_after", ["scan", root, "-o", work / "m2.parquet", "--verify", "size", *FACTS]),
+        ("report_after", ["report", work / "m2.parquet"]),
+        ("report_json", ["report", work / "m2.parquet", "--format", "json"]),
+        ("report_diff", ["report", work / "m2.parquet", "--diff", work / "m1.parquet"]),
+        ("explain", ["explain", work / "m2.parquet", source]),
+        ("audit", ["audit", root, "--verify", "hash", "--keep", "3", *FACTS]),
+        ("audit_baseline", ["audit", root, "--verify", "hash", "--baseline", "auto", "--keep", "3", *FACTS]),
+        ("verify", ["verify", root, "--journal", journals]),
+        ("prune_dry", ["prune", root, "--manifest", work / "m2.parquet", "--quiet-period", "0s"]),
+        ("prune_apply", ["prune", root, "--manifest", work / "m2.parquet", "--quiet-period", "0s", "--apply"]),
+        ("restore", ["restore", journals / "prune"]),
+        ("rollback_list", ["rollback", journals, "--dry-run", "--list"]),
+        ("rollback_dry", ["rollback", journals, "--dry-run"]),
+        ("rollback", ["rollback", journals]),
+        ("migrate_again", ["migrate", "--manifest", work / "m1.parquet", "--apply"]),
+        ("prune_scan_apply", ["prune", root, "--quiet-period", "0s", "--apply", *FACTS]),
+        ("purge", ["prune", root, "--purge", "--older-than", "0s", "--apply"]),
+    ]
+    assert tuple(name for name, _ in steps) == LIFECYCLE
+    return {name: peak_rss(args, work) for name, args in steps}

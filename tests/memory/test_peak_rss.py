@@ -1,0 +1,40 @@
+"""Every command's peak RSS stays flat as the cache grows (a memory bound, not a timed assert).
+
+One llm-d TP=2 MLA tree of each size goes through a migration's whole lifecycle
+(tests/helpers/memory.py); each command's peak resident set is read from the kernel
+(ru_maxrss of its child process). Between the two sizes the tree grows by
+GROWN_FILES files; a command that keeps a Python object per file grows by hundreds of
+bytes a file (a 10M-file cache would need gigabytes), one whose working set is a batch,
+a bucket or a namespace's counters grows by little more than the allocator's noise.
+The bound, PER_FILE_BOUND bytes a file, is what keeps a 10M-file cache under 1 GiB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.memory import LIFECYCLE, lifecycle_peaks
+
+pytestmark = pytest.mark.slow
+
+SMALL_BLOCKS, LARGE_BLOCKS = 16_000, 64_000  # 32k and 128k files: the small one fills a scan batch (32,768 rows)
+GROWN_FILES = 2 * (LARGE_BLOCKS - SMALL_BLOCKS)  # one file per block and rank (TP=2)
+PER_FILE_BOUND = 90  # bytes: (1 GiB - a command's ~130 MiB start) / 10M files
+
+
+@pytest.fixture(scope="module")
+def peaks(tmp_path_factory) -> dict[int, dict]:
+    base: Path = tmp_path_factory.mktemp("memory")
+    return {blocks: lifecycle_peaks(base / str(blocks), blocks) for blocks in (SMALL_BLOCKS, LARGE_BLOCKS)}
+
+
+@pytest.mark.parametrize("command", LIFECYCLE)
+def test_peak_rss_independent_of_size(peaks, command):
+    small, large = peaks[SMALL_BLOCKS][command], peaks[LARGE_BLOCKS][command]
+    assert small.rc == large.rc and large.rc in (0, 1), large.out[-2000:]
+    growth = (large.kib - small.kib) * 1024
+    assert growth <= PER_FILE_BOUND * GROWN_FILES, (
+        f"{command}: peak RSS {small.kib} KiB at {2 * SMALL_BLOCKS:,} files, {large.kib} KiB at "
+        f"{2 * LARGE_BLOCKS:,} files: {growth / GROWN_FILES:.0f} bytes a file (bound {PER_FILE_BOUND})")
