@@ -13,6 +13,7 @@ and `reports/benchmarks.json` with medians, ratios, peak RSS and the issue's tar
     python3 scripts/bench.py --before b0bf138              # before/after in one run (kvbench/compare.py)
     python3 scripts/bench.py --before b0bf138 --scale small   # the same, a quick try (~2-3 min)
     python3 scripts/bench.py --only prune --prune-files 20000  # prune vs rm -rf, restore (issue 19)
+    python3 scripts/bench.py --only memory --scale small       # peak RSS of every lifecycle command at 3 sizes
     python3 scripts/bench.py --only lmcache                    # LMCache reshard and 1M-chunk scan (LMCACHE.md)
     python3 scripts/bench.py --only mooncake                   # Mooncake 1M-object scan and rekey (MOONCAKE.md)
 
@@ -48,6 +49,13 @@ Groups (kvbench/groups.py; journal, prune, baseline and lmcache in modules of th
             legacy block files (default 500,000) vs `rm -rf` of the same legacy folders (one run,
             the ratio) and `kvmigrate restore` of that prune; merged into an existing
             benchmarks.json, or a prune-only report in a fresh --out-dir
+  memory    (alone: `--only memory [--memory-files N,N,N] [--check-space]`) every command of a
+            migration's lifecycle (tests/helpers/memory.py) on llm-d TP=2 MLA trees of three sizes
+            (20k/60k/120k files at small, 100k/1M/3M at large; each built, measured, removed in turn),
+            beside `cp -al` and `find` of the tree: peak RSS at each size, its growth per file between
+            the two largest, its projection at 10M files (goal <= 1 GiB), the marginal time per file
+            (goal: largest/smallest <= 1.1x); df and df -i checked first; merged into the --out-dir's
+            benchmarks.json like prune
   baseline  (alone: `--only baseline [--baseline-files N] [--baseline-cold]`) `audit --verify
             hash --baseline auto` of an unchanged tree of N files of 4 KiB (default 1,000,000)
             vs `find -printf` and the full hash audit, with the default --recheck and 0;

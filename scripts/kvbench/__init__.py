@@ -7,6 +7,7 @@
     core       Bench: a run's settings, kvmigrate, trees, groups
     installs   other revisions: a worktree (--journal-before), installs by commit (--before)
     journal, prune, baseline   the groups run after the others (or alone)
+    memory     the memory group (alone): peak RSS of every lifecycle command at three sizes
     lmcache    the LMCache group (alone): reshard and a large fs tier's scan, LMCACHE.md
     mooncake   the Mooncake group (alone): a large store's scan and rekey, MOONCAKE.md
     runner     a full run, from the trees to the result

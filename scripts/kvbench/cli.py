@@ -17,6 +17,9 @@ from .core import Bench
 from .harness import DEFAULT_WORKDIR, REPORTS, rmtree
 from .journal import run_journal_group
 from .lmcache import render_lmcache, run_lmcache_group
+from .memory import check_space as memory_check_space
+from .memory import memory_sizes, run_memory_group
+from .memory import space_needed as memory_space_needed
 from .mooncake import render_mooncake, run_mooncake_group
 from .prune import run_prune_group
 from .rendering import render, render_journal, render_prune_only, write_json
@@ -38,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="profile kvmigrate scan (cProfile, all threads)")
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--only", help="comma-separated groups: meta,hash4k,hash1m,migrate,flat,startup,cold4k,cold1m,"
-                                  "scale and baseline,journal,prune (run after the others; each alone merges "
+                                  "scale and baseline,journal,prune,memory (run after the others; each alone merges "
                                   "into the --out-dir's report); lmcache alone (LMCACHE.md of its own); mooncake alone "
                                   "(MOONCAKE.md of its own)")
     p.add_argument("--flat-files", type=int, metavar="N",
@@ -58,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--journal-blocks", type=int, default=100_000, help="journal group: blocks (default 100,000)")
     p.add_argument("--prune-files", type=int, default=500_000,
                    help="prune group: migrated legacy block files to prune (default 500,000)")
+    p.add_argument("--memory-files", metavar="N,N,N",
+                   help="memory group: files of its trees, comma-separated (default 20000,60000,120000 at --scale "
+                        "small, 100000,1000000,3000000 at large); each tree is built, measured and removed in turn")
     p.add_argument("--baseline-files", type=int, default=1_000_000,
                    help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
     p.add_argument("--rmlint-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -169,6 +175,40 @@ def baseline_only(args: argparse.Namespace, bench: Bench) -> int:
     return 0
 
 
+def memory_only(args: argparse.Namespace, bench: Bench) -> int:
+    """`--only memory`: merged into the --out-dir's report (a full one, or a prune group's
+    page of its own), else a page of its own; --check-space prints the space check only."""
+    sizes = memory_sizes(args)
+    workdir = Path(args.workdir or DEFAULT_WORKDIR / "memory").resolve()
+    if args.check_space:
+        for files in sizes:
+            need = memory_space_needed(files)
+            print(f"memory-{files}: {files:,} files of 4,096 B, ~{need['bytes'] / 2**30:.2f} GiB and "
+                  f"~{need['inodes']:,} inodes at its peak")
+        memory_check_space(workdir, sizes, args.force, bench.log)
+        return 0
+    out = Path(args.out_dir)
+    path = out / "benchmarks.json"
+    result = json.loads(path.read_text()) if path.is_file() else None
+    bench.workdir = workdir
+    machine = bench.machine()
+    try:
+        memory = run_memory_group(args, bench, bench.log)
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; trees left in {workdir}", file=sys.stderr)
+        return 32
+    out.mkdir(parents=True, exist_ok=True)
+    if result is None or "machine" not in result:
+        result = {"machine": machine}
+    result["memory"] = memory
+    write_json(path, result)
+    (out / "BENCHMARKS.md").write_text(render(result, out) if "targets" in result else render_prune_only(result))
+    bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
+    if not args.keep:
+        rmtree(workdir)
+    return 0
+
+
 def render_journal_only(result: dict) -> str:
     lines = ["# kvmigrate journal and rollback benchmark", "", "Raw figures: [`benchmarks.json`](benchmarks.json)."]
     render_journal(result["journal"], lines.append)
@@ -182,7 +222,7 @@ def render_any(result: dict, out: Path) -> str:
         return render(result, out)
     if set(result) == {"journal"}:
         return render_journal_only(result)
-    if "prune" in result:
+    if "prune" in result or "memory" in result:
         return render_prune_only(result)
     raise SystemExit(f"{out / 'benchmarks.json'}: not a benchmark report this bench renders")
 
@@ -244,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:  # (after the figures are written: removing the target's tree takes minutes)
             rmtree(bench.workdir)
         return 0
+    if args.only and args.only.strip() == "memory":  # merged into the existing report, or a page of its own
+        return memory_only(args, bench)
     if args.only and args.only.strip() == "lmcache":  # LMCACHE.md and lmcache.json of their own
         return group_only(args, bench, "lmcache", run_lmcache_group, render_lmcache)
     if args.only and args.only.strip() == "mooncake":  # MOONCAKE.md and mooncake.json of their own

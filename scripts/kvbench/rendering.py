@@ -358,6 +358,8 @@ def render(result: dict, out_dir: str | Path | None = None) -> str:
         render_journal(result["journal"], add)
     if result.get("prune"):
         render_prune(result["prune"], add)
+    if result.get("memory"):  # `--only memory`, merged
+        render_memory(result["memory"], add)
     transforms = REPORTS / "TRANSFORMS.md"
     if transforms.is_file():
         add("")
@@ -489,20 +491,74 @@ def render_prune(p: dict, add: Any) -> None:
 
 
 def render_prune_only(result: dict) -> str:
-    """BENCHMARKS.md of a run of the prune group alone (a fresh --out-dir)."""
+    """BENCHMARKS.md of a run of the prune or memory group alone (a fresh --out-dir), or of
+    both, each run alone into the same folder."""
     m = result["machine"]
     L: list[str] = []
     add = L.append
-    add("# kvmigrate benchmarks: the prune group")
+    alone = [g for g in ("prune", "memory") if result.get(g)]
+    add(f"# kvmigrate benchmarks: the {' and '.join(alone)} group{'s' if len(alone) > 1 else ''}")
     add("")
     add(f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['mem_total_bytes'] / 2**30:.1f} GiB, kernel "
         f"{m['kernel']}, {m['os']}; work folder on {m['workdir_fs']} ({m['workdir_device']}, "
         f"{m['workdir_mount_options']}); Python {m['python']}; kvmigrate at `{m['git_head'].split()[0]}`"
         + (f" (uncommitted: {', '.join(m['git_uncommitted_under_kvmigrate'])})"
            if m["git_uncommitted_under_kvmigrate"] else "") + ". Raw figures: [`benchmarks.json`](benchmarks.json).")
-    render_prune(result["prune"], add)
+    if result.get("prune"):
+        render_prune(result["prune"], add)
+    if result.get("memory"):
+        render_memory(result["memory"], add)
     return "\n".join(L).rstrip() + "\n"
 
+
+MEMORY_GOAL_MIB = 1024       # scripts/kvbench/memory.py: GOAL_PEAK_MIB (rendering imports only harness)
+MEMORY_GOAL_RATIO = 1.1      # ... GOAL_MARGINAL_RATIO
+
+
+def render_memory(mem: dict, add: Any) -> None:
+    """The memory group's section: per command of the lifecycle, peak RSS and time at each
+    size, the peak's growth per file, its projection at 10M files, the marginal time per file."""
+    figures = mem["figures"]
+    files = [s["files"] for s in mem["sizes"]]
+    sizes = " / ".join(f"{n:,}" for n in files)
+    add("")
+    add("## Memory: peak RSS of every command over a lifecycle, by tree size")
+    add("")
+    add(f"{mem['tree']}, at {sizes} files; one run of `{mem['command']}` at {mem['when']} (load average "
+        f"{mem['load_before']} before the group, {mem['load_after']} after). At each size, on a fresh tree: "
+        "`find` and `cp -al` of it (the filesystem's own cost), then every command of a migration's lifecycle "
+        "in order (tests/helpers/memory.py, LIFECYCLE), each once (the lifecycle changes the tree), after "
+        "`sync`. Peak RSS is the command's own ru_maxrss (wait4). Slope: the peak's growth per file between "
+        f"the two largest sizes; at 10M: the largest peak plus that slope (goal <= {MEMORY_GOAL_MIB:,} MiB). "
+        "Marginal: the time per file between the two smallest sizes and between the two largest, and their "
+        f"ratio (1.0 linear; goal <= {MEMORY_GOAL_RATIO}).")
+    add("")
+    add(f"| command | peak RSS (MiB) at {sizes} | slope (B/file) | at 10M (MiB) | time (s) at {sizes} | "
+        "marginal (µs/file) small → large | ratio | exit codes |")
+    add("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, f in figures.items():
+        label = f"{name} (filesystem)" if name in mem["baselines"] else name
+        rss = " / ".join(f"{x:,.0f}" for x in f["peak_rss_mib"])
+        wall = " / ".join(f"{x:.2f}" for x in f["wall_s"])
+        slope = "—" if f.get("slope_bytes_per_file") is None else f"{f['slope_bytes_per_file']:,.0f}"
+        at10 = "—" if f.get("projected_mib_at_10m") is None else f"{f['projected_mib_at_10m']:,.0f}"
+        if name not in mem["baselines"] and f.get("peak_goal_met") is False:
+            at10 = f"**{at10}**"
+        marginal = " → ".join("—" if x is None else f"{x:.2f}" for x in f["marginal_us_per_file"])
+        ratio = "—" if f.get("marginal_ratio") is None else f"{f['marginal_ratio']:.2f}"
+        if name not in mem["baselines"] and f.get("marginal_goal_met") is False:
+            ratio = f"**{ratio}**"
+        rcs = " / ".join(str(rc) for rc in f["rc"])
+        add(f"| {label} | {rss} | {slope} | {at10} | {wall} | {marginal} | {ratio} | {rcs} |")
+    ours = {k: f for k, f in figures.items() if k not in mem["baselines"]}
+    over = [k for k, f in ours.items() if f.get("peak_goal_met") is False]
+    steep = [k for k, f in ours.items() if f.get("marginal_goal_met") is False]
+    add("")
+    add(f"Peak RSS projected at 10M files: {len(ours) - len(over)} of {len(ours)} commands within "
+        f"{MEMORY_GOAL_MIB:,} MiB" + (f" (over: {', '.join(over)})" if over else "") + f"; marginal time per "
+        f"file: {len(ours) - len(steep)} of {len(ours)} within {MEMORY_GOAL_RATIO}x"
+        + (f" (over: {', '.join(steep)})" if steep else "") + ". Bold: a goal not met. Exit codes: 1 is findings "
+        "or changes pending (a dry run, a report of pending blocks), not a failure.")
 
 
 def render_baseline(b: dict, m: dict, add: Any) -> None:

@@ -52,15 +52,14 @@ LIFECYCLE = ("scan", "report", "migrate_dry", "migrate_apply", "scan_after", "re
              "rollback_list", "rollback_dry", "rollback", "migrate_again", "prune_scan_apply", "purge")
 
 
-def lifecycle_peaks(work: Path, blocks: int) -> dict[str, Peak]:
-    """Each command's peak over a lifecycle of one tree: scan, report, migrate, audit,
-    verify, prune, restore, rollback, migrate again, prune from its own scan, purge."""
-    work.mkdir(parents=True, exist_ok=True)
-    root = work / "root"
-    synth_llmd(root, blocks)
+def lifecycle_steps(work: Path, root: Path) -> list[tuple[str, list]]:
+    """(name, kvmigrate arguments) of every command an operator runs on the tree ROOT, in
+    LIFECYCLE's order: scan, report, migrate, audit, verify, prune, restore, rollback, migrate
+    again, prune from its own scan, purge (manifests in WORK). scripts/bench.py's memory
+    group runs the same list."""
     source = next(p.name for p in sorted(root.iterdir()) if p.name.endswith("_r0"))[:-len("_r0")]
     journals = root / ".kvmigrate" / "journals"
-    steps: list[tuple[str, list[str]]] = [
+    steps: list[tuple[str, list]] = [
         ("scan", ["scan", root, "-o", work / "m1.parquet", "--verify", "size", *FACTS]),
         ("report", ["report", work / "m1.parquet"]),
         ("migrate_dry", ["migrate", "--manifest", work / "m1.parquet"]),
@@ -84,4 +83,12 @@ def lifecycle_peaks(work: Path, blocks: int) -> dict[str, Peak]:
         ("purge", ["prune", root, "--purge", "--older-than", "0s", "--apply"]),
     ]
     assert tuple(name for name, _ in steps) == LIFECYCLE
-    return {name: peak_rss(args, work) for name, args in steps}
+    return steps
+
+
+def lifecycle_peaks(work: Path, blocks: int) -> dict[str, Peak]:
+    """Each command's peak over a lifecycle of one tree (lifecycle_steps)."""
+    work.mkdir(parents=True, exist_ok=True)
+    root = work / "root"
+    synth_llmd(root, blocks)
+    return {name: peak_rss(args, work) for name, args in lifecycle_steps(work, root)}

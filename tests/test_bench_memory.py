@@ -1,0 +1,80 @@
+"""scripts/bench.py --only memory at tiny sizes: every command of the lifecycle measured at each
+size beside find and cp -al, the figures (growth per file, projection, marginal time per file)
+on given numbers, the section merged into a full report, and the space check."""
+
+import json
+import sys
+from pathlib import Path
+
+import kvbench as bench  # scripts/kvbench (pyproject.toml puts scripts/ on pytest's pythonpath)
+from kvbench.memory import BASELINES, memory_figures
+from kvbench.rendering import render_prune_only
+
+from helpers.memory import LIFECYCLE
+
+KVM = str(Path(sys.executable).with_name("kvmigrate"))
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def sizes_of(peaks_kib: list[int], walls: list[float], files: list[int]) -> list[dict]:
+    return [{"files": n, "steps": {"scan": {"maxrss_kib": k, "wall_s": w, "rc": 0}}}
+            for n, k, w in zip(files, peaks_kib, walls)]
+
+
+def test_growth_per_file_projection_and_marginal_cost_on_given_figures():
+    files = [100_000, 1_000_000, 3_000_000]
+    # 100 MiB + 90 B a file (the goal's growth); 0.5 s start-up + 10 us a file up to 1M, then 12 us a file
+    kib = [round((100 * 2**20 + 90 * n) / 1024) for n in files]
+    f = memory_figures(sizes_of(kib, [1.5, 10.5, 34.5], files), ["scan"])["scan"]
+    assert abs(f["slope_bytes_per_file"] - 90) < 0.1
+    assert abs(f["projected_mib_at_10m"] - (100 + 90 * 10_000_000 / 2**20)) < 0.1
+    assert f["peak_goal_met"] is True
+    assert f["marginal_us_per_file"] == [10.0, 12.0] and f["marginal_ratio"] == 1.2
+    assert f["marginal_goal_met"] is False
+    flat = memory_figures(sizes_of([100_000] * 3, [1.0, 2.0, 3.0], [10, 20, 30]), ["scan"])["scan"]
+    assert flat["slope_bytes_per_file"] == 0 and flat["projected_mib_at_10m"] == round(100_000 / 1024, 1)
+    assert memory_figures(sizes_of([1, 2], [1.0, 2.0], [10, 20]), ["audit"]) == {}  # not measured: no row
+
+
+def test_the_memory_group_measures_every_lifecycle_command_at_each_size(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "reports"
+    rc = bench.main(["--only", "memory", "--memory-files", "60,200", "--workdir", str(work), "--out-dir", str(out),
+                     "--kvmigrate", KVM])
+    assert rc == 0
+    mem = json.loads((out / "benchmarks.json").read_text())["memory"]
+    assert [s["files"] for s in mem["sizes"]] == [61, 201]  # the blocks of both ranks and config.json
+    assert list(mem["figures"]) == [*BASELINES, *LIFECYCLE]
+    for name, f in mem["figures"].items():
+        assert all(rc in (0, 1) for rc in f["rc"]), (name, f["rc"])
+        assert len(f["peak_rss_mib"]) == 2 and all(x > 0 for x in f["peak_rss_mib"])
+        assert f["slope_bytes_per_file"] is not None and f["projected_mib_at_10m"] is not None
+    text = (out / "BENCHMARKS.md").read_text()
+    assert text.startswith("# kvmigrate benchmarks: the memory group")
+    assert "## Memory: peak RSS of every command over a lifecycle, by tree size" in text
+    for name in LIFECYCLE:
+        assert f"\n| {name} | " in text
+    assert "\n| cp_al (filesystem) | " in text and "\n| find (filesystem) | " in text
+    assert not work.exists()  # the trees are removed (no --keep)
+
+
+def test_the_memory_section_merges_into_a_full_report_and_beside_the_prune_group():
+    result = json.loads((REPORTS / "benchmarks.json").read_text())
+    sizes = sizes_of([100_000, 110_000], [1.0, 2.0], [1000, 2000])
+    result["memory"] = {"sizes": sizes, "figures": memory_figures(sizes, ["scan"]), "baselines": BASELINES,
+                        "tree": "t", "command": "c", "when": "w", "load_before": 0.1, "load_after": 0.2}
+    text = bench.render(result)
+    assert "## Memory: peak RSS of every command over a lifecycle, by tree size" in text
+    assert "\n| scan | 98 / 107 | 10,240 | " in text
+    alone = {"machine": result["machine"], "memory": result["memory"]}
+    if result.get("prune"):
+        alone["prune"] = result["prune"]
+    page = render_prune_only(alone)
+    assert "## Memory: peak RSS" in page and page.startswith("# kvmigrate benchmarks: the ")
+
+
+def test_the_space_check_prints_df_and_the_largest_tree_s_needs(tmp_path, capsys):
+    rc = bench.main(["--only", "memory", "--check-space", "--memory-files", "1000,3000000", "--workdir",
+                     str(tmp_path / "w"), "--kvmigrate", KVM, "--force"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "memory-3000000: 3,000,000 files" in out and "Inodes" in out  # df -i's header
