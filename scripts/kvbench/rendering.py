@@ -553,11 +553,15 @@ def render_memory(mem: dict, add: Any) -> None:
     ours = {k: f for k, f in figures.items() if k not in mem["baselines"]}
     over = [k for k, f in ours.items() if f.get("peak_goal_met") is False]
     steep = [k for k, f in ours.items() if f.get("marginal_goal_met") is False]
+    timed = [k for k, f in ours.items() if f.get("marginal_goal_met") is not None]
     add("")
     add(f"Peak RSS projected at 10M files: {len(ours) - len(over)} of {len(ours)} commands within "
         f"{MEMORY_GOAL_MIB:,} MiB" + (f" (over: {', '.join(over)})" if over else "") + f"; marginal time per "
-        f"file: {len(ours) - len(steep)} of {len(ours)} within {MEMORY_GOAL_RATIO}x"
-        + (f" (over: {', '.join(steep)})" if steep else "") + ". Bold: a goal not met. Exit codes: 1 is findings "
+        f"file: {len(timed) - len(steep)} of {len(timed)} within {MEMORY_GOAL_RATIO}x"
+        + (f" (over: {', '.join(steep)})" if steep else "")
+        + (f"; {len(ours) - len(timed)} not judged (—: their time did not grow between the two smallest sizes, "
+           "start-up and noise outweigh the files there)" if len(timed) < len(ours) else "")
+        + ". Bold: a goal not met. Exit codes: 1 is findings "
         "or changes pending (a dry run, a report of pending blocks), not a failure.")
 
 
