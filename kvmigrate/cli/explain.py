@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, print_json
+from kvmigrate.cli.common import handle_errors, output_options, prefer_arrow_pool, print_json, return_freed_memory
 
 
 @click.command("explain")
@@ -23,6 +23,8 @@ def command(manifest: str, namespace: str, as_json: bool, quiet: bool, verbose: 
     \b
     Exit code: 0; 2 when MANIFEST is not a manifest or NAMESPACE is not in it.
     """
+    prefer_arrow_pool("system")  # (as report: see kvmigrate.scan.run._lean_arrow_allocator)
+    return_freed_memory()
     from kvmigrate.report.explain import explain, render_text
 
     result = explain(manifest, namespace)

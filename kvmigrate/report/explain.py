@@ -28,7 +28,7 @@ from kvmigrate.identity.vllm_target import gate_deployment
 from kvmigrate.report.hints import fact_flag
 from kvmigrate.report.render import check_manifest, summary_of
 from kvmigrate.report.stores import CLASSES, lock_label
-from kvmigrate.report.summary import NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
+from kvmigrate.report.summary import BATCH_ROWS, NEEDS_ACTIONS, NOT_BLOCK_STATUSES, REUSABLE_ACTIONS
 from kvmigrate.units import human_bytes, plural
 
 if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
@@ -76,7 +76,7 @@ def explain(path: str | os.PathLike[str], namespace: str) -> ExplainOutput:
         "target_error": ns.get("target_error"),
         "gates": conditions, "gate_note": gate_note, "facts": list(facts.values()),
         "blocks": entry["blocks"], "reusable": entry["reusable"], "pending": entry["pending"],
-        "not_reusable": _classes(path, base, entry, hints),
+        "not_reusable": _classes(path, base, len(ns.get("ranks") or []), entry, hints),
         "why": None, "command": None,
         "tier": _tier(summary.get("tiers") or [], base),
         "store": _store(summary.get("stores") or [], base),
@@ -203,43 +203,102 @@ def _conditions(ns: dict[str, Any], target: dict[str, Any] | None,
              "reason": c.reason or None, "facts": [facts[f] for f in c.facts]} for c in conds], note
 
 
-def _classes(path: str | os.PathLike[str], base: str, entry: Namespace,
+def _classes(path: str | os.PathLike[str], base: str, ranks: int, entry: Namespace,
              hints: list[Hint]) -> list[ExplainClass]:
     """Blocks not reusable, by (status, action, finding, asks) of their lowest-rank row
     that is not only a pointer to another (the row the summary counts a block by), with the
-    bytes of all their rank files, the most common reason and the hint that would change it."""
-    parts = []
-    for batch in mf.iter_batches(path, columns=_COLUMNS):
+    bytes of all their rank files, the most common reason and the hint that would change it.
+
+    The rows are streamed: a block is classed once its `ranks` rank files have come (a
+    block's rank files are written side by side), so only the rows of blocks split between
+    batches wait; without a rank list every block waits for the end."""
+    classes = _ClassTally()
+    waiting: list[pa.Table] = []  # rows of the blocks whose rank files have not all come
+    seq = 0
+    for batch in mf.iter_batches(path, columns=_COLUMNS, batch_size=BATCH_ROWS):
         t = pa.Table.from_batches([batch])
         t = pa.table({c: pc.cast(t[c], pa.string()) if pa.types.is_dictionary(t[c].type) else t[c]
                       for c in _COLUMNS})
-        keep = pc.and_(pc.equal(t["source_base"], base), pc.is_valid(t["block_hash"]))
-        keep = pc.and_(keep, pc.invert(pc.is_in(t["status"], pa.array(sorted(NOT_BLOCK_STATUSES)))))
-        keep = pc.and_(keep, pc.invert(pc.is_in(t["action"], pa.array(list(REUSABLE_ACTIONS)))))
-        t = t.append_column("secondary", pc.fill_null(pc.is_in(t["finding"], pa.array(list(fd.SECONDARY))), False))
-        parts.append(t.filter(pc.fill_null(keep, False)))
-    rows = pa.concat_tables(parts) if parts else None
-    if rows is None or not rows.num_rows:
-        return []
-    keys = ["status", "action", "finding", "asks", "reason"]
-    rows = rows.sort_by([("secondary", "ascending"), ("rank", "ascending")])
-    blocks = rows.group_by(["group", "block_hash"], use_threads=False).aggregate(
-        [(k, "first") for k in (*keys, "secondary")] + [("size", "sum")])
-    blocks = blocks.filter(pc.invert(blocks["secondary_first"]))  # a block whose lead row is reusable
-    classes = blocks.group_by([f"{k}_first" for k in keys[:4]], use_threads=False).aggregate(
-        [("size_sum", "sum"), ([], "count_all")])
+        t = t.append_column("seq", pa.array(range(seq, seq + t.num_rows), pa.int64()))  # (manifest order)
+        seq += t.num_rows
+        block = pc.and_(pc.equal(t["source_base"], base), pc.is_valid(t["block_hash"]))
+        block = pc.and_(block, pc.invert(pc.is_in(t["status"], pa.array(sorted(NOT_BLOCK_STATUSES)))))
+        t = t.filter(pc.fill_null(block, False))
+        if not t.num_rows:
+            continue
+        kept = pc.fill_null(pc.invert(pc.is_in(t["action"], pa.array(list(REUSABLE_ACTIONS)))), False)
+        rows = (t.drop_columns(["source_base"]).append_column("kept", kept)  # (a reusable row: a rank file only)
+                .append_column("gkey", pc.fill_null(t["group"], _NO_GROUP)))
+        waiting.append(rows)
+        if not ranks:
+            continue
+        rows = pa.concat_tables(waiting)
+        seen = rows.group_by(_BLOCK, use_threads=False).aggregate([([], "count_all")])
+        rows = rows.join(seen, keys=_BLOCK, join_type="inner")
+        done = pc.greater_equal(rows["count_all"], ranks)
+        classes.add(_blocks(rows.filter(done)))
+        waiting = [rows.filter(pc.invert(done)).drop_columns(["count_all"])]
+    if waiting:
+        classes.add(_blocks(pa.concat_tables(waiting)))
     out: list[ExplainClass] = []
-    for status, action, finding, asks, nbytes, count in zip(*(classes[c].to_pylist() for c in (
-            *(f"{k}_first" for k in keys[:4]), "size_sum_sum", "count_all"))):
-        mask = _same(blocks["status_first"], status)
-        for k, v in (("action", action), ("finding", finding), ("asks", asks)):
-            mask = pc.and_(mask, _same(blocks[f"{k}_first"], v))
-        reasons = pc.value_counts(blocks.filter(mask)["reason_first"]).to_pylist()
-        reason = max(reasons, key=lambda r: (r["counts"], r["values"] or ""))["values"] if reasons else None
+    for (status, action, finding, asks), (count, nbytes, reasons) in classes.ordered():
+        reason = max(reasons.items(), key=lambda r: (r[1], r[0] or ""))[0] if reasons else None
         command, why = _command_for(status, action, finding, asks, entry, hints)
         out.append({"status": status, "action": action, "finding": finding, "asks": asks, "blocks": count,
                     "bytes": nbytes or 0, "reason": reason, "command": command, "why": why})
     return sorted(out, key=lambda c: (-c["blocks"], c["status"] or "", c["action"] or ""))
+
+
+_CLASS_KEYS = ("status", "action", "finding", "asks", "reason")
+_BLOCK = ["gkey", "block_hash"]  # a block: its group (none: _NO_GROUP, as a join key must be set) and hash
+_NO_GROUP = -(1 << 31)
+_NO_RANK = 1 << 62  # (after every rank, as a rank of none sorts)
+
+
+def _blocks(rows: pa.Table) -> pa.Table:
+    """The not reusable blocks among complete blocks' rows: per block, the first value of
+    each class key in (not a pointer, rank, manifest) order, the bytes of its kept rows,
+    and where its lead row sorts; blocks whose lead row is only a pointer left out."""
+    rows = rows.filter(rows["kept"])
+    rows = rows.append_column("secondary", pc.fill_null(pc.is_in(rows["finding"], pa.array(list(fd.SECONDARY))),
+                                                        False))
+    rows = rows.append_column("rank_key", pc.fill_null(pc.cast(rows["rank"], pa.int64()), _NO_RANK))
+    rows = rows.take(pc.sort_indices(rows, [("secondary", "ascending"), ("rank_key", "ascending"),
+                                            ("seq", "ascending")]))
+    blocks = rows.group_by(_BLOCK, use_threads=False).aggregate(
+        [(k, "first") for k in (*_CLASS_KEYS, "secondary", "rank_key", "seq")] + [("size", "sum")])
+    return blocks.filter(pc.invert(blocks["secondary_first"]))  # a block whose lead row is reusable
+
+
+class _ClassTally:
+    """Per class of not reusable blocks: [blocks, bytes, {reason: blocks}], and where its
+    first block's lead row sorts (the order the classes are found in, all rows sorted)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple, list[Any]] = {}
+        self.first: dict[tuple, tuple[int, int]] = {}
+
+    def add(self, blocks: pa.Table) -> None:
+        if not blocks.num_rows:
+            return
+        keys = [f"{k}_first" for k in _CLASS_KEYS]
+        agg = blocks.group_by(keys, use_threads=False).aggregate(
+            [([], "count_all"), ("size_sum", "sum"), ("rank_key_first", "min")])
+        for status, action, finding, asks, reason, n, nbytes in zip(*(agg[c].to_pylist() for c in (
+                *keys, "count_all", "size_sum_sum"))):
+            c = self.counts.setdefault((status, action, finding, asks), [0, 0, {}])
+            c[0] += n
+            c[1] += nbytes or 0
+            c[2][reason] = c[2].get(reason, 0) + n
+        firsts = blocks.sort_by([("rank_key_first", "ascending"), ("seq_first", "ascending")]).group_by(
+            keys[:4], use_threads=False).aggregate([("rank_key_first", "first"), ("seq_first", "first")])
+        for status, action, finding, asks, rank, row in zip(*(firsts[c].to_pylist() for c in (
+                *keys[:4], "rank_key_first_first", "seq_first_first"))):
+            key = (status, action, finding, asks)
+            self.first[key] = min(self.first.get(key, (rank, row)), (rank, row))
+
+    def ordered(self) -> list[tuple[tuple, list[Any]]]:
+        return sorted(self.counts.items(), key=lambda kv: self.first[kv[0]])
 
 
 def _row_ranks(path: str | os.PathLike[str], base: str) -> list[int]:

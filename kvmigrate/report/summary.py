@@ -92,7 +92,9 @@ _MERGE_COLUMNS = ["target_base", "target_relpath", "target_key"]  # read only wh
 _FINDING_KEYS = ("finding", "of_action", "output_bytes", "asks")
 _REASONS_KEPT = 32  # distinct reasons kept per (namespace, status, action); the rest are "other"
 _KEY_COMPACT_ROWS = 1 << 20
-_BATCH_ROWS = 65536  # de-duplicate the multi-rank block keys past this many rows
+# Rows a manifest is read by: a batch's buffers (and the compute over them, ~1 KiB a row)
+# are the summary's working set, so they stay the same however many batches follow.
+BATCH_ROWS = 16384
 
 _C = TypeVar("_C", "BlockCount", "FileCount", "ObjectTally")  # the counts _ordered keeps in order
 
@@ -645,7 +647,7 @@ def _batches(path: str | os.PathLike[str], columns: list[str]):
 
     for f in mf._parquet_files(path):
         read, missing = mf._present(f, columns)  # (a version 3 manifest has no object columns)
-        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=_BATCH_ROWS, columns=read):
+        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=BATCH_ROWS, columns=read):
             yield mf._with_nulls(batch, missing, columns) if missing else batch
 
 

@@ -76,6 +76,19 @@ def test_each_non_reusable_class_has_its_reason_and_command(tmp_path, synth_root
     assert code == 0 and "status short, action none\n    reason: empty file" in text
 
 
+def test_blocks_split_between_batches_give_the_same_classes(tmp_path, synth_root, monkeypatch):
+    """The classes are streamed: a block whose rank files fall in two batches, or one
+    missing a rank file (it waits until the end), is classed as when read at once."""
+    from kvmigrate.report import explain as explain_module
+
+    root, out, base = scanned(tmp_path, synth_root, {"family": "llmd", "tp": 2, "blocks": 12,
+                                                     "defects": ("short", "missing_rank")}, "--model-dtype", "bfloat16")
+    whole = explain_module.explain(out, base)
+    assert len(whole["not_reusable"]) >= 2
+    monkeypatch.setattr(explain_module, "BATCH_ROWS", 5)
+    assert explain_module.explain(out, base) == whole
+
+
 def test_a_namespace_without_a_target_says_which_fact_and_command(tmp_path, synth_root):
     root, out, base = scanned(tmp_path, synth_root, {"scheme": "S2"})
     code, r = run_json("explain", out, base)

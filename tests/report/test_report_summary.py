@@ -422,7 +422,7 @@ def test_small_batches_give_the_same_summary(sample, monkeypatch):
     import kvmigrate.report.summary as sm
 
     whole = summarize(sample)
-    monkeypatch.setattr(sm, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(sm, "BATCH_ROWS", 7)
     monkeypatch.setattr(sm, "_KEY_COMPACT_ROWS", 3)
     seen = []
     real_add = sm._Totals.add
@@ -463,7 +463,7 @@ def test_pending_bytes_are_those_of_the_blocks_still_pending(synth_root, tmp_pat
     from helpers.cli_helpers import run, run_json
 
     if batch_rows:  # a block's rank files read in different batches
-        monkeypatch.setattr(summary_module, "_BATCH_ROWS", batch_rows)
+        monkeypatch.setattr(summary_module, "BATCH_ROWS", batch_rows)
     root, (res,) = synth_root({"family": "llmd", "tp": 2, "defects": ("missing_rank",)})
     code, out = run("migrate", root, *LLMD_FULL, "--apply")
     assert code == 0 and "created 5" in out, out
