@@ -193,6 +193,23 @@ def _raw_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
             yield 0, rec
 
 
+def iter_framed(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset of its frame, record) of a format-2 journal, records as written: a reader
+    that comes back to a frame later (`frame_records`) keeps offsets, not records."""
+    with open(path, "rb") as f:
+        framed = is_framed(f)
+    return _raw_records(path) if framed else iter(())
+
+
+def frame_records(path: str, offset: int) -> list[dict[str, Any]]:
+    """The records of the one frame at `offset` of a format-2 journal (`iter_framed`)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for _, data in _frames(f):
+            return [json.loads(line) for line in data.splitlines()]
+    return []
+
+
 def read_records(path: str) -> list[dict[str, Any]]:
     """All records of a journal file; a torn tail (kill -9 mid-write) is ignored."""
     return list(iter_records(path))

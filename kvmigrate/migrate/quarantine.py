@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
     from kvmigrate.outputs import PruneRun as PruneRunOutput
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
+_KNOWN_FOLDERS = 8192  # folders `makedirs` remembers as made or seen
 
 
 @dataclass
@@ -314,8 +315,12 @@ def finish_interrupted(root: str) -> list[PruneResult]:
     `complete` record: the files it journaled and did not move yet are re-checked against
     the journaled stat and moved, as the run would have. A run still going holds its
     journal's flock: that refusal names its pid."""
-    out = []
-    for run in load_prune_runs(prune_journal_dir(root)) if _has_journals(prune_journal_dir(root)) else []:
+    out: list[PruneResult] = []
+    jdir = prune_journal_dir(root)
+    if not _has_journals(jdir) or all(run.complete or run.restored or run.purge_started
+                                      for run in load_prune_runs(jdir, moves=False)):
+        return out  # (the runs' states first: a finished run's files are never read)
+    for run in load_prune_runs(jdir):
         if run.complete or run.restored or run.purge_started:
             continue
         w = jn.JournalWriter.append(run.path)
@@ -407,9 +412,11 @@ class PruneRun:
         return self.header.get("quarantine")
 
 
-def load_prune_runs(journal: str) -> list[PruneRun]:
+def load_prune_runs(journal: str, *, moves: bool = True) -> list[PruneRun]:
     """The prune runs of a journal file or directory (oldest first), read with the
-    journal module's reader; a migration journal is refused."""
+    journal module's reader; a migration journal is refused. `moves=False`: the runs'
+    states only (every record is still read and checked, none kept per file): what
+    `purge` and the run listing need, in bounded memory."""
     runs = []
     for path in jn.journal_files(journal):
         for rec in jn.iter_records(path):
@@ -424,7 +431,9 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
             run = runs[-1]
             if t == "intent":
                 for item in rec.get("items", []):
-                    run.moves[check_relpath(item.get("path"), "journal path")] = item
+                    path = check_relpath(item.get("path"), "journal path")
+                    if moves:
+                        run.moves[path] = item
             elif t == "done" and rec.get("kind") == "rmdirs":
                 run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
             elif t == "mc_retire":
@@ -438,7 +447,8 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
             elif t == "done" and rec.get("kind") == "returned":
                 run.moved.discard(rec.get("path"))
             elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
-                run.moved.add(rec["path"])
+                if moves:
+                    run.moved.add(rec["path"])
             elif t == "complete":
                 run.complete = True
             elif t == "resume":
@@ -536,9 +546,12 @@ def _put_back(tree: DestTree, src: str, dest: str) -> None:
 
 def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
     """Make `reldir` and its missing parents under the tree (no symlink followed); the
-    folders in `known` are not asked again (one mkdir per folder, not per file). Returns
-    how many it made."""
+    folders in `known` are not asked again (one mkdir per folder, not per file); past
+    _KNOWN_FOLDERS it starts over (the files come folder by folder: a bounded memory of
+    them saves as many mkdirs). Returns how many it made."""
     made = 0
+    if known is not None and len(known) > _KNOWN_FOLDERS:
+        known.clear()
     parts = reldir.split("/") if reldir else []
     for k in range(len(parts), 0, -1):  # the deepest known folder: only below it is asked
         if "/".join(parts[:k]) in (known or ()):
