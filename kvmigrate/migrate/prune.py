@@ -305,13 +305,22 @@ def _with_secondaries(c: dict[str, Any], idx: Any, mig: Any, sec: Any, target_of
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    dep = pc.if_else(_b(pc.not_equal(c["deployment"], "")), c["deployment"], pc.fill_null(c["source_base"], ""))
-    keys = {"d": dep, "g": pc.fill_null(c["group"], -1), "h": pc.fill_null(c["block_hash"], b"\0none")}
-    prim = pa.table({**keys, "r": pc.fill_null(c["rank"], -1), "p": idx}).filter(mig) \
-        .group_by(["d", "g", "h", "r"]).aggregate([("p", "max")])  # the last primary of a key, as a dict would
-    secs = pa.table({**keys, "r": pc.fill_null(c["primary_rank"], -1), "i": idx}).filter(sec)
-    pairs = secs.join(prim, keys=["d", "g", "h", "r"], join_type="inner")
-    i, p = pairs["i"].combine_chunks(), pairs["p_max"].combine_chunks()
+    def keyed(mask: Any, rank: str, row: str) -> Any:
+        """The rows of mask with their block's key (computed for those rows only)."""
+        d, src = pc.filter(c["deployment"], mask), pc.filter(c["source_base"], mask)
+        return pa.table({"d": pc.if_else(_b(pc.not_equal(d, "")), d, pc.fill_null(src, "")),
+                         "g": pc.fill_null(pc.filter(c["group"], mask), -1),
+                         "h": pc.fill_null(pc.filter(c["block_hash"], mask), b"\0none"),
+                         "r": pc.fill_null(pc.filter(c[rank], mask), -1), row: pc.filter(idx, mask)})
+
+    def paired() -> tuple[Any, Any]:
+        """(secondary row, its primary row) of every secondary whose block has a primary."""
+        prim = keyed(mig, "rank", "p").group_by(["d", "g", "h", "r"]) \
+            .aggregate([("p", "max")])  # the last primary of a key, as a dict would
+        pairs = keyed(sec, "primary_rank", "i").join(prim, keys=["d", "g", "h", "r"], join_type="inner")
+        return pairs["i"].combine_chunks(), pairs["p_max"].combine_chunks()
+
+    i, p = paired()
     # a replica's equality is proven by its hash only (a scan at --verify hash): the payload
     # for vllm.cpp (each rank's header names its own identity), the whole file otherwise
     pay_i, pay_p = pc.take(c["payload_xxh3_128"], i), pc.take(c["payload_xxh3_128"], p)
