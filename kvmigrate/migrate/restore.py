@@ -181,8 +181,8 @@ def _root_path(root: str, path: str) -> str:
 
 class _Digests:
     """A set of strings held as sorted 8-byte digests (8 bytes a member, not a Python
-    string): a set of paths the size of a cache. Members are added, then `freeze` sorts
-    them (in Arrow) before they are asked for."""
+    string): a set of paths the size of a cache. Members are added; the first question
+    after sorts them (in Arrow: a restore that never asks never loads it)."""
 
     def __init__(self) -> None:
         self._sorted = array("Q")
@@ -198,9 +198,8 @@ class _Digests:
     def update(self, other: _Digests) -> None:
         self._new.extend(other._sorted)
         self._new.extend(other._new)
-        self.freeze()
 
-    def freeze(self) -> _Digests:
+    def _freeze(self) -> None:
         if self._new:
             import pyarrow as pa
             import pyarrow.compute as pc
@@ -211,11 +210,11 @@ class _Digests:
             self._sorted = array("Q")
             self._sorted.frombytes(col.buffers()[1].to_pybytes()[col.offset * 8:(col.offset + len(col)) * 8])
             self._new = array("Q")
-        return self
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str) or not self._sorted:
+        if not isinstance(key, str) or not self._sorted and not self._new:
             return False
+        self._freeze()
         d = self.digest(key)
         k = bisect_left(self._sorted, d)
         return k < len(self._sorted) and self._sorted[k] == d
@@ -300,7 +299,6 @@ def _index(run: PruneRun, path: str, k: int) -> _RunIndex:
         index.moved = _Moved()
         for p in full.moved:
             index.moved.done.add(p)
-    index.moved.done.freeze()
     return index
 
 
