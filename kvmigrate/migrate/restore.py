@@ -339,7 +339,7 @@ def _put_back(tree: DestTree, item: dict[str, Any], way: WayBack, result: Restor
 def _remove_empty(tree: DestTree, reldir: str) -> None:
     """Remove the empty folders of a run's quarantine, deepest first."""
     base = tree.abspath(reldir)
-    for dirpath, _, _ in sorted(os.walk(base), key=lambda e: e[0].count("/"), reverse=True):
+    for dirpath, _, _ in os.walk(base, topdown=False):  # a folder after everything under it
         try:
             os.rmdir(dirpath)
         except OSError:
@@ -432,18 +432,37 @@ def _count(path: str) -> tuple[int, int]:
     are kept, as four compact integer columns, and tallied in Arrow at the end."""
     files = freed = 0
     linked = _Inodes()
-    for dirpath, _, names in os.walk(path):
-        for name in names:
+    for st in _file_stats(path):
+        files += 1
+        if st.st_nlink <= 1:
+            freed += st.st_size if frees(st.st_nlink, 1) else 0
+        else:
+            linked.add(st)
+    return files, freed + linked.freed()
+
+
+def _file_stats(path: str) -> Iterator[os.stat_result]:
+    """The lstat of every file under `path` (what `os.walk` lists as files: not a folder,
+    nor a symlink to one), one open folder listing per depth instead of each folder's
+    names in lists (a quarantine's block folders are many at one level)."""
+    try:
+        listing = os.scandir(path)
+    except OSError:
+        return
+    with listing:
+        for entry in listing:
             try:
-                st = os.lstat(os.path.join(dirpath, name))
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():
+                    yield from _file_stats(entry.path)
+                continue
+            try:
+                yield os.lstat(entry.path)
             except OSError:
                 continue
-            files += 1
-            if st.st_nlink <= 1:
-                freed += st.st_size if frees(st.st_nlink, 1) else 0
-            else:
-                linked.add(st)
-    return files, freed + linked.freed()
 
 
 class _Inodes:
