@@ -215,9 +215,10 @@ def read_records(path: str) -> list[dict[str, Any]]:
     return list(iter_records(path))
 
 
-def iter_records(path: str) -> Iterator[dict[str, Any]]:
+def iter_records(path: str, *, linked: bool = True) -> Iterator[dict[str, Any]]:
     """The records of a journal file one by one, as format 1 wrote them (a `linked`
-    batch record comes out as one `done` record per link)."""
+    batch record comes out as one `done` record per link). `linked=False`: for a
+    journal with no `linked` record (a prune's), no intent frame is kept for them."""
     first = True
     # frame offset -> intent items: the last few, as many as a writer refers to (bounded memory)
     intents: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
@@ -235,7 +236,7 @@ def iter_records(path: str) -> Iterator[dict[str, Any]]:
         first = False
         if t in ("header", "resume"):  # a writer refers only to intents it wrote itself
             intents.clear()
-        elif t == "intent":
+        elif t == "intent" and linked:
             intents[offset] = rec.get("items", [])
             if len(intents) > JournalWriter._SLOTS:
                 intents.popitem(last=False)

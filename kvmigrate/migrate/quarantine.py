@@ -449,7 +449,7 @@ def load_prune_runs(journal: str, *, moves: bool = True) -> list[PruneRun]:
     `purge` and the run listing need, in bounded memory."""
     runs = []
     for path in jn.journal_files(journal):
-        for rec in jn.iter_records(path):
+        for rec in jn.iter_records(path, linked=False):  # (a prune writes no `linked` record)
             t = rec.get("t")
             if t == "header":
                 if rec.get("kind") != KIND or not isinstance(rec.get("root"), str):
