@@ -551,6 +551,19 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mal
 _MALLOC_THRESHOLD = 128 * 1024
 
 
+def returning_jemalloc() -> None:
+    """Arrow on jemalloc returning freed pages at once (Linux; an explicit
+    ARROW_DEFAULT_MEMORY_POOL is kept): a command that reads a whole manifest's columns
+    and folds them through many short-lived arrays then peaks at what it holds, not at
+    what mimalloc kept of each array it freed. Call it before pyarrow is imported."""
+    if sys.platform.startswith("linux"):
+        prefer_arrow_pool("jemalloc")
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name == "jemalloc":
+        pa.jemalloc_set_decay_ms(0)
+
+
 def selection_options(fn: Callable) -> Callable:
     """--only PATTERN / --exclude PATTERN (repeatable): the namespaces to work on (kvmigrate.selection)."""
     fn = click.option("--exclude", "exclude", multiple=True, metavar="PATTERN",

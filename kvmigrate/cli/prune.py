@@ -26,6 +26,7 @@ from kvmigrate.cli.common import (
     pop_selection,
     print_json,
     rerun_command,
+    returning_jemalloc,
     selection_options,
 )
 from kvmigrate.units import plural
@@ -123,6 +124,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
     """
     from kvmigrate.errors import UsageError
 
+    returning_jemalloc()  # (the plan and the purge's tally fold Arrow columns)
     if purge:
         if root is None:
             raise UsageError("--purge needs ROOT (the root whose quarantines to empty)")

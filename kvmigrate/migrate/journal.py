@@ -193,14 +193,32 @@ def _raw_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
             yield 0, rec
 
 
+def iter_framed(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset of its frame, record) of a format-2 journal, records as written: a reader
+    that comes back to a frame later (`frame_records`) keeps offsets, not records."""
+    with open(path, "rb") as f:
+        framed = is_framed(f)
+    return _raw_records(path) if framed else iter(())
+
+
+def frame_records(path: str, offset: int) -> list[dict[str, Any]]:
+    """The records of the one frame at `offset` of a format-2 journal (`iter_framed`)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for _, data in _frames(f):
+            return [json.loads(line) for line in data.splitlines()]
+    return []
+
+
 def read_records(path: str) -> list[dict[str, Any]]:
     """All records of a journal file; a torn tail (kill -9 mid-write) is ignored."""
     return list(iter_records(path))
 
 
-def iter_records(path: str) -> Iterator[dict[str, Any]]:
+def iter_records(path: str, *, linked: bool = True) -> Iterator[dict[str, Any]]:
     """The records of a journal file one by one, as format 1 wrote them (a `linked`
-    batch record comes out as one `done` record per link)."""
+    batch record comes out as one `done` record per link). `linked=False`: for a
+    journal with no `linked` record (a prune's), no intent frame is kept for them."""
     first = True
     # frame offset -> intent items: the last few, as many as a writer refers to (bounded memory)
     intents: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
@@ -218,7 +236,7 @@ def iter_records(path: str) -> Iterator[dict[str, Any]]:
         first = False
         if t in ("header", "resume"):  # a writer refers only to intents it wrote itself
             intents.clear()
-        elif t == "intent":
+        elif t == "intent" and linked:
             intents[offset] = rec.get("items", [])
             if len(intents) > JournalWriter._SLOTS:
                 intents.popitem(last=False)

@@ -146,19 +146,33 @@ class _Selected:
         import pyarrow.compute as pc
 
         idx = pc.indices_nonzero(self.code)
-        out = {name: pc.take(self.c[name], idx).to_pylist() for name in names}
+        out = {name: _shared_strings(pc.take(self.c[name], idx)) if name in _FEW_VALUES
+               else pc.take(self.c[name], idx).to_pylist() for name in names}
         out["row"] = idx.to_pylist()
         out["class"] = [CLASSES[k - 1] for k in pc.take(self.code, idx).to_pylist()]
         return out
 
 
-def _columns(table: Any) -> dict[str, Any]:
-    """The columns as single arrays, dictionary-encoded strings decoded (the compute
-    kernels then compare plain strings)."""
+_FEW_VALUES = ("source_base", "deployment", "status", "action", "finding", "family")  # a namespace's rows share them
+
+
+def _shared_strings(col: Any) -> list:
+    """A column of few distinct values as a list sharing one str per value (`to_pylist`
+    makes one per row)."""
+    coded = col.dictionary_encode()
+    values = coded.dictionary.to_pylist()
+    return [None if k is None else values[k] for k in coded.indices.to_pylist()]
+
+
+def _read_columns(manifest_path: str, names: Iterable[str]) -> dict[str, Any]:
+    """The manifest's columns as single arrays, dictionary-encoded strings decoded (the
+    compute kernels then compare plain strings). Each column read is dropped once copied
+    (this function holds the only reference to the table): the peak is one column."""
     import pyarrow as pa
 
+    table = mf.read_table(manifest_path, columns=list(names))
     out = {}
-    for name in list(table.column_names):  # each column dropped from the table once copied: the peak is one column
+    for name in list(table.column_names):
         col = table.column(name)
         table = table.drop_columns([name])
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -191,7 +205,7 @@ def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_j
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    c = columns if columns is not None else _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+    c = columns if columns is not None else _read_columns(manifest_path, _COLUMNS)
     n = len(c["relpath"])
     idx = pa.array(range(n), pa.int64())  # the row numbers
     targets, used = journal_namespaces or _used_namespaces(root, migration_journal)
@@ -291,13 +305,22 @@ def _with_secondaries(c: dict[str, Any], idx: Any, mig: Any, sec: Any, target_of
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    dep = pc.if_else(_b(pc.not_equal(c["deployment"], "")), c["deployment"], pc.fill_null(c["source_base"], ""))
-    keys = {"d": dep, "g": pc.fill_null(c["group"], -1), "h": pc.fill_null(c["block_hash"], b"\0none")}
-    prim = pa.table({**keys, "r": pc.fill_null(c["rank"], -1), "p": idx}).filter(mig) \
-        .group_by(["d", "g", "h", "r"]).aggregate([("p", "max")])  # the last primary of a key, as a dict would
-    secs = pa.table({**keys, "r": pc.fill_null(c["primary_rank"], -1), "i": idx}).filter(sec)
-    pairs = secs.join(prim, keys=["d", "g", "h", "r"], join_type="inner")
-    i, p = pairs["i"].combine_chunks(), pairs["p_max"].combine_chunks()
+    def keyed(mask: Any, rank: str, row: str) -> Any:
+        """The rows of mask with their block's key (computed for those rows only)."""
+        d, src = pc.filter(c["deployment"], mask), pc.filter(c["source_base"], mask)
+        return pa.table({"d": pc.if_else(_b(pc.not_equal(d, "")), d, pc.fill_null(src, "")),
+                         "g": pc.fill_null(pc.filter(c["group"], mask), -1),
+                         "h": pc.fill_null(pc.filter(c["block_hash"], mask), b"\0none"),
+                         "r": pc.fill_null(pc.filter(c[rank], mask), -1), row: pc.filter(idx, mask)})
+
+    def paired() -> tuple[Any, Any]:
+        """(secondary row, its primary row) of every secondary whose block has a primary."""
+        prim = keyed(mig, "rank", "p").group_by(["d", "g", "h", "r"]) \
+            .aggregate([("p", "max")])  # the last primary of a key, as a dict would
+        pairs = keyed(sec, "primary_rank", "i").join(prim, keys=["d", "g", "h", "r"], join_type="inner")
+        return pairs["i"].combine_chunks(), pairs["p_max"].combine_chunks()
+
+    i, p = paired()
     # a replica's equality is proven by its hash only (a scan at --verify hash): the payload
     # for vllm.cpp (each rank's header names its own identity), the whole file otherwise
     pay_i, pay_p = pc.take(c["payload_xxh3_128"], i), pc.take(c["payload_xxh3_128"], p)
@@ -483,7 +506,7 @@ def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
         return []
     import pyarrow as pa
 
-    c = _columns(mf.read_table(manifest_path, columns=["source_base", "size"]))
+    c = _read_columns(manifest_path, ("source_base", "size"))
     per = pa.table({"ns": c["source_base"], "size": c["size"]}).filter(_in(c["source_base"], names)) \
         .group_by("ns").aggregate([("size", "sum"), ([], "count_all")])
     figures = {b: (n, z or 0) for b, z, n in zip(*(per[k].to_pylist() for k in ("ns", "size_sum", "count_all")))}
@@ -578,7 +601,7 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     totals = dict.fromkeys(TOTAL_KEYS, 0)
     skipped: list[SkippedNamespace] = []
     if _any_candidate(manifest_path):
-        c = _columns(mf.read_table(manifest_path, columns=_COLUMNS))
+        c = _read_columns(manifest_path, _COLUMNS)
         used = _used_namespaces(root, migration_journal)
         for cls in CLASSES:  # each class as `prune --<class>` selects it
             sel = _select(manifest_path, (cls,), root, migration_journal, None, now, meta, columns=c,

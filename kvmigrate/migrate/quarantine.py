@@ -12,7 +12,9 @@ import itertools
 import os
 import stat
 import time
+from array import array
 from collections import Counter
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,7 @@ if TYPE_CHECKING:  # the JSON models are types only (kvmigrate.outputs)
     from kvmigrate.outputs import PruneRun as PruneRunOutput
 
 _BATCH = 4096  # files per intent record, and moves per fsync of their done records
+_KNOWN_FOLDERS = 8192  # folders `makedirs` remembers as made or seen
 
 
 @dataclass
@@ -55,8 +58,10 @@ class PruneResult:
     left: Counter = field(default_factory=Counter)  # class -> files of the plan not moved (kept, failed)
     targets: Counter = field(default_factory=Counter)  # target base -> legacy names of its blocks removed
     left_targets: Counter = field(default_factory=Counter)  # target base -> legacy names of its blocks kept
-    names: Counter = field(default_factory=Counter, repr=False)  # (dev, inode) -> its names in the run (frees)
-    moved_inodes: set = field(default_factory=set, repr=False)  # (dev, inode) this run moved a name of
+    # (dev, inode) -> its names in the run, of the inodes the run holds several names of (`frees`;
+    # any other inode has one); the inodes of those this run moved a name of
+    names: Counter = field(default_factory=Counter, repr=False)
+    moved_inodes: set = field(default_factory=set, repr=False)
     kept: list[str] = field(default_factory=list)  # with why (changed since the scan, ...)
     failed: list[str] = field(default_factory=list)  # operational problems
     objects: Counter = field(default_factory=Counter)  # class -> store objects no longer served
@@ -136,7 +141,7 @@ def _apply_prune(plan: PrunePlan, journal: str | None, quarantine: bool, command
                         result.kept.append(f"{', '.join(sorted(plan.locks[base]))}: not pruned: "
                                            f"{str(exc).splitlines()[0]}")
                 items = without_namespaces(plan.items, held)
-                result.names.update((i.dev, i.inode) for i in items)
+                result.names = shared_inodes((i.dev, i.inode) for i in items)
                 retires = _retire_intents(plan, run_id, w, result)
                 for start in range(0, len(items), _BATCH):
                     w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
@@ -233,7 +238,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
     config.json goes only if all else of it went (nothing is left half-moved)."""
     _make_quarantine(tree, qdir)
     known: set[str] = set()  # quarantine folders made or seen by this run
-    moved: list[str] = []
+    parents: set[str] = set()  # the folders of the files moved
     held_back: set[str] = set()
     n = 0
     for key, same_key in itertools.groupby(items, key=lambda i: i.key):
@@ -241,6 +246,7 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
         ns = group[0].namespace
         if key == f"{ns}/{layout.CONFIG_NAME}" and ns in held_back:
             result.kept.append(f"{tree.abspath(key)}: kept, since other files of {ns} stay (listed above)")
+            _left(result, group)
             continue
         done = []
         for item in group:
@@ -255,14 +261,36 @@ def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns:
             held_back.update(i.namespace for i in group)
             for item in done:
                 _undo(tree, item, qdir, w, result)
+            _left(result, group)
         else:
-            moved += [i.relpath for i in done]
+            parents.update(i.relpath.rpartition("/")[0] for i in done)
     w.sync()
-    gone = set(moved)
-    result.left.update(i.cls for i in items if i.relpath not in gone)
-    result.left_targets.update(b for i in items if i.relpath not in gone and (b := target_base(i)))
-    _remove_folders(tree, moved, w, result, {i.keep for i in items if i.keep})
+    _remove_folders(tree, parents, w, result, {i.keep for i in items if i.keep})
     hit("prune_dirs")
+
+
+def _left(result: PruneResult, group: list[Item]) -> None:
+    """Count the files of the plan that stay (kept, failed, put back)."""
+    result.left.update(i.cls for i in group)
+    result.left_targets.update(b for i in group if (b := target_base(i)))
+
+
+def shared_inodes(inodes: Iterable[tuple[int, int]]) -> Counter:
+    """(dev, inode) -> its names, of the inodes named more than once: the rest have one
+    name each (tallied in Arrow from two integer columns, not a Python pair per file)."""
+    devs, inos = array("Q"), array("Q")
+    for dev, ino in inodes:
+        devs.append(dev)
+        inos.append(ino)
+    if not devs:
+        return Counter()
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    g = pa.table({"dev": pa.array(devs, pa.uint64()), "ino": pa.array(inos, pa.uint64())}) \
+        .group_by(["dev", "ino"]).aggregate([([], "count_all")])
+    g = g.filter(pc.greater(g["count_all"], 1))
+    return Counter({(d, i): n for d, i, n in zip(*(g[k].to_pylist() for k in ("dev", "ino", "count_all")))})
 
 
 def _make_quarantine(tree: DestTree, qdir: str | None) -> None:
@@ -314,16 +342,21 @@ def finish_interrupted(root: str) -> list[PruneResult]:
     `complete` record: the files it journaled and did not move yet are re-checked against
     the journaled stat and moved, as the run would have. A run still going holds its
     journal's flock: that refusal names its pid."""
-    out = []
-    for run in load_prune_runs(prune_journal_dir(root)) if _has_journals(prune_journal_dir(root)) else []:
+    out: list[PruneResult] = []
+    jdir = prune_journal_dir(root)
+    if not _has_journals(jdir) or all(run.complete or run.restored or run.purge_started
+                                      for run in load_prune_runs(jdir, moves=False)):
+        return out  # (the runs' states first: a finished run's files are never read)
+    for run in load_prune_runs(jdir):
         if run.complete or run.restored or run.purge_started:
             continue
         w = jn.JournalWriter.append(run.path)
         try:
             w.write({"t": "resume", "pid": os.getpid(), "time": time.time()}, sync=True)
             result = PruneResult(run.path, str(run.header.get("run_id")), run.quarantine)
-            result.names.update((rec["dev"], rec["ino"]) for rec in run.moves.values())
-            result.moved_inodes.update((rec["dev"], rec["ino"]) for path, rec in run.moves.items() if path in run.moved)
+            result.names = shared_inodes((rec["dev"], rec["ino"]) for rec in run.moves.values())
+            result.moved_inodes.update((rec["dev"], rec["ino"]) for path, rec in run.moves.items()
+                                       if path in run.moved and (rec["dev"], rec["ino"]) in result.names)
             items = [_item(rec) for path, rec in run.moves.items() if path not in run.moved]
             pending_retires = [r for r in run.mc_retires if r["meta"] not in run.mc_done]
             client_locks = stores_.lock_clients(run.root, run.mc_clients) if items or pending_retires else []
@@ -337,7 +370,8 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 pending = [i for i in items if i not in settled]
                 _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
                        _CrashSeam().hit)
-                _remove_folders(tree, [i.relpath for i in settled], w, result, {i.keep for i in settled if i.keep})
+                _remove_folders(tree, {i.relpath.rpartition("/")[0] for i in settled}, w, result,
+                                {i.keep for i in settled if i.keep})
             stores_.drop_own_locks(run.root, run.mc_written)
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
@@ -366,7 +400,8 @@ def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, 
         if st is None or (st.st_dev, st.st_ino) != (item.dev, item.inode):
             return False
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
-    result.moved_inodes.add((item.dev, item.inode))
+    if (item.dev, item.inode) in result.names:
+        result.moved_inodes.add((item.dev, item.inode))
     if item.objects:
         result.objects[item.cls] += item.objects
     result.moved[item.cls] += 1
@@ -407,12 +442,14 @@ class PruneRun:
         return self.header.get("quarantine")
 
 
-def load_prune_runs(journal: str) -> list[PruneRun]:
+def load_prune_runs(journal: str, *, moves: bool = True) -> list[PruneRun]:
     """The prune runs of a journal file or directory (oldest first), read with the
-    journal module's reader; a migration journal is refused."""
+    journal module's reader; a migration journal is refused. `moves=False`: the runs'
+    states only (every record is still read and checked, none kept per file): what
+    `purge` and the run listing need, in bounded memory."""
     runs = []
     for path in jn.journal_files(journal):
-        for rec in jn.iter_records(path):
+        for rec in jn.iter_records(path, linked=False):  # (a prune writes no `linked` record)
             t = rec.get("t")
             if t == "header":
                 if rec.get("kind") != KIND or not isinstance(rec.get("root"), str):
@@ -424,7 +461,9 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
             run = runs[-1]
             if t == "intent":
                 for item in rec.get("items", []):
-                    run.moves[check_relpath(item.get("path"), "journal path")] = item
+                    path = check_relpath(item.get("path"), "journal path")
+                    if moves:
+                        run.moves[path] = item
             elif t == "done" and rec.get("kind") == "rmdirs":
                 run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
             elif t == "mc_retire":
@@ -438,7 +477,8 @@ def load_prune_runs(journal: str) -> list[PruneRun]:
             elif t == "done" and rec.get("kind") == "returned":
                 run.moved.discard(rec.get("path"))
             elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
-                run.moved.add(rec["path"])
+                if moves:
+                    run.moved.add(rec["path"])
             elif t == "complete":
                 run.complete = True
             elif t == "resume":
@@ -489,12 +529,13 @@ def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | N
     if item.objects:
         result.objects[item.cls] += item.objects
     first = (st.st_dev, st.st_ino) not in result.moved_inodes  # (another name of it moved: its bytes counted)
-    result.moved_inodes.add((st.st_dev, st.st_ino))
+    if (st.st_dev, st.st_ino) in result.names:
+        result.moved_inodes.add((st.st_dev, st.st_ino))
     result.moved[item.cls] += 1
     result.moved_bytes[item.cls] += item.size
     if target_base(item):
         result.targets[target_base(item)] += 1
-    if frees(st.st_nlink, result.names[(st.st_dev, st.st_ino)]):
+    if frees(st.st_nlink, result.names.get((st.st_dev, st.st_ino), 1)):
         result.freed_bytes += item.size if first else 0
     else:
         result.unlinked += 1
@@ -536,9 +577,12 @@ def _put_back(tree: DestTree, src: str, dest: str) -> None:
 
 def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
     """Make `reldir` and its missing parents under the tree (no symlink followed); the
-    folders in `known` are not asked again (one mkdir per folder, not per file). Returns
-    how many it made."""
+    folders in `known` are not asked again (one mkdir per folder, not per file); past
+    _KNOWN_FOLDERS it starts over (the files come folder by folder: a bounded memory of
+    them saves as many mkdirs). Returns how many it made."""
     made = 0
+    if known is not None and len(known) > _KNOWN_FOLDERS:
+        known.clear()
     parts = reldir.split("/") if reldir else []
     for k in range(len(parts), 0, -1):  # the deepest known folder: only below it is asked
         if "/".join(parts[:k]) in (known or ()):
@@ -553,15 +597,16 @@ def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
     return made
 
 
-def _remove_folders(tree: DestTree, moved: list[str], w: jn.JournalWriter, result: PruneResult,
+def _remove_folders(tree: DestTree, parents: AbstractSet[str], w: jn.JournalWriter, result: PruneResult,
                     keep: AbstractSet[str] = frozenset()) -> None:
-    """The folders the moves left empty, deepest first (a folder still holding anything
-    stays); each one journaled so `restore` makes it again. `keep`: folders never removed,
-    nor their parents (an LMCache tier folder is the engine's configured path, and so is
-    its temp folder; its GDS `<2>/<2>` folders go when emptied)."""
+    """The folders the moves left empty (`parents`: the folders of the files moved),
+    deepest first (a folder still holding anything stays); each one journaled so `restore`
+    makes it again. `keep`: folders never removed, nor their parents (an LMCache tier
+    folder is the engine's configured path, and so is its temp folder; its GDS `<2>/<2>`
+    folders go when emptied)."""
     folders = set()
-    for rel in moved:
-        parts = rel.split("/")[:-1]
+    for parent in parents:
+        parts = parent.split("/") if parent else []
         for k in range(1, len(parts) + 1):
             folders.add("/".join(parts[:k]))
     folders -= {d for d in folders for k in keep if k == d or k.startswith(d + "/")}

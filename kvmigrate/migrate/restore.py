@@ -13,11 +13,13 @@ is a hard link of them. A rollback reads the same way first (`rollback.decide`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
-from collections import Counter
-from collections.abc import Iterable
+from array import array
+from bisect import bisect_left
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -62,13 +64,14 @@ class WayBack(NamedTuple):
     why: str | None  # conflict, lost: what to tell (the absolute path first)
 
 
-def way_back(tree: DestTree, run: PruneRun, item: dict[str, Any]) -> WayBack:
+def way_back(tree: DestTree, run: PruneRun, item: dict[str, Any], moved: Container[str] | None = None) -> WayBack:
     """Where the file of a prune intent is and how it can come back. Its path holding its
     inode: back. Else its quarantine name holding it: link it back from there; else (the
     quarantine purged, or --no-quarantine) its target, a hard link of it: link it back from
     the target. A path another file holds is a conflict (never overwritten); no name
     holding the inode: lost. A file whose move has no done record and whose quarantine name
-    lacks it was never moved (kept by the run, or the kill came first)."""
+    lacks it was never moved (kept by the run, or the kill came first). `moved`: the
+    paths of the run's done records, when `run.moved` was not loaded."""
     path = item["path"]
     where = tree.abspath(path)
     inode = (item.get("dev"), item.get("ino"))
@@ -83,7 +86,7 @@ def way_back(tree: DestTree, run: PruneRun, item: dict[str, Any]) -> WayBack:
     holds = lambda st: st is not None and (st.st_dev, st.st_ino) == inode  # noqa: E731
     if holds(now):
         return WayBack(path, "in_place", quarantined if holds(q) else None, None)  # (both names: a kill between)
-    if path not in run.moved and not holds(q):
+    if not holds(q) and path not in (run.moved if moved is None else moved):
         return WayBack(path, "not_moved", None, None)
     source = quarantined if holds(q) else target if holds(t) else None
     if source is None:
@@ -120,14 +123,18 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     """Put back every file the prune runs of `journal` moved (newest run first); with
     `namespaces`, only the files of those source namespaces (a migration's rollback). Each
     file as `way_back` finds it, under the run journal's flock (not while that prune or a
-    purge still runs); the run's quarantine folders left empty go."""
+    purge still runs); the run's quarantine folders left empty go. The intents are read
+    frame by frame, newest last one first (`_RunIndex`): what is held per file is a digest
+    of its path (the run's done records, the paths a newer run claimed)."""
     only = set(namespaces) if namespaces is not None else None
     result = RestoreResult()
     crash = _CrashSeam()
-    owned: set[tuple[str, str]] = set()
-    for run, items in restore_runs(journal, only):
-        items = [i for i in items if (run.root, i["path"]) not in owned]
-        if not items and not (only is None and run.mc_retires):
+    owned = _Digests()  # (root, path) a newer run moved
+    for run, index in _indexed_runs(journal):
+        def wanted(item: dict[str, Any], run: PruneRun = run) -> bool:
+            return (only is None or item.get("ns") in only) and _root_path(run.root, item["path"]) not in owned
+
+        if not any(wanted(i) for i in index.items()) and not (only is None and run.mc_retires):
             continue
         if run.path not in result.journals:
             result.journals.append(run.path)
@@ -136,15 +143,20 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
         try:
             if run.mc_clients:  # a store is written back only with its client locks held (exit 8 if one is)
                 client_locks = stores_.lock_clients(run.root, run.mc_clients)
+            claims = _Digests()
             with DestTree(run.root) as tree:
-                ways = [(item, way_back(tree, run, item)) for item in items]
-                owned |= claimed(run, ways)
                 known: set[str] = set()  # folders made or seen by this restore
-                for item, way in reversed(ways):  # the moves backwards: a GDS data file before its sidecar
+                for item in index.items(backwards=True):  # the moves backwards: a GDS data file before its sidecar
+                    if not wanted(item):
+                        continue
+                    way = way_back(tree, run, item, index.moved)
+                    if way.state != "not_moved":  # (`claimed`)
+                        claims.add(_root_path(run.root, item["path"]))
                     _put_back(tree, item, way, result, known)
                     crash.hit("restore")
                 if run.quarantine:
                     _remove_empty(tree, run.quarantine)
+            owned.update(claims)
             if only is None:
                 for rec in run.mc_retires:  # each retired index's original back
                     got, why = stores_.undo_retire(run.root, rec)
@@ -161,6 +173,133 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
                 lock.release()
             w.close()
     return result
+
+
+def _root_path(root: str, path: str) -> str:
+    return f"{root}\0{path}"
+
+
+class _Digests:
+    """A set of strings held as sorted 8-byte digests (8 bytes a member, not a Python
+    string): a set of paths the size of a cache. Members are added; the first question
+    after sorts them (in Arrow: a restore that never asks never loads it)."""
+
+    def __init__(self) -> None:
+        self._sorted = array("Q")
+        self._new = array("Q")
+
+    @staticmethod
+    def digest(key: str) -> int:
+        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+    def add(self, key: str) -> None:
+        self._new.append(self.digest(key))
+
+    def update(self, other: _Digests) -> None:
+        self._new.extend(other._sorted)
+        self._new.extend(other._new)
+
+    def _freeze(self) -> None:
+        if self._new:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            both = self._sorted + self._new
+            col = pa.Array.from_buffers(pa.uint64(), len(both), [None, pa.py_buffer(both)])
+            col = pc.take(col, pc.array_sort_indices(col))
+            self._sorted = array("Q")
+            self._sorted.frombytes(col.buffers()[1].to_pybytes()[col.offset * 8:(col.offset + len(col)) * 8])
+            self._new = array("Q")
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str) or not self._sorted and not self._new:
+            return False
+        self._freeze()
+        d = self.digest(key)
+        k = bisect_left(self._sorted, d)
+        return k < len(self._sorted) and self._sorted[k] == d
+
+
+class _Moved:
+    """The paths of a run's done records (`PruneRun.moved`) as digests; the few paths a
+    `returned` record names kept as they are, by their last record."""
+
+    def __init__(self) -> None:
+        self.done = _Digests()
+        self.returned: dict[str, bool] = {}  # path -> its last record is `returned`
+
+    def record(self, rec: dict[str, Any]) -> None:
+        path = rec.get("path")
+        if rec.get("kind") == "returned":
+            self.returned[str(path)] = True
+        elif isinstance(path, str):
+            if path in self.returned:
+                self.returned[path] = False
+            else:
+                self.done.add(path)
+
+    def __contains__(self, path: object) -> bool:
+        if isinstance(path, str) and path in self.returned:
+            return not self.returned[path]
+        return path in self.done
+
+
+@dataclass
+class _RunIndex:
+    """Where one prune run's intents are in its journal file (their frames' offsets) and
+    its done records (`_Moved`): the run read again frame by frame, either way round."""
+
+    path: str
+    intents: list[int] = field(default_factory=list)
+    moved: _Moved = field(default_factory=_Moved)
+    loaded: list[dict[str, Any]] | None = None  # a format-1 journal's intents (no frames to come back to)
+
+    def items(self, backwards: bool = False) -> Iterator[dict[str, Any]]:
+        """The run's intent items in journal order, or backwards (a run journals each
+        path once: `PruneRun.moves` of it)."""
+        if self.loaded is not None:
+            yield from reversed(self.loaded) if backwards else self.loaded
+            return
+        for offset in reversed(self.intents) if backwards else self.intents:
+            for rec in jn.frame_records(self.path, offset)[::-1] if backwards else jn.frame_records(self.path, offset):
+                if rec.get("t") == "intent":
+                    items = rec.get("items", [])
+                    yield from reversed(items) if backwards else items
+
+
+def _indexed_runs(journal: str) -> Iterator[tuple[PruneRun, _RunIndex]]:
+    """The prune runs of `journal`, newest first, each with its `_RunIndex` (read when
+    its turn comes)."""
+    runs = []
+    for f in jn.journal_files(journal):
+        runs += [(run, f, k) for k, run in enumerate(load_prune_runs(f, moves=False))]
+    for run, f, k in sorted(runs, key=lambda e: float(e[0].header.get("time") or 0), reverse=True):
+        yield run, _index(run, f, k)
+
+
+def _index(run: PruneRun, path: str, k: int) -> _RunIndex:
+    """The `_RunIndex` of the k-th run of a journal file."""
+    index = _RunIndex(path)
+    runs = -1
+    framed = False
+    for offset, rec in jn.iter_framed(path):
+        framed = True
+        t = rec.get("t") if isinstance(rec, dict) else None
+        if t == "header":
+            runs += 1
+        if runs != k:
+            continue
+        if t == "intent" and (not index.intents or index.intents[-1] != offset):
+            index.intents.append(offset)
+        elif t == "done" and rec.get("kind") != "rmdirs" and rec.get("kind") != "mc_retire":
+            index.moved.record(rec)
+    if not framed:  # format 1: the run as `load_prune_runs` keeps it
+        full = load_prune_runs(path)[k]
+        index.loaded = list(full.moves.values())
+        index.moved = _Moved()
+        for p in full.moved:
+            index.moved.done.add(p)
+    return index
 
 
 def _put_back(tree: DestTree, item: dict[str, Any], way: WayBack, result: RestoreResult, known: set[str]) -> None:
@@ -200,7 +339,7 @@ def _put_back(tree: DestTree, item: dict[str, Any], way: WayBack, result: Restor
 def _remove_empty(tree: DestTree, reldir: str) -> None:
     """Remove the empty folders of a run's quarantine, deepest first."""
     base = tree.abspath(reldir)
-    for dirpath, _, _ in sorted(os.walk(base), key=lambda e: e[0].count("/"), reverse=True):
+    for dirpath, _, _ in os.walk(base, topdown=False):  # a folder after everything under it
         try:
             os.rmdir(dirpath)
         except OSError:
@@ -242,7 +381,7 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
     jdir = prune_journal_dir(root)
     if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
         return result
-    for run in load_prune_runs(jdir):
+    for run in load_prune_runs(jdir, moves=False):
         if run.purged or not run.quarantine or not run.complete and not run.purge_started:
             continue  # (an interrupted prune is finished by the next `prune --apply` first)
         if now - float(run.header.get("time") or now) < older_than:
@@ -288,18 +427,66 @@ def purge(root: str, older_than: float, *, now: float | None = None, dry_run: bo
 
 def _count(path: str) -> tuple[int, int]:
     """(files, bytes whose every name is in the quarantine) under a quarantine folder:
-    the bytes its removal frees (`prune.frees`: two quarantined names of one inode free it)."""
-    stats = []
-    for dirpath, _, names in os.walk(path):
-        for name in names:
+    the bytes its removal frees (`prune.frees`: two quarantined names of one inode free it).
+    A file of one name frees its bytes as it is walked; only the inodes of several names
+    are kept, as four compact integer columns, and tallied in Arrow at the end."""
+    files = freed = 0
+    linked = _Inodes()
+    for st in _file_stats(path):
+        files += 1
+        if st.st_nlink <= 1:
+            freed += st.st_size if frees(st.st_nlink, 1) else 0
+        else:
+            linked.add(st)
+    return files, freed + linked.freed()
+
+
+def _file_stats(path: str) -> Iterator[os.stat_result]:
+    """The lstat of every file under `path` (what `os.walk` lists as files: not a folder,
+    nor a symlink to one), one open folder listing per depth instead of each folder's
+    names in lists (a quarantine's block folders are many at one level)."""
+    try:
+        listing = os.scandir(path)
+    except OSError:
+        return
+    with listing:
+        for entry in listing:
             try:
-                stats.append(os.lstat(os.path.join(dirpath, name)))
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():
+                    yield from _file_stats(entry.path)
+                continue
+            try:
+                yield os.lstat(entry.path)
             except OSError:
                 continue
-    names_of = Counter((st.st_dev, st.st_ino) for st in stats)
-    freed = sum({(st.st_dev, st.st_ino): st.st_size for st in stats
-                 if frees(st.st_nlink, names_of[(st.st_dev, st.st_ino)])}.values())  # each inode once
-    return len(stats), freed
+
+
+class _Inodes:
+    """(dev, inode, nlink, size) of the multiply-linked files walked: 32 bytes a file."""
+
+    def __init__(self) -> None:
+        self.cols = tuple(array("Q") for _ in range(4))
+
+    def add(self, st: os.stat_result) -> None:
+        for col, v in zip(self.cols, (st.st_dev, st.st_ino, st.st_nlink, st.st_size)):
+            col.append(v)
+
+    def freed(self) -> int:
+        """The bytes of the inodes whose every name was walked, each inode once."""
+        if not self.cols[0]:
+            return 0
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        t = pa.table({k: pa.array(col, pa.uint64()) for k, col in zip(("dev", "ino", "nlink", "size"), self.cols)})
+        g = t.group_by(["dev", "ino"]).aggregate([("nlink", "max"), ("size", "max"), ([], "count_all")])
+        # (`frees`: every name of the inode among the walked ones)
+        mask = pc.less_equal(g["nlink_max"], pc.cast(g["count_all"], pa.uint64()))
+        return int(pc.sum(pc.filter(g["size_max"], mask)).as_py() or 0)
 
 
 def render_restore(result: RestoreResult) -> str:
