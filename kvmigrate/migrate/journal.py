@@ -683,21 +683,39 @@ def iter_runs(path: str) -> Iterator[tuple[str, Run]]:
 # --- streaming: a run's per-path records read from its file when needed, never held ---
 
 
+# the records `stream_runs` decodes: a run's states and its Mooncake store records
+_STREAM_RECORDS = (*_STATE_RECORDS, b'{"t":"mc_')
+
+
 def stream_runs(path: str) -> list[Run]:
     """The runs of a journal file with their states and Mooncake store records but not
-    their per-path records (`intents`, `done` stay empty): `path_records` reads those
-    again, one at a time. What verify and rollback hold is then a run, not a record per
-    file it created (every record is still checked, as `load_runs` checks it)."""
+    their per-path records (`intents`, `done` stay empty): `path_records` reads those,
+    one at a time, when they are needed. Like `run_states`, a framed journal's path
+    records (~all of its bytes) are not decoded here: what verify and rollback hold is
+    a run, not a record per file it created, and they decode the journal once.
+    Positions are ordinals of the `header` and `rolled_back` records (marks)."""
+    with open(path, "rb") as f:
+        framed = is_framed(f)
+        recs: Any = [json.loads(line) for _, data in _frames(f) for line in data.splitlines()
+                     if line.startswith(_STREAM_RECORDS)] if framed else None
+    if not framed:
+        recs = iter_records(path)
+    elif not recs or recs[0].get("t") != "header" or isinstance(recs[0].get("v"), int) and recs[0]["v"] > VERSION:
+        load_runs(path, paths=False)  # says why it is no journal this release reads
+        return []
     store: list[tuple[int, dict[str, Any]]] = []
     heads: list[int] = []
     targets: list[set[str]] = []
     drops: list[list[tuple[int, set[str]]]] = []
 
     def records() -> Iterator[dict[str, Any]]:
-        for pos, rec in enumerate(iter_records(path)):
+        mark = -1
+        for rec in recs:
             t = rec["t"]
+            if t in ("header", "rolled_back"):
+                mark += 1
             if t == "header":
-                heads.append(pos)
+                heads.append(mark)
                 targets.append(set())
                 drops.append([])
             elif t == "target" and targets:
@@ -708,7 +726,7 @@ def stream_runs(path: str) -> list[Run]:
                 bases = set(rec["targets"])
                 for k, held in enumerate(targets):  # as `_drop_targets` forgets them
                     if bases & held:
-                        drops[k].append((pos, bases))
+                        drops[k].append((mark, bases))
                         held -= bases
             yield rec
 
@@ -728,22 +746,33 @@ def stream_runs(path: str) -> list[Run]:
 def path_records(run: Run) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(position, "intent" | "done", record) of a `stream_runs` run, read from its file
     in journal order: every intent item, every done record (a `dirs` record as one
-    `{"kind": "dir"}` per folder), as `load_runs` would hold them."""
+    `{"kind": "dir"}` per folder), as `load_runs` would hold them. A record that is not
+    one this tool wrote makes the journal unusable (as `load_runs` says)."""
     start, end = run.span
-    for pos, rec in enumerate(iter_records(run.journal)):
-        if pos <= start:
-            continue
-        if pos == end:
-            return
-        t = rec["t"]
-        if t == "intent":
-            for item in rec.get("items", []):
-                yield pos, "intent", item
-        elif t == "done" and rec.get("kind") == "dirs":
-            for folder in rec.get("paths", []):
-                yield pos, "done", {"kind": "dir", "path": folder}
-        elif t == "done":
-            yield pos, "done", rec
+    mark = -1
+    try:
+        for rec in iter_records(run.journal):
+            t = rec["t"]
+            if t in ("header", "rolled_back"):
+                mark += 1
+                if mark == end:
+                    return
+                continue
+            if mark < start:
+                continue
+            if t == "intent":
+                for item in rec.get("items", []):
+                    item["path"]  # (a KeyError: damaged, as load_runs says)
+                    yield mark, "intent", item
+            elif t == "done" and rec.get("kind") == "dirs":
+                for folder in rec.get("paths", []):
+                    yield mark, "done", {"kind": "dir", "path": folder}
+            elif t == "done":
+                rec["path"]  # (the same)
+                yield mark, "done", rec
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise UsageError(f"{run.journal}: damaged journal (a record lacks or mistypes {exc})", path=run.journal,
+                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
 
 
 def flat_bases(run: Run) -> dict[str, dict[str, Any]]:
@@ -774,11 +803,6 @@ def done_records(run: Run, kinds: tuple[str, ...] = ("block", "config")) -> Iter
     path, the last written, in the place of the first; none of a target a later
     rollback took), read from its file. Held: 8 bytes a record while it finds the paths
     done twice (a resumed run), then the records of those paths only."""
-    from array import array
-
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     resolve_flat(run)
 
     def kept() -> Iterator[dict[str, Any]]:
@@ -787,7 +811,19 @@ def done_records(run: Run, kinds: tuple[str, ...] = ("block", "config")) -> Iter
                     run.drops and dropped(run, pos, run.target_of(rec["path"]))):
                 yield rec
 
-    digests = array("q", (hash(rec["path"]) for rec in kept()))
+    yield from last_per_path(kept)
+
+
+def last_per_path(records: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """Records keyed by their path as a dict of them holds them: each path once, its last
+    record in the place of its first. `records()` is read two or three times; held: 8
+    bytes a record while the paths that occur twice are found, then their records only."""
+    from array import array
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    digests = array("q", (hash(rec["path"]) for rec in records()))
     twice: set[int] = set()
     if len(digests):
         counts = pc.value_counts(pa.Array.from_buffers(pa.int64(), len(digests), [None, pa.py_buffer(digests)]))
@@ -795,11 +831,11 @@ def done_records(run: Run, kinds: tuple[str, ...] = ("block", "config")) -> Iter
     del digests
     last: dict[str, dict[str, Any]] = {}
     if twice:
-        for rec in kept():
+        for rec in records():
             if hash(rec["path"]) in twice:
                 last[rec["path"]] = rec
     emitted: set[str] = set()
-    for rec in kept():
+    for rec in records():
         path = rec["path"]
         if path in last:
             if path not in emitted:
