@@ -818,17 +818,20 @@ def last_per_path(records: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[d
     """Records keyed by their path as a dict of them holds them: each path once, its last
     record in the place of its first. `records()` is read two or three times; held: 8
     bytes a record while the paths that occur twice are found, then their records only."""
+    import heapq
     from array import array
 
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     digests = array("q", (hash(rec["path"]) for rec in records()))
-    twice: set[int] = set()
-    if len(digests):
-        counts = pc.value_counts(pa.Array.from_buffers(pa.int64(), len(digests), [None, pa.py_buffer(digests)]))
-        twice = set(counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist())
+    step = 65_536  # digests sorted as Python ints at once, then merged
+    runs = [array("q", sorted(digests[i:i + step])) for i in range(0, len(digests), step)]
     del digests
+    twice: set[int] = set()
+    previous = None
+    for digest in heapq.merge(*runs):
+        if digest == previous:
+            twice.add(digest)
+        previous = digest
+    del runs
     last: dict[str, dict[str, Any]] = {}
     if twice:
         for rec in records():

@@ -67,8 +67,8 @@ _THREADS = 8  # file removals in flight (each waits on the filesystem's journal,
 _DIR_THREADS = 32
 _CHUNK = 256  # records per worker task at most (fewer when a level has few: every worker gets some)
 _WORKER_FDS = 16  # folder fds a worker keeps: its paths are consecutive (40 workers x 16 < 1024, ulimit -n)
-_BATCH = 16_384  # records checked (and removed) at once: what a removal holds, whatever the journal's size
-_SORT_RUN = 32_768  # journal records sorted in memory at once; longer journals merge sorted temporary files
+_BATCH = 4_096  # records checked (and removed) at once: what a removal holds, whatever the journal's size
+_SORT_RUN = 8_192  # journal records sorted in memory at once; longer journals merge sorted temporary files
 KINDS = ("block", "config", "temp", "lock", "dir")
 
 
