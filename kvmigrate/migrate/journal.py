@@ -822,7 +822,7 @@ def last_per_path(records: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[d
     from array import array
 
     digests = array("q", (hash(rec["path"]) for rec in records()))
-    step = 65_536  # digests sorted as Python ints at once, then merged
+    step = 16_384  # digests sorted as Python ints at once, then merged
     runs = [array("q", sorted(digests[i:i + step])) for i in range(0, len(digests), step)]
     del digests
     twice: set[int] = set()

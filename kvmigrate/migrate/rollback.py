@@ -271,8 +271,8 @@ class _Moved:
 
 def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Callable[[], Iterator[dict]]]]:
     """`restore_runs(jdir, namespaces)` read as a stream: the prune runs, newest first,
-    as `load_prune_runs` reads them but without their intents (`moves` stays empty,
-    `moved` is digests), each with its intent items of `namespaces` (one a path, as
+    as `load_prune_runs` reads them but without their intents (`moves` and `rmdirs`
+    stay empty, `moved` is digests), each with its intent items of `namespaces` (one a path, as
     `PruneRun.moves` holds them), read again from its journal when called."""
     runs: list[tuple[PruneRun, str, int, int]] = []  # (run, file, header position, next header's)
     for path in jn.journal_files(jdir):
@@ -288,8 +288,9 @@ def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Cal
             if t == "intent":
                 for item in rec.get("items", []):
                     check_relpath(item.get("path"), "journal path")
-            elif t == "done" and rec.get("kind") == "rmdirs":
-                run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
+            elif t == "done" and rec.get("kind") == "rmdirs":  # (restore remakes them: not a decision's business)
+                for folder in rec.get("paths", []):
+                    check_relpath(folder, "journal path")
             elif t == "mc_retire":
                 check_relpath(rec.get("meta"), "journal path")
                 run.mc_retires.append(rec)
@@ -748,7 +749,7 @@ class PathSet:
     string in a hash set): a dry run's paths that would be removed. `freeze` before
     reading (after adds); a path never added is taken for one once in 2**64 / n."""
 
-    _RUN = 65_536  # digests sorted as Python ints at once (then merged in)
+    _RUN = 16_384  # digests sorted as Python ints at once (then merged in)
 
     def __init__(self) -> None:
         self._new = array("q")
