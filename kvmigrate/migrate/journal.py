@@ -281,6 +281,10 @@ class Run:
     stores: set[str] = field(default_factory=set)  # the Mooncake stores the run wrote (kept without paths too)
     complete: dict[str, Any] | None = None
     rolled_back: bool = False
+    # read by `stream_runs` (per-path records left in the file): where the run's records
+    # are in its file's record stream, and the partial rollbacks after them
+    span: tuple[int, int] = (0, 0)  # (position of its header, of the next run's header)
+    drops: list[tuple[int, set[str]]] = field(default_factory=list)  # (position, targets) of `rolled_back`
 
     @property
     def dest(self) -> str:
@@ -692,3 +696,171 @@ def iter_runs(path: str) -> Iterator[tuple[str, Run]]:
     for f in journal_files(path):
         for run in load_runs(f):
             yield f, run
+
+
+# --- streaming: a run's per-path records read from its file when needed, never held ---
+
+
+# the records `stream_runs` decodes: a run's states and its Mooncake store records
+_STREAM_RECORDS = (*_STATE_RECORDS, b'{"t":"mc_')
+
+
+def stream_runs(path: str) -> list[Run]:
+    """The runs of a journal file with their states and Mooncake store records but not
+    their per-path records (`intents`, `done` stay empty): `path_records` reads those,
+    one at a time, when they are needed. Like `run_states`, a framed journal's path
+    records (~all of its bytes) are not decoded here: what verify and rollback hold is
+    a run, not a record per file it created, and they decode the journal once.
+    Positions are ordinals of the `header` and `rolled_back` records (marks)."""
+    with open(path, "rb") as f:
+        framed = is_framed(f)
+        recs: Any = [json.loads(line) for _, data in _frames(f) for line in data.splitlines()
+                     if line.startswith(_STREAM_RECORDS)] if framed else None
+    if not framed:
+        recs = iter_records(path)
+    elif not recs or recs[0].get("t") != "header" or isinstance(recs[0].get("v"), int) and recs[0]["v"] > VERSION:
+        load_runs(path, paths=False)  # says why it is no journal this release reads
+        return []
+    store: list[tuple[int, dict[str, Any]]] = []
+    heads: list[int] = []
+    targets: list[set[str]] = []
+    drops: list[list[tuple[int, set[str]]]] = []
+
+    def records() -> Iterator[dict[str, Any]]:
+        mark = -1
+        for rec in recs:
+            t = rec["t"]
+            if t in ("header", "rolled_back"):
+                mark += 1
+            if t == "header":
+                heads.append(mark)
+                targets.append(set())
+                drops.append([])
+            elif t == "target" and targets:
+                targets[-1].add(rec["base"])
+            elif t.startswith("mc_"):
+                store.append((len(heads) - 1, rec))
+            elif t == "rolled_back" and rec.get("targets") is not None:
+                bases = set(rec["targets"])
+                for k, held in enumerate(targets):  # as `_drop_targets` forgets them
+                    if bases & held:
+                        drops[k].append((mark, bases))
+                        held -= bases
+            yield rec
+
+    try:
+        runs = _load_runs(path, False, records())
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
+                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+    ends = heads[1:] + [-1]
+    for k, run in enumerate(runs):
+        run.span = (heads[k], ends[k])
+        run.drops = drops[k]
+        run.store_records = [rec for j, rec in store if j == k]
+    return runs
+
+
+def path_records(run: Run) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(position, "intent" | "done", record) of a `stream_runs` run, read from its file
+    in journal order: every intent item, every done record (a `dirs` record as one
+    `{"kind": "dir"}` per folder), as `load_runs` would hold them. A record that is not
+    one this tool wrote makes the journal unusable (as `load_runs` says)."""
+    start, end = run.span
+    mark = -1
+    try:
+        for rec in iter_records(run.journal):
+            t = rec["t"]
+            if t in ("header", "rolled_back"):
+                mark += 1
+                if mark == end:
+                    return
+                continue
+            if mark < start:
+                continue
+            if t == "intent":
+                for item in rec.get("items", []):
+                    item["path"]  # (a KeyError: damaged, as load_runs says)
+                    yield mark, "intent", item
+            elif t == "done" and rec.get("kind") == "dirs":
+                for folder in rec.get("paths", []):
+                    yield mark, "done", {"kind": "dir", "path": folder}
+            elif t == "done":
+                rec["path"]  # (the same)
+                yield mark, "done", rec
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise UsageError(f"{run.journal}: damaged journal (a record lacks or mistypes {exc})", path=run.journal,
+                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+
+
+def flat_bases(run: Run) -> dict[str, dict[str, Any]]:
+    """The intents `Run.target_of` consults, of a `stream_runs` run: the target of each
+    intended path outside a target's folders (a flat target's page files), by path."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, what, rec in path_records(run):
+        if what == "intent" and layout.parse_folder(rec["path"].split("/", 1)[0]) is None:
+            out[rec["path"]] = {"base": rec.get("base")}
+    return out
+
+
+def dropped(run: Run, pos: int, target: str | None) -> bool:
+    """A record at `pos` of a target a later rollback of some targets took (`_drop_targets`)."""
+    return any(at > pos and target in bases for at, bases in run.drops)
+
+
+
+def resolve_flat(run: Run) -> None:
+    """Give a `stream_runs` run the intents `target_of` needs where it has flat targets
+    (or forgot targets whose files may have been flat): `flat_bases`."""
+    if not run.intents and (run.drops or any(t.get("flat") for t in run.targets.values())):
+        run.intents = flat_bases(run)
+
+
+def done_records(run: Run, kinds: tuple[str, ...] = ("block", "config")) -> Iterator[dict[str, Any]]:
+    """The done records of `kinds` of a `stream_runs` run as `Run.done` holds them (one a
+    path, the last written, in the place of the first; none of a target a later
+    rollback took), read from its file. Held: 8 bytes a record while it finds the paths
+    done twice (a resumed run), then the records of those paths only."""
+    resolve_flat(run)
+
+    def kept() -> Iterator[dict[str, Any]]:
+        for pos, what, rec in path_records(run):
+            if what == "done" and rec.get("kind") in kinds and not (
+                    run.drops and dropped(run, pos, run.target_of(rec["path"]))):
+                yield rec
+
+    yield from last_per_path(kept)
+
+
+def last_per_path(records: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """Records keyed by their path as a dict of them holds them: each path once, its last
+    record in the place of its first. `records()` is read two or three times; held: 8
+    bytes a record while the paths that occur twice are found, then their records only."""
+    import heapq
+    from array import array
+
+    digests = array("q", (hash(rec["path"]) for rec in records()))
+    step = 16_384  # digests sorted as Python ints at once, then merged
+    runs = [array("q", sorted(digests[i:i + step])) for i in range(0, len(digests), step)]
+    del digests
+    twice: set[int] = set()
+    previous = None
+    for digest in heapq.merge(*runs):
+        if digest == previous:
+            twice.add(digest)
+        previous = digest
+    del runs
+    last: dict[str, dict[str, Any]] = {}
+    if twice:
+        for rec in records():
+            if hash(rec["path"]) in twice:
+                last[rec["path"]] = rec
+    emitted: set[str] = set()
+    for rec in records():
+        path = rec["path"]
+        if path in last:
+            if path not in emitted:
+                emitted.add(path)
+                yield last[path]
+            continue
+        yield rec

@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import errno
 import glob
+import heapq
+import json
 import os
 import shlex
 import stat
+import tempfile
 import threading
 import time
+from array import array
+from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,9 +46,11 @@ from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
+from kvmigrate.migrate.prune import KIND as PRUNE_KIND
 from kvmigrate.migrate.prune import prune_journal_dir
+from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs
 from kvmigrate.migrate.reconcile import reconcile_item
-from kvmigrate.migrate.restore import WayBack, claimed, restore, restore_runs, way_back
+from kvmigrate.migrate.restore import WayBack, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
@@ -60,6 +67,8 @@ _THREADS = 8  # file removals in flight (each waits on the filesystem's journal,
 _DIR_THREADS = 32
 _CHUNK = 256  # records per worker task at most (fewer when a level has few: every worker gets some)
 _WORKER_FDS = 16  # folder fds a worker keeps: its paths are consecutive (40 workers x 16 < 1024, ulimit -n)
+_BATCH = 4_096  # records checked (and removed) at once: what a removal holds, whatever the journal's size
+_SORT_RUN = 8_192  # journal records sorted in memory at once; longer journals merge sorted temporary files
 KINDS = ("block", "config", "temp", "lock", "dir")
 
 
@@ -73,7 +82,7 @@ class RollbackResult:
     journals: list[str] = field(default_factory=list)
     dry_run: bool = False
     per_namespace: dict[str, Counter] = field(default_factory=dict)  # target base folder -> kind -> count
-    commands: list[str] | None = None  # dry run with listing: the removals as shell commands
+    commands: Lines | None = None  # dry run with listing: the removals as shell commands
 
     @property
     def exit_code(self) -> int:
@@ -94,15 +103,16 @@ def rollback(journal: str, selection: Selection | None = None, *, dry_run: bool 
     marked rolled back (a later rollback without it removes the rest). `dry_run`: check
     and count only; `listing` also keeps the shell commands. The pruned sources are put
     back first, or the rollback refuses: `decide` says which, for all three alike."""
-    result = RollbackResult(dry_run=dry_run, commands=[] if listing else None)
+    result = RollbackResult(dry_run=dry_run, commands=Lines() if listing else None)
     files = jn.journal_files(journal)
-    newest = {files[-1]: jn.load_runs(files[-1])}  # rolled back first: read once (0.5 s at 100,000 blocks)
-    decision = decide(journal, files, newest, selection)
+    # the runs' states: what each created is read from its journal when it is removed
+    loaded = {path: jn.stream_runs(path) for path in files}
+    decision = decide(journal, files, loaded, selection)
     if decision.refusal is not None:
         raise decision.refusal
     decision.put_back(result)
     for path in reversed(files):
-        runs = newest.pop(path, None) or jn.load_runs(path)
+        runs = loaded.pop(path)
         if all(r.rolled_back for r in runs):
             result.notes.append(f"{path}: already rolled back")
             continue
@@ -198,16 +208,28 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
         jdir = prune_journal_dir(root)
         if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
             continue
-        owned: set[tuple[str, str]] = set()
-        for prune_run, items in restore_runs(jdir, namespaces):
-            items = [i for i in items if (prune_run.root, i["path"]) not in owned]
-            if not items:
-                continue
-            decision.roots.setdefault(root, set()).update(namespaces)
+        owned = PathSet()  # (root, path) a newer run moved
+        for prune_run, items in _prune_runs(jdir, namespaces):
             with DestTree(prune_run.root) as tree:
-                # in restore's order: the moves backwards (a GDS data file before its sidecar)
-                ways = [(item, way_back(tree, prune_run, item)) for item in reversed(items)]
-                owned |= claimed(prune_run, ways)
+                # in restore's order: the moves backwards (a GDS data file before its sidecar);
+                # a file back in place (no quarantine name left) is held by none of what follows
+                ways = []
+                claims = PathSet()
+                some = False
+                for item in items():
+                    if (prune_run.root, item["path"]) in owned:
+                        continue
+                    some = True
+                    decision.roots.setdefault(root, set()).update(namespaces)
+                    way = way_back(tree, prune_run, item)
+                    if way.state != "not_moved":  # (restore.claimed)
+                        claims.add((prune_run.root, item["path"]))
+                    if way.state != "in_place" or way.source:
+                        ways.append((item, way))
+                if not some:
+                    continue
+                ways.reverse()
+                owned.merge(claims)
                 for item, way in ways:
                     if way.state in ("quarantine", "target"):
                         decision.back.append(way)
@@ -226,6 +248,87 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
         held = sorted({b for (_, source), bases in targets_of.items() if source in gone for b in bases})
         decision.refusal = _refusal(journal, selection, lost, conflicts, held, sorted(selected - set(held)))
     return decision
+
+
+class _Moved:
+    """A prune run's paths with a done record (`PruneRun.moved`), as digests: a path
+    `returned` (put back by the run itself: few) is left out until moved again."""
+
+    def __init__(self) -> None:
+        self.paths = PathSet()
+        self.returned: set[str] = set()
+
+    def add(self, path: str) -> None:
+        self.paths.add(path)
+        self.returned.discard(path)
+
+    def discard(self, path: str) -> None:
+        self.returned.add(path)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.paths and path not in self.returned
+
+
+def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Callable[[], Iterator[dict]]]]:
+    """`restore_runs(jdir, namespaces)` read as a stream: the prune runs, newest first,
+    as `load_prune_runs` reads them but without their intents (`moves` and `rmdirs`
+    stay empty, `moved` is digests), each with its intent items of `namespaces` (one a path, as
+    `PruneRun.moves` holds them), read again from its journal when called."""
+    runs: list[tuple[PruneRun, str, int, int]] = []  # (run, file, header position, next header's)
+    for path in jn.journal_files(jdir):
+        here: list[tuple[PruneRun, int]] = []
+        for pos, rec in enumerate(jn.iter_records(path)):
+            t = rec.get("t")
+            if t == "header":
+                if rec.get("kind") != PRUNE_KIND or not isinstance(rec.get("root"), str):
+                    load_prune_runs(path)  # says why it is not a prune journal
+                here.append((PruneRun(path, jn.rebased(rec, path), moved=_Moved()), pos))  # type: ignore[arg-type]
+                continue
+            run = here[-1][0]
+            if t == "intent":
+                for item in rec.get("items", []):
+                    check_relpath(item.get("path"), "journal path")
+            elif t == "done" and rec.get("kind") == "rmdirs":  # (restore remakes them: not a decision's business)
+                for folder in rec.get("paths", []):
+                    check_relpath(folder, "journal path")
+            elif t == "mc_retire":
+                check_relpath(rec.get("meta"), "journal path")
+                run.mc_retires.append(rec)
+            elif t == "done" and rec.get("kind") == "mc_retire":
+                run.mc_done.add(str(rec.get("meta")))
+            elif t == "mc_proof":
+                run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
+                run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
+            elif t == "done" and rec.get("kind") == "returned":
+                run.moved.discard(rec.get("path"))
+            elif t == "done" and isinstance(rec.get("path"), str):
+                run.moved.add(rec["path"])
+            elif t == "complete":
+                run.complete = True
+            elif t == "resume":
+                run.complete = False
+            elif t == "restored":
+                run.restored = True
+            elif t == "purge":
+                run.purge_started = True
+            elif t == "purged":
+                run.purged = True
+        ends = [pos for _, pos in here[1:]] + [-1]
+        runs += [(run, path, pos, end) for (run, pos), end in zip(here, ends)]
+    for run, _, _, _ in runs:
+        run.moved.paths.freeze()  # type: ignore[attr-defined]
+
+    def intents(path: str, start: int, end: int) -> Callable[[], Iterator[dict]]:
+        def items() -> Iterator[dict]:
+            for pos, rec in enumerate(jn.iter_records(path)):
+                if pos == end:
+                    return
+                if pos > start and rec.get("t") == "intent":
+                    yield from (i for i in rec.get("items", []) if i.get("ns") in namespaces)
+        return lambda: jn.last_per_path(items)
+
+    for run, path, start, end in sorted(runs, key=lambda r: float(r[0].header.get("time") or 0), reverse=True):
+        yield run, intents(path, start, end)
 
 
 def _store_namespaces(root: str, stores: set[str]) -> set[str]:
@@ -310,37 +413,40 @@ class _Removal:
             self.ns_of[base] = base
             if isinstance(rec.get("rank_dir"), str):
                 self.ns_of[rec["rank_dir"]] = base
-        self.intents = run.intents  # a block's intent names its target (a flat target's files have no folder)
-        self.gone: set[str] = set()  # dry run: paths that would be removed (for folder emptiness)
+        self.gone = PathSet()  # dry run: paths that would be removed (for folder emptiness)
 
-    def namespace(self, relpath: str) -> str:
+    def namespace(self, relpath: str, intended: str | None = None) -> str:
+        """The target a path counts under: its folder's, or the one its intent names
+        (`intended`: a flat target's files have no folder)."""
         top = relpath.split("/", 1)[0]
-        return self.ns_of.get(top) or (self.intents.get(relpath) or {}).get("base") or top
+        return self.ns_of.get(top) or intended or top
 
-    def count(self, kind: str, relpath: str) -> None:
+    def count(self, kind: str, relpath: str, intended: str | None = None) -> None:
         self.result.removed[kind] += 1
-        self.result.per_namespace.setdefault(self.namespace(relpath), Counter())[kind] += 1
+        self.result.per_namespace.setdefault(self.namespace(relpath, intended), Counter())[kind] += 1
         if self.dry:
             self.gone.add(relpath)
             if self.result.commands is not None:
                 cmd = "rmdir" if kind == "dir" else "rm -f"
                 self.result.commands.append(f"{cmd} -- {shlex.quote(self.tree.abspath(relpath))}")
 
-    def files(self, recs: list[dict[str, Any]], kind: str) -> None:
-        """Check and remove files (in path order, so each worker's folder fds are reused)."""
-        recs = sorted(recs, key=lambda r: r["path"])
-        self._in_threads(recs, lambda tree, rec: _check_file(tree, rec, self.dry), kind, _THREADS)
+    def files(self, recs: Iterable[dict[str, Any]], kind: str, *, ordered: bool = False) -> None:
+        """Check and remove files in path order (so each worker's folder fds are reused);
+        `ordered`: `recs` come in path order already (read from the journal, a batch at a time)."""
+        check = lambda tree, rec: _check_file(tree, rec, self.dry)  # noqa: E731
+        for batch in _batches(recs if ordered else sorted(recs, key=lambda r: r["path"])):
+            self._in_threads(batch, check, kind, _THREADS)
 
-    def dirs(self, reldirs: Iterable[str]) -> None:
+    def dirs(self, levels: Callable[[int], Iterable[dict[str, Any]]], deepest: int) -> None:
         """Remove folders deepest first, if empty (dry run: if all they hold would go).
-        Each level's workers are done (and their fds closed) before the next level
-        starts, so no fd of a folder about to go is open: an rmdir needs no `forget`."""
+        `levels(depth)`: the folders of a depth, in path order, each once. Each level's
+        workers are done (and their fds closed) before the next level starts, so no fd
+        of a folder about to go is open: an rmdir needs no `forget`."""
         self.tree.forget("")
-        by_depth: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for d in sorted(set(reldirs)):
-            by_depth[d.count("/")].append({"path": d})
-        for depth in sorted(by_depth, reverse=True):
-            self._in_threads(by_depth[depth], self._rmdir, "dir", _DIR_THREADS)
+        for depth in range(deepest, -1, -1):
+            for batch in _batches(levels(depth)):
+                self.gone.freeze()  # (read by the workers: settled before they start)
+                self._in_threads(batch, self._rmdir, "dir", _DIR_THREADS)
 
     def _rmdir(self, tree: DestTree, rec: dict[str, Any]) -> tuple[str, str | None]:
         path = rec["path"]
@@ -400,7 +506,7 @@ class _Removal:
                 tree.close()
         for rec, (what, why) in zip(recs, outcomes):
             if what == "removed":
-                self.count(kind, rec["path"])
+                self.count(kind, rec["path"], rec.get("_intended"))
             elif what == "gone":
                 self.result.already_gone += 1
             elif why is not None:  # kept: always says why
@@ -409,22 +515,24 @@ class _Removal:
 
 def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | None = None,
                   rolling: Iterable[str] = (), moved: dict[str, str] | None = None) -> None:
-    """Remove what `run` created; `rolling`: the journals this rollback undoes (their
-    runs are not "other runs" whose files or targets must be left); `moved`: a dry run's
-    pruned sources, not yet put back (source path -> the name holding it now)."""
+    """Remove what `run` (of `jn.stream_runs`) created; `rolling`: the journals this
+    rollback undoes (their runs are not "other runs" whose files or targets must be
+    left); `moved`: a dry run's pruned sources, not yet put back (source path -> the
+    name holding it now). Its records are read from the journal in path order
+    (`_Created`), a batch at a time."""
     rolling = {*rolling, run.journal}
+    jn.resolve_flat(run)
+    kept: set[str] | None = None
     if selection:  # the records of the kept targets only
         kept = journal_bases(run.targets, selection)
         run.targets = {b: r for b, r in run.targets.items() if b in kept}
         run.locks = [p for p in run.locks if _base_of(p) in kept]
-        run.done = {p: r for p, r in run.done.items() if run.target_of(p) in kept}
-        run.intents = {p: r for p, r in run.intents.items() if run.target_of(p) in kept}
     dest = run.dest
     if not os.path.isdir(dest):
         result.kept.append(f"{dest}: destination root of run {run.header.get('run_id')} is missing; nothing removed")
         return
     digests = {b: bytes.fromhex(r["digest"]) for b, r in run.targets.items() if r.get("digest")}
-    with DestTree(dest) as tree:
+    with DestTree(dest) as tree, _Created(run, kept) as created:
         rm = _Removal(run, tree, result)
         locks = []
         bases = []
@@ -441,47 +549,39 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
                         locks.append(NamespaceLock.acquire(tree, base, purpose="rollback"))
                         if left:
                             left_locks.append(base)
-            created = dict(run.done)
-            pending = run.pending()
+            created.read(tree)
             # never what another run journaled as its own (a link of the same source has
             # the inode this run's intent names), nor the config.json of a target another
             # run still fills (its blocks would be left without their identity)
-            others = claimed_by_others(_journal_dirs(run), rolling, {item["path"] for item in pending}, dest)
+            others = claimed_by_others(_journal_dirs(run), rolling, {item["path"] for item in created.pending}, dest)
             shared = targets_of_others(_journal_dirs(run), rolling, dest, [run.header.get("run_id")]) \
                 & set(run.targets)
-            for item in pending:
+            for item in created.pending:
                 if item["path"] in others:
                     continue
                 adopted = reconcile_item(tree, run.root, item, digests, moved)
                 if adopted is not None:
-                    created[item["path"]] = adopted
-            for path, rec in list(created.items()):
-                if rec.get("kind") == "config" and run.target_of(path) in shared:
-                    del created[path]
+                    created.adopt({**adopted, "_intended": item.get("base")})
+            configs = []
+            for rec in created.configs:
+                path = rec["path"]
+                if run.target_of(path) in shared:
                     result.kept.append(f"{tree.abspath(path)}: another migration run (not rolled back) also fills "
                                        f"target {run.target_of(path)}: its blocks need this config.json; left in place")
-            by_kind: dict[str, list[dict]] = {"block": [], "config": [], "dir": []}
-            for rec in created.values():
-                if rec.get("kind") in by_kind:
-                    check_relpath(rec["path"], "journal path")
-                    by_kind[rec["kind"]].append(rec)
+                else:
+                    configs.append(rec)
             # a file its engine reads only through another (a GDS sidecar) goes first, then the rest
             paired = any(families.get(t.get("family")).paired_files for t in run.targets.values())
-            first = [r for r in by_kind["block"] if families.get(
-                (run.targets.get(run.target_of(r["path"]) or "") or {}).get("family")).removed_first(r["path"])] \
-                if paired else []
-            rm.files(first, "block")
-            firsts = {id(r) for r in first}
-            rm.files([r for r in by_kind["block"] if id(r) not in firsts], "block")
-            rm.files(by_kind["config"], "config")
-            temps = []
-            for item in run.intents.values():
-                tmp = item.get("tmp")
-                if tmp and layout.OWN_TMP_RE.search(tmp):
-                    check_relpath(tmp, "journal temp path")
-                    if _exists(tree, tmp):
-                        temps.append({"path": tmp, "temp": True})
-            rm.files(temps, "temp")
+
+            def first(rec: dict[str, Any]) -> bool:
+                family = (run.targets.get(run.target_of(rec["path"]) or "") or {}).get("family")
+                return paired and families.get(family).removed_first(rec["path"])
+
+            if paired:
+                rm.files((r for r in created.of_kind("block") if first(r)), "block", ordered=True)
+            rm.files((r for r in created.of_kind("block") if not first(r)), "block", ordered=True)
+            rm.files(configs, "config")
+            rm.files([{"path": tmp, "temp": True} for tmp in created.temps], "temp")
             if result.dry_run:  # a lock file left by an interrupted run would go too
                 rm.files([{"path": lock_relpath(b), "temp": True} for b in bases
                           if _exists(tree, lock_relpath(b))], "lock")
@@ -491,7 +591,218 @@ def _rollback_run(run: jn.Run, result: RollbackResult, selection: Selection | No
             for base in left_locks:
                 if not _exists(tree, lock_relpath(base)):
                     rm.count("lock", lock_relpath(base))
-        rm.dirs(rec["path"] for rec in by_kind["dir"])
+        rm.dirs(lambda depth: (r for r in created.of_kind("dir") if r["path"].count("/") == depth), created.deepest)
+
+
+class _Created:
+    """What a run created, read from its journal in path order: its `done` records (the
+    last of each path) and, of a path with an intent but no done record (an interrupted
+    batch), the intent item (`pending`, adopted once `reconcile` proves it). The
+    journal's records are sorted in runs of `_SORT_RUN` into temporary files and merged
+    (an external sort); the blocks and folders are kept in one temporary file of JSON
+    lines, read again for each kind and folder depth: what is held is a batch, the
+    config.json files, the pending items and the existing temp files, not a record per
+    block. A record carries the target its intent names (`_intended`)."""
+
+    def __init__(self, run: jn.Run, kept: set[str] | None):
+        self.run = run
+        self.kept = kept  # the targets a selection keeps (None: all)
+        self.pending: list[dict[str, Any]] = []  # in intent order
+        self.configs: list[dict[str, Any]] = []  # in the order of their first done record, then adopted
+        self.temps: list[str] = []  # temp files the intents name that are there, in intent order
+        self.deepest = 0  # the deepest folder's depth
+        self._spool = _temp_file()
+        self._adopted: list[dict[str, Any]] = []
+
+    def __enter__(self) -> _Created:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._spool.close()
+
+    def read(self, tree: DestTree) -> None:
+        """Sort the run's records by path and keep what each path is."""
+        pending: list[tuple[int, dict[str, Any]]] = []
+        configs: list[tuple[int, dict[str, Any]]] = []
+        temps: list[tuple[int, str]] = []
+        for path, group in _grouped(self._sorted_records()):
+            intent = next((rec for _, what, rec in reversed(group) if what == "intent"), None)
+            done = next((rec for _, what, rec in reversed(group) if what == "done"), None)
+            if intent is not None:
+                first = min(seq for seq, what, _ in group if what == "intent")
+                tmp = intent.get("tmp")
+                if tmp and layout.OWN_TMP_RE.search(tmp):
+                    check_relpath(tmp, "journal temp path")
+                    if _exists(tree, tmp):  # (an interrupted batch's: few)
+                        temps.append((first, tmp))
+                if done is None:
+                    pending.append((first, intent))
+            if done is None:
+                continue
+            kind = done.get("kind")
+            if kind not in ("block", "config", "dir"):
+                continue
+            check_relpath(path, "journal path")
+            rec = {**done, "_intended": intent.get("base") if intent is not None else None}
+            if kind == "config":
+                configs.append((min(seq for seq, what, _ in group if what == "done"), rec))
+                continue
+            if kind == "dir":
+                self.deepest = max(self.deepest, path.count("/"))
+            self._spool.write(json.dumps(rec) + "\n")
+        self._spool.flush()
+        self.pending = [item for _, item in sorted(pending, key=lambda e: e[0])]
+        self.configs = [rec for _, rec in sorted(configs, key=lambda e: e[0])]
+        self.temps = [tmp for _, tmp in sorted(temps, key=lambda e: e[0])]
+
+    def _sorted_records(self) -> Iterator[tuple[str, int, str, dict[str, Any]]]:
+        """(path, sequence, "intent" | "done", record) of the run's kept records, in path order."""
+        run, kept = self.run, self.kept
+        buf: list[tuple[str, int, str, dict[str, Any]]] = []
+        runs: list[Any] = []
+        try:
+            for seq, (pos, what, rec) in enumerate(jn.path_records(run)):
+                path = rec["path"]
+                if run.drops or kept is not None:
+                    target = run.target_of(path)
+                    if run.drops and jn.dropped(run, pos, target) or kept is not None and target not in kept:
+                        continue
+                buf.append((path, seq, what, rec))
+                if len(buf) >= _SORT_RUN:
+                    runs.append(_spill(buf))
+            buf.sort(key=lambda e: (e[0], e[1]))
+            if not runs:
+                yield from buf
+                return
+            runs.append(_spill(buf))
+            yield from heapq.merge(*((tuple(json.loads(line)) for line in f) for f in runs),
+                                   key=lambda e: (e[0], e[1]))
+        finally:
+            for f in runs:
+                f.close()
+
+    def adopt(self, rec: dict[str, Any]) -> None:
+        """A pending item `reconcile` proved this run's output."""
+        if rec.get("kind") == "config":
+            self.configs.append(rec)
+        elif rec.get("kind") in ("block", "dir"):
+            check_relpath(rec["path"], "journal path")
+            if rec["kind"] == "dir":
+                self.deepest = max(self.deepest, rec["path"].count("/"))
+            self._adopted.append(rec)
+            self._adopted.sort(key=lambda r: r["path"])
+
+    def of_kind(self, kind: str) -> Iterator[dict[str, Any]]:
+        """The blocks or folders, in path order (each once)."""
+        self._spool.seek(0)
+        journaled = (json.loads(line) for line in self._spool)
+        for rec in heapq.merge(journaled, self._adopted, key=lambda r: r["path"]):
+            if rec.get("kind") == kind:
+                yield rec
+
+
+def _spill(buf: list[tuple[str, int, str, dict[str, Any]]]) -> Any:
+    """A sorted run of records in a temporary file (emptied from `buf`), for the merge."""
+    buf.sort(key=lambda e: (e[0], e[1]))
+    f = _temp_file()
+    for entry in buf:
+        f.write(json.dumps(entry) + "\n")
+    buf.clear()
+    f.seek(0)
+    return f
+
+
+def _grouped(entries: Iterable[tuple[str, int, str, dict[str, Any]]]) \
+        -> Iterator[tuple[str, list[tuple[int, str, dict[str, Any]]]]]:
+    """(path, its (sequence, what, record) entries) of path-ordered entries."""
+    path: str | None = None
+    group: list[Any] = []
+    for p, seq, what, rec in entries:
+        if p != path:
+            if path is not None:
+                yield path, group
+            path, group = p, []
+        group.append((seq, what, rec))
+    if path is not None:
+        yield path, group
+
+
+def _temp_file() -> Any:
+    """A temporary text file that keeps any path's characters and line ends as written
+    (closed by its owner: it outlives the function that fills it)."""
+    return tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape", newline="\n")
+
+
+def _batches(recs: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for rec in recs:
+        batch.append(rec)
+        if len(batch) >= _BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class PathSet:
+    """A set of paths held as 64-bit digests in one sorted array (8 bytes a path, not a
+    string in a hash set): a dry run's paths that would be removed. `freeze` before
+    reading (after adds); a path never added is taken for one once in 2**64 / n."""
+
+    _RUN = 16_384  # digests sorted as Python ints at once (then merged in)
+
+    def __init__(self) -> None:
+        self._new = array("q")
+        self._sorted = array("q")
+
+    def add(self, path: object) -> None:
+        self._new.append(hash(path))
+
+    def merge(self, other: PathSet) -> None:
+        """Add every path of `other` (then `freeze`s)."""
+        other.freeze()
+        self._new.extend(other._sorted)
+        self.freeze()
+
+    def freeze(self) -> None:
+        if not len(self._new):
+            return
+        runs = [self._sorted] + [array("q", sorted(self._new[i:i + self._RUN]))
+                                 for i in range(0, len(self._new), self._RUN)]
+        self._new = array("q")
+        self._sorted = array("q", heapq.merge(*runs))
+
+    def __contains__(self, path: object) -> bool:
+        h = hash(path)
+        i = bisect_left(self._sorted, h)
+        return i < len(self._sorted) and self._sorted[i] == h
+
+
+class Lines:
+    """Lines kept in a temporary file as they come and read back in order: a dry run's
+    shell script (a line per file) on disk, not in memory."""
+
+    def __init__(self) -> None:
+        self._file = _temp_file()
+        self._count = 0
+
+    def append(self, line: str) -> None:
+        self._file.write(line + "\n")
+        self._count += 1
+
+    def __iadd__(self, lines: Iterable[str]) -> Lines:
+        for line in lines:
+            self.append(line)
+        return self
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        self._file.flush()
+        self._file.seek(0)
+        for line in self._file:
+            yield line[:-1]
 
 
 def _rollback_stores(run: jn.Run, result: RollbackResult) -> None:

@@ -171,7 +171,7 @@ def check_namespaces(root: str, result: VerifyResult, selection: Selection | Non
 
 def check_journal(journal: str, result: VerifyResult, selection: Selection | None = None) -> None:
     """Phase 2: every journaled output is still what the migration wrote."""
-    for path, run in jn.iter_runs(journal):
+    for path, run in ((f, run) for f in jn.journal_files(journal) for run in jn.stream_runs(f)):
         _check_same_root(path, run, result.root)
         if path not in result.journals:
             result.journals.append(path)
@@ -183,9 +183,9 @@ def check_journal(journal: str, result: VerifyResult, selection: Selection | Non
         kept = journal_bases(run.targets, selection) if selection else None
         _check_stores(run, result)
         with DestTree(run.dest) as tree:
-            for rec in run.done.values():
+            for rec in jn.done_records(run):  # read from the journal, one at a time
                 kind = rec.get("kind")
-                if kind not in ("block", "config") or kept is not None and run.target_of(rec["path"]) not in kept:
+                if kept is not None and run.target_of(rec["path"]) not in kept:
                     continue
                 check_relpath(rec["path"], f"{path}: journal path")
                 if kind == "block":
@@ -307,7 +307,7 @@ def _checksum_mismatch(tree: DestTree, path: str) -> str | None:
 def journal_target_profile(journal: str) -> str | None:
     """The target profile of the journal's last run that names one (verify's summary
     scans for it when no --target is given)."""
-    profiles = [run.header.get("target_profile") for _, run in jn.iter_runs(journal)]
+    profiles = [run.header.get("target_profile") for f in jn.journal_files(journal) for run in jn.run_states(f)]
     return next((p for p in reversed(profiles) if p), None)
 
 
