@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from kvmigrate.migrate.model import BlockAction
     from kvmigrate.migrate.state import ApplyState, Helpers
 
-_DIR_CACHE = 1 << 16  # folders remembered as existing / created by this run (bounded memory)
+_DIR_CACHE = 4096  # folders remembered as existing / created by this run (bounded memory)
 _PARALLEL_DIRS = 64  # folders in a batch from which two helper threads make them
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 

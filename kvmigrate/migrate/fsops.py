@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from array import array
 from collections import OrderedDict
 
 from kvmigrate.errors import UsageError
@@ -42,6 +43,44 @@ def padded_size(size: int) -> int:
 _MADE_KEPT = 1 << 16  # folders made by this run remembered (by-path links, no lstat of their children)
 
 
+class FolderSet:
+    """A set of folder paths kept as their 64-bit string hashes in one array (open
+    addressing): 16 bytes a folder at most, where a set of path strings took ~150.
+    Two paths with one hash (odds of 2**-64 a pair) would read as one."""
+
+    def __init__(self, capacity: int) -> None:
+        self._mask = (1 << max(4, (2 * capacity - 1).bit_length())) - 1  # at most half full
+        self._slots: array | None = None  # made by the first add
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _find(self, reldir: str) -> tuple[int, int]:
+        """(the folder's digest, its slot: where it is or where it would go)."""
+        h = hash(reldir) or 1  # (0 marks an empty slot)
+        slots, mask = self._slots, self._mask
+        assert slots is not None
+        i = h & mask
+        while slots[i] and slots[i] != h:
+            i = (i + 1) & mask
+        return h, i
+
+    def add(self, reldir: str) -> None:
+        if self._slots is None:
+            self._slots = array("q", bytes(8 * (self._mask + 1)))
+        h, i = self._find(reldir)
+        if not self._slots[i]:
+            self._slots[i] = h
+            self._len += 1
+
+    def __contains__(self, reldir: str) -> bool:
+        return self._slots is not None and bool(self._slots[self._find(reldir)[1]])
+
+    def clear(self) -> None:
+        self._slots, self._len = None, 0
+
+
 class SymlinkInPath(OSError):
     """A component of a destination path is a symlink or not a directory."""
 
@@ -58,7 +97,7 @@ class DestTree:
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._max = max_fds
-        self._made: set[str] = set()
+        self._made = FolderSet(_MADE_KEPT)
         self._prefix = os.path.join(self.root, "")
 
     def close(self) -> None:
@@ -164,7 +203,7 @@ class DestTree:
             return
         for key in [k for k in self._fds if k == reldir or k.startswith(reldir + "/")]:
             os.close(self._fds.pop(key))
-        self._made -= {k for k in self._made if k == reldir or k.startswith(reldir + "/")}
+        self._made.clear()  # (digests: the folders made below it cannot be told apart)
 
     def unlink(self, relpath: str) -> None:
         pfd, name = self.split(relpath)

@@ -88,7 +88,7 @@ def _check_source_path(relpath: str, where: str) -> None:
 # Block rows planned at a time: a chunk holds the rows of consecutive <hhh> buckets, about
 # this many (all rows of a block share its bucket, so replicas and merge sources of a
 # block are always in the same chunk). Bounds the plan's memory; tests lower it.
-CHUNK_ROWS = 32_768
+CHUNK_ROWS = 8192
 # Creating rows turned into Python objects at a time while actions are streamed.
 SLICE_ROWS = 4096
 

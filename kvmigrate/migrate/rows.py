@@ -224,7 +224,7 @@ class ManifestRows:
             raise _unreadable(self.where, exc) from None
 
 
-_READ_BATCH = 8192  # rows decoded at a time from a row group
+_READ_BATCH = 4096  # rows decoded at a time from a row group
 _SURVEY_BATCH = 65536  # (three narrow columns)
 
 

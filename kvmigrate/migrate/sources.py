@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import os
 import stat
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from kvmigrate import families, layout, pacing
@@ -50,6 +55,107 @@ def stat_differs(st: os.stat_result, src: SourceFile, *, bytes_checked: bool = F
 
 
 
+class LinkedInodes:
+    """The inodes earlier migration runs of a root meant to hard-link, each with the
+    newest mtime of a journal that says so (`SourceChecks._linked_by_us`). Every link
+    of every run is one: kept per device as a sorted array of inodes and one of mtimes
+    (16 bytes a link, not a dict entry of Python ints), and the journals are streamed."""
+
+    def __init__(self, by_dev: dict[int, tuple[array, array]]) -> None:
+        self._by_dev = by_dev
+
+    @classmethod
+    def of_journals(cls, journals: Iterable[str], skip_run: str | None) -> LinkedInodes:
+        """The link intents of every run in `journals` (files or directories), but run
+        `skip_run` (the one being written: its intents precede its links) and the targets
+        a rollback of some targets took back from a run."""
+        devs, inos, when = array("Q"), array("Q"), array("q")
+        for where in journals:
+            if not os.path.exists(where):
+                continue
+            for path in jn.journal_files(where):
+                jn.load_runs(path, paths=False)  # every record checked, as a run's reader does
+                written = os.stat(path).st_mtime_ns
+                for dev, ino in _link_intents(path, skip_run):
+                    devs.append(dev)
+                    inos.append(ino)
+                    when.append(written)
+        if not devs:
+            return cls({})
+        table = pa.table({"dev": _arrow(devs, pa.uint64()), "ino": _arrow(inos, pa.uint64()),
+                          "when": _arrow(when, pa.int64())})
+        del devs, inos, when
+        table = table.group_by(["dev", "ino"]).aggregate([("when", "max")]).sort_by([("dev", "ascending"),
+                                                                                    ("ino", "ascending")])
+        by_dev: dict[int, tuple[array, array]] = {}
+        for dev in pc.unique(table.column("dev")).to_pylist():
+            mine = table.filter(pc.equal(table.column("dev"), pa.scalar(dev, pa.uint64())))
+            by_dev[dev] = (_array_of(mine.column("ino"), "Q"), _array_of(mine.column("when_max"), "q"))
+        return cls(by_dev)
+
+    def written(self, dev: int, ino: int) -> int:
+        """The newest mtime of a journal meant to link (dev, ino); -1 if none did."""
+        entry = self._by_dev.get(dev)
+        if entry is None:
+            return -1
+        inos, when = entry
+        i = bisect_left(inos, ino)
+        return when[i] if i < len(inos) and inos[i] == ino else -1
+
+
+def _link_intents(path: str, skip_run: str | None) -> Iterator[tuple[int, int]]:
+    """(dev, inode) of every `link` block intent of a journal file's runs, streamed: the
+    runs of `skip_run` left out, and so are the intents of targets a later rollback of
+    some targets took back from their run (`journal._drop_targets`)."""
+    runs: list[tuple[set[str], array, array, array]] = []  # per run: targets, devs, inos, target of each
+    code: dict[str | None, int] = {}  # a target's number in `runs` (one string per target, not per link)
+    skip = False
+    for rec in jn.iter_records(path):
+        t = rec["t"]
+        if t == "header":
+            skip = rec.get("run_id") == skip_run
+            runs.append((set(), array("Q"), array("Q"), array("I")))
+        elif not runs or skip:
+            continue
+        elif t == "target":
+            runs[-1][0].add(rec["base"])
+        elif t == "intent":
+            _, devs, inos, bases = runs[-1]
+            for item in rec.get("items", []):
+                dev, ino = item.get("dev"), item.get("ino")
+                if item.get("kind") == "block" and item.get("action") == "link" and isinstance(dev, int) \
+                        and isinstance(ino, int) and dev >= 0 and ino >= 0:
+                    devs.append(dev)
+                    inos.append(ino)
+                    folder = layout.parse_folder(item["path"].split("/", 1)[0])
+                    base = folder.base if folder is not None else item.get("base")
+                    bases.append(code.setdefault(base, len(code)))
+        elif t == "rolled_back" and rec.get("targets") is not None:
+            gone = set(rec["targets"])
+            gone_codes = {code[b] for b in gone if b in code}
+            for i, (targets, devs, inos, bases) in enumerate(runs):
+                if gone & targets:
+                    keep = [k for k, b in enumerate(bases) if b not in gone_codes]
+                    runs[i] = (targets - gone, array("Q", (devs[k] for k in keep)),
+                               array("Q", (inos[k] for k in keep)), array("I", (bases[k] for k in keep)))
+    for _, devs, inos, _ in runs:
+        yield from zip(devs, inos)
+
+
+def _arrow(values: array, type_: pa.DataType) -> pa.Array:
+    """A Python array as an Arrow array of the same width, sharing its buffer."""
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def _array_of(column: pa.ChunkedArray, typecode: str) -> array:
+    """An Arrow integer column (no nulls) as a Python array of the same width."""
+    out = array(typecode)
+    for chunk in column.chunks:
+        width = chunk.type.bit_width // 8
+        out.frombytes(chunk.buffers()[1][chunk.offset * width:(chunk.offset + len(chunk)) * width].to_pybytes())
+    return out
+
+
 class SourceChecks:
     """The verdicts on a block's sources, in block order, for one run: each either
     passes or records the block's outcome (`state.outcome`) and says no. It holds what a
@@ -69,8 +175,8 @@ class SourceChecks:
         # (dev, inode) -> `_identity` of a transform source read whole and passed, this batch
         self._read_whole: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
         self._header_ids_of: dict[str, tuple[bytes, int]] | None = None  # see `_header_ids`
-        # see `_linked_by_us`: (dev, inode) an earlier run meant to link -> when its journal was written
-        self._ours: dict[tuple[int | None, int | None], int] | None = None
+        # see `_linked_by_us`: the inodes earlier runs meant to link, with when their journal was written
+        self._ours: LinkedInodes | None = None
 
     def begin_batch(self, reads: dict[int, list[FileRead]], stats: dict[int, str | None]) -> None:
         """What the helper took ahead for the batch about to be placed (`read_batch`)."""
@@ -121,24 +227,13 @@ class SourceChecks:
         written is left out: its intents precede its links.) Read once, when a ctime first
         needs it."""
         if self._ours is None:
-            self._ours = {}
-            mine = self.run_id
-            for where in {w for w in (jn.default_journal_dir(self.plan.root), self.journal_arg) if w is not None}:
-                if not os.path.exists(where):
-                    continue
-                for path, run in jn.iter_runs(where):
-                    if run.header.get("run_id") == mine:
-                        continue
-                    written = os.stat(path).st_mtime_ns
-                    for item in run.intents.values():
-                        if item.get("kind") == "block" and item.get("action") == "link":
-                            key = (item.get("dev"), item.get("ino"))
-                            self._ours[key] = max(self._ours.get(key, 0), written)
+            journals = {w for w in (jn.default_journal_dir(self.plan.root), self.journal_arg) if w is not None}
+            self._ours = LinkedInodes.of_journals(sorted(journals), self.run_id)
         try:
             st = os.lstat(self.src_abs(src.relpath))
         except OSError:
             return False
-        return st.st_ctime_ns <= self._ours.get((st.st_dev, st.st_ino), -1)
+        return st.st_ctime_ns <= self._ours.written(st.st_dev, st.st_ino)
 
     def check_replicas(self, tp: TargetPlan, act: BlockAction) -> tuple[bool, bytes | None]:
         """Every rank's file of a multi-rank block must hold equal bytes (payloads for

@@ -208,6 +208,9 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
                     pending_rows += rows
                 if pending_rows >= BATCH_ROWS:
                     flush()
+                    # the batch's buffers go back to the system: else each batch's peak sits
+                    # on the last one's freed (fragmented) pages, and grows with the tree
+                    pa.default_memory_pool().release_unused()
 
             def flush() -> None:
                 nonlocal pending, pending_rows
