@@ -423,7 +423,6 @@ class PruneRun:
     header: dict[str, Any]
     moves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
     moved: set[str] = field(default_factory=set)  # paths with a done record
-    rmdirs: list[str] = field(default_factory=list)
     complete: bool = False
     restored: bool = False
     purged: bool = False
@@ -458,38 +457,46 @@ def load_prune_runs(journal: str, *, moves: bool = True) -> list[PruneRun]:
                                           "undone with `kvmigrate rollback`)")
                 runs.append(PruneRun(path, jn.rebased(rec, path)))
                 continue
-            run = runs[-1]
-            if t == "intent":
-                for item in rec.get("items", []):
-                    path = check_relpath(item.get("path"), "journal path")
-                    if moves:
-                        run.moves[path] = item
-            elif t == "done" and rec.get("kind") == "rmdirs":
-                run.rmdirs += [check_relpath(p, "journal path") for p in rec.get("paths", [])]
-            elif t == "mc_retire":
-                check_relpath(rec.get("meta"), "journal path")
-                run.mc_retires.append(rec)
-            elif t == "done" and rec.get("kind") == "mc_retire":
-                run.mc_done.add(str(rec.get("meta")))
-            elif t == "mc_proof":
-                run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
-                run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
-            elif t == "done" and rec.get("kind") == "returned":
-                run.moved.discard(rec.get("path"))
-            elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
-                if moves:
-                    run.moved.add(rec["path"])
-            elif t == "complete":
-                run.complete = True
-            elif t == "resume":
-                run.complete = False
-            elif t == "restored":
-                run.restored = True
-            elif t == "purge":
-                run.purge_started = True
-            elif t == "purged":
-                run.purged = True
+            note_prune_record(runs[-1], rec, items=moves, moved=moves)
     return runs
+
+
+def note_prune_record(run: PruneRun, rec: dict[str, Any], *, items: bool, moved: bool) -> None:
+    """One record after a prune run's header into the run's state, its paths checked.
+    `items`: keep each intent item by path (`run.moves`); `moved`: keep the paths moved
+    (`run.moved`). Without either, nothing is kept per file: the states alone."""
+    t = rec.get("t")
+    if t == "intent":
+        for item in rec.get("items", []):
+            path = check_relpath(item.get("path"), "journal path")
+            if items:
+                run.moves[path] = item
+    elif t == "done" and rec.get("kind") == "rmdirs":  # (restore remakes them from the journal)
+        for folder in rec.get("paths", []):
+            check_relpath(folder, "journal path")
+    elif t == "mc_retire":
+        check_relpath(rec.get("meta"), "journal path")
+        run.mc_retires.append(rec)
+    elif t == "done" and rec.get("kind") == "mc_retire":
+        run.mc_done.add(str(rec.get("meta")))
+    elif t == "mc_proof":
+        run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
+        run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
+    elif t == "done" and rec.get("kind") == "returned":
+        run.moved.discard(rec.get("path"))
+    elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
+        if moved:
+            run.moved.add(rec["path"])
+    elif t == "complete":
+        run.complete = True
+    elif t == "resume":
+        run.complete = False
+    elif t == "restored":
+        run.restored = True
+    elif t == "purge":
+        run.purge_started = True
+    elif t == "purged":
+        run.purged = True
 
 
 def _move(tree: DestTree, item: Item, qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,

@@ -48,7 +48,7 @@ from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
 from kvmigrate.migrate.lock import NamespaceLock, lock_relpath
 from kvmigrate.migrate.prune import KIND as PRUNE_KIND
 from kvmigrate.migrate.prune import prune_journal_dir
-from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs
+from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, note_prune_record
 from kvmigrate.migrate.reconcile import reconcile_item
 from kvmigrate.migrate.restore import WayBack, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
@@ -271,8 +271,8 @@ class _Moved:
 
 def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Callable[[], Iterator[dict]]]]:
     """`restore_runs(jdir, namespaces)` read as a stream: the prune runs, newest first,
-    as `load_prune_runs` reads them but without their intents (`moves` and `rmdirs`
-    stay empty, `moved` is digests), each with its intent items of `namespaces` (one a path, as
+    as `load_prune_runs` reads them but without their intents (`moves` stays empty,
+    `moved` is digests), each with its intent items of `namespaces` (one a path, as
     `PruneRun.moves` holds them), read again from its journal when called."""
     runs: list[tuple[PruneRun, str, int, int]] = []  # (run, file, header position, next header's)
     for path in jn.journal_files(jdir):
@@ -284,35 +284,7 @@ def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Cal
                     load_prune_runs(path)  # says why it is not a prune journal
                 here.append((PruneRun(path, jn.rebased(rec, path), moved=_Moved()), pos))  # type: ignore[arg-type]
                 continue
-            run = here[-1][0]
-            if t == "intent":
-                for item in rec.get("items", []):
-                    check_relpath(item.get("path"), "journal path")
-            elif t == "done" and rec.get("kind") == "rmdirs":  # (restore remakes them: not a decision's business)
-                for folder in rec.get("paths", []):
-                    check_relpath(folder, "journal path")
-            elif t == "mc_retire":
-                check_relpath(rec.get("meta"), "journal path")
-                run.mc_retires.append(rec)
-            elif t == "done" and rec.get("kind") == "mc_retire":
-                run.mc_done.add(str(rec.get("meta")))
-            elif t == "mc_proof":
-                run.mc_clients += [c for c in rec.get("clients") or () if c not in run.mc_clients]
-                run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
-            elif t == "done" and rec.get("kind") == "returned":
-                run.moved.discard(rec.get("path"))
-            elif t == "done" and isinstance(rec.get("path"), str):
-                run.moved.add(rec["path"])
-            elif t == "complete":
-                run.complete = True
-            elif t == "resume":
-                run.complete = False
-            elif t == "restored":
-                run.restored = True
-            elif t == "purge":
-                run.purge_started = True
-            elif t == "purged":
-                run.purged = True
+            note_prune_record(here[-1][0], rec, items=False, moved=True)
         ends = [pos for _, pos in here[1:]] + [-1]
         runs += [(run, path, pos, end) for (run, pos), end in zip(here, ends)]
     for run, _, _, _ in runs:
