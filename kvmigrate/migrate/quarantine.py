@@ -617,16 +617,28 @@ def _remove_folders(tree: DestTree, parents: AbstractSet[str], w: jn.JournalWrit
         for k in range(1, len(parts) + 1):
             folders.add("/".join(parts[:k]))
     folders -= {d for d in folders for k in keep if k == d or k.startswith(d + "/")}
-    removed = []
+    removed: list[str] = []
     for d in sorted(folders, key=lambda d: (d.count("/"), d), reverse=True):
         try:
             tree.rmdir(d)
             removed.append(d)
         except OSError:
             continue
+        if len(removed) == RMDIRS_PER_RECORD:
+            _journal_rmdirs(w, removed, result)
+    _journal_rmdirs(w, removed, result)
+
+
+RMDIRS_PER_RECORD = 8_192  # folders a `rmdirs` record names: a reader decodes one record at once
+
+
+def _journal_rmdirs(w: jn.JournalWriter, removed: list[str], result: PruneResult) -> None:
+    """The folders removed so far, as one `rmdirs` record (a run writes as many as it needs),
+    then forgotten: no record grows with the tree."""
     if removed:
         w.write({"t": "done", "kind": "rmdirs", "paths": removed}, sync=True)
-    result.dirs_removed += len(removed)
+        result.dirs_removed += len(removed)
+        removed.clear()
 
 
 # --- rendering -------------------------------------------------------------------------------

@@ -789,3 +789,31 @@ def test_a_file_restored_then_pruned_again_counts_once_when_it_cannot_come_back(
     assert code == 8 and "pruned and 14 of them cannot be put back" in out, out
     code, out = run("restore", root / ".kvmigrate" / "journals" / "prune")
     assert code == 8 and "14 files not restored" in out and "re-created" not in out.split("hint:", 1)[1], out
+
+
+def test_removed_folders_are_journaled_in_bounded_records_and_restore_reads_them(migrated, tmp_path, monkeypatch):
+    """A prune that empties many folders names them in several `rmdirs` records of at most
+    RMDIRS_PER_RECORD paths (a reader decodes one record at once: one record naming every
+    folder grew with the tree); restore and a rollback after it read them all."""
+    from kvmigrate.migrate import journal as jn
+    from kvmigrate.migrate import quarantine
+
+    monkeypatch.setattr(quarantine, "RMDIRS_PER_RECORD", 3)
+    root, legacy = migrated
+    manifest, _ = _manifest(tmp_path, root)
+    before = listing(root, exclude_top=(layout.OWN_DIR,))
+    code, res = run_json("prune", "--manifest", manifest, *MLA, *NOW, "--apply")
+    assert code == 0, res
+    records = [r for r in jn.read_records(str(root / res["journal"])) if r.get("kind") == "rmdirs"]
+    folders = [p for r in records for p in r["paths"]]
+    assert len(records) > 1 and all(len(r["paths"]) <= 3 for r in records)
+    assert len(folders) == len(set(folders)) and not any((root / d).exists() for d in folders)
+    assert folders == sorted(folders, key=lambda d: (d.count("/"), d), reverse=True)  # deepest first, as before
+    code, out = run("restore", res["journal"])
+    assert code == 0, out
+    assert listing(root, exclude_top=(layout.OWN_DIR,)).keys() == before.keys()
+    code, res = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0, res
+    code, out = run("rollback", root / ".kvmigrate" / "journals")
+    assert code == 0, out
+    assert {r: (root / r).read_bytes() for r in legacy} == legacy
