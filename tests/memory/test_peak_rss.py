@@ -26,7 +26,9 @@ PER_FILE_BOUND = 90  # bytes: (1 GiB - a command's ~130 MiB start) / 10M files
 NOISE_KIB = 2048  # the allocator's own variation between two runs of one command (a constant, not per file)
 
 # Commands still over the bound, each with what it holds per file (measured at 32k -> 128k files).
-# strict: the case fails the suite once the command is fixed, so the mark is taken off then.
+# strict: the case fails the suite once the command is fixed, so the mark is taken off then;
+# not strict where a command sits within the allocator's noise of the bound (it may pass a run).
+NEAR_BOUND = {"rollback_list", "rollback_dry", "rollback"}
 _PRUNE_PLAN = "prune's selection and plan hold the manifest's columns and an item per file"
 OVER_BOUND = {
     "report_after": "its reclaimable figures run " + _PRUNE_PLAN + " (~1,500 B a file)",
@@ -36,10 +38,9 @@ OVER_BOUND = {
     "prune_dry": _PRUNE_PLAN + " (~1,560 B a file)",
     "prune_apply": _PRUNE_PLAN + " (~1,450 B a file)",
     "prune_scan_apply": _PRUNE_PLAN + " (~1,670 B a file)",
-    "rollback_list": "the decision keeps each prune run's moved paths as digests and decodes its folder list (~135 B a file)",
-    "rollback_dry": "the decision keeps each prune run's moved paths as digests and decodes its folder list (~135 B a file)",
-    "rollback": "the decision keeps each prune run's moved paths as digests and decodes its folder list (~135 B a file)",
-    "purge": "its count of the quarantine (~185 B a file)",
+    "rollback_list": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
+    "rollback_dry": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
+    "rollback": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
 }
 
 
@@ -50,7 +51,8 @@ def peaks(tmp_path_factory) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("command", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OVER_BOUND[c])) if c in OVER_BOUND else c
+    pytest.param(c, marks=pytest.mark.xfail(strict=c not in NEAR_BOUND, reason=OVER_BOUND[c])) if c in OVER_BOUND
+    else c
     for c in LIFECYCLE])
 def test_peak_rss_independent_of_size(peaks, command):
     small, large = peaks[SMALL_BLOCKS][command], peaks[LARGE_BLOCKS][command]
