@@ -27,17 +27,32 @@ class Peak:
     out: str
 
 
+# Runs `kvmigrate ARGS` and, at exit, writes the peak of this process's own memory since its
+# exec (VmHWM) or of its worker processes, whichever is larger. Not the rusage of the child as
+# seen by its parent: that starts from the parent's peak (Linux keeps it across fork and exec),
+# so under a test process grown large every command would seem to peak at the same size.
+_DRIVER = """
+import atexit, resource, runpy, sys
+def _peak(path=sys.argv[1]):
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    open(path, "w").write(str(max(hwm, workers)))
+atexit.register(_peak)
+sys.argv = ["kvmigrate", *sys.argv[2:]]
+runpy.run_module("kvmigrate", run_name="__main__")
+"""
+
+
 def peak_rss(args: list[str], cwd: Path) -> Peak:
-    """`kvmigrate ARGS` in a child interpreter: its exit code and ru_maxrss (KiB)."""
+    """`kvmigrate ARGS` in a child interpreter: its exit code and peak resident set (KiB)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    peak = cwd / "peak.txt"
     with open(cwd / "out.txt", "w+") as out:
-        p = subprocess.Popen([sys.executable, "-m", "kvmigrate", *map(str, args)], cwd=cwd,
-                             stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p = subprocess.run([sys.executable, "-c", _DRIVER, str(peak), *map(str, args)], cwd=cwd,
+                           stdout=out, stderr=subprocess.STDOUT, env=env)
         out.seek(0)
         text = out.read()
-    return Peak(p.returncode, usage.ru_maxrss, text)
+    return Peak(p.returncode, int(peak.read_text()), text)
 
 
 def synth_llmd(root: Path, blocks: int) -> None:
