@@ -195,12 +195,15 @@ def start(side: Side, jobs: list[list[str]], work: Path, name: str) -> subproces
                                 env={**os.environ, **side.env})
 
 
-def finish(side: Side, started: subprocess.Popen | list[int], work: Path, name: str) -> list[int]:
+def finish(side: Side, started: subprocess.Popen | list[int], work: Path, name: str,
+           tool: str = "manifest_equal") -> list[int]:
+    """One side's exit codes, once its batch process (or its processes) ended; `tool` names
+    the script in the message when the batch failed."""
     if isinstance(started, list):
         side.module = side.exe or "?"
         return started
     if started.wait():
-        sys.exit(f"manifest_equal: the {name} side ({side.label}) failed, see {work / (name + '-driver.log')}")
+        sys.exit(f"{tool}: the {name} side ({side.label}) failed, see {work / (name + '-driver.log')}")
     result = json.loads((work / f"{name}-codes.json").read_text())
     side.module = result["module"]
     return result["codes"]

@@ -64,6 +64,7 @@ from manifest_equal import (  # scripts/manifest_equal.py: the same sides and th
     Side,
     build_trees,
     facts_of,
+    finish,
     side_of,
 )
 
@@ -244,17 +245,6 @@ def start(side: Side, jobs: list[dict], work: Path, name: str) -> subprocess.Pop
                                 env={**os.environ, **side.env})
 
 
-def finish(side: Side, started: subprocess.Popen | list[int], work: Path, name: str) -> list[int]:
-    if isinstance(started, list):
-        side.module = side.exe or "?"
-        return started
-    if started.wait():
-        sys.exit(f"outputs_equal: the {name} side ({side.label}) failed, see {work / (name + '-driver.log')}")
-    result = json.loads((work / f"{name}-codes.json").read_text())
-    side.module = result["module"]
-    return result["codes"]
-
-
 def first_diff(a: str, b: str, context: int = 2, lines: int = 12) -> str:
     """The start of a unified diff of A and B; long lines cut around where they differ."""
     diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), "old", "new", n=context, lineterm=""))[2:]
@@ -332,7 +322,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
                 jobs[name].append({"argv": argv, "out": str(tree_dir / f"{step}.out")})
         plan += [(label, step, Path(f"{i:03d}") / f"{step}.out") for step, _ in lifecycle(Path(), era, Path())]
     started = {name: start(side, jobs[name], work, name) for name, side in sides.items()}
-    codes = {name: finish(side, started[name], work, name) for name, side in sides.items()}
+    codes = {name: finish(side, started[name], work, name, "outputs_equal") for name, side in sides.items()}
 
     per_kind: dict[str, Counter] = {}
     first: list[str] = []

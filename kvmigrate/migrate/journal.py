@@ -308,14 +308,22 @@ class Run:
         return [d for d in self.done.values() if d.get("kind") == kind]
 
 
+DAMAGED = (KeyError, TypeError, AttributeError, IndexError)  # valid JSON, but not records this tool wrote
+
+
+def damaged(path: str, exc: Exception) -> UsageError:
+    """The error of a journal whose records parse but lack or mistype a field."""
+    return UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
+                      hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted")
+
+
 def load_runs(path: str, *, paths: bool = True) -> list[Run]:
     """The runs of a journal file. `paths=False` leaves out what each run intended and
     did per path (every record is still checked): the run states only, in bounded memory."""
     try:
         return _load_runs(path, paths)
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:  # valid JSON, but not records this tool wrote
-        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
-                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+    except DAMAGED as exc:
+        raise damaged(path, exc) from None
 
 
 # the records that make a run's state (`load_runs(paths=False)` of them alone is the same):
@@ -339,9 +347,8 @@ def run_states(path: str) -> list[Run]:
         return load_runs(path, paths=False)  # says which release to use
     try:
         return _load_runs(path, False, recs)
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
-                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+    except DAMAGED as exc:
+        raise damaged(path, exc) from None
 
 
 def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
@@ -750,9 +757,8 @@ def stream_runs(path: str) -> list[Run]:
 
     try:
         runs = _load_runs(path, False, records())
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise UsageError(f"{path}: damaged journal (a record lacks or mistypes {exc})", path=path,
-                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+    except DAMAGED as exc:
+        raise damaged(path, exc) from None
     ends = heads[1:] + [-1]
     for k, run in enumerate(runs):
         run.span = (heads[k], ends[k])
@@ -788,9 +794,8 @@ def path_records(run: Run) -> Iterator[tuple[int, str, dict[str, Any]]]:
             elif t == "done":
                 rec["path"]  # (the same)
                 yield mark, "done", rec
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise UsageError(f"{run.journal}: damaged journal (a record lacks or mistypes {exc})", path=run.journal,
-                         hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted") from None
+    except DAMAGED as exc:
+        raise damaged(run.journal, exc) from None
 
 
 def flat_bases(run: Run) -> dict[str, dict[str, Any]]:
@@ -806,7 +811,6 @@ def flat_bases(run: Run) -> dict[str, dict[str, Any]]:
 def dropped(run: Run, pos: int, target: str | None) -> bool:
     """A record at `pos` of a target a later rollback of some targets took (`_drop_targets`)."""
     return any(at > pos and target in bases for at, bases in run.drops)
-
 
 
 def resolve_flat(run: Run) -> None:

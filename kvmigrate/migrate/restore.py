@@ -13,7 +13,7 @@ is a hard link of them. A rollback reads the same way first (`rollback.decide`).
 
 from __future__ import annotations
 
-import hashlib
+import heapq
 import os
 import shutil
 import time
@@ -129,7 +129,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
     only = set(namespaces) if namespaces is not None else None
     result = RestoreResult()
     crash = _CrashSeam()
-    owned = _Digests()  # (root, path) a newer run moved
+    owned = PathDigests()  # (root, path) a newer run moved
     for run, index in _indexed_runs(journal):
         def wanted(item: dict[str, Any], run: PruneRun = run) -> bool:
             return (only is None or item.get("ns") in only) and _root_path(run.root, item["path"]) not in owned
@@ -143,7 +143,7 @@ def restore(journal: str, *, namespaces: Iterable[str] | None = None) -> Restore
         try:
             if run.mc_clients:  # a store is written back only with its client locks held (exit 8 if one is)
                 client_locks = stores_.lock_clients(run.root, run.mc_clients)
-            claims = _Digests()
+            claims = PathDigests()
             with DestTree(run.root) as tree:
                 known: set[str] = set()  # folders made or seen by this restore
                 for item in index.items(backwards=True):  # the moves backwards: a GDS data file before its sidecar
@@ -179,79 +179,67 @@ def _root_path(root: str, path: str) -> str:
     return f"{root}\0{path}"
 
 
-class _Digests:
-    """A set of strings held as sorted 8-byte digests (8 bytes a member, not a Python
-    string): a set of paths the size of a cache. Members are added; the first question
-    after sorts them (in Arrow: a restore that never asks never loads it)."""
+class PathDigests:
+    """A set of paths held as 64-bit digests in one sorted array (8 bytes a member, not a
+    Python string in a hash set): a set of paths the size of a cache. Members come in
+    unsorted and are sorted in runs and merged at the first question after (or `freeze`,
+    before threads read it); a path never added is taken for one once in 2**64 / n."""
+
+    _RUN = 16_384  # digests sorted as Python ints at once, then merged
 
     def __init__(self) -> None:
-        self._sorted = array("Q")
-        self._new = array("Q")
+        self._sorted = array("q")
+        self._new = array("q")
 
-    @staticmethod
-    def digest(key: str) -> int:
-        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    def add(self, path: object) -> None:
+        self._new.append(hash(path))
 
-    def add(self, key: str) -> None:
-        self._new.append(self.digest(key))
-
-    def update(self, other: _Digests) -> None:
+    def update(self, other: PathDigests) -> None:
         self._new.extend(other._sorted)
         self._new.extend(other._new)
 
-    def _freeze(self) -> None:
+    def freeze(self) -> None:
         if self._new:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
-            both = self._sorted + self._new
-            col = pa.Array.from_buffers(pa.uint64(), len(both), [None, pa.py_buffer(both)])
-            col = pc.take(col, pc.array_sort_indices(col))
-            self._sorted = array("Q")
-            self._sorted.frombytes(col.buffers()[1].to_pybytes()[col.offset * 8:(col.offset + len(col)) * 8])
-            self._new = array("Q")
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str) or not self._sorted and not self._new:
-            return False
-        self._freeze()
-        d = self.digest(key)
-        k = bisect_left(self._sorted, d)
-        return k < len(self._sorted) and self._sorted[k] == d
-
-
-class _Moved:
-    """The paths of a run's done records (`PruneRun.moved`) as digests; the few paths a
-    `returned` record names kept as they are, by their last record."""
-
-    def __init__(self) -> None:
-        self.done = _Digests()
-        self.returned: dict[str, bool] = {}  # path -> its last record is `returned`
-
-    def record(self, rec: dict[str, Any]) -> None:
-        path = rec.get("path")
-        if rec.get("kind") == "returned":
-            self.returned[str(path)] = True
-        elif isinstance(path, str):
-            if path in self.returned:
-                self.returned[path] = False
-            else:
-                self.done.add(path)
+            runs = [self._sorted] + [array("q", sorted(self._new[i:i + self._RUN]))
+                                     for i in range(0, len(self._new), self._RUN)]
+            self._new = array("q")
+            self._sorted = array("q", heapq.merge(*runs))
 
     def __contains__(self, path: object) -> bool:
-        if isinstance(path, str) and path in self.returned:
-            return not self.returned[path]
-        return path in self.done
+        self.freeze()
+        h = hash(path)
+        k = bisect_left(self._sorted, h)
+        return k < len(self._sorted) and self._sorted[k] == h
+
+
+class MovedPaths:
+    """A prune run's paths with a done record (`PruneRun.moved`), as digests: a path
+    `returned` (put back by the run itself: few, kept as they are) is left out until
+    moved again."""
+
+    def __init__(self) -> None:
+        self.paths = PathDigests()
+        self.returned: set[str] = set()
+
+    def add(self, path: str) -> None:
+        self.paths.add(path)
+        self.returned.discard(path)
+
+    def discard(self, path: str) -> None:
+        self.returned.add(path)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.paths and path not in self.returned
 
 
 @dataclass
 class _RunIndex:
     """Where one prune run's intents are in its journal file (their frames' offsets) and
-    its done records (`_Moved`): the run read again frame by frame, either way round."""
+    its done records (`MovedPaths`): the run read again frame by frame, either way round."""
 
     path: str
     intents: list[int] = field(default_factory=list)
-    moved: _Moved = field(default_factory=_Moved)
+    moved: MovedPaths = field(default_factory=MovedPaths)
     loaded: list[dict[str, Any]] | None = None  # a format-1 journal's intents (no frames to come back to)
 
     def items(self, backwards: bool = False) -> Iterator[dict[str, Any]]:
@@ -291,14 +279,17 @@ def _index(run: PruneRun, path: str, k: int) -> _RunIndex:
             continue
         if t == "intent" and (not index.intents or index.intents[-1] != offset):
             index.intents.append(offset)
-        elif t == "done" and rec.get("kind") != "rmdirs" and rec.get("kind") != "mc_retire":
-            index.moved.record(rec)
+        elif t == "done" and rec.get("kind") == "returned":
+            index.moved.discard(str(rec.get("path")))
+        elif t == "done" and rec.get("kind") != "rmdirs" and rec.get("kind") != "mc_retire" \
+                and isinstance(rec.get("path"), str):
+            index.moved.add(rec["path"])
     if not framed:  # format 1: the run as `load_prune_runs` keeps it
         full = load_prune_runs(path)[k]
         index.loaded = list(full.moves.values())
-        index.moved = _Moved()
+        index.moved = MovedPaths()
         for p in full.moved:
-            index.moved.done.add(p)
+            index.moved.add(p)
     return index
 
 

@@ -33,8 +33,6 @@ import stat
 import tempfile
 import threading
 import time
-from array import array
-from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +48,7 @@ from kvmigrate.migrate.prune import KIND as PRUNE_KIND
 from kvmigrate.migrate.prune import prune_journal_dir
 from kvmigrate.migrate.quarantine import PruneRun, load_prune_runs, note_prune_record
 from kvmigrate.migrate.reconcile import reconcile_item
-from kvmigrate.migrate.restore import WayBack, restore, restore_runs, way_back
+from kvmigrate.migrate.restore import MovedPaths, PathDigests, WayBack, restore, restore_runs, way_back
 from kvmigrate.migrate.runs import claimed_by_others, targets_of_others
 from kvmigrate.selection import Selection, journal_bases
 from kvmigrate.units import plural
@@ -208,13 +206,13 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
         jdir = prune_journal_dir(root)
         if not os.path.isdir(jdir) or not any(jn.is_journal_name(f) for f in os.listdir(jdir)):
             continue
-        owned = PathSet()  # (root, path) a newer run moved
+        owned = PathDigests()  # (root, path) a newer run moved
         for prune_run, items in _prune_runs(jdir, namespaces):
             with DestTree(prune_run.root) as tree:
                 # in restore's order: the moves backwards (a GDS data file before its sidecar);
                 # a file back in place (no quarantine name left) is held by none of what follows
                 ways = []
-                claims = PathSet()
+                claims = PathDigests()
                 some = False
                 for item in items():
                     if (prune_run.root, item["path"]) in owned:
@@ -229,7 +227,7 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
                 if not some:
                     continue
                 ways.reverse()
-                owned.merge(claims)
+                owned.update(claims)
                 for item, way in ways:
                     if way.state in ("quarantine", "target"):
                         decision.back.append(way)
@@ -250,25 +248,6 @@ def decide(journal: str, files: list[str], loaded: dict[str, list[jn.Run]],
     return decision
 
 
-class _Moved:
-    """A prune run's paths with a done record (`PruneRun.moved`), as digests: a path
-    `returned` (put back by the run itself: few) is left out until moved again."""
-
-    def __init__(self) -> None:
-        self.paths = PathSet()
-        self.returned: set[str] = set()
-
-    def add(self, path: str) -> None:
-        self.paths.add(path)
-        self.returned.discard(path)
-
-    def discard(self, path: str) -> None:
-        self.returned.add(path)
-
-    def __contains__(self, path: object) -> bool:
-        return path in self.paths and path not in self.returned
-
-
 def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Callable[[], Iterator[dict]]]]:
     """`restore_runs(jdir, namespaces)` read as a stream: the prune runs, newest first,
     as `load_prune_runs` reads them but without their intents (`moves` stays empty,
@@ -282,13 +261,11 @@ def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Cal
             if t == "header":
                 if rec.get("kind") != PRUNE_KIND or not isinstance(rec.get("root"), str):
                     load_prune_runs(path)  # says why it is not a prune journal
-                here.append((PruneRun(path, jn.rebased(rec, path), moved=_Moved()), pos))  # type: ignore[arg-type]
+                here.append((PruneRun(path, jn.rebased(rec, path), moved=MovedPaths()), pos))  # type: ignore[arg-type]
                 continue
             note_prune_record(here[-1][0], rec, items=False, moved=True)
         ends = [pos for _, pos in here[1:]] + [-1]
         runs += [(run, path, pos, end) for (run, pos), end in zip(here, ends)]
-    for run, _, _, _ in runs:
-        run.moved.paths.freeze()  # type: ignore[attr-defined]
 
     def intents(path: str, start: int, end: int) -> Callable[[], Iterator[dict]]:
         def items() -> Iterator[dict]:
@@ -385,7 +362,7 @@ class _Removal:
             self.ns_of[base] = base
             if isinstance(rec.get("rank_dir"), str):
                 self.ns_of[rec["rank_dir"]] = base
-        self.gone = PathSet()  # dry run: paths that would be removed (for folder emptiness)
+        self.gone = PathDigests()  # dry run: paths that would be removed (for folder emptiness)
 
     def namespace(self, relpath: str, intended: str | None = None) -> str:
         """The target a path counts under: its folder's, or the one its intent names
@@ -714,40 +691,6 @@ def _batches(recs: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
             batch = []
     if batch:
         yield batch
-
-
-class PathSet:
-    """A set of paths held as 64-bit digests in one sorted array (8 bytes a path, not a
-    string in a hash set): a dry run's paths that would be removed. `freeze` before
-    reading (after adds); a path never added is taken for one once in 2**64 / n."""
-
-    _RUN = 16_384  # digests sorted as Python ints at once (then merged in)
-
-    def __init__(self) -> None:
-        self._new = array("q")
-        self._sorted = array("q")
-
-    def add(self, path: object) -> None:
-        self._new.append(hash(path))
-
-    def merge(self, other: PathSet) -> None:
-        """Add every path of `other` (then `freeze`s)."""
-        other.freeze()
-        self._new.extend(other._sorted)
-        self.freeze()
-
-    def freeze(self) -> None:
-        if not len(self._new):
-            return
-        runs = [self._sorted] + [array("q", sorted(self._new[i:i + self._RUN]))
-                                 for i in range(0, len(self._new), self._RUN)]
-        self._new = array("q")
-        self._sorted = array("q", heapq.merge(*runs))
-
-    def __contains__(self, path: object) -> bool:
-        h = hash(path)
-        i = bisect_left(self._sorted, h)
-        return i < len(self._sorted) and self._sorted[i] == h
 
 
 class Lines:

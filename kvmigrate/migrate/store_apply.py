@@ -292,19 +292,28 @@ class StoreApplier:
                                 "backup": os.path.relpath(backup, self.root)}, sync=True)
         else:
             entry = M.decode_kv_entry(data)
-            dirs: list[str] = []
-            fsdir = path.split("/")[-4]
-            try:
-                _, new = MS.place_kv_entry(os.path.join(root, fsdir), entry.key, entry.value, MS.stage_path(root),
-                                           dirs, step=self.crash)
-            except MS.EntryOccupied as exc:
-                if exc.identical:
-                    self.outcomes["already_present"] += 1
-                else:
-                    self._skip("conflict", 1, f"{path}: {exc}")
-                return
-            self.journal.write({"t": "mc_entry", "path": path, "source": "", "xxh3": new,
-                                "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
+            self._place_entry(root, path, "", entry.key, entry.value)
+            return
+        self.crash("created")
+        self.outcomes["created"] += 1
+
+    def _place_entry(self, client_root: str, path: str, source: str, key: bytes, value: bytes) -> None:
+        """A new KVEntry at fpk of `key` in the fsdir `path` names, journaled (`source`: the
+        entry it is linked from, '' for a reshard output). One already there with the same
+        bytes is `already_present`; another is a conflict, left as it is."""
+        dirs: list[str] = []
+        fsdir = path.split("/")[-4]
+        try:
+            _, digest = MS.place_kv_entry(os.path.join(client_root, fsdir), key, value, MS.stage_path(client_root),
+                                          dirs, step=self.crash)
+        except MS.EntryOccupied as exc:
+            if exc.identical:
+                self.outcomes["already_present"] += 1
+            else:
+                self._skip("conflict", 1, f"{path}: {exc}")
+            return
+        self.journal.write({"t": "mc_entry", "path": path, "source": source, "xxh3": digest,
+                            "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
         self.crash("created")
         self.outcomes["created"] += 1
 
@@ -404,22 +413,7 @@ class StoreApplier:
         if e.action == "link" and entry.key != e.key:
             self._skip("changed_since_scan", 1, f"{e.source}: its key is not the one the scan read")
             return
-        client = self._abs(e.client)
-        fsdir = e.path.split("/")[-4]
-        dirs: list[str] = []
-        try:
-            path, digest = MS.place_kv_entry(os.path.join(client, fsdir), e.key, entry.value,
-                                             MS.stage_path(client), dirs, step=self.crash)
-        except MS.EntryOccupied as exc:
-            if exc.identical:
-                self.outcomes["already_present"] += 1
-            else:
-                self._skip("conflict", 1, f"{e.path}: {exc}")
-            return
-        self.journal.write({"t": "mc_entry", "path": e.path, "source": e.source, "xxh3": digest,
-                            "dirs": [os.path.relpath(d, self.root) for d in dirs]}, sync=True)
-        self.crash("created")
-        self.outcomes["created"] += 1
+        self._place_entry(self._abs(e.client), e.path, e.source, e.key, entry.value)
 
     def _source_entry(self, e: EntryWrite) -> M.KVEntry | None:
         """The source KVEntry of a rekey or link as the scan read it (its stat, its value's

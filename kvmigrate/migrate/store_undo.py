@@ -209,6 +209,17 @@ def _unjournaled_entry(root: str, e: dict[str, Any]) -> dict[str, Any] | None:
     return {"path": e["path"], "xxh3": MS.xxh3_hex(placed), "dirs": []}
 
 
+def _compare(path: str, want: str | None, gone: str, changed: str) -> tuple[str, str] | None:
+    """("missing", gone) when nothing is at `path`, ("changed", changed) when its XXH3-128
+    is not `want`, else None: one check of a file the migration made."""
+    got = MS._hash_or_none(path)
+    if got is None:
+        return "missing", f"{path}: {gone}"
+    if got != want:
+        return "changed", f"{path}: {changed}"
+    return None
+
+
 def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     """(files checked, (finding kind, message) for each store file of a run that is not
     what it made, §5.3): a rewritten index or placed KVEntry whose bytes differ from the
@@ -221,42 +232,33 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
         checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace", "mc_file")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])
-            got = MS._hash_or_none(path)
-            if got is None:
-                out.append(("missing", f"{path}: the index the migration rewrote is gone (evicted or removed)"))
-            elif got != r["new"]:
-                out.append(("changed", f"{path}: not the index the migration wrote"))
-            elif not os.path.isfile(path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX):
-                out.append(("missing", f"{path}: its .bucket is gone: the next client start deletes the index"))
+            found = _compare(path, r["new"], "the index the migration rewrote is gone (evicted or removed)",
+                             "not the index the migration wrote")
+            if found is None and not os.path.isfile(path[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX):
+                found = ("missing", f"{path}: its .bucket is gone: the next client start deletes the index")
+            out += [found] if found else []
         elif r["t"] == "mc_file":
             path = os.path.join(run.dest, r["path"])
-            got = MS._hash_or_none(path)
-            if got is None:
-                out.append(("missing", f"{path}: the file the migration made is gone (evicted or removed)"))
-            elif got != r["xxh3"]:
-                out.append(("changed", f"{path}: not the file the migration made"))
+            found = _compare(path, r["xxh3"], "the file the migration made is gone (evicted or removed)",
+                             "not the file the migration made")
+            out += [found] if found else []
         elif r["t"] == "mc_pair":
             top = run.dest if r.get("base") == "dest" else root
             base = os.path.join(top, r["client"]) if r["client"] else top
             for suffix, want in ((M.META_SUFFIX, r["meta"]), (M.BUCKET_SUFFIX, r["bucket"])):
-                path = os.path.join(base, f"{r['id']}{suffix}")
-                got = MS._hash_or_none(path)
-                if got is None:
-                    out.append(("missing", f"{path}: the pair the migration wrote is gone (evicted or removed)"))
+                found = _compare(os.path.join(base, f"{r['id']}{suffix}"), want,
+                                 "the pair the migration wrote is gone (evicted or removed)",
+                                 "not the pair the migration wrote")
+                out += [found] if found else []
+                if found and found[0] == "missing":
                     break
-                if got != want:
-                    out.append(("changed", f"{path}: not the pair the migration wrote"))
         elif r["t"] in ("mc_entry", "mc_replace"):
-            r = {**r, "xxh3": r.get("xxh3") or r.get("new")}
             path = os.path.join(root, r["path"])
-            got = MS._hash_or_none(path)
-            if got is None:
-                out.append(("missing", f"{path}: the KVEntry the migration placed is gone"))
-            elif got != r["xxh3"]:
-                out.append(("changed", f"{path}: not the KVEntry the migration placed"))
-            else:
+            found = _compare(path, r.get("xxh3") or r.get("new"), "the KVEntry the migration placed is gone",
+                             "not the KVEntry the migration placed")
+            if found is None:
                 entry = M.decode_kv_entry(MS._read(path))
-                fsdir = r["path"].split("/")[-4]
-                if not r["path"].endswith(M.fpk(entry.key, fsdir)):
-                    out.append(("misplaced", f"{path}: not at fpk of its key: no read finds it"))
+                if not r["path"].endswith(M.fpk(entry.key, r["path"].split("/")[-4])):
+                    found = ("misplaced", f"{path}: not at fpk of its key: no read finds it")
+            out += [found] if found else []
     return checked, out
