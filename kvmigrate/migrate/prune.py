@@ -506,10 +506,15 @@ def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
         return []
     import pyarrow as pa
 
-    c = _read_columns(manifest_path, ("source_base", "size"))
-    per = pa.table({"ns": c["source_base"], "size": c["size"]}).filter(_in(c["source_base"], names)) \
-        .group_by("ns").aggregate([("size", "sum"), ([], "count_all")])
-    figures = {b: (n, z or 0) for b, z, n in zip(*(per[k].to_pylist() for k in ("ns", "size_sum", "count_all")))}
+    figures: dict[str, tuple[int, int]] = {}
+    for b in mf.iter_batches(manifest_path, columns=["source_base", "size"]):
+        src = b["source_base"]
+        src = src.cast(src.type.value_type) if pa.types.is_dictionary(src.type) else src
+        per = pa.table({"ns": src, "size": b["size"]}).filter(_in(src, names)) \
+            .group_by("ns").aggregate([("size", "sum"), ([], "count_all")])
+        for base, z, n in zip(*(per[k].to_pylist() for k in ("ns", "size_sum", "count_all"))):
+            was = figures.get(base, (0, 0))
+            figures[base] = (was[0] + n, was[1] + (z or 0))
     return [{"namespace": base, "files": figures.get(base, (0, 0))[0], "bytes": figures.get(base, (0, 0))[1],
              "reason": why} for base, why in sorted(names.items())]
 
@@ -596,25 +601,19 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     meta_root = meta.get("root")
     root = meta_root if isinstance(meta_root, str) else ""
     now = time.time() if now is None else now
-    per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
-    per_ns: dict[tuple[str, str], dict[str, int]] = {}
+    per_class: dict[str, dict[str, int]] = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
+    per_ns: dict = {}
     totals = dict.fromkeys(TOTAL_KEYS, 0)
-    skipped: list[SkippedNamespace] = []
+    skipped: list = []
     if _any_candidate(manifest_path):
-        c = _read_columns(manifest_path, _COLUMNS)
         used = _used_namespaces(root, migration_journal)
-        for cls in CLASSES:  # each class as `prune --<class>` selects it
-            sel = _select(manifest_path, (cls,), root, migration_journal, None, now, meta, columns=c,
-                          journal_namespaces=used)
-            for key, v in _tally(sel, namespaces).items():
-                per_ns[key] = v
-                for k in TOTAL_KEYS:
-                    per_class[cls][k] += v[k]
-        sel = _select(manifest_path, CLASSES, root, migration_journal, None, now, meta, columns=c,
-                      journal_namespaces=used)
-        together = _tally(sel, namespaces)
-        totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
-        skipped = _skipped_now(sel, {ns for _, ns in together}, now)
+        if tiers_.Tiers.of(meta) or stores_.Stores.of(meta):  # their rules read the columns whole
+            per_class, per_ns, totals, skipped = _reclaimable_whole(manifest_path, meta, root, used, now, namespaces)
+        else:
+            from kvmigrate.migrate import prune_stream
+
+            per_class, per_ns, totals, skipped = prune_stream.reclaimable(manifest_path, meta, root, used, now,
+                                                                          namespaces)
     out: dict[str, Any] = dict(totals)
     out["classes"] = per_class
     out["namespaces"] = [{"class": cls, "namespace": ns, **v}
@@ -622,6 +621,26 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     out["skipped"] = skipped
     out["orphaned"] = orphaned_namespaces(manifest_path, meta, namespaces)
     return out
+
+
+def _reclaimable_whole(manifest_path: str, meta: dict[str, Any], root: str, used: tuple[set[str], set[str]],
+                       now: float, namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
+    """`reclaimable`'s (per class, per (class, namespace), totals, skipped) from `_select`
+    over the manifest's columns whole: the reference `prune_stream` streams, and the path
+    of manifests with LMCache tiers or Mooncake stores."""
+    per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
+    per_ns: dict[tuple[str, str], dict[str, int]] = {}
+    c = _read_columns(manifest_path, _COLUMNS)
+    for cls in CLASSES:  # each class as `prune --<class>` selects it
+        sel = _select(manifest_path, (cls,), root, None, None, now, meta, columns=c, journal_namespaces=used)
+        for key, v in _tally(sel, namespaces).items():
+            per_ns[key] = v
+            for k in TOTAL_KEYS:
+                per_class[cls][k] += v[k]
+    sel = _select(manifest_path, CLASSES, root, None, None, now, meta, columns=c, journal_namespaces=used)
+    together = _tally(sel, namespaces)
+    totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
+    return per_class, per_ns, totals, _skipped_now(sel, {ns for _, ns in together}, now)
 
 
 class SkippedNamespace(TypedDict):
@@ -649,21 +668,35 @@ def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[SkippedNam
 
 
 def _tally(sel: _Selected, keep: set[str] | None) -> dict[tuple[str, str], dict[str, int]]:
-    """Per (class, namespace) the files and bytes of the selection, freed vs only unlinked
-    (`frees`: every name of the inode selected; its bytes counted once, on its first
-    name), of the namespaces `keep` only (an inode's names counted over every row)."""
+    """Per (class, namespace) the files and bytes of the selection (`tally_rows`), of the
+    namespaces `keep` only."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     c = sel.c
     mask = pc.and_(pc.not_equal(sel.code, 0), _prunable(c))
-    nlink = pc.fill_null(c["nlink"], 1).cast(pa.int64())
-    t = pa.table({"cls": sel.code, "ns": c["source_base"], "dev": pc.fill_null(c["dev"], 0),
-                  "ino": pc.fill_null(c["inode"], 0), "size": pc.fill_null(c["size"], 0),
-                  "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
-                  "ord": pa.array(range(len(mask)), pa.int64())}).filter(mask)
-    # the plan's order of names: class by class, rows in manifest order
-    t = t.set_column(6, "ord", pc.add(pc.multiply(t["cls"].cast(pa.int64()), len(mask)), t["ord"]))
+    def f(col: Any) -> Any:
+        return pc.filter(col, mask)
+
+    return tally_rows(f(sel.code), f(c["source_base"]), f(c["dev"]), f(c["inode"]), f(c["size"]), f(c["nlink"]),
+                      f(pa.array(range(len(mask)), pa.int64())), len(mask), keep)
+
+
+def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, row: Any, n: int,
+               keep: set | None) -> dict[tuple[str, Any], dict[str, int]]:
+    """Per (class, namespace) the files and bytes of the selected rows (class code,
+    namespace, dev, inode, size, nlink, row number of a manifest of n rows), freed vs
+    only unlinked (`frees`: every name of the inode selected; its bytes counted once, on
+    its first name in the plan's order), of the namespaces `keep` only (an inode's names
+    counted over every row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    nlink = pc.fill_null(nlink, 1).cast(pa.int64())
+    t = pa.table({"cls": code, "ns": ns, "dev": pc.fill_null(dev, 0), "ino": pc.fill_null(ino, 0),
+                  "size": pc.fill_null(size, 0), "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
+                  # the plan's order of names: class by class, rows in manifest order
+                  "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), row.cast(pa.int64()))})
     names = t.group_by(["dev", "ino"]).aggregate([("ord", "count")])
     if keep is not None:
         t = t.filter(_in(t["ns"], keep))
@@ -690,15 +723,15 @@ def _any_candidate(manifest_path: str) -> bool:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    t = mf.read_table(manifest_path, columns=["status", "action"])
-    if not t.num_rows:
-        return False
-    plain = [pc.cast(t[k], pa.string()) if pa.types.is_dictionary(t[k].type) else t[k] for k in ("status", "action")]
     statuses = pa.array([*UNREADABLE_STATUSES, *RESIDUE_STATUSES, "tmp_leftover", *tiers_.STALE_STATUSES,
                          *tiers_.PAIR_RESIDUE, tiers_.INDEX_LOST, *stores_.STATUSES])
-    hit = pc.or_(pc.fill_null(pc.is_in(plain[0], value_set=statuses), False),
-                 pc.fill_null(pc.equal(plain[1], "already_present"), False))
-    return bool(pc.any(hit).as_py())
+    for b in mf.iter_batches(manifest_path, columns=["status", "action"]):
+        plain = [pc.cast(b[k], pa.string()) if pa.types.is_dictionary(b[k].type) else b[k] for k in ("status", "action")]
+        hit = pc.or_(pc.fill_null(pc.is_in(plain[0], value_set=statuses), False),
+                     pc.fill_null(pc.equal(plain[1], "already_present"), False))
+        if pc.any(hit).as_py():
+            return True
+    return False
 
 
 def target_base(item: Item) -> str | None:
@@ -821,10 +854,13 @@ def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: floa
     age = now - newest
     if age < quiet_period and tier:
         return tiers_.live_reason(age, newest, quiet_period)
-    if age < quiet_period:
-        return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
-                "engine may use it); rerun later, or pass --force-live")
-    return None
+    return live_reason(age, quiet_period) if age < quiet_period else None
+
+
+def live_reason(age: float, quiet_period: float) -> str:
+    """What prune says of a namespace written `age` seconds ago, within the quiet period."""
+    return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
+            "engine may use it); rerun later, or pass --force-live")
 
 
 # --- rendering -------------------------------------------------------------------------------

@@ -1,0 +1,481 @@
+"""`reclaimable` over the manifest in record batches: prune's selection rules for a
+manifest of directory-layout families (no LMCache tier, no Mooncake store), in a working
+set that does not grow with the manifest's rows (what a 10M-file cache's nightly report
+and audit can afford).
+
+The rules are `prune._select`'s (migration.md §6), which reads every column whole; that
+one stays the reference (and the path for tiers and stores, whose rules read across their
+rows). What a row's class needs of the rest of the manifest is gathered first, compactly:
+
+    pass 0   the target bases, and per namespace whether all its files are unreadable
+    pass A   the rows of target namespaces: a 128-bit digest of their path when healthy
+             (the file a migrated block's bytes stay in); a superseded era's held hashes
+    pass B   only with rank files to pair or a superseded era to prove: the primaries of
+             migrated blocks (key digest, hashes) and each era's verdict per namespace
+    pass C   each row's class under each selection, folded into per-namespace counters;
+             of the selected rows only (dev, inode, size, nlink, row) kept, 40-odd bytes,
+             because whether a file frees its bytes depends on its inode's other names
+    pass D   the folders of the namespaces counted, for the quiet period (lstat as read)
+
+Each pass reads BATCH rows at a time; dictionary columns are decoded per batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from kvmigrate import findings, layout
+from kvmigrate import manifest as mf
+from kvmigrate.classify import UNREADABLE_STATUSES
+
+BATCH = 16_384
+_SELECTIONS = ("migrated", "unreadable_namespaces", "residue", "all")  # index_lost, tails: tiers' and stores' only
+
+
+def _batches(manifest_path: str, names: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(the first row's number, the batch's columns with dictionaries decoded)."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(names))
+    offset = 0
+    for b in mf.iter_batches(manifest_path, columns=names, batch_size=BATCH):
+        c = {}
+        for name in names:
+            col = b.column(name)
+            c[name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+        yield offset, c
+        offset += b.num_rows
+
+
+def _rows(offset: int, n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array(range(offset, offset + n), pa.int64())
+
+
+def _digests(col: Any) -> Any:
+    """A 128-bit digest per string (null for null): paths compared without holding them."""
+    import pyarrow as pa
+
+    return pa.array([None if v is None else xxhash.xxh3_128_digest(v.encode()) for v in col.to_pylist()],
+                    pa.binary(16))
+
+
+def _key_digests(d: Any, g: Any, h: Any, r: Any) -> Any:
+    """A digest per block key (deployment, group, block hash, rank): `_with_secondaries`' key."""
+    import pyarrow as pa
+
+    out = [xxhash.xxh3_128_digest(b"%s\0%d\0%d\0%s" % (dv.encode(), gv, rv, hv))
+           for dv, gv, hv, rv in zip(d.to_pylist(), g.to_pylist(), h.to_pylist(), r.to_pylist())]
+    return pa.array(out, pa.binary(16))
+
+
+def _concat(parts: list, typ: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.concat_arrays(parts) if parts else pa.array([], typ)
+
+
+class _Names:
+    """Namespace names as small int codes (the compact rows hold a code, not a string)."""
+
+    def __init__(self) -> None:
+        self.code: dict[str | None, int] = {}
+        self.names: list[str | None] = []
+
+    def _code(self, name: str | None) -> int:
+        k = self.code.get(name)
+        if k is None:
+            k = self.code[name] = len(self.names)
+            self.names.append(name)
+        return k
+
+    def codes(self, col: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        coded = col.dictionary_encode()
+        ids = pc.take(pa.array([self._code(v) for v in coded.dictionary.to_pylist()], pa.int32()), coded.indices)
+        return pc.fill_null(ids, self._code(None)) if ids.null_count else ids
+
+    def name(self, k: int) -> str | None:
+        return self.names[k]
+
+
+@dataclass
+class _Figures:
+    """What the passes gather, and the rules' per-row masks over a batch."""
+
+    classes_meta: dict[str, dict]
+    target_bases: set[str]
+    used: set[str]
+    now: float
+    targets: Any = None  # binary(16) digests of the healthy files of target namespaces, sorted
+    whole: set[str] = field(default_factory=set)  # namespaces unreadable_namespaces takes whole
+    primaries: Any = None  # pyarrow Table: key digest, payload, content (the last primary of a key)
+
+    def in_target(self, c: dict[str, Any]) -> Any:
+        from kvmigrate.migrate.prune import _in
+
+        return _in(c["source_base"], self.target_bases)
+
+    def migrated(self, c: dict[str, Any], in_target: Any, has_ns: Any) -> Any:
+        """A block whose bytes the scan found at its target, in a healthy file of a target
+        namespace (`_select`'s first pass), then the rank files paired with one."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from kvmigrate.migrate.prune import MIGRATED_STATUSES, _b, _in
+
+        cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
+                       pc.and_(_b(pc.equal(c["action"], "already_present")), _in(c["status"], MIGRATED_STATUSES)))
+        if not pc.any(cand).as_py():
+            return cand
+        at = pc.indices_nonzero(cand)
+        hit = _b(pc.is_in(_digests(pc.take(c["target_relpath"], at)), value_set=self.targets))
+        return pc.is_in(pa.array(range(len(cand)), pa.uint64()), value_set=pc.filter(at, hit))
+
+    def paired(self, c: dict[str, Any], mig: Any) -> Any:
+        """`mig` plus the rank files (findings.SECONDARY, status ok) whose block's primary
+        is migrated: a replica only when its hash proves it equal."""
+        import pyarrow.compute as pc
+
+        from kvmigrate.migrate.prune import _b, _in
+
+        if self.primaries is None or not len(self.primaries):
+            return mig
+        sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(c["status"], "ok")))
+        if not pc.any(sec).as_py():
+            return mig
+        at = pc.indices_nonzero(sec)
+        keys = _key_digests(*_key_columns(c, at, "primary_rank"))
+        pos = pc.index_in(keys, value_set=self.primaries["key"])
+        pay_i, pay_p = pc.take(c["payload_xxh3_128"], at), pc.take(self.primaries["payload"], pos)
+        same = pc.if_else(pc.is_valid(pay_i), _b(pc.equal(pay_i, pay_p)),
+                          _b(pc.equal(pc.take(c["content_xxh3_128"], at), pc.take(self.primaries["content"], pos))))
+        keep = pc.and_(pc.is_valid(pos), pc.or_(
+            pc.invert(_b(pc.equal(pc.take(c["finding"], at), findings.REPLICA_OF_PRIMARY))), same))
+        import pyarrow as pa
+
+        rows = pa.array(range(len(mig)), pa.uint64())
+        return pc.or_(mig, pc.is_in(rows, value_set=pc.filter(at, keep)))
+
+
+def _key_columns(c: dict[str, Any], at: Any, rank: str) -> tuple[Any, Any, Any, Any]:
+    """The block key columns of the rows `at` (`_with_secondaries`' `keyed`)."""
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate.prune import _b
+
+    d, src = pc.take(c["deployment"], at), pc.take(c["source_base"], at)
+    return (pc.if_else(_b(pc.not_equal(d, "")), d, pc.fill_null(src, "")), pc.fill_null(pc.take(c["group"], at), -1),
+            pc.fill_null(pc.take(c["block_hash"], at), b"\0none"), pc.fill_null(pc.take(c[rank], at), -1))
+
+
+_PASS_C = ("relpath", "source_base", "deployment", "status", "action", "finding", "target_relpath", "group",
+           "block_hash", "rank", "primary_rank", "payload_xxh3_128", "content_xxh3_128", "mtime_ns", "dev", "inode",
+           "size", "nlink", "family")
+
+
+def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namespaces: tuple[set[str], set[str]],
+                now: float, namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
+    """(per class, per (class, namespace), totals, skipped) as `prune.reclaimable` reports
+    them, for a manifest with no LMCache tier and no Mooncake store."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune as P
+
+    targets, used = used_namespaces
+    # pass 0: the target bases; per namespace, whether it is all unreadable
+    bases: set[str] = set()
+    unread_ns: dict[str, list[bool]] = {}  # ns -> [all unreadable or residue, any unreadable, any target path]
+    for _, c in _batches(manifest_path, ("target_base", "source_base", "status", "target_relpath")):
+        bases.update(pc.unique(c["target_base"]).drop_null().to_pylist())
+        src, status = c["source_base"], c["status"]
+        unread = P._in(status, UNREADABLE_STATUSES)
+        g = pa.table({"ns": src, "all": pc.or_(unread, P._in(status, ("tmp_leftover", *P.RESIDUE_STATUSES))),
+                      "any": unread, "tr": P._b(pc.not_equal(c["target_relpath"], ""))}) \
+            .filter(P._b(pc.not_equal(src, ""))).group_by("ns").aggregate([("all", "all"), ("any", "any"),
+                                                                            ("tr", "any")])
+        for ns, a, u, tr in zip(*(g[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any"))):
+            was = unread_ns.setdefault(ns, [True, False, False])
+            was[:] = [was[0] and a, was[1] or u, was[2] or tr]
+    fig = _Figures(meta.get("namespaces") or {}, (bases - {""}) | targets, used, now)
+    fig.whole = {ns for ns, (a, u, tr) in unread_ns.items()
+                 if a and u and not tr and ns not in fig.target_bases and ns not in used}
+    eras = _superseded_candidates(list(unread_ns), fig)
+    del unread_ns
+
+    # pass A: the healthy files of target namespaces; what the eras' models hold; rank files to pair
+    digests: list = []
+    held: dict[Any, list] = {m: [] for m in eras}
+    any_secondary = False
+    for _, c in _batches(manifest_path, ("source_base", "status", "relpath", "finding", "content_xxh3_128")):
+        src, ok = c["source_base"], P._b(pc.equal(c["status"], "ok"))
+        in_target = fig.in_target(c)
+        if pc.any(in_target).as_py():
+            digests.append(pa.table({"d": _digests(pc.filter(c["relpath"], in_target)), "ok": pc.filter(ok, in_target)}))
+        for model, (model_bases, _) in eras.items():
+            mask = pc.and_(P._in(src, model_bases), ok)
+            if pc.any(mask).as_py():
+                held[model].append(pc.unique(pc.filter(c["content_xxh3_128"], mask)).drop_null())
+        any_secondary = any_secondary or bool(pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY), ok)).as_py())
+    fig.targets = _first_healthy(digests)
+    del digests
+    held_sets = {m: s for m, s in ((m, pc.unique(_concat(p, pa.binary(16)))) for m, p in held.items()) if len(s)}
+    del held
+
+    # pass B: the primaries of migrated blocks; each era's verdict per namespace
+    if any_secondary or held_sets:
+        fig.primaries, good = _pass_b(manifest_path, fig, eras, held_sets, any_secondary)
+        fig.whole |= {ns for ns, (g, b) in good.items() if g and b}
+    del held_sets
+
+    return _pass_c(manifest_path, fig, root, now, namespaces)
+
+
+def _first_healthy(parts: list) -> Any:
+    """The digests of target-namespace paths whose first row is `ok` (as `index_in` finds
+    a path's first row), sorted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not parts:
+        return pa.array([], pa.binary(16))
+    t = pa.concat_tables(parts)
+    t = t.append_column("row", pa.array(range(t.num_rows), pa.int64()))
+    first = t.group_by("d").aggregate([("row", "min")])
+    ok = pc.take(t["ok"], first["row_min"])
+    return pc.filter(first["d"], ok).combine_chunks()
+
+
+def _superseded_candidates(namespaces: list[str], fig: _Figures) -> dict[Any, tuple[list[str], list[str]]]:
+    """model -> (its target bases, the namespaces of a superseded era of it): `superseded`'s
+    candidates, from the manifest's metadata."""
+    from kvmigrate.identity.values import ORPHANED
+
+    by_model: dict[Any, list[str]] = {}
+    for ns in namespaces:
+        m = fig.classes_meta.get(ns) or {}
+        why = str((m.get("target") or {}).get("unreachable") or "")
+        if ns not in fig.target_bases and ns not in fig.used and why and not why.startswith(ORPHANED):
+            by_model.setdefault(m.get("model_name"), []).append(ns)
+    return {model: ([b for b in fig.target_bases if (fig.classes_meta.get(b) or {}).get("model_name") == model], names)
+            for model, names in by_model.items()}
+
+
+def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: bool) -> tuple[Any, dict]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune as P
+
+    prims: list = []
+    good: dict[str, tuple[bool, bool]] = {}
+    for offset, c in _batches(manifest_path, _PASS_C):
+        src, status = c["source_base"], c["status"]
+        if pair:
+            mig = fig.migrated(c, fig.in_target(c), P._b(pc.not_equal(src, "")))
+            if pc.any(mig).as_py():
+                at = pc.indices_nonzero(mig)
+                prims.append(pa.table({"key": _key_digests(*_key_columns(c, at, "rank")),
+                                       "row": pc.add(at.cast(pa.int64()), offset),
+                                       "payload": pc.take(c["payload_xxh3_128"], at),
+                                       "content": pc.take(c["content_xxh3_128"], at)}))
+        ok = P._b(pc.equal(status, "ok"))
+        for model, (_, names) in eras.items():
+            if model not in held:
+                continue
+            g = pc.or_(P._in(status, ("tmp_leftover", *P.RESIDUE_STATUSES)), pc.and_(ok, pc.or_(
+                pc.is_null(c["block_hash"]), P._b(pc.is_in(c["content_xxh3_128"], value_set=held[model])))))
+            per = pa.table({"ns": src, "good": g, "block": pc.is_valid(c["block_hash"])}) \
+                .filter(P._in(src, names)).group_by("ns").aggregate([("good", "all"), ("block", "any")])
+            for ns, gg, bb in zip(*(per[k].to_pylist() for k in ("ns", "good_all", "block_any"))):
+                was = good.get(ns, (True, False))
+                good[ns] = (was[0] and gg, was[1] or bb)
+    if not prims:
+        return None, good
+    t = pa.concat_tables(prims)
+    last = t.group_by("key").aggregate([("row", "max")])  # the last primary of a key, as a dict would
+    pos = pc.index_in(last["row_max"], value_set=t["row"])
+    return pa.table({"key": last["key"], "payload": pc.take(t["payload"], pos),
+                     "content": pc.take(t["content"], pos)}), good
+
+
+def _pass_c(manifest_path: str, fig: _Figures, root: str, now: float,
+            namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune as P
+
+    names = _Names()
+    age_ns = P.DEFAULT_RESIDUE_AGE * 1e9
+    cutoff = int(now * 1e9 - age_ns)
+    kept: list = []  # the selected rows: row, ns code, dev, inode, size, nlink, a code per selection
+    configs: list = []  # the config.json rows of namespaces that can be emptied (few): classed last
+    emptied: dict[str, dict[str, list]] = {s: {} for s in _SELECTIONS}  # ns -> [chosen, rest, rest chosen, first code]
+    n = 0
+    for offset, c in _batches(manifest_path, _PASS_C):
+        k = len(c["relpath"])
+        n = offset + k
+        src, status = c["source_base"], c["status"]
+        has_ns = P._b(pc.not_equal(src, ""))
+        in_target = fig.in_target(c)
+        mig = fig.paired(c, fig.migrated(c, in_target, has_ns))
+        whole = P._in(src, fig.whole) if fig.whole else pa.array([False] * k)
+        old = P._b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), cutoff))
+        res = pc.and_(pc.or_(P._in(status, P.RESIDUE_STATUSES), pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)),
+                      pc.invert(in_target))
+        zero = pa.scalar(0, pa.int8())
+        codes = {"migrated": pc.if_else(mig, pa.scalar(P.CODES["migrated"], pa.int8()), zero),
+                 "unreadable_namespaces": pc.if_else(whole, pa.scalar(P.CODES["unreadable_namespaces"], pa.int8()),
+                                                     zero),
+                 "residue": pc.if_else(res, pa.scalar(P.CODES["residue"], pa.int8()), zero)}
+        together = codes["migrated"]
+        for cls in ("unreadable_namespaces", "residue"):
+            together = pc.if_else(pc.equal(together, 0), codes[cls], together)
+        codes["all"] = together
+        config = P._b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
+        emptiable = pc.and_(has_ns, pc.invert(in_target))
+        rows = _rows(offset, k)
+        for s in _SELECTIONS:
+            _fold_emptied(emptied[s], src, codes[s], config, emptiable, rows)
+        prunable = P._prunable(c)
+        ns = names.codes(src)
+        cfg = pc.and_(config, emptiable)
+        if pc.any(cfg).as_py():
+            configs.append(pa.table({"row": pc.filter(rows, cfg), "ns": pc.filter(src, cfg),
+                                     "status": pc.filter(status, cfg), "prunable": pc.filter(prunable, cfg),
+                                     "nsc": pc.filter(ns, cfg),
+                                     **{k2: pc.filter(c[k2], cfg) for k2 in ("dev", "inode", "size", "nlink")},
+                                     **{s: pc.filter(codes[s], cfg) for s in _SELECTIONS}}))
+        chosen = pc.and_(pc.and_(_any_code(codes), prunable), pc.invert(cfg))
+        if pc.any(chosen).as_py():
+            kept.append(pa.table({"row": pc.filter(rows, chosen), "ns": pc.filter(ns, chosen),
+                                  **{k2: pc.filter(c[k2], chosen) for k2 in ("dev", "inode", "size", "nlink")},
+                                  **{s: pc.filter(codes[s], chosen) for s in _SELECTIONS}}))
+    # a namespace emptied by a selection takes its config.json in the class of its first file
+    if configs:
+        cfgs = pa.concat_tables(configs)
+        for s in _SELECTIONS:
+            cls_of = {ns: (v[3] if v[3] is not None else P.CODES["migrated"])
+                      for ns, v in emptied[s].items() if v[0] and v[1] == v[2]}
+            mine = [cls_of.get(ns) for ns in cfgs["ns"].to_pylist()]
+            cur = cfgs[s].to_pylist()
+            foreign = P._in(cfgs["status"], ("own_artifact", "foreign")).to_pylist()
+            new = [cc if cc or m is None or f else m for cc, m, f in zip(cur, mine, foreign)]
+            cfgs = cfgs.set_column(cfgs.column_names.index(s), s, pa.array(new, pa.int8()))
+        cfgs = cfgs.filter(pc.and_(cfgs["prunable"], _any_code({s: cfgs[s] for s in _SELECTIONS})))
+        kept.append(cfgs.select(["row", "nsc", "dev", "inode", "size", "nlink", *_SELECTIONS])
+                    .rename_columns(["row", "ns", "dev", "inode", "size", "nlink", *_SELECTIONS]))
+    del configs
+    table = pa.concat_tables(kept) if kept else None
+    del kept
+    keep = None if namespaces is None else {names.code[ns] for ns in namespaces if ns in names.code}
+    per_class = {cls: dict.fromkeys(P.TOTAL_KEYS, 0) for cls in P.CLASSES}
+    per_ns: dict[tuple[str, str | None], dict[str, int]] = {}
+    together_ns: dict[tuple[str, str | None], dict[str, int]] = {}
+    for s in _SELECTIONS:
+        if table is None:
+            break
+        t = table.filter(pc.not_equal(table[s], 0))
+        tally = P.tally_rows(t[s], t["ns"], t["dev"], t["inode"], t["size"], t["nlink"], t["row"], n, keep)
+        named = {(cls, names.name(code)): v for (cls, code), v in tally.items()}
+        if s == "all":
+            together_ns = named
+            continue
+        for key, v in named.items():
+            per_ns[key] = v
+            for k2 in P.TOTAL_KEYS:
+                per_class[s][k2] += v[k2]
+    del table
+    totals = {k2: sum(v[k2] for v in together_ns.values()) for k2 in P.TOTAL_KEYS}
+    skipped = _skipped_now(manifest_path, root, {ns for _, ns in together_ns}, now)
+    return per_class, per_ns, totals, skipped
+
+
+def _any_code(codes: dict[str, Any]) -> Any:
+    import pyarrow.compute as pc
+
+    out = None
+    for s in _SELECTIONS:
+        m = pc.not_equal(codes[s], 0)
+        out = m if out is None else pc.or_(out, m)
+    return out
+
+
+def _fold_emptied(acc: dict[str, list], src: Any, code: Any, config: Any, emptiable: Any, rows: Any) -> None:
+    """Per namespace, across batches: any file chosen, its files but config.json, those
+    chosen, and the class of the first of them (`_select`'s emptied namespaces)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rest = pc.invert(config)
+    chosen = pc.not_equal(code, 0)
+    t = pa.table({"ns": src, "chosen": chosen, "rest": rest.cast(pa.int64()),
+                  "rest_chosen": pc.and_(rest, chosen).cast(pa.int64()),
+                  "first": pc.if_else(rest, rows, pa.nulls(len(rows), pa.int64()))}).filter(emptiable)
+    if not t.num_rows:
+        return
+    g = t.group_by("ns").aggregate([("chosen", "any"), ("rest", "sum"), ("rest_chosen", "sum"), ("first", "min")])
+    firsts = g["first_min"]
+    first_codes = pc.take(code, pc.subtract(firsts, rows[0])) if len(rows) else firsts
+    for ns, ch, r, rc, f, fc in zip(*(g[k].to_pylist() for k in ("ns", "chosen_any", "rest_sum", "rest_chosen_sum")),
+                                    firsts.to_pylist(), first_codes.to_pylist()):
+        was = acc.get(ns)
+        if was is None:
+            acc[ns] = [ch, r, rc, fc if f is not None else None, f]
+        else:
+            was[0], was[1], was[2] = was[0] or ch, was[1] + r, was[2] + rc
+            if was[4] is None and f is not None:
+                was[3], was[4] = fc, f
+
+
+def _skipped_now(manifest_path: str, root: str, names: set, now: float) -> list:
+    """`prune._skipped_now` over batches: per namespace counted, its newest file (the scan's
+    mtime) or folder (an lstat as its rows are read), then the quiet period's verdict."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune as P
+
+    names = {ns for ns in names if ns}
+    if not names or not root or not os.path.isdir(root):
+        return []
+    newest: dict[str, float] = {}
+    for _, c in _batches(manifest_path, ("source_base", "relpath", "mtime_ns")):
+        mine = P._in(c["source_base"], names)
+        if not pc.any(mine).as_py():
+            continue
+        rel = pc.filter(c["relpath"], mine)
+        t = pa.table({"ns": pc.filter(c["source_base"], mine), "dir": pc.replace_substring_regex(rel, "/[^/]*$", ""),
+                      "slash": pc.match_substring(rel, "/"), "mtime": pc.fill_null(pc.filter(c["mtime_ns"], mine), 0)})
+        g = t.group_by(["ns", "dir", "slash"]).aggregate([("mtime", "max")])
+        seen: set[tuple[str, str]] = set()
+        for ns, d, slash, mtime in zip(*(g[k].to_pylist() for k in ("ns", "dir", "slash", "mtime_max"))):
+            best = max(newest.get(ns, 0.0), mtime / 1e9)
+            if slash:
+                parts = d.split("/")
+                for folder in ("/".join(parts[:j]) for j in range(1, len(parts) + 1)):
+                    if (ns, folder) in seen:
+                        continue
+                    seen.add((ns, folder))
+                    try:
+                        best = max(best, os.lstat(os.path.join(root, folder)).st_mtime)
+                    except OSError:
+                        continue
+            newest[ns] = best
+    out = []
+    for ns in sorted(newest):
+        age = now - newest[ns]
+        if age < P.DEFAULT_QUIET_PERIOD:
+            out.append({"namespace": ns, "written_s_ago": round(max(age, 0)), "quiet_period_s": P.DEFAULT_QUIET_PERIOD,
+                        "reason": P.live_reason(age, P.DEFAULT_QUIET_PERIOD)})
+    return out

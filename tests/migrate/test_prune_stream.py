@@ -1,0 +1,112 @@
+"""The reports' reclaimable figures, streamed (migrate/prune_stream.py), equal prune's
+selection over the manifest's columns whole (`prune._reclaimable_whole`, the reference),
+for every rule: migrated blocks and their rank files, unreadable and superseded
+namespaces, residue, a namespace emptied by a selection (its config.json), files of no
+namespace, --only/--exclude, and state carried across batch borders (batches of 5 rows).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvmigrate import manifest as mf
+from kvmigrate.migrate import prune, prune_stream
+
+from helpers.cli_helpers import run
+from helpers.synth_matrix import ERAS, cases, spec_of
+
+MLA = ["--kv-kind", "mla", "--model-dtype", "bfloat16"]
+LLMD = {"family": "llmd", "tp": 2, "kv_kind": "mla"}
+VLLM = {"family": "vllm", "scheme": "S2", "kv_kind": "mla", "model_name": "org/v"}
+OLD_ERA = {"family": "vllm", "scheme": "S1", "kv_kind": "mla", "extra_fields": {"future_key": 1}}
+NEW_ERA = {"family": "vllm", "scheme": "S3", "kv_kind": "mla"}
+
+
+def _scan(root: Path, out: Path, facts: list[str]) -> str:
+    code, text = run("scan", root, *facts, "--verify", "hash", "-o", out, "-q")
+    assert code in (0, 1, 5), text
+    return str(out)
+
+
+def _figures(manifest: str, namespaces: set[str] | None, batch: int | None, monkeypatch) -> tuple:
+    meta = mf.read_metadata(manifest)
+    root = meta["root"]
+    used = prune._used_namespaces(root, None)
+    now = 2e9  # every temp file is old, every namespace quiet: the figures do not depend on the clock
+    if batch is None:
+        per_class, per_ns, totals, skipped = prune._reclaimable_whole(manifest, meta, root, used, now, namespaces)
+    else:
+        monkeypatch.setattr(prune_stream, "BATCH", batch)
+        per_class, per_ns, totals, skipped = prune_stream.reclaimable(manifest, meta, root, used, now, namespaces)
+    return per_class, sorted(per_ns.items(), key=prune.namespace_order), totals, skipped
+
+
+def _assert_same(manifest: str, monkeypatch) -> dict:
+    whole = _figures(manifest, None, None, monkeypatch)
+    assert _figures(manifest, None, 5, monkeypatch) == whole
+    assert _figures(manifest, None, 65_536, monkeypatch) == whole
+    names = sorted(mf.read_metadata(manifest)["namespaces"])
+    if names:
+        some = set(names[::2])
+        assert _figures(manifest, some, 5, monkeypatch) == _figures(manifest, some, None, monkeypatch)
+    return whole[2]
+
+
+def test_migrated_blocks_and_their_proven_replicas(synth_root, tmp_path, monkeypatch):
+    root, _ = synth_root(LLMD, VLLM)
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    totals = _assert_same(_scan(root, tmp_path / "m.parquet", MLA), monkeypatch)
+    assert totals["files"] > 0 and totals["unlinked_files"] > 0  # the figures are not all zero
+
+
+def test_unreadable_namespaces_and_residue(synth_root, tmp_path, monkeypatch):
+    root, _ = synth_root({**VLLM, "defects": ("orphan_rank",)}, {**LLMD, "defects": ("tmp_vllm",)})
+    totals = _assert_same(_scan(root, tmp_path / "m.parquet", MLA), monkeypatch)
+    assert totals["files"] > 0
+
+
+def test_a_superseded_era(synth_root, tmp_path, monkeypatch):
+    root, _ = synth_root(OLD_ERA, NEW_ERA)
+    totals = _assert_same(_scan(root, tmp_path / "m.parquet", MLA), monkeypatch)
+    assert totals["files"] == 7  # the old era's 6 blocks and its config.json
+
+
+def test_rank_namespaces_of_a_vllmcpp_deployment(synth_root, tmp_path, monkeypatch):
+    root, _ = synth_root({"family": "vllmcpp", "tp": 2, "kv_kind": "mla", "model_name": "org/cpp"})
+    assert run("migrate", root, "--apply")[0] == 0
+    _assert_same(_scan(root, tmp_path / "m.parquet", []), monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("era,defect", [(era, None) for era in ERAS] + cases())
+def test_every_synth_tree_before_and_after_its_migration(era, defect, tmp_path, monkeypatch):
+    from kvmigrate.synth import SynthSpec, build
+
+    root = tmp_path / "root"
+    root.mkdir()
+    build(root, SynthSpec(**spec_of(era, defect)))
+    facts = ERAS[era][1]
+    _assert_same(_scan(root, tmp_path / "m1.parquet", facts), monkeypatch)
+    run("migrate", root, *facts, "--apply")
+    _assert_same(_scan(root, tmp_path / "m2.parquet", facts), monkeypatch)
+
+
+def test_a_namespace_written_within_the_quiet_period_is_named_as_prune_would_skip_it(synth_root, tmp_path,
+                                                                                      monkeypatch):
+    import os
+
+    root, _ = synth_root({**LLMD, "defects": ("tmp_vllm",)})
+    now = time.time()
+    for d, _, files in os.walk(root):  # every file old (the temp file is residue); the folders written just now
+        for f in files:
+            os.utime(os.path.join(d, f), (now - 7200, now - 7200))
+    manifest = _scan(root, tmp_path / "m.parquet", MLA)
+    meta = mf.read_metadata(manifest)
+    used = prune._used_namespaces(str(root), None)
+    whole = prune._reclaimable_whole(manifest, meta, str(root), used, now, None)
+    monkeypatch.setattr(prune_stream, "BATCH", 3)
+    streamed = prune_stream.reclaimable(manifest, meta, str(root), used, now, None)
+    assert whole[3] and streamed[3] == whole[3]
