@@ -382,6 +382,109 @@ def _prunable(c: dict[str, Any]) -> Any:
     return pc.invert(mask)
 
 
+@dataclass
+class _Picked:
+    """What a prune of some classes takes, before its items are made: the selected rows'
+    columns as lists (manifest order, with `row` and `class`) and their targets'."""
+
+    rows: dict[str, list]
+    targets: dict[str, list]  # relpath, dev, inode, size, mtime_ns of each row's target (None: none)
+    skipped: dict[str, str]
+    skip: set[str]
+    retires: list
+    target_bases: set[str]
+    emptied: set[str]
+    tiers: tiers_.Tiers = field(default_factory=tiers_.Tiers)
+    stores: stores_.Stores = field(default_factory=stores_.Stores)
+    store_sel: stores_.StoreSelection = field(default_factory=stores_.StoreSelection)
+
+
+_ROW_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
+                "nlink")
+_TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
+
+
+def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                  migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                  quiet_period: float | None, engine_stopped: bool) -> _Picked:
+    """`_select` over the manifest's columns whole (LMCache tiers, Mooncake stores), then
+    --only/--exclude, the tiers' unstated index_lost chunks and the quiet period
+    (`quiet_period` None: --force-live)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sel = _select(manifest_path, classes, root, migration_journal, older_than, now, meta)
+    sel.code = pc.if_else(_prunable(sel.c), sel.code, 0)
+    if chosen is not None:
+        sel.code = pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0)
+    skipped: dict[str, str] = {}
+    skip: set[str] = set()  # the namespaces of what is skipped (a live tier: all of its deployments)
+    if "index_lost" in classes:
+        lost = pc.equal(sel.code, CODES["index_lost"])
+        per = pa.table({"ns": sel.c["source_base"], "size": pc.fill_null(sel.c["size"], 0)}).filter(lost) \
+            .group_by("ns").aggregate([("size", "count"), ("size", "sum")])
+        waiting = tiers_.unstated(sel.tiers, {ns: (n, b) for ns, n, b in zip(
+            *(per[k].to_pylist() for k in ("ns", "size_count", "size_sum")))}, engine_stopped)
+        skipped.update(waiting)
+        sel.code = pc.if_else(pc.and_(lost, _in(sel.c["source_base"], waiting)), 0, sel.code)
+    retires = list(sel.store_sel.retires)
+    if chosen is not None:
+        retires = [rw for rw in retires if set(rw.namespaces.values()) <= chosen]
+    if quiet_period is not None:
+        names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
+        names |= {sel.stores.label_of.get(rw.store, "") for rw in retires} - {""}
+        for unit, (members, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
+            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
+            if why:
+                skipped[unit] = why
+                skip.update(members)
+    rows = sel.rows(*_ROW_COLUMNS)
+    targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
+    t = {k: pc.take(sel.c[k], targets).to_pylist() for k in _TARGET_COLUMNS}
+    out = _Picked(rows, t, skipped, skip, retires, sel.target_bases, sel.emptied, sel.tiers, sel.stores, sel.store_sel)
+    del sel, targets  # the manifest's columns, before the items grow
+    pa.default_memory_pool().release_unused()
+    return out
+
+
+def _picked_streamed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                     migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                     quiet_period: float | None, engine_stopped: bool) -> _Picked:
+    """`_picked_whole` for a manifest of directory-layout families, in batches
+    (prune_stream.plan_rows): only the selected rows are ever held whole."""
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune_stream
+
+    used = _used_namespaces(root, migration_journal)
+    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
+    t, fig, emptied = prune_stream.plan_rows(manifest_path, meta, used, classes, int(now * 1e9 - age * 1e9))
+    keep = t["prunable"]
+    if chosen is not None:
+        keep = pc.and_(keep, _in(t["source_base"], chosen))
+    t = t.filter(keep)
+    skipped: dict[str, str] = {}
+    skip: set[str] = set()
+    if quiet_period is not None:
+        names = set(pc.unique(t["source_base"]).drop_null().to_pylist())
+        for ns, newest in sorted(prune_stream.newest_writes(manifest_path, root, names).items()):
+            if now - newest < quiet_period:
+                skipped[ns] = live_reason(now - newest, quiet_period)
+                skip.add(ns)
+    t = t.combine_chunks()
+    rows = {name: _shared_strings(t[name].chunk(0)) if name in _FEW_VALUES and t.num_rows else t[name].to_pylist()
+            for name in _ROW_COLUMNS}
+    rows["row"] = t["row"].to_pylist()
+    rows["class"] = [CLASSES[k - 1] for k in t["code"].to_pylist()]
+    wanted = pc.unique(t["target"].drop_null())
+    wanted = pc.take(wanted, pc.sort_indices(wanted))
+    found = prune_stream.take_rows(manifest_path, wanted, _TARGET_COLUMNS)
+    pos = pc.index_in(t["target"], value_set=wanted).to_pylist()
+    targets = {k: [None if p is None else v[p] for p in pos] for k, v in found.items()}
+    del t, found, pos
+    return _Picked(rows, targets, skipped, skip, [], fig.target_bases, emptied)
+
+
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
                older_than: float | None = None, now: float | None = None, selection: Any = None,
@@ -403,47 +506,20 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         raise UsageError(f"the manifest's root {root!r} is not a folder", path=manifest_path,
                          hint="rescan the cache root with `kvmigrate scan ROOT`")
     now = time.time() if now is None else now
-    sel = _select(manifest_path, classes, root, migration_journal, older_than, now, meta)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    sel.code = pc.if_else(_prunable(sel.c), sel.code, 0)
+    chosen = None
     if selection:
         from kvmigrate.selection import selected_bases
 
-        chosen = selected_bases(meta.get("namespaces") or {}, selection)
-        sel.code = pc.if_else(_in(sel.c["source_base"], chosen), sel.code, 0)
-    skipped: dict[str, str] = {}
-    skip: set[str] = set()  # the namespaces of what is skipped (a live tier: all of its deployments)
-    if "index_lost" in classes:
-        lost = pc.equal(sel.code, CODES["index_lost"])
-        per = pa.table({"ns": sel.c["source_base"], "size": pc.fill_null(sel.c["size"], 0)}).filter(lost) \
-            .group_by("ns").aggregate([("size", "count"), ("size", "sum")])
-        waiting = tiers_.unstated(sel.tiers, {ns: (n, b) for ns, n, b in zip(
-            *(per[k].to_pylist() for k in ("ns", "size_count", "size_sum")))}, engine_stopped)
-        skipped.update(waiting)
-        sel.code = pc.if_else(pc.and_(lost, _in(sel.c["source_base"], waiting)), 0, sel.code)
-    retires = list(sel.store_sel.retires)
-    if selection:
-        retires = [rw for rw in retires if set(rw.namespaces.values()) <= set(chosen)]
-    if not force_live:
-        names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
-        names |= {sel.stores.label_of.get(rw.store, "") for rw in retires} - {""}
-        for unit, (members, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
-            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
-            if why:
-                skipped[unit] = why
-                skip.update(members)
-    r = sel.rows("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
-                 "nlink")
-    tier_of = dict(sel.tiers.tier_of)
-    ssel, store_of = sel.store_sel, dict(sel.stores.store_of)
-    stores = sel.stores
-    targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
-    t = {k: pc.take(sel.c[k], targets).to_pylist() for k in ("relpath", "dev", "inode", "size", "mtime_ns")}
-    target_bases, emptied = sel.target_bases, sel.emptied
-    del sel, targets  # the manifest's columns, before the items grow
-    pa.default_memory_pool().release_unused()
+        chosen = set(selected_bases(meta.get("namespaces") or {}, selection))
+    args = (manifest_path, meta, classes, root, migration_journal, older_than, now, chosen,
+            None if force_live else quiet_period, engine_stopped)
+    picked = _picked_whole(*args) if tiers_.Tiers.of(meta) or stores_.Stores.of(meta) else _picked_streamed(*args)
+    r, t, skipped, skip, retires = picked.rows, picked.targets, picked.skipped, picked.skip, picked.retires
+    tier_of = dict(picked.tiers.tier_of)
+    ssel, stores = picked.store_sel, picked.stores
+    store_of = dict(stores.store_of)
+    target_bases, emptied = picked.target_bases, picked.emptied
+    del picked
     locks: dict[str, set[str]] = {}
 
     def order(k: int, r: dict = r) -> tuple:

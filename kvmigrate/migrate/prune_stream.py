@@ -109,24 +109,23 @@ class _Names:
 
 @dataclass
 class _Figures:
-    """What the passes gather, and the rules' per-row masks over a batch."""
+    """What the passes gather of the whole manifest, and the rules' per-row masks over a batch."""
 
     classes_meta: dict[str, dict]
     target_bases: set[str]
     used: set[str]
-    now: float
-    targets: Any = None  # binary(16) digests of the healthy files of target namespaces, sorted
+    targets: Any = None  # Table: d (binary(16) digest of a healthy target-namespace path), row (its row)
     whole: set[str] = field(default_factory=set)  # namespaces unreadable_namespaces takes whole
-    primaries: Any = None  # pyarrow Table: key digest, payload, content (the last primary of a key)
+    primaries: Any = None  # Table: key digest, payload, content, target (the last primary of a key)
 
     def in_target(self, c: dict[str, Any]) -> Any:
         from kvmigrate.migrate.prune import _in
 
         return _in(c["source_base"], self.target_bases)
 
-    def migrated(self, c: dict[str, Any], in_target: Any, has_ns: Any) -> Any:
-        """A block whose bytes the scan found at its target, in a healthy file of a target
-        namespace (`_select`'s first pass), then the rank files paired with one."""
+    def migrated(self, c: dict[str, Any], in_target: Any, has_ns: Any) -> tuple[Any, Any]:
+        """(a block whose bytes the scan found at its target, in a healthy file of a target
+        namespace (`_select`'s first pass); the row of that file, else null)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -134,24 +133,29 @@ class _Figures:
 
         cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
                        pc.and_(_b(pc.equal(c["action"], "already_present")), _in(c["status"], MIGRATED_STATUSES)))
-        if not pc.any(cand).as_py():
-            return cand
+        target = pa.nulls(len(cand), pa.int64())
+        if self.targets is None or not len(self.targets) or not pc.any(cand).as_py():
+            return pc.and_(cand, False), target
         at = pc.indices_nonzero(cand)
-        hit = _b(pc.is_in(_digests(pc.take(c["target_relpath"], at)), value_set=self.targets))
-        return pc.is_in(pa.array(range(len(cand)), pa.uint64()), value_set=pc.filter(at, hit))
+        pos = pc.index_in(_digests(pc.take(c["target_relpath"], at)), value_set=self.targets["d"])
+        hit = pc.is_valid(pos)
+        local = pa.array(range(len(cand)), pa.uint64())
+        where = pc.index_in(local, value_set=pc.filter(at, hit))
+        return pc.is_valid(where), pc.take(pc.filter(pc.take(self.targets["row"], pos), hit), where)
 
-    def paired(self, c: dict[str, Any], mig: Any) -> Any:
+    def paired(self, c: dict[str, Any], mig: Any, target: Any) -> tuple[Any, Any]:
         """`mig` plus the rank files (findings.SECONDARY, status ok) whose block's primary
-        is migrated: a replica only when its hash proves it equal."""
+        is migrated (a replica only when its hash proves it equal), with the primary's target."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from kvmigrate.migrate.prune import _b, _in
 
         if self.primaries is None or not len(self.primaries):
-            return mig
+            return mig, target
         sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(c["status"], "ok")))
         if not pc.any(sec).as_py():
-            return mig
+            return mig, target
         at = pc.indices_nonzero(sec)
         keys = _key_digests(*_key_columns(c, at, "primary_rank"))
         pos = pc.index_in(keys, value_set=self.primaries["key"])
@@ -160,10 +164,10 @@ class _Figures:
                           _b(pc.equal(pc.take(c["content_xxh3_128"], at), pc.take(self.primaries["content"], pos))))
         keep = pc.and_(pc.is_valid(pos), pc.or_(
             pc.invert(_b(pc.equal(pc.take(c["finding"], at), findings.REPLICA_OF_PRIMARY))), same))
-        import pyarrow as pa
-
-        rows = pa.array(range(len(mig)), pa.uint64())
-        return pc.or_(mig, pc.is_in(rows, value_set=pc.filter(at, keep)))
+        where = pc.index_in(pa.array(range(len(mig)), pa.uint64()), value_set=pc.filter(at, keep))
+        paired = pc.is_valid(where)
+        their = pc.take(pc.filter(pc.take(self.primaries["target"], pos), keep), where)
+        return pc.or_(mig, paired), pc.if_else(paired, their, target)
 
 
 def _key_columns(c: dict[str, Any], at: Any, rank: str) -> tuple[Any, Any, Any, Any]:
@@ -182,10 +186,9 @@ _PASS_C = ("relpath", "source_base", "deployment", "status", "action", "finding"
            "size", "nlink", "family")
 
 
-def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namespaces: tuple[set[str], set[str]],
-                now: float, namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
-    """(per class, per (class, namespace), totals, skipped) as `prune.reclaimable` reports
-    them, for a manifest with no LMCache tier and no Mooncake store."""
+def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
+           classes: tuple[str, ...]) -> _Figures:
+    """Passes 0, A and B: what the rules of `classes` need of the whole manifest."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -197,6 +200,8 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     unread_ns: dict[str, list[bool]] = {}  # ns -> [all unreadable or residue, any unreadable, any target path]
     for _, c in _batches(manifest_path, ("target_base", "source_base", "status", "target_relpath")):
         bases.update(pc.unique(c["target_base"]).drop_null().to_pylist())
+        if "unreadable_namespaces" not in classes:
+            continue
         src, status = c["source_base"], c["status"]
         unread = P._in(status, UNREADABLE_STATUSES)
         g = pa.table({"ns": src, "all": pc.or_(unread, P._in(status, ("tmp_leftover", *P.RESIDUE_STATUSES))),
@@ -206,26 +211,32 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
         for ns, a, u, tr in zip(*(g[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any"))):
             was = unread_ns.setdefault(ns, [True, False, False])
             was[:] = [was[0] and a, was[1] or u, was[2] or tr]
-    fig = _Figures(meta.get("namespaces") or {}, (bases - {""}) | targets, used, now)
+    fig = _Figures(meta.get("namespaces") or {}, (bases - {""}) | targets, used)
     fig.whole = {ns for ns, (a, u, tr) in unread_ns.items()
                  if a and u and not tr and ns not in fig.target_bases and ns not in used}
     eras = _superseded_candidates(list(unread_ns), fig)
     del unread_ns
+    migrated = "migrated" in classes
+    if not migrated and not eras:
+        return fig
 
     # pass A: the healthy files of target namespaces; what the eras' models hold; rank files to pair
     digests: list = []
     held: dict[Any, list] = {m: [] for m in eras}
     any_secondary = False
-    for _, c in _batches(manifest_path, ("source_base", "status", "relpath", "finding", "content_xxh3_128")):
+    for offset, c in _batches(manifest_path, ("source_base", "status", "relpath", "finding", "content_xxh3_128")):
         src, ok = c["source_base"], P._b(pc.equal(c["status"], "ok"))
         in_target = fig.in_target(c)
-        if pc.any(in_target).as_py():
-            digests.append(pa.table({"d": _digests(pc.filter(c["relpath"], in_target)), "ok": pc.filter(ok, in_target)}))
+        if migrated and pc.any(in_target).as_py():
+            digests.append(pa.table({"d": _digests(pc.filter(c["relpath"], in_target)),
+                                     "row": pc.filter(_rows(offset, len(src)), in_target),
+                                     "ok": pc.filter(ok, in_target)}))
         for model, (model_bases, _) in eras.items():
             mask = pc.and_(P._in(src, model_bases), ok)
             if pc.any(mask).as_py():
                 held[model].append(pc.unique(pc.filter(c["content_xxh3_128"], mask)).drop_null())
-        any_secondary = any_secondary or bool(pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY), ok)).as_py())
+        any_secondary = migrated and (any_secondary or bool(
+            pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY), ok)).as_py()))
     fig.targets = _first_healthy(digests)
     del digests
     held_sets = {m: s for m, s in ((m, pc.unique(_concat(p, pa.binary(16)))) for m, p in held.items()) if len(s)}
@@ -235,24 +246,22 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     if any_secondary or held_sets:
         fig.primaries, good = _pass_b(manifest_path, fig, eras, held_sets, any_secondary)
         fig.whole |= {ns for ns, (g, b) in good.items() if g and b}
-    del held_sets
-
-    return _pass_c(manifest_path, fig, root, now, namespaces)
+    return fig
 
 
 def _first_healthy(parts: list) -> Any:
-    """The digests of target-namespace paths whose first row is `ok` (as `index_in` finds
-    a path's first row), sorted."""
+    """(digest, row) of the target-namespace paths whose first row is `ok` (as `index_in`
+    finds a path's first row)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not parts:
-        return pa.array([], pa.binary(16))
+        return None
     t = pa.concat_tables(parts)
-    t = t.append_column("row", pa.array(range(t.num_rows), pa.int64()))
     first = t.group_by("d").aggregate([("row", "min")])
-    ok = pc.take(t["ok"], first["row_min"])
-    return pc.filter(first["d"], ok).combine_chunks()
+    ok = pc.take(t["ok"], pc.index_in(first["row_min"], value_set=t["row"]))
+    first = first.filter(ok)
+    return pa.table({"d": first["d"].combine_chunks(), "row": first["row_min"].combine_chunks()})
 
 
 def _superseded_candidates(namespaces: list[str], fig: _Figures) -> dict[Any, tuple[list[str], list[str]]]:
@@ -281,13 +290,14 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
     for offset, c in _batches(manifest_path, _PASS_C):
         src, status = c["source_base"], c["status"]
         if pair:
-            mig = fig.migrated(c, fig.in_target(c), P._b(pc.not_equal(src, "")))
+            mig, target = fig.migrated(c, fig.in_target(c), P._b(pc.not_equal(src, "")))
             if pc.any(mig).as_py():
                 at = pc.indices_nonzero(mig)
                 prims.append(pa.table({"key": _key_digests(*_key_columns(c, at, "rank")),
                                        "row": pc.add(at.cast(pa.int64()), offset),
                                        "payload": pc.take(c["payload_xxh3_128"], at),
-                                       "content": pc.take(c["content_xxh3_128"], at)}))
+                                       "content": pc.take(c["content_xxh3_128"], at),
+                                       "target": pc.take(target, at)}))
         ok = P._b(pc.equal(status, "ok"))
         for model, (_, names) in eras.items():
             if model not in held:
@@ -304,77 +314,120 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
     t = pa.concat_tables(prims)
     last = t.group_by("key").aggregate([("row", "max")])  # the last primary of a key, as a dict would
     pos = pc.index_in(last["row_max"], value_set=t["row"])
-    return pa.table({"key": last["key"], "payload": pc.take(t["payload"], pos),
-                     "content": pc.take(t["content"], pos)}), good
+    return pa.table({"key": last["key"], "payload": pc.take(t["payload"], pos), "content": pc.take(t["content"], pos),
+                     "target": pc.take(t["target"], pos)}), good
 
 
-def _pass_c(manifest_path: str, fig: _Figures, root: str, now: float,
-            namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
+class _Classes:
+    """Pass C: each row's class under each selection (name -> its classes, in CLASSES'
+    order of precedence), batch by batch; per namespace what its emptying needs, so that
+    the config.json rows (set aside by the caller) get their class at the end."""
+
+    def __init__(self, fig: _Figures, selections: dict[str, tuple[str, ...]], cutoff_ns: int) -> None:
+        self.fig, self.selections, self.cutoff = fig, selections, cutoff_ns
+        # ns -> [a file chosen, files but config.json, those chosen, the first one's code, its row]
+        self.emptied: dict[str, dict[str, list]] = {s: {} for s in selections}
+
+    def batch(self, offset: int, c: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+        """(a class code per row under each selection, the row of a migrated row's target,
+        the config.json rows of namespaces a selection can empty)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from kvmigrate.migrate import prune as P
+
+        fig, k = self.fig, len(c["relpath"])
+        src, status = c["source_base"], c["status"]
+        has_ns = P._b(pc.not_equal(src, ""))
+        in_target = fig.in_target(c)
+        wanted = {cls for classes in self.selections.values() for cls in classes}
+        one: dict[str, Any] = {}
+        target = pa.nulls(k, pa.int64())
+        if "migrated" in wanted:
+            mig, target = fig.paired(c, *fig.migrated(c, in_target, has_ns))
+            one["migrated"] = mig
+        if "unreadable_namespaces" in wanted:
+            one["unreadable_namespaces"] = P._in(src, fig.whole) if fig.whole else pc.and_(has_ns, False)
+        if "residue" in wanted:
+            old = P._b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), self.cutoff))
+            one["residue"] = pc.and_(pc.or_(P._in(status, P.RESIDUE_STATUSES),
+                                            pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)), pc.invert(in_target))
+        codes = {}
+        for name, classes in self.selections.items():
+            code = pa.array([0] * k, pa.int8())
+            for cls in classes:
+                if cls in one:
+                    code = pc.if_else(pc.and_(one[cls], pc.equal(code, 0)), pa.scalar(P.CODES[cls], pa.int8()), code)
+            codes[name] = code
+        target = pc.if_else(one["migrated"], target, pa.scalar(None, pa.int64())) if "migrated" in one else target
+        config = P._b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
+        emptiable = pc.and_(has_ns, pc.invert(in_target))
+        rows = _rows(offset, k)
+        for name in self.selections:
+            _fold_emptied(self.emptied[name], src, codes[name], config, emptiable, rows)
+        return codes, target, pc.and_(config, emptiable)
+
+    def emptied_namespaces(self, name: str) -> dict[str, int]:
+        """Namespace -> the class its config.json takes: those the selection empties (a
+        file chosen, every file but config.json chosen), the class of its first file."""
+        from kvmigrate.migrate import prune as P
+
+        return {ns: (v[3] if v[3] is not None else P.CODES["migrated"])
+                for ns, v in self.emptied[name].items() if v[0] and v[1] == v[2]}
+
+    def config_codes(self, name: str, configs: Any) -> Any:
+        """The final codes of the set-aside config.json rows (columns source_base, status
+        and `name`): an emptied namespace's takes its class, unless already chosen or
+        never prunable (kvmigrate's own, foreign)."""
+        import pyarrow as pa
+
+        from kvmigrate.migrate import prune as P
+
+        cls_of = self.emptied_namespaces(name)
+        mine = [cls_of.get(ns) for ns in configs["source_base"].to_pylist()]
+        foreign = P._in(configs["status"], ("own_artifact", "foreign")).to_pylist()
+        return pa.array([cur or (0 if m is None or f else m) for cur, m, f in
+                         zip(configs[name].to_pylist(), mine, foreign)], pa.int8())
+
+
+def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namespaces: tuple[set[str], set[str]],
+                now: float, namespaces: set[str] | None) -> tuple[dict, dict, dict, list]:
+    """(per class, per (class, namespace), totals, skipped) as `prune.reclaimable` reports
+    them, for a manifest with no LMCache tier and no Mooncake store."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from kvmigrate.migrate import prune as P
 
+    fig = gather(manifest_path, meta, used_namespaces, P.CLASSES)
+    selections: dict[str, tuple[str, ...]] = {cls: (cls,) for cls in _SELECTIONS[:-1]}
+    selections["all"] = P.CLASSES
+    classes = _Classes(fig, selections, int(now * 1e9 - P.DEFAULT_RESIDUE_AGE * 1e9))
     names = _Names()
-    age_ns = P.DEFAULT_RESIDUE_AGE * 1e9
-    cutoff = int(now * 1e9 - age_ns)
     kept: list = []  # the selected rows: row, ns code, dev, inode, size, nlink, a code per selection
     configs: list = []  # the config.json rows of namespaces that can be emptied (few): classed last
-    emptied: dict[str, dict[str, list]] = {s: {} for s in _SELECTIONS}  # ns -> [chosen, rest, rest chosen, first code]
     n = 0
     for offset, c in _batches(manifest_path, _PASS_C):
-        k = len(c["relpath"])
-        n = offset + k
-        src, status = c["source_base"], c["status"]
-        has_ns = P._b(pc.not_equal(src, ""))
-        in_target = fig.in_target(c)
-        mig = fig.paired(c, fig.migrated(c, in_target, has_ns))
-        whole = P._in(src, fig.whole) if fig.whole else pa.array([False] * k)
-        old = P._b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), cutoff))
-        res = pc.and_(pc.or_(P._in(status, P.RESIDUE_STATUSES), pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)),
-                      pc.invert(in_target))
-        zero = pa.scalar(0, pa.int8())
-        codes = {"migrated": pc.if_else(mig, pa.scalar(P.CODES["migrated"], pa.int8()), zero),
-                 "unreadable_namespaces": pc.if_else(whole, pa.scalar(P.CODES["unreadable_namespaces"], pa.int8()),
-                                                     zero),
-                 "residue": pc.if_else(res, pa.scalar(P.CODES["residue"], pa.int8()), zero)}
-        together = codes["migrated"]
-        for cls in ("unreadable_namespaces", "residue"):
-            together = pc.if_else(pc.equal(together, 0), codes[cls], together)
-        codes["all"] = together
-        config = P._b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
-        emptiable = pc.and_(has_ns, pc.invert(in_target))
-        rows = _rows(offset, k)
-        for s in _SELECTIONS:
-            _fold_emptied(emptied[s], src, codes[s], config, emptiable, rows)
+        n = offset + len(c["relpath"])
+        codes, _, cfg = classes.batch(offset, c)
+        rows = _rows(offset, len(c["relpath"]))
         prunable = P._prunable(c)
-        ns = names.codes(src)
-        cfg = pc.and_(config, emptiable)
+        ns = names.codes(c["source_base"])
+        cols = {"row": rows, "ns": ns, **{k: c[k] for k in ("dev", "inode", "size", "nlink")}, **codes}
         if pc.any(cfg).as_py():
-            configs.append(pa.table({"row": pc.filter(rows, cfg), "ns": pc.filter(src, cfg),
-                                     "status": pc.filter(status, cfg), "prunable": pc.filter(prunable, cfg),
-                                     "nsc": pc.filter(ns, cfg),
-                                     **{k2: pc.filter(c[k2], cfg) for k2 in ("dev", "inode", "size", "nlink")},
-                                     **{s: pc.filter(codes[s], cfg) for s in _SELECTIONS}}))
+            configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
+                                     "source_base": pc.filter(c["source_base"], cfg),
+                                     "status": pc.filter(c["status"], cfg), "prunable": pc.filter(prunable, cfg)}))
         chosen = pc.and_(pc.and_(_any_code(codes), prunable), pc.invert(cfg))
         if pc.any(chosen).as_py():
-            kept.append(pa.table({"row": pc.filter(rows, chosen), "ns": pc.filter(ns, chosen),
-                                  **{k2: pc.filter(c[k2], chosen) for k2 in ("dev", "inode", "size", "nlink")},
-                                  **{s: pc.filter(codes[s], chosen) for s in _SELECTIONS}}))
-    # a namespace emptied by a selection takes its config.json in the class of its first file
-    if configs:
+            kept.append(pa.table({k: pc.filter(v, chosen) for k, v in cols.items()}))
+    if configs:  # a namespace emptied by a selection takes its config.json in the class of its first file
         cfgs = pa.concat_tables(configs)
         for s in _SELECTIONS:
-            cls_of = {ns: (v[3] if v[3] is not None else P.CODES["migrated"])
-                      for ns, v in emptied[s].items() if v[0] and v[1] == v[2]}
-            mine = [cls_of.get(ns) for ns in cfgs["ns"].to_pylist()]
-            cur = cfgs[s].to_pylist()
-            foreign = P._in(cfgs["status"], ("own_artifact", "foreign")).to_pylist()
-            new = [cc if cc or m is None or f else m for cc, m, f in zip(cur, mine, foreign)]
-            cfgs = cfgs.set_column(cfgs.column_names.index(s), s, pa.array(new, pa.int8()))
+            cfgs = cfgs.set_column(cfgs.column_names.index(s), s, classes.config_codes(s, cfgs))
         cfgs = cfgs.filter(pc.and_(cfgs["prunable"], _any_code({s: cfgs[s] for s in _SELECTIONS})))
-        kept.append(cfgs.select(["row", "nsc", "dev", "inode", "size", "nlink", *_SELECTIONS])
-                    .rename_columns(["row", "ns", "dev", "inode", "size", "nlink", *_SELECTIONS]))
+        kept.append(cfgs.select(list(kept[0].column_names) if kept else
+                                ["row", "ns", "dev", "inode", "size", "nlink", *_SELECTIONS]))
     del configs
     table = pa.concat_tables(kept) if kept else None
     del kept
@@ -397,8 +450,73 @@ def _pass_c(manifest_path: str, fig: _Figures, root: str, now: float,
                 per_class[s][k2] += v[k2]
     del table
     totals = {k2: sum(v[k2] for v in together_ns.values()) for k2 in P.TOTAL_KEYS}
-    skipped = _skipped_now(manifest_path, root, {ns for _, ns in together_ns}, now)
+    skipped = []
+    for ns, newest in sorted(newest_writes(manifest_path, root, {ns for _, ns in together_ns}).items()):
+        age = now - newest
+        if age < P.DEFAULT_QUIET_PERIOD:
+            skipped.append({"namespace": ns, "written_s_ago": round(max(age, 0)),
+                            "quiet_period_s": P.DEFAULT_QUIET_PERIOD, "reason": P.live_reason(age, P.DEFAULT_QUIET_PERIOD)})
     return per_class, per_ns, totals, skipped
+
+
+_PLAN_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
+                 "nlink")
+
+
+def plan_rows(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
+              classes: tuple[str, ...], cutoff_ns: int) -> tuple[Any, _Figures, set[str]]:
+    """(the rows a prune of `classes` selects, in manifest order: row, class code,
+    `prunable`, the target's row and _PLAN_COLUMNS; the figures; the namespaces it
+    empties), for a manifest with no LMCache tier and no Mooncake store."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune as P
+
+    fig = gather(manifest_path, meta, used_namespaces, classes)
+    sel = _Classes(fig, {"code": classes}, cutoff_ns)
+    chosen_rows: list = []
+    configs: list = []
+    for offset, c in _batches(manifest_path, _PASS_C):
+        codes, target, cfg = sel.batch(offset, c)
+        cols = {"row": _rows(offset, len(c["relpath"])), "code": codes["code"], "prunable": P._prunable(c),
+                "target": target, **{k: c[k] for k in _PLAN_COLUMNS}}
+        if pc.any(cfg).as_py():
+            configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
+                                     "status": pc.filter(c["status"], cfg)}))
+        chosen = pc.and_(pc.not_equal(codes["code"], 0), pc.invert(cfg))
+        if pc.any(chosen).as_py():
+            chosen_rows.append(pa.table({k: pc.filter(v, chosen) for k, v in cols.items()}))
+    if configs:
+        cfgs = pa.concat_tables(configs)
+        cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", sel.config_codes("code", cfgs))
+        chosen_rows.append(cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0)))
+    if not chosen_rows:
+        empty = {"row": pa.int64(), "code": pa.int8(), "prunable": pa.bool_(), "target": pa.int64()}
+        return pa.table({k: pa.array([], t) for k, t in empty.items()} | {k: pa.array([]) for k in _PLAN_COLUMNS}), \
+            fig, set()
+    t = pa.concat_tables(chosen_rows, promote_options="permissive")
+    return t.take(pc.sort_indices(t["row"])), fig, set(sel.emptied_namespaces("code"))
+
+
+def take_rows(manifest_path: str, rows: Any, names: Iterable[str]) -> dict[str, list]:
+    """The columns `names` of the manifest rows `rows` (ascending, unique) as lists."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = list(names)
+    parts: dict[str, list] = {k: [] for k in names}
+    rows = rows.cast(pa.int64())
+    at = 0
+    for offset, c in _batches(manifest_path, names):
+        k = len(c[names[0]])
+        end = at + (pc.sum(pc.less(rows.slice(at), offset + k)).as_py() or 0)
+        if end > at:
+            local = pc.subtract(rows[at:end], offset)
+            for name in names:
+                parts[name].append(pc.take(c[name], local))
+            at = end
+    return {k: [] if not v else pa.concat_arrays(v).to_pylist() for k, v in parts.items()}
 
 
 def _any_code(codes: dict[str, Any]) -> Any:
@@ -438,9 +556,10 @@ def _fold_emptied(acc: dict[str, list], src: Any, code: Any, config: Any, emptia
                 was[3], was[4] = fc, f
 
 
-def _skipped_now(manifest_path: str, root: str, names: set, now: float) -> list:
-    """`prune._skipped_now` over batches: per namespace counted, its newest file (the scan's
-    mtime) or folder (an lstat as its rows are read), then the quiet period's verdict."""
+def newest_writes(manifest_path: str, root: str, names: set) -> dict[str, float]:
+    """Per namespace of `names`: its newest write, in seconds: the newest file mtime (the
+    scan's) or folder mtime (an lstat as its rows are read, each folder once a batch) --
+    `prune._newest_write` over `_namespace_folders`, without holding a folder list."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -448,7 +567,7 @@ def _skipped_now(manifest_path: str, root: str, names: set, now: float) -> list:
 
     names = {ns for ns in names if ns}
     if not names or not root or not os.path.isdir(root):
-        return []
+        return {}
     newest: dict[str, float] = {}
     for _, c in _batches(manifest_path, ("source_base", "relpath", "mtime_ns")):
         mine = P._in(c["source_base"], names)
@@ -472,10 +591,4 @@ def _skipped_now(manifest_path: str, root: str, names: set, now: float) -> list:
                     except OSError:
                         continue
             newest[ns] = best
-    out = []
-    for ns in sorted(newest):
-        age = now - newest[ns]
-        if age < P.DEFAULT_QUIET_PERIOD:
-            out.append({"namespace": ns, "written_s_ago": round(max(age, 0)), "quiet_period_s": P.DEFAULT_QUIET_PERIOD,
-                        "reason": P.live_reason(age, P.DEFAULT_QUIET_PERIOD)})
-    return out
+    return newest

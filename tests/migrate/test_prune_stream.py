@@ -1,8 +1,10 @@
-"""The reports' reclaimable figures, streamed (migrate/prune_stream.py), equal prune's
-selection over the manifest's columns whole (`prune._reclaimable_whole`, the reference),
-for every rule: migrated blocks and their rank files, unreadable and superseded
-namespaces, residue, a namespace emptied by a selection (its config.json), files of no
-namespace, --only/--exclude, and state carried across batch borders (batches of 5 rows).
+"""Prune's selection streamed (migrate/prune_stream.py) equals its selection over the
+manifest's columns whole (`prune._select`, the reference): the reports' reclaimable
+figures (`_reclaimable_whole`) and a prune plan's rows and targets (`_picked_whole`), for
+every rule: migrated blocks and their rank files, unreadable and superseded namespaces,
+residue, a namespace emptied by a selection (its config.json), files of no namespace,
+--only/--exclude, the quiet period, and state carried across batch borders (batches of
+5 rows).
 """
 
 from __future__ import annotations
@@ -44,7 +46,35 @@ def _figures(manifest: str, namespaces: set[str] | None, batch: int | None, monk
     return per_class, sorted(per_ns.items(), key=prune.namespace_order), totals, skipped
 
 
+PLAN_CLASSES = [("migrated",), ("unreadable_namespaces",), ("residue",),
+                ("migrated", "unreadable_namespaces", "residue")]
+
+
+def _picked(manifest: str, classes: tuple, chosen: set | None, batch: int | None, monkeypatch,
+            quiet_period: float | None = None, now: float = 2e9) -> tuple:
+    meta = mf.read_metadata(manifest)
+    args = (manifest, meta, classes, meta["root"], None, None, now, chosen, quiet_period, False)
+    if batch is None:
+        p = prune._picked_whole(*args)
+    else:
+        monkeypatch.setattr(prune_stream, "BATCH", batch)
+        p = prune._picked_streamed(*args)
+    return p.rows, p.targets, p.skipped, p.skip, p.target_bases, p.emptied
+
+
+def _assert_same_plans(manifest: str, monkeypatch) -> int:
+    """Every class's plan rows equal; the number of rows of the plan of all three."""
+    names = sorted(mf.read_metadata(manifest)["namespaces"])
+    for classes in PLAN_CLASSES:
+        whole = _picked(manifest, classes, None, None, monkeypatch)
+        assert _picked(manifest, classes, None, 5, monkeypatch) == whole, classes
+        some = set(names[::2])
+        assert _picked(manifest, classes, some, 5, monkeypatch) == _picked(manifest, classes, some, None, monkeypatch)
+    return len(whole[0]["row"])
+
+
 def _assert_same(manifest: str, monkeypatch) -> dict:
+    _assert_same_plans(manifest, monkeypatch)
     whole = _figures(manifest, None, None, monkeypatch)
     assert _figures(manifest, None, 5, monkeypatch) == whole
     assert _figures(manifest, None, 65_536, monkeypatch) == whole
@@ -58,8 +88,12 @@ def _assert_same(manifest: str, monkeypatch) -> dict:
 def test_migrated_blocks_and_their_proven_replicas(synth_root, tmp_path, monkeypatch):
     root, _ = synth_root(LLMD, VLLM)
     assert run("migrate", root, *MLA, "--apply")[0] == 0
-    totals = _assert_same(_scan(root, tmp_path / "m.parquet", MLA), monkeypatch)
+    manifest = _scan(root, tmp_path / "m.parquet", MLA)
+    totals = _assert_same(manifest, monkeypatch)
     assert totals["files"] > 0 and totals["unlinked_files"] > 0  # the figures are not all zero
+    rows, targets, *_ = _picked(manifest, ("migrated",), None, 5, monkeypatch)
+    blocks = [target for rel, target in zip(rows["relpath"], targets["relpath"]) if rel.endswith(".bin")]
+    assert blocks and all(blocks)  # every migrated block with its target's path and stat
 
 
 def test_unreadable_namespaces_and_residue(synth_root, tmp_path, monkeypatch):
@@ -110,3 +144,5 @@ def test_a_namespace_written_within_the_quiet_period_is_named_as_prune_would_ski
     monkeypatch.setattr(prune_stream, "BATCH", 3)
     streamed = prune_stream.reclaimable(manifest, meta, str(root), used, now, None)
     assert whole[3] and streamed[3] == whole[3]
+    plan = _picked(manifest, ("residue",), None, None, monkeypatch, quiet_period=600, now=now)
+    assert plan[2] and _picked(manifest, ("residue",), None, 3, monkeypatch, quiet_period=600, now=now) == plan
