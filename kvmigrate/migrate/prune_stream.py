@@ -477,10 +477,13 @@ def plan_rows(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[s
     sel = _Classes(fig, {"code": classes}, cutoff_ns)
     chosen_rows: list = []
     configs: list = []
+    empty = None  # the columns' types, for a selection of nothing
     for offset, c in _batches(manifest_path, _PASS_C):
         codes, target, cfg = sel.batch(offset, c)
         cols = {"row": _rows(offset, len(c["relpath"])), "code": codes["code"], "prunable": P._prunable(c),
                 "target": target, **{k: c[k] for k in _PLAN_COLUMNS}}
+        if empty is None:
+            empty = pa.table(cols).slice(0, 0)
         if pc.any(cfg).as_py():
             configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
                                      "status": pc.filter(c["status"], cfg)}))
@@ -492,11 +495,19 @@ def plan_rows(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[s
         cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", sel.config_codes("code", cfgs))
         chosen_rows.append(cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0)))
     if not chosen_rows:
-        empty = {"row": pa.int64(), "code": pa.int8(), "prunable": pa.bool_(), "target": pa.int64()}
-        return pa.table({k: pa.array([], t) for k, t in empty.items()} | {k: pa.array([]) for k in _PLAN_COLUMNS}), \
-            fig, set()
+        return empty if empty is not None else _empty_rows(), fig, set()
     t = pa.concat_tables(chosen_rows, promote_options="permissive")
     return t.take(pc.sort_indices(t["row"])), fig, set(sel.emptied_namespaces("code"))
+
+
+def _empty_rows() -> Any:
+    """plan_rows' columns for a manifest of no rows."""
+    import pyarrow as pa
+
+    types = {"row": pa.int64(), "code": pa.int8(), "prunable": pa.bool_(), "target": pa.int64(), "relpath": pa.string(),
+             "source_base": pa.string(), "deployment": pa.string(), "group": pa.int32(), "block_hash": pa.binary(),
+             "dev": pa.uint64(), "inode": pa.uint64(), "size": pa.int64(), "mtime_ns": pa.int64(), "nlink": pa.uint32()}
+    return pa.table({k: pa.array([], t) for k, t in types.items()})
 
 
 def take_rows(manifest_path: str, rows: Any, names: Iterable[str]) -> dict[str, list]:
