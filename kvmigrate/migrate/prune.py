@@ -773,13 +773,20 @@ def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, ro
                   "size": pc.fill_null(size, 0), "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
                   # the plan's order of names: class by class, rows in manifest order
                   "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), row.cast(pa.int64()))})
-    names = t.group_by(["dev", "ino"]).aggregate([("ord", "count")])
+    # an inode named once among the rows (nearly all) is its own first name: only the
+    # others are joined (a join of every row held several copies of them)
+    names = t.select(["dev", "ino", "ord"]).group_by(["dev", "ino"]).aggregate([("ord", "count")])
+    names = names.filter(pc.greater(names["ord_count"], 1))
     if keep is not None:
         t = t.filter(_in(t["ns"], keep))
-    first = t.group_by(["dev", "ino"]).aggregate([("ord", "min")])
-    t = t.join(names, keys=["dev", "ino"]).join(first, keys=["dev", "ino"])
-    freed = pc.less_equal(t["nlink"], t["ord_count"])
-    once = pc.or_(pc.invert(freed), pc.equal(t["ord"], t["ord_min"]))
+    shared = t.select(["dev", "ino", "ord"]).join(names, keys=["dev", "ino"], join_type="inner")
+    first = shared.group_by(["dev", "ino"]).aggregate([("ord", "min")])
+    shared = shared.join(first, keys=["dev", "ino"])
+    at = pc.index_in(t["ord"], value_set=shared["ord"])  # (ord is unique per row)
+    count = pc.fill_null(pc.take(shared["ord_count"], at), 1)
+    freed = pc.less_equal(t["nlink"], count)
+    once = pc.or_(pc.invert(freed), pc.or_(pc.is_null(at), pc.equal(t["ord"], pc.take(shared["ord_min"], at))))
+    once = pc.fill_null(once, True)
     zero = pa.scalar(0, pa.int64())
     t = pa.table({"cls": t["cls"], "ns": t["ns"], "size": t["size"], "freed": freed.cast(pa.int64()),
                   "freed_bytes": pc.if_else(pc.and_(freed, once), t["size"], zero),

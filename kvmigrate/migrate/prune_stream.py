@@ -59,20 +59,40 @@ def _rows(offset: int, n: int) -> Any:
 
 
 def _digests(col: Any) -> Any:
-    """A 128-bit digest per string (null for null): paths compared without holding them."""
+    """A 128-bit digest per string (null for null): paths compared without holding them.
+    Hashed straight from the array's buffers into one buffer: no Python object per row
+    outlives its step (a list of them pinned the allocator's pages batch after batch)."""
     import pyarrow as pa
 
-    return pa.array([None if v is None else xxhash.xxh3_128_digest(v.encode()) for v in col.to_pylist()],
-                    pa.binary(16))
+    n = len(col)
+    if not n:
+        return pa.array([], pa.binary(16))
+    _, offsets, data = col.buffers()
+    offs = memoryview(offsets).cast("q" if pa.types.is_large_string(col.type) else "i")[col.offset:col.offset + n + 1]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    out = bytearray(16 * n)
+    digest = xxhash.xxh3_128_digest
+    for i in range(n):
+        out[16 * i:16 * i + 16] = digest(view[offs[i]:offs[i + 1]])
+    return _fixed(out, n, col)
+
+
+def _fixed(out: bytearray, n: int, like: Any) -> Any:
+    """binary(16) values from one buffer, null where `like` is null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.Array.from_buffers(pa.binary(16), n, [None, pa.py_buffer(out)])
+    return pc.if_else(pc.is_valid(like), arr, pa.scalar(None, pa.binary(16))) if like.null_count else arr
 
 
 def _key_digests(d: Any, g: Any, h: Any, r: Any) -> Any:
     """A digest per block key (deployment, group, block hash, rank): `_with_secondaries`' key."""
-    import pyarrow as pa
-
-    out = [xxhash.xxh3_128_digest(b"%s\0%d\0%d\0%s" % (dv.encode(), gv, rv, hv))
-           for dv, gv, hv, rv in zip(d.to_pylist(), g.to_pylist(), h.to_pylist(), r.to_pylist())]
-    return pa.array(out, pa.binary(16))
+    n = len(d)
+    out = bytearray(16 * n)
+    for i, (dv, gv, hv, rv) in enumerate(zip(d.to_pylist(), g.to_pylist(), h.to_pylist(), r.to_pylist())):
+        out[16 * i:16 * i + 16] = xxhash.xxh3_128_digest(b"%s\0%d\0%d\0%s" % (dv.encode(), gv, rv, hv))
+    return _fixed(out, n, d)
 
 
 def _concat(parts: list, typ: Any) -> Any:
@@ -287,14 +307,13 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
 
     prims: list = []
     good: dict[str, tuple[bool, bool]] = {}
-    for offset, c in _batches(manifest_path, _PASS_C):
+    for _, c in _batches(manifest_path, _PASS_C):
         src, status = c["source_base"], c["status"]
         if pair:
             mig, target = fig.migrated(c, fig.in_target(c), P._b(pc.not_equal(src, "")))
             if pc.any(mig).as_py():
                 at = pc.indices_nonzero(mig)
                 prims.append(pa.table({"key": _key_digests(*_key_columns(c, at, "rank")),
-                                       "row": pc.add(at.cast(pa.int64()), offset),
                                        "payload": pc.take(c["payload_xxh3_128"], at),
                                        "content": pc.take(c["content_xxh3_128"], at),
                                        "target": pc.take(target, at)}))
@@ -312,10 +331,10 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
     if not prims:
         return None, good
     t = pa.concat_tables(prims)
-    last = t.group_by("key").aggregate([("row", "max")])  # the last primary of a key, as a dict would
-    pos = pc.index_in(last["row_max"], value_set=t["row"])
-    return pa.table({"key": last["key"], "payload": pc.take(t["payload"], pos), "content": pc.take(t["content"], pos),
-                     "target": pc.take(t["target"], pos)}), good
+    del prims
+    whole = pc.ScalarAggregateOptions(skip_nulls=False)  # the last primary of a key, as a dict would
+    last = t.group_by("key", use_threads=False).aggregate([(k, "last", whole) for k in ("payload", "content", "target")])
+    return last.rename_columns(["key", "payload", "content", "target"]), good
 
 
 class _Classes:
@@ -421,6 +440,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
         chosen = pc.and_(pc.and_(_any_code(codes), prunable), pc.invert(cfg))
         if pc.any(chosen).as_py():
             kept.append(pa.table({k: pc.filter(v, chosen) for k, v in cols.items()}))
+    fig.targets = fig.primaries = None  # (what the rows needed of the rest of the manifest: before the tallies)
     if configs:  # a namespace emptied by a selection takes its config.json in the class of its first file
         cfgs = pa.concat_tables(configs)
         for s in _SELECTIONS:
