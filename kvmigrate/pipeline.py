@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kvmigrate import manifest as mf
 from kvmigrate import scan as scan_stage
+from kvmigrate.allocator import return_freed_memory
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
 from kvmigrate.migrate.outputs import expected_transform_output
@@ -129,6 +130,7 @@ def audit(root: str | os.PathLike[str], options: ScanOptions, *, manifest_out: s
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
     at `manifest_out` when given (the hints then point at it)."""
     with scanned(root, manifest_out, options, verb="audit", prefix="kvmigrate-audit-", parts=parts) as result:
+        return_freed_memory()  # the walk is done: the report's batches follow
         with_reclaimable(result.summary, result.output)
         code = result.exit_code | (with_runs(result.summary)["exit_code"] & 1)
         return AuditResult(result.summary, code, str(result.output) if manifest_out is not None else None,

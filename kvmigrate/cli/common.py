@@ -526,31 +526,6 @@ def prefer_arrow_pool(pool: str) -> None:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", pool)
 
 
-def return_freed_memory() -> None:
-    """Have glibc's malloc give back the large buffers a batch frees.
-
-    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so
-    the buffers of later batches come from the heap, whose freed pages stay resident:
-    a command that streams a manifest in batches peaked higher the more batches it read
-    (a report of 128k rows ~17 MiB above one of 32k rows). A fixed threshold (glibc's
-    default, 128 KiB) keeps each larger buffer in its own mapping, returned when freed,
-    for ~15% more system time (a mapping's pages are faulted in afresh). Not for a walk:
-    the hash audit's read buffers made it several times slower. No-op where the C
-    library has no mallopt."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MALLOC_THRESHOLD)  # (a set threshold is no longer raised)
-    mallopt(_M_TRIM_THRESHOLD, _MALLOC_THRESHOLD)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-_MALLOC_THRESHOLD = 128 * 1024
-
-
 def returning_jemalloc() -> None:
     """Arrow on jemalloc returning freed pages at once (Linux; an explicit
     ARROW_DEFAULT_MEMORY_POOL is kept): a command that reads a whole manifest's columns

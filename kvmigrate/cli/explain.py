@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kvmigrate.cli.common import handle_errors, output_options, prefer_arrow_pool, print_json, return_freed_memory
+from kvmigrate.allocator import return_freed_memory
+from kvmigrate.cli.common import handle_errors, output_options, prefer_arrow_pool, print_json
 
 
 @click.command("explain")

@@ -6,12 +6,12 @@ import sys
 
 import click
 
+from kvmigrate.allocator import return_freed_memory
 from kvmigrate.cli.common import (
     handle_errors,
     output_options,
     pop_selection,
     prefer_arrow_pool,
-    return_freed_memory,
     selection_options,
 )
 from kvmigrate.units import plural
