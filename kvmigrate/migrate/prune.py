@@ -49,16 +49,25 @@ from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate import prune_stores as stores_
 from kvmigrate.migrate import prune_tiers as tiers_
 from kvmigrate.migrate.fsops import check_relpath
+from kvmigrate.migrate.prune_rules import (
+    CLASSES,
+    CODES,
+    DEFAULT_QUIET_PERIOD,
+    DEFAULT_RESIDUE_AGE,
+    MIGRATED_STATUSES,
+    RESIDUE_STATUSES,
+    TOTAL_KEYS,
+    _b,
+    _in,
+    _prunable,
+    live_reason,
+    tally_rows,
+)
 
-CLASSES = ("migrated", "unreadable_namespaces", "residue", "index_lost", "tails")  # tails: Mooncake stores
 QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
 PRUNE_JOURNALS_DIR = os.path.join(jn.JOURNALS_DIR, "prune")
 KIND = "prune"  # the header's `kind`: a prune journal, not a migration's
 
-RESIDUE_STATUSES = ("zero_filled", "short", "misfiled")  # tmp_leftover too, when older than --older-than
-MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at its target
-DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
-DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
 
 _COLUMNS = ("relpath", "source_base", "deployment", "target_base", "status", "action", "finding", "primary_rank",
             "rank", "group", "block_hash", "size", "mtime_ns", "inode", "dev", "nlink", "content_xxh3_128",
@@ -121,7 +130,6 @@ class PrunePlan:
         return 1 if self.items or self.retires else 0
 
 
-CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
 
 
 @dataclass
@@ -179,21 +187,6 @@ def _read_columns(manifest_path: str, names: Iterable[str]) -> dict[str, Any]:
         out[name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
         del col
     return out
-
-
-def _b(mask: Any) -> Any:
-    """A boolean mask whose nulls (a null column value) are False, as Python's `in` /
-    `==` on None would be."""
-    import pyarrow.compute as pc
-
-    return pc.fill_null(mask, False)
-
-
-def _in(col: Any, values: Iterable) -> Any:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return _b(pc.is_in(col, value_set=pa.array(sorted(set(values)), col.type)))
 
 
 def _select(manifest_path: str, classes: tuple[str, ...], root: str, migration_journal: str | None,
@@ -366,20 +359,6 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
             .filter(_in(src, names)).group_by("ns").aggregate([("good", "all"), ("block", "any")])
         out += [ns for ns, g, b in zip(*(per_ns[k].to_pylist() for k in ("ns", "good_all", "block_any"))) if g and b]
     return out
-
-
-def _prunable(c: dict[str, Any]) -> Any:
-    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs), nor a file of a
-    family whose prune rules are not built yet (Family.prunes): a mask per row."""
-    import pyarrow.compute as pc
-
-    from kvmigrate import families
-
-    mask = pc.or_(_in(c["status"], ("own_artifact", "foreign")), _b(pc.starts_with(c["relpath"], layout.OWN_DIR + "/")))
-    held = [f.name for f in families.writers() if not f.prunes]
-    if held and c.get("family") is not None:
-        mask = pc.or_(mask, _in(c["family"], held))
-    return pc.invert(mask)
 
 
 @dataclass
@@ -612,7 +591,6 @@ def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
 ORPHANED_KEPT = ("orphaned by vLLM 0.34 (the folder does not record the topology that wrote it): state "
                  "--writer-tp/--writer-pp and migrate it, then --migrated takes it; no class prunes it before")
 
-TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
 OUTSIDE = "(outside namespaces)"  # how the files of no namespace (namespace None) are named
 
 
@@ -758,48 +736,6 @@ def _tally(sel: _Selected, keep: set[str] | None) -> dict[tuple[str, str], dict[
                       f(pa.array(range(len(mask)), pa.int64())), len(mask), keep)
 
 
-def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, row: Any, n: int,
-               keep: set | None) -> dict[tuple[str, Any], dict[str, int]]:
-    """Per (class, namespace) the files and bytes of the selected rows (class code,
-    namespace, dev, inode, size, nlink, row number of a manifest of n rows), freed vs
-    only unlinked (`frees`: every name of the inode selected; its bytes counted once, on
-    its first name in the plan's order), of the namespaces `keep` only (an inode's names
-    counted over every row)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    nlink = pc.fill_null(nlink, 1).cast(pa.int64())
-    t = pa.table({"cls": code, "ns": ns, "dev": pc.fill_null(dev, 0), "ino": pc.fill_null(ino, 0),
-                  "size": pc.fill_null(size, 0), "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
-                  # the plan's order of names: class by class, rows in manifest order
-                  "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), row.cast(pa.int64()))})
-    # an inode named once among the rows (nearly all) is its own first name: only the
-    # others are joined (a join of every row held several copies of them)
-    names = t.select(["dev", "ino", "ord"]).group_by(["dev", "ino"]).aggregate([("ord", "count")])
-    names = names.filter(pc.greater(names["ord_count"], 1))
-    if keep is not None:
-        t = t.filter(_in(t["ns"], keep))
-    shared = t.select(["dev", "ino", "ord"]).join(names, keys=["dev", "ino"], join_type="inner")
-    first = shared.group_by(["dev", "ino"]).aggregate([("ord", "min")])
-    shared = shared.join(first, keys=["dev", "ino"])
-    at = pc.index_in(t["ord"], value_set=shared["ord"])  # (ord is unique per row)
-    count = pc.fill_null(pc.take(shared["ord_count"], at), 1)
-    freed = pc.less_equal(t["nlink"], count)
-    once = pc.or_(pc.invert(freed), pc.or_(pc.is_null(at), pc.equal(t["ord"], pc.take(shared["ord_min"], at))))
-    once = pc.fill_null(once, True)
-    zero = pa.scalar(0, pa.int64())
-    t = pa.table({"cls": t["cls"], "ns": t["ns"], "size": t["size"], "freed": freed.cast(pa.int64()),
-                  "freed_bytes": pc.if_else(pc.and_(freed, once), t["size"], zero),
-                  "unlinked": pc.invert(freed).cast(pa.int64()),
-                  "unlinked_bytes": pc.if_else(freed, zero, t["size"])})
-    g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
-                                             ("freed_bytes", "sum"), ("unlinked", "sum"), ("unlinked_bytes", "sum")])
-    cols = [g[k].to_pylist() for k in ("cls", "ns", "size_count", "size_sum", "freed_sum", "freed_bytes_sum",
-                                       "unlinked_sum", "unlinked_bytes_sum")]
-    return {(CLASSES[cls - 1], ns): dict(zip(TOTAL_KEYS, (files, size, ff, fb, uf, ub)))
-            for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
-
-
 def _any_candidate(manifest_path: str) -> bool:
     """Some row could be selected (a block already at its target, or a status of a class):
     the two columns are read first, so a manifest with nothing to prune costs no more."""
@@ -938,12 +874,6 @@ def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: floa
     if age < quiet_period and tier:
         return tiers_.live_reason(age, newest, quiet_period)
     return live_reason(age, quiet_period) if age < quiet_period else None
-
-
-def live_reason(age: float, quiet_period: float) -> str:
-    """What prune says of a namespace written `age` seconds ago, within the quiet period."""
-    return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
-            "engine may use it); rerun later, or pass --force-live")
 
 
 # --- rendering -------------------------------------------------------------------------------

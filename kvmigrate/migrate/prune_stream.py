@@ -139,7 +139,7 @@ class _Figures:
     primaries: Any = None  # Table: key digest, payload, content, target (the last primary of a key)
 
     def in_target(self, c: dict[str, Any]) -> Any:
-        from kvmigrate.migrate.prune import _in
+        from kvmigrate.migrate.prune_rules import _in
 
         return _in(c["source_base"], self.target_bases)
 
@@ -149,7 +149,7 @@ class _Figures:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from kvmigrate.migrate.prune import MIGRATED_STATUSES, _b, _in
+        from kvmigrate.migrate.prune_rules import MIGRATED_STATUSES, _b, _in
 
         cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
                        pc.and_(_b(pc.equal(c["action"], "already_present")), _in(c["status"], MIGRATED_STATUSES)))
@@ -169,7 +169,7 @@ class _Figures:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from kvmigrate.migrate.prune import _b, _in
+        from kvmigrate.migrate.prune_rules import _b, _in
 
         if self.primaries is None or not len(self.primaries):
             return mig, target
@@ -194,7 +194,7 @@ def _key_columns(c: dict[str, Any], at: Any, rank: str) -> tuple[Any, Any, Any, 
     """The block key columns of the rows `at` (`_with_secondaries`' `keyed`)."""
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate.prune import _b
+    from kvmigrate.migrate.prune_rules import _b
 
     d, src = pc.take(c["deployment"], at), pc.take(c["source_base"], at)
     return (pc.if_else(_b(pc.not_equal(d, "")), d, pc.fill_null(src, "")), pc.fill_null(pc.take(c["group"], at), -1),
@@ -212,7 +212,7 @@ def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune as P
+    from kvmigrate.migrate import prune_rules as P
 
     targets, used = used_namespaces
     # pass 0: the target bases; per namespace, whether it is all unreadable
@@ -303,7 +303,7 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune as P
+    from kvmigrate.migrate import prune_rules as P
 
     prims: list = []
     good: dict[str, tuple[bool, bool]] = {}
@@ -353,7 +353,7 @@ class _Classes:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from kvmigrate.migrate import prune as P
+        from kvmigrate.migrate import prune_rules as P
 
         fig, k = self.fig, len(c["relpath"])
         src, status = c["source_base"], c["status"]
@@ -389,7 +389,7 @@ class _Classes:
     def emptied_namespaces(self, name: str) -> dict[str, int]:
         """Namespace -> the class its config.json takes: those the selection empties (a
         file chosen, every file but config.json chosen), the class of its first file."""
-        from kvmigrate.migrate import prune as P
+        from kvmigrate.migrate import prune_rules as P
 
         return {ns: (v[3] if v[3] is not None else P.CODES["migrated"])
                 for ns, v in self.emptied[name].items() if v[0] and v[1] == v[2]}
@@ -400,7 +400,7 @@ class _Classes:
         never prunable (kvmigrate's own, foreign)."""
         import pyarrow as pa
 
-        from kvmigrate.migrate import prune as P
+        from kvmigrate.migrate import prune_rules as P
 
         cls_of = self.emptied_namespaces(name)
         mine = [cls_of.get(ns) for ns in configs["source_base"].to_pylist()]
@@ -416,7 +416,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune as P
+    from kvmigrate.migrate import prune_rules as P
 
     fig = gather(manifest_path, meta, used_namespaces, P.CLASSES)
     selections: dict[str, tuple[str, ...]] = {cls: (cls,) for cls in _SELECTIONS[:-1]}
@@ -491,7 +491,7 @@ def plan_rows(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[s
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune as P
+    from kvmigrate.migrate import prune_rules as P
 
     fig = gather(manifest_path, meta, used_namespaces, classes)
     sel = _Classes(fig, {"code": classes}, cutoff_ns)
@@ -594,7 +594,7 @@ def newest_writes(manifest_path: str, root: str, names: set) -> dict[str, float]
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune as P
+    from kvmigrate.migrate import prune_rules as P
 
     names = {ns for ns in names if ns}
     if not names or not root or not os.path.isdir(root):

@@ -1,0 +1,96 @@
+"""The vocabulary and per-row rules prune's selection shares between its two readers:
+`prune._select` over the manifest's columns whole and `prune_stream` over its batches
+(migration.md §6): the classes and their codes, the statuses they take, the masks that
+never prune a row, the tally of freed vs only unlinked, the quiet period's words."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kvmigrate import layout
+
+CLASSES = ("migrated", "unreadable_namespaces", "residue", "index_lost", "tails")  # tails: Mooncake stores
+RESIDUE_STATUSES = ("zero_filled", "short", "misfiled")  # tmp_leftover too, when older than --older-than
+MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at its target
+DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
+DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
+CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
+TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
+
+
+def _b(mask: Any) -> Any:
+    """A boolean mask whose nulls (a null column value) are False, as Python's `in` /
+    `==` on None would be."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(mask, False)
+
+
+def _in(col: Any, values: Iterable) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return _b(pc.is_in(col, value_set=pa.array(sorted(set(values)), col.type)))
+
+
+def _prunable(c: dict[str, Any]) -> Any:
+    """Never kvmigrate's own files nor foreign ones (symlinks, FIFOs), nor a file of a
+    family whose prune rules are not built yet (Family.prunes): a mask per row."""
+    import pyarrow.compute as pc
+
+    from kvmigrate import families
+
+    mask = pc.or_(_in(c["status"], ("own_artifact", "foreign")), _b(pc.starts_with(c["relpath"], layout.OWN_DIR + "/")))
+    held = [f.name for f in families.writers() if not f.prunes]
+    if held and c.get("family") is not None:
+        mask = pc.or_(mask, _in(c["family"], held))
+    return pc.invert(mask)
+
+
+def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, row: Any, n: int,
+               keep: set | None) -> dict[tuple[str, Any], dict[str, int]]:
+    """Per (class, namespace) the files and bytes of the selected rows (class code,
+    namespace, dev, inode, size, nlink, row number of a manifest of n rows), freed vs
+    only unlinked (`frees`: every name of the inode selected; its bytes counted once, on
+    its first name in the plan's order), of the namespaces `keep` only (an inode's names
+    counted over every row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    nlink = pc.fill_null(nlink, 1).cast(pa.int64())
+    t = pa.table({"cls": code, "ns": ns, "dev": pc.fill_null(dev, 0), "ino": pc.fill_null(ino, 0),
+                  "size": pc.fill_null(size, 0), "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
+                  # the plan's order of names: class by class, rows in manifest order
+                  "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), row.cast(pa.int64()))})
+    # an inode named once among the rows (nearly all) is its own first name: only the
+    # others are joined (a join of every row held several copies of them)
+    names = t.select(["dev", "ino", "ord"]).group_by(["dev", "ino"]).aggregate([("ord", "count")])
+    names = names.filter(pc.greater(names["ord_count"], 1))
+    if keep is not None:
+        t = t.filter(_in(t["ns"], keep))
+    shared = t.select(["dev", "ino", "ord"]).join(names, keys=["dev", "ino"], join_type="inner")
+    first = shared.group_by(["dev", "ino"]).aggregate([("ord", "min")])
+    shared = shared.join(first, keys=["dev", "ino"])
+    at = pc.index_in(t["ord"], value_set=shared["ord"])  # (ord is unique per row)
+    count = pc.fill_null(pc.take(shared["ord_count"], at), 1)
+    freed = pc.less_equal(t["nlink"], count)
+    once = pc.or_(pc.invert(freed), pc.or_(pc.is_null(at), pc.equal(t["ord"], pc.take(shared["ord_min"], at))))
+    once = pc.fill_null(once, True)
+    zero = pa.scalar(0, pa.int64())
+    t = pa.table({"cls": t["cls"], "ns": t["ns"], "size": t["size"], "freed": freed.cast(pa.int64()),
+                  "freed_bytes": pc.if_else(pc.and_(freed, once), t["size"], zero),
+                  "unlinked": pc.invert(freed).cast(pa.int64()),
+                  "unlinked_bytes": pc.if_else(freed, zero, t["size"])})
+    g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
+                                             ("freed_bytes", "sum"), ("unlinked", "sum"), ("unlinked_bytes", "sum")])
+    cols = [g[k].to_pylist() for k in ("cls", "ns", "size_count", "size_sum", "freed_sum", "freed_bytes_sum",
+                                       "unlinked_sum", "unlinked_bytes_sum")]
+    return {(CLASSES[cls - 1], ns): dict(zip(TOTAL_KEYS, (files, size, ff, fb, uf, ub)))
+            for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
+
+
+def live_reason(age: float, quiet_period: float) -> str:
+    """What prune says of a namespace written `age` seconds ago, within the quiet period."""
+    return (f"written {max(age, 0):.0f} s ago, within the quiet period of {quiet_period:.0f} s (a running "
+            "engine may use it); rerun later, or pass --force-live")
