@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -225,7 +226,7 @@ def store_label(store: str) -> str:
     return f"mooncake:{store}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineKey:
     """What an engine key says (§2.2, §2.3)."""
 
@@ -243,16 +244,20 @@ class EngineKey:
 
 
 def parse_engine_key(key: str) -> EngineKey | None:
+    """A key's fields; what a deployment's keys share (stem, model, prefix, namespace) is one
+    string per deployment, however many objects spell it."""
     v = M.parse_vllm_key(key)
     if v is not None:
-        return EngineKey("vllm", v.stem, v.model, v.group, v.hash, (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None,
-                         v.prefix, v.namespace)
+        return EngineKey("vllm", sys.intern(v.stem), sys.intern(v.model), v.group, v.hash, (v.pcp, v.dcp, v.pp_rank),
+                         v.tp_rank, "", None, None if v.prefix is None else sys.intern(v.prefix),
+                         sys.intern(v.namespace))
     s = M.parse_sglang_key(key)
     if s is not None:
+        prefix = sys.intern(s.prefix)
         if not s.ranks:  # `__k`: MLA, pp 1
-            return EngineKey("sglang", s.stem, s.prefix, 0, s.page_hash, (0,), 0, s.half, True)
+            return EngineKey("sglang", prefix, prefix, 0, s.page_hash, (0,), 0, s.half, True)
         pp = s.ranks[1] if len(s.ranks) > 1 else 0
-        return EngineKey("sglang", s.stem, s.prefix, 0, s.page_hash, (pp,), s.ranks[0], s.half, None)
+        return EngineKey("sglang", prefix, prefix, 0, s.page_hash, (pp,), s.ranks[0], s.half, None)
     return None
 
 
@@ -343,6 +348,7 @@ class Mooncake(families.Family):
             if dep is None:
                 dep = deps[label] = Deployment(label, store, ek.engine, ek.stem, scheme, sk.tenant, ek.model,
                                                facts=facts_for(ek.model), prefix=ek.prefix, namespace=ek.namespace)
+            label = dep.label  # (one string per deployment, not one per object)
             dep.files.append(o)
             o.deployment = label
             o.rank, o.group = ek.rank, ek.group
@@ -354,6 +360,9 @@ class Mooncake(families.Family):
         for dep in deps.values():
             self._classify_deployment(dep, fsdir, store_facts, held, self.target_profile(profile) == RAW_PROFILE)
         _settle_targets(keyed, held, fsdir)
+        for o in keyed:  # what the verdicts parsed is theirs only: the rows keep the verdicts
+            o.storage = o.parsed = o.block = None
+            o.key_rank = ()
         return sorted(deps.values(), key=lambda d: d.label), loose
 
     def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held,
@@ -503,7 +512,7 @@ class Mooncake(families.Family):
             return
         sk = _storage(o)
         target_key = side.storage_key(side.engine_key(sk.engine))
-        o.target_key = target_key
+        o.target_key = target_key = o.object_key if target_key == o.object_key else target_key
         why = side.differs(sk, dep)
         if o.kind == "kventry":
             want = _client_rel(o.client, M.fpk(target_key, fsdir))
@@ -520,7 +529,7 @@ class Mooncake(families.Family):
                 o.action, o.target = "link", want
                 o.reason = "a valid entry outside fpk(key): registered at start, never read; link it there"
             return
-        o.target = _client_rel(o.client, "")
+        o.target = _client_root(o.client)
         if target_key != o.object_key:
             o.action = "rekey"
             o.reason = f"{why}: rekey rewrites its index entry to the target key, its value unchanged"
@@ -828,7 +837,7 @@ def _serves(h: StoreFile, key: bytes, fsdir: str) -> bool:
 def _location(h: StoreFile) -> str:
     """A row's `target_relpath` for an object found at `h`: a bucket entry's client root, a
     KVEntry's path."""
-    return _client_rel(h.client, "") if h.kind == "object" else h.relpath
+    return _client_root(h.client) if h.kind == "object" else h.relpath
 
 
 def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
@@ -878,6 +887,12 @@ def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
             o.reason = fd.reason(f"{prior.relpath} is {prior.action}ed to the same target key with other bytes: "
                                  "never planned twice", fd.TARGET_OCCUPIED, aliases_relpath=prior.relpath,
                                  of_action=action)
+
+
+def _client_root(client: str) -> str:
+    """A client root's own target path (`_client_rel(client, "")`), one string per client
+    root however many objects name it."""
+    return sys.intern(_client_rel(client, ""))
 
 
 def _client_rel(client: str, rel: str) -> str:
