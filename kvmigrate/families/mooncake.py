@@ -168,8 +168,7 @@ class StoreFile:
     target_key: bytes | None = None
     value_offset: int | None = None  # an object's value in its `.bucket`
     duplicate: bool = False  # its key is in another live entry of the store too
-    storage: M.StorageKey | None = None  # `object_key` split (tenant, engine key), parsed once
-    parsed: EngineKey | None = None  # its engine key's fields (None: no known grammar)
+    mla: bool | None = None  # its engine key says MLA (SGLang `__k`; None: not known from one key)
     block: tuple | None = None  # (deployment, group, hash, sub-key): its block
     key_rank: tuple = ()  # its key rank within the block
 
@@ -325,7 +324,7 @@ class Mooncake(families.Family):
         keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
         store_facts = facts_for(None)
         for o in keyed:
-            sk = o.storage = M.parse_storage_key(o.object_key or b"")
+            sk = M.parse_storage_key(o.object_key or b"")
             retired = M.parse_retired_key(sk.engine)
             if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
                 o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
@@ -333,7 +332,7 @@ class Mooncake(families.Family):
                 o.deployment = store_label(store)
                 loose.append(o)
                 continue
-            ek = o.parsed = parse_engine_key(sk.engine)
+            ek = parse_engine_key(sk.engine)
             scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
             if ek is None:
                 if o.status == "ok":
@@ -355,13 +354,14 @@ class Mooncake(families.Family):
             o.block_hash = _hash_bytes(ek.hash)
             o.block = (label, ek.group, ek.hash, ek.sub)
             o.key_rank = (ek.rank, ek.half)
+            o.mla = ek.mla
         _duplicates(keyed)
         held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
         for dep in deps.values():
             self._classify_deployment(dep, fsdir, store_facts, held, self.target_profile(profile) == RAW_PROFILE)
         _settle_targets(keyed, held, fsdir)
         for o in keyed:  # what the verdicts parsed is theirs only: the rows keep the verdicts
-            o.storage = o.parsed = o.block = None
+            o.block = None
             o.key_rank = ()
         return sorted(deps.values(), key=lambda d: d.label), loose
 
@@ -370,7 +370,7 @@ class Mooncake(families.Family):
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
-            mla = any(o.key_rank == (0, "k") and o.parsed is not None and bool(o.parsed.mla) for o in objs)
+            mla = any(o.key_rank == (0, "k") and o.mla for o in objs)
             kind = kind or ("mla" if mla else "full" if any(o.key_rank[1] == "v" for o in objs) else None)
             if kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
                 for o in objs:
@@ -807,10 +807,9 @@ class _Held:
 
 
 def _storage(o: StoreFile) -> M.StorageKey:
-    """An object's storage key split, parsed once per object."""
-    if o.storage is None:
-        o.storage = M.parse_storage_key(o.object_key or b"")
-    return o.storage
+    """An object's storage key split (parsed when asked: a parse kept per object would
+    hold its engine key twice)."""
+    return M.parse_storage_key(o.object_key or b"")
 
 
 def _registered(o: StoreFile) -> bytes:
