@@ -513,12 +513,12 @@ class Mooncake(families.Family):
         sk = _storage(o)
         target_key = side.storage_key(side.engine_key(sk.engine))
         o.target_key = target_key = o.object_key if target_key == o.object_key else target_key
-        why = side.differs(sk, dep)
+        why = side.differs(sk, dep)  # (the same for most objects of a deployment: their reasons are one string)
         if o.kind == "kventry":
             want = _client_rel(o.client, M.fpk(target_key, fsdir))
             if target_key != o.object_key:
                 o.action, o.target = "rekey", want
-                o.reason = f"{why}: rekey writes the entry at its target key (fpk of it), its value unchanged"
+                o.reason = sys.intern(f"{why}: rekey writes the entry at its target key (fpk of it), its value unchanged")
             elif want == o.relpath:
                 o.action, o.target = "already_present", o.relpath
                 o.reason = "read in place: the target looks up this key at this path"
@@ -532,7 +532,7 @@ class Mooncake(families.Family):
         o.target = _client_root(o.client)
         if target_key != o.object_key:
             o.action = "rekey"
-            o.reason = f"{why}: rekey rewrites its index entry to the target key, its value unchanged"
+            o.reason = sys.intern(f"{why}: rekey rewrites its index entry to the target key, its value unchanged")
         else:
             o.action = "already_present"
             o.reason = "read in place: the target looks up this key in this live index"
