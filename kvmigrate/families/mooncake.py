@@ -243,20 +243,20 @@ class EngineKey:
 
 
 def parse_engine_key(key: str) -> EngineKey | None:
-    """A key's fields; what a deployment's keys share (stem, model, prefix, namespace) is one
-    string per deployment, however many objects spell it."""
+    """A key's fields; what keys share (a deployment's stem, model, prefix and namespace, a
+    block's hash) is one string, however many objects spell it."""
     v = M.parse_vllm_key(key)
     if v is not None:
-        return EngineKey("vllm", sys.intern(v.stem), sys.intern(v.model), v.group, v.hash, (v.pcp, v.dcp, v.pp_rank),
-                         v.tp_rank, "", None, None if v.prefix is None else sys.intern(v.prefix),
-                         sys.intern(v.namespace))
+        return EngineKey("vllm", sys.intern(v.stem), sys.intern(v.model), v.group, sys.intern(v.hash),
+                         (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None,
+                         None if v.prefix is None else sys.intern(v.prefix), sys.intern(v.namespace))
     s = M.parse_sglang_key(key)
     if s is not None:
-        prefix = sys.intern(s.prefix)
+        prefix, page = sys.intern(s.prefix), sys.intern(s.page_hash)
         if not s.ranks:  # `__k`: MLA, pp 1
-            return EngineKey("sglang", prefix, prefix, 0, s.page_hash, (0,), 0, s.half, True)
+            return EngineKey("sglang", prefix, prefix, 0, page, (0,), 0, s.half, True)
         pp = s.ranks[1] if len(s.ranks) > 1 else 0
-        return EngineKey("sglang", prefix, prefix, 0, s.page_hash, (pp,), s.ranks[0], s.half, None)
+        return EngineKey("sglang", prefix, prefix, 0, page, (pp,), s.ranks[0], s.half, None)
     return None
 
 
@@ -323,6 +323,7 @@ class Mooncake(families.Family):
         loose = [f for f in files if f.kind != "kventry" or f.status != "ok"]
         keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
         store_facts = facts_for(None)
+        shared: dict[tuple, tuple] = {}  # one tuple per key rank and block coordinates, not one per object
         for o in keyed:
             sk = M.parse_storage_key(o.object_key or b"")
             retired = M.parse_retired_key(sk.engine)
@@ -352,8 +353,8 @@ class Mooncake(families.Family):
             o.deployment = label
             o.rank, o.group = ek.rank, ek.group
             o.block_hash = _hash_bytes(ek.hash)
-            o.block = (label, ek.group, ek.hash, ek.sub)
-            o.key_rank = (ek.rank, ek.half)
+            o.block = (label, ek.group, ek.hash, shared.setdefault(ek.sub, ek.sub))
+            o.key_rank = shared.setdefault((ek.rank, ek.half), (ek.rank, ek.half))
             o.mla = ek.mla
         _duplicates(keyed)
         held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
