@@ -485,11 +485,12 @@ class _StoreRows(RecordRows):
         return sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        ordered = self.ordered()
+        pending = self.ordered()
+        pending.reverse()  # (batches leave from its end: each record is held by its batch only)
         self.files = []
-        while ordered:
-            batch = ordered[:BATCH_ROWS]
-            del ordered[:BATCH_ROWS]  # (each record is held by its batch only)
+        while pending:
+            batch = pending[:-BATCH_ROWS - 1:-1]
+            del pending[-BATCH_ROWS:]
             t = rows_of(batch, code).table(ns_arrays)
             for name, values, typ in (("object_index", [f.object_index for f in batch], pa.int32()),
                                       ("object_key", [f.object_key for f in batch], pa.binary()),
