@@ -28,7 +28,7 @@ NOISE_KIB = 2048
 # Still over the bound (measured at 32k -> 128k objects): the verdicts of a store (blocks
 # across buckets, keys registered twice, targets another object holds) are given with every
 # object of the store in memory, one record each.
-OVER_BOUND = "the store's verdicts hold one record per object (~1,100 B an object, main ~3,200 B)"
+OVER_BOUND = "the store's verdicts hold one record per object (~860 B an object; main ~3,100 B)"
 
 
 def _store(root: Path, blocks: int) -> None:
