@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -167,8 +168,7 @@ class StoreFile:
     target_key: bytes | None = None
     value_offset: int | None = None  # an object's value in its `.bucket`
     duplicate: bool = False  # its key is in another live entry of the store too
-    storage: M.StorageKey | None = None  # `object_key` split (tenant, engine key), parsed once
-    parsed: EngineKey | None = None  # its engine key's fields (None: no known grammar)
+    mla: bool | None = None  # its engine key says MLA (SGLang `__k`; None: not known from one key)
     block: tuple | None = None  # (deployment, group, hash, sub-key): its block
     key_rank: tuple = ()  # its key rank within the block
 
@@ -225,7 +225,7 @@ def store_label(store: str) -> str:
     return f"mooncake:{store}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineKey:
     """What an engine key says (§2.2, §2.3)."""
 
@@ -243,16 +243,20 @@ class EngineKey:
 
 
 def parse_engine_key(key: str) -> EngineKey | None:
+    """A key's fields; what keys share (a deployment's stem, model, prefix and namespace, a
+    block's hash) is one string, however many objects spell it."""
     v = M.parse_vllm_key(key)
     if v is not None:
-        return EngineKey("vllm", v.stem, v.model, v.group, v.hash, (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None,
-                         v.prefix, v.namespace)
+        return EngineKey("vllm", sys.intern(v.stem), sys.intern(v.model), v.group, sys.intern(v.hash),
+                         (v.pcp, v.dcp, v.pp_rank), v.tp_rank, "", None,
+                         None if v.prefix is None else sys.intern(v.prefix), sys.intern(v.namespace))
     s = M.parse_sglang_key(key)
     if s is not None:
+        prefix, page = sys.intern(s.prefix), sys.intern(s.page_hash)
         if not s.ranks:  # `__k`: MLA, pp 1
-            return EngineKey("sglang", s.stem, s.prefix, 0, s.page_hash, (0,), 0, s.half, True)
+            return EngineKey("sglang", prefix, prefix, 0, page, (0,), 0, s.half, True)
         pp = s.ranks[1] if len(s.ranks) > 1 else 0
-        return EngineKey("sglang", s.stem, s.prefix, 0, s.page_hash, (pp,), s.ranks[0], s.half, None)
+        return EngineKey("sglang", prefix, prefix, 0, page, (pp,), s.ranks[0], s.half, None)
     return None
 
 
@@ -319,8 +323,9 @@ class Mooncake(families.Family):
         loose = [f for f in files if f.kind != "kventry" or f.status != "ok"]
         keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
         store_facts = facts_for(None)
+        shared: dict[tuple, tuple] = {}  # one tuple per key rank and block coordinates, not one per object
         for o in keyed:
-            sk = o.storage = M.parse_storage_key(o.object_key or b"")
+            sk = M.parse_storage_key(o.object_key or b"")
             retired = M.parse_retired_key(sk.engine)
             if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
                 o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
@@ -328,7 +333,7 @@ class Mooncake(families.Family):
                 o.deployment = store_label(store)
                 loose.append(o)
                 continue
-            ek = o.parsed = parse_engine_key(sk.engine)
+            ek = parse_engine_key(sk.engine)
             scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
             if ek is None:
                 if o.status == "ok":
@@ -343,17 +348,22 @@ class Mooncake(families.Family):
             if dep is None:
                 dep = deps[label] = Deployment(label, store, ek.engine, ek.stem, scheme, sk.tenant, ek.model,
                                                facts=facts_for(ek.model), prefix=ek.prefix, namespace=ek.namespace)
+            label = dep.label  # (one string per deployment, not one per object)
             dep.files.append(o)
             o.deployment = label
             o.rank, o.group = ek.rank, ek.group
             o.block_hash = _hash_bytes(ek.hash)
-            o.block = (label, ek.group, ek.hash, ek.sub)
-            o.key_rank = (ek.rank, ek.half)
+            o.block = (label, ek.group, ek.hash, shared.setdefault(ek.sub, ek.sub))
+            o.key_rank = shared.setdefault((ek.rank, ek.half), (ek.rank, ek.half))
+            o.mla = ek.mla
         _duplicates(keyed)
         held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
         for dep in deps.values():
             self._classify_deployment(dep, fsdir, store_facts, held, self.target_profile(profile) == RAW_PROFILE)
         _settle_targets(keyed, held, fsdir)
+        for o in keyed:  # what the verdicts parsed is theirs only: the rows keep the verdicts
+            o.block = None
+            o.key_rank = ()
         return sorted(deps.values(), key=lambda d: d.label), loose
 
     def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held,
@@ -361,7 +371,7 @@ class Mooncake(families.Family):
         objs = dep.files
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
-            mla = any(o.key_rank == (0, "k") and o.parsed is not None and bool(o.parsed.mla) for o in objs)
+            mla = any(o.key_rank == (0, "k") and o.mla for o in objs)
             kind = kind or ("mla" if mla else "full" if any(o.key_rank[1] == "v" for o in objs) else None)
             if kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
                 for o in objs:
@@ -503,13 +513,13 @@ class Mooncake(families.Family):
             return
         sk = _storage(o)
         target_key = side.storage_key(side.engine_key(sk.engine))
-        o.target_key = target_key
-        why = side.differs(sk, dep)
+        o.target_key = target_key = o.object_key if target_key == o.object_key else target_key
+        why = side.differs(sk, dep)  # (the same for most objects of a deployment: their reasons are one string)
         if o.kind == "kventry":
             want = _client_rel(o.client, M.fpk(target_key, fsdir))
             if target_key != o.object_key:
                 o.action, o.target = "rekey", want
-                o.reason = f"{why}: rekey writes the entry at its target key (fpk of it), its value unchanged"
+                o.reason = sys.intern(f"{why}: rekey writes the entry at its target key (fpk of it), its value unchanged")
             elif want == o.relpath:
                 o.action, o.target = "already_present", o.relpath
                 o.reason = "read in place: the target looks up this key at this path"
@@ -520,10 +530,10 @@ class Mooncake(families.Family):
                 o.action, o.target = "link", want
                 o.reason = "a valid entry outside fpk(key): registered at start, never read; link it there"
             return
-        o.target = _client_rel(o.client, "")
+        o.target = _client_root(o.client)
         if target_key != o.object_key:
             o.action = "rekey"
-            o.reason = f"{why}: rekey rewrites its index entry to the target key, its value unchanged"
+            o.reason = sys.intern(f"{why}: rekey rewrites its index entry to the target key, its value unchanged")
         else:
             o.action = "already_present"
             o.reason = "read in place: the target looks up this key in this live index"
@@ -798,10 +808,9 @@ class _Held:
 
 
 def _storage(o: StoreFile) -> M.StorageKey:
-    """An object's storage key split, parsed once per object."""
-    if o.storage is None:
-        o.storage = M.parse_storage_key(o.object_key or b"")
-    return o.storage
+    """An object's storage key split (parsed when asked: a parse kept per object would
+    hold its engine key twice)."""
+    return M.parse_storage_key(o.object_key or b"")
 
 
 def _registered(o: StoreFile) -> bytes:
@@ -828,7 +837,7 @@ def _serves(h: StoreFile, key: bytes, fsdir: str) -> bool:
 def _location(h: StoreFile) -> str:
     """A row's `target_relpath` for an object found at `h`: a bucket entry's client root, a
     KVEntry's path."""
-    return _client_rel(h.client, "") if h.kind == "object" else h.relpath
+    return _client_root(h.client) if h.kind == "object" else h.relpath
 
 
 def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
@@ -878,6 +887,12 @@ def _settle_targets(keyed: list[StoreFile], held: _Held, fsdir: str) -> None:
             o.reason = fd.reason(f"{prior.relpath} is {prior.action}ed to the same target key with other bytes: "
                                  "never planned twice", fd.TARGET_OCCUPIED, aliases_relpath=prior.relpath,
                                  of_action=action)
+
+
+def _client_root(client: str) -> str:
+    """A client root's own target path (`_client_rel(client, "")`), one string per client
+    root however many objects name it."""
+    return sys.intern(_client_rel(client, ""))
 
 
 def _client_rel(client: str, rel: str) -> str:

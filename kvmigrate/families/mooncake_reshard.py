@@ -166,7 +166,7 @@ def plan_block(objs: list[Any], *, engine: str, n_s: int, n_t: int, geo: Geometr
             mark(primary, "needs_reshard", f"reshard from {n_s} to {n_t} key ranks: {why}", fd.Finding(fd.TRANSFORM))
             followers("needs_reshard")
             return
-    rank0 = target_engine_key(primary.storage.engine)  # (its target model and prefix; parsed by the scan)
+    rank0 = target_engine_key(M.parse_storage_key(primary.object_key or b"").engine)  # (its target model and prefix)
     outs = outputs(engine, rank0, primary.client, n_t, halves, tenant, value_size(primary), n_s, geo)
     present, _displaced, other = holders(outs, registered, {id(o) for o in objs})
     first = outs[0]

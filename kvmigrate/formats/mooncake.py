@@ -18,6 +18,7 @@ whose encodings are unchanged over that range (R §6).
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from kvmigrate.releases import release_tuple
@@ -267,7 +268,7 @@ def fpk(key: bytes, fsdir: str = DEFAULT_FSDIR) -> str:
 
 # --- storage keys and engine keys (§2) ----------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StorageKey:
     """A storage key split: `tenant` None for a raw key (≤ 0.3.11), else what precedes the
     first NUL; `engine` the engine's key."""
@@ -287,7 +288,7 @@ class StorageKey:
 def parse_storage_key(key: bytes) -> StorageKey:
     text = key.decode("utf-8", "surrogateescape")
     tenant, nul, engine = text.partition("\0")
-    return StorageKey(tenant, engine) if nul else StorageKey(None, text)
+    return StorageKey(sys.intern(tenant), engine) if nul else StorageKey(None, text)  # (a store has few tenants)
 
 
 def scoped(engine_key: str, tenant: str = DEFAULT_TENANT) -> bytes:

@@ -30,6 +30,7 @@ from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import RecordRows, rows_of
 
 HEAD_BYTES = 8192
+BATCH_ROWS = 8192  # rows of a store namespace made into one table at a time
 META_MAX = 64 << 20  # a `.meta` lists at most 500 keys: one larger is never read into memory
 StoreFile = MC.StoreFile
 
@@ -161,8 +162,7 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str]
         elif e.name == MC.OWN_LOCK:
             f.kind = "own"
         elif e.name.endswith(M.META_SUFFIX):
-            f.kind = "meta"
-            _read_meta(e.path, f)
+            f.kind = "meta"  # (read when its pair is judged: one index's bytes held at a time)
         elif e.name.endswith(M.BUCKET_SUFFIX):
             f.kind = "bucket"
         files.append(f)
@@ -273,10 +273,10 @@ def _read_kventry(path: str, f: StoreFile, verify: str) -> None:
         return
     try:
         head = os.pread(fd, HEAD_BYTES, 0)
-        f.data = head
         try:
             key, at, n = M.kv_entry_layout(head, f.size)
         except M.DecodeError:
+            f.data = head  # (its verdict tells a cut entry from another file by these bytes)
             f.all_zero = not any(head) if len(head) == f.size else None
             return
         f.object_key, f.value_offset, f.value_size = key, at, n
@@ -330,8 +330,10 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
     for name, f in top.items():
         if f.kind != "meta" or not f.regular:
             continue
+        _read_meta(os.path.join(root, f.relpath), f)
+        data, f.data = f.data, None  # (decoded here; the rows keep what it says, not its bytes)
         if not M.is_pair_name(name):
-            _unread_meta(f, "its stem is not all digits: Mooncake never reads it")
+            _unread_meta(f, "its stem is not all digits: Mooncake never reads it", data)
             continue
         ident = M.stoll_id(name)
         bucket = top.get(name[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX)
@@ -339,7 +341,7 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
             f.status, f.reason = "unreadable", f.error
             continue
         try:
-            meta = M.decode_meta(f.data or b"")
+            meta = M.decode_meta(data or b"")
             problem = ("its data_size is 0" if meta.data_size == 0 else "it lists no key" if not meta.keys else
                        f"it lists {len(meta.keys)} keys and {len(meta.objects)} entries"
                        if len(meta.keys) != len(meta.objects) else None)
@@ -383,9 +385,9 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
     return objects
 
 
-def _unread_meta(f: StoreFile, why: str) -> None:
+def _unread_meta(f: StoreFile, why: str, data: bytes | None = None) -> None:
     try:
-        M.decode_meta(f.data or b"")
+        M.decode_meta((f.data if data is None else data) or b"")
         f.status, f.reason = "misfiled", f"an index Mooncake never reads ({why}); its objects are not served"
     except M.DecodeError:
         f.status, f.reason = "foreign", f"{why}; it does not parse as an index: not part of the cache"
@@ -475,19 +477,24 @@ def _objects(root: str, meta_file: StoreFile, bucket: StoreFile, meta: M.BucketM
 
 
 class _StoreRows(RecordRows):
-    """A store namespace's rows: each file row, then its object rows, as one table when written."""
+    """A store namespace's rows: each file row, then its object rows, in batches of
+    BATCH_ROWS when written. Each row's record is let go once its batch is a table: the
+    namespace's rows are written once."""
 
     def ordered(self) -> list[StoreFile]:
         return sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        ordered = self.ordered()
-        out = rows_of(ordered, code)
-        if not len(out):
-            return
-        t = out.table(ns_arrays)
-        for name, values, typ in (("object_index", [f.object_index for f in ordered], pa.int32()),
-                                  ("object_key", [f.object_key for f in ordered], pa.binary()),
-                                  ("target_key", [f.target_key for f in ordered], pa.binary())):
-            t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, typ))
-        yield t
+        pending = self.ordered()
+        pending.reverse()  # (batches leave from its end: each record is held by its batch only)
+        self.files = []
+        while pending:
+            batch = pending[:-BATCH_ROWS - 1:-1]
+            del pending[-BATCH_ROWS:]
+            t = rows_of(batch, code).table(ns_arrays)
+            for name, values, typ in (("object_index", [f.object_index for f in batch], pa.int32()),
+                                      ("object_key", [f.object_key for f in batch], pa.binary()),
+                                      ("target_key", [f.target_key for f in batch], pa.binary())):
+                t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, typ))
+            del batch
+            yield t
