@@ -1,21 +1,25 @@
-"""`reclaimable` over the manifest in record batches: prune's selection rules for a
-manifest of directory-layout families (no LMCache tier, no Mooncake store), in a working
-set that does not grow with the manifest's rows (what a 10M-file cache's nightly report
-and audit can afford).
+"""Prune's selection over the manifest in record batches, for a manifest of
+directory-layout families (no LMCache tier, no Mooncake store): the reports' reclaimable
+figures (`reclaimable`) in a working set that does not grow with the manifest's rows,
+and a prune plan's rows (`plan_rows`) holding only the selected ones.
 
-The rules are `prune._select`'s (migration.md §6), which reads every column whole; that
-one stays the reference (and the path for tiers and stores, whose rules read across their
-rows). What a row's class needs of the rest of the manifest is gathered first, compactly:
+The rules are `prune._select`'s (migration.md §6; their shared vocabulary and masks are
+in prune_rules.py), which reads every column whole; that one stays the reference (and
+the path for tiers and stores, whose rules read across their rows). What a row's class
+needs of the rest of the manifest is gathered first, compactly (`gather`):
 
     pass 0   the target bases, and per namespace whether all its files are unreadable
-    pass A   the rows of target namespaces: a 128-bit digest of their path when healthy
-             (the file a migrated block's bytes stay in); a superseded era's held hashes
+    pass A   the rows of target namespaces: a 128-bit digest of their path, and their
+             row, when healthy (the file a migrated block's bytes stay in); a superseded
+             era's held hashes
     pass B   only with rank files to pair or a superseded era to prove: the primaries of
-             migrated blocks (key digest, hashes) and each era's verdict per namespace
-    pass C   each row's class under each selection, folded into per-namespace counters;
-             of the selected rows only (dev, inode, size, nlink, row) kept, 40-odd bytes,
-             because whether a file frees its bytes depends on its inode's other names
-    pass D   the folders of the namespaces counted, for the quiet period (lstat as read)
+             migrated blocks (key digest, hashes, target row) and each era's verdict
+    pass C   each row's class under each selection (`_Classes`): the figures keep of the
+             selected rows only (dev, inode, size, nlink, row), 40-odd bytes, because
+             whether a file frees its bytes depends on its inode's other names; a plan
+             keeps the selected rows' columns
+    pass D   the newest write of the namespaces counted, for the quiet period (folders
+             lstat'ed as their rows are read: `newest_writes`)
 
 Each pass reads BATCH rows at a time; dictionary columns are decoded per batch.
 """
