@@ -256,7 +256,7 @@ def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Cal
     runs: list[tuple[PruneRun, str, int, int]] = []  # (run, file, header position, next header's)
     for path in jn.journal_files(jdir):
         here: list[tuple[PruneRun, int]] = []
-        for pos, rec in enumerate(jn.iter_records(path)):
+        for pos, rec in enumerate(jn.iter_records(path, linked=False)):
             t = rec.get("t")
             if t == "header":
                 if rec.get("kind") != PRUNE_KIND or not isinstance(rec.get("root"), str):
@@ -269,7 +269,7 @@ def _prune_runs(jdir: str, namespaces: set[str]) -> Iterator[tuple[PruneRun, Cal
 
     def intents(path: str, start: int, end: int) -> Callable[[], Iterator[dict]]:
         def items() -> Iterator[dict]:
-            for pos, rec in enumerate(jn.iter_records(path)):
+            for pos, rec in enumerate(jn.iter_records(path, linked=False)):
                 if pos == end:
                     return
                 if pos > start and rec.get("t") == "intent":

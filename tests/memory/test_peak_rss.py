@@ -38,9 +38,6 @@ OVER_BOUND = {
     "prune_dry": _PRUNE_PLAN + " (~1,560 B a file)",
     "prune_apply": _PRUNE_PLAN + " (~1,450 B a file)",
     "prune_scan_apply": _PRUNE_PLAN + " (~1,670 B a file)",
-    "rollback_list": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
-    "rollback_dry": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
-    "rollback": "the decision over prune journals holds ~105-125 B a file (moved-path digests and more)",
 }
 
 
