@@ -11,7 +11,6 @@ each run), so P runs cover the tree; a hash that changed under unchanged metadat
 
 from __future__ import annotations
 
-import ctypes
 import os
 from bisect import bisect_left
 from fractions import Fraction
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvmigrate import manifest
+from kvmigrate.allocator import give_back_freed
 from kvmigrate.errors import UsageError
 from kvmigrate.history import history_dir, kept_audits
 
@@ -117,7 +117,7 @@ def load(spec: str, *, root: str, target: str, verify: str, recheck: Fraction,
         return None
     path, meta = found
     baseline = Baseline(path, meta, _columns(_carriable(manifest.read_table(path, columns=_COLUMNS))), recheck)
-    _give_back_freed()
+    give_back_freed()  # (the load freed ~4x what it keeps)
     return baseline
 
 
@@ -219,19 +219,6 @@ def _columns(t: pa.Table, presorted: bool = False) -> Columns:
                {i: v for i, v in enumerate(payload_col.to_pylist()) if v is not None})
     unsupported = pc.fill_null(pc.equal(pc.cast(t["status"], pa.string()), "unsupported_layout"), False)
     return stat, _flat(t["content_xxh3_128"], 16), payload, _flat(pc.cast(unsupported, pa.uint8()), 1)
-
-
-def _give_back_freed() -> None:
-    """Return the heap the load freed to the system. Reading, filtering and sorting the
-    columns takes about four times what is kept, in buffers the C library's malloc keeps
-    as holes in its heap once freed (a live row buffer sits above them); the walk and the
-    reclaimable figures after it then grew the audit's peak by that much again (~200 B a
-    baseline row). glibc's malloc_trim gives the holes' pages back; elsewhere a no-op."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
 
 
 def _flat(column: Any, width: int) -> memoryview:
