@@ -67,6 +67,9 @@ _CHUNK = 256  # records per worker task at most (fewer when a level has few: eve
 _WORKER_FDS = 16  # folder fds a worker keeps: its paths are consecutive (40 workers x 16 < 1024, ulimit -n)
 _BATCH = 4_096  # records checked (and removed) at once: what a removal holds, whatever the journal's size
 _SORT_RUN = 8_192  # journal records sorted in memory at once; longer journals merge sorted temporary files
+# sorted temporary files open at once: at this many they are merged into one (a 10M-record
+# journal is ~1,200 runs, more than the usual 1,024 open files)
+_MERGE_FAN_IN = 256
 KINDS = ("block", "config", "temp", "lock", "dir")
 
 
@@ -619,6 +622,8 @@ class _Created:
                 buf.append((path, seq, what, rec))
                 if len(buf) >= _SORT_RUN:
                     runs.append(_spill(buf))
+                    if len(runs) >= _MERGE_FAN_IN:  # (an open file per run: the runs so far become one)
+                        runs = [_merged(runs)]
             buf.sort(key=lambda e: (e[0], e[1]))
             if not runs:
                 yield from buf
@@ -659,6 +664,25 @@ def _spill(buf: list[tuple[str, int, str, dict[str, Any]]]) -> Any:
     buf.clear()
     f.seek(0)
     return f
+
+
+def _merged(runs: list[Any]) -> Any:
+    """One sorted run of the sorted runs' records, in a temporary file; the runs closed."""
+    f = _temp_file()
+    try:
+        for entry in heapq.merge(*runs, key=_run_key):
+            f.write(entry)
+    finally:
+        for r in runs:
+            r.close()
+    f.seek(0)
+    return f
+
+
+def _run_key(line: str) -> tuple[str, int]:
+    """A spilled entry's sort key: (path, sequence)."""
+    path, seq, *_ = json.loads(line)
+    return path, seq
 
 
 def _grouped(entries: Iterable[tuple[str, int, str, dict[str, Any]]]) \

@@ -302,3 +302,29 @@ def test_rollback_counts_agree_in_number(tmp_path, synth_root):
     assert code == 0 and "1 block," in out and "1 blocks" not in out, out
     code, out = run("rollback", journal)
     assert code == 0 and "removed 1 block," in out, out
+
+
+def test_a_long_journal_is_sorted_with_few_temporary_files_open(migrated, monkeypatch):
+    """The journal's records are sorted in runs spilled to temporary files; past
+    _MERGE_FAN_IN runs they are merged into one, so a 10M-record journal (~1,200 runs)
+    never holds more files open than the usual 1,024 allow. Here runs of 2 records."""
+    from kvmigrate.migrate import rollback
+
+    root, journal, before, sources, facts = migrated
+    monkeypatch.setattr(rollback, "_SORT_RUN", 2)
+    monkeypatch.setattr(rollback, "_MERGE_FAN_IN", 3)
+    made, most = [], [0]
+
+    def counted():
+        f = temp_file()
+        made.append(f)
+        most[0] = max(most[0], sum(not g.closed for g in made))
+        return f
+
+    temp_file = rollback._temp_file
+    monkeypatch.setattr(rollback, "_temp_file", counted)
+    code, result = run_json("rollback", journal)
+    assert code == 0 and result["removed"]["block"] == 12
+    assert listing(root, exclude_top=(layout.OWN_DIR,), with_times=False) == before
+    assert file_facts(root, sources) == facts
+    assert len(made) > 10 and most[0] <= 3 + 2  # the runs, the merge's output and the spool of blocks
