@@ -37,7 +37,7 @@ def _store(root: Path, blocks: int) -> None:
                    check=True, capture_output=True)
 
 
-@pytest.mark.xfail(strict=False, reason=OVER_BOUND)
+@pytest.mark.xfail(strict=True, reason=OVER_BOUND)
 def test_store_scan_peak_rss_independent_of_size(tmp_path):
     peaks = {}
     for blocks in (SMALL_BLOCKS, LARGE_BLOCKS):
