@@ -549,6 +549,7 @@ def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_na
     new empty run); the restore command it names puts every file back."""
     import re
     import shlex
+    import signal
     import subprocess
     import sys
 
@@ -557,8 +558,11 @@ def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_na
     root, legacy = migrated
     exe = str(Path(sys.executable).with_name("kvmigrate"))
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    # the child gets Ctrl-C's default action whatever this process inherited (a job started
+    # in the background by a non-interactive shell ignores SIGINT, and so would the child)
     stopped = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
-                             env={**env, CRASH_ENV: f"prune_move:5:{sig}"}, timeout=120)
+                             env={**env, CRASH_ENV: f"prune_move:5:{sig}"}, timeout=120,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert stopped.returncode == 32, stopped.stdout + stopped.stderr
     err = stopped.stderr
     assert "Traceback" not in err and re.search(r"^kvmigrate: stopped: interrupted", err, re.M), err
