@@ -312,6 +312,11 @@ def iter_batches(path: str | os.PathLike[str], columns: Iterable[str] | None = N
                 yield _with_nulls(batch, missing, cols) if missing else batch
 
 
+def row_count(path: str | os.PathLike[str]) -> int:
+    """Rows of a manifest file or dataset directory, from the Parquet footers."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in _parquet_files(path))
+
+
 def count_true(path: str | os.PathLike[str], column: str) -> int:
     """Rows of a manifest file or dataset directory where a bool column is true."""
     import pyarrow.compute as pc

@@ -39,13 +39,14 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, TypedDict
 
 from kvmigrate import findings, layout
 from kvmigrate import manifest as mf
 from kvmigrate.classify import UNREADABLE_STATUSES
 from kvmigrate.errors import UsageError
 from kvmigrate.migrate import journal as jn
+from kvmigrate.migrate import prune_spill
 from kvmigrate.migrate import prune_stores as stores_
 from kvmigrate.migrate import prune_tiers as tiers_
 from kvmigrate.migrate.fsops import check_relpath
@@ -57,6 +58,7 @@ from kvmigrate.migrate.prune_rules import (
     MIGRATED_STATUSES,
     RESIDUE_STATUSES,
     TOTAL_KEYS,
+    Item,
     _b,
     _in,
     _prunable,
@@ -78,23 +80,7 @@ def prune_journal_dir(root: str) -> str:
     return os.path.join(root, PRUNE_JOURNALS_DIR)
 
 
-class Item(NamedTuple):
-    """One file to move, with the stat the scan saw (re-checked before it moves) and, for
-    a migrated block, the target path that keeps its bytes and that path's stat."""
-
-    relpath: str
-    cls: str
-    namespace: str
-    dev: int
-    inode: int
-    size: int
-    mtime_ns: int
-    nlink: int
-    target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
-    key: str = ""  # the block's rank files share it: they move together or not at all
-    keep: str = ""  # a folder never removed, even when emptied (an LMCache tier's: the engine's configured path)
-    suffix: str = ""  # appended to its quarantine name (a store file's `.kvmq`: no client adopts or deletes it)
-    objects: int = 0  # store objects no longer served once it goes (a pair's entries, a KVEntry)
+Items = list[Item] | prune_spill.PlanFile  # a plan's items: a list, or read from disk a batch at a time
 
 
 @dataclass
@@ -102,7 +88,7 @@ class PrunePlan:
     root: str
     manifest: str
     classes: tuple[str, ...]
-    items: list[Item]
+    items: Items
     skipped: dict[str, str]  # namespace -> why nothing of it is pruned
     target_bases: set[str]
     emptied: set[str] = field(default_factory=set)  # namespaces pruned whole (their folders go too)
@@ -114,15 +100,23 @@ class PrunePlan:
     orphaned: list = field(default_factory=list)
     retires: list = field(default_factory=list)  # prune_stores.Retire: --tails index rewrites
     store_proofs: dict = field(default_factory=dict)  # store -> prune_stores.StoreProof of what the plan writes
+    _figures: tuple | None = field(default=None, repr=False)  # a PlanFile's tally, once read
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Per class: files and bytes, those freed once purged and those only unlinked
         (`reclaim_totals`)."""
-        return reclaim_totals(_rows_of_items(self.items), self.classes)[0]
+        return self._tally()[0]
 
     def by_namespace(self) -> dict[tuple[str, str | None], dict[str, int]]:
         """Per (class, namespace), in order (`namespace_order`)."""
-        return dict(sorted(reclaim_totals(_rows_of_items(self.items), self.classes)[1].items(), key=namespace_order))
+        return dict(sorted(self._tally()[1].items(), key=namespace_order))
+
+    def _tally(self) -> tuple[dict[str, dict[str, int]], dict]:
+        if isinstance(self.items, prune_spill.PlanFile):  # (read from disk: once)
+            if self._figures is None:
+                self._figures = self.items.tally(self.classes)
+            return self._figures
+        return reclaim_totals(_rows_of_items(self.items), self.classes)
 
     @property
     def exit_code(self) -> int:
@@ -363,19 +357,17 @@ def superseded(c: dict[str, Any], namespaces: Iterable[str], ns_meta: dict[str, 
 
 @dataclass
 class _Picked:
-    """What a prune of some classes takes, before its items are made: the selected rows'
-    columns as lists (manifest order, with `row` and `class`) and their targets'."""
+    """What a prune of some classes takes, before the quiet period's skips and the locks':
+    its items in the plan's order (a list, or a PlanFile read from disk a batch at a time)."""
 
-    rows: dict[str, list]
-    targets: dict[str, list]  # relpath, dev, inode, size, mtime_ns of each row's target (None: none)
+    items: list[Item] | prune_spill.PlanFile
     skipped: dict[str, str]
     skip: set[str]
-    retires: list
     target_bases: set[str]
     emptied: set[str]
-    tiers: tiers_.Tiers = field(default_factory=tiers_.Tiers)
+    retires: list = field(default_factory=list)
     stores: stores_.Stores = field(default_factory=stores_.Stores)
-    store_sel: stores_.StoreSelection = field(default_factory=stores_.StoreSelection)
+    store_rows: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # store file -> (store, client, KVEntry)
 
 
 _ROW_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
@@ -388,7 +380,7 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
                   quiet_period: float | None, engine_stopped: bool) -> _Picked:
     """`_select` over the manifest's columns whole (LMCache tiers, Mooncake stores), then
     --only/--exclude, the tiers' unstated index_lost chunks and the quiet period
-    (`quiet_period` None: --force-live)."""
+    (`quiet_period` None: --force-live); the items in the plan's order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -417,51 +409,75 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
             if why:
                 skipped[unit] = why
                 skip.update(members)
-    rows = sel.rows(*_ROW_COLUMNS)
+    r = sel.rows(*_ROW_COLUMNS)
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in _TARGET_COLUMNS}
-    out = _Picked(rows, t, skipped, skip, retires, sel.target_bases, sel.emptied, sel.tiers, sel.stores, sel.store_sel)
+    tiers, stores, ssel, target_bases, emptied = sel.tiers, sel.stores, sel.store_sel, sel.target_bases, sel.emptied
     del sel, targets  # the manifest's columns, before the items grow
     pa.default_memory_pool().release_unused()
-    return out
+    tier_of, store_of = dict(tiers.tier_of), dict(stores.store_of)
+
+    def order(k: int) -> tuple:
+        """A deployment's blocks with their rank files side by side, its config.json files
+        last; a GDS sidecar just before its data file."""
+        config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
+        rel = r["relpath"][k]
+        if r["source_base"][k] in store_of:  # a pair's two files side by side, its `.meta` first
+            return "", False, ssel.key.get(r["row"][k], rel), (stores_.move_order(rel), rel)
+        return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in tier_of \
+            else (rel, 1)
+
+    items = []
+    store_rows: dict[str, tuple[str, str, bool]] = {}  # a store file's relpath -> (store, client root, a KVEntry)
+    for k in sorted(range(len(r["row"])), key=order):
+        check_relpath(r["relpath"][k], "manifest path")
+        target = None if t["relpath"][k] is None else \
+            (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
+        row, ns = r["row"][k], r["source_base"][k]
+        if ns in store_of:
+            store_rows[r["relpath"][k]] = (ssel.store_of_row[row], ssel.client_of_row[row], row in ssel.kventry_rows)
+            items.append(Item(r["relpath"][k], r["class"][k], ns, r["dev"][k], r["inode"][k], r["size"][k],
+                              r["mtime_ns"][k], r["nlink"][k] or 1, target, ssel.key.get(row, r["relpath"][k]),
+                              ssel.keep.get(row, ""), stores_.QUARANTINE_SUFFIX, ssel.objects.get(row, 0)))
+            continue
+        items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
+                          r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
+                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if ns in tier_of else ""))
+    return _Picked(items, skipped, skip, target_bases, emptied, retires, stores, store_rows)
 
 
 def _picked_streamed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                      migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                      quiet_period: float | None, engine_stopped: bool) -> _Picked:
     """`_picked_whole` for a manifest of directory-layout families, in batches
-    (prune_stream.plan_rows): only the selected rows are ever held whole."""
+    (prune_stream.PlanRows): the selected rows go to disk as they are read, and the
+    plan's items are read back from there (prune_spill)."""
     import pyarrow.compute as pc
 
     from kvmigrate.migrate import prune_stream
 
     used = _used_namespaces(root, migration_journal)
     age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
-    t, fig, emptied = prune_stream.plan_rows(manifest_path, meta, used, classes, int(now * 1e9 - age * 1e9))
-    keep = t["prunable"]
-    if chosen is not None:
-        keep = pc.and_(keep, _in(t["source_base"], chosen))
-    t = t.filter(keep)
+    rows = prune_stream.PlanRows(manifest_path, meta, used, classes, int(now * 1e9 - age * 1e9))
+    names = prune_stream.Names()
+
+    def kept() -> Iterator[Any]:
+        for t in rows:
+            keep = t["prunable"]
+            if chosen is not None:
+                keep = pc.and_(keep, _in(t["source_base"], chosen))
+            yield t.filter(keep)
+
+    items = prune_spill.spill(kept(), mf.row_count(manifest_path),
+                              prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes, names.names)
     skipped: dict[str, str] = {}
     skip: set[str] = set()
     if quiet_period is not None:
-        names = set(pc.unique(t["source_base"]).drop_null().to_pylist())
-        for ns, newest in sorted(prune_stream.newest_writes(manifest_path, root, names).items()):
+        for ns, newest in sorted(prune_stream.newest_writes(manifest_path, root, set(names.names) - {None}).items()):
             if now - newest < quiet_period:
                 skipped[ns] = live_reason(now - newest, quiet_period)
                 skip.add(ns)
-    t = t.combine_chunks()
-    rows = {name: _shared_strings(t[name].chunk(0)) if name in _FEW_VALUES and t.num_rows else t[name].to_pylist()
-            for name in _ROW_COLUMNS}
-    rows["row"] = t["row"].to_pylist()
-    rows["class"] = [CLASSES[k - 1] for k in t["code"].to_pylist()]
-    wanted = pc.unique(t["target"].drop_null())
-    wanted = pc.take(wanted, pc.sort_indices(wanted))
-    found = prune_stream.take_rows(manifest_path, wanted, _TARGET_COLUMNS)
-    pos = pc.index_in(t["target"], value_set=wanted).to_pylist()
-    targets = {k: [None if p is None else v[p] for p in pos] for k, v in found.items()}
-    del t, found, pos
-    return _Picked(rows, targets, skipped, skip, [], fig.target_bases, emptied)
+    return _Picked(items, skipped, skip, rows.fig.target_bases, rows.emptied())
 
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
@@ -493,56 +509,36 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     args = (manifest_path, meta, classes, root, migration_journal, older_than, now, chosen,
             None if force_live else quiet_period, engine_stopped)
     picked = _picked_whole(*args) if tiers_.Tiers.of(meta) or stores_.Stores.of(meta) else _picked_streamed(*args)
-    r, t, skipped, skip, retires = picked.rows, picked.targets, picked.skipped, picked.skip, picked.retires
-    tier_of = dict(picked.tiers.tier_of)
-    ssel, stores = picked.store_sel, picked.stores
-    store_of = dict(stores.store_of)
-    target_bases, emptied = picked.target_bases, picked.emptied
-    del picked
-    locks: dict[str, set[str]] = {}
-
-    def order(k: int, r: dict = r) -> tuple:
-        """A deployment's blocks with their rank files side by side, its config.json files
-        last; a GDS sidecar just before its data file."""
-        config = r["relpath"][k] == f"{r['source_base'][k]}/{layout.CONFIG_NAME}"
-        rel = r["relpath"][k]
-        if r["source_base"][k] in store_of:  # a pair's two files side by side, its `.meta` first
-            return "", False, ssel.key.get(r["row"][k], rel), (stores_.move_order(rel), rel)
-        return _deployment(r, k), config, _key(r, k), tiers_.move_order(rel) if r["source_base"][k] in tier_of \
-            else (rel, 1)
-
-    items = []
-    store_rows: dict[str, tuple[str, str, bool]] = {}  # a store file's relpath -> (store, client root, a KVEntry)
-    for k in sorted(range(len(r["row"])), key=order):
-        check_relpath(r["relpath"][k], "manifest path")
-        target = None if t["relpath"][k] is None else \
-            (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
-        row, ns = r["row"][k], r["source_base"][k]
-        if ns in store_of:
-            store_rows[r["relpath"][k]] = (ssel.store_of_row[row], ssel.client_of_row[row], row in ssel.kventry_rows)
-            items.append(Item(r["relpath"][k], r["class"][k], ns, r["dev"][k], r["inode"][k], r["size"][k],
-                              r["mtime_ns"][k], r["nlink"][k] or 1, target, ssel.key.get(row, r["relpath"][k]),
-                              ssel.keep.get(row, ""), stores_.QUARANTINE_SUFFIX, ssel.objects.get(row, 0)))
-            continue
-        items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
-                          r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
-                          tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if ns in tier_of else ""))
-    del r, t
-    items = without_namespaces(items, skip)
-    retires = [rw for rw in retires if stores.label_of.get(rw.store) not in skipped]
-    for item in items:  # the target namespaces to lock while pruning into them: their base folders
-        base = target_base(item)
-        if base is not None:
-            locks.setdefault(base, set()).add(item.namespace)
+    skipped, stores = picked.skipped, picked.stores
+    items = without_namespaces(picked.items, picked.skip)
+    retires = [rw for rw in picked.retires if stores.label_of.get(rw.store) not in skipped]
+    locks = _locks(items)  # the target namespaces to lock while pruning into them: their base folders
     held = {ns for base, names in locks.items() if _lock_held(root, base) for ns in names}
     if held:  # the dry run says what --apply will skip (the apply takes the locks itself)
         skipped.update({ns: "its target is locked by a running kvmigrate migration; rerun when it is done"
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
-    proofs = stores_.proofs(items, retires, stores, engine_stopped, store_rows) if stores else {}
-    return PrunePlan(root, manifest_path, classes, items, skipped, target_bases, emptied - skip, locks,
-                     orphaned=orphaned_namespaces(manifest_path, meta), retires=retires, store_proofs=proofs)
+    proofs = stores_.proofs(items, retires, stores, engine_stopped, picked.store_rows) \
+        if stores and isinstance(items, list) else {}
+    return PrunePlan(root, manifest_path, classes, items, skipped, picked.target_bases, picked.emptied - picked.skip,
+                     locks, orphaned=orphaned_namespaces(manifest_path, meta), retires=retires, store_proofs=proofs)
+
+
+def _locks(items: list[Item] | prune_spill.PlanFile) -> dict[str, set[str]]:
+    """Target base -> the namespaces pruned into it (`target_base` of each item)."""
+    locks: dict[str, set[str]] = {}
+    if isinstance(items, prune_spill.PlanFile):
+        for folder, ns in items.target_folders():
+            base = _base_of(folder)
+            if base is not None:
+                locks.setdefault(base, set()).add(ns)  # type: ignore[arg-type]
+        return locks
+    for item in items:
+        base = target_base(item)
+        if base is not None:
+            locks.setdefault(base, set()).add(item.namespace)
+    return locks
 
 
 def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
@@ -574,12 +570,14 @@ def orphaned_namespaces(manifest_path: str, meta: dict[str, Any],
              "reason": why} for base, why in sorted(names.items())]
 
 
-def without_namespaces(items: list[Item], namespaces: set[str]) -> list[Item]:
+def without_namespaces(items: Items, namespaces: set[str]) -> Items:
     """The items minus those of `namespaces`, minus every block one of them holds a rank
     file of (a vllm.cpp block spans one namespace per rank), minus the config.json of any
     namespace that keeps something."""
     if not namespaces:
         return items
+    if isinstance(items, prune_spill.PlanFile):
+        return items.without(namespaces)
     dropped = {i.key for i in items if i.namespace in namespaces}
     keeps = {i.namespace for i in items if i.key in dropped} | namespaces
     return [i for i in items if i.key not in dropped

@@ -6,7 +6,7 @@ never prune a row, the tally of freed vs only unlinked, the quiet period's words
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvmigrate import layout
 
@@ -17,6 +17,25 @@ DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minu
 DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
 CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
+
+
+class Item(NamedTuple):
+    """One file to move, with the stat the scan saw (re-checked before it moves) and, for
+    a migrated block, the target path that keeps its bytes and that path's stat."""
+
+    relpath: str
+    cls: str
+    namespace: str
+    dev: int
+    inode: int
+    size: int
+    mtime_ns: int
+    nlink: int
+    target: tuple[str, int, int, int, int] | None = None  # (relpath, dev, inode, size, mtime_ns)
+    key: str = ""  # the block's rank files share it: they move together or not at all
+    keep: str = ""  # a folder never removed, even when emptied (an LMCache tier's: the engine's configured path)
+    suffix: str = ""  # appended to its quarantine name (a store file's `.kvmq`: no client adopts or deletes it)
+    objects: int = 0  # store objects no longer served once it goes (a pair's entries, a KVEntry)
 
 
 def _b(mask: Any) -> Any:

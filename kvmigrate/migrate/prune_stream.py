@@ -105,7 +105,7 @@ def _concat(parts: list, typ: Any) -> Any:
     return pa.concat_arrays(parts) if parts else pa.array([], typ)
 
 
-class _Names:
+class Names:
     """Namespace names as small int codes (the compact rows hold a code, not a string)."""
 
     def __init__(self) -> None:
@@ -426,7 +426,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     selections: dict[str, tuple[str, ...]] = {cls: (cls,) for cls in _SELECTIONS[:-1]}
     selections["all"] = P.CLASSES
     classes = _Classes(fig, selections, int(now * 1e9 - P.DEFAULT_RESIDUE_AGE * 1e9))
-    names = _Names()
+    names = Names()
     kept: list = []  # the selected rows: row, ns code, dev, inode, size, nlink, a code per selection
     configs: list = []  # the config.json rows of namespaces that can be emptied (few): classed last
     n = 0
@@ -487,71 +487,74 @@ _PLAN_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", 
                  "nlink")
 
 
-def plan_rows(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
-              classes: tuple[str, ...], cutoff_ns: int) -> tuple[Any, _Figures, set[str]]:
-    """(the rows a prune of `classes` selects, in manifest order: row, class code,
-    `prunable`, the target's row and _PLAN_COLUMNS; the figures; the namespaces it
-    empties), for a manifest with no LMCache tier and no Mooncake store."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+class PlanRows:
+    """The rows a prune of `classes` selects, as tables of a batch's rows (manifest order:
+    row, class code, `prunable`, the target's row and _PLAN_COLUMNS), the config.json rows
+    last, once it is known which namespaces the selection empties (`emptied`); for a
+    manifest with no LMCache tier and no Mooncake store."""
 
-    from kvmigrate.migrate import prune_rules as P
+    def __init__(self, manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
+                 classes: tuple[str, ...], cutoff_ns: int) -> None:
+        self.manifest_path = manifest_path
+        self.fig = gather(manifest_path, meta, used_namespaces, classes)
+        self.sel = _Classes(self.fig, {"code": classes}, cutoff_ns)
 
-    fig = gather(manifest_path, meta, used_namespaces, classes)
-    sel = _Classes(fig, {"code": classes}, cutoff_ns)
-    chosen_rows: list = []
-    configs: list = []
-    empty = None  # the columns' types, for a selection of nothing
-    for offset, c in _batches(manifest_path, _PASS_C):
-        codes, target, cfg = sel.batch(offset, c)
-        cols = {"row": _rows(offset, len(c["relpath"])), "code": codes["code"], "prunable": P._prunable(c),
-                "target": target, **{k: c[k] for k in _PLAN_COLUMNS}}
-        if empty is None:
-            empty = pa.table(cols).slice(0, 0)
-        if pc.any(cfg).as_py():
-            configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
-                                     "status": pc.filter(c["status"], cfg)}))
-        chosen = pc.and_(pc.not_equal(codes["code"], 0), pc.invert(cfg))
-        if pc.any(chosen).as_py():
-            chosen_rows.append(pa.table({k: pc.filter(v, chosen) for k, v in cols.items()}))
-    if configs:
-        cfgs = pa.concat_tables(configs)
-        cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", sel.config_codes("code", cfgs))
-        chosen_rows.append(cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0)))
-    if not chosen_rows:
-        return empty if empty is not None else _empty_rows(), fig, set()
-    t = pa.concat_tables(chosen_rows, promote_options="permissive")
-    return t.take(pc.sort_indices(t["row"])), fig, set(sel.emptied_namespaces("code"))
+    def __iter__(self) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
+        from kvmigrate.migrate import prune_rules as P
 
-def _empty_rows() -> Any:
-    """plan_rows' columns for a manifest of no rows."""
-    import pyarrow as pa
+        configs: list = []
+        for offset, c in _batches(self.manifest_path, _PASS_C):
+            codes, target, cfg = self.sel.batch(offset, c)
+            cols = {"row": _rows(offset, len(c["relpath"])), "code": codes["code"], "prunable": P._prunable(c),
+                    "target": target, **{k: c[k] for k in _PLAN_COLUMNS}}
+            if pc.any(cfg).as_py():
+                configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
+                                         "status": pc.filter(c["status"], cfg)}))
+            chosen = pc.and_(pc.not_equal(codes["code"], 0), pc.invert(cfg))
+            if pc.any(chosen).as_py():
+                yield pa.table({k: pc.filter(v, chosen) for k, v in cols.items()})
+        if configs:
+            cfgs = pa.concat_tables(configs, promote_options="permissive")
+            cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", self.sel.config_codes("code", cfgs))
+            yield cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0))
 
-    types = {"row": pa.int64(), "code": pa.int8(), "prunable": pa.bool_(), "target": pa.int64(), "relpath": pa.string(),
-             "source_base": pa.string(), "deployment": pa.string(), "group": pa.int32(), "block_hash": pa.binary(),
-             "dev": pa.uint64(), "inode": pa.uint64(), "size": pa.int64(), "mtime_ns": pa.int64(), "nlink": pa.uint32()}
-    return pa.table({k: pa.array([], t) for k, t in types.items()})
+    def emptied(self) -> set[str]:
+        """The namespaces the selection empties (known once every row was read)."""
+        return set(self.sel.emptied_namespaces("code"))
 
 
-def take_rows(manifest_path: str, rows: Any, names: Iterable[str]) -> dict[str, list]:
-    """The columns `names` of the manifest rows `rows` (ascending, unique) as lists."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+class TargetReader:
+    """The columns `names` of ascending manifest rows, asked range after range: one
+    forward pass over the manifest, one batch held at a time."""
 
-    names = list(names)
-    parts: dict[str, list] = {k: [] for k in names}
-    rows = rows.cast(pa.int64())
-    at = 0
-    for offset, c in _batches(manifest_path, names):
-        k = len(c[names[0]])
-        end = at + (pc.sum(pc.less(rows.slice(at), offset + k)).as_py() or 0)
-        if end > at:
-            local = pc.subtract(rows[at:end], offset)
-            for name in names:
+    def __init__(self, manifest_path: str, names: Iterable[str]) -> None:
+        self.names = list(names)
+        self._batches = _batches(manifest_path, self.names)
+        self._at: tuple[int, dict[str, Any]] | None = None
+
+    def __call__(self, rows: Any) -> dict[str, Any]:
+        """{"row": the distinct rows of `rows`, ascending, and each name: their values}."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        wanted = pc.unique(rows.drop_null()).cast(pa.int64())
+        wanted = pc.take(wanted, pc.sort_indices(wanted))
+        parts: dict[str, list] = {k: [] for k in self.names}
+        at = 0
+        while at < len(wanted):
+            if self._at is None or self._at[0] + len(self._at[1][self.names[0]]) <= wanted[at].as_py():
+                self._at = next(self._batches)
+                continue
+            offset, c = self._at
+            end = at + (pc.sum(pc.less(wanted.slice(at), offset + len(c[self.names[0]]))).as_py() or 0)
+            local = pc.subtract(wanted[at:end], offset)
+            for name in self.names:
                 parts[name].append(pc.take(c[name], local))
             at = end
-    return {k: [] if not v else pa.concat_arrays(v).to_pylist() for k, v in parts.items()}
+        return {"row": wanted, **{k: pa.concat_arrays(v) if v else pa.array([], pa.null()) for k, v in parts.items()}}
 
 
 def _any_code(codes: dict[str, Any]) -> Any:

@@ -30,6 +30,7 @@ from kvmigrate.migrate.prune import (
     KIND,
     QUARANTINE_DIR,
     Item,
+    Items,
     PrunePlan,
     frees,
     prune_journal_dir,
@@ -143,8 +144,9 @@ def _apply_prune(plan: PrunePlan, journal: str | None, quarantine: bool, command
                 items = without_namespaces(plan.items, held)
                 result.names = shared_inodes((i.dev, i.inode) for i in items)
                 retires = _retire_intents(plan, run_id, w, result)
-                for start in range(0, len(items), _BATCH):
-                    w.intent([_intent(i, qdir) for i in items[start:start + _BATCH]])
+                it = iter(items)
+                while chunk := list(itertools.islice(it, _BATCH)):
+                    w.intent([_intent(i, qdir) for i in chunk])
                 own = stores_.own_locks(root, plan.store_proofs)
                 try:
                     hit("prune_intent")
@@ -231,7 +233,7 @@ def _intent(i: Item, qdir: str | None) -> dict[str, Any]:
     return rec
 
 
-def _moves(tree: DestTree, items: list[Item], qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
+def _moves(tree: DestTree, items: Items, qdir: str | None, scan_started_ns: int | None, w: jn.JournalWriter,
            result: PruneResult, hit: Any) -> None:
     """Move the items block by block: when one rank file of a block stays (changed, or
     the move failed), the others of that block are put back, and a namespace's

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvmigrate import manifest as mf
-from kvmigrate.migrate import prune, prune_stream
+from kvmigrate.migrate import prune, prune_spill, prune_stream
 
 from helpers.cli_helpers import run
 from helpers.synth_matrix import ERAS, cases, spec_of
@@ -58,8 +58,14 @@ def _picked(manifest: str, classes: tuple, chosen: set | None, batch: int | None
         p = prune._picked_whole(*args)
     else:
         monkeypatch.setattr(prune_stream, "BATCH", batch)
+        monkeypatch.setattr(prune_spill, "MIN_RANGE", 7)  # many target ranges: the join and merge cross them
+        monkeypatch.setattr(prune_spill, "RUN_BATCH", 3)
+        monkeypatch.setattr(prune_spill, "OUT_BATCH", 4)
         p = prune._picked_streamed(*args)
-    return p.rows, p.targets, p.skipped, p.skip, p.target_bases, p.emptied
+        # the plan's items on disk; its figures, read from there, as the items' tally
+        assert isinstance(p.items, prune_spill.PlanFile)
+        assert p.items.tally(classes) == prune.reclaim_totals(prune._rows_of_items(p.items), classes)
+    return list(p.items), p.skipped, p.skip, p.target_bases, p.emptied
 
 
 def _assert_same_plans(manifest: str, monkeypatch) -> int:
@@ -70,7 +76,7 @@ def _assert_same_plans(manifest: str, monkeypatch) -> int:
         assert _picked(manifest, classes, None, 5, monkeypatch) == whole, classes
         some = set(names[::2])
         assert _picked(manifest, classes, some, 5, monkeypatch) == _picked(manifest, classes, some, None, monkeypatch)
-    return len(whole[0]["row"])
+    return len(whole[0])
 
 
 def _assert_same(manifest: str, monkeypatch) -> dict:
@@ -91,8 +97,8 @@ def test_migrated_blocks_and_their_proven_replicas(synth_root, tmp_path, monkeyp
     manifest = _scan(root, tmp_path / "m.parquet", MLA)
     totals = _assert_same(manifest, monkeypatch)
     assert totals["files"] > 0 and totals["unlinked_files"] > 0  # the figures are not all zero
-    rows, targets, *_ = _picked(manifest, ("migrated",), None, 5, monkeypatch)
-    blocks = [target for rel, target in zip(rows["relpath"], targets["relpath"]) if rel.endswith(".bin")]
+    items, *_ = _picked(manifest, ("migrated",), None, 5, monkeypatch)
+    blocks = [item.target for item in items if item.relpath.endswith(".bin")]
     assert blocks and all(blocks)  # every migrated block with its target's path and stat
 
 
@@ -145,4 +151,4 @@ def test_a_namespace_written_within_the_quiet_period_is_named_as_prune_would_ski
     streamed = prune_stream.reclaimable(manifest, meta, str(root), used, now, None)
     assert whole[3] and streamed[3] == whole[3]
     plan = _picked(manifest, ("residue",), None, None, monkeypatch, quiet_period=600, now=now)
-    assert plan[2] and _picked(manifest, ("residue",), None, 3, monkeypatch, quiet_period=600, now=now) == plan
+    assert plan[1] and _picked(manifest, ("residue",), None, 3, monkeypatch, quiet_period=600, now=now) == plan
