@@ -103,7 +103,7 @@ class PlanFile:
         cols: dict[str, list] = {k: [] for k in ("code", "ns", "dev", "inode", "size", "nlink")}
         for b in self.batches():
             for k, v in cols.items():
-                v.append(b.column(k))
+                v.append(pa.concat_arrays([b.column(k)]))  # a copy: a column read pins its whole batch
         t = {k: pa.concat_arrays(v) for k, v in cols.items()}
         del cols
         order = pa.array(range(self.rows), pa.int64())

@@ -11,10 +11,11 @@ import errno
 import itertools
 import os
 import stat
+import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -240,7 +241,7 @@ def _moves(tree: DestTree, items: Items, qdir: str | None, scan_started_ns: int 
     config.json goes only if all else of it went (nothing is left half-moved)."""
     _make_quarantine(tree, qdir)
     known: set[str] = set()  # quarantine folders made or seen by this run
-    parents: set[str] = set()  # the folders of the files moved
+    parents = FolderTree()  # the folders of the files moved
     held_back: set[str] = set()
     n = 0
     for key, same_key in itertools.groupby(items, key=lambda i: i.key):
@@ -265,7 +266,8 @@ def _moves(tree: DestTree, items: Items, qdir: str | None, scan_started_ns: int 
                 _undo(tree, item, qdir, w, result)
             _left(result, group)
         else:
-            parents.update(i.relpath.rpartition("/")[0] for i in done)
+            for i in done:
+                parents.add(i.relpath.rpartition("/")[0])
     w.sync()
     _remove_folders(tree, parents, w, result, {i.keep for i in items if i.keep})
     hit("prune_dirs")
@@ -372,7 +374,7 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 pending = [i for i in items if i not in settled]
                 _moves(tree, pending, run.quarantine, run.header.get("scan_started_ns"), w, result,
                        _CrashSeam().hit)
-                _remove_folders(tree, {i.relpath.rpartition("/")[0] for i in settled}, w, result,
+                _remove_folders(tree, FolderTree(i.relpath.rpartition("/")[0] for i in settled), w, result,
                                 {i.keep for i in settled if i.keep})
             stores_.drop_own_locks(run.root, run.mc_written)
             w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
@@ -606,21 +608,67 @@ def makedirs(tree: DestTree, reldir: str, known: set[str] | None = None) -> int:
     return made
 
 
-def _remove_folders(tree: DestTree, parents: AbstractSet[str], w: jn.JournalWriter, result: PruneResult,
+class FolderTree:
+    """A set of folders (relative paths) as a tree of their names: a name shared by many
+    folders (an llm-d `<hh>_g<group>`, a rank folder's hash fan-out) is held once, and each
+    folder is one dict slot, not a path string (a prune of millions of files in as many
+    folders held each path three times)."""
+
+    def __init__(self, folders: Iterable[str] = ()) -> None:
+        self.root: dict[str, dict | None] = {}
+        for folder in folders:
+            self.add(folder)
+
+    def add(self, folder: str) -> None:
+        """The folder and its parents."""
+        if not folder:
+            return
+        node = self.root
+        parts = folder.split("/")
+        for k, part in enumerate(parts):
+            child = node.get(part)
+            if child is None:
+                if k == len(parts) - 1:
+                    if part not in node:
+                        node[sys.intern(part)] = None
+                    return
+                child = node[sys.intern(part)] = {}
+            node = child
+
+    def deepest_first(self) -> Iterator[str]:
+        """Every folder, deepest first, then by path descending: `sorted(paths, key=(depth,
+        path), reverse=True)`, without the list. Siblings above the last level compare
+        as `name/` (the path's next character), so the order is the paths' own."""
+        depth = self._depth(self.root)
+        for d in range(depth, 0, -1):
+            yield from self._at(self.root, d, "")
+
+    def _depth(self, node: dict | None) -> int:
+        return 0 if not node else 1 + max(self._depth(child) for child in node.values())
+
+    def _at(self, node: dict | None, d: int, prefix: str) -> Iterator[str]:
+        if not node:
+            return
+        if d == 1:
+            for name in sorted(node, reverse=True):
+                yield prefix + name
+            return
+        for name in sorted(node, key=lambda n: n + "/", reverse=True):
+            yield from self._at(node[name], d - 1, f"{prefix}{name}/")
+
+
+def _remove_folders(tree: DestTree, parents: FolderTree, w: jn.JournalWriter, result: PruneResult,
                     keep: AbstractSet[str] = frozenset()) -> None:
-    """The folders the moves left empty (`parents`: the folders of the files moved),
-    deepest first (a folder still holding anything stays); each one journaled so `restore`
-    makes it again. `keep`: folders never removed, nor their parents (an LMCache tier
-    folder is the engine's configured path, and so is its temp folder; its GDS `<2>/<2>`
-    folders go when emptied)."""
-    folders = set()
-    for parent in parents:
-        parts = parent.split("/") if parent else []
-        for k in range(1, len(parts) + 1):
-            folders.add("/".join(parts[:k]))
-    folders -= {d for d in folders for k in keep if k == d or k.startswith(d + "/")}
+    """The folders the moves left empty (`parents`: the folders of the files moved, with
+    their parents), deepest first (a folder still holding anything stays); each one
+    journaled so `restore` makes it again. `keep`: folders never removed, nor their
+    parents (an LMCache tier folder is the engine's configured path, and so is its temp
+    folder; its GDS `<2>/<2>` folders go when emptied)."""
+    kept = {"/".join(k.split("/")[:j]) for k in keep for j in range(1, len(k.split("/")) + 1)}
     removed: list[str] = []
-    for d in sorted(folders, key=lambda d: (d.count("/"), d), reverse=True):
+    for d in parents.deepest_first():
+        if d in kept:
+            continue
         try:
             tree.rmdir(d)
             removed.append(d)
