@@ -227,7 +227,7 @@ def _namespace_entries(plan: Any) -> list[ReclaimNamespace]:
 
     figures = {key: dict(v) for key, v in plan.by_namespace().items()}
     extra: dict[tuple[str, str], dict[str, int]] = {}
-    for item in plan.items:
+    for item in plan.store_items():
         if item.objects:
             extra.setdefault((item.cls, item.namespace), {"objects": 0, "rewritten": 0})["objects"] += item.objects
     for store, label in _store_labels(plan).items():
@@ -257,7 +257,7 @@ def _objects(plan: Any) -> dict[str, int]:
     """Per class, the Mooncake store objects the plan stops serving: a moved pair's
     entries, a moved KVEntry, a retired entry."""
     out: dict[str, int] = {}
-    for item in plan.items:
+    for item in plan.store_items():
         if item.objects:
             out[item.cls] = out.get(item.cls, 0) + item.objects
     n = sum(len(rw.keys) for rw in plan.retires)

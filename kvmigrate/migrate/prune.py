@@ -118,6 +118,11 @@ class PrunePlan:
             return self._figures
         return reclaim_totals(_rows_of_items(self.items), self.classes)
 
+    def store_items(self) -> Iterable[Item]:
+        """The items that can be a Mooncake store's files (`objects`): a plan read from
+        disk has none (only directory-layout families are planned that way)."""
+        return self.items if isinstance(self.items, list) else ()
+
     @property
     def exit_code(self) -> int:
         """Dry run: 1 when something would be pruned (interface.md §4)."""

@@ -5,7 +5,7 @@ never prune a row, the tally of freed vs only unlinked, the quiet period's words
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from kvmigrate import layout
@@ -107,6 +107,64 @@ def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, ro
                                        "unlinked_sum", "unlinked_bytes_sum")]
     return {(CLASSES[cls - 1], ns): dict(zip(TOTAL_KEYS, (files, size, ff, fb, uf, ub)))
             for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
+
+
+def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]]) -> dict[tuple[str, Any], dict[str, int]]:
+    """`tally_rows` over rows read batch by batch, three times (`batches()`: columns code,
+    ns, dev, inode, size, nlink, ord): the inode numbers named more than once, then those
+    inodes' names, then the figures. What it holds is 8 bytes a row (the inode numbers,
+    once) and the inodes named twice, not a table of every row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    inodes = [pa.concat_arrays([pc.fill_null(c["inode"], 0).cast(pa.uint64())]) for c in batches()]
+    if not inodes:
+        return {}
+    counts = pa.chunked_array(inodes, pa.uint64()).value_counts()
+    del inodes
+    twice = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
+    del counts
+    shared: dict[tuple[int, int], list[int]] = {}  # (dev, inode) -> [names, first order]
+    if len(twice):
+        for c in batches():
+            mine = pc.is_in(pc.fill_null(c["inode"], 0).cast(pa.uint64()), value_set=twice)
+            for dev, ino, order in zip(*(pc.filter(pc.fill_null(c[k], 0), mine).to_pylist()
+                                         for k in ("dev", "inode", "ord"))):
+                was = shared.setdefault((dev, ino), [0, order])
+                was[0] += 1
+                was[1] = min(was[1], order)
+    shared = {k: v for k, v in shared.items() if v[0] > 1}
+    out: dict[tuple[str, Any], dict[str, int]] = {}
+    zero = pa.scalar(0, pa.int64())
+    for c in batches():
+        n = len(c["code"])
+        nlink = pc.fill_null(c["nlink"], 1).cast(pa.int64())
+        nlink = pc.if_else(pc.equal(nlink, 0), 1, nlink)
+        size = pc.fill_null(c["size"], 0).cast(pa.int64())
+        count, first = [1] * n, [True] * n
+        if shared:
+            mine = pc.is_in(pc.fill_null(c["inode"], 0).cast(pa.uint64()), value_set=twice)
+            for k in pc.indices_nonzero(mine).to_pylist():
+                dev, ino = c["dev"][k].as_py() or 0, c["inode"][k].as_py() or 0
+                names = shared.get((dev, ino))
+                if names is not None:
+                    count[k], first[k] = names[0], c["ord"][k].as_py() == names[1]
+        freed = pc.less_equal(nlink, pa.array(count, pa.int64()))
+        once = pc.or_(pc.invert(freed), pa.array(first, pa.bool_()))
+        t = pa.table({"cls": c["code"], "ns": c["ns"], "size": size, "freed": freed.cast(pa.int64()),
+                      "freed_bytes": pc.if_else(pc.and_(freed, once), size, zero),
+                      "unlinked": pc.invert(freed).cast(pa.int64()),
+                      "unlinked_bytes": pc.if_else(freed, zero, size)})
+        g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
+                                                 ("freed_bytes", "sum"), ("unlinked", "sum"),
+                                                 ("unlinked_bytes", "sum")])
+        cols = [g[k].to_pylist() for k in ("cls", "ns", "size_count", "size_sum", "freed_sum", "freed_bytes_sum",
+                                           "unlinked_sum", "unlinked_bytes_sum")]
+        for cls, ns, *figures in zip(*cols):
+            total = out.setdefault((CLASSES[cls - 1], ns), dict.fromkeys(TOTAL_KEYS, 0))
+            for key, v in zip(TOTAL_KEYS, figures):
+                total[key] += v or 0
+    return out
 
 
 def live_reason(age: float, quiet_period: float) -> str:

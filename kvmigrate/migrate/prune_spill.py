@@ -27,7 +27,7 @@ from typing import Any
 
 from kvmigrate import layout
 from kvmigrate.migrate.fsops import check_relpath
-from kvmigrate.migrate.prune_rules import CLASSES, TOTAL_KEYS, Item, tally_rows
+from kvmigrate.migrate.prune_rules import CLASSES, TOTAL_KEYS, Item, tally_stream
 
 MIN_RANGE = 16_384  # manifest rows per target range: the join holds a range's rows at once
 MAX_RANGES = 256  # open files while partitioning (the range grows past MIN_RANGE to stay under it)
@@ -98,16 +98,15 @@ class PlanFile:
         import pyarrow as pa
 
         per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in classes}
-        if not self.rows:
-            return per_class, {}
-        cols: dict[str, list] = {k: [] for k in ("code", "ns", "dev", "inode", "size", "nlink")}
-        for b in self.batches():
-            for k, v in cols.items():
-                v.append(pa.concat_arrays([b.column(k)]))  # a copy: a column read pins its whole batch
-        t = {k: pa.concat_arrays(v) for k, v in cols.items()}
-        del cols
-        order = pa.array(range(self.rows), pa.int64())
-        tally = tally_rows(t["code"], t["ns"], t["dev"], t["inode"], t["size"], t["nlink"], order, 0, None)
+
+        def batches() -> Iterator[dict[str, Any]]:
+            at = 0
+            for b in self.batches():
+                yield {**{k: b.column(k) for k in ("code", "ns", "dev", "inode", "size", "nlink")},
+                       "ord": pa.array(range(at, at + b.num_rows), pa.int64())}
+                at += b.num_rows
+
+        tally = tally_stream(batches)
         per_ns: dict[tuple[str, Any], dict] = {}
         for (cls, code), figures in tally.items():
             per_ns[(cls, self.names[code])] = figures

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvmigrate import manifest as mf
 from kvmigrate.migrate import prune, prune_spill, prune_stream
@@ -152,3 +154,29 @@ def test_a_namespace_written_within_the_quiet_period_is_named_as_prune_would_ski
     assert whole[3] and streamed[3] == whole[3]
     plan = _picked(manifest, ("residue",), None, None, monkeypatch, quiet_period=600, now=now)
     assert plan[1] and _picked(manifest, ("residue",), None, 3, monkeypatch, quiet_period=600, now=now) == plan
+
+
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from(["a", "b", None]),
+                          st.sampled_from([0, 1, None]), st.integers(0, 6), st.integers(0, 9),
+                          st.sampled_from([0, 1, 2, 3, None])), max_size=40),
+       st.integers(1, 7))
+def test_the_streamed_tally_is_the_whole_one(rows, batch):
+    """Freed vs only unlinked, an inode's bytes once on its first name, read in batches:
+    as `tally_rows` over the whole table (inodes named twice, on one device or two,
+    null and zero link counts)."""
+    import pyarrow as pa
+
+    from kvmigrate.migrate import prune_rules as P
+
+    cols = {k: pa.array([r[i] for r in rows], t) for i, (k, t) in enumerate(
+        [("code", pa.int8()), ("ns", pa.string()), ("dev", pa.uint64()), ("inode", pa.uint64()),
+         ("size", pa.int64()), ("nlink", pa.uint32())])}
+    order = pa.array(range(len(rows)), pa.int64())
+
+    def batches():
+        for at in range(0, len(rows), batch):
+            yield {**{k: v.slice(at, batch) for k, v in cols.items()}, "ord": order.slice(at, batch)}
+
+    whole = P.tally_rows(cols["code"], cols["ns"], cols["dev"], cols["inode"], cols["size"], cols["nlink"], order,
+                         0, None) if rows else {}
+    assert P.tally_stream(batches) == whole
