@@ -17,6 +17,7 @@ under the cache root.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import shutil
@@ -152,7 +153,7 @@ class PlanFile:
         configs = {k: f"{ns}/{layout.CONFIG_NAME}" for k, ns in enumerate(self.names) if k in keeps}
         path = self.folder.file(f"plan-{len(os.listdir(self.folder.path))}.arrow")
         rows = 0
-        with _Writer(path, _schema()) as w:
+        with _writing(self.folder), _Writer(path, _schema()) as w:
             for b in self.batches():
                 keep = [key not in dropped and configs.get(ns) != rel for ns, key, rel in
                         zip(b.column("ns").to_pylist(), b.column("key").to_pylist(), b.column("relpath").to_pylist())]
@@ -162,25 +163,38 @@ class PlanFile:
         return PlanFile(self.folder, path, rows, self.names)
 
 
+class _CannotWrite(Exception):
+    """The OSError of a write of the plan's temporary files (not of a manifest's read)."""
+
+
 class _Writer:
     """An Arrow IPC stream file written batch by batch."""
 
     def __init__(self, path: str, schema: Any) -> None:
         import pyarrow as pa
 
-        self.sink = pa.OSFile(path, "wb")
-        self.writer = pa.ipc.new_stream(self.sink, schema)
+        try:
+            self.sink = pa.OSFile(path, "wb")
+            self.writer = pa.ipc.new_stream(self.sink, schema)
+        except OSError as exc:
+            raise _CannotWrite(exc) from exc
 
     def write(self, batch: Any) -> None:
         if batch.num_rows:
-            self.writer.write(batch)
+            try:
+                self.writer.write(batch)
+            except OSError as exc:
+                raise _CannotWrite(exc) from exc
 
     def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.writer.close()
-        self.sink.close()
+        try:
+            self.writer.close()
+            self.sink.close()
+        except OSError as err:
+            raise _CannotWrite(err) from err
 
 
 def _read(path: str) -> Any:
@@ -196,10 +210,32 @@ def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], di
     partitioned by their target's range, joined with the targets' stat (`targets`: the
     _TARGET columns of ascending manifest rows, called range after range), sorted and
     merged. `code_of`: a namespace column's int codes (into `names`)."""
+    folder = _Folder()
+    with _writing(folder):
+        return _spill(folder, chosen, manifest_rows, targets, code_of, names)
+
+
+@contextlib.contextmanager
+def _writing(folder: _Folder) -> Iterator[None]:
+    """A write of the plan's files that fails (a full or read-only TMPDIR) says so, with
+    what to do, as an operational error: nothing is moved before the plan is whole."""
+    try:
+        yield
+    except _CannotWrite as cannot:
+        from kvmigrate.errors import OS_WHAT, OperationalError
+
+        exc = cannot.args[0]
+        what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
+        raise OperationalError(f"cannot write the prune plan's temporary files: {what}; nothing was moved",
+                               path=folder.path, hint="set TMPDIR to a folder with room (the plan takes ~200 bytes "
+                               "a file it prunes), then rerun the same command") from None
+
+
+def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
+           code_of: Callable[[Any], Any], names: list[str | None]) -> PlanFile:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    folder = _Folder()
     span = max(MIN_RANGE, -(-manifest_rows // MAX_RANGES))
     writers: dict[int, _Writer] = {}  # range -> its rows' file (-1: no target)
     for t in chosen:

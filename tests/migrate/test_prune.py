@@ -821,3 +821,33 @@ def test_removed_folders_are_journaled_in_bounded_records_and_restore_reads_them
     code, out = run("rollback", root / ".kvmigrate" / "journals")
     assert code == 0, out
     assert {r: (root / r).read_bytes() for r in legacy} == legacy
+
+
+def test_a_full_temporary_folder_stops_the_plan_with_what_to_do(synth_root, tmp_path, monkeypatch):
+    """The plan of a directory-layout manifest is written to TMPDIR before anything moves:
+    a write that fails there (no space left) is exit 8, the folder and what to do named,
+    and every file is where it was."""
+    import errno
+
+    from kvmigrate.migrate import prune_spill
+
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    manifest, _ = _manifest(tmp_path, root)
+    before = listing(root)
+
+    import pyarrow as pa
+
+    opened = pa.OSFile
+
+    def full(path, mode="rb"):
+        if mode != "rb" and prune_spill.tempfile.gettempdir() in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return opened(path, mode)
+
+    monkeypatch.setattr(pa, "OSFile", full)
+    code, out = run("prune", root, "--manifest", manifest, "--quiet-period", "0s", "--apply")
+    assert code == 8, out
+    assert "cannot write the prune plan's temporary files: no space left on device" in out
+    assert "kvmigrate-prune-plan-" in out and "TMPDIR" in out
+    assert listing(root) == before
