@@ -41,6 +41,9 @@ OVER_BOUND = {
     "prune_dry": _PRUNE_PLAN + " (~820 B a file at 32k -> 128k files)",
     "prune_apply": _PRUNE_PLAN + " (~690 B a file at 32k -> 128k files)",
     "prune_scan_apply": _PRUNE_PLAN + ", after its own scan (~1,360 B a file at 32k -> 128k files)",
+    "scan_again": ("the files of the root's own folders (a prune's quarantine, until purged) go through "
+                   "dir_rows into one Rows, written only when the walk of those folders ends "
+                   "(scan/toplevel.py non_bucket_rows; ~1,120 B a file at 32k -> 256k files)"),
 }
 
 
