@@ -37,8 +37,8 @@ OVER_BOUND = {
     "report_after": _RECLAIMABLE + " (~164 B a file at 32k -> 256k files)",
     "report_json": _RECLAIMABLE + " (~151 B a file)",
     "audit": _RECLAIMABLE + " (~139 B a file)",
-    "audit_baseline": _RECLAIMABLE + " (~138 B a file, measured while the baseline held 57 B a row: its rows "
-                                     "now wait on disk by bucket folder)",
+    "audit_baseline": _RECLAIMABLE + " (~128 B a file, audit ~143; the baseline's rows wait on disk by "
+                                     "bucket folder)",
     "prune_dry": _PRUNE_PLAN + " (~820 B a file at 32k -> 128k files)",
     "prune_apply": _PRUNE_PLAN + " (~690 B a file at 32k -> 128k files)",
     "prune_scan_apply": _PRUNE_PLAN + ", after its own scan (~1,360 B a file at 32k -> 128k files)",
