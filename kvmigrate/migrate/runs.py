@@ -15,12 +15,15 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate.errors import OperationalError, UsageError
 from kvmigrate.migrate import journal as jn
+
+if TYPE_CHECKING:
+    from kvmigrate.migrate.quarantine import PruneRun
 
 UNFINISHED = ("running", "interrupted")
 
@@ -112,49 +115,60 @@ def migration_runs(journal_dir: str) -> list[RunInfo]:
     return out
 
 
-def prune_runs(journal_dir: str) -> list[RunInfo]:
+def prune_runs(journal_dir: str, *, counted: Callable[[str], bool] = lambda state: True) -> list[RunInfo]:
     """The prune runs of a journal directory, read as `restore` reads them (what `restore`
-    and `purge` add to a prune's journal are its later states)."""
+    and `purge` add to a prune's journal are its later states). `counted(state)`: the runs
+    whose counts (files intended, moved) are wanted; a journal with none of them is read
+    for its runs' states alone, keeping nothing per file."""
     from kvmigrate.migrate.quarantine import load_prune_runs
 
     out = []
     for path in _journals(journal_dir):
         try:
-            runs = load_prune_runs(path)
+            runs = load_prune_runs(path, moves=False)
         except (UsageError, OSError, ValueError):
             continue
         holder = _holder(path)
+        if any(counted(_prune_state(run, holder)) for run in runs):
+            try:
+                runs = load_prune_runs(path)  # (its runs' intents and moves, to count them)
+            except (UsageError, OSError, ValueError):
+                continue
         for run in runs:
-            if run.purged:
-                state = "purged"
-            elif run.restored:
-                state = "restored"
-            elif run.complete and not run.purge_started:
-                state = "done"
-            elif holder is not None:
-                state = "running"
-            else:
-                state = "interrupted"
+            state = _prune_state(run, holder)
+            counts = {"moved": len(run.moved), "intended": len(run.moves)} if counted(state) else {}
             out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "prune", state, path,
-                               run.header.get("command"), run.root, [],
-                               {"moved": len(run.moved), "intended": len(run.moves)},
+                               run.header.get("command"), run.root, [], counts,
                                holder if state == "running" else None))
     return out
 
 
-def list_runs(root: str) -> list[RunInfo]:
+def _prune_state(run: PruneRun, holder: int | None) -> str:
+    """A prune run's state from its journal's records and the journal's flock holder."""
+    if run.purged:
+        return "purged"
+    if run.restored:
+        return "restored"
+    if run.complete and not run.purge_started:
+        return "done"
+    return "running" if holder is not None else "interrupted"
+
+
+def list_runs(root: str, *, counted: Callable[[str], bool] = lambda state: True) -> list[RunInfo]:
     """Every run journaled under ROOT/.kvmigrate/journals (migrations, then prunes), oldest
-    first by run id."""
+    first by run id (`counted`: see `prune_runs`)."""
     root = os.path.abspath(root)
     jdir = jn.default_journal_dir(root)
     from kvmigrate.migrate.prune import prune_journal_dir
 
-    runs = migration_runs(jdir) + prune_runs(prune_journal_dir(root))
+    runs = migration_runs(jdir) + prune_runs(prune_journal_dir(root), counted=counted)
     return sorted(runs, key=lambda r: (r.run_id, r.kind))
 
 
 def unfinished(root: str) -> list[RunInfo]:
-    return [r for r in list_runs(root) if r.state in UNFINISHED]
+    """The running or interrupted runs of ROOT: the journals of finished runs are read for
+    their states alone (no record per file is kept for them)."""
+    return [r for r in list_runs(root, counted=lambda state: state in UNFINISHED) if r.state in UNFINISHED]
 
 
 def check_no_interrupted_run(journal_dirs: list[str], targets: set[str], identity: dict[str, Any]) -> None:

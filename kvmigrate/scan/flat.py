@@ -225,14 +225,15 @@ def _stat_against_baseline(fam: Any, files: FlatFiles, baseline: Baseline, listi
     out: list[Any] = [None] * n
     read: list[int] = []
     for i, name in enumerate(names):
-        was = -1 if codes[i] else baseline.unchanged(dev[i], ino[i], size[i], mtime[i], ctime[i])
+        rows = baseline.rows_for(name)
+        was = -1 if codes[i] else rows.unchanged(dev[i], ino[i], size[i], mtime[i], ctime[i])
         if was < 0 or baseline.rechecks(flat_bucket(name)):
             read.append(i)
             continue
         ff = fam.flat_file(name, size[i])
-        ff.content, ff.all_zero = baseline.hashes(was)[0], False
+        ff.content, ff.all_zero = rows.hashes(was)[0], False
         if fam.wants_head(ff):
-            ff.head = fam.carried_head(baseline.was_unsupported(was))
+            ff.head = fam.carried_head(rows.was_unsupported(was))
         ff.index, out[i] = i, ff
         files.carried[i] = 1
     for i, code, digest, head in _hash_pages(files, read):
@@ -246,8 +247,9 @@ def _stat_against_baseline(fam: Any, files: FlatFiles, baseline: Baseline, listi
                 continue
         read_rec = files.records.get(i)
         if ((read_rec is None or read_rec.status == "ok") and ff.content is not None and not ff.all_zero
-                and (was := baseline.unchanged(dev[i], ino[i], size[i], mtime[i], ctime[i])) >= 0
-                and baseline.hashes(was)[0] != ff.content):
+                and (was := (rows := baseline.rows_for(name)).unchanged(dev[i], ino[i], size[i], mtime[i],
+                                                                        ctime[i])) >= 0
+                and rows.hashes(was)[0] != ff.content):
             rec = FileRecord(name, None, None, None, size[i], mtime[i], ino[i], dev[i], files.stats[4][i],
                              ctime_ns=ctime[i])
             rec.status, rec.action, rec.reason = "silent_change", "none", SILENT_CHANGE

@@ -256,7 +256,7 @@ class Walker(BlockVerdicts):
                 unusual = leaf.walk_bucket(bpath, brel + "/", hhh, self.hashed and not carry, self.leaf_perm, m.code,
                                            m.rank, store, verdict, buf)
                 if baseline is not None:
-                    self._against_baseline(store, j0, carry)
+                    self._against_baseline(store, j0, carry, brel)
                 if unusual == []:
                     continue
                 store.export_blocks(blocks)  # Python rows join the blocks: after the C walk's rows so far
@@ -271,13 +271,13 @@ class Walker(BlockVerdicts):
         if blocks or leaf is not None:  # (the C walk files its rows' blocks in out.store)
             self._finish_blocks(unit, blocks, out)
 
-    def _against_baseline(self, store: Any, j0: int, carry: bool) -> None:
+    def _against_baseline(self, store: Any, j0: int, carry: bool, brel: str) -> None:
         """The C walk's rows from j0 on against the baseline. Carrying (the walk only
         stat()ed them): unchanged files take the baseline's hash, the others are read
         here. Re-checking (the walk hashed them): unchanged metadata with another hash is
         a silent change."""
-        b = self.baseline
-        assert b is not None
+        assert self.baseline is not None
+        b = self.baseline.bucket_rows(brel)
         if not carry:
             for j in store.carry(j0, *b.stat, b.content, True):
                 store.set(j, "silent_change", "none", SILENT_CHANGE, None)
@@ -303,10 +303,11 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or b.rechecks(_bucket_of(rec.relpath)):
             return False
-        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        rows = b.rows_for(rec.relpath)
+        i = rows.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
         if i < 0:
             return False
-        rec.content, rec.payload = b.hashes(i)
+        rec.content, rec.payload = rows.hashes(i)
         rec.carried = True
         return True
 
@@ -315,8 +316,9 @@ class Walker(BlockVerdicts):
         b = self.baseline
         if b is None or rec.status != "ok" or rec.content is None:
             return False
-        i = b.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
-        if i >= 0 and b.hashes(i)[0] != rec.content:
+        rows = b.rows_for(rec.relpath)
+        i = rows.unchanged(rec.dev, rec.inode, rec.size, rec.mtime_ns, rec.ctime_ns)
+        if i >= 0 and rows.hashes(i)[0] != rec.content:
             rec.status, rec.reason = "silent_change", SILENT_CHANGE
             return True
         return False
@@ -405,8 +407,9 @@ class Walker(BlockVerdicts):
         ctimes, carries = out.ctime_ns, out.carried
         baseline = self.baseline
         recheck = baseline is not None and baseline.rechecks(v.hhh)
-        unchanged = baseline.unchanged if baseline is not None else _not_carried
-        carried_hashes = baseline.hashes if baseline is not None else _no_hashes
+        rows = baseline.bucket_rows(v.brel) if baseline is not None else None  # (v.brel: the bucket folder)
+        unchanged = rows.unchanged if rows is not None else _not_carried
+        carried_hashes = rows.hashes if rows is not None else _no_hashes
         prefix = v.hhh + hh  # a block file in its right place starts with these 5 hex
         if files is None:
             files = self._listing(fpath, frel, out, m.columns)

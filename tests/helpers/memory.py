@@ -64,14 +64,15 @@ def synth_llmd(root: Path, blocks: int) -> None:
 
 LIFECYCLE = ("scan", "report", "migrate_dry", "migrate_apply", "scan_after", "report_after", "report_json",
              "report_diff", "explain", "audit", "audit_baseline", "verify", "prune_dry", "prune_apply", "restore",
-             "rollback_list", "rollback_dry", "rollback", "migrate_again", "prune_scan_apply", "purge")
+             "rollback_list", "rollback_dry", "rollback", "migrate_again", "prune_scan_apply", "scan_again",
+             "report_runs", "purge")
 
 
 def lifecycle_steps(work: Path, root: Path) -> list[tuple[str, list]]:
     """(name, kvmigrate arguments) of every command an operator runs on the tree ROOT, in
     LIFECYCLE's order: scan, report, migrate, audit, verify, prune, restore, rollback, migrate
-    again, prune from its own scan, purge (manifests in WORK). scripts/bench.py's memory
-    group runs the same list."""
+    again, prune from its own scan, report again (several runs' journals), purge (manifests
+    in WORK). scripts/bench.py's memory group runs the same list."""
     source = next(p.name for p in sorted(root.iterdir()) if p.name.endswith("_r0"))[:-len("_r0")]
     journals = root / ".kvmigrate" / "journals"
     steps: list[tuple[str, list]] = [
@@ -95,6 +96,8 @@ def lifecycle_steps(work: Path, root: Path) -> list[tuple[str, list]]:
         ("rollback", ["rollback", journals]),
         ("migrate_again", ["migrate", "--manifest", work / "m1.parquet", "--apply"]),
         ("prune_scan_apply", ["prune", root, "--quiet-period", "0s", "--apply", *FACTS]),
+        ("scan_again", ["scan", root, "-o", work / "m3.parquet", "--verify", "size", *FACTS]),
+        ("report_runs", ["report", work / "m3.parquet"]),  # names the unfinished runs: reads every journal
         ("purge", ["prune", root, "--purge", "--older-than", "0s", "--apply"]),
     ]
     assert tuple(name for name, _ in steps) == LIFECYCLE

@@ -582,6 +582,39 @@ def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_na
     assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
 
 
+def test_unfinished_runs_read_a_finished_prunes_journal_for_its_state_alone(migrated, monkeypatch):
+    """`report` and `audit` name the unfinished runs: a finished prune's journal is read
+    for its state alone (nothing per file kept: several runs' journals of a big root do
+    not add up), an interrupted one's with its counts, as `kvmigrate runs` lists them."""
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate import quarantine, runs
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    root, _ = migrated
+    code, done = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert run("restore", done["journal"])[0] == 0
+    exe = str(Path(sys.executable).with_name("kvmigrate"))
+    killed = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
+                            env={**os.environ, CRASH_ENV: "prune_move:5"}, timeout=120)
+    assert killed.returncode < 0, killed.stdout + killed.stderr
+    listed = {r.journal: r for r in runs.list_runs(str(root))}
+    (interrupted,) = [r for r in listed.values() if r.state == "interrupted"]
+    assert interrupted.counts["moved"] < interrupted.counts["intended"]
+    real, whole = quarantine.load_prune_runs, []
+
+    def spied(journal, *, moves=True):
+        if moves:
+            whole.append(journal)
+        return real(journal, moves=moves)
+
+    monkeypatch.setattr(quarantine, "load_prune_runs", spied)
+    assert [r.to_dict() for r in runs.unfinished(str(root))] == [interrupted.to_dict()]
+    assert whole == [interrupted.journal]  # the restored run's journal: its state only
+
+
 def _written_long_ago(root: Path) -> None:
     """Every file and folder of the tree: mtime in 2001 (outside any quiet period)."""
     old = (1_000_000_000, 1_000_000_000)

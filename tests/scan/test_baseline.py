@@ -202,3 +202,41 @@ def test_parts_of_a_baseline_hold_the_rows_of_their_buckets(synth_root, tmp_path
         assert {i for i in inodes if i in blocks} == {i for i, p in blocks.items() if p == k} != set()
         assert others <= inodes
     assert sum(p.rows for p in parts) == len(blocks) + 3 * len(others) == whole.rows + 2 * len(others)
+
+
+def test_a_baseline_held_by_bucket_folder_finds_what_the_whole_one_finds(synth_root, tmp_path, monkeypatch):
+    """The rows of block files wait on disk by bucket folder (`<rank folder>/<hhh>`), read in
+    batches of any size: each file finds the row (its hashes, its unsupported mark) the
+    whole baseline held in memory finds, and the bucket folder's rows stay in inode order
+    when they come from several batches."""
+    from fractions import Fraction
+
+    from kvmigrate.scan import baseline as bl
+
+    root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla", blocks=300))  # (buckets of several blocks)
+    next(root.rglob("*.bin")).with_name("x.tmp").write_bytes(b"t")  # a file in a fan-out folder, not a block
+    full = tmp_path / "full.parquet"
+    scan(root, full)
+    checks = dict(root=str(root), target="vllm-0.34", verify="hash", recheck=Fraction(0))
+    (whole,) = bl.load_parts(str(full), 1, **checks)  # (the rows held in memory, as a Ray part holds them)
+    monkeypatch.setattr(bl, "LOAD_BATCH", 7)  # a bucket folder's rows in several batches
+    held = bl.load(str(full), **checks)
+    assert held.buckets is not None and held.buckets.rows > 0.9 * held.rows and held.rows == whole.rows
+    found = 0
+    for relpath, r in rows(full).items():
+        key = (r["dev"], r["inode"], r["size"], r["mtime_ns"], r["ctime_ns"])
+        i, j = whole.unchanged(*key), held.rows_for(relpath).unchanged(*key)
+        assert (i >= 0) == (j >= 0), relpath
+        if i >= 0:
+            found += 1
+            assert whole.hashes(i) == held.rows_for(relpath).hashes(j) == (r["content_xxh3_128"],
+                                                                           r["payload_xxh3_128"])
+            assert whole.was_unsupported(i) == held.rows_for(relpath).was_unsupported(j)
+    assert found == whole.rows
+    assert len(held.buckets.runs) // 3 > len(set(held.buckets.runs[0::3]))  # a folder's rows in several runs
+    sizes = []
+    for folder in {k.rsplit("/", 2)[0] for k in block_rows(full)}:
+        inodes = memoryview(held.bucket_rows(folder).stat[1]).cast("Q").tolist()
+        assert inodes == sorted(inodes)
+        sizes.append(len(inodes))
+    assert sum(sizes) == held.buckets.rows and max(sizes) >= 2
