@@ -222,12 +222,12 @@ def _write(walker: Walker, units: list[Unit], head: list[Rows | Any], tasks: lis
                             totals.add(batch)
                 pending, pending_rows = [], 0
 
-            for part in head:  # Rows, or batches of a flat directory's rows (scan/flat.py)
-                if isinstance(part, Rows):
-                    take(part.table(walker.ns_arrays), part.sizes, part.errors)
-                else:
-                    for table in part:
-                        take(table, {}, [])
+            for part in head:  # Rows, or batches of a folder's rows (Rows, or tables: scan/flat.py)
+                for piece in [part] if isinstance(part, Rows) else part:
+                    if isinstance(piece, Rows):
+                        take(piece.table(walker.ns_arrays), piece.sizes, piece.errors)
+                    else:
+                        take(piece, {}, [])
             done = 0
             for (table, task_sizes, task_errors), (_, buckets) in zip(batches, tasks):
                 take(table, task_sizes, task_errors, len(buckets))

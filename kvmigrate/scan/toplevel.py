@@ -18,26 +18,36 @@ from kvmigrate.scan.units import Member, Unit
 from kvmigrate.scan.walker import Walker, stat_record
 
 
+def _folder_batches(walker: Walker, listing: RootListing) -> Iterator[Rows]:
+    """The files of kvmigrate's own folders (journals, a prune's quarantine) and of foreign
+    folders at the root, a batch of Rows at a time."""
+    for d in listing.own_dirs:
+        yield from walker.dir_batches(os.path.join(walker.root, d), d, status="own_artifact",
+                                      reason="kvmigrate journal folder", where="kvmigrate folder")
+    for d in listing.foreign_dirs:
+        yield from walker.dir_batches(os.path.join(walker.root, d), d, status="foreign",
+                                      reason="folder that is not a cache namespace: not part of the cache",
+                                      where="the cache root")
+
+
 def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Namespace],
-                    units: list[Unit], shard: tuple[int, int]) -> list[Rows | Iterator[pa.Table]]:
+                    units: list[Unit], shard: tuple[int, int]) -> list[Rows | Iterator[Rows | pa.Table]]:
     """Rows of files outside buckets: top-level files, .kvmigrate/, base folders
     (config.json, probe and config temp files), rank-folder top level, deep layouts and
     foreign folders. Everything here is part 0 (except bucket files of deep layouts).
-    In written order: Rows, then the flat families' pages as batches of Arrow tables
-    (a million in one folder: never one list of them), then Rows of the base folders."""
+    In written order: Rows, then kvmigrate's own and foreign folders as batches of Rows
+    (a prune's quarantine: never one list of them), Rows, the flat families' pages as
+    batches of Arrow tables (a million in one folder), then Rows of the base folders."""
     out = Rows()
     root = walker.root
     part0 = shard[0] == 0
+    head: list[Rows | Iterator[Rows | pa.Table]] = []
     if part0:
         for e in listing.files:
             walker.other_file(e, e.name, out, where="the cache root")
-        for d in listing.own_dirs:
-            walker.dir_rows(os.path.join(root, d), d, out, status="own_artifact",
-                            reason="kvmigrate journal folder", ns_cols=None, where="kvmigrate folder")
-        for d in listing.foreign_dirs:
-            walker.dir_rows(os.path.join(root, d), d, out, status="foreign",
-                            reason="folder that is not a cache namespace: not part of the cache", ns_cols=None,
-                            where="the cache root")
+        if listing.own_dirs or listing.foreign_dirs:  # walked as they are written, a batch at a time
+            head += [out, _folder_batches(walker, listing)]
+            out = Rows()
     for d in listing.deep_dirs:
         walker.dir_rows(os.path.join(root, d), d, out, status="unsupported_layout",
                         reason="old llm-d deep layout (<model>/block_size_*/tp_*_pp_size_*_pcp_size_*/rank_*): "
@@ -48,7 +58,7 @@ def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Names
     if not part0:
         return [out]
     flat_tables = flat.rows(walker, listing, namespaces, Rows())
-    parts: list[Rows | Iterator[pa.Table]] = [out, flat_tables]
+    parts: list[Rows | Iterator[Rows | pa.Table]] = [*head, out, flat_tables]
     out = Rows()
     parts.append(out)
     cols_of = {ns.source_base: ns.columns() for ns in namespaces}

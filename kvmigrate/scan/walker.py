@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -62,6 +62,9 @@ def stat_record(relpath: str, st: os.stat_result, rank: int | None = None, group
             hex_hash: str | None = None) -> FileRecord:
     return FileRecord(relpath, rank, group, hex_hash, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev,
                       st.st_nlink, ctime_ns=st.st_ctime_ns)
+
+
+FOLDER_BATCH = 8192  # rows of a part-0 folder (kvmigrate's own, a foreign one) handed on at once
 
 
 class Walker(BlockVerdicts):
@@ -220,6 +223,39 @@ class Walker(BlockVerdicts):
                               shard=shard, bucket=inner)
             elif shard is None or shard_part(bucket, shard[1]) == shard[0]:
                 self.other_file(e, child, out, where=where, status=status, reason=reason, ns_cols=ns_cols)
+
+    def dir_batches(self, path: str, rel: str, *, status: str, reason: str, where: str) -> Iterator[Rows]:
+        """`dir_rows` of a part-0 folder (kvmigrate's own, a foreign one), in the same order
+        but a Rows of `limit` rows at a time: a prune's quarantine holds every file it
+        moved, and one Rows of them held ~1 KB a file until the folder's walk ended."""
+        box = [Rows()]
+        yield from self._dir_chunks(path, rel, box, FOLDER_BATCH, status=status, reason=reason, where=where)
+        if len(box[0]):
+            yield box[0]
+
+    def _dir_chunks(self, path: str, rel: str, box: list[Rows], limit: int, *, status: str, reason: str,
+                    where: str) -> Iterator[Rows]:
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            st = self.lstat_row(path, rel, box[0])
+            if st is not None:
+                rec = stat_record(rel, st)
+                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
+                self.emit(box[0], rec, None)
+            return
+        for e in entries:
+            child = f"{rel}/{e.name}"
+            if e.is_dir(follow_symlinks=False):
+                yield from self._dir_chunks(e.path, child, box, limit, status=status, reason=reason, where=where)
+            else:
+                self.other_file(e, child, box[0], where=where, status=status, reason=reason, ns_cols=None)
+            if len(box[0]) >= limit:
+                full, box[0] = box[0], Rows()
+                yield full
 
     # -- blocks --------------------------------------------------------------------------
 

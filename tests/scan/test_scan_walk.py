@@ -86,3 +86,31 @@ def test_progress_bar_goes_to_stderr(synth_root, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "files" in captured.err and "21" in captured.err  # 20 blocks + config.json
+
+
+def test_the_roots_own_and_foreign_folders_are_written_in_batches_in_walk_order(synth_root, tmp_path, monkeypatch):
+    """kvmigrate's own folder (a prune's quarantine holds every file it moved) and a foreign
+    folder are handed on FOLDER_BATCH rows at a time: the manifest is the one of a single
+    batch, row for row."""
+    from kvmigrate import manifest as mf
+    from kvmigrate.scan import walker
+
+    from helpers.cli_helpers import run
+
+    root, _ = synth_root(dict(family="llmd", tp=2, kv_kind="mla"))
+    for top in (layout.OWN_DIR + "/quarantine/run1", "notes"):
+        for k in range(7):
+            d = root / top / f"d{k % 3}" / f"e{k}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"f{k}.bin").write_bytes(b"x" * k)
+    tables = []
+    for batch in (10_000, 2):
+        monkeypatch.setattr(walker, "FOLDER_BATCH", batch)
+        out = tmp_path / f"m{batch}.parquet"
+        code, text = run("scan", root, "--kv-kind", "mla", "--model-dtype", "bfloat16", "-o", out, "-q")
+        assert code in (0, 1, 5), text
+        tables.append(mf.read_table(out).drop_columns(["ctime_ns"]))
+    rel = tables[1]["relpath"].to_pylist()
+    assert tables[0].equals(tables[1])
+    assert sum(r.startswith(layout.OWN_DIR + "/quarantine/") for r in rel) == 7
+    assert sum(r.startswith("notes/") for r in rel) == 7
