@@ -342,27 +342,32 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict,
 
     from kvmigrate.migrate import prune_rules as P
 
-    prims: dict[str, list] = {"key": [], "payload": [], "content": [], "target": []}
-    secs: dict[str, list] = {"row": [], "key": [], "payload": [], "content": [], "replica": []}
+    # the primaries are fig.migrated_to's rows, in its order: their key (each batch's
+    # backwards), payload (None: a batch of none) and content hashes
+    prims: dict[str, list] = {"key": [], "payload": [], "content": []}
+    # the rank files to pair: row, their primary's key, the hash proving a replica (the
+    # payload's if it has one, else the whole file's), whether it is the payload's, replica
+    secs: dict[str, list] = {"row": [], "key": [], "proof": [], "by_payload": [], "replica": []}
     good: dict[str, tuple[bool, bool]] = {}
     for offset, c in _batches(manifest_path, _PASS_C):
         src, status = c["source_base"], c["status"]
         ok = P._b(pc.equal(status, "ok"))
         if pair:
-            mig, target = fig.migrated(offset, len(src))
+            mig, _ = fig.migrated(offset, len(src))
             if pc.any(mig).as_py():
                 at = pc.indices_nonzero(mig)
-                prims["key"].append(_key_digests(*_key_columns(c, at, "rank")))
-                for name in ("payload", "content"):
-                    prims[name].append(pc.take(c[name + "_xxh3_128"], at))
-                prims["target"].append(pc.take(target, at))
+                prims["key"].append(_key_digests(*_key_columns(c, pc.take(at, _backwards(len(at))), "rank")))
+                payload = pc.take(c["payload_xxh3_128"], at)
+                prims["payload"].append(payload if payload.null_count < len(payload) else None)
+                prims["content"].append(pc.take(c["content_xxh3_128"], at))
             sec = pc.and_(P._in(c["finding"], findings.SECONDARY), ok)
             if pc.any(sec).as_py():
                 at = pc.indices_nonzero(sec)
+                payload = pc.take(c["payload_xxh3_128"], at)
                 secs["row"].append(pc.take(_rows(offset, len(src)), at))
                 secs["key"].append(_key_digests(*_key_columns(c, at, "primary_rank")))
-                for name in ("payload", "content"):
-                    secs[name].append(pc.take(c[name + "_xxh3_128"], at))
+                secs["proof"].append(pc.coalesce(payload, pc.take(c["content_xxh3_128"], at)))
+                secs["by_payload"].append(pc.is_valid(payload))
                 secs["replica"].append(P._b(pc.equal(pc.take(c["finding"], at), findings.REPLICA_OF_PRIMARY)))
         for model, (_, names) in eras.items():
             if model not in held:
@@ -374,10 +379,17 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict,
             for ns, gg, bb in zip(*(per[k].to_pylist() for k in ("ns", "good_all", "block_any"))):
                 was = good.get(ns, (True, False))
                 good[ns] = (was[0] and gg, was[1] or bb)
-    return _with_primaries(secs, prims), good
+    return (_with_primaries(secs, prims, fig.migrated_to) if fig.migrated_to is not None else None), good
 
 
-def _with_primaries(secs: dict[str, list], prims: dict[str, list]) -> tuple[Any, Any] | None:
+def _backwards(n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array(range(n - 1, -1, -1), pa.int64())
+
+
+def _with_primaries(secs: dict[str, list], prims: dict[str, list],
+                    migrated_to: tuple[Any, Any]) -> tuple[Any, Any] | None:
     """(row, target row) of the rank files whose block key has a migrated primary -- the
     last one of the key, as a dict would keep -- a replica only when its hash proves it
     equal to that primary's (`_with_secondaries`), in one lookup; the parts are emptied
@@ -389,23 +401,28 @@ def _with_primaries(secs: dict[str, list], prims: dict[str, list]) -> tuple[Any,
 
     if not secs["row"] or not prims["key"]:
         return None
-    keys = _take_whole(prims, "key", pa.binary(16))
-    n = len(keys)
-    backwards = pa.array(range(n - 1, -1, -1), pa.int64())
-    # index_in finds a key's first occurrence: over the primaries backwards, its last one
-    last = pc.index_in(_take_whole(secs, "key", pa.binary(16)), value_set=pc.take(keys, backwards))
-    del keys
-    p = pc.subtract(n - 1, last)  # (null: no primary)
-    # a replica's equality is proven by its hash only: the payload if it has one, else the whole file
-    pay_i, pay_p = _take_whole(secs, "payload", pa.binary(16)), pc.take(_take_whole(prims, "payload", pa.binary(16)), p)
-    same = pc.if_else(pc.is_valid(pay_i), _b(pc.equal(pay_i, pay_p)), _b(pc.equal(
-        _take_whole(secs, "content", pa.binary(16)), pc.take(_take_whole(prims, "content", pa.binary(16)), p))))
-    del pay_i, pay_p
+    binary = pa.binary(16)
+    # index_in finds a key's first occurrence: in the primaries' keys backwards, its last primary
+    backwards = _concat(prims["key"][::-1], binary)
+    prims["key"] = []
+    last = pc.index_in(_take_whole(secs, "key", binary), value_set=backwards)
+    del backwards
+    p = pc.subtract(len(migrated_to[0]) - 1, last.cast(pa.int64()))  # (null: no primary)
+    proof, by_payload = _take_whole(secs, "proof", binary), _take_whole(secs, "by_payload", pa.bool_())
+    by_its_payload = pa.scalar(False)  # (no primary has a payload: no replica is proven by one)
+    if any(part is not None for part in prims["payload"]):
+        payloads = _concat([part if part is not None else pa.nulls(len(like), binary)
+                            for part, like in zip(prims["payload"], prims["content"])], binary)
+        by_its_payload = _b(pc.equal(proof, pc.take(payloads, p)))
+        del payloads
+    prims["payload"] = []
+    same = pc.if_else(by_payload, by_its_payload,
+                      _b(pc.equal(proof, pc.take(_take_whole(prims, "content", binary), p))))
+    del proof, by_payload, by_its_payload
     keep = pc.and_(pc.is_valid(p), pc.or_(pc.invert(_take_whole(secs, "replica", pa.bool_())), same))
     if not pc.any(keep).as_py():
         return None
-    return (pc.filter(_take_whole(secs, "row", pa.int64()), keep),
-            pc.filter(pc.take(_take_whole(prims, "target", pa.int64()), p), keep))
+    return pc.filter(_take_whole(secs, "row", pa.int64()), keep), pc.take(migrated_to[1], pc.filter(p, keep))
 
 
 class _Classes:
