@@ -548,6 +548,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
             break
         t = table.filter(pc.not_equal(table[s], 0))
         tally = P.tally_rows(t[s], t["ns"], t["dev"], t["inode"], t["size"], t["nlink"], t["row"], n, keep)
+        del t  # (the last selection's rows: not held through newest_writes' pass)
         named = {(cls, names.name(code)): v for (cls, code), v in tally.items()}
         if s == "all":
             together_ns = named
