@@ -605,7 +605,7 @@ class PlanRows:
             cfgs = pa.concat_tables(configs, promote_options="permissive")
             cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", self.sel.config_codes("code", cfgs))
             yield cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0))
-        self.fig.targets = self.fig.primaries = None  # (what the rows needed of the rest of the manifest)
+        self.fig.migrated_to = self.fig.paired_to = None  # (what the rows needed of the rest of the manifest)
 
     def emptied(self) -> set[str]:
         """The namespaces the selection empties (known once every row was read)."""
