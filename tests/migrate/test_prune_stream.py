@@ -139,7 +139,7 @@ def test_a_rank_file_pairs_with_the_last_primary_of_its_block(synth_root, tmp_pa
     (last, replaced), (first, kept) = primaries[:2]
     _with_copies(manifest, [(last, False), (first, True)])  # a copy after every row; one before them
     _assert_same(manifest, monkeypatch)
-    rows = set(_picked(manifest, ("migrated",), None, 5, monkeypatch)[0]["relpath"])
+    rows = {item.relpath for item in _picked(manifest, ("migrated",), None, 5, monkeypatch)[0]}
     # the copy after the rows is its key's last primary: the replica of the first is no longer
     # proven equal; the copy before them is not: the other block's replica still is
     assert replaced.replace("_r0/", "_r1/") not in rows and kept.replace("_r0/", "_r1/") in rows
