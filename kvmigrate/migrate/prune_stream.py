@@ -10,10 +10,13 @@ needs of the rest of the manifest is gathered first, compactly (`gather`):
 
     pass 0   the target bases, and per namespace whether all its files are unreadable
     pass A   the rows of target namespaces: a 128-bit digest of their path, and their
-             row, when healthy (the file a migrated block's bytes stay in); a superseded
-             era's held hashes
+             row, when healthy (the file a migrated block's bytes stay in); the migrated
+             candidates (row, digest of their target path); a superseded era's held hashes.
+             After it one lookup of every candidate: a migrated row -> its target's row
     pass B   only with rank files to pair or a superseded era to prove: the primaries of
-             migrated blocks (key digest, hashes, target row) and each era's verdict
+             migrated blocks (key digest, hashes, target row), the rank files to pair
+             (row, their primary's key digest, hashes) and each era's verdict. After it
+             one lookup of every rank file's primary: a paired row -> its target's row
     pass C   each row's class under each selection (`_Classes`): the figures keep of the
              selected rows only (dev, inode, size, nlink, row), 40-odd bytes, because
              whether a file frees its bytes depends on its inode's other names; a plan
@@ -21,7 +24,10 @@ needs of the rest of the manifest is gathered first, compactly (`gather`):
     pass D   the newest write of the namespaces counted, for the quiet period (folders
              lstat'ed as their rows are read: `newest_writes`)
 
-Each pass reads BATCH rows at a time; dictionary columns are decoded per batch.
+Each pass reads BATCH rows at a time; dictionary columns are decoded per batch. What
+must be looked up across the whole manifest is looked up once, after its pass (a hash
+table over all targets or primaries built per batch would make the passes quadratic);
+pass C slices the sorted (row -> target row) results by its batch's rows.
 """
 
 from __future__ import annotations
@@ -138,60 +144,61 @@ class _Figures:
     classes_meta: dict[str, dict]
     target_bases: set[str]
     used: set[str]
-    targets: Any = None  # Table: d (binary(16) digest of a healthy target-namespace path), row (its row)
     whole: set[str] = field(default_factory=set)  # namespaces unreadable_namespaces takes whole
-    primaries: Any = None  # Table: key digest, payload, content, target (the last primary of a key)
+    # (rows ascending, their targets' rows) as two int64 arrays: the migrated rows (pass A)
+    # and the rank files paired with a migrated primary (pass B), each with the row of the
+    # file its bytes stay in
+    migrated_to: tuple[Any, Any] | None = None
+    paired_to: tuple[Any, Any] | None = None
 
     def in_target(self, c: dict[str, Any]) -> Any:
         from kvmigrate.migrate.prune_rules import _in
 
         return _in(c["source_base"], self.target_bases)
 
-    def migrated(self, c: dict[str, Any], in_target: Any, has_ns: Any) -> tuple[Any, Any]:
+    def migrated(self, offset: int, k: int) -> tuple[Any, Any]:
         """(a block whose bytes the scan found at its target, in a healthy file of a target
-        namespace (`_select`'s first pass); the row of that file, else null)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
+        namespace (`_select`'s first pass); the row of that file, else null), for the k
+        rows from `offset`."""
+        return _lookup(self.migrated_to, offset, k)
 
-        from kvmigrate.migrate.prune_rules import MIGRATED_STATUSES, _b, _in
-
-        cand = pc.and_(pc.and_(has_ns, pc.invert(in_target)),
-                       pc.and_(_b(pc.equal(c["action"], "already_present")), _in(c["status"], MIGRATED_STATUSES)))
-        target = pa.nulls(len(cand), pa.int64())
-        if self.targets is None or not len(self.targets) or not pc.any(cand).as_py():
-            return pc.and_(cand, False), target
-        at = pc.indices_nonzero(cand)
-        pos = pc.index_in(_digests(pc.take(c["target_relpath"], at)), value_set=self.targets["d"])
-        hit = pc.is_valid(pos)
-        local = pa.array(range(len(cand)), pa.uint64())
-        where = pc.index_in(local, value_set=pc.filter(at, hit))
-        return pc.is_valid(where), pc.take(pc.filter(pc.take(self.targets["row"], pos), hit), where)
-
-    def paired(self, c: dict[str, Any], mig: Any, target: Any) -> tuple[Any, Any]:
+    def paired(self, offset: int, mig: Any, target: Any) -> tuple[Any, Any]:
         """`mig` plus the rank files (findings.SECONDARY, status ok) whose block's primary
         is migrated (a replica only when its hash proves it equal), with the primary's target."""
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        from kvmigrate.migrate.prune_rules import _b, _in
-
-        if self.primaries is None or not len(self.primaries):
+        if self.paired_to is None:
             return mig, target
-        sec = pc.and_(_in(c["finding"], findings.SECONDARY), _b(pc.equal(c["status"], "ok")))
-        if not pc.any(sec).as_py():
-            return mig, target
-        at = pc.indices_nonzero(sec)
-        keys = _key_digests(*_key_columns(c, at, "primary_rank"))
-        pos = pc.index_in(keys, value_set=self.primaries["key"])
-        pay_i, pay_p = pc.take(c["payload_xxh3_128"], at), pc.take(self.primaries["payload"], pos)
-        same = pc.if_else(pc.is_valid(pay_i), _b(pc.equal(pay_i, pay_p)),
-                          _b(pc.equal(pc.take(c["content_xxh3_128"], at), pc.take(self.primaries["content"], pos))))
-        keep = pc.and_(pc.is_valid(pos), pc.or_(
-            pc.invert(_b(pc.equal(pc.take(c["finding"], at), findings.REPLICA_OF_PRIMARY))), same))
-        where = pc.index_in(pa.array(range(len(mig)), pa.uint64()), value_set=pc.filter(at, keep))
-        paired = pc.is_valid(where)
-        their = pc.take(pc.filter(pc.take(self.primaries["target"], pos), keep), where)
+        paired, their = _lookup(self.paired_to, offset, len(mig))
         return pc.or_(mig, paired), pc.if_else(paired, their, target)
+
+
+def _lookup(found: tuple[Any, Any] | None, offset: int, k: int) -> tuple[Any, Any]:
+    """(whether each of the k rows from `offset` is among `found`'s rows, its target there,
+    else null): the slice of `found` in that range, found by bisection."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lo = hi = 0
+    if found is not None:
+        rows, targets = found
+        lo, hi = _bisect(rows, offset), _bisect(rows, offset + k)
+    if lo == hi:
+        return pa.array([False] * k, pa.bool_()), pa.nulls(k, pa.int64())
+    where = pc.index_in(_rows(offset, k), value_set=rows.slice(lo, hi - lo))
+    return pc.is_valid(where), pc.take(targets.slice(lo, hi - lo), where)
+
+
+def _bisect(rows: Any, row: int) -> int:
+    """The first position in `rows` (ascending) whose row is >= row."""
+    lo, hi = 0, len(rows)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rows[mid].as_py() < row:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _key_columns(c: dict[str, Any], at: Any, rank: str) -> tuple[Any, Any, Any, Any]:
@@ -244,48 +251,71 @@ def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[
     if not migrated and not eras:
         return fig
 
-    # pass A: the healthy files of target namespaces; what the eras' models hold; rank files to pair
-    digests: list = []
+    # pass A: the files of target namespaces; the migrated candidates; what the eras'
+    # models hold; rank files to pair
+    in_targets: dict[str, list] = {"d": [], "row": [], "ok": []}  # the files of target namespaces
+    candidates: dict[str, list] = {"row": [], "d": []}  # the migrated candidates, their target path
     held: dict[Any, list] = {m: [] for m in eras}
     any_secondary = False
-    for offset, c in _batches(manifest_path, ("source_base", "status", "relpath", "finding", "content_xxh3_128")):
-        src, ok = c["source_base"], P._b(pc.equal(c["status"], "ok"))
+    for offset, c in _batches(manifest_path, ("source_base", "status", "action", "relpath", "target_relpath",
+                                              "finding", "content_xxh3_128")):
+        src, status = c["source_base"], c["status"]
+        ok = P._b(pc.equal(status, "ok"))
         in_target = fig.in_target(c)
         if migrated and pc.any(in_target).as_py():
-            digests.append(pa.table({"d": _digests(pc.filter(c["relpath"], in_target)),
-                                     "row": pc.filter(_rows(offset, len(src)), in_target),
-                                     "ok": pc.filter(ok, in_target)}))
+            in_targets["d"].append(_digests(pc.filter(c["relpath"], in_target)))
+            in_targets["row"].append(pc.filter(_rows(offset, len(src)), in_target))
+            in_targets["ok"].append(pc.filter(ok, in_target))
+        if migrated:
+            cand = pc.and_(pc.and_(P._b(pc.not_equal(src, "")), pc.invert(in_target)),
+                           pc.and_(P._b(pc.equal(c["action"], "already_present")), P._in(status, P.MIGRATED_STATUSES)))
+            if pc.any(cand).as_py():
+                candidates["row"].append(pc.filter(_rows(offset, len(src)), cand))
+                candidates["d"].append(_digests(pc.filter(c["target_relpath"], cand)))
         for model, (model_bases, _) in eras.items():
             mask = pc.and_(P._in(src, model_bases), ok)
             if pc.any(mask).as_py():
                 held[model].append(pc.unique(pc.filter(c["content_xxh3_128"], mask)).drop_null())
         any_secondary = migrated and (any_secondary or bool(
             pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY), ok)).as_py()))
-    fig.targets = _first_healthy(digests)
-    del digests
+    fig.migrated_to = _at_healthy_targets(candidates, in_targets)
+    del candidates, in_targets
     held_sets = {m: s for m, s in ((m, pc.unique(_concat(p, pa.binary(16)))) for m, p in held.items()) if len(s)}
     del held
 
-    # pass B: the primaries of migrated blocks; each era's verdict per namespace
-    if any_secondary or held_sets:
-        fig.primaries, good = _pass_b(manifest_path, fig, eras, held_sets, any_secondary)
+    # pass B: the primaries of migrated blocks and the rank files to pair; each era's
+    # verdict per namespace
+    pair = any_secondary and fig.migrated_to is not None
+    if pair or held_sets:
+        fig.paired_to, good = _pass_b(manifest_path, fig, eras, held_sets, pair)
         fig.whole |= {ns for ns, (g, b) in good.items() if g and b}
     return fig
 
 
-def _first_healthy(parts: list) -> Any:
-    """(digest, row) of the target-namespace paths whose first row is `ok` (as `index_in`
-    finds a path's first row)."""
+def _at_healthy_targets(candidates: dict[str, list], in_targets: dict[str, list]) -> tuple[Any, Any] | None:
+    """(row, target row) of the candidates whose target path's first row among the target
+    namespaces' files is `ok` (`_select`'s first pass: `index_in` finds a path's first
+    row), in one lookup; the parts are emptied as they are joined."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not parts:
+    from kvmigrate.migrate.prune_rules import _b
+
+    if not candidates["row"] or not in_targets["row"]:
         return None
-    t = pa.concat_tables(parts)
-    first = t.group_by("d").aggregate([("row", "min")])
-    ok = pc.take(t["ok"], pc.index_in(first["row_min"], value_set=t["row"]))
-    first = first.filter(ok)
-    return pa.table({"d": first["d"].combine_chunks(), "row": first["row_min"].combine_chunks()})
+    pos = pc.index_in(_take_whole(candidates, "d", pa.binary(16)), value_set=_take_whole(in_targets, "d", pa.binary(16)))
+    hit = _b(pc.take(_take_whole(in_targets, "ok", pa.bool_()), pos))
+    rows, targets = _take_whole(candidates, "row", pa.int64()), _take_whole(in_targets, "row", pa.int64())
+    if not pc.any(hit).as_py():
+        return None
+    return pc.filter(rows, hit), pc.filter(pc.take(targets, pos), hit)
+
+
+def _take_whole(parts: dict[str, list], name: str, typ: Any) -> Any:
+    """The column `name` of `parts` as one array, its parts let go (not held twice)."""
+    whole = _concat(parts[name], typ)
+    parts[name] = []
+    return whole
 
 
 def _superseded_candidates(namespaces: list[str], fig: _Figures) -> dict[Any, tuple[list[str], list[str]]]:
@@ -303,25 +333,42 @@ def _superseded_candidates(namespaces: list[str], fig: _Figures) -> dict[Any, tu
             for model, names in by_model.items()}
 
 
-def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: bool) -> tuple[Any, dict]:
+def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict,
+            pair: bool) -> tuple[tuple[Any, Any] | None, dict]:
+    """(the rank files paired with a migrated primary: rows, their primary's target row;
+    per namespace of an era: (every file good, any block file))."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from kvmigrate.migrate import prune_rules as P
 
-    prims: list = []
+    # the primaries are fig.migrated_to's rows, in its order: their key (each batch's
+    # backwards), payload (None: a batch of none) and content hashes
+    prims: dict[str, list] = {"key": [], "payload": [], "content": []}
+    # the rank files to pair: row, their primary's key, the hash proving a replica (the
+    # payload's if it has one, else the whole file's), whether it is the payload's, replica
+    secs: dict[str, list] = {"row": [], "key": [], "proof": [], "by_payload": [], "replica": []}
     good: dict[str, tuple[bool, bool]] = {}
-    for _, c in _batches(manifest_path, _PASS_C):
+    for offset, c in _batches(manifest_path, _PASS_C):
         src, status = c["source_base"], c["status"]
+        ok = P._b(pc.equal(status, "ok"))
         if pair:
-            mig, target = fig.migrated(c, fig.in_target(c), P._b(pc.not_equal(src, "")))
+            mig, _ = fig.migrated(offset, len(src))
             if pc.any(mig).as_py():
                 at = pc.indices_nonzero(mig)
-                prims.append(pa.table({"key": _key_digests(*_key_columns(c, at, "rank")),
-                                       "payload": pc.take(c["payload_xxh3_128"], at),
-                                       "content": pc.take(c["content_xxh3_128"], at),
-                                       "target": pc.take(target, at)}))
-        ok = P._b(pc.equal(status, "ok"))
+                prims["key"].append(_key_digests(*_key_columns(c, pc.take(at, _backwards(len(at))), "rank")))
+                payload = pc.take(c["payload_xxh3_128"], at)
+                prims["payload"].append(payload if payload.null_count < len(payload) else None)
+                prims["content"].append(pc.take(c["content_xxh3_128"], at))
+            sec = pc.and_(P._in(c["finding"], findings.SECONDARY), ok)
+            if pc.any(sec).as_py():
+                at = pc.indices_nonzero(sec)
+                payload = pc.take(c["payload_xxh3_128"], at)
+                secs["row"].append(pc.take(_rows(offset, len(src)), at))
+                secs["key"].append(_key_digests(*_key_columns(c, at, "primary_rank")))
+                secs["proof"].append(pc.coalesce(payload, pc.take(c["content_xxh3_128"], at)))
+                secs["by_payload"].append(pc.is_valid(payload))
+                secs["replica"].append(P._b(pc.equal(pc.take(c["finding"], at), findings.REPLICA_OF_PRIMARY)))
         for model, (_, names) in eras.items():
             if model not in held:
                 continue
@@ -332,13 +379,50 @@ def _pass_b(manifest_path: str, fig: _Figures, eras: dict, held: dict, pair: boo
             for ns, gg, bb in zip(*(per[k].to_pylist() for k in ("ns", "good_all", "block_any"))):
                 was = good.get(ns, (True, False))
                 good[ns] = (was[0] and gg, was[1] or bb)
-    if not prims:
-        return None, good
-    t = pa.concat_tables(prims)
-    del prims
-    whole = pc.ScalarAggregateOptions(skip_nulls=False)  # the last primary of a key, as a dict would
-    last = t.group_by("key", use_threads=False).aggregate([(k, "last", whole) for k in ("payload", "content", "target")])
-    return last.rename_columns(["key", "payload", "content", "target"]), good
+    return (_with_primaries(secs, prims, fig.migrated_to) if fig.migrated_to is not None else None), good
+
+
+def _backwards(n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array(range(n - 1, -1, -1), pa.int64())
+
+
+def _with_primaries(secs: dict[str, list], prims: dict[str, list],
+                    migrated_to: tuple[Any, Any]) -> tuple[Any, Any] | None:
+    """(row, target row) of the rank files whose block key has a migrated primary -- the
+    last one of the key, as a dict would keep -- a replica only when its hash proves it
+    equal to that primary's (`_with_secondaries`), in one lookup; the parts are emptied
+    as they are joined."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate.prune_rules import _b
+
+    if not secs["row"] or not prims["key"]:
+        return None
+    binary = pa.binary(16)
+    # index_in finds a key's first occurrence: in the primaries' keys backwards, its last primary
+    backwards = _concat(prims["key"][::-1], binary)
+    prims["key"] = []
+    last = pc.index_in(_take_whole(secs, "key", binary), value_set=backwards)
+    del backwards
+    p = pc.subtract(len(migrated_to[0]) - 1, last.cast(pa.int64()))  # (null: no primary)
+    proof, by_payload = _take_whole(secs, "proof", binary), _take_whole(secs, "by_payload", pa.bool_())
+    by_its_payload = pa.scalar(False)  # (no primary has a payload: no replica is proven by one)
+    if any(part is not None for part in prims["payload"]):
+        payloads = _concat([part if part is not None else pa.nulls(len(like), binary)
+                            for part, like in zip(prims["payload"], prims["content"])], binary)
+        by_its_payload = _b(pc.equal(proof, pc.take(payloads, p)))
+        del payloads
+    prims["payload"] = []
+    same = pc.if_else(by_payload, by_its_payload,
+                      _b(pc.equal(proof, pc.take(_take_whole(prims, "content", binary), p))))
+    del proof, by_payload, by_its_payload
+    keep = pc.and_(pc.is_valid(p), pc.or_(pc.invert(_take_whole(secs, "replica", pa.bool_())), same))
+    if not pc.any(keep).as_py():
+        return None
+    return pc.filter(_take_whole(secs, "row", pa.int64()), keep), pc.take(migrated_to[1], pc.filter(p, keep))
 
 
 class _Classes:
@@ -367,7 +451,7 @@ class _Classes:
         one: dict[str, Any] = {}
         target = pa.nulls(k, pa.int64())
         if "migrated" in wanted:
-            mig, target = fig.paired(c, *fig.migrated(c, in_target, has_ns))
+            mig, target = fig.paired(offset, *fig.migrated(offset, k))
             one["migrated"] = mig
         if "unreadable_namespaces" in wanted:
             one["unreadable_namespaces"] = P._in(src, fig.whole) if fig.whole else pc.and_(has_ns, False)
@@ -444,7 +528,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
         chosen = pc.and_(pc.and_(_any_code(codes), prunable), pc.invert(cfg))
         if pc.any(chosen).as_py():
             kept.append(pa.table({k: pc.filter(v, chosen) for k, v in cols.items()}))
-    fig.targets = fig.primaries = None  # (what the rows needed of the rest of the manifest: before the tallies)
+    fig.migrated_to = fig.paired_to = None  # (what the rows needed of the rest of the manifest: before the tallies)
     if configs:  # a namespace emptied by a selection takes its config.json in the class of its first file
         cfgs = pa.concat_tables(configs)
         for s in _SELECTIONS:
@@ -464,6 +548,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
             break
         t = table.filter(pc.not_equal(table[s], 0))
         tally = P.tally_rows(t[s], t["ns"], t["dev"], t["inode"], t["size"], t["nlink"], t["row"], n, keep)
+        del t  # (the last selection's rows: not held through newest_writes' pass)
         named = {(cls, names.name(code)): v for (cls, code), v in tally.items()}
         if s == "all":
             together_ns = named
@@ -520,7 +605,7 @@ class PlanRows:
             cfgs = pa.concat_tables(configs, promote_options="permissive")
             cfgs = cfgs.set_column(cfgs.column_names.index("code"), "code", self.sel.config_codes("code", cfgs))
             yield cfgs.drop_columns(["status"]).filter(pc.not_equal(cfgs["code"], 0))
-        self.fig.targets = self.fig.primaries = None  # (what the rows needed of the rest of the manifest)
+        self.fig.migrated_to = self.fig.paired_to = None  # (what the rows needed of the rest of the manifest)
 
     def emptied(self) -> set[str]:
         """The namespaces the selection empties (known once every row was read)."""

@@ -104,6 +104,48 @@ def test_migrated_blocks_and_their_proven_replicas(synth_root, tmp_path, monkeyp
     assert blocks and all(blocks)  # every migrated block with its target's path and stat
 
 
+def _with_copies(manifest: str, rows: list[tuple[int, bool]]) -> None:
+    """Add to the manifest a copy of each row (row, before every row: else after), at
+    another path and inode, with other bytes: a second primary of its block key."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(manifest)
+    before, after = [], []
+    for row, first in rows:
+        copy = t.slice(row, 1)
+        for name, value in (("relpath", copy["relpath"][0].as_py().replace(".bin", ".copy.bin")),
+                            ("inode", copy["inode"][0].as_py() + 10**9), ("content_xxh3_128", b"\x01" * 16)):
+            i = copy.schema.get_field_index(name)
+            copy = copy.set_column(i, copy.schema.field(i), pa.array([value], copy.schema.field(i).type))
+        (before if first else after).append(copy)
+    pq.write_table(pa.concat_tables([*before, t, *after]).replace_schema_metadata(t.schema.metadata), manifest)
+
+
+def test_a_rank_file_pairs_with_the_last_primary_of_its_block(synth_root, tmp_path, monkeypatch):
+    """Two migrated primaries of one block key (deployment, group, block hash, rank): its
+    rank files pair with the last (as `_select`'s dict keeps it), a replica only when its
+    bytes equal that one's."""
+    import pyarrow.parquet as pq
+
+    root, _ = synth_root(LLMD)
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    manifest = _scan(root, tmp_path / "m.parquet", MLA)
+    t = pq.read_table(manifest, columns=["relpath", "source_base", "action", "rank", "target_relpath"])
+    primaries = [(i, rel) for i, (rel, src, action, rank, target) in enumerate(zip(*(t[k].to_pylist()
+                                                                                      for k in t.column_names)))
+                 if action == "already_present" and rank == 0 and target and not target.startswith(src + "_")]
+    assert len(primaries) >= 2
+    (last, replaced), (first, kept) = primaries[:2]
+    _with_copies(manifest, [(last, False), (first, True)])  # a copy after every row; one before them
+    _assert_same(manifest, monkeypatch)
+    rows = {item.relpath for item in _picked(manifest, ("migrated",), None, 5, monkeypatch)[0]}
+    # the copy after the rows is its key's last primary: the replica of the first is no longer
+    # proven equal; the copy before them is not: the other block's replica still is
+    assert replaced.replace("_r0/", "_r1/") not in rows and kept.replace("_r0/", "_r1/") in rows
+    assert {replaced, kept, replaced.replace(".bin", ".copy.bin"), kept.replace(".bin", ".copy.bin")} <= rows
+
+
 def test_unreadable_namespaces_and_residue(synth_root, tmp_path, monkeypatch):
     root, _ = synth_root({**VLLM, "defects": ("orphan_rank",)}, {**LLMD, "defects": ("tmp_vllm",)})
     totals = _assert_same(_scan(root, tmp_path / "m.parquet", MLA), monkeypatch)
