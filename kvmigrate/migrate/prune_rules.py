@@ -109,11 +109,13 @@ def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, ro
             for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
 
 
-def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]]) -> dict[tuple[str, Any], dict[str, int]]:
+def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]],
+                 keep: set | None = None) -> dict[tuple[str, Any], dict[str, int]]:
     """`tally_rows` over rows read batch by batch, three times (`batches()`: columns code,
     ns, dev, inode, size, nlink, ord): the inode numbers named more than once, then those
-    inodes' names, then the figures. What it holds is 8 bytes a row (the inode numbers,
-    once) and the inodes named twice, not a table of every row."""
+    inodes' names, then the figures (of the namespaces `keep` only). What it holds is 8
+    bytes a row (the inode numbers, once) and the inodes named twice, not a table of every
+    row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -124,15 +126,17 @@ def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]]) -> dict[tuple[
     del inodes
     twice = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
     del counts
-    shared: dict[tuple[int, int], list[int]] = {}  # (dev, inode) -> [names, first order]
+    shared: dict[tuple[int, int], list] = {}  # (dev, inode) -> [names, first order among those tallied]
     if len(twice):
         for c in batches():
             mine = pc.is_in(pc.fill_null(c["inode"], 0).cast(pa.uint64()), value_set=twice)
-            for dev, ino, order in zip(*(pc.filter(pc.fill_null(c[k], 0), mine).to_pylist()
-                                         for k in ("dev", "inode", "ord"))):
-                was = shared.setdefault((dev, ino), [0, order])
+            tallied = pc.filter(_in(c["ns"], keep), mine).to_pylist() if keep is not None else None
+            for k, (dev, ino, order) in enumerate(zip(*(pc.filter(pc.fill_null(c[name], 0), mine).to_pylist()
+                                                        for name in ("dev", "inode", "ord")))):
+                was = shared.setdefault((dev, ino), [0, None])
                 was[0] += 1
-                was[1] = min(was[1], order)
+                if tallied is None or tallied[k]:
+                    was[1] = order if was[1] is None else min(was[1], order)
     shared = {k: v for k, v in shared.items() if v[0] > 1}
     out: dict[tuple[str, Any], dict[str, int]] = {}
     zero = pa.scalar(0, pa.int64())
@@ -155,6 +159,8 @@ def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]]) -> dict[tuple[
                       "freed_bytes": pc.if_else(pc.and_(freed, once), size, zero),
                       "unlinked": pc.invert(freed).cast(pa.int64()),
                       "unlinked_bytes": pc.if_else(freed, zero, size)})
+        if keep is not None:
+            t = t.filter(_in(t["ns"], keep))
         g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
                                                  ("freed_bytes", "sum"), ("unlinked", "sum"),
                                                  ("unlinked_bytes", "sum")])

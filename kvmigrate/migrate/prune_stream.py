@@ -32,6 +32,7 @@ pass C slices the sorted (row -> target row) results by its batch's rows.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -546,9 +547,7 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     for s in _SELECTIONS:
         if table is None:
             break
-        t = table.filter(pc.not_equal(table[s], 0))
-        tally = P.tally_rows(t[s], t["ns"], t["dev"], t["inode"], t["size"], t["nlink"], t["row"], n, keep)
-        del t  # (the last selection's rows: not held through newest_writes' pass)
+        tally = P.tally_stream(functools.partial(_selected, table, s, n), keep)
         named = {(cls, names.name(code)): v for (cls, code), v in tally.items()}
         if s == "all":
             together_ns = named
@@ -641,6 +640,20 @@ class TargetReader:
                 parts[name].append(pc.take(c[name], local))
             at = end
         return {"row": wanted, **{k: pa.concat_arrays(v) if v else pa.array([], pa.null()) for k, v in parts.items()}}
+
+
+def _selected(table: Any, selection: str, n: int) -> Iterator[dict[str, Any]]:
+    """The rows of `table` a selection takes, a batch at a time, as `tally_stream` reads
+    them: its class code, and the plan's order of names (class by class, rows in manifest
+    order, of a manifest of n rows)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for b in table.to_batches(max_chunksize=BATCH):
+        b = b.filter(pc.not_equal(b.column(selection), 0))
+        code = b.column(selection)
+        yield {"code": code, **{k: b.column(k) for k in ("ns", "dev", "inode", "size", "nlink")},
+               "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), b.column("row").cast(pa.int64()))}
 
 
 def _any_code(codes: dict[str, Any]) -> Any:
