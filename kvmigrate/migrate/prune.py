@@ -63,7 +63,7 @@ from kvmigrate.migrate.prune_rules import (
     _in,
     _prunable,
     live_reason,
-    tally_rows,
+    tally_stream,
 )
 
 QUARANTINE_DIR = os.path.join(layout.OWN_DIR, "quarantine")
@@ -725,18 +725,20 @@ def _skipped_now(sel: _Selected, names: set[str], now: float) -> list[SkippedNam
 
 
 def _tally(sel: _Selected, keep: set[str] | None) -> dict[tuple[str, str], dict[str, int]]:
-    """Per (class, namespace) the files and bytes of the selection (`tally_rows`), of the
-    namespaces `keep` only."""
+    """Per (class, namespace) the files and bytes of the selection (`tally_stream`, its
+    order of names class by class, rows in manifest order), of the namespaces `keep` only."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     c = sel.c
     mask = pc.and_(pc.not_equal(sel.code, 0), _prunable(c))
-    def f(col: Any) -> Any:
-        return pc.filter(col, mask)
-
-    return tally_rows(f(sel.code), f(c["source_base"]), f(c["dev"]), f(c["inode"]), f(c["size"]), f(c["nlink"]),
-                      f(pa.array(range(len(mask)), pa.int64())), len(mask), keep)
+    code = pc.filter(sel.code, mask)
+    rows = pc.filter(pa.array(range(len(mask)), pa.int64()), mask)
+    cols = {"code": code, "ns": pc.filter(c["source_base"], mask),
+            **{k: pc.filter(c[k], mask) for k in ("dev", "inode", "size", "nlink")},
+            "ord": pc.add(pc.multiply(code.cast(pa.int64()), len(mask)), rows)}
+    one = {k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v for k, v in cols.items()}  # one batch
+    return tally_stream(lambda: iter([one]), keep)
 
 
 def _any_candidate(manifest_path: str) -> bool:

@@ -67,55 +67,16 @@ def _prunable(c: dict[str, Any]) -> Any:
     return pc.invert(mask)
 
 
-def tally_rows(code: Any, ns: Any, dev: Any, ino: Any, size: Any, nlink: Any, row: Any, n: int,
-               keep: set | None) -> dict[tuple[str, Any], dict[str, int]]:
-    """Per (class, namespace) the files and bytes of the selected rows (class code,
-    namespace, dev, inode, size, nlink, row number of a manifest of n rows), freed vs
-    only unlinked (`frees`: every name of the inode selected; its bytes counted once, on
-    its first name in the plan's order), of the namespaces `keep` only (an inode's names
-    counted over every row)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    nlink = pc.fill_null(nlink, 1).cast(pa.int64())
-    t = pa.table({"cls": code, "ns": ns, "dev": pc.fill_null(dev, 0), "ino": pc.fill_null(ino, 0),
-                  "size": pc.fill_null(size, 0), "nlink": pc.if_else(pc.equal(nlink, 0), 1, nlink),
-                  # the plan's order of names: class by class, rows in manifest order
-                  "ord": pc.add(pc.multiply(code.cast(pa.int64()), n), row.cast(pa.int64()))})
-    # an inode named once among the rows (nearly all) is its own first name: only the
-    # others are joined (a join of every row held several copies of them)
-    names = t.select(["dev", "ino", "ord"]).group_by(["dev", "ino"]).aggregate([("ord", "count")])
-    names = names.filter(pc.greater(names["ord_count"], 1))
-    if keep is not None:
-        t = t.filter(_in(t["ns"], keep))
-    shared = t.select(["dev", "ino", "ord"]).join(names, keys=["dev", "ino"], join_type="inner")
-    first = shared.group_by(["dev", "ino"]).aggregate([("ord", "min")])
-    shared = shared.join(first, keys=["dev", "ino"])
-    at = pc.index_in(t["ord"], value_set=shared["ord"])  # (ord is unique per row)
-    count = pc.fill_null(pc.take(shared["ord_count"], at), 1)
-    freed = pc.less_equal(t["nlink"], count)
-    once = pc.or_(pc.invert(freed), pc.or_(pc.is_null(at), pc.equal(t["ord"], pc.take(shared["ord_min"], at))))
-    once = pc.fill_null(once, True)
-    zero = pa.scalar(0, pa.int64())
-    t = pa.table({"cls": t["cls"], "ns": t["ns"], "size": t["size"], "freed": freed.cast(pa.int64()),
-                  "freed_bytes": pc.if_else(pc.and_(freed, once), t["size"], zero),
-                  "unlinked": pc.invert(freed).cast(pa.int64()),
-                  "unlinked_bytes": pc.if_else(freed, zero, t["size"])})
-    g = t.group_by(["cls", "ns"]).aggregate([("size", "count"), ("size", "sum"), ("freed", "sum"),
-                                             ("freed_bytes", "sum"), ("unlinked", "sum"), ("unlinked_bytes", "sum")])
-    cols = [g[k].to_pylist() for k in ("cls", "ns", "size_count", "size_sum", "freed_sum", "freed_bytes_sum",
-                                       "unlinked_sum", "unlinked_bytes_sum")]
-    return {(CLASSES[cls - 1], ns): dict(zip(TOTAL_KEYS, (files, size, ff, fb, uf, ub)))
-            for cls, ns, files, size, ff, fb, uf, ub in zip(*cols)}
-
-
 def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]],
                  keep: set | None = None) -> dict[tuple[str, Any], dict[str, int]]:
-    """`tally_rows` over rows read batch by batch, three times (`batches()`: columns code,
-    ns, dev, inode, size, nlink, ord): the inode numbers named more than once, then those
-    inodes' names, then the figures (of the namespaces `keep` only). What it holds is 8
-    bytes a row (the inode numbers, once) and the inodes named twice, not a table of every
-    row."""
+    """Per (class, namespace) the files and bytes of the selected rows, freed vs only
+    unlinked (`prune.frees`: every name of the inode selected; its bytes counted once, on
+    its first name in `ord`, the plan's order, among the rows tallied), of the namespaces
+    `keep` only (an inode's names counted over every row): `prune.reclaim_totals` in
+    Arrow. The rows are read batch by batch, three times (`batches()`: columns code, ns,
+    dev, inode, size, nlink, ord): the inode numbers named more than once, then those
+    inodes' names, then the figures. What it holds is 8 bytes a row (the inode numbers,
+    once) and the inodes named twice, not a table of every row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

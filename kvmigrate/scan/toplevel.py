@@ -10,12 +10,11 @@ import pyarrow as pa
 import xxhash
 
 from kvmigrate import layout
-from kvmigrate.fsio import errno_reason
 from kvmigrate.scan import flat
 from kvmigrate.scan.roots import Namespace, RootListing
 from kvmigrate.scan.rows import Rows
 from kvmigrate.scan.units import Member, Unit
-from kvmigrate.scan.walker import Walker, stat_record
+from kvmigrate.scan.walker import Walker
 
 
 def _folder_batches(walker: Walker, listing: RootListing) -> Iterator[Rows]:
@@ -70,11 +69,7 @@ def non_bucket_rows(walker: Walker, listing: RootListing, namespaces: list[Names
             with os.scandir(base_path) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            st = walker.lstat_row(base_path, ns.source_base, out)
-            if st is not None:
-                rec = stat_record(ns.source_base, st)
-                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", ns.source_base)
-                walker.emit(out, rec, cols_of[ns.source_base])
+            walker.unlisted(base_path, ns.source_base, out, exc, cols_of[ns.source_base])
             continue
         for e in entries:
             rel = f"{ns.source_base}/{e.name}"
@@ -118,11 +113,8 @@ def _rank_top_level(walker: Walker, m: Member, out: Rows, *, emit: bool) -> None
     except FileNotFoundError:
         return
     except OSError as exc:
-        st = walker.lstat_row(path, m.dirname, out) if emit else None
-        if st is not None:
-            rec = stat_record(m.dirname, st)
-            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", m.dirname)
-            walker.emit(out, rec, m.columns)
+        if emit:
+            walker.unlisted(path, m.dirname, out, exc, m.columns)
         return
     for e in entries:
         if e.is_dir(follow_symlinks=False) and layout.BUCKET_RE.match(e.name):

@@ -197,11 +197,37 @@ class Walker(BlockVerdicts):
     def emit(self, out: Rows, rec: FileRecord, ns_cols: tuple | None) -> None:
         out.add(rec, self.ns_codes[ns_cols])
 
+    def unlisted(self, path: str, rel: str, out: Rows, exc: OSError, ns_cols: tuple | None) -> None:
+        """A folder that cannot be listed: its own row, `unreadable`, saying why."""
+        st = self.lstat_row(path, rel, out)
+        if st is not None:
+            rec = stat_record(rel, st)
+            rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
+            self.emit(out, rec, ns_cols)
+
     def dir_rows(self, path: str, rel: str, out: Rows, *, status: str | None, reason: str | None,
-                 ns_cols: tuple | None, where: str, shard: tuple[int, int] | None = None,
-                 bucket: str | None = None) -> None:
+                 ns_cols: tuple | None, where: str, shard: tuple[int, int] | None = None) -> None:
         """Every file under a directory (no symlink follow) as non-block rows. With `shard`,
         only files whose innermost `<hhh>` ancestor belongs to this part (none: part 0)."""
+        for _ in self._dir_walk(path, rel, [out], None, status=status, reason=reason, ns_cols=ns_cols, where=where,
+                                shard=shard, bucket=None):
+            pass
+
+    def dir_batches(self, path: str, rel: str, *, status: str, reason: str, where: str) -> Iterator[Rows]:
+        """`dir_rows` of a part-0 folder (kvmigrate's own, a foreign one), in the same order
+        but a Rows of FOLDER_BATCH rows at a time: a prune's quarantine holds every file it
+        moved, and one Rows of them held ~1 KB a file until the folder's walk ended."""
+        box = [Rows()]
+        yield from self._dir_walk(path, rel, box, FOLDER_BATCH, status=status, reason=reason, ns_cols=None,
+                                  where=where, shard=None, bucket=None)
+        if len(box[0]):
+            yield box[0]
+
+    def _dir_walk(self, path: str, rel: str, box: list[Rows], limit: int | None, *, status: str | None,
+                  reason: str | None, ns_cols: tuple | None, where: str, shard: tuple[int, int] | None,
+                  bucket: str | None) -> Iterator[Rows]:
+        """The walk of `dir_rows` into box[0]; each time it holds `limit` rows (None: never),
+        it yields them and goes on in a new Rows."""
         try:
             with os.scandir(path) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -209,51 +235,17 @@ class Walker(BlockVerdicts):
             return
         except OSError as exc:
             if shard is None or shard_part(bucket, shard[1]) == shard[0]:
-                st = self.lstat_row(path, rel, out)
-                if st is not None:
-                    rec = stat_record(rel, st)
-                    rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
-                    self.emit(out, rec, ns_cols)
+                self.unlisted(path, rel, box[0], exc, ns_cols)
             return
         for e in entries:
             child = f"{rel}/{e.name}"
             if e.is_dir(follow_symlinks=False):
                 inner = e.name if layout.BUCKET_RE.match(e.name) else bucket
-                self.dir_rows(e.path, child, out, status=status, reason=reason, ns_cols=ns_cols, where=where,
-                              shard=shard, bucket=inner)
+                yield from self._dir_walk(e.path, child, box, limit, status=status, reason=reason, ns_cols=ns_cols,
+                                          where=where, shard=shard, bucket=inner)
             elif shard is None or shard_part(bucket, shard[1]) == shard[0]:
-                self.other_file(e, child, out, where=where, status=status, reason=reason, ns_cols=ns_cols)
-
-    def dir_batches(self, path: str, rel: str, *, status: str, reason: str, where: str) -> Iterator[Rows]:
-        """`dir_rows` of a part-0 folder (kvmigrate's own, a foreign one), in the same order
-        but a Rows of `limit` rows at a time: a prune's quarantine holds every file it
-        moved, and one Rows of them held ~1 KB a file until the folder's walk ended."""
-        box = [Rows()]
-        yield from self._dir_chunks(path, rel, box, FOLDER_BATCH, status=status, reason=reason, where=where)
-        if len(box[0]):
-            yield box[0]
-
-    def _dir_chunks(self, path: str, rel: str, box: list[Rows], limit: int, *, status: str, reason: str,
-                    where: str) -> Iterator[Rows]:
-        try:
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            st = self.lstat_row(path, rel, box[0])
-            if st is not None:
-                rec = stat_record(rel, st)
-                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
-                self.emit(box[0], rec, None)
-            return
-        for e in entries:
-            child = f"{rel}/{e.name}"
-            if e.is_dir(follow_symlinks=False):
-                yield from self._dir_chunks(e.path, child, box, limit, status=status, reason=reason, where=where)
-            else:
-                self.other_file(e, child, box[0], where=where, status=status, reason=reason, ns_cols=None)
-            if len(box[0]) >= limit:
+                self.other_file(e, child, box[0], where=where, status=status, reason=reason, ns_cols=ns_cols)
+            if limit is not None and len(box[0]) >= limit:
                 full, box[0] = box[0], Rows()
                 yield full
 
@@ -390,11 +382,7 @@ class Walker(BlockVerdicts):
         except FileNotFoundError:
             return None
         except OSError as exc:
-            st = self.lstat_row(path, rel, out)
-            if st is not None:
-                rec = stat_record(rel, st)
-                rec.status, rec.reason = "unreadable", errno_reason(exc, "cannot list", rel)
-                self.emit(out, rec, ns_cols)
+            self.unlisted(path, rel, out, exc, ns_cols)
             return None
 
     def _fanout_name(self, name: str) -> tuple[int, str] | None:
