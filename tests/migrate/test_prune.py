@@ -884,3 +884,30 @@ def test_a_full_temporary_folder_stops_the_plan_with_what_to_do(synth_root, tmp_
     assert "cannot write the prune plan's temporary files: no space left on device" in out
     assert "kvmigrate-prune-plan-" in out and "TMPDIR" in out
     assert listing(root) == before
+
+
+def test_a_killed_prunes_plan_folder_is_removed_by_the_next_prune(synth_root, tmp_path):
+    """A prune killed by a signal it cannot handle (kill -9 here; a `timeout` SIGTERMing a
+    dry run) leaves its plan's folder in TMPDIR; the next prune removes it, not one of a
+    prune still running."""
+    import subprocess
+    import sys
+
+    root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
+    assert run("migrate", root, *MLA, "--apply")[0] == 0
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    live = tmp / f"kvmigrate-prune-plan-{os.getpid()}-x"  # (this test's own pid: a running process)
+    live.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    args = [sys.executable, "-m", "kvmigrate", "prune", str(root), *MLA, "--quiet-period", "0s", "--apply"]
+    killed = subprocess.run(args, env=dict(env, KVMIGRATE_CRASH_AT="prune_move:1"), capture_output=True)
+    assert killed.returncode == -9
+    def plans() -> list[str]:
+        return sorted(p.name for p in tmp.iterdir() if p.name.startswith("kvmigrate-prune-plan-"))
+
+    left = [name for name in plans() if name != live.name]
+    assert len(left) == 1
+    again = subprocess.run(args[:-1], env=env, capture_output=True, text=True)  # a dry run
+    assert again.returncode in (0, 1), again.stderr
+    assert plans() == [live.name]
