@@ -56,6 +56,7 @@ from kvmigrate.migrate.prune_rules import (
     DEFAULT_QUIET_PERIOD,
     DEFAULT_RESIDUE_AGE,
     MIGRATED_STATUSES,
+    PLAN_ROW_COLUMNS,
     RESIDUE_STATUSES,
     TOTAL_KEYS,
     Item,
@@ -365,7 +366,7 @@ class _Picked:
     """What a prune of some classes takes, before the quiet period's skips and the locks':
     its items in the plan's order (a list, or a PlanFile read from disk a batch at a time)."""
 
-    items: list[Item] | prune_spill.PlanFile
+    items: Items
     skipped: dict[str, str]
     skip: set[str]
     target_bases: set[str]
@@ -375,8 +376,6 @@ class _Picked:
     store_rows: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # store file -> (store, client, KVEntry)
 
 
-_ROW_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
-                "nlink")
 _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
 
 
@@ -414,7 +413,7 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
             if why:
                 skipped[unit] = why
                 skip.update(members)
-    r = sel.rows(*_ROW_COLUMNS)
+    r = sel.rows(*PLAN_ROW_COLUMNS)
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in _TARGET_COLUMNS}
     tiers, stores, ssel, target_bases, emptied = sel.tiers, sel.stores, sel.store_sel, sel.target_bases, sel.emptied
@@ -530,7 +529,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                      locks, orphaned=orphaned_namespaces(manifest_path, meta), retires=retires, store_proofs=proofs)
 
 
-def _locks(items: list[Item] | prune_spill.PlanFile) -> dict[str, set[str]]:
+def _locks(items: Items) -> dict[str, set[str]]:
     """Target base -> the namespaces pruned into it (`target_base` of each item)."""
     locks: dict[str, set[str]] = {}
     if isinstance(items, prune_spill.PlanFile):

@@ -17,6 +17,9 @@ DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minu
 DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
 CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
+# the manifest columns a plan item is made of (its target: relpath, dev, inode, size, mtime_ns of another row)
+PLAN_ROW_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size",
+                    "mtime_ns", "nlink")
 
 
 class Item(NamedTuple):

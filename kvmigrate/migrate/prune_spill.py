@@ -220,6 +220,9 @@ class _Writer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
         try:
             self.writer.close()
             self.sink.close()
@@ -280,7 +283,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
             for b in t.filter(pc.equal(which, r)).to_batches():
                 w.write(b)
     for w in writers.values():
-        w.__exit__()
+        w.close()
     runs = []
     for r in sorted(writers):
         part = _read(folder.file(f"range-{r}.arrow"))

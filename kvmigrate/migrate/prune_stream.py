@@ -567,13 +567,11 @@ def reclaimable(manifest_path: str, meta: dict[str, Any], root: str, used_namesp
     return per_class, per_ns, totals, skipped
 
 
-_PLAN_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size", "mtime_ns",
-                 "nlink")
 
 
 class PlanRows:
     """The rows a prune of `classes` selects, as tables of a batch's rows (manifest order:
-    row, class code, `prunable`, the target's row and _PLAN_COLUMNS), the config.json rows
+    row, class code, `prunable`, the target's row and PLAN_ROW_COLUMNS), the config.json rows
     last, once it is known which namespaces the selection empties (`emptied`); for a
     manifest with no LMCache tier and no Mooncake store."""
 
@@ -593,7 +591,7 @@ class PlanRows:
         for offset, c in _batches(self.manifest_path, _PASS_C):
             codes, target, cfg = self.sel.batch(offset, c)
             cols = {"row": _rows(offset, len(c["relpath"])), "code": codes["code"], "prunable": P._prunable(c),
-                    "target": target, **{k: c[k] for k in _PLAN_COLUMNS}}
+                    "target": target, **{k: c[k] for k in P.PLAN_ROW_COLUMNS}}
             if pc.any(cfg).as_py():
                 configs.append(pa.table({**{k: pc.filter(v, cfg) for k, v in cols.items()},
                                          "status": pc.filter(c["status"], cfg)}))
