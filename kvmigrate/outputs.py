@@ -614,6 +614,7 @@ class PruneRun(TypedDict):
     kept: list[str]
     objects: dict[str, int]  # class -> Mooncake store objects no longer served (a moved pair's entries, a KVEntry)
     rewritten: int  # Mooncake indexes rewritten (--tails: short entries' keys retired)
+    already_moved: dict[str, int]  # class -> files a killed run had moved whose done record was lost (not in `moved`)
     failed: list[str]
     exit_code: int
 

@@ -185,8 +185,10 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
         print_json(out)
     elif not quiet:
         for r in plan.finished:  # the run this command resumed: its journal is the one to undo
+            already = sum(r.already_moved.values())  # moved before the kill: not counted again
             click.echo(f"finished the interrupted prune run {r.run_id}: {plural(sum(r.moved.values()), 'more file')} "
-                       "moved")
+                       "moved" + (f" ({plural(already, 'file')} it had moved before it stopped, found in the "
+                                  "quarantine)" if already else ""))
             click.echo(f"journal: {r.journal}  (undo: kvmigrate restore {r.journal})")
         if result.journal is not None or not plan.finished:
             click.echo(render_result(result))

@@ -68,6 +68,9 @@ class PruneResult:
     failed: list[str] = field(default_factory=list)  # operational problems
     objects: Counter = field(default_factory=Counter)  # class -> store objects no longer served
     rewritten: int = 0  # store indexes whose keys were retired (--tails)
+    # class -> files a killed run had moved whose done record the kill lost (finish_interrupted
+    # finds them at their quarantine path): not among `moved`, which this command moved
+    already_moved: Counter = field(default_factory=Counter)
 
     @property
     def exit_code(self) -> int:
@@ -79,7 +82,7 @@ class PruneResult:
                 "unlinked_files": self.unlinked, "dirs_removed": self.dirs_removed, "left": dict(self.left),
                 "legacy_names_removed": dict(self.targets), "legacy_names_left": dict(self.left_targets),
                 "kept": self.kept, "objects": dict(self.objects), "rewritten": self.rewritten,
-                "failed": self.failed, "exit_code": self.exit_code}
+                "already_moved": dict(self.already_moved), "failed": self.failed, "exit_code": self.exit_code}
 
 
 class _Changed(Exception):
@@ -377,7 +380,7 @@ def finish_interrupted(root: str) -> list[PruneResult]:
                 _remove_folders(tree, FolderTree(i.relpath.rpartition("/")[0] for i in settled), w, result,
                                 {i.keep for i in settled if i.keep})
             stores_.drop_own_locks(run.root, run.mc_written)
-            w.write({"t": "complete", "moved": dict(result.moved), "kept": len(result.kept),
+            w.write({"t": "complete", "moved": dict(result.moved + result.already_moved), "kept": len(result.kept),
                      "failed": len(result.failed), "time": time.time(), "resumed": True}, sync=True)
         except KeyboardInterrupt as exc:
             raise _interrupted(w, run.path) from exc
@@ -406,12 +409,7 @@ def _settled(tree: DestTree, item: Item, qdir: str | None, w: jn.JournalWriter, 
     w.done({"kind": "moved" if qdir else "unlinked", "path": item.relpath, "ino": item.inode, "dev": item.dev})
     if (item.dev, item.inode) in result.names:
         result.moved_inodes.add((item.dev, item.inode))
-    if item.objects:
-        result.objects[item.cls] += item.objects
-    result.moved[item.cls] += 1
-    result.moved_bytes[item.cls] += item.size
-    if target_base(item):
-        result.targets[target_base(item)] += 1
+    result.already_moved[item.cls] += 1
     return True
 
 

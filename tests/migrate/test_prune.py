@@ -582,6 +582,37 @@ def test_an_interrupted_prune_prints_journal_resume_and_restore_and_the_rerun_na
     assert {rel: (root / rel).read_bytes() for rel in legacy} == legacy
 
 
+def test_a_rerun_after_kill_9_counts_only_the_files_it_moves(migrated):
+    """kill -9 mid-prune loses the done records not yet written (they are flushed every
+    4,096 moves): the rerun finds those files in the quarantine and says so apart, so its
+    "more files moved" is the number still in place before it ran."""
+    import re
+    import subprocess
+    import sys
+
+    from kvmigrate.migrate import runs
+    from kvmigrate.migrate.apply import CRASH_ENV
+
+    root, legacy = migrated
+    exe = str(Path(sys.executable).with_name("kvmigrate"))
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    killed = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
+                            env={**env, CRASH_ENV: "prune_move:5"}, timeout=120)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    in_place = sum((root / rel).exists() for rel in legacy)
+    (interrupted,) = [r for r in runs.list_runs(str(root)) if r.state == "interrupted"]
+    journaled = interrupted.counts["moved"]  # moves whose done record reached the journal
+    assert 0 < in_place < len(legacy) and journaled < len(legacy) - in_place  # some records lost
+    again = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    line = re.search(r"^finished the interrupted prune run \S+: (.*)$", again.stdout, re.M).group(1)
+    lost = len(legacy) - in_place - journaled
+    assert line == (f"{in_place} more files moved ({lost} file{'s' if lost > 1 else ''} it had moved before it "
+                    "stopped, found in the quarantine)"), again.stdout
+    assert not any((root / rel).exists() for rel in legacy)
+
+
 def test_unfinished_runs_read_a_finished_prunes_journal_for_its_state_alone(migrated, monkeypatch):
     """`report` and `audit` name the unfinished runs: a finished prune's journal is read
     for its state alone (nothing per file kept: several runs' journals of a big root do
