@@ -14,13 +14,13 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from kvmigrate import manifest as mf
 from kvmigrate import scan as scan_stage
+from kvmigrate import scratch
 from kvmigrate.allocator import return_freed_memory
 from kvmigrate.errors import UsageError
 from kvmigrate.identity.values import DEFAULT_PROFILE, FACT_FLAGS
@@ -94,17 +94,18 @@ def scan_any(root: str | os.PathLike[str], output: str | os.PathLike[str], optio
 
 @contextlib.contextmanager
 def scanned(root: str | os.PathLike[str], keep: str | os.PathLike[str] | None, options: ScanOptions, *,
-            verb: str = "scan", prefix: str = "kvmigrate-scan-", parts: Parts | None = None) -> Iterator[Any]:
+            verb: str = "scan", kind: str = "scan", parts: Parts | None = None) -> Iterator[Any]:
     """Scan ROOT into `keep` (kept, and named by the hints), else into a private
-    temporary directory outside the cache root, removed when the `with` ends: a command
-    that scans before it reports, plans or verifies never writes into the tree it reads."""
+    temporary directory outside the cache root (kvmigrate/scratch.py: `kind`), removed when
+    the `with` ends: a command that scans before it reports, plans or verifies never writes
+    into the tree it reads."""
     if keep is not None:
         yield scan_any(root, keep, options, parts=parts, verb=verb)
         return
     if parts is not None and parts.address:
         raise UsageError("with --ray-address the parts run on other machines: pass --manifest-out DIR on storage "
                          "every node mounts at the same path")
-    tmp = tempfile.mkdtemp(prefix=prefix)
+    tmp = scratch.make(kind)
     try:
         output = os.path.join(tmp, "manifest.parquet" if parts is None else "manifest")
         yield scan_any(root, output, options, parts=parts, verb=verb, manifest=None)
@@ -129,7 +130,7 @@ def audit(root: str | os.PathLike[str], options: ScanOptions, *, manifest_out: s
     """`audit`: scan ROOT and return the report summary and the exit code (OR of the
     states' bits, +8 when the walk failed), in one call (for cron). The manifest is kept
     at `manifest_out` when given (the hints then point at it)."""
-    with scanned(root, manifest_out, options, verb="audit", prefix="kvmigrate-audit-", parts=parts) as result:
+    with scanned(root, manifest_out, options, verb="audit", kind="audit", parts=parts) as result:
         return_freed_memory()  # the walk is done: the report's batches follow
         with_reclaimable(result.summary, result.output)
         code = result.exit_code | (with_runs(result.summary)["exit_code"] & 1)
@@ -255,7 +256,7 @@ def verify(root: str, journal: str | None = None, *, target_profile: str | None 
         profile = target_profile or (verify_stage.journal_target_profile(journal) if journal else None)
         options = ScanOptions(target=profile or DEFAULT_PROFILE, facts_resolver=FactsResolver({}, None),
                               verify="size", threads=threads, selection=selection)
-        with scanned(result.root, None, options, prefix="kvmigrate-verify-") as scan_result:
+        with scanned(result.root, None, options, kind="verify") as scan_result:
             result.summary = {k: scan_result.summary[k] for k in verify_stage.SUMMARY_KEYS if k in scan_result.summary}
     return result
 
@@ -366,7 +367,7 @@ def migration(root: str | None, manifest: str | None = None, options: ScanOption
             stack.enter_context(session(address))
         if manifest is None:
             assert root is not None  # (refused above without ROOT or --manifest)
-            scan_result = stack.enter_context(scanned(root, manifest_out, options, prefix="kvmigrate-migrate-",
+            scan_result = stack.enter_context(scanned(root, manifest_out, options, kind="migrate",
                                                       parts=parts))
             yield Migration(_plan(build_plan, scan_result.output, dest, progress, selection), str(scan_result.output),
                             kept=manifest_out is not None, identity_manifest="scan", parts=count, address=address)
@@ -470,7 +471,7 @@ def pruning(root: str | None, manifest: str | None = None, options: ScanOptions 
     if manifest is None:
         assert root is not None  # (refused above without ROOT or --manifest)
         started = time.time_ns()
-        with scanned(root, manifest_out, options, prefix="kvmigrate-prune-") as scan_result:
+        with scanned(root, manifest_out, options, kind="prune") as scan_result:
             plan = build_plan(str(scan_result.output), **plan_options)
             plan.scan_started_ns, plan.finished = started, finished
             yield plan

@@ -21,12 +21,11 @@ import contextlib
 import heapq
 import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kvmigrate import layout
+from kvmigrate import layout, scratch
 from kvmigrate.migrate.fsops import check_relpath
 from kvmigrate.migrate.prune_rules import CLASSES, TOTAL_KEYS, Item, tally_stream
 
@@ -51,44 +50,15 @@ _TARGET = ("relpath", "dev", "inode", "size", "mtime_ns")  # a target's columns,
 
 
 class _Folder:
-    """The plan's temporary folder, removed with the last PlanFile that reads it. Its name
-    holds the pid: a prune killed by a signal it cannot handle (kill -9; a `timeout` that
-    SIGTERMs a dry run) leaves its folder, which the next prune removes (`_remove_stale`)."""
-
-    PREFIX = "kvmigrate-prune-plan-"
+    """The plan's temporary folder, removed with the last PlanFile that reads it (one left by
+    a killed prune goes with the next working folder made: kvmigrate/scratch.py)."""
 
     def __init__(self) -> None:
-        _remove_stale(tempfile.gettempdir())
-        self.path = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")
+        self.path = scratch.make("prune-plan")
         self._remove = weakref.finalize(self, shutil.rmtree, self.path, True)
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
-
-
-def _remove_stale(tmp: str) -> None:
-    """Remove the plan folders of prunes no longer running (their pid gone), of this user."""
-    try:
-        names = [n for n in os.listdir(tmp) if n.startswith(_Folder.PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_Folder.PREFIX):].split("-", 1)[0]
-        path = os.path.join(tmp, name)
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # (running: its folder is in use)
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue  # (another user's process: not ours to judge)
-        try:
-            if os.lstat(path).st_uid == os.getuid():
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
 
 
 class PlanFile:

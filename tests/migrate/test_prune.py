@@ -892,8 +892,7 @@ def test_a_full_temporary_folder_stops_the_plan_with_what_to_do(synth_root, tmp_
     a write that fails there (no space left) is exit 8, the folder and what to do named,
     and every file is where it was."""
     import errno
-
-    from kvmigrate.migrate import prune_spill
+    import tempfile
 
     root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
     assert run("migrate", root, *MLA, "--apply")[0] == 0
@@ -905,7 +904,7 @@ def test_a_full_temporary_folder_stops_the_plan_with_what_to_do(synth_root, tmp_
     opened = pa.OSFile
 
     def full(path, mode="rb"):
-        if mode != "rb" and prune_spill.tempfile.gettempdir() in str(path):
+        if mode != "rb" and tempfile.gettempdir() in str(path):
             raise OSError(errno.ENOSPC, "No space left on device")
         return opened(path, mode)
 
@@ -917,28 +916,33 @@ def test_a_full_temporary_folder_stops_the_plan_with_what_to_do(synth_root, tmp_
     assert listing(root) == before
 
 
-def test_a_killed_prunes_plan_folder_is_removed_by_the_next_prune(synth_root, tmp_path):
+def test_a_killed_prunes_working_folders_are_removed_by_the_next_command(synth_root, tmp_path):
     """A prune killed by a signal it cannot handle (kill -9 here; a `timeout` SIGTERMing a
-    dry run) leaves its plan's folder in TMPDIR; the next prune removes it, not one of a
-    prune still running."""
+    dry run) leaves its scan's temporary manifest and its plan's folder in TMPDIR; the next
+    command that makes one (an audit here) removes both, not the folders of a process still
+    running, of another pid namespace (a container sharing TMPDIR) or of older versions."""
     import subprocess
     import sys
+
+    from kvmigrate import scratch
 
     root, _ = synth_root({"family": "llmd", "tp": 2, "kv_kind": "mla"})
     assert run("migrate", root, *MLA, "--apply")[0] == 0
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    live = tmp / f"kvmigrate-prune-plan-{os.getpid()}-x"  # (this test's own pid: a running process)
-    live.mkdir()
+    ns = scratch.owner().split(".")[0]
+    kept = [f"kvmigrate-prune-plan-{scratch.owner()}-x",  # this test's own pid: a running process
+            f"kvmigrate-prune-{int(ns) + 1}.999999999-x",  # no such pid here, but another namespace's
+            "kvmigrate-prune-plan-999999999-x", "kvmigrate-prune-abc123"]  # older versions' names
+    for name in kept:
+        (tmp / name).mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
     args = [sys.executable, "-m", "kvmigrate", "prune", str(root), *MLA, "--quiet-period", "0s", "--apply"]
     killed = subprocess.run(args, env=dict(env, KVMIGRATE_CRASH_AT="prune_move:1"), capture_output=True)
     assert killed.returncode == -9
-    def plans() -> list[str]:
-        return sorted(p.name for p in tmp.iterdir() if p.name.startswith("kvmigrate-prune-plan-"))
-
-    left = [name for name in plans() if name != live.name]
-    assert len(left) == 1
-    again = subprocess.run(args[:-1], env=env, capture_output=True, text=True)  # a dry run
+    left = sorted(p.name for p in tmp.iterdir() if p.name not in kept)
+    assert [name.removeprefix("kvmigrate-").rsplit("-", 2)[0] for name in left] == ["prune", "prune-plan"]
+    again = subprocess.run([sys.executable, "-m", "kvmigrate", "audit", str(root), *MLA], env=env,
+                           capture_output=True, text=True)
     assert again.returncode in (0, 1), again.stderr
-    assert plans() == [live.name]
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(kept)
