@@ -425,6 +425,10 @@ class PruneRun:
     header: dict[str, Any]
     moves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> intent item
     moved: set[str] = field(default_factory=set)  # paths with a done record
+    # counted however the journal is read (a run's intents name each file once, its done
+    # records each move once): `kvmigrate runs` counts a run without a record per file
+    files_intended: int = 0
+    files_moved: int = 0
     complete: bool = False
     restored: bool = False
     purged: bool = False
@@ -471,6 +475,7 @@ def note_prune_record(run: PruneRun, rec: dict[str, Any], *, items: bool, moved:
     if t == "intent":
         for item in rec.get("items", []):
             path = check_relpath(item.get("path"), "journal path")
+            run.files_intended += 1
             if items:
                 run.moves[path] = item
     elif t == "done" and rec.get("kind") == "rmdirs":  # (restore remakes them from the journal)
@@ -486,7 +491,9 @@ def note_prune_record(run: PruneRun, rec: dict[str, Any], *, items: bool, moved:
         run.mc_written += [c for c in rec.get("written") or () if c not in run.mc_written]
     elif t == "done" and rec.get("kind") == "returned":
         run.moved.discard(rec.get("path"))
+        run.files_moved -= 1
     elif t == "done" and isinstance(rec.get("path"), str):  # (every done record of a move names its path)
+        run.files_moved += 1
         if moved:
             run.moved.add(rec["path"])
     elif t == "complete":

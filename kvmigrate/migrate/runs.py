@@ -117,9 +117,9 @@ def migration_runs(journal_dir: str) -> list[RunInfo]:
 
 def prune_runs(journal_dir: str, *, counted: Callable[[str], bool] = lambda state: True) -> list[RunInfo]:
     """The prune runs of a journal directory, read as `restore` reads them (what `restore`
-    and `purge` add to a prune's journal are its later states). `counted(state)`: the runs
-    whose counts (files intended, moved) are wanted; a journal with none of them is read
-    for its runs' states alone, keeping nothing per file."""
+    and `purge` add to a prune's journal are its later states), each journal once and
+    nothing kept per file. `counted(state)`: the runs whose counts (files intended, moved)
+    are shown."""
     from kvmigrate.migrate.quarantine import load_prune_runs
 
     out = []
@@ -129,14 +129,9 @@ def prune_runs(journal_dir: str, *, counted: Callable[[str], bool] = lambda stat
         except (UsageError, OSError, ValueError):
             continue
         holder = _holder(path)
-        if any(counted(_prune_state(run, holder)) for run in runs):
-            try:
-                runs = load_prune_runs(path)  # (its runs' intents and moves, to count them)
-            except (UsageError, OSError, ValueError):
-                continue
         for run in runs:
             state = _prune_state(run, holder)
-            counts = {"moved": len(run.moved), "intended": len(run.moves)} if counted(state) else {}
+            counts = {"moved": run.files_moved, "intended": run.files_intended} if counted(state) else {}
             out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "prune", state, path,
                                run.header.get("command"), run.root, [], counts,
                                holder if state == "running" else None))

@@ -613,10 +613,11 @@ def test_a_rerun_after_kill_9_counts_only_the_files_it_moves(migrated):
     assert not any((root / rel).exists() for rel in legacy)
 
 
-def test_unfinished_runs_read_a_finished_prunes_journal_for_its_state_alone(migrated, monkeypatch):
-    """`report` and `audit` name the unfinished runs: a finished prune's journal is read
-    for its state alone (nothing per file kept: several runs' journals of a big root do
-    not add up), an interrupted one's with its counts, as `kvmigrate runs` lists them."""
+def test_runs_count_each_prune_run_without_reading_its_journal_whole(migrated, monkeypatch):
+    """`kvmigrate runs`, `report` and `audit` count a prune run's files (intended, moved)
+    from its journal's records as they go by, nothing kept per file: a 10M-file prune's
+    journal does not become 10M records in memory. The counts are those of the paths
+    journaled (a restored run, one killed twice, its resumption, one still interrupted)."""
     import subprocess
     import sys
 
@@ -628,13 +629,13 @@ def test_unfinished_runs_read_a_finished_prunes_journal_for_its_state_alone(migr
     assert code == 0
     assert run("restore", done["journal"])[0] == 0
     exe = str(Path(sys.executable).with_name("kvmigrate"))
-    killed = subprocess.run([exe, "prune", str(root), *MLA, *NOW, "--apply"], capture_output=True, text=True,
-                            env={**os.environ, CRASH_ENV: "prune_move:5"}, timeout=120)
-    assert killed.returncode < 0, killed.stdout + killed.stderr
-    listed = {r.journal: r for r in runs.list_runs(str(root))}
-    (interrupted,) = [r for r in listed.values() if r.state == "interrupted"]
-    assert interrupted.counts["moved"] < interrupted.counts["intended"]
-    real, whole = quarantine.load_prune_runs, []
+    args = [exe, "prune", str(root), *MLA, *NOW, "--apply"]
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    for point in ("prune_move:5", "prune_move:3"):  # killed, then killed again while it is resumed
+        killed = subprocess.run(args, capture_output=True, text=True, env={**env, CRASH_ENV: point}, timeout=120)
+        assert killed.returncode < 0, killed.stdout + killed.stderr
+    whole: list[str] = []
+    real = quarantine.load_prune_runs
 
     def spied(journal, *, moves=True):
         if moves:
@@ -642,8 +643,16 @@ def test_unfinished_runs_read_a_finished_prunes_journal_for_its_state_alone(migr
         return real(journal, moves=moves)
 
     monkeypatch.setattr(quarantine, "load_prune_runs", spied)
-    assert [r.to_dict() for r in runs.unfinished(str(root))] == [interrupted.to_dict()]
-    assert whole == [interrupted.journal]  # the restored run's journal: its state only
+    listed = runs.list_runs(str(root))
+    assert whole == []
+    monkeypatch.undo()
+    pruned = [r for r in listed if r.kind == "prune"]
+    assert [r.state for r in pruned] == ["restored", "interrupted"]
+    for r in pruned:
+        (journaled,) = quarantine.load_prune_runs(r.journal)
+        assert r.counts == {"moved": len(journaled.moved), "intended": len(journaled.moves)}
+    assert pruned[0].counts["moved"] == pruned[0].counts["intended"] > pruned[1].counts["moved"]
+    assert [r.to_dict() for r in runs.unfinished(str(root))] == [pruned[1].to_dict()]
 
 
 def _written_long_ago(root: Path) -> None:
