@@ -33,22 +33,25 @@ class Peak:
 # so under a test process grown large every command would seem to peak at the same size.
 _DRIVER = """
 import atexit, resource, runpy, sys
-def _peak(path=sys.argv[1]):
+def _peak(path=sys.argv[1], own=sys.argv[2] == "own"):
     hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    workers = 0 if own else resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     open(path, "w").write(str(max(hwm, workers)))
 atexit.register(_peak)
-sys.argv = ["kvmigrate", *sys.argv[2:]]
+sys.argv = ["kvmigrate", *sys.argv[3:]]
 runpy.run_module("kvmigrate", run_name="__main__")
 """
 
 
-def peak_rss(args: list[str], cwd: Path) -> Peak:
-    """`kvmigrate ARGS` in a child interpreter: its exit code and peak resident set (KiB)."""
+def peak_rss(args: list[str], cwd: Path, *, own: bool = False) -> Peak:
+    """`kvmigrate ARGS` in a child interpreter: its exit code and peak resident set (KiB).
+    `own`: the command's process alone, not its workers (a Ray driver's children are the
+    cluster's own processes)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     peak = cwd / "peak.txt"
     with open(cwd / "out.txt", "w+") as out:
-        p = subprocess.run([sys.executable, "-c", _DRIVER, str(peak), *map(str, args)], cwd=cwd,
+        p = subprocess.run([sys.executable, "-c", _DRIVER, str(peak), "own" if own else "all", *map(str, args)],
+                           cwd=cwd,
                            stdout=out, stderr=subprocess.STDOUT, env=env)
         out.seek(0)
         text = out.read()
