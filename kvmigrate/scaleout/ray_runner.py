@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from kvmigrate.allocator import return_freed_memory
 from kvmigrate.errors import EXIT_OPERATIONAL, KvMigrateError, OperationalError, UsageError
 from kvmigrate.fsio import check_root
 from kvmigrate.migrate.apply import Applier
@@ -287,6 +288,7 @@ def scan_on_ray(scan: Callable[..., Any], root: str, output: str, options: ScanO
             log.info("scan: %d parts published into %s", shards, out, extra={"parts": shards, "dataset": out})
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    return_freed_memory()  # the parts are done: the summary's batches follow
     summary = summarize(out, manifest=manifest, verb=verb)
     code = summary["exit_code"]
     for r in reports:
