@@ -81,7 +81,6 @@ TREES = {"tier": (tier, TIER_CHUNKS), "store": (store, STORE_BLOCKS)}
 # Trees whose prune is still over the bound, with what it holds per file (measured at the
 # sizes above; dry run and apply alike). Strict: a pass means the bound broke or it got better.
 OVER_BOUND = {
-    "tier": "prune reads a tier's manifest columns whole and holds an Item per file (~870 B a file)",
     "store": "prune reads a store's manifest columns whole, a Python list per column of its rows and an Item "
              "per file (~3,160 B a file)",
 }
