@@ -121,7 +121,7 @@ class PrunePlan:
 
     def store_items(self) -> Iterable[Item]:
         """The items that can be a Mooncake store's files (`objects`): a plan read from
-        disk has none (only directory-layout families are planned that way)."""
+        disk has none (a manifest with a store is planned in memory)."""
         return self.items if isinstance(self.items, list) else ()
 
     @property
@@ -382,9 +382,10 @@ _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
 def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                   quiet_period: float | None, engine_stopped: bool) -> _Picked:
-    """`_select` over the manifest's columns whole (LMCache tiers, Mooncake stores), then
-    --only/--exclude, the tiers' unstated index_lost chunks and the quiet period
-    (`quiet_period` None: --force-live); the items in the plan's order."""
+    """`_select` over the manifest's columns whole (Mooncake stores, LMCache tiers beside
+    other families; the streamed plans' reference), then --only/--exclude, the tiers'
+    unstated index_lost chunks and the quiet period (`quiet_period` None: --force-live);
+    the items in the plan's order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

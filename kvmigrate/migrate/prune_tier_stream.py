@@ -95,10 +95,6 @@ def _part(digests: Any) -> Any:
                            pa.scalar(LOOKUP_PARTS - 1, pa.uint8()))
 
 
-def _concat(parts: list, typ: Any) -> Any:
-    return S._concat(parts, typ)
-
-
 def _bytes(arr: Any) -> bytes:
     """An integer array's values (0-127) as bytes."""
     import pyarrow as pa
@@ -160,6 +156,11 @@ class TierRows:
         self.emptied: set[str] = set()
         self.waiting: dict[str, str] = {}  # deployment -> why its index_lost chunks wait (`prune_tiers.unstated`)
         self.fig: S._Figures | None = None
+        self.protect: set[str] = set()  # deployments another is planned into: no tier class takes them
+        self.whole: set[str] = set()  # deployments unreadable_namespaces takes whole
+        self.protected: Any = None  # rows some row names as its target (ascending)
+        self.fit = bytearray()  # pass A: per row 1 ok, 2 its own target (a migrated chunk's target is both)
+        self._secondary = False  # some rank file (findings.SECONDARY) to pair with its primary
 
     def gather(self, chosen: set[str] | None, engine_stopped: bool) -> bool:
         """Passes 0 to D; False when a row is of a namespace that is not a tier (the
@@ -211,8 +212,6 @@ class TierRows:
         digests: list = []  # each row's path digest, null for a row of no tier
         named: list = []  # the digests of the paths rows name as their target
         cand: dict[str, list] = {"row": [], "d": []}
-        self.fit = bytearray()  # per row: 1 ok, 2 its own target (a migrated chunk's target must be both)
-        self._secondary = False
         migrated = "migrated" in self.classes
         for offset, c in S._batches(self.path, _PASS_A):
             src, status, rel, tr = c["source_base"], c["status"], c["relpath"], c["target_relpath"]
@@ -235,16 +234,16 @@ class TierRows:
             self._secondary = self._secondary or bool(pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY),
                                                                      ok)).as_py())
         binary = pa.binary(16)
-        hay = _concat(digests, binary)
+        hay = S._concat(digests, binary)
         del digests
-        self.protected: Any = pa.array([], pa.int64())
+        self.protected = pa.array([], pa.int64())
         if named:
             names = pc.unique(pa.concat_arrays(named))
             del named
             self.protected = _rows_in(hay, names)
             del names
         if cand["row"]:
-            rows, d = _concat(cand["row"], pa.int64()), _concat(cand["d"], binary)
+            rows, d = S._concat(cand["row"], pa.int64()), S._concat(cand["d"], binary)
             cand.clear()
             j = _index_in(d, hay)
             del d
@@ -255,7 +254,9 @@ class TierRows:
         del hay
         self.fit = bytearray()
 
-    def _lookup_mask(self, rows: Any, offset: int, k: int) -> Any:
+    @staticmethod
+    def _lookup_mask(rows: Any, offset: int, k: int) -> Any:
+        """Whether each of the k rows from `offset` is among `rows` (ascending)."""
         return S._lookup((rows, rows), offset, k)[0] if len(rows) else S._lookup(None, offset, k)[0]
 
     def _pass_c(self) -> tuple[Any, Any, bytearray] | None:
@@ -307,7 +308,7 @@ class TierRows:
                 partner.append(S._digests(their))
         if not pair_rows:
             return None
-        return _concat(pair_rows, pa.int64()), _concat(partner, pa.binary(16)), held
+        return S._concat(pair_rows, pa.int64()), S._concat(partner, pa.binary(16)), held
 
     def _pairs(self, rows: Any, partner_digest: Any, held: bytearray) -> None:
         """`prune_tiers.with_pairs` over the class bytes: a pair one of whose files is held
@@ -315,7 +316,7 @@ class TierRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        every = _concat([S._digests(c["relpath"]) for _, c in S._batches(self.path, ("relpath",))], pa.binary(16))
+        every = S._concat([S._digests(c["relpath"]) for _, c in S._batches(self.path, ("relpath",))], pa.binary(16))
         their = _index_in(partner_digest, every)
         del every, partner_digest
         has = pc.is_valid(their)
