@@ -121,7 +121,7 @@ class PrunePlan:
 
     def store_items(self) -> Iterable[Item]:
         """The items that can be a Mooncake store's files (`objects`): a plan read from
-        disk has none (only directory-layout families are planned that way)."""
+        disk has none (a manifest with a store is planned in memory)."""
         return self.items if isinstance(self.items, list) else ()
 
     @property
@@ -382,9 +382,10 @@ _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
 def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                   quiet_period: float | None, engine_stopped: bool) -> _Picked:
-    """`_select` over the manifest's columns whole (LMCache tiers, Mooncake stores), then
-    --only/--exclude, the tiers' unstated index_lost chunks and the quiet period
-    (`quiet_period` None: --force-live); the items in the plan's order."""
+    """`_select` over the manifest's columns whole (Mooncake stores, LMCache tiers beside
+    other families; the streamed plans' reference), then --only/--exclude, the tiers'
+    unstated index_lost chunks and the quiet period (`quiet_period` None: --force-live);
+    the items in the plan's order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -484,6 +485,46 @@ def _picked_streamed(manifest_path: str, meta: dict[str, Any], classes: tuple[st
     return _Picked(items, skipped, skip, rows.fig.target_bases, rows.emptied())
 
 
+def _picked_tiers(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                  migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                  quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
+    """`_picked_whole` for a manifest whose namespaces are all LMCache tiers, in batches
+    (prune_tier_stream.TierRows), the plan's items on disk (prune_spill); None for any
+    other manifest."""
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune_stream, prune_tier_stream
+
+    tiers = tiers_.Tiers.of(meta)
+    if set(meta.get("namespaces") or {}) - set(tiers.tier_of):
+        return None
+    used = _used_namespaces(root, migration_journal)
+    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
+    rows = prune_tier_stream.TierRows(manifest_path, meta, used, classes, int(now * 1e9 - age * 1e9), tiers)
+    if not rows.gather(chosen, engine_stopped):
+        return None
+    names = prune_stream.Names()
+    taken: set[str] = set()  # the namespaces of the plan's rows (the quiet period judges their tiers)
+
+    def kept() -> Iterator[Any]:
+        for t in rows.rows(chosen):
+            taken.update(pc.unique(t["source_base"]).drop_null().to_pylist())
+            yield t
+
+    items = prune_spill.spill(kept(), rows.n, prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes,
+                              names.names, dict(tiers.tier_of))
+    skipped: dict[str, str] = dict(rows.waiting)
+    skip: set[str] = set()
+    if quiet_period is not None:
+        units = prune_tier_stream.units(manifest_path, tiers, taken)
+        for unit, (members, folders, newest_ns) in sorted(units.items()):
+            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=True)
+            if why:
+                skipped[unit] = why
+                skip.update(members)
+    return _Picked(items, skipped, skip, rows.target_bases, rows.emptied)
+
+
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
                older_than: float | None = None, now: float | None = None, selection: Any = None,
@@ -512,7 +553,12 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         chosen = set(selected_bases(meta.get("namespaces") or {}, selection))
     args = (manifest_path, meta, classes, root, migration_journal, older_than, now, chosen,
             None if force_live else quiet_period, engine_stopped)
-    picked = _picked_whole(*args) if tiers_.Tiers.of(meta) or stores_.Stores.of(meta) else _picked_streamed(*args)
+    if stores_.Stores.of(meta):
+        picked = _picked_whole(*args)
+    elif tiers_.Tiers.of(meta):
+        picked = _picked_tiers(*args) or _picked_whole(*args)
+    else:
+        picked = _picked_streamed(*args)
     skipped, stores = picked.skipped, picked.stores
     items = without_namespaces(picked.items, picked.skip)
     retires = [rw for rw in picked.retires if stores.label_of.get(rw.store) not in skipped]

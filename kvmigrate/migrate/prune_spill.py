@@ -33,8 +33,9 @@ MIN_RANGE = 16_384  # manifest rows per target range: the join holds a range's r
 MAX_RANGES = 256  # open files while partitioning (the range grows past MIN_RANGE to stay under it)
 RUN_BATCH = 512  # rows per record batch of a run: the merge holds one batch of each run as Python keys
 OUT_BATCH = 4096  # rows per record batch of the plan's file: what iterating the plan holds
-ORDER = ("deployment", "config", "key", "relpath")  # a deployment's blocks with their rank files side by side,
-#                                                     its config.json files last
+# a deployment's blocks with their rank files side by side, its config.json files last; a
+# tier's GDS sidecar just before its data file (`prune_tiers.move_order`: `moved`, `step`)
+ORDER = ("deployment", "config", "key", "moved", "step", "relpath")
 
 
 def _schema() -> Any:
@@ -65,8 +66,10 @@ class PlanFile:
     """A plan's items, in the plan's order, read from its file a batch at a time. Sized
     and iterable like the list of items the whole-column plan holds."""
 
-    def __init__(self, folder: _Folder, path: str, rows: int, names: list[str | None]) -> None:
+    def __init__(self, folder: _Folder, path: str, rows: int, names: list[str | None],
+                 tier_of: dict[str, str] | None = None) -> None:
         self.folder, self.path, self.rows, self.names = folder, path, rows, names
+        self.tier_of = tier_of or {}  # an LMCache tier's deployment -> its tier (its items keep the tier folder)
 
     def __len__(self) -> int:
         return self.rows
@@ -84,14 +87,19 @@ class PlanFile:
             yield from reader
 
     def __iter__(self) -> Iterator[Item]:
-        names = self.names
+        from kvmigrate.migrate.prune_tiers import kept_folder
+
+        names, tier_of = self.names, self.tier_of
         for b in self.batches():
             c = {k: b.column(k).to_pylist() for k in b.schema.names}
             for k, rel in enumerate(c["relpath"]):
                 target = None if c["t_relpath"][k] is None else \
                     (c["t_relpath"][k], c["t_dev"][k], c["t_inode"][k], c["t_size"][k], c["t_mtime_ns"][k])
-                yield Item(rel, CLASSES[c["code"][k] - 1], names[c["ns"][k]], c["dev"][k], c["inode"][k],
-                           c["size"][k], c["mtime_ns"][k], c["nlink"][k] or 1, target, c["key"][k])
+                ns = names[c["ns"][k]]
+                tier = tier_of.get(ns) if ns is not None else None
+                yield Item(rel, CLASSES[c["code"][k] - 1], ns, c["dev"][k], c["inode"][k],
+                           c["size"][k], c["mtime_ns"][k], c["nlink"][k] or 1, target, c["key"][k],
+                           kept_folder(tier, rel) if tier is not None else "")
 
     def tally(self, classes: tuple[str, ...]) -> tuple[dict[str, dict[str, int]], dict[tuple[str, Any], dict]]:
         """(per class, per (class, namespace)) as `prune.reclaim_totals` tallies the items:
@@ -160,7 +168,7 @@ class PlanFile:
                 kept = b.filter(pa.array(keep, pa.bool_()))
                 rows += kept.num_rows
                 w.write(kept)
-        return PlanFile(self.folder, path, rows, self.names)
+        return PlanFile(self.folder, path, rows, self.names, self.tier_of)
 
 
 class _CannotWrite(Exception):
@@ -208,14 +216,17 @@ def _read(path: str) -> Any:
 
 
 def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
-          code_of: Callable[[Any], Any], names: list[str | None]) -> PlanFile:
+          code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str] | None = None) -> PlanFile:
     """The plan's file of the `chosen` rows (tables of prune_stream.PlanRows' columns):
     partitioned by their target's range, joined with the targets' stat (`targets`: the
     _TARGET columns of ascending manifest rows, called range after range), sorted and
-    merged. `code_of`: a namespace column's int codes (into `names`)."""
+    merged. `code_of`: a namespace column's int codes (into `names`); `tier_of`: the
+    LMCache tiers' deployments (their moves' order, their kept folder)."""
     folder = _Folder()
     with _writing(folder):
-        return _spill(folder, chosen, manifest_rows, targets, code_of, names)
+        plan = _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {})
+    plan.tier_of = tier_of or {}
+    return plan
 
 
 @contextlib.contextmanager
@@ -235,7 +246,7 @@ def _writing(folder: _Folder) -> Iterator[None]:
 
 
 def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
-           code_of: Callable[[Any], Any], names: list[str | None]) -> PlanFile:
+           code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str]) -> PlanFile:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -258,7 +269,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     for r in sorted(writers):
         part = _read(folder.file(f"range-{r}.arrow"))
         os.unlink(folder.file(f"range-{r}.arrow"))
-        runs.append(_run(folder, r, part, None if r < 0 else targets(part["target"])))
+        runs.append(_run(folder, r, part, None if r < 0 else targets(part["target"]), tier_of))
         del part
     path = folder.file("plan.arrow")
     rows = _merge(runs, path)
@@ -267,7 +278,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     return PlanFile(folder, path, rows, names)
 
 
-def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None) -> str:
+def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_of: dict[str, str]) -> str:
     """One range's rows with their targets' stat and their order's columns, sorted."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -286,9 +297,17 @@ def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None) -> st
         pc.fill_null(src, "None"), layout.CONFIG_NAME, "/")), False)
     key = [rel if h is None else f"{d}/{g}:{h.hex()}" for d, g, h, rel in zip(
         deployment.to_pylist(), part["group"].to_pylist(), part["block_hash"].to_pylist(), part["relpath"].to_pylist())]
+    moved, step = part["relpath"], pa.array([1] * n, pa.int8())  # (relpath, 1): a file of no tier
+    if tier_of:
+        from kvmigrate.migrate.prune_tiers import move_order
+
+        tier = pc.is_in(src, value_set=pa.array(sorted(tier_of), src.type)).to_pylist()
+        order = [move_order(rel) if t else (rel, 1) for rel, t in zip(part["relpath"].to_pylist(), tier)]
+        moved, step = pa.array([o[0] for o in order], pa.string()), pa.array([o[1] for o in order], pa.int8())
     t = pa.table({"relpath": part["relpath"], "code": part["code"], "ns": part["ns"],
                   **{k: part[k] for k in ("dev", "inode", "size", "mtime_ns", "nlink")},
-                  "key": pa.array(key, pa.string()), **stat, "deployment": deployment, "config": config})
+                  "key": pa.array(key, pa.string()), **stat, "deployment": deployment, "config": config,
+                  "moved": moved, "step": step})
     t = t.sort_by([(k, "ascending") for k in ORDER])
     path = folder.file(f"run-{r}.arrow")
     with _Writer(path, t.schema) as w:
@@ -334,7 +353,7 @@ def _merge(runs: list[str], path: str) -> int:
 
     with _Writer(path, schema) as w:
         for key, _, j, b in heapq.merge(*(rows(i, run) for i, run in enumerate(runs))):
-            check_relpath(key[3], "manifest path")
+            check_relpath(key[-1], "manifest path")
             pending.append((j, b))
             n += 1
             if len(pending) == OUT_BATCH:
