@@ -423,27 +423,15 @@ def units(manifest_path: str, tiers: T.Tiers, names: set[str]) -> dict[str, tupl
     """`prune_tiers.units` in one pass over the manifest: per tier label, its
     deployments, its folders (the tier folder and those its files sit in) and its
     newest file mtime; files not the engine's do not count."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     wanted = {tiers.tier_of[ns] for ns in names if ns in tiers.tier_of}
     if not wanted:
         return {}
     members = [ns for ns, t in tiers.tier_of.items() if t in wanted]
-    out: dict[str, tuple[list[str], set[str], int]] = {
-        tiers.label_of[tier]: (tiers.members(tier), {T.tier_folder(tier)}, 0) for tier in wanted}
+    out = T.empty_units(tiers, wanted)
     for _, c in S._batches(manifest_path, ("source_base", "relpath", "mtime_ns", "status")):
         rows = pc.and_(P._in(c["source_base"], members), pc.invert(P._in(c["status"], T.NOT_ENGINE_WRITES)))
-        if not pc.any(rows).as_py():
-            continue
-        g = pa.table({"ns": c["source_base"], "dir": pc.replace_substring_regex(c["relpath"], "/[^/]*$", ""),
-                      "slash": pc.match_substring(c["relpath"], "/"), "mtime": pc.fill_null(c["mtime_ns"], 0)}) \
-            .filter(rows).group_by(["ns", "dir", "slash"]).aggregate([("mtime", "max")])
-        for ns, d, slash, mtime in zip(*(g[k].to_pylist() for k in ("ns", "dir", "slash", "mtime_max"))):
-            label = tiers.label_of[tiers.tier_of[ns]]
-            ms, folders, newest = out[label]
-            if slash:
-                parts = d.split("/")
-                folders.update("/".join(parts[:j]) for j in range(1, len(parts) + 1))
-            out[label] = (ms, folders, max(newest, mtime))
+        if pc.any(rows).as_py():
+            T.fold_units(out, tiers, c, rows)
     return {label: (ms, sorted(f), n) for label, (ms, f, n) in out.items()}

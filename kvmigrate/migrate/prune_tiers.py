@@ -221,29 +221,41 @@ def units(c: dict[str, Any], tiers: Tiers, names: set[str]) -> dict[str, tuple[l
     namespace of the tier, its folders relative to the root: the tier folder and the GDS
     folders its rows sit in, the newest mtime of its files in the manifest). Files that
     are not the engine's (foreign, kvmigrate's own) do not count."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     wanted = {tiers.tier_of[ns] for ns in names if ns in tiers.tier_of}
     if not wanted:
         return {}
     members = [ns for ns, t in tiers.tier_of.items() if t in wanted]
-    rows = pc.and_(_in(c["source_base"], members), pc.invert(_in(c["status"], NOT_ENGINE_WRITES)))
+    out = empty_units(tiers, wanted)
+    fold_units(out, tiers, c, pc.and_(_in(c["source_base"], members), pc.invert(_in(c["status"], NOT_ENGINE_WRITES))))
+    return {label: (ms, sorted(f), n) for label, (ms, f, n) in out.items()}
+
+
+Units = dict[str, tuple[list[str], set[str], int]]  # tier label -> (namespaces, folders, newest mtime)
+
+
+def empty_units(tiers: Tiers, wanted: set[str]) -> Units:
+    """Each wanted tier's unit before any file: its namespaces and its own folder."""
+    return {tiers.label_of[tier]: (tiers.members(tier), {tier_folder(tier)}, 0) for tier in wanted}
+
+
+def fold_units(out: Units, tiers: Tiers, c: Any, rows: Any) -> None:
+    """Fold the `rows` (a mask) of columns `c` (source_base, relpath, mtime_ns) into their
+    tiers' units: the folders the files sit in (each with its parents), the newest mtime."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     t = pa.table({"ns": c["source_base"], "dir": pc.replace_substring_regex(c["relpath"], "/[^/]*$", ""),
                   "slash": pc.match_substring(c["relpath"], "/"), "mtime": pc.fill_null(c["mtime_ns"], 0)}) \
         .filter(rows).group_by(["ns", "dir", "slash"]).aggregate([("mtime", "max")])
-    out: dict[str, tuple[list[str], set[str], int]] = {}
-    for tier in wanted:
-        out[tiers.label_of[tier]] = (tiers.members(tier), {tier_folder(tier)}, 0)
     for ns, d, slash, mtime in zip(*(t[k].to_pylist() for k in ("ns", "dir", "slash", "mtime_max"))):
-        tier = tiers.tier_of[ns]
-        label = tiers.label_of[tier]
+        label = tiers.label_of[tiers.tier_of[ns]]
         ms, folders, newest = out[label]
         if slash:
             parts = d.split("/")
             folders.update("/".join(parts[:k]) for k in range(1, len(parts) + 1))
         out[label] = (ms, folders, max(newest, mtime))
-    return {label: (ms, sorted(f), n) for label, (ms, f, n) in out.items()}
 
 
 def live_reason(age: float, newest: float, quiet_period: float) -> str:

@@ -58,6 +58,18 @@ def peak_rss(args: list[str], cwd: Path, *, own: bool = False) -> Peak:
     return Peak(p.returncode, int(peak.read_text()), text)
 
 
+def assert_flat(what: str, small: Peak, large: Peak, small_files: int, large_files: int, *,
+                per_file: int, noise_kib: int) -> None:
+    """Both runs ended alike (0 or 1), and the peak grew by at most `per_file` bytes a file
+    between the two sizes, plus the allocator's noise."""
+    assert small.rc == large.rc and large.rc in (0, 1), large.out[-2000:]
+    grown = large_files - small_files
+    growth = (large.kib - small.kib) * 1024
+    assert growth <= per_file * grown + noise_kib * 1024, (
+        f"{what}: peak RSS {small.kib} KiB at {small_files:,} files, {large.kib} KiB at {large_files:,} files: "
+        f"{growth / grown:.0f} bytes a file (bound {per_file})")
+
+
 def synth_llmd(root: Path, blocks: int) -> None:
     """An llm-d TP=2 MLA tree of `blocks` block keys (2 x blocks files of 4 KiB)."""
     subprocess.run([sys.executable, "-m", "kvmigrate", "synth", str(root), "--family", "llmd", "--tp", "2",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.memory import LIFECYCLE, lifecycle_peaks
+from helpers.memory import LIFECYCLE, assert_flat, lifecycle_peaks
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +49,5 @@ def peaks(tmp_path_factory) -> dict[int, dict]:
     else c
     for c in LIFECYCLE])
 def test_peak_rss_independent_of_size(peaks, command):
-    small, large = peaks[SMALL_BLOCKS][command], peaks[LARGE_BLOCKS][command]
-    assert small.rc == large.rc and large.rc in (0, 1), large.out[-2000:]
-    growth = (large.kib - small.kib) * 1024
-    assert growth <= PER_FILE_BOUND * GROWN_FILES + NOISE_KIB * 1024, (
-        f"{command}: peak RSS {small.kib} KiB at {2 * SMALL_BLOCKS:,} files, {large.kib} KiB at "
-        f"{2 * LARGE_BLOCKS:,} files: {growth / GROWN_FILES:.0f} bytes a file (bound {PER_FILE_BOUND})")
+    assert_flat(command, peaks[SMALL_BLOCKS][command], peaks[LARGE_BLOCKS][command], 2 * SMALL_BLOCKS,
+                2 * LARGE_BLOCKS, per_file=PER_FILE_BOUND, noise_kib=NOISE_KIB)

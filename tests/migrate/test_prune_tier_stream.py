@@ -10,11 +10,11 @@ borders (batches of 5 rows, lookups in parts).
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
+from test_lmcache_prune import backdate
 
 from kvmigrate import manifest as mf
 from kvmigrate.migrate import prune, prune_spill, prune_stream, prune_tier_stream
@@ -32,14 +32,6 @@ CLASSES = [("migrated",), ("unreadable_namespaces",), ("residue",), ("index_lost
 def synth(root: Path, **kw):
     era = "lmc-mp1" if kw.get("lmc_backend") == "mp" else "lmc-k3"
     return build(root, SynthSpec(**{**LMC, "lmc_era": era, **kw}))
-
-
-def backdate(root: Path, seconds: float = 7200) -> None:
-    old = time.time() - seconds
-    for d, _, names in os.walk(root):
-        for n in names:
-            os.utime(os.path.join(d, n), (old, old), follow_symlinks=False)
-        os.utime(d, (old, old))
 
 
 def scan(root: Path, out: Path, *flags: str) -> str:
