@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import kvbench as bench  # scripts/kvbench (pyproject.toml puts scripts/ on pytest's pythonpath)
+import pytest
 from kvbench.memory import BASELINES, memory_figures
 from kvbench.rendering import render_prune_only
 
@@ -55,6 +56,26 @@ def test_the_memory_group_measures_every_lifecycle_command_at_each_size(tmp_path
         assert f"\n| {name} | " in text
     assert "\n| cp_al (filesystem) | " in text and "\n| find (filesystem) | " in text
     assert not work.exists()  # the trees are removed (no --keep)
+
+
+def test_memory_steps_run_the_chosen_commands_in_lifecycle_order(tmp_path, capsys):
+    """--memory-steps (the 10M-file run's commands): those alone, in LIFECYCLE's order
+    whatever order they are given in; an unknown name is refused before any tree is built."""
+    work, out = tmp_path / "work", tmp_path / "reports"
+    chosen = ["prune_apply", "scan", "migrate_apply", "scan_after", "prune_dry", "restore", "rollback"]
+    rc = bench.main(["--only", "memory", "--memory-files", "60,200", "--memory-steps", ",".join(chosen),
+                     "--workdir", str(work), "--out-dir", str(out), "--kvmigrate", KVM])
+    assert rc == 0
+    mem = json.loads((out / "benchmarks.json").read_text())["memory"]
+    in_order = [name for name in LIFECYCLE if name in chosen]
+    assert mem["commands"] == in_order and list(mem["figures"]) == [*BASELINES, *in_order]
+    assert all(set(s["steps"]) == {*BASELINES, *in_order} for s in mem["sizes"])
+    assert all(rc in (0, 1) for f in mem["figures"].values() for rc in f["rc"])
+    assert "the commands chosen with --memory-steps" in (out / "BENCHMARKS.md").read_text()
+    with pytest.raises(SystemExit, match="--memory-steps takes names of"):
+        bench.main(["--only", "memory", "--memory-files", "60,200", "--memory-steps", "scan,nonsense",
+                    "--workdir", str(tmp_path / "w2"), "--out-dir", str(tmp_path / "r2"), "--kvmigrate", KVM])
+    assert not (tmp_path / "w2").exists()
 
 
 def test_the_memory_section_merges_into_a_full_report_and_beside_the_prune_group():

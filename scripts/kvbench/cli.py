@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-files", metavar="N,N,N",
                    help="memory group: files of its trees, comma-separated (default 20000,60000,120000 at --scale "
                         "small, 100000,1000000,3000000 at large); each tree is built, measured and removed in turn")
+    p.add_argument("--memory-steps", metavar="NAME,NAME",
+                   help="memory group: only these lifecycle commands (tests/helpers/memory.py LIFECYCLE), run in "
+                        "its order, e.g. the 10M-file run's scan,migrate_apply,scan_after,report_after,verify,"
+                        "prune_dry,prune_apply,restore,rollback (a step needs the outputs of the steps it follows)")
     p.add_argument("--baseline-files", type=int, default=1_000_000,
                    help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
     p.add_argument("--rmlint-timeout", type=float, default=600.0, metavar="SECONDS",

@@ -45,6 +45,17 @@ def memory_sizes(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
+def memory_steps(args: argparse.Namespace) -> list[str]:
+    """--memory-steps (in LIFECYCLE's order), or every command of LIFECYCLE."""
+    if not getattr(args, "memory_steps", None):
+        return list(LIFECYCLE)
+    chosen = {s.strip() for s in args.memory_steps.split(",") if s.strip()}
+    unknown = sorted(chosen - set(LIFECYCLE))
+    if unknown or not chosen:
+        sys.exit(f"bench: --memory-steps takes names of {', '.join(LIFECYCLE)}; got {args.memory_steps!r}")
+    return [name for name in LIFECYCLE if name in chosen]
+
+
 def space_needed(files: int) -> dict[str, int]:
     """Bytes and inodes of one size's tree at its peak: the tree, its migrated namespace (hard
     links: folders only), the `cp -al` copy's folders, the manifests and audits; the trees
@@ -81,14 +92,15 @@ def check_space(workdir: Path, sizes: list[int], force: bool, log: Any) -> dict:
 
 def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any) -> dict:
     """At each size: build an llm-d TP=2 MLA tree, time `find` and `cp -al` of it, then run
-    every command of LIFECYCLE on it in order (one run each: the lifecycle changes the
-    tree), each measured by run_measured (wall time, peak RSS from wait4); the tree is
+    every command of LIFECYCLE (or of --memory-steps) on it in order (one run each: the
+    lifecycle changes the tree), each measured by run_measured (wall time, peak RSS from wait4); the tree is
     removed before the next size."""
-    sizes = memory_sizes(args)
+    sizes, steps = memory_sizes(args), memory_steps(args)
     workdir = Path(args.workdir or DEFAULT_WORKDIR / "memory").resolve()
     bench.workdir = workdir
     space = check_space(workdir, sizes, args.force, log)
-    out: dict[str, Any] = {"sizes": [], "commands": list(LIFECYCLE), "baselines": BASELINES, "space": space,
+    out: dict[str, Any] = {"sizes": [], "commands": steps, "subset": steps != list(LIFECYCLE),
+                           "baselines": BASELINES, "space": space,
                            "tree": "llm-d TP=2 MLA, 4 KiB files (4 layers of 1 KiB), blocks on two ranks"}
     load_before = os.getloadavg()[0]
     for files in sizes:
@@ -105,13 +117,14 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any) -> dict:
         measure_step(size, work, "cp_al", ["cp", "-al", str(root), str(workdir / "cp-al")], log)
         rmtree(workdir / "cp-al")
         for name, argv in lifecycle_steps(work, root):
-            measure_step(size, work, name, [bench.kvm, *map(str, argv)], log)
+            if name in steps:
+                measure_step(size, work, name, [bench.kvm, *map(str, argv)], log)
         out["sizes"].append(size)
         rmtree(root)
         bench._stamp_path(spec.name).unlink(missing_ok=True)
         if not args.keep:
             rmtree(work)
-    out["figures"] = memory_figures(out["sizes"], [*BASELINES, *LIFECYCLE])
+    out["figures"] = memory_figures(out["sizes"], [*BASELINES, *steps])
     out["load_before"], out["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
     out["when"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     out["command"] = "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])

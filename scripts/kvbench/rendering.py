@@ -526,7 +526,9 @@ def render_memory(mem: dict, add: Any) -> None:
     add("")
     add(f"{mem['tree']}, at {sizes} files; one run of `{mem['command']}` at {mem['when']} (load average "
         f"{mem['load_before']} before the group, {mem['load_after']} after). At each size, on a fresh tree: "
-        "`find` and `cp -al` of it (the filesystem's own cost), then every command of a migration's lifecycle "
+        "`find` and `cp -al` of it (the filesystem's own cost), then "
+        + ("the commands chosen with --memory-steps" if mem.get("subset") else "every command")
+        + " of a migration's lifecycle "
         "in order (tests/helpers/memory.py, LIFECYCLE), each once (the lifecycle changes the tree), after "
         "`sync`. Peak RSS is the command's own ru_maxrss (wait4). Slope: the peak's growth per file between "
         f"the two largest sizes; at 10M: the largest peak plus that slope (goal <= {MEMORY_GOAL_MIB:,} MiB). "
