@@ -9,7 +9,9 @@ status and action.
 Each deployment is a `Namespace` without base or rank folders; the store's own files
 (indexes, buckets, the client lock, foreign files) belong to its namespace `mooncake:<store>`.
 An object of a live index is a row of its own (`object_index`, `object_key`, `target_key`:
-manifest version 4), written beside the file rows in part 0.
+manifest version 4), written beside the file rows in part 0. The objects are not held as
+records for the whole store: they go to temporary files as the indexes are read, and are
+judged and written a partition at a time (scan/store_spill.py).
 """
 
 from __future__ import annotations
