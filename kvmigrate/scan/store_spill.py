@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import operator
 import os
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ _TYPES = {"size": pa.int64(), "mtime_ns": pa.int64(), "inode": pa.uint64(), "dev
           "duplicate": pa.bool_(), "mla": pa.bool_(), "data": pa.binary(), "content": pa.binary(),
           "payload": pa.binary(), "block_hash": pa.binary(), "object_key": pa.binary(), "target_key": pa.binary()}
 FIELDS = tuple(f for f in StoreFile.__dataclass_fields__ if f not in ("block", "key_rank"))
+_FIELDS_OF = operator.attrgetter(*FIELDS)
 _FINDING_INTS = {"primary_rank", "cell_bytes", "row_cells", "output_bytes"}
 _FINDING = tuple(f"finding_{name}" for name in fd.Finding._fields)
 SCHEMA = pa.schema([(name, pa.binary() if name in _TEXT else _TYPES[name]) for name in FIELDS] +
@@ -78,18 +80,19 @@ def part_of(o: StoreFile) -> int:
 
 
 def encode(files: list[StoreFile], ordinals: list[int], parts: list[int] | None = None) -> pa.RecordBatch:
+    """Records as a batch of SCHEMA (`parts`: their partition hashes, else 0)."""
     arrays = []
-    for name in FIELDS:
-        values = [getattr(f, name) for f in files]
+    columns = list(zip(*map(_FIELDS_OF, files))) or [() for _ in FIELDS]
+    for name, values in zip(FIELDS, columns):
         if name in _TEXT:
             arrays.append(pa.array([_utf8(v) for v in values], pa.binary()))
         else:
             arrays.append(pa.array(values, _TYPES[name]))
     found = [fd.finding_of(f.reason) for f in files]
     for k, c in enumerate(_FINDING):
-        values = [None if x is None else x[k] for x in found]
-        arrays.append(pa.array(values, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
-                      pa.array([_utf8(v) for v in values], pa.binary()))
+        got = [None if x is None else x[k] for x in found]
+        arrays.append(pa.array(got, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
+                      pa.array([_utf8(v) for v in got], pa.binary()))
     arrays.append(pa.array(ordinals, pa.int64()))
     arrays.append(pa.array(parts if parts is not None else [0] * len(files), pa.uint64()))
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
