@@ -27,8 +27,8 @@ import fcntl
 import os
 import re
 import sys
-from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,7 +186,6 @@ class Deployment:
     model: str
     kv_kind: str | None = None
     key_ranks: int = 1
-    files: list[StoreFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     facts: Facts = field(default_factory=Facts)
     prefix: str | None = None  # vLLM cache prefix
@@ -312,92 +311,115 @@ class Mooncake(families.Family):
 
     # --- verdicts (§1.4, §2.4, §3, §4) ------------------------------------------------
 
-    def classify_store(self, store: str, files: list[StoreFile], objects: list[StoreFile],
-                       facts_for: Callable[[str | None], Facts], fsdir: str = M.DEFAULT_FSDIR,
-                       profile: str = PROFILE) -> tuple[list[Deployment], list[StoreFile]]:
-        """(the deployments of a store, with their objects and KVEntries; the store's own
-        files: containers, the lock, foreign files). `files` already carry the container
-        statuses the scan gave them (§1.4); `objects` are the entries of live indexes.
-        `facts_for(model)`: a deployment's facts (§3.2; None: the store's own)."""
+    def classify_store(self, store: str, partitions: Callable[[], Iterable[Part]],
+                       judged: Callable[[list[StoreFile]], None], facts_for: Callable[[str | None], Facts],
+                       fsdir: str = M.DEFAULT_FSDIR, profile: str = PROFILE, stray: Part = ([], [])
+                       ) -> list[Deployment]:
+        """The deployments of a store; each object of its live indexes and each `ok`
+        KVEntry, judged, to `judged` (a partition's at a time; retired keys and keys of
+        no grammar get the store's label as deployment). `partitions()`: those objects,
+        as (walk ordinals, records) per partition, each in walk order, every object a
+        verdict compares with another in the other's partition (read three times at
+        most); the scan gave them the container statuses of §1.4. `stray`: the store's
+        other KVEntries (they hold a path and may hold a key), with their walk ordinals
+        (then the store is one partition). `facts_for(model)`: a deployment's facts
+        (§3.2; None: the store's own)."""
         deps: dict[str, Deployment] = {}
-        loose = [f for f in files if f.kind != "kventry" or f.status != "ok"]
-        keyed = objects + [f for f in files if f.kind == "kventry" and f.status == "ok"]
+        tallies: dict[str, _Tally] = {}
+        for part in partitions():  # what the deployment-wide verdicts count
+            _count(store, part, deps, tallies, facts_for)
+        order = sorted(deps, key=lambda label: tallies[label].first)  # (the store's walk order: as one pass)
+        again = [label for label in order if self._kind(deps[label], tallies[label])]
+        if again:  # blocks a migration already resharded change the writer's key ranks and sizes
+            for part in partitions():
+                self._count_unsettled(store, part, deps, tallies, again, facts_for)
         store_facts = facts_for(None)
-        shared: dict[tuple, tuple] = {}  # one tuple per key rank and block coordinates, not one per object
-        for o in keyed:
-            sk = M.parse_storage_key(o.object_key or b"")
-            retired = M.parse_retired_key(sk.engine)
-            if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
-                o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
-                                     f"{retired[1]!r}): no engine looks it up", fd.Finding(fd.SUPERSEDED))
-                o.deployment = store_label(store)
-                loose.append(o)
-                continue
-            ek = parse_engine_key(sk.engine)
-            scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
-            if ek is None:
-                if o.status == "ok":
-                    o.status, o.action = "unsupported_layout", "none"
-                    o.reason = ("a key of no known grammar (neither vLLM 0.34's nor SGLang 0.5.23's): kept, never "
-                                "migrated")
-                o.deployment = store_label(store)
-                loose.append(o)
-                continue
-            label = deployment_label(store, ek.engine, ek.stem, scheme, sk.tenant)
-            dep = deps.get(label)
-            if dep is None:
-                dep = deps[label] = Deployment(label, store, ek.engine, ek.stem, scheme, sk.tenant, ek.model,
-                                               facts=facts_for(ek.model), prefix=ek.prefix, namespace=ek.namespace)
-            label = dep.label  # (one string per deployment, not one per object)
-            dep.files.append(o)
-            o.deployment = label
-            o.rank, o.group = ek.rank, ek.group
-            o.block_hash = _hash_bytes(ek.hash)
-            o.block = (label, ek.group, ek.hash, shared.setdefault(ek.sub, ek.sub))
-            o.key_rank = shared.setdefault((ek.rank, ek.half), (ek.rank, ek.half))
-            o.mla = ek.mla
-        _duplicates(keyed)
-        held = _Held.of([*objects, *(f for f in files if f.kind == "kventry")])
-        for dep in deps.values():
-            self._classify_deployment(dep, fsdir, store_facts, held, self.target_profile(profile) == RAW_PROFILE)
-        _settle_targets(keyed, held, fsdir)
-        for o in keyed:  # what the verdicts parsed is theirs only: the rows keep the verdicts
+        raw = self.target_profile(profile) == RAW_PROFILE
+        for label in order:
+            self._prepare(deps[label], tallies[label], raw)
+        for part in partitions():
+            judged(self._judge(store, part, deps, tallies, order, facts_for, fsdir, store_facts, stray))
+            del part  # (before the next partition is read: one at a time)
+        return [deps[label] for label in sorted(deps)]
+
+    def _count_unsettled(self, store: str, part: Part, deps: dict[str, Deployment], tallies: dict[str, _Tally],
+                         labels: list[str], facts_for: Callable[[str | None], Facts]) -> None:
+        ordinals, objs = part
+        by_dep, _ = _assign(store, objs, deps, facts_for)
+        _duplicates(objs)
+        at = dict(zip(map(id, objs), ordinals))
+        for label in labels:
+            mine = by_dep.get(label, [])
+            settled = self._two_layouts(deps[label], mine, deps[label].kv_kind)
+            rest = [o for o in mine if id(o) not in settled]
+            tallies[label].count_unsettled(bool(settled), rest, [at[id(o)] for o in rest])
+
+    def _judge(self, store: str, part: Part, deps: dict[str, Deployment], tallies: dict[str, _Tally],
+               order: list[str], facts_for: Callable[[str | None], Facts], fsdir: str, store_facts: Facts,
+               stray: Part) -> list[StoreFile]:
+        """The verdicts of a partition's objects, returned (the deployments' in `order`,
+        the order the store's would be judged in at once)."""
+        ordinals, objs = part
+        by_dep, _ = _assign(store, objs, deps, facts_for)
+        _duplicates(objs)
+        held = _Held.of([f for _, f in sorted([*zip(ordinals, objs), *zip(*stray)], key=lambda p: p[0])])
+        for label in order:
+            if label in by_dep:
+                self._classify_deployment(deps[label], by_dep[label], tallies[label], fsdir, store_facts, held)
+        _settle_targets(objs, held, fsdir)
+        for o in objs:  # what the verdicts parsed is theirs only: the rows keep the verdicts
             o.block = None
             o.key_rank = ()
-        return sorted(deps.values(), key=lambda d: d.label), loose
+        return objs
 
-    def _classify_deployment(self, dep: Deployment, fsdir: str, store_facts: Facts, held: _Held,
-                             raw: bool = False) -> None:
-        objs = dep.files
+    def _kind(self, dep: Deployment, t: _Tally) -> bool:
+        """A deployment's kind of KV (§2.3) from its keys, unless stated; whether a migration
+        may have left blocks in two layouts (then the objects are counted again)."""
         kind = dep.facts.kv_kind
         if dep.engine == "sglang":
-            mla = any(o.key_rank == (0, "k") and o.mla for o in objs)
-            kind = kind or ("mla" if mla else "full" if any(o.key_rank[1] == "v" for o in objs) else None)
-            if kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
-                for o in objs:
-                    _as_mla_stage(o)
+            kind = kind or ("mla" if t.mla_k0 else "full" if "v" in t.halves else None)
         else:
-            top = max((o.key_rank[0] for o in objs), default=0)
-            kind = kind or ("full" if top > 0 else None)
+            kind = kind or ("full" if t.top > 0 else None)
         dep.kv_kind = kind
+        geo, _ = R.geometry(dep.facts)
+        return isinstance(dep.facts.target_tp, int) and kind == "full" and geo is not None
+
+    def _prepare(self, dep: Deployment, t: _Tally, raw: bool) -> None:
+        """The deployment-wide part of its verdicts: the writer's key ranks, the key ranks
+        a block has, the objects' modal size, and the target's side (§3.1)."""
+        kind = dep.kv_kind
         writer_tp = dep.facts.writer_tp if isinstance(getattr(dep.facts, "writer_tp", None), int) else None
-        n_s = 1 + max((o.key_rank[0] for o in objs), default=0)
-        dep.key_ranks = n_s
-        halves = sorted({o.key_rank[1] for o in objs})
+        n_s = 1 + (t.top_staged if dep.engine == "sglang" and kind == "mla" else t.top)
+        halves = sorted(t.halves)
         if dep.engine == "sglang" and kind not in (None, "mla"):
             halves = ["k", "v"]  # an MHA page writes both on every rank
-        universe = {(r, h) for r in range(n_s) for h in halves}
+        sizes = t.sizes
+        if t.settled:
+            n_s = 1 + t.top_unsettled
+            sizes = t.sizes_unsettled
+        dep.key_ranks = n_s
+        t.universe = {(r, h) for r in range(n_s) for h in halves}
+        # (the most common size; of sizes as common, the one met first in walk order)
+        t.modal = min(sizes, key=lambda size: (-sizes[size][0], sizes[size][1])) if sizes else None
+        if writer_tp is not None:
+            dep.notes.append(f"writer TP {writer_tp} stated")
+        dep.side = _target_side(dep, n_s, raw)
+
+    def _classify_deployment(self, dep: Deployment, objs: list[StoreFile], t: _Tally, fsdir: str,
+                             store_facts: Facts, held: _Held) -> None:
+        """The verdicts of a deployment's objects of one partition (every key rank of a
+        block is in it), from what `_prepare` found over all of them."""
+        kind = dep.kv_kind
+        if dep.engine == "sglang" and kind == "mla":  # a one-number suffix of an MLA key is its pp rank (§2.3)
+            for o in objs:
+                _as_mla_stage(o)
+        n_s = dep.key_ranks
+        universe, modal = t.universe, t.modal
         settled = self._two_layouts(dep, objs, kind)  # blocks a migration already resharded (§2.4)
         if settled:
             objs = [o for o in objs if id(o) not in settled]
-            n_s = 1 + max((o.key_rank[0] for o in objs), default=0)
-            dep.key_ranks = n_s
-            universe = {(r, h) for r in range(n_s) for h in halves}
-        sizes = Counter(o.size for o in objs if o.status == "ok")
-        modal = sizes.most_common(1)[0][0] if sizes else None
-        if writer_tp is not None:
-            dep.notes.append(f"writer TP {writer_tp} stated")
-        side = dep.side = _target_side(dep, n_s, raw)
+        side = dep.side
+        assert side is not None
         # per object: what its bytes alone prove (§2.4), in §4's order
         for o in objs:
             if o.status == "ok" and o.kind == "kventry" and not o.error:
@@ -788,6 +810,123 @@ def _as_mla_stage(o: StoreFile) -> None:
     o.block = (*o.block[:3], (s.ranks[0],))
 
 
+Part = tuple[list[int], list[StoreFile]]  # a partition's objects: (walk ordinals, records)
+
+
+@dataclass
+class _Tally:
+    """What a deployment's objects say together, counted partition by partition: its
+    first object's walk ordinal, what its keys say of its kind and key ranks, and the
+    sizes of its `ok` objects (size -> [count, first ordinal])."""
+
+    first: int
+    mla_k0: bool = False
+    top: int = 0  # its largest key rank
+    top_staged: int = 0  # the same, SGLang's one-number MLA suffixes read as pp stages (§2.3)
+    halves: set[str] = field(default_factory=set)
+    sizes: dict[int, list[int]] = field(default_factory=dict)
+    settled: bool = False  # some block is held in two layouts (§2.4): the rest is counted again
+    top_unsettled: int = 0
+    sizes_unsettled: dict[int, list[int]] = field(default_factory=dict)
+    universe: set[tuple] = field(default_factory=set)  # (key rank, half) of a whole block
+    modal: int | None = None
+
+    def count(self, objs: list[StoreFile], ordinals: list[int], staged: bool) -> None:
+        for o, k in zip(objs, ordinals):
+            rank, half = o.key_rank
+            self.mla_k0 = self.mla_k0 or (o.key_rank == (0, "k") and bool(o.mla))
+            self.top = max(self.top, rank)
+            if staged:
+                self.top_staged = max(self.top_staged, _staged_rank(o))
+            self.halves.add(half)
+            if o.status == "ok":
+                _tally_size(self.sizes, o.size, k)
+
+    def count_unsettled(self, settled: bool, objs: list[StoreFile], ordinals: list[int]) -> None:
+        self.settled = self.settled or settled
+        for o, k in zip(objs, ordinals):
+            self.top_unsettled = max(self.top_unsettled, o.key_rank[0])
+            if o.status == "ok":
+                _tally_size(self.sizes_unsettled, o.size, k)
+
+
+def _tally_size(sizes: dict[int, list[int]], size: int, ordinal: int) -> None:
+    got = sizes.get(size)
+    if got is None:
+        sizes[size] = [1, ordinal]
+    else:
+        got[0] += 1
+        got[1] = min(got[1], ordinal)
+
+
+def _count(store: str, part: Part, deps: dict[str, Deployment], tallies: dict[str, _Tally],
+           facts_for: Callable[[str | None], Facts]) -> None:
+    """Count a partition's objects into their deployments' tallies."""
+    ordinals, objs = part
+    by_dep, _ = _assign(store, objs, deps, facts_for)
+    _duplicates(objs)
+    at = dict(zip(map(id, objs), ordinals))
+    for label, mine in by_dep.items():
+        first = at[id(mine[0])]  # (the deployment's first object of the partition, in walk order)
+        t = tallies.get(label)
+        if t is None:
+            t = tallies[label] = _Tally(first)
+        t.first = min(t.first, first)
+        t.count(mine, [at[id(o)] for o in mine], staged=deps[label].engine == "sglang")
+
+
+def _staged_rank(o: StoreFile) -> int:
+    """An SGLang object's key rank once a one-number suffix is read as its pp stage (as
+    `_as_mla_stage` does)."""
+    s = M.parse_sglang_key(_storage(o).engine)
+    if s is None or len(s.ranks) != 1 or o.block is None:
+        return int(o.key_rank[0])
+    return 0
+
+
+def _assign(store: str, objs: list[StoreFile], deps: dict[str, Deployment],
+            facts_for: Callable[[str | None], Facts]) -> tuple[dict[str, list[StoreFile]], list[StoreFile]]:
+    """Each object's deployment, block and key rank from its key (§2.4), the deployments
+    made as their first object is met: (a deployment's objects, in the order given; the
+    objects of the store's own: retired keys, keys of no grammar)."""
+    by_dep: dict[str, list[StoreFile]] = {}
+    loose: list[StoreFile] = []
+    shared: dict[tuple, tuple] = {}  # one tuple per key rank and block coordinates, not one per object
+    for o in objs:
+        sk = M.parse_storage_key(o.object_key or b"")
+        retired = M.parse_retired_key(sk.engine)
+        if retired is not None and o.status == "ok":  # an entry a migration displaced (§3.5)
+            o.reason = fd.Reason(f"an entry kvmigrate run {retired[0]} retired (its key was "
+                                 f"{retired[1]!r}): no engine looks it up", fd.Finding(fd.SUPERSEDED))
+            o.deployment = store_label(store)
+            loose.append(o)
+            continue
+        ek = parse_engine_key(sk.engine)
+        scheme = "mc-scoped" if sk.tenant is not None else "mc-raw"
+        if ek is None:
+            if o.status == "ok":
+                o.status, o.action = "unsupported_layout", "none"
+                o.reason = ("a key of no known grammar (neither vLLM 0.34's nor SGLang 0.5.23's): kept, never "
+                            "migrated")
+            o.deployment = store_label(store)
+            loose.append(o)
+            continue
+        label = deployment_label(store, ek.engine, ek.stem, scheme, sk.tenant)
+        dep = deps.get(label)
+        if dep is None:
+            dep = deps[label] = Deployment(label, store, ek.engine, ek.stem, scheme, sk.tenant, ek.model,
+                                           facts=facts_for(ek.model), prefix=ek.prefix, namespace=ek.namespace)
+        label = dep.label  # (one string per deployment, not one per object)
+        by_dep.setdefault(label, []).append(o)
+        o.deployment = label
+        o.rank, o.group = ek.rank, ek.group
+        o.block_hash = _hash_bytes(ek.hash)
+        o.block = (label, ek.group, ek.hash, shared.setdefault(ek.sub, ek.sub))
+        o.key_rank = shared.setdefault((ek.rank, ek.half), (ek.rank, ek.half))
+        o.mla = ek.mla
+    return by_dep, loose
+
+
 class _Held:
     """What holds each key of a store as a 0.3.14 client registers it (a raw `K` as
     `default\\0K`, §2.1), and which file sits at each KVEntry path (§3.5)."""
@@ -803,7 +942,7 @@ class _Held:
             if e.kind == "kventry":
                 held.by_path[e.relpath] = e
             if e.object_key is not None:
-                held.by_key[_registered(e)].append(e)
+                held.by_key[registered_key(e)].append(e)
         return held
 
 
@@ -813,7 +952,7 @@ def _storage(o: StoreFile) -> M.StorageKey:
     return M.parse_storage_key(o.object_key or b"")
 
 
-def _registered(o: StoreFile) -> bytes:
+def registered_key(o: StoreFile) -> bytes:
     """The key a >= 0.3.12 client registers an entry under: a raw `K` as `default\\0K` (§2.1)."""
     sk = _storage(o)
     return o.object_key or b"" if sk.tenant is not None else M.scoped(sk.engine)
@@ -909,7 +1048,7 @@ def _duplicates(objs: list[StoreFile]) -> None:
     by_key: dict[bytes, list[StoreFile]] = defaultdict(list)
     for o in objs:
         if o.object_key is not None and o.kind == "object":
-            by_key[_registered(o)].append(o)
+            by_key[registered_key(o)].append(o)
     for copies in by_key.values():
         if len(copies) < 2:
             continue

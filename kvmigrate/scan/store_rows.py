@@ -9,14 +9,16 @@ status and action.
 Each deployment is a `Namespace` without base or rank folders; the store's own files
 (indexes, buckets, the client lock, foreign files) belong to its namespace `mooncake:<store>`.
 An object of a live index is a row of its own (`object_index`, `object_key`, `target_key`:
-manifest version 4), written beside the file rows in part 0.
+manifest version 4), written beside the file rows in part 0. The objects are not held as
+records for the whole store: they go to temporary files as the indexes are read, and are
+judged and written a partition at a time (scan/store_spill.py).
 """
 
 from __future__ import annotations
 
 import os
 import stat as stat_mod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -26,8 +28,9 @@ from kvmigrate.families import mooncake as MC
 from kvmigrate.formats import mooncake as M
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.scan import store_spill as S
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import RecordRows, rows_of
+from kvmigrate.scan.rows import rows_of
 
 HEAD_BYTES = 8192
 BATCH_ROWS = 8192  # rows of a store namespace made into one table at a time
@@ -41,12 +44,34 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
     for store, fam in sorted(listing.stores.items()):
         fsdir = resolver.for_tier(store, None).fsdir or M.DEFAULT_FSDIR
         only = listing.store_entries if store == "." else None
-        files, objects, notes = walk_store(root, store, fsdir, verify, only)
+        folder = None
+        with S.writing(None):
+            folder = S.Folder()
+        with S.writing(folder):
+            spill = S.ObjectSpill(folder)
+            files, notes = walk_store(root, store, fsdir, verify, spill.add, only)
+            # KVEntries the client registers join the objects (in walk order after them); the
+            # others stay the store's own rows, and hold their path and key (one partition then)
+            n = spill.count
+            stray: S.Part = ([], [])
+            loose: list[StoreFile] = []
+            for k, f in enumerate(files):
+                if f.kind == "kventry" and f.status == "ok":
+                    spill.add([f], n + k)
+                    continue
+                if f.kind == "kventry":
+                    stray[0].append(n + k)
+                    stray[1].append(f)
+                loose.append(f)
+            del files
+            spill.partition(one=any(f.kind == "kventry" for f in loose) or spill.count > n)
+            runs = S.Runs(folder)
 
-        def facts_for(model: str | None, store: str = store) -> Facts:
-            return resolver.for_tier(store, model, MC.facts_key_matches)
+            def facts_for(model: str | None, store: str = store) -> Facts:
+                return resolver.for_tier(store, model, MC.facts_key_matches)
 
-        deps, loose = fam.classify_store(store, files, objects, facts_for, fsdir, profile)
+            deps = fam.classify_store(store, spill.partitions, runs.write, facts_for, fsdir, profile, stray)
+            spill.remove()
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model)
             ns.scheme, ns.model_name = dep.scheme, dep.model
@@ -55,14 +80,14 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             ns.fields = dep.fields
             ns.facts = dep.facts
             ns.target = fam.target(ns.fields, Facts(), profile)
-            ns.flat_rows = _StoreRows(dep.files)
+            ns.flat_rows = _StoreRows(runs, dep.label, [])
             out.append(ns)
         label = MC.store_label(store)
         ns = _namespace(fam, label, None)
         ns.family_evidence = [f"Mooncake store {store}: client roots, indexes and files of no deployment"]
         ns.fields = {"family": fam.name, "store": store, "deployment": label, **notes}
         ns.notes = list(notes.get("notes", ()))
-        ns.flat_rows = _StoreRows(loose)
+        ns.flat_rows = _StoreRows(runs, label, loose)
         out.append(ns)
     return out
 
@@ -83,24 +108,23 @@ def client_roots(root: str, store: str, fsdir: str) -> list[str]:
     return out
 
 
-def walk_store(root: str, store: str, fsdir: str, verify: str, only: set[str] | None = None
-               ) -> tuple[list[StoreFile], list[StoreFile], dict[str, Any]]:
-    """(every file of the store, the objects of its live indexes, what the store says:
-    client roots, lock states, largest bucket id, notes). `only`: the top-level names of a
-    store at ROOT (its other entries are the root's own)."""
+def walk_store(root: str, store: str, fsdir: str, verify: str, add: Callable[[list[StoreFile]], None],
+               only: set[str] | None = None) -> tuple[list[StoreFile], dict[str, Any]]:
+    """(every file of the store, what the store says: client roots, lock states, largest
+    bucket id, notes); the objects of its live indexes go to `add`, an index's at a time,
+    in walk order. `only`: the top-level names of a store at ROOT (its other entries are
+    the root's own)."""
     clients = client_roots(root, store, fsdir)
     files: list[StoreFile] = []
-    objects: list[StoreFile] = []
     locks: dict[str, str] = {}
     largest: int | None = None
     notes: list[str] = []
     rank_clients = {c for c in clients if c != (store if store != "." else "")}
     for client in clients:
-        got, objs, lock, top_id = _walk_client(root, client, fsdir, verify,
-                                               skip=rank_clients if client not in rank_clients else set(),
-                                               only=only if client == "" else None)
+        got, lock, top_id = _walk_client(root, client, fsdir, verify, add,
+                                         skip=rank_clients if client not in rank_clients else set(),
+                                         only=only if client == "" else None)
         files += got
-        objects += objs
         locks[client or "."] = lock
         if top_id is not None:
             largest = top_id if largest is None else max(largest, top_id)
@@ -110,7 +134,7 @@ def walk_store(root: str, store: str, fsdir: str, verify: str, only: set[str] | 
     held = sorted(c for c, s in locks.items() if s == "held")
     if held:
         notes.append("client live: the Mooncake 0.3.14 lock is held in " + ", ".join(held))
-    return files, objects, {"client_roots": [c or "." for c in clients], "locks": locks,
+    return files, {"client_roots": [c or "." for c in clients], "locks": locks,
                             "largest_bucket_id": largest, "notes": notes}
 
 
@@ -118,10 +142,10 @@ def _rel(client: str, name: str) -> str:
     return f"{client}/{name}" if client else name
 
 
-def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str], only: set[str] | None = None
-                 ) -> tuple[list[StoreFile], list[StoreFile], str, int | None]:
-    """One client root: its files with the container verdicts of §1.4, its live objects,
-    the state of its 0.3.14 lock, and its largest bucket id."""
+def _walk_client(root: str, client: str, fsdir: str, verify: str, add: Callable[[list[StoreFile]], None],
+                 skip: set[str], only: set[str] | None = None) -> tuple[list[StoreFile], str, int | None]:
+    """One client root: its files with the container verdicts of §1.4 (its live objects
+    to `add`), the state of its 0.3.14 lock, and its largest bucket id."""
     base = os.path.join(root, client) if client else root
     files: list[StoreFile] = []
     below: list[StoreFile] = []  # files in sub-folders (a `.bucket` there is deleted at start)
@@ -131,7 +155,7 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str]
     except OSError as exc:
         f = StoreFile(client or ".", client, "other", 0)
         f.status, f.reason, f.error = "unreadable", errno_reason(exc, "cannot list", client or "."), "list"
-        return [f], [], "absent", None
+        return [f], "absent", None
     lock = "absent"
     for e in entries:
         if only is not None and e.name not in only:
@@ -166,10 +190,10 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, skip: set[str]
         elif e.name.endswith(M.BUCKET_SUFFIX):
             f.kind = "bucket"
         files.append(f)
-    objects = _containers(root, client, files, below, verify)
+    _containers(root, client, files, below, verify, add)
     ids = [M.stoll_id(f.relpath.rsplit("/", 1)[-1]) for f in files if f.kind in ("meta", "bucket")]
     top_id = max((i for i in ids if i is not None), default=None)
-    return files + below, objects, lock, top_id
+    return files + below, lock, top_id
 
 
 def _stat(path: str, rel: str, client: str, kind: str) -> StoreFile | None:
@@ -320,13 +344,12 @@ def _read_value(fd: int, at: int, n: int, hashed: bool) -> tuple[bool | None, by
     return zero, h.digest()
 
 
-def _containers(root: str, client: str, files: list[StoreFile], below: list[StoreFile], verify: str
-                ) -> list[StoreFile]:
+def _containers(root: str, client: str, files: list[StoreFile], below: list[StoreFile], verify: str,
+                add: Callable[[list[StoreFile]], None]) -> None:
     """§1.4's table for the top of one client root: live pairs, corrupt and orphaned
-    indexes, buckets the next start deletes, and the objects of the live pairs."""
+    indexes, buckets the next start deletes; the objects of the live pairs to `add`."""
     top = {f.relpath.rsplit("/", 1)[-1]: f for f in files}
     live: dict[int, StoreFile] = {}
-    objects: list[StoreFile] = []
     for name, f in top.items():
         if f.kind != "meta" or not f.regular:
             continue
@@ -362,7 +385,7 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
         assert meta is not None and ident is not None
         live[ident] = f
         f.reason = f"live index of {len(meta.keys)} objects"
-        objects += _objects(root, f, bucket, meta, verify)
+        add(_objects(root, f, bucket, meta, verify))
     for f in [*files, *below]:
         name = f.relpath.rsplit("/", 1)[-1]
         if f.kind == "bucket" and f.regular and f.status == "ok":
@@ -382,7 +405,6 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
             _unread_meta(f, "below the top of its client root: Mooncake never reads it")
     for f in [*files, *below]:
         _plain_verdict(f)
-    return objects
 
 
 def _unread_meta(f: StoreFile, why: str, data: bytes | None = None) -> None:
@@ -476,25 +498,34 @@ def _objects(root: str, meta_file: StoreFile, bucket: StoreFile, meta: M.BucketM
     return out
 
 
-class _StoreRows(RecordRows):
-    """A store namespace's rows: each file row, then its object rows, in batches of
-    BATCH_ROWS when written. Each row's record is let go once its batch is a table: the
-    namespace's rows are written once."""
+class _StoreRows:
+    """A store namespace's rows: its files (the store's own namespace) and its judged
+    objects read back from the store's runs, in (relpath, index) order, in batches of
+    BATCH_ROWS. Written once: the files are let go as they are."""
 
-    def ordered(self) -> list[StoreFile]:
-        return sorted(self.files, key=lambda f: (f.relpath, -1 if f.object_index is None else f.object_index))
+    def __init__(self, runs: S.Runs, label: str, files: list[StoreFile]) -> None:
+        self.runs, self.label, self.files = runs, label, files
+
+    def __bool__(self) -> bool:
+        return bool(self.files) or bool(self.runs.counts.get(self.label))
 
     def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
-        pending = self.ordered()
-        pending.reverse()  # (batches leave from its end: each record is held by its batch only)
+        rows = self.runs.rows(self.label, self.files)
         self.files = []
-        while pending:
-            batch = pending[:-BATCH_ROWS - 1:-1]
-            del pending[-BATCH_ROWS:]
-            t = rows_of(batch, code).table(ns_arrays)
-            for name, values, typ in (("object_index", [f.object_index for f in batch], pa.int32()),
-                                      ("object_key", [f.object_key for f in batch], pa.binary()),
-                                      ("target_key", [f.target_key for f in batch], pa.binary())):
-                t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, typ))
-            del batch
-            yield t
+        batch: list[StoreFile] = []
+        for f in rows:
+            batch.append(f)
+            if len(batch) == BATCH_ROWS:
+                yield _table(batch, code, ns_arrays)
+                batch = []
+        if batch:
+            yield _table(batch, code, ns_arrays)
+
+
+def _table(batch: list[StoreFile], code: int, ns_arrays: list) -> pa.Table:
+    t = rows_of(batch, code).table(ns_arrays)
+    for name, values, typ in (("object_index", [f.object_index for f in batch], pa.int32()),
+                              ("object_key", [f.object_key for f in batch], pa.binary()),
+                              ("target_key", [f.target_key for f in batch], pa.binary())):
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(values, typ))
+    return t

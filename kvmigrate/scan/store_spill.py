@@ -1,0 +1,349 @@
+"""A Mooncake store's objects kept on disk while the scan judges them, not as a Python
+record each: a store of 10M objects took ~860 B an object as `StoreFile`s. The objects
+go through three kinds of Arrow IPC files in a temporary folder (TMPDIR):
+
+    walk        every object (and KVEntry) in walk order, as the scan reads the indexes
+    partitions  the walk's objects split by the hash of their block (`part`), so that the
+                objects a verdict compares (a block's key ranks, the entries of one key, a
+                target key and its holders) are in one partition, which is judged at once
+    runs        each partition's judged objects, sorted by (relpath, index): the rows of a
+                namespace are the runs merged, a batch of each at a time
+
+A store's folder is removed when its rows are dropped, or at exit; one of a scan killed
+by a signal it cannot handle (its pid gone) is removed by the next scan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import operator
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from kvmigrate import findings as fd
+from kvmigrate.families import mooncake as MC
+from kvmigrate.formats import mooncake as M
+
+StoreFile = MC.StoreFile
+Part = MC.Part
+PART_OBJECTS = 1 << 13  # objects a partition holds (as records while it is judged), about
+MAX_PARTS = 256  # open files while partitioning (a partition grows past PART_OBJECTS to stay under it)
+WALK_BATCH = 4096  # objects per record batch of the walk and partition files
+RUN_BATCH = 128  # rows per record batch of a run: the merge holds one batch of each run as records
+
+# StoreFile's fields as columns, in its field order (`block` and `key_rank` are the verdicts'
+# own, never kept); a text is UTF-8 bytes with its surrogate escapes, as a file name may be
+_TEXT = ("relpath", "client", "kind", "entry", "error", "status", "action", "reason", "deployment", "target")
+_TYPES = {"size": pa.int64(), "mtime_ns": pa.int64(), "inode": pa.uint64(), "dev": pa.uint64(),
+          "nlink": pa.int64(), "ctime_ns": pa.int64(), "value_size": pa.int64(), "rank": pa.int64(),
+          "group": pa.int64(), "object_index": pa.int64(), "value_offset": pa.int64(),
+          "regular": pa.bool_(), "all_zero": pa.bool_(), "top": pa.bool_(), "depth3": pa.bool_(),
+          "duplicate": pa.bool_(), "mla": pa.bool_(), "data": pa.binary(), "content": pa.binary(),
+          "payload": pa.binary(), "block_hash": pa.binary(), "object_key": pa.binary(), "target_key": pa.binary()}
+FIELDS = tuple(f for f in StoreFile.__dataclass_fields__ if f not in ("block", "key_rank"))
+_FIELDS_OF = operator.attrgetter(*FIELDS)
+_FINDING_INTS = {"primary_rank", "cell_bytes", "row_cells", "output_bytes"}
+_FINDING = tuple(f"finding_{name}" for name in fd.Finding._fields)
+SCHEMA = pa.schema([(name, pa.binary() if name in _TEXT else _TYPES[name]) for name in FIELDS] +
+                   [(c, pa.int64() if c[len("finding_"):] in _FINDING_INTS else pa.binary()) for c in _FINDING] +
+                   [("ordinal", pa.int64()), ("part", pa.uint64())])
+
+
+def _utf8(value: Any) -> bytes | None:
+    return None if value is None else str(value).encode("utf-8", "surrogatepass")
+
+
+def _texts(col: pa.Array) -> list[Any]:
+    """A text column as str, one object per distinct value of the batch (a meta's relpath,
+    a deployment's reason: shared as the records the walk made share them)."""
+    d = col.dictionary_encode()
+    values = [None if v is None else v.decode("utf-8", "surrogatepass") for v in d.dictionary.to_pylist()]
+    return [None if i is None else values[i] for i in d.indices.to_pylist()]
+
+
+def part_of(o: StoreFile) -> int:
+    """The hash an object is partitioned by: its block's (an engine key's hash, which its
+    target keys keep), else the key it registers."""
+    sk = M.parse_storage_key(o.object_key or b"")
+    ek = MC.parse_engine_key(sk.engine)
+    basis = ek.hash.encode("utf-8", "surrogatepass") if ek is not None else MC.registered_key(o)
+    return xxhash.xxh3_64_intdigest(basis)
+
+
+def encode(files: list[StoreFile], ordinals: list[int], parts: list[int] | None = None) -> pa.RecordBatch:
+    """Records as a batch of SCHEMA (`parts`: their partition hashes, else 0)."""
+    arrays = []
+    columns = list(zip(*map(_FIELDS_OF, files))) or [() for _ in FIELDS]
+    for name, values in zip(FIELDS, columns):
+        if name in _TEXT:
+            arrays.append(pa.array([_utf8(v) for v in values], pa.binary()))
+        else:
+            arrays.append(pa.array(values, _TYPES[name]))
+    found = [fd.finding_of(f.reason) for f in files]
+    for k, c in enumerate(_FINDING):
+        got = [None if x is None else x[k] for x in found]
+        arrays.append(pa.array(got, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
+                      pa.array([_utf8(v) for v in got], pa.binary()))
+    arrays.append(pa.array(ordinals, pa.int64()))
+    arrays.append(pa.array(parts if parts is not None else [0] * len(files), pa.uint64()))
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def decode(batch: pa.RecordBatch) -> tuple[list[int], list[StoreFile]]:
+    """(ordinals, records) of a batch."""
+    cols = [(_texts(batch.column(name)) if name in _TEXT else batch.column(name).to_pylist()) for name in FIELDS]
+    n = batch.num_rows
+    code = batch.column("finding_code")
+    if code.null_count < n:  # (a reason with a finding: its text carries it)
+        reasons = cols[FIELDS.index("reason")]
+        parts = [(_texts(batch.column(c)) if c[len("finding_"):] not in _FINDING_INTS else
+                  batch.column(c).to_pylist()) for c in _FINDING]
+        for k, values in enumerate(zip(*parts)):
+            if values[0] is not None:
+                reasons[k] = fd.Reason(reasons[k], fd.Finding(*values))
+    blocks, ranks = [None] * n, [()] * n
+    return batch.column("ordinal").to_pylist(), [StoreFile(*row) for row in zip(*cols, blocks, ranks)]
+
+
+class CannotWrite(Exception):
+    """The OSError of a write of the store's temporary files (not of a read of the cache)."""
+
+
+class Folder:
+    """A store's temporary folder, removed with the last object that refers to it. Its name
+    holds the pid: one of a scan killed by a signal it cannot handle is removed by the next."""
+
+    PREFIX = "kvmigrate-scan-store-"
+
+    def __init__(self) -> None:
+        _remove_stale(tempfile.gettempdir(), self.PREFIX)
+        tmp = tempfile.gettempdir()
+        try:
+            self.path = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")
+        except OSError as exc:
+            self.path = tmp
+            raise CannotWrite(exc) from exc
+        self._remove = weakref.finalize(self, _remove_own, self.path, os.getpid())
+        self.files = 0
+
+    def file(self, name: str) -> str:
+        self.files += 1
+        return os.path.join(self.path, f"{name}-{self.files}.arrow")
+
+    def remove(self) -> None:
+        self._remove()
+
+
+def _remove_own(path: str, pid: int) -> None:
+    """Remove the folder, in the process that made it only (a forked walk worker leaves it)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_stale(tmp: str, prefix: str) -> None:
+    """Remove the folders of scans no longer running (their pid gone), of this user."""
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # (running: its folder is in use)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # (another user's process: not ours to judge)
+        path = os.path.join(tmp, name)
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+@contextlib.contextmanager
+def writing(folder: Folder | None) -> Iterator[None]:
+    """A write of the store's temporary files that fails (a full or read-only TMPDIR) says
+    so, with what to do, as an operational error."""
+    try:
+        yield
+    except CannotWrite as cannot:
+        from kvmigrate.errors import OS_WHAT, OperationalError
+
+        exc = cannot.args[0]
+        what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
+        raise OperationalError(f"cannot write the scan's temporary files of a Mooncake store: {what}",
+                               path=folder.path if folder is not None else tempfile.gettempdir(),
+                               hint="set TMPDIR to a folder with room (a store's objects take ~500 bytes "
+                               "each there while it is scanned), then rerun the same command") from None
+
+
+_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")  # (keys, paths and reasons repeat: a third of the bytes)
+
+
+class _Writer:
+    """An Arrow IPC stream file written batch by batch."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.sink = pa.OSFile(path, "wb")
+            self.writer = pa.ipc.new_stream(self.sink, SCHEMA, options=_OPTIONS)
+        except OSError as exc:
+            raise CannotWrite(exc) from exc
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            try:
+                self.writer.write_batch(batch)
+            except OSError as exc:
+                raise CannotWrite(exc) from exc
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+            self.sink.close()
+        except OSError as exc:
+            raise CannotWrite(exc) from exc
+
+
+def _batches(path: str) -> Iterator[pa.RecordBatch]:
+    with pa.OSFile(path, "rb") as f:
+        yield from pa.ipc.open_stream(f)
+
+
+class ObjectSpill:
+    """The objects of one store, in walk order, as the walk hands them over (`add`); then
+    split into partitions (`partitions`) that are read back one at a time (`load`)."""
+
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+        self.path = folder.file("walk")
+        self.count = 0
+        self.pending: list[tuple[int, StoreFile]] = []
+        self.writer: _Writer | None = None
+        self.parts: list[str] = []
+
+    def add(self, objs: Iterable[StoreFile], ordinal: int | None = None) -> None:
+        """Objects that follow the ones added (`ordinal`: the first one's place in walk order)."""
+        for o in objs:
+            self.pending.append((self.count if ordinal is None else ordinal, o))
+            self.count += 1
+            if ordinal is not None:
+                ordinal += 1
+        if len(self.pending) >= WALK_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        if self.writer is None:
+            self.writer = _Writer(self.path)
+        files = [o for _, o in self.pending]
+        self.writer.write(encode(files, [k for k, _ in self.pending], [part_of(o) for o in files]))
+        self.pending = []
+
+    def partition(self, one: bool) -> None:
+        """Split the objects into partitions of about PART_OBJECTS each (`one`: a single one,
+        however many)."""
+        self._flush()
+        if self.writer is None:
+            return
+        self.writer.close()
+        n = 1 if one else -(-self.count // PART_OBJECTS)
+        n = min(n, MAX_PARTS)
+        if n <= 1:
+            self.parts = [self.path]
+            return
+        paths = [self.folder.file(f"part{p}") for p in range(n)]
+        writers = [_Writer(p) for p in paths]
+        try:
+            for b in _batches(self.path):
+                which = [h % n for h in b.column("part").to_pylist()]
+                b = b.take(pc.sort_indices(pa.array(which, pa.int32())))  # (stable: walk order kept)
+                counts = [0] * n
+                for p in which:
+                    counts[p] += 1
+                start = 0
+                for p, count in enumerate(counts):
+                    if count:
+                        writers[p].write(b.slice(start, count))
+                    start += count
+        finally:
+            for w in writers:
+                w.close()
+        os.unlink(self.path)
+        self.parts = paths
+
+    def remove(self) -> None:
+        """Remove the objects' files once judged (the runs hold what is written)."""
+        for path in {self.path, *self.parts}:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.parts = []
+
+    def partitions(self) -> Iterator[Part]:
+        """Each partition's (ordinals, objects), in walk order."""
+        for path in self.parts:
+            ordinals: list[int] = []
+            objs: list[StoreFile] = []
+            for b in _batches(path):
+                k, got = decode(b)
+                ordinals += k
+                objs += got
+            yield ordinals, objs
+
+
+class Runs:
+    """The judged objects of a store, a run a partition, each sorted by (relpath, index);
+    per namespace (its `deployment`) how many objects it has."""
+
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+        self.paths: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def write(self, objs: list[StoreFile]) -> None:
+        ordered = sorted(objs, key=row_order)
+        path = self.folder.file("run")
+        w = _Writer(path)
+        try:
+            for i in range(0, len(ordered), RUN_BATCH):
+                chunk = ordered[i:i + RUN_BATCH]
+                w.write(encode(chunk, [0] * len(chunk)))
+        finally:
+            w.close()
+        self.paths.append(path)
+        for o in ordered:
+            label = o.deployment or ""
+            self.counts[label] = self.counts.get(label, 0) + 1
+
+    def rows(self, label: str, files: list[StoreFile]) -> Iterator[StoreFile]:
+        """The objects of one namespace and its `files`, in (relpath, index) order."""
+        want = pa.scalar(_utf8(label), pa.binary())
+
+        def run(path: str) -> Iterator[StoreFile]:
+            for b in _batches(path):
+                b = b.filter(pc.equal(b.column("deployment"), want))
+                if b.num_rows:
+                    yield from decode(b)[1]
+
+        streams = [run(p) for p in self.paths] if self.counts.get(label) else []
+        yield from heapq.merge(sorted(files, key=row_order), *streams, key=row_order)
+
+
+def row_order(f: StoreFile) -> tuple[str, int]:
+    """A row's place among its namespace's: by relpath, a file before its objects."""
+    return f.relpath, -1 if f.object_index is None else f.object_index
