@@ -11,10 +11,13 @@ judged. Names without them (older versions) are left alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 PREFIX = "kvmigrate-"
 # kvmigrate-<kind>-<pid namespace>.<pid>-<mkdtemp's suffix: [a-z0-9_], no "-">
@@ -69,3 +72,59 @@ def _pid_namespace() -> int:
         return 0
     digits = re.search(r"\d+", link)
     return int(digits.group()) if digits else 0
+
+
+class CannotWrite(Exception):
+    """The OSError of a write into a working folder (not of a read or write of the cache)."""
+
+
+class IpcWriter:
+    """An Arrow IPC stream file of a working folder, written batch by batch; a failed
+    write is CannotWrite."""
+
+    def __init__(self, path: str, schema: Any, options: Any = None) -> None:
+        import pyarrow as pa
+
+        try:
+            self.sink = pa.OSFile(path, "wb")
+            self.writer = pa.ipc.new_stream(self.sink, schema, options=options)
+        except OSError as exc:
+            raise CannotWrite(exc) from exc
+
+    def write(self, batch: Any) -> None:
+        """A record batch or a table; nothing for no rows."""
+        if batch.num_rows:
+            try:
+                self.writer.write(batch)
+            except OSError as exc:
+                raise CannotWrite(exc) from exc
+
+    def __enter__(self) -> IpcWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+            self.sink.close()
+        except OSError as exc:
+            raise CannotWrite(exc) from exc
+
+
+@contextlib.contextmanager
+def writing(folder: str | None, files: str, room: str, *, then: str = "") -> Iterator[None]:
+    """A write into the working folder (None: not made yet) that fails (a full or read-only
+    TMPDIR) is an operational error (exit 8) naming the folder, with what to do: `files`,
+    what was being written; `room`, what it takes; `then`, what it left as it was."""
+    try:
+        yield
+    except CannotWrite as cannot:
+        from kvmigrate.errors import OS_WHAT, OperationalError
+
+        exc = cannot.args[0]
+        what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
+        raise OperationalError(f"cannot write {files}: {what}{then}", path=folder or tempfile.gettempdir(),
+                               hint=f"set TMPDIR to a folder with room ({room}), then rerun the same "
+                                    "command") from None

@@ -161,7 +161,7 @@ class PlanFile:
         configs = {k: f"{ns}/{layout.CONFIG_NAME}" for k, ns in enumerate(self.names) if k in keeps}
         path = self.folder.file(f"plan-{len(os.listdir(self.folder.path))}.arrow")
         rows = 0
-        with _writing(self.folder), _Writer(path, _schema()) as w:
+        with _writing(self.folder), scratch.IpcWriter(path, _schema()) as w:
             for b in self.batches():
                 keep = [key not in dropped and configs.get(ns) != rel for ns, key, rel in
                         zip(b.column("ns").to_pylist(), b.column("key").to_pylist(), b.column("relpath").to_pylist())]
@@ -169,43 +169,6 @@ class PlanFile:
                 rows += kept.num_rows
                 w.write(kept)
         return PlanFile(self.folder, path, rows, self.names, self.tier_of)
-
-
-class _CannotWrite(Exception):
-    """The OSError of a write of the plan's temporary files (not of a manifest's read)."""
-
-
-class _Writer:
-    """An Arrow IPC stream file written batch by batch."""
-
-    def __init__(self, path: str, schema: Any) -> None:
-        import pyarrow as pa
-
-        try:
-            self.sink = pa.OSFile(path, "wb")
-            self.writer = pa.ipc.new_stream(self.sink, schema)
-        except OSError as exc:
-            raise _CannotWrite(exc) from exc
-
-    def write(self, batch: Any) -> None:
-        if batch.num_rows:
-            try:
-                self.writer.write(batch)
-            except OSError as exc:
-                raise _CannotWrite(exc) from exc
-
-    def __enter__(self) -> _Writer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-            self.sink.close()
-        except OSError as err:
-            raise _CannotWrite(err) from err
 
 
 def _read(path: str) -> Any:
@@ -229,20 +192,10 @@ def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], di
     return plan
 
 
-@contextlib.contextmanager
-def _writing(folder: _Folder) -> Iterator[None]:
-    """A write of the plan's files that fails (a full or read-only TMPDIR) says so, with
-    what to do, as an operational error: nothing is moved before the plan is whole."""
-    try:
-        yield
-    except _CannotWrite as cannot:
-        from kvmigrate.errors import OS_WHAT, OperationalError
-
-        exc = cannot.args[0]
-        what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
-        raise OperationalError(f"cannot write the prune plan's temporary files: {what}; nothing was moved",
-                               path=folder.path, hint="set TMPDIR to a folder with room (the plan takes ~200 bytes "
-                               "a file it prunes), then rerun the same command") from None
+def _writing(folder: _Folder) -> contextlib.AbstractContextManager[None]:
+    """A failed write of the plan's files: exit 8, before anything is moved."""
+    return scratch.writing(folder.path, "the prune plan's temporary files",
+                           "the plan takes ~200 bytes a file it prunes", then="; nothing was moved")
 
 
 def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
@@ -251,7 +204,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     import pyarrow.compute as pc
 
     span = max(MIN_RANGE, -(-manifest_rows // MAX_RANGES))
-    writers: dict[int, _Writer] = {}  # range -> its rows' file (-1: no target)
+    writers: dict[int, scratch.IpcWriter] = {}  # range -> its rows' file (-1: no target)
     for t in chosen:
         if not t.num_rows:
             continue
@@ -260,7 +213,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
         for r in pc.unique(which).to_pylist():
             w = writers.get(r)
             if w is None:
-                w = writers[r] = _Writer(folder.file(f"range-{r}.arrow"), t.schema)
+                w = writers[r] = scratch.IpcWriter(folder.file(f"range-{r}.arrow"), t.schema)
             for b in t.filter(pc.equal(which, r)).to_batches():
                 w.write(b)
     for w in writers.values():
@@ -310,7 +263,7 @@ def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_
                   "moved": moved, "step": step})
     t = t.sort_by([(k, "ascending") for k in ORDER])
     path = folder.file(f"run-{r}.arrow")
-    with _Writer(path, t.schema) as w:
+    with scratch.IpcWriter(path, t.schema) as w:
         for b in t.to_batches(max_chunksize=RUN_BATCH):
             w.write(b)
     return path
@@ -335,7 +288,7 @@ def _merge(runs: list[str], path: str) -> int:
     n = 0
     pending: list[tuple[int, Any]] = []
 
-    def flush(w: _Writer) -> None:
+    def flush(w: scratch.IpcWriter) -> None:
         by_batch: dict[int, tuple[Any, list[int], list[int]]] = {}
         for pos, (j, b) in enumerate(pending):
             entry = by_batch.setdefault(id(b), (b, [], []))
@@ -351,7 +304,7 @@ def _merge(runs: list[str], path: str) -> int:
             w.write(b)
         pending.clear()
 
-    with _Writer(path, schema) as w:
+    with scratch.IpcWriter(path, schema) as w:
         for key, _, j, b in heapq.merge(*(rows(i, run) for i, run in enumerate(runs))):
             check_relpath(key[-1], "manifest path")
             pending.append((j, b))

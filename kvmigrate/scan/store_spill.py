@@ -10,7 +10,8 @@ go through three kinds of Arrow IPC files in a temporary folder (TMPDIR):
                 namespace are the runs merged, a batch of each at a time
 
 A store's folder is removed when its rows are dropped, or at exit; one of a scan killed
-by a signal it cannot handle (its pid gone) is removed by the next scan.
+by a signal it cannot handle is removed by the next command that makes such a folder
+(kvmigrate/scratch.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from kvmigrate import findings as fd
+from kvmigrate import scratch
 from kvmigrate.families import mooncake as MC
 from kvmigrate.formats import mooncake as M
 
@@ -114,24 +116,17 @@ def decode(batch: pa.RecordBatch) -> tuple[list[int], list[StoreFile]]:
     return batch.column("ordinal").to_pylist(), [StoreFile(*row) for row in zip(*cols, blocks, ranks)]
 
 
-class CannotWrite(Exception):
-    """The OSError of a write of the store's temporary files (not of a read of the cache)."""
-
-
 class Folder:
-    """A store's temporary folder, removed with the last object that refers to it. Its name
-    holds the pid: one of a scan killed by a signal it cannot handle is removed by the next."""
-
-    PREFIX = "kvmigrate-scan-store-"
+    """A store's temporary folder (kvmigrate/scratch.py), removed with the last object that
+    refers to it; one left by a scan killed with a signal it cannot handle goes with the
+    next working folder made."""
 
     def __init__(self) -> None:
-        _remove_stale(tempfile.gettempdir(), self.PREFIX)
-        tmp = tempfile.gettempdir()
         try:
-            self.path = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")
+            self.path = scratch.make("scan-store")
         except OSError as exc:
-            self.path = tmp
-            raise CannotWrite(exc) from exc
+            self.path = tempfile.gettempdir()
+            raise scratch.CannotWrite(exc) from exc
         self._remove = weakref.finalize(self, _remove_own, self.path, os.getpid())
         self.files = 0
 
@@ -149,74 +144,18 @@ def _remove_own(path: str, pid: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _remove_stale(tmp: str, prefix: str) -> None:
-    """Remove the folders of scans no longer running (their pid gone), of this user."""
-    try:
-        names = [n for n in os.listdir(tmp) if n.startswith(prefix)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(prefix):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # (running: its folder is in use)
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue  # (another user's process: not ours to judge)
-        path = os.path.join(tmp, name)
-        try:
-            if os.lstat(path).st_uid == os.getuid():
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
-
-
-@contextlib.contextmanager
-def writing(folder: Folder | None) -> Iterator[None]:
-    """A write of the store's temporary files that fails (a full or read-only TMPDIR) says
-    so, with what to do, as an operational error."""
-    try:
-        yield
-    except CannotWrite as cannot:
-        from kvmigrate.errors import OS_WHAT, OperationalError
-
-        exc = cannot.args[0]
-        what = OS_WHAT.get(exc.errno or 0, exc.strerror or str(exc))
-        raise OperationalError(f"cannot write the scan's temporary files of a Mooncake store: {what}",
-                               path=folder.path if folder is not None else tempfile.gettempdir(),
-                               hint="set TMPDIR to a folder with room (a store's objects take ~500 bytes "
-                               "each there while it is scanned), then rerun the same command") from None
+def writing(folder: Folder | None) -> contextlib.AbstractContextManager[None]:
+    """A failed write of the store's temporary files: exit 8."""
+    return scratch.writing(folder.path if folder is not None else None,
+                           "the scan's temporary files of a Mooncake store",
+                           "a store's objects take ~500 bytes each there while it is scanned")
 
 
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")  # (keys, paths and reasons repeat: a third of the bytes)
 
 
-class _Writer:
-    """An Arrow IPC stream file written batch by batch."""
-
-    def __init__(self, path: str) -> None:
-        try:
-            self.sink = pa.OSFile(path, "wb")
-            self.writer = pa.ipc.new_stream(self.sink, SCHEMA, options=_OPTIONS)
-        except OSError as exc:
-            raise CannotWrite(exc) from exc
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            try:
-                self.writer.write_batch(batch)
-            except OSError as exc:
-                raise CannotWrite(exc) from exc
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-            self.sink.close()
-        except OSError as exc:
-            raise CannotWrite(exc) from exc
+def _writer(path: str) -> scratch.IpcWriter:
+    return scratch.IpcWriter(path, SCHEMA, _OPTIONS)
 
 
 def _batches(path: str) -> Iterator[pa.RecordBatch]:
@@ -233,7 +172,7 @@ class ObjectSpill:
         self.path = folder.file("walk")
         self.count = 0
         self.pending: list[tuple[int, StoreFile]] = []
-        self.writer: _Writer | None = None
+        self.writer: scratch.IpcWriter | None = None
         self.parts: list[str] = []
 
     def add(self, objs: Iterable[StoreFile], ordinal: int | None = None) -> None:
@@ -250,7 +189,7 @@ class ObjectSpill:
         if not self.pending:
             return
         if self.writer is None:
-            self.writer = _Writer(self.path)
+            self.writer = _writer(self.path)
         files = [o for _, o in self.pending]
         self.writer.write(encode(files, [k for k, _ in self.pending], [part_of(o) for o in files]))
         self.pending = []
@@ -268,7 +207,7 @@ class ObjectSpill:
             self.parts = [self.path]
             return
         paths = [self.folder.file(f"part{p}") for p in range(n)]
-        writers = [_Writer(p) for p in paths]
+        writers = [_writer(p) for p in paths]
         try:
             for b in _batches(self.path):
                 which = [h % n for h in b.column("part").to_pylist()]
@@ -318,7 +257,7 @@ class Runs:
     def write(self, objs: list[StoreFile]) -> None:
         ordered = sorted(objs, key=row_order)
         path = self.folder.file("run")
-        w = _Writer(path)
+        w = _writer(path)
         try:
             for i in range(0, len(ordered), RUN_BATCH):
                 chunk = ordered[i:i + RUN_BATCH]

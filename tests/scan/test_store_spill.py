@@ -11,9 +11,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from kvmigrate import manifest
+from kvmigrate import manifest, scratch
 from kvmigrate.scan import store_spill
 from kvmigrate.synth import SynthSpec, build
 
@@ -86,10 +87,14 @@ def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, tmpdir
     root = tmp_path / "root"
     _store(root, "vllm")
 
-    def full(self, batch):
-        raise store_spill.CannotWrite(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    opened = pa.OSFile
 
-    monkeypatch.setattr(store_spill._Writer, "write", full)
+    def full(path, mode="rb"):  # TMPDIR full: every file the scan writes there fails
+        if mode != "rb" and str(path).startswith(str(tmpdir_of_scan)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return opened(path, mode)
+
+    monkeypatch.setattr(pa, "OSFile", full)
     code, text = run("scan", root, "-o", tmp_path / "m.parquet")
     assert code == 8, text
     assert "cannot write the scan's temporary files of a Mooncake store: no space left on device" in text
@@ -106,7 +111,8 @@ def test_the_folder_is_removed_after_the_scan_and_after_a_killed_one(tmp_path, t
     if dead == 0:
         os._exit(0)
     os.waitpid(dead, 0)
-    left = tmpdir_of_scan / f"{store_spill.Folder.PREFIX}{dead}-x"  # a scan killed by SIGKILL left it
+    namespace = scratch.owner().split(".")[0]
+    left = tmpdir_of_scan / f"kvmigrate-scan-store-{namespace}.{dead}-x"  # a scan killed by SIGKILL left it
     left.mkdir()
     (left / "walk-1.arrow").write_bytes(b"")
     code, text = run("scan", root, "-o", tmp_path / "m.parquet")
