@@ -409,11 +409,7 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
     if quiet_period is not None:
         names = set(pc.unique(pc.filter(sel.c["source_base"], pc.not_equal(sel.code, 0))).drop_null().to_pylist())
         names |= {sel.stores.label_of.get(rw.store, "") for rw in retires} - {""}
-        for unit, (members, folders, newest_ns, tier) in sorted(_quiet_units(sel, names).items()):
-            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
-            if why:
-                skipped[unit] = why
-                skip.update(members)
+        _skip_live(root, _quiet_units(sel, names), quiet_period, now, skipped, skip)
     r = sel.rows(*PLAN_ROW_COLUMNS)
     targets = pc.filter(sel.target_of, pc.not_equal(sel.code, 0))
     t = {k: pc.take(sel.c[k], targets).to_pylist() for k in _TARGET_COLUMNS}
@@ -517,11 +513,7 @@ def _picked_tiers(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
     skip: set[str] = set()
     if quiet_period is not None:
         units = prune_tier_stream.units(manifest_path, tiers, taken)
-        for unit, (members, folders, newest_ns) in sorted(units.items()):
-            why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=True)
-            if why:
-                skipped[unit] = why
-                skip.update(members)
+        _skip_live(root, {u: (*unit, True) for u, unit in units.items()}, quiet_period, now, skipped, skip)
     return _Picked(items, skipped, skip, rows.target_bases, rows.emptied)
 
 
@@ -910,6 +902,17 @@ def _newest_write(root: str, folders: list[str], newest_file_ns: int) -> float:
         except OSError:
             continue
     return newest
+
+
+def _skip_live(root: str, units: dict[str, tuple[list[str], list[str], int, bool]], quiet_period: float,
+               now: float, skipped: dict[str, str], skip: set[str]) -> None:
+    """The quiet period over units (label -> (members, folders, newest file ns, a tier)): a
+    unit written to within it is skipped (why, in `skipped`) with all its members."""
+    for unit, (members, folders, newest_ns, tier) in sorted(units.items()):
+        why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
+        if why:
+            skipped[unit] = why
+            skip.update(members)
 
 
 def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int, *,

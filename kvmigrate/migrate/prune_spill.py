@@ -187,9 +187,7 @@ def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], di
     LMCache tiers' deployments (their moves' order, their kept folder)."""
     folder = _Folder()
     with _writing(folder):
-        plan = _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {})
-    plan.tier_of = tier_of or {}
-    return plan
+        return _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {})
 
 
 def _writing(folder: _Folder) -> contextlib.AbstractContextManager[None]:
@@ -228,7 +226,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     rows = _merge(runs, path)
     for run in runs:
         os.unlink(run)
-    return PlanFile(folder, path, rows, names)
+    return PlanFile(folder, path, rows, names, tier_of)
 
 
 def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_of: dict[str, str]) -> str:
