@@ -121,8 +121,10 @@ class PrunePlan:
 
     def store_items(self) -> Iterable[Item]:
         """The items that can be a Mooncake store's files (`objects`): a plan read from
-        disk has none (a manifest with a store is planned in memory)."""
-        return self.items if isinstance(self.items, list) else ()
+        disk has them only when it holds a store's (it is then read once more)."""
+        if isinstance(self.items, prune_spill.PlanFile):
+            return self.items if self.items.stores else ()
+        return self.items
 
     @property
     def exit_code(self) -> int:
@@ -373,7 +375,6 @@ class _Picked:
     emptied: set[str]
     retires: list = field(default_factory=list)
     stores: stores_.Stores = field(default_factory=stores_.Stores)
-    store_rows: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # store file -> (store, client, KVEntry)
 
 
 _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
@@ -382,7 +383,7 @@ _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
 def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                   quiet_period: float | None, engine_stopped: bool) -> _Picked:
-    """`_select` over the manifest's columns whole (Mooncake stores, LMCache tiers beside
+    """`_select` over the manifest's columns whole (Mooncake stores or LMCache tiers beside
     other families; the streamed plans' reference), then --only/--exclude, the tiers'
     unstated index_lost chunks and the quiet period (`quiet_period` None: --force-live);
     the items in the plan's order."""
@@ -429,14 +430,12 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
             else (rel, 1)
 
     items = []
-    store_rows: dict[str, tuple[str, str, bool]] = {}  # a store file's relpath -> (store, client root, a KVEntry)
     for k in sorted(range(len(r["row"])), key=order):
         check_relpath(r["relpath"][k], "manifest path")
         target = None if t["relpath"][k] is None else \
             (t["relpath"][k], t["dev"][k], t["inode"][k], t["size"][k], t["mtime_ns"][k])
         row, ns = r["row"][k], r["source_base"][k]
         if ns in store_of:
-            store_rows[r["relpath"][k]] = (ssel.store_of_row[row], ssel.client_of_row[row], row in ssel.kventry_rows)
             items.append(Item(r["relpath"][k], r["class"][k], ns, r["dev"][k], r["inode"][k], r["size"][k],
                               r["mtime_ns"][k], r["nlink"][k] or 1, target, ssel.key.get(row, r["relpath"][k]),
                               ssel.keep.get(row, ""), stores_.QUARANTINE_SUFFIX, ssel.objects.get(row, 0)))
@@ -444,7 +443,7 @@ def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
         items.append(Item(r["relpath"][k], r["class"][k], r["source_base"][k], r["dev"][k], r["inode"][k],
                           r["size"][k], r["mtime_ns"][k], r["nlink"][k] or 1, target, _key(r, k),
                           tiers_.kept_folder(tier_of[ns], r["relpath"][k]) if ns in tier_of else ""))
-    return _Picked(items, skipped, skip, target_bases, emptied, retires, stores, store_rows)
+    return _Picked(items, skipped, skip, target_bases, emptied, retires, stores)
 
 
 def _picked_streamed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
@@ -517,6 +516,46 @@ def _picked_tiers(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
     return _Picked(items, skipped, skip, rows.target_bases, rows.emptied)
 
 
+def _picked_stores(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                   quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
+    """`_picked_whole` for a manifest whose namespaces are all of Mooncake stores, in
+    batches (prune_store_stream.StoreRows), the plan's items on disk (prune_spill); None
+    for any other manifest."""
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune_store_stream, prune_stream
+
+    stores = stores_.Stores.of(meta)
+    if set(meta.get("namespaces") or {}) - set(stores.store_of):
+        return None
+    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
+    rows = prune_store_stream.StoreRows(manifest_path, _used_namespaces(root, migration_journal), classes,
+                                        int(now * 1e9 - age * 1e9), stores)
+    if not rows.gather():
+        return None
+    names = prune_stream.Names()
+    taken: set[str] = set()  # the namespaces of the plan's rows (the quiet period judges their stores)
+
+    def kept() -> Iterator[Any]:
+        for t in rows.rows(chosen):
+            taken.update(pc.unique(t["source_base"]).drop_null().to_pylist())
+            yield t
+
+    items = prune_spill.spill(kept(), rows.n, prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes,
+                              names.names, stores=stores)
+    retires = rows.retires
+    if chosen is not None:
+        retires = [rw for rw in retires if set(rw.namespaces.values()) <= chosen]
+    skipped: dict[str, str] = {}
+    skip: set[str] = set()
+    if quiet_period is not None:
+        taken |= {stores.label_of.get(rw.store, "") for rw in retires} - {""}
+        units = prune_store_stream.units(manifest_path, stores, taken)
+        _skip_live(root, {u: (*unit, False) for u, unit in units.items()}, quiet_period, now, skipped, skip)
+    return _Picked(items, skipped, skip, rows.target_bases, set(), retires, stores)
+
+
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
                older_than: float | None = None, now: float | None = None, selection: Any = None,
@@ -546,7 +585,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
     args = (manifest_path, meta, classes, root, migration_journal, older_than, now, chosen,
             None if force_live else quiet_period, engine_stopped)
     if stores_.Stores.of(meta):
-        picked = _picked_whole(*args)
+        picked = _picked_stores(*args) or _picked_whole(*args)
     elif tiers_.Tiers.of(meta):
         picked = _picked_tiers(*args) or _picked_whole(*args)
     else:
@@ -561,8 +600,7 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
                         for ns in held})
         items = without_namespaces(items, held)
         locks = {b: names - held for b, names in locks.items() if names - held}
-    proofs = stores_.proofs(items, retires, stores, engine_stopped, picked.store_rows) \
-        if stores and isinstance(items, list) else {}
+    proofs = stores_.proofs(items, retires, stores, engine_stopped) if stores else {}
     return PrunePlan(root, manifest_path, classes, items, skipped, picked.target_bases, picked.emptied - picked.skip,
                      locks, orphaned=orphaned_namespaces(manifest_path, meta), retires=retires, store_proofs=proofs)
 

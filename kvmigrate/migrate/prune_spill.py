@@ -23,14 +23,17 @@ import os
 import shutil
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout, scratch
 from kvmigrate.migrate.fsops import check_relpath
 from kvmigrate.migrate.prune_rules import CLASSES, TOTAL_KEYS, Item, tally_stream
 
+if TYPE_CHECKING:
+    from kvmigrate.migrate.prune_stores import Stores
+
 MIN_RANGE = 16_384  # manifest rows per target range: the join holds a range's rows at once
-MAX_RANGES = 256  # open files while partitioning (the range grows past MIN_RANGE to stay under it)
+MAX_RANGES = 256  # ranges of each kind (of targets, of rows with none): the range grows past MIN_RANGE to stay under it
 RUN_BATCH = 512  # rows per record batch of a run: the merge holds one batch of each run as Python keys
 OUT_BATCH = 4096  # rows per record batch of the plan's file: what iterating the plan holds
 # a deployment's blocks with their rank files side by side, its config.json files last; a
@@ -44,7 +47,8 @@ def _schema() -> Any:
     return pa.schema([("relpath", pa.string()), ("code", pa.int8()), ("ns", pa.int32()), ("dev", pa.uint64()),
                       ("inode", pa.uint64()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("nlink", pa.uint32()),
                       ("key", pa.string()), ("t_relpath", pa.string()), ("t_dev", pa.uint64()),
-                      ("t_inode", pa.uint64()), ("t_size", pa.int64()), ("t_mtime_ns", pa.int64())])
+                      ("t_inode", pa.uint64()), ("t_size", pa.int64()), ("t_mtime_ns", pa.int64()),
+                      ("objects", pa.int32())])
 
 
 _TARGET = ("relpath", "dev", "inode", "size", "mtime_ns")  # a target's columns, as t_<name> in the plan
@@ -67,9 +71,10 @@ class PlanFile:
     and iterable like the list of items the whole-column plan holds."""
 
     def __init__(self, folder: _Folder, path: str, rows: int, names: list[str | None],
-                 tier_of: dict[str, str] | None = None) -> None:
+                 tier_of: dict[str, str] | None = None, stores: Stores | None = None) -> None:
         self.folder, self.path, self.rows, self.names = folder, path, rows, names
         self.tier_of = tier_of or {}  # an LMCache tier's deployment -> its tier (its items keep the tier folder)
+        self.stores = stores  # Mooncake stores: their items keep the client root and are quarantined as `.kvmq`
 
     def __len__(self) -> int:
         return self.rows
@@ -87,19 +92,26 @@ class PlanFile:
             yield from reader
 
     def __iter__(self) -> Iterator[Item]:
+        from kvmigrate.migrate.prune_stores import QUARANTINE_SUFFIX
         from kvmigrate.migrate.prune_tiers import kept_folder
 
         names, tier_of = self.names, self.tier_of
+        store_of = self.stores.store_of if self.stores else {}
         for b in self.batches():
             c = {k: b.column(k).to_pylist() for k in b.schema.names}
             for k, rel in enumerate(c["relpath"]):
                 target = None if c["t_relpath"][k] is None else \
                     (c["t_relpath"][k], c["t_dev"][k], c["t_inode"][k], c["t_size"][k], c["t_mtime_ns"][k])
                 ns = names[c["ns"][k]]
-                tier = tier_of.get(ns) if ns is not None else None
-                yield Item(rel, CLASSES[c["code"][k] - 1], ns, c["dev"][k], c["inode"][k],
-                           c["size"][k], c["mtime_ns"][k], c["nlink"][k] or 1, target, c["key"][k],
-                           kept_folder(tier, rel) if tier is not None else "")
+                item = Item(rel, CLASSES[c["code"][k] - 1], ns, c["dev"][k], c["inode"][k], c["size"][k],
+                            c["mtime_ns"][k], c["nlink"][k] or 1, target, c["key"][k])
+                if ns in store_of:
+                    assert self.stores is not None
+                    item = item._replace(keep=self.stores.kept(ns, rel), suffix=QUARANTINE_SUFFIX,
+                                         objects=c["objects"][k] or 0)
+                elif ns in tier_of:
+                    item = item._replace(keep=kept_folder(tier_of[ns], rel))
+                yield item
 
     def tally(self, classes: tuple[str, ...]) -> tuple[dict[str, dict[str, int]], dict[tuple[str, Any], dict]]:
         """(per class, per (class, namespace)) as `prune.reclaim_totals` tallies the items:
@@ -168,7 +180,7 @@ class PlanFile:
                 kept = b.filter(pa.array(keep, pa.bool_()))
                 rows += kept.num_rows
                 w.write(kept)
-        return PlanFile(self.folder, path, rows, self.names, self.tier_of)
+        return PlanFile(self.folder, path, rows, self.names, self.tier_of, self.stores)
 
 
 def _read(path: str) -> Any:
@@ -179,15 +191,19 @@ def _read(path: str) -> Any:
 
 
 def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
-          code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str] | None = None) -> PlanFile:
-    """The plan's file of the `chosen` rows (tables of prune_stream.PlanRows' columns):
-    partitioned by their target's range, joined with the targets' stat (`targets`: the
-    _TARGET columns of ascending manifest rows, called range after range), sorted and
-    merged. `code_of`: a namespace column's int codes (into `names`); `tier_of`: the
-    LMCache tiers' deployments (their moves' order, their kept folder)."""
+          code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str] | None = None,
+          stores: Stores | None = None) -> PlanFile:
+    """The plan's file of the `chosen` rows (tables of prune_stream.PlanRows' columns; a
+    store's rows also `key` and `objects`): partitioned by their target's range, joined
+    with the targets' stat (`targets`: the _TARGET columns of ascending manifest rows,
+    called range after range), sorted and merged. `code_of`: a namespace column's int
+    codes (into `names`); `tier_of`: the LMCache tiers' deployments, `stores`: the Mooncake
+    stores (their moves' order, their kept folder)."""
     folder = _Folder()
     with _writing(folder):
-        return _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {})
+        plan = _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {}, stores)
+    plan.stores = stores
+    return plan
 
 
 def _writing(folder: _Folder) -> contextlib.AbstractContextManager[None]:
@@ -197,17 +213,21 @@ def _writing(folder: _Folder) -> contextlib.AbstractContextManager[None]:
 
 
 def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], dict[str, Any]],
-           code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str]) -> PlanFile:
+           code_of: Callable[[Any], Any], names: list[str | None], tier_of: dict[str, str],
+           stores: Stores | None) -> PlanFile:
     import pyarrow as pa
     import pyarrow.compute as pc
 
     span = max(MIN_RANGE, -(-manifest_rows // MAX_RANGES))
-    writers: dict[int, scratch.IpcWriter] = {}  # range -> its rows' file (-1: no target)
+    # range -> its rows' file: a target's range, or (-1 - k) for the rows of no target in the
+    # k-th range of their own rows (residue, a stale namespace: a plan may be all of them)
+    writers: dict[int, scratch.IpcWriter] = {}
     for t in chosen:
         if not t.num_rows:
             continue
         t = t.append_column("ns", code_of(t["source_base"].combine_chunks()))
-        which = pc.fill_null(pc.divide(t["target"], pa.scalar(span, pa.int64())), -1)
+        own = pc.subtract(pa.scalar(-1, pa.int64()), pc.divide(t["row"], pa.scalar(span, pa.int64())))
+        which = pc.if_else(pc.is_valid(t["target"]), pc.divide(t["target"], pa.scalar(span, pa.int64())), own)
         for r in pc.unique(which).to_pylist():
             w = writers.get(r)
             if w is None:
@@ -220,7 +240,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     for r in sorted(writers):
         part = _read(folder.file(f"range-{r}.arrow"))
         os.unlink(folder.file(f"range-{r}.arrow"))
-        runs.append(_run(folder, r, part, None if r < 0 else targets(part["target"]), tier_of))
+        runs.append(_run(folder, r, part, None if r < 0 else targets(part["target"]), tier_of, stores))
         del part
     path = folder.file("plan.arrow")
     rows = _merge(runs, path)
@@ -229,7 +249,8 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     return PlanFile(folder, path, rows, names, tier_of)
 
 
-def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_of: dict[str, str]) -> str:
+def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_of: dict[str, str],
+         stores: Stores | None) -> str:
     """One range's rows with their targets' stat and their order's columns, sorted."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -246,18 +267,26 @@ def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_
     deployment = pc.if_else(pc.not_equal(deployment, ""), deployment, pc.fill_null(src, ""))
     config = pc.fill_null(pc.equal(part["relpath"], pc.binary_join_element_wise(
         pc.fill_null(src, "None"), layout.CONFIG_NAME, "/")), False)
-    key = [rel if h is None else f"{d}/{g}:{h.hex()}" for d, g, h, rel in zip(
-        deployment.to_pylist(), part["group"].to_pylist(), part["block_hash"].to_pylist(), part["relpath"].to_pylist())]
+    given = part["key"].to_pylist() if "key" in part.column_names else [None] * n  # a store's: its pair
+    key = [k if k is not None else rel if h is None else f"{d}/{g}:{h.hex()}" for k, d, g, h, rel in zip(
+        given, deployment.to_pylist(), part["group"].to_pylist(), part["block_hash"].to_pylist(),
+        part["relpath"].to_pylist())]
     moved, step = part["relpath"], pa.array([1] * n, pa.int8())  # (relpath, 1): a file of no tier
-    if tier_of:
-        from kvmigrate.migrate.prune_tiers import move_order
+    if tier_of or stores:
+        from kvmigrate.migrate import prune_stores, prune_tiers
 
         tier = pc.is_in(src, value_set=pa.array(sorted(tier_of), src.type)).to_pylist()
-        order = [move_order(rel) if t else (rel, 1) for rel, t in zip(part["relpath"].to_pylist(), tier)]
+        store = pc.is_in(src, value_set=pa.array(sorted(stores.store_of if stores else ()), src.type)).to_pylist()
+        order = [prune_tiers.move_order(rel) if t else ("", prune_stores.move_order(rel)) if s else (rel, 1)
+                 for rel, t, s in zip(part["relpath"].to_pylist(), tier, store)]
         moved, step = pa.array([o[0] for o in order], pa.string()), pa.array([o[1] for o in order], pa.int8())
+        if stores:  # a store's files sort by their pair alone (a store is no deployment of blocks)
+            deployment = pc.if_else(pa.array(store, pa.bool_()), "", deployment)
+    objects = part["objects"] if "objects" in part.column_names else pa.nulls(n, pa.int32())
     t = pa.table({"relpath": part["relpath"], "code": part["code"], "ns": part["ns"],
                   **{k: part[k] for k in ("dev", "inode", "size", "mtime_ns", "nlink")},
-                  "key": pa.array(key, pa.string()), **stat, "deployment": deployment, "config": config,
+                  "key": pa.array(key, pa.string()), **stat, "objects": objects.cast(pa.int32()),
+                  "deployment": deployment, "config": config,
                   "moved": moved, "step": step})
     t = t.sort_by([(k, "ascending") for k in ORDER])
     path = folder.file(f"run-{r}.arrow")

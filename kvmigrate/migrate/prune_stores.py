@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,29 @@ class Stores:
     def members(self, store: str) -> list[str]:
         return sorted(ns for ns, s in self.store_of.items() if s == store)
 
+    def where(self, ns: str, relpath: str) -> tuple[str, str, bool]:
+        """(the store of a file of namespace `ns`, its client root, whether it is a
+        KVEntry: a file of the fsdir's `<fsdir>/<a>/<b>/<file>` leaf folders)."""
+        store = self.store_of.get(ns, ".")
+        client = self.client_of(store, relpath)
+        inner = relpath[len(client) + 1:] if client else relpath
+        return store, client, inner.startswith(self.fsdir.get(store, M.DEFAULT_FSDIR) + "/") and inner.count("/") == 3
+
+    def kept(self, ns: str, relpath: str) -> str:
+        """The deepest folder never removed when a file of the store goes: its client root
+        (a KVEntry's: the client root's fsdir)."""
+        store, client, kventry = self.where(ns, relpath)
+        return _join(client, self.fsdir.get(store, M.DEFAULT_FSDIR)) if kventry else client
+
+    def move_key(self, ns: str, relpath: str) -> str:
+        """The files that move together: a pair's `.meta` and `.bucket` at the top of their
+        client root; any other file alone."""
+        _, client, _ = self.where(ns, relpath)
+        name = relpath.rsplit("/", 1)[-1]
+        if relpath == _join(client, name) and name.endswith((M.META_SUFFIX, M.BUCKET_SUFFIX)):
+            return "pair:" + relpath.rsplit(".", 1)[0]
+        return relpath
+
 
 def _join(client: str, name: str) -> str:
     return f"{client}/{name}" if client else name
@@ -128,9 +152,6 @@ class StoreSelection:
     objects: dict[int, int] = field(default_factory=dict)  # row -> objects no longer served once it goes
     key: dict[int, str] = field(default_factory=dict)  # row -> the files that move together (a pair)
     keep: dict[int, str] = field(default_factory=dict)  # row -> the deepest folder never removed
-    store_of_row: dict[int, str] = field(default_factory=dict)
-    client_of_row: dict[int, str] = field(default_factory=dict)
-    kventry_rows: set[int] = field(default_factory=set)  # rows of KVEntry files (a file-per-key client root)
     target: dict[int, int] = field(default_factory=dict)  # a migrated KVEntry's row -> its target's row
 
 
@@ -167,10 +188,7 @@ def select(c: dict[str, Any], is_store: Any, stores: Stores, classes: tuple[str,
         return status[j] not in NEVER and rel[j] not in named
 
     def is_kventry(j: int) -> bool:
-        store = stores.store_of.get(src[j], ".")
-        client = stores.client_of(store, rel[j])
-        inner = rel[j][len(client) + 1:] if client else rel[j]
-        return inner.startswith(stores.fsdir.get(store, M.DEFAULT_FSDIR) + "/") and inner.count("/") == 3
+        return stores.where(src[j], rel[j])[2]
 
     if "migrated" in classes:
         for p, j in files.items():
@@ -240,20 +258,10 @@ def select(c: dict[str, Any], is_store: Any, stores: Stores, classes: tuple[str,
     for j, cls in chosen.items():
         row = idx[j]
         out.rows.setdefault(cls, []).append(row)
-        store = stores.store_of.get(src[j], ".")
-        client = stores.client_of(store, rel[j])
-        out.store_of_row[row] = store
-        out.client_of_row[row] = client
-        name = rel[j].rsplit("/", 1)[-1]
-        top = rel[j] == _join(client, name)
-        if top and name.endswith((M.META_SUFFIX, M.BUCKET_SUFFIX)):
-            out.key[row] = "pair:" + rel[j].rsplit(".", 1)[0]  # a pair's two files move together
+        out.key[row] = stores.move_key(src[j], rel[j])
+        out.keep[row] = stores.kept(src[j], rel[j])
         if is_kventry(j):
-            out.kventry_rows.add(row)
-            out.keep[row] = _join(client, stores.fsdir.get(store, M.DEFAULT_FSDIR))
             out.objects.setdefault(row, int(r["object_key"][j] is not None))
-        else:
-            out.keep[row] = client
     return out
 
 
@@ -269,22 +277,32 @@ def units(c: dict[str, Any], stores: Stores, names: set[str]) -> dict[str, tuple
     roots' top-level files in the manifest; kvmigrate's own and foreign files do not count).
     A client root folder's own mtime does not: a prune's moves change it, an engine's new
     pair is a new top-level file."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     wanted = {stores.store_of[ns] for ns in names if ns in stores.store_of}
     if not wanted:
         return {}
+    out = empty_units(stores, wanted)
+    fold_units(out, stores, wanted, c)
+    return {label: (ms, sorted(f), n) for label, (ms, f, n) in out.items()}
+
+
+def empty_units(stores: Stores, wanted: set[str]) -> dict[str, tuple[list[str], set[str], int]]:
+    """Each wanted store's unit before any row: its label -> (its namespaces, no folder, 0)."""
+    return {stores.label_of.get(store, store): (stores.members(store), set(), 0) for store in wanted}
+
+
+def fold_units(out: dict[str, tuple[list[str], set[str], int]], stores: Stores, wanted: set[str],
+               c: dict[str, Any]) -> None:
+    """Fold the rows of `c` (columns source_base, relpath, mtime_ns, status) into the units
+    of the `wanted` stores."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     members = [ns for ns, s in stores.store_of.items() if s in wanted]
     mask = pc.and_(pc.fill_null(pc.is_in(c["source_base"], value_set=pa.array(sorted(members), c["source_base"].type)),
                                 False),
                    pc.invert(pc.fill_null(pc.is_in(c["status"], value_set=pa.array(["own_artifact", "foreign"],
                                                                                    c["status"].type)), False)))
     t = pa.table({"ns": c["source_base"], "rel": c["relpath"], "mtime": pc.fill_null(c["mtime_ns"], 0)}).filter(mask)
-    out: dict[str, tuple[list[str], set[str], int]] = {}
-    for store in wanted:
-        label = stores.label_of.get(store, store)
-        out[label] = (stores.members(store), set(), 0)
     for ns, rel, mtime in zip(*(t[k].to_pylist() for k in ("ns", "rel", "mtime"))):
         store = stores.store_of[ns]
         label = stores.label_of.get(store, store)
@@ -296,7 +314,6 @@ def units(c: dict[str, Any], stores: Stores, names: set[str]) -> dict[str, tuple
         elif inner.startswith(stores.fsdir.get(store, M.DEFAULT_FSDIR) + "/") and inner.count("/") == 3:
             folders.add(rel.rsplit("/", 1)[0])
         out[label] = (ms, folders, newest)
-    return {label: (ms, sorted(f), n) for label, (ms, f, n) in out.items()}
 
 
 # --- the proofs (§5.1) ---------------------------------------------------------------------------
@@ -323,10 +340,9 @@ class StoreProof:
         return None
 
 
-def proofs(items: list[Any], retires: list[Retire], stores: Stores, engine_stopped: bool,
-           store_rows: dict[str, tuple[str, str, bool]]) -> dict[str, StoreProof]:
-    """Per store the plan writes, what its proof is (`store_rows`: relpath -> (store,
-    client root, a KVEntry) of the store files among the items)."""
+def proofs(items: Iterable[Any], retires: list[Retire], stores: Stores, engine_stopped: bool) -> dict[str, StoreProof]:
+    """Per store the plan writes, what its proof is: the client roots of its files among
+    the items (written through bucket files or KVEntries) and of the retires."""
     out: dict[str, StoreProof] = {}
 
     def of(store: str) -> StoreProof:
@@ -336,10 +352,9 @@ def proofs(items: list[Any], retires: list[Retire], stores: Stores, engine_stopp
         return out[store]
 
     for item in items:
-        got = store_rows.get(item.relpath)
-        if got is None:
+        if item.namespace not in stores.store_of:
             continue
-        store, client, kventry = got
+        store, client, kventry = stores.where(item.namespace, item.relpath)
         (of(store).kventry_clients if kventry else of(store).bucket_clients).add(client)
     for rw in retires:
         of(rw.store).bucket_clients.add(rw.client)
