@@ -480,15 +480,35 @@ def _picked_streamed(manifest_path: str, meta: dict[str, Any], classes: tuple[st
     return _Picked(items, skipped, skip, rows.fig.target_bases, rows.emptied())
 
 
+def _spilled(rows: Iterable[Any], manifest_rows: int, manifest_path: str,
+             **kinds: Any) -> tuple[prune_spill.PlanFile, set[str]]:
+    """The plan's items on disk (prune_spill) of the selected rows (tables of a batch's), and
+    the namespaces they are of: the quiet period judges their units. `kinds`: the tiers'
+    or stores' (their moves' order, their kept folder)."""
+    import pyarrow.compute as pc
+
+    from kvmigrate.migrate import prune_stream
+
+    names = prune_stream.Names()
+    taken: set[str] = set()
+
+    def kept() -> Iterator[Any]:
+        for t in rows:
+            taken.update(pc.unique(t["source_base"]).drop_null().to_pylist())
+            yield t
+
+    items = prune_spill.spill(kept(), manifest_rows, prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS),
+                              names.codes, names.names, **kinds)
+    return items, taken
+
+
 def _picked_tiers(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                   quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
     """`_picked_whole` for a manifest whose namespaces are all LMCache tiers, in batches
     (prune_tier_stream.TierRows), the plan's items on disk (prune_spill); None for any
     other manifest."""
-    import pyarrow.compute as pc
-
-    from kvmigrate.migrate import prune_stream, prune_tier_stream
+    from kvmigrate.migrate import prune_tier_stream
 
     tiers = tiers_.Tiers.of(meta)
     if set(meta.get("namespaces") or {}) - set(tiers.tier_of):
@@ -498,16 +518,7 @@ def _picked_tiers(manifest_path: str, meta: dict[str, Any], classes: tuple[str, 
     rows = prune_tier_stream.TierRows(manifest_path, meta, used, classes, int(now * 1e9 - age * 1e9), tiers)
     if not rows.gather(chosen, engine_stopped):
         return None
-    names = prune_stream.Names()
-    taken: set[str] = set()  # the namespaces of the plan's rows (the quiet period judges their tiers)
-
-    def kept() -> Iterator[Any]:
-        for t in rows.rows(chosen):
-            taken.update(pc.unique(t["source_base"]).drop_null().to_pylist())
-            yield t
-
-    items = prune_spill.spill(kept(), rows.n, prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes,
-                              names.names, dict(tiers.tier_of))
+    items, taken = _spilled(rows.rows(chosen), rows.n, manifest_path, tier_of=dict(tiers.tier_of))
     skipped: dict[str, str] = dict(rows.waiting)
     skip: set[str] = set()
     if quiet_period is not None:
@@ -522,9 +533,8 @@ def _picked_stores(manifest_path: str, meta: dict[str, Any], classes: tuple[str,
     """`_picked_whole` for a manifest whose namespaces are all of Mooncake stores, in
     batches (prune_store_stream.StoreRows), the plan's items on disk (prune_spill); None
     for any other manifest."""
-    import pyarrow.compute as pc
 
-    from kvmigrate.migrate import prune_store_stream, prune_stream
+    from kvmigrate.migrate import prune_store_stream
 
     stores = stores_.Stores.of(meta)
     if set(meta.get("namespaces") or {}) - set(stores.store_of):
@@ -534,16 +544,7 @@ def _picked_stores(manifest_path: str, meta: dict[str, Any], classes: tuple[str,
                                         int(now * 1e9 - age * 1e9), stores)
     if not rows.gather():
         return None
-    names = prune_stream.Names()
-    taken: set[str] = set()  # the namespaces of the plan's rows (the quiet period judges their stores)
-
-    def kept() -> Iterator[Any]:
-        for t in rows.rows(chosen):
-            taken.update(pc.unique(t["source_base"]).drop_null().to_pylist())
-            yield t
-
-    items = prune_spill.spill(kept(), rows.n, prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes,
-                              names.names, stores=stores)
+    items, taken = _spilled(rows.rows(chosen), rows.n, manifest_path, stores=stores)
     retires = rows.retires
     if chosen is not None:
         retires = [rw for rw in retires if set(rw.namespaces.values()) <= chosen]

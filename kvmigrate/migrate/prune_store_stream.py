@@ -79,14 +79,10 @@ class StoreRows:
         stale: dict[str, bool] = {}
         for _, c in S._batches(self.path, _PASS_0):
             self.n += len(c["source_base"])
-            src, tb = c["source_base"], c["target_base"]
-            named = pc.filter(src, P._b(pc.not_equal(src, "")))
-            if len(named) and not pc.all(P._in(named, store_of)).as_py():
+            src = c["source_base"]
+            is_store = TS.fold_bases(c, store_of, bases, others)
+            if is_store is None:
                 return False
-            bases.update(pc.unique(tb).drop_null().to_pylist())
-            is_store = P._in(src, store_of)
-            other = P._b(pc.and_(is_store, pc.and_(pc.not_equal(tb, src), pc.not_equal(tb, ""))))
-            others.update(pc.unique(pc.filter(tb, other)).drop_null().to_pylist())
             dep = pc.and_(is_store, pc.invert(P._in(src, labels)))
             g = pa.table({"ns": src, "all": P._in(c["status"], ST.STALE)}).filter(dep) \
                 .group_by("ns").aggregate([("all", "all")])

@@ -140,6 +140,24 @@ def _rows_in(hay: Any, values: Any) -> Any:
     return pc.take(rows, pc.sort_indices(rows))
 
 
+def fold_bases(c: dict[str, Any], members: Any, bases: set[str], others: set[str]) -> Any | None:
+    """A first pass's common part, over a batch (source_base, target_base) of a manifest
+    whose namespaces must all be of one kind (`members`): None when a row is of another
+    namespace; else the mask of the members' rows. Adds the batch's target bases to `bases`
+    and the bases a member's row is planned into (not its own) to `others`."""
+    import pyarrow.compute as pc
+
+    src, tb = c["source_base"], c["target_base"]
+    named = pc.filter(src, P._b(pc.not_equal(src, "")))
+    if len(named) and not pc.all(P._in(named, members)).as_py():
+        return None
+    bases.update(pc.unique(tb).drop_null().to_pylist())
+    mine = P._in(src, members)
+    other = P._b(pc.and_(mine, pc.and_(pc.not_equal(tb, src), pc.not_equal(tb, ""))))
+    others.update(pc.unique(pc.filter(tb, other)).drop_null().to_pylist())
+    return mine
+
+
 class TierRows:
     """The rows a prune of `classes` selects in a manifest of tiers, as tables of a
     batch's rows (`prune_stream.PlanRows`' columns), once `gather` found the manifest
@@ -176,14 +194,10 @@ class TierRows:
         residueish = ("tmp_leftover", *P.RESIDUE_STATUSES, *T.PAIR_RESIDUE)
         for _, c in S._batches(self.path, ("source_base", "target_base", "status")):
             self.n += len(c["source_base"])
-            src, tb = c["source_base"], c["target_base"]
-            others = pc.filter(src, P._b(pc.not_equal(src, "")))
-            if len(others) and not pc.all(P._in(others, tier_of)).as_py():
+            src = c["source_base"]
+            is_tier = fold_bases(c, tier_of, bases, protect)
+            if is_tier is None:
                 return False
-            bases.update(pc.unique(tb).drop_null().to_pylist())
-            is_tier = P._in(src, tier_of)
-            other = P._b(pc.and_(is_tier, pc.and_(pc.not_equal(tb, src), pc.not_equal(tb, ""))))
-            protect.update(pc.unique(pc.filter(tb, other)).drop_null().to_pylist())
             st = P._in(c["status"], T.STALE_STATUSES)
             g = pa.table({"ns": src, "all": pc.or_(st, P._in(c["status"], residueish)), "any": st}) \
                 .filter(is_tier).group_by("ns").aggregate([("all", "all"), ("any", "any")])

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from test_mooncake_prune import MC, STOPPED, backdate
+from test_prune_tier_stream import picked_by, same_plans
 
 from kvmigrate import manifest as mf
-from kvmigrate.migrate import prune, prune_spill, prune_store_stream, prune_stores, prune_stream, prune_tier_stream
+from kvmigrate.migrate import prune, prune_store_stream, prune_stores
 from kvmigrate.synth import SynthSpec, build
 
 from helpers.cli_helpers import run
@@ -39,20 +40,7 @@ def picked(manifest: str, classes: tuple, chosen: set | None, streamed: bool, mo
            quiet_period: float | None = None) -> tuple:
     meta = mf.read_metadata(manifest)
     args = (manifest, meta, classes, meta["root"], None, None, now, chosen, quiet_period, False)
-    if not streamed:
-        p = prune._picked_whole(*args)
-    else:
-        monkeypatch.setattr(prune_stream, "BATCH", 5)
-        monkeypatch.setattr(prune_tier_stream, "LOOKUP_PARTS", 4)
-        monkeypatch.setattr(prune_spill, "MIN_RANGE", 7)
-        monkeypatch.setattr(prune_spill, "RUN_BATCH", 3)
-        monkeypatch.setattr(prune_spill, "OUT_BATCH", 4)
-        got = prune._picked_stores(*args)
-        monkeypatch.undo()
-        assert got is not None
-        p = got
-        assert isinstance(p.items, prune_spill.PlanFile)
-        assert p.items.tally(classes) == prune.reclaim_totals(prune._rows_of_items(p.items), classes)
+    p = picked_by(prune._picked_stores, args, streamed, monkeypatch)
     items = list(p.items)
     proofs = prune_stores.proofs(items, p.retires, p.stores, False)
     return items, p.skipped, p.skip, p.target_bases, p.emptied, p.retires, proofs
@@ -61,15 +49,7 @@ def picked(manifest: str, classes: tuple, chosen: set | None, streamed: bool, mo
 def assert_same(manifest: str, monkeypatch, **kw) -> int:
     """Every class's plan equal, for every namespace and for half of them; the items and
     retires of all classes together (the quiet period's skips are dropped later)."""
-    names = sorted(mf.read_metadata(manifest)["namespaces"])
-    kw["now"] = time.time()  # (one clock for both: the quiet period's words name an age)
-    whole: tuple = ()
-    for classes in CLASSES:
-        whole = picked(manifest, classes, None, False, monkeypatch, **kw)
-        assert picked(manifest, classes, None, True, monkeypatch, **kw) == whole, classes
-        some = set(names[::2])
-        assert picked(manifest, classes, some, True, monkeypatch, **kw) == \
-            picked(manifest, classes, some, False, monkeypatch, **kw), classes
+    whole = same_plans(picked, CLASSES, manifest, monkeypatch, **kw)
     return len(whole[0]) + len(whole[5])
 
 

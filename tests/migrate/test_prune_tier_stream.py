@@ -40,38 +40,56 @@ def scan(root: Path, out: Path, *flags: str) -> str:
     return str(out)
 
 
+def small_batches(monkeypatch) -> None:
+    """Batches of 5 rows, lookups in 4 parts, the plan's spill in ranges of 7 rows, runs of
+    3, its file in batches of 4: state carried across every border."""
+    monkeypatch.setattr(prune_stream, "BATCH", 5)
+    monkeypatch.setattr(prune_tier_stream, "LOOKUP_PARTS", 4)
+    monkeypatch.setattr(prune_spill, "MIN_RANGE", 7)
+    monkeypatch.setattr(prune_spill, "RUN_BATCH", 3)
+    monkeypatch.setattr(prune_spill, "OUT_BATCH", 4)
+
+
 def picked(manifest: str, classes: tuple, chosen: set | None, streamed: bool, monkeypatch, *, now: float,
            quiet_period: float | None = None, engine_stopped: bool = False) -> tuple:
     meta = mf.read_metadata(manifest)
     args = (manifest, meta, classes, meta["root"], None, None, now, chosen, quiet_period, engine_stopped)
-    if not streamed:
-        p = prune._picked_whole(*args)
-    else:
-        monkeypatch.setattr(prune_stream, "BATCH", 5)
-        monkeypatch.setattr(prune_tier_stream, "LOOKUP_PARTS", 4)
-        monkeypatch.setattr(prune_spill, "MIN_RANGE", 7)
-        monkeypatch.setattr(prune_spill, "RUN_BATCH", 3)
-        monkeypatch.setattr(prune_spill, "OUT_BATCH", 4)
-        got = prune._picked_tiers(*args)
-        assert got is not None
-        p = got
-        assert isinstance(p.items, prune_spill.PlanFile)
-        assert p.items.tally(classes) == prune.reclaim_totals(prune._rows_of_items(p.items), classes)
+    p = picked_by(prune._picked_tiers, args, streamed, monkeypatch)
     return list(p.items), p.skipped, p.skip, p.target_bases, p.emptied
+
+
+def picked_by(stream, args: tuple, streamed: bool, monkeypatch):
+    """`prune._picked_whole(*args)`, or the stream's (`prune._picked_tiers`, `_picked_stores`)
+    in small batches, its plan on disk and its tally its items'."""
+    if not streamed:
+        return prune._picked_whole(*args)
+    small_batches(monkeypatch)
+    p = stream(*args)
+    assert p is not None and isinstance(p.items, prune_spill.PlanFile)
+    classes = args[2]
+    assert p.items.tally(classes) == prune.reclaim_totals(prune._rows_of_items(p.items), classes)
+    return p
 
 
 def assert_same(manifest: str, monkeypatch, **kw) -> int:
     """Every class's plan equal, for every namespace and for half of them; the items of
     all classes together."""
+    return len(same_plans(picked, CLASSES, manifest, monkeypatch, **kw)[0])
+
+
+def same_plans(picked, classes_to_try: list, manifest: str, monkeypatch, **kw) -> tuple:
+    """`picked` streamed equals `picked` whole for each of `classes_to_try`, for every
+    namespace and for half of them; the last whole plan."""
     names = sorted(mf.read_metadata(manifest)["namespaces"])
     kw["now"] = time.time()  # (one clock for both: the quiet period's words name an age)
-    for classes in CLASSES:
+    whole: tuple = ()
+    for classes in classes_to_try:
         whole = picked(manifest, classes, None, False, monkeypatch, **kw)
         assert picked(manifest, classes, None, True, monkeypatch, **kw) == whole, classes
         some = set(names[::2])
         assert picked(manifest, classes, some, True, monkeypatch, **kw) == \
             picked(manifest, classes, some, False, monkeypatch, **kw), classes
-    return len(whole[0])
+    return whole
 
 
 @pytest.mark.parametrize("backend", ["fs", "gds"])
