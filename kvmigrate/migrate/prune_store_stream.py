@@ -98,7 +98,8 @@ class StoreRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        digests: list = []  # a store file's path digest, null for any other row
+        hay_data = bytearray(16 * self.n)  # each row's path digest, filled in place (no concatenated copy)
+        is_file = bytearray(self.n)  # 1: a store file's row (the others are null in the lookups)
         named: list = []  # the digests of the paths store rows name as their target
         fit = bytearray()  # per row: 1 ok, 2 its own target (a migrated KVEntry's target is both)
         cand: dict[str, list] = {"row": [], "d": []}
@@ -106,8 +107,10 @@ class StoreRows:
             src, status, rel, tr = c["source_base"], c["status"], c["relpath"], c["target_relpath"]
             is_store = P._in(src, self.stores.store_of)
             file = pc.and_(is_store, pc.is_null(c["object_index"]))
+            k = len(src)
             d = S._digests(rel)
-            digests.append(pc.if_else(file, d, pa.scalar(None, d.type)))
+            hay_data[16 * offset:16 * (offset + k)] = memoryview(d.buffers()[1])[16 * d.offset:16 * (d.offset + k)]
+            TS._put(is_file, offset, file)
             other = P._b(pc.and_(pc.not_equal(tr, ""), pc.not_equal(tr, rel)))
             has = pc.and_(is_store, other)
             if pc.any(has).as_py():
@@ -120,11 +123,12 @@ class StoreRows:
                         pc.and_(P._b(pc.equal(c["action"], "already_present")),
                                 pc.and_(other, P._in(status, ("ok", "misfiled")))))
             if pc.any(m).as_py():
-                cand["row"].append(pc.filter(S._rows(offset, len(src)), m))
+                cand["row"].append(pc.filter(S._rows(offset, k), m))
                 cand["d"].append(S._digests(pc.filter(tr, m)))
         binary = pa.binary(16)
-        hay = S._concat(digests, binary)
-        del digests
+        valid = pc.not_equal(pa.Array.from_buffers(pa.int8(), self.n, [None, pa.py_buffer(is_file)]), 0)
+        hay = pa.Array.from_buffers(binary, self.n, [valid.buffers()[1], pa.py_buffer(hay_data)])
+        del valid, is_file
         if _repeats(hay):
             return False
         self._protected = pa.array([], pa.int64())
