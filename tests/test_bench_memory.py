@@ -99,3 +99,39 @@ def test_the_space_check_prints_df_and_the_largest_tree_s_needs(tmp_path, capsys
     out = capsys.readouterr().out
     assert rc == 0
     assert "memory-3000000: 3,000,000 files" in out and "Inodes" in out  # df -i's header
+
+
+def test_a_run_stopped_part_way_keeps_its_figures_so_far(tmp_path, monkeypatch):
+    """A run stopped in its largest tree (Ctrl-C, a session's end) has written its report
+    after each command: the commands run at every size have their slope, the others run
+    at two sizes theirs (from those), and the page says the run stopped."""
+    import kvbench.memory as M
+
+    work, out = tmp_path / "work", tmp_path / "reports"
+    real = M.measure_step
+
+    def step(size, w, name, argv, log):
+        if size["files"] > 150 and name == "prune_dry":
+            raise KeyboardInterrupt
+        real(size, w, name, argv, log)
+
+    monkeypatch.setattr(M, "measure_step", step)
+    chosen = "scan,migrate_apply,prune_dry,prune_apply"
+    rc = bench.main(["--only", "memory", "--memory-files", "60,100,200", "--memory-steps", chosen,
+                     "--workdir", str(work), "--out-dir", str(out), "--kvmigrate", KVM])
+    assert rc == 32
+    mem = json.loads((out / "benchmarks.json").read_text())["memory"]
+    assert mem["stopped"] is True and [s["files"] for s in mem["sizes"]] == [61, 101, 201]
+    f = mem["figures"]
+    assert f["scan"]["peak_rss_mib"][2] is not None and f["prune_dry"]["peak_rss_mib"][2] is None
+    assert f["prune_dry"]["slope_bytes_per_file"] is not None  # from 61 and 101 files
+    text = (out / "BENCHMARKS.md").read_text()
+    assert "The run stopped before its end" in text and "\n| prune_dry | " in text
+
+
+def test_figures_of_a_command_missing_at_the_largest_size_come_from_the_sizes_it_ran_at():
+    sizes = sizes_of([100_000, 110_000, 120_000], [1.0, 2.0, 3.0], [1000, 2000, 3000])
+    del sizes[2]["steps"]["scan"]
+    f = memory_figures(sizes, ["scan"])["scan"]
+    assert f["peak_rss_mib"][2] is None and f["files"] == [1000, 2000, 3000]
+    assert f["slope_bytes_per_file"] == 10_240 and f["marginal_us_per_file"] == [1000.0, 1000.0]

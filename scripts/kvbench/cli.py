@@ -196,17 +196,20 @@ def memory_only(args: argparse.Namespace, bench: Bench) -> int:
     result = json.loads(path.read_text()) if path.is_file() else None
     bench.workdir = workdir
     machine = bench.machine()
-    try:
-        memory = run_memory_group(args, bench, bench.log)
-    except KeyboardInterrupt:
-        print(f"bench: interrupted; trees left in {workdir}", file=sys.stderr)
-        return 32
-    out.mkdir(parents=True, exist_ok=True)
     if result is None or "machine" not in result:
         result = {"machine": machine}
-    result["memory"] = memory
-    write_json(path, result)
-    (out / "BENCHMARKS.md").write_text(render(result, out) if "targets" in result else render_prune_only(result))
+
+    def save(memory: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        result["memory"] = memory
+        write_json(path, result)
+        (out / "BENCHMARKS.md").write_text(render(result, out) if "targets" in result else render_prune_only(result))
+
+    try:
+        save(run_memory_group(args, bench, bench.log, save))
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; trees left in {workdir}; the figures so far are in {out}", file=sys.stderr)
+        return 32
     bench.log(f"wrote {out / 'BENCHMARKS.md'} and benchmarks.json")
     if not args.keep:
         rmtree(workdir)

@@ -8,6 +8,7 @@ import datetime as _dt
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +91,13 @@ def check_space(workdir: Path, sizes: list[int], force: bool, log: Any) -> dict:
     return info
 
 
-def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any) -> dict:
+def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any,
+                     save: Callable[[dict], None] | None = None) -> dict:
     """At each size: build an llm-d TP=2 MLA tree, time `find` and `cp -al` of it, then run
     every command of LIFECYCLE (or of --memory-steps) on it in order (one run each: the
     lifecycle changes the tree), each measured by run_measured (wall time, peak RSS from wait4); the tree is
-    removed before the next size."""
+    removed before the next size. `save` gets the figures so far after each command (marked
+    `stopped` until the last): a run stopped part way (a session's end) keeps its report."""
     sizes, steps = memory_sizes(args), memory_steps(args)
     workdir = Path(args.workdir or DEFAULT_WORKDIR / "memory").resolve()
     bench.workdir = workdir
@@ -113,13 +116,23 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any) -> dict:
         rmtree(work)
         work.mkdir(parents=True)
         size: dict[str, Any] = {"files": tree["counts"]["files"], "build_s": tree["build_s"], "steps": {}}
+        out["sizes"].append(size)
+
+        def saved() -> None:
+            if save is not None:
+                save({**out, "figures": memory_figures(out["sizes"], [*BASELINES, *steps]), "stopped": True,
+                      "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+                      "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      "command": "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])})
+
         measure_step(size, work, "find", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"), log)
         measure_step(size, work, "cp_al", ["cp", "-al", str(root), str(workdir / "cp-al")], log)
         rmtree(workdir / "cp-al")
+        saved()
         for name, argv in lifecycle_steps(work, root):
             if name in steps:
                 measure_step(size, work, name, [bench.kvm, *map(str, argv)], log)
-        out["sizes"].append(size)
+                saved()
         rmtree(root)
         bench._stamp_path(spec.name).unlink(missing_ok=True)
         if not args.keep:
@@ -142,20 +155,24 @@ def measure_step(size: dict, work: Path, name: str, argv: list[str], log: Any) -
 
 
 def memory_figures(sizes: list[dict], names: list[str]) -> dict[str, dict]:
-    """Per command: peak RSS (MiB) and time at each size; the peak's growth per file between
-    the two largest sizes and its projection at PROJECT_AT files; the time per file between
-    the two smallest and between the two largest sizes, and their ratio (1.0: linear)."""
+    """Per command: peak RSS (MiB) and time at each size (None where it did not run: a run
+    stopped part way through its largest tree); the peak's growth per file between the two
+    largest sizes it ran at and its projection at PROJECT_AT files; the time per file between
+    its two smallest and between its two largest sizes, and their ratio (1.0: linear)."""
     sizes = sorted(sizes, key=lambda s: s["files"])
     figures: dict[str, dict] = {}
     for name in names:
         steps = [s["steps"].get(name) for s in sizes]
-        if any(st is None for st in steps):
+        ran = [(s["files"], st) for s, st in zip(sizes, steps) if st is not None]
+        if len(ran) < 2:
             continue
-        files = [s["files"] for s in sizes]
-        kib = [st["maxrss_kib"] for st in steps]
-        wall = [st["wall_s"] for st in steps]
-        f: dict[str, Any] = {"files": files, "peak_rss_mib": [round(k / 1024, 1) for k in kib], "wall_s": wall,
-                             "rc": [st["rc"] for st in steps]}
+        files = [f for f, _ in ran]
+        kib = [st["maxrss_kib"] for _, st in ran]
+        wall = [st["wall_s"] for _, st in ran]
+        f: dict[str, Any] = {"files": [s["files"] for s in sizes],
+                             "peak_rss_mib": [None if st is None else round(st["maxrss_kib"] / 1024, 1) for st in steps],
+                             "wall_s": [None if st is None else st["wall_s"] for st in steps],
+                             "rc": [None if st is None else st["rc"] for st in steps]}
         (f1, k1, t1), (f2, k2, t2) = zip(files[-2:], kib[-2:], wall[-2:])
         slope = (k2 - k1) * 1024 / (f2 - f1) if f2 > f1 else None
         f["slope_bytes_per_file"] = round(slope, 1) if slope is not None else None

@@ -534,14 +534,18 @@ def render_memory(mem: dict, add: Any) -> None:
         f"the two largest sizes; at 10M: the largest peak plus that slope (goal <= {MEMORY_GOAL_MIB:,} MiB). "
         "Marginal: the time per file between the two smallest sizes and between the two largest, and their "
         f"ratio (1.0 linear; goal <= {MEMORY_GOAL_RATIO}).")
+    if mem.get("stopped"):
+        add("")
+        add("**The run stopped before its end** (figures saved after each command): — marks a command not run "
+            "at that size; a command's slope and projection are from the two largest sizes it ran at.")
     add("")
     add(f"| command | peak RSS (MiB) at {sizes} | slope (B/file) | at 10M (MiB) | time (s) at {sizes} | "
         "marginal (µs/file) small → large | ratio | exit codes |")
     add("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, f in figures.items():
         label = f"{name} (filesystem)" if name in mem["baselines"] else name
-        rss = " / ".join(f"{x:,.0f}" for x in f["peak_rss_mib"])
-        wall = " / ".join(f"{x:.2f}" for x in f["wall_s"])
+        rss = " / ".join("—" if x is None else f"{x:,.0f}" for x in f["peak_rss_mib"])
+        wall = " / ".join("—" if x is None else f"{x:.2f}" for x in f["wall_s"])
         slope = "—" if f.get("slope_bytes_per_file") is None else f"{f['slope_bytes_per_file']:,.0f}"
         at10 = "—" if f.get("projected_mib_at_10m") is None else f"{f['projected_mib_at_10m']:,.0f}"
         if name not in mem["baselines"] and f.get("peak_goal_met") is False:
@@ -550,7 +554,7 @@ def render_memory(mem: dict, add: Any) -> None:
         ratio = "—" if f.get("marginal_ratio") is None else f"{f['marginal_ratio']:.2f}"
         if name not in mem["baselines"] and f.get("marginal_goal_met") is False:
             ratio = f"**{ratio}**"
-        rcs = " / ".join(str(rc) for rc in f["rc"])
+        rcs = " / ".join("—" if rc is None else str(rc) for rc in f["rc"])
         add(f"| {label} | {rss} | {slope} | {at10} | {wall} | {marginal} | {ratio} | {rcs} |")
     ours = {k: f for k, f in figures.items() if k not in mem["baselines"]}
     over = [k for k, f in ours.items() if f.get("peak_goal_met") is False]
