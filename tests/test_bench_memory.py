@@ -135,3 +135,4 @@ def test_figures_of_a_command_missing_at_the_largest_size_come_from_the_sizes_it
     f = memory_figures(sizes, ["scan"])["scan"]
     assert f["peak_rss_mib"][2] is None and f["files"] == [1000, 2000, 3000]
     assert f["slope_bytes_per_file"] == 10_240 and f["marginal_us_per_file"] == [1000.0, 1000.0]
+    assert "marginal_ratio" not in f  # one interval: nothing to compare its time per file with

@@ -182,7 +182,7 @@ def memory_figures(sizes: list[dict], names: list[str]) -> dict[str, dict]:
         small = (wall[1] - wall[0]) / (files[1] - files[0]) if files[1] > files[0] else None
         large = (t2 - t1) / (f2 - f1) if f2 > f1 else None
         f["marginal_us_per_file"] = [round(x * 1e6, 3) if x is not None else None for x in (small, large)]
-        if small and large is not None and small > 0:
+        if len(ran) > 2 and small and large is not None and small > 0:  # (two sizes: one interval, no ratio)
             f["marginal_ratio"] = round(large / small, 2)
             f["marginal_goal_met"] = f["marginal_ratio"] <= GOAL_MARGINAL_RATIO
         figures[name] = f
