@@ -135,10 +135,10 @@ class StoreRows:
         if named:
             names = pc.unique(pa.concat_arrays(named))
             del named
-            self._protected = TS._rows_in(hay, names)
+            self._protected = S._rows_in(hay, names)
         if cand["row"]:
             rows, d = S._concat(cand["row"], pa.int64()), S._concat(cand["d"], binary)
-            j = TS._index_in(d, hay)
+            j = S._index_in(d, hay)
             fits = pa.Array.from_buffers(pa.int8(), len(fit), [None, pa.py_buffer(bytes(fit))])
             hit = P._b(pc.equal(pc.take(fits, j), 3))
             if pc.any(hit).as_py():
@@ -308,7 +308,7 @@ class StoreRows:
                     of_meta = pc.binary_join_element_wise(pc.replace_substring_regex(rel, r"\.bucket$", ""),
                                                           pa.scalar(M.META_SUFFIX), "")
                     of_meta = pc.if_else(P._b(pc.ends_with(rel, M.BUCKET_SUFFIX)), of_meta, rel)
-                    at = pc.if_else(pair, TS._index_in(S._digests(of_meta), whole["d"]), at)
+                    at = pc.if_else(pair, S._index_in(S._digests(of_meta), whole["d"]), at)
                 hit = pc.is_valid(at)
                 code = pc.if_else(hit, pc.take(whole["cls"], at), code)
                 meta = pc.and_(hit, P._b(pc.ends_with(rel, M.META_SUFFIX)))
@@ -359,9 +359,9 @@ def _whole(folds: list) -> dict[str, Any] | None:
         return None
     t = pa.concat_tables(folds)
     del folds
-    part = TS._part(t["d"].combine_chunks())
+    part = S._part(t["d"].combine_chunks())
     out = []
-    for p in range(TS.LOOKUP_PARTS):
+    for p in range(S.LOOKUP_PARTS):
         g = t.filter(pc.equal(part, p)).group_by("d").aggregate(
             [("pick", "min"), ("n", "sum"), ("zero", "sum"), ("m_free", "max"), ("b_free", "max")])
         g = g.filter(pc.and_(pc.and_(pc.greater(g["n_sum"], 0), pc.equal(g["zero_sum"], 0)),
@@ -375,8 +375,8 @@ def _repeats(hay: Any) -> bool:
     """Whether a digest (a store file's path) is there twice, in LOOKUP_PARTS parts."""
     import pyarrow.compute as pc
 
-    part = TS._part(hay)
-    for p in range(TS.LOOKUP_PARTS):
+    part = S._part(hay)
+    for p in range(S.LOOKUP_PARTS):
         some = pc.filter(hay, pc.and_(pc.equal(part, p), pc.is_valid(hay)))
         if len(some) and pc.count_distinct(some).as_py() != len(some):
             return True

@@ -45,6 +45,7 @@ from kvmigrate import manifest as mf
 from kvmigrate.classify import UNREADABLE_STATUSES
 
 BATCH = 16_384
+LOOKUP_PARTS = 8  # a whole-manifest lookup runs in parts by digest: its hash table is an eighth of the rows
 _SELECTIONS = ("migrated", "unreadable_namespaces", "residue", "all")  # index_lost, tails: tiers' and stores' only
 
 
@@ -61,6 +62,62 @@ def _batches(manifest_path: str, names: Iterable[str]) -> Iterator[tuple[int, di
             c[name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
         yield offset, c
         offset += b.num_rows
+
+
+def _index_in(needles: Any, haystack: Any) -> Any:
+    """`pc.index_in(needles, value_set=haystack)` (a value's first position; `needles`
+    has no null), in LOOKUP_PARTS parts by the digests' first byte: each part's hash
+    table holds a part of the haystack."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(needles)
+    if not n or not len(haystack):
+        return pa.nulls(n, pa.int64())
+    part_h, part_n = _part(haystack), _part(needles)
+    where, found = [], []
+    for p in range(LOOKUP_PARTS):
+        hm, nm = pc.equal(part_h, p), pc.equal(part_n, p)
+        if not pc.any(nm).as_py():
+            continue
+        at = pc.index_in(pc.filter(needles, nm), value_set=pc.filter(haystack, hm))
+        found.append(pc.take(pc.indices_nonzero(hm).cast(pa.int64()), at))
+        where.append(pc.indices_nonzero(nm).cast(pa.int64()))
+    order = pc.sort_indices(pa.concat_arrays(where))
+    return pc.take(pa.concat_arrays(found), order)
+
+
+def _part(digests: Any) -> Any:
+    """Each 16-byte digest's lookup part, from its first byte (0 for a null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(digests)
+    data = digests.buffers()[1]
+    first = bytes(memoryview(data)[16 * digests.offset:16 * (digests.offset + n):16]) if n else b""
+    return pc.bit_wise_and(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(first)]),
+                           pa.scalar(LOOKUP_PARTS - 1, pa.uint8()))
+
+
+def _rows_in(hay: Any, values: Any) -> Any:
+    """The positions of `hay` (digests, null for none) whose value is among `values`
+    (`pc.is_in`), ascending, in LOOKUP_PARTS parts by the digests' first byte."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not len(hay) or not len(values):
+        return pa.array([], pa.int64())
+    from kvmigrate.migrate.prune_rules import _b
+
+    part_h, part_v = _part(hay), _part(values)
+    out = []
+    for p in range(LOOKUP_PARTS):
+        hm = _b(pc.and_(pc.equal(part_h, p), pc.is_valid(hay)))
+        at = pc.indices_nonzero(hm).cast(pa.int64())
+        hit = _b(pc.is_in(pc.filter(hay, hm), value_set=pc.filter(values, pc.equal(part_v, p))))
+        out.append(pc.filter(at, hit))
+    rows = pa.concat_arrays(out)
+    return pc.take(rows, pc.sort_indices(rows))
 
 
 def _rows(offset: int, n: int) -> Any:
@@ -304,7 +361,7 @@ def _at_healthy_targets(candidates: dict[str, list], in_targets: dict[str, list]
 
     if not candidates["row"] or not in_targets["row"]:
         return None
-    pos = pc.index_in(_take_whole(candidates, "d", pa.binary(16)), value_set=_take_whole(in_targets, "d", pa.binary(16)))
+    pos = _index_in(_take_whole(candidates, "d", pa.binary(16)), _take_whole(in_targets, "d", pa.binary(16)))
     hit = _b(pc.take(_take_whole(in_targets, "ok", pa.bool_()), pos))
     rows, targets = _take_whole(candidates, "row", pa.int64()), _take_whole(in_targets, "row", pa.int64())
     if not pc.any(hit).as_py():
@@ -406,7 +463,7 @@ def _with_primaries(secs: dict[str, list], prims: dict[str, list],
     # index_in finds a key's first occurrence: in the primaries' keys backwards, its last primary
     backwards = _concat(prims["key"][::-1], binary)
     prims["key"] = []
-    last = pc.index_in(_take_whole(secs, "key", binary), value_set=backwards)
+    last = _index_in(_take_whole(secs, "key", binary), backwards)
     del backwards
     p = pc.subtract(len(migrated_to[0]) - 1, last.cast(pa.int64()))  # (null: no primary)
     proof, by_payload = _take_whole(secs, "proof", binary), _take_whole(secs, "by_payload", pa.bool_())

@@ -37,7 +37,6 @@ from kvmigrate.migrate import prune_rules as P
 from kvmigrate.migrate import prune_stream as S
 from kvmigrate.migrate import prune_tiers as T
 
-LOOKUP_PARTS = 8  # a whole-manifest lookup runs in parts by digest: its hash table is an eighth of the rows
 _PASS_A = ("source_base", "status", "action", "relpath", "target_relpath", "finding")
 _PASS_C = ("source_base", "status", "relpath", "mtime_ns")
 _PASS_D = ("source_base", "status", "relpath", "family", "size")
@@ -58,41 +57,6 @@ def _put(buf: bytearray, offset: int, arr: Any) -> None:
     arr = arr.cast(pa.int8())
     k = len(arr)
     buf[offset:offset + k] = memoryview(arr.buffers()[1])[arr.offset:arr.offset + k]
-
-
-def _index_in(needles: Any, haystack: Any) -> Any:
-    """`pc.index_in(needles, value_set=haystack)` (a value's first position; `needles`
-    has no null), in LOOKUP_PARTS parts by the digests' first byte: each part's hash
-    table holds a part of the haystack."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(needles)
-    if not n or not len(haystack):
-        return pa.nulls(n, pa.int64())
-    part_h, part_n = _part(haystack), _part(needles)
-    where, found = [], []
-    for p in range(LOOKUP_PARTS):
-        hm, nm = pc.equal(part_h, p), pc.equal(part_n, p)
-        if not pc.any(nm).as_py():
-            continue
-        at = pc.index_in(pc.filter(needles, nm), value_set=pc.filter(haystack, hm))
-        found.append(pc.take(pc.indices_nonzero(hm).cast(pa.int64()), at))
-        where.append(pc.indices_nonzero(nm).cast(pa.int64()))
-    order = pc.sort_indices(pa.concat_arrays(where))
-    return pc.take(pa.concat_arrays(found), order)
-
-
-def _part(digests: Any) -> Any:
-    """Each 16-byte digest's lookup part, from its first byte (0 for a null)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(digests)
-    data = digests.buffers()[1]
-    first = bytes(memoryview(data)[16 * digests.offset:16 * (digests.offset + n):16]) if n else b""
-    return pc.bit_wise_and(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(first)]),
-                           pa.scalar(LOOKUP_PARTS - 1, pa.uint8()))
 
 
 def _bytes(arr: Any) -> bytes:
@@ -119,25 +83,6 @@ def _set_bytes(buf: bytearray, rows: Any, values: Any | None, chunk: int = 65_53
         vals = [0] * len(part) if values is None else values.slice(at, chunk).to_pylist()
         for r, v in zip(part, vals):
             buf[r] = v
-
-
-def _rows_in(hay: Any, values: Any) -> Any:
-    """The positions of `hay` (digests, null for none) whose value is among `values`
-    (`pc.is_in`), ascending, in LOOKUP_PARTS parts by the digests' first byte."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not len(hay) or not len(values):
-        return pa.array([], pa.int64())
-    part_h, part_v = _part(hay), _part(values)
-    out = []
-    for p in range(LOOKUP_PARTS):
-        hm = P._b(pc.and_(pc.equal(part_h, p), pc.is_valid(hay)))
-        at = pc.indices_nonzero(hm).cast(pa.int64())
-        hit = P._b(pc.is_in(pc.filter(hay, hm), value_set=pc.filter(values, pc.equal(part_v, p))))
-        out.append(pc.filter(at, hit))
-    rows = pa.concat_arrays(out)
-    return pc.take(rows, pc.sort_indices(rows))
 
 
 def fold_bases(c: dict[str, Any], members: Any, bases: set[str], others: set[str]) -> Any | None:
@@ -254,12 +199,12 @@ class TierRows:
         if named:
             names = pc.unique(pa.concat_arrays(named))
             del named
-            self.protected = _rows_in(hay, names)
+            self.protected = S._rows_in(hay, names)
             del names
         if cand["row"]:
             rows, d = S._concat(cand["row"], pa.int64()), S._concat(cand["d"], binary)
             cand.clear()
-            j = _index_in(d, hay)
+            j = S._index_in(d, hay)
             del d
             fit = pa.Array.from_buffers(pa.int8(), len(self.fit), [None, pa.py_buffer(bytes(self.fit))])
             hit = P._b(pc.equal(pc.take(fit, j), 3))
@@ -331,7 +276,7 @@ class TierRows:
         import pyarrow.compute as pc
 
         every = S._concat([S._digests(c["relpath"]) for _, c in S._batches(self.path, ("relpath",))], pa.binary(16))
-        their = _index_in(partner_digest, every)
+        their = S._index_in(partner_digest, every)
         del every, partner_digest
         has = pc.is_valid(their)
         rows, their = pc.filter(rows, has), pc.filter(their, has)

@@ -565,8 +565,9 @@ def render_memory(mem: dict, add: Any) -> None:
         f"{MEMORY_GOAL_MIB:,} MiB" + (f" (over: {', '.join(over)})" if over else "") + f"; marginal time per "
         f"file: {len(timed) - len(steep)} of {len(timed)} within {MEMORY_GOAL_RATIO}x"
         + (f" (over: {', '.join(steep)})" if steep else "")
-        + (f"; {len(ours) - len(timed)} not judged (—: their time did not grow between the two smallest sizes, "
-           "start-up and noise outweigh the files there)" if len(timed) < len(ours) else "")
+        + (f"; {len(ours) - len(timed)} not judged (—: run at two sizes only, one interval to compare with "
+           "itself; or their time did not grow between the two smallest sizes, start-up and noise outweigh the "
+           "files there)" if len(timed) < len(ours) else "")
         + ". Bold: a goal not met. Exit codes: 1 is findings "
         "or changes pending (a dry run, a report of pending blocks), not a failure.")
 

@@ -17,7 +17,7 @@ import pytest
 from test_lmcache_prune import backdate
 
 from kvmigrate import manifest as mf
-from kvmigrate.migrate import prune, prune_spill, prune_stream, prune_tier_stream
+from kvmigrate.migrate import prune, prune_spill, prune_stream
 from kvmigrate.synth import SynthSpec, build
 
 from helpers.cli_helpers import run
@@ -44,7 +44,7 @@ def small_batches(monkeypatch) -> None:
     """Batches of 5 rows, lookups in 4 parts, the plan's spill in ranges of 7 rows, runs of
     3, its file in batches of 4: state carried across every border."""
     monkeypatch.setattr(prune_stream, "BATCH", 5)
-    monkeypatch.setattr(prune_tier_stream, "LOOKUP_PARTS", 4)
+    monkeypatch.setattr(prune_stream, "LOOKUP_PARTS", 4)
     monkeypatch.setattr(prune_spill, "MIN_RANGE", 7)
     monkeypatch.setattr(prune_spill, "RUN_BATCH", 3)
     monkeypatch.setattr(prune_spill, "OUT_BATCH", 4)
