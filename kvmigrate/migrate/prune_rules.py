@@ -16,6 +16,7 @@ MIGRATED_STATUSES = ("ok", "padded_legacy")  # a block the scan found placed at 
 DEFAULT_QUIET_PERIOD = 600.0  # seconds: a namespace written in the last 10 minutes is live
 DEFAULT_RESIDUE_AGE = 3600.0  # engine temp files younger than 1 h may still be written
 CODES = {cls: k for k, cls in enumerate(CLASSES, 1)}  # a row's class in the selection's int8 column (0: none)
+COUNT_PARTS = 8  # the inode count of a tally runs in parts (a power of two): its hash table an eighth of the rows
 TOTAL_KEYS = ("files", "bytes", "freed_files", "freed_bytes", "unlinked_files", "unlinked_bytes")
 # the manifest columns a plan item is made of (its target: relpath, dev, inode, size, mtime_ns of another row)
 PLAN_ROW_COLUMNS = ("relpath", "source_base", "deployment", "group", "block_hash", "dev", "inode", "size",
@@ -86,10 +87,8 @@ def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]],
     inodes = [pa.concat_arrays([pc.fill_null(c["inode"], 0).cast(pa.uint64())]) for c in batches()]
     if not inodes:
         return {}
-    counts = pa.chunked_array(inodes, pa.uint64()).value_counts()
+    twice = _named_twice(pa.chunked_array(inodes, pa.uint64()))
     del inodes
-    twice = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
-    del counts
     shared: dict[tuple[int, int], list] = {}  # (dev, inode) -> [names, first order among those tallied]
     if len(twice):
         for c in batches():
@@ -135,6 +134,21 @@ def tally_stream(batches: Callable[[], Iterator[dict[str, Any]]],
             for key, v in zip(TOTAL_KEYS, figures):
                 total[key] += v or 0
     return out
+
+
+def _named_twice(inodes: Any) -> Any:
+    """The inode numbers `inodes` holds more than once, counted in COUNT_PARTS parts by
+    their low bits: each part's hash table (a value count) holds an eighth of them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    part = pc.bit_wise_and(inodes, pa.scalar(COUNT_PARTS - 1, pa.uint64())).cast(pa.uint8())
+    out = []
+    for p in range(COUNT_PARTS):
+        counts = pc.filter(inodes, pc.equal(part, p)).value_counts()
+        out.append(pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1)))
+        del counts
+    return pa.concat_arrays(out) if out else pa.array([], pa.uint64())
 
 
 def live_reason(age: float, quiet_period: float) -> str:
