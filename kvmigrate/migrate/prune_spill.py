@@ -201,9 +201,7 @@ def spill(chosen: Iterable[Any], manifest_rows: int, targets: Callable[[Any], di
     stores (their moves' order, their kept folder)."""
     folder = _Folder()
     with _writing(folder):
-        plan = _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {}, stores)
-    plan.stores = stores
-    return plan
+        return _spill(folder, chosen, manifest_rows, targets, code_of, names, tier_of or {}, stores)
 
 
 def _writing(folder: _Folder) -> contextlib.AbstractContextManager[None]:
@@ -246,7 +244,7 @@ def _spill(folder: _Folder, chosen: Iterable[Any], manifest_rows: int, targets: 
     rows = _merge(runs, path)
     for run in runs:
         os.unlink(run)
-    return PlanFile(folder, path, rows, names, tier_of)
+    return PlanFile(folder, path, rows, names, tier_of, stores)
 
 
 def _run(folder: _Folder, r: int, part: Any, found: dict[str, Any] | None, tier_of: dict[str, str],
