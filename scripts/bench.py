@@ -49,7 +49,8 @@ Groups (kvbench/groups.py; journal, prune, baseline and lmcache in modules of th
             legacy block files (default 500,000) vs `rm -rf` of the same legacy folders (one run,
             the ratio) and `kvmigrate restore` of that prune; merged into an existing
             benchmarks.json, or a prune-only report in a fresh --out-dir
-  memory    (alone: `--only memory [--memory-files N,N,N] [--memory-steps A,B] [--check-space]`) every command of a
+  memory    (alone: `--only memory [--memory-files N,N,N] [--memory-steps A,B] [--check-space]
+            [--memory-baselines-up-to N]`) every command of a
             migration's lifecycle (tests/helpers/memory.py) on llm-d TP=2 MLA trees of three sizes
             (20k/60k/120k files at small, 100k/1M/3M at large; each built, measured, removed in turn),
             beside `cp -al` and `find` of the tree: peak RSS at each size, its growth per file between

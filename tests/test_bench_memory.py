@@ -136,3 +136,17 @@ def test_figures_of_a_command_missing_at_the_largest_size_come_from_the_sizes_it
     assert f["peak_rss_mib"][2] is None and f["files"] == [1000, 2000, 3000]
     assert f["slope_bytes_per_file"] == 10_240 and f["marginal_us_per_file"] == [1000.0, 1000.0]
     assert "marginal_ratio" not in f  # one interval: nothing to compare its time per file with
+
+
+def test_baselines_run_only_up_to_the_size_given(tmp_path):
+    """--memory-baselines-up-to (the 10M-file run leaves out `cp -al` of its tree): `find` and
+    `cp -al` run at the smaller size only, their figures come from it, and the page says so."""
+    work, out = tmp_path / "work", tmp_path / "reports"
+    rc = bench.main(["--only", "memory", "--memory-files", "60,200", "--memory-steps", "scan",
+                     "--memory-baselines-up-to", "100", "--workdir", str(work), "--out-dir", str(out),
+                     "--kvmigrate", KVM])
+    assert rc == 0
+    mem = json.loads((out / "benchmarks.json").read_text())["memory"]
+    assert [set(s["steps"]) for s in mem["sizes"]] == [{*BASELINES, "scan"}, {"scan"}]
+    assert mem["figures"]["cp_al"]["peak_rss_mib"][1] is None and mem["figures"]["scan"]["peak_rss_mib"][1]
+    assert "at sizes up to 100 files only" in (out / "BENCHMARKS.md").read_text()

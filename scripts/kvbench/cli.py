@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="memory group: only these lifecycle commands (tests/helpers/memory.py LIFECYCLE), run in "
                         "its order, e.g. the 10M-file run's scan,migrate_apply,scan_after,report_after,verify,"
                         "prune_dry,prune_apply,restore,rollback (a step needs the outputs of the steps it follows)")
+    p.add_argument("--memory-baselines-up-to", type=int, metavar="FILES",
+                   help="memory group: run `find` and `cp -al` of the tree only at sizes of at most FILES files "
+                        "(default: every size); at 10M files `cp -al` alone is a quarter of an hour")
     p.add_argument("--baseline-files", type=int, default=1_000_000,
                    help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
     p.add_argument("--rmlint-timeout", type=float, default=600.0, metavar="SECONDS",

@@ -57,6 +57,13 @@ def memory_steps(args: argparse.Namespace) -> list[str]:
     return [name for name in LIFECYCLE if name in chosen]
 
 
+def baselines_at(args: argparse.Namespace, files: int) -> bool:
+    """Whether `find` and `cp -al` run beside the commands at this size: at every size, or up
+    to --memory-baselines-up-to (their figures then come from the sizes they ran at)."""
+    up_to = getattr(args, "memory_baselines_up_to", None)
+    return up_to is None or files <= up_to
+
+
 def space_needed(files: int) -> dict[str, int]:
     """Bytes and inodes of one size's tree at its peak: the tree, its migrated namespace (hard
     links: folders only), the `cp -al` copy's folders, the manifests and audits; the trees
@@ -103,7 +110,8 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any,
     bench.workdir = workdir
     space = check_space(workdir, sizes, args.force, log)
     out: dict[str, Any] = {"sizes": [], "commands": steps, "subset": steps != list(LIFECYCLE),
-                           "baselines": BASELINES, "space": space,
+                           "baselines": BASELINES, "baselines_up_to": getattr(args, "memory_baselines_up_to", None),
+                           "space": space,
                            "tree": "llm-d TP=2 MLA, 4 KiB files (4 layers of 1 KiB), blocks on two ranks"}
     load_before = os.getloadavg()[0]
     for files in sizes:
@@ -125,9 +133,11 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any,
                       "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       "command": "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])})
 
-        measure_step(size, work, "find", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"), log)
-        measure_step(size, work, "cp_al", ["cp", "-al", str(root), str(workdir / "cp-al")], log)
-        rmtree(workdir / "cp-al")
+        if baselines_at(args, files):
+            measure_step(size, work, "find", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"),
+                         log)
+            measure_step(size, work, "cp_al", ["cp", "-al", str(root), str(workdir / "cp-al")], log)
+            rmtree(workdir / "cp-al")
         saved()
         for name, argv in lifecycle_steps(work, root):
             if name in steps:
@@ -164,7 +174,7 @@ def memory_figures(sizes: list[dict], names: list[str]) -> dict[str, dict]:
     for name in names:
         steps = [s["steps"].get(name) for s in sizes]
         ran = [(s["files"], st) for s, st in zip(sizes, steps) if st is not None]
-        if len(ran) < 2:
+        if not ran:
             continue
         files = [f for f, _ in ran]
         kib = [st["maxrss_kib"] for _, st in ran]
@@ -173,6 +183,10 @@ def memory_figures(sizes: list[dict], names: list[str]) -> dict[str, dict]:
                              "peak_rss_mib": [None if st is None else round(st["maxrss_kib"] / 1024, 1) for st in steps],
                              "wall_s": [None if st is None else st["wall_s"] for st in steps],
                              "rc": [None if st is None else st["rc"] for st in steps]}
+        figures[name] = f
+        if len(ran) < 2:  # (a baseline left out of the larger sizes: its figures, no slope)
+            f["slope_bytes_per_file"], f["marginal_us_per_file"] = None, [None, None]
+            continue
         (f1, k1, t1), (f2, k2, t2) = zip(files[-2:], kib[-2:], wall[-2:])
         slope = (k2 - k1) * 1024 / (f2 - f1) if f2 > f1 else None
         f["slope_bytes_per_file"] = round(slope, 1) if slope is not None else None
@@ -185,5 +199,4 @@ def memory_figures(sizes: list[dict], names: list[str]) -> dict[str, dict]:
         if len(ran) > 2 and small and large is not None and small > 0:  # (two sizes: one interval, no ratio)
             f["marginal_ratio"] = round(large / small, 2)
             f["marginal_goal_met"] = f["marginal_ratio"] <= GOAL_MARGINAL_RATIO
-        figures[name] = f
     return figures

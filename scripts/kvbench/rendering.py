@@ -526,7 +526,9 @@ def render_memory(mem: dict, add: Any) -> None:
     add("")
     add(f"{mem['tree']}, at {sizes} files; one run of `{mem['command']}` at {mem['when']} (load average "
         f"{mem['load_before']} before the group, {mem['load_after']} after). At each size, on a fresh tree: "
-        "`find` and `cp -al` of it (the filesystem's own cost), then "
+        "`find` and `cp -al` of it (the filesystem's own cost"
+        + (f"; at sizes up to {mem['baselines_up_to']:,} files only" if mem.get("baselines_up_to") else "")
+        + "), then "
         + ("the commands chosen with --memory-steps" if mem.get("subset") else "every command")
         + " of a migration's lifecycle "
         "in order (tests/helpers/memory.py, LIFECYCLE), each once (the lifecycle changes the tree), after "
