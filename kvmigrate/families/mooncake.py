@@ -452,7 +452,9 @@ class Mooncake(families.Family):
         # KVEntries at their own fpk path: a misfiled copy of one is a harmless duplicate (§1.3)
         in_place = {o.relpath for o in objs if o.kind == "kventry" and o.status == "ok"}
         for objs_of in blocks.values():
-            have = {o.key_rank for o in objs_of if o.status in usable}
+            # a key in two live entries fails every read (§1.4), equal values or not: the
+            # block is a miss, as with a damaged object (and a reshard has no one source)
+            have = {o.key_rank for o in objs_of if o.status in usable and not o.duplicate}
             missing = universe - {o.key_rank for o in objs_of}
             ready = []
             for o in objs_of:

@@ -309,6 +309,33 @@ def test_a_gqa_store_resharded_reads_as_the_target_tp_wrote_it(tmp_path, backend
     assert tree_digest(root) == before
 
 
+def test_a_block_whose_key_is_in_two_live_entries_is_not_resharded(tmp_path):
+    """§1.4: a key registered by two live entries (equal values) fails every read, so its
+    block is a miss. A reshard leaves that block alone, as a block with a damaged key-rank
+    object, instead of stopping on a traceback; the other blocks read at the target TP;
+    rollback gives back every file."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": "bucket", "tp": 2, "mc_bucket_keys": 1})
+    res = build(root, spec)
+    metas = sorted((root / "store").glob("*.meta"))
+    first = metas[0]
+    twice = next(b["hex"] for b in res.blocks if b["hex"].encode() in first.read_bytes())
+    copy = first.with_name(f"{int(metas[-1].stem) + 100}.meta")
+    copy.write_bytes(first.read_bytes())
+    copy.with_suffix(".bucket").write_bytes(first.with_suffix(".bucket").read_bytes())
+    before = tree_digest(root)
+    facts = reshard_facts(tmp_path, 4)
+    code, out = run("migrate", root, "--facts", facts, "--apply")
+    assert code == 0 and "Traceback" not in out, out
+    reads_at_target_tp(root, res, spec, 4, skip={twice})
+    code, out = run("migrate", root, "--facts", facts)
+    assert code == 0 and "Traceback" not in out and "Mooncake store" not in out, out
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, out = run("rollback", journal)
+    assert code == 0, out
+    assert tree_digest(root) == before
+
+
 RESHARD_POINTS = [("bucket", p, n) for p, n in (("backup", 1), ("renamed", 1), ("bucket_linked", 1),
                                                 ("meta_linked", 1), ("created", 2))] + \
                  [("file_per_key", p, n) for p, n in (("backup", 1), ("renamed", 1), ("linked", 1), ("created", 3))]
