@@ -13,6 +13,7 @@ import os
 import stat
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from kvmigrate.errors import UsageError
 from kvmigrate.fsio import CHUNK, hash_file, open_noatime
@@ -85,6 +86,13 @@ class SymlinkInPath(OSError):
     """A component of a destination path is a symlink or not a directory."""
 
 
+def _ancestors(reldir: str) -> Iterator[str]:
+    """'a/b/c' -> 'a/b', 'a' (the root '' not included)."""
+    while "/" in reldir:
+        reldir = reldir.rpartition("/")[0]
+        yield reldir
+
+
 class DestTree:
     """Directory fds under a destination root, opened without following symlinks.
 
@@ -96,6 +104,9 @@ class DestTree:
         self.root = os.path.abspath(root)
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         self._fds: OrderedDict[str, int] = OrderedDict()
+        # folder -> its cached descendants, so forgetting a folder does not scan the cache
+        # (a prune removes tens of thousands of folders, each forgotten first)
+        self._below: dict[str, set[str]] = {}
         self._max = max_fds
         self._made = FolderSet(_MADE_KEPT)
         self._prefix = os.path.join(self.root, "")
@@ -104,6 +115,7 @@ class DestTree:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._below.clear()
         os.close(self.root_fd)
 
     def __enter__(self) -> DestTree:
@@ -133,10 +145,20 @@ class DestTree:
                 raise SymlinkInPath(exc.errno, "is a symlink or not a directory", self.abspath(reldir)) from None
             raise
         self._fds[reldir] = fd
+        for above in _ancestors(reldir):
+            self._below.setdefault(above, set()).add(reldir)
         if len(self._fds) > self._max:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
+            self._drop(next(iter(self._fds)))
         return fd
+
+    def _drop(self, reldir: str) -> None:
+        """Close one cached fd and take it out of its ancestors' index."""
+        os.close(self._fds.pop(reldir))
+        for above in _ancestors(reldir):
+            below = self._below[above]
+            below.discard(reldir)
+            if not below:
+                del self._below[above]
 
     def split(self, relpath: str) -> tuple[int, str]:
         """(fd of the parent directory, final name)."""
@@ -199,10 +221,11 @@ class DestTree:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            self._below.clear()
             self._made.clear()
             return
-        for key in [k for k in self._fds if k == reldir or k.startswith(reldir + "/")]:
-            os.close(self._fds.pop(key))
+        for key in [*self._below.get(reldir, ()), *([reldir] if reldir in self._fds else [])]:
+            self._drop(key)
         self._made.clear()  # (digests: the folders made below it cannot be told apart)
 
     def unlink(self, relpath: str) -> None:
