@@ -956,8 +956,11 @@ def _storage(o: StoreFile) -> M.StorageKey:
 
 def registered_key(o: StoreFile) -> bytes:
     """The key a >= 0.3.12 client registers an entry under: a raw `K` as `default\\0K` (§2.1)."""
-    sk = _storage(o)
-    return o.object_key or b"" if sk.tenant is not None else M.scoped(sk.engine)
+    key = o.object_key or b""
+    return key if b"\0" in key else _DEFAULT_SCOPE + key  # (M.scoped of the key's text: the same bytes)
+
+
+_DEFAULT_SCOPE = M.scoped("")  # `default\0`
 
 
 def _same_value(a: StoreFile, b: StoreFile) -> bool:

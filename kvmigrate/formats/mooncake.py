@@ -317,9 +317,6 @@ class VllmKey:
         return (f"{self.prefix}@" if self.prefix is not None else "") + self.model + self.namespace
 
 
-_VLLM_TAIL = re.compile(r"@tp_rank:(\d+)@pcp(\d+)@dcp(\d+)@pp_rank:(\d+)@group:(\d+)@([0-9a-f]+)\Z")
-
-
 def format_vllm_key(k: VllmKey) -> str:
     return (f"{k.stem}@tp_rank:{k.tp_rank}@pcp{k.pcp}@dcp{k.dcp}@pp_rank:{k.pp_rank}@group:{k.group}@{k.hash}")
 
@@ -327,17 +324,26 @@ def format_vllm_key(k: VllmKey) -> str:
 def parse_vllm_key(key: str) -> VllmKey | None:
     """Parsed from the right (hash, group, pp, dcp, pcp, tp); the rest splits at the first
     `@store_` (the namespace), then at the last `@` (prefix, model)."""
-    m = _VLLM_TAIL.search(key)
-    if m is None:
+    fields = key.rsplit("@", 6)  # (the tail `@tp_rank:<d>@pcp<d>@dcp<d>@pp_rank:<d>@group:<d>@<hex>` holds six `@`)
+    if len(fields) != 7:
         return None
-    head = key[: m.start()]
+    head, t, p, d, pp, g, hash_hex = fields
+    if not (t.startswith("tp_rank:") and p.startswith("pcp") and d.startswith("dcp") and pp.startswith("pp_rank:")
+            and g.startswith("group:")):
+        return None
+    t, p, d, pp, g = t[8:], p[3:], d[3:], pp[8:], g[6:]
+    if not (t.isdecimal() and p.isdecimal() and d.isdecimal() and pp.isdecimal() and g.isdecimal()
+            and hash_hex and not hash_hex.strip(_HEX)):  # (\d is str.isdecimal's digits)
+        return None
     cut = head.find("@store_")
     rest, namespace = (head, "") if cut < 0 else (head[:cut], head[cut:])
     prefix, at, model = rest.rpartition("@")
     if not model:
         return None
-    t, p, d, pp, g = (int(x) for x in m.groups()[:5])
-    return VllmKey(prefix if at else None, model, namespace, t, p, d, pp, g, m.group(6))
+    return VllmKey(prefix if at else None, model, namespace, int(t), int(p), int(d), int(pp), int(g), hash_hex)
+
+
+_HEX = "0123456789abcdef"
 
 
 @dataclass(frozen=True)

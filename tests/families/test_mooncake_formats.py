@@ -8,6 +8,8 @@ a C++ program built with g++ 12.2 (Debian 12) against libstdc++ on this machine:
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -110,6 +112,43 @@ def test_vllm_keys_parse_from_the_right_and_format_back(key, prefix, model, name
     k = M.parse_vllm_key(key)
     assert k is not None and (k.prefix, k.model, k.namespace) == (prefix, model, namespace)
     assert M.format_vllm_key(k) == key
+
+
+_TAIL = re.compile(r"@tp_rank:(\d+)@pcp(\d+)@dcp(\d+)@pp_rank:(\d+)@group:(\d+)@([0-9a-f]+)\Z")
+
+
+def _by_the_grammar(key: str) -> tuple | None:
+    """§2.2's grammar as a regular expression: the tail matched from the right, then the
+    namespace at the first `@store_`, prefix and model at the last `@`."""
+    m = _TAIL.search(key)
+    if m is None:
+        return None
+    head = key[: m.start()]
+    cut = head.find("@store_")
+    rest, namespace = (head, "") if cut < 0 else (head[:cut], head[cut:])
+    prefix, at, model = rest.rpartition("@")
+    if not model:
+        return None
+    return (prefix if at else None, model, namespace, *map(int, m.groups()[:5]), m.group(6))
+
+
+_PIECES = st.sampled_from(["@", "tp_rank:", "pcp", "dcp", "pp_rank:", "group:", "@store_", "0", "17", "\u0663",
+                           "ab", "ff", "G", "x", "Llama", "-", ":", " ", "\u00e9"])
+
+
+@given(st.lists(_PIECES, max_size=14).map("".join),
+       st.tuples(*[st.sampled_from(["0", "3", "12", "\u0663", "", "x", "1@"])] * 5),
+       st.sampled_from(["00ff", "ab", "", "AB", "g1", "0@1", "f"]))
+def test_vllm_keys_parse_as_the_grammar_says(head, numbers, hash_hex):
+    """The parser (from the right, without a regular expression) takes exactly the keys
+    §2.2's grammar takes, to the same fields, near misses and Unicode digits included."""
+    t, p, d, pp, g = numbers
+    for key in (head, f"{head}@tp_rank:{t}@pcp{p}@dcp{d}@pp_rank:{pp}@group:{g}@{hash_hex}",
+                f"{head}@tp_rank:{t}@pcp{p}@dcp{d}@pp_rank:{pp}@group:{g}@{hash_hex}{head}"):
+        k = M.parse_vllm_key(key)
+        got = None if k is None else (k.prefix, k.model, k.namespace, k.tp_rank, k.pcp, k.dcp, k.pp_rank, k.group,
+                                      k.hash)
+        assert got == _by_the_grammar(key), key
 
 
 def test_a_key_of_no_known_grammar_is_none():
