@@ -24,10 +24,28 @@ PREFIX = "kvmigrate-"
 _NAME = re.compile(r"kvmigrate-[a-z]+(?:-[a-z]+)*-(\d+)\.(\d+)-[a-z0-9_]+")
 
 
+def tmpdir() -> str:
+    """The folder for working files: TMPDIR's. Python's tempfile takes the next usable one
+    (/tmp, /var/tmp, the current folder) without a word when TMPDIR does not exist or is
+    not writable; an operator sets TMPDIR because /tmp is too small for a manifest, so
+    such a TMPDIR stops the command (exit 8), named, instead."""
+    tmp = tempfile.gettempdir()
+    asked = os.environ.get("TMPDIR")
+    if asked and os.path.abspath(asked) != tmp:
+        from kvmigrate.errors import OperationalError
+
+        why = ("does not exist" if not os.path.exists(asked) else "is not a folder" if not os.path.isdir(asked)
+               else "cannot be written to")
+        raise OperationalError(f"TMPDIR {why}: kvmigrate's working files (temporary manifests, plans) go there",
+                               path=asked, hint=f"create it (or set TMPDIR to a writable folder with room; {tmp} "
+                                                "would be used without TMPDIR), then rerun the same command")
+    return tmp
+
+
 def make(kind: str) -> str:
     """A new folder `kvmigrate-<kind>-<ns>.<pid>-XXXXXXXX` in TMPDIR, after removing the
     stale ones."""
-    tmp = tempfile.gettempdir()
+    tmp = tmpdir()
     remove_stale(tmp)
     return tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-{owner()}-", dir=tmp)
 

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvmigrate import families, layout
+from kvmigrate import families, layout, scratch
 from kvmigrate.errors import EXIT_OPERATIONAL, OperationalError
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate.fsops import DestTree, SymlinkInPath, check_relpath
@@ -703,7 +703,8 @@ def _grouped(entries: Iterable[tuple[str, int, str, dict[str, Any]]]) \
 def _temp_file() -> Any:
     """A temporary text file that keeps any path's characters and line ends as written
     (closed by its owner: it outlives the function that fills it)."""
-    return tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape", newline="\n")
+    return tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape", newline="\n",
+                                  dir=scratch.tmpdir())
 
 
 def _batches(recs: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

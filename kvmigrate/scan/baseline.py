@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvmigrate import manifest
+from kvmigrate import manifest, scratch
 from kvmigrate.allocator import give_back_freed
 from kvmigrate.errors import UsageError
 from kvmigrate.history import history_dir, kept_audits
@@ -160,7 +160,8 @@ class BucketFiles:
     open files (reads are pread: no shared offset)."""
 
     def __init__(self) -> None:
-        self.files = [tempfile.TemporaryFile(prefix="kvmigrate-baseline-")  # noqa: SIM115 (open while it lives)
+        tmp = scratch.tmpdir()
+        self.files = [tempfile.TemporaryFile(prefix="kvmigrate-baseline-", dir=tmp)  # noqa: SIM115 (open while it lives)
                       for _ in _WIDTHS]
         self.rows = 0
         self.folders: dict[str, int] = {}  # rank folder -> its code (a bucket folder's: code * 4096 + hhh)
