@@ -42,6 +42,7 @@ class RunInfo:
     counts: dict[str, int] = field(default_factory=dict)
     holder: int | None = None  # pid holding the journal (running)
     identity: dict[str, Any] = field(default_factory=dict)  # a migration's header identity (which run resumes it)
+    started: float = 0.0  # a prune header's time (run ids of one second order by pid, and pids wrap)
 
     @property
     def resume_command(self) -> str | None:
@@ -57,7 +58,7 @@ class RunInfo:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["identity"]
+        del out["identity"], out["started"]
         return {**out, "resume_command": self.resume_command if self.state in UNFINISHED else None,
                 "undo_command": self.undo_command}
 
@@ -111,7 +112,7 @@ def migration_runs(journal_dir: str) -> list[RunInfo]:
             out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "migrate", state, path,
                                run.header.get("command"), run.header.get("dest") or run.root,
                                sorted(run.targets), counts, holder if state == "running" else None,
-                               dict(run.header.get("identity") or {})))
+                               dict(run.header.get("identity") or {}), _started(run.header)))
     return out
 
 
@@ -134,8 +135,16 @@ def prune_runs(journal_dir: str, *, counted: Callable[[str], bool] = lambda stat
             counts = {"moved": run.files_moved, "intended": run.files_intended} if counted(state) else {}
             out.append(RunInfo(str(run.header.get("run_id") or os.path.basename(path)), "prune", state, path,
                                run.header.get("command"), run.root, [], counts,
-                               holder if state == "running" else None))
+                               holder if state == "running" else None, started=_started(run.header)))
     return out
+
+
+def _started(header: dict[str, Any]) -> float:
+    """When a run started, from its journal's header (0 where it says nothing)."""
+    try:
+        return float(header.get("time") or 0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _prune_state(run: PruneRun, holder: int | None) -> str:
@@ -150,14 +159,17 @@ def _prune_state(run: PruneRun, holder: int | None) -> str:
 
 
 def list_runs(root: str, *, counted: Callable[[str], bool] = lambda state: True) -> list[RunInfo]:
-    """Every run journaled under ROOT/.kvmigrate/journals (migrations, then prunes), oldest
-    first by run id (`counted`: see `prune_runs`)."""
+    """Every run journaled under ROOT/.kvmigrate/journals, oldest first: by run id, which
+    starts with the second it started in, and within a second by the time a prune's
+    header gives (`counted`: see `prune_runs`)."""
     root = os.path.abspath(root)
     jdir = jn.default_journal_dir(root)
     from kvmigrate.migrate.prune import prune_journal_dir
 
     runs = migration_runs(jdir) + prune_runs(prune_journal_dir(root), counted=counted)
-    return sorted(runs, key=lambda r: (r.run_id, r.kind))
+    # (the run id's second, then the header's time: a prune's says which of two runs of one
+    # second came first, where the ids' pids do not; a migration's header has no time)
+    return sorted(runs, key=lambda r: (r.run_id.partition("-")[0], r.started, r.run_id, r.kind))
 
 
 def unfinished(root: str) -> list[RunInfo]:

@@ -957,3 +957,22 @@ def test_a_killed_prunes_working_folders_are_removed_by_the_next_command(synth_r
                            capture_output=True, text=True)
     assert again.returncode in (0, 1), again.stderr
     assert sorted(p.name for p in tmp.iterdir()) == sorted(kept)
+
+
+def test_runs_of_one_second_are_listed_in_the_order_they_started(migrated, monkeypatch):
+    """Run ids are `<second>-<pid>-<random>`: two prunes started in one second sort by pid
+    as text, and pids wrap around (a later run of pid 10 sorted before one of pid 9).
+    `kvmigrate runs` lists them by the time their journals' headers give."""
+    from kvmigrate.migrate import journal as jn
+
+    root, _ = migrated
+    ids = iter(["20261207T031528Z-9-aaaaaa", "20261207T031528Z-10-bbbbbb"])
+    monkeypatch.setattr(jn, "new_run_id", lambda: next(ids))
+    code, first = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    assert run("restore", first["journal"])[0] == 0
+    code, second = run_json("prune", root, *MLA, *NOW, "--apply")
+    assert code == 0
+    code, listed = run_json("runs", root)
+    prunes = [(r["run_id"], r["state"]) for r in listed["runs"] if r["kind"] == "prune"]
+    assert prunes == [("20261207T031528Z-9-aaaaaa", "restored"), ("20261207T031528Z-10-bbbbbb", "done")]
