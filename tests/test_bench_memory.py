@@ -150,3 +150,16 @@ def test_baselines_run_only_up_to_the_size_given(tmp_path):
     assert [set(s["steps"]) for s in mem["sizes"]] == [{*BASELINES, "scan"}, {"scan"}]
     assert mem["figures"]["cp_al"]["peak_rss_mib"][1] is None and mem["figures"]["scan"]["peak_rss_mib"][1]
     assert "at sizes up to 100 files only" in (out / "BENCHMARKS.md").read_text()
+
+
+def test_a_command_run_at_one_size_only_is_not_counted_within_the_goal():
+    """A run stopped in its largest tree, with two sizes: the commands not yet run there
+    have no projection, and the page names them instead of counting them within 1 GiB."""
+    sizes = sizes_of([100_000, 110_000], [1.0, 2.0], [100_000, 1_100_000])  # (10 B a file)
+    sizes[0]["steps"]["verify"] = {"maxrss_kib": 90_000, "wall_s": 1.0, "rc": 0}
+    mem = {"sizes": sizes, "figures": memory_figures(sizes, ["scan", "verify"]), "baselines": BASELINES,
+           "tree": "t", "command": "c", "when": "w", "load_before": 0.1, "load_after": 0.2, "stopped": True}
+    result = json.loads((REPORTS / "benchmarks.json").read_text())
+    page = render_prune_only({"machine": result["machine"], "memory": mem})
+    assert "1 of 1 commands within 1,024 MiB" in page
+    assert "not projected, run at one size only: verify" in page

@@ -563,8 +563,12 @@ def render_memory(mem: dict, add: Any) -> None:
     steep = [k for k, f in ours.items() if f.get("marginal_goal_met") is False]
     timed = [k for k, f in ours.items() if f.get("marginal_goal_met") is not None]
     add("")
-    add(f"Peak RSS projected at 10M files: {len(ours) - len(over)} of {len(ours)} commands within "
-        f"{MEMORY_GOAL_MIB:,} MiB" + (f" (over: {', '.join(over)})" if over else "") + f"; marginal time per "
+    projected = [k for k, f in ours.items() if f.get("projected_mib_at_10m") is not None]
+    unprojected = [k for k in ours if k not in projected]  # (a stopped run: not yet run at two sizes)
+    add(f"Peak RSS projected at 10M files: {len(projected) - len(over)} of {len(projected)} commands within "
+        f"{MEMORY_GOAL_MIB:,} MiB" + (f" (over: {', '.join(over)})" if over else "")
+        + (f"; not projected, run at one size only: {', '.join(unprojected)}" if unprojected else "")
+        + "; marginal time per "
         f"file: {len(timed) - len(steep)} of {len(timed)} within {MEMORY_GOAL_RATIO}x"
         + (f" (over: {', '.join(steep)})" if steep else "")
         + (f"; {len(ours) - len(timed)} not judged (—: run at two sizes only, one interval to compare with "
