@@ -57,11 +57,11 @@ def memory_steps(args: argparse.Namespace) -> list[str]:
     return [name for name in LIFECYCLE if name in chosen]
 
 
-def baselines_at(args: argparse.Namespace, files: int) -> bool:
-    """Whether `find` and `cp -al` run beside the commands at this size: at every size, or up
-    to --memory-baselines-up-to (their figures then come from the sizes they ran at)."""
-    up_to = getattr(args, "memory_baselines_up_to", None)
-    return up_to is None or files <= up_to
+def baselines_up_to(args: argparse.Namespace) -> int | None:
+    """--memory-baselines-up-to: `find` and `cp -al` run beside the commands at sizes of at
+    most this many files (their figures then come from the sizes they ran at); None: at every
+    size."""
+    return getattr(args, "memory_baselines_up_to", None)
 
 
 def space_needed(files: int) -> dict[str, int]:
@@ -105,12 +105,12 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any,
     lifecycle changes the tree), each measured by run_measured (wall time, peak RSS from wait4); the tree is
     removed before the next size. `save` gets the figures so far after each command (marked
     `stopped` until the last): a run stopped part way (a session's end) keeps its report."""
-    sizes, steps = memory_sizes(args), memory_steps(args)
+    sizes, steps, up_to = memory_sizes(args), memory_steps(args), baselines_up_to(args)
     workdir = Path(args.workdir or DEFAULT_WORKDIR / "memory").resolve()
     bench.workdir = workdir
     space = check_space(workdir, sizes, args.force, log)
     out: dict[str, Any] = {"sizes": [], "commands": steps, "subset": steps != list(LIFECYCLE),
-                           "baselines": BASELINES, "baselines_up_to": getattr(args, "memory_baselines_up_to", None),
+                           "baselines": BASELINES, "baselines_up_to": up_to,
                            "space": space,
                            "tree": "llm-d TP=2 MLA, 4 KiB files (4 layers of 1 KiB), blocks on two ranks"}
     load_before = os.getloadavg()[0]
@@ -133,7 +133,7 @@ def run_memory_group(args: argparse.Namespace, bench: Bench, log: Any,
                       "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       "command": "python3 scripts/bench.py " + " ".join(q(a) for a in sys.argv[1:])})
 
-        if baselines_at(args, files):
+        if up_to is None or files <= up_to:
             measure_step(size, work, "find", sh(f"find {q(root)} -type f -printf '%s %i %T@ %p\\n' > /dev/null"),
                          log)
             measure_step(size, work, "cp_al", ["cp", "-al", str(root), str(workdir / "cp-al")], log)
