@@ -448,7 +448,7 @@ class Mooncake(families.Family):
         for o in objs:
             if o.block is not None:
                 blocks[o.block].append(o)
-        usable = ("ok", "misfiled")  # a misfiled KVEntry counts: it is relinked (§2.4)
+        usable = R.SOURCE_STATUSES  # a misfiled KVEntry counts: it is relinked (§2.4)
         # KVEntries at their own fpk path: a misfiled copy of one is a harmless duplicate (§1.3)
         in_place = {o.relpath for o in objs if o.kind == "kventry" and o.status == "ok"}
         for objs_of in blocks.values():

@@ -115,6 +115,9 @@ def problem(sizes: list[int], n_s: int, n_t: int, geo: Geometry) -> str | None:
     return reshard_problem(sizes, n_s, n_t, geo.heads, geo.head_dim, geo.elem_bytes)
 
 
+SOURCE_STATUSES = ("ok", "misfiled")  # a block's sources: a misfiled KVEntry holds its key's value too (§2.4)
+
+
 def holders(out: list[Output], registered: Mapping[bytes, list[Any]], block: set[int]) -> tuple[int, list[Any], Any]:
     """(outputs present at the target's size, the block's source objects that hold an
     output's key (displaced), an object of another block holding one: the conflict or
@@ -145,7 +148,10 @@ def plan_block(objs: list[Any], *, engine: str, n_s: int, n_t: int, geo: Geometr
     `target_occupied` when another block's object holds one."""
     from kvmigrate import findings as fd
 
-    by = {o.key_rank: o for o in objs}
+    by: dict[tuple, Any] = {}
+    for o in objs:  # (of an entry in place and a misfiled copy of it, the one a client reads)
+        if o.status == "ok" or o.key_rank not in by:
+            by[o.key_rank] = o
     halves = tuple(sorted({h for _, h in by}))
     primary = by[(0, halves[0])]
 

@@ -327,10 +327,10 @@ def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dic
         if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
                                                              else M.DEFAULT_FSDIR)):
             registered.setdefault(M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT), []).append(ref)
-        if sb == base and g == group and h == block and status == "ok":
+        if sb == base and g == group and h == block and status in R.SOURCE_STATUSES:
             ek = fam.parse_engine_key(sk.engine)
-            if ek is not None:
-                sources[(ek.rank, ek.half)] = ref
+            if ek is not None and (status == "ok" or (ek.rank, ek.half) not in sources):
+                sources[(ek.rank, ek.half)] = ref  # (the scan's choice: an entry in place over a misfiled one)
     halves = tuple(sorted({h for _, h in sources}))
     rank0 = sources[(0, halves[0])]
     kventries = rank0.index is None

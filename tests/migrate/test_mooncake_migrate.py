@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvmigrate.families import mooncake as families_mooncake
 from kvmigrate.formats import mooncake as M
 from kvmigrate.synth import SynthSpec, build
 from kvmigrate.synth import mooncake as S
@@ -334,6 +335,44 @@ def test_a_block_whose_key_is_in_two_live_entries_is_not_resharded(tmp_path):
     code, out = run("rollback", journal)
     assert code == 0, out
     assert tree_digest(root) == before
+
+
+def _misplace(entry: Path, value: bytes | None = None) -> Path:
+    """A KVEntry's copy in the last first-level folder of the fpk dir, `p` (misfiled: met
+    after the entry), its value replaced by `value` when given; the path of the copy."""
+    a = entry.parent.parent
+    assert a.name != "p"
+    copy = a.parent / "p" / entry.parent.name / entry.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    e = M.decode_kv_entry(entry.read_bytes())
+    copy.write_bytes(M.encode_kv_entry(M.KVEntry(e.key, e.value if value is None else value)))
+    return copy
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_block_with_a_misfiled_key_rank_is_resharded_from_the_entry_a_client_reads(tmp_path, engine):
+    """A misfiled KVEntry holds its key's value (§2.4): a block whose key rank 0 is only
+    misfiled is resharded from it, not stopped on a traceback; a block whose key rank 0
+    has a misfiled copy with other bytes is resharded from the entry in place, the one a
+    client reads. Every block then reads at the target TP as that TP would have written it."""
+    root = tmp_path / "root"
+    spec = SynthSpec(**{**MC, "mc_backend": "file_per_key", "mc_engine": engine, "tp": 2, "blocks": 4})
+    res = build(root, spec)
+    def key_rank(p: Path) -> tuple[int, str]:
+        ek = families_mooncake.parse_engine_key(M.parse_storage_key(M.decode_kv_entry(p.read_bytes()).key).engine)
+        assert ek is not None
+        return ek.rank, ek.half
+
+    rank0 = sorted(p for p in (root / "store").rglob("*") if p.is_file() and key_rank(p) in ((0, ""), (0, "k"))
+                   and p.parent.parent.name != "p")
+    moved, copied = rank0[0], rank0[1]
+    _misplace(moved)
+    moved.unlink()
+    stale = _misplace(copied, bytes(len(M.decode_kv_entry(copied.read_bytes()).value)))
+    stale.write_bytes(stale.read_bytes()[:-1] + b"\x01")  # (not all zero: a stale value, not zero_filled)
+    code, out = run("migrate", root, "--facts", reshard_facts(tmp_path, 4), "--apply")
+    assert "Traceback" not in out and code in (0, 4), out  # (4: the misfiled entries stay findings until prune)
+    reads_at_target_tp(root, res, spec, 4)
 
 
 RESHARD_POINTS = [("bucket", p, n) for p, n in (("backup", 1), ("renamed", 1), ("bucket_linked", 1),
