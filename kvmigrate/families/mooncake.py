@@ -320,10 +320,11 @@ class Mooncake(families.Family):
         no grammar get the store's label as deployment). `partitions()`: those objects,
         as (walk ordinals, records) per partition, each in walk order, every object a
         verdict compares with another in the other's partition (read three times at
-        most); the scan gave them the container statuses of §1.4. `stray`: the store's
-        other KVEntries (they hold a path and may hold a key), with their walk ordinals
-        (then the store is one partition). `facts_for(model)`: a deployment's facts
-        (§3.2; None: the store's own)."""
+        most); the scan gave them the container statuses of §1.4. `stray`: with their walk
+        ordinals, what every partition must see of the KVEntries besides its own: the
+        store's other KVEntries (they hold a path and may hold a key) and the path holders
+        of its `ok` ones (`path_holder`). `facts_for(model)`: a deployment's facts (§3.2;
+        None: the store's own)."""
         deps: dict[str, Deployment] = {}
         tallies: dict[str, _Tally] = {}
         for part in partitions():  # what the deployment-wide verdicts count
@@ -362,7 +363,9 @@ class Mooncake(families.Family):
         ordinals, objs = part
         by_dep, _ = _assign(store, objs, deps, facts_for)
         _duplicates(objs)
-        held = _Held.of([f for _, f in sorted([*zip(ordinals, objs), *zip(*stray)], key=lambda p: p[0])])
+        mine = set(ordinals)  # (a path holder of the partition's own KVEntry: the entry itself is here)
+        others = [(k, f) for k, f in zip(*stray) if k not in mine]
+        held = _Held.of([f for _, f in sorted([*zip(ordinals, objs), *others], key=lambda p: p[0])])
         for label in order:
             if label in by_dep:
                 self._classify_deployment(deps[label], by_dep[label], tallies[label], fsdir, store_facts, held)
@@ -961,6 +964,20 @@ def registered_key(o: StoreFile) -> bytes:
 
 
 _DEFAULT_SCOPE = M.scoped("")  # `default\0`
+
+
+def path_holder(e: StoreFile, fsdir: str) -> StoreFile | None:
+    """What partitions other than its own must see of an `ok` KVEntry: nothing when it sits
+    at fpk of its own key and that key parses, since a target path another block names is
+    then never its path (sanitizing keeps `@`, hex digits and SGLang's key tail, so two
+    parsing keys of one fpk path share their block hash, hence their partition). Else its
+    path alone: `_settle_targets` finds an occupied path by it; by key it is no other
+    partition's target (a key of another hash, or of no grammar)."""
+    key = e.object_key or b""
+    if (parse_engine_key(M.parse_storage_key(key).engine) is not None
+            and _client_rel(e.client, M.fpk(key, fsdir)) == e.relpath):
+        return None
+    return StoreFile(e.relpath, e.client, e.kind, e.size)
 
 
 def _same_value(a: StoreFile, b: StoreFile) -> bool:

@@ -9,9 +9,10 @@ status and action.
 Each deployment is a `Namespace` without base or rank folders; the store's own files
 (indexes, buckets, the client lock, foreign files) belong to its namespace `mooncake:<store>`.
 An object of a live index is a row of its own (`object_index`, `object_key`, `target_key`:
-manifest version 4), written beside the file rows in part 0. The objects are not held as
-records for the whole store: they go to temporary files as the indexes are read, and are
-judged and written a partition at a time (scan/store_spill.py).
+manifest version 4), written beside the file rows in part 0. The objects and KVEntries are
+not held as records for the whole store: they go to temporary files as the indexes and
+the file-per-key folders are read, and are judged and written a partition at a time
+(scan/store_spill.py).
 """
 
 from __future__ import annotations
@@ -49,28 +50,16 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             folder = S.Folder()
         with S.writing(folder):
             spill = S.ObjectSpill(folder)
-            files, notes = walk_store(root, store, fsdir, verify, spill.add, only)
-            # KVEntries the client registers join the objects (in walk order after them); the
-            # others stay the store's own rows, and hold their path and key (one partition then)
-            n = spill.count
-            stray: S.Part = ([], [])
-            loose: list[StoreFile] = []
-            for k, f in enumerate(files):
-                if f.kind == "kventry" and f.status == "ok":
-                    spill.add([f], n + k)
-                    continue
-                if f.kind == "kventry":
-                    stray[0].append(n + k)
-                    stray[1].append(f)
-                loose.append(f)
-            del files
-            spill.partition(one=any(f.kind == "kventry" for f in loose) or spill.count > n)
+            entries = _Entries(spill, fsdir)
+            loose, notes = walk_store(root, store, fsdir, verify, spill.add, entries.add, only)
+            spill.partition()
             runs = S.Runs(folder)
 
             def facts_for(model: str | None, store: str = store) -> Facts:
                 return resolver.for_tier(store, model, MC.facts_key_matches)
 
-            deps = fam.classify_store(store, spill.partitions, runs.write, facts_for, fsdir, profile, stray)
+            deps = fam.classify_store(store, spill.partitions, runs.write, facts_for, fsdir, profile,
+                                      entries.stray)
             spill.remove()
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model)
@@ -92,6 +81,31 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
     return out
 
 
+class _Entries:
+    """A store's KVEntries as the walk meets them. The `ok` ones join its objects in the
+    spill, partitioned by block like them, with walk ordinals after every object's (as
+    if the objects came first); the others are the store's own rows. What every partition
+    must see of them is `stray`: the others whole (they hold a path, and may hold a key),
+    and the path of each `ok` one whose path another block's target may name
+    (`MC.path_holder`)."""
+
+    def __init__(self, spill: S.ObjectSpill, fsdir: str) -> None:
+        self.spill, self.fsdir = spill, fsdir
+        self.stray: S.Part = ([], [])
+        self.met = 0
+
+    def add(self, f: StoreFile) -> None:
+        ordinal = S.ENTRY_ORDINALS + self.met
+        self.met += 1
+        holder: StoreFile | None = f
+        if f.status == "ok":
+            self.spill.add([f], ordinal)
+            holder = MC.path_holder(f, self.fsdir)
+        if holder is not None:
+            self.stray[0].append(ordinal)
+            self.stray[1].append(holder)
+
+
 def _namespace(fam: Any, label: str, model: str | None) -> Namespace:
     ns = Namespace(label, model or "", "", has_base=False)
     ns.family = fam.name
@@ -109,11 +123,13 @@ def client_roots(root: str, store: str, fsdir: str) -> list[str]:
 
 
 def walk_store(root: str, store: str, fsdir: str, verify: str, add: Callable[[list[StoreFile]], None],
-               only: set[str] | None = None) -> tuple[list[StoreFile], dict[str, Any]]:
-    """(every file of the store, what the store says: client roots, lock states, largest
-    bucket id, notes); the objects of its live indexes go to `add`, an index's at a time,
-    in walk order. `only`: the top-level names of a store at ROOT (its other entries are
-    the root's own)."""
+               add_entry: Callable[[StoreFile], None], only: set[str] | None = None
+               ) -> tuple[list[StoreFile], dict[str, Any]]:
+    """(every file of the store but its `ok` KVEntries, what the store says: client roots,
+    lock states, largest bucket id, notes); the objects of its live indexes go to `add`, an
+    index's at a time, and every KVEntry, judged as a file, to `add_entry`, each in walk
+    order. `only`: the top-level names of a store at ROOT (its other entries are the root's
+    own)."""
     clients = client_roots(root, store, fsdir)
     files: list[StoreFile] = []
     locks: dict[str, str] = {}
@@ -121,7 +137,7 @@ def walk_store(root: str, store: str, fsdir: str, verify: str, add: Callable[[li
     notes: list[str] = []
     rank_clients = {c for c in clients if c != (store if store != "." else "")}
     for client in clients:
-        got, lock, top_id = _walk_client(root, client, fsdir, verify, add,
+        got, lock, top_id = _walk_client(root, client, fsdir, verify, add, add_entry,
                                          skip=rank_clients if client not in rank_clients else set(),
                                          only=only if client == "" else None)
         files += got
@@ -143,7 +159,8 @@ def _rel(client: str, name: str) -> str:
 
 
 def _walk_client(root: str, client: str, fsdir: str, verify: str, add: Callable[[list[StoreFile]], None],
-                 skip: set[str], only: set[str] | None = None) -> tuple[list[StoreFile], str, int | None]:
+                 add_entry: Callable[[StoreFile], None], skip: set[str], only: set[str] | None = None
+                 ) -> tuple[list[StoreFile], str, int | None]:
     """One client root: its files with the container verdicts of §1.4 (its live objects
     to `add`), the state of its 0.3.14 lock, and its largest bucket id."""
     base = os.path.join(root, client) if client else root
@@ -165,7 +182,7 @@ def _walk_client(root: str, client: str, fsdir: str, verify: str, add: Callable[
             if rel in skip:
                 continue  # a rank client root: walked as its own
             if e.name == fsdir:
-                _walk_fsdir(e.path, rel, client, verify, files)
+                _walk_fsdir(e.path, rel, client, verify, files, add_entry)
             elif e.name == MC.STAGE_DIR:
                 _tree(e.path, rel, client, below, own=True)
             else:
@@ -264,9 +281,11 @@ def _tree(path: str, rel: str, client: str, out: list[StoreFile], own: bool) -> 
         out.append(f)
 
 
-def _walk_fsdir(path: str, rel: str, client: str, verify: str, out: list[StoreFile]) -> None:
+def _walk_fsdir(path: str, rel: str, client: str, verify: str, out: list[StoreFile],
+                add_entry: Callable[[StoreFile], None]) -> None:
     """The file-per-key folder: every regular file at depth 3 is a KVEntry to the client
-    (§1.3); files at other depths are ignored by it (foreign)."""
+    (§1.3), judged as a file here and given to `add_entry` (the `ok` ones are not kept in
+    `out`: a store may hold millions); files at other depths are ignored by it (foreign)."""
 
     def level(p: str, r: str, depth: int) -> None:
         for e in _listing(p, r, client, out):
@@ -282,6 +301,10 @@ def _walk_fsdir(path: str, rel: str, client: str, verify: str, out: list[StoreFi
             if depth == 3 and f.regular:
                 f.depth3, f.kind = True, "kventry"
                 _read_kventry(e.path, f, verify)
+                _plain_verdict(f)
+                add_entry(f)
+                if f.status == "ok":
+                    continue
             out.append(f)
 
     level(path, rel, 1)
@@ -348,7 +371,7 @@ def _containers(root: str, client: str, files: list[StoreFile], below: list[Stor
                 add: Callable[[list[StoreFile]], None]) -> None:
     """§1.4's table for the top of one client root: live pairs, corrupt and orphaned
     indexes, buckets the next start deletes; the objects of the live pairs to `add`."""
-    top = {f.relpath.rsplit("/", 1)[-1]: f for f in files}
+    top = {f.relpath.rsplit("/", 1)[-1]: f for f in files if f.top}  # (not a KVEntry of the same name)
     live: dict[int, StoreFile] = {}
     for name, f in top.items():
         if f.kind != "meta" or not f.regular:

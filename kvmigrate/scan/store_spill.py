@@ -39,6 +39,7 @@ StoreFile = MC.StoreFile
 Part = MC.Part
 PART_OBJECTS = 1 << 13  # objects a partition holds (as records while it is judged), about
 MAX_PARTS = 256  # open files while partitioning (a partition grows past PART_OBJECTS to stay under it)
+ENTRY_ORDINALS = 1 << 40  # a KVEntry's walk ordinal: after every object of its store (fewer than this)
 WALK_BATCH = 4096  # objects per record batch of the walk and partition files
 RUN_BATCH = 128  # rows per record batch of a run: the merge holds one batch of each run as records
 
@@ -194,14 +195,13 @@ class ObjectSpill:
         self.writer.write(encode(files, [k for k, _ in self.pending], [part_of(o) for o in files]))
         self.pending = []
 
-    def partition(self, one: bool) -> None:
-        """Split the objects into partitions of about PART_OBJECTS each (`one`: a single one,
-        however many)."""
+    def partition(self) -> None:
+        """Split the objects into partitions of about PART_OBJECTS each."""
         self._flush()
         if self.writer is None:
             return
         self.writer.close()
-        n = 1 if one else -(-self.count // PART_OBJECTS)
+        n = -(-self.count // PART_OBJECTS)
         n = min(n, MAX_PARTS)
         if n <= 1:
             self.parts = [self.path]
@@ -234,7 +234,8 @@ class ObjectSpill:
         self.parts = []
 
     def partitions(self) -> Iterator[Part]:
-        """Each partition's (ordinals, objects), in walk order."""
+        """Each partition's (ordinals, objects), in walk order (a client root's KVEntries
+        were added before its objects: their ordinals put them after)."""
         for path in self.parts:
             ordinals: list[int] = []
             objs: list[StoreFile] = []
@@ -242,6 +243,9 @@ class ObjectSpill:
                 k, got = decode(b)
                 ordinals += k
                 objs += got
+            if any(a > b for a, b in zip(ordinals, ordinals[1:])):
+                order = sorted(range(len(ordinals)), key=ordinals.__getitem__)
+                ordinals, objs = [ordinals[i] for i in order], [objs[i] for i in order]
             yield ordinals, objs
 
 

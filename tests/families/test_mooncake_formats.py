@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvmigrate.families.mooncake import parse_engine_key
 from kvmigrate.formats import mooncake as M
 
 # (key bytes, libstdc++ std::hash<std::string>) -- every tail length 0..7 and a whole word
@@ -168,3 +169,26 @@ def test_sglang_keys_parse_and_format_back(ranks, half):
 
 def test_an_mla_page_writes_no_v_half():
     assert M.parse_sglang_key(f"m_{'ab' * 32}__v") is None
+
+
+_SANITIZED = "_/\\:*?\"<>|\0"  # the characters SanitizeKey turns into `_`, and `_`
+
+
+@given(st.lists(st.sampled_from(["_", ":", "/", "@", "a", "0", "ff", "-", "store_", "\0", "x_1"]), max_size=10)
+       .map("".join),
+       st.sampled_from(["vllm", "sglang"]), st.sampled_from(["00ff", "ab" * 32, "0" * 64]),
+       st.tuples(st.sampled_from(["0", "1", "12"]), st.sampled_from(["", "_1", "_0"])), st.data())
+def test_two_parsing_keys_of_one_fpk_name_share_their_block_hash(head, engine, hash_hex, ranks, data):
+    """What the scan's partitions rest on (scan/store_spill.py, families/mooncake.py
+    `path_holder`): fpk names a file by the sanitized key, and two keys that both parse
+    and sanitize alike have one block hash, so a KVEntry at fpk of its own key is in the
+    partition of any target that names its path."""
+    if engine == "vllm":
+        key = f"{head}@tp_rank:{ranks[0]}@pcp0@dcp0@pp_rank:0@group:0@{hash_hex}"
+    else:
+        key = f"{head or 'm'}_{hash_hex}_{ranks[0]}{ranks[1]}_k"
+    twin = "".join(data.draw(st.sampled_from(_SANITIZED)) if c in _SANITIZED else c for c in key)
+    assert M.sanitize_key(twin) == M.sanitize_key(key)
+    a, b = parse_engine_key(key), parse_engine_key(twin)
+    if a is not None and b is not None:
+        assert a.hash == b.hash, (key, twin)
