@@ -163,3 +163,24 @@ def test_a_command_run_at_one_size_only_is_not_counted_within_the_goal():
     page = render_prune_only({"machine": result["machine"], "memory": mem})
     assert "1 of 1 commands within 1,024 MiB" in page
     assert "not projected, run at one size only: verify" in page
+
+
+def test_a_named_run_is_kept_beside_the_group_s_run(tmp_path):
+    """--memory-run-name: a run at other sizes (the 10M-file one) goes to `memory_NAME`
+    and a section of its own; the group's run (`memory`) stays as it was, and both render."""
+    work, out = tmp_path / "work", tmp_path / "reports"
+    sizes = sizes_of([100_000, 110_000], [1.0, 2.0], [1000, 2000])
+    group = {"sizes": sizes, "figures": memory_figures(sizes, ["scan"]), "baselines": BASELINES,
+             "tree": "t", "command": "c", "when": "w", "load_before": 0.1, "load_after": 0.2}
+    out.mkdir()
+    machine = json.loads((REPORTS / "benchmarks.json").read_text())["machine"]
+    (out / "benchmarks.json").write_text(json.dumps({"machine": machine, "memory": group}))
+    rc = bench.main(["--only", "memory", "--memory-files", "60,200", "--memory-steps", "scan",
+                     "--memory-run-name", "big", "--workdir", str(work), "--out-dir", str(out), "--kvmigrate", KVM])
+    assert rc == 0
+    result = json.loads((out / "benchmarks.json").read_text())
+    assert result["memory"] == group
+    assert result["memory_big"]["name"] == "big" and [s["files"] for s in result["memory_big"]["sizes"]] == [61, 201]
+    text = (out / "BENCHMARKS.md").read_text()
+    assert text.index("by tree size\n") < text.index("by tree size (the big run)\n")
+    assert "\n| scan | 98 / 107 | 10,240 | " in text

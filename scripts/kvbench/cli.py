@@ -22,7 +22,7 @@ from .memory import memory_sizes, run_memory_group
 from .memory import space_needed as memory_space_needed
 from .mooncake import render_mooncake, run_mooncake_group
 from .prune import run_prune_group
-from .rendering import render, render_journal, render_prune_only, write_json
+from .rendering import memory_runs, render, render_journal, render_prune_only, write_json
 from .runner import run
 from .trees import SCALES, expected_dirs, warm
 
@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-baselines-up-to", type=int, metavar="FILES",
                    help="memory group: run `find` and `cp -al` of the tree only at sizes of at most FILES files "
                         "(default: every size); at 10M files `cp -al` alone is a quarter of an hour")
+    p.add_argument("--memory-run-name", metavar="NAME",
+                   help="memory group: keep this run beside the group's three-size run, as benchmarks.json "
+                        "`memory_NAME` and a section of its own (e.g. 10m: the 10M-file run); default: the group's "
+                        "run, `memory`")
     p.add_argument("--baseline-files", type=int, default=1_000_000,
                    help="baseline group: files of 4 KiB in its tree (default 1,000,000)")
     p.add_argument("--rmlint-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -202,9 +206,11 @@ def memory_only(args: argparse.Namespace, bench: Bench) -> int:
     if result is None or "machine" not in result:
         result = {"machine": machine}
 
+    key = f"memory_{args.memory_run_name}" if args.memory_run_name else "memory"
+
     def save(memory: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        result["memory"] = memory
+        result[key] = {**memory, "name": args.memory_run_name} if args.memory_run_name else memory
         write_json(path, result)
         (out / "BENCHMARKS.md").write_text(render(result, out) if "targets" in result else render_prune_only(result))
 
@@ -232,7 +238,7 @@ def render_any(result: dict, out: Path) -> str:
         return render(result, out)
     if set(result) == {"journal"}:
         return render_journal_only(result)
-    if "prune" in result or "memory" in result:
+    if "prune" in result or memory_runs(result):
         return render_prune_only(result)
     raise SystemExit(f"{out / 'benchmarks.json'}: not a benchmark report this bench renders")
 

@@ -358,8 +358,8 @@ def render(result: dict, out_dir: str | Path | None = None) -> str:
         render_journal(result["journal"], add)
     if result.get("prune"):
         render_prune(result["prune"], add)
-    if result.get("memory"):  # `--only memory`, merged
-        render_memory(result["memory"], add)
+    for mem in memory_runs(result):  # `--only memory`, merged
+        render_memory(mem, add)
     transforms = REPORTS / "TRANSFORMS.md"
     if transforms.is_file():
         add("")
@@ -496,7 +496,7 @@ def render_prune_only(result: dict) -> str:
     m = result["machine"]
     L: list[str] = []
     add = L.append
-    alone = [g for g in ("prune", "memory") if result.get(g)]
+    alone = [g for g in ("prune", "memory") if result.get(g) or g == "memory" and memory_runs(result)]
     add(f"# kvmigrate benchmarks: the {' and '.join(alone)} group{'s' if len(alone) > 1 else ''}")
     add("")
     add(f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['mem_total_bytes'] / 2**30:.1f} GiB, kernel "
@@ -506,9 +506,16 @@ def render_prune_only(result: dict) -> str:
            if m["git_uncommitted_under_kvmigrate"] else "") + ". Raw figures: [`benchmarks.json`](benchmarks.json).")
     if result.get("prune"):
         render_prune(result["prune"], add)
-    if result.get("memory"):
-        render_memory(result["memory"], add)
+    for mem in memory_runs(result):
+        render_memory(mem, add)
     return "\n".join(L).rstrip() + "\n"
+
+
+def memory_runs(result: dict) -> list[dict]:
+    """The memory group's runs: its own (`memory`), then the named ones (`memory_NAME`,
+    --memory-run-name) by name."""
+    return [result[k] for k in sorted(result, key=lambda k: (k != "memory", k))
+            if (k == "memory" or k.startswith("memory_")) and isinstance(result[k], dict)]
 
 
 MEMORY_GOAL_MIB = 1024       # scripts/kvbench/memory.py: GOAL_PEAK_MIB (rendering imports only harness)
@@ -522,7 +529,8 @@ def render_memory(mem: dict, add: Any) -> None:
     files = [s["files"] for s in mem["sizes"]]
     sizes = " / ".join(f"{n:,}" for n in files)
     add("")
-    add("## Memory: peak RSS of every command over a lifecycle, by tree size")
+    add("## Memory: peak RSS of every command over a lifecycle, by tree size" +
+        (f" (the {mem['name']} run)" if mem.get("name") else ""))
     add("")
     add(f"{mem['tree']}, at {sizes} files; one run of `{mem['command']}` at {mem['when']} (load average "
         f"{mem['load_before']} before the group, {mem['load_after']} after). At each size, on a fresh tree: "
