@@ -351,7 +351,7 @@ class Mooncake(families.Family):
         at = dict(zip(map(id, objs), ordinals))
         for label in labels:
             mine = by_dep.get(label, [])
-            settled = self._two_layouts(deps[label], mine, deps[label].kv_kind)
+            settled = self._two_layouts(deps[label], mine, deps[label].kv_kind, M.DEFAULT_FSDIR)  # (counts only)
             rest = [o for o in mine if id(o) not in settled]
             tallies[label].count_unsettled(bool(settled), rest, [at[id(o)] for o in rest])
 
@@ -418,7 +418,7 @@ class Mooncake(families.Family):
                 _as_mla_stage(o)
         n_s = dep.key_ranks
         universe, modal = t.universe, t.modal
-        settled = self._two_layouts(dep, objs, kind)  # blocks a migration already resharded (§2.4)
+        settled = self._two_layouts(dep, objs, kind, fsdir)  # blocks a migration already resharded (§2.4)
         if settled:
             objs = [o for o in objs if id(o) not in settled]
         side = dep.side
@@ -489,7 +489,7 @@ class Mooncake(families.Family):
             for o in ready:
                 self._action(o, dep, fsdir, in_place)
 
-    def _two_layouts(self, dep: Deployment, objs: list[StoreFile], kind: str | None) -> set[int]:
+    def _two_layouts(self, dep: Deployment, objs: list[StoreFile], kind: str | None, fsdir: str) -> set[int]:
         """Blocks held in two layouts after a migration (§2.4): objects of the target's size
         at the target's key ranks are the target's (read in place), the others the writer's,
         whose key ranks are one more than their largest; those a complete target layout
@@ -519,7 +519,8 @@ class Mooncake(families.Family):
                 continue
             for o in target:
                 o.action, o.target_key = "already_present", o.object_key
-                o.target = _client_rel(o.client, "" if o.object_index is not None else M.fpk(o.object_key or b""))
+                o.target = _client_rel(o.client, "" if o.object_index is not None else M.fpk(o.object_key or b"",
+                                                                                              fsdir))
                 o.reason = f"read in place: the target's object of key rank {o.key_rank[0]} (TP {target_tp})"
             for o in writer:
                 o.reason = fd.Reason(f"the writer's key rank {o.key_rank[0]}: the target reads this block at its "

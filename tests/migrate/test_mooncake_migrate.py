@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvmigrate import manifest
 from kvmigrate.families import mooncake as families_mooncake
 from kvmigrate.formats import mooncake as M
 from kvmigrate.synth import SynthSpec, build
@@ -335,6 +336,23 @@ def test_a_block_whose_key_is_in_two_live_entries_is_not_resharded(tmp_path):
     code, out = run("rollback", journal)
     assert code == 0, out
     assert tree_digest(root) == before
+
+
+def test_a_resharded_store_of_another_fsdir_is_read_in_place_at_its_own_paths(tmp_path):
+    """A file-per-key store under a MOONCAKE_OFFLOAD_FSDIR of its own (the `fsdir` fact),
+    resharded: the rescan finds each block in two layouts and names the target's objects
+    `already_present` at their own paths, in that folder (not the default one's)."""
+    root = tmp_path / "root"
+    build(root, SynthSpec(**{**MC, "mc_backend": "file_per_key", "mc_fsdir": "kvdir", "tp": 4}))
+    facts = tmp_path / "FACTS.json"  # (TP 4 -> 2: the writer's key ranks 2 and 3 stay, a second layout)
+    facts.write_text(json.dumps({"store": {**GEOMETRY, "target_tp": 2, "engine_stopped": True, "fsdir": "kvdir"}}))
+    code, out = run("migrate", root, "--facts", facts, "--apply")
+    assert code == 0, out
+    code, out = run("scan", root, "--facts", facts, "-o", tmp_path / "after.parquet")
+    assert code == 0, out
+    rows = [r for r in manifest.read_table(tmp_path / "after.parquet").to_pylist() if r["action"] == "already_present"]
+    assert len(rows) == 2 * 3  # (key ranks 0 and 1 of each block)
+    assert all(r["target_relpath"] == r["relpath"] and "/kvdir/" in r["relpath"] for r in rows), rows[0]
 
 
 def _misplace(entry: Path, value: bytes | None = None) -> Path:
