@@ -13,9 +13,11 @@ is a hard link of them. A rollback reads the same way first (`rollback.decide`).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import shutil
+import struct
 import time
 from array import array
 from bisect import bisect_left
@@ -457,27 +459,87 @@ def _file_stats(path: str) -> Iterator[os.stat_result]:
 
 
 class _Inodes:
-    """(dev, inode, nlink, size) of the multiply-linked files walked: 32 bytes a file."""
+    """(dev, inode, nlink, size) of the multiply-linked files walked, 32 bytes each: up to
+    HELD of them in memory, beyond that in PARTS files by inode in a working folder (TMPDIR),
+    tallied a part at a time (every name of an inode is in one part), so a quarantine of
+    10M files is counted in tens of MiB (the held columns are reused after a spill, the
+    parts written through their files' buffers)."""
+
+    HELD = 1 << 18
+    PARTS = 64
 
     def __init__(self) -> None:
         self.cols = tuple(array("Q") for _ in range(4))
+        self.n = 0  # (of the held columns, the entries in use once they are reused)
+        self.folder: str | None = None
 
     def add(self, st: os.stat_result) -> None:
-        for col, v in zip(self.cols, (st.st_dev, st.st_ino, st.st_nlink, st.st_size)):
-            col.append(v)
+        values = (st.st_dev, st.st_ino, st.st_nlink, st.st_size)
+        if self.folder is None:
+            for col, v in zip(self.cols, values):
+                col.append(v)
+            self.n += 1
+        else:
+            for col, v in zip(self.cols, values):
+                col[self.n] = v
+            self.n += 1
+        if self.n >= self.HELD:
+            self._spill()
+
+    def _spill(self) -> None:
+        """The held inodes appended to their parts' files, as (dev, ino, nlink, size) words."""
+        from kvmigrate import scratch
+
+        with scratch.writing(self.folder, "the purge's list of hard-linked files",
+                             "32 bytes a file of the quarantine with another name"):
+            try:
+                if self.folder is None:
+                    self.folder = scratch.make("purge")
+                with contextlib.ExitStack() as files:
+                    parts = [files.enter_context(open(os.path.join(self.folder, f"part{k}"), "ab"))
+                             for k in range(self.PARTS)]
+                    dev, ino, nlink, size = self.cols
+                    for i in range(self.n):
+                        parts[ino[i] % self.PARTS].write(_WORDS.pack(dev[i], ino[i], nlink[i], size[i]))
+            except OSError as exc:
+                raise scratch.CannotWrite(exc) from exc
+        self.n = 0
 
     def freed(self) -> int:
         """The bytes of the inodes whose every name was walked, each inode once."""
-        if not self.cols[0]:
-            return 0
-        import pyarrow as pa
-        import pyarrow.compute as pc
+        if self.folder is None:
+            return _freed(self.cols)
+        try:
+            self._spill()
+            total = 0
+            for k in range(self.PARTS):
+                path = os.path.join(self.folder, f"part{k}")
+                words = array("Q")
+                with open(path, "rb") as f:
+                    words.frombytes(f.read())
+                total += _freed(tuple(words[i::4] for i in range(4)))
+            return total
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
-        t = pa.table({k: pa.array(col, pa.uint64()) for k, col in zip(("dev", "ino", "nlink", "size"), self.cols)})
-        g = t.group_by(["dev", "ino"]).aggregate([("nlink", "max"), ("size", "max"), ([], "count_all")])
-        # (`frees`: every name of the inode among the walked ones)
-        mask = pc.less_equal(g["nlink_max"], pc.cast(g["count_all"], pa.uint64()))
-        return int(pc.sum(pc.filter(g["size_max"], mask)).as_py() or 0)
+
+_WORDS = struct.Struct("=4Q")
+
+
+def _freed(cols: tuple[array, ...]) -> int:
+    """The bytes of the inodes of (dev, ino, nlink, size) columns whose every name is in
+    them, each inode once (`frees`)."""
+    if not cols[0]:
+        return 0
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = pa.table({k: pa.array(col, pa.uint64()) for k, col in zip(("dev", "ino", "nlink", "size"), cols)})
+    g = t.group_by(["dev", "ino"]).aggregate([("nlink", "max"), ("size", "max"), ([], "count_all")])
+    # (`frees`: every name of the inode among the walked ones)
+    mask = pc.less_equal(g["nlink_max"], pc.cast(g["count_all"], pa.uint64()))
+    return int(pc.sum(pc.filter(g["size_max"], mask)).as_py() or 0)
 
 
 def render_restore(result: RestoreResult) -> str:
