@@ -50,13 +50,14 @@ Groups (kvbench/groups.py; journal, prune, baseline and lmcache in modules of th
             the ratio) and `kvmigrate restore` of that prune; merged into an existing
             benchmarks.json, or a prune-only report in a fresh --out-dir
   memory    (alone: `--only memory [--memory-files N,N,N] [--memory-steps A,B] [--check-space]
-            [--memory-baselines-up-to N]`) every command of a
+            [--memory-baselines-up-to N] [--memory-run-name NAME]`) every command of a
             migration's lifecycle (tests/helpers/memory.py) on llm-d TP=2 MLA trees of three sizes
             (20k/60k/120k files at small, 100k/1M/3M at large; each built, measured, removed in turn),
             beside `cp -al` and `find` of the tree: peak RSS at each size, its growth per file between
             the two largest, its projection at 10M files (goal <= 1 GiB), the marginal time per file
             (goal: largest/smallest <= 1.1x); df and df -i checked first; merged into the --out-dir's
-            benchmarks.json like prune
+            benchmarks.json like prune (`memory`; a run given a NAME as `memory_NAME` beside it, e.g.
+            the 10M-file run)
   baseline  (alone: `--only baseline [--baseline-files N] [--baseline-cold]`) `audit --verify
             hash --baseline auto` of an unchanged tree of N files of 4 KiB (default 1,000,000)
             vs `find -printf` and the full hash audit, with the default --recheck and 0;
