@@ -462,27 +462,23 @@ class _Inodes:
     """(dev, inode, nlink, size) of the multiply-linked files walked, 32 bytes each: up to
     HELD of them in memory, beyond that in PARTS files by inode in a working folder (TMPDIR),
     tallied a part at a time (every name of an inode is in one part), so a quarantine of
-    10M files is counted in tens of MiB (the held columns are reused after a spill, the
-    parts written through their files' buffers)."""
+    10M files is counted in tens of MiB."""
 
     HELD = 1 << 18
     PARTS = 64
 
     def __init__(self) -> None:
         self.cols = tuple(array("Q") for _ in range(4))
-        self.n = 0  # (of the held columns, the entries in use once they are reused)
         self.folder: str | None = None
 
+    @property
+    def n(self) -> int:
+        """The inodes held."""
+        return len(self.cols[0])
+
     def add(self, st: os.stat_result) -> None:
-        values = (st.st_dev, st.st_ino, st.st_nlink, st.st_size)
-        if self.folder is None:
-            for col, v in zip(self.cols, values):
-                col.append(v)
-            self.n += 1
-        else:
-            for col, v in zip(self.cols, values):
-                col[self.n] = v
-            self.n += 1
+        for col, v in zip(self.cols, (st.st_dev, st.st_ino, st.st_nlink, st.st_size)):
+            col.append(v)
         if self.n >= self.HELD:
             self._spill()
 
@@ -498,12 +494,11 @@ class _Inodes:
                 with contextlib.ExitStack() as files:
                     parts = [files.enter_context(open(os.path.join(self.folder, f"part{k}"), "ab"))
                              for k in range(self.PARTS)]
-                    dev, ino, nlink, size = self.cols
-                    for i in range(self.n):
-                        parts[ino[i] % self.PARTS].write(_WORDS.pack(dev[i], ino[i], nlink[i], size[i]))
+                    for dev, ino, nlink, size in zip(*self.cols):
+                        parts[ino % self.PARTS].write(_WORDS.pack(dev, ino, nlink, size))
             except OSError as exc:
                 raise scratch.CannotWrite(exc) from exc
-        self.n = 0
+        self.cols = tuple(array("Q") for _ in range(4))
 
     def freed(self) -> int:
         """The bytes of the inodes whose every name was walked, each inode once."""
