@@ -383,8 +383,8 @@ _TARGET_COLUMNS = ("relpath", "dev", "inode", "size", "mtime_ns")
 def _picked_whole(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
                   migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
                   quiet_period: float | None, engine_stopped: bool) -> _Picked:
-    """`_select` over the manifest's columns whole (Mooncake stores or LMCache tiers beside
-    other families; the streamed plans' reference), then --only/--exclude, the tiers'
+    """`_select` over the manifest's columns whole (the streamed plans' reference, and the
+    path of a manifest a stream refuses: a store file named twice), then --only/--exclude, the tiers'
     unstated index_lost chunks and the quiet period (`quiet_period` None: --force-live);
     the items in the plan's order."""
     import pyarrow as pa
@@ -557,6 +557,90 @@ def _picked_stores(manifest_path: str, meta: dict[str, Any], classes: tuple[str,
     return _Picked(items, skipped, skip, rows.target_bases, set(), retires, stores)
 
 
+def _picked_mixed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                  migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                  quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
+    """`_picked_whole` for a manifest that mixes directory-layout families, LMCache tiers
+    and Mooncake stores (a shared volume holding more than one engine's cache): each
+    kind's streamed selection takes its own namespaces' rows (the directory families'
+    also the files of no namespace), all three reading the whole manifest for what their
+    rules ask of it; their rows go to one plan on disk, in the whole plan's order. None
+    when the tiers' or stores' stream finds the manifest not for it (the reference plans it)."""
+    from kvmigrate.migrate import prune_store_stream, prune_stream, prune_tier_stream
+
+    tiers, stores = tiers_.Tiers.of(meta), stores_.Stores.of(meta)
+    used = _used_namespaces(root, migration_journal)
+    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
+    cutoff = int(now * 1e9 - age * 1e9)
+    tier_rows = store_rows = None
+    if tiers:
+        tier_rows = prune_tier_stream.TierRows(manifest_path, meta, used, classes, cutoff, tiers, alone=False)
+        if not tier_rows.gather(chosen, engine_stopped):
+            return None
+    if stores:
+        store_rows = prune_store_stream.StoreRows(manifest_path, used, classes, cutoff, stores, alone=False)
+        if not store_rows.gather():
+            return None
+    plain = prune_stream.PlanRows(manifest_path, meta, used, classes, cutoff,
+                                  frozenset(tiers.tier_of) | frozenset(stores.store_of))
+    taken: dict[str, set[str]] = {"plain": set(), "tiers": set(), "stores": set()}
+
+    def rows() -> Iterator[Any]:
+        """Each kind's selected rows, in one table shape (a store's pair key and objects)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        def kind(name: str, tables: Iterable[Any]) -> Iterator[Any]:
+            for t in tables:
+                taken[name].update(pc.unique(t["source_base"]).drop_null().to_pylist())
+                for col, typ in (("key", pa.string()), ("objects", pa.int32())):
+                    if col not in t.column_names:
+                        t = t.append_column(col, pa.nulls(t.num_rows, typ))
+                yield t.select(["row", "code", "target", *PLAN_ROW_COLUMNS, "key", "objects"])
+
+        def picked_plain() -> Iterator[Any]:
+            for t in plain:
+                keep = t["prunable"]
+                if chosen is not None:
+                    keep = pc.and_(keep, _in(t["source_base"], chosen))
+                yield t.filter(keep)
+
+        yield from kind("plain", picked_plain())
+        if tier_rows is not None:
+            yield from kind("tiers", tier_rows.rows(chosen))
+        if store_rows is not None:
+            yield from kind("stores", store_rows.rows(chosen))
+
+    names = prune_stream.Names()
+    items = prune_spill.spill(rows(), mf.row_count(manifest_path),
+                              prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes, names.names,
+                              tier_of=dict(tiers.tier_of), stores=stores)
+    skipped: dict[str, str] = dict(tier_rows.waiting) if tier_rows is not None else {}
+    retires = store_rows.retires if store_rows is not None else []
+    if chosen is not None:
+        retires = [rw for rw in retires if set(rw.namespaces.values()) <= chosen]
+    skip: set[str] = set()
+    if quiet_period is not None:
+        live: dict[str, tuple[str, list[str]]] = {}  # unit -> (why, its namespaces), judged together in order
+        for ns, newest in prune_stream.newest_writes(manifest_path, root, taken["plain"]).items():
+            if now - newest < quiet_period:
+                live[ns] = (live_reason(now - newest, quiet_period), [ns])
+        if tier_rows is not None:
+            units = prune_tier_stream.units(manifest_path, tiers, taken["tiers"])
+            live.update(_live_units(root, {u: (*unit, True) for u, unit in units.items()}, quiet_period, now))
+        if store_rows is not None:
+            taken["stores"] |= {stores.label_of.get(rw.store, "") for rw in retires} - {""}
+            units = prune_store_stream.units(manifest_path, stores, taken["stores"])
+            live.update(_live_units(root, {u: (*unit, False) for u, unit in units.items()}, quiet_period, now))
+        for unit, (why, members) in sorted(live.items()):
+            skipped[unit] = why
+            skip.update(members)
+    target_bases = plain.fig.target_bases | (tier_rows.target_bases if tier_rows is not None else set()) \
+        | (store_rows.target_bases if store_rows is not None else set())
+    emptied = plain.emptied() | (tier_rows.emptied if tier_rows is not None else set())
+    return _Picked(items, skipped, skip, target_bases, emptied, retires, stores)
+
+
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
                quiet_period: float = DEFAULT_QUIET_PERIOD, force_live: bool = False,
                older_than: float | None = None, now: float | None = None, selection: Any = None,
@@ -585,10 +669,13 @@ def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, mi
         chosen = set(selected_bases(meta.get("namespaces") or {}, selection))
     args = (manifest_path, meta, classes, root, migration_journal, older_than, now, chosen,
             None if force_live else quiet_period, engine_stopped)
-    if stores_.Stores.of(meta):
+    stores, tiers, names = stores_.Stores.of(meta), tiers_.Tiers.of(meta), set(meta.get("namespaces") or {})
+    if stores and not names - set(stores.store_of):
         picked = _picked_stores(*args) or _picked_whole(*args)
-    elif tiers_.Tiers.of(meta):
+    elif tiers and not names - set(tiers.tier_of):
         picked = _picked_tiers(*args) or _picked_whole(*args)
+    elif stores or tiers:
+        picked = _picked_mixed(*args) or _picked_whole(*args)
     else:
         picked = _picked_streamed(*args)
     skipped, stores = picked.skipped, picked.stores
@@ -947,11 +1034,20 @@ def _skip_live(root: str, units: dict[str, tuple[list[str], list[str], int, bool
                now: float, skipped: dict[str, str], skip: set[str]) -> None:
     """The quiet period over units (label -> (members, folders, newest file ns, a tier)): a
     unit written to within it is skipped (why, in `skipped`) with all its members."""
-    for unit, (members, folders, newest_ns, tier) in sorted(units.items()):
+    for unit, (why, members) in sorted(_live_units(root, units, quiet_period, now).items()):
+        skipped[unit] = why
+        skip.update(members)
+
+
+def _live_units(root: str, units: dict[str, tuple[list[str], list[str], int, bool]], quiet_period: float,
+                now: float) -> dict[str, tuple[str, list[str]]]:
+    """The units written to within the quiet period: unit -> (why, its members)."""
+    out = {}
+    for unit, (members, folders, newest_ns, tier) in units.items():
         why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
         if why:
-            skipped[unit] = why
-            skip.update(members)
+            out[unit] = (why, members)
+    return out
 
 
 def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: float, newest_file_ns: int, *,

@@ -1,9 +1,9 @@
 """Prune's selection of Mooncake stores over the manifest in record batches, for a manifest
-whose namespaces are all of stores (and files of no namespace): a plan's rows without the
-manifest's columns whole, nor a Python object per row.
+whose namespaces are all of stores (and files of no namespace), or for the stores' rows
+alone of one with other namespaces (`alone=False`: `prune._picked_mixed`): a plan's rows
+without the manifest's columns whole, nor a Python object per row.
 
-The rules are prune_stores.select's (the reference, still the path of a manifest that
-mixes stores with other families). They read across rows: a migrated KVEntry's target
+The rules are prune_stores.select's (the reference). They read across rows: a migrated KVEntry's target
 file, a file some row names as its target, a deployment all of whose objects are stale,
 and the container rule, which takes a live pair (`<id>.meta` + `<id>.bucket`) whole only
 when every entry its `.meta` lists is taken. So what they need of the rest of the manifest
@@ -44,11 +44,13 @@ _PASS_E = (*P.PLAN_ROW_COLUMNS, "status", "family", "object_index", "object_key"
 class StoreRows:
     """The rows a prune of `classes` selects in a manifest of Mooncake stores, as tables of
     a batch's rows (prune_stream.PlanRows' columns, `key` and `objects`), once `gather`
-    found the manifest fit."""
+    found the manifest fit. Not `alone`: the stores' rows only, of a manifest that has
+    other namespaces (whose rows, and those of no namespace, are another's to take)."""
 
     def __init__(self, manifest_path: str, used_namespaces: tuple[set[str], set[str]], classes: tuple[str, ...],
-                 cutoff_ns: int, stores: ST.Stores) -> None:
+                 cutoff_ns: int, stores: ST.Stores, alone: bool = True) -> None:
         self.path, self.classes, self.cutoff, self.stores = manifest_path, classes, cutoff_ns, stores
+        self.alone = alone
         self.journal_targets, self.used = used_namespaces
         self.n = 0
         self.target_bases: set[str] = set()
@@ -80,7 +82,7 @@ class StoreRows:
         for _, c in S._batches(self.path, _PASS_0):
             self.n += len(c["source_base"])
             src = c["source_base"]
-            is_store = TS.fold_bases(c, store_of, bases, others)
+            is_store = TS.fold_bases(c, store_of, bases, others, self.alone)
             if is_store is None:
                 return False
             dep = pc.and_(is_store, pc.invert(P._in(src, labels)))
@@ -182,8 +184,10 @@ class StoreRows:
                 take = pc.or_(pc.or_(P._in(status, ST.PAIR_RESIDUE), misfiled_meta),
                               pc.or_(old_tmp, self._kventries(c, P._in(status, ST.KVENTRY_RESIDUE))))
                 code = TS._assign(code, pc.and_(free, take), "residue")
-                plain = P._b(pc.equal(src, ""))  # files of no namespace: the generic rule
-                code = TS._assign(code, pc.and_(plain, pc.or_(P._in(status, P.RESIDUE_STATUSES), old_tmp)), "residue")
+                if self.alone:  # files of no namespace: the generic rule
+                    plain = P._b(pc.equal(src, ""))
+                    code = TS._assign(code, pc.and_(plain, pc.or_(P._in(status, P.RESIDUE_STATUSES), old_tmp)),
+                                      "residue")
             if "tails" in self.classes:
                 short = pc.and_(entry, pc.and_(P._b(pc.equal(status, "short")), pc.is_valid(c["object_key"])))
                 code = TS._assign(code, self._unretired(c["object_key"], short), "tails")

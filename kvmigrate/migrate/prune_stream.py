@@ -202,6 +202,9 @@ class _Figures:
     classes_meta: dict[str, dict]
     target_bases: set[str]
     used: set[str]
+    # the namespaces of LMCache tiers and Mooncake stores beside the directory families
+    # (their own rules take their rows: the generic ones never do, as in `_select`)
+    apart: frozenset[str] = frozenset()
     whole: set[str] = field(default_factory=set)  # namespaces unreadable_namespaces takes whole
     # (rows ascending, their targets' rows) as two int64 arrays: the migrated rows (pass A)
     # and the rank files paired with a migrated primary (pass B), each with the row of the
@@ -210,9 +213,19 @@ class _Figures:
     paired_to: tuple[Any, Any] | None = None
 
     def in_target(self, c: dict[str, Any]) -> Any:
+        import pyarrow.compute as pc
+
         from kvmigrate.migrate.prune_rules import _in
 
-        return _in(c["source_base"], self.target_bases)
+        return pc.and_(_in(c["source_base"], self.target_bases), self.plain(c))
+
+    def plain(self, c: dict[str, Any]) -> Any:
+        """The rows the generic rules may take: of a directory family, or of no namespace."""
+        import pyarrow.compute as pc
+
+        from kvmigrate.migrate.prune_rules import _in
+
+        return pc.invert(_in(c["source_base"], self.apart))
 
     def migrated(self, offset: int, k: int) -> tuple[Any, Any]:
         """(a block whose bytes the scan found at its target, in a healthy file of a target
@@ -276,8 +289,9 @@ _PASS_C = ("relpath", "source_base", "deployment", "status", "action", "finding"
 
 
 def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
-           classes: tuple[str, ...]) -> _Figures:
-    """Passes 0, A and B: what the rules of `classes` need of the whole manifest."""
+           classes: tuple[str, ...], apart: frozenset[str] = frozenset()) -> _Figures:
+    """Passes 0, A and B: what the rules of `classes` need of the whole manifest. `apart`:
+    the namespaces of tiers and stores beside the directory families (`_Figures.apart`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -287,6 +301,7 @@ def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[
     # pass 0: the target bases; per namespace, whether it is all unreadable
     bases: set[str] = set()
     unread_ns: dict[str, list[bool]] = {}  # ns -> [all unreadable or residue, any unreadable, any target path]
+    fig = _Figures(meta.get("namespaces") or {}, set(), used, apart)
     for _, c in _batches(manifest_path, ("target_base", "source_base", "status", "target_relpath")):
         bases.update(pc.unique(c["target_base"]).drop_null().to_pylist())
         if "unreadable_namespaces" not in classes:
@@ -295,12 +310,12 @@ def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[
         unread = P._in(status, UNREADABLE_STATUSES)
         g = pa.table({"ns": src, "all": pc.or_(unread, P._in(status, ("tmp_leftover", *P.RESIDUE_STATUSES))),
                       "any": unread, "tr": P._b(pc.not_equal(c["target_relpath"], ""))}) \
-            .filter(P._b(pc.not_equal(src, ""))).group_by("ns").aggregate([("all", "all"), ("any", "any"),
-                                                                            ("tr", "any")])
+            .filter(pc.and_(P._b(pc.not_equal(src, "")), fig.plain(c))) \
+            .group_by("ns").aggregate([("all", "all"), ("any", "any"), ("tr", "any")])
         for ns, a, u, tr in zip(*(g[k].to_pylist() for k in ("ns", "all_all", "any_any", "tr_any"))):
             was = unread_ns.setdefault(ns, [True, False, False])
             was[:] = [was[0] and a, was[1] or u, was[2] or tr]
-    fig = _Figures(meta.get("namespaces") or {}, (bases - {""}) | targets, used)
+    fig.target_bases = (bases - {""}) | targets
     fig.whole = {ns for ns, (a, u, tr) in unread_ns.items()
                  if a and u and not tr and ns not in fig.target_bases and ns not in used}
     eras = _superseded_candidates(list(unread_ns), fig)
@@ -327,6 +342,7 @@ def gather(manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[
         if migrated:
             cand = pc.and_(pc.and_(P._b(pc.not_equal(src, "")), pc.invert(in_target)),
                            pc.and_(P._b(pc.equal(c["action"], "already_present")), P._in(status, P.MIGRATED_STATUSES)))
+            cand = pc.and_(cand, fig.plain(c))
             if pc.any(cand).as_py():
                 candidates["row"].append(pc.filter(_rows(offset, len(src)), cand))
                 candidates["d"].append(_digests(pc.filter(c["target_relpath"], cand)))
@@ -504,19 +520,20 @@ class _Classes:
         fig, k = self.fig, len(c["relpath"])
         src, status = c["source_base"], c["status"]
         has_ns = P._b(pc.not_equal(src, ""))
-        in_target = fig.in_target(c)
+        in_target, plain = fig.in_target(c), fig.plain(c)
         wanted = {cls for classes in self.selections.values() for cls in classes}
         one: dict[str, Any] = {}
         target = pa.nulls(k, pa.int64())
         if "migrated" in wanted:
             mig, target = fig.paired(offset, *fig.migrated(offset, k))
-            one["migrated"] = mig
+            one["migrated"] = pc.and_(mig, plain)
         if "unreadable_namespaces" in wanted:
             one["unreadable_namespaces"] = P._in(src, fig.whole) if fig.whole else pc.and_(has_ns, False)
         if "residue" in wanted:
             old = P._b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), self.cutoff))
             one["residue"] = pc.and_(pc.or_(P._in(status, P.RESIDUE_STATUSES),
-                                            pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)), pc.invert(in_target))
+                                            pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)),
+                                     pc.and_(pc.invert(in_target), plain))
         codes = {}
         for name, classes in self.selections.items():
             code = pa.array([0] * k, pa.int8())
@@ -526,7 +543,7 @@ class _Classes:
             codes[name] = code
         target = pc.if_else(one["migrated"], target, pa.scalar(None, pa.int64())) if "migrated" in one else target
         config = P._b(pc.equal(c["relpath"], pc.binary_join_element_wise(src, layout.CONFIG_NAME, "/")))
-        emptiable = pc.and_(has_ns, pc.invert(in_target))
+        emptiable = pc.and_(pc.and_(has_ns, pc.invert(in_target)), plain)
         rows = _rows(offset, k)
         for name in self.selections:
             _fold_emptied(self.emptied[name], src, codes[name], config, emptiable, rows)
@@ -630,12 +647,13 @@ class PlanRows:
     """The rows a prune of `classes` selects, as tables of a batch's rows (manifest order:
     row, class code, `prunable`, the target's row and PLAN_ROW_COLUMNS), the config.json rows
     last, once it is known which namespaces the selection empties (`emptied`); for a
-    manifest with no LMCache tier and no Mooncake store."""
+    manifest with no LMCache tier and no Mooncake store, or for its directory families
+    and files of no namespace beside them (`apart`: the tiers' and stores' namespaces)."""
 
     def __init__(self, manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
-                 classes: tuple[str, ...], cutoff_ns: int) -> None:
+                 classes: tuple[str, ...], cutoff_ns: int, apart: frozenset[str] = frozenset()) -> None:
         self.manifest_path = manifest_path
-        self.fig = gather(manifest_path, meta, used_namespaces, classes)
+        self.fig = gather(manifest_path, meta, used_namespaces, classes, apart)
         self.sel = _Classes(self.fig, {"code": classes}, cutoff_ns)
 
     def __iter__(self) -> Iterator[Any]:

@@ -1,9 +1,9 @@
 """Prune's selection of LMCache tiers over the manifest in record batches, for a manifest
-whose namespaces are all tiers (files of no namespace beside them): a plan's rows without
-the manifest's columns whole, nor a Python object per row.
+whose namespaces are all tiers (files of no namespace beside them), or for the tiers'
+rows alone of one with other namespaces (`alone=False`: `prune._picked_mixed`): a plan's
+rows without the manifest's columns whole, nor a Python object per row.
 
-The rules are `prune._select`'s with prune_tiers.py's (the reference, still the path of
-a manifest that mixes tiers with other families or has Mooncake stores). A tier's rules
+The rules are `prune._select`'s with prune_tiers.py's (the reference). A tier's rules
 read across its rows by path (a migrated chunk's target, a file some row names as its
 target, a GDS pair's partner), so what they need of the rest of the manifest is gathered
 compactly first, then each row's class is kept as one byte:
@@ -85,16 +85,16 @@ def _set_bytes(buf: bytearray, rows: Any, values: Any | None, chunk: int = 65_53
             buf[r] = v
 
 
-def fold_bases(c: dict[str, Any], members: Any, bases: set[str], others: set[str]) -> Any | None:
-    """A first pass's common part, over a batch (source_base, target_base) of a manifest
-    whose namespaces must all be of one kind (`members`): None when a row is of another
-    namespace; else the mask of the members' rows. Adds the batch's target bases to `bases`
-    and the bases a member's row is planned into (not its own) to `others`."""
+def fold_bases(c: dict[str, Any], members: Any, bases: set[str], others: set[str], alone: bool = True) -> Any | None:
+    """A first pass's common part, over a batch (source_base, target_base): the mask of the
+    members' rows, or None when `alone` (every namespace must be a member) and a row is of
+    another namespace. Adds the batch's target bases to `bases` and the bases a member's
+    row is planned into (not its own) to `others`."""
     import pyarrow.compute as pc
 
     src, tb = c["source_base"], c["target_base"]
     named = pc.filter(src, P._b(pc.not_equal(src, "")))
-    if len(named) and not pc.all(P._in(named, members)).as_py():
+    if alone and len(named) and not pc.all(P._in(named, members)).as_py():
         return None
     bases.update(pc.unique(tb).drop_null().to_pylist())
     mine = P._in(src, members)
@@ -106,11 +106,13 @@ def fold_bases(c: dict[str, Any], members: Any, bases: set[str], others: set[str
 class TierRows:
     """The rows a prune of `classes` selects in a manifest of tiers, as tables of a
     batch's rows (`prune_stream.PlanRows`' columns), once `gather` found the manifest
-    fit (every namespace a tier)."""
+    fit (every namespace a tier). Not `alone`: the tiers' rows only, of a manifest that
+    has other namespaces (whose rows, and those of no namespace, are another's to take)."""
 
     def __init__(self, manifest_path: str, meta: dict[str, Any], used_namespaces: tuple[set[str], set[str]],
-                 classes: tuple[str, ...], cutoff_ns: int, tiers: T.Tiers) -> None:
+                 classes: tuple[str, ...], cutoff_ns: int, tiers: T.Tiers, alone: bool = True) -> None:
         self.path, self.classes, self.cutoff, self.tiers = manifest_path, classes, cutoff_ns, tiers
+        self.alone = alone
         self.meta = meta
         self.journal_targets, self.used = used_namespaces
         self.n = 0
@@ -140,7 +142,7 @@ class TierRows:
         for _, c in S._batches(self.path, ("source_base", "target_base", "status")):
             self.n += len(c["source_base"])
             src = c["source_base"]
-            is_tier = fold_bases(c, tier_of, bases, protect)
+            is_tier = fold_bases(c, tier_of, bases, protect, self.alone)
             if is_tier is None:
                 return False
             st = P._in(c["status"], T.STALE_STATUSES)
@@ -240,7 +242,7 @@ class TierRows:
                 code = pc.if_else(mig, pa.scalar(P.CODES["migrated"], pa.int8()), code)
             old = P._b(pc.less_equal(pc.fill_null(c["mtime_ns"], 0), self.cutoff))
             tmp = pc.and_(P._b(pc.equal(status, "tmp_leftover")), old)
-            if "residue" in self.classes:  # rows of no namespace: the generic rule
+            if "residue" in self.classes and self.alone:  # rows of no namespace: the generic rule
                 plain = pc.invert(is_tier)
                 code = _assign(code, pc.and_(plain, pc.or_(P._in(status, P.RESIDUE_STATUSES), tmp)), "residue")
             guarded = pc.and_(is_tier, pc.or_(P._in(src, self.protect), self._lookup_mask(self.protected, offset, k)))
@@ -252,6 +254,8 @@ class TierRows:
                 code = _assign(code, pc.and_(free, taken), "residue")
             if "index_lost" in self.classes:
                 code = _assign(code, pc.and_(free, P._b(pc.equal(status, T.INDEX_LOST))), "index_lost")
+            if not self.alone:  # (a rank file of another namespace paired with a tier's primary: none)
+                code = pc.if_else(is_tier, code, pa.scalar(0, pa.int8()))
             _put(self.code, offset, code)
             _put(held, offset, pc.or_(guarded, P._in(status, T.NOT_ENGINE_WRITES)))
             side = pc.and_(is_tier, P._b(pc.ends_with(rel, L.SIDECAR)))

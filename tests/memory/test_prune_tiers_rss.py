@@ -1,5 +1,6 @@
-"""`prune` of an LMCache tier and of a Mooncake bucket store keeps its peak RSS flat as the
-cache grows (a memory bound, not a timed assert).
+"""`prune` of an LMCache tier, of a Mooncake bucket store and of a root holding both kinds
+beside a directory family keeps its peak RSS flat as the cache grows (a memory bound,
+not a timed assert).
 
 Their rules read across rows (a tier's chunks and GDS pairs, a store's pairs and entries),
 so their plan is not the directory-layout families' stream (tests/memory/test_peak_rss.py
@@ -13,6 +14,10 @@ covers that one). Each tree is built at two sizes and pruned in a child interpre
             objects) whose deployment the manifest says is `stale_hash_recipe` (the status
             a scan gives a key no target computes): `prune --unreadable-namespaces` takes
             every pair whole
+    mixed   an llm-d TP 2 MLA deployment, migrated, beside such a store of a quarter of
+            its blocks, on one root (a shared volume): `prune --migrated
+            --unreadable-namespaces` takes the deployment's rank files and the store's
+            pairs, each kind by its own rules
 
 The bound is test_peak_rss.py's: PER_FILE_BOUND bytes a file of the tree plus NOISE_KIB.
 """
@@ -34,6 +39,7 @@ NOISE_KIB = 2048
 
 TIER_CHUNKS = (16_000, 128_000)  # 32k and 256k files once migrated (old and new name of each chunk)
 STORE_BLOCKS = (16_000, 64_000)  # 32k and 128k files (and objects): a pair of two objects per block
+MIXED_BLOCKS = (40_000, 128_000)  # 140k and 448k files: 3 a block (rank files, target), the store 2 a 4 blocks
 LMC = ["--writer-release", "0.5.6", "--pythonhashseed", "0", "--target-tp", "2", "--no-target-save-only-first-rank",
        "--total-kv-heads", "8", "--head-dim", "4", "--layers", "1", "--latent-dim", "8"]
 STALE = "stale_hash_recipe"
@@ -59,26 +65,52 @@ def tier(work: Path, chunks: int) -> tuple[list, list, int]:
 def store(work: Path, blocks: int) -> tuple[list, list, int]:
     """A Mooncake bucket store, its deployment stale in the manifest: (prune's dry-run and
     apply arguments, the store's files)."""
+    root = work / "root"
+    _synth_store(root, blocks)
+    m = work / "m.parquet"
+    _kvmigrate("scan", root, "-o", m, "--verify", "size")
+    _stale_objects(m)
+    dry = ["prune", "--manifest", m, "--unreadable-namespaces", "--quiet-period", "0s"]
+    return dry, [*dry, "--apply", "--engine-stopped"], 2 * blocks
+
+
+def mixed(work: Path, blocks: int) -> tuple[list, list, int]:
+    """An llm-d deployment migrated beside a Mooncake bucket store whose deployment is
+    stale in the manifest: (prune's dry-run and apply arguments, the root's files)."""
+    root = work / "root"
+    mla = ("--kv-kind", "mla", "--model-dtype", "bfloat16")
+    _kvmigrate("synth", root, "--family", "llmd", "--tp", "2", "--kv-kind", "mla", "--layers", "4",
+               "--block-bytes", "1024", "--blocks", blocks, "--seed", "1", "-q")
+    _kvmigrate("migrate", root, *mla, "--apply")
+    _synth_store(root, blocks // 4)
+    m = work / "m.parquet"
+    _kvmigrate("scan", root, "-o", m, "--verify", "size", *mla)
+    _stale_objects(m)
+    dry = ["prune", "--manifest", m, "--migrated", "--unreadable-namespaces", "--quiet-period", "0s"]
+    return dry, [*dry, "--apply", "--engine-stopped"], 3 * blocks + 2 * (blocks // 4)
+
+
+def _synth_store(root: Path, blocks: int) -> None:
+    """A Mooncake bucket store (vLLM TP 2, two keys a pair) of `blocks` blocks in `root`."""
+    _kvmigrate("synth", root, "--family", "mooncake", "--tp", "2", "--layers", "1", "--block-tokens", "1",
+               "--blocks", blocks, "--mc-bucket-keys", "2", "--seed", "1", "-q")
+
+
+def _stale_objects(m: Path) -> None:
+    """Every Mooncake object of the manifest `stale_hash_recipe` (the status a scan gives a
+    key no target computes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = work / "root"
-    _kvmigrate("synth", root, "--family", "mooncake", "--tp", "2", "--layers", "1", "--block-tokens", "1",
-               "--blocks", blocks, "--mc-bucket-keys", "2", "--seed", "1", "-q")
-    m = work / "m.parquet"
-    _kvmigrate("scan", root, "-o", m, "--verify", "size")
     t = pq.read_table(m)
     objects = t.column("object_index").is_valid()
     status = pa.array([STALE if o else s for o, s in zip(objects.to_pylist(), t.column("status").to_pylist())],
                       pa.string()).dictionary_encode()
     pq.write_table(t.set_column(t.schema.get_field_index("status"), "status", status), m,
                    row_group_size=SCAN_ROW_GROUP)  # (as the scan writes it: pyarrow's default is one group)
-    del t
-    dry = ["prune", "--manifest", m, "--unreadable-namespaces", "--quiet-period", "0s"]
-    return dry, [*dry, "--apply", "--engine-stopped"], 2 * blocks
 
 
-TREES = {"tier": (tier, TIER_CHUNKS), "store": (store, STORE_BLOCKS)}
+TREES = {"tier": (tier, TIER_CHUNKS), "store": (store, STORE_BLOCKS), "mixed": (mixed, MIXED_BLOCKS)}
 
 # Trees whose prune is still over the bound, with what it holds per file (measured at the
 # sizes above; dry run and apply alike). Strict: a pass means the bound broke or it got better.
