@@ -557,88 +557,124 @@ def _picked_stores(manifest_path: str, meta: dict[str, Any], classes: tuple[str,
     return _Picked(items, skipped, skip, rows.target_bases, set(), retires, stores)
 
 
-def _picked_mixed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
-                  migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
-                  quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
-    """`_picked_whole` for a manifest that mixes directory-layout families, LMCache tiers
-    and Mooncake stores (a shared volume holding more than one engine's cache): each
-    kind's streamed selection takes its own namespaces' rows (the directory families'
-    also the files of no namespace), all three reading the whole manifest for what their
-    rules ask of it; their rows go to one plan on disk, in the whole plan's order. None
-    when the tiers' or stores' stream finds the manifest not for it (the reference plans it)."""
-    from kvmigrate.migrate import prune_store_stream, prune_stream, prune_tier_stream
+class _Streams:
+    """Each kind's streamed selection of one manifest, for a manifest with LMCache tiers or
+    Mooncake stores: the tiers' and stores' rows by their own rules (`alone=False`: other
+    namespaces are accepted, the files of no namespace left to the generic rules), the
+    directory families' and the files of no namespace by the generic rules (`apart`: the
+    tiers' and stores' namespaces, whose rows those never take, as in `_select`). Each
+    reads the whole manifest for what its rules ask of it (target bases, a path some row
+    names as its target, a superseded era's held bytes)."""
 
-    tiers, stores = tiers_.Tiers.of(meta), stores_.Stores.of(meta)
-    used = _used_namespaces(root, migration_journal)
-    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
-    cutoff = int(now * 1e9 - age * 1e9)
-    tier_rows = store_rows = None
-    if tiers:
-        tier_rows = prune_tier_stream.TierRows(manifest_path, meta, used, classes, cutoff, tiers, alone=False)
-        if not tier_rows.gather(chosen, engine_stopped):
-            return None
-    if stores:
-        store_rows = prune_store_stream.StoreRows(manifest_path, used, classes, cutoff, stores, alone=False)
-        if not store_rows.gather():
-            return None
-    plain = prune_stream.PlanRows(manifest_path, meta, used, classes, cutoff,
-                                  frozenset(tiers.tier_of) | frozenset(stores.store_of))
-    taken: dict[str, set[str]] = {"plain": set(), "tiers": set(), "stores": set()}
+    def __init__(self, manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...],
+                 used: tuple[set[str], set[str]], cutoff_ns: int) -> None:
+        from kvmigrate.migrate import prune_store_stream, prune_stream, prune_tier_stream
 
-    def rows() -> Iterator[Any]:
-        """Each kind's selected rows, in one table shape (a store's pair key and objects)."""
+        self.tier_of, self.stores = tiers_.Tiers.of(meta), stores_.Stores.of(meta)
+        self.tiers = prune_tier_stream.TierRows(manifest_path, meta, used, classes, cutoff_ns, self.tier_of,
+                                                alone=False) if self.tier_of else None
+        self.store_rows = prune_store_stream.StoreRows(manifest_path, used, classes, cutoff_ns, self.stores,
+                                                       alone=False) if self.stores else None
+        self.plain = prune_stream.PlanRows(manifest_path, meta, used, classes, cutoff_ns,
+                                           frozenset(self.tier_of.tier_of) | frozenset(self.stores.store_of))
+        self.taken: dict[str, set[str]] = {"plain": set(), "tiers": set(), "stores": set()}
+
+    @classmethod
+    def gathered(cls, manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...],
+                 used: tuple[set[str], set[str]], cutoff_ns: int, chosen: set[str] | None,
+                 engine_stopped: bool) -> _Streams | None:
+        """The streams, their passes over the manifest done; None when the tiers' or stores'
+        stream finds the manifest not for it (the reference selects then)."""
+        s = cls(manifest_path, meta, classes, used, cutoff_ns)
+        if s.tiers is not None and not s.tiers.gather(chosen, engine_stopped):
+            return None
+        if s.store_rows is not None and not s.store_rows.gather():
+            return None
+        return s
+
+    def rows(self, chosen: set[str] | None) -> Iterator[Any]:
+        """Each kind's selected rows (prunable, of `chosen`), in one table shape: row, code,
+        target, PLAN_ROW_COLUMNS, key and objects (a store pair's); the namespaces of each
+        kind taken go to `taken`."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         def kind(name: str, tables: Iterable[Any]) -> Iterator[Any]:
             for t in tables:
-                taken[name].update(pc.unique(t["source_base"]).drop_null().to_pylist())
+                self.taken[name].update(pc.unique(t["source_base"]).drop_null().to_pylist())
                 for col, typ in (("key", pa.string()), ("objects", pa.int32())):
                     if col not in t.column_names:
                         t = t.append_column(col, pa.nulls(t.num_rows, typ))
                 yield t.select(["row", "code", "target", *PLAN_ROW_COLUMNS, "key", "objects"])
 
-        def picked_plain() -> Iterator[Any]:
-            for t in plain:
+        def plain() -> Iterator[Any]:
+            for t in self.plain:
                 keep = t["prunable"]
                 if chosen is not None:
                     keep = pc.and_(keep, _in(t["source_base"], chosen))
                 yield t.filter(keep)
 
-        yield from kind("plain", picked_plain())
-        if tier_rows is not None:
-            yield from kind("tiers", tier_rows.rows(chosen))
-        if store_rows is not None:
-            yield from kind("stores", store_rows.rows(chosen))
+        yield from kind("plain", plain())
+        if self.tiers is not None:
+            yield from kind("tiers", self.tiers.rows(chosen))
+        if self.store_rows is not None:
+            yield from kind("stores", self.store_rows.rows(chosen))
 
+    def live(self, manifest_path: str, root: str, quiet_period: float, now: float,
+             names: set[str] | None = None) -> dict[str, tuple[str, list[str], float]]:
+        """The units written within the quiet period (`_live_units`) among those of the
+        namespaces taken (or of `names`): a directory family's namespace, a tier, a store."""
+        from kvmigrate.migrate import prune_store_stream, prune_stream, prune_tier_stream
+
+        def of(kind: str) -> set[str]:
+            return self.taken[kind] if names is None else names
+
+        live: dict[str, tuple[str, list[str], float]] = {}
+        plain = {ns for ns in of("plain") if ns not in self.tier_of.tier_of and ns not in self.stores.store_of}
+        for ns, newest in prune_stream.newest_writes(manifest_path, root, plain).items():
+            if now - newest < quiet_period:
+                live[ns] = (live_reason(now - newest, quiet_period), [ns], now - newest)
+        if self.tiers is not None:
+            units = prune_tier_stream.units(manifest_path, self.tier_of, of("tiers"))
+            live.update(_live_units(root, {u: (*unit, True) for u, unit in units.items()}, quiet_period, now))
+        if self.store_rows is not None:
+            units = prune_store_stream.units(manifest_path, self.stores, of("stores"))
+            live.update(_live_units(root, {u: (*unit, False) for u, unit in units.items()}, quiet_period, now))
+        return live
+
+
+def _picked_mixed(manifest_path: str, meta: dict[str, Any], classes: tuple[str, ...], root: str,
+                  migration_journal: str | None, older_than: float | None, now: float, chosen: set[str] | None,
+                  quiet_period: float | None, engine_stopped: bool) -> _Picked | None:
+    """`_picked_whole` for a manifest that mixes directory-layout families, LMCache tiers
+    and Mooncake stores (a shared volume holding more than one engine's cache): each
+    kind's streamed selection (`_Streams`), their rows in one plan on disk, in the whole
+    plan's order. None when the tiers' or stores' stream refuses the manifest."""
+    from kvmigrate.migrate import prune_stream
+
+    age = DEFAULT_RESIDUE_AGE if older_than is None else older_than
+    s = _Streams.gathered(manifest_path, meta, classes, _used_namespaces(root, migration_journal),
+                          int(now * 1e9 - age * 1e9), chosen, engine_stopped)
+    if s is None:
+        return None
     names = prune_stream.Names()
-    items = prune_spill.spill(rows(), mf.row_count(manifest_path),
+    items = prune_spill.spill(s.rows(chosen), mf.row_count(manifest_path),
                               prune_stream.TargetReader(manifest_path, _TARGET_COLUMNS), names.codes, names.names,
-                              tier_of=dict(tiers.tier_of), stores=stores)
-    skipped: dict[str, str] = dict(tier_rows.waiting) if tier_rows is not None else {}
-    retires = store_rows.retires if store_rows is not None else []
+                              tier_of=dict(s.tier_of.tier_of), stores=s.stores)
+    skipped: dict[str, str] = dict(s.tiers.waiting) if s.tiers is not None else {}
+    retires = s.store_rows.retires if s.store_rows is not None else []
     if chosen is not None:
         retires = [rw for rw in retires if set(rw.namespaces.values()) <= chosen]
     skip: set[str] = set()
     if quiet_period is not None:
-        live: dict[str, tuple[str, list[str]]] = {}  # unit -> (why, its namespaces), judged together in order
-        for ns, newest in prune_stream.newest_writes(manifest_path, root, taken["plain"]).items():
-            if now - newest < quiet_period:
-                live[ns] = (live_reason(now - newest, quiet_period), [ns])
-        if tier_rows is not None:
-            units = prune_tier_stream.units(manifest_path, tiers, taken["tiers"])
-            live.update(_live_units(root, {u: (*unit, True) for u, unit in units.items()}, quiet_period, now))
-        if store_rows is not None:
-            taken["stores"] |= {stores.label_of.get(rw.store, "") for rw in retires} - {""}
-            units = prune_store_stream.units(manifest_path, stores, taken["stores"])
-            live.update(_live_units(root, {u: (*unit, False) for u, unit in units.items()}, quiet_period, now))
-        for unit, (why, members) in sorted(live.items()):
+        s.taken["stores"] |= {s.stores.label_of.get(rw.store, "") for rw in retires} - {""}
+        for unit, (why, members, _) in sorted(s.live(manifest_path, root, quiet_period, now).items()):
             skipped[unit] = why
             skip.update(members)
-    target_bases = plain.fig.target_bases | (tier_rows.target_bases if tier_rows is not None else set()) \
-        | (store_rows.target_bases if store_rows is not None else set())
-    emptied = plain.emptied() | (tier_rows.emptied if tier_rows is not None else set())
-    return _Picked(items, skipped, skip, target_bases, emptied, retires, stores)
+    target_bases = s.plain.fig.target_bases | (s.tiers.target_bases if s.tiers is not None else set()) \
+        | (s.store_rows.target_bases if s.store_rows is not None else set())
+    emptied = s.plain.emptied() | (s.tiers.emptied if s.tiers is not None else set())
+    return _Picked(items, skipped, skip, target_bases, emptied, retires, s.stores)
 
 
 def build_plan(manifest_path: str, classes: Iterable[str] = ("migrated",), *, migration_journal: str | None = None,
@@ -827,8 +863,10 @@ def reclaimable(manifest_path: str, *, migration_journal: str | None = None, now
     skipped: list = []
     if _any_candidate(manifest_path):
         used = _used_namespaces(root, migration_journal)
-        if tiers_.Tiers.of(meta) or stores_.Stores.of(meta):  # their rules read the columns whole
-            per_class, per_ns, totals, skipped = _reclaimable_whole(manifest_path, meta, root, used, now, namespaces)
+        if tiers_.Tiers.of(meta) or stores_.Stores.of(meta):
+            per_class, per_ns, totals, skipped = _reclaimable_streams(manifest_path, meta, root, used, now,
+                                                                      namespaces) \
+                or _reclaimable_whole(manifest_path, meta, root, used, now, namespaces)
         else:
             from kvmigrate.migrate import prune_stream
 
@@ -861,6 +899,59 @@ def _reclaimable_whole(manifest_path: str, meta: dict[str, Any], root: str, used
     together = _tally(sel, namespaces)
     totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
     return per_class, per_ns, totals, _skipped_now(sel, {ns for _, ns in together}, now)
+
+
+def _reclaimable_streams(manifest_path: str, meta: dict[str, Any], root: str, used: tuple[set[str], set[str]],
+                         now: float, namespaces: set[str] | None) -> tuple[dict, dict, dict, list] | None:
+    """`_reclaimable_whole` for a manifest with LMCache tiers or Mooncake stores, from each
+    kind's streamed selection (`_Streams`), class by class and then all together: what it
+    holds is the selected rows' stat (40-odd bytes each), not the manifest's columns.
+    None when a stream refuses the manifest (the reference counts it)."""
+    import pyarrow as pa
+
+    from kvmigrate.migrate import prune_stream
+
+    n = mf.row_count(manifest_path)
+    cutoff = int(now * 1e9 - DEFAULT_RESIDUE_AGE * 1e9)
+    names = prune_stream.Names()
+    per_class = {c: dict.fromkeys(TOTAL_KEYS, 0) for c in CLASSES}
+    per_ns: dict[tuple[str, str | None], dict[str, int]] = {}
+    together: dict[tuple[str, str | None], dict[str, int]] = {}
+    streams = None
+    for classes in [*((c,) for c in CLASSES), CLASSES]:
+        streams = None  # (the last class's passes let go before the next's)
+        streams = _Streams.gathered(manifest_path, meta, classes, used, cutoff, None, False)
+        if streams is None:
+            return None
+        if streams.tiers is not None:
+            streams.tiers.waiting = {}  # (the figures count index_lost chunks whether or not a statement holds them)
+        parts = [pa.table({"row": t["row"], "ns": names.codes(t["source_base"].combine_chunks()),
+                           **{k: t[k] for k in ("dev", "inode", "size", "nlink", "code")}})
+                 for t in streams.rows(None) if t.num_rows]
+        if not parts:
+            continue
+        table = pa.concat_tables(parts)
+        del parts
+        keep = None if namespaces is None else {names.code[ns] for ns in namespaces if ns in names.code}
+        tally = tally_stream(functools.partial(prune_stream._selected, table, "code", n), keep)
+        del table
+        named = {(cls, names.name(code)): v for (cls, code), v in tally.items()}
+        if classes == CLASSES:
+            together = named
+            continue
+        for key, v in named.items():
+            per_ns[key] = v
+            for k in TOTAL_KEYS:
+                per_class[classes[0]][k] += v[k]
+    totals = {k: sum(v[k] for v in together.values()) for k in TOTAL_KEYS}
+    skipped: list[SkippedNamespace] = []
+    if streams is not None and root and os.path.isdir(root):
+        counted = {ns for _, ns in together if ns}
+        live = streams.live(manifest_path, root, DEFAULT_QUIET_PERIOD, now, counted)
+        for unit, (why, _, age) in sorted(live.items()):
+            skipped.append({"namespace": unit, "written_s_ago": round(max(age, 0)),
+                            "quiet_period_s": DEFAULT_QUIET_PERIOD, "reason": why})
+    return per_class, per_ns, totals, skipped
 
 
 class SkippedNamespace(TypedDict):
@@ -1034,19 +1125,19 @@ def _skip_live(root: str, units: dict[str, tuple[list[str], list[str], int, bool
                now: float, skipped: dict[str, str], skip: set[str]) -> None:
     """The quiet period over units (label -> (members, folders, newest file ns, a tier)): a
     unit written to within it is skipped (why, in `skipped`) with all its members."""
-    for unit, (why, members) in sorted(_live_units(root, units, quiet_period, now).items()):
+    for unit, (why, members, _) in sorted(_live_units(root, units, quiet_period, now).items()):
         skipped[unit] = why
         skip.update(members)
 
 
 def _live_units(root: str, units: dict[str, tuple[list[str], list[str], int, bool]], quiet_period: float,
-                now: float) -> dict[str, tuple[str, list[str]]]:
-    """The units written to within the quiet period: unit -> (why, its members)."""
+                now: float) -> dict[str, tuple[str, list[str], float]]:
+    """The units written to within the quiet period: unit -> (why, its members, its age in s)."""
     out = {}
     for unit, (members, folders, newest_ns, tier) in units.items():
         why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
         if why:
-            out[unit] = (why, members)
+            out[unit] = (why, members, now - _newest_write(root, folders, newest_ns))
     return out
 
 

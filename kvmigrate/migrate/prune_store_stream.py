@@ -100,8 +100,7 @@ class StoreRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        hay_data = bytearray(16 * self.n)  # each row's path digest, filled in place (no concatenated copy)
-        is_file = bytearray(self.n)  # 1: a store file's row (the others are null in the lookups)
+        digests = S.RowDigests(self.n)  # each row's path digest: a store file's (the others are null in the lookups)
         named: list = []  # the digests of the paths store rows name as their target
         fit = bytearray()  # per row: 1 ok, 2 its own target (a migrated KVEntry's target is both)
         cand: dict[str, list] = {"row": [], "d": []}
@@ -110,9 +109,7 @@ class StoreRows:
             is_store = P._in(src, self.stores.store_of)
             file = pc.and_(is_store, pc.is_null(c["object_index"]))
             k = len(src)
-            d = S._digests(rel)
-            hay_data[16 * offset:16 * (offset + k)] = memoryview(d.buffers()[1])[16 * d.offset:16 * (d.offset + k)]
-            TS._put(is_file, offset, file)
+            digests.put(offset, S._digests(rel), file)
             other = P._b(pc.and_(pc.not_equal(tr, ""), pc.not_equal(tr, rel)))
             has = pc.and_(is_store, other)
             if pc.any(has).as_py():
@@ -128,16 +125,14 @@ class StoreRows:
                 cand["row"].append(pc.filter(S._rows(offset, k), m))
                 cand["d"].append(S._digests(pc.filter(tr, m)))
         binary = pa.binary(16)
-        valid = pc.not_equal(pa.Array.from_buffers(pa.int8(), self.n, [None, pa.py_buffer(is_file)]), 0)
-        hay = pa.Array.from_buffers(binary, self.n, [valid.buffers()[1], pa.py_buffer(hay_data)])
-        del valid, is_file
+        hay = digests.array()
+        del digests
         if _repeats(hay):
             return False
         self._protected = pa.array([], pa.int64())
         if named:
-            names = pc.unique(pa.concat_arrays(named))
+            self._protected = S._rows_in(hay, named)
             del named
-            self._protected = S._rows_in(hay, names)
         if cand["row"]:
             rows, d = S._concat(cand["row"], pa.int64()), S._concat(cand["d"], binary)
             j = S._index_in(d, hay)

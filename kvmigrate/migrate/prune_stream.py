@@ -99,22 +99,26 @@ def _part(digests: Any) -> Any:
                            pa.scalar(LOOKUP_PARTS - 1, pa.uint8()))
 
 
-def _rows_in(hay: Any, values: Any) -> Any:
-    """The positions of `hay` (digests, null for none) whose value is among `values`
-    (`pc.is_in`), ascending, in LOOKUP_PARTS parts by the digests' first byte."""
+def _rows_in(hay: Any, values: list) -> Any:
+    """The positions of `hay` (digests, null for none) whose value is among `values` (a
+    list of digest arrays, repeats allowed: `pc.is_in`), ascending, in LOOKUP_PARTS parts
+    by the digests' first byte: no part's table holds more than a part of the values,
+    nor are they ever concatenated whole."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not len(hay) or not len(values):
+    values = [v for v in values if len(v)]
+    if not len(hay) or not values:
         return pa.array([], pa.int64())
     from kvmigrate.migrate.prune_rules import _b
 
-    part_h, part_v = _part(hay), _part(values)
+    part_h, part_v = _part(hay), [_part(v) for v in values]
     out = []
     for p in range(LOOKUP_PARTS):
         hm = _b(pc.and_(pc.equal(part_h, p), pc.is_valid(hay)))
         at = pc.indices_nonzero(hm).cast(pa.int64())
-        hit = _b(pc.is_in(pc.filter(hay, hm), value_set=pc.filter(values, pc.equal(part_v, p))))
+        mine = pa.concat_arrays([pc.filter(v, pc.equal(vp, p)) for v, vp in zip(values, part_v)])
+        hit = _b(pc.is_in(pc.filter(hay, hm), value_set=mine))
         out.append(pc.filter(at, hit))
     rows = pa.concat_arrays(out)
     return pc.take(rows, pc.sort_indices(rows))
@@ -161,6 +165,39 @@ def _key_digests(d: Any, g: Any, h: Any, r: Any) -> Any:
     for i, (dv, gv, hv, rv) in enumerate(zip(d.to_pylist(), g.to_pylist(), h.to_pylist(), r.to_pylist())):
         out[16 * i:16 * i + 16] = xxhash.xxh3_128_digest(b"%s\0%d\0%d\0%s" % (dv.encode(), gv, rv, hv))
     return _fixed(out, n, d)
+
+
+class RowDigests:
+    """A 128-bit digest per manifest row (a path's), null for the rows not wanted, written
+    batch by batch into one buffer of the manifest's rows: half the peak of a list of
+    parts concatenated at the end (16 bytes a row, not 32)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.data = bytearray(16 * n)
+        self.wanted = bytearray(n)
+
+    def put(self, offset: int, digests: Any, wanted: Any) -> None:
+        """The digests of the rows from `offset` (binary(16)), those of `wanted` (a mask) kept."""
+        import pyarrow as pa
+
+        k = len(digests)
+        self.data[16 * offset:16 * (offset + k)] = \
+            memoryview(digests.buffers()[1])[16 * digests.offset:16 * (digests.offset + k)]
+        wanted = wanted.cast(pa.int8())
+        self.wanted[offset:offset + k] = memoryview(wanted.buffers()[1])[wanted.offset:wanted.offset + k]
+
+    def array(self) -> Any:
+        """The digests as one binary(16) array over the buffer (not copied); the buffer is
+        the array's from then on."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        valid = pc.not_equal(pa.Array.from_buffers(pa.int8(), self.n, [None, pa.py_buffer(self.wanted)]), 0)
+        self.wanted = bytearray()
+        out = pa.Array.from_buffers(pa.binary(16), self.n, [valid.buffers()[1], pa.py_buffer(self.data)])
+        self.data = bytearray()
+        return out
 
 
 def _concat(parts: list, typ: Any) -> Any:

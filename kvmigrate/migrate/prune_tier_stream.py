@@ -170,15 +170,14 @@ class TierRows:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        digests: list = []  # each row's path digest, null for a row of no tier
+        digests = S.RowDigests(self.n)  # each row's path digest, null for a row of no tier
         named: list = []  # the digests of the paths rows name as their target
         cand: dict[str, list] = {"row": [], "d": []}
         migrated = "migrated" in self.classes
         for offset, c in S._batches(self.path, _PASS_A):
             src, status, rel, tr = c["source_base"], c["status"], c["relpath"], c["target_relpath"]
             is_tier = P._in(src, self.tiers.tier_of)
-            d = S._digests(rel)
-            digests.append(pc.if_else(is_tier, d, pa.scalar(None, d.type)))
+            digests.put(offset, S._digests(rel), is_tier)
             has = P._b(pc.not_equal(tr, ""))
             if pc.any(has).as_py():
                 named.append(pc.unique(S._digests(pc.filter(tr, has))))
@@ -195,14 +194,12 @@ class TierRows:
             self._secondary = self._secondary or bool(pc.any(pc.and_(P._in(c["finding"], findings.SECONDARY),
                                                                      ok)).as_py())
         binary = pa.binary(16)
-        hay = S._concat(digests, binary)
+        hay = digests.array()
         del digests
         self.protected = pa.array([], pa.int64())
         if named:
-            names = pc.unique(pa.concat_arrays(named))
+            self.protected = S._rows_in(hay, named)
             del named
-            self.protected = S._rows_in(hay, names)
-            del names
         if cand["row"]:
             rows, d = S._concat(cand["row"], pa.int64()), S._concat(cand["d"], binary)
             cand.clear()

@@ -1,11 +1,11 @@
-"""`prune` of an LMCache tier, of a Mooncake bucket store and of a root holding both kinds
-beside a directory family keeps its peak RSS flat as the cache grows (a memory bound,
-not a timed assert).
+"""`prune` of an LMCache tier, of a Mooncake bucket store and of a root holding a store
+beside a directory family keeps its peak RSS flat as the cache grows, and so does
+`report` of their manifests (a memory bound, not a timed assert).
 
 Their rules read across rows (a tier's chunks and GDS pairs, a store's pairs and entries),
-so their plan is not the directory-layout families' stream (tests/memory/test_peak_rss.py
-covers that one). Each tree is built at two sizes and pruned in a child interpreter
-(tests/helpers/memory.py `peak_rss`):
+so their plan and the reports' reclaimable figures are not the directory-layout
+families' stream (tests/memory/test_peak_rss.py covers that one). Each tree is built at
+two sizes, reported and pruned in a child interpreter (tests/helpers/memory.py `peak_rss`):
 
     tier    an LMCache fs tier of MLA chunks written with save_only_first_rank, migrated
             to a target without it (each chunk linked to its new name): `prune --migrated`
@@ -117,9 +117,12 @@ TREES = {"tier": (tier, TIER_CHUNKS), "store": (store, STORE_BLOCKS), "mixed": (
 OVER_BOUND: dict[str, str] = {}
 
 
+STEPS = ("report", "dry_run", "apply")  # `report --json` of the manifest, then prune's dry run and apply
+
+
 @pytest.fixture(scope="module")
 def peaks(tmp_path_factory) -> dict[str, list]:
-    """Per tree: at each size, (its files, the dry run's peak, the apply's peak)."""
+    """Per tree: at each size, (its files, each step's peak)."""
     base: Path = tmp_path_factory.mktemp("prune-rss")
     out: dict[str, list] = {}
     for name, (build, sizes) in TREES.items():
@@ -127,21 +130,22 @@ def peaks(tmp_path_factory) -> dict[str, list]:
             work = base / f"{name}-{n}"
             work.mkdir()
             dry, apply, files = build(work, n)
-            out.setdefault(name, []).append((files, peak_rss(dry, work), peak_rss(apply, work)))
+            report = ["report", dry[dry.index("--manifest") + 1], "--json"]
+            out.setdefault(name, []).append((files, {step: peak_rss(args, work) for step, args in
+                                                     zip(STEPS, (report, dry, apply))}))
     return out
 
 
 @pytest.mark.parametrize("tree", [
     pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=OVER_BOUND[t])) if t in OVER_BOUND else t
     for t in TREES])
-@pytest.mark.parametrize("step", ["dry_run", "apply"])
+@pytest.mark.parametrize("step", STEPS)
 def test_prune_peak_rss_independent_of_size(peaks, tree, step):
-    (small_files, *small), (large_files, *large) = peaks[tree]
-    k = 0 if step == "dry_run" else 1
-    s, big = small[k], large[k]
-    assert s.rc == big.rc and big.rc in (0, 1) and "would move" in peaks[tree][0][1].out, big.out[-2000:]
+    (small_files, small), (large_files, large) = peaks[tree]
+    s, big = small[step], large[step]
+    assert s.rc == big.rc and big.rc in (0, 1) and "would move" in small["dry_run"].out, big.out[-2000:]
     grown = large_files - small_files
     growth = (big.kib - s.kib) * 1024
     assert growth <= PER_FILE_BOUND * grown + NOISE_KIB * 1024, (
-        f"prune {step} of a {tree}: peak RSS {s.kib} KiB at {small_files:,} files, {big.kib} KiB at "
+        f"{step} of a {tree}: peak RSS {s.kib} KiB at {small_files:,} files, {big.kib} KiB at "
         f"{large_files:,} files: {growth / grown:.0f} bytes a file (bound {PER_FILE_BOUND})")

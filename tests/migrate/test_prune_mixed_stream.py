@@ -1,13 +1,14 @@
 """Prune's selection of a manifest that mixes directory-layout families with LMCache tiers
 and Mooncake stores (one root holding more than one engine's cache), streamed kind by
-kind (`prune._picked_mixed`), equals its selection over the manifest's columns whole
-(`prune._picked_whole`, the reference): the plan's items in order (targets, kept
-folders, pair keys, quarantine suffix, objects), the retires and proofs, the skipped,
-emptied and target namespaces, for every class, with and without the engine-stopped
-statement and the quiet period, for every namespace and half of them, in small batches.
-Each kind's rules still read the whole manifest: a directory family's row naming a
-tier's file as its target protects that file, and a superseded era's bytes may be held
-beside a store. A manifest a kind's stream refuses is planned by the reference.
+kind (`prune._picked_mixed`, `prune._reclaimable_streams`), equals its selection over the
+manifest's columns whole (`prune._picked_whole`, `_reclaimable_whole`, the reference):
+the plan's items in order (targets, kept folders, pair keys, quarantine suffix, objects),
+the retires and proofs, the skipped, emptied and target namespaces, for every class, with
+and without the engine-stopped statement and the quiet period; the reports' reclaimable
+figures; for every namespace and half of them, in small batches. Each kind's rules still
+read the whole manifest: a directory family's row naming a tier's file as its target
+protects that file, and a superseded era's bytes may be held beside a store. A manifest
+a kind's stream refuses is planned by the reference.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ def same_plans(picked, classes_to_try: list, manifest: str, monkeypatch, **kw) -
     namespace and for half of them; the last whole plan."""
     names = sorted(mf.read_metadata(manifest)["namespaces"])
     kw["now"] = time.time()  # (one clock for both: the quiet period's words name an age)
+    same_figures(manifest, names, kw["now"], monkeypatch)
     whole: tuple = ()
     for classes in classes_to_try:
         whole = picked(manifest, classes, None, False, monkeypatch, **kw)
@@ -90,6 +91,23 @@ def same_plans(picked, classes_to_try: list, manifest: str, monkeypatch, **kw) -
         assert picked(manifest, classes, some, True, monkeypatch, **kw) == \
             picked(manifest, classes, some, False, monkeypatch, **kw), classes
     return whole
+
+
+def same_figures(manifest: str, names: list[str], now: float, monkeypatch) -> None:
+    """The reports' reclaimable figures streamed kind by kind (`prune._reclaimable_streams`,
+    small batches) equal those over the columns whole, for every namespace and half of them."""
+    meta = mf.read_metadata(manifest)
+    used = prune._used_namespaces(meta["root"], None)
+
+    def figures(how, namespaces: set | None) -> tuple:
+        per_class, per_ns, totals, skipped = how(manifest, meta, meta["root"], used, now, namespaces)
+        return per_class, sorted(per_ns.items(), key=prune.namespace_order), totals, skipped
+
+    for namespaces in (None, set(names[::2])):
+        whole = figures(prune._reclaimable_whole, namespaces)
+        with monkeypatch.context() as m:
+            small_batches(m)
+            assert figures(prune._reclaimable_streams, namespaces) == whole, namespaces
 
 
 @pytest.mark.parametrize("backend", ["fs", "gds"])
