@@ -113,6 +113,7 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
     start_pacing(max_duration, bwlimit, idle_io, quiet, parts)
     apply_command = _apply_command(ctx)
     dest_command = _apply_command(ctx, dest="<DIR>")
+    stopped_command = _apply_command(ctx, extra=("--engine-stopped",))
     from kvmigrate.options import ScanOptions
 
     options = ScanOptions.planning(
@@ -141,6 +142,10 @@ def command(root: str | None, manifest_path: str | None, apply: bool, mode: str,
         if apply:
             _apply(run, mode, journal, apply_command, as_json, quiet)
         else:
+            from kvmigrate.migrate.stores import unproven
+
+            if unproven(run.plan.root, run.plan.dest, run.plan.stores):  # (exit 2 without the statement)
+                apply_command = stopped_command
             _dry_run(run, apply_command, dest_command, as_json, quiet)
 
 
@@ -271,10 +276,11 @@ def _targets_json(plan) -> list[Target]:
     return out
 
 
-def _apply_command(ctx: click.Context, dest: str | None = None) -> str:
-    """The exact command that applies this plan: the same inputs and options, + --apply;
-    with `dest`, --dest that placeholder (left unquoted: a shell refuses it, never guesses)."""
+def _apply_command(ctx: click.Context, dest: str | None = None, extra: tuple[str, ...] = ()) -> str:
+    """The exact command that applies this plan: the same inputs and options, `extra`, and
+    --apply; with `dest`, --dest that placeholder (left unquoted: a shell refuses it, never
+    guesses)."""
     paths = ("root", "manifest_path", "dest", "journal", "facts_file", "model_config")
     if dest is None:
-        return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",))
+        return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND, extra=(*extra, "--apply"))
     return rerun_command(ctx, paths, skip=_NOT_IN_APPLY_COMMAND | {"dest"}) + f" --dest {dest} --apply"

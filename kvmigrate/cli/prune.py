@@ -160,7 +160,7 @@ def command(root: str | None, manifest_path: str | None, migrated: bool, unreada
                              selection=selection, engine_stopped=all_stopped) as plan:
         if not apply:
             code = plan.exit_code
-            apply_command = _apply_command(ctx)
+            apply_command = _apply_command(ctx, ("--engine-stopped",) if plan.unproven_stores() else ())
             if as_json:
                 planned: PruneDryRunOutput = {
                     "root": plan.root, "classes": list(plan.classes),
@@ -284,10 +284,11 @@ def _purge(root: str, older_than: float, apply: bool, as_json: bool, quiet: bool
     sys.exit(result.exit_code)
 
 
-def _apply_command(ctx: click.Context) -> str:
-    """The exact command that applies this plan: the same inputs and options, + --apply."""
+def _apply_command(ctx: click.Context, extra: tuple[str, ...] = ()) -> str:
+    """The exact command that applies this plan: the same inputs and options, `extra`, and
+    --apply."""
     return rerun_command(ctx, ("root", "manifest_path", "journal", "migration_journal", "facts_file", "model_config"),
-                         skip=_NOT_IN_APPLY_COMMAND, extra=("--apply",),
+                         skip=_NOT_IN_APPLY_COMMAND, extra=(*extra, "--apply"),
                          formats={"quiet_period": _seconds, "older_than": _seconds})
 
 

@@ -327,9 +327,12 @@ def render_text(plan: Plan, apply_command: str | None = None, dest_command: str 
                  + " (changed_since_scan and failed are only known when applying)")
     waiting, waiting_bytes = plan.waiting_for_dest
     if plan.pending:
+        from kvmigrate.migrate.stores import apply_label, unproven
+
         lines.append(f"{plural(plan.pending, 'block')} would be created. Nothing was written (dry run).")
+        stores = unproven(plan.root, plan.dest, plan.stores)
         if apply_command:
-            lines.append(f"to apply: {apply_command}")
+            lines.append(f"{apply_label(stores) if stores else 'to apply:'} {apply_command}")
     if waiting:
         lines.append(f"{plural(waiting, 'block')} ({human_bytes(waiting_bytes)}) wait for --dest DIR: a relayout "
                      "keeps the page's file name, so it is written into a new storage directory DIR (with links to "

@@ -126,6 +126,11 @@ class PrunePlan:
             return self.items if self.items.stores else ()
         return self.items
 
+    def unproven_stores(self) -> list[str]:
+        """The stores the apply writes without a proof that their clients are stopped
+        (`prune_stores.take_proofs` refuses it): its command needs --engine-stopped."""
+        return sorted(s for s, p in self.store_proofs.items() if p.proof is None)
+
     @property
     def exit_code(self) -> int:
         """Dry run: 1 when something would be pruned (interface.md §4)."""
@@ -1187,8 +1192,11 @@ def render_plan(plan: PrunePlan, apply_command: str | None) -> str:
     if plan.items or plan.retires:
         lines.append(f"{plural(len(plan.items), 'file')} would move to {os.path.join(plan.root, QUARANTINE_DIR)}/<run>/ "
                      "(reversible: `kvmigrate restore JOURNAL`). Nothing was moved (dry run).")
+        unproven = plan.unproven_stores()
         if apply_command:
-            lines.append(f"to apply: {apply_command}")
+            from kvmigrate.migrate.stores import apply_label
+
+            lines.append(f"{apply_label(unproven) if unproven else 'to apply:'} {apply_command}")
     else:
         lines.append("nothing to prune.")
     return "\n".join(lines)

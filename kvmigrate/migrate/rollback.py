@@ -754,6 +754,19 @@ def _rollback_stores(run: jn.Run, result: RollbackResult) -> None:
         if n:
             result.removed["block" if kind == "kventry" else kind] += n
     result.kept += kept
+    work = {words: done[kind] for kind, words in STORE_WORK.items() if done.get(kind)}
+    if result.commands is not None and work:  # (--list: said, never left out without a word)
+        result.commands.append("")
+        result.commands.append(
+            f"# Mooncake store {', '.join(sorted(run.stores))}: {', '.join(f'{n} {k}' for k, n in work.items())} "
+            "are not in this script: each removal needs the client lock rollback holds and its check of the "
+            "journaled hash, and an index's original comes back from kvmigrate's backup by rename; run "
+            f"`kvmigrate rollback {shlex.quote(run.journal)}`")
+
+
+# what a Mooncake store's undo counts, in the words of --list's comment
+STORE_WORK = {"kventry": "KVEntries to remove", "pair": "new pairs to remove", "index": "indexes to restore",
+              "dir": "folders to remove", "lock": "lock files to remove"}
 
 
 def _journal_dirs(run: jn.Run) -> list[str]:

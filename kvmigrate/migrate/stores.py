@@ -375,6 +375,20 @@ def describe(plans: list[StorePlan], dest: str | None = None) -> list[str]:
     return lines
 
 
+def unproven(root: str, dest: str, plans: list[StorePlan]) -> list[str]:
+    """The stores an apply into `dest` writes without a proof that their clients are
+    stopped (`check_proofs` refuses it): its command needs --engine-stopped."""
+    if os.path.abspath(dest) != os.path.abspath(root):  # (into another folder: a store is only read)
+        return []
+    return [p.store for p in plans if p.proof is None]
+
+
+def apply_label(stores: list[str]) -> str:
+    """The dry run's label of an apply command that states --engine-stopped for `stores`:
+    what must be true before it runs."""
+    return f"to apply, once no engine uses Mooncake store {', '.join(stores)} (--engine-stopped states it):"
+
+
 def check_proofs(root: str, plans: list[StorePlan]) -> None:
     """A store without a proof that its clients are stopped: exit 2, before anything (even
     the journal) is written."""

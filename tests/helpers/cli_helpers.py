@@ -15,6 +15,15 @@ def run(*args) -> tuple[int, str]:
     return res.exit_code, res.stdout + res.stderr
 
 
+def printed_apply(out: str) -> tuple[str, list[str]]:
+    """The apply command a dry run printed: (its label, its arguments after `kvmigrate`)."""
+    import shlex
+
+    line = next(x for x in reversed(out.splitlines()) if x.startswith("to apply") and " kvmigrate " in x)
+    label, _, command = line.partition(" kvmigrate ")
+    return label, shlex.split(command)
+
+
 def run_json(*args) -> tuple[int, dict]:
     """Exit code and the parsed `--json` summary of `kvmigrate ARGS --json`."""
     res = CliRunner().invoke(cli, [str(a) for a in args] + ["--json"], catch_exceptions=False)

@@ -23,7 +23,7 @@ from kvmigrate.synth import SynthSpec, build
 from kvmigrate.synth import mooncake as S
 
 from helpers import mooncake_reader as R
-from helpers.cli_helpers import run
+from helpers.cli_helpers import printed_apply, run, run_json
 
 MC = dict(family="mooncake", layers=2, block_tokens=4, blocks=3)
 
@@ -115,6 +115,26 @@ def test_without_a_proof_nothing_is_written(tmp_path):
     code, out = run("migrate", root, "--apply")
     assert code == 2 and "store" in out and "--engine-stopped" in out
     assert tree_digest(root) == before and not (root / ".kvmigrate").exists()
+
+
+def test_the_dry_run_s_apply_command_states_the_stop_it_needs_and_runs_as_printed(tmp_path):
+    """Without a proof, the printed command carries --engine-stopped and says what must be
+    true first (run without it, the apply stops with exit 2); with the client lock as the
+    proof, it needs no statement."""
+    root = tmp_path / "root"
+    res = synth(root, mc_scheme="mc-raw", tp=2)
+    code, out = run("migrate", root)
+    label, args = printed_apply(out)
+    assert code == 1 and "once no engine uses Mooncake store store" in label and "--engine-stopped" in args, out
+    assert run_json("migrate", root)[1]["apply_command"] == "kvmigrate " + " ".join(args)
+    assert run(*args)[0] == 0
+    reads_every_target_key(res, SynthSpec(**{**MC, "mc_scheme": "mc-raw", "tp": 2}))
+    other = tmp_path / "other"
+    synth(other, mc_scheme="mc-raw", tp=2)
+    facts = tmp_path / "FACTS.json"
+    facts.write_text(json.dumps({"store": {"writer_release": "0.3.14"}}))
+    label, args = printed_apply(run("migrate", other, "--facts", facts)[1])
+    assert label == "to apply:" and "--engine-stopped" not in args and run(*args)[0] == 0
 
 
 def test_a_held_client_lock_stops_the_apply_before_any_write(tmp_path):
@@ -251,6 +271,24 @@ def test_print_commands_says_the_store_work_is_not_in_the_script(tmp_path):
     synth(root, mc_scheme="mc-raw", tp=2)
     code, out = run("migrate", root, "--print-commands")
     assert code == 0 and "# Mooncake store store: 6 objects (1 index rewrites, 0 KVEntries) are not in this script" in out
+
+
+@pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
+def test_rollback_list_says_the_store_work_is_not_in_the_script(tmp_path, backend):
+    """rollback --dry-run --list cannot express a KVEntry's checked removal nor an index's
+    restore: the script names that work per store, as many as the dry run counts, rather
+    than print an empty script."""
+    root = tmp_path / "root"
+    synth(root, mc_scheme="mc-raw", mc_backend=backend, tp=2)
+    assert run("migrate", root, "--apply", "--engine-stopped")[0] == 0
+    journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+    code, dry = run_json("rollback", journal, "--dry-run")
+    code, out = run("rollback", journal, "--dry-run", "--list")
+    work = {"bucket": f"{dry['removed'].get('index', 0)} indexes to restore",
+            "file_per_key": f"{dry['removed'].get('block', 0)} KVEntries to remove"}[backend]
+    said = [line for line in out.splitlines() if line.startswith("# Mooncake store store: ")]
+    assert code == 0 and len(said) == 1 and work in said[0] and "are not in this script" in said[0], out
+    assert not work.startswith("0 ")
 
 
 GEOMETRY = {"total_kv_heads": 8, "head_dim": 4, "dtype_bytes": 2, "layers": 2, "page_tokens": 4, "kv_kind": "full"}

@@ -27,7 +27,7 @@ from kvmigrate.synth import SynthSpec, build
 from kvmigrate.synth import mooncake as S
 
 from helpers import mooncake_reader as R
-from helpers.cli_helpers import run, run_json
+from helpers.cli_helpers import printed_apply, run, run_json
 
 MC = dict(family="mooncake", layers=2, block_tokens=4, blocks=3)
 STOPPED = "--engine-stopped"
@@ -441,6 +441,28 @@ def test_without_a_proof_prune_exits_2_naming_the_store_and_moves_nothing(tmp_pa
     assert code == 2, out
     assert "Mooncake store store" in out and "--engine-stopped" in out
     assert files(root) == before and not (root / ".kvmigrate").exists()
+
+
+@pytest.mark.parametrize(("backend", "defect"), [("bucket", "orphan_data"), ("file_per_key", "header_invalid")])
+def test_the_dry_run_s_apply_command_states_the_stop_it_needs_and_runs_as_printed(tmp_path, backend, defect):
+    """Without a proof, the printed command carries --engine-stopped and says what must be
+    true first; run as printed, it moves what the dry run said. With the proof stated, it
+    is the command as given."""
+    root = tmp_path / "root"
+    synth(root, mc_backend=backend, defects=(defect,))
+    backdate(root)
+    code, out = run("prune", root, "--residue")
+    label, args = printed_apply(out)
+    assert code == 1 and "once no engine uses Mooncake store store" in label and STOPPED in args, out
+    code, plan = run_json("prune", root, "--residue")
+    assert plan["apply_command"] == "kvmigrate " + " ".join(args)
+    code, done = run_json(*args)
+    assert code == 0 and done["moved"] == {"residue": plan["files"]} and plan["files"] > 0, done
+    other = tmp_path / "other"
+    synth(other, mc_backend=backend, defects=(defect,))
+    backdate(other)
+    label, args = printed_apply(run("prune", other, "--residue", STOPPED)[1])
+    assert label == "to apply:" and args.count(STOPPED) == 1
 
 
 def test_a_held_client_lock_exits_8_and_a_free_one_is_the_proof(tmp_path):
