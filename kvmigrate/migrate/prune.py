@@ -612,14 +612,14 @@ class _Streams:
                         t = t.append_column(col, pa.nulls(t.num_rows, typ))
                 yield t.select(["row", "code", "target", *PLAN_ROW_COLUMNS, "key", "objects"])
 
-        def plain() -> Iterator[Any]:
+        def generic() -> Iterator[Any]:
             for t in self.plain:
                 keep = t["prunable"]
                 if chosen is not None:
                     keep = pc.and_(keep, _in(t["source_base"], chosen))
                 yield t.filter(keep)
 
-        yield from kind("plain", plain())
+        yield from kind("plain", generic())
         if self.tiers is not None:
             yield from kind("tiers", self.tiers.rows(chosen))
         if self.store_rows is not None:
@@ -924,7 +924,7 @@ def _reclaimable_streams(manifest_path: str, meta: dict[str, Any], root: str, us
     together: dict[tuple[str, str | None], dict[str, int]] = {}
     streams = None
     for classes in [*((c,) for c in CLASSES), CLASSES]:
-        streams = None  # (the last class's passes let go before the next's)
+        streams = None  # (the last class's passes let go before the next's are gathered)
         streams = _Streams.gathered(manifest_path, meta, classes, used, cutoff, None, False)
         if streams is None:
             return None
@@ -1140,9 +1140,10 @@ def _live_units(root: str, units: dict[str, tuple[list[str], list[str], int, boo
     """The units written to within the quiet period: unit -> (why, its members, its age in s)."""
     out = {}
     for unit, (members, folders, newest_ns, tier) in units.items():
-        why = _live(root, unit, folders, quiet_period, now, newest_ns, tier=tier)
+        newest = _newest_write(root, folders, newest_ns)
+        why = _live_since(newest, quiet_period, now, tier)
         if why:
-            out[unit] = (why, members, now - _newest_write(root, folders, newest_ns))
+            out[unit] = (why, members, now - newest)
     return out
 
 
@@ -1153,7 +1154,11 @@ def _live(root: str, ns: str, folders: list[str], quiet_period: float, now: floa
     changes a file's mtime (in place) or its folder's mtime (a new file, a rename into
     place, an eviction); never a ctime alone, which kvmigrate's own hard link (the source
     inode), a chmod or an mtime restored from backup change (migration.md §6)."""
-    newest = _newest_write(root, folders, newest_file_ns)
+    return _live_since(_newest_write(root, folders, newest_file_ns), quiet_period, now, tier)
+
+
+def _live_since(newest: float, quiet_period: float, now: float, tier: bool) -> str | None:
+    """`_live` of a unit last written at `newest` (seconds)."""
     age = now - newest
     if age < quiet_period and tier:
         return tiers_.live_reason(age, newest, quiet_period)

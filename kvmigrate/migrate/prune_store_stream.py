@@ -3,11 +3,12 @@ whose namespaces are all of stores (and files of no namespace), or for the store
 alone of one with other namespaces (`alone=False`: `prune._picked_mixed`): a plan's rows
 without the manifest's columns whole, nor a Python object per row.
 
-The rules are prune_stores.select's (the reference). They read across rows: a migrated KVEntry's target
-file, a file some row names as its target, a deployment all of whose objects are stale,
-and the container rule, which takes a live pair (`<id>.meta` + `<id>.bucket`) whole only
-when every entry its `.meta` lists is taken. So what they need of the rest of the manifest
-is gathered compactly first, then each row's class is kept as one byte:
+The rules are prune_stores.select's (the reference). They read across rows: a migrated
+KVEntry's target file, a file some row names as its target, a deployment all of whose
+objects are stale, and the container rule, which takes a live pair (`<id>.meta` +
+`<id>.bucket`) whole only when every entry its `.meta` lists is taken. So what they need
+of the rest of the manifest is gathered compactly first, then each row's class is kept
+as one byte:
 
     pass 0   every namespace a store's (else the reference plans it); the deployments
              another is planned into; per deployment whether all its objects are stale
