@@ -269,8 +269,12 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if client not in plan.clients:
                 plan.clients.append(client)
             plan.objects[action] += 1
+    indexed: dict[str, _StoreObjects] = {}
     for store, base, group, block, first_key in primaries:
-        work = _reshard_work(base, group, block, first_key, namespaces[base], objects.get(store, []))
+        held = indexed.get(store)
+        if held is None:
+            held = indexed[store] = _StoreObjects.of(objects.get(store, []))
+        work = _reshard_work(base, group, block, first_key, namespaces[base], held)
         plan = plans[store]
         plan.reshards.append(work)
         for out in work.outputs:
@@ -280,7 +284,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if src.index is not None:
                 rw = rewrites.get(src.relpath)
                 if rw is None:
-                    row = next(o for o in objects[store] if o.relpath == src.relpath)  # (its index's stat)
+                    row = held.first_row[src.relpath]  # (its index's stat)
                     rw = rewrites[src.relpath] = IndexRewrite(src.relpath, src.client, inode=row.inode,
                                                               mtime_ns=row.mtime_ns)
                     plan.rewrites.append(rw)
@@ -309,28 +313,52 @@ def _plan_of(plans: dict[str, StorePlan], store: str, namespaces: dict[str, dict
     return plan
 
 
+@dataclass
+class _StoreObjects:
+    """A store's object rows read once for all its resharded blocks (each block looked up,
+    not every row read again per block: a store of N blocks planned in N, not N^2, steps):
+    the objects registered at each scoped key, each block's candidate sources in row
+    order, and each path's first row."""
+
+    registered: dict[bytes, list[SourceRef]]
+    by_block: dict[tuple[str, int | None, bytes | None], list[tuple[Any, str, SourceRef]]]
+    first_row: dict[str, ObjectRow]
+
+    @classmethod
+    def of(cls, objects: list[ObjectRow]) -> _StoreObjects:
+        from kvmigrate.families import mooncake as fam
+        from kvmigrate.families import mooncake_reshard as R
+
+        out = cls({}, {}, {})
+        for row in objects:
+            relpath, index, key, size, value, sb, g, h, status, _ino, _mtime = row
+            out.first_row.setdefault(relpath, row)
+            sk = M.parse_storage_key(key)
+            ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), size or 0, value)
+            if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
+                                                                 else M.DEFAULT_FSDIR)):
+                out.registered.setdefault(M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT), []).append(ref)
+            if status in R.SOURCE_STATUSES:
+                ek = fam.parse_engine_key(sk.engine)
+                if ek is not None:
+                    out.by_block.setdefault((sb, g, h), []).append((ek, status, ref))
+        return out
+
+
 def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dict[str, Any],
-                  objects: list[ObjectRow]) -> ReshardWork:
+                  held: _StoreObjects) -> ReshardWork:
     """The block's sources, outputs and displaced objects, re-derived from the rows through
     the function the scan used (families/mooncake_reshard.py): both name the same keys."""
-    from kvmigrate.families import mooncake as fam
     from kvmigrate.families import mooncake_reshard as R
 
     fields = ns.get("config_json") or {}
     engine, n_s, n_t = fields["engine"], int(fields["key_ranks"]), int(fields["target_key_ranks"])
     geo = R.Geometry(*fields["geometry"])
     sources: dict[tuple[int, str], SourceRef] = {}
-    registered: dict[bytes, list[SourceRef]] = {}
-    for relpath, index, key, size, value, sb, g, h, status, _ino, _mtime in objects:
-        sk = M.parse_storage_key(key)
-        ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), size or 0, value)
-        if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
-                                                             else M.DEFAULT_FSDIR)):
-            registered.setdefault(M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT), []).append(ref)
-        if sb == base and g == group and h == block and status in R.SOURCE_STATUSES:
-            ek = fam.parse_engine_key(sk.engine)
-            if ek is not None and (status == "ok" or (ek.rank, ek.half) not in sources):
-                sources[(ek.rank, ek.half)] = ref  # (the scan's choice: an entry in place over a misfiled one)
+    for ek, status, ref in held.by_block.get((base, group, block), ()):
+        if status == "ok" or (ek.rank, ek.half) not in sources:
+            sources[(ek.rank, ek.half)] = ref  # (the scan's choice: an entry in place over a misfiled one)
+    registered = held.registered
     halves = tuple(sorted({h for _, h in sources}))
     rank0 = sources[(0, halves[0])]
     kventries = rank0.index is None

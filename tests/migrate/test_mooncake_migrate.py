@@ -323,6 +323,34 @@ def reads_at_target_tp(root: Path, res, spec: SynthSpec, target_tp: int, skip: s
                 assert got == want, (key, got if isinstance(got, str) else len(got))
 
 
+@pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
+def test_a_reshard_is_planned_in_steps_linear_in_the_store_s_objects(tmp_path, monkeypatch, backend):
+    """Each resharded block's sources are looked up, not found by reading every object of
+    its store again: four times the blocks, four times the keys parsed (it was sixteen)."""
+    from kvmigrate.migrate import stores
+
+    parsed = []
+    for blocks in (8, 32):
+        root = tmp_path / f"root{blocks}"
+        build(root, SynthSpec(**{**MC, "mc_backend": backend, "tp": 2, "blocks": blocks}))
+        m = tmp_path / f"m{blocks}.parquet"
+        code, out = run("scan", root, "--facts", reshard_facts(tmp_path, 4), "-o", m, "-q")
+        assert code in (0, 1), out
+        calls = [0]
+        real = M.parse_storage_key
+
+        def counting(key, _real=real, _calls=calls):
+            _calls[0] += 1
+            return _real(key)
+
+        monkeypatch.setattr(M, "parse_storage_key", counting)
+        (plan,) = stores.plan_stores(str(m), manifest.read_metadata(str(m))["namespaces"], engine_stopped=True)
+        monkeypatch.setattr(M, "parse_storage_key", real)
+        assert len(plan.reshards) == blocks
+        parsed.append(calls[0])
+    assert parsed[1] <= 5 * parsed[0], parsed
+
+
 @pytest.mark.parametrize("backend,engine,source_tp,target_tp", RESHARDS)
 def test_a_gqa_store_resharded_reads_as_the_target_tp_wrote_it(tmp_path, backend, engine, source_tp, target_tp):
     """§3.4-3.6: after `migrate --apply` a store written at one TP reads, key by key, as the
