@@ -62,10 +62,22 @@ def _resident(paths: list[Path]) -> int:
     return sum(int(x) for x in out.split())
 
 
+def _assert_left_alone(hot: list[Path], advice: list[str]) -> None:
+    """No advice of the scan names one of the engine's hot files, and they are still
+    cached. The call log is the proof; the page cache only confirms it, and the kernel may
+    drop a few pages of its own accord on a loaded machine (CI saw 8 KiB of 2.6 MiB go),
+    so the residency check allows a tenth: a DONTNEED would have dropped them all."""
+    calls = [line for line in advice if "fadvise64(" in line]
+    named = [m.group(1) for line in calls if (m := re.search(r"fadvise64\(\d+<([^>]+)>", line))]
+    assert calls and len(named) == len(calls)  # every call's file is known
+    assert set(named).isdisjoint(os.path.realpath(p) for p in hot)
+    assert _resident(hot) >= 0.9 * sum(p.stat().st_size for p in hot)
+
+
 def _hash_scan_with_some_hot(synth_root, tmp_path, spec: dict, hot: int) -> tuple[list[Path], list[Path], list[str]]:
     """A tree whose block files are all evicted but the first `hot` (read, as an engine
     would), then `scan --verify hash` under strace: (blocks, the hot ones, its
-    posix_fadvise calls)."""
+    posix_fadvise calls, each with its file's path: strace -y)."""
     root, results = synth_root(spec)
     blocks = [root / r for r in results[0].block_files()]
     os.sync()
@@ -75,7 +87,7 @@ def _hash_scan_with_some_hot(synth_root, tmp_path, spec: dict, hot: int) -> tupl
         path.read_bytes()
     assert _resident(blocks[hot:]) == 0 and _resident(blocks[:hot]) == sum(p.stat().st_size for p in blocks[:hot])
     log = tmp_path / "strace.log"
-    subprocess.run(["strace", "-f", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
+    subprocess.run(["strace", "-f", "-y", "-e", "trace=fadvise64", "-o", str(log), KVMIGRATE, "scan", str(root),
                     "--verify", "hash", "-o", str(tmp_path / "m.parquet"), "-q"], check=False, timeout=120)
     return blocks, blocks[:hot], log.read_text().splitlines()
 
@@ -89,7 +101,7 @@ def test_every_cold_hashed_block_file_is_fadvised_dontneed_and_the_engines_stay_
     calls = [line for line in advice if "POSIX_FADV_DONTNEED" in line]
     assert len(calls) == len(blocks) - len(hot) == 30
     assert _resident(blocks[10:]) == 0  # read, hashed and let go
-    assert _resident(hot) == sum(p.stat().st_size for p in hot)
+    _assert_left_alone(hot, advice)
 
 
 def test_max_duration_stops_the_scan_with_exit_32_and_a_rerun_completes(synth_root, tmp_path, no_limits):
@@ -128,4 +140,4 @@ def test_the_c_walk_asks_ahead_for_cold_big_blocks_only(synth_root, tmp_path, mo
     assert min(p.stat().st_size for p in blocks) > _leafwalk.STREAM_CHUNK
     asked = [line for line in advice if "POSIX_FADV_WILLNEED" in line]
     assert len(asked) == len(blocks) - len(hot) == 7
-    assert _resident(hot) == sum(p.stat().st_size for p in hot)
+    _assert_left_alone(hot, advice)
