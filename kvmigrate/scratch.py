@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +91,35 @@ def _pid_namespace() -> int:
         return 0
     digits = re.search(r"\d+", link)
     return int(digits.group()) if digits else 0
+
+
+class Folder:
+    """A working folder (`make`) removed with the last object that refers to it, or at
+    exit; one left by a process killed with a signal it cannot handle goes with the next
+    working folder made."""
+
+    def __init__(self, kind: str) -> None:
+        try:
+            self.path = make(kind)
+        except OSError as exc:
+            self.path = tempfile.gettempdir()
+            raise CannotWrite(exc) from exc
+        self._remove = weakref.finalize(self, _remove_own, self.path, os.getpid())
+        self.files = 0
+
+    def file(self, name: str) -> str:
+        """The path of a new Arrow file in the folder."""
+        self.files += 1
+        return os.path.join(self.path, f"{name}-{self.files}.arrow")
+
+    def remove(self) -> None:
+        self._remove()
+
+
+def _remove_own(path: str, pid: int) -> None:
+    """Remove the folder, in the process that made it only (a forked walk worker leaves it)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class CannotWrite(Exception):

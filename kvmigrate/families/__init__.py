@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvmigrate import layout
@@ -264,8 +264,20 @@ class Family:
         `facts_for(model, key)` resolves the facts of one name key."""
         return []
 
-    def flat_verdicts(self, deployment: Any, names: set[str], hashed: bool) -> Iterable[dict[str, Any]]:
-        """The row of every file of a deployment: name, rank, hex, status, action, reason, target."""
+    def fold_page(self, folds: dict[Any, Any], file: Any) -> int:
+        """Count a flat directory's page (its `flat_file`) into what `discover_folds` and
+        the verdicts need of all the pages (`folds`, the family's own): the id of the fold
+        it went into (the scan files the page under it)."""
+        raise NotImplementedError
+
+    def discover_folds(self, folds: Mapping[Any, Any], facts_for: Any) -> list[Any]:
+        """`discover` from the pages folded (`fold_page`), none of them held."""
+        return []
+
+    def flat_verdicts(self, deployment: Any, files: list[Any], names: Container[str],
+                      hashed: bool) -> Iterable[dict[str, Any]]:
+        """The row of every file of some whole pages of a deployment: name, rank, hex,
+        status, action, reason, target."""
         return ()
 
     def flat_page_hex(self, name: str) -> str | None:

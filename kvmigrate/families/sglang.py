@@ -21,7 +21,7 @@ import functools
 import re
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,6 +233,35 @@ class FlatFile:
 
 
 @dataclass
+class SuffixFold:
+    """What discovery and the verdicts need of all the pages of one (pool, suffix), folded
+    as the scan reads them (scan/flat.py): a deployment is one or more of these."""
+
+    id: int  # the order it was first met in (the scan files each page under it)
+    pool: str | None
+    suffix: str
+    count: int = 0
+    all_zip: bool = True  # every page's head is a zip archive's
+    sizes: Counter = field(default_factory=Counter)  # sizes the pages compare (not empty, no zip payload)
+
+
+def fold_page(folds: dict[tuple[str | None, str], SuffixFold], f: FlatFile) -> int:
+    """Count a page into the fold of its (pool, suffix): that fold's id."""
+    page = page_of(f)
+    key = (page.pool, page.suffix)
+    fold = folds.get(key)
+    if fold is None:
+        fold = folds[key] = SuffixFold(len(folds), *key)
+    fold.count += 1
+    if f.head is not None and f.head.startswith(ZIP_MAGIC):
+        return fold.id
+    fold.all_zip = False
+    if f.size > 0:
+        fold.sizes[f.size] += 1
+    return fold.id
+
+
+@dataclass
 class Deployment:
     """One deployment (and pool) of the directory: this family's namespace."""
 
@@ -247,8 +276,10 @@ class Deployment:
     deployment: str
     notes: list[str] = field(default_factory=list)
     decided: dict[str, str] = field(default_factory=dict)  # suffix -> how the facts decided its reading
-    primary: dict[str, int] = field(default_factory=dict)  # e2 MLA copies: page hash -> the rank placed
-    files: list[tuple[FlatFile, Reading]] = field(default_factory=list)
+    # fold id -> (its place in the deployment's order of suffixes, its reading)
+    folds: dict[int, tuple[int, Reading]] = field(default_factory=dict)
+    count: int = 0  # page files
+    modal: int | None = None  # the size most of its pages have (not empty, no zip payload)
 
 
 class SGLang(families.Family):
@@ -292,6 +323,9 @@ class SGLang(families.Family):
     def flat_file(self, name: str, size: int) -> FlatFile:
         return FlatFile(name, size, page=parse_page_name(name))
 
+    def fold_page(self, folds: dict[Any, Any], file: FlatFile) -> int:
+        return fold_page(folds, file)
+
     def model_key_matches(self, key: str, suffix: str) -> bool:
         """A FACTS.json model name fits a suffix `_{model}` + the groups after it."""
         head = "_" + sanitise(key)
@@ -300,15 +334,21 @@ class SGLang(families.Family):
     # --- discovery ---------------------------------------------------------------------
 
     def discover(self, files: list[FlatFile], facts_for) -> list[Deployment]:
-        """Group the directory's page files into deployments. `facts_for(model, suffix)`
-        gives the facts of a suffix (FACTS.json: exact suffix, then model name, then "*";
-        flags fill gaps). Each distinct suffix is read once."""
-        by_suffix: dict[tuple[str | None, str], list[FlatFile]] = defaultdict(list)
+        """`discover_folds` of these files (a temp file's page, read as its page would be)."""
+        folds: dict[tuple[str | None, str], SuffixFold] = {}
         for f in files:
-            page = page_of(f)
-            by_suffix[(page.pool, page.suffix)].append(f)
+            fold_page(folds, f)
+        return self.discover_folds(folds, facts_for)
+
+    def discover_folds(self, folds: Mapping[tuple[str | None, str], SuffixFold], facts_for) -> list[Deployment]:
+        """Group the directory's pages, folded by (pool, suffix), into deployments.
+        `facts_for(model, suffix)` gives the facts of a suffix (FACTS.json: exact suffix,
+        then model name, then "*"; flags fill gaps). Each distinct suffix is read once."""
         out: dict[tuple, Deployment] = {}
-        for (pool, suffix), group in sorted(by_suffix.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        sizes: dict[tuple, Counter] = defaultdict(Counter)
+        zipped: dict[tuple, bool] = {}
+        for fold in sorted(folds.values(), key=lambda x: (x.pool or "", x.suffix)):
+            pool, suffix = fold.pool, fold.suffix
             greedy = read_suffix(suffix, pool)
             facts = facts_for(greedy.model if greedy else None, suffix)
             model_fact = getattr(facts, "model_name", None)
@@ -328,10 +368,14 @@ class SGLang(families.Family):
                 dep.decided[suffix] = note
                 if note not in dep.notes:
                     dep.notes.append(note)
-            dep.files.extend((f, reading) for f in group)
-        for dep in out.values():
+            dep.folds[fold.id] = (len(dep.folds), reading)
+            dep.count += fold.count
+            sizes[key].update(fold.sizes)  # (in the order of suffixes: the modal size's ties go to the first)
+            zipped[key] = zipped.get(key, True) and fold.all_zip
+        for key, dep in out.items():
             dep.notes.extend(_hazards(dep))
-            if dep.scheme == "sgl-e3" and all(f.head and f.head.startswith(ZIP_MAGIC) for f, _ in dep.files):
+            dep.modal = sizes[key].most_common(1)[0][0] if sizes[key] else None
+            if dep.scheme == "sgl-e3" and zipped[key]:
                 dep.scheme = "sgl-e1"  # bare names of torch.save archives: 0.4.9.post3 (or 0.4.9.post4+ at TP=1)
                 dep.label = dep.label.replace(":sgl-e3", ":sgl-e1")
                 dep.deployment = dep.deployment.replace(":sgl-e3", ":sgl-e1")
@@ -364,41 +408,41 @@ class SGLang(families.Family):
 
     # --- verdicts ----------------------------------------------------------------------
 
-    def flat_verdicts(self, dep: Deployment, names: set[str], hashed: bool) -> Iterator[dict[str, Any]]:
-        """The row of every file of a deployment (sglang.md §3): status, action, reason,
-        rank and target name. `names`: every entry of the directory (a target that
-        exists is already present)."""
-        files = dep.files
+    def flat_verdicts(self, dep: Deployment, files: list[tuple[FlatFile, Reading]], names: Container[str],
+                      hashed: bool) -> Iterator[dict[str, Any]]:
+        """The row of every file of some whole pages of a deployment (sglang.md §3):
+        status, action, reason, rank and target name. `files`: every file of the
+        deployment with one of these page hashes, in the order of page hashes and then of
+        the deployment's suffixes; `names`: every entry of the directory that may share
+        these page hashes (a target that exists is already present)."""
+        modal = dep.modal
         zipped = {f.name for f, _ in files if f.head is not None and f.head.startswith(ZIP_MAGIC)}
-        sizes = Counter(f.size for f, _ in files if f.size > 0 and f.name not in zipped)
-        modal = sizes.most_common(1)[0][0] if sizes else None
         ranks_of: dict[str, set[int]] = defaultdict(set)
         worker: dict[Reading, tuple[int, int]] = {}  # (few readings: one per suffix)
         writers = 1
         for f, r in files:
             w = worker.get(r) or worker.setdefault(r, r.worker())
             rank, writers = w
-            if writers > 1:  # (one writer: every page is whole; no set a page, a million in a directory)
+            if writers > 1:  # (one writer: every page is whole; no set a page)
                 ranks_of[page_of(f).hex].add(rank)
         replicas = dep.reading.era == "e23" and dep.reading.tp is not None and dep.kv_kind == "mla"
         copies: dict[str, list[bytes | None]] = defaultdict(list)
+        primary: dict[str, int] = {}  # e2 MLA copies: page hash -> the rank placed
         if replicas:
             for f, _ in files:
                 copies[page_of(f).hex].append(f.content)
-            dep.primary = _primaries(files, copies, zipped, modal)
+            primary = _primaries(files, copies, zipped, modal)
         if writers > 1:
             files.sort(key=lambda fr: (page_of(fr[0]).hex, worker[fr[1]][0]))
-        else:  # (every rank is 0: the same order, without a key tuple a file)
-            files.sort(key=lambda fr: page_of(fr[0]).hex)
         for f, r in files:
             row = {"name": f.name, "rank": worker[r][0], "hex": page_of(f).hex, "status": "ok",
                    "action": "none", "reason": "", "target": None}
-            self._verdict(dep, f, r, row, names, hashed, zipped, modal, replicas, copies, ranks_of, writers)
+            self._verdict(dep, f, r, row, names, hashed, zipped, modal, replicas, copies, ranks_of, writers, primary)
             yield row
 
-    def _verdict(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], hashed: bool,
+    def _verdict(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: Container[str], hashed: bool,
                  zipped: set[str], modal: int | None, replicas: bool, copies: Mapping[str, list],
-                 ranks_of: Mapping[str, set[int]], writers: int) -> None:
+                 ranks_of: Mapping[str, set[int]], writers: int, primary: Mapping[str, int]) -> None:
         """One file's status, action, reason and target (sglang.md §3), written into `row`."""
         if f.size == 0:
             row["status"], row["reason"] = "short", "empty file"
@@ -431,13 +475,13 @@ class SGLang(families.Family):
             row["reason"] = (f"page missing for writer(s) {', '.join(map(str, missing))} of {writers}: "
                              "the engine needs every rank's file")
             return
-        self._action(dep, f, r, row, names, replicas, copies, hashed)
+        self._action(dep, f, r, row, names, replicas, copies, hashed, primary)
         decided = dep.decided.get(page.suffix)
         if decided and type(row["reason"]) is str:  # (a typed reason keeps its finding)
             row["reason"] += f"; {decided}"
 
-    def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: set[str], replicas: bool,
-                copies: Mapping[str, list], hashed: bool) -> None:
+    def _action(self, dep: Deployment, f: FlatFile, r: Reading, row: dict, names: Container[str], replicas: bool,
+                copies: Mapping[str, list], hashed: bool, primary: Mapping[str, int]) -> None:
         facts = dep.facts
         page = page_of(f)
         if dep.reading.era == "e23":
@@ -465,8 +509,8 @@ class SGLang(families.Family):
                 "SGLang would read these pages in place, possibly wrongly", NEEDS_FACT,
                 asks=asks("--writer-layout"))
             return
-        if replicas and r.tp and r.tp[0] != dep.primary.get(page.hex, r.tp[0]):
-            first = dep.primary[page.hex]
+        if replicas and r.tp and r.tp[0] != primary.get(page.hex, r.tp[0]):
+            first = primary[page.hex]
             row["reason"] = finding_reason(f"replica of rank {first} (one file places the page)", REPLICA_OF_PRIMARY,
                                            primary_rank=first)
             return

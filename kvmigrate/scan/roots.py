@@ -3,7 +3,6 @@ with config, digest, family, facts and target resolved (`resolve_namespaces`).""
 
 from __future__ import annotations
 
-import bisect
 import os
 import stat as stat_mod
 from collections import Counter
@@ -17,6 +16,7 @@ from kvmigrate.fsio import CHUNK, errno_reason, open_noatime
 from kvmigrate.identity import canonical
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan import tiers
+from kvmigrate.scan.flat_spill import PageNames
 
 SAMPLE_FILES = 64  # block sizes sampled per rank folder for family detection
 CONFIG_MAX = 16 << 20  # engines write a config.json of a few KiB: a larger one is never read into memory
@@ -100,28 +100,20 @@ class Namespace:
 
 
 class ListingNames:
-    """Every entry name of the top level: a set, plus each flat family's sorted page names
-    (a million in one HiCache directory: a set of them would cost ~60 MiB more)."""
+    """Every entry name of the top level but a flat family's page files: those are held on
+    disk (scan/flat_spill.py), and the one question asked of them, whether the name a page
+    is read as exists, is answered beside the page (scan/flat.py)."""
 
-    __slots__ = ("names", "sorted_lists")
+    __slots__ = ("names",)
 
     def __init__(self, names: Any = ()) -> None:
         self.names: set[str] = set(names)
-        self.sorted_lists: list[list[str]] = []
 
     def add(self, name: str) -> None:
         self.names.add(name)
 
     def __contains__(self, name: object) -> bool:
-        if name in self.names:
-            return True
-        if not isinstance(name, str):
-            return False
-        for names in self.sorted_lists:
-            i = bisect.bisect_left(names, name)
-            if i < len(names) and names[i] == name:
-                return True
-        return False
+        return name in self.names
 
 
 @dataclass
@@ -135,9 +127,9 @@ class RootListing:
     foreign_dirs: list[str] = field(default_factory=list)
     files: list[os.DirEntry] = field(default_factory=list)  # top-level non-directories
     names: ListingNames = field(default_factory=ListingNames)
-    # flat families (docs/families.md §3): family name -> the sorted names of the page files it
-    # claims (names only: a DirEntry each would hold a million paths)
-    flat: dict[str, list[str]] = field(default_factory=dict)
+    # flat families (docs/families.md §3): family name -> the names of the page files it claims,
+    # sorted (names only, and on disk past a few hundred thousand: scan/flat_spill.py)
+    flat: dict[str, PageNames] = field(default_factory=dict)
     flat_temps: list[tuple[Any, os.DirEntry]] = field(default_factory=list)  # (family, temp file), in name order
     # temp file name -> its namespace columns: the family, and the deployment its name says
     # (scan/flat.py temp_columns); never a source_base (no page of a namespace)
@@ -178,21 +170,18 @@ def list_root(root: str, fsdir_of: Any = None) -> RootListing:
     tier_fams = [f for f in families.writers() if f.root_layout == "tiers"]
     store_fams = [f for f in families.writers() if f.root_layout == "stores"]
     entries = []
-    pages: dict[str, list[str]] = {f.name: [] for f in flat}
+    pages = {f.name: PageNames() for f in flat}
     with os.scandir(root) as it:
         for e in it:  # a flat family's page files keep only their name (see RootListing.flat)
             if flat and e.is_file(follow_symlinks=False):
                 name = e.name
                 fam = next((f for f in flat if f.claims_entry(name, False)), None)
                 if fam is not None and not fam.is_temp(name):
-                    pages[fam.name].append(name)
+                    pages[fam.name].add(name)
                     continue
             entries.append(e)
-    listing.flat = {name: names for name, names in pages.items() if names}
+    listing.flat = {name: names.finish() for name, names in pages.items() if names}
     entries.sort(key=lambda e: e.name)
-    for names in listing.flat.values():
-        names.sort()
-        listing.names.sorted_lists.append(names)
     for e in entries:
         listing.names.add(e.name)
         if not e.is_dir(follow_symlinks=False):

@@ -20,9 +20,6 @@ import contextlib
 import heapq
 import operator
 import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -117,32 +114,11 @@ def decode(batch: pa.RecordBatch) -> tuple[list[int], list[StoreFile]]:
     return batch.column("ordinal").to_pylist(), [StoreFile(*row) for row in zip(*cols, blocks, ranks)]
 
 
-class Folder:
-    """A store's temporary folder (kvmigrate/scratch.py), removed with the last object that
-    refers to it; one left by a scan killed with a signal it cannot handle goes with the
-    next working folder made."""
+class Folder(scratch.Folder):
+    """A store's temporary folder (kvmigrate/scratch.py)."""
 
     def __init__(self) -> None:
-        try:
-            self.path = scratch.make("scan-store")
-        except OSError as exc:
-            self.path = tempfile.gettempdir()
-            raise scratch.CannotWrite(exc) from exc
-        self._remove = weakref.finalize(self, _remove_own, self.path, os.getpid())
-        self.files = 0
-
-    def file(self, name: str) -> str:
-        self.files += 1
-        return os.path.join(self.path, f"{name}-{self.files}.arrow")
-
-    def remove(self) -> None:
-        self._remove()
-
-
-def _remove_own(path: str, pid: int) -> None:
-    """Remove the folder, in the process that made it only (a forked walk worker leaves it)."""
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)
+        super().__init__("scan-store")
 
 
 def writing(folder: Folder | None) -> contextlib.AbstractContextManager[None]:
