@@ -27,8 +27,10 @@ import pyarrow as pa
 
 from kvmigrate import scratch
 
-RUN_NAMES = 1 << 15  # names sorted in memory at a time (~4 MiB of strings)
-NAMES_BATCH = 8_192  # names per record batch of a run
+RUN_NAMES = 1 << 16  # names sorted in memory at a time (~8 MiB of strings)
+# names per record batch of a run: the merge holds one batch of every run, and a run comes
+# with every RUN_NAMES names (150 runs at 10M pages: ~20 MiB of names held)
+NAMES_BATCH = 1_024
 HEX = 64  # a page name starts with its page hash
 
 STAT_FIELDS = ("size", "mtime_ns", "inode", "dev", "nlink", "ctime_ns")
