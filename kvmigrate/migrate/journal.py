@@ -37,18 +37,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import struct
+import tempfile
 import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmigrate import layout
+from kvmigrate import layout, scratch
 from kvmigrate.errors import OperationalError, UsageError, write_error
 
 VERSION = 2
@@ -557,6 +559,47 @@ class JournalWriter:
     def write(self, rec: dict[str, Any], sync: bool = False) -> None:
         self._pending.append(_ENCODE(rec).encode() + b"\n")
         self._flush(sync)
+
+    def write_parts(self, parts: Iterable[str], sync: bool = False) -> None:
+        """One record whose JSON text comes in `parts` (joined, `_ENCODE` of the record):
+        the frame `write` would make, its payload compressed as the parts come into a
+        temporary file, so a record of any length (a Mooncake store's whole intent) is
+        never held as one string."""
+        head = [_ENCODE(rec).encode() + b"\n" for rec in self._linked_records()] + self._pending
+        self._pending = []
+        self._held = 0
+        lines = itertools.chain(head, (p.encode() for p in parts), (b"\n",))
+        try:
+            if not self._framed:
+                for line in lines:
+                    self._write_all(line)
+            else:
+                z = zlib.compressobj(_ZLEVEL)
+                crc = length = 0
+                with tempfile.TemporaryFile(dir=scratch.tmpdir()) as tmp:
+                    for line in itertools.chain(lines, (None,)):
+                        chunk = z.flush() if line is None else z.compress(line)
+                        if chunk:
+                            tmp.write(chunk)
+                            crc = zlib.crc32(chunk, crc)
+                            length += len(chunk)
+                    tmp.seek(0)
+                    self._write_all(FRAME.pack(MAGIC, length, crc))
+                    while block := tmp.read(1 << 20):
+                        self._write_all(block)
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            what = (exc.strerror or str(exc)).lower()
+            raise OperationalError(f"cannot write the journal: {what}", path=self.path,
+                                   hint="free space on the journal's filesystem, then rerun the same command "
+                                        "to resume") from None
+
+    def _write_all(self, data: bytes) -> None:
+        self._end += len(data)
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
 
     def _flush(self, sync: bool = False) -> None:
         lines = [_ENCODE(rec).encode() + b"\n" for rec in self._linked_records()] + self._pending

@@ -23,7 +23,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -365,20 +365,29 @@ def pack_pairs(objects: Sequence[tuple[bytes, bytes]], max_keys: int = MAX_BUCKE
     """(storage key, value) objects sorted by key and cut into pairs of at most `max_keys`
     keys and `max_bytes` of records (an object larger than that alone in its pair), as a
     client fills its buckets. A key given twice is refused: it would be in two entries."""
-    ordered = sorted(objects, key=lambda kv: kv[0])
-    for a, b in zip(ordered, ordered[1:]):
-        if a[0] == b[0]:
-            raise ValueError(f"storage key {a[0]!r} is given twice: a key in two live entries is never read")
-    pairs: list[list[tuple[bytes, bytes]]] = []
+    return list(pack_sorted(sorted(objects, key=lambda kv: kv[0]), max_keys, max_bytes))
+
+
+def pack_sorted(ordered: Iterable[tuple[bytes, bytes]], max_keys: int = MAX_BUCKET_KEYS,
+                max_bytes: int = MAX_BUCKET_BYTES) -> Iterator[list[tuple[bytes, bytes]]]:
+    """`pack_pairs` of objects already sorted by key, a pair at a time (objects read from
+    disk as they are packed: a reshard's outputs)."""
+    pair: list[tuple[bytes, bytes]] = []
     size = 0
+    prev: bytes | None = None
     for key, value in ordered:
+        if key == prev:
+            raise ValueError(f"storage key {key!r} is given twice: a key in two live entries is never read")
+        prev = key
         n = len(key) + len(value)
-        if not pairs or len(pairs[-1]) >= max_keys or (pairs[-1] and size + n > max_bytes):
-            pairs.append([])
+        if len(pair) >= max_keys or (pair and size + n > max_bytes):
+            yield pair
+            pair = []
             size = 0
-        pairs[-1].append((key, value))
+        pair.append((key, value))
         size += n
-    return pairs
+    if pair:
+        yield pair
 
 
 def write_pair(client_root: str, bucket_id: int, objects: Sequence[tuple[bytes, bytes]], stage_dir: str,

@@ -7,6 +7,7 @@ never modified: every value stays readable at its manifest location."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -17,6 +18,8 @@ import xxhash
 from kvmigrate.errors import OperationalError, write_error
 from kvmigrate.formats import mooncake as M
 from kvmigrate.migrate import mooncake_store as MS
+from kvmigrate.migrate.reshard_spill import Spill
+from kvmigrate.migrate.reshard_spill import sort as spill_sort
 from kvmigrate.migrate.stores import (
     BACKUP_DIR,
     OWN_LOCK,
@@ -27,7 +30,7 @@ from kvmigrate.migrate.stores import (
     StorePlan,
     check_proofs,
     from_intent,
-    to_intent,
+    intent_parts,
 )
 
 
@@ -131,8 +134,8 @@ class StoreApplier:
                     rw.keys[i] = M.retired_key(rw.old_keys[i], self.run_id.replace("@", "_"))
         outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
         if resumed is None:
-            pairs = self._pairs(p, outputs)
-            self.journal.write(to_intent(p, pairs, outputs["entries"]), sync=True)
+            pairs: Any = self._pairs(p, outputs)
+            self.journal.write_parts(intent_parts(p, pairs, outputs["entries"]), sync=True)
         else:  # the interrupted run's pairs: the same ids, proven the same bytes
             pairs = self._resumed_pairs(resumed, outputs)
         self.crash("intent")
@@ -152,13 +155,13 @@ class StoreApplier:
         self.own_locks = []
         self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
 
-    def _reshard_outputs(self, p: StorePlan) -> dict[str, list[Any]]:
+    def _reshard_outputs(self, p: StorePlan) -> dict[str, Spill]:
         """The values every reshard writes (§3.4), from sources re-read and checked against
         the scan: {"objects": [(client, key, value)] for new pairs, "entries": [(client,
-        path, KVEntry bytes, displaced)] for KVEntries}."""
+        path, KVEntry bytes, displaced)] for KVEntries}, on disk (reshard_spill), not held."""
         from kvmigrate.transforms_mooncake import reshard_values
 
-        out: dict[str, list[Any]] = {"objects": [], "entries": []}
+        out = {"objects": Spill(), "entries": Spill()}
         for work in p.reshards:
             values: dict[tuple[int, str], bytes] = {}
             for rank_half, src in work.sources.items():
@@ -213,7 +216,7 @@ class StoreApplier:
             return None
         return value
 
-    def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, list[Any]]
+    def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, Spill]
                        ) -> list[tuple[str, int, list, str, str]]:
         """The intended pairs with their objects recomputed; a pair whose bytes would differ
         from the intent's is left out (changed_since_scan), and a `.bucket` of the
@@ -248,20 +251,21 @@ class StoreApplier:
             out.append((client, rec["id"], objects, rec["bucket"], rec["meta"]))
         return out
 
-    def _pairs(self, p: StorePlan, outputs: dict[str, list[Any]]) -> list[tuple[str, int, list, str, str]]:
+    def _pairs(self, p: StorePlan, outputs: dict[str, Spill]) -> Spill:
         """The new pairs of the store's reshard outputs, per target client root: objects sorted
         by key, <= 500 a pair and 256 MiB, ids above every id at the top of the client root
-        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3)."""
-        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
-        for client, key, value in outputs["objects"]:
-            by_client.setdefault(client, []).append((key, value))
-        out = []
-        for client, objs in sorted(by_client.items()):
-            packed = MS.pack_pairs(objs)
-            ids = MS.choose_bucket_ids(self._abs(client), len(packed))
-            for bucket_id, objects in zip(ids, packed):
-                data, meta = M.build_bucket(objects)
-                out.append((client, bucket_id, objects, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
+        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3), on disk. The outputs' keys
+        are sorted apart from their values, each value read back as its pair is packed."""
+        objects = outputs["objects"]
+        out = Spill()
+        ordered = spill_sort(((client, key, at) for at, (client, key, _) in objects.items()),
+                             key=lambda c: (c[0], c[1]))
+        for client, group in itertools.groupby(ordered, key=lambda c: c[0]):
+            first = MS.choose_bucket_ids(self._abs(client), 1)[0]  # (then consecutive ids)
+            packed = MS.pack_sorted((key, objects.at(at)[2]) for _, key, at in group)
+            for bucket_id, pair in enumerate(packed, first):
+                data, meta = M.build_bucket(pair)
+                out.append((client, bucket_id, pair, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
         return out
 
     def _pair(self, client: str, bucket_id: int, objects: list[tuple[bytes, bytes]]) -> None:
@@ -502,7 +506,7 @@ class DestStoreApplier(StoreApplier):
 
     def _dest_store(self, p: StorePlan) -> None:
         outputs = self._reshard_outputs(p)
-        self.journal.write({**to_intent(p, [], outputs["entries"]), "dest": True}, sync=True)
+        self.journal.write_parts(intent_parts(p, [], outputs["entries"], dest=True), sync=True)
         self.crash("intent")
         new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
         for rw in p.rewrites:

@@ -11,7 +11,7 @@ Journal records (`mc_*`), in the order a run writes them per store:
     mc_store    a proof: the client root whose 0.3.14 flock the run holds, how it is proven
     mc_dir      a folder the run made (an SGLang target rank's client root; in DIR)
     mc_intent   fsynced before anything of the store is written: the whole StorePlan
-                (`to_intent`): rewrites, entries, reshards, pairs with ids and hashes
+                (`intent_parts`): rewrites, entries, reshards, pairs with ids and hashes
     mc_index    an index rewritten (rekeys and retires): original and new XXH3, its backup
     mc_replace  a displaced KVEntry replaced by a reshard output: old and new XXH3, backup
     mc_pair     a new pair committed: client root, id, both files' XXH3, its keys
@@ -22,11 +22,12 @@ Journal records (`mc_*`), in the order a run writes them per store:
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from kvmigrate import families, layout
 from kvmigrate import manifest as mf
@@ -34,6 +35,8 @@ from kvmigrate.errors import UsageError
 from kvmigrate.formats import mooncake as M
 from kvmigrate.migrate import mooncake_store as MS
 from kvmigrate.migrate.fsops import check_relpath
+from kvmigrate.migrate.reshard_spill import Spill
+from kvmigrate.migrate.reshard_spill import sort as _sort
 
 OWN_LOCK = ".kvmigrate.lock"  # kvmigrate's lock in each client root it writes (holder pid inside)
 BACKUP_DIR = os.path.join(layout.OWN_DIR, "mooncake")  # ROOT/.kvmigrate/mooncake/<run>/<relpath>.orig
@@ -70,22 +73,6 @@ class EntryWrite:
     value: bytes | None = None  # the value's XXH3-128 (hash scans)
 
 
-class ObjectRow(NamedTuple):
-    """An object row of a store with a reshard (its sources, and what holds its target keys)."""
-
-    relpath: str
-    entry: int | None  # object_index
-    key: bytes
-    size: int
-    value: bytes | None
-    source_base: str
-    group: int | None
-    block_hash: bytes | None
-    status: str
-    inode: int
-    mtime_ns: int
-
-
 @dataclass(frozen=True)
 class SourceRef:
     """One source object of a resharded block, as the scan read it."""
@@ -118,7 +105,7 @@ class StorePlan:
     store: str
     rewrites: list[IndexRewrite] = field(default_factory=list)
     entries: list[EntryWrite] = field(default_factory=list)
-    reshards: list[ReshardWork] = field(default_factory=list)
+    reshards: Spill = field(default_factory=Spill)  # ReshardWork of each block, on disk
     bucket_clients: list[str] = field(default_factory=list)  # client roots whose index a rewrite changes
     clients: list[str] = field(default_factory=list)  # every client root written
     flock_stated: bool = False  # writer_release >= 0.3.14 stated: the client lock is the proof
@@ -136,30 +123,46 @@ class StorePlan:
         return None
 
 
-def to_intent(p: StorePlan, pairs: list[tuple[str, int, list, str, str]], entries: list[tuple]) -> dict[str, Any]:
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # (the journal's encoder: the same text)
+
+
+def intent_parts(p: StorePlan, pairs: Iterable[tuple[str, int, list, str, str]], entries: Iterable[tuple],
+                 *, dest: bool = False) -> Iterator[str]:
     """The store's whole plan as its journal intent: everything a resumed run needs to do
-    exactly the same (§5.3), and a rollback to prove what is the run's."""
-    return {"t": "mc_intent", "store": p.store, "proof": p.proof,
-            "rewrites": [{"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
-                          "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
-                          "retire": sorted(rw.retire)} for rw in p.rewrites],
-            "entries": [{"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
-                         "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
-                         "value": e.value.hex() if e.value else None} for e in p.entries],
-            "reshards": [{"n_s": w.n_s, "n_t": w.n_t, "geometry": [w.geometry.heads, w.geometry.head_dim,
-                                                                  w.geometry.elem_bytes],
-                          "kventries": w.kventries, "fsdir": w.fsdir,
-                          "sources": [{"rank": r, "half": h, "relpath": src.relpath, "index": src.index,
-                                       "key": src.key.hex(), "client": src.client, "size": src.size,
-                                       "value": src.value.hex() if src.value else None}
-                                      for (r, h), src in sorted(w.sources.items())],
-                          "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
-                                       "key": o.key.hex(), "client": o.client} for o in w.outputs],
-                          "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
-                                        for src in w.displaced]} for w in p.reshards],
-            "pairs": [{"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs],
-            "outputs": [{"path": path, "xxh3": MS.xxh3_hex(data), "client": c} for c, path, data, _ in entries],
-            "clients": p.clients, "bucket_clients": p.bucket_clients}
+    exactly the same (§5.3), and a rollback to prove what is the run's. Its JSON text in
+    parts, an element at a time (journal `write_parts`): a plan's reshards, pairs and
+    outputs are read from disk as it is written, never held as one record."""
+    yield '{"t":"mc_intent","store":' + _ENCODE(p.store) + ',"proof":' + _ENCODE(p.proof)
+    yield from _array("rewrites", ({"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
+                                    "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
+                                    "retire": sorted(rw.retire)} for rw in p.rewrites))
+    yield from _array("entries", ({"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
+                                   "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
+                                   "value": e.value.hex() if e.value else None} for e in p.entries))
+    yield from _array("reshards", ({"n_s": w.n_s, "n_t": w.n_t, "geometry": [w.geometry.heads, w.geometry.head_dim,
+                                                                             w.geometry.elem_bytes],
+                                    "kventries": w.kventries, "fsdir": w.fsdir,
+                                    "sources": [{"rank": r, "half": h, "relpath": src.relpath, "index": src.index,
+                                                 "key": src.key.hex(), "client": src.client, "size": src.size,
+                                                 "value": src.value.hex() if src.value else None}
+                                                for (r, h), src in sorted(w.sources.items())],
+                                    "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
+                                                 "key": o.key.hex(), "client": o.client} for o in w.outputs],
+                                    "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
+                                                  for src in w.displaced]} for w in p.reshards))
+    yield from _array("pairs", ({"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs))
+    yield from _array("outputs", ({"path": path, "xxh3": MS.xxh3_hex(data), "client": c}
+                                  for c, path, data, _ in entries))
+    yield ',"clients":' + _ENCODE(p.clients) + ',"bucket_clients":' + _ENCODE(p.bucket_clients)
+    yield ',"dest":true}' if dest else "}"
+
+
+def _array(name: str, items: Iterable[Any]) -> Iterator[str]:
+    """`,"name":[...]`, an item at a time."""
+    yield f',"{name}":['
+    for n, item in enumerate(items):
+        yield ("," if n else "") + _ENCODE(item)
+    yield "]"
 
 
 def from_intent(rec: dict[str, Any]) -> StorePlan:
@@ -217,8 +220,11 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
     rewrites: dict[str, IndexRewrite] = {}
     resharding = {b for b, ns in namespaces.items() if b in store_of and
                   (ns.get("config_json") or {}).get("target_key_ranks")}
-    objects: dict[str, list[ObjectRow]] = {}  # store -> its objects (a reshard's sources and what holds its keys)
-    primaries: list[tuple[str, str, int, bytes, bytes]] = []  # (store, namespace, group, block hash, target key)
+    # a reshard's candidate sources and its primary rows, on disk (reshard_spill), each to be
+    # sorted by block: a block's rows are far apart in the manifest (a pair holds a key rank)
+    candidates = Spill()  # (block order, row, key rank, half, status, SourceRef, key it is registered at)
+    primaries = Spill()  # (block order, row, store, target key of key rank 0)
+    first_stat: dict[str, tuple[int, int]] = {}  # an index's stat (inode, mtime_ns), from its first object row
     for batch in mf.iter_batches(manifest_path, columns=_COLUMNS):
         cols = batch.to_pydict()
         for i, action in enumerate(cols["action"]):
@@ -227,12 +233,14 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             base = cols["source_base"][i]
             store = str(store_of[base])
             if resharding and cols["object_key"][i] is not None:
-                objects.setdefault(store, []).append(ObjectRow(
-                    cols["relpath"][i], cols["object_index"][i], cols["object_key"][i], cols["size"][i] or 0,
-                    cols["payload_xxh3_128"][i], base, cols["group"][i], cols["block_hash"][i], cols["status"][i],
-                    cols["inode"][i] or 0, cols["mtime_ns"][i] or 0))
+                if cols["object_index"][i] is not None:
+                    first_stat.setdefault(cols["relpath"][i], (cols["inode"][i] or 0, cols["mtime_ns"][i] or 0))
+                cand = _candidate(cols, i, len(candidates))
+                if cand is not None:
+                    candidates.append(cand)
             if action == "reshard":
-                primaries.append((store, base, cols["group"][i], cols["block_hash"][i], cols["target_key"][i]))
+                primaries.append((_block_order(base, cols["group"][i], cols["block_hash"][i]), len(primaries),
+                                  store, cols["target_key"][i]))
                 _plan_of(plans, store, namespaces, store_of, engine_stopped)
                 continue
             in_place = (action == "already_present" and cols["object_key"][i] is not None
@@ -269,12 +277,8 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if client not in plan.clients:
                 plan.clients.append(client)
             plan.objects[action] += 1
-    indexed: dict[str, _StoreObjects] = {}
-    for store, base, group, block, first_key in primaries:
-        held = indexed.get(store)
-        if held is None:
-            held = indexed[store] = _StoreObjects.of(objects.get(store, []))
-        work = _reshard_work(base, group, block, first_key, namespaces[base], held)
+    works = _sort(_block_works(candidates, primaries, namespaces), key=lambda w: w[0])
+    for _, store, work in works:  # (in the primaries' row order: the plan's order, as the scan met them)
         plan = plans[store]
         plan.reshards.append(work)
         for out in work.outputs:
@@ -284,9 +288,9 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
             if src.index is not None:
                 rw = rewrites.get(src.relpath)
                 if rw is None:
-                    row = held.first_row[src.relpath]  # (its index's stat)
-                    rw = rewrites[src.relpath] = IndexRewrite(src.relpath, src.client, inode=row.inode,
-                                                              mtime_ns=row.mtime_ns)
+                    inode, mtime_ns = first_stat[src.relpath]  # (its index's stat)
+                    rw = rewrites[src.relpath] = IndexRewrite(src.relpath, src.client, inode=inode,
+                                                              mtime_ns=mtime_ns)
                     plan.rewrites.append(rw)
                     if src.client not in plan.bucket_clients:
                         plan.bucket_clients.append(src.client)
@@ -313,52 +317,71 @@ def _plan_of(plans: dict[str, StorePlan], store: str, namespaces: dict[str, dict
     return plan
 
 
-@dataclass
-class _StoreObjects:
-    """A store's object rows read once for all its resharded blocks (each block looked up,
-    not every row read again per block: a store of N blocks planned in N, not N^2, steps):
-    the objects registered at each scoped key, each block's candidate sources in row
-    order, and each path's first row."""
-
-    registered: dict[bytes, list[SourceRef]]
-    by_block: dict[tuple[str, int | None, bytes | None], list[tuple[Any, str, SourceRef]]]
-    first_row: dict[str, ObjectRow]
-
-    @classmethod
-    def of(cls, objects: list[ObjectRow]) -> _StoreObjects:
-        from kvmigrate.families import mooncake as fam
-        from kvmigrate.families import mooncake_reshard as R
-
-        out = cls({}, {}, {})
-        for row in objects:
-            relpath, index, key, size, value, sb, g, h, status, _ino, _mtime = row
-            out.first_row.setdefault(relpath, row)
-            sk = M.parse_storage_key(key)
-            ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), size or 0, value)
-            if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
-                                                                 else M.DEFAULT_FSDIR)):
-                out.registered.setdefault(M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT), []).append(ref)
-            if status in R.SOURCE_STATUSES:
-                ek = fam.parse_engine_key(sk.engine)
-                if ek is not None:
-                    out.by_block.setdefault((sb, g, h), []).append((ek, status, ref))
-        return out
+def _block_order(base: str, group: int | None, block: bytes | None) -> tuple:
+    """A block's place in the sort that brings its rows together (None before any value)."""
+    return (base, group is not None, group or 0, block is not None, block or b"")
 
 
-def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dict[str, Any],
-                  held: _StoreObjects) -> ReshardWork:
-    """The block's sources, outputs and displaced objects, re-derived from the rows through
-    the function the scan used (families/mooncake_reshard.py): both name the same keys."""
+def _candidate(cols: dict[str, list[Any]], i: int, row: int) -> tuple | None:
+    """An object row that may be a source of its block's reshard (a usable status, a key of
+    an engine's grammar), with the scoped key a starting client registers it at (None: an
+    entry away from fpk of its key registers nothing)."""
+    from kvmigrate.families import mooncake as fam
+    from kvmigrate.families import mooncake_reshard as R
+
+    relpath, index, key, status = cols["relpath"][i], cols["object_index"][i], cols["object_key"][i], cols["status"][i]
+    if status not in R.SOURCE_STATUSES:
+        return None
+    sk = M.parse_storage_key(key)
+    ek = fam.parse_engine_key(sk.engine)
+    if ek is None:
+        return None
+    ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), cols["size"][i] or 0,
+                    cols["payload_xxh3_128"][i])
+    registered = None
+    if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
+                                                    else M.DEFAULT_FSDIR)):
+        registered = M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)
+    return (_block_order(cols["source_base"][i], cols["group"][i], cols["block_hash"][i]), row, ek.rank, ek.half,
+            status, ref, registered)
+
+
+def _block_works(candidates: Spill, primaries: Spill, namespaces: dict[str, dict[str, Any]]
+                 ) -> Iterator[tuple[int, str, ReshardWork]]:
+    """(primary's row, store, work) of every resharded block, in block order: the primaries
+    and the candidate sources both sorted by block (and row), then walked side by side, so
+    only one block's rows are held at a time (a store of N blocks planned in N steps)."""
+    cands = _sort(candidates, key=lambda c: (c[0], c[1]))
+    cand = next(cands, None)
+    held: list[tuple] = []
+    held_block = None
+    for block, row, store, first_key in _sort(primaries, key=lambda p: (p[0], p[1])):
+        if block != held_block:
+            held, held_block = [], block
+            while cand is not None and cand[0] < block:
+                cand = next(cands, None)
+            while cand is not None and cand[0] == block:
+                held.append(cand)
+                cand = next(cands, None)
+        yield row, store, _reshard_work(block[0], first_key, namespaces[block[0]], held)
+
+
+def _reshard_work(base: str, first_key: bytes, ns: dict[str, Any], candidates: list[tuple]) -> ReshardWork:
+    """The block's sources, outputs and displaced objects, re-derived from its rows through
+    the function the scan used (families/mooncake_reshard.py): both name the same keys.
+    `candidates`: the block's candidate sources (`_candidate`) in row order."""
     from kvmigrate.families import mooncake_reshard as R
 
     fields = ns.get("config_json") or {}
     engine, n_s, n_t = fields["engine"], int(fields["key_ranks"]), int(fields["target_key_ranks"])
     geo = R.Geometry(*fields["geometry"])
     sources: dict[tuple[int, str], SourceRef] = {}
-    for ek, status, ref in held.by_block.get((base, group, block), ()):
-        if status == "ok" or (ek.rank, ek.half) not in sources:
-            sources[(ek.rank, ek.half)] = ref  # (the scan's choice: an entry in place over a misfiled one)
-    registered = held.registered
+    registered: dict[bytes, list[SourceRef]] = {}
+    for _, _, rank, half, status, ref, key in candidates:
+        if status == "ok" or (rank, half) not in sources:
+            sources[(rank, half)] = ref  # (the scan's choice: an entry in place over a misfiled one)
+        if key is not None:
+            registered.setdefault(key, []).append(ref)
     halves = tuple(sorted({h for _, h in sources}))
     rank0 = sources[(0, halves[0])]
     kventries = rank0.index is None
@@ -366,7 +389,7 @@ def _reshard_work(base: str, group: int, block: bytes, first_key: bytes, ns: dic
     first = M.parse_storage_key(first_key)  # target key rank 0's key, as the scan named it
     # (an output's size is the scan's verdict, `value_size` 0: the apply writes what the reshard computes)
     outs = R.outputs(engine, first.engine, rank0.client, n_t, halves, first.tenant, 0, n_s, geo)
-    mine = set(sources.values())
+    mine = set(sources.values())  # (only the block's own sources are displaced: its rows are all it needs)
     displaced = [ref for o in outs for ref in registered.get(o.key, []) if ref in mine]
     return ReshardWork(n_s, n_t, geo, sources, outs, displaced, kventries, fsdir)
 
