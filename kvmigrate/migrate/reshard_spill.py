@@ -15,8 +15,8 @@ from typing import Any
 
 from kvmigrate import scratch
 
-RUN_RECORDS = 1 << 14  # records a sort holds in memory at once (one sorted run)
-_READ_BUFFER = 1 << 16
+RUN_RECORDS = 1 << 12  # records a sort holds in memory at once (one sorted run)
+_READ_BUFFER = 1 << 15  # (a merge reads every run at once)
 
 
 class _At(io.RawIOBase):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +32,8 @@ from kvmigrate.migrate.stores import (
     from_intent,
     intent_parts,
 )
+
+_METAS_HELD = 8  # decoded source indexes kept (a block's key ranks are in a few pairs)
 
 
 def _keep_displaced(p: StorePlan, work: ReshardWork) -> None:
@@ -70,6 +72,7 @@ class StoreApplier:
         self.unfinished = {r["store"]: r for r in resumed or () if r.get("t") == "mc_intent"
                            and r["store"] not in finished}
         self.resuming = False
+        self._metas: OrderedDict[str, tuple[tuple[int, ...], M.BucketMeta]] = OrderedDict()  # see _index
 
     def _abs(self, relpath: str) -> str:
         return os.path.join(self.root, relpath) if relpath else self.root
@@ -204,7 +207,7 @@ class StoreApplier:
                 if src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
                     return None
                 return value
-            meta = M.decode_meta(MS._read(self._abs(src.relpath)))
+            meta = self._index(self._abs(src.relpath))
             obj = meta.objects[src.index]
             bucket = self._abs(src.relpath)[: -len(M.META_SUFFIX)] + M.BUCKET_SUFFIX
             with open(bucket, "rb") as f:
@@ -215,6 +218,21 @@ class StoreApplier:
         if len(value) != src.size or src.value is not None and xxhash.xxh3_128(value).digest() != src.value:
             return None
         return value
+
+    def _index(self, path: str) -> M.BucketMeta:
+        """A source `.meta` decoded as it is now: the last few decoded are kept while their
+        stat stays the same (a pair of 500 entries was decoded again for each of them)."""
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        held = self._metas.get(path)
+        if held is not None and held[0] == stamp:
+            self._metas.move_to_end(path)
+            return held[1]
+        meta = M.decode_meta(MS._read(path))
+        self._metas[path] = (stamp, meta)
+        while len(self._metas) > _METAS_HELD:
+            self._metas.popitem(last=False)
+        return meta
 
     def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, Spill]
                        ) -> list[tuple[str, int, list, str, str]]:

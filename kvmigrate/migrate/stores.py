@@ -38,6 +38,7 @@ from kvmigrate.migrate.fsops import check_relpath
 from kvmigrate.migrate.reshard_spill import Spill
 from kvmigrate.migrate.reshard_spill import sort as _sort
 
+_BATCH_ROWS = 4096  # manifest rows held as Python values at once while planning
 OWN_LOCK = ".kvmigrate.lock"  # kvmigrate's lock in each client root it writes (holder pid inside)
 BACKUP_DIR = os.path.join(layout.OWN_DIR, "mooncake")  # ROOT/.kvmigrate/mooncake/<run>/<relpath>.orig
 STORE_ACTIONS = ("rekey", "link", "reshard")  # what this release applies of a store's rows
@@ -225,7 +226,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
     candidates = Spill()  # (block order, row, key rank, half, status, SourceRef, key it is registered at)
     primaries = Spill()  # (block order, row, store, target key of key rank 0)
     first_stat: dict[str, tuple[int, int]] = {}  # an index's stat (inode, mtime_ns), from its first object row
-    for batch in mf.iter_batches(manifest_path, columns=_COLUMNS):
+    for batch in mf.iter_batches(manifest_path, columns=_COLUMNS, batch_size=_BATCH_ROWS):
         cols = batch.to_pydict()
         for i, action in enumerate(cols["action"]):
             if cols["source_base"][i] not in store_of:
