@@ -38,14 +38,8 @@ _METAS_HELD = 8  # decoded source indexes kept (a block's key ranks are in a few
 
 def _keep_displaced(p: StorePlan, work: ReshardWork) -> None:
     """A reshard that will not run retires nothing: its displaced entries leave the index
-    rewrites (a rewrite left with no entry is dropped)."""
-    for src in work.displaced:
-        for rw in p.rewrites:
-            if rw.meta == src.relpath and src.index is not None:
-                rw.keys.pop(src.index, None)
-                rw.old_keys.pop(src.index, None)
-                rw.retire.discard(src.index)
-    p.rewrites = [rw for rw in p.rewrites if rw.keys]
+    rewrites (a rewrite left with no entry is dropped: `whole_rewrites`)."""
+    p.kept.update((src.relpath, src.index) for src in work.displaced if src.index is not None)
 
 
 class StoreApplier:
@@ -131,18 +125,15 @@ class StoreApplier:
                 os.makedirs(self._abs(client))
                 self.journal.write({"t": "mc_dir", "store": p.store, "path": client}, sync=True)
             self._own_lock(client)
-        for rw in p.rewrites:  # a displaced entry's retired key names this run (§3.5)
-            for i, k in rw.keys.items():
-                if not k:
-                    rw.keys[i] = M.retired_key(rw.old_keys[i], self.run_id.replace("@", "_"))
         outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
         if resumed is None:
-            pairs: Any = self._pairs(p, outputs)
-            self.journal.write_parts(intent_parts(p, pairs, outputs["entries"]), sync=True)
+            pairs: Any = self._pairs(p, outputs)  # (a displaced entry's retired key names this run, §3.5)
+            self.journal.write_parts(intent_parts(p, p.whole_rewrites(self.run_id), pairs, outputs["entries"]),
+                                     sync=True)
         else:  # the interrupted run's pairs: the same ids, proven the same bytes
             pairs = self._resumed_pairs(resumed, outputs)
         self.crash("intent")
-        for rw in p.rewrites:
+        for rw in p.whole_rewrites(self.run_id):
             self._rewrite(rw)
         for client, path, data, displaced in outputs["entries"]:
             self._output_entry(client, path, data, displaced)
@@ -524,10 +515,10 @@ class DestStoreApplier(StoreApplier):
 
     def _dest_store(self, p: StorePlan) -> None:
         outputs = self._reshard_outputs(p)
-        self.journal.write_parts(intent_parts(p, [], outputs["entries"], dest=True), sync=True)
+        self.journal.write_parts(intent_parts(p, p.whole_rewrites(), [], outputs["entries"], dest=True), sync=True)
         self.crash("intent")
         new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
-        for rw in p.rewrites:
+        for rw in p.whole_rewrites():
             self._dest_index(p.store, rw, new_objects)
         for e in p.entries:
             self._dest_entry(p.store, e)

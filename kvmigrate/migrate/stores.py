@@ -112,6 +112,31 @@ class StorePlan:
     flock_stated: bool = False  # writer_release >= 0.3.14 stated: the client lock is the proof
     stopped_stated: bool = False  # engine_stopped stated for the store
     objects: Counter = field(default_factory=Counter)  # action -> objects
+    # the index entries reshards displace, on disk: (place of the rewrite in `rewrites`, order
+    # displaced, entry, its key as scanned); `rewrites` holds the rekeys, `whole_rewrites` both
+    retired: Spill = field(default_factory=Spill)
+    kept: set[tuple[str, int]] = field(default_factory=set)  # (`.meta`, entry) of reshards that will not run
+
+    def whole_rewrites(self, run_id: str | None = None) -> Iterator[IndexRewrite]:
+        """Each index rewrite with the entries reshards retire in it, in the plan's order,
+        one at a time (a store's retired entries are not held: two a block); a rewrite left
+        with no entry (its reshards will not run: `kept`) is left out. `run_id`: the retired
+        keys name the run (§3.5), else they are b"" until it is known."""
+        retired = _sort(self.retired, key=lambda r: (r[0], r[1]))
+        nxt = next(retired, None)
+        for place, rw in enumerate(self.rewrites):
+            whole = IndexRewrite(rw.meta, rw.client, dict(rw.keys), dict(rw.old_keys), dict(rw.values), set(rw.retire),
+                                 rw.inode, rw.mtime_ns)
+            while nxt is not None and nxt[0] == place:
+                _, _, index, old = nxt
+                if (rw.meta, index) not in self.kept:
+                    whole.keys[index] = M.retired_key(old, run_id.replace("@", "_")) if run_id is not None else b""
+                    whole.retire.add(index)
+                    whole.old_keys[index] = old
+                    whole.values[index] = None
+                nxt = next(retired, None)
+            if whole.keys:
+                yield whole
 
     @property
     def proof(self) -> str | None:
@@ -127,8 +152,8 @@ class StorePlan:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # (the journal's encoder: the same text)
 
 
-def intent_parts(p: StorePlan, pairs: Iterable[tuple[str, int, list, str, str]], entries: Iterable[tuple],
-                 *, dest: bool = False) -> Iterator[str]:
+def intent_parts(p: StorePlan, rewrites: Iterable[IndexRewrite], pairs: Iterable[tuple[str, int, list, str, str]],
+                 entries: Iterable[tuple], *, dest: bool = False) -> Iterator[str]:
     """The store's whole plan as its journal intent: everything a resumed run needs to do
     exactly the same (§5.3), and a rollback to prove what is the run's. Its JSON text in
     parts, an element at a time (journal `write_parts`): a plan's reshards, pairs and
@@ -136,7 +161,7 @@ def intent_parts(p: StorePlan, pairs: Iterable[tuple[str, int, list, str, str]],
     yield '{"t":"mc_intent","store":' + _ENCODE(p.store) + ',"proof":' + _ENCODE(p.proof)
     yield from _array("rewrites", ({"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
                                     "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
-                                    "retire": sorted(rw.retire)} for rw in p.rewrites))
+                                    "retire": sorted(rw.retire)} for rw in rewrites))
     yield from _array("entries", ({"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
                                    "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
                                    "value": e.value.hex() if e.value else None} for e in p.entries))
@@ -226,6 +251,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
     candidates = Spill()  # (block order, row, key rank, half, status, SourceRef, key it is registered at)
     primaries = Spill()  # (block order, row, store, target key of key rank 0)
     first_stat: dict[str, tuple[int, int]] = {}  # an index's stat (inode, mtime_ns), from its first object row
+    place: dict[str, int] = {}  # `.meta` -> its rewrite's place in its plan's `rewrites`
     for batch in mf.iter_batches(manifest_path, columns=_COLUMNS, batch_size=_BATCH_ROWS):
         cols = batch.to_pydict()
         for i, action in enumerate(cols["action"]):
@@ -265,6 +291,7 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                 if rw is None:
                     rw = rewrites[relpath] = IndexRewrite(relpath, client, inode=cols["inode"][i] or 0,
                                                           mtime_ns=cols["mtime_ns"][i] or 0)
+                    place[relpath] = len(plan.rewrites)
                     plan.rewrites.append(rw)
                     if client not in plan.bucket_clients:
                         plan.bucket_clients.append(client)
@@ -292,13 +319,11 @@ def plan_stores(manifest_path: str, namespaces: dict[str, dict[str, Any]], *, en
                     inode, mtime_ns = first_stat[src.relpath]  # (its index's stat)
                     rw = rewrites[src.relpath] = IndexRewrite(src.relpath, src.client, inode=inode,
                                                               mtime_ns=mtime_ns)
+                    place[src.relpath] = len(plan.rewrites)
                     plan.rewrites.append(rw)
                     if src.client not in plan.bucket_clients:
                         plan.bucket_clients.append(src.client)
-                rw.keys[src.index] = b""  # (the run's retired key, made when the run id is known)
-                rw.retire.add(src.index)
-                rw.old_keys[src.index] = src.key
-                rw.values[src.index] = None
+                plan.retired.append((place[src.relpath], len(plan.retired), src.index, src.key))  # (whole_rewrites)
         plan.objects["reshard"] += len(work.outputs)
         for c in {s.client for s in work.sources.values()}:
             if c not in plan.bucket_clients and not work.kventries:
