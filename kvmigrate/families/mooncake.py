@@ -259,6 +259,19 @@ def parse_engine_key(key: str) -> EngineKey | None:
     return None
 
 
+def key_rank(key: str) -> tuple[int, str] | None:
+    """(key rank, half) of an engine key, as `parse_engine_key` gives them, None for a key of
+    no grammar; no field interned (a reshard's planning reads every object of a store
+    once: interning each block's hash grew the interpreter's table by ~200 B a block)."""
+    v = M.parse_vllm_key(key)
+    if v is not None:
+        return v.tp_rank, ""
+    s = M.parse_sglang_key(key)
+    if s is not None:
+        return (s.ranks[0] if s.ranks else 0), s.half
+    return None
+
+
 def _hash_bytes(h: str) -> bytes | None:
     try:
         return bytes.fromhex(h if len(h) % 2 == 0 else "0" + h)

@@ -359,7 +359,7 @@ def _candidate(cols: dict[str, list[Any]], i: int, row: int) -> tuple | None:
     if status not in R.SOURCE_STATUSES:
         return None
     sk = M.parse_storage_key(key)
-    ek = fam.parse_engine_key(sk.engine)
+    ek = fam.key_rank(sk.engine)
     if ek is None:
         return None
     ref = SourceRef(relpath, index, key, _client_of_object(relpath, index), cols["size"][i] or 0,
@@ -368,8 +368,8 @@ def _candidate(cols: dict[str, list[Any]], i: int, row: int) -> tuple | None:
     if index is not None or relpath.endswith(M.fpk(key, relpath.split("/")[-4] if relpath.count("/") >= 3
                                                     else M.DEFAULT_FSDIR)):
         registered = M.scoped(sk.engine, sk.tenant or M.DEFAULT_TENANT)
-    return (_block_order(cols["source_base"][i], cols["group"][i], cols["block_hash"][i]), row, ek.rank, ek.half,
-            status, ref, registered)
+    return (_block_order(cols["source_base"][i], cols["group"][i], cols["block_hash"][i]), row, *ek, status, ref,
+            registered)
 
 
 def _block_works(candidates: Spill, primaries: Spill, namespaces: dict[str, dict[str, Any]]
