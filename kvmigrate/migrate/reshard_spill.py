@@ -17,6 +17,7 @@ from kvmigrate import scratch
 
 RUN_RECORDS = 1 << 12  # records a sort holds in memory at once (one sorted run)
 _READ_BUFFER = 1 << 15  # (a merge reads every run at once)
+MERGE_RUNS = 64  # runs merged at once: their open files and read buffers
 
 
 class _At(io.RawIOBase):
@@ -101,6 +102,11 @@ def sort(records: Iterable[Any], key: Callable[[Any], Any], run: int = RUN_RECOR
             held.sort(key=key)
             runs.append(Spill(held))
             held = []
+            if len(runs) >= MERGE_RUNS:  # (merged into one: a file and a read buffer a run are held)
+                merged = Spill(heapq.merge(*runs, key=key))
+                for r in runs:
+                    r.close()
+                runs = [merged]
     held.sort(key=key)
     if not runs:
         yield from held
