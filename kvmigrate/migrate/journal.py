@@ -577,8 +577,11 @@ class JournalWriter:
                 z = zlib.compressobj(_ZLEVEL)
                 crc = length = 0
                 with tempfile.TemporaryFile(dir=scratch.tmpdir()) as tmp:
-                    for line in itertools.chain(lines, (None,)):
-                        chunk = z.flush() if line is None else z.compress(line)
+                    def compressed() -> Iterator[bytes]:
+                        yield from (z.compress(line) for line in lines)
+                        yield z.flush()  # (after the last line: the stream's end)
+
+                    for chunk in compressed():
                         if chunk:
                             tmp.write(chunk)
                             crc = zlib.crc32(chunk, crc)

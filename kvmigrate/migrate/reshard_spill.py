@@ -59,7 +59,9 @@ class Spill:
 
     def append(self, rec: Any) -> None:
         if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix=f"{scratch.PREFIX}reshard-", dir=scratch.tmpdir())
+            # (open as long as the Spill lives: `close`, or the process's end, unlinked from the start)
+            self._file = tempfile.TemporaryFile(prefix=f"{scratch.PREFIX}reshard-",  # noqa: SIM115
+                                                dir=scratch.tmpdir())
         pickle.dump(rec, self._file, pickle.HIGHEST_PROTOCOL)
         self._count += 1
 
