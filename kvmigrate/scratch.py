@@ -158,6 +158,19 @@ class IpcWriter:
             self.writer.close()
             self.sink.close()
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.sink.close()  # (the file descriptor goes with it: a full TMPDIR stays unmountable else)
+            raise CannotWrite(exc) from exc
+
+
+@contextlib.contextmanager
+def spilling(files: str, room: str) -> Iterator[None]:
+    """Writes into TMPDIR's unlinked temporary files (`tempfile.TemporaryFile`): any OSError
+    of them is `writing`'s exit 8, naming TMPDIR."""
+    with writing(None, files, room):
+        try:
+            yield
+        except OSError as exc:
             raise CannotWrite(exc) from exc
 
 

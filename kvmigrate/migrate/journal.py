@@ -576,17 +576,21 @@ class JournalWriter:
             else:
                 z = zlib.compressobj(_ZLEVEL)
                 crc = length = 0
-                with tempfile.TemporaryFile(dir=scratch.tmpdir()) as tmp:
-                    def compressed() -> Iterator[bytes]:
-                        yield from (z.compress(line) for line in lines)
-                        yield z.flush()  # (after the last line: the stream's end)
 
+                def compressed() -> Iterator[bytes]:
+                    yield from (z.compress(line) for line in lines)
+                    yield z.flush()  # (after the last line: the stream's end)
+
+                with scratch.spilling("a journal record's compressed text", "a Mooncake store's intent takes "
+                                      "about a hundred bytes a resharded block there"):
+                    tmp = tempfile.TemporaryFile(dir=scratch.tmpdir())  # noqa: SIM115 (closed below)
                     for chunk in compressed():
                         if chunk:
                             tmp.write(chunk)
                             crc = zlib.crc32(chunk, crc)
                             length += len(chunk)
                     tmp.seek(0)
+                with tmp:
                     self._write_all(FRAME.pack(MAGIC, length, crc))
                     while block := tmp.read(1 << 20):
                         self._write_all(block)

@@ -20,6 +20,12 @@ _READ_BUFFER = 1 << 15  # (a merge reads every run at once)
 MERGE_RUNS = 64  # runs merged at once: their open files and read buffers
 
 
+def spilling() -> Any:
+    """A full or read-only TMPDIR while a reshard's work is spilled: exit 8, naming it."""
+    return scratch.spilling("the temporary files of a Mooncake store's reshard",
+                            "a resharded block's work and outputs take a few KB there while it is planned and applied")
+
+
 class _At(io.RawIOBase):
     """A file read from its own offset (pread), so that several readers and the appender
     of one file never move each other's position."""
@@ -58,11 +64,12 @@ class Spill:
             self.append(rec)
 
     def append(self, rec: Any) -> None:
-        if self._file is None:
-            # (open as long as the Spill lives: `close`, or the process's end, unlinked from the start)
-            self._file = tempfile.TemporaryFile(prefix=f"{scratch.PREFIX}reshard-",  # noqa: SIM115
-                                                dir=scratch.tmpdir())
-        pickle.dump(rec, self._file, pickle.HIGHEST_PROTOCOL)
+        with spilling():
+            if self._file is None:
+                # (open as long as the Spill lives: `close`, or the process's end, unlinked from the start)
+                self._file = tempfile.TemporaryFile(prefix=f"{scratch.PREFIX}reshard-",  # noqa: SIM115
+                                                    dir=scratch.tmpdir())
+            pickle.dump(rec, self._file, pickle.HIGHEST_PROTOCOL)
         self._count += 1
 
     def __len__(self) -> int:
