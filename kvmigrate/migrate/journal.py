@@ -169,13 +169,21 @@ _PIECE = 1 << 20  # bytes of a frame read, and decompressed, at a time (`_wanted
 
 class _WantedLines:
     """The lines of a stream fed in pieces that start with one of `wanted` (`got`): a line
-    is kept only once its first bytes show it is wanted."""
+    is kept only once its first bytes show it is wanted. `cut` (prefix, opening, closing):
+    a wanted line with that prefix loses what lies between the first `opening` and the
+    next `closing` (a Mooncake intent's reshards array, which verify and rollback never
+    read: ~3 KB a block), and that part is never held either. `skip`: prefixes of lines not
+    wanted after all."""
 
-    def __init__(self, wanted: tuple[bytes, ...]) -> None:
-        self.wanted, self.longest = wanted, max(map(len, wanted))
+    def __init__(self, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, bytes] | None = None,
+                 skip: tuple[bytes, ...] = ()) -> None:
+        self.wanted, self.skip, self.longest = wanted, skip, max(map(len, wanted + skip))
+        self.cut = cut
         self.got: list[bytes] = []
         self.line = b""  # the line so far
         self.keep: bool | None = None  # whether it is wanted: None until its first bytes are known
+        self.cutting = 0  # 0: no cut (yet), 1: looking for the opening, 2: dropping until the closing, 3: done
+        self.dropped = b""  # (while dropping: the last bytes, where a closing may begin)
 
     def feed(self, data: bytes) -> None:
         start = 0
@@ -185,31 +193,78 @@ class _WantedLines:
             if self.keep is None:
                 self.line += part
                 if len(self.line) >= self.longest or nl >= 0:
-                    self.keep = self.line.startswith(self.wanted)
+                    self.keep = self._wanted(self.line)
                     if not self.keep:
                         self.line = b""
+                    elif self.cut is not None and self.line.startswith(self.cut[0]):
+                        self.cutting = 1
+                        held, self.line = self.line, b""
+                        self._add(held)
             elif self.keep:
-                self.line += part
+                self._add(part)
             if nl < 0:
                 return
             if self.keep:
-                self.got.append(self.line)
-            self.line, self.keep = b"", None
+                self.got.append(self.line + (self.dropped if self.cutting == 2 else b""))
+            self.line, self.keep, self.cutting, self.dropped = b"", None, 0, b""
             start = nl + 1
+
+    def _wanted(self, line: bytes) -> bool:
+        return line.startswith(self.wanted) and not (self.skip and line.startswith(self.skip))
+
+    def _add(self, part: bytes) -> None:
+        """Part of a kept line, less what its cut drops."""
+        if self.cutting in (0, 3):
+            self.line += part
+            return
+        assert self.cut is not None
+        _, opening, closing = self.cut
+        if self.cutting == 1:
+            seen = len(self.line)
+            self.line += part
+            at = self.line.find(opening, max(0, seen - len(opening) + 1))
+            if at < 0:
+                return
+            self.cutting, rest = 2, self.line[at + len(opening):]
+            self.line = self.line[:at + len(opening)]
+            part = rest
+            self.dropped = b""
+        held = self.dropped + part
+        at = held.find(closing)
+        if at < 0:
+            self.dropped = held[-(len(closing) - 1):] if len(closing) > 1 else b""
+            return
+        self.cutting, self.dropped = 3, b""
+        self.line += held[at:]
 
     def end(self) -> list[bytes]:
         """The wanted lines, with a last one that has no newline (as `splitlines` gives it)."""
-        if self.line and (self.keep or self.keep is None and self.line.startswith(self.wanted)):
-            self.got.append(self.line)
+        if self.keep is None and self._wanted(self.line):
+            self.keep, held, self.line = True, self.line, b""
+            if self.cut is not None and held.startswith(self.cut[0]):
+                self.cutting = 1
+            self._add(held)
+        if self.keep and (self.line or self.cutting == 2):
+            self.got.append(self.line + (self.dropped if self.cutting == 2 else b""))
         return self.got
 
 
-def _wanted_lines(f: Any, wanted: tuple[bytes, ...]) -> Iterator[bytes]:
-    """The lines starting with one of `wanted` of every whole frame, as `_frames` reads
-    them (a frame's lines once its CRC proved it; none from the first torn or corrupt
-    frame on), read and decompressed a piece at a time: only the wanted lines are held.
-    A Mooncake store's intent is one line of ~3 KB a resharded block in a frame of its own;
-    the run states a report or prune asks for are a few short lines around it."""
+def _wanted_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, bytes] | None = None
+                  ) -> Iterator[bytes]:
+    """The lines starting with one of `wanted` of every whole frame (`_frame_lines`)."""
+    for _, lines in _frame_lines(f, wanted, cut):
+        yield from lines
+
+
+def _frame_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, bytes] | None = None,
+                 skip: tuple[bytes, ...] = ()) -> Iterator[tuple[int, list[bytes]]]:
+    """(offset, lines) of every whole frame, as `_frames` reads them (a frame's lines once
+    its CRC proved it; none from the first torn or corrupt frame on), its lines those
+    starting with one of `wanted` and none of `skip` (`_WantedLines`), read and
+    decompressed a piece at a time: only those lines are held. A Mooncake store's intent
+    is one line of ~3 KB a resharded block in a frame of its own; the run states a report
+    or prune asks for are a few short lines around it."""
+    offset = f.tell()
     while True:
         head = f.read(FRAME.size)
         if len(head) < FRAME.size:
@@ -218,7 +273,7 @@ def _wanted_lines(f: Any, wanted: tuple[bytes, ...]) -> Iterator[bytes]:
         if magic != MAGIC:
             return
         z = zlib.decompressobj()
-        lines = _WantedLines(wanted)
+        lines = _WantedLines(wanted, cut, skip)
         seen, left = 0, length
         try:
             while left:
@@ -235,7 +290,8 @@ def _wanted_lines(f: Any, wanted: tuple[bytes, ...]) -> Iterator[bytes]:
             return
         if seen != crc or not z.eof:
             return
-        yield from lines.end()
+        yield offset, lines.end()
+        offset += FRAME.size + length
 
 
 def valid_end(path: str) -> int:
@@ -247,13 +303,15 @@ def valid_end(path: str) -> int:
     return end
 
 
-def _raw_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(offset of its frame, record) as written, either format (format 1: offset 0)."""
+def _raw_records(path: str, skip: tuple[bytes, ...] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset of its frame, record) as written, either format (format 1: offset 0).
+    `skip`: prefixes of a framed journal's lines left unread (`_frame_lines`)."""
     with open(path, "rb") as f:
         if is_framed(f):
-            for offset, data in _frames(f):
+            frames = ((o, d.splitlines()) for o, d in _frames(f)) if not skip else _frame_lines(f, (b"",), skip=skip)
+            for offset, lines in frames:
                 try:
-                    recs = [json.loads(line) for line in data.splitlines()]
+                    recs = [json.loads(line) for line in lines]
                 except ValueError:  # a whole frame, but not one this tool wrote: the journal ends here
                     return
                 for rec in recs:
@@ -291,14 +349,15 @@ def read_records(path: str) -> list[dict[str, Any]]:
     return list(iter_records(path))
 
 
-def iter_records(path: str, *, linked: bool = True) -> Iterator[dict[str, Any]]:
+def iter_records(path: str, *, linked: bool = True, skip: tuple[bytes, ...] = ()) -> Iterator[dict[str, Any]]:
     """The records of a journal file one by one, as format 1 wrote them (a `linked`
     batch record comes out as one `done` record per link). `linked=False`: for a
-    journal with no `linked` record (a prune's), no intent frame is kept for them."""
+    journal with no `linked` record (a prune's), no intent frame is kept for them.
+    `skip`: prefixes of a framed journal's records left unread (`_raw_records`)."""
     first = True
     # frame offset -> intent items: the last few, as many as a writer refers to (bounded memory)
     intents: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
-    for offset, rec in _raw_records(path):
+    for offset, rec in _raw_records(path, skip):
         if not (isinstance(rec, dict) and "t" in rec):
             continue
         t = rec["t"]
@@ -833,6 +892,11 @@ def iter_runs(path: str) -> Iterator[tuple[str, Run]]:
 
 # the records `stream_runs` decodes: a run's states and its Mooncake store records
 _STREAM_RECORDS = (*_STATE_RECORDS, b'{"t":"mc_')
+# ...but of a store's intent not its reshards (each block's sources and outputs): only a resumed
+# run reads them (`load_runs`); verify and rollback read the intent's pairs, outputs, rewrites and
+# entries. The array ends where the pairs begin (migrate/stores.py writes them in this order, and
+# `],"pairs":[` is no text a JSON string holds).
+_INTENT_RESHARDS = (b'{"t":"mc_intent"', b',"reshards":[', b'],"pairs":[')
 
 
 def stream_runs(path: str) -> list[Run]:
@@ -844,8 +908,8 @@ def stream_runs(path: str) -> list[Run]:
     Positions are ordinals of the `header` and `rolled_back` records (marks)."""
     with open(path, "rb") as f:
         framed = is_framed(f)
-        recs: Any = [json.loads(line) for _, data in _frames(f) for line in data.splitlines()
-                     if line.startswith(_STREAM_RECORDS)] if framed else None
+        recs: Any = [json.loads(line) for line in _wanted_lines(f, _STREAM_RECORDS, _INTENT_RESHARDS)] \
+            if framed else None
     if not framed:
         recs = iter_records(path)
     elif not recs or recs[0].get("t") != "header" or isinstance(recs[0].get("v"), int) and recs[0]["v"] > VERSION:
@@ -898,7 +962,7 @@ def path_records(run: Run) -> Iterator[tuple[int, str, dict[str, Any]]]:
     start, end = run.span
     mark = -1
     try:
-        for rec in iter_records(run.journal):
+        for rec in iter_records(run.journal, skip=(b'{"t":"mc_',)):  # (a store's records: `stream_runs` has them)
             t = rec["t"]
             if t in ("header", "rolled_back"):
                 mark += 1

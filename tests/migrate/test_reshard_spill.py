@@ -91,3 +91,41 @@ def test_run_states_reads_a_store_intent_a_piece_at_a_time(tmp_path, monkeypatch
         want = [line for line in data.splitlines() if line.startswith(jn._STATE_RECORDS)]
         assert list(jn._wanted_lines(io.BytesIO(frame * 2), jn._STATE_RECORDS)) == want * 2
         assert list(jn._wanted_lines(io.BytesIO(frame + frame[:-1]), jn._STATE_RECORDS)) == want
+
+
+def test_stream_runs_reads_a_store_intent_without_its_reshards(monkeypatch):
+    """verify and rollback (`stream_runs`, `path_records`) never read an intent's reshards
+    array (each block's sources and outputs): it is dropped as the frame is read, never
+    held, and a store's records are not parsed for the path records. The lines are those of
+    the whole-frame reader with that array emptied, for any piece size."""
+    import io
+    import random
+    import zlib
+
+    rng = random.Random(2)
+
+    def emptied(rec: dict) -> dict:
+        return {**rec, "reshards": []} if rec["t"] == "mc_intent" else rec
+
+    for _ in range(500):
+        recs = []
+        for _ in range(rng.randint(1, 8)):  # (a frame holds a record at least)
+            t = rng.choice(["header", "target", "mc_intent", "done", "complete", "mc_pair"])
+            rec: dict = {"t": t, "store": "s" * rng.choice([0, 3, 30])}
+            if t == "mc_intent":  # (a path may hold the text that ends the array: a JSON string escapes it)
+                rec.update({"proof": None, "rewrites": [{"meta": "m"}] * rng.randint(0, 2), "entries": [],
+                            "reshards": [{"sources": [{"relpath": 'a],"pairs":[' * rng.randint(0, 2),
+                                                       "key": "ab" * rng.randint(0, 50)}]}
+                                         for _ in range(rng.randint(0, 5))],
+                            "pairs": [{"client": "c", "id": 1}] * rng.randint(0, 2), "outputs": [], "clients": []})
+            recs.append(rec)
+        data = b"\n".join(jn._ENCODE(r).encode() for r in recs) + (b"\n" if rng.random() < 0.7 else b"")
+        payload = zlib.compress(data)
+        frame = jn.FRAME.pack(jn.MAGIC, len(payload), zlib.crc32(payload)) + payload
+        monkeypatch.setattr(jn, "_PIECE", rng.choice([1, 2, 3, 7, 13, 64, 1 << 20]))
+        got = [json.loads(line) for line in jn._wanted_lines(io.BytesIO(frame), jn._STREAM_RECORDS,
+                                                             jn._INTENT_RESHARDS)]
+        assert got == [emptied(r) for r in recs if jn._ENCODE(r).encode().startswith(jn._STREAM_RECORDS)]
+        skipped = [json.loads(line) for _, lines in jn._frame_lines(io.BytesIO(frame), (b"",), skip=(b'{"t":"mc_',))
+                   for line in lines]
+        assert skipped == [r for r in recs if not r["t"].startswith("mc_")]
