@@ -142,17 +142,22 @@ def is_framed(f: Any) -> bool:
     return head == MAGIC
 
 
+def _frame_head(f: Any) -> tuple[int, int] | None:
+    """(payload length, CRC) of the frame at the file's position; None at its end or where
+    no frame begins."""
+    head = f.read(FRAME.size)
+    if len(head) < FRAME.size:
+        return None
+    magic, length, crc = FRAME.unpack(head)
+    return (length, crc) if magic == MAGIC else None
+
+
 def _frames(f: Any) -> Iterator[tuple[int, bytes]]:
     """(offset, decompressed payload) of every whole frame; stops at the first torn or
     corrupt one (a torn tail)."""
     offset = f.tell()
-    while True:
-        head = f.read(FRAME.size)
-        if len(head) < FRAME.size:
-            return
-        magic, length, crc = FRAME.unpack(head)
-        if magic != MAGIC:
-            return
+    while (found := _frame_head(f)) is not None:
+        length, crc = found
         payload = f.read(length)
         if len(payload) < length or zlib.crc32(payload) != crc:
             return
@@ -265,13 +270,8 @@ def _frame_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, byt
     is one line of ~3 KB a resharded block in a frame of its own; the run states a report
     or prune asks for are a few short lines around it."""
     offset = f.tell()
-    while True:
-        head = f.read(FRAME.size)
-        if len(head) < FRAME.size:
-            return
-        magic, length, crc = FRAME.unpack(head)
-        if magic != MAGIC:
-            return
+    while (found := _frame_head(f)) is not None:
+        length, crc = found
         z = zlib.decompressobj()
         lines = _WantedLines(wanted, cut, skip)
         seen, left = 0, length
@@ -729,10 +729,12 @@ class JournalWriter:
             if sync:
                 os.fsync(self._fd)
         except OSError as exc:
-            what = (exc.strerror or str(exc)).lower()
-            raise OperationalError(f"cannot write the journal: {what}", path=self.path,
-                                   hint="free space on the journal's filesystem, then rerun the same command "
-                                        "to resume") from None
+            raise self._cannot_write(exc) from None
+
+    def _cannot_write(self, exc: OSError) -> OperationalError:
+        what = (exc.strerror or str(exc)).lower()
+        return OperationalError(f"cannot write the journal: {what}", path=self.path,
+                                hint="free space on the journal's filesystem, then rerun the same command to resume")
 
     def _write_all(self, data: bytes) -> None:
         self._end += len(data)
@@ -752,17 +754,11 @@ class JournalWriter:
         else:
             data = b"".join(lines)
         try:
-            self._end += len(data)
-            while data:
-                n = os.write(self._fd, data)
-                data = data[n:]
+            self._write_all(data)
             if sync:
                 os.fsync(self._fd)
         except OSError as exc:
-            what = (exc.strerror or str(exc)).lower()
-            raise OperationalError(f"cannot write the journal: {what}", path=self.path,
-                                   hint="free space on the journal's filesystem, then rerun the same command "
-                                        "to resume") from None
+            raise self._cannot_write(exc) from None
 
     def intent(self, items: list[dict[str, Any]]) -> None:
         if not items:
