@@ -250,9 +250,9 @@ def test_rollback_reads_its_journal_once(migrated, monkeypatch):
     reads = []
     real = jn.iter_records
 
-    def spy(path):
+    def spy(path, **kw):
         reads.append(str(path))
-        return real(path)
+        return real(path, **kw)
 
     monkeypatch.setattr(jn, "iter_records", spy)
     result = rollback(str(journal))
