@@ -20,7 +20,7 @@ reading the files) is `kvmigrate/scan/tiers.py` and `kvmigrate/scan/tier_rows.py
 from __future__ import annotations
 
 import struct
-from collections import Counter, defaultdict
+from collections import ChainMap, Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -105,6 +105,12 @@ class Deployment:
     needs_target: Any = None  # why its target is not decided (lmcache_plan.NotPlanned)
     tags: tuple[tuple[str, str], ...] = ()
     reachability: dict[tuple[Any, ...], tuple[str, str, bool]] = field(default_factory=dict)  # (see _verdict)
+    # what lmcache_meta reads of its files, folded as the scan reads them (`TierJudge`)
+    first_chunk: L.ChunkName | None = None  # its first chunk file's name, in walk order
+    hex64: bool = False  # a 64-hex chunk hash among its names
+    quoted: bool = False  # a quoted GDS name among its names
+    zero_hex64_files: int = 0  # fs chunk names whose 64-hex hash starts with `0`
+    seed_fix_files: int = 0
 
     @property
     def plan_fields(self) -> dict[str, Any]:
@@ -170,24 +176,31 @@ def _modal(sizes: Counter) -> int | None:
     return common[0][0]
 
 
-def _has_fs_header(files: list[tuple[TierFile, L.ChunkName]]) -> bool | None:
-    """§2.2 detection for one fs tier: a header when most files' first 28 bytes parse
-    (known fmt, the key's dtype code, shape × b == length == size − 28). Files whose
-    header is intact but torn, resized or inconsistent still show a known fmt and dtype
+class _FsHeaderVote:
+    """§2.2 detection for one fs tier, a file at a time: a header when most files' first 28
+    bytes parse (known fmt, the key's dtype code, shape × b == length == size − 28). Files
+    whose header is intact but torn, resized or inconsistent still show a known fmt and dtype
     code: they count for a header as long as at least one file fits exactly."""
-    seen = fits = plausible = 0
-    for f, c in files:
+
+    def __init__(self) -> None:
+        self.files = self.seen = self.fits = self.plausible = 0
+
+    def add(self, f: TierFile, c: L.ChunkName) -> None:
+        self.files += 1
         if f.head is None or f.error or f.all_zero:
-            continue
-        seen += 1
+            return
+        self.seen += 1
         if L.fs_header_fits(f.head, f.size, c.key.dtype):
-            fits += 1
+            self.fits += 1
         h = L.decode_fs_header(f.head)
         if h is not None and h.fmt in L.KV_FORMATS and h.dtype is not None:
-            plausible += 1
-    if not seen:
-        return None  # (--verify none: no first bytes read)
-    return 2 * fits > seen or (fits > 0 and 2 * plausible > seen)
+            self.plausible += 1
+
+    def result(self) -> bool | None:
+        """None: no fs file, or no first bytes read (--verify none)."""
+        if not self.seen:
+            return None
+        return 2 * self.fits > self.seen or (self.fits > 0 and 2 * self.plausible > self.seen)
 
 
 _NEVER = "never reused"
@@ -366,85 +379,26 @@ class LMCache(families.Family):
 
     # --- a tier's files -----------------------------------------------------------------
 
+    def tier_judge(self, tier: str, *, facts_for: Any = None, root: str | None = None) -> TierJudge:
+        """The scan's judge of one tier's files, fed a file at a time (`TierJudge`)."""
+        return TierJudge(self, tier, facts_for=facts_for, root=root)
+
     def classify_tier(self, tier: str, files: list[TierFile], *, kv_kind: str | None = None,
                       facts_for: Any = None, root: str | None = None) -> tuple[list[Deployment], list[TierFile]]:
-        """Every file of one tier with its status (§4's order), action `none` and reason:
-        (the deployments with their files, the files of no deployment). `files` are the
-        regular and other entries the scan found in the tier's layout (its top level and
-        GDS `<2>/<2>` folders); a folder outside it is the scan's (foreign). `facts_for(model,
-        backend)`: a deployment's facts (§3.3; None: none given)."""
-        deps: dict[str, Deployment] = {}
-        loose: list[TierFile] = []
-        chunks: list[tuple[TierFile, L.ChunkName, Deployment]] = []
-        for f in files:
-            f.action = "none"
-            chunk = L.parse_name(f.name)
-            if not f.regular:
-                f.status, f.reason = "foreign", f"{f.kind} (never followed): not part of the cache"
-                loose.append(f)
-                continue
-            if chunk is None:
-                temp = L.parse_temp_name(f.name)
-                own = layout.own_artifact(f.name)
-                if own is not None:
-                    f.status, f.reason = "own_artifact", own
-                elif temp is not None:
-                    f.status, f.reason = "tmp_leftover", (f"temp leftover of an interrupted LMCache {temp.backend} "
-                                                          "write (never read by the engine)")
-                else:
-                    f.status, f.reason = "foreign", f"unexpected file in LMCache tier {tier}: not part of the cache"
-                if f.error and f.status != "foreign":
-                    f.status, f.reason = "unreadable", f.error
-                loose.append(f)
-                continue
-            label = deployment_label(tier, chunk)
-            dep = deps.get(label)
-            if dep is None:
-                k = chunk.key
-                facts = facts_for(k.model, chunk.backend) if facts_for is not None else Facts()
-                dep = deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
-                                               k.group if k.scheme == "lmc-mp1" else 0, kv_kind or facts.kv_kind,
-                                               facts=facts, root=root, tags=k.tags)
-            dep.files.append(f)
-            f.chunk = chunk
-            f.deployment = label
-            f.rank = chunk.key.wid
-            f.group = chunk.key.group or 0 if chunk.key.scheme == "lmc-mp1" else 0
-            f.block_hash = block_hash_bytes(chunk.key)
-            chunks.append((f, chunk, dep))
-        fs_files = [(f, c) for f, c, _ in chunks if c.backend == "fs" and c.key.layer is None]
-        fs_header = _has_fs_header(fs_files) if fs_files else None
-        modal: dict[str, int | None] = {}
-        sizes: dict[str, Counter] = defaultdict(Counter)
-        for f, c, dep in chunks:
-            if c.key.layer is None and not c.sidecar and not f.error:
-                sizes[dep.label][f.size] += 1
-        for label, cnt in sizes.items():
-            modal[label] = _modal(cnt)
-        gds = {(f.folders, f.name): f for f, c, _ in chunks if c.backend == "gds"}
-        chunks.sort(key=lambda fcd: not fcd[1].sidecar)  # a data file's verdict reads its sidecar's
-        for f, c, dep in chunks:
-            header = fs_header
-            if c.backend == "fs":
-                if dep.facts.save_chunk_meta is not None:  # the tier's fact decides (§2.2)
-                    header = dep.facts.save_chunk_meta
-                dep.fs_header = header
-            self._verdict(f, c, dep, header, modal.get(dep.label), gds)
-        for dep in deps.values():
-            if dep.backend == "fs":
-                dep.notes.append("RemoteMetadata header: " + (
-                    "not known (no first bytes read)" if dep.fs_header is None else
-                    "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
-            # (§7's notes: the report's, from deployment_meta)
-        for dep in deps.values():
-            dep.kv_kind = dep.kv_kind or _kind_from_headers(dep)
-        P.plan_tier(tier, deps.values(), files)
-        for dep in deps.values():
-            for f in dep.files:  # the facts its verdicts wait for (`kvmigrate facts`)
-                found = fd.finding_of(f.reason)
-                if found is not None and found.code == fd.NEEDS_FACT:
-                    dep.needs.update(fact_of_flag(flag) for flag in fd.asked_flags(found.asks))
-        return sorted(deps.values(), key=lambda d: d.label), loose
+        """Every file of one tier with its status (§4's order), action and reason: (the
+        deployments with their files, the files of no deployment), judged as one piece. `files`
+        are the regular and other entries the scan found in the tier's layout (its top level
+        and GDS `<2>/<2>` folders); a folder outside it is the scan's (foreign).
+        `facts_for(model, backend)`: a deployment's facts (§3.3; None: none given). The scan
+        judges a tier in partitions (`TierJudge`, scan/tier_spill.py)."""
+        judge = TierJudge(self, tier, kv_kind=kv_kind, facts_for=facts_for, root=root, keep=True)
+        chunks = [f for f in files if judge.add(f)]
+        judge.settle()
+        ordinals = list(range(len(chunks)))
+        judge.judge(ordinals, chunks)
+        judge.decide()
+        judge.finish(chunks)
+        return judge.result()
 
     def _verdict(self, f: TierFile, c: L.ChunkName, dep: Deployment, fs_header: bool | None, modal: int | None,
                  gds: dict[tuple[tuple[str, ...], str], TierFile]) -> None:
@@ -631,22 +585,22 @@ def fact_of_flag(flag: str) -> str:
     return next(name for name, f in FACT_FLAGS.items() if f == flag)
 
 
-def _kind_from_headers(dep: Deployment) -> str | None:
-    """The kv kind a whole chunk's header states by its `fmt` (§3.3: KV_MLA_FMT or KV_2LTD)."""
-    for f in dep.files:
-        if f.status != "ok" or f.head is None or f.chunk is None or f.chunk.sidecar:
-            continue
-        if f.chunk.backend == "gds":
-            g = L.decode_gds_header(f.head)
-            fmt = g.fmt if g is not None else None
-        elif f.chunk.backend == "fs" and dep.fs_header:
-            h = L.decode_fs_header(f.head)
-            fmt = h.fmt if h is not None else None
-        else:
-            return None
-        if fmt in L.KV_FORMATS:
-            return "mla" if fmt == L.KV_MLA_FMT else "full"
-    return None
+def _header_kind(f: TierFile, dep: Deployment) -> tuple[bool, str | None]:
+    """What one file says of its deployment's kv kind: (whether it decides, the kind); the
+    first file in walk order that decides does (`TierJudge.judge`)."""
+    if f.status != "ok" or f.head is None or f.chunk is None or f.chunk.sidecar:
+        return False, None
+    if f.chunk.backend == "gds":
+        g = L.decode_gds_header(f.head)
+        fmt = g.fmt if g is not None else None
+    elif f.chunk.backend == "fs" and dep.fs_header:
+        h = L.decode_fs_header(f.head)
+        fmt = h.fmt if h is not None else None
+    else:
+        return True, None
+    if fmt in L.KV_FORMATS:
+        return True, "mla" if fmt == L.KV_MLA_FMT else "full"
+    return False, None
 
 
 def _geometry_args(dep: Deployment) -> dict[str, Any]:
@@ -676,6 +630,156 @@ def _full_chunk(dep: Deployment) -> int | None:
     if not hidden:
         return None
     return L.full_chunk_bytes(kind == "mla", f.layers, f.chunk_size, hidden, str(dep.dtype))
+
+
+class TierJudge:
+    """One tier's files judged in pieces, so that a scan never holds them all (scan/tier_rows.py
+    spills them to disk): `add` each file in walk order (the deployment-level folds: the fs
+    header vote, modal sizes, lmcache_meta's counts), `settle`; `judge` every partition of
+    the chunk files (a chunk hash's files are in one: the verdicts and plans that compare
+    files stay inside it) for the kv kind their headers state, `decide`; then `finish` every
+    partition again (verdicts, plan, the facts its rows ask). `keep`: the deployments keep
+    their files (`Deployment.files`)."""
+
+    def __init__(self, fam: LMCache, tier: str, *, kv_kind: str | None = None, facts_for: Any = None,
+                 root: str | None = None, keep: bool = False) -> None:
+        self.fam, self.tier, self.kv_kind, self.facts_for, self.root, self.keep = (
+            fam, tier, kv_kind, facts_for, root, keep)
+        self.deps: dict[str, Deployment] = {}
+        self.loose: list[TierFile] = []
+        self.present_loose: dict[str, TierFile] = {}  # (a symlink may sit at a target name)
+        self.vote = _FsHeaderVote()
+        self.sizes: dict[str, Counter] = defaultdict(Counter)
+        self.modal: dict[str, int | None] = {}
+        self.fs_header: bool | None = None
+        self.header_kind: dict[str, tuple[int, str | None]] = {}  # label -> (ordinal, kind) of the deciding file
+        self.verdict_kind: dict[str, str | None] = {}
+
+    def add(self, f: TierFile) -> bool:
+        """A file of the tier's layout, in walk order: True for a chunk file (judged in its
+        partition), False for a file of no deployment (kept in `loose`)."""
+        f.action = "none"
+        tier = self.tier
+        chunk = L.parse_name(f.name)
+        if not f.regular:
+            f.status, f.reason = "foreign", f"{f.kind} (never followed): not part of the cache"
+            self.loose.append(f)
+            self.present_loose[f.relpath] = f
+            return False
+        if chunk is None:
+            temp = L.parse_temp_name(f.name)
+            own = layout.own_artifact(f.name)
+            if own is not None:
+                f.status, f.reason = "own_artifact", own
+            elif temp is not None:
+                f.status, f.reason = "tmp_leftover", (f"temp leftover of an interrupted LMCache {temp.backend} "
+                                                      "write (never read by the engine)")
+            else:
+                f.status, f.reason = "foreign", f"unexpected file in LMCache tier {tier}: not part of the cache"
+            if f.error and f.status != "foreign":
+                f.status, f.reason = "unreadable", f.error
+            self.loose.append(f)
+            self.present_loose[f.relpath] = f
+            return False
+        label = deployment_label(tier, chunk)
+        dep = self.deps.get(label)
+        k = chunk.key
+        if dep is None:
+            facts = self.facts_for(k.model, chunk.backend) if self.facts_for is not None else Facts()
+            dep = self.deps[label] = Deployment(label, tier, chunk.backend, k.scheme, k.model, k.ws, k.dtype,
+                                                k.group if k.scheme == "lmc-mp1" else 0,
+                                                self.kv_kind or facts.kv_kind, facts=facts, root=self.root,
+                                                tags=k.tags)
+        if self.keep:
+            dep.files.append(f)
+        f.chunk = chunk
+        f.deployment = label
+        f.rank = k.wid
+        f.group = k.group or 0 if k.scheme == "lmc-mp1" else 0
+        f.block_hash = block_hash_bytes(k)
+        if chunk.backend == "fs" and k.layer is None:
+            self.vote.add(f, chunk)
+        if k.layer is None and not chunk.sidecar and not f.error:
+            self.sizes[label][f.size] += 1
+        if dep.first_chunk is None:
+            dep.first_chunk = chunk
+        if k.hash_kind == "hex64":
+            dep.hex64 = True
+            if chunk.backend == "fs" and not chunk.sidecar and k.hash.startswith("0"):
+                dep.zero_hex64_files += 1
+        if chunk.quoted:
+            dep.quoted = True
+        return True
+
+    def settle(self) -> None:
+        """After the walk: the tier's fs header vote, each deployment's modal size."""
+        self.fs_header = self.vote.result() if self.vote.files else None
+        self.modal = {label: _modal(cnt) for label, cnt in self.sizes.items()}
+        self.sizes.clear()
+        for dep in self.deps.values():
+            if dep.backend == "fs":
+                if dep.facts.save_chunk_meta is not None:  # the tier's fact decides (§2.2)
+                    dep.fs_header = dep.facts.save_chunk_meta
+                else:
+                    dep.fs_header = self.fs_header
+                dep.notes.append("RemoteMetadata header: " + (
+                    "not known (no first bytes read)" if dep.fs_header is None else
+                    "present (most files' first 28 bytes parse, §2.2)" if dep.fs_header else "absent (raw payloads)"))
+            # (§7's notes: the report's, from deployment_meta)
+            self.verdict_kind[dep.label] = dep.kv_kind
+
+    def _verdicts(self, files: list[TierFile]) -> None:
+        named = [(f, f.chunk) for f in files if f.chunk is not None]  # (every file a partition holds)
+        gds = {(f.folders, f.name): f for f, c in named if c.backend == "gds"}
+        named.sort(key=lambda fc: not fc[1].sidecar)  # a data file's verdict reads its sidecar's
+        for f, c in named:
+            dep = self.deps[str(f.deployment)]
+            header = dep.fs_header if c.backend == "fs" else self.fs_header
+            self.fam._verdict(f, c, dep, header, self.modal.get(dep.label), gds)
+
+    def judge(self, ordinals: list[int], files: list[TierFile]) -> None:
+        """One partition's verdicts (walk order), for the kv kind the deployments' headers state."""
+        self._verdicts(files)
+        for k, f in zip(ordinals, files):
+            label = str(f.deployment)
+            dep = self.deps[label]
+            if dep.kv_kind is not None or self.header_kind.get(label, (k + 1,))[0] < k:
+                continue
+            decides, kind = _header_kind(f, dep)
+            if decides:
+                self.header_kind[label] = (k, kind)
+
+    def decide(self) -> None:
+        """After every partition is judged: each deployment's kv kind and target (lmcache_plan)."""
+        for dep in self.deps.values():
+            if dep.kv_kind is None:
+                dep.kv_kind = self.header_kind.get(dep.label, (0, None))[1]
+        P.plan_sides(self.deps.values())
+
+    def finish(self, files: list[TierFile]) -> None:
+        """One partition judged again (its verdicts read the kv kind known before `decide`)
+        and planned; the facts its rows ask for and lmcache_meta's counts folded."""
+        final = {label: dep.kv_kind for label, dep in self.deps.items()}
+        for label, dep in self.deps.items():
+            dep.kv_kind = self.verdict_kind[label]
+        try:
+            self._verdicts(files)
+        finally:
+            for label, dep in self.deps.items():
+                dep.kv_kind = final[label]
+        present = ChainMap({f.relpath: f for f in files}, self.present_loose)
+        P.plan_files(self.tier, self.deps.values(), files, present)
+        for f in files:
+            dep = self.deps[str(f.deployment)]
+            if f.seed_fix:
+                dep.seed_fix_files += 1
+            found = fd.finding_of(f.reason)  # the facts its verdicts wait for (`kvmigrate facts`)
+            if found is not None and found.code == fd.NEEDS_FACT:
+                dep.needs.update(fact_of_flag(flag) for flag in fd.asked_flags(found.asks))
+
+    def result(self) -> tuple[list[Deployment], list[TierFile]]:
+        """(the deployments by label, the files of no deployment)."""
+        return sorted(self.deps.values(), key=lambda d: d.label), self.loose
 
 
 FAMILY = LMCache()

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvmigrate.families import lmcache_recipe as lmc
-from kvmigrate.formats import lmcache as L
 from kvmigrate.identity.facts import Facts
 
 ASSUMED_WRITER = "assumed: the target's"
@@ -57,7 +56,6 @@ def _known_equal(a: Any, b: Any) -> bool | None:
 def recipe(dep: Any, profile: str) -> list[dict[str, Any]]:
     """§3.2's components for one deployment, writer vs target (the target: `profile`)."""
     f = dep.facts
-    chunks = [x.chunk for x in dep.files if getattr(x, "chunk", None) is not None]  # (parsed by the scan)
     w_chunk, t_chunk = f.chunk_size, f.target_chunk_size
     chunk = _pair("chunk_size", f, "chunk_size", w_chunk, t_chunk, _known_equal(w_chunk, t_chunk))
     if dep.scheme == "lmc-mp1":  # blake3 with a fixed none hash: only chunk_size (§3.2)
@@ -68,7 +66,7 @@ def recipe(dep: Any, profile: str) -> list[dict[str, Any]]:
                 chunk]
     alg = lmc.algorithm(f.hash_algorithm)
     t_alg = lmc.algorithm(f.target_hash_algorithm) if f.target_hash_algorithm else alg
-    out = [_era(dep, chunks, f, alg, profile),
+    out = [_era(dep, f, alg, profile),
            _component("hash_algorithm", alg, _source(f, "hash_algorithm", "assumed: builtin (LMCache's default)"),
                       t_alg, _source(f, "target_hash_algorithm", ASSUMED_TARGET), alg == t_alg)]
     seed, t_seed = f.pythonhashseed, f.target_pythonhashseed or f.pythonhashseed
@@ -100,7 +98,7 @@ def _seed_text(seed: str | None, none: str | None) -> str | None:
     return f"{shown}: NONE_HASH {none or 'by the vLLM release'}"
 
 
-def _era(dep: Any, chunks: list[L.ChunkName], f: Facts, alg: str, profile: str) -> dict[str, Any]:
+def _era(dep: Any, f: Facts, alg: str, profile: str) -> dict[str, Any]:
     """The chain era: the names' (k1, k2, a 64-hex digest, a quoted GDS name) or the writer
     releases' (§3.2 rules 1 and 4)."""
     target = "0.4.6+ chain (sha256 family folded)" if alg in lmc.SHA else "0.4.1+ chain"
@@ -110,12 +108,12 @@ def _era(dep: Any, chunks: list[L.ChunkName], f: Facts, alg: str, profile: str) 
     source = _source(f, "writer_release", NOT_GIVEN)
     if dep.scheme in ("lmc-k1", "lmc-k2"):
         return _component(name, f"{dep.scheme} names (before 0.3.13)", BY_NAME, target, profile, False)
-    if any(c.key.hash_kind == "hex64" for c in chunks):
+    if dep.hex64:  # (what the scan folded of its names: TierJudge.add)
         return _component(name, "64-hex digest kept whole (0.3.13-0.4.5)", BY_NAME, target, profile, False)
     era = None
-    if chunks:
-        era, _, _ = lmc.chain_era(chunks[0], f, alg)
-    if dep.backend == "gds" and any(c.quoted for c in chunks):
+    if dep.first_chunk is not None:
+        era, _, _ = lmc.chain_era(dep.first_chunk, f, alg)
+    if dep.backend == "gds" and dep.quoted:
         return _component(name, "0.4.3+ (quoted GDS names)" + (f"; {given}" if given else ""), BY_NAME, target,
                           profile, True)
     text = None if not given else given + {"new": " (0.4.1+ chain)", "old": " (an older chain)"}.get(
@@ -143,14 +141,8 @@ def assumed_facts(dep: Any) -> list[dict[str, Any]]:
 
 def deployment_meta(dep: Any, profile: str) -> dict[str, Any]:
     """The keys added to an LMCache deployment's `config_json` (see the module's doc)."""
-    zero = 0
-    for x in dep.files:
-        c = x.chunk  # (parsed by the scan)
-        if c is not None and c.backend == "fs" and not c.sidecar and c.key.hash_kind == "hex64" \
-                and c.key.hash.startswith("0"):
-            zero += 1
     f = dep.facts
     alg = lmc.algorithm(f.hash_algorithm)
     writer_none = None if dep.scheme == "lmc-mp1" else lmc.none_hash(alg, f.pythonhashseed, f.vllm_release)
     return {"recipe": recipe(dep, profile), "assumed_facts": assumed_facts(dep), "writer_none_hash": writer_none,
-            "seed_fix_files": sum(1 for x in dep.files if x.seed_fix), "zero_hex64_files": zero}
+            "seed_fix_files": dep.seed_fix_files, "zero_hex64_files": dep.zero_hex64_files}

@@ -300,23 +300,45 @@ def expanded_targets(fields: Mapping[str, Any], action: str, target: str) -> lis
 def plan_tier(tier: str, deps: Iterable[Any], files: Iterable[Any]) -> None:
     """Give every chunk of the tier's deployments its action and target (§3.4, §4's
     rank-row rule); rows that are not placed keep action `none` and say why."""
+    deps = list(deps)
     present = {f.relpath: f for f in files}
+    plan_sides(deps)
+    plan_files(tier, deps, [f for dep in deps for f in dep.files], present)
+
+
+def plan_sides(deps: Iterable[Any]) -> None:
+    """Each deployment's target (`side`), or why the facts do not decide it (`needs_target`)."""
     for dep in deps:
         try:
-            side = target_side(dep)
+            dep.side = target_side(dep)
         except NotPlanned as np:
             dep.needs_target = np
+
+
+def plan_files(tier: str, deps: Iterable[Any], files: Iterable[Any], present: Mapping[str, Any]) -> None:
+    """`plan_tier` for some of the deployments' files: every file of a chunk hash among
+    them, and `present` every file at a name their targets look up (a scan plans a tier a
+    partition of chunk hashes at a time)."""
+    of_dep: dict[str, list[Any]] = defaultdict(list)
+    for f in files:
+        of_dep[f.deployment].append(f)
+    for dep in deps:
+        dfiles = of_dep.get(dep.label)
+        if not dfiles:
+            continue
+        np = dep.needs_target
+        if np is not None:
             convert = dep.facts.target_backend == "fs"
-            for f in dep.files:
+            for f in dfiles:
                 if (f.status in PLACEABLE or convert and f.status == "index_lost") and fd.finding_of(f.reason) is None:
                     f.reason = fd.Reason(f"{f.reason}; not planned: {np.why}",
                                          fd.Finding(fd.NEEDS_FACT, asks=np.asks) if np.asks else None)
             continue
-        dep.side = side
+        side = dep.side
         if side is None:
             continue
         chunks: dict[Any, list[Any]] = defaultdict(list)
-        for f in dep.files:
+        for f in dfiles:
             if f.chunk is not None and f.block_hash is not None:
                 chunks[f.block_hash].append(f)
         for cfiles in chunks.values():
@@ -331,7 +353,7 @@ def _placeable(f: Any, side: TargetSide) -> bool:
     return f.status == "ok" or side.convert and f.status == "index_lost"
 
 
-def _plan_chunk(tier: str, dep: Any, side: TargetSide, cfiles: list[Any], present: dict[str, Any]) -> None:
+def _plan_chunk(tier: str, dep: Any, side: TargetSide, cfiles: list[Any], present: Mapping[str, Any]) -> None:
     datas = sorted((f for f in cfiles if not f.chunk.sidecar), key=lambda f: (f.rank or 0, not f.chunk.quoted))
     good = [f for f in datas if _placeable(f, side)]
     if not good:
@@ -413,7 +435,7 @@ def _mark(f: Any, action: str, target: str | None, text: str, finding: fd.Findin
     f.reason = fd.Reason(f"{f.reason}; {text}" if f.reason else text, finding)
 
 
-def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str], present: dict[str, Any]) -> None:
+def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str], present: Mapping[str, Any]) -> None:
     """MLA: every copy is the whole chunk; one verified copy (the lowest rank) serves every
     target name (§3.1); the others are its replicas. Copies the scan hashed that differ: the
     copy a majority agrees with serves, the others are `replica_mismatch`; without a
@@ -451,7 +473,7 @@ def _plan_copies(dep: Any, side: TargetSide, good: list[Any], targets: list[str]
               fd.Finding(fd.REPLICA_OF_PRIMARY, primary_rank=primary.rank))
 
 
-def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any], present: dict[str, Any],
+def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any], present: Mapping[str, Any],
                    tier: str) -> None:
     """Non-MLA at the same TP: each rank's file to its own target name (a model rename, a
     GDS `_` name, a header change, a conversion). Each rank looks its own shard up, so a
@@ -475,7 +497,7 @@ def _plan_per_rank(dep: Any, side: TargetSide, datas: list[Any], good: list[Any]
 
 
 def _plan_reshard(dep: Any, side: TargetSide, datas: list[Any], good: list[Any], targets: list[str],
-                  present: dict[str, Any]) -> None:
+                  present: Mapping[str, Any]) -> None:
     """A non-MLA chunk at another TP: every source rank's shard re-split along the head
     axis into one file per target rank (§3.4), never a rename."""
     by_rank = {int(f.rank or 0): f for f in reversed(good)}
