@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -56,11 +56,14 @@ class PageNames:
     """One flat family's page names, in name order once `finish`ed: in memory up to
     RUN_NAMES, else in sorted runs on disk, merged as they are read (`chunks`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: Callable[[scratch.Folder | None], contextlib.AbstractContextManager[None]] | None = None,
+                 kind: str = "scan-flat") -> None:
         self.buffer: list[str] = []
         self.runs: list[str] = []
         self.count = 0
         self.folder: scratch.Folder | None = None
+        self.writing = what or writing  # (what a full TMPDIR's exit 8 names)
+        self.kind = kind
 
     def add(self, name: str) -> None:
         self.buffer.append(name)
@@ -83,9 +86,9 @@ class PageNames:
 
     def _spill(self) -> None:
         self.buffer.sort()
-        with writing(self.folder):
+        with self.writing(self.folder):
             if self.folder is None:
-                self.folder = scratch.Folder("scan-flat")
+                self.folder = scratch.Folder(self.kind)
             path = self.folder.file("names")
             with scratch.IpcWriter(path, pa.schema([("name", pa.binary())])) as out:
                 for start in range(0, len(self.buffer), NAMES_BATCH):

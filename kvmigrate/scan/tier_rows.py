@@ -9,19 +9,26 @@ namespace `lmcache:<tier>`. The rows are written in part 0, with the flat famili
 
 from __future__ import annotations
 
+import heapq
+import operator
 import os
 import stat as stat_mod
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
+import pyarrow as pa
 import xxhash
 
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
+from kvmigrate.scan import tier_spill as S
+from kvmigrate.scan.flat_spill import NAMES_BATCH, PageNames
 from kvmigrate.scan.roots import Namespace, RootListing
-from kvmigrate.scan.rows import RecordRows
+from kvmigrate.scan.rows import RecordRows, rows_of
 from kvmigrate.scan.tiers import gds_folder
 
 HEAD_BYTES = 8192
+BATCH_ROWS = 8192  # rows of a deployment made into one table at a time
 # header bytes before the payload, by suffix: GDS data (4096), fs `.data` (28 when the tier has headers)
 _GDS_HEADER = 4096
 _FS_HEADER = 28
@@ -37,14 +44,15 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
         tiers.insert(0, (".", fam, entries))
     for tier, fam, claimed in tiers:
         tmp_dir = resolver.for_tier(tier, None).tmp_dir  # the tier's temp folder (§1.4)
-        files, outside = _walk_tier(root, fam.tier_file_type, tier, claimed, verify, tmp_dir)
 
         def facts_for(model: str, backend: str, tier: str = tier, fam: Any = fam) -> Facts:
             match = fam.facts_key_matches(backend)
             return resolver.for_tier(tier, model, match)
 
-        deps, loose = fam.classify_tier(tier, files, facts_for=facts_for, root=root)
-        _payload_columns(deps)
+        with S.writing(None):
+            folder = S.Folder()
+        with S.writing(folder):
+            deps, loose, runs = _judge_tier(root, fam, tier, claimed, verify, tmp_dir, facts_for, folder)
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model, profile)
             ns.scheme, ns.model_name = dep.scheme, dep.model
@@ -58,9 +66,8 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
                 ns.fields["target_label"] = fam.target_label_of(dep)
             ns.facts = dep.facts
             ns.target = fam.target(ns.fields, Facts(), profile)
-            ns.flat_rows = _TierRows(dep.files)
+            ns.flat_rows = _SpilledRows(runs, dep.label)
             out.append(ns)
-        loose += outside
         if loose:
             label = fam.tier_label(tier)
             ns = _namespace(fam, label, None, profile)
@@ -71,6 +78,42 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
     return out
 
 
+def _judge_tier(root: str, fam: Any, tier: str, claimed: list[os.DirEntry] | None, verify: str,
+                tmp_dir: str | None, facts_for: Any, folder: S.Folder) -> tuple[list[Any], list[Any], S.Runs]:
+    """A tier's deployments, its files of no deployment and the runs of its judged chunk
+    files: the walk spills each chunk file to the tier's folder as it reads it
+    (scan/tier_spill.py), the family's `TierJudge` folds what deployments need of all of them,
+    then judges and plans them a partition of chunk hashes at a time."""
+    judge = fam.tier_judge(tier, facts_for=facts_for, root=root)
+    spill = S.FileSpill(folder)
+    outside = _walk_tier(root, fam.tier_file_type, tier, claimed, verify, tmp_dir, _Judged(judge, spill))
+    judge.settle()
+    spill.partition()
+    for ordinals, files in spill.partitions():
+        judge.judge(ordinals, files)
+    judge.decide()
+    runs = S.Runs(folder)
+    for _, files in spill.partitions():
+        judge.finish(files)
+        _payload_columns(judge.deps.values(), files)
+        runs.write(files)
+    spill.remove()
+    deps, loose = judge.result()
+    return deps, loose + outside, runs
+
+
+class _Judged:
+    """Where the walk puts a file of the tier's layout: the judge's folds, then the spill
+    (a chunk file) or the judge's loose files."""
+
+    def __init__(self, judge: Any, spill: S.FileSpill) -> None:
+        self.judge, self.spill = judge, spill
+
+    def append(self, f: Any) -> None:
+        if self.judge.add(f):
+            self.spill.append(f)
+
+
 def _namespace(fam: Any, label: str, model: str | None, profile: str) -> Namespace:
     ns = Namespace(label, model or "", "", has_base=False)
     ns.family = fam.name
@@ -78,27 +121,29 @@ def _namespace(fam: Any, label: str, model: str | None, profile: str) -> Namespa
     return ns
 
 
-def _payload_columns(deps: list[Any]) -> None:
+def _payload_columns(deps: Iterable[Any], files: list[Any]) -> None:
     """payload_xxh3_128 only after a header the verdicts proved (fs with header, GDS data)."""
-    for dep in deps:
-        if dep.backend == "fs" and not dep.fs_header or dep.backend in ("local_disk", "mp"):
-            for f in dep.files:
-                f.payload = None
+    bare = {dep.label for dep in deps if dep.backend == "fs" and not dep.fs_header or
+            dep.backend in ("local_disk", "mp")}
+    for f in files:
+        if f.deployment in bare:
+            f.payload = None
 
 
 def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] | None, verify: str,
-               tmp_dir: str | None = None) -> tuple[list[Any], list[Any]]:
-    """(the files of the tier's layout, the files under folders outside it). `entries`: the
-    root tier's claimed top-level entries (None: every entry of the folder `tier`);
-    `TierFile`: the family's record of a file; `tmp_dir`: the temp folder a fact names."""
+               tmp_dir: str | None, files: Any) -> list[Any]:
+    """The files under folders outside the tier's layout; each file of its layout goes to
+    `files.append` in walk order. `entries`: the root tier's claimed top-level entries (None:
+    every entry of the folder `tier`); `TierFile`: the family's record of a file; `tmp_dir`:
+    the temp folder a fact names."""
     prefix = "" if tier == "." else f"{tier}/"
-    files: list[Any] = []
     outside: list[Any] = []
-    if entries is None:
-        entries = _listing(TierFile, os.path.join(root, tier), tier, outside)
-        if entries is None:
-            return files, outside
-    for e in entries:
+    listed: Iterable[Any] | None = entries
+    if listed is None:
+        listed = _top_listing(TierFile, os.path.join(root, tier), tier, outside)
+        if listed is None:
+            return outside
+    for e in listed:
         rel = prefix + e.name
         if e.is_dir(follow_symlinks=False):
             if gds_folder(e.name):
@@ -111,7 +156,41 @@ def _walk_tier(root: str, TierFile: Any, tier: str, entries: list[os.DirEntry] |
         f = _read(TierFile, e.path, rel, e.name, (), verify)
         if f is not None:
             files.append(f)
-    return files, outside
+    return outside
+
+
+class _Entry(NamedTuple):
+    """A tier folder's file as its listing's runs give it back (`_top_listing`)."""
+
+    name: str
+    path: str
+
+    def is_dir(self, follow_symlinks: bool = False) -> bool:
+        return False
+
+
+def _top_listing(TierFile: Any, path: str, rel: str, outside: list[Any]) -> Iterable[Any] | None:
+    """A tier folder's entries by name, as `_listing`'s, its files' names sorted in runs on
+    disk (flat_spill.PageNames): an fs tier keeps every chunk at its top, and 10M entries
+    held at once took ~300 bytes each."""
+    names = PageNames(S.writing, "scan-tier")
+    folders: list[os.DirEntry] = []
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    folders.append(e)
+                else:
+                    names.add(e.name)
+    except OSError as exc:
+        outside.append(_error_file(TierFile, path, rel, errno_reason(exc, "cannot list", rel)))
+        return None
+    names.finish()
+    files = (_Entry(n, os.path.join(path, n)) for chunk in names.chunks(NAMES_BATCH) for n in chunk)
+    return heapq.merge(sorted(folders, key=_name), files, key=_name)
+
+
+_name = operator.attrgetter("name")
 
 
 def _listing(TierFile: Any, path: str, rel: str, outside: list[Any]) -> list[os.DirEntry] | None:
@@ -125,7 +204,7 @@ def _listing(TierFile: Any, path: str, rel: str, outside: list[Any]) -> list[os.
 
 
 def _gds_level(root: str, TierFile: Any, path: str, rel: str, folders: tuple[str, ...], verify: str,
-               files: list[Any], outside: list[Any]) -> None:
+               files: Any, outside: list[Any]) -> None:
     entries = _listing(TierFile, path, rel, outside)
     for e in entries or ():
         child = f"{rel}/{e.name}"
@@ -256,3 +335,24 @@ def _read(TierFile: Any, path: str, rel: str, name: str, folders: tuple[str, ...
 
 class _TierRows(RecordRows):
     """A tier namespace's rows: its files' records, as one table when written."""
+
+
+class _SpilledRows:
+    """A deployment's rows read back from its tier's runs, in relpath order, in batches of
+    BATCH_ROWS (the runs' folder goes with the last namespace that holds them)."""
+
+    def __init__(self, runs: S.Runs, label: str) -> None:
+        self.runs, self.label = runs, label
+
+    def __bool__(self) -> bool:
+        return bool(self.runs.counts.get(self.label))
+
+    def tables(self, code: int, ns_arrays: list) -> Iterator[pa.Table]:
+        batch: list[Any] = []
+        for f in self.runs.rows(self.label):
+            batch.append(f)
+            if len(batch) == BATCH_ROWS:
+                yield rows_of(batch, code).table(ns_arrays)
+                batch = []
+        if batch:
+            yield rows_of(batch, code).table(ns_arrays)
