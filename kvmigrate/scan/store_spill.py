@@ -79,6 +79,30 @@ def part_of(o: StoreFile) -> int:
     return xxhash.xxh3_64_intdigest(basis)
 
 
+def record_tail(reasons: list[Any], ordinals: list[int], parts: list[int] | None) -> list[pa.Array]:
+    """The columns a spilled record ends with: its reason's finding (the _FINDING columns),
+    its walk ordinal and its partition hash (else 0). Also the tier spill's."""
+    found = [fd.finding_of(r) for r in reasons]
+    arrays = []
+    for k, c in enumerate(_FINDING):
+        got = [None if x is None else x[k] for x in found]
+        arrays.append(pa.array(got, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
+                      pa.array([_utf8(v) for v in got], pa.binary()))
+    arrays.append(pa.array(ordinals, pa.int64()))
+    arrays.append(pa.array(parts if parts is not None else [0] * len(reasons), pa.uint64()))
+    return arrays
+
+
+def with_findings(batch: pa.RecordBatch, reasons: list[Any]) -> None:
+    """A batch's reasons given back their findings (`record_tail`'s columns), in place."""
+    if batch.column("finding_code").null_count < batch.num_rows:  # (a reason with a finding: its text carries it)
+        parts = [(_texts(batch.column(c)) if c[len("finding_"):] not in _FINDING_INTS else
+                  batch.column(c).to_pylist()) for c in _FINDING]
+        for k, values in enumerate(zip(*parts)):
+            if values[0] is not None:
+                reasons[k] = fd.Reason(reasons[k], fd.Finding(*values))
+
+
 def encode(files: list[StoreFile], ordinals: list[int], parts: list[int] | None = None) -> pa.RecordBatch:
     """Records as a batch of SCHEMA (`parts`: their partition hashes, else 0)."""
     arrays = []
@@ -88,13 +112,7 @@ def encode(files: list[StoreFile], ordinals: list[int], parts: list[int] | None 
             arrays.append(pa.array([_utf8(v) for v in values], pa.binary()))
         else:
             arrays.append(pa.array(values, _TYPES[name]))
-    found = [fd.finding_of(f.reason) for f in files]
-    for k, c in enumerate(_FINDING):
-        got = [None if x is None else x[k] for x in found]
-        arrays.append(pa.array(got, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
-                      pa.array([_utf8(v) for v in got], pa.binary()))
-    arrays.append(pa.array(ordinals, pa.int64()))
-    arrays.append(pa.array(parts if parts is not None else [0] * len(files), pa.uint64()))
+    arrays += record_tail([f.reason for f in files], ordinals, parts)
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
@@ -102,14 +120,7 @@ def decode(batch: pa.RecordBatch) -> tuple[list[int], list[StoreFile]]:
     """(ordinals, records) of a batch."""
     cols = [(_texts(batch.column(name)) if name in _TEXT else batch.column(name).to_pylist()) for name in FIELDS]
     n = batch.num_rows
-    code = batch.column("finding_code")
-    if code.null_count < n:  # (a reason with a finding: its text carries it)
-        reasons = cols[FIELDS.index("reason")]
-        parts = [(_texts(batch.column(c)) if c[len("finding_"):] not in _FINDING_INTS else
-                  batch.column(c).to_pylist()) for c in _FINDING]
-        for k, values in enumerate(zip(*parts)):
-            if values[0] is not None:
-                reasons[k] = fd.Reason(reasons[k], fd.Finding(*values))
+    with_findings(batch, cols[FIELDS.index("reason")])
     blocks, ranks = [None] * n, [()] * n
     return batch.column("ordinal").to_pylist(), [StoreFile(*row) for row in zip(*cols, blocks, ranks)]
 
@@ -138,6 +149,38 @@ def _writer(path: str) -> scratch.IpcWriter:
 def _batches(path: str) -> Iterator[pa.RecordBatch]:
     with pa.OSFile(path, "rb") as f:
         yield from pa.ipc.open_stream(f)
+
+
+def split(folder: Any, path: str, n: int, writer: Any) -> list[str]:
+    """The records of the walk file `path` split into `n` partition files by their `part`
+    column (hash mod n), each in walk order; the walk file is removed. `writer(path)`: a
+    partition file's IpcWriter (the spill's schema). Also the tier spill's (scan/tier_spill.py)."""
+    paths = [folder.file(f"part{p}") for p in range(n)]
+    writers = [writer(p) for p in paths]
+    try:
+        for b in _batches(path):
+            which = [h % n for h in b.column("part").to_pylist()]
+            b = b.take(pc.sort_indices(pa.array(which, pa.int32())))  # (stable: walk order kept)
+            counts = [0] * n
+            for p in which:
+                counts[p] += 1
+            start = 0
+            for p, count in enumerate(counts):
+                if count:
+                    writers[p].write(b.slice(start, count))
+                start += count
+    finally:
+        for w in writers:
+            w.close()
+    os.unlink(path)
+    return paths
+
+
+def remove_files(path: str, parts: list[str]) -> None:
+    """The walk file and its partitions, once judged (the runs hold what is written)."""
+    for p in {path, *parts}:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
 
 
 class ObjectSpill:
@@ -182,31 +225,11 @@ class ObjectSpill:
         if n <= 1:
             self.parts = [self.path]
             return
-        paths = [self.folder.file(f"part{p}") for p in range(n)]
-        writers = [_writer(p) for p in paths]
-        try:
-            for b in _batches(self.path):
-                which = [h % n for h in b.column("part").to_pylist()]
-                b = b.take(pc.sort_indices(pa.array(which, pa.int32())))  # (stable: walk order kept)
-                counts = [0] * n
-                for p in which:
-                    counts[p] += 1
-                start = 0
-                for p, count in enumerate(counts):
-                    if count:
-                        writers[p].write(b.slice(start, count))
-                    start += count
-        finally:
-            for w in writers:
-                w.close()
-        os.unlink(self.path)
-        self.parts = paths
+        self.parts = split(self.folder, self.path, n, _writer)
 
     def remove(self) -> None:
         """Remove the objects' files once judged (the runs hold what is written)."""
-        for path in {self.path, *self.parts}:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        remove_files(self.path, self.parts)
         self.parts = []
 
     def partitions(self) -> Iterator[Part]:

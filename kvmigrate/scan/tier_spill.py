@@ -18,18 +18,16 @@ from __future__ import annotations
 import contextlib
 import heapq
 import operator
-import os
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from kvmigrate import findings as fd
 from kvmigrate import scratch
 from kvmigrate.families.lmcache import TierFile
 from kvmigrate.formats import lmcache as L
-from kvmigrate.scan.store_spill import _FINDING, _FINDING_INTS, _texts, _utf8
+from kvmigrate.scan.store_spill import _FINDING, _FINDING_INTS, _texts, _utf8, record_tail, remove_files, split, with_findings
 
 PART_FILES = 1 << 13  # files a partition holds (as records while it is judged), about
 MAX_PARTS = 256  # open files while partitioning (a partition grows past PART_FILES to stay under it)
@@ -71,13 +69,7 @@ def encode(files: list[TierFile], ordinals: list[int], parts: list[int] | None =
             arrays.append(pa.array([_utf8(v) for v in values], pa.binary()))
         else:
             arrays.append(pa.array(values, _TYPES[name]))
-    found = [fd.finding_of(f.reason) for f in files]
-    for k, c in enumerate(_FINDING):
-        got = [None if x is None else x[k] for x in found]
-        arrays.append(pa.array(got, pa.int64()) if c[len("finding_"):] in _FINDING_INTS else
-                      pa.array([_utf8(v) for v in got], pa.binary()))
-    arrays.append(pa.array(ordinals, pa.int64()))
-    arrays.append(pa.array(parts if parts is not None else [0] * len(files), pa.uint64()))
+    arrays += record_tail([f.reason for f in files], ordinals, parts)
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
@@ -86,15 +78,7 @@ def decode(batch: pa.RecordBatch, parse: bool = True) -> tuple[list[int], list[T
     read it, the rows do not)."""
     cols = [(_texts(batch.column(name)) if name in _TEXT else batch.column(name).to_pylist()) for name in FIELDS]
     cols[_FOLDERS] = [tuple(v.split("/")) if v else () for v in cols[_FOLDERS]]
-    n = batch.num_rows
-    code = batch.column("finding_code")
-    if code.null_count < n:  # (a reason with a finding: its text carries it)
-        reasons = cols[FIELDS.index("reason")]
-        parts = [(_texts(batch.column(c)) if c[len("finding_"):] not in _FINDING_INTS else
-                  batch.column(c).to_pylist()) for c in _FINDING]
-        for k, values in enumerate(zip(*parts)):
-            if values[0] is not None:
-                reasons[k] = fd.Reason(reasons[k], fd.Finding(*values))
+    with_findings(batch, cols[FIELDS.index("reason")])
     out = []
     for row in zip(*cols):
         f = TierFile(*row[:-1])  # (`chunk` stands before `target`: FIELDS end with target)
@@ -170,31 +154,11 @@ class FileSpill:
         if n <= 1:
             self.parts = [self.path]
             return
-        paths = [self.folder.file(f"part{p}") for p in range(n)]
-        writers = [_writer(p) for p in paths]
-        try:
-            for b in _batches(self.path):
-                which = [h % n for h in b.column("part").to_pylist()]
-                b = b.take(pc.sort_indices(pa.array(which, pa.int32())))  # (stable: walk order kept)
-                counts = [0] * n
-                for p in which:
-                    counts[p] += 1
-                start = 0
-                for p, count in enumerate(counts):
-                    if count:
-                        writers[p].write(b.slice(start, count))
-                    start += count
-        finally:
-            for w in writers:
-                w.close()
-        os.unlink(self.path)
-        self.parts = paths
+        self.parts = split(self.folder, self.path, n, _writer)
 
     def remove(self) -> None:
         """Remove the files' records once judged (the runs hold what is written)."""
-        for path in {self.path, *self.parts}:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        remove_files(self.path, self.parts)
         self.parts = []
 
     def partitions(self) -> Iterator[tuple[list[int], list[TierFile]]]:
