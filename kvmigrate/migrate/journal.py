@@ -1,6 +1,10 @@
 """The write-ahead journal of a migration (migration.md §3.5): compressed record frames.
 
-Format 2 (this release): a sequence of frames `KVJF <payload length u32> <crc32 u32>
+Format 3 (this release) is format 2 with a Mooncake store's intent written as a head
+and part records (`mc_part`, migrate/stores.py): a reader holds a part, not the whole
+intent (~1 KB a resharded block). Readers take all three formats.
+
+Format 2: a sequence of frames `KVJF <payload length u32> <crc32 u32>
 <payload>`, the payload a zlib-compressed block of JSON lines (one frame per write: a
 batch's intent, a batch's done records, ...). A frame cut short or failing its CRC (kill -9
 mid-write, power loss) ends the journal: it and anything after it are ignored, and the
@@ -53,7 +57,8 @@ from typing import Any
 from kvmigrate import layout, scratch
 from kvmigrate.errors import OperationalError, UsageError, write_error
 
-VERSION = 2
+VERSION = 3
+FRAMED = 2  # the first format of frames (resumable)
 FRAME = struct.Struct("<4sII")  # magic, payload length, crc32 of the payload
 MAGIC = b"KVJF"
 V1_RELEASE = "kvmigrate 0.1.0 before journal format 2"  # who wrote JSON-lines journals
@@ -295,12 +300,50 @@ def _frame_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, byt
 
 
 def valid_end(path: str) -> int:
-    """Byte length of a format-2 journal's whole frames (where a torn tail begins)."""
+    """Byte length of a format-2 journal's whole frames (where a torn tail begins), each
+    read and inflated a piece at a time (a store's intent is a frame of ~1 KB a block)."""
     end = 0
     with open(path, "rb") as f:
-        for _offset, _data in _frames(f):
+        while (found := _frame_head(f)) is not None:
+            start = f.tell()
+            if not _crc_proven(f, *found):
+                break
+            f.seek(start)
+            z = zlib.decompressobj()
+            try:
+                for _ in _inflated(f, found[0], z):
+                    pass
+            except zlib.error:
+                break
+            if not z.eof:
+                break
             end = f.tell()
     return end
+
+
+def _crc_proven(f: Any, length: int, crc: int) -> bool:
+    """The `length` bytes at the file's position are whole and match `crc`, read a piece
+    at a time; leaves the file after them."""
+    seen = 0
+    while length:
+        piece = f.read(min(_PIECE, length))
+        if not piece:
+            return False  # (torn)
+        length -= len(piece)
+        seen = zlib.crc32(piece, seen)
+    return seen == crc
+
+
+def _inflated(f: Any, length: int, z: Any) -> Iterator[bytes]:
+    """The `length` compressed bytes at the file's position inflated by `z`, at most
+    _PIECE at a time (a piece of like bytes inflates a thousandfold), then `z`'s flush."""
+    while length:
+        piece = f.read(min(_PIECE, length))
+        length -= len(piece)
+        while piece:
+            yield z.decompress(piece, _PIECE)
+            piece = z.unconsumed_tail
+    yield z.flush()
 
 
 def _raw_records(path: str, skip: tuple[bytes, ...] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -413,6 +456,7 @@ class Run:
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> done record (last wins)
     locks: list[str] = field(default_factory=list)
     store_records: list[dict[str, Any]] = field(default_factory=list)  # Mooncake stores' `mc_*` (migrate/stores.py)
+    stored_in_file: bool = False  # `stream_runs`: it has store records, left in the file (`store_records`)
     stores: set[str] = field(default_factory=set)  # the Mooncake stores the run wrote (kept without paths too)
     complete: dict[str, Any] | None = None
     rolled_back: bool = False
@@ -512,10 +556,20 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
                 run.done[path] = rec
         elif t == "lock":
             run.locks.append(rec["path"])
+        elif t == "mc_part":  # (a format-3 intent held whole again: the form format 2 wrote)
+            items = rec["items"]
+            if keep:
+                intent = next((r for r in reversed(run.store_records) if r["t"] == "mc_intent"), None)
+                if intent is None:
+                    raise KeyError("mc_intent before its parts")
+                intent.setdefault(rec["of"], []).extend(items)
         elif t.startswith("mc_"):
             if t == "mc_intent":
                 run.stores.add(rec["store"])
-            if keep:
+            if keep and rec.get("parts"):
+                run.store_records.append({k: v for k, v in rec.items() if k != "parts"} |
+                                         {name: [] for name in INTENT_ARRAYS})
+            elif keep:
                 run.store_records.append(rec)
         elif t == "complete":
             run.complete = rec
@@ -566,7 +620,7 @@ def find_resumable(journal: str, identity: dict[str, Any]) -> str | None:
             continue
         last = runs[-1]
         if last.complete is None and not last.rolled_back and identity_matches(last.header, identity):
-            if last.header.get("v", 1) < VERSION:
+            if last.header.get("v", 1) < FRAMED:
                 raise UsageError(f"the unfinished run in {path} was journaled by {V1_RELEASE} (journal format 1), "
                                  "which this release does not resume", path=path,
                                  hint=f"finish it with the release that started it, or undo it with "
@@ -598,6 +652,7 @@ class JournalWriter:
         self.path = path
         self._fd = fd
         self._framed = framed
+        self.version = VERSION  # the format of the file's first run: a run appended keeps to it
         self._end = end  # file size: the offset of the next frame
         self._pending: list[bytes] = []
         self._slots: OrderedDict[int, dict[str, int]] = OrderedDict()  # intent offset -> {path: item index}
@@ -629,7 +684,8 @@ class JournalWriter:
                 raise UsageError(f"{path} is a journal of {V1_RELEASE} (format 1); a new run cannot be added to it",
                                  path=path, hint="pass a new --journal path (or a directory)")
             w._truncate_torn_tail()
-        w.write({"t": "header", "v": VERSION, **header}, sync=True)
+            w.version = min(VERSION, _header_version(path))  # (a release reads the format of a file's first header)
+        w.write({"t": "header", "v": w.version, **header}, sync=True)
         if not existed:
             _fsync_dir(parent)
         return w
@@ -644,6 +700,7 @@ class JournalWriter:
         w = cls(path, fd, framed=_framed_file(path))
         w._lock()
         w._truncate_torn_tail()
+        w.version = _header_version(path)
         return w
 
     def _lock(self) -> None:
@@ -855,6 +912,18 @@ def _framed_file(path: str) -> bool:
         return is_framed(f) or os.fstat(f.fileno()).st_size == 0
 
 
+def _header_version(path: str) -> int:
+    """The journal format its first header states (a format-2 journal resumed by this
+    release is written in format 2: the release that started it reads all of it)."""
+    try:
+        for _, rec in _raw_records(path):  # (its first frame only)
+            v = rec.get("v") if isinstance(rec, dict) else None
+            return v if isinstance(v, int) else 1
+    except OSError:
+        pass
+    return VERSION
+
+
 def _last_pid(path: str) -> int | None:
     try:
         pids = [r.get("pid") for r in read_records(path) if r["t"] in ("header", "resume")]
@@ -886,13 +955,31 @@ def iter_runs(path: str) -> Iterator[tuple[str, Run]]:
 # --- streaming: a run's per-path records read from its file when needed, never held ---
 
 
-# the records `stream_runs` decodes: a run's states and its Mooncake store records
-_STREAM_RECORDS = (*_STATE_RECORDS, b'{"t":"mc_')
-# ...but of a store's intent not its reshards (each block's sources and outputs): only a resumed
-# run reads them (`load_runs`); verify and rollback read the intent's pairs, outputs, rewrites and
-# entries. The array ends where the pairs begin (migrate/stores.py writes them in this order, and
-# `],"pairs":[` is no text a JSON string holds).
+# the records `stream_runs` decodes: a run's states and the store records that begin a
+# store's work (migrate/store_apply.py writes every other one after its intent), not those
+# that grow with its blocks (each frame's wanted lines are held until its CRC is proven)
+_STREAM_RECORDS = (*_STATE_RECORDS, b'{"t":"mc_store"', b'{"t":"mc_dir"', b'{"t":"mc_intent"')
+_PARTS = b'{"t":"mc_part"'
+# ...and of a store's intent, never its reshards (each block's sources and outputs): only a
+# resumed run reads them (`load_runs`); verify and rollback read the intent's pairs, outputs,
+# rewrites and entries. A format-2 intent's array ends where the pairs begin (migrate/stores.py
+# writes them in this order, and `],"pairs":[` is no text a JSON string holds).
 _INTENT_RESHARDS = (b'{"t":"mc_intent"', b',"reshards":[', b'],"pairs":[')
+_RESHARD_PARTS = b'{"t":"mc_part","of":"reshards"'
+INTENT_ARRAYS = ("rewrites", "entries", "reshards", "pairs", "outputs")  # a store intent's, in the order written
+
+
+def split_intent(rec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A store intent as format 3 writes it: its head (`parts: true`), then its `mc_part`
+    records. A format-2 intent (one record holding its arrays) comes out in that form
+    too, so that readers of a run's store records take one form."""
+    if rec.get("parts"):
+        yield rec
+        return
+    yield {k: v for k, v in rec.items() if k not in INTENT_ARRAYS} | {"parts": True}
+    for name in INTENT_ARRAYS:
+        if rec.get(name):
+            yield {"t": "mc_part", "of": name, "items": rec[name]}
 
 
 def stream_runs(path: str) -> list[Run]:
@@ -911,7 +998,7 @@ def stream_runs(path: str) -> list[Run]:
     elif not recs or recs[0].get("t") != "header" or isinstance(recs[0].get("v"), int) and recs[0]["v"] > VERSION:
         load_runs(path, paths=False)  # says why it is no journal this release reads
         return []
-    store: list[tuple[int, dict[str, Any]]] = []
+    stored: set[int] = set()  # the runs with store records
     heads: list[int] = []
     targets: list[set[str]] = []
     drops: list[list[tuple[int, set[str]]]] = []
@@ -929,7 +1016,7 @@ def stream_runs(path: str) -> list[Run]:
             elif t == "target" and targets:
                 targets[-1].add(rec["base"])
             elif t.startswith("mc_"):
-                store.append((len(heads) - 1, rec))
+                stored.add(len(heads) - 1)
             elif t == "rolled_back" and rec.get("targets") is not None:
                 bases = set(rec["targets"])
                 for k, held in enumerate(targets):  # as `_drop_targets` forgets them
@@ -946,8 +1033,60 @@ def stream_runs(path: str) -> list[Run]:
     for k, run in enumerate(runs):
         run.span = (heads[k], ends[k])
         run.drops = drops[k]
-        run.store_records = [rec for j, rec in store if j == k]
+        run.stored_in_file = k in stored
     return runs
+
+
+def store_records(run: Run, parts: bool = True) -> Iterator[dict[str, Any]]:
+    """The Mooncake store records of a run in journal order, each intent as its head and
+    then its parts (`split_intent`), but no reshards part (`parts=False`: no part). A
+    `stream_runs` run's are read from its file again, a part at a time: a store's records
+    grow with its blocks (a pair or a KVEntry each, its intent ~1 KB each) and verify and
+    rollback hold none of them."""
+    def wanted(rec: dict[str, Any]) -> bool:
+        return rec["t"] != "mc_part" or parts and rec["of"] != "reshards"
+
+    if not run.stored_in_file:
+        for rec in run.store_records:
+            yield from filter(wanted, split_intent(rec) if rec["t"] == "mc_intent" else (rec,))
+        return
+    start, end = run.span
+    mark = -1
+    try:
+        with open(run.journal, "rb") as f:
+            lines = _streamed_lines(f, (b'{"t":"header"', b'{"t":"rolled_back"', b'{"t":"mc_'), _INTENT_RESHARDS,
+                                    (_RESHARD_PARTS,) if parts else (_PARTS,)) if is_framed(f) else None
+            for rec in (json.loads(line) for line in lines) if lines is not None else iter_records(run.journal):
+                t = rec["t"]
+                if t in ("header", "rolled_back"):
+                    mark += 1
+                    if mark == end:
+                        return
+                elif mark >= start and t.startswith("mc_"):
+                    yield from filter(wanted, split_intent(rec) if t == "mc_intent" else (rec,))
+    except (*DAMAGED, ValueError, zlib.error) as exc:
+        raise damaged(run.journal, exc) from None
+
+
+def _streamed_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, bytes] | None = None,
+                    skip: tuple[bytes, ...] = ()) -> Iterator[bytes]:
+    """The wanted lines of every whole frame as `_frame_lines` reads them, but each given
+    as soon as it is decompressed: a frame's CRC is proven by a first pass over its
+    compressed bytes, so a frame of any length (a store's intent) is never held."""
+    while (found := _frame_head(f)) is not None:
+        start = f.tell()
+        if not _crc_proven(f, *found):
+            return
+        f.seek(start)
+        z = zlib.decompressobj()
+        lines = _WantedLines(wanted, cut, skip)
+        for data in _inflated(f, found[0], z):
+            lines.feed(data)
+            yield from lines.got
+            lines.got.clear()
+        if not z.eof:
+            raise zlib.error("a frame's payload ends early")
+        yield from lines.end()
 
 
 def path_records(run: Run) -> Iterator[tuple[int, str, dict[str, Any]]]:

@@ -63,14 +63,17 @@ class Spill:
         for rec in records:
             self.append(rec)
 
-    def append(self, rec: Any) -> None:
+    def append(self, rec: Any) -> int:
+        """Add a record; its offset (`at`)."""
         with spilling():
             if self._file is None:
                 # (open as long as the Spill lives: `close`, or the process's end, unlinked from the start)
                 self._file = tempfile.TemporaryFile(prefix=f"{scratch.PREFIX}reshard-",  # noqa: SIM115
                                                     dir=scratch.tmpdir())
+            at = self._file.tell()
             pickle.dump(rec, self._file, pickle.HIGHEST_PROTOCOL)
         self._count += 1
+        return at
 
     def __len__(self) -> int:
         return self._count
@@ -100,23 +103,25 @@ class Spill:
             self._count = 0
 
 
-def sort(records: Iterable[Any], key: Callable[[Any], Any], run: int = RUN_RECORDS) -> Iterator[Any]:
-    """`records` in the order of `sorted(records, key=key)` (stable), holding at most `run`
-    of them in memory: sorted runs spilled, then merged."""
+def sort(records: Iterable[Any], key: Callable[[Any], Any], run: int | None = None, reverse: bool = False
+         ) -> Iterator[Any]:
+    """`records` in the order of `sorted(records, key=key, reverse=reverse)` (stable),
+    holding at most `run` (RUN_RECORDS) of them in memory: sorted runs spilled, then merged."""
+    run = run or RUN_RECORDS
     runs: list[Spill] = []
     held: list[Any] = []
     for rec in records:
         held.append(rec)
         if len(held) >= run:
-            held.sort(key=key)
+            held.sort(key=key, reverse=reverse)
             runs.append(Spill(held))
             held = []
             if len(runs) >= MERGE_RUNS:  # (merged into one: a file and a read buffer a run are held)
-                merged = Spill(heapq.merge(*runs, key=key))
+                merged = Spill(heapq.merge(*runs, key=key, reverse=reverse))
                 for r in runs:
                     r.close()
                 runs = [merged]
-    held.sort(key=key)
+    held.sort(key=key, reverse=reverse)
     if not runs:
         yield from held
         return
@@ -124,7 +129,7 @@ def sort(records: Iterable[Any], key: Callable[[Any], Any], run: int = RUN_RECOR
         runs.append(Spill(held))
         held = []
     try:
-        yield from heapq.merge(*runs, key=key)  # (equal keys: the earlier run first, so stable)
+        yield from heapq.merge(*runs, key=key, reverse=reverse)  # (equal keys: the earlier run first, so stable)
     finally:
         for r in runs:
             r.close()

@@ -128,8 +128,9 @@ class StoreApplier:
         outputs = self._reshard_outputs(p)  # every source read and checked before anything is written
         if resumed is None:
             pairs: Any = self._pairs(p, outputs)  # (a displaced entry's retired key names this run, §3.5)
-            self.journal.write_parts(intent_parts(p, p.whole_rewrites(self.run_id), pairs, outputs["entries"]),
-                                     sync=True)
+            intent = intent_parts(p, p.whole_rewrites(self.run_id), pairs, outputs["entries"],
+                                  split=self.journal.version >= 3)
+            self.journal.write_parts(intent, sync=True)
         else:  # the interrupted run's pairs: the same ids, proven the same bytes
             pairs = self._resumed_pairs(resumed, outputs)
         self.crash("intent")
@@ -515,7 +516,8 @@ class DestStoreApplier(StoreApplier):
 
     def _dest_store(self, p: StorePlan) -> None:
         outputs = self._reshard_outputs(p)
-        self.journal.write_parts(intent_parts(p, p.whole_rewrites(), [], outputs["entries"], dest=True), sync=True)
+        self.journal.write_parts(intent_parts(p, p.whole_rewrites(), [], outputs["entries"], dest=True,
+                                              split=self.journal.version >= 3), sync=True)
         self.crash("intent")
         new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
         for rw in p.whole_rewrites():

@@ -7,113 +7,203 @@ every file the run made against its journaled XXH3."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvmigrate.errors import OperationalError
 from kvmigrate.formats import mooncake as M
+from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate import mooncake_store as MS
 from kvmigrate.migrate.fsops import check_relpath
+from kvmigrate.migrate.reshard_spill import Spill
+from kvmigrate.migrate.reshard_spill import sort as spill_sort
 from kvmigrate.migrate.stores import BACKUP_DIR, OWN_LOCK
 
 
-def run_records(run: Any) -> list[dict[str, Any]]:
-    return list(getattr(run, "store_records", ()) or ())
+def run_records(run: Any, parts: bool = True) -> Iterator[dict[str, Any]]:
+    """A run's store records, each intent as its head and parts (journal `store_records`)."""
+    return jn.store_records(run, parts)
+
+
+@dataclass
+class _Read:
+    """What rollback takes from one reading of a run's store records: the few things it
+    holds (client roots, folders) and, on disk, what grows with the store's blocks."""
+
+    clients: set[str] = field(default_factory=set)  # every client root the run's intents name
+    proofs: set[str] = field(default_factory=set)  # the client roots whose 0.3.14 flock it held
+    dirs: list[str] = field(default_factory=list)  # folders it made in ROOT (mc_dir), then in DEST
+    dest_dirs: list[str] = field(default_factory=list)
+    folders: set[str] = field(default_factory=set)  # every folder it may have made (a dry run's `gone`)
+    files: Spill = field(default_factory=Spill)  # (order, mc_file), files it made in DEST
+    pairs: Spill = field(default_factory=Spill)  # (client, id, 0 intended / 1 journaled, order, base, hashes)
+    paths: Spill = field(default_factory=Spill)  # (relpath, rank, order, what, record): see `_settled`
+    rewrites: Spill = field(default_factory=Spill)  # intended index rewrites (their `paths` record: an offset)
+
+
+def _read(run: Any) -> _Read:
+    """One pass over the run's store records (§5.3): the pairs, and every path an index or
+    KVEntry record or an intent names, spilled to be sorted; an intent into DIR names
+    paths under DIR, never reconciled against ROOT (an entry read in place has the very
+    same relpath)."""
+    got = _Read()
+    dest = False  # (the intent the parts that follow belong to is one into DIR)
+    for order, r in enumerate(run_records(run)):
+        t = r["t"]
+        if t == "mc_store":
+            got.proofs.add(r["client"])
+        elif t == "mc_intent":
+            dest = bool(r.get("dest"))
+        elif t == "mc_part" and not dest:
+            what = r["of"]
+            for item in r["items"]:
+                got.clients.add(item.get("client", ""))
+                if what == "pairs":
+                    got.pairs.append((item["client"], item["id"], 0, order, item.get("base"), _hashes(item)))
+                elif what == "rewrites":  # (a rewrite names every new key of its bucket: sorted as an offset)
+                    got.paths.append((item["meta"], 3, order, what, got.rewrites.append(item)))
+                elif what in _INTENDED:
+                    got.paths.append((item[_INTENDED[what][0]], _INTENDED[what][1], order, what, item))
+        elif t == "mc_pair":
+            got.pairs.append((r["client"], r["id"], 1, order, r.get("base"), _hashes(r)))
+        elif t == "mc_file":
+            got.files.append((-order, r))
+        elif t == "mc_index":
+            got.paths.append((r["meta"], 0, order, "index", r))
+        elif t == "mc_replace":
+            got.paths.append((r["path"], 1, order, "index", {**r, "meta": r["path"]}))
+        elif t == "mc_entry":
+            got.paths.append((r["path"], 0, order, "entry", r))
+            got.folders.update(os.path.normpath(os.path.join(run.root, d)) for d in r.get("dirs") or ())
+        elif t == "mc_dir":
+            (got.dest_dirs if r.get("base") == "dest" else got.dirs).append(r["path"])
+            if r.get("base") != "dest":
+                got.clients.add(r["path"])
+    got.folders.update(os.path.normpath(os.path.join(run.root, d)) for d in got.dirs)
+    got.folders.update(os.path.normpath(os.path.join(run.dest, d)) for d in got.dest_dirs)
+    return got
+
+
+# an intent's items that name a path: (the field, their rank among the records of one path)
+_INTENDED = {"outputs": ("path", 2), "entries": ("path", 3)}
+
+
+def _hashes(pair: dict[str, Any]) -> dict[str, Any]:
+    """What rollback reads of a pair's record (not its keys: a pair holds many objects)."""
+    return {"meta": pair["meta"], "bucket": pair["bucket"]}
+
+
+def _settled(root: str, run: Any, records: Iterator[tuple], rewrites: Spill
+             ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """("entry" | "index", relpath, record) of every path the run's work may have made,
+    in relpath order, from its records sorted by (relpath, rank, order): the last journaled
+    KVEntry, the last journaled index rewrite (a replaced KVEntry's over it), else what
+    an intent's output, rewrite or entry proves a killed run did before its record."""
+    for path, group in itertools.groupby(records, key=lambda rec: rec[0]):
+        entry: dict[str, Any] | None = None
+        index: dict[str, Any] | None = None
+        for _, _, _, what, r in group:
+            if what == "entry":
+                entry = r
+            elif what == "index":
+                index = r
+            elif what == "outputs":  # reshard outputs over a displaced KVEntry a killed run did not journal
+                if entry is not None or index is not None:
+                    continue
+                backup = os.path.join(BACKUP_DIR, run.header.get("run_id", ""), path + ".orig")
+                if _still_original(os.path.join(root, path), os.path.join(root, backup)):
+                    continue  # killed between the backup link and the rename: nothing to put back
+                if os.path.exists(os.path.join(root, backup)):
+                    index = {"meta": path, "client": r.get("client", ""), "new": r["xxh3"], "backup": backup}
+                elif MS._hash_or_none(os.path.join(root, path)) == r["xxh3"]:
+                    entry = {"path": path, "xxh3": r["xxh3"], "dirs": []}
+            elif what == "rewrites":  # work an interrupted run did but did not journal: proven by its bytes
+                if index is None:
+                    index = _unjournaled_rewrite(root, run, rewrites.at(r))
+            elif entry is None:
+                entry = _unjournaled_entry(root, r)
+        if entry is not None:
+            yield "entry", path, entry
+        if index is not None:
+            yield "index", path, index
 
 
 def rollback_run(run: Any, dry_run: bool) -> tuple[Counter, list[str]]:
     """Undo the store work of one journaled run (§5.3): new KVEntries removed (each only
     with its journaled XXH3), each rewritten index's original renamed back (only while it
     holds the journaled new bytes), created folders, the stage and kvmigrate's locks
-    removed. Returns (what was done by kind, what was kept and why)."""
-    recs = run_records(run)
+    removed. Returns (what was done by kind, what was kept and why). What grows with the
+    store's blocks is read from the journal a record at a time and sorted on disk."""
     done: Counter = Counter()
     kept: list[str] = []
-    if not recs:
+    if not (getattr(run, "stored_in_file", False) or getattr(run, "store_records", None)):
         return done, kept
+    got = _read(run)
     root = run.root
-    proofs = [r for r in recs if r["t"] == "mc_store"]
     locks: list[MS.ClientLock] = []
     try:
         if not dry_run:  # each client root once (a resumed run journals its proofs again: a second
             # flock of one file from this process would read as a live client)
-            for client in sorted({r["client"] for r in proofs}):
+            for client in sorted(got.proofs):
                 locks.append(MS.hold_client_lock(os.path.join(root, client) if client else root))
         gone: set[str] = set()  # (a dry run: what the removals would take, so folders are counted alike)
-        indexes = {r["meta"]: r for r in recs if r["t"] == "mc_index"}
-        indexes.update({r["path"]: {**r, "meta": r["path"]} for r in recs if r["t"] == "mc_replace"})
-        entries = {r["path"]: r for r in recs if r["t"] == "mc_entry"}
-        # (an intent of a migration into DIR names paths under DIR: never reconciled against ROOT,
-        # where an entry read in place has the very same relpath)
-        intents = [r for r in recs if r["t"] == "mc_intent" and not r.get("dest")]
-        # new pairs first (.meta, then .bucket, each only with the bytes the run wrote): journaled or
-        # intended (a pair a killed run linked before its record)
+
+        def going(path: str) -> None:  # (only what sits in a folder the run may have made)
+            if os.path.dirname(os.path.normpath(path)) in got.folders:
+                gone.add(os.path.normpath(path))
+
         # what a migration into DIR made there (`base: dest`): its files, newest first (a pair's .meta
         # before its .bucket)
-        for r in reversed([r for r in recs if r["t"] == "mc_file"]):
+        for _, r in spill_sort(got.files, key=lambda rec: rec[0]):
             path = os.path.join(run.dest, check_relpath(r["path"], "journal path"))
             if dry_run:
                 if MS._hash_or_none(path) == r["xxh3"]:
                     done["kventry"] += 1
-                    gone.add(path)
+                    going(path)
                 continue
             what = MS.remove_kv_entry(path, r["xxh3"])
             done["kventry"] += what == "removed"
             if what == "kept":
                 kept.append(f"{path}: changed since the migration made it; left in place")
-        pairs = {(r["client"], r["id"], r.get("base")): r for it in intents for r in it.get("pairs", ())}
-        pairs.update({(r["client"], r["id"], r.get("base")): r for r in recs if r["t"] == "mc_pair"})
-        for (client, bucket_id, where), r in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            top = run.dest if where == "dest" else root
-            base = os.path.join(top, client) if client else top
-            if dry_run:
-                done["pair"] += int(MS._hash_or_none(os.path.join(base, f"{bucket_id}{M.META_SUFFIX}")) == r["meta"])
-                continue
-            got = MS.remove_pair(base, bucket_id, r["meta"], r["bucket"])
-            done["pair"] += int(got.get("meta") == "removed")
-            if "kept" in got.values():
-                kept.append(f"{base}/{bucket_id}{M.META_SUFFIX}: changed since the migration wrote the pair; left")
-        for it in intents:  # reshard outputs over a displaced KVEntry a killed run did not journal
-            for o in it.get("outputs", ()):
-                if o["path"] not in entries and o["path"] not in indexes:
-                    backup = os.path.join(BACKUP_DIR, run.header.get("run_id", ""), o["path"] + ".orig")
-                    if _still_original(os.path.join(root, o["path"]), os.path.join(root, backup)):
-                        continue  # killed between the backup link and the rename: nothing to put back
-                    if os.path.exists(os.path.join(root, backup)):
-                        indexes[o["path"]] = {"meta": o["path"], "client": o.get("client", ""), "new": o["xxh3"],
-                                              "backup": backup}
-                    elif MS._hash_or_none(os.path.join(root, o["path"])) == o["xxh3"]:
-                        entries[o["path"]] = {"path": o["path"], "xxh3": o["xxh3"], "dirs": []}
-        # work an interrupted run did but did not journal: proven by its bytes
-        for it in intents:
-            for rw in it.get("rewrites", ()):
-                if rw["meta"] in indexes:
+        # new pairs first (.meta, then .bucket, each only with the bytes the run wrote): journaled or
+        # intended (a pair a killed run linked before its record)
+        for (client, bucket_id), group in itertools.groupby(spill_sort(got.pairs, key=lambda rec: rec[:4]),
+                                                            key=lambda rec: rec[:2]):
+            last: dict[Any, dict[str, Any]] = {}  # base -> its record (journaled over intended)
+            for *_, where, r in group:
+                last[where] = r
+            for where, r in last.items():
+                top = run.dest if where == "dest" else root
+                base = os.path.join(top, client) if client else top
+                if dry_run:
+                    done["pair"] += int(MS._hash_or_none(os.path.join(base, f"{bucket_id}{M.META_SUFFIX}")) == r["meta"])
                     continue
-                found = _unjournaled_rewrite(root, run, rw)
-                if found is not None:
-                    indexes[rw["meta"]] = found
-            for e in it.get("entries", ()):
-                if e["path"] in entries:
-                    continue
-                found = _unjournaled_entry(root, e)
-                if found is not None:
-                    entries[e["path"]] = found
-        dirs: list[str] = []
-        for path, r in sorted(entries.items(), reverse=True):
+                got_back = MS.remove_pair(base, bucket_id, r["meta"], r["bucket"])
+                done["pair"] += int(got_back.get("meta") == "removed")
+                if "kept" in got_back.values():
+                    kept.append(f"{base}/{bucket_id}{M.META_SUFFIX}: changed since the migration wrote the pair; left")
+        entries, indexes = Spill(), Spill()
+        for kind, path, r in _settled(root, run, spill_sort(got.paths, key=lambda rec: rec[:3]), got.rewrites):
+            (entries if kind == "entry" else indexes).append((path, r))
+        dirs = list(got.dirs)
+        for path, r in spill_sort(entries, key=lambda rec: rec[0], reverse=True):
             check_relpath(path, "journal path")
             dirs += r.get("dirs") or []
             if dry_run:
                 if MS._hash_or_none(os.path.join(root, path)) == r["xxh3"]:
                     done["kventry"] += 1
-                    gone.add(os.path.join(root, path))
+                    going(os.path.join(root, path))
                 continue
             what = MS.remove_kv_entry(os.path.join(root, path), r["xxh3"])
             if what == "removed":
                 done["kventry"] += 1
             elif what == "kept":
                 kept.append(f"{os.path.join(root, path)}: changed since the migration placed it; left in place")
-        for meta, r in sorted(indexes.items()):
+        for meta, r in indexes:
             check_relpath(meta, "journal path")
             path, backup = os.path.join(root, meta), os.path.join(root, r["backup"])
             if dry_run:
@@ -126,25 +216,23 @@ def rollback_run(run: Any, dry_run: bool) -> tuple[Counter, list[str]]:
             elif back == "kept":
                 kept.append(f"{path}: changed since the migration rewrote it; left in place (its original is "
                             f"{backup})")
-        dirs += [r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") != "dest"]
-        dest_dirs = [r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") == "dest"]
-        clients = {r.get("client", "") for it in intents for r in
-                   [*it.get("rewrites", ()), *it.get("entries", ()), *it.get("pairs", ()), *it.get("outputs", ())]}
-        for client in sorted(clients | {r["path"] for r in recs if r["t"] == "mc_dir" and r.get("base") != "dest"}):
+        entries.close()
+        indexes.close()
+        for client in sorted(got.clients):
             base = os.path.join(root, client) if client else root
             own = os.path.join(base, OWN_LOCK)
             if os.path.exists(own):
                 done["lock"] += 1
-                gone.add(own)
+                gone.add(os.path.normpath(own))
                 if not dry_run:
                     os.unlink(own)
             stage = MS.stage_path(base)
             if dry_run:
                 if os.path.isdir(stage):
-                    gone.add(stage)
+                    gone.add(os.path.normpath(stage))
             else:
                 MS.clear_stage(stage)
-        for d, top in sorted({*((d, root) for d in dirs), *((d, run.dest) for d in dest_dirs)},
+        for d, top in sorted({*((d, root) for d in dirs), *((d, run.dest) for d in got.dest_dirs)},
                              key=lambda x: -x[0].count("/")):  # (a folder it made, once empty)
             path = os.path.join(top, d)
             if dry_run:
@@ -152,9 +240,9 @@ def rollback_run(run: Any, dry_run: bool) -> tuple[Counter, list[str]]:
                     left = [os.path.join(path, n) for n in os.listdir(path)]
                 except OSError:
                     continue
-                if all(p in gone for p in left):
+                if all(os.path.normpath(p) in gone for p in left):
                     done["dir"] += 1
-                    gone.add(path)
+                    gone.add(os.path.normpath(path))
                 continue
             try:
                 os.rmdir(path)
@@ -164,6 +252,8 @@ def rollback_run(run: Any, dry_run: bool) -> tuple[Counter, list[str]]:
     finally:
         for lock in locks:
             lock.release()
+        for spill in (got.files, got.pairs, got.paths, got.rewrites):
+            spill.close()
     return done, kept
 
 
@@ -228,7 +318,7 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     out: list[tuple[str, str]] = []
     root = run.root
     checked = 0
-    for r in run_records(run):
+    for r in run_records(run, parts=False):
         checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace", "mc_file")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])

@@ -11,7 +11,8 @@ Journal records (`mc_*`), in the order a run writes them per store:
     mc_store    a proof: the client root whose 0.3.14 flock the run holds, how it is proven
     mc_dir      a folder the run made (an SGLang target rank's client root; in DIR)
     mc_intent   fsynced before anything of the store is written: the whole StorePlan
-                (`intent_parts`): rewrites, entries, reshards, pairs with ids and hashes
+                (`intent_parts`): rewrites, entries, reshards, pairs with ids and hashes,
+                outputs; in journal format 3 a head, then its arrays in `mc_part` records
     mc_index    an index rewritten (rekeys and retires): original and new XXH3, its backup
     mc_replace  a displaced KVEntry replaced by a reshard output: old and new XXH3, backup
     mc_pair     a new pair committed: client root, id, both files' XXH3, its keys
@@ -35,6 +36,7 @@ from kvmigrate.errors import UsageError
 from kvmigrate.formats import mooncake as M
 from kvmigrate.migrate import mooncake_store as MS
 from kvmigrate.migrate.fsops import check_relpath
+from kvmigrate.migrate.journal import INTENT_ARRAYS
 from kvmigrate.migrate.reshard_spill import Spill
 from kvmigrate.migrate.reshard_spill import sort as _sort
 
@@ -152,35 +154,54 @@ class StorePlan:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # (the journal's encoder: the same text)
 
 
+PART_BYTES = 1 << 18  # a part record's text, about: an item may be large (a bucket's rewrite names its every key)
+
+
 def intent_parts(p: StorePlan, rewrites: Iterable[IndexRewrite], pairs: Iterable[tuple[str, int, list, str, str]],
-                 entries: Iterable[tuple], *, dest: bool = False) -> Iterator[str]:
+                 entries: Iterable[tuple], *, dest: bool = False, split: bool = True) -> Iterator[str]:
     """The store's whole plan as its journal intent: everything a resumed run needs to do
     exactly the same (§5.3), and a rollback to prove what is the run's. Its JSON text in
     parts, an element at a time (journal `write_parts`): a plan's reshards, pairs and
-    outputs are read from disk as it is written, never held as one record."""
-    yield '{"t":"mc_intent","store":' + _ENCODE(p.store) + ',"proof":' + _ENCODE(p.proof)
-    yield from _array("rewrites", ({"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
-                                    "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
-                                    "retire": sorted(rw.retire)} for rw in rewrites))
-    yield from _array("entries", ({"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
-                                   "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
-                                   "value": e.value.hex() if e.value else None} for e in p.entries))
-    yield from _array("reshards", ({"n_s": w.n_s, "n_t": w.n_t, "geometry": [w.geometry.heads, w.geometry.head_dim,
-                                                                             w.geometry.elem_bytes],
-                                    "kventries": w.kventries, "fsdir": w.fsdir,
-                                    "sources": [{"rank": r, "half": h, "relpath": src.relpath, "index": src.index,
-                                                 "key": src.key.hex(), "client": src.client, "size": src.size,
-                                                 "value": src.value.hex() if src.value else None}
-                                                for (r, h), src in sorted(w.sources.items())],
-                                    "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
-                                                 "key": o.key.hex(), "client": o.client} for o in w.outputs],
-                                    "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
-                                                  for src in w.displaced]} for w in p.reshards))
-    yield from _array("pairs", ({"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs))
-    yield from _array("outputs", ({"path": path, "xxh3": MS.xxh3_hex(data), "client": c}
-                                  for c, path, data, _ in entries))
-    yield ',"clients":' + _ENCODE(p.clients) + ',"bucket_clients":' + _ENCODE(p.bucket_clients)
-    yield ',"dest":true}' if dest else "}"
+    outputs are read from disk as it is written, never held as one record.
+
+    `split` (journal format 3): the intent is a head line and `mc_part` lines of about
+    PART_BYTES of one array each, all in the intent's frame, so that a reader takes the
+    intent a part at a time (journal `split_intent` reads both forms). Format 2 wrote one
+    line."""
+    arrays = (
+        ("rewrites", ({"meta": rw.meta, "client": rw.client, "inode": rw.inode, "mtime_ns": rw.mtime_ns,
+                       "keys": {str(i): k.hex() for i, k in rw.keys.items()},  # (its stat proves the rest)
+                       "retire": sorted(rw.retire)} for rw in rewrites)),
+        ("entries", ({"source": e.source, "path": e.path, "key": e.key.hex(), "action": e.action,
+                      "client": e.client, "size": e.size, "mtime_ns": e.mtime_ns,
+                      "value": e.value.hex() if e.value else None} for e in p.entries)),
+        ("reshards", ({"n_s": w.n_s, "n_t": w.n_t, "geometry": [w.geometry.heads, w.geometry.head_dim,
+                                                                w.geometry.elem_bytes],
+                       "kventries": w.kventries, "fsdir": w.fsdir,
+                       "sources": [{"rank": r, "half": h, "relpath": src.relpath, "index": src.index,
+                                    "key": src.key.hex(), "client": src.client, "size": src.size,
+                                    "value": src.value.hex() if src.value else None}
+                                   for (r, h), src in sorted(w.sources.items())],
+                       "outputs": [{"rank": o.rank, "half": o.half, "engine_key": o.engine_key,
+                                    "key": o.key.hex(), "client": o.client} for o in w.outputs],
+                       "displaced": [src.relpath + ("" if src.index is None else f"[{src.index}]")
+                                     for src in w.displaced]} for w in p.reshards)),
+        ("pairs", ({"client": c, "id": i, "bucket": b, "meta": m} for c, i, _, b, m in pairs)),
+        ("outputs", ({"path": path, "xxh3": MS.xxh3_hex(data), "client": c} for c, path, data, _ in entries)),
+    )
+    assert tuple(name for name, _ in arrays) == INTENT_ARRAYS
+    head = '{"t":"mc_intent","store":' + _ENCODE(p.store) + ',"proof":' + _ENCODE(p.proof)
+    tail = ',"clients":' + _ENCODE(p.clients) + ',"bucket_clients":' + _ENCODE(p.bucket_clients) + \
+        (',"dest":true' if dest else "")
+    if not split:
+        yield head
+        for name, items in arrays:
+            yield from _array(name, items)
+        yield tail + "}"
+        return
+    yield head + tail + ',"parts":true}'
+    for name, items in arrays:
+        yield from _parts(name, items)
 
 
 def _array(name: str, items: Iterable[Any]) -> Iterator[str]:
@@ -189,6 +210,22 @@ def _array(name: str, items: Iterable[Any]) -> Iterator[str]:
     for n, item in enumerate(items):
         yield ("," if n else "") + _ENCODE(item)
     yield "]"
+
+
+def _parts(name: str, items: Iterable[Any]) -> Iterator[str]:
+    """The `mc_part` lines of one array, a line once its text passes PART_BYTES, an item
+    at a time."""
+    held = -1  # bytes of the line so far (-1: no line open)
+    for item in items:
+        text = _ENCODE(item)
+        if held < 0 or held >= PART_BYTES:
+            yield ("]}" if held >= 0 else "") + '\n{"t":"mc_part","of":"' + name + '","items":[' + text
+            held = len(text)
+        else:
+            yield "," + text
+            held += len(text) + 1
+    if held >= 0:
+        yield "]}"
 
 
 def from_intent(rec: dict[str, Any]) -> StorePlan:
