@@ -110,7 +110,7 @@ def _link_intents(path: str, skip_run: str | None) -> Iterator[tuple[int, int]]:
     runs: list[tuple[set[str], array, array, array]] = []  # per run: targets, devs, inos, target of each
     code: dict[str | None, int] = {}  # a target's number in `runs` (one string per target, not per link)
     skip = False
-    for rec in jn.iter_records(path):
+    for rec in jn.iter_records(path, skip=(b'{"t":"mc_',)):  # (a store's records: no block intent)
         t = rec["t"]
         if t == "header":
             skip = rec.get("run_id") == skip_run
