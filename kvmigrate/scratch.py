@@ -116,6 +116,23 @@ class Folder:
         self._remove()
 
 
+class Kind:
+    """A kind of working folder and what a failed write into it says (`writing`): one
+    object a spill, so that the folder it makes and its exit 8 name the same files."""
+
+    def __init__(self, name: str, files: str, room: str) -> None:
+        self.name, self.files, self.room = name, files, room
+
+    def folder(self) -> Folder:
+        """A new working folder of this kind; a TMPDIR that cannot hold it is exit 8."""
+        with self.writing(None):
+            return Folder(self.name)
+
+    def writing(self, folder: Folder | None) -> contextlib.AbstractContextManager[None]:
+        """A failed write into `folder` (None: not made yet): exit 8, naming it."""
+        return writing(folder.path if folder is not None else None, self.files, self.room)
+
+
 def _remove_own(path: str, pid: int) -> None:
     """Remove the folder, in the process that made it only (a forked walk worker leaves it)."""
     if os.getpid() == pid:
@@ -124,6 +141,15 @@ def _remove_own(path: str, pid: int) -> None:
 
 class CannotWrite(Exception):
     """The OSError of a write into a working folder (not of a read or write of the cache)."""
+
+
+def batches(path: str) -> Iterator[Any]:
+    """The record batches of an Arrow IPC stream file of a working folder, one at a time
+    (a spill reads back what it wrote a batch at a time, never the whole file)."""
+    import pyarrow as pa
+
+    with pa.OSFile(path, "rb") as f:
+        yield from pa.ipc.open_stream(f)
 
 
 class IpcWriter:

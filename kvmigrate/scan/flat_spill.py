@@ -16,10 +16,9 @@ A small directory (up to RUN_NAMES pages) keeps its names in memory and writes n
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
@@ -40,30 +39,20 @@ SCHEMA = pa.schema([("name", pa.binary()), ("page", pa.bool_()), ("fold", pa.int
                     ("carried", pa.bool_())])
 
 
-def writing(folder: scratch.Folder | None) -> contextlib.AbstractContextManager[None]:
-    """A failed write of the flat directory's temporary files: exit 8."""
-    return scratch.writing(folder.path if folder is not None else None,
-                           "the scan's temporary files of a flat cache directory",
-                           "a page file takes ~150 bytes there while the directory is scanned")
-
-
-def _batches(path: str) -> Iterator[pa.RecordBatch]:
-    with pa.OSFile(path, "rb") as f:
-        yield from pa.ipc.open_stream(f)
+FLAT = scratch.Kind("scan-flat", "the scan's temporary files of a flat cache directory",
+                    "a page file takes ~150 bytes there while the directory is scanned")
 
 
 class PageNames:
     """One flat family's page names, in name order once `finish`ed: in memory up to
     RUN_NAMES, else in sorted runs on disk, merged as they are read (`chunks`)."""
 
-    def __init__(self, what: Callable[[scratch.Folder | None], contextlib.AbstractContextManager[None]] | None = None,
-                 kind: str = "scan-flat") -> None:
+    def __init__(self, kind: scratch.Kind = FLAT) -> None:
         self.buffer: list[str] = []
         self.runs: list[str] = []
         self.count = 0
         self.folder: scratch.Folder | None = None
-        self.writing = what or writing  # (what a full TMPDIR's exit 8 names)
-        self.kind = kind
+        self.kind = kind  # (its folder's, and what a full TMPDIR's exit 8 names)
 
     def add(self, name: str) -> None:
         self.buffer.append(name)
@@ -86,9 +75,9 @@ class PageNames:
 
     def _spill(self) -> None:
         self.buffer.sort()
-        with self.writing(self.folder):
+        with self.kind.writing(self.folder):
             if self.folder is None:
-                self.folder = scratch.Folder(self.kind)
+                self.folder = self.kind.folder()
             path = self.folder.file("names")
             with scratch.IpcWriter(path, pa.schema([("name", pa.binary())])) as out:
                 for start in range(0, len(self.buffer), NAMES_BATCH):
@@ -106,7 +95,7 @@ class PageNames:
 
 
 def _run(path: str) -> Iterator[str]:
-    for batch in _batches(path):
+    for batch in scratch.batches(path):
         yield from map(os.fsdecode, batch.column(0).to_pylist())
 
 
@@ -129,10 +118,10 @@ class PageSpill:
             return
         arrays = [pa.array([os.fsencode(x) for x in cols["name"]], pa.binary())]
         arrays += [pa.array(cols[f.name], f.type) for f in list(SCHEMA)[1:]]
-        with writing(self.folder):
+        with FLAT.writing(self.folder):
             if self.writer is None:
                 if self.folder is None:
-                    self.folder = scratch.Folder("scan-flat")
+                    self.folder = FLAT.folder()
                 self.path = self.folder.file("pages")
                 self.writer = scratch.IpcWriter(self.path, SCHEMA)
             self.writer.write(pa.record_batch(arrays, schema=SCHEMA))
@@ -140,7 +129,7 @@ class PageSpill:
 
     def close(self) -> None:
         if self.writer is not None:
-            with writing(self.folder):
+            with FLAT.writing(self.folder):
                 self.writer.close()
             self.writer = None
 
@@ -150,7 +139,7 @@ class PageSpill:
         if self.path is None:
             return
         held: dict[str, list[Any]] | None = None
-        for batch in _batches(self.path):
+        for batch in scratch.batches(self.path):
             cols = {f: batch.column(f).to_pylist() for f in SCHEMA.names}
             cols["name"] = [os.fsdecode(x) for x in cols["name"]]
             if held is not None:

@@ -45,10 +45,8 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
     for store, fam in sorted(listing.stores.items()):
         fsdir = resolver.for_tier(store, None).fsdir or M.DEFAULT_FSDIR
         only = listing.store_entries if store == "." else None
-        folder = None
-        with S.writing(None):
-            folder = S.Folder()
-        with S.writing(folder):
+        folder = S.SPILL.folder()
+        with S.SPILL.writing(folder):
             spill = S.ObjectSpill(folder)
             entries = _Entries(spill, fsdir)
             loose, notes = walk_store(root, store, fsdir, verify, spill.add, entries.add, only)

@@ -125,18 +125,8 @@ def decode(batch: pa.RecordBatch) -> tuple[list[int], list[StoreFile]]:
     return batch.column("ordinal").to_pylist(), [StoreFile(*row) for row in zip(*cols, blocks, ranks)]
 
 
-class Folder(scratch.Folder):
-    """A store's temporary folder (kvmigrate/scratch.py)."""
-
-    def __init__(self) -> None:
-        super().__init__("scan-store")
-
-
-def writing(folder: Folder | None) -> contextlib.AbstractContextManager[None]:
-    """A failed write of the store's temporary files: exit 8."""
-    return scratch.writing(folder.path if folder is not None else None,
-                           "the scan's temporary files of a Mooncake store",
-                           "a store's objects take ~500 bytes each there while it is scanned")
+SPILL = scratch.Kind("scan-store", "the scan's temporary files of a Mooncake store",
+                     "a store's objects take ~500 bytes each there while it is scanned")
 
 
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")  # (keys, paths and reasons repeat: a third of the bytes)
@@ -146,11 +136,6 @@ def _writer(path: str) -> scratch.IpcWriter:
     return scratch.IpcWriter(path, SCHEMA, _OPTIONS)
 
 
-def _batches(path: str) -> Iterator[pa.RecordBatch]:
-    with pa.OSFile(path, "rb") as f:
-        yield from pa.ipc.open_stream(f)
-
-
 def split(folder: Any, path: str, n: int, writer: Any) -> list[str]:
     """The records of the walk file `path` split into `n` partition files by their `part`
     column (hash mod n), each in walk order; the walk file is removed. `writer(path)`: a
@@ -158,7 +143,7 @@ def split(folder: Any, path: str, n: int, writer: Any) -> list[str]:
     paths = [folder.file(f"part{p}") for p in range(n)]
     writers = [writer(p) for p in paths]
     try:
-        for b in _batches(path):
+        for b in scratch.batches(path):
             which = [h % n for h in b.column("part").to_pylist()]
             b = b.take(pc.sort_indices(pa.array(which, pa.int32())))  # (stable: walk order kept)
             counts = [0] * n
@@ -187,7 +172,7 @@ class ObjectSpill:
     """The objects of one store, in walk order, as the walk hands them over (`add`); then
     split into partitions (`partitions`) that are read back one at a time (`load`)."""
 
-    def __init__(self, folder: Folder) -> None:
+    def __init__(self, folder: scratch.Folder) -> None:
         self.folder = folder
         self.path = folder.file("walk")
         self.count = 0
@@ -238,7 +223,7 @@ class ObjectSpill:
         for path in self.parts:
             ordinals: list[int] = []
             objs: list[StoreFile] = []
-            for b in _batches(path):
+            for b in scratch.batches(path):
                 k, got = decode(b)
                 ordinals += k
                 objs += got
@@ -252,7 +237,7 @@ class Runs:
     """The judged objects of a store, a run a partition, each sorted by (relpath, index);
     per namespace (its `deployment`) how many objects it has."""
 
-    def __init__(self, folder: Folder) -> None:
+    def __init__(self, folder: scratch.Folder) -> None:
         self.folder = folder
         self.paths: list[str] = []
         self.counts: dict[str, int] = {}
@@ -277,7 +262,7 @@ class Runs:
         want = pa.scalar(_utf8(label), pa.binary())
 
         def run(path: str) -> Iterator[StoreFile]:
-            for b in _batches(path):
+            for b in scratch.batches(path):
                 b = b.filter(pc.equal(b.column("deployment"), want))
                 if b.num_rows:
                     yield from decode(b)[1]

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import xxhash
 
+from kvmigrate import scratch
 from kvmigrate.fsio import CHUNK, errno_reason, kind_of, open_noatime
 from kvmigrate.identity.facts import Facts, FactsResolver
 from kvmigrate.scan import tier_spill as S
@@ -49,9 +50,8 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
             match = fam.facts_key_matches(backend)
             return resolver.for_tier(tier, model, match)
 
-        with S.writing(None):
-            folder = S.Folder()
-        with S.writing(folder):
+        folder = S.SPILL.folder()
+        with S.SPILL.writing(folder):
             deps, loose, runs = _judge_tier(root, fam, tier, claimed, verify, tmp_dir, facts_for, folder)
         for dep in deps:
             ns = _namespace(fam, dep.label, dep.model, profile)
@@ -79,7 +79,7 @@ def resolve(root: str, listing: RootListing, resolver: FactsResolver, profile: s
 
 
 def _judge_tier(root: str, fam: Any, tier: str, claimed: list[os.DirEntry] | None, verify: str,
-                tmp_dir: str | None, facts_for: Any, folder: S.Folder) -> tuple[list[Any], list[Any], S.Runs]:
+                tmp_dir: str | None, facts_for: Any, folder: scratch.Folder) -> tuple[list[Any], list[Any], S.Runs]:
     """A tier's deployments, its files of no deployment and the runs of its judged chunk
     files: the walk spills each chunk file to the tier's folder as it reads it
     (scan/tier_spill.py), the family's `TierJudge` folds what deployments need of all of them,
@@ -173,7 +173,7 @@ def _top_listing(TierFile: Any, path: str, rel: str, outside: list[Any]) -> Iter
     """A tier folder's entries by name, as `_listing`'s, its files' names sorted in runs on
     disk (flat_spill.PageNames): an fs tier keeps every chunk at its top, and 10M entries
     held at once took ~300 bytes each."""
-    names = PageNames(S.writing, "scan-tier")
+    names = PageNames(S.SPILL)
     folders: list[os.DirEntry] = []
     try:
         with os.scandir(path) as it:

@@ -15,7 +15,6 @@ The files of no chunk name (temps, foreign files, symlinks) are few: they stay r
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import operator
 from collections.abc import Iterator
@@ -89,18 +88,8 @@ def decode(batch: pa.RecordBatch, parse: bool = True) -> tuple[list[int], list[T
     return batch.column("ordinal").to_pylist(), out
 
 
-class Folder(scratch.Folder):
-    """A tier's temporary folder (kvmigrate/scratch.py)."""
-
-    def __init__(self) -> None:
-        super().__init__("scan-tier")
-
-
-def writing(folder: scratch.Folder | None) -> contextlib.AbstractContextManager[None]:
-    """A failed write of the tier's temporary files: exit 8."""
-    return scratch.writing(folder.path if folder is not None else None,
-                           "the scan's temporary files of an LMCache tier",
-                           "a tier's files take their first bytes (up to 8 KiB) each there while it is scanned")
+SPILL = scratch.Kind("scan-tier", "the scan's temporary files of an LMCache tier",
+                     "a tier's files take their first bytes (up to 8 KiB) each there while it is scanned")
 
 
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -110,16 +99,11 @@ def _writer(path: str) -> scratch.IpcWriter:
     return scratch.IpcWriter(path, SCHEMA, _OPTIONS)
 
 
-def _batches(path: str) -> Iterator[pa.RecordBatch]:
-    with pa.OSFile(path, "rb") as f:
-        yield from pa.ipc.open_stream(f)
-
-
 class FileSpill:
     """The chunk files of one tier, in walk order, as the walk hands them over (`append`);
     then split into partitions (`partition`) read back one at a time (`partitions`)."""
 
-    def __init__(self, folder: Folder) -> None:
+    def __init__(self, folder: scratch.Folder) -> None:
         self.folder = folder
         self.path = folder.file("walk")
         self.count = 0
@@ -166,7 +150,7 @@ class FileSpill:
         for path in self.parts:
             ordinals: list[int] = []
             files: list[TierFile] = []
-            for b in _batches(path):
+            for b in scratch.batches(path):
                 k, got = decode(b)
                 ordinals += k
                 files += got
@@ -177,7 +161,7 @@ class Runs:
     """The judged files of a tier, a run a partition, each sorted by relpath; per
     deployment how many files it has."""
 
-    def __init__(self, folder: Folder) -> None:
+    def __init__(self, folder: scratch.Folder) -> None:
         self.folder = folder
         self.paths: list[str] = []
         self.counts: dict[str, int] = {}
@@ -206,7 +190,7 @@ class Runs:
         want = pa.scalar(_utf8(label), pa.binary())
 
         def run(path: str) -> Iterator[TierFile]:
-            for b in _batches(path):
+            for b in scratch.batches(path):
                 b = b.filter(pc.equal(b.column("deployment"), want))
                 if b.num_rows:
                     yield from decode(b, parse=False)[1]
