@@ -8,6 +8,9 @@
 `walk`        runs a test once per leaf walk (helpers.WALKS); `python_walk` the Python one.
 `ray`         the `ray` module: skips where the extra is not installed, fails under CI.
 `no_limits`   resets kvmigrate.pacing's process-wide limits after a test.
+`tmpdir_of_scan`         the folder a scan's temporary files go to (TMPDIR), in tmp_path.
+`scan_with_full_tmpdir`  scans a root whose every write into `tmpdir_of_scan` fails
+              (ENOSPC) and checks what a spill's failed write must give.
 
 Plain values and functions the tests import (SMALL, WALKS, FakeClock, the CLI runner, the
 reference readers, ...) live in tests/helpers/ (`from helpers import SMALL`), not here.
@@ -120,3 +123,47 @@ def no_limits():
     yield
     pacing._LIMITS.clock = pacing.time.monotonic
     pacing.configure()
+
+
+@pytest.fixture
+def tmpdir_of_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder the scan's temporary files go to (TMPDIR)."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+@pytest.fixture
+def scan_with_full_tmpdir(tmp_path: Path, tmpdir_of_scan: Path, monkeypatch: pytest.MonkeyPatch
+                          ) -> Callable[[Path], str]:
+    """scan(root) -> the output of `kvmigrate scan` of root when every file it writes into
+    TMPDIR fails as on a full disk: one check for every spill (store, tier) that such a
+    scan stops with exit 8 naming TMPDIR, writes no manifest and leaves TMPDIR empty."""
+    import errno
+    import gc
+
+    import pyarrow as pa
+
+    from helpers.cli_helpers import run
+
+    def scan(root: Path) -> str:
+        opened = pa.OSFile
+
+        def full(path: Any, mode: str = "rb") -> Any:
+            if mode != "rb" and str(path).startswith(str(tmpdir_of_scan)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return opened(path, mode)
+
+        monkeypatch.setattr(pa, "OSFile", full)
+        code, text = run("scan", root, "-o", tmp_path / "m.parquet")
+        assert code == 8, text
+        assert str(tmpdir_of_scan) in text and "TMPDIR" in text
+        assert not (tmp_path / "m.parquet").exists()
+        gc.collect()
+        assert list(tmpdir_of_scan.iterdir()) == []
+        return text
+
+    return scan

@@ -5,14 +5,11 @@ removed after the scan (and after a scan killed before it could remove its own).
 
 from __future__ import annotations
 
-import errno
 import gc
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from kvmigrate import manifest, scratch
@@ -27,15 +24,6 @@ DEFECTS = {"bucket": ("replica_mismatch", "short", "misfiled", "size_mismatch", 
                       "orphan_data"),
            "file_per_key": ("short", "misfiled", "size_mismatch", "zero_filled", "unsupported_key", "header_invalid",
                             "tmp_leftover")}
-
-
-@pytest.fixture
-def tmpdir_of_scan(tmp_path, monkeypatch) -> Path:
-    """The folder the scan's temporary files go to (TMPDIR)."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    return tmp
 
 
 GEOMETRY = ("--total-kv-heads", "8", "--head-dim", "4", "--layers", "2", "--page-tokens", "4", "--dtype-bytes", "2")
@@ -124,25 +112,11 @@ def test_partitions_give_the_rows_of_one(tmp_path, tmpdir_of_scan, monkeypatch, 
         assert got != before
 
 
-def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, tmpdir_of_scan, monkeypatch):
+def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, scan_with_full_tmpdir):
     root = tmp_path / "root"
     _store(root, "vllm")
-
-    opened = pa.OSFile
-
-    def full(path, mode="rb"):  # TMPDIR full: every file the scan writes there fails
-        if mode != "rb" and str(path).startswith(str(tmpdir_of_scan)):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return opened(path, mode)
-
-    monkeypatch.setattr(pa, "OSFile", full)
-    code, text = run("scan", root, "-o", tmp_path / "m.parquet")
-    assert code == 8, text
+    text = scan_with_full_tmpdir(root)
     assert "cannot write the scan's temporary files of a Mooncake store: no space left on device" in text
-    assert str(tmpdir_of_scan) in text and "TMPDIR" in text
-    assert not (tmp_path / "m.parquet").exists()
-    gc.collect()
-    assert list(tmpdir_of_scan.iterdir()) == []
 
 
 def test_the_folder_is_removed_after_the_scan_and_after_a_killed_one(tmp_path, tmpdir_of_scan):

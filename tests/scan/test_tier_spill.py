@@ -5,13 +5,9 @@ naming their folder, and the folder is removed after the scan."""
 
 from __future__ import annotations
 
-import errno
 import gc
-import os
-import tempfile
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from kvmigrate import manifest
@@ -30,15 +26,6 @@ DEFECTS = {"fs": ("tmp", "zero_filled", "short", "size_mismatch", "header_invali
                    "symlink"),
            "local_disk": ("zero_filled", "short", "size_mismatch", "foreign"),
            "mp": ("tmp", "zero_filled", "short", "size_mismatch", "symlink")}
-
-
-@pytest.fixture
-def tmpdir_of_scan(tmp_path, monkeypatch) -> Path:
-    """The folder the scan's temporary files go to (TMPDIR)."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    return tmp
 
 
 def _tier(root: Path, backend: str, kv_kind: str, defects: tuple[str, ...] = ()) -> None:
@@ -91,24 +78,11 @@ def test_partitions_give_the_rows_of_one(tmp_path, tmpdir_of_scan, monkeypatch, 
     assert {r["status"] for r in whole} - {"ok"}  # (the defects are judged)
 
 
-def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, tmpdir_of_scan, monkeypatch):
+def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, scan_with_full_tmpdir):
     root = tmp_path / "root"
     _tier(root, "gds", "full")
-    opened = pa.OSFile
-
-    def full(path, mode="rb"):  # TMPDIR full: every file the scan writes there fails
-        if mode != "rb" and str(path).startswith(str(tmpdir_of_scan)):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return opened(path, mode)
-
-    monkeypatch.setattr(pa, "OSFile", full)
-    code, text = run("scan", root, "-o", tmp_path / "m.parquet")
-    assert code == 8, text
+    text = scan_with_full_tmpdir(root)
     assert "cannot write the scan's temporary files of an LMCache tier: no space left on device" in text
-    assert str(tmpdir_of_scan) in text and "TMPDIR" in text
-    assert not (tmp_path / "m.parquet").exists()
-    gc.collect()
-    assert list(tmpdir_of_scan.iterdir()) == []
 
 
 def test_the_folder_is_removed_after_the_scan(tmp_path, tmpdir_of_scan, monkeypatch):
