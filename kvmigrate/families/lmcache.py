@@ -44,6 +44,7 @@ from kvmigrate.identity.vllm_target import Target
 PROFILES = LMCACHE_PROFILES  # §0: same names, bytes and lookups
 DEFAULT_PROFILE = PROFILES[0]
 HEAD_BYTES = 8192  # a GDS header (4096) and a sidecar a little longer than one
+_V0_PT_HEAD = 10  # a v0 `.pt`'s 8-byte header length, then `{}` at the least (`_looks_v0_pt`)
 SIDECAR_MARK = b"/metadata"  # appended to a sidecar's chunk hash inside a plan (flat_page_hex)
 
 
@@ -162,10 +163,21 @@ def _gds_folders_fit(key: L.Key, folders: tuple[str, ...]) -> bool:
 def _looks_v0_pt(head: bytes, size: int) -> bool:
     """A v0 LMCLocalDiskBackend `.pt` (safetensors, 0.3.0-0.3.9, §0): an 8-byte
     little-endian header length then a JSON object."""
-    if len(head) < 10:
+    if len(head) < _V0_PT_HEAD:
         return False
     n = struct.unpack_from("<Q", head)[0]
     return head[8:9] == b"{" and 2 <= n <= size - 8
+
+
+def head_read(c: L.ChunkName) -> int | None:
+    """How many of a chunk file's first bytes (`TierFile.head`) its verdicts read after
+    `TierJudge.add` (None: all that were read): a GDS data file's header (4096), an fs
+    file's RemoteMetadata (28), a local_disk `.pt`'s first 10 (`_looks_v0_pt`), none of an
+    MP file's; a GDS sidecar's all, since its length and whether any byte is not zero are
+    verdicts too. What the scan spills of a head (scan/tier_spill.py): no more is judged."""
+    if c.sidecar:
+        return None
+    return {"gds": L.GDS_HEADER, "fs": L.FS_HEADER_ONE_GROUP, "local_disk": _V0_PT_HEAD}.get(c.backend, 0)
 
 
 def _modal(sizes: Counter) -> int | None:

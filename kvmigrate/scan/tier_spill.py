@@ -3,7 +3,8 @@ record each (a `TierFile` with its head took ~2.6 KB a file, ~6.9 KB a GDS file)
 files go through three kinds of Arrow IPC files in a temporary folder (TMPDIR), as a
 Mooncake store's objects do (scan/store_spill.py; what both do: scan/record_spill.py):
 
-    walk        every chunk file in walk order, with its head, as the walk reads it
+    walk        every chunk file in walk order, as the walk reads it, with the bytes of its
+                head the verdicts read (`head_read`: a GDS file's 4096, an fs file's 28)
     partitions  the walk's files split by their chunk hash (`part_of`): a chunk's ranks, a
                 GDS data file and its sidecar, and the names a chunk's target looks up
                 share it, so every verdict and plan that compares files is inside one
@@ -23,12 +24,12 @@ import pyarrow as pa
 import xxhash
 
 from kvmigrate import scratch
-from kvmigrate.families.lmcache import TierFile
+from kvmigrate.families.lmcache import TierFile, head_read
 from kvmigrate.formats import lmcache as L
 from kvmigrate.scan import record_spill as R
 
 PART_FILES = 1 << 13  # files a partition holds (as records while it is judged), about
-WALK_BATCH = 2048  # files per record batch of the walk and partition files (heads: up to 16 MiB)
+WALK_BATCH = 2048  # files per record batch of the walk and partition files (heads: up to ~8 MiB of GDS headers)
 RUN_BATCH = 256  # rows per record batch of a run: the merge holds one batch of each run as records
 
 _TEXT = ("relpath", "name", "folders", "kind", "error", "status", "action", "reason", "deployment", "target")
@@ -76,7 +77,7 @@ def decode(batch: pa.RecordBatch, parse: bool = True) -> tuple[list[int], list[T
 
 
 SPILL = scratch.Kind("scan-tier", "the scan's temporary files of an LMCache tier",
-                     "a tier's files take their first bytes (up to 8 KiB) each there while it is scanned")
+                     "a tier's chunk files take their headers, ~150 bytes each, there while it is scanned")
 
 
 class FileSpill(R.WalkSpill):
@@ -89,6 +90,11 @@ class FileSpill(R.WalkSpill):
         self.first = 0
 
     def append(self, f: TierFile) -> None:
+        """A chunk file after `TierJudge.add`, its head cut to what the verdicts read."""
+        assert f.chunk is not None
+        keep = head_read(f.chunk)
+        if f.head is not None and keep is not None and len(f.head) > keep:
+            f.head = f.head[:keep]
         self.pending.append(f)
         self.count += 1
         if len(self.pending) >= WALK_BATCH:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvmigrate import manifest
+from kvmigrate.formats import lmcache as L
 from kvmigrate.scan import flat_spill, tier_rows, tier_spill
 from kvmigrate.synth import SynthSpec, build
 
@@ -76,6 +77,43 @@ def test_partitions_give_the_rows_of_one(tmp_path, tmpdir_of_scan, monkeypatch, 
     assert got == whole
     assert got_meta == whole_meta
     assert {r["status"] for r in whole} - {"ok"}  # (the defects are judged)
+
+
+# how many of a chunk file's first bytes its verdicts read (families/lmcache.py `head_read`):
+# a GDS data file's header, an fs file's RemoteMetadata, a local_disk `.pt`'s safetensors
+# length and `{`; an MP file's none; a GDS sidecar's all (its length is a verdict)
+HEAD_READ = {"gds": 4096, "fs": 28, "local_disk": 10, "mp": 0}
+
+
+@pytest.mark.parametrize("backend", sorted(DEFECTS))
+@pytest.mark.parametrize("verify", ["size", "hash"])
+def test_the_spill_keeps_only_the_first_bytes_the_verdicts_read(tmp_path, tmpdir_of_scan, monkeypatch, backend,
+                                                                verify):
+    """A chunk file goes to TMPDIR with the bytes of its head a verdict reads, not the 8 KiB
+    the walk reads: a GDS data file took 8 KiB there where its header is 4 KiB."""
+    root = tmp_path / "root"
+    _tier(root, backend, "full", DEFECTS[backend])
+    spilled: dict[str, int] = {}
+    encode = tier_spill.encode
+
+    def spy(files, ordinals, parts=None):
+        batch = encode(files, ordinals, parts)
+        for name, head in zip(batch.column("name").to_pylist(), batch.column("head").to_pylist()):
+            if head is not None:  # (a run's rows keep none)
+                spilled[name.decode()] = len(head)
+        return batch
+
+    monkeypatch.setattr(tier_spill, "encode", spy)
+    _rows(root, tmp_path / "m.parquet", verify)
+    assert spilled
+    sizes = {p.name: p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+    for name, n in spilled.items():
+        chunk = L.parse_name(name)
+        assert chunk is not None, name
+        if chunk.sidecar:
+            assert n == min(sizes[name], 8192), name
+        else:
+            assert n == min(sizes[name], HEAD_READ[chunk.backend]), (name, n)
 
 
 def test_a_failed_write_of_the_temporary_files_names_the_folder(tmp_path, scan_with_full_tmpdir):
