@@ -130,7 +130,9 @@ class Applier:
             journal = self._open_journal()
             self._start(tree, journal)
             try:
-                resumed = [r for run in self._resume_runs for r in run.store_records]
+                # the resumed runs with store records, read from the journal a part at a time
+                # (`load_runs` above held none of them)
+                resumed = [r for r in jn.stream_runs(journal.path) if r.stored_in_file] if self._resume_runs else []
                 if into_dest and plan.stores:  # (mooncake.md §3.6: DIR then holds what the target reads)
                     stores = DestStoreApplier(plan.root, plan.dest, plan.stores, journal, self._run_id or "",
                                               self.crash.hit, self.mode)
@@ -244,7 +246,7 @@ class Applier:
         if found is not None:
             journal = jn.JournalWriter.resume(found, {"pid": os.getpid(), "command": self.command, "mode": self.mode})
             self.result.resumed = True
-            self._resume_runs = jn.load_runs(found)
+            self._resume_runs = jn.load_runs(found, stores=False)
             self._run_id = self._resume_runs[-1].header.get("run_id") if self._resume_runs else None
         else:
             path = arg

@@ -496,10 +496,14 @@ def damaged(path: str, exc: Exception) -> UsageError:
                       hint="pass a journal `migrate --apply` wrote; an edited journal cannot be trusted")
 
 
-def load_runs(path: str, *, paths: bool = True) -> list[Run]:
+def load_runs(path: str, *, paths: bool = True, stores: bool = True) -> list[Run]:
     """The runs of a journal file. `paths=False` leaves out what each run intended and
-    did per path (every record is still checked): the run states only, in bounded memory."""
+    did per path (every record is still checked): the run states only, in bounded memory.
+    `stores=False`: no store record is held (`stream_runs` and `store_records` read them)
+    and no intent part is read."""
     try:
+        if not stores:
+            return _load_runs(path, paths, iter_records(path, skip=(_PARTS,)), stores=False)
         return _load_runs(path, paths)
     except DAMAGED as exc:
         raise damaged(path, exc) from None
@@ -529,7 +533,7 @@ def run_states(path: str) -> list[Run]:
         raise damaged(path, exc) from None
 
 
-def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
+def _load_runs(path: str, keep: bool = True, records: Any = None, stores: bool = True) -> list[Run]:
     runs: list[Run] = []
     for rec in iter_records(path) if records is None else records:
         t = rec["t"]
@@ -558,7 +562,7 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
             run.locks.append(rec["path"])
         elif t == "mc_part":  # (a format-3 intent held whole again: the form format 2 wrote)
             items = rec["items"]
-            if keep:
+            if keep and stores:
                 intent = next((r for r in reversed(run.store_records) if r["t"] == "mc_intent"), None)
                 if intent is None:
                     raise KeyError("mc_intent before its parts")
@@ -566,10 +570,10 @@ def _load_runs(path: str, keep: bool = True, records: Any = None) -> list[Run]:
         elif t.startswith("mc_"):
             if t == "mc_intent":
                 run.stores.add(rec["store"])
-            if keep and rec.get("parts"):
+            if keep and stores and rec.get("parts"):
                 run.store_records.append({k: v for k, v in rec.items() if k != "parts"} |
                                          {name: [] for name in INTENT_ARRAYS})
-            elif keep:
+            elif keep and stores:
                 run.store_records.append(rec)
         elif t == "complete":
             run.complete = rec
@@ -615,7 +619,7 @@ def find_resumable(journal: str, identity: dict[str, Any]) -> str | None:
         return None
     for path in candidates:
         try:
-            runs = load_runs(path, paths=False)  # old journals of big runs are not held in memory
+            runs = load_runs(path, paths=False, stores=False)  # (every record checked, none held)
         except (UsageError, OSError):
             continue
         last = runs[-1]
@@ -1037,14 +1041,17 @@ def stream_runs(path: str) -> list[Run]:
     return runs
 
 
-def store_records(run: Run, parts: bool = True) -> Iterator[dict[str, Any]]:
+UNDONE_ARRAYS = ("rewrites", "entries", "pairs", "outputs")  # what rollback reads of an intent
+
+
+def store_records(run: Run, arrays: tuple[str, ...] = UNDONE_ARRAYS) -> Iterator[dict[str, Any]]:
     """The Mooncake store records of a run in journal order, each intent as its head and
-    then its parts (`split_intent`), but no reshards part (`parts=False`: no part). A
-    `stream_runs` run's are read from its file again, a part at a time: a store's records
-    grow with its blocks (a pair or a KVEntry each, its intent ~1 KB each) and verify and
-    rollback hold none of them."""
+    then its parts (`split_intent`) of `arrays` only (a resumed run reads the reshards
+    too; verify none). A `stream_runs` run's are read from its file again, a part at a
+    time: a store's records grow with its blocks (a pair or a KVEntry each, its intent
+    ~1 KB each) and verify, rollback and a resumed run hold none of them."""
     def wanted(rec: dict[str, Any]) -> bool:
-        return rec["t"] != "mc_part" or parts and rec["of"] != "reshards"
+        return rec["t"] != "mc_part" or rec["of"] in arrays
 
     if not run.stored_in_file:
         for rec in run.store_records:
@@ -1054,8 +1061,10 @@ def store_records(run: Run, parts: bool = True) -> Iterator[dict[str, Any]]:
     mark = -1
     try:
         with open(run.journal, "rb") as f:
-            lines = _streamed_lines(f, (b'{"t":"header"', b'{"t":"rolled_back"', b'{"t":"mc_'), _INTENT_RESHARDS,
-                                    (_RESHARD_PARTS,) if parts else (_PARTS,)) if is_framed(f) else None
+            reshards = "reshards" in arrays
+            skip = (_PARTS,) if not arrays else () if reshards else (_RESHARD_PARTS,)
+            lines = _streamed_lines(f, (b'{"t":"header"', b'{"t":"rolled_back"', b'{"t":"mc_'),
+                                    None if reshards else _INTENT_RESHARDS, skip) if is_framed(f) else None
             for rec in (json.loads(line) for line in lines) if lines is not None else iter_records(run.journal):
                 t = rec["t"]
                 if t in ("header", "rolled_back"):

@@ -10,14 +10,16 @@ import errno
 import itertools
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import xxhash
 
 from kvmigrate.errors import OperationalError, write_error
 from kvmigrate.formats import mooncake as M
+from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate import mooncake_store as MS
+from kvmigrate.migrate.journal import INTENT_ARRAYS
 from kvmigrate.migrate.reshard_spill import Spill
 from kvmigrate.migrate.reshard_spill import sort as spill_sort
 from kvmigrate.migrate.stores import (
@@ -46,7 +48,7 @@ class StoreApplier:
     """Applies the store plans of one migration run, writing its journal."""
 
     def __init__(self, root: str, plans: list[StorePlan], journal: Any, run_id: str,
-                 crash: Callable[[str], None], resumed: list[dict[str, Any]] | None = None):
+                 crash: Callable[[str], None], resumed: list[jn.Run] | None = None):
         self.root = root
         self.plans = plans
         self.journal = journal
@@ -57,14 +59,25 @@ class StoreApplier:
         self.outcomes: Counter = Counter()
         self.skipped: list[str] = []
         # what an interrupted run of this journal already did: index -> new XXH3, entry -> XXH3
-        self.done_index = {r["meta"]: r["new"] for r in resumed or () if r.get("t") == "mc_index"}
-        self.done_entry = {r["path"]: r["xxh3"] for r in resumed or () if r.get("t") in ("mc_entry", "mc_replace")
-                           for r in [{**r, "xxh3": r.get("xxh3") or r.get("new")}]}
+        self.done_index: dict[str, str] = {}
+        self.done_entry: dict[str, str] = {}
         # a store whose intent an interrupted run wrote and did not finish: that intent is done
-        # exactly (its pairs' ids and hashes), not a plan from a scan of the half-done store
-        finished = {r["store"] for r in resumed or () if r.get("t") == "mc_done"}
-        self.unfinished = {r["store"]: r for r in resumed or () if r.get("t") == "mc_intent"
-                           and r["store"] not in finished}
+        # exactly (its pairs' ids and hashes), not a plan from a scan of the half-done store;
+        # store -> its last intent: (its run, its place among the run's records, its head)
+        finished: set[str] = set()
+        intents: dict[str, tuple[jn.Run, int, dict[str, Any]]] = {}
+        for run in resumed or ():  # (the journal's every run, a record at a time: its intents' parts stay there)
+            for at, r in enumerate(jn.store_records(run, ())):
+                t = r["t"]
+                if t == "mc_index":
+                    self.done_index[r["meta"]] = r["new"]
+                elif t in ("mc_entry", "mc_replace"):
+                    self.done_entry[r["path"]] = r.get("xxh3") or r["new"]
+                elif t == "mc_done":
+                    finished.add(r["store"])
+                elif t == "mc_intent":
+                    intents[r["store"]] = (run, at, r)
+        self.unfinished = {store: intent for store, intent in intents.items() if store not in finished}
         self.resuming = False
         self._metas: OrderedDict[str, tuple[tuple[int, ...], M.BucketMeta]] = OrderedDict()  # see _index
 
@@ -75,7 +88,7 @@ class StoreApplier:
         """Every proof of every store before the first write (§5.1): no proof → exit 2
         (`check_proofs`), a held client lock → exit 8; nothing written either way."""
         check_proofs(self.root, self.plans)
-        resumed = [from_intent(i) for i in self.unfinished.values()]
+        resumed = [from_intent(head) for _, _, head in self.unfinished.values()]  # (its proofs: the head's)
         try:
             taken: set[str] = set()
             for p in [*[q for q in self.plans if q.store not in self.unfinished], *resumed]:
@@ -100,7 +113,7 @@ class StoreApplier:
         planned = {p.store for p in self.plans}
         for store, intent in sorted(self.unfinished.items()):
             self.resuming = True
-            self._store(from_intent(intent), intent)
+            self._store(from_intent(intent[2], _parts(*intent[:2], INTENT_ARRAYS)), intent)
             self.resuming = False
             if store in planned:
                 self.skipped.append(f"Mooncake store {store}: an interrupted run's work was finished; rerun the "
@@ -119,7 +132,7 @@ class StoreApplier:
             f.write(f"{os.getpid()}\n")
         self.own_locks.append(path)
 
-    def _store(self, p: StorePlan, resumed: dict[str, Any] | None = None) -> None:
+    def _store(self, p: StorePlan, resumed: tuple[jn.Run, int, dict[str, Any]] | None = None) -> None:
         for client in p.clients:
             if not os.path.isdir(self._abs(client)):  # an SGLang target rank's client root (§3.6)
                 os.makedirs(self._abs(client))
@@ -132,7 +145,7 @@ class StoreApplier:
                                   split=self.journal.version >= 3)
             self.journal.write_parts(intent, sync=True)
         else:  # the interrupted run's pairs: the same ids, proven the same bytes
-            pairs = self._resumed_pairs(resumed, outputs)
+            pairs = self._resumed_pairs(_parts(*resumed[:2], ("pairs",)), outputs)
         self.crash("intent")
         for rw in p.whole_rewrites(self.run_id):
             self._rewrite(rw)
@@ -226,56 +239,59 @@ class StoreApplier:
             self._metas.popitem(last=False)
         return meta
 
-    def _resumed_pairs(self, intent: dict[str, Any], outputs: dict[str, Spill]
-                       ) -> list[tuple[str, int, list, str, str]]:
-        """The intended pairs with their objects recomputed; a pair whose bytes would differ
-        from the intent's is left out (changed_since_scan), and a `.bucket` of the
-        interrupted run left alone without its `.meta` is taken away before it is rewritten."""
-        by_client: dict[str, list[tuple[bytes, bytes]]] = {}
-        for client, key, value in outputs["objects"]:
-            by_client.setdefault(client, []).append((key, value))
-        out = []
-        packed = {c: MS.pack_pairs(objs) for c, objs in by_client.items()}
-        seen: dict[str, int] = {}
-        for rec in intent.get("pairs", ()):
-            client = rec["client"]
-            k = seen.get(client, 0)
-            seen[client] = k + 1
-            objects = packed.get(client, [])[k] if k < len(packed.get(client, [])) else []
-            same = False
-            if objects:
-                data, meta = M.build_bucket(objects)
-                same = MS.xxh3_hex(data) == rec["bucket"] and MS.xxh3_hex(M.encode_meta(meta)) == rec["meta"]
-            if not same:
-                self._skip("changed_since_scan", len(objects), f"{client}: pair {rec['id']} would not be the bytes "
-                           "the interrupted run intended")
-                continue
-            base = self._abs(client)
-            bucket = os.path.join(base, f"{rec['id']}{M.BUCKET_SUFFIX}")
-            meta_path = os.path.join(base, f"{rec['id']}{M.META_SUFFIX}")
-            if MS._hash_or_none(meta_path) == rec["meta"]:
-                self.outcomes["created"] += len(objects)  # committed before the interruption
-                continue
-            if not os.path.exists(meta_path) and MS._hash_or_none(bucket) == rec["bucket"]:
-                os.unlink(bucket)  # ours, never committed: written again below
-            out.append((client, rec["id"], objects, rec["bucket"], rec["meta"]))
+    def _resumed_pairs(self, intended: Iterator[dict[str, Any]], outputs: dict[str, Spill]) -> Spill:
+        """The intended pairs with their objects recomputed: a client root's k-th intended
+        pair is its k-th pair packed again; a pair whose bytes would differ from the
+        intent's is left out (changed_since_scan), and a `.bucket` of the interrupted run
+        left alone without its `.meta` is taken away before it is rewritten. On disk (a
+        pair holds its objects' values), client root by client root: the order `_pairs`
+        intends them in."""
+        ordered = spill_sort(((rec["client"], at, rec) for at, rec in
+                              enumerate(rec for part in intended for rec in part["items"])),
+                             key=lambda c: (c[0], c[1]))
+        packed = _packed(outputs["objects"])
+        ahead = next(packed, None)
+        out = Spill()
+        for client, group in itertools.groupby(ordered, key=lambda c: c[0]):
+            while ahead is not None and ahead[0] < client:
+                ahead = next(packed, None)
+            for _, _, rec in group:
+                objects: list[tuple[bytes, bytes]] = []
+                if ahead is not None and ahead[0] == client:
+                    objects = ahead[1]
+                    ahead = next(packed, None)
+                same = False
+                if objects:
+                    data, meta = M.build_bucket(objects)
+                    same = MS.xxh3_hex(data) == rec["bucket"] and MS.xxh3_hex(M.encode_meta(meta)) == rec["meta"]
+                if not same:
+                    self._skip("changed_since_scan", len(objects), f"{client}: pair {rec['id']} would not be the "
+                               "bytes the interrupted run intended")
+                    continue
+                base = self._abs(client)
+                bucket = os.path.join(base, f"{rec['id']}{M.BUCKET_SUFFIX}")
+                meta_path = os.path.join(base, f"{rec['id']}{M.META_SUFFIX}")
+                if MS._hash_or_none(meta_path) == rec["meta"]:
+                    self.outcomes["created"] += len(objects)  # committed before the interruption
+                    continue
+                if not os.path.exists(meta_path) and MS._hash_or_none(bucket) == rec["bucket"]:
+                    os.unlink(bucket)  # ours, never committed: written again below
+                out.append((client, rec["id"], objects, rec["bucket"], rec["meta"]))
         return out
 
     def _pairs(self, p: StorePlan, outputs: dict[str, Spill]) -> Spill:
         """The new pairs of the store's reshard outputs, per target client root: objects sorted
         by key, <= 500 a pair and 256 MiB, ids above every id at the top of the client root
-        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3), on disk. The outputs' keys
-        are sorted apart from their values, each value read back as its pair is packed."""
-        objects = outputs["objects"]
+        (§3.6): (client, id, objects, .bucket XXH3, .meta XXH3), on disk."""
         out = Spill()
-        ordered = spill_sort(((client, key, at) for at, (client, key, _) in objects.items()),
-                             key=lambda c: (c[0], c[1]))
-        for client, group in itertools.groupby(ordered, key=lambda c: c[0]):
-            first = MS.choose_bucket_ids(self._abs(client), 1)[0]  # (then consecutive ids)
-            packed = MS.pack_sorted((key, objects.at(at)[2]) for _, key, at in group)
-            for bucket_id, pair in enumerate(packed, first):
-                data, meta = M.build_bucket(pair)
-                out.append((client, bucket_id, pair, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
+        last: tuple[str, int] | None = None  # (client root, id of its last pair)
+        for client, pair in _packed(outputs["objects"]):
+            if last is None or last[0] != client:
+                last = (client, MS.choose_bucket_ids(self._abs(client), 1)[0])  # (then consecutive ids)
+            else:
+                last = (client, last[1] + 1)
+            data, meta = M.build_bucket(pair)
+            out.append((client, last[1], pair, MS.xxh3_hex(data), MS.xxh3_hex(M.encode_meta(meta))))
         return out
 
     def _pair(self, client: str, bucket_id: int, objects: list[tuple[bytes, bytes]]) -> None:
@@ -519,7 +535,7 @@ class DestStoreApplier(StoreApplier):
         self.journal.write_parts(intent_parts(p, p.whole_rewrites(), [], outputs["entries"], dest=True,
                                               split=self.journal.version >= 3), sync=True)
         self.crash("intent")
-        new_objects: dict[str, list[tuple[bytes, bytes]]] = {}
+        new_objects = Spill()  # (client, key, value) of the new pairs in DIR: on disk, not held
         for rw in p.whole_rewrites():
             self._dest_index(p.store, rw, new_objects)
         for e in p.entries:
@@ -529,23 +545,29 @@ class DestStoreApplier(StoreApplier):
                 self.outcomes["created"] += 1
             else:
                 self._skip("conflict", 1, f"{self._d(path)}: another file is there")
-        for client, key, value in outputs["objects"]:
-            new_objects.setdefault(client, []).append((key, value))
-        for client, objs in sorted(new_objects.items()):
+        for rec in outputs["objects"]:
+            new_objects.append(rec)
+        clients = set(p.clients)
+        last: tuple[str, int] | None = None  # (client root, id of its last pair)
+        for client, objects in _packed(new_objects):
             base = self._d(client)
-            self._dirs(p.store, base)
-            packed = MS.pack_pairs(objs)
-            for bucket_id, objects in zip(MS.choose_bucket_ids(base, len(packed)), packed):
-                made = MS.write_pair(base, bucket_id, objects, MS.stage_path(base), step=self.crash)
-                self.journal.write({"t": "mc_pair", "store": p.store, "client": client, "id": made.id,
-                                    "bucket": made.bucket_xxh3, "meta": made.meta_xxh3, "base": "dest",
-                                    "keys": [k.hex() for k in made.keys]}, sync=True)
-                self.outcomes["created"] += len(objects)
-        for client in {*p.clients, *new_objects}:
+            if last is None or last[0] != client:
+                self._dirs(p.store, base)
+                clients.add(client)
+                last = (client, MS.choose_bucket_ids(base, 1)[0])  # (then consecutive ids)
+            else:
+                last = (client, last[1] + 1)
+            made = MS.write_pair(base, last[1], objects, MS.stage_path(base), step=self.crash)
+            self.journal.write({"t": "mc_pair", "store": p.store, "client": client, "id": made.id,
+                                "bucket": made.bucket_xxh3, "meta": made.meta_xxh3, "base": "dest",
+                                "keys": [k.hex() for k in made.keys]}, sync=True)
+            self.outcomes["created"] += len(objects)
+        new_objects.close()
+        for client in clients:
             MS.clear_stage(MS.stage_path(self._d(client)))
         self.journal.write({"t": "mc_done", "store": p.store}, sync=True)
 
-    def _dest_index(self, store: str, rw: IndexRewrite, new_objects: dict[str, list[tuple[bytes, bytes]]]) -> None:
+    def _dest_index(self, store: str, rw: IndexRewrite, new_objects: Spill) -> None:
         """A live pair's reusable entries into DIR: the pair whole when every entry is, else
         each value into a new pair there."""
         n = len(rw.keys) - len(rw.retire)
@@ -575,7 +597,7 @@ class DestStoreApplier(StoreApplier):
             for i, key in sorted(keys.items()):
                 obj = meta.objects[i]
                 f.seek(obj.value_start)
-                new_objects.setdefault(rw.client, []).append((key, f.read(obj.data_size)))
+                new_objects.append((rw.client, key, f.read(obj.data_size)))
 
     def _dest_entry(self, store: str, e: EntryWrite) -> None:
         entry = self._source_entry(e)
@@ -587,3 +609,27 @@ class DestStoreApplier(StoreApplier):
             self.outcomes["created"] += 1
         else:
             self._skip("conflict", 1, f"{self._d(e.path)}: another file is there")
+
+
+def _packed(objects: Spill) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
+    """(client root, objects) of every new pair of reshard outputs (client, key, value):
+    client roots in order, each one's objects sorted by key and packed as a client fills
+    its buckets. The keys are sorted apart from their values; a value is read back as its
+    pair is packed."""
+    ordered = spill_sort(((client, key, at) for at, (client, key, _) in objects.items()), key=lambda c: (c[0], c[1]))
+    for client, group in itertools.groupby(ordered, key=lambda c: c[0]):
+        for pair in MS.pack_sorted((key, objects.at(at)[2]) for _, key, at in group):
+            yield client, pair
+
+
+def _parts(run: jn.Run, at: int, arrays: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """The parts of `arrays` of the intent that is record `at` of the run's store records
+    (not counting parts: `jn.store_records(run, ())`), read from the journal a part at a time."""
+    n = -1
+    for rec in jn.store_records(run, arrays):
+        if rec["t"] != "mc_part":
+            n += 1
+            if n > at:
+                return
+        elif n == at:
+            yield rec

@@ -24,9 +24,10 @@ from kvmigrate.migrate.reshard_spill import sort as spill_sort
 from kvmigrate.migrate.stores import BACKUP_DIR, OWN_LOCK
 
 
-def run_records(run: Any, parts: bool = True) -> Iterator[dict[str, Any]]:
-    """A run's store records, each intent as its head and parts (journal `store_records`)."""
-    return jn.store_records(run, parts)
+def run_records(run: Any, arrays: tuple[str, ...] = jn.UNDONE_ARRAYS) -> Iterator[dict[str, Any]]:
+    """A run's store records, each intent as its head and its parts of `arrays` (journal
+    `store_records`)."""
+    return jn.store_records(run, arrays)
 
 
 @dataclass
@@ -318,7 +319,7 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     out: list[tuple[str, str]] = []
     root = run.root
     checked = 0
-    for r in run_records(run, parts=False):
+    for r in run_records(run, ()):
         checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace", "mc_file")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])

@@ -228,41 +228,50 @@ def _parts(name: str, items: Iterable[Any]) -> Iterator[str]:
         yield "]}"
 
 
-def from_intent(rec: dict[str, Any]) -> StorePlan:
-    """A StorePlan rebuilt from its journal intent (a resumed run does exactly that)."""
+def from_intent(head: dict[str, Any], parts: Iterable[dict[str, Any]] = ()) -> StorePlan:
+    """A StorePlan rebuilt from its journal intent (a resumed run does exactly that): its
+    head and its `mc_part` records (journal `split_intent`), read a part at a time (the
+    reshards go to the plan's spill; the pairs and outputs are read where they are used)."""
     from kvmigrate.families import mooncake_reshard as R
 
-    p = StorePlan(rec["store"], clients=list(rec.get("clients") or ()),
-                  bucket_clients=list(rec.get("bucket_clients") or ()))
-    p.stopped_stated = rec.get("proof") == "engine_stopped"
-    p.flock_stated = rec.get("proof") == "flock"
-    for r in rec.get("rewrites", ()):
-        rw = IndexRewrite(r["meta"], r["client"], inode=r.get("inode", 0), mtime_ns=r.get("mtime_ns", 0))
-        rw.keys = {int(i): bytes.fromhex(k) for i, k in r["keys"].items()}
-        rw.retire = set(r.get("retire") or ())
-        rw.values = {i: None for i in rw.keys}
-        p.rewrites.append(rw)
-    for e in rec.get("entries", ()):
-        p.entries.append(EntryWrite(e["source"], e["path"], bytes.fromhex(e["key"]), e["action"], e["client"],
-                                    e.get("size", 0), e.get("mtime_ns", 0),
-                                    bytes.fromhex(e["value"]) if e.get("value") else None))
-    for w in rec.get("reshards", ()):
-        sources = {(s["rank"], s["half"]): SourceRef(s["relpath"], s["index"], bytes.fromhex(s["key"]), s["client"],
-                                                      s["size"], bytes.fromhex(s["value"]) if s["value"] else None)
-                   for s in w["sources"]}
-        outs = [R.Output(o["rank"], o["half"], o["engine_key"], bytes.fromhex(o["key"]), o["client"], 0)
-                for o in w["outputs"]]
-        named = set(w.get("displaced") or ())
-        displaced = [src for src in sources.values()
-                     if src.relpath + ("" if src.index is None else f"[{src.index}]") in named]
-        p.reshards.append(ReshardWork(w["n_s"], w["n_t"], R.Geometry(*w["geometry"]), sources, outs, displaced,
-                                      w["kventries"], w.get("fsdir") or M.DEFAULT_FSDIR))
-    for e in p.entries:
+    p = StorePlan(head["store"], clients=list(head.get("clients") or ()),
+                  bucket_clients=list(head.get("bucket_clients") or ()))
+    p.stopped_stated = head.get("proof") == "engine_stopped"
+    p.flock_stated = head.get("proof") == "flock"
+    outputs = -1  # (the reshards' outputs; -1: no reshard)
+    for part in parts:
+        if part["of"] == "rewrites":
+            for r in part["items"]:
+                rw = IndexRewrite(r["meta"], r["client"], inode=r.get("inode", 0), mtime_ns=r.get("mtime_ns", 0))
+                rw.keys = {int(i): bytes.fromhex(k) for i, k in r["keys"].items()}
+                rw.retire = set(r.get("retire") or ())
+                rw.values = {i: None for i in rw.keys}
+                p.rewrites.append(rw)
+        elif part["of"] == "entries":
+            for e in part["items"]:
+                p.entries.append(EntryWrite(e["source"], e["path"], bytes.fromhex(e["key"]), e["action"], e["client"],
+                                            e.get("size", 0), e.get("mtime_ns", 0),
+                                            bytes.fromhex(e["value"]) if e.get("value") else None))
+        elif part["of"] == "reshards":
+            for w in part["items"]:
+                sources = {(s["rank"], s["half"]): SourceRef(s["relpath"], s["index"], bytes.fromhex(s["key"]),
+                                                              s["client"], s["size"],
+                                                              bytes.fromhex(s["value"]) if s["value"] else None)
+                           for s in w["sources"]}
+                outs = [R.Output(o["rank"], o["half"], o["engine_key"], bytes.fromhex(o["key"]), o["client"], 0)
+                        for o in w["outputs"]]
+                named = set(w.get("displaced") or ())
+                displaced = [src for src in sources.values()
+                             if src.relpath + ("" if src.index is None else f"[{src.index}]") in named]
+                p.reshards.append(ReshardWork(w["n_s"], w["n_t"], R.Geometry(*w["geometry"]), sources, outs,
+                                              displaced, w["kventries"], w.get("fsdir") or M.DEFAULT_FSDIR))
+                outputs = max(outputs, 0) + len(outs)
+    for e in p.entries:  # (counted in this order: the plan's lines name them so)
         p.objects[e.action] += 1
     for rw in p.rewrites:
         p.objects["rekey"] += len(rw.keys) - len(rw.retire)
-    for w in p.reshards:
-        p.objects["reshard"] += len(w.outputs)
+    if outputs >= 0:
+        p.objects["reshard"] += outputs
     return p
 
 

@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_mooncake_migrate import MC, reshard_facts, tree_digest
+from test_mooncake_migrate import MC, reads_at_target_tp, reshard_facts, tree_digest
 
 from kvmigrate.migrate import journal as jn
 from kvmigrate.migrate import reshard_spill, stores
@@ -115,6 +115,65 @@ def test_a_format_2_journal_is_resumed_and_appended_to_in_format_2(tmp_path, mon
     w = jn.JournalWriter.create(str(tmp_path / "new.journal"), {"run_id": "r3"})
     assert w.version == 3
     w.close()
+
+
+def _as_format_2(journal: Path) -> None:
+    """Rewrite a format-3 journal as format 2 wrote it: `v` 2 in its headers, each store
+    intent one record holding its arrays (in the order format 2 wrote them)."""
+    with open(journal, "rb") as f:
+        frames = [data for _, data in jn._frames(f)]
+    out = b""
+    for data in frames:
+        recs: list[dict] = []
+        for line in data.splitlines():
+            rec = json.loads(line)
+            if rec["t"] == "header":
+                rec["v"] = 2
+            elif rec["t"] == "mc_intent" and rec.pop("parts", None):
+                tail = {k: rec.pop(k) for k in ("clients", "bucket_clients", "dest") if k in rec}
+                rec.update({name: [] for name in jn.INTENT_ARRAYS} | tail)
+            elif rec["t"] == "mc_part":
+                assert recs[-1]["t"] == "mc_intent"
+                recs[-1][rec["of"]] += rec["items"]
+                continue
+            recs.append(rec)
+        payload = zlib.compress(b"".join(jn._ENCODE(r).encode() + b"\n" for r in recs))
+        out += jn.FRAME.pack(jn.MAGIC, len(payload), zlib.crc32(payload)) + payload
+    journal.write_bytes(out)
+
+
+@pytest.mark.parametrize("backend,point,n", [("bucket", "bucket_linked", 1), ("file_per_key", "linked", 1)])
+def test_a_reshard_killed_under_format_2_is_resumed_or_rolled_back(tmp_path, backend, point, n):
+    """An interrupted reshard journaled in format 2 (an earlier release's), rerun by this
+    release: it finishes the journaled intent, writing format 2 to that file, and every key
+    reads as the target TP wrote it; or rolled back: the original bytes."""
+    import os
+    import subprocess
+    import sys
+
+    spec = SynthSpec(**{**MC, "mc_backend": backend, "tp": 2, "blocks": 12})
+    facts = reshard_facts(tmp_path, 4)
+    for then in ("rerun", "rollback"):
+        root = tmp_path / then
+        res = build(root, spec)
+        before = tree_digest(root)
+        killed = subprocess.run([sys.executable, "-m", "kvmigrate", "migrate", str(root), "--facts", str(facts),
+                                 "--apply"], env={**os.environ, "KVMIGRATE_CRASH_AT": f"{point}:{n}"},
+                                capture_output=True, text=True)
+        assert killed.returncode == -9, killed.stderr
+        journal = next((root / ".kvmigrate" / "journals").glob("*.journal"))
+        _as_format_2(journal)
+        if then == "rerun":
+            code, out = run("migrate", root, "--facts", facts, "--apply")
+            assert code == 0, out
+            reads_at_target_tp(root, res, spec, 4)
+            lines = _lines(journal)
+            assert not [x for x in lines if x.startswith(b'{"t":"mc_part"')]
+            assert {json.loads(x)["v"] for x in lines if x.startswith(b'{"t":"header"')} == {2}
+        else:
+            code, out = run("rollback", journal)
+            assert code == 0, out
+            assert tree_digest(root) == before
 
 
 @pytest.mark.parametrize("backend,point,n", [("bucket", "bucket_linked", 1), ("file_per_key", "linked", 1)])
