@@ -304,14 +304,9 @@ def valid_end(path: str) -> int:
     read and inflated a piece at a time (a store's intent is a frame of ~1 KB a block)."""
     end = 0
     with open(path, "rb") as f:
-        while (found := _frame_head(f)) is not None:
-            start = f.tell()
-            if not _crc_proven(f, *found):
-                break
-            f.seek(start)
-            z = zlib.decompressobj()
+        for pieces, z in _proven_frames(f):
             try:
-                for _ in _inflated(f, found[0], z):
+                for _ in pieces:
                     pass
             except zlib.error:
                 break
@@ -319,6 +314,19 @@ def valid_end(path: str) -> int:
                 break
             end = f.tell()
     return end
+
+
+def _proven_frames(f: Any) -> Iterator[tuple[Iterator[bytes], Any]]:
+    """(its payload inflated a piece at a time, the decompressor: `eof` once it all came) of
+    each frame whose CRC a first pass over its compressed bytes proves, until the first
+    torn or corrupt one. Each payload must be read before the next frame is asked for."""
+    while (found := _frame_head(f)) is not None:
+        start = f.tell()
+        if not _crc_proven(f, *found):
+            return
+        f.seek(start)
+        z = zlib.decompressobj()
+        yield _inflated(f, found[0], z), z
 
 
 def _crc_proven(f: Any, length: int, crc: int) -> bool:
@@ -1082,14 +1090,9 @@ def _streamed_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, 
     """The wanted lines of every whole frame as `_frame_lines` reads them, but each given
     as soon as it is decompressed: a frame's CRC is proven by a first pass over its
     compressed bytes, so a frame of any length (a store's intent) is never held."""
-    while (found := _frame_head(f)) is not None:
-        start = f.tell()
-        if not _crc_proven(f, *found):
-            return
-        f.seek(start)
-        z = zlib.decompressobj()
+    for pieces, z in _proven_frames(f):
         lines = _WantedLines(wanted, cut, skip)
-        for data in _inflated(f, found[0], z):
+        for data in pieces:
             lines.feed(data)
             yield from lines.got
             lines.got.clear()
