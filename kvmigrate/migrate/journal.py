@@ -300,8 +300,8 @@ def _frame_lines(f: Any, wanted: tuple[bytes, ...], cut: tuple[bytes, bytes, byt
 
 
 def valid_end(path: str) -> int:
-    """Byte length of a format-2 journal's whole frames (where a torn tail begins), each
-    read and inflated a piece at a time (a store's intent is a frame of ~1 KB a block)."""
+    """Byte length of a framed journal's whole frames (where a torn tail begins), each read
+    and inflated a piece at a time (a store's intent is a frame of ~1 KB a block)."""
     end = 0
     with open(path, "rb") as f:
         for pieces, z in _proven_frames(f):
@@ -379,15 +379,15 @@ def _raw_records(path: str, skip: tuple[bytes, ...] = ()) -> Iterator[tuple[int,
 
 
 def iter_framed(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(offset of its frame, record) of a format-2 journal, records as written: a reader
-    that comes back to a frame later (`frame_records`) keeps offsets, not records."""
+    """(offset of its frame, record) of a framed journal (format 2 or 3), records as
+    written: a reader that comes back to a frame later (`frame_records`) keeps offsets, not records."""
     with open(path, "rb") as f:
         framed = is_framed(f)
     return _raw_records(path) if framed else iter(())
 
 
 def frame_records(path: str, offset: int) -> list[dict[str, Any]]:
-    """The records of the one frame at `offset` of a format-2 journal (`iter_framed`)."""
+    """The records of the one frame at `offset` of a framed journal (`iter_framed`)."""
     with open(path, "rb") as f:
         f.seek(offset)
         for _, data in _frames(f):
@@ -653,7 +653,7 @@ class JournalWriter:
     preceded by a durable intent. A done record lost to a kill is no loss: resume finds
     the intended path made and adopts it (`reconcile.reconcile_item`).
 
-    Each flush is one frame (format 2). Links are held as columns per intent frame and
+    Each flush is one frame (formats 2 and 3). Links are held as columns per intent frame and
     written as one `linked` record each; a format-1 journal reopened to add a record
     (rollback's `rolled_back`) gets a JSON line, its own format."""
 
