@@ -24,12 +24,6 @@ from kvmigrate.migrate.reshard_spill import sort as spill_sort
 from kvmigrate.migrate.stores import BACKUP_DIR, OWN_LOCK
 
 
-def run_records(run: Any, arrays: tuple[str, ...] = jn.UNDONE_ARRAYS) -> Iterator[dict[str, Any]]:
-    """A run's store records, each intent as its head and its parts of `arrays` (journal
-    `store_records`)."""
-    return jn.store_records(run, arrays)
-
-
 @dataclass
 class _Read:
     """What rollback takes from one reading of a run's store records: the few things it
@@ -53,7 +47,7 @@ def _read(run: Any) -> _Read:
     same relpath)."""
     got = _Read()
     dest = False  # (the intent the parts that follow belong to is one into DIR)
-    for order, r in enumerate(run_records(run)):
+    for order, r in enumerate(jn.store_records(run)):
         t = r["t"]
         if t == "mc_store":
             got.proofs.add(r["client"])
@@ -319,7 +313,7 @@ def verify_run(run: Any) -> tuple[int, list[tuple[str, str]]]:
     out: list[tuple[str, str]] = []
     root = run.root
     checked = 0
-    for r in run_records(run, ()):
+    for r in jn.store_records(run, ()):
         checked += r["t"] in ("mc_index", "mc_entry", "mc_pair", "mc_replace", "mc_file")
         if r["t"] == "mc_index":
             path = os.path.join(root, r["meta"])
